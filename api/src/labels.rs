@@ -1,0 +1,51 @@
+//! Node labels, annotations and well-known names shared by the controller, the
+//! node agent and the kubectl plugin. Values match the Go operator we replace,
+//! so existing workloads' nodeSelectors keep working.
+
+/// Label set by node-feature-discovery on hosts with a Tenstorrent PCI device.
+pub const TT_PCI_PRESENT: &str = "feature.node.kubernetes.io/pci-1200_1e52.present";
+/// Opt-out: a node carrying this label (any value) is never touched.
+pub const SKIP: &str = "driver.tenstorrent.com/skip";
+/// Version of the module loaded right now, as read from sysfs by the agent.
+pub const KMD_VERSION: &str = "driver.tenstorrent.com/kmd-version";
+/// Version of the tt-smi binary the agent copied to the host.
+pub const TT_SMI_VERSION: &str = "tt-smi.driver.tenstorrent.com/version";
+/// `container` when the operator manages the module, `host` when DKMS does.
+pub const INSTALL_MODE: &str = "driver.tenstorrent.com/install-mode";
+pub const INSTALL_MODE_CONTAINER: &str = "container";
+pub const INSTALL_MODE_HOST: &str = "host";
+
+/// Default deploy gate flipped to "false" while a node is upgraded.
+pub const DEFAULT_DEPLOY_GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
+
+/// Annotation on the DaemonSet pod template: sha256 of the rendered template.
+pub const TEMPLATE_HASH: &str = "driver.tenstorrent.com/template-hash";
+
+/// Node label naming the policy that owns the node when selectors overlap. The
+/// DaemonSet of a policy requires this label to be absent or equal to its name.
+pub const CLAIM: &str = "driver.tenstorrent.com/policy";
+
+/// Node annotation holding the persisted per-node upgrade record (JSON), so a
+/// restarted controller resumes without cordoning or evicting twice.
+pub const UPGRADE_STATE: &str = "driver.tenstorrent.com/upgrade-state";
+
+/// Operator namespace used by the chart.
+pub const DEFAULT_NAMESPACE: &str = "tt-k8s-driver-manager-system";
+
+/// Device directory the real driver exposes.
+pub const DEVICE_DIR: &str = "/dev/tenstorrent";
+/// Extended resources whose holders use the device (device plugin).
+pub const RESOURCE_PREFIX: &str = "tenstorrent.com/";
+
+/// Environment variables the controller sets on the agent pod.
+pub mod env {
+    pub const TT_KMD_VERSION: &str = "TT_KMD_VERSION";
+    pub const NODE_NAME: &str = "NODE_NAME";
+    pub const FORCE_UNLOAD: &str = "TT_FORCE_UNLOAD";
+    pub const SOURCE_REPOSITORY: &str = "TT_KMD_SOURCE_REPOSITORY";
+    pub const TT_SMI_VERSION: &str = "TT_SMI_VERSION";
+    pub const HOST_ROOT: &str = "TTDRV_HOST_ROOT";
+}
+
+/// Public tt-kmd repository, used when neither the CR nor the chart names a mirror.
+pub const DEFAULT_SOURCE_REPOSITORY: &str = "https://github.com/tenstorrent/tt-kmd.git";

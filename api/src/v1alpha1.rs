@@ -1,0 +1,485 @@
+//! `TenstorrentDriverPolicy` (`driver.tenstorrent.com/v1alpha1`, short name `ttdp`).
+//!
+//! Field names, defaults and semantics match the Go operator this one replaces,
+//! so existing objects apply unchanged. Validation lives in the schema (OpenAPI
+//! patterns, enums and CEL rules) so a bad object is refused by the API server
+//! with a message that names the field, before any controller sees it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    Condition, LabelSelector, LabelSelectorRequirement, Time,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::podselector::POD_SELECTOR_PATTERN;
+
+/// Desired tt-kmd version and rollout policy for the Tenstorrent nodes it selects.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "driver.tenstorrent.com",
+    version = "v1alpha1",
+    kind = "TenstorrentDriverPolicy",
+    plural = "tenstorrentdriverpolicies",
+    shortname = "ttdp",
+    status = "TenstorrentDriverPolicyStatus",
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
+    printcolumn = r#"{"name":"Matched","type":"integer","jsonPath":".status.summary.matched"}"#,
+    printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.summary.done"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.summary.failed"}"#,
+    printcolumn = r#"{"name":"Paused","type":"boolean","jsonPath":".spec.paused"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "has(self.nodeAffinity) || has(self.nodeSelector)",
+        "message": "spec.nodeAffinity is required (use {} to match every Tenstorrent node)",
+        "fieldPath": ".nodeAffinity",
+        "reason": "FieldValueRequired"
+    },
+    {
+        "rule": "!(has(self.nodeAffinity) && has(self.nodeSelector))",
+        "message": "spec.nodeSelector is the deprecated alias of spec.nodeAffinity: set only spec.nodeAffinity",
+        "fieldPath": ".nodeSelector",
+        "reason": "FieldValueForbidden"
+    }
+]))]
+pub struct TenstorrentDriverPolicySpec {
+    /// tt-kmd release tag without the `ttkmd-` prefix, e.g. `2.8.0`.
+    #[schemars(extend("pattern" = r"^[0-9]+\.[0-9]+\.[0-9]+$"))]
+    pub version: String,
+
+    /// Nodes this policy manages (standard LabelSelector; `{}` matches all). Always
+    /// ANDed with the Tenstorrent PCI label and the absence of the skip label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_affinity: Option<NodeSelectorTerm>,
+
+    /// Deprecated alias of `nodeAffinity`, accepted only when `nodeAffinity` is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<NodeSelectorTerm>,
+
+    /// Soft stop: the controller stops reconciling; the DaemonSet keeps running.
+    #[serde(default)]
+    pub paused: bool,
+
+    #[serde(default)]
+    pub upgrade_policy: UpgradePolicy,
+
+    #[serde(default)]
+    pub installer: Installer,
+}
+
+impl TenstorrentDriverPolicySpec {
+    /// The selector in effect (`nodeAffinity`, else the deprecated `nodeSelector`).
+    pub fn selector(&self) -> Option<&NodeSelectorTerm> {
+        self.node_affinity.as_ref().or(self.node_selector.as_ref())
+    }
+
+    /// True when the object relies on the deprecated alias.
+    pub fn uses_deprecated_node_selector(&self) -> bool {
+        self.node_affinity.is_none() && self.node_selector.is_some()
+    }
+}
+
+/// A `metav1.LabelSelector`, typed so the schema can validate operators and values.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSelectorTerm {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_expressions: Option<Vec<SelectorRequirement>>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : true",
+        "message": "values must be non-empty when operator is In or NotIn",
+        "fieldPath": ".values"
+    },
+    {
+        "rule": "self.operator in ['Exists', 'DoesNotExist'] ? (!has(self.values) || size(self.values) == 0) : true",
+        "message": "values must be empty when operator is Exists or DoesNotExist",
+        "fieldPath": ".values"
+    }
+]))]
+pub struct SelectorRequirement {
+    #[schemars(extend("minLength" = 1))]
+    pub key: String,
+    pub operator: SelectorOperator,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values: Option<Vec<String>>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum SelectorOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+impl SelectorOperator {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SelectorOperator::In => "In",
+            SelectorOperator::NotIn => "NotIn",
+            SelectorOperator::Exists => "Exists",
+            SelectorOperator::DoesNotExist => "DoesNotExist",
+        }
+    }
+}
+
+impl NodeSelectorTerm {
+    /// True when a node with these labels is selected (`{}` selects every node).
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let labels_ok = self
+            .match_labels
+            .iter()
+            .flatten()
+            .all(|(k, v)| labels.get(k) == Some(v));
+        let exprs_ok = self.match_expressions.iter().flatten().all(|r| {
+            let values = r.values.as_deref().unwrap_or_default();
+            match r.operator {
+                SelectorOperator::In => labels.get(&r.key).is_some_and(|v| values.contains(v)),
+                SelectorOperator::NotIn => labels.get(&r.key).is_none_or(|v| !values.contains(v)),
+                SelectorOperator::Exists => labels.contains_key(&r.key),
+                SelectorOperator::DoesNotExist => !labels.contains_key(&r.key),
+            }
+        });
+        labels_ok && exprs_ok
+    }
+
+    pub fn to_label_selector(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: self.match_labels.clone(),
+            match_expressions: self.match_expressions.as_ref().map(|exprs| {
+                exprs
+                    .iter()
+                    .map(|r| LabelSelectorRequirement {
+                        key: r.key.clone(),
+                        operator: r.operator.as_str().to_string(),
+                        values: r.values.clone(),
+                    })
+                    .collect()
+            }),
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePolicy {
+    #[serde(default)]
+    pub drain: DrainPolicy,
+
+    /// Last resort: SIGKILL processes holding /dev/tenstorrent before unloading.
+    #[serde(default)]
+    pub force_unload: bool,
+
+    /// Most nodes out of service at once during a rollout: an integer >= 1 or a
+    /// percentage of matched nodes (rounded down, at least 1).
+    #[serde(default = "default_max_unavailable")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')",
+        "message": "maxUnavailable must be an integer >= 1 or a percentage between 1% and 100%"
+    }]))]
+    pub max_unavailable: IntOrString,
+}
+
+impl Default for UpgradePolicy {
+    fn default() -> Self {
+        Self {
+            drain: DrainPolicy::default(),
+            force_unload: false,
+            max_unavailable: default_max_unavailable(),
+        }
+    }
+}
+
+fn default_max_unavailable() -> IntOrString {
+    IntOrString::Int(1)
+}
+
+impl UpgradePolicy {
+    /// Resolves `maxUnavailable` against the number of matched nodes (never below 1).
+    pub fn max_unavailable_for(&self, matched: usize) -> usize {
+        match &self.max_unavailable {
+            IntOrString::Int(n) => usize::try_from(*n).unwrap_or(1).max(1),
+            IntOrString::String(s) => {
+                let pct: usize = s.trim_end_matches('%').parse().unwrap_or(0);
+                (matched * pct / 100).max(1)
+            }
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainPolicy {
+    /// Cordon and evict device users before the module is swapped.
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// Pass 2: evict every non-DaemonSet pod on the node (kubectl drain semantics).
+    #[serde(default = "yes")]
+    pub full_node: bool,
+    /// Restricts pass 2 to matching pods: `key=value`, `key!=value`, `key`, `!key`,
+    /// `key in (a,b)`, `key notin (a,b)`, comma-separated. Empty sweeps everything.
+    #[serde(default)]
+    #[schemars(length(max = 1024))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": format!("self.matches('{}')", POD_SELECTOR_PATTERN.replace('\\', "\\\\")),
+        "message": "podSelectorLabel must be a label selector: key=value, key!=value, key, !key, key in (a,b) or key notin (a,b), comma-separated"
+    }]))]
+    pub pod_selector_label: String,
+    /// Evict bare pods (no controller) instead of reporting them as blockers.
+    #[serde(default)]
+    pub force: bool,
+    /// Evict pods with emptyDir volumes in pass 2 (their data is lost).
+    #[serde(default = "yes")]
+    pub delete_empty_dir: bool,
+    /// Per-node drain deadline; the node goes Failed when pods remain after it.
+    #[serde(default = "default_drain_timeout")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub timeout_seconds: i64,
+}
+
+impl Default for DrainPolicy {
+    fn default() -> Self {
+        Self {
+            enable: true,
+            full_node: true,
+            pod_selector_label: String::new(),
+            force: false,
+            delete_empty_dir: true,
+            timeout_seconds: default_drain_timeout(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_drain_timeout() -> i64 {
+    600
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Installer {
+    /// Installer (node agent) image; empty means the chart's `driver.image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub image_pull_policy: PullPolicy,
+    /// Git URL of tt-kmd sources (mirror for air-gapped sites); empty means the
+    /// chart's default, itself defaulting to the public repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^(https?://|ssh://|git://|file://|git@)[^ ]+$')",
+        "message": "sourceRepository must be a git URL (https://, http://, ssh://, git://, file:// or git@host:path)"
+    }]))]
+    pub source_repository: Option<String>,
+}
+
+impl Default for Installer {
+    fn default() -> Self {
+        Self {
+            image: None,
+            image_pull_policy: PullPolicy::IfNotPresent,
+            source_repository: None,
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PullPolicy {
+    Always,
+    #[default]
+    IfNotPresent,
+    Never,
+}
+
+impl PullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// Observed state, written by the controller only when something changed.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenstorrentDriverPolicyStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, Progressing, Degraded, Paused, Conflict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_version: Option<String>,
+    #[serde(default)]
+    pub summary: Summary,
+    /// Name of the DaemonSet rendered for this policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_set: Option<String>,
+    /// One entry per matched node, in rollout order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub nodes: Vec<NodeStatus>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub matched: i32,
+    pub done: i32,
+    pub in_progress: i32,
+    pub pending: i32,
+    pub failed: i32,
+    pub host_managed: i32,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    pub name: String,
+    pub state: NodeState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+/// Per-node upgrade state, as the spec names them.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum NodeState {
+    Pending,
+    Cordoning,
+    Draining,
+    Upgrading,
+    Uncordoning,
+    Done,
+    Failed,
+}
+
+impl NodeState {
+    pub const ALL: [NodeState; 7] = [
+        NodeState::Pending,
+        NodeState::Cordoning,
+        NodeState::Draining,
+        NodeState::Upgrading,
+        NodeState::Uncordoning,
+        NodeState::Done,
+        NodeState::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Pending => "Pending",
+            NodeState::Cordoning => "Cordoning",
+            NodeState::Draining => "Draining",
+            NodeState::Upgrading => "Upgrading",
+            NodeState::Uncordoning => "Uncordoning",
+            NodeState::Done => "Done",
+            NodeState::Failed => "Failed",
+        }
+    }
+
+    /// States in which the node is out of service because of us.
+    pub fn is_in_progress(self) -> bool {
+        matches!(
+            self,
+            NodeState::Cordoning | NodeState::Draining | NodeState::Upgrading | NodeState::Uncordoning
+        )
+    }
+}
+
+/// Condition types on the policy.
+pub mod condition {
+    pub const READY: &str = "Ready";
+    pub const PROGRESSING: &str = "Progressing";
+    pub const DEGRADED: &str = "Degraded";
+    pub const PAUSED: &str = "Paused";
+    pub const CONFLICT: &str = "Conflict";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn minimum_cr_gets_documented_defaults() {
+        let spec: TenstorrentDriverPolicySpec =
+            serde_yaml::from_str("version: \"2.8.0\"\nnodeAffinity: {}\n").expect("parses");
+        assert!(!spec.paused);
+        assert_eq!(spec.upgrade_policy, UpgradePolicy::default());
+        assert!(spec.upgrade_policy.drain.enable && spec.upgrade_policy.drain.full_node);
+        assert_eq!(spec.upgrade_policy.drain.timeout_seconds, 600);
+        assert_eq!(spec.upgrade_policy.max_unavailable, IntOrString::Int(1));
+        assert_eq!(spec.installer.image_pull_policy, PullPolicy::IfNotPresent);
+        assert_eq!(spec.selector(), Some(&NodeSelectorTerm::default()));
+    }
+
+    #[test]
+    fn selector_matching() {
+        let term: NodeSelectorTerm = serde_yaml::from_str(
+            "matchLabels: {pool: prod}\nmatchExpressions:\n- {key: zone, operator: NotIn, values: [b]}\n- {key: gpu, operator: DoesNotExist}\n",
+        )
+        .expect("parses");
+        assert!(term.matches(&labels(&[("pool", "prod")])));
+        assert!(term.matches(&labels(&[("pool", "prod"), ("zone", "a")])));
+        assert!(!term.matches(&labels(&[("pool", "prod"), ("zone", "b")])));
+        assert!(!term.matches(&labels(&[("pool", "prod"), ("gpu", "x")])));
+        assert!(!term.matches(&labels(&[("pool", "canary")])));
+        assert!(NodeSelectorTerm::default().matches(&labels(&[])));
+    }
+
+    #[test]
+    fn max_unavailable_resolution() {
+        let mut p = UpgradePolicy::default();
+        assert_eq!(p.max_unavailable_for(10), 1);
+        p.max_unavailable = IntOrString::String("25%".into());
+        assert_eq!(p.max_unavailable_for(10), 2);
+        assert_eq!(p.max_unavailable_for(2), 1, "rounds down but never below 1");
+        p.max_unavailable = IntOrString::Int(3);
+        assert_eq!(p.max_unavailable_for(10), 3);
+    }
+
+    #[test]
+    fn crd_has_identity_and_validations() {
+        let crd = serde_json::to_string(&TenstorrentDriverPolicy::crd()).expect("serializes");
+        for needle in [
+            "\"scope\":\"Cluster\"",
+            "\"shortNames\":[\"ttdp\"]",
+            "x-kubernetes-validations",
+            "x-kubernetes-int-or-string",
+            "\"subresources\":{\"status\":{}}",
+        ] {
+            assert!(crd.contains(needle), "CRD lacks {needle}");
+        }
+    }
+}

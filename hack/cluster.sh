@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Starts or stops the local simulated test cluster: a real kube-apiserver, etcd,
+# kube-controller-manager and kube-scheduler, plus kwok simulating the nodes,
+# all run as local processes by `kwokctl --runtime binary`.
+#
+#   hack/cluster.sh up        # idempotent; prints the kubeconfig path last
+#   hack/cluster.sh down      # idempotent; leaves no processes behind
+#   hack/cluster.sh kubeconfig
+#   hack/cluster.sh env       # `eval "$(hack/cluster.sh env)"` sets PATH and KUBECONFIG
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+name=${TTDRV_CLUSTER_NAME:-ttdrv}
+bin=$("$here/build-testbin.sh" 2>/dev/null | tail -n1) || { "$here/build-testbin.sh"; exit 1; }
+export PATH="$bin:$PATH"
+export KWOK_WORKDIR=${KWOK_WORKDIR:-$HOME/.kwok}
+kubeconfig="$KWOK_WORKDIR/clusters/$name/kubeconfig.yaml"
+
+log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+healthy() {
+  [ -f "$kubeconfig" ] && kubectl --kubeconfig "$kubeconfig" get --raw /readyz >/dev/null 2>&1
+}
+
+# kwok's default stages, except that pods of our installer DaemonSet (labelled
+# driver.tenstorrent.com/policy) are left for the simulated agent to make Ready:
+# on a real node the agent's readiness depends on the loaded module version.
+write_stages() {
+  local dir out=$1
+  dir=$(cd "$here" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  python3 - "$dir/kustomize/stage" "$out" <<'PY'
+import sys
+src, out = sys.argv[1], sys.argv[2]
+parts = []
+for f in ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+          "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml"]:
+    text = open(f"{src}/{f}").read()
+    if f.endswith("pod-ready.yaml"):
+        anchor = "    - key: '.status.podIP'\n      operator: 'DoesNotExist'\n"
+        assert anchor in text, "kwok pod-ready stage changed shape"
+        text = text.replace(anchor, anchor + "    - key: '.metadata.labels[\"driver.tenstorrent.com/policy\"]'\n      operator: 'DoesNotExist'\n")
+    parts.append(text.strip() + "\n")
+open(out, "w").write("---\n".join(parts))
+PY
+}
+
+up() {
+  if healthy; then log "cluster '$name' already running"; echo "$kubeconfig"; return; fi
+  # A half-started or stale cluster (processes killed by a previous session) is
+  # torn down and recreated rather than trusted.
+  kwokctl delete cluster --name "$name" >/dev/null 2>&1 || true
+  log "creating cluster '$name' from $bin"
+  mkdir -p "$KWOK_WORKDIR"
+  local stages="$KWOK_WORKDIR/ttdrv-stages.yaml"
+  write_stages "$stages"
+  kwokctl create cluster --name "$name" --runtime binary \
+    --kube-apiserver-binary "$bin/kube-apiserver" \
+    --kube-controller-manager-binary "$bin/kube-controller-manager" \
+    --kube-scheduler-binary "$bin/kube-scheduler" \
+    --kubectl-binary "$bin/kubectl" \
+    --etcd-binary "$bin/etcd" \
+    --kwok-controller-binary "$bin/kwok" \
+    --config "$stages" \
+    --wait 120s >&2
+  kubectl --kubeconfig "$kubeconfig" get --raw /readyz >/dev/null
+  log "cluster '$name' ready"
+  echo "$kubeconfig"
+}
+
+down() {
+  kwokctl delete cluster --name "$name" >&2 || true
+  # kwokctl stops what it started; make sure nothing of ours outlives it.
+  pkill -f "$KWOK_WORKDIR/clusters/$name/" 2>/dev/null || true
+  log "cluster '$name' stopped"
+}
+
+case ${1:-up} in
+  up) up ;;
+  down) down ;;
+  kubeconfig) echo "$kubeconfig" ;;
+  env) printf 'export PATH=%q:"$PATH"\nexport KUBECONFIG=%q\n' "$bin" "$kubeconfig" ;;
+  *) echo "usage: $0 up|down|kubeconfig|env" >&2; exit 2 ;;
+esac
