@@ -1,0 +1,203 @@
+//! The agent's one error type. Every message names the path, version, tag,
+//! repository or process it is about, so a failed pod's log says what to fix.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::holders::Holder;
+
+/// What happened when the agent tried to put the previous module back after
+/// the new one failed to load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rollback {
+    /// No module was loaded before, so there was nothing to restore.
+    NothingLoadedBefore,
+    /// The previous version is not in the cache (e.g. it came from elsewhere).
+    NotCached { previous: String, path: PathBuf },
+    /// The previous version was loaded again from the cache.
+    Restored { previous: String },
+    /// Loading the previous version failed as well.
+    Failed { previous: String, error: String },
+}
+
+impl fmt::Display for Rollback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rollback::NothingLoadedBefore => {
+                write!(f, "no module was loaded before, nothing to roll back to")
+            }
+            Rollback::NotCached { previous, path } => write!(
+                f,
+                "could not roll back to {previous}: it is not in the cache ({} missing); the node has no tenstorrent module loaded now",
+                path.display()
+            ),
+            Rollback::Restored { previous } => {
+                write!(
+                    f,
+                    "rolled back: the previous version {previous} is loaded again from the cache"
+                )
+            }
+            Rollback::Failed { previous, error } => write!(
+                f,
+                "rolling back to {previous} failed too ({error}); the node has no tenstorrent module loaded now"
+            ),
+        }
+    }
+}
+
+fn list_holders(holders: &[Holder]) -> String {
+    if holders.is_empty() {
+        return "no process under /proc holds /dev/tenstorrent (another module or a kernel user may hold it)".to_string();
+    }
+    holders
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("cannot read the kernel release from {}: {source}", path.display())]
+    KernelRelease {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("invalid kernel release {0:?} (from proc/sys/kernel/osrelease)")]
+    InvalidKernelRelease(String),
+
+    #[error(
+        "invalid target version {0:?}: expected MAJOR.MINOR.PATCH such as 2.8.0 (set TT_KMD_VERSION)"
+    )]
+    InvalidVersion(String),
+
+    #[error("no target version: set TT_KMD_VERSION or pass --version")]
+    NoTargetVersion,
+
+    #[error(
+        "kernel headers for {kver} not found: {} does not exist; install the package linux-headers-{kver} on the host (and mount the host's /lib/modules and /usr/src into the agent pod)",
+        dir.display()
+    )]
+    HeadersMissing { kver: String, dir: PathBuf },
+
+    #[error(
+        "tag {tag} not found in source repository {repo}: check spec.version, or that the mirror carries the tag"
+    )]
+    MissingTag { tag: String, repo: String },
+
+    #[error("git clone of tag {tag} from {repo} failed: {stderr}")]
+    GitClone {
+        tag: String,
+        repo: String,
+        stderr: String,
+    },
+
+    #[error("cannot run {program}: {source} (is it installed in the agent image?)")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("building tenstorrent {version} against {} failed ({status}): {output}", headers.display())]
+    Make {
+        version: String,
+        headers: PathBuf,
+        status: String,
+        output: String,
+    },
+
+    #[error("the build of tenstorrent {version} produced no module at {}", path.display())]
+    BuildOutputMissing { version: String, path: PathBuf },
+
+    #[error("cannot write the module cache at {}: {source}", path.display())]
+    CacheWrite {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("cannot read the module version from {}: {reason}", path.display())]
+    ModInfo { path: PathBuf, reason: String },
+
+    #[error("freshly built module {} reports version {found:?}, expected {expected}", path.display())]
+    BuiltWrongVersion {
+        path: PathBuf,
+        expected: String,
+        found: Option<String>,
+    },
+
+    #[error(
+        "tenstorrent {loaded} is in use (refcnt {refcnt}) and force-unload is off, so it was left loaded; holders: {}; drain the node's workloads, or set upgradePolicy.forceUnload=true",
+        list_holders(holders)
+    )]
+    Busy {
+        loaded: String,
+        refcnt: u32,
+        holders: Vec<Holder>,
+    },
+
+    #[error("cannot SIGKILL pid {pid} ({comm}): {source}")]
+    Kill {
+        pid: u32,
+        comm: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(
+        "tenstorrent still in use {waited_ms} ms after killing its holders (refcnt {refcnt}); remaining holders: {}",
+        list_holders(holders)
+    )]
+    UnloadTimeout {
+        refcnt: u32,
+        waited_ms: u128,
+        holders: Vec<Holder>,
+    },
+
+    #[error("unloading tenstorrent {loaded} failed: {source}")]
+    Unload {
+        loaded: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("loading tenstorrent {version} from {} failed: {error}; {rollback}", path.display())]
+    LoadFailed {
+        version: String,
+        path: PathBuf,
+        error: String,
+        rollback: Box<Rollback>,
+    },
+
+    #[error("after loading, sys/module/tenstorrent/version reads {found:?}, expected {expected}")]
+    ReadbackMismatch {
+        expected: String,
+        found: Option<String>,
+    },
+
+    #[error("labelling node {node} failed: {reason}")]
+    Label { node: String, reason: String },
+}
+
+impl AgentError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        AgentError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = AgentError> = std::result::Result<T, E>;

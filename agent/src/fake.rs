@@ -1,0 +1,207 @@
+//! Fakes for tests on a temporary host root: a kernel that keeps
+//! `sys/module/tenstorrent/{version,refcnt}` up to date, a killer that makes
+//! holder processes disappear from `proc/`, a builder that writes a minimal
+//! module file, and helpers to lay out a fake host.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::build::{BuildRequest, Builder};
+use crate::error::Result;
+use crate::host::{HostRoot, MODULE_NAME};
+use crate::kernel::{KernelOps, ProcessKiller};
+use crate::modinfo;
+
+fn errno(e: nix::errno::Errno) -> io::Error {
+    io::Error::from(e)
+}
+
+/// A kernel living in `<root>/sys/module`.
+#[derive(Debug)]
+pub struct FakeKernel {
+    root: HostRoot,
+    /// Versions whose load fails (ENOEXEC), as a broken module would.
+    pub fail_load: Mutex<HashSet<String>>,
+    /// If set, sysfs reports this version after any load (readback mismatch).
+    pub report_version: Option<String>,
+    /// Every load attempted, by module version.
+    pub loads: Mutex<Vec<String>>,
+    pub unloads: Mutex<u32>,
+    /// Every PID killed.
+    pub killed: Mutex<Vec<u32>>,
+    /// If true, kill succeeds but the holder survives (for the timeout path).
+    pub unkillable: bool,
+}
+
+impl FakeKernel {
+    pub fn new(root: &Path) -> Self {
+        FakeKernel {
+            root: HostRoot::new(root),
+            fail_load: Mutex::new(HashSet::new()),
+            report_version: None,
+            loads: Mutex::new(Vec::new()),
+            unloads: Mutex::new(0),
+            killed: Mutex::new(Vec::new()),
+            unkillable: false,
+        }
+    }
+
+    pub fn failing(self, version: &str) -> Self {
+        if let Ok(mut f) = self.fail_load.lock() {
+            f.insert(version.to_string());
+        }
+        self
+    }
+
+    pub fn loads(&self) -> Vec<String> {
+        self.loads.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+    pub fn unloads(&self) -> u32 {
+        self.unloads.lock().map(|u| *u).unwrap_or_default()
+    }
+    pub fn killed(&self) -> Vec<u32> {
+        self.killed.lock().map(|k| k.clone()).unwrap_or_default()
+    }
+
+    fn module_dir(&self) -> PathBuf {
+        self.root.path(format!("/sys/module/{MODULE_NAME}"))
+    }
+}
+
+impl KernelOps for FakeKernel {
+    fn load(&self, ko: &Path) -> io::Result<()> {
+        let version = modinfo::module_version(ko)
+            .map_err(|_| errno(nix::errno::Errno::ENOEXEC))?
+            .unwrap_or_default();
+        if let Ok(mut l) = self.loads.lock() {
+            l.push(version.clone());
+        }
+        if self.module_dir().exists() {
+            return Err(errno(nix::errno::Errno::EEXIST));
+        }
+        if self.fail_load.lock().is_ok_and(|f| f.contains(&version)) {
+            return Err(errno(nix::errno::Errno::ENOEXEC));
+        }
+        let shown = self.report_version.clone().unwrap_or(version);
+        set_loaded(self.root.root(), &shown, 0)
+    }
+
+    fn unload(&self, name: &str) -> io::Result<()> {
+        if name != MODULE_NAME || !self.module_dir().exists() {
+            return Err(errno(nix::errno::Errno::ENOENT));
+        }
+        if self.root.module_refcnt().unwrap_or(0) > 0 {
+            return Err(errno(nix::errno::Errno::EWOULDBLOCK));
+        }
+        if let Ok(mut u) = self.unloads.lock() {
+            *u += 1;
+        }
+        fs::remove_dir_all(self.module_dir())
+    }
+}
+
+impl ProcessKiller for FakeKernel {
+    fn kill(&self, pid: u32) -> io::Result<()> {
+        if let Ok(mut k) = self.killed.lock() {
+            k.push(pid);
+        }
+        if self.unkillable {
+            return Ok(());
+        }
+        let dir = self.root.path(format!("/proc/{pid}"));
+        if !dir.exists() {
+            return Ok(());
+        }
+        let held = fs::read_dir(dir.join("fd"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| fs::read_link(e.path()).ok())
+            .filter(|t| t.starts_with("/dev/tenstorrent"))
+            .count() as u32;
+        fs::remove_dir_all(&dir)?;
+        let refcnt_path = self.module_dir().join("refcnt");
+        if refcnt_path.exists() {
+            let refcnt = self.root.module_refcnt().unwrap_or(0);
+            fs::write(refcnt_path, format!("{}\n", refcnt.saturating_sub(held)))?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes a fake `tenstorrent.ko` of `version` where the build would be.
+#[derive(Debug, Default)]
+pub struct FakeBuilder {
+    /// Versions built, in order.
+    pub builds: Mutex<Vec<String>>,
+    /// If set, the built file carries this version instead.
+    pub wrong_version: Option<String>,
+}
+
+impl FakeBuilder {
+    pub fn builds(&self) -> Vec<String> {
+        self.builds.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+}
+
+impl Builder for FakeBuilder {
+    fn build(&self, req: &BuildRequest<'_>) -> Result<PathBuf> {
+        if let Ok(mut b) = self.builds.lock() {
+            b.push(req.version.to_string());
+        }
+        let ko = req.workdir.join(format!("{MODULE_NAME}.ko"));
+        let v = self.wrong_version.as_deref().unwrap_or(req.version);
+        write_fake_module(&ko, v).map_err(|e| crate::error::AgentError::io("writing", &ko, e))?;
+        Ok(ko)
+    }
+}
+
+/// Lays out a minimal fake host: kernel release and a (empty) header directory.
+pub fn fake_host(root: &Path, kver: &str) -> io::Result<()> {
+    let r = HostRoot::new(root);
+    fs::create_dir_all(r.path("/proc/sys/kernel"))?;
+    fs::write(r.path("/proc/sys/kernel/osrelease"), format!("{kver}\n"))?;
+    fs::create_dir_all(r.path(format!("/lib/modules/{kver}/build")))?;
+    Ok(())
+}
+
+/// Makes sysfs show the module loaded at `version` with `refcnt`.
+pub fn set_loaded(root: &Path, version: &str, refcnt: u32) -> io::Result<()> {
+    let dir = HostRoot::new(root).path(format!("/sys/module/{MODULE_NAME}"));
+    fs::create_dir_all(&dir)?;
+    fs::write(dir.join("version"), format!("{version}\n"))?;
+    fs::write(dir.join("refcnt"), format!("{refcnt}\n"))?;
+    Ok(())
+}
+
+/// Adds a process `pid` holding /dev/tenstorrent/0 open, and raises refcnt.
+pub fn add_holder(root: &Path, pid: u32, comm: &str, cgroup: &str) -> io::Result<()> {
+    let r = HostRoot::new(root);
+    let dir = r.path(format!("/proc/{pid}"));
+    fs::create_dir_all(dir.join("fd"))?;
+    fs::write(dir.join("comm"), format!("{comm}\n"))?;
+    fs::write(dir.join("cgroup"), cgroup)?;
+    std::os::unix::fs::symlink("/dev/null", dir.join("fd/0"))?;
+    std::os::unix::fs::symlink("/dev/tenstorrent/0", dir.join("fd/3"))?;
+    let refcnt = r.module_refcnt().unwrap_or(0);
+    fs::write(
+        r.path(format!("/sys/module/{MODULE_NAME}/refcnt")),
+        format!("{}\n", refcnt + 1),
+    )?;
+    Ok(())
+}
+
+/// Writes a minimal module file whose `.modinfo` says `version`.
+pub fn write_fake_module(path: &Path, version: &str) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let v = format!("version={version}");
+    fs::write(
+        path,
+        modinfo::fake_module_bytes(&["license=GPL", &v, "name=tenstorrent"]),
+    )
+}

@@ -1,0 +1,59 @@
+//! What the agent asks of the kernel, behind traits so tests run on a fake
+//! host root: loading/unloading the module, and killing device holders.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+/// Loads and unloads kernel modules.
+pub trait KernelOps {
+    /// Loads the module file at `ko` (already resolved under the host root).
+    fn load(&self, ko: &Path) -> io::Result<()>;
+    /// Unloads the module `name`; fails (EWOULDBLOCK/EBUSY) while it is in use.
+    fn unload(&self, name: &str) -> io::Result<()>;
+}
+
+/// Sends SIGKILL to processes holding the device.
+pub trait ProcessKiller {
+    fn kill(&self, pid: u32) -> io::Result<()>;
+}
+
+/// The real kernel: `finit_module(2)` and `delete_module(2)`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealKernel;
+
+impl KernelOps for RealKernel {
+    fn load(&self, ko: &Path) -> io::Result<()> {
+        let file = File::open(ko)?;
+        nix::kmod::finit_module(&file, c"", nix::kmod::ModuleInitFlags::empty())
+            .map_err(io::Error::from)
+    }
+
+    fn unload(&self, name: &str) -> io::Result<()> {
+        let name =
+            CString::new(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // O_NONBLOCK: fail at once while the module is in use, as rmmod does;
+        // never O_TRUNC (forced removal of a module in use).
+        nix::kmod::delete_module(&name, nix::kmod::DeleteModuleFlags::O_NONBLOCK)
+            .map_err(io::Error::from)
+    }
+}
+
+/// The real `kill(2)`. PIDs are those of the host PID namespace, so the agent
+/// pod needs `hostPID: true`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealKiller;
+
+impl ProcessKiller for RealKiller {
+    fn kill(&self, pid: u32) -> io::Result<()> {
+        let raw = i32::try_from(pid).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        match nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(raw),
+            nix::sys::signal::Signal::SIGKILL,
+        ) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+            Err(e) => Err(io::Error::from(e)),
+        }
+    }
+}

@@ -1,0 +1,714 @@
+//! The agent's run sequence on a fake host root, one test per branch.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ttdrv_agent::build::{Builder, GitMakeBuilder};
+use ttdrv_agent::fake::{
+    FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded, write_fake_module,
+};
+use ttdrv_agent::node::FakeNode;
+use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome, Rollback};
+use ttdrv_api::labels;
+
+const KVER: &str = "6.1.0-99-amd64";
+const POD_UID: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
+
+struct Host {
+    dir: tempfile::TempDir,
+    /// A bundled tt-smi outside the host root.
+    smi: tempfile::TempDir,
+}
+
+impl Host {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fake_host(dir.path(), KVER).expect("fake host");
+        let smi = tempfile::tempdir().expect("tempdir");
+        fs::write(smi.path().join("tt-smi"), b"#!/bin/sh\necho tt-smi\n").expect("write tt-smi");
+        Host { dir, smi }
+    }
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+    fn hr(&self) -> HostRoot {
+        HostRoot::new(self.root())
+    }
+    fn p(&self, host_path: &str) -> PathBuf {
+        self.hr().path(host_path)
+    }
+    fn config(&self, target: &str) -> Config {
+        Config {
+            host_root: self.root().to_path_buf(),
+            target_version: target.to_string(),
+            force_unload: false,
+            unload_timeout: Duration::from_secs(2),
+            source_repository: "unused".to_string(),
+            tt_smi_path: self.smi.path().join("tt-smi"),
+            tt_smi_version: Some("3.0.27".to_string()),
+        }
+    }
+    fn cache_module(&self, version: &str, module_version: &str) {
+        write_fake_module(
+            &self.p(&format!(
+                "/var/cache/tt-kmd/{KVER}/{version}/tenstorrent.ko"
+            )),
+            module_version,
+        )
+        .expect("cache module");
+    }
+    fn loaded(&self) -> Option<String> {
+        self.hr().loaded_version().expect("sysfs")
+    }
+}
+
+fn run(
+    config: &Config,
+    kernel: &FakeKernel,
+    builder: &dyn Builder,
+    node: &FakeNode,
+) -> Result<Outcome, AgentError> {
+    Agent {
+        config,
+        kernel,
+        killer: kernel,
+        builder,
+        node,
+    }
+    .run()
+}
+
+fn labels_of(node: &FakeNode) -> BTreeMap<String, Option<String>> {
+    let calls = node.calls();
+    assert_eq!(calls.len(), 1, "expected one label patch, got {calls:?}");
+    calls.into_iter().next().unwrap_or_default()
+}
+
+fn label(v: &str) -> Option<String> {
+    Some(v.to_string())
+}
+
+/// Every file, directory and symlink under `dir` with its content, mode and
+/// link target, for byte-for-byte comparison.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u32, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).expect("read_dir") {
+            let e = e.expect("entry");
+            let path = e.path();
+            let meta = fs::symlink_metadata(&path).expect("metadata");
+            let rel = path.strip_prefix(dir).expect("prefix").to_path_buf();
+            let content = if meta.file_type().is_symlink() {
+                fs::read_link(&path)
+                    .expect("link")
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else if meta.is_dir() {
+                stack.push(path.clone());
+                Vec::new()
+            } else {
+                fs::read(&path).expect("read")
+            };
+            out.insert(rel, (meta.permissions().mode(), content));
+        }
+    }
+    out
+}
+
+#[test]
+fn host_mode_labels_and_leaves_the_host_byte_for_byte_unchanged() {
+    for signal in ["dkms-dir", "dkms-conf"] {
+        let h = Host::new();
+        match signal {
+            "dkms-dir" => {
+                fs::create_dir_all(h.p("/var/lib/dkms/tenstorrent/2.7.0")).expect("mkdir")
+            }
+            _ => {
+                fs::create_dir_all(h.p("/usr/src/tenstorrent-2.7.0")).expect("mkdir");
+                fs::write(
+                    h.p("/usr/src/tenstorrent-2.7.0/dkms.conf"),
+                    "PACKAGE_NAME=tenstorrent\n",
+                )
+                .expect("write");
+            }
+        }
+        set_loaded(h.root(), "2.7.0", 1).expect("loaded");
+        add_holder(h.root(), 77, "python3", "0::/\n").expect("holder");
+        let before = snapshot(h.root());
+
+        let kernel = FakeKernel::new(h.root());
+        let builder = FakeBuilder::default();
+        let node = FakeNode::default();
+        let mut config = h.config("2.8.0");
+        config.force_unload = true;
+        let outcome = run(&config, &kernel, &builder, &node).expect("host mode succeeds");
+
+        assert!(
+            matches!(&outcome, Outcome::HostManaged { loaded: Some(v), .. } if v == "2.7.0"),
+            "{outcome:?}"
+        );
+        assert_eq!(snapshot(h.root()), before, "{signal}: host tree changed");
+        assert!(kernel.loads().is_empty() && kernel.unloads() == 0 && kernel.killed().is_empty());
+        assert!(builder.builds().is_empty());
+        let l = labels_of(&node);
+        assert_eq!(l.get(labels::INSTALL_MODE), Some(&label("host")));
+        assert_eq!(l.get(labels::KMD_VERSION), Some(&label("2.7.0")));
+        assert!(!l.contains_key(labels::TT_SMI_VERSION));
+    }
+}
+
+#[test]
+fn matching_version_only_installs_tt_smi_and_labels() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.8.0", 3).expect("loaded");
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let node = FakeNode::default();
+    let outcome = run(&h.config("2.8.0"), &kernel, &builder, &node).expect("match");
+    assert_eq!(
+        outcome,
+        Outcome::AlreadyCurrent {
+            version: "2.8.0".into()
+        }
+    );
+    assert!(kernel.loads().is_empty() && kernel.unloads() == 0);
+    assert!(builder.builds().is_empty());
+    let smi = h.p("/usr/local/bin/tt-smi");
+    assert_eq!(fs::read(&smi).expect("tt-smi"), b"#!/bin/sh\necho tt-smi\n");
+    assert_eq!(
+        fs::metadata(&smi).expect("meta").permissions().mode() & 0o777,
+        0o755
+    );
+    let l = labels_of(&node);
+    assert_eq!(l.get(labels::INSTALL_MODE), Some(&label("container")));
+    assert_eq!(l.get(labels::KMD_VERSION), Some(&label("2.8.0")));
+    assert_eq!(l.get(labels::TT_SMI_VERSION), Some(&label("3.0.27")));
+}
+
+#[test]
+fn suffixed_version_does_not_match() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.8.0-rc1", 0).expect("loaded");
+    h.cache_module("2.8.0", "2.8.0");
+    let kernel = FakeKernel::new(h.root());
+    let outcome = run(
+        &h.config("2.8.0"),
+        &kernel,
+        &FakeBuilder::default(),
+        &FakeNode::default(),
+    )
+    .expect("upgrade");
+    assert!(
+        matches!(outcome, Outcome::Installed { ref previous, .. } if previous.as_deref() == Some("2.8.0-rc1"))
+    );
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+}
+
+#[test]
+fn mismatch_with_refcnt_zero_unloads_and_loads_from_cache() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    h.cache_module("2.8.0", "2.8.0");
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let node = FakeNode::default();
+    let outcome = run(&h.config("2.8.0"), &kernel, &builder, &node).expect("upgrade");
+    assert_eq!(
+        outcome,
+        Outcome::Installed {
+            version: "2.8.0".into(),
+            previous: Some("2.7.0".into()),
+            source: ModuleSource::Cache,
+            killed: vec![],
+        }
+    );
+    assert_eq!(kernel.unloads(), 1);
+    assert_eq!(kernel.loads(), vec!["2.8.0".to_string()]);
+    assert!(builder.builds().is_empty(), "cache hit must not build");
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+    assert_eq!(
+        labels_of(&node).get(labels::KMD_VERSION),
+        Some(&label("2.8.0"))
+    );
+}
+
+#[test]
+fn fresh_node_without_module_loads_target() {
+    let h = Host::new();
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let outcome =
+        run(&h.config("2.7.0"), &kernel, &builder, &FakeNode::default()).expect("install");
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Installed {
+                previous: None,
+                source: ModuleSource::Build,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(kernel.unloads(), 0);
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+}
+
+#[test]
+fn busy_device_without_force_fails_listing_holders_and_touches_nothing() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let cgroup = format!(
+        "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-0123456789abcdef0123.scope\n",
+        POD_UID.replace('-', "_")
+    );
+    add_holder(h.root(), 4242, "python3", &cgroup).expect("holder");
+    add_holder(h.root(), 4343, "tt-smi", "0::/user.slice/session-1.scope\n").expect("holder");
+    h.cache_module("2.8.0", "2.8.0");
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let node = FakeNode {
+        pods: HashMap::from([(POD_UID.to_string(), "ml/train-0".to_string())]),
+        ..FakeNode::default()
+    };
+    let err = run(&h.config("2.8.0"), &kernel, &builder, &node).expect_err("busy");
+    let msg = err.to_string();
+    assert!(
+        matches!(&err, AgentError::Busy { refcnt: 2, holders, .. } if holders.len() == 2),
+        "{err:?}"
+    );
+    for needle in [
+        "pid 4242 (python3) in pod ml/train-0",
+        "container 0123456789ab",
+        "pid 4343 (tt-smi)",
+        "refcnt 2",
+        "forceUnload",
+    ] {
+        assert!(msg.contains(needle), "message lacks {needle:?}: {msg}");
+    }
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    assert_eq!(kernel.unloads(), 0);
+    assert!(kernel.loads().is_empty() && kernel.killed().is_empty());
+    assert!(node.calls().is_empty(), "no labels on failure");
+}
+
+#[test]
+fn force_unload_kills_holders_then_upgrades() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    add_holder(h.root(), 4242, "python3", "0::/\n").expect("holder");
+    add_holder(h.root(), 4343, "tt-smi", "0::/\n").expect("holder");
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let mut config = h.config("2.8.0");
+    config.force_unload = true;
+    let outcome = run(&config, &kernel, &builder, &FakeNode::default()).expect("forced upgrade");
+    let Outcome::Installed {
+        killed, previous, ..
+    } = outcome
+    else {
+        panic!("expected Installed, got {outcome:?}");
+    };
+    assert_eq!(
+        killed.iter().map(|h| h.pid).collect::<Vec<_>>(),
+        vec![4242, 4343]
+    );
+    assert_eq!(previous.as_deref(), Some("2.7.0"));
+    assert_eq!(kernel.killed(), vec![4242, 4343]);
+    assert!(!h.p("/proc/4242").exists());
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+}
+
+#[test]
+fn force_unload_gives_up_after_the_timeout() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    add_holder(h.root(), 4242, "stubborn", "0::/\n").expect("holder");
+    let mut kernel = FakeKernel::new(h.root());
+    kernel.unkillable = true;
+    let mut config = h.config("2.8.0");
+    config.force_unload = true;
+    config.unload_timeout = Duration::from_millis(300);
+    let err = run(
+        &config,
+        &kernel,
+        &FakeBuilder::default(),
+        &FakeNode::default(),
+    )
+    .expect_err("timeout");
+    assert!(
+        matches!(err, AgentError::UnloadTimeout { refcnt: 1, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("pid 4242 (stubborn)"), "{err}");
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+}
+
+#[test]
+fn cache_miss_builds_and_stores_atomically() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let outcome = run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default()).expect("build");
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Installed {
+                source: ModuleSource::Build,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(builder.builds(), vec!["2.8.0".to_string()]);
+    let dir = h.p(&format!("/var/cache/tt-kmd/{KVER}/2.8.0"));
+    let names: Vec<String> = fs::read_dir(&dir)
+        .expect("cache dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["tenstorrent.ko".to_string()],
+        "no temporary files left"
+    );
+    assert_eq!(
+        ttdrv_agent::modinfo::module_version(&dir.join("tenstorrent.ko"))
+            .expect("modinfo")
+            .as_deref(),
+        Some("2.8.0")
+    );
+    // A second node-level run of the same version (after a reboot) hits the cache.
+    fs::remove_dir_all(h.p("/sys/module/tenstorrent")).expect("simulate reboot");
+    let builder2 = FakeBuilder::default();
+    let again = run(&h.config("2.8.0"), &kernel, &builder2, &FakeNode::default()).expect("cached");
+    assert!(
+        matches!(
+            again,
+            Outcome::Installed {
+                source: ModuleSource::Cache,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    assert!(builder2.builds().is_empty());
+}
+
+#[test]
+fn cached_module_of_wrong_version_is_discarded_and_rebuilt() {
+    let h = Host::new();
+    h.cache_module("2.8.0", "2.7.0");
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let outcome =
+        run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default()).expect("rebuild");
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Installed {
+                source: ModuleSource::Build,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(builder.builds(), vec!["2.8.0".to_string()]);
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+}
+
+#[test]
+fn build_of_wrong_version_is_refused() {
+    let h = Host::new();
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder {
+        wrong_version: Some("2.7.0".into()),
+        ..FakeBuilder::default()
+    };
+    let err =
+        run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default()).expect_err("wrong build");
+    assert!(
+        matches!(err, AgentError::BuiltWrongVersion { .. }),
+        "{err:?}"
+    );
+    assert!(
+        !h.p(&format!("/var/cache/tt-kmd/{KVER}/2.8.0/tenstorrent.ko"))
+            .exists()
+    );
+    assert!(kernel.loads().is_empty());
+}
+
+#[test]
+fn readback_mismatch_fails() {
+    let h = Host::new();
+    h.cache_module("2.8.0", "2.8.0");
+    let mut kernel = FakeKernel::new(h.root());
+    kernel.report_version = Some("2.8.1".into());
+    let node = FakeNode::default();
+    let err =
+        run(&h.config("2.8.0"), &kernel, &FakeBuilder::default(), &node).expect_err("mismatch");
+    assert!(
+        matches!(&err, AgentError::ReadbackMismatch { expected, found: Some(f) } if expected == "2.8.0" && f == "2.8.1"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("2.8.1"));
+    assert!(node.calls().is_empty());
+}
+
+#[test]
+fn failed_load_rolls_back_to_the_cached_previous_version() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    h.cache_module("2.7.0", "2.7.0");
+    h.cache_module("2.8.0", "2.8.0");
+    let kernel = FakeKernel::new(h.root()).failing("2.8.0");
+    let err = run(
+        &h.config("2.8.0"),
+        &kernel,
+        &FakeBuilder::default(),
+        &FakeNode::default(),
+    )
+    .expect_err("load fails");
+    assert!(
+        matches!(&err, AgentError::LoadFailed { rollback, .. } if matches!(rollback.as_ref(), Rollback::Restored { previous } if previous == "2.7.0")),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("loading tenstorrent 2.8.0")
+            && msg.contains("rolled back")
+            && msg.contains("2.7.0"),
+        "{msg}"
+    );
+    assert_eq!(
+        kernel.loads(),
+        vec!["2.8.0".to_string(), "2.7.0".to_string()]
+    );
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+}
+
+#[test]
+fn failed_load_without_cached_previous_says_so() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    h.cache_module("2.8.0", "2.8.0");
+    let kernel = FakeKernel::new(h.root()).failing("2.8.0");
+    let err = run(
+        &h.config("2.8.0"),
+        &kernel,
+        &FakeBuilder::default(),
+        &FakeNode::default(),
+    )
+    .expect_err("load fails");
+    assert!(
+        matches!(
+            &err,
+            AgentError::LoadFailed { rollback, .. } if matches!(rollback.as_ref(), Rollback::NotCached { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("could not roll back to 2.7.0"),
+        "{err}"
+    );
+    assert_eq!(h.loaded(), None);
+}
+
+#[test]
+fn missing_headers_name_the_directory_and_package() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    fs::remove_dir_all(h.p(&format!("/lib/modules/{KVER}"))).expect("rm headers");
+    let kernel = FakeKernel::new(h.root());
+    let err = run(
+        &h.config("2.8.0"),
+        &kernel,
+        &FakeBuilder::default(),
+        &FakeNode::default(),
+    )
+    .expect_err("no headers");
+    let msg = err.to_string();
+    assert!(matches!(err, AgentError::HeadersMissing { .. }), "{err:?}");
+    assert!(msg.contains(&format!("lib/modules/{KVER}/build")), "{msg}");
+    assert!(msg.contains(&format!("linux-headers-{KVER}")), "{msg}");
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"), "old module kept");
+    assert_eq!(kernel.unloads(), 0);
+}
+
+fn fixture_repo(dest: &Path) {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/stub-module/make-repo.sh");
+    let status = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(dest)
+        .status()
+        .expect("run make-repo.sh (needs bash and git: run hack/agent-deps.sh)");
+    assert!(status.success(), "make-repo.sh failed");
+}
+
+#[test]
+fn missing_tag_names_tag_and_repository() {
+    let h = Host::new();
+    let repo = tempfile::tempdir().expect("tempdir");
+    fixture_repo(repo.path());
+    let repo_url = repo.path().display().to_string();
+    let builder = GitMakeBuilder::new(&repo_url);
+    let kernel = FakeKernel::new(h.root());
+    let err = run(&h.config("9.9.9"), &kernel, &builder, &FakeNode::default()).expect_err("no tag");
+    assert!(
+        matches!(&err, AgentError::MissingTag { tag, repo } if tag == "ttkmd-9.9.9" && *repo == repo_url),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("ttkmd-9.9.9") && msg.contains(&repo_url),
+        "{msg}"
+    );
+}
+
+#[test]
+fn unwritable_cache_fails_before_unloading() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    // A file where the cache directory should be: not writable even for root.
+    fs::create_dir_all(h.p("/var/cache")).expect("mkdir");
+    fs::write(h.p("/var/cache/tt-kmd"), b"not a directory").expect("write");
+    let kernel = FakeKernel::new(h.root());
+    let err = run(
+        &h.config("2.8.0"),
+        &kernel,
+        &FakeBuilder::default(),
+        &FakeNode::default(),
+    )
+    .expect_err("cache");
+    assert!(matches!(err, AgentError::CacheWrite { .. }), "{err:?}");
+    assert!(err.to_string().contains("var/cache/tt-kmd"), "{err}");
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    assert_eq!(kernel.unloads(), 0);
+}
+
+#[test]
+fn missing_tt_smi_is_skipped_without_label() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    let mut config = h.config("2.8.0");
+    config.tt_smi_path = h.smi.path().join("absent");
+    let node = FakeNode::default();
+    run(
+        &config,
+        &FakeKernel::new(h.root()),
+        &FakeBuilder::default(),
+        &node,
+    )
+    .expect("ok");
+    assert!(!h.p("/usr/local/bin/tt-smi").exists());
+    let l = labels_of(&node);
+    assert!(!l.contains_key(labels::TT_SMI_VERSION));
+    assert_eq!(l.get(labels::KMD_VERSION), Some(&label("2.8.0")));
+}
+
+#[test]
+fn label_failure_is_an_error() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    let node = FakeNode {
+        fail: true,
+        ..FakeNode::default()
+    };
+    let err = run(
+        &h.config("2.8.0"),
+        &FakeKernel::new(h.root()),
+        &FakeBuilder::default(),
+        &node,
+    )
+    .expect_err("label");
+    assert!(matches!(err, AgentError::Label { .. }), "{err:?}");
+}
+
+#[test]
+fn invalid_target_version_is_rejected() {
+    let h = Host::new();
+    let err = run(
+        &h.config("../2.8.0"),
+        &FakeKernel::new(h.root()),
+        &FakeBuilder::default(),
+        &FakeNode::default(),
+    )
+    .expect_err("invalid");
+    assert!(matches!(err, AgentError::InvalidVersion(_)), "{err:?}");
+}
+
+fn agent_bin(h: &Host, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
+        .env_remove("TT_KMD_VERSION")
+        .arg("--host-root")
+        .arg(h.root())
+        .args(args)
+        .output()
+        .expect("run ttdrv-agent")
+}
+
+#[test]
+fn ready_requires_exact_version() {
+    let h = Host::new();
+    assert!(
+        !agent_bin(&h, &["ready", "--version", "2.8.0"])
+            .status
+            .success(),
+        "nothing loaded"
+    );
+    set_loaded(h.root(), "2.8.0-rc1", 0).expect("loaded");
+    assert!(
+        !agent_bin(&h, &["ready", "--version", "2.8.0"])
+            .status
+            .success(),
+        "suffix"
+    );
+    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    assert!(
+        agent_bin(&h, &["ready", "--version", "2.8.0"])
+            .status
+            .success()
+    );
+    assert!(
+        !agent_bin(&h, &["ready", "--version", "2.7.0"])
+            .status
+            .success()
+    );
+}
+
+#[test]
+fn status_reports_what_it_sees() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    add_holder(h.root(), 4242, "python3", "0::/\n").expect("holder");
+    h.cache_module("2.7.0", "2.7.0");
+    h.cache_module("2.8.0", "2.8.0");
+    let out = agent_bin(&h, &["status", "--version", "2.8.0"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["kernel_release"], KVER);
+    assert_eq!(v["install_mode"], "container");
+    assert_eq!(v["module"]["version"], "2.7.0");
+    assert_eq!(v["module"]["refcnt"], 1);
+    assert_eq!(v["ready"], false);
+    assert_eq!(v["target_version"], "2.8.0");
+    assert_eq!(v["holders"][0]["pid"], 4242);
+    assert_eq!(v["holders"][0]["comm"], "python3");
+    assert_eq!(v["holders"][0]["devices"][0], "/dev/tenstorrent/0");
+    assert_eq!(v["cache"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        v["cache"][1]["path"],
+        format!("/var/cache/tt-kmd/{KVER}/2.8.0/tenstorrent.ko")
+    );
+    assert_eq!(v["cache"][1]["module_version"], "2.8.0");
+    assert_eq!(v["tt_smi"]["installed"], false);
+}
