@@ -351,11 +351,13 @@ impl Agent<'_> {
             return Ok(());
         };
         tracing::error!(version = target, error = %e, "loading the new module failed; rolling back");
+        let now = || root.loaded_version().ok().flatten();
         let rollback = match previous {
             None => Rollback::NothingLoadedBefore,
             Some(None) => Rollback::NotCached {
                 previous: "(unversioned)".into(),
                 path: PathBuf::from(cache::CACHE_DIR),
+                now_loaded: now(),
             },
             Some(Some(prev)) => match validate_version(prev)
                 .ok()
@@ -364,6 +366,7 @@ impl Agent<'_> {
                 None => Rollback::NotCached {
                     previous: prev.clone(),
                     path: PathBuf::from(Cache::host_path(kver, prev)),
+                    now_loaded: now(),
                 },
                 Some(path) => match self.kernel.load(&path) {
                     Ok(()) => Rollback::Restored {
@@ -372,6 +375,7 @@ impl Agent<'_> {
                     Err(e2) => Rollback::Failed {
                         previous: prev.clone(),
                         error: e2.to_string(),
+                        now_loaded: now(),
                     },
                 },
             },

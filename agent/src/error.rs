@@ -13,11 +13,21 @@ pub enum Rollback {
     /// No module was loaded before, so there was nothing to restore.
     NothingLoadedBefore,
     /// The previous version is not in the cache (e.g. it came from elsewhere).
-    NotCached { previous: String, path: PathBuf },
+    NotCached {
+        previous: String,
+        path: PathBuf,
+        /// What sysfs shows afterwards.
+        now_loaded: Option<String>,
+    },
     /// The previous version was loaded again from the cache.
     Restored { previous: String },
     /// Loading the previous version failed as well.
-    Failed { previous: String, error: String },
+    Failed {
+        previous: String,
+        error: String,
+        /// What sysfs shows afterwards.
+        now_loaded: Option<String>,
+    },
 }
 
 impl fmt::Display for Rollback {
@@ -26,10 +36,15 @@ impl fmt::Display for Rollback {
             Rollback::NothingLoadedBefore => {
                 write!(f, "no module was loaded before, nothing to roll back to")
             }
-            Rollback::NotCached { previous, path } => write!(
+            Rollback::NotCached {
+                previous,
+                path,
+                now_loaded,
+            } => write!(
                 f,
-                "could not roll back to {previous}: it is not in the cache ({} missing); the node has no tenstorrent module loaded now",
-                path.display()
+                "could not roll back to {previous}: it is not in the cache ({} missing); {}",
+                path.display(),
+                now(now_loaded)
             ),
             Rollback::Restored { previous } => {
                 write!(
@@ -37,11 +52,23 @@ impl fmt::Display for Rollback {
                     "rolled back: the previous version {previous} is loaded again from the cache"
                 )
             }
-            Rollback::Failed { previous, error } => write!(
+            Rollback::Failed {
+                previous,
+                error,
+                now_loaded,
+            } => write!(
                 f,
-                "rolling back to {previous} failed too ({error}); the node has no tenstorrent module loaded now"
+                "rolling back to {previous} failed too ({error}); {}",
+                now(now_loaded)
             ),
         }
+    }
+}
+
+fn now(loaded: &Option<String>) -> String {
+    match loaded {
+        Some(v) => format!("tenstorrent {v} is loaded now"),
+        None => "the node has no tenstorrent module loaded now".to_string(),
     }
 }
 

@@ -515,6 +515,10 @@ fn failed_load_without_cached_previous_says_so() {
         err.to_string().contains("could not roll back to 2.7.0"),
         "{err}"
     );
+    assert!(
+        err.to_string().contains("no tenstorrent module loaded now"),
+        "{err}"
+    );
     assert_eq!(h.loaded(), None);
 }
 

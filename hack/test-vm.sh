@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# Kernel-level test of the node agent: boots Debian's kernel (linux-image-amd64)
+# under qemu-system-x86_64 with software emulation (TCG) into an initramfs that
+# holds a statically linked ttdrv-agent, the stub `tenstorrent` module built on
+# this machine for that kernel at two versions (2.7.0, 2.8.0), and a script
+# that runs these scenarios against the real kernel, each printing
+# "VMTEST PASS: ..." or "VMTEST FAIL: ...":
+#
+#   1. fresh load of 2.7.0 from a source build (cache miss)
+#   2. `ready` passes for 2.7.0 (and not for 2.8.0)
+#   3. upgrade to 2.8.0: unload + build + load; `ready` passes for 2.8.0
+#   4. a process holding /dev/tenstorrent/0 pins the module (refcnt 1); the
+#      agent refuses to downgrade and names that PID; the module stays
+#   5. with --force-unload the holder is SIGKILLed and 2.7.0 is loaded, from
+#      the cache (its second load)
+#   6. back to 2.8.0, again from the cache
+#
+# Inside the VM there is no compiler: `git` and `make` are small shims that
+# serve the trees and modules built here by the real `git clone` and
+# `make -C /lib/modules/<kver>/build M=... modules`, so the agent's own
+# clone/build/cache code path runs unchanged. The build itself is covered
+# for real by `cargo test -p ttdrv-agent` (tests/real_build.rs).
+#
+# Needs: hack/agent-deps.sh --vm (qemu-system-x86, linux-image-amd64,
+# linux-headers-amd64, busybox-static, cpio, musl-tools, git, make, gcc, kmod)
+# and the Rust target x86_64-unknown-linux-musl (rustup target add).
+#
+# Env: VM_TIMEOUT (seconds, default 600), VM_ACCEL (default tcg),
+#      CARGO_TARGET_DIR (default <repo>/target), KEEP_VM_WORKDIR=1 to keep files.
+# Exits non-zero on any failure and prints how long the VM run took.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+timeout_s="${VM_TIMEOUT:-600}"
+accel="${VM_ACCEL:-tcg}"
+target_dir="${CARGO_TARGET_DIR:-$repo/target}"
+hint="run hack/agent-deps.sh --vm"
+
+die() { echo "test-vm: FAIL: $*" >&2; exit 1; }
+say() { echo "test-vm: $*"; }
+
+# No NEEDED entries in the dynamic section: nothing to load from the initramfs.
+is_static() { ! readelf -d "$1" 2>/dev/null | grep -q '(NEEDED)'; }
+
+for tool in qemu-system-x86_64 cpio gzip git make modinfo readelf; do
+    command -v "$tool" >/dev/null || die "$tool not found: $hint"
+done
+busybox=""
+for b in /bin/busybox /usr/bin/busybox; do
+    if [[ -x $b ]] && is_static "$b"; then busybox=$b; break; fi
+done
+[[ -n $busybox ]] || die "no statically linked busybox: $hint (busybox-static)"
+
+# The newest kernel that has both an image and headers installed.
+kver=""
+for k in $(ls /boot 2>/dev/null | sed -n 's/^vmlinuz-//p' | sort -V); do
+    if [[ -f /lib/modules/$k/build/Makefile ]]; then kver=$k; fi
+done
+[[ -n $kver ]] || die "no kernel with both /boot/vmlinuz-<kver> and /lib/modules/<kver>/build: $hint (linux-image-amd64, linux-headers-amd64)"
+kernel_img="/boot/vmlinuz-$kver"
+[[ -r $kernel_img ]] || die "$kernel_img is not readable"
+say "kernel $kver"
+
+work="$(mktemp -d /tmp/ttdrv-vm.XXXXXX)"
+cleanup() { if [[ -z ${KEEP_VM_WORKDIR:-} ]]; then rm -rf "$work"; else say "kept $work"; fi; }
+trap cleanup EXIT
+
+# --- the agent, statically linked -------------------------------------------
+musl=x86_64-unknown-linux-musl
+if ! rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
+    say "adding Rust target $musl"
+    rustup target add "$musl" >/dev/null 2>&1 || true
+fi
+t0=$(date +%s)
+if rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
+    say "building ttdrv-agent for $musl"
+    CARGO_TARGET_DIR="$target_dir" cargo build -q -p ttdrv-agent --bin ttdrv-agent --target "$musl"
+    agent_bin="$target_dir/$musl/debug/ttdrv-agent"
+else
+    say "target $musl unavailable; building a static glibc binary (+crt-static)"
+    gnu=x86_64-unknown-linux-gnu
+    CARGO_TARGET_DIR="$target_dir" RUSTFLAGS="-C target-feature=+crt-static" \
+        cargo build -q -p ttdrv-agent --bin ttdrv-agent --target "$gnu"
+    agent_bin="$target_dir/$gnu/debug/ttdrv-agent"
+fi
+is_static "$agent_bin" || die "$agent_bin is dynamically linked"
+say "agent built in $(( $(date +%s) - t0 ))s"
+
+# --- the stub module at two versions, built for the VM's kernel -------------
+t0=$(date +%s)
+"$repo/tests/fixtures/stub-module/make-repo.sh" "$work/tt-kmd.git" 2.7.0 2.8.0
+root="$work/root"
+mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,run,etc,opt/prebuilt,opt/tt-smi,usr/local/bin,var/cache,lib/modules/"$kver"/build}
+for v in 2.7.0 2.8.0; do
+    src="$work/src-$v"
+    git -c advice.detachedHead=false clone -q --branch "ttkmd-$v" "$work/tt-kmd.git" "$src"
+    make -s -C "/lib/modules/$kver/build" M="$src" modules >"$work/make-$v.log" 2>&1 \
+        || { cat "$work/make-$v.log"; die "building the stub module $v for $kver failed"; }
+    got="$(modinfo -F version "$src/tenstorrent.ko")"
+    [[ $got == "$v" ]] || die "stub module for $v reports version '$got'"
+    dest="$root/opt/prebuilt/ttkmd-$v"
+    mkdir -p "$dest"
+    cp "$src"/{tenstorrent.c,Kbuild,Makefile,VERSION} "$dest/"
+    cp "$src/tenstorrent.ko" "$dest/.prebuilt.ko"
+done
+say "stub modules 2.7.0 and 2.8.0 built for $kver in $(( $(date +%s) - t0 ))s"
+
+# --- initramfs ---------------------------------------------------------------
+cp "$busybox" "$root/bin/busybox"
+cp "$agent_bin" "$root/bin/ttdrv-agent"
+strip "$root/bin/ttdrv-agent" 2>/dev/null || true
+printf '#!/bin/sh\necho "tt-smi (test stub)"\n' >"$root/opt/tt-smi/tt-smi"
+chmod 0755 "$root/opt/tt-smi/tt-smi"
+# An (empty) header directory: the shimmed make only checks it exists.
+echo "# headers stand-in for the VM test" >"$root/lib/modules/$kver/build/Makefile"
+
+cat >"$root/usr/local/bin/git" <<'EOF'
+#!/bin/sh
+# VM shim for `git clone ... --branch TAG -- REPO DEST`: serves the trees
+# cloned on the build machine from /opt/prebuilt/TAG.
+tag=""; prev=""; dest=""
+for a in "$@"; do
+    [ "$prev" = "--branch" ] && tag="$a"
+    prev="$a"; dest="$a"
+done
+echo "git-shim: $*" >&2
+if [ -z "$tag" ] || [ ! -d "/opt/prebuilt/$tag" ]; then
+    echo "warning: Could not find remote branch $tag to clone." >&2
+    echo "fatal: Remote branch $tag not found in upstream origin" >&2
+    exit 128
+fi
+mkdir -p "$dest" && cp -a "/opt/prebuilt/$tag/." "$dest/"
+EOF
+cat >"$root/usr/local/bin/make" <<'EOF'
+#!/bin/sh
+# VM shim for `make -C HEADERS M=SRC modules`: puts the module built on the
+# build machine (for this kernel) where the real build would leave it.
+kdir=""; m=""; prev=""
+for a in "$@"; do
+    [ "$prev" = "-C" ] && kdir="$a"
+    case "$a" in M=*) m="${a#M=}" ;; esac
+    prev="$a"
+done
+echo "make-shim: $*" >&2
+[ -d "$kdir" ] || { echo "make: *** $kdir: No such file or directory.  Stop." >&2; exit 2; }
+[ -f "$m/.prebuilt.ko" ] || { echo "make: no sources in $m" >&2; exit 2; }
+echo "  LD [M]  $m/tenstorrent.ko"
+cp "$m/.prebuilt.ko" "$m/tenstorrent.ko"
+EOF
+chmod 0755 "$root/usr/local/bin/git" "$root/usr/local/bin/make"
+
+cat >"$root/init" <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+export PATH=/usr/local/bin:/bin:/sbin
+export TT_KMD_SOURCE_REPOSITORY=/opt/tt-kmd.git
+export TT_SMI_VERSION=0.0.0-test
+export TTDRV_UNLOAD_TIMEOUT_SECONDS=20
+export RUST_LOG=info
+failed=0
+n=0
+pass() { echo "VMTEST PASS: $*"; }
+fail() { echo "VMTEST FAIL: $*"; failed=$((failed+1)); }
+# agent LOGNAME ARGS...: runs the agent, keeps its log, prints its summary
+agent() {
+    name="$1"; shift
+    n=$((n+1))
+    ttdrv-agent "$@" >"/tmp/$name.log" 2>&1
+    rc=$?
+    grep 'summary:' "/tmp/$name.log" | sed "s/^/[$name rc=$rc] /"
+    return $rc
+}
+show() { echo "----- /tmp/$1.log"; cat "/tmp/$1.log"; echo "-----"; }
+loaded() { cat /sys/module/tenstorrent/version 2>/dev/null || echo none; }
+refcnt() { cat /sys/module/tenstorrent/refcnt 2>/dev/null || echo none; }
+
+echo "VMTEST START kernel=$(uname -r)"
+
+# 1. fresh load of 2.7.0 from a source build
+if agent s1 run --version 2.7.0 --once \
+   && grep -q 'result=installed version=2.7.0 previous=none source=build' /tmp/s1.log \
+   && [ "$(loaded)" = 2.7.0 ] && [ -c /dev/tenstorrent/0 ] \
+   && [ -f /var/cache/tt-kmd/$(uname -r)/2.7.0/tenstorrent.ko ] \
+   && [ -x /usr/local/bin/tt-smi ]; then
+    pass "fresh load of 2.7.0 from a source build (loaded=$(loaded), /dev/tenstorrent/0 present, cached)"
+else
+    fail "fresh load of 2.7.0 (loaded=$(loaded))"; show s1
+fi
+
+# 2. ready
+if ttdrv-agent ready --version 2.7.0 && ! ttdrv-agent ready --version 2.8.0 2>/dev/null; then
+    pass "ready passes for 2.7.0 and not for 2.8.0"
+else
+    fail "ready for 2.7.0"
+fi
+
+# 3. upgrade to 2.8.0
+if agent s3 run --version 2.8.0 --once \
+   && grep -q 'result=installed version=2.8.0 previous=2.7.0 source=build' /tmp/s3.log \
+   && [ "$(loaded)" = 2.8.0 ] && ttdrv-agent ready --version 2.8.0; then
+    pass "upgrade 2.7.0 -> 2.8.0 (unload + load), ready for 2.8.0"
+else
+    fail "upgrade to 2.8.0 (loaded=$(loaded))"; show s3
+fi
+
+# 4. a holder pins the module; the agent refuses and names it
+sleep 600 </dev/tenstorrent/0 &
+holder=$!
+sleep 1
+echo "holder pid $holder, refcnt $(refcnt)"
+if [ "$(refcnt)" = 1 ]; then
+    pass "holding /dev/tenstorrent/0 raises refcnt to 1"
+else
+    fail "refcnt with a holder is $(refcnt)"
+fi
+if agent s4 run --version 2.7.0 --once; then
+    fail "agent downgraded although pid $holder holds the device"; show s4
+elif grep -q "pid $holder (sleep)" /tmp/s4.log && [ "$(loaded)" = 2.8.0 ] && kill -0 "$holder" 2>/dev/null; then
+    pass "busy device: agent refused naming pid $holder (sleep); 2.8.0 still loaded, holder alive"
+else
+    fail "busy device: wrong refusal (loaded=$(loaded))"; show s4
+fi
+
+# 5. force-unload kills the holder; 2.7.0 comes from the cache
+if agent s5 run --version 2.7.0 --once --force-unload \
+   && grep -q "result=installed version=2.7.0 previous=2.8.0 source=cache killed_pids=$holder" /tmp/s5.log \
+   && [ "$(loaded)" = 2.7.0 ]; then
+    wait "$holder" 2>/dev/null
+    if kill -0 "$holder" 2>/dev/null; then
+        fail "holder $holder survived force-unload"
+    else
+        pass "force-unload killed pid $holder and loaded 2.7.0 from the cache"
+    fi
+else
+    fail "force-unload (loaded=$(loaded))"; show s5
+fi
+
+# 6. second load of 2.8.0 comes from the cache
+if agent s6 run --version 2.8.0 --once \
+   && grep -q 'result=installed version=2.8.0 previous=2.7.0 source=cache' /tmp/s6.log \
+   && [ "$(loaded)" = 2.8.0 ] && ttdrv-agent ready --version 2.8.0; then
+    pass "second load of 2.8.0 from the cache"
+else
+    fail "cached 2.8.0 (loaded=$(loaded))"; show s6
+fi
+
+echo "--- ttdrv-agent status"
+ttdrv-agent status --version 2.8.0
+echo "--- kernel log"
+dmesg | grep -i tenstorrent | tail -n 12
+echo "VMTEST DONE failed=$failed"
+sync
+reboot -f
+EOF
+chmod 0755 "$root/init"
+
+(cd "$root" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$work/initramfs.gz"
+say "initramfs $(du -h "$work/initramfs.gz" | cut -f1)"
+
+# --- boot ----------------------------------------------------------------------
+log="$work/console.log"
+say "booting $kernel_img under qemu (accel=$accel, timeout ${timeout_s}s)"
+start=$(date +%s.%N)
+set +e
+timeout "$timeout_s" qemu-system-x86_64 \
+    -accel "$accel" -m 1024 -smp 1 \
+    -kernel "$kernel_img" -initrd "$work/initramfs.gz" \
+    -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3" \
+    -nographic -no-reboot -monitor none -serial stdio -nodefaults \
+    </dev/null >"$log" 2>&1
+qrc=$?
+set -e
+end=$(date +%s.%N)
+elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+
+tr -d '\r' <"$log" | sed 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | grep -v '^\s*$' | sed 's/^/vm| /'
+say "VM run took ${elapsed}s (qemu exit $qrc)"
+
+expected=7
+passes=$(tr -d '\r' <"$log" | grep -c '^VMTEST PASS' || true)
+fails=$(tr -d '\r' <"$log" | grep -c '^VMTEST FAIL' || true)
+if [[ $qrc -eq 124 ]]; then die "VM timed out after ${timeout_s}s"; fi
+if ! tr -d '\r' <"$log" | grep -q '^VMTEST DONE failed=0'; then
+    die "VM scenarios failed ($passes passed, $fails failed)"
+fi
+if [[ $passes -ne $expected || $fails -ne 0 ]]; then
+    die "expected $expected VMTEST PASS lines and no FAIL, got $passes passed, $fails failed"
+fi
+echo "test-vm: $passes passed, 0 failed"
