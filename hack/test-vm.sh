@@ -2,7 +2,7 @@
 # Kernel-level test of the node agent: boots Debian's kernel (linux-image-amd64)
 # under qemu-system-x86_64 with software emulation (TCG) into an initramfs that
 # holds a statically linked ttdrv-agent, the stub `tenstorrent` module built on
-# this machine for that kernel at two versions (2.7.0, 2.8.0), and a script
+# this machine for that kernel (2.7.0, 2.8.0, and a broken 2.9.0), and a script
 # that runs these scenarios against the real kernel, each printing
 # "VMTEST PASS: ..." or "VMTEST FAIL: ...":
 #
@@ -14,6 +14,8 @@
 #   5. with --force-unload the holder is SIGKILLed and 2.7.0 is loaded, from
 #      the cache (its second load)
 #   6. back to 2.8.0, again from the cache
+#   7. a broken release (2.9.0, whose init fails) does not load; the agent
+#      puts 2.8.0 back from the cache and fails naming both
 #
 # Inside the VM there is no compiler: `git` and `make` are small shims that
 # serve the trees and modules built here by the real `git clone` and
@@ -26,6 +28,8 @@
 # and the Rust target x86_64-unknown-linux-musl (rustup target add).
 #
 # Env: VM_TIMEOUT (seconds, default 600), VM_ACCEL (default tcg),
+#      VM_AGENT_LIBC=glibc to link the agent statically against glibc instead
+#      of musl (also the automatic fallback when the musl target is missing),
 #      CARGO_TARGET_DIR (default <repo>/target), KEEP_VM_WORKDIR=1 to keep files.
 # Exits non-zero on any failure and prints how long the VM run took.
 set -euo pipefail
@@ -67,17 +71,17 @@ trap cleanup EXIT
 
 # --- the agent, statically linked -------------------------------------------
 musl=x86_64-unknown-linux-musl
-if ! rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
+if [[ ${VM_AGENT_LIBC:-musl} == musl ]] && ! rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
     say "adding Rust target $musl"
     rustup target add "$musl" >/dev/null 2>&1 || true
 fi
 t0=$(date +%s)
-if rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
+if [[ ${VM_AGENT_LIBC:-musl} == musl ]] && rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
     say "building ttdrv-agent for $musl"
     CARGO_TARGET_DIR="$target_dir" cargo build -q -p ttdrv-agent --bin ttdrv-agent --target "$musl"
     agent_bin="$target_dir/$musl/debug/ttdrv-agent"
 else
-    say "target $musl unavailable; building a static glibc binary (+crt-static)"
+    say "building ttdrv-agent statically linked against glibc (+crt-static; VM_AGENT_LIBC=${VM_AGENT_LIBC:-musl}, musl target unavailable or not wanted)"
     gnu=x86_64-unknown-linux-gnu
     CARGO_TARGET_DIR="$target_dir" RUSTFLAGS="-C target-feature=+crt-static" \
         cargo build -q -p ttdrv-agent --bin ttdrv-agent --target "$gnu"
@@ -88,10 +92,10 @@ say "agent built in $(( $(date +%s) - t0 ))s"
 
 # --- the stub module at two versions, built for the VM's kernel -------------
 t0=$(date +%s)
-"$repo/tests/fixtures/stub-module/make-repo.sh" "$work/tt-kmd.git" 2.7.0 2.8.0
+"$repo/tests/fixtures/stub-module/make-repo.sh" "$work/tt-kmd.git" 2.7.0 2.8.0 2.9.0:fail-init
 root="$work/root"
 mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,run,etc,opt/prebuilt,opt/tt-smi,usr/local/bin,var/cache,lib/modules/"$kver"/build}
-for v in 2.7.0 2.8.0; do
+for v in 2.7.0 2.8.0 2.9.0; do
     src="$work/src-$v"
     git -c advice.detachedHead=false clone -q --branch "ttkmd-$v" "$work/tt-kmd.git" "$src"
     make -s -C "/lib/modules/$kver/build" M="$src" modules >"$work/make-$v.log" 2>&1 \
@@ -103,7 +107,7 @@ for v in 2.7.0 2.8.0; do
     cp "$src"/{tenstorrent.c,Kbuild,Makefile,VERSION} "$dest/"
     cp "$src/tenstorrent.ko" "$dest/.prebuilt.ko"
 done
-say "stub modules 2.7.0 and 2.8.0 built for $kver in $(( $(date +%s) - t0 ))s"
+say "stub modules 2.7.0, 2.8.0 and 2.9.0 (init fails) built for $kver in $(( $(date +%s) - t0 ))s"
 
 # --- initramfs ---------------------------------------------------------------
 cp "$busybox" "$root/bin/busybox"
@@ -248,6 +252,16 @@ else
     fail "cached 2.8.0 (loaded=$(loaded))"; show s6
 fi
 
+# 7. a module that fails to load: rollback to the previous version
+if agent s7 run --version 2.9.0 --once; then
+    fail "agent reported success for a module whose init fails"; show s7
+elif grep -q 'loading tenstorrent 2.9.0 from .* failed: .*rolled back: the previous version 2.8.0 is loaded again from the cache' /tmp/s7.log \
+   && [ "$(loaded)" = 2.8.0 ] && ttdrv-agent ready --version 2.8.0; then
+    pass "failed load of 2.9.0 rolled back to 2.8.0 from the cache"
+else
+    fail "rollback after a failed load (loaded=$(loaded))"; show s7
+fi
+
 echo "--- ttdrv-agent status"
 ttdrv-agent status --version 2.8.0
 echo "--- kernel log"
@@ -280,7 +294,7 @@ elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
 tr -d '\r' <"$log" | sed 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | grep -v '^\s*$' | sed 's/^/vm| /'
 say "VM run took ${elapsed}s (qemu exit $qrc)"
 
-expected=7
+expected=8
 passes=$(tr -d '\r' <"$log" | grep -c '^VMTEST PASS' || true)
 fails=$(tr -d '\r' <"$log" | grep -c '^VMTEST FAIL' || true)
 if [[ $qrc -eq 124 ]]; then die "VM timed out after ${timeout_s}s"; fi

@@ -649,6 +649,7 @@ fn invalid_target_version_is_rejected() {
 fn agent_bin(h: &Host, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
         .env_remove("TT_KMD_VERSION")
+        .env_remove("NODE_NAME")
         .arg("--host-root")
         .arg(h.root())
         .args(args)
@@ -715,4 +716,54 @@ fn status_reports_what_it_sees() {
     );
     assert_eq!(v["cache"][1]["module_version"], "2.8.0");
     assert_eq!(v["tt_smi"]["installed"], false);
+}
+
+#[test]
+fn run_idles_until_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let h = Host::new();
+    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
+        .env_remove("NODE_NAME")
+        .env_remove("TT_FORCE_UNLOAD")
+        .env("RUST_LOG", "info")
+        .arg("--host-root")
+        .arg(h.root())
+        .args(["run", "--version", "2.8.0", "--tt-smi-path"])
+        .arg(h.smi.path().join("tt-smi"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ttdrv-agent");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("idling until SIGTERM") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+        let _ = child.kill();
+        panic!("agent did not reach the idle state");
+    }
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "agent exited instead of idling"
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            assert!(status.success(), "exit after SIGTERM: {status}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "agent ignored SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(h.p("/usr/local/bin/tt-smi").is_file());
 }
