@@ -1,0 +1,553 @@
+#!/usr/bin/env python3
+"""Generates the Grafana dashboards of the Tenstorrent driver manager.
+
+    python3 dashboards/generate.py          # rewrite dashboards/*.json
+    python3 dashboards/generate.py --check  # exit 1 if the JSON files are stale
+
+The JSON files are the shipped artifacts (the chart copies them into
+chart/files/dashboards/); this script is their source, so panels stay uniform.
+hack/test-alerts.sh runs the --check mode. Only non-Angular panel types are used
+(timeseries, stat, gauge, table, state-timeline, bargauge, text).
+"""
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCHEMA_VERSION = 39
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+# Node upgrade states, in order, with the code the per-node timeline uses and a colour.
+STATES = [
+    ("Pending", 1, "blue"),
+    ("Cordoning", 2, "yellow"),
+    ("Draining", 3, "orange"),
+    ("Upgrading", 4, "purple"),
+    ("Uncordoning", 5, "super-light-green"),
+    ("Done", 6, "green"),
+    ("Failed", 7, "red"),
+]
+STATE_COLOURS = {s: c for s, _, c in STATES} | {"HostManaged": "text"}
+
+
+class Layout:
+    """Places panels left to right on Grafana's 24-column grid."""
+
+    def __init__(self):
+        self.x = 0
+        self.y = 0
+        self.row_h = 0
+        self.next_id = 1
+
+    def place(self, w, h):
+        if self.x + w > 24:
+            self.newline()
+        pos = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        return pos
+
+    def newline(self):
+        if self.x:
+            self.y += self.row_h
+        self.x = 0
+        self.row_h = 0
+
+    def id(self):
+        i = self.next_id
+        self.next_id += 1
+        return i
+
+
+def target(expr, legend="__auto", ref="A", instant=False, fmt="time_series"):
+    t = {
+        "datasource": DS,
+        "editorMode": "code",
+        "expr": expr,
+        "legendFormat": legend,
+        "range": not instant,
+        "instant": instant,
+        "refId": ref,
+    }
+    if fmt != "time_series":
+        t["format"] = fmt
+    return t
+
+
+def targets(*specs, **common):
+    out = []
+    for i, spec in enumerate(specs):
+        expr, legend = spec if isinstance(spec, tuple) else (spec, "__auto")
+        out.append(target(expr, legend, ref=chr(ord("A") + i), **common))
+    return out
+
+
+def thresholds(*steps):
+    """steps: (value or None, colour) pairs, the first with None."""
+    return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
+
+
+def panel(L, kind, title, w, h, tgts, description="", unit=None, defaults=None,
+          options=None, overrides=None, transformations=None):
+    d = {"color": {"mode": "palette-classic"}, "mappings": [],
+         "thresholds": thresholds((None, "green"))}
+    if unit:
+        d["unit"] = unit
+    d.update(defaults or {})
+    p = {
+        "id": L.id(),
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": L.place(w, h),
+        "targets": tgts,
+        "fieldConfig": {"defaults": d, "overrides": overrides or []},
+        "options": options or {},
+    }
+    if transformations:
+        p["transformations"] = transformations
+    return p
+
+
+def text_panel(L, title, content, w, h):
+    return {
+        "id": L.id(), "type": "text", "title": title, "gridPos": L.place(w, h),
+        "options": {"mode": "markdown", "content": content,
+                    "code": {"language": "plaintext", "showLineNumbers": False, "showMiniMap": False}},
+    }
+
+
+def row(L, title):
+    L.newline()
+    p = {"id": L.id(), "type": "row", "title": title, "collapsed": False, "panels": [],
+         "gridPos": {"h": 1, "w": 24, "x": 0, "y": L.y}}
+    L.y += 1
+    return p
+
+
+def stat_options(text_mode="auto", calc="lastNotNull", color_mode="value", graph="none"):
+    return {
+        "reduceOptions": {"calcs": [calc], "fields": "", "values": False},
+        "orientation": "auto", "textMode": text_mode, "colorMode": color_mode,
+        "graphMode": graph, "justifyMode": "auto", "wideLayout": True,
+        "showPercentChange": False,
+    }
+
+
+def ts_options(legend_calcs=None, mode="multi"):
+    return {
+        "legend": {"displayMode": "table" if legend_calcs else "list", "placement": "bottom",
+                   "showLegend": True, "calcs": legend_calcs or []},
+        "tooltip": {"mode": mode, "sort": "desc"},
+    }
+
+
+def ts_custom(stack=False, draw="line", fill=10):
+    return {
+        "drawStyle": draw, "lineInterpolation": "stepAfter" if draw == "line" else "linear",
+        "lineWidth": 1, "fillOpacity": fill, "showPoints": "never", "spanNulls": False,
+        "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+        "axisPlacement": "auto", "axisSoftMin": 0,
+    }
+
+
+def colour_by_name(names_colours):
+    return [
+        {"matcher": {"id": "byName", "options": n},
+         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": c}}]}
+        for n, c in names_colours.items()
+    ]
+
+
+def templating(extra=()):
+    return {"list": [
+        {
+            "name": "datasource", "label": "Data source", "type": "datasource",
+            "query": "prometheus", "regex": "", "hide": 0, "refresh": 1,
+            "current": {}, "options": [], "includeAll": False, "multi": False,
+        },
+        {
+            "name": "cr", "label": "Policy (cr)", "type": "query", "datasource": DS,
+            "definition": "label_values(ttdriver_node_state, cr)",
+            "query": {"qryType": 1, "query": "label_values(ttdriver_node_state, cr)",
+                      "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+            "refresh": 2, "regex": "", "sort": 1, "hide": 0,
+            "includeAll": True, "multi": True, "allValue": ".+",
+            "current": {}, "options": [],
+        },
+        *extra,
+    ]}
+
+
+def dashboard(uid, title, description, panels, tags, links=()):
+    return {
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+        ],
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["tenstorrent", "tt-kmd", "driver-manager", *tags],
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "timepicker": {},
+        "timezone": "",
+        "refresh": "30s",
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "weekStart": "",
+        "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+            "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+            "name": "Annotations & Alerts", "type": "dashboard",
+        }]},
+        "links": list(links),
+        "templating": templating(),
+        "panels": panels,
+    }
+
+
+CR = 'cr=~"$cr"'
+
+
+def rollout():
+    L = Layout()
+    P = []
+    P.append(row(L, "Progress"))
+    P.append(panel(
+        L, "stat", "Target version", 4, 5,
+        targets((f'max by (cr, version) (ttdriver_policy_desired_version{{{CR}}})', "{{cr}}: {{version}}"),
+                instant=True),
+        description="spec.version of the selected policies (ttdriver_policy_desired_version).",
+        options=stat_options(text_mode="name", color_mode="none"),
+    ))
+    P.append(panel(
+        L, "gauge", "Progress (Done / matched)", 4, 5,
+        targets(f'sum(ttdriver_policy_nodes{{{CR},state="Done"}}) '
+                f'/ sum(ttdriver_policy_nodes{{{CR},state!="HostManaged"}})', instant=True),
+        description="Share of the matched container-managed nodes that run the target version (state Done). "
+                    "Host-managed (DKMS) nodes are not upgraded and not counted.",
+        unit="percentunit",
+        defaults={"min": 0, "max": 1, "color": {"mode": "thresholds"},
+                  "thresholds": thresholds((None, "orange"), (0.5, "yellow"), (1, "green"))},
+        options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                 "showThresholdLabels": False, "showThresholdMarkers": True, "orientation": "auto"},
+    ))
+    P.append(panel(
+        L, "stat", "Nodes", 6, 5,
+        targets((f'sum(ttdriver_policy_nodes{{{CR},state="Done"}})', "Done"),
+                (f'sum(ttdriver_policy_nodes{{{CR},state!="HostManaged"}})', "Matched"),
+                (f'sum(ttdriver_policy_nodes{{{CR},state="HostManaged"}})', "Host-managed"),
+                instant=True),
+        description="Nodes upgraded (Done), matched by the policies (every state but host-managed), "
+                    "and host-managed (DKMS install, left alone).",
+        options=stat_options(color_mode="none"),
+    ))
+    P.append(panel(
+        L, "stat", "Failed nodes", 3, 5,
+        targets(f'sum(ttdriver_policy_nodes{{{CR},state="Failed"}})', instant=True),
+        description="Nodes in state Failed. A Failed node stays cordoned and holds its rollout; "
+                    "see the runbook (TTDriverNodeFailed).",
+        defaults={"color": {"mode": "thresholds"},
+                  "thresholds": thresholds((None, "green"), (1, "red"))},
+        options=stat_options(color_mode="background"),
+    ))
+    P.append(panel(
+        L, "stat", "Unavailable / maxUnavailable", 4, 5,
+        targets((f'sum(ttdriver_rollout_unavailable_nodes{{{CR}}})', "unavailable"),
+                (f'sum(ttdriver_rollout_max_unavailable{{{CR}}})', "maxUnavailable"),
+                instant=True),
+        description="Nodes the rollout currently holds out of service, against the policies' maxUnavailable budget.",
+        options=stat_options(color_mode="none"),
+    ))
+    P.append(panel(
+        L, "stat", "Nodes in progress", 3, 5,
+        targets(f'sum(ttdriver_policy_nodes{{{CR},state=~"Cordoning|Draining|Upgrading|Uncordoning"}})',
+                instant=True),
+        description="Nodes in Cordoning, Draining, Upgrading or Uncordoning.",
+        options=stat_options(color_mode="none"),
+    ))
+    P.append(panel(
+        L, "timeseries", "Nodes per state", 12, 8,
+        targets((f'sum by (state) (ttdriver_policy_nodes{{{CR}}})', "{{state}}")),
+        description="ttdriver_policy_nodes, stacked: how the matched nodes move from Pending to Done.",
+        defaults={"custom": ts_custom(stack=True, fill=60), "decimals": 0},
+        overrides=colour_by_name(STATE_COLOURS),
+        options=ts_options(["lastNotNull"]),
+    ))
+    P.append(panel(
+        L, "bargauge", "Nodes by loaded tt-kmd version", 12, 8,
+        targets(('sum by (version, install_mode) (ttdriver_nodes_by_kmd_version)',
+                 "{{version}} ({{install_mode}})"), instant=True),
+        description="All Tenstorrent nodes of the cluster by the tt-kmd version they report "
+                    "(node label driver.tenstorrent.com/kmd-version) and install mode.",
+        defaults={"decimals": 0, "min": 0, "color": {"mode": "palette-classic"}},
+        options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                 "orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
+                 "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
+                 "minVizWidth": 8, "maxVizHeight": 300},
+    ))
+
+    P.append(row(L, "Nodes"))
+    cases = "\n  or ".join(
+        f'(ttdriver_node_state{{{CR},state="{s}"}} * {code})' for s, code, _ in STATES)
+    P.append(panel(
+        L, "state-timeline", "Per-node state", 24, 10,
+        targets((f"max by (cr, node) (\n  {cases}\n)", "{{node}}")),
+        description="Upgrade state of every node over time (from ttdriver_node_state).",
+        defaults={
+            "custom": {"fillOpacity": 80, "lineWidth": 0, "hideFrom": {"legend": False, "tooltip": False, "viz": False}},
+            "color": {"mode": "fixed", "fixedColor": "transparent"},
+            "mappings": [{"type": "value", "options": {
+                str(code): {"text": s, "color": c, "index": i}
+                for i, (s, code, c) in enumerate(STATES)}}],
+        },
+        options={"mergeValues": True, "showValue": "auto", "alignValue": "left", "rowHeight": 0.9,
+                 "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                 "tooltip": {"mode": "single", "sort": "none"}},
+    ))
+    P.append(panel(
+        L, "table", "Time in current state", 12, 10,
+        targets((f'max by (cr, node, state) (ttdriver_node_state{{{CR}}} == 1)\n'
+                 f'  * on (cr, node) group_left ()\n'
+                 f'max by (cr, node) (time() - ttdriver_node_state_since_timestamp_seconds{{{CR}}})', ""),
+                instant=True, fmt="table"),
+        description="Every node with its current state and how long it has been there. "
+                    "In-progress states older than 30 minutes raise TTDriverNodeStuckInPhase.",
+        unit="s",
+        defaults={"custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False}},
+        overrides=[
+            {"matcher": {"id": "byName", "options": "Time in state"},
+             "properties": [{"id": "custom.cellOptions", "value": {"type": "color-text"}},
+                            {"id": "color", "value": {"mode": "thresholds"}},
+                            {"id": "thresholds", "value": thresholds((None, "text"), (1800, "orange"))}]},
+            {"matcher": {"id": "byName", "options": "State"},
+             "properties": [{"id": "custom.cellOptions", "value": {"type": "color-text"}},
+                            {"id": "mappings", "value": [{"type": "value", "options": {
+                                s: {"color": c, "index": i} for i, (s, _, c) in enumerate(STATES)}}]}]},
+        ],
+        options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False, "reducer": ["sum"], "fields": ""},
+                 "sortBy": [{"displayName": "Time in state", "desc": True}]},
+        transformations=[{"id": "organize", "options": {
+            "excludeByName": {"Time": True},
+            "indexByName": {"cr": 0, "node": 1, "state": 2, "Value": 3},
+            "renameByName": {"cr": "Policy", "node": "Node", "state": "State", "Value": "Time in state"}}}],
+    ))
+    P.append(panel(
+        L, "bargauge", "Phase duration p50 / p95 (time range)", 12, 10,
+        targets((f'histogram_quantile(0.5, sum by (phase, le) (increase(ttdriver_phase_duration_seconds_bucket{{{CR}}}[$__range])))',
+                 "{{phase}} p50"),
+                (f'histogram_quantile(0.95, sum by (phase, le) (increase(ttdriver_phase_duration_seconds_bucket{{{CR}}}[$__range])))',
+                 "{{phase}} p95"),
+                (f'histogram_quantile(0.95, sum by (le) (increase(ttdriver_node_upgrade_duration_seconds_bucket{{{CR}}}[$__range])))',
+                 "whole node p95"),
+                instant=True),
+        description="Time nodes spent in each state (ttdriver_phase_duration_seconds, observed when a node leaves "
+                    "the state) and for a whole node cycle, Cordoning to Done (ttdriver_node_upgrade_duration_seconds), "
+                    "over the dashboard's time range. Quantiles are estimated from histogram buckets.",
+        unit="s",
+        defaults={"min": 0, "color": {"mode": "continuous-GrYlRd"}},
+        options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                 "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True,
+                 "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
+                 "minVizWidth": 8, "maxVizHeight": 300},
+    ))
+    P.append(panel(
+        L, "timeseries", "Phase duration p50 / p95 over time", 24, 8,
+        targets((f'histogram_quantile(0.5, sum by (phase, le) (rate(ttdriver_phase_duration_seconds_bucket{{{CR}}}[$__rate_interval])))',
+                 "{{phase}} p50"),
+                (f'histogram_quantile(0.95, sum by (phase, le) (rate(ttdriver_phase_duration_seconds_bucket{{{CR}}}[$__rate_interval])))',
+                 "{{phase}} p95")),
+        description="The same quantiles per evaluation window; gaps mean no node left that state in the window.",
+        unit="s",
+        defaults={"custom": ts_custom(draw="points", fill=0) | {"pointSize": 6, "showPoints": "always"}},
+        options=ts_options(),
+    ))
+
+    P.append(row(L, "Failures and draining"))
+    P.append(panel(
+        L, "bargauge", "Node failures by reason (time range)", 8, 8,
+        targets((f'sum by (reason) (increase(ttdriver_node_failures_total{{{CR}}}[$__range]))', "{{reason}}"),
+                instant=True),
+        description="Nodes that entered Failed during the time range, by reason "
+                    "(DrainTimeout, UpgradeTimeout, AgentFailed, EvictionError, PatchError, Other).",
+        defaults={"decimals": 0, "min": 0, "color": {"mode": "thresholds"},
+                  "thresholds": thresholds((None, "green"), (0.5, "red"))},
+        options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                 "orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
+                 "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
+                 "minVizWidth": 8, "maxVizHeight": 300},
+    ))
+    P.append(panel(
+        L, "timeseries", "Pods evicted", 8, 8,
+        targets((f'sum by (pass) (increase(ttdriver_pods_evicted_total{{{CR}}}[$__rate_interval]))', "{{pass}}")),
+        description="Pods evicted while draining nodes; pass=device: pods using /dev/tenstorrent (hostPath, "
+                    "device plugin or DRA), pass=full: the other pods of the node.",
+        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
+        options=ts_options(["sum"]),
+    ))
+    P.append(panel(
+        L, "timeseries", "Drain blocked", 8, 8,
+        targets((f'sum by (pass) (increase(ttdriver_drain_blocked_total{{{CR}}}[$__rate_interval]))', "{{pass}}")),
+        description="Evictions refused while draining (a PodDisruptionBudget or an error). Persistent blocks end "
+                    "in a DrainTimeout failure.",
+        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
+        options=ts_options(["sum"]),
+    ))
+    P.append(panel(
+        L, "timeseries", "State transitions", 24, 8,
+        targets((f'sum by (from, to) (increase(ttdriver_node_transitions_total{{{CR}}}[$__rate_interval]))',
+                 "{{from}} → {{to}}")),
+        description="Node state transitions per window (ttdriver_node_transitions_total).",
+        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
+        options=ts_options(["sum"]),
+    ))
+    return dashboard(
+        "ttdriver-rollout", "Tenstorrent driver rollout",
+        "Progress of tt-kmd rollouts driven by TenstorrentDriverPolicy resources: target version, nodes per "
+        "state, per-node timeline, phase durations, failures and drains.",
+        P, ["rollout"],
+        links=[{"title": "Driver manager controller", "type": "link", "url": "/d/ttdriver-controller",
+                "icon": "dashboard", "keepTime": True, "includeVars": True, "asDropdown": False,
+                "targetBlank": False, "tags": [], "tooltip": ""}],
+    )
+
+
+def controller():
+    L = Layout()
+    P = []
+    P.append(row(L, "Controller"))
+    P.append(panel(
+        L, "stat", "Replicas up", 3, 5,
+        targets("count(ttdriver_build_info)", instant=True),
+        description="Controller replicas Prometheus scrapes (series of ttdriver_build_info). "
+                    "None for 5 minutes raises TTDriverControllerDown.",
+        defaults={"color": {"mode": "thresholds"}, "thresholds": thresholds((None, "red"), (1, "green"))},
+        options=stat_options(color_mode="background"),
+    ))
+    P.append(panel(
+        L, "stat", "Leader", 5, 5,
+        targets(("max by (instance) (ttdriver_leader)", "{{instance}}"), instant=True),
+        description="ttdriver_leader per replica: the leader drives rollouts and exports the per-policy series.",
+        defaults={"color": {"mode": "thresholds"}, "thresholds": thresholds((None, "text"), (1, "green")),
+                  "mappings": [{"type": "value", "options": {"0": {"text": "follower", "index": 0},
+                                                             "1": {"text": "leader", "index": 1}}}]},
+        options=stat_options(color_mode="value"),
+    ))
+    P.append(panel(
+        L, "stat", "Build", 6, 5,
+        targets(("count by (version) (ttdriver_build_info)", "{{version}}"), instant=True),
+        description="Controller build version (ttdriver_build_info); the value is the number of replicas running it.",
+        options=stat_options(text_mode="name", color_mode="none"),
+    ))
+    P.append(panel(
+        L, "stat", "Last successful reconcile", 10, 5,
+        targets((f'time() - max by (cr) (ttdriver_last_successful_reconcile_timestamp_seconds{{{CR}}})', "{{cr}}"),
+                instant=True),
+        description="Time since the last reconcile of each policy that ended without error.",
+        unit="s",
+        defaults={"color": {"mode": "thresholds"},
+                  "thresholds": thresholds((None, "green"), (900, "orange"), (3600, "red"))},
+        options=stat_options(color_mode="value"),
+    ))
+
+    P.append(row(L, "Reconcile"))
+    P.append(panel(
+        L, "timeseries", "Reconcile rate", 8, 8,
+        targets((f'sum by (cr, result) (rate(ttdriver_reconcile_total{{{CR}}}[$__rate_interval]))', "{{cr}} {{result}}")),
+        description="Reconcile passes per second by policy and result.",
+        unit="ops",
+        defaults={"custom": ts_custom(fill=10)},
+        overrides=[{"matcher": {"id": "byRegexp", "options": ".* error"},
+                    "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}],
+        options=ts_options(),
+    ))
+    P.append(panel(
+        L, "timeseries", "Reconcile error ratio", 8, 8,
+        targets((f'sum by (cr) (rate(ttdriver_reconcile_total{{{CR},result="error"}}[$__rate_interval]))\n'
+                 f'  /\nsum by (cr) (rate(ttdriver_reconcile_total{{{CR}}}[$__rate_interval]))', "{{cr}}")),
+        description="Share of reconciles ending in error. Above 20% for 15 minutes raises TTDriverReconcileErrors.",
+        unit="percentunit",
+        defaults={"min": 0, "max": 1, "custom": ts_custom(fill=10) | {"thresholdsStyle": {"mode": "line"}},
+                  "thresholds": thresholds((None, "green"), (0.2, "red"))},
+        options=ts_options(),
+    ))
+    P.append(panel(
+        L, "timeseries", "Reconcile duration", 8, 8,
+        targets((f'histogram_quantile(0.5, sum by (le) (rate(ttdriver_reconcile_duration_seconds_bucket{{{CR}}}[$__rate_interval])))', "p50"),
+                (f'histogram_quantile(0.95, sum by (le) (rate(ttdriver_reconcile_duration_seconds_bucket{{{CR}}}[$__rate_interval])))', "p95"),
+                (f'histogram_quantile(0.99, sum by (le) (rate(ttdriver_reconcile_duration_seconds_bucket{{{CR}}}[$__rate_interval])))', "p99")),
+        description="Duration of one reconcile pass (ttdriver_reconcile_duration_seconds).",
+        unit="s",
+        defaults={"custom": ts_custom(fill=0)},
+        options=ts_options(),
+    ))
+    P.append(panel(
+        L, "timeseries", "Errors by stage", 24, 8,
+        targets((f'sum by (cr, stage) (increase(ttdriver_errors_total{{{CR}}}[$__rate_interval]))', "{{cr}} {{stage}}")),
+        description="Controller errors by policy and stage (ttdriver_errors_total).",
+        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
+        options=ts_options(["sum"]),
+    ))
+
+    P.append(row(L, "Actors"))
+    P.append(panel(
+        L, "timeseries", "Actor restarts", 12, 8,
+        targets(('sum by (actor) (increase(ttdriver_actor_restarts_total[$__rate_interval]))', "{{actor}}")),
+        description="Supervised actors restarted after a failure, by actor kind. A restarted actor reloads its "
+                    "state from the cluster; frequent restarts point at a bug or an unreachable API server.",
+        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
+        options=ts_options(["sum"]),
+    ))
+    P.append(panel(
+        L, "timeseries", "Mailbox saturation", 12, 8,
+        targets(('sum by (actor) (rate(ttdriver_actor_mailbox_full_total[$__rate_interval]))', "{{actor}}")),
+        description="Messages refused per second because an actor's mailbox was full, by actor kind. "
+                    "Sustained values mean the actor cannot keep up.",
+        unit="ops",
+        defaults={"custom": ts_custom(fill=10)},
+        options=ts_options(),
+    ))
+    return dashboard(
+        "ttdriver-controller", "Tenstorrent driver manager controller",
+        "Health of the tt-kmd driver manager controller: replicas, leader, reconcile rate, errors and "
+        "duration, actor restarts and mailbox saturation.",
+        P, ["controller"],
+        links=[{"title": "Driver rollout", "type": "link", "url": "/d/ttdriver-rollout",
+                "icon": "dashboard", "keepTime": True, "includeVars": True, "asDropdown": False,
+                "targetBlank": False, "tags": [], "tooltip": ""}],
+    )
+
+
+DASHBOARDS = {"ttdriver-rollout.json": rollout, "ttdriver-controller.json": controller}
+
+
+def render(fn):
+    return json.dumps(fn(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv):
+    check = "--check" in argv
+    stale = []
+    for name, fn in DASHBOARDS.items():
+        path = HERE / name
+        text = render(fn)
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print(f"stale dashboards (run python3 dashboards/generate.py): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
