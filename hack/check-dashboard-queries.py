@@ -29,6 +29,7 @@ import argparse
 import json
 import re
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -177,39 +178,8 @@ def one_line(s, n=90):
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("prometheus", help="base URL, e.g. http://127.0.0.1:9090")
-    ap.add_argument("--dashboard", action="append", type=Path,
-                    help="dashboard JSON file (repeatable); default dashboards/*.json")
-    ap.add_argument("--rate-interval", default="1m", help="value of $__rate_interval (default 1m)")
-    ap.add_argument("--interval", default="30s", help="value of $__interval (default 30s)")
-    ap.add_argument("--range", default="1h", help="value of $__range (default 1h)")
-    ap.add_argument("--time", help="evaluation time (RFC3339 or Unix seconds); default now")
-    ap.add_argument("--allow-empty", action="append", default=[], metavar="UID/PANEL TITLE",
-                    help="also accept an empty result for this panel")
-    ap.add_argument("--expect-alert", action="append", default=[], metavar="NAME[:l=v,...]",
-                    help="run alert rule NAME's expression (from /api/v1/rules) and require a result")
-    ap.add_argument("--timeout", type=float, default=30.0)
-    ap.add_argument("--verbose", "-v", action="store_true", help="print every substituted query")
-    args = ap.parse_args()
-
-    prom = Prometheus(args.prometheus, args.timeout, args.time)
-    allow = dict(ALLOW_EMPTY)
-    for a in args.allow_empty:
-        uid, _, title = a.partition("/")
-        allow[(uid, title)] = "--allow-empty"
-
-    files = args.dashboard or sorted((ROOT / "dashboards").glob("*.json"))
-    if not files:
-        print("no dashboards found", file=sys.stderr)
-        return 2
-    try:
-        prom.get("/api/v1/status/buildinfo", {})
-    except (PromError, OSError) as e:
-        print(f"cannot reach Prometheus at {args.prometheus}: {e}", file=sys.stderr)
-        return 2
-
+def run_checks(args, prom, allow, files):
+    """One pass over every dashboard query (and --expect-alert); returns (rows, failures)."""
     rows, failures = [], []
     for f in files:
         dash = json.loads(Path(f).read_text())
@@ -279,6 +249,59 @@ def main():
             if not hits:
                 failures.append(f"alert {name}: expression returned no series matching {want or '{}'}: "
                                 f"{one_line(rule['query'], 300)}")
+
+    return rows, failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("prometheus", help="base URL, e.g. http://127.0.0.1:9090")
+    ap.add_argument("--dashboard", action="append", type=Path,
+                    help="dashboard JSON file (repeatable); default dashboards/*.json")
+    ap.add_argument("--rate-interval", default="1m", help="value of $__rate_interval (default 1m)")
+    ap.add_argument("--interval", default="30s", help="value of $__interval (default 30s)")
+    ap.add_argument("--range", default="1h", help="value of $__range (default 1h)")
+    ap.add_argument("--time", help="evaluation time (RFC3339 or Unix seconds); default now")
+    ap.add_argument("--allow-empty", action="append", default=[], metavar="UID/PANEL TITLE",
+                    help="also accept an empty result for this panel")
+    ap.add_argument("--expect-alert", action="append", default=[], metavar="NAME[:l=v,...]",
+                    help="run alert rule NAME's expression (from /api/v1/rules) and require a result")
+    ap.add_argument("--timeout", type=float, default=30.0, help="HTTP timeout per request (seconds)")
+    ap.add_argument("--wait", type=float, default=0.0,
+                    help="keep retrying the whole check for up to this many seconds until it passes "
+                         "(data appears as the rollout proceeds); default: one pass")
+    ap.add_argument("--wait-interval", type=float, default=5.0, help="seconds between retries with --wait")
+    ap.add_argument("--verbose", "-v", action="store_true", help="print every substituted query")
+    args = ap.parse_args()
+
+    prom = Prometheus(args.prometheus, args.timeout, args.time)
+    allow = dict(ALLOW_EMPTY)
+    for a in args.allow_empty:
+        uid, _, title = a.partition("/")
+        allow[(uid, title)] = "--allow-empty"
+
+    files = args.dashboard or sorted((ROOT / "dashboards").glob("*.json"))
+    if not files:
+        print("no dashboards found", file=sys.stderr)
+        return 2
+    reach_deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            prom.get("/api/v1/status/buildinfo", {})
+            break
+        except (PromError, OSError) as e:
+            if time.monotonic() >= reach_deadline:
+                print(f"cannot reach Prometheus at {args.prometheus}: {e}", file=sys.stderr)
+                return 2
+            time.sleep(min(args.wait_interval, 2.0))
+
+    deadline = time.monotonic() + args.wait
+    while True:
+        rows, failures = run_checks(args, prom, allow, files)
+        if not failures or time.monotonic() >= deadline:
+            break
+        print(f"{len(failures)} failure(s); retrying for another {int(deadline - time.monotonic())}s", file=sys.stderr)
+        time.sleep(args.wait_interval)
 
     print(table(rows, ["dashboard", "panel / variable", "ref", "status", "series", "query"]))
     if failures:
