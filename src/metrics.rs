@@ -144,6 +144,20 @@ impl Family {
         }
     }
 
+    /// Sets several series of the family under one lock, so a scrape never sees
+    /// half of the update (e.g. two node states at 1).
+    fn set_many(&self, series: &[(&[&str], f64)]) {
+        let keyed: Option<Vec<(Vec<String>, f64)>> = series
+            .iter()
+            .map(|(values, v)| self.key(values).map(|k| (k, *v)))
+            .collect();
+        let Some(keyed) = keyed else { return };
+        let mut map = self.lock();
+        for (k, v) in keyed {
+            map.insert(k, Value::Scalar(v));
+        }
+    }
+
     fn set(&self, values: &[&str], v: f64) {
         if let Some(k) = self.key(values) {
             self.lock().insert(k, Value::Scalar(v));
@@ -577,10 +591,13 @@ impl Metrics {
     /// `ttdriver_node_state{cr,node,state}`: all seven states, the current one 1.
     pub fn set_node_state(&self, cr: &str, node: &str, state: NodeState) {
         self.ensure_cr(cr);
-        for s in NodeState::ALL {
-            self.node_state
-                .set(&[cr, node, s.as_str()], bool_value(s == state));
-        }
+        let labels = NodeState::ALL.map(|s| [cr, node, s.as_str()]);
+        let series: Vec<(&[&str], f64)> = NodeState::ALL
+            .iter()
+            .zip(&labels)
+            .map(|(s, l)| (&l[..], bool_value(*s == state)))
+            .collect();
+        self.node_state.set_many(&series);
     }
 
     /// Removes every per-node series (state, state-since, deploy gates) of `node` under `cr`.
@@ -638,14 +655,20 @@ impl Metrics {
     /// [`Metrics::set_policy_host_managed`].
     pub fn set_policy_nodes(&self, cr: &str, counts: &[(NodeState, i64)]) {
         self.ensure_cr(cr);
-        for s in NodeState::ALL {
-            let n: i64 = counts
-                .iter()
-                .filter(|(state, _)| *state == s)
-                .map(|(_, n)| *n)
-                .sum();
-            self.policy_nodes.set(&[cr, s.as_str()], n as f64);
-        }
+        let labels = NodeState::ALL.map(|s| [cr, s.as_str()]);
+        let series: Vec<(&[&str], f64)> = NodeState::ALL
+            .iter()
+            .zip(&labels)
+            .map(|(s, l)| {
+                let n: i64 = counts
+                    .iter()
+                    .filter(|(state, _)| state == s)
+                    .map(|(_, n)| *n)
+                    .sum();
+                (&l[..], n as f64)
+            })
+            .collect();
+        self.policy_nodes.set_many(&series);
     }
 
     /// `ttdriver_policy_nodes{cr,state="HostManaged"}`.
@@ -664,9 +687,15 @@ impl Metrics {
     /// version of this policy is removed.
     pub fn set_desired_version(&self, cr: &str, version: &str) {
         self.ensure_cr(cr);
-        self.policy_desired_version
-            .retain(|k| !(k[0] == cr && k[1] != version));
-        self.policy_desired_version.set(&[cr, version], 1.0);
+        let mut map = self.policy_desired_version.lock();
+        map.retain(|k, _| {
+            !(k.first().map(String::as_str) == Some(cr)
+                && k.get(1).map(String::as_str) != Some(version))
+        });
+        map.insert(
+            vec![cr.to_string(), version.to_string()],
+            Value::Scalar(1.0),
+        );
     }
 
     /// `ttdriver_nodes_by_kmd_version{version,install_mode}`; replaces the whole set.
@@ -1502,6 +1531,29 @@ mod tests {
             select(&s, "ttdriver_node_state", &[("state", "Upgrading")]).len(),
             4
         );
+    }
+
+    #[test]
+    fn a_scrape_never_sees_a_half_updated_node_state() {
+        let m = Arc::new(Metrics::new("t"));
+        m.set_node_state("p", "n", NodeState::Pending);
+        let writer = {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                for i in 0..3000 {
+                    m.set_node_state("p", "n", NodeState::ALL[i % NodeState::ALL.len()]);
+                }
+            })
+        };
+        while !writer.is_finished() {
+            let s = scrape(&m);
+            let ones = select(&s, "ttdriver_node_state", &[("node", "n")])
+                .iter()
+                .filter(|x| x.value == 1.0)
+                .count();
+            assert_eq!(ones, 1);
+        }
+        writer.join().expect("writer");
     }
 
     #[test]
