@@ -215,7 +215,11 @@ PY
 python3 dashboards/generate.py --check || fail "dashboards/*.json are stale: run python3 dashboards/generate.py"
 
 # --- 6: helm template ------------------------------------------------------------
-helm_bin=$(command -v helm 2>/dev/null || ls -1d "${TTDRV_TESTBIN_CACHE:-$HOME/.cache/ttdrv-testbin}"/helm-*/helm 2>/dev/null | sort | tail -n1 || true)
+helm_bin=$(command -v helm 2>/dev/null || true)
+if [ -z "$helm_bin" ] && [ -f hack/versions.env ]; then
+  helm_dir="${TTDRV_TESTBIN_CACHE:-$HOME/.cache/ttdrv-testbin}/helm-$(. hack/versions.env && echo "$HELM_VERSION")"
+  [ -f "$helm_dir/.complete" ] && helm_bin="$helm_dir/helm"
+fi
 if [ ! -f chart/Chart.yaml ]; then
   log "SKIP helm template: chart/Chart.yaml does not exist yet"
 elif [ -z "$helm_bin" ] || [ ! -x "$helm_bin" ]; then
