@@ -59,8 +59,10 @@ struct RunArgs {
     target: String,
 
     /// SIGKILL processes holding /dev/tenstorrent before unloading.
-    #[arg(long, env = env::FORCE_UNLOAD, default_value_t = false, num_args = 0..=1,
-          default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    /// The environment variable takes true/false (also yes/no, 1/0, on/off);
+    /// empty or unset means false.
+    #[arg(long, env = env::FORCE_UNLOAD, action = clap::ArgAction::SetTrue,
+          value_parser = parse_bool)]
     force_unload: bool,
 
     /// Seconds to wait for refcnt 0 after killing holders.
@@ -86,6 +88,15 @@ struct RunArgs {
     /// Exit after the sequence instead of idling until SIGTERM.
     #[arg(long)]
     once: bool,
+}
+
+/// true/false, yes/no, 1/0, on/off (any case); empty is false.
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "true" | "yes" | "1" | "on" | "y" | "t" => Ok(true),
+        "false" | "no" | "0" | "off" | "n" | "f" | "" => Ok(false),
+        other => Err(format!("{other:?} is not a boolean (use true or false)")),
+    }
 }
 
 fn init_logs(json: bool) {

@@ -767,3 +767,35 @@ fn run_idles_until_sigterm() {
     }
     assert!(h.p("/usr/local/bin/tt-smi").is_file());
 }
+
+#[test]
+fn force_unload_env_accepts_booleans_and_empty_means_off() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 1).expect("loaded");
+    fs::remove_dir_all(h.p(&format!("/lib/modules/{KVER}"))).expect("rm headers");
+    // Busy means force was off; missing headers means it went on past the check.
+    for (value, forced) in [
+        ("true", true),
+        ("1", true),
+        ("false", false),
+        ("", false),
+        ("0", false),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
+            .env_remove("NODE_NAME")
+            .env("TT_FORCE_UNLOAD", value)
+            .env("TT_KMD_VERSION", "2.8.0")
+            .arg("--host-root")
+            .arg(h.root())
+            .args(["run", "--once"])
+            .output()
+            .expect("run ttdrv-agent");
+        assert!(!out.status.success());
+        let log = String::from_utf8_lossy(&out.stderr);
+        let busy = log.contains("force-unload is off");
+        assert_eq!(busy, !forced, "TT_FORCE_UNLOAD={value:?}: {log}");
+        if forced {
+            assert!(log.contains("linux-headers-"), "{log}");
+        }
+    }
+}
