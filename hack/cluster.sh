@@ -10,7 +10,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 name=${TTDRV_CLUSTER_NAME:-ttdrv}
-bin=$("$here/build-testbin.sh" 2>/dev/null | tail -n1) || { "$here/build-testbin.sh"; exit 1; }
+# shellcheck source=versions.env
+source "$here/versions.env"
+bin=$("$here/build-testbin.sh" etcd kwok kubernetes | tail -n1)
 export PATH="$bin:$PATH"
 export KWOK_WORKDIR=${KWOK_WORKDIR:-$HOME/.kwok}
 kubeconfig="$KWOK_WORKDIR/clusters/$name/kubeconfig.yaml"
@@ -35,9 +37,9 @@ for f in ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-hear
           "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml"]:
     text = open(f"{src}/{f}").read()
     if f.endswith("pod-ready.yaml"):
-        anchor = "    - key: '.status.podIP'\n      operator: 'DoesNotExist'\n"
+        anchor = "    - key: '.metadata.deletionTimestamp'\n      operator: 'DoesNotExist'\n"
         assert anchor in text, "kwok pod-ready stage changed shape"
-        text = text.replace(anchor, anchor + "    - key: '.metadata.labels[\"driver.tenstorrent.com/policy\"]'\n      operator: 'DoesNotExist'\n")
+        text = text.replace(anchor, anchor + "    - key: '.metadata.labels[\"driver.tenstorrent.com/policy\"]'\n      operator: 'DoesNotExist'\n", 1)
     parts.append(text.strip() + "\n")
 open(out, "w").write("---\n".join(parts))
 PY
@@ -56,7 +58,6 @@ up() {
     --kube-apiserver-binary "$bin/kube-apiserver" \
     --kube-controller-manager-binary "$bin/kube-controller-manager" \
     --kube-scheduler-binary "$bin/kube-scheduler" \
-    --kubectl-binary "$bin/kubectl" \
     --etcd-binary "$bin/etcd" \
     --kwok-controller-binary "$bin/kwok" \
     --config "$stages" \

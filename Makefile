@@ -1,0 +1,42 @@
+# Tenstorrent driver manager: common entry points.
+#   make test     fmt + clippy + unit, agent, cluster, alert-rule and kernel (QEMU) tests
+#   make demo     a rollout on a local simulated cluster, watched live
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+CARGO ?= cargo
+
+.PHONY: test lint unit cluster-up cluster-down crds install-plugins demo bench testbin
+
+testbin:
+	bash hack/build-testbin.sh >/dev/null
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+crds:
+	$(CARGO) run -q --bin ttdrv-crdgen > crds/tenstorrentdriverpolicies.yaml
+
+cluster-up:
+	bash hack/cluster.sh up
+
+cluster-down:
+	bash hack/cluster.sh down
+
+# The whole suite. Cluster tests run against a fresh local cluster that is
+# stopped afterwards whatever the outcome.
+test: lint
+	bash hack/build-testbin.sh >/dev/null
+	bash hack/cluster.sh down >/dev/null 2>&1 || true
+	trap 'bash hack/cluster.sh down >/dev/null 2>&1' EXIT; \
+	export KUBECONFIG=$$(bash hack/cluster.sh up); \
+	export PATH=$$(bash hack/build-testbin.sh 2>/dev/null | tail -n1):$$PATH; \
+	$(CARGO) test --workspace --no-fail-fast
+	bash hack/test-alerts.sh
+	bash hack/test-vm.sh
+
+install-plugins:
+	$(CARGO) build --release -p kubectl-tt-driver
+	mkdir -p $(HOME)/.local/bin
+	cp target/release/kubectl-tt-driver $(HOME)/.local/bin/
+	@echo "installed kubectl-tt-driver to $(HOME)/.local/bin (make sure it is on PATH): kubectl tt driver"

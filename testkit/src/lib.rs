@@ -1,0 +1,270 @@
+//! Support for tests against the local simulated cluster (`hack/cluster.sh up`).
+//!
+//! Every test gets a [`TestEnv`] with a unique id; everything it creates carries
+//! the label `ttdrv-test=<id>`, so tests share one cluster without colliding.
+//! A test that cannot reach the cluster fails with instructions; it never skips.
+
+pub mod sim_agent;
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use rand::Rng;
+
+pub use sim_agent::{SimAgent, SimAgentConfig};
+
+/// Label every test object carries.
+pub const TEST_LABEL: &str = "ttdrv-test";
+/// kwok simulates nodes carrying this annotation.
+pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
+/// Connects to the cluster named by KUBECONFIG and checks that it answers.
+pub async fn client() -> Client {
+    let hint = "the cluster tests need the local simulated cluster: run `make test` (or \
+                `hack/cluster.sh up` and export KUBECONFIG=$(hack/cluster.sh kubeconfig))";
+    let mut config = match kube::Config::infer().await {
+        Ok(c) => c,
+        Err(e) => panic!("cannot load a kubeconfig ({e}); {hint}"),
+    };
+    // kube retries 429 on its own by default; tests must see an eviction's 429.
+    config.default_retry = false;
+    let client = match Client::try_from(config) {
+        Ok(c) => c,
+        Err(e) => panic!("cannot build a Kubernetes client ({e}); {hint}"),
+    };
+    if let Err(e) = client.apiserver_version().await {
+        panic!("the Kubernetes API server does not answer ({e}); {hint}");
+    }
+    client
+}
+
+/// Polls `check` until it returns `Ok`, or panics after `timeout` with what was
+/// expected and what was last seen.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let start = Instant::now();
+    let mut last = String::from("(not checked yet)");
+    while start.elapsed() < timeout {
+        match check().await {
+            Ok(v) => return v,
+            Err(seen) => last = seen,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+}
+
+/// One test's slice of the shared cluster.
+pub struct TestEnv {
+    pub client: Client,
+    /// Unique id, also the value of the `ttdrv-test` label on every object.
+    pub id: String,
+}
+
+impl TestEnv {
+    pub async fn new(test_name: &str) -> Self {
+        let suffix: String = rand::rng()
+            .sample_iter(rand::distr::Alphanumeric)
+            .take(5)
+            .map(|c| char::from(c).to_ascii_lowercase())
+            .collect();
+        let short: String = test_name
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .take(20)
+            .collect::<String>()
+            .to_ascii_lowercase();
+        Self {
+            client: client().await,
+            id: format!("{}-{suffix}", short.trim_matches('-')),
+        }
+    }
+
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([(TEST_LABEL.to_string(), self.id.clone())])
+    }
+
+    pub fn selector(&self) -> String {
+        format!("{TEST_LABEL}={}", self.id)
+    }
+
+    /// Name of a test object: `<id>-<suffix>`.
+    pub fn name(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.id)
+    }
+
+    /// Creates a namespace for this test and returns its name.
+    pub async fn namespace(&self) -> String {
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(self.id.clone()),
+                labels: Some(self.labels()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        if let Err(e) = api.create(&PostParams::default(), &ns).await {
+            panic!("creating namespace {}: {e}", self.id);
+        }
+        self.id.clone()
+    }
+
+    /// A simulated Tenstorrent node (NFD PCI label set) with extra labels.
+    pub async fn tt_node(&self, suffix: &str, extra: &[(&str, &str)]) -> Node {
+        let mut labels = vec![(ttdrv_api::labels::TT_PCI_PRESENT, "true")];
+        labels.extend_from_slice(extra);
+        self.node(suffix, &labels).await
+    }
+
+    /// A simulated node with the given labels (plus the test label).
+    pub async fn node(&self, suffix: &str, extra: &[(&str, &str)]) -> Node {
+        let name = self.name(suffix);
+        let mut labels = self.labels();
+        labels.insert("kubernetes.io/hostname".into(), name.clone());
+        labels.insert("type".into(), "kwok".into());
+        for (k, v) in extra {
+            labels.insert((*k).to_string(), (*v).to_string());
+        }
+        let capacity: BTreeMap<String, Quantity> = [("cpu", "32"), ("memory", "256Gi"), ("pods", "110")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+            .collect();
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(labels),
+                annotations: Some(BTreeMap::from([(
+                    KWOK_NODE_ANNOTATION.to_string(),
+                    "fake".to_string(),
+                )])),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec::default()),
+            status: Some(NodeStatus {
+                allocatable: Some(capacity.clone()),
+                capacity: Some(capacity),
+                ..Default::default()
+            }),
+        };
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.create(&PostParams::default(), &node).await {
+            Ok(n) => n,
+            Err(e) => panic!("creating node {name}: {e}"),
+        }
+    }
+
+    /// Waits until kwok reports the node Ready.
+    pub async fn wait_node_ready(&self, name: &str) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        wait_for(&format!("node {name} Ready"), Duration::from_secs(60), || async {
+            let node = api.get(name).await.map_err(|e| e.to_string())?;
+            let ready = node
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| c.status);
+            if ready.as_deref() == Some("True") {
+                Ok(())
+            } else {
+                Err(format!("Ready={ready:?}"))
+            }
+        })
+        .await
+    }
+
+    pub async fn label_node(&self, name: &str, key: &str, value: Option<&str>) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let patch = serde_json::json!({ "metadata": { "labels": { key: value } } });
+        if let Err(e) = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            panic!("labelling node {name} {key}={value:?}: {e}");
+        }
+    }
+
+    pub async fn set_unschedulable(&self, name: &str, unschedulable: bool) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let patch = serde_json::json!({ "spec": { "unschedulable": unschedulable } });
+        if let Err(e) = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            panic!("setting unschedulable={unschedulable} on {name}: {e}");
+        }
+    }
+
+    pub async fn get_node(&self, name: &str) -> Node {
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.get(name).await {
+            Ok(n) => n,
+            Err(e) => panic!("reading node {name}: {e}"),
+        }
+    }
+
+    /// Pods on `node` in `namespace`.
+    pub async fn pods_on(&self, namespace: &str, node: &str) -> Vec<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        match api.list(&lp).await {
+            Ok(l) => l.items,
+            Err(e) => panic!("listing pods on {node}: {e}"),
+        }
+    }
+
+    /// Deletes this test's nodes and namespace. Call at the end of a test.
+    pub async fn cleanup(&self) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let lp = ListParams::default().labels(&self.selector());
+        let _ = nodes
+            .delete_collection(&DeleteParams::default(), &lp)
+            .await;
+        let nss: Api<Namespace> = Api::all(self.client.clone());
+        let _ = nss.delete(&self.id, &DeleteParams::default()).await;
+    }
+}
+
+/// True when the pod's Ready condition is True.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Short description of a list of objects for failure messages.
+pub fn describe<T: Debug>(items: &[T]) -> String {
+    format!("{items:?}")
+}
+
+/// Installs (server-side apply) the committed CRD and waits until it is Established.
+pub async fn ensure_crd(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/tenstorrentdriverpolicies.yaml");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    let crd: CustomResourceDefinition =
+        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("parsing {path}: {e}"));
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let pp = PatchParams::apply("ttdrv-tests").force();
+    if let Err(e) = api.patch(&name, &pp, &Patch::Apply(&crd)).await {
+        panic!("applying CRD {name}: {e}");
+    }
+    wait_for(&format!("CRD {name} Established"), Duration::from_secs(30), || async {
+        let crd = api.get(&name).await.map_err(|e| e.to_string())?;
+        let ok = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if ok { Ok(()) } else { Err("not Established".into()) }
+    })
+    .await;
+}

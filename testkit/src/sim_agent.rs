@@ -1,0 +1,197 @@
+//! A stand-in for the node agent on kwok-simulated nodes.
+//!
+//! kwok makes ordinary pods Ready at once, but `hack/cluster.sh` excludes pods of
+//! our installer DaemonSet (label `driver.tenstorrent.com/policy`). This task
+//! plays their agent instead: after a fixed amount of simulated work it "loads"
+//! the pod's `TT_KMD_VERSION` (sets the node's `kmd-version` and `install-mode`
+//! labels the way the real agent does) and only then marks the pod Ready. Like the
+//! real agent it refuses to swap the module while a pod on the node still uses
+//! the device (hostPath /dev/tenstorrent or a `tenstorrent.com/*` resource).
+//!
+//! Node annotations steer it per node:
+//! - `sim.ttdrv.io/host-managed: "<version>"`: a DKMS host; report mode `host`.
+//! - `sim.ttdrv.io/fail: "true"`: the agent fails; the pod never becomes Ready.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use ttdrv_api::labels;
+
+pub const HOST_MANAGED_ANNOTATION: &str = "sim.ttdrv.io/host-managed";
+pub const FAIL_ANNOTATION: &str = "sim.ttdrv.io/fail";
+pub const SIM_TT_SMI_VERSION: &str = "3.0.0-sim";
+
+#[derive(Clone, Debug)]
+pub struct SimAgentConfig {
+    /// Namespace of the installer DaemonSets.
+    pub namespace: String,
+    /// Simulated time to unload/build/load the module.
+    pub work: Duration,
+}
+
+/// Handle to the running simulated agent; dropping it stops it.
+pub struct SimAgent {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SimAgent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SimAgent {
+    pub fn spawn(client: Client, config: SimAgentConfig) -> Self {
+        let task = tokio::spawn(run(client, config));
+        Self { task }
+    }
+}
+
+/// Runs until the process ends (used by the `ttdrv-sim-agent` binary).
+pub async fn run(client: Client, config: SimAgentConfig) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
+    let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let wc = watcher::Config::default().labels(labels::CLAIM);
+    let mut stream = watcher(pods.clone(), wc).default_backoff().applied_objects().boxed();
+    loop {
+        let pod = match stream.try_next().await {
+            Ok(Some(p)) => p,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "sim-agent watch error");
+                continue;
+            }
+        };
+        if pod.metadata.deletion_timestamp.is_some() || crate::pod_ready(&pod) {
+            continue;
+        }
+        let (Some(uid), Some(node)) = (
+            pod.metadata.uid.clone(),
+            pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        ) else {
+            continue;
+        };
+        let fresh = in_flight.lock().map(|mut s| s.insert(uid.clone())).unwrap_or(false);
+        if !fresh {
+            continue;
+        }
+        let (client, config, in_flight) = (client.clone(), config.clone(), in_flight.clone());
+        tokio::spawn(async move {
+            if let Err(e) = play_agent(&client, &config, &pod, &node).await {
+                tracing::warn!(error = %e, node, "sim-agent gave up on pod");
+            }
+            if let Ok(mut s) = in_flight.lock() {
+                s.remove(&uid);
+            }
+        });
+    }
+}
+
+fn target_version(pod: &Pod) -> Option<String> {
+    pod.spec.as_ref()?.containers.iter().find_map(|c| {
+        c.env
+            .as_ref()?
+            .iter()
+            .find(|e| e.name == labels::env::TT_KMD_VERSION)?
+            .value
+            .clone()
+    })
+}
+
+/// True when a pod (other than our installers) uses the Tenstorrent device.
+pub fn uses_device(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else { return false };
+    let host_path = spec.volumes.iter().flatten().any(|v| {
+        v.host_path
+            .as_ref()
+            .is_some_and(|h| h.path.starts_with(labels::DEVICE_DIR))
+    });
+    let resource = spec.containers.iter().any(|c| {
+        c.resources.as_ref().is_some_and(|r| {
+            r.limits.iter().chain(r.requests.iter()).flatten().any(|(k, _)| k.starts_with(labels::RESOURCE_PREFIX))
+        })
+    });
+    host_path || resource
+}
+
+async fn play_agent(client: &Client, config: &SimAgentConfig, pod: &Pod, node_name: &str) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods_ns: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
+    let all_pods: Api<Pod> = Api::all(client.clone());
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let target = target_version(pod).unwrap_or_default();
+    tokio::time::sleep(config.work).await;
+    loop {
+        // The pod may have been deleted meanwhile (node drained again, CR changed).
+        match pods_ns.get_opt(&name).await? {
+            Some(p) if p.metadata.deletion_timestamp.is_none() && p.metadata.uid == pod.metadata.uid => {}
+            _ => return Ok(()),
+        }
+        let node = nodes.get(node_name).await?;
+        let ann = node.metadata.annotations.clone().unwrap_or_default();
+        let node_labels = node.metadata.labels.clone().unwrap_or_default();
+        if ann.get(FAIL_ANNOTATION).map(String::as_str) == Some("true") {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        let (mode, version) = match ann.get(HOST_MANAGED_ANNOTATION) {
+            Some(v) => (labels::INSTALL_MODE_HOST, v.clone()),
+            None => (labels::INSTALL_MODE_CONTAINER, target.clone()),
+        };
+        let loaded = node_labels.get(labels::KMD_VERSION);
+        if mode == labels::INSTALL_MODE_CONTAINER && loaded.is_some_and(|l| *l != target) {
+            // A swap: refuse while any pod on the node still holds the device.
+            let lp = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
+            let busy = all_pods
+                .list(&lp)
+                .await?
+                .items
+                .iter()
+                .any(|p| p.metadata.deletion_timestamp.is_none() && !p.metadata.labels.as_ref().is_some_and(|l| l.contains_key(labels::CLAIM)) && uses_device(p));
+            if busy {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        }
+        let mut set = serde_json::Map::new();
+        set.insert(labels::KMD_VERSION.into(), version.into());
+        set.insert(labels::INSTALL_MODE.into(), mode.into());
+        if mode == labels::INSTALL_MODE_CONTAINER {
+            set.insert(labels::TT_SMI_VERSION.into(), SIM_TT_SMI_VERSION.into());
+        }
+        let patch = serde_json::json!({ "metadata": { "labels": set } });
+        nodes
+            .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let now = k8s_openapi::jiff::Timestamp::now().round(k8s_openapi::jiff::Unit::Second)?.to_string();
+        let containers: Vec<_> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .map(|c| {
+                serde_json::json!({
+                    "name": c.name, "image": c.image.clone().unwrap_or_default(), "imageID": "",
+                    "ready": true, "started": true, "restartCount": 0,
+                    "state": { "running": { "startedAt": now } }
+                })
+            })
+            .collect();
+        let cond = |t: &str| serde_json::json!({ "type": t, "status": "True", "lastTransitionTime": now });
+        let status = serde_json::json!({ "status": {
+            "phase": "Running",
+            "startTime": now,
+            "conditions": [cond("PodScheduled"), cond("Initialized"), cond("ContainersReady"), cond("Ready")],
+            "containerStatuses": containers,
+        }});
+        pods_ns
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        return Ok(());
+    }
+}
