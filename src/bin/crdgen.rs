@@ -3,6 +3,9 @@ use kube::CustomResourceExt;
 use ttdrv_api::TenstorrentDriverPolicy;
 
 fn main() -> anyhow::Result<()> {
-    print!("{}", serde_yaml::to_string(&TenstorrentDriverPolicy::crd())?);
+    print!(
+        "{}",
+        serde_yaml::to_string(&TenstorrentDriverPolicy::crd())?
+    );
     Ok(())
 }

@@ -1,0 +1,59 @@
+//! Labeler: every write to a Node (cordon, uncordon, deploy gates, claim label,
+//! persisted upgrade record) goes through here as one merge patch, retried with
+//! backoff on conflicts, throttling and server errors.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use backon::Retryable;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+
+use crate::context::Context;
+use crate::{Error, Result};
+
+pub struct Labeler {
+    ctx: Arc<Context>,
+}
+
+impl Labeler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
+    }
+}
+
+impl Actor for Labeler {
+    type Context = actix::Context<Self>;
+}
+
+/// A JSON merge patch for one node.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<()>")]
+pub struct PatchNode {
+    pub node: String,
+    pub patch: serde_json::Value,
+    /// Why, for logs and errors.
+    pub action: &'static str,
+}
+
+impl Handler<PatchNode> for Labeler {
+    type Result = ResponseFuture<Result<()>>;
+
+    fn handle(&mut self, msg: PatchNode, _: &mut Self::Context) -> Self::Result {
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        Box::pin(async move {
+            let call = || async {
+                api.patch(
+                    &msg.node,
+                    &PatchParams::default(),
+                    &Patch::Merge(&msg.patch),
+                )
+                .await
+                .map(|_| ())
+                .map_err(Error::kube(format!("{} on node {}", msg.action, msg.node)))
+            };
+            call.retry(super::backoff()).when(Error::is_transient).await
+        })
+    }
+}

@@ -1,0 +1,292 @@
+//! NodeActor (one per node a policy owns): owns that node's upgrade record, runs
+//! the state machine on each observation and carries out its commands. The
+//! record is persisted on the Node in the same merge patch as any cordon,
+//! uncordon or gate change, before pods are evicted or replaced.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
+
+use super::{DaemonSetRenderer, DeletePod, Evict, Evictor, Labeler, PatchNode};
+use crate::context::Context;
+use crate::upgrade::drain::{Pass, PodRef};
+use crate::upgrade::machine::{Command, Desired, NodeRecord, Observation, step};
+use crate::{Error, Result};
+
+pub struct NodeActor {
+    ctx: Arc<Context>,
+    node: String,
+    policy: String,
+    /// Authoritative once we have written it; the cache may lag behind.
+    record: Option<NodeRecord>,
+    labeler: Addr<Labeler>,
+    evictor: Addr<Evictor>,
+    renderer: Addr<DaemonSetRenderer>,
+}
+
+impl NodeActor {
+    pub fn new(
+        ctx: Arc<Context>,
+        node: String,
+        policy: String,
+        labeler: Addr<Labeler>,
+        evictor: Addr<Evictor>,
+        renderer: Addr<DaemonSetRenderer>,
+    ) -> Self {
+        Self {
+            ctx,
+            node,
+            policy,
+            record: None,
+            labeler,
+            evictor,
+            renderer,
+        }
+    }
+}
+
+impl Actor for NodeActor {
+    type Context = actix::Context<Self>;
+}
+
+impl Supervised for NodeActor {
+    fn restarting(&mut self, _: &mut Self::Context) {
+        // Forget what we held in memory: the next observation reloads the record
+        // persisted on the Node.
+        self.record = None;
+        self.ctx.metrics.inc_actor_restart("node");
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopNode;
+
+impl Handler<StopNode> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, _: StopNode, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+/// A fresh observation of the node; replies with the record after the step.
+#[derive(Message)]
+#[rtype(result = "Result<NodeRecord>")]
+pub struct Observe {
+    pub policy: Arc<TenstorrentDriverPolicy>,
+    pub obs: Observation,
+    pub desired: Desired,
+    /// Record as persisted on the Node (used when this actor has none yet).
+    pub persisted: Option<NodeRecord>,
+    /// Pods the drain would evict now (not yet terminating), pass 1 first.
+    pub evictions: Vec<(PodRef, Pass)>,
+    /// The node's installer pod, if any.
+    pub installer_pod: Option<PodRef>,
+    pub gates: Vec<String>,
+}
+
+/// The merge patch that persists `record` together with the node-level commands.
+pub fn node_patch(
+    record: &NodeRecord,
+    commands: &[Command],
+    gates: &[String],
+) -> Result<serde_json::Value> {
+    let rec = serde_json::to_string(record).map_err(|source| Error::Serialize {
+        what: "node record",
+        source,
+    })?;
+    let mut labels_patch = serde_json::Map::new();
+    let mut patch =
+        serde_json::json!({ "metadata": { "annotations": { labels::UPGRADE_STATE: rec } } });
+    for c in commands {
+        match c {
+            Command::Cordon => patch["spec"] = serde_json::json!({ "unschedulable": true }),
+            Command::Uncordon => patch["spec"] = serde_json::json!({ "unschedulable": false }),
+            Command::CloseGates => gates.iter().for_each(|g| {
+                labels_patch.insert(g.clone(), "false".into());
+            }),
+            Command::OpenGates => gates.iter().for_each(|g| {
+                labels_patch.insert(g.clone(), serde_json::Value::Null);
+            }),
+            Command::Evict | Command::DeleteInstallerPod => {}
+        }
+    }
+    if !labels_patch.is_empty() {
+        patch["metadata"]["labels"] = serde_json::Value::Object(labels_patch);
+    }
+    Ok(patch)
+}
+
+impl Handler<Observe> for NodeActor {
+    type Result = AtomicResponse<Self, Result<NodeRecord>>;
+
+    fn handle(&mut self, msg: Observe, _: &mut Self::Context) -> Self::Result {
+        let now = msg.obs.now;
+        let prev = self
+            .record
+            .clone()
+            .or(msg.persisted.clone())
+            .filter(|r| r.policy == self.policy)
+            .unwrap_or_else(|| NodeRecord::new(&self.policy, &msg.desired.version, now));
+        let next = step(&prev, &msg.obs, &msg.desired);
+        let (ctx, node, labeler, evictor, renderer) = (
+            self.ctx.clone(),
+            self.node.clone(),
+            self.labeler.clone(),
+            self.evictor.clone(),
+            self.renderer.clone(),
+        );
+        let policy_name = self.policy.clone();
+        let fut = async move {
+            let node_cmds = next.commands.iter().any(|c| {
+                matches!(
+                    c,
+                    Command::Cordon | Command::Uncordon | Command::CloseGates | Command::OpenGates
+                )
+            });
+            if next.record != prev || node_cmds || msg.persisted.as_ref() != Some(&next.record) {
+                let patch = node_patch(&next.record, &next.commands, &msg.gates)?;
+                labeler
+                    .send(PatchNode {
+                        node: node.clone(),
+                        patch,
+                        action: "persisting upgrade state",
+                    })
+                    .await??;
+            }
+            for c in &next.commands {
+                match c {
+                    Command::Evict if !msg.evictions.is_empty() => {
+                        let out = evictor
+                            .send(Evict {
+                                policy: policy_name.clone(),
+                                pods: msg.evictions.clone(),
+                            })
+                            .await?;
+                        for e in &out.errors {
+                            tracing::warn!(node, error = e, "eviction failed; will retry");
+                            ctx.metrics.inc_error(&policy_name, "evict");
+                        }
+                    }
+                    Command::DeleteInstallerPod => {
+                        if let Some(p) = &msg.installer_pod {
+                            renderer
+                                .send(DeletePod {
+                                    namespace: p.namespace.clone(),
+                                    name: p.name.clone(),
+                                })
+                                .await??;
+                            tracing::info!(node, pod = %p, "installer pod deleted for replacement");
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if next.record.state != prev.state {
+                report_transition(&ctx, &msg.policy, &node, &prev, &next.record).await;
+            }
+            Ok::<_, Error>(next.record)
+        };
+        AtomicResponse::new(Box::pin(fut.into_actor(self).map(|res, act, _| {
+            if let Ok(r) = &res {
+                act.record = Some(r.clone());
+            }
+            res
+        })))
+    }
+}
+
+async fn report_transition(
+    ctx: &Context,
+    policy: &TenstorrentDriverPolicy,
+    node: &str,
+    prev: &NodeRecord,
+    next: &NodeRecord,
+) {
+    let cr = policy.metadata.name.clone().unwrap_or_default();
+    let m = &ctx.metrics;
+    m.observe_transition(
+        &cr,
+        prev.state,
+        next.state,
+        (next.since - prev.since).max(0) as f64,
+    );
+    tracing::info!(
+        policy = cr,
+        node,
+        from = prev.state.as_str(),
+        to = next.state.as_str(),
+        reason = next.reason.as_deref().unwrap_or(""),
+        "node transition"
+    );
+    match next.state {
+        NodeState::Cordoning => {
+            ctx.event(
+                policy,
+                false,
+                "NodeUpgradeStarted",
+                "Cordon",
+                format!("node {node}: cordoned to upgrade tt-kmd to {}", next.target),
+            )
+            .await;
+        }
+        NodeState::Done if prev.state.is_in_progress() => {
+            if let Some(start) = prev.started {
+                m.observe_node_upgrade(&cr, (next.since - start).max(0) as f64);
+            }
+            ctx.event(
+                policy,
+                false,
+                "NodeUpgraded",
+                "Upgrade",
+                format!(
+                    "node {node}: tt-kmd {} loaded and node back in service",
+                    next.target
+                ),
+            )
+            .await;
+        }
+        NodeState::Failed => {
+            let reason = next.reason.as_deref().unwrap_or("Other");
+            m.inc_failure(&cr, reason);
+            ctx.event(
+                policy,
+                true,
+                "NodeUpgradeFailed",
+                "Upgrade",
+                format!("node {node}: {}", next.message.as_deref().unwrap_or(reason)),
+            )
+            .await;
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cordon_and_record_travel_in_one_patch() {
+        let mut r = NodeRecord::new("fleet", "2.8.0", 1);
+        r.state = NodeState::Cordoning;
+        let gates = vec!["tenstorrent.com/deploy.tt-telemetry".to_string()];
+        let p = node_patch(&r, &[Command::Cordon, Command::CloseGates], &gates).expect("patch");
+        assert_eq!(p["spec"]["unschedulable"], true);
+        assert_eq!(
+            p["metadata"]["labels"]["tenstorrent.com/deploy.tt-telemetry"],
+            "false"
+        );
+        let rec: NodeRecord = serde_json::from_str(
+            p["metadata"]["annotations"][labels::UPGRADE_STATE]
+                .as_str()
+                .expect("string"),
+        )
+        .expect("record parses");
+        assert_eq!(rec, r);
+        let p = node_patch(&r, &[Command::Uncordon, Command::OpenGates], &gates).expect("patch");
+        assert_eq!(p["spec"]["unschedulable"], false);
+        assert!(p["metadata"]["labels"]["tenstorrent.com/deploy.tt-telemetry"].is_null());
+    }
+}

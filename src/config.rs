@@ -1,0 +1,82 @@
+//! Command-line flags (each also settable from the environment, as the chart does).
+
+use clap::Parser;
+use ttdrv_api::labels;
+
+#[derive(Parser, Clone, Debug)]
+#[command(
+    name = "ttdrv-controller",
+    version,
+    about = "Rolls tt-kmd out across Tenstorrent nodes"
+)]
+pub struct Config {
+    /// Operator namespace: installer DaemonSets and the leader Lease live here.
+    #[arg(long, env = "TTDRV_NAMESPACE", default_value = labels::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// Installer (agent) image used when a policy sets no `installer.image`.
+    #[arg(
+        long,
+        env = "TTDRV_INSTALLER_IMAGE",
+        default_value = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:latest"
+    )]
+    pub installer_image: String,
+    /// tt-kmd git repository used when a policy sets no `installer.sourceRepository`.
+    #[arg(long, env = "TTDRV_SOURCE_REPOSITORY", default_value = "")]
+    pub source_repository: String,
+    /// tt-smi version baked into the installer image (passed to the agent).
+    #[arg(long, env = "TTDRV_TT_SMI_VERSION", default_value = "")]
+    pub tt_smi_version: String,
+    /// ServiceAccount of the installer pods.
+    #[arg(long, env = "TTDRV_AGENT_SERVICE_ACCOUNT")]
+    pub agent_service_account: Option<String>,
+    /// Node labels set to "false" while a node is upgraded (comma-separated; empty disables).
+    #[arg(long, env = "TTDRV_DEPLOY_GATES", default_value = labels::DEFAULT_DEPLOY_GATE, value_delimiter = ',')]
+    pub deploy_gates: Vec<String>,
+    /// Seconds a node may stay in Upgrading before it is marked Failed.
+    #[arg(long, env = "TTDRV_UPGRADE_TIMEOUT_SECONDS", default_value_t = 900)]
+    pub upgrade_timeout_seconds: i64,
+    /// Only act on policies matching this label selector (sharding, tests).
+    #[arg(long, env = "TTDRV_POLICY_SELECTOR")]
+    pub policy_selector: Option<String>,
+    /// Take part in leader election; only the leader acts.
+    #[arg(long, env = "TTDRV_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    #[arg(
+        long,
+        env = "TTDRV_LEASE_NAME",
+        default_value = "tt-k8s-driver-manager"
+    )]
+    pub lease_name: String,
+    #[arg(long, env = "TTDRV_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    pub lease_duration_seconds: i64,
+    /// Identity in the Lease (the pod name in a cluster).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Admin server: /metrics, /healthz, /readyz.
+    #[arg(long, env = "TTDRV_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    pub admin_addr: std::net::SocketAddr,
+    /// Periodic re-evaluation (timeouts, eviction retries), in milliseconds.
+    #[arg(long, env = "TTDRV_RESYNC_MS", default_value_t = 2000)]
+    pub resync_ms: u64,
+    /// Log format: json or text.
+    #[arg(long, env = "TTDRV_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+}
+
+impl Config {
+    pub fn gates(&self) -> Vec<String> {
+        self.deploy_gates
+            .iter()
+            .map(|g| g.trim().to_string())
+            .filter(|g| !g.is_empty())
+            .collect()
+    }
+
+    pub fn source_repository(&self) -> String {
+        if self.source_repository.is_empty() {
+            labels::DEFAULT_SOURCE_REPOSITORY.to_string()
+        } else {
+            self.source_repository.clone()
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! The installer DaemonSet `ttdrv-<policy>`, rendered as a pure function of the
+//! policy and the controller's settings. Golden tests pin the output.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, EnvVar, EnvVarSource, ExecAction, HostPathVolumeSource, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec,
+    PodTemplateSpec, Probe, SecurityContext, Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::Resource;
+use sha2::{Digest, Sha256};
+use ttdrv_api::labels::{self, env};
+use ttdrv_api::{SelectorOperator, TenstorrentDriverPolicy};
+
+/// Controller-wide settings that shape every DaemonSet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderContext {
+    pub namespace: String,
+    pub default_image: String,
+    pub default_source_repository: String,
+    pub tt_smi_version: String,
+    pub service_account: Option<String>,
+}
+
+pub fn daemonset_name(policy: &str) -> String {
+    format!("ttdrv-{policy}")
+}
+
+/// Labels on the DaemonSet's pods; also its selector.
+pub fn pod_labels(policy: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            "tt-driver-installer".to_string(),
+        ),
+        (labels::CLAIM.to_string(), policy.to_string()),
+    ])
+}
+
+fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: key.to_string(),
+        operator: op.to_string(),
+        values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+    }
+}
+
+/// The policy's selector ∧ Tenstorrent PCI label ∧ no skip label ∧ claimed by this
+/// policy (the controller labels the nodes each policy owns, so overlapping
+/// policies never both land a pod on one node).
+pub fn node_affinity(policy: &TenstorrentDriverPolicy) -> NodeAffinity {
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let mut exprs = vec![
+        req(labels::TT_PCI_PRESENT, "In", &["true"]),
+        req(labels::SKIP, "DoesNotExist", &[]),
+        req(labels::CLAIM, "In", &[&name]),
+    ];
+    if let Some(sel) = policy.spec.selector() {
+        for (k, v) in sel.match_labels.iter().flatten() {
+            exprs.push(req(k, "In", &[v]));
+        }
+        for r in sel.match_expressions.iter().flatten() {
+            let values: Vec<&str> = r.values.iter().flatten().map(String::as_str).collect();
+            let values = match r.operator {
+                SelectorOperator::In | SelectorOperator::NotIn => values,
+                SelectorOperator::Exists | SelectorOperator::DoesNotExist => vec![],
+            };
+            exprs.push(req(&r.key, r.operator.as_str(), &values));
+        }
+    }
+    NodeAffinity {
+        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(exprs),
+                ..Default::default()
+            }],
+        }),
+        ..Default::default()
+    }
+}
+
+fn host_path(name: &str, path: &str, kind: Option<&str>) -> Volume {
+    Volume {
+        name: name.to_string(),
+        host_path: Some(HostPathVolumeSource {
+            path: path.to_string(),
+            type_: kind.map(String::from),
+        }),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.to_string(),
+        mount_path: path.to_string(),
+        read_only: read_only.then_some(true),
+        mount_propagation: (name == "host").then(|| "HostToContainer".to_string()),
+        ..Default::default()
+    }
+}
+
+fn env_var(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.to_string()),
+        ..Default::default()
+    }
+}
+
+/// The pod template, without the hash annotation.
+pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> PodTemplateSpec {
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let spec = &policy.spec;
+    let image = spec
+        .installer
+        .image
+        .clone()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| ctx.default_image.clone());
+    let repo = spec
+        .installer
+        .source_repository
+        .clone()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| ctx.default_source_repository.clone());
+    let envs = vec![
+        env_var(env::TT_KMD_VERSION, &spec.version),
+        EnvVar {
+            name: env::NODE_NAME.to_string(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "spec.nodeName".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        env_var(
+            env::FORCE_UNLOAD,
+            if spec.upgrade_policy.force_unload {
+                "true"
+            } else {
+                "false"
+            },
+        ),
+        env_var(env::SOURCE_REPOSITORY, &repo),
+        env_var(env::TT_SMI_VERSION, &ctx.tt_smi_version),
+        env_var(env::HOST_ROOT, "/host"),
+    ];
+    let container = Container {
+        name: "installer".into(),
+        image: Some(image),
+        image_pull_policy: Some(spec.installer.image_pull_policy.as_str().to_string()),
+        args: Some(vec!["run".into()]),
+        env: Some(envs),
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        }),
+        readiness_probe: Some(Probe {
+            exec: Some(ExecAction {
+                command: Some(vec!["ttdrv-agent".into(), "ready".into()]),
+            }),
+            period_seconds: Some(10),
+            timeout_seconds: Some(5),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("host", "/host", false),
+            mount("lib-modules", "/lib/modules", true),
+            mount("usr-src", "/usr/src", true),
+        ]),
+        ..Default::default()
+    };
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels(&name)),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            affinity: Some(Affinity {
+                node_affinity: Some(node_affinity(policy)),
+                ..Default::default()
+            }),
+            containers: vec![container],
+            host_pid: Some(true),
+            priority_class_name: Some("system-node-critical".into()),
+            service_account_name: ctx.service_account.clone(),
+            // The installer must run on cordoned and tainted Tenstorrent nodes.
+            tolerations: Some(vec![Toleration {
+                operator: Some("Exists".into()),
+                ..Default::default()
+            }]),
+            termination_grace_period_seconds: Some(30),
+            volumes: Some(vec![
+                host_path("host", "/", Some("Directory")),
+                host_path("lib-modules", "/lib/modules", Some("Directory")),
+                host_path("usr-src", "/usr/src", Some("Directory")),
+            ]),
+            ..Default::default()
+        }),
+    }
+}
+
+/// sha256 of the rendered pod template (serde_json output is deterministic).
+pub fn template_hash(template: &PodTemplateSpec) -> String {
+    let bytes = serde_json::to_vec(template).unwrap_or_default();
+    hex::encode(Sha256::digest(&bytes))
+}
+
+/// The whole DaemonSet, owned by the policy (deleted with it).
+pub fn render_daemonset(
+    policy: &TenstorrentDriverPolicy,
+    ctx: &RenderContext,
+) -> (DaemonSet, String) {
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let mut template = pod_template(policy, ctx);
+    let hash = template_hash(&template);
+    if let Some(meta) = template.metadata.as_mut() {
+        meta.annotations = Some(BTreeMap::from([(
+            labels::TEMPLATE_HASH.to_string(),
+            hash.clone(),
+        )]));
+    }
+    let ds = DaemonSet {
+        metadata: ObjectMeta {
+            name: Some(daemonset_name(&name)),
+            namespace: Some(ctx.namespace.clone()),
+            labels: Some(pod_labels(&name)),
+            annotations: Some(BTreeMap::from([(
+                labels::TEMPLATE_HASH.to_string(),
+                hash.clone(),
+            )])),
+            owner_references: policy.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(pod_labels(&name)),
+                ..Default::default()
+            },
+            template,
+            // The controller, not the DaemonSet controller, decides when a node's
+            // pod is replaced: only after that node is drained.
+            update_strategy: Some(DaemonSetUpdateStrategy {
+                type_: Some("OnDelete".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    (ds, hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ttdrv_api::TenstorrentDriverPolicySpec;
+
+    fn ctx() -> RenderContext {
+        RenderContext {
+            namespace: "tt-k8s-driver-manager-system".into(),
+            default_image: "ghcr.io/tenstorrent/tt-driver-agent:0.1.0".into(),
+            default_source_repository: labels::DEFAULT_SOURCE_REPOSITORY.into(),
+            tt_smi_version: "3.0.0".into(),
+            service_account: Some("tt-k8s-driver-manager-agent".into()),
+        }
+    }
+
+    fn policy(yaml: &str) -> TenstorrentDriverPolicy {
+        let spec: TenstorrentDriverPolicySpec = serde_yaml::from_str(yaml).expect("spec parses");
+        let mut p = TenstorrentDriverPolicy::new("fleet", spec);
+        p.metadata.uid = Some("0000-uid".into());
+        p
+    }
+
+    /// Golden file: `UPDATE_GOLDEN=1 cargo test` rewrites it.
+    #[test]
+    fn golden_minimum_policy() {
+        let (ds, _) = render_daemonset(&policy("version: \"2.8.0\"\nnodeAffinity: {}"), &ctx());
+        let got = serde_yaml::to_string(&ds).expect("yaml");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/golden/daemonset-minimum.yaml"
+        );
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(path, &got).expect("write golden");
+        }
+        let want =
+            std::fs::read_to_string(path).expect("golden file exists (UPDATE_GOLDEN=1 to create)");
+        assert_eq!(got, want, "rendered DaemonSet differs from {path}");
+    }
+
+    #[test]
+    fn affinity_composes_selector_pci_skip_and_claim() {
+        let p = policy(
+            "version: \"2.8.0\"\nnodeAffinity:\n  matchLabels: {tt.tenstorrent.com/pool: prod}\n  matchExpressions:\n  - {key: zone, operator: NotIn, values: [b]}\n",
+        );
+        let aff = node_affinity(&p);
+        let terms = aff
+            .required_during_scheduling_ignored_during_execution
+            .expect("required")
+            .node_selector_terms;
+        assert_eq!(terms.len(), 1, "one term: all requirements ANDed");
+        let exprs: Vec<(String, String, Vec<String>)> = terms[0]
+            .match_expressions
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| (r.key, r.operator, r.values.unwrap_or_default()))
+            .collect();
+        let s = |a: &str| a.to_string();
+        assert_eq!(
+            exprs,
+            vec![
+                (s(labels::TT_PCI_PRESENT), s("In"), vec![s("true")]),
+                (s(labels::SKIP), s("DoesNotExist"), vec![]),
+                (s(labels::CLAIM), s("In"), vec![s("fleet")]),
+                (s("tt.tenstorrent.com/pool"), s("In"), vec![s("prod")]),
+                (s("zone"), s("NotIn"), vec![s("b")]),
+            ]
+        );
+    }
+
+    #[test]
+    fn hash_is_stable_and_tracks_every_input() {
+        let base = policy("version: \"2.8.0\"\nnodeAffinity: {}");
+        let (_, h1) = render_daemonset(&base, &ctx());
+        let (_, h2) = render_daemonset(&base, &ctx());
+        assert_eq!(h1, h2, "rendering twice gives the same hash");
+        for other in [
+            "version: \"2.9.0\"\nnodeAffinity: {}",
+            "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {image: x/y:z}",
+            "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {imagePullPolicy: Always}",
+            "version: \"2.8.0\"\nnodeAffinity: {}\nupgradePolicy: {forceUnload: true}",
+            "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {sourceRepository: \"https://mirror/tt-kmd.git\"}",
+        ] {
+            let (_, h) = render_daemonset(&policy(other), &ctx());
+            assert_ne!(h, h1, "hash must change for {other}");
+        }
+        // Drain settings do not touch the pod: no pod restarts for them.
+        let (_, h) = render_daemonset(
+            &policy(
+                "version: \"2.8.0\"\nnodeAffinity: {}\nupgradePolicy: {drain: {timeoutSeconds: 5}}",
+            ),
+            &ctx(),
+        );
+        assert_eq!(h, h1);
+    }
+
+    #[test]
+    fn daemonset_shape() {
+        let (ds, hash) = render_daemonset(&policy("version: \"2.8.0\"\nnodeAffinity: {}"), &ctx());
+        assert_eq!(ds.metadata.name.as_deref(), Some("ttdrv-fleet"));
+        let spec = ds.spec.expect("spec");
+        assert_eq!(
+            spec.update_strategy.and_then(|u| u.type_).as_deref(),
+            Some("OnDelete")
+        );
+        let pod = spec.template.spec.expect("pod spec");
+        assert_eq!(
+            pod.priority_class_name.as_deref(),
+            Some("system-node-critical")
+        );
+        let c = &pod.containers[0];
+        assert_eq!(
+            c.security_context.as_ref().and_then(|s| s.privileged),
+            Some(true)
+        );
+        assert_eq!(
+            c.readiness_probe.as_ref().and_then(|p| p.period_seconds),
+            Some(10)
+        );
+        let envs: BTreeMap<_, _> = c
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect();
+        assert_eq!(
+            envs.get(env::TT_KMD_VERSION),
+            Some(&Some("2.8.0".to_string()))
+        );
+        assert_eq!(
+            envs.get(env::FORCE_UNLOAD),
+            Some(&Some("false".to_string()))
+        );
+        let ann = spec
+            .template
+            .metadata
+            .and_then(|m| m.annotations)
+            .unwrap_or_default();
+        assert_eq!(ann.get(labels::TEMPLATE_HASH), Some(&hash));
+        assert_eq!(hash.len(), 64);
+        assert_eq!(
+            ds.metadata
+                .owner_references
+                .map(|o| o[0].kind.clone())
+                .as_deref(),
+            Some("TenstorrentDriverPolicy")
+        );
+    }
+}

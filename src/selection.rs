@@ -1,0 +1,177 @@
+//! Which policy owns which node. A node is matched by a policy when the policy's
+//! selector matches, the Tenstorrent PCI label is "true" and the skip label is
+//! absent. When several policies match one node, the oldest (creationTimestamp,
+//! then name) owns it and the others report a Conflict naming it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use ttdrv_api::{TenstorrentDriverPolicy, labels};
+
+/// True when the node is a Tenstorrent node that has not opted out.
+pub fn eligible(node: &Node) -> bool {
+    let l = node.metadata.labels.as_ref();
+    l.and_then(|l| l.get(labels::TT_PCI_PRESENT))
+        .map(String::as_str)
+        == Some("true")
+        && !l.is_some_and(|l| l.contains_key(labels::SKIP))
+        && node.metadata.deletion_timestamp.is_none()
+}
+
+pub fn matches(policy: &TenstorrentDriverPolicy, node: &Node) -> bool {
+    let empty = BTreeMap::new();
+    let node_labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+    eligible(node)
+        && policy
+            .spec
+            .selector()
+            .is_some_and(|s| s.matches(node_labels))
+}
+
+/// Sort key of policy age: older first.
+fn age_key(p: &TenstorrentDriverPolicy) -> (String, String) {
+    (
+        p.metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default(),
+        p.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// policy -> nodes it owns (sorted).
+    pub owned: BTreeMap<String, Vec<String>>,
+    /// policy -> matched nodes owned by an older policy (sorted), with the owner.
+    pub conflicts: BTreeMap<String, Vec<(String, String)>>,
+}
+
+impl Assignment {
+    pub fn owner_of<'a>(&'a self, node: &str) -> Option<&'a str> {
+        self.owned
+            .iter()
+            .find(|(_, nodes)| nodes.binary_search_by(|n| n.as_str().cmp(node)).is_ok())
+            .map(|(p, _)| p.as_str())
+    }
+}
+
+pub fn assign<'a>(
+    policies: impl IntoIterator<Item = &'a TenstorrentDriverPolicy>,
+    nodes: impl IntoIterator<Item = &'a Node>,
+) -> Assignment {
+    let mut policies: Vec<&TenstorrentDriverPolicy> = policies
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    policies.sort_by_key(|p| age_key(p));
+    let mut out = Assignment::default();
+    for p in &policies {
+        out.owned
+            .entry(p.metadata.name.clone().unwrap_or_default())
+            .or_default();
+    }
+    let mut nodes: Vec<&Node> = nodes.into_iter().collect();
+    nodes.sort_by_key(|n| n.metadata.name.clone());
+    for node in nodes {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let mut matching = policies.iter().filter(|p| matches(p, node));
+        let Some(owner) = matching.next() else {
+            continue;
+        };
+        let owner_name = owner.metadata.name.clone().unwrap_or_default();
+        out.owned
+            .entry(owner_name.clone())
+            .or_default()
+            .push(name.clone());
+        for loser in matching {
+            out.conflicts
+                .entry(loser.metadata.name.clone().unwrap_or_default())
+                .or_default()
+                .push((name.clone(), owner_name.clone()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use ttdrv_api::TenstorrentDriverPolicySpec;
+
+    fn node(name: &str, l: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(
+                    l.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn policy(name: &str, created: i64, yaml: &str) -> TenstorrentDriverPolicy {
+        let spec: TenstorrentDriverPolicySpec = serde_yaml::from_str(yaml).expect("spec");
+        let mut p = TenstorrentDriverPolicy::new(name, spec);
+        p.metadata.creation_timestamp = Some(Time(
+            k8s_openapi::jiff::Timestamp::from_second(created).expect("ts"),
+        ));
+        p
+    }
+
+    const TT: (&str, &str) = (labels::TT_PCI_PRESENT, "true");
+
+    #[test]
+    fn disjoint_pools_and_overlap() {
+        let nodes = vec![
+            node("a", &[TT, ("pool", "prod")]),
+            node("b", &[TT, ("pool", "canary")]),
+            node("c", &[TT, ("pool", "prod"), (labels::SKIP, "true")]),
+            node("d", &[("pool", "prod")]),
+        ];
+        let prod = policy(
+            "prod",
+            10,
+            "version: \"2.7.0\"\nnodeAffinity: {matchLabels: {pool: prod}}",
+        );
+        let canary = policy(
+            "canary",
+            20,
+            "version: \"2.8.0\"\nnodeAffinity: {matchLabels: {pool: canary}}",
+        );
+        let all = policy("all", 30, "version: \"2.8.0\"\nnodeAffinity: {}");
+        let a = assign([&prod, &canary, &all], &nodes);
+        assert_eq!(a.owned["prod"], vec!["a"]);
+        assert_eq!(a.owned["canary"], vec!["b"]);
+        assert!(
+            a.owned["all"].is_empty(),
+            "the newest policy loses every shared node"
+        );
+        assert_eq!(
+            a.conflicts["all"],
+            vec![
+                ("a".to_string(), "prod".to_string()),
+                ("b".to_string(), "canary".to_string())
+            ]
+        );
+        assert_eq!(a.owner_of("a"), Some("prod"));
+        assert_eq!(a.owner_of("c"), None, "skip label opts out");
+        assert_eq!(a.owner_of("d"), None, "non-Tenstorrent node");
+    }
+
+    #[test]
+    fn same_age_breaks_ties_by_name() {
+        let nodes = vec![node("a", &[TT])];
+        let x = policy("x", 10, "version: \"2.7.0\"\nnodeAffinity: {}");
+        let y = policy("y", 10, "version: \"2.7.0\"\nnodeAffinity: {}");
+        let a = assign([&y, &x], &nodes);
+        assert_eq!(a.owner_of("a"), Some("x"));
+        assert_eq!(a.conflicts["y"].len(), 1);
+    }
+}

@@ -1,0 +1,512 @@
+//! Which pods a node's drain evicts, and which it must leave alone. Pure: the
+//! Evictor carries the plan out, `kubectl tt driver plan` prints it.
+//!
+//! Pass 1 ("device"): pods that use the Tenstorrent device — a hostPath under
+//! /dev/tenstorrent, a `tenstorrent.com/*` extended resource, or a DRA claim.
+//! Pass 2 ("full", when `drain.fullNode`): every other pod, limited by
+//! `podSelectorLabel`. Both passes skip DaemonSet and mirror pods (they would come
+//! straight back; sibling DaemonSets are stopped by the deploy gates instead) and
+//! finished pods; bare pods only with `force`; pass 2 skips emptyDir pods unless
+//! `deleteEmptyDir`.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use ttdrv_api::labels;
+use ttdrv_api::{DrainPolicy, PodSelector};
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl PodRef {
+    pub fn of(pod: &Pod) -> Self {
+        Self {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Device,
+    Full,
+}
+
+impl Pass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pass::Device => "device",
+            Pass::Full => "full",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    DaemonSet,
+    Mirror,
+    Finished,
+    /// No controller and `force` is off.
+    Bare,
+    /// Has emptyDir volumes and `deleteEmptyDir` is off.
+    EmptyDir,
+    /// Does not match `podSelectorLabel`.
+    NotSelected,
+    /// `fullNode` is off and the pod does not use the device.
+    FullNodeOff,
+}
+
+impl SkipReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::DaemonSet => "DaemonSet pod",
+            SkipReason::Mirror => "static (mirror) pod",
+            SkipReason::Finished => "finished",
+            SkipReason::Bare => "bare pod (no controller; set drain.force to evict)",
+            SkipReason::EmptyDir => "uses emptyDir (set drain.deleteEmptyDir to evict)",
+            SkipReason::NotSelected => "not matched by podSelectorLabel",
+            SkipReason::FullNodeOff => "drain.fullNode is off",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DrainPlan {
+    /// Pass 1: device users to evict.
+    pub device: Vec<PodRef>,
+    /// Pass 2: other pods to evict.
+    pub full: Vec<PodRef>,
+    /// Pods the drain leaves in place, with why. Device users among them are
+    /// reported loudly: the agent will refuse to unload while they run.
+    pub skipped: Vec<(PodRef, SkipReason, bool)>,
+}
+
+impl DrainPlan {
+    pub fn is_empty(&self) -> bool {
+        self.device.is_empty() && self.full.is_empty()
+    }
+    /// Pods still to go, pass 1 first.
+    pub fn remaining(&self) -> impl Iterator<Item = (&PodRef, Pass)> {
+        self.device
+            .iter()
+            .map(|p| (p, Pass::Device))
+            .chain(self.full.iter().map(|p| (p, Pass::Full)))
+    }
+    /// Skipped pods that hold the device (the upgrade will be refused while they run).
+    pub fn skipped_device_users(&self) -> impl Iterator<Item = &PodRef> {
+        self.skipped
+            .iter()
+            .filter(|(_, _, dev)| *dev)
+            .map(|(p, _, _)| p)
+    }
+}
+
+/// True when the pod uses the Tenstorrent device.
+pub fn uses_device(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let host_path = spec.volumes.iter().flatten().any(|v| {
+        v.host_path
+            .as_ref()
+            .is_some_and(|h| h.path.trim_end_matches('/').starts_with(labels::DEVICE_DIR))
+    });
+    let containers = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    let resource = containers.clone().any(|c| {
+        c.resources.as_ref().is_some_and(|r| {
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flatten()
+                .any(|(k, _)| k.starts_with(labels::RESOURCE_PREFIX))
+        })
+    });
+    let dra = spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty());
+    host_path || resource || dra
+}
+
+fn is_daemonset_pod(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
+}
+
+fn is_bare(pod: &Pod) -> bool {
+    !pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true))
+}
+
+fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+}
+
+fn is_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    )
+}
+
+fn has_empty_dir(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .is_some_and(|s| s.volumes.iter().flatten().any(|v| v.empty_dir.is_some()))
+}
+
+/// Plans the drain of one node from the pods bound to it. Our own installer pods
+/// (label `driver.tenstorrent.com/policy`) are never part of a drain.
+pub fn plan_drain(pods: &[Pod], drain: &DrainPolicy, selector: &PodSelector) -> DrainPlan {
+    let mut plan = DrainPlan::default();
+    let mut sorted: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| {
+            !p.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(labels::CLAIM))
+        })
+        .collect();
+    sorted.sort_by_key(|p| PodRef::of(p));
+    for pod in sorted {
+        let r = PodRef::of(pod);
+        let device = uses_device(pod);
+        let skip = |plan: &mut DrainPlan, why| plan.skipped.push((r.clone(), why, device));
+        if is_finished(pod) {
+            skip(&mut plan, SkipReason::Finished);
+        } else if is_mirror(pod) {
+            skip(&mut plan, SkipReason::Mirror);
+        } else if is_daemonset_pod(pod) {
+            skip(&mut plan, SkipReason::DaemonSet);
+        } else if is_bare(pod) && !drain.force {
+            skip(&mut plan, SkipReason::Bare);
+        } else if device {
+            plan.device.push(r);
+        } else if !drain.full_node {
+            skip(&mut plan, SkipReason::FullNodeOff);
+        } else if !selector.matches(pod.metadata.labels.as_ref().unwrap_or(&Default::default())) {
+            skip(&mut plan, SkipReason::NotSelected);
+        } else if has_empty_dir(pod) && !drain.delete_empty_dir {
+            skip(&mut plan, SkipReason::EmptyDir);
+        } else {
+            plan.full.push(r);
+        }
+    }
+    plan
+}
+
+/// PodDisruptionBudgets that currently forbid evicting `pod`.
+pub fn blocking_pdbs<'a>(
+    pod: &Pod,
+    pdbs: &'a [PodDisruptionBudget],
+) -> Vec<&'a PodDisruptionBudget> {
+    let ns = pod.metadata.namespace.as_deref();
+    let pod_labels = pod.metadata.labels.clone().unwrap_or_default();
+    pdbs.iter()
+        .filter(|pdb| pdb.metadata.namespace.as_deref() == ns)
+        .filter(|pdb| {
+            pdb.status
+                .as_ref()
+                .is_some_and(|s| s.disruptions_allowed < 1)
+        })
+        .filter(|pdb| {
+            let Some(sel) = pdb.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
+                return false;
+            };
+            let term = ttdrv_api::NodeSelectorTerm {
+                match_labels: sel.match_labels.clone(),
+                match_expressions: sel.match_expressions.as_ref().map(|es| {
+                    es.iter()
+                        .filter_map(|e| {
+                            let operator = match e.operator.as_str() {
+                                "In" => ttdrv_api::SelectorOperator::In,
+                                "NotIn" => ttdrv_api::SelectorOperator::NotIn,
+                                "Exists" => ttdrv_api::SelectorOperator::Exists,
+                                "DoesNotExist" => ttdrv_api::SelectorOperator::DoesNotExist,
+                                _ => return None,
+                            };
+                            Some(ttdrv_api::SelectorRequirement {
+                                key: e.key.clone(),
+                                operator,
+                                values: e.values.clone(),
+                            })
+                        })
+                        .collect()
+                }),
+            };
+            // An empty selector in policy/v1 matches every pod of the namespace.
+            term.matches(&pod_labels)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        Container, EmptyDirVolumeSource, HostPathVolumeSource, PodSpec, PodStatus,
+        ResourceRequirements, Volume,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+    use std::collections::BTreeMap;
+
+    #[derive(Default)]
+    struct P {
+        name: &'static str,
+        owner: Option<&'static str>,
+        host_dev: bool,
+        resource: bool,
+        empty_dir: bool,
+        labels: &'static [(&'static str, &'static str)],
+        phase: Option<&'static str>,
+        installer: bool,
+    }
+
+    fn pod(p: P) -> Pod {
+        let mut labels: BTreeMap<String, String> = p
+            .labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if p.installer {
+            labels.insert(labels::CLAIM.into(), "fleet".into());
+        }
+        let mut volumes = vec![];
+        if p.host_dev {
+            volumes.push(Volume {
+                name: "dev".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: "/dev/tenstorrent".into(),
+                    type_: None,
+                }),
+                ..Default::default()
+            });
+        }
+        if p.empty_dir {
+            volumes.push(Volume {
+                name: "scratch".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            });
+        }
+        let resources = p.resource.then(|| ResourceRequirements {
+            limits: Some(BTreeMap::from([(
+                "tenstorrent.com/n150".into(),
+                Quantity("1".into()),
+            )])),
+            ..Default::default()
+        });
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(p.name.into()),
+                namespace: Some("ml".into()),
+                labels: Some(labels),
+                owner_references: p.owner.map(|kind| {
+                    vec![OwnerReference {
+                        kind: kind.into(),
+                        name: "o".into(),
+                        controller: Some(true),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "c".into(),
+                    resources,
+                    ..Default::default()
+                }],
+                volumes: Some(volumes),
+                ..Default::default()
+            }),
+            status: p.phase.map(|ph| PodStatus {
+                phase: Some(ph.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn names(v: &[PodRef]) -> Vec<&str> {
+        v.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    fn fixture() -> Vec<Pod> {
+        vec![
+            pod(P {
+                name: "train",
+                owner: Some("ReplicaSet"),
+                host_dev: true,
+                ..Default::default()
+            }),
+            pod(P {
+                name: "infer",
+                owner: Some("ReplicaSet"),
+                resource: true,
+                ..Default::default()
+            }),
+            pod(P {
+                name: "web",
+                owner: Some("ReplicaSet"),
+                labels: &[("app", "web")],
+                ..Default::default()
+            }),
+            pod(P {
+                name: "cache",
+                owner: Some("StatefulSet"),
+                empty_dir: true,
+                ..Default::default()
+            }),
+            pod(P {
+                name: "bare",
+                ..Default::default()
+            }),
+            pod(P {
+                name: "bare-dev",
+                host_dev: true,
+                ..Default::default()
+            }),
+            pod(P {
+                name: "telemetry",
+                owner: Some("DaemonSet"),
+                host_dev: true,
+                ..Default::default()
+            }),
+            pod(P {
+                name: "done",
+                owner: Some("Job"),
+                phase: Some("Succeeded"),
+                ..Default::default()
+            }),
+            pod(P {
+                name: "ttdrv-x",
+                owner: Some("DaemonSet"),
+                installer: true,
+                ..Default::default()
+            }),
+        ]
+    }
+
+    #[test]
+    fn default_policy_evicts_device_users_first_then_the_rest() {
+        let plan = plan_drain(&fixture(), &DrainPolicy::default(), &PodSelector::default());
+        assert_eq!(names(&plan.device), ["infer", "train"]);
+        assert_eq!(names(&plan.full), ["cache", "web"]);
+        let skipped: Vec<_> = plan
+            .skipped
+            .iter()
+            .map(|(p, r, d)| (p.name.as_str(), *r, *d))
+            .collect();
+        assert_eq!(
+            skipped,
+            [
+                ("bare", SkipReason::Bare, false),
+                ("bare-dev", SkipReason::Bare, true),
+                ("done", SkipReason::Finished, false),
+                ("telemetry", SkipReason::DaemonSet, true),
+            ]
+        );
+        assert_eq!(
+            plan.skipped_device_users()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>(),
+            ["bare-dev", "telemetry"]
+        );
+    }
+
+    #[test]
+    fn force_evicts_bare_pods() {
+        let drain = DrainPolicy {
+            force: true,
+            ..Default::default()
+        };
+        let plan = plan_drain(&fixture(), &drain, &PodSelector::default());
+        assert_eq!(names(&plan.device), ["bare-dev", "infer", "train"]);
+        assert_eq!(names(&plan.full), ["bare", "cache", "web"]);
+    }
+
+    #[test]
+    fn selector_limits_pass_two_only() {
+        let sel = PodSelector::parse("app=web").expect("valid");
+        let plan = plan_drain(&fixture(), &DrainPolicy::default(), &sel);
+        assert_eq!(
+            names(&plan.device),
+            ["infer", "train"],
+            "pass 1 ignores the selector"
+        );
+        assert_eq!(names(&plan.full), ["web"]);
+    }
+
+    #[test]
+    fn full_node_off_and_empty_dir_off() {
+        let drain = DrainPolicy {
+            full_node: false,
+            ..Default::default()
+        };
+        let plan = plan_drain(&fixture(), &drain, &PodSelector::default());
+        assert_eq!(names(&plan.device), ["infer", "train"]);
+        assert!(plan.full.is_empty());
+        let drain = DrainPolicy {
+            delete_empty_dir: false,
+            ..Default::default()
+        };
+        let plan = plan_drain(&fixture(), &drain, &PodSelector::default());
+        assert_eq!(names(&plan.full), ["web"]);
+        assert!(
+            plan.skipped
+                .iter()
+                .any(|(p, r, _)| p.name == "cache" && *r == SkipReason::EmptyDir)
+        );
+    }
+
+    #[test]
+    fn pdb_with_no_disruptions_blocks_matching_pod() {
+        use k8s_openapi::api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+        let pdb = |allowed: i32, app: &str| PodDisruptionBudget {
+            metadata: ObjectMeta {
+                name: Some(format!("pdb-{app}-{allowed}")),
+                namespace: Some("ml".into()),
+                ..Default::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([("app".into(), app.into())])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            status: Some(PodDisruptionBudgetStatus {
+                disruptions_allowed: allowed,
+                ..Default::default()
+            }),
+        };
+        let pdbs = vec![pdb(0, "web"), pdb(1, "web"), pdb(0, "db")];
+        let web = &fixture()[2];
+        let blocking: Vec<_> = blocking_pdbs(web, &pdbs)
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        assert_eq!(blocking, ["pdb-web-0"]);
+    }
+}

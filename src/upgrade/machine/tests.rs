@@ -1,0 +1,571 @@
+//! Table tests of the state machine: hand-written rows for each transition, and
+//! safety properties checked over the full cross product of states and
+//! observations.
+
+use super::*;
+use NodeState::*;
+
+fn want() -> Desired {
+    Desired {
+        policy: "fleet".into(),
+        version: "2.8.0".into(),
+        drain_enabled: true,
+        drain_timeout_seconds: 600,
+        upgrade_timeout_seconds: 900,
+        paused: false,
+    }
+}
+
+fn obs() -> Observation {
+    Observation {
+        now: 1000,
+        unschedulable: false,
+        loaded: Some("2.7.0".into()),
+        host_managed: false,
+        installer: Installer::Stale { deleting: false },
+        gates_closed: false,
+        gates_present: false,
+        drain: DrainProgress::default(),
+        retry_token: None,
+        slot: true,
+        installer_problem: None,
+    }
+}
+
+fn rec(state: NodeState) -> NodeRecord {
+    let mut r = NodeRecord::new("fleet", "2.8.0", 900);
+    r.state = state;
+    if state.is_in_progress() || state == Failed {
+        r.cordoned_by_us = true;
+        r.started = Some(900);
+    }
+    r
+}
+
+impl NodeRecord {
+    fn clone_with(&self, state: NodeState) -> NodeRecord {
+        NodeRecord {
+            state,
+            ..self.clone()
+        }
+    }
+}
+
+fn run(r: &NodeRecord, o: &Observation, w: &Desired) -> (NodeState, Vec<Command>) {
+    let s = step(r, o, w);
+    (s.record.state, s.commands)
+}
+
+#[test]
+fn table() {
+    use Command::*;
+    let ready = Installer::Current { ready: true };
+    let w = want();
+    let paused = Desired {
+        paused: true,
+        ..want()
+    };
+    let no_drain = Desired {
+        drain_enabled: false,
+        ..want()
+    };
+    struct Row {
+        name: &'static str,
+        rec: NodeRecord,
+        obs: Observation,
+        want: Desired,
+        expect: (NodeState, Vec<Command>),
+    }
+    let rows = vec![
+        Row {
+            name: "pending, slot: cordon + gates",
+            rec: rec(Pending),
+            obs: obs(),
+            want: w.clone(),
+            expect: (Cordoning, vec![Cordon, CloseGates]),
+        },
+        Row {
+            name: "pending, no slot: wait",
+            rec: rec(Pending),
+            obs: Observation {
+                slot: false,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Pending, vec![]),
+        },
+        Row {
+            name: "pending, paused",
+            rec: rec(Pending),
+            obs: obs(),
+            want: paused.clone(),
+            expect: (Pending, vec![]),
+        },
+        Row {
+            name: "pending, drain disabled: replace pod directly",
+            rec: rec(Pending),
+            obs: obs(),
+            want: no_drain.clone(),
+            expect: (Upgrading, vec![DeleteInstallerPod]),
+        },
+        Row {
+            name: "pending, admin-cordoned: gates only, no cordon",
+            rec: rec(Pending),
+            obs: Observation {
+                unschedulable: true,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Cordoning, vec![CloseGates]),
+        },
+        Row {
+            name: "pending, up to date",
+            rec: rec(Pending),
+            obs: Observation {
+                loaded: Some("2.8.0".into()),
+                installer: ready.clone(),
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Done, vec![]),
+        },
+        Row {
+            name: "pending, restart-only",
+            rec: rec(Pending),
+            obs: Observation {
+                loaded: Some("2.8.0".into()),
+                slot: false,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Upgrading, vec![DeleteInstallerPod]),
+        },
+        Row {
+            name: "pending, first install",
+            rec: rec(Pending),
+            obs: Observation {
+                loaded: None,
+                installer: Installer::Current { ready: false },
+                slot: false,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Upgrading, vec![]),
+        },
+        Row {
+            name: "pending, host-managed",
+            rec: rec(Pending),
+            obs: Observation {
+                host_managed: true,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Done, vec![]),
+        },
+        Row {
+            name: "cordoning, not yet cordoned",
+            rec: rec(Cordoning),
+            obs: obs(),
+            want: w.clone(),
+            expect: (Cordoning, vec![Cordon, CloseGates]),
+        },
+        Row {
+            name: "cordoning, done",
+            rec: rec(Cordoning),
+            obs: Observation {
+                unschedulable: true,
+                gates_closed: true,
+                gates_present: true,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Draining, vec![Evict]),
+        },
+        Row {
+            name: "cordoning, paused: hold",
+            rec: rec(Cordoning),
+            obs: Observation {
+                unschedulable: true,
+                gates_closed: true,
+                ..obs()
+            },
+            want: paused.clone(),
+            expect: (Cordoning, vec![]),
+        },
+        Row {
+            name: "draining, pods left",
+            rec: rec(Draining),
+            obs: Observation {
+                unschedulable: true,
+                drain: DrainProgress {
+                    remaining: vec!["ml/a".into()],
+                    blocking_pdbs: vec![],
+                },
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Draining, vec![Evict]),
+        },
+        Row {
+            name: "draining, empty",
+            rec: rec(Draining),
+            obs: Observation {
+                unschedulable: true,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Upgrading, vec![DeleteInstallerPod]),
+        },
+        Row {
+            name: "draining, empty but paused",
+            rec: rec(Draining),
+            obs: Observation {
+                unschedulable: true,
+                ..obs()
+            },
+            want: paused.clone(),
+            expect: (Draining, vec![]),
+        },
+        Row {
+            name: "draining, timeout",
+            rec: rec(Draining),
+            obs: Observation {
+                now: 900 + 601,
+                unschedulable: true,
+                drain: DrainProgress {
+                    remaining: vec!["ml/a".into()],
+                    blocking_pdbs: vec!["ml/pdb".into()],
+                },
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Failed, vec![]),
+        },
+        Row {
+            name: "upgrading, stale pod",
+            rec: rec(Upgrading),
+            obs: obs(),
+            want: w.clone(),
+            expect: (Upgrading, vec![DeleteInstallerPod]),
+        },
+        Row {
+            name: "upgrading, stale pod deleting",
+            rec: rec(Upgrading),
+            obs: Observation {
+                installer: Installer::Stale { deleting: true },
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Upgrading, vec![]),
+        },
+        Row {
+            name: "upgrading, new pod not ready",
+            rec: rec(Upgrading),
+            obs: Observation {
+                installer: Installer::Current { ready: false },
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Upgrading, vec![]),
+        },
+        Row {
+            name: "upgrading, ready but label old",
+            rec: rec(Upgrading),
+            obs: Observation {
+                installer: ready.clone(),
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Upgrading, vec![]),
+        },
+        Row {
+            name: "upgrading, done",
+            rec: rec(Upgrading),
+            obs: Observation {
+                loaded: Some("2.8.0".into()),
+                installer: ready.clone(),
+                unschedulable: true,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Uncordoning, vec![Uncordon, OpenGates]),
+        },
+        Row {
+            name: "upgrading, timeout",
+            rec: rec(Upgrading),
+            obs: Observation {
+                now: 900 + 901,
+                installer: Installer::Current { ready: false },
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Failed, vec![]),
+        },
+        Row {
+            name: "uncordoning, pending",
+            rec: rec(Uncordoning),
+            obs: Observation {
+                unschedulable: true,
+                gates_present: true,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Uncordoning, vec![Uncordon, OpenGates]),
+        },
+        Row {
+            name: "uncordoning, done",
+            rec: rec(Uncordoning),
+            obs: Observation {
+                loaded: Some("2.8.0".into()),
+                installer: ready.clone(),
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Done, vec![]),
+        },
+        Row {
+            name: "done, stays",
+            rec: rec(Done),
+            obs: Observation {
+                loaded: Some("2.8.0".into()),
+                installer: ready.clone(),
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Done, vec![]),
+        },
+        Row {
+            name: "done, new version: back to Pending for a slot",
+            rec: NodeRecord {
+                target: "2.7.0".into(),
+                ..rec(Done)
+            },
+            obs: obs(),
+            want: w.clone(),
+            expect: (Pending, vec![]),
+        },
+        Row {
+            name: "failed, stays",
+            rec: rec(Failed),
+            obs: Observation {
+                unschedulable: true,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Failed, vec![]),
+        },
+        Row {
+            name: "failed, retry: back to Pending",
+            rec: rec(Failed),
+            obs: Observation {
+                unschedulable: true,
+                retry_token: Some("1".into()),
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Pending, vec![]),
+        },
+        Row {
+            name: "pending after retry, still cordoned by us: keeps ownership",
+            rec: rec(Failed).clone_with(Pending),
+            obs: Observation {
+                unschedulable: true,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Cordoning, vec![Cordon, CloseGates]),
+        },
+    ];
+    for row in rows {
+        assert_eq!(
+            run(&row.rec, &row.obs, &row.want),
+            row.expect,
+            "row: {}",
+            row.name
+        );
+    }
+}
+
+#[test]
+fn admin_cordon_is_remembered_through_the_cycle() {
+    let w = want();
+    let o = Observation {
+        unschedulable: true,
+        ..obs()
+    };
+    let s = step(&rec(Pending), &o, &w);
+    assert!(s.record.was_unschedulable && !s.record.cordoned_by_us);
+    let mut r = s.record;
+    r.state = Upgrading;
+    let done = Observation {
+        loaded: Some("2.8.0".into()),
+        installer: Installer::Current { ready: true },
+        unschedulable: true,
+        ..obs()
+    };
+    let s = step(&r, &done, &w);
+    assert_eq!(s.record.state, Uncordoning);
+    assert!(
+        !s.commands.contains(&Command::Uncordon),
+        "an admin's cordon must stay"
+    );
+    let s = step(
+        &s.record,
+        &Observation {
+            gates_present: false,
+            ..done
+        },
+        &w,
+    );
+    assert_eq!(s.record.state, Done);
+}
+
+#[test]
+fn failure_messages_name_pods_pdbs_and_the_retry() {
+    let o = Observation {
+        now: 2000,
+        unschedulable: true,
+        drain: DrainProgress {
+            remaining: vec!["ml/train-0".into()],
+            blocking_pdbs: vec!["ml/train".into()],
+        },
+        ..obs()
+    };
+    let s = step(&rec(Draining), &o, &want());
+    let msg = s.record.message.unwrap_or_default();
+    assert_eq!(s.record.reason.as_deref(), Some(reason::DRAIN_TIMEOUT));
+    for needle in [
+        "ml/train-0",
+        "PodDisruptionBudgets: ml/train",
+        "kubectl tt driver retry fleet",
+    ] {
+        assert!(msg.contains(needle), "message lacks {needle}: {msg}");
+    }
+}
+
+/// Every state x a broad set of observations x policies: safety properties.
+#[test]
+fn safety_properties_over_the_cross_product() {
+    let installers = [
+        Installer::Missing,
+        Installer::Stale { deleting: false },
+        Installer::Stale { deleting: true },
+        Installer::Current { ready: false },
+        Installer::Current { ready: true },
+    ];
+    let mut checked = 0;
+    for state in NodeState::ALL {
+        for cordoned_by_us in [false, true] {
+            for was_unschedulable in [false, true] {
+                for no_drain in [false, true] {
+                    let mut r = rec(state);
+                    r.cordoned_by_us = cordoned_by_us && !was_unschedulable;
+                    r.was_unschedulable = was_unschedulable;
+                    r.no_drain = no_drain;
+                    for installer in &installers {
+                        for loaded in [None, Some("2.7.0"), Some("2.8.0")] {
+                            for bits in 0..64u32 {
+                                let b = |i: u32| bits & (1 << i) != 0;
+                                let o = Observation {
+                                    now: if b(5) { 100_000 } else { 1000 },
+                                    unschedulable: b(0),
+                                    loaded: loaded.map(String::from),
+                                    host_managed: b(1),
+                                    installer: installer.clone(),
+                                    gates_closed: b(2),
+                                    gates_present: b(2) || b(3),
+                                    drain: DrainProgress {
+                                        remaining: if b(4) { vec!["ml/p".into()] } else { vec![] },
+                                        blocking_pdbs: vec![],
+                                    },
+                                    retry_token: if b(3) { Some("t".into()) } else { None },
+                                    slot: b(0) ^ b(4),
+                                    installer_problem: None,
+                                };
+                                for (paused, drain_enabled) in
+                                    [(false, true), (true, true), (false, false), (true, false)]
+                                {
+                                    let w = Desired {
+                                        paused,
+                                        drain_enabled,
+                                        ..want()
+                                    };
+                                    let s = step(&r, &o, &w);
+                                    checked += 1;
+                                    let ctx = format!("{r:?}\n{o:?}\n{w:?}\n-> {s:?}");
+                                    let cordons = s.commands.contains(&Command::Cordon);
+                                    if cordons {
+                                        assert!(
+                                            matches!(r.state, Pending | Cordoning),
+                                            "cordon only when starting: {ctx}"
+                                        );
+                                        assert!(
+                                            drain_enabled || r.state == Cordoning,
+                                            "no cordon with drain disabled: {ctx}"
+                                        );
+                                        assert!(
+                                            !s.record.was_unschedulable,
+                                            "never cordon a node someone else cordoned: {ctx}"
+                                        );
+                                    }
+                                    if s.commands.contains(&Command::Uncordon) {
+                                        assert!(
+                                            !r.was_unschedulable && !s.record.was_unschedulable,
+                                            "never uncordon an admin's cordon: {ctx}"
+                                        );
+                                    }
+                                    if r.state == Pending && s.record.state == Cordoning {
+                                        assert!(
+                                            o.slot && !paused,
+                                            "start only with a slot and not paused: {ctx}"
+                                        );
+                                        assert!(
+                                            !o.host_managed || r.cordoned_by_us,
+                                            "never start on a host-managed node: {ctx}"
+                                        );
+                                    }
+                                    if !drain_enabled && r.state == Pending {
+                                        assert!(
+                                            !matches!(s.record.state, Cordoning | Draining),
+                                            "drain disabled skips cordon/drain: {ctx}"
+                                        );
+                                    }
+                                    if s.record.state == Done
+                                        && r.state != Done
+                                        && s.record.reason.as_deref() != Some(reason::HOST_MANAGED)
+                                    {
+                                        assert!(
+                                            !s.record.cordoned_by_us,
+                                            "Done never leaves our cordon behind: {ctx}"
+                                        );
+                                    }
+                                    if s.record.state == Draining && r.state != Draining {
+                                        assert!(
+                                            o.unschedulable,
+                                            "drain only a cordoned node: {ctx}"
+                                        );
+                                    }
+                                    if paused && r.state == Pending {
+                                        assert!(
+                                            s.commands.is_empty() || s.record.no_drain,
+                                            "paused starts nothing disruptive: {ctx}"
+                                        );
+                                    }
+                                    // Idempotence: stepping again on the same observation is stable.
+                                    let again = step(&s.record, &o, &w);
+                                    if s.commands.is_empty() && s.record.state == r.state {
+                                        assert_eq!(
+                                            again.record.state, s.record.state,
+                                            "stable when settled: {ctx}"
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 50_000, "cross product too small: {checked}");
+}

@@ -1,0 +1,127 @@
+//! One watch per resource kind, each feeding a reflector cache and poking the
+//! PolicyManager. Watches restart with backoff after errors or disconnects; the
+//! caches then re-list, so no change that matters is lost.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use actix::Addr;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use ttdrv_api::TenstorrentDriverPolicy;
+
+use crate::actors::{Kick, PolicyManager};
+use crate::context::Stores;
+use crate::metrics::Metrics;
+
+/// Starts the watches; returns the caches and a future that resolves once all
+/// of them have completed their first list (readiness).
+pub fn start(
+    client: &Client,
+    namespace: &str,
+    policy_selector: Option<&str>,
+    manager: Addr<PolicyManager>,
+    metrics: Arc<Metrics>,
+) -> (Stores, impl std::future::Future<Output = ()>) {
+    let mut pcfg = watcher::Config::default();
+    if let Some(sel) = policy_selector {
+        pcfg = pcfg.labels(sel);
+    }
+    let (policies, w1) = spawn_watch::<TenstorrentDriverPolicy>(
+        Api::all(client.clone()),
+        pcfg,
+        manager.clone(),
+        metrics.clone(),
+    );
+    let (nodes, w2) = spawn_watch::<Node>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        manager.clone(),
+        metrics.clone(),
+    );
+    let (pods, w3) = spawn_watch::<Pod>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        manager.clone(),
+        metrics.clone(),
+    );
+    let (daemonsets, w4) = spawn_watch::<DaemonSet>(
+        Api::namespaced(client.clone(), namespace),
+        watcher::Config::default().labels(ttdrv_api::labels::CLAIM),
+        manager.clone(),
+        metrics.clone(),
+    );
+    let (pdbs, w5) = spawn_watch::<PodDisruptionBudget>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        manager,
+        metrics,
+    );
+    let ready = async move {
+        let _ = futures::join!(
+            w1.wait_until_ready(),
+            w2.wait_until_ready(),
+            w3.wait_until_ready(),
+            w4.wait_until_ready(),
+            w5.wait_until_ready()
+        );
+    };
+    (
+        Stores {
+            policies,
+            nodes,
+            pods,
+            daemonsets,
+            pdbs,
+        },
+        ready,
+    )
+}
+
+fn spawn_watch<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    manager: Addr<PolicyManager>,
+    metrics: Arc<Metrics>,
+) -> (Store<K>, Store<K>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let kind = K::kind(&()).to_string();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        let stream = watcher(api, cfg)
+            .default_backoff()
+            // Managed fields are never read; dropping them keeps the caches small.
+            .modify(|o| o.meta_mut().managed_fields = None)
+            .reflect(writer)
+            .touched_objects();
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => {
+                    if manager.try_send(Kick).is_err() {
+                        // The manager is already due to run; a dropped poke loses nothing.
+                        dropped.fetch_add(1, Ordering::Relaxed);
+                        metrics.inc_mailbox_full("policy_manager");
+                    }
+                }
+                Err(e) => tracing::warn!(kind, error = %e, "watch error; restarting with backoff"),
+            }
+        }
+    });
+    (reader.clone(), reader)
+}
