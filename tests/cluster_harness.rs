@@ -7,26 +7,36 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Node, Pod,
-    PodSpec, PodTemplateSpec,
+    Affinity, Container, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, Pod, PodSpec, PodTemplateSpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Api;
 use kube::api::{EvictParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::Api;
 use ttdrv_testkit::{TestEnv, pod_ready, wait_for};
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 fn pod_template(app: &str) -> PodTemplateSpec {
     PodTemplateSpec {
-        metadata: Some(ObjectMeta { labels: Some(labels(&[("app", app)])), ..Default::default() }),
+        metadata: Some(ObjectMeta {
+            labels: Some(labels(&[("app", app)])),
+            ..Default::default()
+        }),
         spec: Some(PodSpec {
-            containers: vec![Container { name: "c".into(), image: Some("busybox".into()), ..Default::default() }],
+            containers: vec![Container {
+                name: "c".into(),
+                image: Some("busybox".into()),
+                ..Default::default()
+            }],
             ..Default::default()
         }),
     }
@@ -39,7 +49,10 @@ async fn daemonset_lands_one_ready_pod_per_matching_node_only() {
     let a = env.tt_node("tt-a", &[("pool", "x")]).await;
     let b = env.tt_node("tt-b", &[("pool", "x")]).await;
     let plain = env.node("plain", &[("pool", "x")]).await;
-    let names: Vec<String> = [&a, &b, &plain].iter().map(|n| n.metadata.name.clone().unwrap_or_default()).collect();
+    let names: Vec<String> = [&a, &b, &plain]
+        .iter()
+        .map(|n| n.metadata.name.clone().unwrap_or_default())
+        .collect();
     for n in &names {
         env.wait_node_ready(n).await;
     }
@@ -70,36 +83,65 @@ async fn daemonset_lands_one_ready_pod_per_matching_node_only() {
         });
     }
     let ds = DaemonSet {
-        metadata: ObjectMeta { name: Some("probe".into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some("probe".into()),
+            ..Default::default()
+        },
         spec: Some(DaemonSetSpec {
-            selector: LabelSelector { match_labels: Some(labels(&[("app", "ds")])), ..Default::default() },
+            selector: LabelSelector {
+                match_labels: Some(labels(&[("app", "ds")])),
+                ..Default::default()
+            },
             template: tpl,
             ..Default::default()
         }),
         ..Default::default()
     };
     let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &ns);
-    dss.create(&PostParams::default(), &ds).await.expect("create DaemonSet");
+    dss.create(&PostParams::default(), &ds)
+        .await
+        .expect("create DaemonSet");
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
-    let placed = wait_for("one Ready DaemonSet pod on each Tenstorrent node", Duration::from_secs(60), || async {
-        let list = pods.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
-        let mut on: Vec<(String, bool)> = list
-            .items
-            .iter()
-            .map(|p| (p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(), pod_ready(p)))
-            .collect();
-        on.sort();
-        if on.len() == 2 && on.iter().all(|(_, r)| *r) {
-            Ok(on)
-        } else {
-            Err(format!("{on:?}"))
-        }
-    })
+    let placed = wait_for(
+        "one Ready DaemonSet pod on each Tenstorrent node",
+        Duration::from_secs(60),
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut on: Vec<(String, bool)> = list
+                .items
+                .iter()
+                .map(|p| {
+                    (
+                        p.spec
+                            .as_ref()
+                            .and_then(|s| s.node_name.clone())
+                            .unwrap_or_default(),
+                        pod_ready(p),
+                    )
+                })
+                .collect();
+            on.sort();
+            if on.len() == 2 && on.iter().all(|(_, r)| *r) {
+                Ok(on)
+            } else {
+                Err(format!("{on:?}"))
+            }
+        },
+    )
     .await;
-    assert_eq!(placed.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(), vec![names[0].clone(), names[1].clone()]);
+    assert_eq!(
+        placed.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+        vec![names[0].clone(), names[1].clone()]
+    );
     // Give the DaemonSet controller time to (wrongly) place more; then re-check.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(env.pods_on(&ns, &names[2]).await.is_empty(), "no pod may land on the plain node");
+    assert!(
+        env.pods_on(&ns, &names[2]).await.is_empty(),
+        "no pod may land on the plain node"
+    );
     env.cleanup().await;
 }
 
@@ -115,10 +157,16 @@ async fn eviction_blocked_by_pdb_is_refused_with_429() {
         spec.node_name = Some(node_name.clone());
     }
     let dep = Deployment {
-        metadata: ObjectMeta { name: Some("guarded".into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some("guarded".into()),
+            ..Default::default()
+        },
         spec: Some(k8s_openapi::api::apps::v1::DeploymentSpec {
             replicas: Some(1),
-            selector: LabelSelector { match_labels: Some(labels(&[("app", "guarded")])), ..Default::default() },
+            selector: LabelSelector {
+                match_labels: Some(labels(&[("app", "guarded")])),
+                ..Default::default()
+            },
             template: tpl,
             ..Default::default()
         }),
@@ -129,33 +177,61 @@ async fn eviction_blocked_by_pdb_is_refused_with_429() {
         .await
         .expect("create Deployment");
     let pdb = PodDisruptionBudget {
-        metadata: ObjectMeta { name: Some("guard".into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some("guard".into()),
+            ..Default::default()
+        },
         spec: Some(PodDisruptionBudgetSpec {
             min_available: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector { match_labels: Some(labels(&[("app", "guarded")])), ..Default::default() }),
+            selector: Some(LabelSelector {
+                match_labels: Some(labels(&[("app", "guarded")])),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         ..Default::default()
     };
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &ns);
-    pdbs.create(&PostParams::default(), &pdb).await.expect("create PDB");
+    pdbs.create(&PostParams::default(), &pdb)
+        .await
+        .expect("create PDB");
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
-    let pod_name = wait_for("the guarded pod Ready and the PDB computed", Duration::from_secs(60), || async {
-        let list = pods.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
-        let ready: Vec<String> = list.items.iter().filter(|p| pod_ready(p)).filter_map(|p| p.metadata.name.clone()).collect();
-        let pdb = pdbs.get("guard").await.map_err(|e| e.to_string())?;
-        let healthy = pdb.status.as_ref().map(|s| s.current_healthy).unwrap_or(0);
-        match ready.first() {
-            Some(n) if healthy == 1 => Ok(n.clone()),
-            _ => Err(format!("ready pods {ready:?}, PDB currentHealthy {healthy}")),
-        }
-    })
+    let pod_name = wait_for(
+        "the guarded pod Ready and the PDB computed",
+        Duration::from_secs(60),
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready: Vec<String> = list
+                .items
+                .iter()
+                .filter(|p| pod_ready(p))
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            let pdb = pdbs.get("guard").await.map_err(|e| e.to_string())?;
+            let healthy = pdb.status.as_ref().map(|s| s.current_healthy).unwrap_or(0);
+            match ready.first() {
+                Some(n) if healthy == 1 => Ok(n.clone()),
+                _ => Err(format!(
+                    "ready pods {ready:?}, PDB currentHealthy {healthy}"
+                )),
+            }
+        },
+    )
     .await;
     match pods.evict(&pod_name, &EvictParams::default()).await {
-        Err(kube::Error::Api(status)) => assert_eq!(status.code, 429, "expected 429 Too Many Requests, got {status:?}"),
+        Err(kube::Error::Api(status)) => assert_eq!(
+            status.code, 429,
+            "expected 429 Too Many Requests, got {status:?}"
+        ),
         other => panic!("eviction of a PDB-protected pod must be refused with 429, got {other:?}"),
     }
-    assert!(pods.get(&pod_name).await.is_ok(), "the protected pod must still exist");
+    assert!(
+        pods.get(&pod_name).await.is_ok(),
+        "the protected pod must still exist"
+    );
     env.cleanup().await;
 }
 

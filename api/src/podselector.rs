@@ -153,7 +153,11 @@ impl Parser<'_> {
     fn token(&mut self, allow_slash: bool) -> Option<String> {
         let start = self.pos;
         let body = |c: char| {
-            c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' || (allow_slash && c == '/')
+            c.is_ascii_alphanumeric()
+                || c == '-'
+                || c == '_'
+                || c == '.'
+                || (allow_slash && c == '/')
         };
         while let Some(c) = self.peek() {
             if body(c) {
@@ -174,7 +178,9 @@ impl Parser<'_> {
     }
     fn key(&mut self) -> Result<String, PodSelectorError> {
         self.token(true).ok_or_else(|| {
-            self.err("a label key (alphanumerics, '-', '_', '.', '/'; starting and ending alphanumeric)")
+            self.err(
+                "a label key (alphanumerics, '-', '_', '.', '/'; starting and ending alphanumeric)",
+            )
         })
     }
     /// A value may be empty (`key=` selects pods whose label is the empty string).
@@ -204,9 +210,7 @@ impl Parser<'_> {
         }
         let had_ws = self.pos > before_ws;
         for (word, notin) in [("notin", true), ("in", false)] {
-            if had_ws
-                && rest.starts_with(word)
-                && rest[word.len()..].trim_start().starts_with('(')
+            if had_ws && rest.starts_with(word) && rest[word.len()..].trim_start().starts_with('(')
             {
                 self.pos += word.len();
                 self.skip_ws();
@@ -242,17 +246,32 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn parses_every_form_of_the_grammar() {
         let cases: &[(&str, Vec<Requirement>)] = &[
             ("", vec![]),
-            ("app=train", vec![Requirement::Equals("app".into(), "train".into())]),
-            ("app==train", vec![Requirement::Equals("app".into(), "train".into())]),
-            ("app != train", vec![Requirement::NotEquals("app".into(), "train".into())]),
-            ("tenstorrent.com/job", vec![Requirement::Exists("tenstorrent.com/job".into())]),
+            (
+                "app=train",
+                vec![Requirement::Equals("app".into(), "train".into())],
+            ),
+            (
+                "app==train",
+                vec![Requirement::Equals("app".into(), "train".into())],
+            ),
+            (
+                "app != train",
+                vec![Requirement::NotEquals("app".into(), "train".into())],
+            ),
+            (
+                "tenstorrent.com/job",
+                vec![Requirement::Exists("tenstorrent.com/job".into())],
+            ),
             ("!batch", vec![Requirement::NotExists("batch".into())]),
             (
                 "tier in (a, b)",
@@ -275,10 +294,15 @@ mod tests {
 
     #[test]
     fn rejects_malformed_selectors_with_position() {
-        for input in ["=x", "a b", "a in b", "a in (b", "-a", "a,", "a=(b)", "a notin"] {
+        for input in [
+            "=x", "a b", "a in b", "a in (b", "-a", "a,", "a=(b)", "a notin",
+        ] {
             let err = PodSelector::parse(input).expect_err(input);
             assert_eq!(err.input, input);
-            assert!(err.to_string().contains("invalid podSelectorLabel"), "{err}");
+            assert!(
+                err.to_string().contains("invalid podSelectorLabel"),
+                "{err}"
+            );
         }
     }
 
@@ -297,7 +321,14 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        for input in ["app=train", "a!=b", "k", "!k", "k in (a,b)", "k notin (a),z=1"] {
+        for input in [
+            "app=train",
+            "a!=b",
+            "k",
+            "!k",
+            "k in (a,b)",
+            "k notin (a),z=1",
+        ] {
             let sel = PodSelector::parse(input).expect(input);
             assert_eq!(PodSelector::parse(&sel.to_string()).expect("reparse"), sel);
         }
@@ -308,10 +339,42 @@ mod tests {
     fn crd_pattern_agrees_with_parser() {
         let re = regex::Regex::new(POD_SELECTOR_PATTERN).expect("pattern compiles");
         let corpus = [
-            "", " ", "a", "a=b", "a==b", "a!=b", "a=", "!a", "! a", "a in (b)", "a in (b, c)",
-            "a notin (b,c)", "a in ()", "a,b", "a , b=c", "x.y/z=1", "a b", "=x", "a in b",
-            "a in (b", "-a", "a-", "a,", ",a", "a=(b)", "a notin", "a=b=c", "a in (b),", "a!b",
-            "a in(b)", "ain (b)", "a=b c", "a==", "!", "a/b/c", "a_b.c-d=e_f.g-h",
+            "",
+            " ",
+            "a",
+            "a=b",
+            "a==b",
+            "a!=b",
+            "a=",
+            "!a",
+            "! a",
+            "a in (b)",
+            "a in (b, c)",
+            "a notin (b,c)",
+            "a in ()",
+            "a,b",
+            "a , b=c",
+            "x.y/z=1",
+            "a b",
+            "=x",
+            "a in b",
+            "a in (b",
+            "-a",
+            "a-",
+            "a,",
+            ",a",
+            "a=(b)",
+            "a notin",
+            "a=b=c",
+            "a in (b),",
+            "a!b",
+            "a in(b)",
+            "ain (b)",
+            "a=b c",
+            "a==",
+            "!",
+            "a/b/c",
+            "a_b.c-d=e_f.g-h",
         ];
         for input in corpus {
             assert_eq!(

@@ -370,7 +370,9 @@ pub struct NodeStatus {
 }
 
 /// Per-node upgrade state, as the spec names them.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
 pub enum NodeState {
     Pending,
     Cordoning,
@@ -408,7 +410,10 @@ impl NodeState {
     pub fn is_in_progress(self) -> bool {
         matches!(
             self,
-            NodeState::Cordoning | NodeState::Draining | NodeState::Upgrading | NodeState::Uncordoning
+            NodeState::Cordoning
+                | NodeState::Draining
+                | NodeState::Upgrading
+                | NodeState::Uncordoning
         )
     }
 }
@@ -428,7 +433,10 @@ mod tests {
     use kube::CustomResourceExt;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]

@@ -135,10 +135,11 @@ impl TestEnv {
         for (k, v) in extra {
             labels.insert((*k).to_string(), (*v).to_string());
         }
-        let capacity: BTreeMap<String, Quantity> = [("cpu", "32"), ("memory", "256Gi"), ("pods", "110")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-            .collect();
+        let capacity: BTreeMap<String, Quantity> =
+            [("cpu", "32"), ("memory", "256Gi"), ("pods", "110")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect();
         let node = Node {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
@@ -166,28 +167,35 @@ impl TestEnv {
     /// Waits until kwok reports the node Ready.
     pub async fn wait_node_ready(&self, name: &str) {
         let api: Api<Node> = Api::all(self.client.clone());
-        wait_for(&format!("node {name} Ready"), Duration::from_secs(60), || async {
-            let node = api.get(name).await.map_err(|e| e.to_string())?;
-            let ready = node
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .into_iter()
-                .find(|c| c.type_ == "Ready")
-                .map(|c| c.status);
-            if ready.as_deref() == Some("True") {
-                Ok(())
-            } else {
-                Err(format!("Ready={ready:?}"))
-            }
-        })
+        wait_for(
+            &format!("node {name} Ready"),
+            Duration::from_secs(60),
+            || async {
+                let node = api.get(name).await.map_err(|e| e.to_string())?;
+                let ready = node
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|c| c.type_ == "Ready")
+                    .map(|c| c.status);
+                if ready.as_deref() == Some("True") {
+                    Ok(())
+                } else {
+                    Err(format!("Ready={ready:?}"))
+                }
+            },
+        )
         .await
     }
 
     pub async fn label_node(&self, name: &str, key: &str, value: Option<&str>) {
         let api: Api<Node> = Api::all(self.client.clone());
         let patch = serde_json::json!({ "metadata": { "labels": { key: value } } });
-        if let Err(e) = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        if let Err(e) = api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             panic!("labelling node {name} {key}={value:?}: {e}");
         }
     }
@@ -195,7 +203,10 @@ impl TestEnv {
     pub async fn set_unschedulable(&self, name: &str, unschedulable: bool) {
         let api: Api<Node> = Api::all(self.client.clone());
         let patch = serde_json::json!({ "spec": { "unschedulable": unschedulable } });
-        if let Err(e) = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        if let Err(e) = api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             panic!("setting unschedulable={unschedulable} on {name}: {e}");
         }
     }
@@ -222,9 +233,7 @@ impl TestEnv {
     pub async fn cleanup(&self) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let lp = ListParams::default().labels(&self.selector());
-        let _ = nodes
-            .delete_collection(&DeleteParams::default(), &lp)
-            .await;
+        let _ = nodes.delete_collection(&DeleteParams::default(), &lp).await;
         let nss: Api<Namespace> = Api::all(self.client.clone());
         let _ = nss.delete(&self.id, &DeleteParams::default()).await;
     }
@@ -246,7 +255,10 @@ pub fn describe<T: Debug>(items: &[T]) -> String {
 /// Installs (server-side apply) the committed CRD and waits until it is Established.
 pub async fn ensure_crd(client: &Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/tenstorrentdriverpolicies.yaml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../crds/tenstorrentdriverpolicies.yaml"
+    );
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     let crd: CustomResourceDefinition =
         serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("parsing {path}: {e}"));
@@ -256,15 +268,23 @@ pub async fn ensure_crd(client: &Client) {
     if let Err(e) = api.patch(&name, &pp, &Patch::Apply(&crd)).await {
         panic!("applying CRD {name}: {e}");
     }
-    wait_for(&format!("CRD {name} Established"), Duration::from_secs(30), || async {
-        let crd = api.get(&name).await.map_err(|e| e.to_string())?;
-        let ok = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if ok { Ok(()) } else { Err("not Established".into()) }
-    })
+    wait_for(
+        &format!("CRD {name} Established"),
+        Duration::from_secs(30),
+        || async {
+            let crd = api.get(&name).await.map_err(|e| e.to_string())?;
+            let ok = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if ok {
+                Ok(())
+            } else {
+                Err("not Established".into())
+            }
+        },
+    )
     .await;
 }

@@ -58,7 +58,10 @@ pub async fn run(client: Client, config: SimAgentConfig) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
     let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
     let wc = watcher::Config::default().labels(labels::CLAIM);
-    let mut stream = watcher(pods.clone(), wc).default_backoff().applied_objects().boxed();
+    let mut stream = watcher(pods.clone(), wc)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
     loop {
         let pod = match stream.try_next().await {
             Ok(Some(p)) => p,
@@ -77,7 +80,10 @@ pub async fn run(client: Client, config: SimAgentConfig) {
         ) else {
             continue;
         };
-        let fresh = in_flight.lock().map(|mut s| s.insert(uid.clone())).unwrap_or(false);
+        let fresh = in_flight
+            .lock()
+            .map(|mut s| s.insert(uid.clone()))
+            .unwrap_or(false);
         if !fresh {
             continue;
         }
@@ -106,7 +112,9 @@ fn target_version(pod: &Pod) -> Option<String> {
 
 /// True when a pod (other than our installers) uses the Tenstorrent device.
 pub fn uses_device(pod: &Pod) -> bool {
-    let Some(spec) = pod.spec.as_ref() else { return false };
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
     let host_path = spec.volumes.iter().flatten().any(|v| {
         v.host_path
             .as_ref()
@@ -114,13 +122,22 @@ pub fn uses_device(pod: &Pod) -> bool {
     });
     let resource = spec.containers.iter().any(|c| {
         c.resources.as_ref().is_some_and(|r| {
-            r.limits.iter().chain(r.requests.iter()).flatten().any(|(k, _)| k.starts_with(labels::RESOURCE_PREFIX))
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flatten()
+                .any(|(k, _)| k.starts_with(labels::RESOURCE_PREFIX))
         })
     });
     host_path || resource
 }
 
-async fn play_agent(client: &Client, config: &SimAgentConfig, pod: &Pod, node_name: &str) -> anyhow::Result<()> {
+async fn play_agent(
+    client: &Client,
+    config: &SimAgentConfig,
+    pod: &Pod,
+    node_name: &str,
+) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let pods_ns: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
     let all_pods: Api<Pod> = Api::all(client.clone());
@@ -130,7 +147,9 @@ async fn play_agent(client: &Client, config: &SimAgentConfig, pod: &Pod, node_na
     loop {
         // The pod may have been deleted meanwhile (node drained again, CR changed).
         match pods_ns.get_opt(&name).await? {
-            Some(p) if p.metadata.deletion_timestamp.is_none() && p.metadata.uid == pod.metadata.uid => {}
+            Some(p)
+                if p.metadata.deletion_timestamp.is_none()
+                    && p.metadata.uid == pod.metadata.uid => {}
             _ => return Ok(()),
         }
         let node = nodes.get(node_name).await?;
@@ -148,12 +167,15 @@ async fn play_agent(client: &Client, config: &SimAgentConfig, pod: &Pod, node_na
         if mode == labels::INSTALL_MODE_CONTAINER && loaded.is_some_and(|l| *l != target) {
             // A swap: refuse while any pod on the node still holds the device.
             let lp = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
-            let busy = all_pods
-                .list(&lp)
-                .await?
-                .items
-                .iter()
-                .any(|p| p.metadata.deletion_timestamp.is_none() && !p.metadata.labels.as_ref().is_some_and(|l| l.contains_key(labels::CLAIM)) && uses_device(p));
+            let busy = all_pods.list(&lp).await?.items.iter().any(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && !p
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .is_some_and(|l| l.contains_key(labels::CLAIM))
+                    && uses_device(p)
+            });
             if busy {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
@@ -169,7 +191,9 @@ async fn play_agent(client: &Client, config: &SimAgentConfig, pod: &Pod, node_na
         nodes
             .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        let now = k8s_openapi::jiff::Timestamp::now().round(k8s_openapi::jiff::Unit::Second)?.to_string();
+        let now = k8s_openapi::jiff::Timestamp::now()
+            .round(k8s_openapi::jiff::Unit::Second)?
+            .to_string();
         let containers: Vec<_> = pod
             .spec
             .iter()
@@ -182,7 +206,8 @@ async fn play_agent(client: &Client, config: &SimAgentConfig, pod: &Pod, node_na
                 })
             })
             .collect();
-        let cond = |t: &str| serde_json::json!({ "type": t, "status": "True", "lastTransitionTime": now });
+        let cond =
+            |t: &str| serde_json::json!({ "type": t, "status": "True", "lastTransitionTime": now });
         let status = serde_json::json!({ "status": {
             "phase": "Running",
             "startTime": now,

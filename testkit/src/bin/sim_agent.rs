@@ -21,7 +21,10 @@ async fn main() {
     let client = ttdrv_testkit::client().await;
     ttdrv_testkit::sim_agent::run(
         client,
-        ttdrv_testkit::SimAgentConfig { namespace: args.namespace, work: Duration::from_millis(args.work_ms) },
+        ttdrv_testkit::SimAgentConfig {
+            namespace: args.namespace,
+            work: Duration::from_millis(args.work_ms),
+        },
     )
     .await;
 }
