@@ -23,7 +23,10 @@ fn main() -> anyhow::Result<()> {
             .with_env_filter(filter)
             .init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(filter)
+            .init();
     }
     // Actors live on the System thread; kube's Send futures run on the
     // multi-threaded tokio runtime behind it.

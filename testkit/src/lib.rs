@@ -4,6 +4,7 @@
 //! the label `ttdrv-test=<id>`, so tests share one cluster without colliding.
 //! A test that cannot reach the cluster fails with instructions; it never skips.
 
+pub mod controller;
 pub mod sim_agent;
 
 use std::collections::BTreeMap;
@@ -17,6 +18,7 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostPa
 use kube::{Api, Client};
 use rand::Rng;
 
+pub use controller::{ControllerOptions, ControllerProcess};
 pub use sim_agent::{SimAgent, SimAgentConfig};
 
 /// Label every test object carries.

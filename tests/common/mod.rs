@@ -1,0 +1,177 @@
+//! Shared helpers of the controller's cluster tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
+use ttdrv_testkit::{ControllerOptions, ControllerProcess, TestEnv, wait_for};
+
+pub fn controller(env: &TestEnv, ns: &str) -> ControllerProcess {
+    controller_with(env, ns, ControllerOptions::default())
+}
+
+pub fn controller_with(env: &TestEnv, ns: &str, mut opts: ControllerOptions) -> ControllerProcess {
+    opts.bin = Some(env!("CARGO_BIN_EXE_ttdrv-controller").into());
+    ControllerProcess::start(env, ns, opts)
+}
+
+/// Creates a policy labelled for this test (so only this test's controller acts on it).
+pub async fn create_policy(env: &TestEnv, name: &str, spec_yaml: &str) -> TenstorrentDriverPolicy {
+    ttdrv_testkit::ensure_crd(&env.client).await;
+    let spec: ttdrv_api::TenstorrentDriverPolicySpec =
+        serde_yaml::from_str(spec_yaml).expect("spec parses");
+    let mut p = TenstorrentDriverPolicy::new(name, spec);
+    p.metadata.labels = Some(env.labels());
+    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    api.create(&PostParams::default(), &p)
+        .await
+        .unwrap_or_else(|e| panic!("creating policy {name}: {e}"))
+}
+
+pub async fn patch_policy(env: &TestEnv, name: &str, spec_patch: serde_json::Value) {
+    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    let patch = serde_json::json!({ "spec": spec_patch });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("patching policy {name}: {e}"));
+}
+
+pub async fn get_policy(env: &TestEnv, name: &str) -> TenstorrentDriverPolicy {
+    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    api.get(name)
+        .await
+        .unwrap_or_else(|e| panic!("reading policy {name}: {e}"))
+}
+
+pub async fn delete_policies(env: &TestEnv) {
+    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    let _ = api
+        .delete_collection(
+            &Default::default(),
+            &ListParams::default().labels(&env.selector()),
+        )
+        .await;
+}
+
+/// Waits until every listed node is reported in `state` at `version` in the policy's status.
+pub async fn wait_nodes_state(
+    env: &TestEnv,
+    policy: &str,
+    nodes: &[String],
+    state: NodeState,
+    version: &str,
+    timeout: Duration,
+) {
+    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    wait_for(
+        &format!("nodes {nodes:?} {state:?} at {version} in {policy}'s status"),
+        timeout,
+        || async {
+            let p = api.get(policy).await.map_err(|e| e.to_string())?;
+            let st = p.status.unwrap_or_default();
+            let seen: BTreeMap<String, (NodeState, Option<String>)> = st
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), (n.state, n.current_version.clone())))
+                .collect();
+            let ok = nodes
+                .iter()
+                .all(|n| seen.get(n) == Some(&(state, Some(version.to_string()))));
+            if ok { Ok(()) } else { Err(format!("{seen:?}")) }
+        },
+    )
+    .await
+}
+
+/// Watches this test's nodes and records the most that were ever unschedulable at
+/// once, and every node ever seen unschedulable — independently of the controller.
+pub struct CordonWatcher {
+    pub max_cordoned: Arc<Mutex<usize>>,
+    pub ever_cordoned: Arc<Mutex<std::collections::BTreeSet<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CordonWatcher {
+    pub fn start(env: &TestEnv) -> Self {
+        let api: Api<Node> = Api::all(env.client.clone());
+        let cfg = watcher::Config::default().labels(&env.selector());
+        let max = Arc::new(Mutex::new(0usize));
+        let ever = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+        let (m, e) = (max.clone(), ever.clone());
+        let task = tokio::spawn(async move {
+            let mut cordoned: BTreeMap<String, bool> = BTreeMap::new();
+            let mut stream = watcher(api, cfg).applied_objects().boxed();
+            while let Ok(Some(n)) = stream.try_next().await {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let c = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.unschedulable)
+                    .unwrap_or(false);
+                cordoned.insert(name.clone(), c);
+                if c {
+                    if let Ok(mut s) = e.lock() {
+                        s.insert(name);
+                    }
+                }
+                let now = cordoned.values().filter(|v| **v).count();
+                if let Ok(mut mx) = m.lock() {
+                    *mx = (*mx).max(now);
+                }
+            }
+        });
+        Self {
+            max_cordoned: max,
+            ever_cordoned: ever,
+            task,
+        }
+    }
+
+    pub fn max(&self) -> usize {
+        self.max_cordoned.lock().map(|m| *m).unwrap_or(usize::MAX)
+    }
+
+    pub fn ever(&self) -> Vec<String> {
+        self.ever_cordoned
+            .lock()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for CordonWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub fn gate_labels(node: &Node) -> Vec<String> {
+    node.metadata
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with("tenstorrent.com/deploy."))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect()
+}
+
+pub fn unschedulable(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+pub fn kmd(node: &Node) -> Option<String> {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::KMD_VERSION).cloned())
+}
