@@ -90,3 +90,320 @@ async fn three_node_upgrade_one_at_a_time() {
     delete_policies(&env).await;
     env.cleanup().await;
 }
+
+/// Installs 2.7.0 on `nodes` and waits until they are Done.
+async fn installed(env: &TestEnv, nodes: &[String], extra_spec: &str) -> String {
+    let policy = env.name("fleet");
+    create_policy(
+        env,
+        &policy,
+        &format!(
+            "version: \"2.7.0\"\nnodeAffinity: {}\n{extra_spec}",
+            selector(env)
+        ),
+    )
+    .await;
+    wait_nodes_state(env, &policy, nodes, NodeState::Done, "2.7.0", T).await;
+    policy
+}
+
+#[tokio::test]
+async fn admin_cordoned_node_stays_cordoned() {
+    let (env, ns, nodes, _agent) = setup("rollout-admin", 3, &[]).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}").await;
+    env.set_unschedulable(&nodes[1], true).await;
+    let watcher = CordonWatcher::start(&env);
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    assert!(
+        unschedulable(&env.get_node(&nodes[1]).await),
+        "the admin's cordon must survive the upgrade"
+    );
+    assert!(!unschedulable(&env.get_node(&nodes[0]).await));
+    assert!(!unschedulable(&env.get_node(&nodes[2]).await));
+    assert!(
+        watcher.max() <= 2,
+        "admin node + at most one of ours: saw {}",
+        watcher.max()
+    );
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn pdb_blocked_drain_fails_after_timeout_and_halts_until_retry() {
+    let (env, ns, nodes, _agent) = setup("rollout-pdb", 2, &[]).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "upgradePolicy: {drain: {timeoutSeconds: 3}}").await;
+    pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
+    pdb(&env, &ns, "guarded").await;
+    let pod = app_pods(&env, &ns, "guarded")
+        .await
+        .first()
+        .map(|p| p.0.clone())
+        .expect("guarded pod");
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    let failed = wait_node(&env, &policy, &nodes[0], NodeState::Failed, T).await;
+    let msg = failed.message.unwrap_or_default();
+    assert_eq!(failed.reason.as_deref(), Some("DrainTimeout"));
+    assert!(msg.contains(&pod), "failure names the pod {pod}: {msg}");
+    assert!(
+        msg.contains(&format!("{ns}/guarded")),
+        "failure names the PDB: {msg}"
+    );
+    assert!(msg.contains("retry"), "failure says how to retry: {msg}");
+    // The rollout halts: the other node does not start.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let st = get_policy(&env, &policy).await.status.unwrap_or_default();
+    let other = st
+        .nodes
+        .iter()
+        .find(|n| n.name == nodes[1])
+        .map(|n| n.state);
+    assert_eq!(
+        other,
+        Some(NodeState::Pending),
+        "a Failed node holds the rollout"
+    );
+    assert!(
+        unschedulable(&env.get_node(&nodes[0]).await),
+        "a Failed node stays cordoned"
+    );
+    let degraded = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .cloned()
+        .expect("Degraded condition");
+    assert_eq!(degraded.status, "True");
+    assert!(degraded.message.contains(&nodes[0]));
+    assert!(
+        policy_events(&env, &policy)
+            .await
+            .iter()
+            .any(|(r, n)| r == "NodeUpgradeFailed" && n.contains(&nodes[0]))
+    );
+    // Fix the cause, retry: the rollout finishes.
+    let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        kube::Api::namespaced(env.client.clone(), &ns);
+    pdbs.delete("guarded", &Default::default())
+        .await
+        .expect("delete PDB");
+    let nodes_api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(env.client.clone());
+    let patch = serde_json::json!({ "metadata": { "annotations": { "driver.tenstorrent.com/retry": "1" } } });
+    nodes_api
+        .patch(
+            &nodes[0],
+            &Default::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("retry");
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    for n in &nodes {
+        assert!(
+            !unschedulable(&env.get_node(n).await),
+            "{n} uncordoned after the retry"
+        );
+    }
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn bare_pod_is_left_and_reported_without_force() {
+    let (env, ns, nodes, _agent) = setup("rollout-bare", 1, &[]).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "").await;
+    bare_pod(&env, &ns, "lonely", &nodes[0]).await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(env.client.clone(), &ns);
+    let p = pods.get("lonely").await.expect("the bare pod still exists");
+    assert!(
+        p.metadata.deletion_timestamp.is_none(),
+        "the bare pod was not evicted"
+    );
+    let events = policy_events(&env, &policy).await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "PodsNotEvicted" && n.contains("lonely") && n.contains("bare pod")),
+        "the skipped bare pod is reported: {events:?}"
+    );
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn pod_selector_limits_the_full_node_pass() {
+    let (env, ns, nodes, _agent) = setup("rollout-sel", 1, &[]).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(
+        &env,
+        &nodes,
+        "upgradePolicy: {drain: {podSelectorLabel: \"app=evictme\"}}",
+    )
+    .await;
+    pinned_deployment(&env, &ns, "evictme", &nodes[0]).await;
+    pinned_deployment(&env, &ns, "keepme", &nodes[0]).await;
+    let uid = |v: Vec<(String, String, String)>| v.first().map(|p| p.1.clone()).unwrap_or_default();
+    let (evict0, keep0) = ttdrv_testkit::wait_for("both pods running", T, || async {
+        let (a, b) = (
+            app_pods(&env, &ns, "evictme").await,
+            app_pods(&env, &ns, "keepme").await,
+        );
+        if a.len() == 1 && b.len() == 1 {
+            Ok((uid(a), uid(b)))
+        } else {
+            Err(format!("{a:?} {b:?}"))
+        }
+    })
+    .await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    assert_ne!(
+        uid(app_pods(&env, &ns, "evictme").await),
+        evict0,
+        "the selected pod was evicted (replaced)"
+    );
+    assert_eq!(
+        uid(app_pods(&env, &ns, "keepme").await),
+        keep0,
+        "the unselected pod was left alone"
+    );
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn drain_disabled_never_cordons() {
+    let (env, ns, nodes, _agent) = setup("rollout-nodrain", 2, &[]).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "upgradePolicy: {drain: {enable: false}}").await;
+    let watcher = CordonWatcher::start(&env);
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    assert!(
+        watcher.ever().is_empty(),
+        "drain.enable=false must not cordon: {:?}",
+        watcher.ever()
+    );
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn installer_image_change_restarts_pods_without_cordon() {
+    let (env, ns, nodes, _agent) = setup("rollout-image", 2, &[]).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "").await;
+    let before: Vec<String> = ds_pods(&env, &ns).await;
+    let watcher = CordonWatcher::start(&env);
+    patch_policy(
+        &env,
+        &policy,
+        serde_json::json!({ "installer": { "image": "example.invalid/agent:canary" } }),
+    )
+    .await;
+    ttdrv_testkit::wait_for("installer pods replaced with the new image", T, || async {
+        let now = ds_pods(&env, &ns).await;
+        let replaced = now.len() == nodes.len() && now.iter().all(|p| !before.contains(p));
+        if replaced {
+            Ok(())
+        } else {
+            Err(format!("before {before:?} now {now:?}"))
+        }
+    })
+    .await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
+    assert!(
+        watcher.ever().is_empty(),
+        "a restart-only change must not cordon: {:?}",
+        watcher.ever()
+    );
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+async fn ds_pods(env: &TestEnv, ns: &str) -> Vec<String> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(env.client.clone(), ns);
+    let lp = kube::api::ListParams::default().labels(ttdrv_api::labels::CLAIM);
+    let mut v: Vec<String> = pods
+        .list(&lp)
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && ttdrv_testkit::pod_ready(p))
+        .filter_map(|p| p.metadata.uid)
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn controller_killed_during_draining_resumes() {
+    let (env, ns, nodes, _agent) = setup("rollout-kill", 2, &[]).await;
+    let mut ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "").await;
+    pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
+    pdb(&env, &ns, "guarded").await;
+    let watcher = CordonWatcher::start(&env);
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
+    ctl.kill();
+    let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        kube::Api::namespaced(env.client.clone(), &ns);
+    pdbs.delete("guarded", &Default::default())
+        .await
+        .expect("delete PDB");
+    let _ctl2 = controller(&env, &ns);
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    for n in &nodes {
+        let node = env.get_node(n).await;
+        assert!(
+            !unschedulable(&node),
+            "{n} schedulable after the resumed rollout"
+        );
+        assert!(gate_labels(&node).is_empty(), "{n} gates removed");
+    }
+    assert_eq!(watcher.max(), 1);
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn max_unavailable_two_over_five_nodes() {
+    let (env, ns, nodes, _agent) = setup("rollout-max2", 5, &[]).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}").await;
+    let watcher = CordonWatcher::start(&env);
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    assert_eq!(watcher.ever().len(), 5);
+    assert!(
+        watcher.max() <= 2,
+        "more than maxUnavailable=2 nodes cordoned at once: {}",
+        watcher.max()
+    );
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn downgrade_uses_the_same_flow() {
+    let (env, ns, nodes, _agent) = setup("rollout-down", 2, &[]).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "").await;
+    let watcher = CordonWatcher::start(&env);
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.6.1" })).await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.6.1", T).await;
+    assert_eq!(watcher.ever(), nodes);
+    assert_eq!(watcher.max(), 1);
+    delete_policies(&env).await;
+    env.cleanup().await;
+}

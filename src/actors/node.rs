@@ -83,6 +83,8 @@ pub struct Observe {
     pub evictions: Vec<(PodRef, Pass)>,
     /// The node's installer pod, if any.
     pub installer_pod: Option<PodRef>,
+    /// Pods the drain leaves in place, with why (reported when the drain ends).
+    pub skipped: Vec<String>,
     pub gates: Vec<String>,
 }
 
@@ -185,6 +187,14 @@ impl Handler<Observe> for NodeActor {
             }
             if next.record.state != prev.state {
                 report_transition(&ctx, &msg.policy, &node, &prev, &next.record).await;
+                if prev.state == NodeState::Draining && !msg.skipped.is_empty() {
+                    let note = format!(
+                        "node {node}: drain left these pods in place: {}",
+                        msg.skipped.join(", ")
+                    );
+                    ctx.event(msg.policy.as_ref(), true, "PodsNotEvicted", "Drain", note)
+                        .await;
+                }
             }
             Ok::<_, Error>(next.record)
         };

@@ -27,7 +27,7 @@ use super::{
 use crate::context::Context;
 use crate::render::daemonset_name;
 use crate::selection::Assignment;
-use crate::upgrade::drain::{PodRef, blocking_pdbs, plan_drain};
+use crate::upgrade::drain::{PodRef, SkipReason, blocking_pdbs, plan_drain};
 use crate::upgrade::machine::{Desired, DrainProgress, Installer, NodeRecord, Observation, reason};
 use crate::upgrade::rollout::{Candidate, order_key};
 use crate::{Error, Result};
@@ -103,6 +103,7 @@ struct NodeView {
     persisted: Option<NodeRecord>,
     evictions: Vec<(PodRef, crate::upgrade::drain::Pass)>,
     installer_pod: Option<PodRef>,
+    skipped: Vec<String>,
     has_device_pods: bool,
     externally_unavailable: bool,
 }
@@ -413,6 +414,7 @@ async fn reconcile(
             persisted: v.persisted,
             evictions: v.evictions,
             installer_pod: v.installer_pod,
+            skipped: v.skipped,
             gates: gates.clone(),
         };
         let n = n.clone();
@@ -627,6 +629,20 @@ fn observe_nodes(
                 persisted,
                 evictions,
                 installer_pod: installer.map(PodRef::of),
+                skipped: if draining {
+                    plan.skipped
+                        .iter()
+                        .filter(|(_, why, _)| {
+                            !matches!(
+                                why,
+                                SkipReason::DaemonSet | SkipReason::Finished | SkipReason::Mirror
+                            )
+                        })
+                        .map(|(p, why, _)| format!("{p} ({})", why.as_str()))
+                        .collect()
+                } else {
+                    vec![]
+                },
                 has_device_pods,
                 externally_unavailable,
             },

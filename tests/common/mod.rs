@@ -175,3 +175,179 @@ pub fn kmd(node: &Node) -> Option<String> {
         .as_ref()
         .and_then(|l| l.get(labels::KMD_VERSION).cloned())
 }
+
+/// A one-replica Deployment whose pod is bound to `node` (nodeName), labelled `app=<name>`.
+pub async fn pinned_deployment(env: &TestEnv, ns: &str, name: &str, node: &str) {
+    use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+    use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+    let labels = BTreeMap::from([("app".to_string(), name.to_string())]);
+    let dep = Deployment {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(1),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    node_selector: Some(BTreeMap::from([(
+                        "kubernetes.io/hostname".to_string(),
+                        node.to_string(),
+                    )])),
+                    containers: vec![Container {
+                        name: "c".into(),
+                        image: Some("busybox".into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Api::<Deployment>::namespaced(env.client.clone(), ns)
+        .create(&PostParams::default(), &dep)
+        .await
+        .unwrap_or_else(|e| panic!("creating deployment {name}: {e}"));
+}
+
+/// A bare pod (no controller) bound to `node`.
+pub async fn bare_pod(env: &TestEnv, ns: &str, name: &str, node: &str) {
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "c".into(),
+                image: Some("busybox".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Api::<Pod>::namespaced(env.client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+}
+
+/// A PodDisruptionBudget with minAvailable 1 over `app=<app>`.
+pub async fn pdb(env: &TestEnv, ns: &str, app: &str) {
+    use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let pdb = PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(app.into()),
+            ..Default::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let api: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), ns);
+    api.create(&PostParams::default(), &pdb)
+        .await
+        .unwrap_or_else(|e| panic!("creating PDB {app}: {e}"));
+    wait_for(
+        &format!("PDB {app} to count its healthy pod"),
+        Duration::from_secs(60),
+        || async {
+            let p = api.get(app).await.map_err(|e| e.to_string())?;
+            let h = p.status.map(|s| s.current_healthy).unwrap_or(0);
+            if h >= 1 {
+                Ok(())
+            } else {
+                Err(format!("currentHealthy {h}"))
+            }
+        },
+    )
+    .await;
+}
+
+/// Names (and uids) of the Ready/Running pods with `app=<app>` and the node they run on.
+pub async fn app_pods(env: &TestEnv, ns: &str, app: &str) -> Vec<(String, String, String)> {
+    use k8s_openapi::api::core::v1::Pod;
+    let api: Api<Pod> = Api::namespaced(env.client.clone(), ns);
+    let list = api
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    list.into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                p.metadata.uid.clone().unwrap_or_default(),
+                p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Waits for a node's state in the policy status; returns the status entry.
+pub async fn wait_node(
+    env: &TestEnv,
+    policy: &str,
+    node: &str,
+    state: NodeState,
+    timeout: Duration,
+) -> ttdrv_api::NodeStatus {
+    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    wait_for(
+        &format!("node {node} {state:?} in {policy}"),
+        timeout,
+        || async {
+            let p = api.get(policy).await.map_err(|e| e.to_string())?;
+            let entry = p
+                .status
+                .unwrap_or_default()
+                .nodes
+                .into_iter()
+                .find(|n| n.name == node);
+            match entry {
+                Some(e) if e.state == state => Ok(e),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+}
+
+/// Notes of Events recorded about the policy.
+pub async fn policy_events(env: &TestEnv, policy: &str) -> Vec<(String, String)> {
+    use k8s_openapi::api::events::v1::Event;
+    let api: Api<Event> = Api::all(env.client.clone());
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    list.into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(policy))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
