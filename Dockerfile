@@ -22,6 +22,7 @@ COPY src src
 COPY agent agent
 COPY testkit testkit
 COPY hack/plugins/kubectl-tt-driver hack/plugins/kubectl-tt-driver
+COPY bench bench
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin ttdrv-controller --target x86_64-unknown-linux-musl \
