@@ -20,6 +20,11 @@ pub struct Config {
         default_value = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:latest"
     )]
     pub installer_image: String,
+    /// Pull policy of the default installer image (a policy's own
+    /// `installer.imagePullPolicy` wins when set to something other than IfNotPresent).
+    #[arg(long, env = "TTDRV_INSTALLER_PULL_POLICY", default_value = "IfNotPresent",
+          value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub installer_pull_policy: String,
     /// tt-kmd git repository used when a policy sets no `installer.sourceRepository`.
     #[arg(long, env = "TTDRV_SOURCE_REPOSITORY", default_value = "")]
     pub source_repository: String,

@@ -54,6 +54,7 @@ impl Context {
         RenderContext {
             namespace: self.config.namespace.clone(),
             default_image: self.config.installer_image.clone(),
+            default_pull_policy: self.config.installer_pull_policy.clone(),
             default_source_repository: self.config.source_repository(),
             tt_smi_version: self.config.tt_smi_version.clone(),
             service_account: self.config.agent_service_account.clone(),

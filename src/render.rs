@@ -20,6 +20,8 @@ use ttdrv_api::{SelectorOperator, TenstorrentDriverPolicy};
 pub struct RenderContext {
     pub namespace: String,
     pub default_image: String,
+    /// Pull policy of `default_image` (the chart's `driver.image.pullPolicy`).
+    pub default_pull_policy: String,
     pub default_source_repository: String,
     pub tt_smi_version: String,
     pub service_account: Option<String>,
@@ -115,19 +117,21 @@ fn env_var(name: &str, value: &str) -> EnvVar {
 pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> PodTemplateSpec {
     let name = policy.metadata.name.clone().unwrap_or_default();
     let spec = &policy.spec;
-    let image = spec
-        .installer
-        .image
-        .clone()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| ctx.default_image.clone());
+    let own_image = spec.installer.image.clone().filter(|s| !s.is_empty());
+    // A policy's pull policy applies to its own image; for the chart's image it
+    // applies only when changed from the default.
+    let pull_policy = match (&own_image, spec.installer.image_pull_policy) {
+        (None, ttdrv_api::PullPolicy::IfNotPresent) => ctx.default_pull_policy.clone(),
+        (_, p) => p.as_str().to_string(),
+    };
+    let image = own_image.unwrap_or_else(|| ctx.default_image.clone());
     let repo = spec
         .installer
         .source_repository
         .clone()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| ctx.default_source_repository.clone());
-    let envs = vec![
+    let mut envs = vec![
         env_var(env::TT_KMD_VERSION, &spec.version),
         EnvVar {
             name: env::NODE_NAME.to_string(),
@@ -149,13 +153,16 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
             },
         ),
         env_var(env::SOURCE_REPOSITORY, &repo),
-        env_var(env::TT_SMI_VERSION, &ctx.tt_smi_version),
         env_var(env::HOST_ROOT, "/host"),
     ];
+    // Empty means "the version baked into the installer image".
+    if !ctx.tt_smi_version.is_empty() {
+        envs.push(env_var(env::TT_SMI_VERSION, &ctx.tt_smi_version));
+    }
     let container = Container {
         name: "installer".into(),
         image: Some(image),
-        image_pull_policy: Some(spec.installer.image_pull_policy.as_str().to_string()),
+        image_pull_policy: Some(pull_policy),
         args: Some(vec!["run".into()]),
         env: Some(envs),
         security_context: Some(SecurityContext {
@@ -267,6 +274,7 @@ mod tests {
         RenderContext {
             namespace: "tt-k8s-driver-manager-system".into(),
             default_image: "ghcr.io/tenstorrent/tt-driver-agent:0.1.0".into(),
+            default_pull_policy: "IfNotPresent".into(),
             default_source_repository: labels::DEFAULT_SOURCE_REPOSITORY.into(),
             tt_smi_version: "3.0.0".into(),
             service_account: Some("tt-k8s-driver-manager-agent".into()),

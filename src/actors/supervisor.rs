@@ -503,10 +503,10 @@ fn observe_nodes(
     let owned_set: std::collections::HashSet<&str> = owned.iter().map(String::as_str).collect();
     let mut by_node: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
     for pod in ctx.stores.pods.state() {
-        if let Some(n) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            if owned_set.contains(n) {
-                by_node.entry(n.to_string()).or_default().push(pod.clone());
-            }
+        if let Some(n) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+            && owned_set.contains(n)
+        {
+            by_node.entry(n.to_string()).or_default().push(pod.clone());
         }
     }
     let pdbs: Vec<_> = ctx

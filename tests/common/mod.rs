@@ -116,10 +116,8 @@ impl CordonWatcher {
                     .and_then(|s| s.unschedulable)
                     .unwrap_or(false);
                 cordoned.insert(name.clone(), c);
-                if c {
-                    if let Ok(mut s) = e.lock() {
-                        s.insert(name);
-                    }
+                if c && let Ok(mut s) = e.lock() {
+                    s.insert(name);
                 }
                 let now = cordoned.values().filter(|v| **v).count();
                 if let Ok(mut mx) = m.lock() {
