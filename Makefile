@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: test lint unit cluster-up cluster-down crds install-plugins demo bench testbin
+.PHONY: test lint unit cluster-up cluster-down crds install-plugins demo demo-down bench testbin
 
 testbin:
 	bash hack/build-testbin.sh >/dev/null
@@ -40,3 +40,10 @@ install-plugins:
 	mkdir -p $(HOME)/.local/bin
 	cp target/release/kubectl-tt-driver $(HOME)/.local/bin/
 	@echo "installed kubectl-tt-driver to $(HOME)/.local/bin (make sure it is on PATH): kubectl tt driver"
+
+# One-command demo on a local simulated cluster (see hack/demo.sh).
+demo:
+	bash hack/demo.sh
+
+demo-down:
+	bash hack/demo.sh down

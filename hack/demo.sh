@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# One-command demo on a local simulated cluster (no existing cluster needed):
+# builds the test-cluster binaries and the operator, starts a kwok cluster with
+# two Tenstorrent pools and one ordinary node, runs the controller and a
+# simulated node agent, installs 2.7.0 everywhere, then bumps the canary pool
+# to 2.8.0 and the prod pool after it, showing the rollout live.
+#
+#   hack/demo.sh        run the demo (leaves the cluster up to explore)
+#   hack/demo.sh down   stop the controller, the agent and the cluster
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv-demo}
+state=${TMPDIR:-/tmp}/ttdrv-demo
+mkdir -p "$state"
+ns=tt-k8s-driver-manager-system
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+down() {
+  for p in controller sim-agent; do
+    [ -f "$state/$p.pid" ] && kill "$(cat "$state/$p.pid")" 2>/dev/null || true
+    rm -f "$state/$p.pid"
+  done
+  bash hack/cluster.sh down
+}
+if [ "${1:-}" = down ]; then down; exit 0; fi
+
+say "Building the local Kubernetes binaries (cached after the first run) and the operator"
+bin=$(bash hack/build-testbin.sh etcd kwok kubernetes | tail -n1)
+export PATH="$bin:$PATH"
+cargo build -q --bin ttdrv-controller --bin ttdrv-sim-agent -p ttdrv-controller -p ttdrv-testkit
+cargo build -q -p kubectl-tt-driver
+export PATH="$PWD/target/debug:$PATH"   # kubectl finds the plugin as kubectl-tt-driver
+
+say "Starting a simulated cluster: real kube-apiserver, etcd, controller-manager, scheduler; kwok nodes"
+for p in controller sim-agent; do [ -f "$state/$p.pid" ] && kill "$(cat "$state/$p.pid")" 2>/dev/null || true; done
+bash hack/cluster.sh down >/dev/null 2>&1 || true
+KUBECONFIG=$(bash hack/cluster.sh up)
+export KUBECONFIG
+
+node() { # name pool|"" tenstorrent(yes/no)
+  local labels="type: kwok"
+  [ -n "$2" ] && labels="$labels, tt.tenstorrent.com/pool: $2"
+  [ "$3" = yes ] && labels="$labels, feature.node.kubernetes.io/pci-1200_1e52.present: \"true\""
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Node
+metadata:
+  name: $1
+  annotations: {kwok.x-k8s.io/node: fake}
+  labels: {kubernetes.io/hostname: $1, $labels}
+status:
+  allocatable: {cpu: "32", memory: 256Gi, pods: "110"}
+  capacity: {cpu: "32", memory: 256Gi, pods: "110"}
+YAML
+}
+for i in 1 2 3; do node "tt-prod-$i" prod yes; done
+for i in 1 2; do node "tt-canary-$i" canary yes; done
+node cpu-1 "" no
+kubectl get nodes -L tt.tenstorrent.com/pool,feature.node.kubernetes.io/pci-1200_1e52.present
+
+say "Installing the CRD and the operator namespace; starting the controller and a simulated node agent"
+kubectl apply -f crds/tenstorrentdriverpolicies.yaml >/dev/null
+kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl wait --for condition=Established crd/tenstorrentdriverpolicies.driver.tenstorrent.com --timeout=60s >/dev/null
+ttdrv-controller --namespace "$ns" --admin-addr 127.0.0.1:18080 --leader-elect=true \
+  --installer-image ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:demo >"$state/controller.log" 2>&1 &
+echo $! > "$state/controller.pid"
+ttdrv-sim-agent --namespace "$ns" --work-ms 2000 >"$state/sim-agent.log" 2>&1 &
+echo $! > "$state/sim-agent.pid"
+
+say "Two pools at tt-kmd 2.7.0"
+kubectl apply -f - <<'YAML'
+apiVersion: driver.tenstorrent.com/v1alpha1
+kind: TenstorrentDriverPolicy
+metadata: {name: prod}
+spec:
+  version: "2.7.0"
+  nodeAffinity: {matchLabels: {tt.tenstorrent.com/pool: prod}}
+---
+apiVersion: driver.tenstorrent.com/v1alpha1
+kind: TenstorrentDriverPolicy
+metadata: {name: canary}
+spec:
+  version: "2.7.0"
+  nodeAffinity: {matchLabels: {tt.tenstorrent.com/pool: canary}}
+YAML
+kubectl wait --for=condition=Ready ttdp/canary ttdp/prod --timeout=180s
+kubectl get ttdp
+
+say "A workload using the device on tt-prod-1 (the drain will evict it before the module swap)"
+kubectl apply -f - >/dev/null <<'YAML'
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: llm-inference, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: llm-inference}}
+  template:
+    metadata: {labels: {app: llm-inference}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: tt-prod-1}
+      containers: [{name: model, image: example.invalid/llm:1}]
+      volumes: [{name: dev, hostPath: {path: /dev/tenstorrent}}]
+YAML
+
+say "Canary first: bump canary to 2.8.0 and watch it roll, one node at a time"
+kubectl patch ttdp canary --type merge -p '{"spec":{"version":"2.8.0"}}'
+kubectl tt driver watch canary --timeout 300
+
+say "Canary healthy; what would prod's bump do? (dry run)"
+kubectl tt driver plan prod --version 2.8.0 || true
+
+say "Now prod"
+kubectl patch ttdp prod --type merge -p '{"spec":{"version":"2.8.0"}}'
+kubectl tt driver watch prod --timeout 300
+
+say "Done. The cluster keeps running; look around:"
+cat <<TXT
+  export KUBECONFIG=$KUBECONFIG PATH=$bin:$PWD/target/debug:\$PATH
+  kubectl tt driver                       # fleet view
+  kubectl get ttdp                        # Version, Matched, Done, Failed, Paused
+  kubectl get nodes -L driver.tenstorrent.com/kmd-version,driver.tenstorrent.com/install-mode
+  kubectl get events -A --field-selector involvedObject.kind=TenstorrentDriverPolicy
+  curl -s 127.0.0.1:18080/metrics | grep ttdriver_node_state   # Prometheus metrics
+  less $state/controller.log              # controller log
+  docs/README.md                          # what it does to your nodes, operations, runbook
+Stop everything with: make demo-down
+TXT
