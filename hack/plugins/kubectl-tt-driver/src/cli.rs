@@ -1,0 +1,97 @@
+//! Command line of `kubectl tt driver` (binary `kubectl-tt-driver`).
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::style::ColorChoice;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+    Yaml,
+}
+
+/// Shows and steers tt-kmd rollouts of TenstorrentDriverPolicies (ttdp).
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl tt driver",
+    bin_name = "kubectl tt driver",
+    version,
+    after_help = "Without a subcommand: `status` of every policy.\n\
+                  Exit codes: 0 ok; 1 error (missing policy or node, refused action, API error); \
+                  2 `watch` ended with a Failed node."
+)]
+pub struct Cli {
+    /// Output format: text for people, json or yaml for scripts.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text, global = true)]
+    pub output: Output,
+    /// Namespace of the operator (where the installer pods run).
+    #[arg(
+        short = 'n',
+        long,
+        env = "TTDRV_NAMESPACE",
+        default_value = ttdrv_api::labels::DEFAULT_NAMESPACE,
+        global = true
+    )]
+    pub namespace: String,
+    /// Colors: auto (only on a terminal), always, never. NO_COLOR disables them.
+    #[arg(long, value_enum, default_value_t = ColorChoice::Auto, global = true)]
+    pub color: ColorChoice,
+    /// kubeconfig context to use (default: the current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One block per policy: version, paused, conflict, summary and node states.
+    Status {
+        /// Only this policy.
+        policy: Option<String>,
+    },
+    /// Per-node table of a policy: state, current and target version, install
+    /// mode, time in state, reason.
+    Nodes { policy: String },
+    /// Live view until the rollout ends: progress bar, ETA, node states. Exits 0
+    /// when every node is Done, 2 when a node Failed.
+    Watch {
+        /// Only this policy (default: all).
+        policy: Option<String>,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Give up (exit 1) after this many seconds.
+        #[arg(long)]
+        timeout: Option<f64>,
+    },
+    /// Dry run, read-only: the order nodes would be upgraded in, what each drain
+    /// would evict, what would block, nodes skipped, estimated duration.
+    Plan {
+        policy: String,
+        /// Plan for this version instead of spec.version.
+        #[arg(long)]
+        version: Option<String>,
+    },
+    /// Set spec.paused=true: nothing new starts.
+    Pause { policy: String },
+    /// Set spec.paused=false.
+    Resume { policy: String },
+    /// Retry a Failed node (sets its driver.tenstorrent.com/retry annotation).
+    Retry { policy: String, node: String },
+    /// Logs of the policy's installer pods (container "installer"), or of one node's.
+    Logs {
+        policy: String,
+        node: Option<String>,
+        /// Lines from the end of each log.
+        #[arg(long)]
+        tail: Option<i64>,
+        /// Stream the log (one node only).
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Logs of the previous (crashed) container.
+        #[arg(short = 'p', long)]
+        previous: bool,
+    },
+}

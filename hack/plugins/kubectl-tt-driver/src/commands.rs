@@ -1,0 +1,511 @@
+//! The subcommands: read from the cluster, call the pure views and renderers,
+//! write the few things the plugin changes (spec.paused, the retry annotation).
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use futures::AsyncBufReadExt;
+use futures::TryStreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{ListParams, LogParams, Patch, PatchParams};
+use kube::{Api, Client};
+use serde::Serialize;
+use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
+use ttdrv_controller::actors::supervisor::RETRY_ANNOTATION;
+
+use crate::cli::{Cli, Command, Output};
+use crate::style::{Palette, use_color};
+use crate::view::{self, Outcome, WatchView};
+use crate::{plan, render};
+
+/// Exit code of `watch` when a node Failed.
+pub const EXIT_FAILED: i32 = 2;
+
+pub struct Ctx {
+    pub client: Client,
+    pub output: Output,
+    pub pal: Palette,
+    pub namespace: String,
+    pub tty: bool,
+}
+
+pub async fn client(context: Option<&str>) -> Result<Client> {
+    let config = match context {
+        Some(c) => kube::Config::from_kubeconfig(&kube::config::KubeConfigOptions {
+            context: Some(c.to_string()),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("loading kubeconfig context {c:?}"))?,
+        None => kube::Config::infer().await.context(
+            "loading the Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster)",
+        )?,
+    };
+    Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// Runs the command line; returns the process exit code.
+pub async fn run(cli: Cli) -> Result<i32> {
+    let tty = std::io::stdout().is_terminal();
+    let no_color = std::env::var("NO_COLOR").ok();
+    let ctx = Ctx {
+        client: client(cli.context.as_deref()).await?,
+        output: cli.output,
+        pal: Palette {
+            color: use_color(cli.color, tty, no_color.as_deref()),
+        },
+        namespace: cli.namespace,
+        tty,
+    };
+    match cli.command.unwrap_or(Command::Status { policy: None }) {
+        Command::Status { policy } => status(&ctx, policy.as_deref()).await,
+        Command::Nodes { policy } => nodes(&ctx, &policy).await,
+        Command::Watch {
+            policy,
+            interval,
+            timeout,
+        } => watch(&ctx, policy.as_deref(), interval, timeout).await,
+        Command::Plan { policy, version } => plan_cmd(&ctx, &policy, version.as_deref()).await,
+        Command::Pause { policy } => set_paused(&ctx, &policy, true).await,
+        Command::Resume { policy } => set_paused(&ctx, &policy, false).await,
+        Command::Retry { policy, node } => retry(&ctx, &policy, &node).await,
+        Command::Logs {
+            policy,
+            node,
+            tail,
+            follow,
+            previous,
+        } => logs(&ctx, &policy, node.as_deref(), tail, follow, previous).await,
+    }
+}
+
+fn now_secs() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
+/// Prints `value` as JSON/YAML, or the text.
+fn emit<T: Serialize>(ctx: &Ctx, value: &T, text: impl FnOnce() -> String) -> Result<()> {
+    let s = match ctx.output {
+        Output::Text => text(),
+        Output::Json => serde_json::to_string_pretty(value)? + "\n",
+        Output::Yaml => serde_yaml::to_string(value)?,
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(s.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+pub async fn get_policy(client: &Client, name: &str) -> Result<TenstorrentDriverPolicy> {
+    let api: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
+    match api.get_opt(name).await {
+        Ok(Some(p)) => Ok(p),
+        Ok(None) => bail!("policy {name:?} not found (list them with `kubectl get ttdp`)"),
+        Err(e) => Err(e).with_context(|| format!("reading policy {name:?}")),
+    }
+}
+
+async fn list_policies(client: &Client) -> Result<Vec<TenstorrentDriverPolicy>> {
+    let api: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
+    let mut items = api
+        .list(&ListParams::default())
+        .await
+        .context("listing TenstorrentDriverPolicies")?
+        .items;
+    items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    Ok(items)
+}
+
+/// Policies named, or all.
+async fn policies(client: &Client, name: Option<&str>) -> Result<Vec<TenstorrentDriverPolicy>> {
+    match name {
+        Some(n) => Ok(vec![get_policy(client, n).await?]),
+        None => list_policies(client).await,
+    }
+}
+
+/// Nodes claimed by `policy` (or by any policy), with their upgrade records.
+async fn claimed_nodes(client: &Client, policy: Option<&str>) -> Result<Vec<Node>> {
+    let api: Api<Node> = Api::all(client.clone());
+    let sel = match policy {
+        Some(p) => format!("{}={p}", labels::CLAIM),
+        None => labels::CLAIM.to_string(),
+    };
+    Ok(api
+        .list(&ListParams::default().labels(&sel))
+        .await
+        .context("listing nodes")?
+        .items)
+}
+
+async fn status(ctx: &Ctx, name: Option<&str>) -> Result<i32> {
+    let ps = policies(&ctx.client, name).await?;
+    let nodes = claimed_nodes(&ctx.client, name).await?;
+    let now = now_secs();
+    let views: Vec<_> = ps
+        .iter()
+        .map(|p| view::policy_view(p, &nodes, now))
+        .collect();
+    emit(ctx, &views, || render::status(&views, ctx.pal))?;
+    Ok(0)
+}
+
+async fn nodes(ctx: &Ctx, name: &str) -> Result<i32> {
+    let p = get_policy(&ctx.client, name).await?;
+    let nodes = claimed_nodes(&ctx.client, Some(name)).await?;
+    let v = view::policy_view(&p, &nodes, now_secs());
+    emit(ctx, &v.nodes, || render::nodes(&v, ctx.pal))?;
+    Ok(0)
+}
+
+/// What changes between two `watch` frames worth printing when not on a terminal.
+fn watch_key(views: &[WatchView]) -> String {
+    let key: Vec<_> = views
+        .iter()
+        .map(|w| {
+            (
+                &w.policy.name,
+                &w.policy.version,
+                w.policy.paused,
+                &w.progress,
+                &w.outcome,
+                w.policy
+                    .nodes
+                    .iter()
+                    .map(|n| (&n.name, n.state, &n.current_version, &n.reason))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    serde_json::to_string(&key).unwrap_or_default()
+}
+
+/// Combined outcome of every watched policy.
+pub fn overall(views: &[WatchView]) -> Outcome {
+    let mut failed = vec![];
+    for w in views {
+        if let Outcome::Failed { nodes } = &w.outcome {
+            failed.extend(nodes.iter().cloned());
+        }
+    }
+    if !failed.is_empty() {
+        return Outcome::Failed { nodes: failed };
+    }
+    if !views.is_empty() && views.iter().all(|w| w.outcome == Outcome::Complete) {
+        Outcome::Complete
+    } else {
+        Outcome::Running
+    }
+}
+
+async fn watch(ctx: &Ctx, name: Option<&str>, interval: f64, timeout: Option<f64>) -> Result<i32> {
+    let started = Instant::now();
+    let interval = Duration::from_secs_f64(interval.max(0.1));
+    let mut last_key = String::new();
+    let mut first = true;
+    loop {
+        let ps = policies(&ctx.client, name).await?;
+        if ps.is_empty() {
+            bail!("no TenstorrentDriverPolicy found to watch");
+        }
+        let nodes = claimed_nodes(&ctx.client, name).await?;
+        let now = now_secs();
+        let views: Vec<WatchView> = ps
+            .iter()
+            .map(|p| view::watch_view(p, &nodes, now))
+            .collect();
+        let result = overall(&views);
+        let key = watch_key(&views);
+        {
+            let mut out = std::io::stdout().lock();
+            match ctx.output {
+                Output::Text if ctx.tty => {
+                    // Redraw in place: home, each line cleared to its end, rest cleared.
+                    let frame = render::watch_frame(&views, now, ctx.pal);
+                    let mut s = String::from(if first { "\x1b[2J\x1b[H" } else { "\x1b[H" });
+                    for line in frame.lines() {
+                        s.push_str(line);
+                        s.push_str("\x1b[K\n");
+                    }
+                    s.push_str("\x1b[J");
+                    out.write_all(s.as_bytes())?;
+                }
+                Output::Text => {
+                    if key != last_key {
+                        let frame = render::watch_frame(&views, now, ctx.pal);
+                        out.write_all(frame.as_bytes())?;
+                        out.write_all(b"\n")?;
+                    }
+                }
+                Output::Json => {
+                    if key != last_key {
+                        out.write_all(serde_json::to_string(&views)?.as_bytes())?;
+                        out.write_all(b"\n")?;
+                    }
+                }
+                Output::Yaml => {
+                    if key != last_key {
+                        out.write_all(b"---\n")?;
+                        out.write_all(serde_yaml::to_string(&views)?.as_bytes())?;
+                    }
+                }
+            }
+            out.flush()?;
+        }
+        first = false;
+        last_key = key;
+        match result {
+            Outcome::Complete => {
+                if ctx.output == Output::Text {
+                    println!("Rollout complete.");
+                }
+                return Ok(0);
+            }
+            Outcome::Failed { nodes } => {
+                for n in nodes {
+                    eprintln!(
+                        "rollout halted: node {} Failed ({}): {}",
+                        n.name,
+                        n.reason.as_deref().unwrap_or("-"),
+                        n.message.as_deref().unwrap_or("")
+                    );
+                }
+                return Ok(EXIT_FAILED);
+            }
+            Outcome::Running => {}
+        }
+        if let Some(t) = timeout
+            && started.elapsed().as_secs_f64() > t
+        {
+            bail!("rollout still running after {t}s (--timeout)");
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+async fn plan_cmd(ctx: &Ctx, name: &str, version: Option<&str>) -> Result<i32> {
+    if let Some(v) = version {
+        let ok = v.split('.').count() == 3
+            && v.split('.')
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()));
+        if !ok {
+            bail!("--version {v:?} is not a tt-kmd version (MAJOR.MINOR.PATCH, e.g. 2.8.0)");
+        }
+    }
+    let p = get_policy(&ctx.client, name).await?;
+    let c = &ctx.client;
+    let all = list_policies(c).await?;
+    let nodes = Api::<Node>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing nodes")?
+        .items;
+    let pods = Api::<Pod>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing pods")?
+        .items;
+    let pdbs = Api::<PodDisruptionBudget>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing PodDisruptionBudgets")?
+        .items;
+    let rp = plan::build(&plan::Inputs {
+        policy: &p,
+        policies: &all,
+        nodes: &nodes,
+        pods: &pods,
+        pdbs: &pdbs,
+        version,
+    });
+    emit(ctx, &rp, || render::plan(&rp, ctx.pal))?;
+    Ok(0)
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PausedResult<'a> {
+    policy: &'a str,
+    paused: bool,
+    changed: bool,
+}
+
+async fn set_paused(ctx: &Ctx, name: &str, paused: bool) -> Result<i32> {
+    let p = get_policy(&ctx.client, name).await?;
+    let changed = p.spec.paused != paused;
+    if changed {
+        let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
+        let patch = serde_json::json!({ "spec": { "paused": paused } });
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("setting spec.paused={paused} on policy {name:?}"))?;
+    }
+    let res = PausedResult {
+        policy: name,
+        paused,
+        changed,
+    };
+    emit(ctx, &res, || {
+        let word = if paused { "paused" } else { "resumed" };
+        if changed {
+            format!("policy {name:?} {word} (spec.paused={paused})\n")
+        } else {
+            format!("policy {name:?} was already {word} (spec.paused={paused})\n")
+        }
+    })?;
+    Ok(0)
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RetryResult<'a> {
+    policy: &'a str,
+    node: &'a str,
+    annotation: &'a str,
+    token: String,
+}
+
+async fn retry(ctx: &Ctx, name: &str, node: &str) -> Result<i32> {
+    let p = get_policy(&ctx.client, name).await?;
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let n = nodes
+        .get_opt(node)
+        .await
+        .with_context(|| format!("reading node {node:?}"))?;
+    let Some(n) = n else {
+        bail!("node {node:?} not found");
+    };
+    let status = p.status.unwrap_or_default();
+    let Some(entry) = status.nodes.iter().find(|e| e.name == node) else {
+        bail!("node {node:?} is not managed by policy {name:?} (it is not in the policy's status)");
+    };
+    if entry.state != NodeState::Failed {
+        bail!(
+            "refusing to retry node {node:?}: it is {} in policy {name:?}, not Failed (only a Failed node can be retried)",
+            entry.state.as_str()
+        );
+    }
+    let current = n
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RETRY_ANNOTATION))
+        .cloned();
+    let mut token = now_secs().to_string();
+    if current.as_deref() == Some(token.as_str()) {
+        token.push_str("-1");
+    }
+    let patch = serde_json::json!({ "metadata": { "annotations": { RETRY_ANNOTATION: token } } });
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("annotating node {node:?}"))?;
+    let res = RetryResult {
+        policy: name,
+        node,
+        annotation: RETRY_ANNOTATION,
+        token: token.clone(),
+    };
+    emit(ctx, &res, || {
+        format!(
+            "retry of node {node:?} requested ({RETRY_ANNOTATION}={token}); the controller moves it back to Pending\n"
+        )
+    })?;
+    Ok(0)
+}
+
+async fn logs(
+    ctx: &Ctx,
+    name: &str,
+    node: Option<&str>,
+    tail: Option<i64>,
+    follow: bool,
+    previous: bool,
+) -> Result<i32> {
+    get_policy(&ctx.client, name).await?;
+    if let Some(n) = node {
+        let nodes: Api<Node> = Api::all(ctx.client.clone());
+        if nodes
+            .get_opt(n)
+            .await
+            .with_context(|| format!("reading node {n:?}"))?
+            .is_none()
+        {
+            bail!("node {n:?} not found");
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let sel = format!("{}={name}", labels::CLAIM);
+    let list = pods
+        .list(&ListParams::default().labels(&sel))
+        .await
+        .with_context(|| format!("listing installer pods in namespace {:?}", ctx.namespace))?;
+    let mut by_node: BTreeMap<String, Pod> = BTreeMap::new();
+    for p in list.items {
+        let n = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        if node.is_none_or(|want| want == n) {
+            by_node.insert(n, p);
+        }
+    }
+    if by_node.is_empty() {
+        match node {
+            Some(n) => bail!(
+                "no installer pod of policy {name:?} on node {n:?} in namespace {:?}",
+                ctx.namespace
+            ),
+            None => bail!(
+                "policy {name:?} has no installer pods in namespace {:?} (is --namespace right?)",
+                ctx.namespace
+            ),
+        }
+    }
+    if follow && by_node.len() > 1 {
+        bail!("--follow needs one node: kubectl tt driver logs {name} <node> -f");
+    }
+    let lp = LogParams {
+        container: Some("installer".into()),
+        tail_lines: tail,
+        follow,
+        previous,
+        ..Default::default()
+    };
+    let many = by_node.len() > 1;
+    let mut errors = vec![];
+    for (n, p) in &by_node {
+        let pod = p.metadata.name.clone().unwrap_or_default();
+        if many {
+            println!("==> node {n}, pod {}/{pod} <==", ctx.namespace);
+        }
+        if follow {
+            let stream = pods
+                .log_stream(&pod, &lp)
+                .await
+                .with_context(|| format!("reading the log of pod {}/{pod}", ctx.namespace))?;
+            let mut lines = stream.lines();
+            while let Some(line) = lines.try_next().await? {
+                println!("{line}");
+            }
+        } else {
+            match pods.logs(&pod, &lp).await {
+                Ok(text) => {
+                    print!("{text}");
+                    if !text.is_empty() && !text.ends_with('\n') {
+                        println!();
+                    }
+                }
+                Err(e) => errors.push(format!("pod {}/{pod} on node {n}: {e}", ctx.namespace)),
+            }
+        }
+    }
+    if !errors.is_empty() {
+        bail!("could not read installer logs: {}", errors.join("; "));
+    }
+    Ok(0)
+}

@@ -1,0 +1,17 @@
+//! `kubectl tt driver`: the rollout of tt-kmd across Tenstorrent nodes, seen and
+//! steered from a terminal.
+//!
+//! Everything that decides what to print is a pure function of the objects read
+//! from the cluster (policies, nodes, pods, PodDisruptionBudgets) and the current
+//! time: [`view`] turns them into serializable views (also the `-o json|yaml`
+//! output), [`plan`] predicts a rollout, [`eta`] estimates durations, and
+//! [`render`] turns views into text. [`cli`] and [`commands`] do the I/O.
+
+pub mod cli;
+pub mod commands;
+pub mod eta;
+pub mod plan;
+pub mod render;
+pub mod style;
+pub mod table;
+pub mod view;

@@ -1,0 +1,477 @@
+//! `plan`: what a rollout of a policy (at its version, or another) would do now,
+//! computed with the controller's own decision functions and changing nothing.
+//!
+//! - which nodes the policy owns ([`selection::assign`]) and which it would skip;
+//! - the order and waves of node cycles ([`rollout::plan`] applied until every
+//!   node had its turn, as the controller's RolloutActor does over time);
+//! - per node, what each drain pass would evict ([`plan_drain`]), the pods left
+//!   in place, and what would block: PodDisruptionBudgets that allow no disruption
+//!   ([`blocking_pdbs`]) and device users the drain does not remove;
+//! - an estimated duration: waves × per-node estimate.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use serde::Serialize;
+use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
+use ttdrv_controller::selection;
+use ttdrv_controller::upgrade::drain::{
+    PodRef, SkipReason, blocking_pdbs, plan_drain, uses_device,
+};
+use ttdrv_controller::upgrade::rollout::{self, Candidate};
+
+use crate::eta::{self, PerNode};
+use crate::view::record_of;
+
+pub struct Inputs<'a> {
+    pub policy: &'a TenstorrentDriverPolicy,
+    /// Every policy in the cluster (ownership of shared nodes goes to the oldest).
+    pub policies: &'a [TenstorrentDriverPolicy],
+    pub nodes: &'a [Node],
+    pub pods: &'a [Pod],
+    pub pdbs: &'a [PodDisruptionBudget],
+    /// Version to plan for; default the policy's `spec.version`.
+    pub version: Option<&'a str>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeftPod {
+    pub pod: String,
+    pub why: String,
+    pub uses_device: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedNode {
+    /// 1-based position in the rollout.
+    pub order: usize,
+    /// 1-based wave (nodes of one wave run at the same time); absent when the
+    /// rollout would stall before reaching the node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wave: Option<usize>,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// State of a cycle already under way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_state: Option<NodeState>,
+    /// NotReady, or cordoned by someone else: starts first, costs no extra slot,
+    /// and stays cordoned afterwards.
+    pub already_unavailable: bool,
+    /// Pods on the node use the device: such nodes go last.
+    pub has_device_pods: bool,
+    /// Pass 1: device users evicted.
+    pub evict_device: Vec<String>,
+    /// Pass 2: other pods evicted (`drain.fullNode`).
+    pub evict_other: Vec<String>,
+    pub left: Vec<LeftPod>,
+    pub blockers: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeNote {
+    pub name: String,
+    /// `HostManaged`, `SkipLabel`, `Conflict`, `NotTenstorrent`, `UpToDate`, `FirstInstall`.
+    pub kind: String,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Estimate {
+    pub per_node: PerNode,
+    /// Nodes that go through a cordon/drain/upgrade cycle.
+    pub node_cycles: usize,
+    pub slots: usize,
+    pub waves: usize,
+    pub seconds: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutPlan {
+    pub policy: String,
+    pub target_version: String,
+    pub spec_version: String,
+    pub paused: bool,
+    pub drain_enabled: bool,
+    pub max_unavailable: usize,
+    /// Nodes with a cycle, in rollout order.
+    pub nodes: Vec<PlannedNode>,
+    /// Owned nodes that need no cordon or drain.
+    pub without_drain: Vec<NodeNote>,
+    /// Nodes the policy selects but leaves alone.
+    pub skipped: Vec<NodeNote>,
+    /// Why the rollout would not run to the end by itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub halted: Option<String>,
+    pub estimate: Estimate,
+}
+
+fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn unschedulable(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+/// True when the pod's node affinity requires a deploy-gate label not to be
+/// "false": the DaemonSet controller removes it when the gate closes.
+fn follows_deploy_gate(pod: &Pod) -> bool {
+    let terms = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.clone())
+        .unwrap_or_default();
+    !terms.is_empty()
+        && terms.iter().all(|t| {
+            t.match_expressions.iter().flatten().any(|e| {
+                e.key.starts_with("tenstorrent.com/deploy.")
+                    && e.operator == "NotIn"
+                    && e.values.iter().flatten().any(|v| v == "false")
+            })
+        })
+}
+
+fn pdb_name(p: &PodDisruptionBudget) -> String {
+    format!(
+        "{}/{}",
+        p.metadata.namespace.as_deref().unwrap_or(""),
+        p.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
+    let policy = inp.policy;
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let spec = &policy.spec;
+    let target = inp.version.unwrap_or(&spec.version).to_string();
+    let drain = &spec.upgrade_policy.drain;
+    let selector = PodSelector::parse(&drain.pod_selector_label).unwrap_or_default();
+
+    let assignment = selection::assign(inp.policies.iter(), inp.nodes.iter());
+    let owned: BTreeSet<String> = assignment
+        .owned
+        .get(&name)
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let max = spec.upgrade_policy.max_unavailable_for(owned.len());
+
+    let mut skipped = Vec::new();
+    for (node, owner) in assignment.conflicts.get(&name).into_iter().flatten() {
+        skipped.push(NodeNote {
+            name: node.clone(),
+            kind: "Conflict".into(),
+            detail: format!("also matched by older policy {owner}, which owns it"),
+        });
+    }
+    let empty = BTreeMap::new();
+    let mut by_name: BTreeMap<String, &Node> = BTreeMap::new();
+    for node in inp.nodes {
+        let n = node.metadata.name.clone().unwrap_or_default();
+        by_name.insert(n.clone(), node);
+        let selected = spec
+            .selector()
+            .is_some_and(|s| s.matches(node.metadata.labels.as_ref().unwrap_or(&empty)));
+        if !selected || selection::eligible(node) || node.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let (kind, detail) = if label(node, labels::TT_PCI_PRESENT) != Some("true") {
+            (
+                "NotTenstorrent",
+                format!("no {}=true label", labels::TT_PCI_PRESENT),
+            )
+        } else {
+            (
+                "SkipLabel",
+                format!("labelled {} (opted out)", labels::SKIP),
+            )
+        };
+        skipped.push(NodeNote {
+            name: n,
+            kind: kind.into(),
+            detail,
+        });
+    }
+
+    let mut pods_by_node: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();
+    for pod in inp.pods {
+        if let Some(n) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+            && owned.contains(n)
+        {
+            pods_by_node.entry(n).or_default().push(pod.clone());
+        }
+    }
+
+    let mut without_drain = Vec::new();
+    let mut cycles: BTreeMap<String, PlannedNode> = BTreeMap::new();
+    let mut candidates = Vec::new();
+    let mut failed = Vec::new();
+    for n in &owned {
+        let Some(node) = by_name.get(n) else { continue };
+        let rec = record_of(node).filter(|r| r.policy == name);
+        let loaded = label(node, labels::KMD_VERSION).map(String::from);
+        let in_flight = rec
+            .as_ref()
+            .filter(|r| r.state.is_in_progress() && r.occupies_slot())
+            .map(|r| r.state);
+        let is_failed = rec.as_ref().is_some_and(|r| r.state == NodeState::Failed);
+        let cordoned_by_us = rec.as_ref().is_some_and(|r| r.cordoned_by_us);
+        if in_flight.is_none() && !is_failed {
+            if label(node, labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST) {
+                skipped.push(NodeNote {
+                    name: n.clone(),
+                    kind: "HostManaged".into(),
+                    detail: format!(
+                        "host (DKMS) install{}; left alone",
+                        loaded
+                            .as_deref()
+                            .map(|v| format!(" of {v}"))
+                            .unwrap_or_default()
+                    ),
+                });
+                continue;
+            }
+            match loaded.as_deref() {
+                Some(v) if v == target => {
+                    without_drain.push(NodeNote {
+                        name: n.clone(),
+                        kind: "UpToDate".into(),
+                        detail: format!("already runs {v} (at most an in-place installer restart)"),
+                    });
+                    continue;
+                }
+                None => {
+                    without_drain.push(NodeNote {
+                        name: n.clone(),
+                        kind: "FirstInstall".into(),
+                        detail: "no module loaded yet: installed without cordon or drain".into(),
+                    });
+                    continue;
+                }
+                Some(_) => {}
+            }
+        }
+        if is_failed {
+            failed.push(n.clone());
+        }
+        let pods = pods_by_node.get(n.as_str()).cloned().unwrap_or_default();
+        let dp = plan_drain(&pods, drain, &selector);
+        let by_ref: BTreeMap<PodRef, &Pod> = pods.iter().map(|p| (PodRef::of(p), p)).collect();
+        let has_device_pods = dp
+            .device
+            .iter()
+            .chain(dp.skipped_device_users())
+            .next()
+            .is_some();
+        let mut blockers = Vec::new();
+        let mut left = Vec::new();
+        let (evict_device, evict_other) = if drain.enable {
+            (
+                dp.device.iter().map(ToString::to_string).collect(),
+                dp.full.iter().map(ToString::to_string).collect(),
+            )
+        } else {
+            (vec![], vec![])
+        };
+        if drain.enable {
+            let mut seen = BTreeSet::new();
+            for (r, _) in dp.remaining() {
+                let Some(pod) = by_ref.get(r) else { continue };
+                for pdb in blocking_pdbs(pod, inp.pdbs) {
+                    if seen.insert((pdb_name(pdb), r.clone())) {
+                        blockers.push(format!(
+                            "PodDisruptionBudget {} allows no disruption: evicting {r} is refused, so the node \
+                             fails when the drain times out ({}s)",
+                            pdb_name(pdb),
+                            drain.timeout_seconds
+                        ));
+                    }
+                }
+            }
+            for (r, why, device) in &dp.skipped {
+                let pod = by_ref.get(r);
+                let interesting = *device
+                    || !matches!(
+                        why,
+                        SkipReason::DaemonSet | SkipReason::Mirror | SkipReason::Finished
+                    );
+                if !interesting {
+                    continue;
+                }
+                left.push(LeftPod {
+                    pod: r.to_string(),
+                    why: why.as_str().into(),
+                    uses_device: *device,
+                });
+                if *device {
+                    let gated = *why == SkipReason::DaemonSet
+                        && pod.is_some_and(|p| follows_deploy_gate(p));
+                    if !gated && *why != SkipReason::Finished {
+                        blockers.push(format!(
+                            "{r} uses the device and is not evicted ({}): the module swap waits for it \
+                             and the node fails at the upgrade timeout",
+                            why.as_str()
+                        ));
+                    }
+                }
+            }
+        } else {
+            for pod in &pods {
+                let is_installer = pod
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(labels::CLAIM));
+                if !is_installer && uses_device(pod) {
+                    let r = PodRef::of(pod);
+                    left.push(LeftPod {
+                        pod: r.to_string(),
+                        why: "drain.enable is off".into(),
+                        uses_device: true,
+                    });
+                    blockers.push(format!(
+                        "drain is disabled and {r} uses the device: the module swap waits for it"
+                    ));
+                }
+            }
+        }
+        let unavailable = !node_ready(node) || (unschedulable(node) && !cordoned_by_us);
+        candidates.push(Candidate {
+            name: n.clone(),
+            // A Failed node is planned as if retried.
+            wants_slot: in_flight.is_none(),
+            in_progress: in_flight.is_some(),
+            unavailable,
+            failed: false,
+            has_device_pods,
+        });
+        cycles.insert(
+            n.clone(),
+            PlannedNode {
+                order: 0,
+                wave: None,
+                name: n.clone(),
+                current_version: loaded,
+                in_state: in_flight.or(is_failed.then_some(NodeState::Failed)),
+                already_unavailable: unavailable,
+                has_device_pods,
+                evict_device,
+                evict_other,
+                left,
+                blockers,
+            },
+        );
+    }
+
+    // Waves: grant slots as the RolloutActor would, finish the wave, repeat.
+    let mut ordered: Vec<(String, Option<usize>)> = Vec::new();
+    let mut halted = None;
+    let mut wave = 0;
+    loop {
+        let p = rollout::plan(&candidates, max);
+        let running: Vec<String> = candidates
+            .iter()
+            .filter(|c| c.in_progress)
+            .map(|c| c.name.clone())
+            .collect();
+        if p.granted.is_empty() && running.is_empty() {
+            if candidates.iter().any(|c| c.wants_slot) {
+                halted = Some(format!(
+                    "the rollout would stall: {}",
+                    p.blocked.unwrap_or_else(|| "no slot frees up".into())
+                ));
+            }
+            break;
+        }
+        wave += 1;
+        let mut wave_nodes: Vec<String> = running;
+        wave_nodes.sort();
+        wave_nodes.extend(p.granted.iter().cloned());
+        for c in candidates.iter_mut() {
+            if wave_nodes.contains(&c.name) {
+                c.wants_slot = false;
+                c.in_progress = false;
+                // A node someone else cordoned stays cordoned, NotReady stays NotReady.
+            }
+        }
+        ordered.extend(wave_nodes.into_iter().map(|n| (n, Some(wave))));
+    }
+    let mut rest: Vec<&Candidate> = candidates.iter().filter(|c| c.wants_slot).collect();
+    rest.sort_by_key(|c| rollout::order_key(c));
+    ordered.extend(rest.into_iter().map(|c| (c.name.clone(), None)));
+    if !failed.is_empty() {
+        halted = Some(format!(
+            "halted now: node(s) {} Failed; nothing starts until they are retried \
+             (kubectl tt driver retry {name} <node>); the order assumes they are",
+            failed.join(", ")
+        ));
+    }
+    let nodes: Vec<PlannedNode> = ordered
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, (n, w))| {
+            let mut pn = cycles.remove(&n)?;
+            pn.order = i + 1;
+            pn.wave = w;
+            Some(pn)
+        })
+        .collect();
+
+    let records: Vec<_> = owned
+        .iter()
+        .filter_map(|n| by_name.get(n).and_then(|nd| record_of(nd)))
+        .collect();
+    let per_node = eta::per_node(&eta::observed_durations(&name, None, &records));
+    let waves = nodes.iter().filter_map(|n| n.wave).max().unwrap_or(0);
+    let mut seconds = eta::rollout_seconds(per_node.seconds, nodes.len(), max);
+    if waves > 0 && waves < nodes.len().div_ceil(max.max(1)) {
+        seconds = waves as i64 * per_node.seconds;
+    }
+    if seconds == 0 && without_drain.iter().any(|n| n.kind == "FirstInstall") {
+        seconds = per_node.seconds;
+    }
+    skipped.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
+    RolloutPlan {
+        policy: name,
+        target_version: target,
+        spec_version: spec.version.clone(),
+        paused: spec.paused,
+        drain_enabled: drain.enable,
+        max_unavailable: max,
+        estimate: Estimate {
+            per_node,
+            node_cycles: nodes.len(),
+            slots: max,
+            waves,
+            seconds,
+        },
+        nodes,
+        without_drain,
+        skipped,
+        halted,
+    }
+}

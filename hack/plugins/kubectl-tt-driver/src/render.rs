@@ -1,0 +1,414 @@
+//! Text rendering of the views: pure functions from views to `String`.
+
+use ttdrv_api::NodeState;
+
+use crate::eta::{Basis, PerNode, human};
+use crate::plan::RolloutPlan;
+use crate::style::{self, BOLD, DIM, GREEN, Palette, RED, YELLOW, state_style};
+use crate::table::Table;
+use crate::view::{NodeRow, Outcome, PolicyView, WatchView, outcome};
+
+fn state_cell(n: &NodeRow) -> (String, anstyle::Style) {
+    let text = if n.host_managed {
+        "Done (host)".to_string()
+    } else {
+        n.state.as_str().to_string()
+    };
+    (text, state_style(n.state, n.host_managed))
+}
+
+fn opt(s: &Option<String>) -> String {
+    s.clone().unwrap_or_else(|| "-".into())
+}
+
+/// One word for where a policy stands, with its style.
+pub fn phase(v: &PolicyView) -> (String, anstyle::Style) {
+    match outcome(v) {
+        _ if v.paused => ("Paused".into(), YELLOW),
+        Outcome::Failed { nodes } => (format!("Halted ({} failed)", nodes.len()), RED),
+        Outcome::Complete if v.nodes.is_empty() => ("Idle (no nodes matched)".into(), DIM),
+        Outcome::Complete => ("Complete".into(), GREEN),
+        Outcome::Running if !v.observed => ("Waiting for the controller".into(), DIM),
+        Outcome::Running => ("Rolling out".into(), YELLOW),
+    }
+}
+
+fn summary_line(v: &PolicyView) -> String {
+    let s = &v.summary;
+    format!(
+        "{} matched: {} done, {} in progress, {} pending, {} failed, {} host-managed",
+        s.matched, s.done, s.in_progress, s.pending, s.failed, s.host_managed
+    )
+}
+
+/// `status`: one block per policy.
+pub fn status(views: &[PolicyView], pal: Palette) -> String {
+    if views.is_empty() {
+        return "No TenstorrentDriverPolicy found.\n".into();
+    }
+    let mut out = String::new();
+    for (i, v) in views.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let (ph, st) = phase(v);
+        out.push_str(&format!(
+            "{}  version {}  {}\n",
+            pal.paint(&v.name, BOLD),
+            v.version,
+            pal.paint(&ph, st)
+        ));
+        out.push_str(&format!(
+            "  paused: {}   conflict: {}   maxUnavailable: {}\n",
+            if v.paused { "yes" } else { "no" },
+            v.conflict.as_deref().unwrap_or("none"),
+            v.max_unavailable
+        ));
+        out.push_str(&format!("  nodes: {}\n", summary_line(v)));
+        for (ty, c) in &v.conditions {
+            let show = match ty.as_str() {
+                "Progressing" => c.status == "True" && !c.message.is_empty(),
+                "Degraded" => c.status == "True",
+                _ => false,
+            };
+            if show {
+                out.push_str(&format!("  {ty}: {}\n", c.message));
+            }
+        }
+        if v.nodes.is_empty() {
+            continue;
+        }
+        let mut t = Table::new(&["NODE", "STATE", "VERSION"]);
+        for n in &v.nodes {
+            t.row(vec![
+                (n.name.clone(), anstyle::Style::new()),
+                state_cell(n),
+                (opt(&n.current_version), anstyle::Style::new()),
+            ]);
+        }
+        out.push_str(&t.render(pal, 2));
+    }
+    out
+}
+
+fn nodes_table(v: &PolicyView, pal: Palette, indent: usize, mode_col: bool) -> String {
+    let header: &[&str] = if mode_col {
+        &[
+            "NODE", "STATE", "CURRENT", "TARGET", "MODE", "IN STATE", "REASON",
+        ]
+    } else {
+        &["NODE", "STATE", "CURRENT", "TARGET", "IN STATE", "REASON"]
+    };
+    let mut t = Table::new(header);
+    let plain = anstyle::Style::new();
+    for n in &v.nodes {
+        let current_style = if n.current_version.as_deref() == Some(n.target_version.as_str()) {
+            plain
+        } else {
+            DIM
+        };
+        let mut row = vec![
+            (n.name.clone(), plain),
+            state_cell(n),
+            (opt(&n.current_version), current_style),
+            (n.target_version.clone(), plain),
+        ];
+        if mode_col {
+            row.push((opt(&n.install_mode), plain));
+        }
+        row.push((
+            n.seconds_in_state.map(human).unwrap_or_else(|| "-".into()),
+            plain,
+        ));
+        row.push((opt(&n.reason), plain));
+        t.row(row);
+    }
+    t.render(pal, indent)
+}
+
+fn failures(v: &PolicyView, pal: Palette) -> String {
+    let mut out = String::new();
+    for n in v.nodes.iter().filter(|n| n.state == NodeState::Failed) {
+        out.push_str(&format!(
+            "{} {}: {}\n",
+            pal.paint("FAILED", RED),
+            n.name,
+            n.message.as_deref().unwrap_or("(no message)")
+        ));
+    }
+    out
+}
+
+/// `nodes <cr>`: the per-node table, then the messages of failed nodes.
+pub fn nodes(v: &PolicyView, pal: Palette) -> String {
+    if v.nodes.is_empty() {
+        return format!(
+            "Policy {} reports no nodes ({}).\n",
+            v.name,
+            if v.observed {
+                "its selector matches no eligible Tenstorrent node"
+            } else {
+                "the controller has not reported on it yet"
+            }
+        );
+    }
+    let mut out = nodes_table(v, pal, 0, true);
+    let f = failures(v, pal);
+    if !f.is_empty() {
+        out.push('\n');
+        out.push_str(&f);
+    }
+    out
+}
+
+/// `[█████░░░░░]`, `width` cells.
+pub fn bar(done: usize, total: usize, width: usize) -> String {
+    let filled = (done * width)
+        .checked_div(total)
+        .unwrap_or(width)
+        .min(width);
+    format!("[{}{}]", "█".repeat(filled), "░".repeat(width - filled))
+}
+
+fn per_node_text(p: &PerNode) -> String {
+    match p.basis {
+        Basis::Observed => format!(
+            "{} per node, observed on {} node{}",
+            human(p.seconds),
+            p.samples,
+            if p.samples == 1 { "" } else { "s" }
+        ),
+        Basis::Status => format!(
+            "{} per node, from the status of {} node{}",
+            human(p.seconds),
+            p.samples,
+            if p.samples == 1 { "" } else { "s" }
+        ),
+        Basis::Default => format!("{} per node (default; none observed yet)", human(p.seconds)),
+    }
+}
+
+/// Clock time (UTC) of unix seconds: `12:34:56`.
+pub fn clock(unix: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(unix)
+        .map(|t| t.strftime("%H:%M:%S UTC").to_string())
+        .unwrap_or_default()
+}
+
+/// One screen of `watch`.
+pub fn watch_frame(views: &[WatchView], now: i64, pal: Palette) -> String {
+    let mut out = format!(
+        "{}  {}\n",
+        pal.paint("kubectl tt driver watch", BOLD),
+        pal.paint(&clock(now), DIM)
+    );
+    if views.is_empty() {
+        out.push_str("\nNo TenstorrentDriverPolicy found.\n");
+    }
+    for w in views {
+        let v = &w.policy;
+        let (ph, st) = phase(v);
+        out.push('\n');
+        out.push_str(&format!(
+            "{} → {}   {}\n",
+            pal.paint(&v.name, BOLD),
+            v.version,
+            pal.paint(&ph, st)
+        ));
+        let p = &w.progress;
+        out.push_str(&format!(
+            "{}  {}/{} done · {} in progress · {} pending · {} failed\n",
+            pal.paint(
+                &bar(p.done, p.total, 30),
+                if p.failed > 0 { RED } else { GREEN }
+            ),
+            p.done,
+            p.total,
+            p.in_progress,
+            p.pending,
+            p.failed
+        ));
+        let e = &w.eta;
+        let mut line = Vec::new();
+        if let Some(s) = e.elapsed_seconds {
+            line.push(format!("elapsed {}", human(s)));
+        }
+        match (&w.outcome, e.remaining_seconds) {
+            (Outcome::Complete, _) => line.push("done".into()),
+            (Outcome::Failed { .. }, _) => line.push("ETA -- (halted)".into()),
+            (Outcome::Running, Some(r)) if v.paused => {
+                line.push(format!("ETA {} once resumed", human(r)))
+            }
+            (Outcome::Running, Some(r)) => line.push(format!("ETA {}", human(r))),
+            (Outcome::Running, None) => {}
+        }
+        line.push(per_node_text(&e.per_node));
+        line.push(format!(
+            "{} node{} at a time",
+            e.slots,
+            if e.slots == 1 { "" } else { "s" }
+        ));
+        out.push_str(&line.join(" · "));
+        out.push('\n');
+        if let Some(c) = v.conditions.get("Progressing")
+            && c.status == "True"
+            && !c.message.is_empty()
+        {
+            out.push_str(&pal.paint(&c.message, DIM));
+            out.push('\n');
+        }
+        if !v.nodes.is_empty() {
+            out.push('\n');
+            out.push_str(&nodes_table(v, pal, 0, false));
+        }
+        let f = failures(v, pal);
+        if !f.is_empty() {
+            out.push('\n');
+            out.push_str(&f);
+        }
+    }
+    out
+}
+
+fn list(items: &[String]) -> String {
+    if items.is_empty() {
+        "-".into()
+    } else {
+        items.join(", ")
+    }
+}
+
+/// `plan <cr>`.
+pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
+    let mut out = String::new();
+    let versions: std::collections::BTreeSet<String> = p
+        .nodes
+        .iter()
+        .filter_map(|n| n.current_version.clone())
+        .collect();
+    let from = if versions.is_empty() {
+        String::new()
+    } else {
+        format!("{} → ", versions.into_iter().collect::<Vec<_>>().join(", "))
+    };
+    out.push_str(&format!(
+        "{} {}: {}{}{}  (dry run: nothing was changed)\n",
+        pal.paint("Plan for", BOLD),
+        pal.paint(&p.policy, BOLD),
+        from,
+        p.target_version,
+        if p.target_version != p.spec_version {
+            format!(" (spec.version is {})", p.spec_version)
+        } else {
+            String::new()
+        }
+    ));
+    out.push_str(&format!(
+        "maxUnavailable {} · drain {}{}\n",
+        p.max_unavailable,
+        if p.drain_enabled {
+            "on (pass 1: device users, pass 2: rest of the node)"
+        } else {
+            "off"
+        },
+        if p.paused {
+            " · policy is PAUSED: nothing starts until it is resumed"
+        } else {
+            ""
+        }
+    ));
+    if let Some(h) = &p.halted {
+        out.push_str(&pal.paint(&format!("! {h}"), RED));
+        out.push('\n');
+    }
+    out.push('\n');
+    if p.nodes.is_empty() {
+        out.push_str("No node needs a cordon/drain/upgrade cycle.\n");
+    } else {
+        let mut t = Table::new(&[
+            "ORDER", "WAVE", "NODE", "VERSION", "PASS 1", "PASS 2", "LEFT", "BLOCKERS",
+        ]);
+        let plain = anstyle::Style::new();
+        for n in &p.nodes {
+            let mut name = n.name.clone();
+            if let Some(s) = n.in_state {
+                name.push_str(&format!(" ({})", s.as_str()));
+            }
+            t.row(vec![
+                (n.order.to_string(), plain),
+                (
+                    n.wave.map(|w| w.to_string()).unwrap_or_else(|| "-".into()),
+                    plain,
+                ),
+                (name, plain),
+                (opt(&n.current_version), plain),
+                (n.evict_device.len().to_string(), plain),
+                (n.evict_other.len().to_string(), plain),
+                (n.left.len().to_string(), plain),
+                (
+                    n.blockers.len().to_string(),
+                    if n.blockers.is_empty() { plain } else { RED },
+                ),
+            ]);
+        }
+        out.push_str(&t.render(pal, 0));
+        for n in &p.nodes {
+            out.push('\n');
+            let mut notes = vec![];
+            if n.already_unavailable {
+                notes.push("already unavailable: starts first, stays cordoned");
+            }
+            if n.has_device_pods {
+                notes.push("device users: goes after nodes without");
+            }
+            out.push_str(&format!(
+                "{}{}\n",
+                pal.paint(&n.name, BOLD),
+                if notes.is_empty() {
+                    String::new()
+                } else {
+                    format!("  ({})", notes.join("; "))
+                }
+            ));
+            if p.drain_enabled {
+                out.push_str(&format!("  pass 1 evicts: {}\n", list(&n.evict_device)));
+                out.push_str(&format!("  pass 2 evicts: {}\n", list(&n.evict_other)));
+            }
+            for l in &n.left {
+                out.push_str(&format!("  left in place: {} ({})\n", l.pod, l.why));
+            }
+            for b in &n.blockers {
+                out.push_str(&format!("  {} {b}\n", pal.paint("BLOCKER:", RED)));
+            }
+        }
+    }
+    if !p.without_drain.is_empty() {
+        out.push_str("\nNo cordon or drain:\n");
+        let mut t = Table::new(&["NODE", "WHY", "DETAIL"]);
+        for n in &p.without_drain {
+            t.plain_row(vec![n.name.clone(), n.kind.clone(), n.detail.clone()]);
+        }
+        out.push_str(&t.render(pal, 2));
+    }
+    if !p.skipped.is_empty() {
+        out.push_str("\nSkipped:\n");
+        let mut t = Table::new(&["NODE", "WHY", "DETAIL"]);
+        for n in &p.skipped {
+            t.row(vec![
+                (n.name.clone(), anstyle::Style::new()),
+                (n.kind.clone(), style::DIM),
+                (n.detail.clone(), anstyle::Style::new()),
+            ]);
+        }
+        out.push_str(&t.render(pal, 2));
+    }
+    let e = &p.estimate;
+    out.push_str(&format!(
+        "\nEstimated duration: {} = {} wave{} × {}\n",
+        pal.paint(&human(e.seconds), BOLD),
+        e.waves,
+        if e.waves == 1 { "" } else { "s" },
+        per_node_text(&e.per_node),
+    ));
+    out
+}

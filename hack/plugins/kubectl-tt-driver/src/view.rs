@@ -1,0 +1,307 @@
+//! What the plugin shows, derived without I/O from the objects it read. The
+//! views are also the `-o json|yaml` output, so field names are part of the
+//! plugin's interface.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use serde::Serialize;
+use ttdrv_api::{NodeState, Summary, TenstorrentDriverPolicy, condition, labels};
+use ttdrv_controller::upgrade::machine::{NodeRecord, reason};
+
+use crate::eta::{self, PerNode};
+
+/// The controller's persisted record on a node (annotation
+/// `driver.tenstorrent.com/upgrade-state`), if readable.
+pub fn record_of(node: &Node) -> Option<NodeRecord> {
+    let raw = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(labels::UPGRADE_STATE)?;
+    serde_json::from_str(raw).ok()
+}
+
+/// Records of `policy`, by node name.
+pub fn records_for(policy: &str, nodes: &[Node]) -> BTreeMap<String, NodeRecord> {
+    nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.clone()?, record_of(n)?)))
+        .filter(|(_, r)| r.policy == policy)
+        .collect()
+}
+
+fn name_of(p: &TenstorrentDriverPolicy) -> String {
+    p.metadata.name.clone().unwrap_or_default()
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConditionView {
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRow {
+    pub name: String,
+    pub state: NodeState,
+    /// Done because the node has a host (DKMS) install the operator leaves alone.
+    pub host_managed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    pub target_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub install_mode: Option<String>,
+    /// RFC 3339 time the node entered its state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seconds_in_state: Option<i64>,
+    /// Unix seconds when the node's current (or last) cycle started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cycle_started: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyView {
+    pub name: String,
+    pub version: String,
+    /// Version the controller last acted on (status.desiredVersion).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub desired_version: Option<String>,
+    pub paused: bool,
+    pub max_unavailable: usize,
+    /// The controller has seen the latest spec (status.observedGeneration).
+    pub observed: bool,
+    /// Conflict condition message, when the selector overlaps an older policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conflict: Option<String>,
+    pub conditions: BTreeMap<String, ConditionView>,
+    pub summary: Summary,
+    pub nodes: Vec<NodeRow>,
+}
+
+/// One policy and the nodes it reports, in rollout order (the status order).
+pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> PolicyView {
+    let name = name_of(p);
+    let records = records_for(&name, nodes);
+    let status = p.status.clone().unwrap_or_default();
+    let conditions: BTreeMap<String, ConditionView> = status
+        .conditions
+        .iter()
+        .map(|c| {
+            (
+                c.type_.clone(),
+                ConditionView {
+                    status: c.status.clone(),
+                    reason: c.reason.clone(),
+                    message: c.message.clone(),
+                },
+            )
+        })
+        .collect();
+    let conflict = conditions
+        .get(condition::CONFLICT)
+        .filter(|c| c.status == "True")
+        .map(|c| c.message.clone());
+    let rows = status
+        .nodes
+        .iter()
+        .map(|n| {
+            let rec = records.get(&n.name);
+            let since = n.last_transition_time.as_ref().map(|t| t.0.as_second());
+            NodeRow {
+                name: n.name.clone(),
+                state: n.state,
+                host_managed: n.reason.as_deref() == Some(reason::HOST_MANAGED),
+                current_version: n.current_version.clone(),
+                target_version: rec
+                    .map(|r| r.target.clone())
+                    .unwrap_or_else(|| p.spec.version.clone()),
+                install_mode: n.install_mode.clone(),
+                since: n.last_transition_time.as_ref().map(|t| t.0.to_string()),
+                seconds_in_state: since.map(|s| (now - s).max(0)),
+                cycle_started: rec.and_then(|r| r.started),
+                reason: n.reason.clone(),
+                message: n.message.clone(),
+            }
+        })
+        .collect();
+    PolicyView {
+        version: p.spec.version.clone(),
+        desired_version: status.desired_version.clone(),
+        paused: p.spec.paused,
+        max_unavailable: p
+            .spec
+            .upgrade_policy
+            .max_unavailable_for(status.summary.matched.max(0) as usize),
+        observed: status.observed_generation.is_some()
+            && status.observed_generation == p.metadata.generation,
+        conflict,
+        conditions,
+        summary: status.summary.clone(),
+        nodes: rows,
+        name,
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedNode {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Where a rollout stands, for `watch`'s exit.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "result", rename_all = "camelCase")]
+pub enum Outcome {
+    /// Nodes still to go, or the controller has not caught up with the spec.
+    Running,
+    /// Every matched node is Done (upgraded, up to date or host-managed).
+    Complete,
+    /// At least one node Failed: the rollout is halted until it is retried.
+    Failed { nodes: Vec<FailedNode> },
+}
+
+pub fn outcome(view: &PolicyView) -> Outcome {
+    let failed: Vec<FailedNode> = view
+        .nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Failed)
+        .map(|n| FailedNode {
+            name: n.name.clone(),
+            reason: n.reason.clone(),
+            message: n.message.clone(),
+        })
+        .collect();
+    if !failed.is_empty() {
+        return Outcome::Failed { nodes: failed };
+    }
+    if !view.observed || view.desired_version.as_deref() != Some(view.version.as_str()) {
+        return Outcome::Running;
+    }
+    if view.nodes.iter().all(|n| n.state == NodeState::Done) {
+        Outcome::Complete
+    } else {
+        Outcome::Running
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// Done nodes, host-managed included.
+    pub done: usize,
+    pub total: usize,
+    pub in_progress: usize,
+    pub pending: usize,
+    pub failed: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtaView {
+    pub per_node: PerNode,
+    pub slots: usize,
+    /// Seconds until the rollout ends; absent while it is halted by a failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining_seconds: Option<i64>,
+    /// Seconds since the first node of this rollout started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elapsed_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchView {
+    pub policy: PolicyView,
+    pub progress: Progress,
+    pub eta: EtaView,
+    pub outcome: Outcome,
+}
+
+pub fn watch_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> WatchView {
+    let view = policy_view(p, nodes, now);
+    let records = records_for(&view.name, nodes);
+    let count = |f: &dyn Fn(&NodeRow) -> bool| view.nodes.iter().filter(|n| f(n)).count();
+    let progress = Progress {
+        done: count(&|n| n.state == NodeState::Done),
+        total: view.nodes.len(),
+        in_progress: count(&|n| n.state.is_in_progress()),
+        pending: count(&|n| n.state == NodeState::Pending),
+        failed: count(&|n| n.state == NodeState::Failed),
+    };
+    let slots = view.max_unavailable;
+    let samples = eta::observed_durations(&view.name, Some(&view.version), records.values());
+    let per_node = if samples.is_empty() {
+        p.status
+            .as_ref()
+            .and_then(|s| eta::status_per_node(s, slots))
+            .unwrap_or_else(|| eta::per_node(&[]))
+    } else {
+        eta::per_node(&samples)
+    };
+    let out = outcome(&view);
+    let in_progress: Vec<i64> = view
+        .nodes
+        .iter()
+        .filter(|n| n.state.is_in_progress())
+        .filter_map(|n| {
+            n.cycle_started
+                .map(|s| now - s)
+                .or(n.seconds_in_state)
+                .map(|e| e.max(0))
+        })
+        .collect();
+    // Pending nodes already at the target finish without a cycle.
+    let waiting = view
+        .nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Pending)
+        .filter(|n| n.current_version.as_deref() != Some(n.target_version.as_str()))
+        .count();
+    let remaining = match out {
+        Outcome::Failed { .. } => None,
+        Outcome::Complete => Some(0),
+        Outcome::Running => Some(eta::remaining_seconds(
+            per_node.seconds,
+            slots,
+            &in_progress,
+            waiting,
+        )),
+    };
+    let elapsed = records
+        .values()
+        .filter(|r| r.target == view.version)
+        .filter(|r| {
+            r.state.is_in_progress()
+                || r.state == NodeState::Failed
+                || (r.state == NodeState::Done && r.reason.as_deref() == Some(reason::UPGRADED))
+        })
+        .filter_map(|r| r.started)
+        .min()
+        .map(|s| (now - s).max(0));
+    WatchView {
+        eta: EtaView {
+            per_node,
+            slots,
+            remaining_seconds: remaining,
+            elapsed_seconds: elapsed,
+        },
+        progress,
+        outcome: out,
+        policy: view,
+    }
+}
