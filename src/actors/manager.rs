@@ -46,6 +46,7 @@ impl PolicyManager {
         self.scheduled = false;
         let policies = self.ctx.stores.policies.state();
         let nodes = self.ctx.stores.nodes.state();
+        self.export_fleet_versions(&nodes);
         let assignment = Arc::new(assign(
             policies.iter().map(|p| p.as_ref()),
             nodes.iter().map(|n| n.as_ref()),
@@ -135,6 +136,26 @@ impl PolicyManager {
                 action: "releasing node of a deleted policy",
             });
         }
+    }
+
+    /// `ttdriver_nodes_by_kmd_version`: loaded versions across Tenstorrent nodes.
+    fn export_fleet_versions(&self, nodes: &[Arc<k8s_openapi::api::core::v1::Node>]) {
+        let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
+        for node in nodes {
+            let Some(l) = node.metadata.labels.as_ref() else {
+                continue;
+            };
+            if l.get(labels::TT_PCI_PRESENT).map(String::as_str) != Some("true") {
+                continue;
+            }
+            if let Some(v) = l.get(labels::KMD_VERSION) {
+                let mode = l.get(labels::INSTALL_MODE).cloned().unwrap_or_default();
+                *counts.entry((v.clone(), mode)).or_default() += 1;
+            }
+        }
+        let counts: Vec<(String, String, i64)> =
+            counts.into_iter().map(|((v, m), n)| (v, m, n)).collect();
+        self.ctx.metrics.set_nodes_by_kmd_version(&counts);
     }
 
     fn schedule(&mut self, actx: &mut actix::Context<Self>, after: Duration) {

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Observability acceptance against the real parts: the controller drives a
+# simulated rollout (one node made to fail) on the test cluster while a real
+# Prometheus (Debian package) scrapes it with our alert rules loaded; then every
+# PromQL query of the dashboards must parse and return data, and the
+# TTDriverNodeFailed expression must return the failed node.
+#
+# Needs KUBECONFIG pointing at the test cluster (make test sets it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${KUBECONFIG:?run from make test, or export KUBECONFIG=\$(hack/cluster.sh kubeconfig)}"
+command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+pkill -x prometheus 2>/dev/null || true   # the Debian package may start its own
+bin=$(bash hack/build-testbin.sh etcd kwok kubernetes 2>/dev/null | tail -n1)
+export PATH="$bin:$PWD/target/debug:$PATH"
+cargo build -q --bin ttdrv-controller --bin ttdrv-sim-agent -p ttdrv-controller -p ttdrv-testkit
+
+id=prom-$RANDOM
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  kubectl delete ttdp -l ttdrv-test=$id --wait=false >/dev/null 2>&1 || true
+  kubectl delete nodes -l ttdrv-test=$id --wait=false >/dev/null 2>&1 || true
+  kubectl delete ns $id --wait=false >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+admin=$(free_port); promport=$(free_port)
+
+kubectl apply -f crds/tenstorrentdriverpolicies.yaml >/dev/null
+kubectl create ns $id >/dev/null
+for n in a b c; do
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Node
+metadata:
+  name: $id-$n
+  annotations: {kwok.x-k8s.io/node: fake}
+  labels: {type: kwok, ttdrv-test: $id, kubernetes.io/hostname: $id-$n, feature.node.kubernetes.io/pci-1200_1e52.present: "true"}
+status: {allocatable: {cpu: "8", memory: 32Gi, pods: "110"}, capacity: {cpu: "8", memory: 32Gi, pods: "110"}}
+YAML
+done
+
+ttdrv-controller --namespace $id --policy-selector ttdrv-test=$id --leader-elect=false \
+  --admin-addr 127.0.0.1:$admin --resync-ms 500 --upgrade-timeout-seconds 8 >"$work/controller.log" 2>&1 &
+pids+=($!)
+ttdrv-sim-agent --namespace $id --work-ms 500 >"$work/agent.log" 2>&1 &
+pids+=($!)
+cat > "$work/prometheus.yml" <<YAML
+global: {scrape_interval: 2s, evaluation_interval: 2s}
+rule_files: [$PWD/dashboards/alerts/ttdriver.rules.yaml]
+scrape_configs:
+  - job_name: tt-driver-manager
+    static_configs: [{targets: ["127.0.0.1:$admin"]}]
+YAML
+prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/data" \
+  --web.listen-address=127.0.0.1:$promport >"$work/prometheus.log" 2>&1 &
+pids+=($!)
+
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: driver.tenstorrent.com/v1alpha1
+kind: TenstorrentDriverPolicy
+metadata: {name: $id, labels: {ttdrv-test: $id}}
+spec: {version: "2.7.0", nodeAffinity: {matchLabels: {ttdrv-test: $id}}}
+YAML
+kubectl wait --for=condition=Ready ttdp/$id --timeout=120s >/dev/null
+# The last node in rollout order will fail its upgrade (the simulated agent never
+# becomes Ready), so the two others complete first and then the rollout halts.
+kubectl annotate node $id-c sim.ttdrv.io/fail=true >/dev/null
+kubectl patch ttdp $id --type merge -p '{"spec":{"version":"2.8.0"}}' >/dev/null
+for _ in $(seq 1 120); do
+  state=$(kubectl get ttdp $id -o jsonpath="{.status.nodes[?(@.name=='$id-c')].state}")
+  [ "$state" = Failed ] && break
+  sleep 1
+done
+[ "$state" = Failed ] || { echo "node $id-c did not reach Failed (state: $state)"; tail -20 "$work/controller.log"; exit 1; }
+echo "test-prometheus: node $id-c is Failed as arranged; checking dashboards and alerts"
+python3 hack/check-dashboard-queries.py "http://127.0.0.1:$promport" --wait 60 \
+  --expect-alert "TTDriverNodeFailed:node=$id-c"
