@@ -23,16 +23,14 @@ cluster-up:
 cluster-down:
 	bash hack/cluster.sh down
 
-# The whole suite. Cluster tests run against a fresh local cluster that is
-# stopped afterwards whatever the outcome.
+# The whole suite: lint; unit, agent and cluster tests against a fresh local
+# cluster (stopped afterwards whatever the outcome); alert rules with promtool;
+# the Helm chart; the agent on a real kernel under QEMU.
 test: lint
 	bash hack/build-testbin.sh >/dev/null
-	bash hack/cluster.sh down >/dev/null 2>&1 || true
-	trap 'bash hack/cluster.sh down >/dev/null 2>&1' EXIT; \
-	export KUBECONFIG=$$(bash hack/cluster.sh up); \
-	export PATH=$$(bash hack/build-testbin.sh 2>/dev/null | tail -n1):$$PATH; \
-	$(CARGO) test --workspace --no-fail-fast
-	bash hack/test-alerts.sh
+	bash hack/run-cluster-tests.sh
+	TTDRV_REQUIRE_HELM=1 bash hack/test-alerts.sh
+	bash hack/test-chart.sh
 	bash hack/test-vm.sh
 
 install-plugins:
