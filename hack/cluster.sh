@@ -61,6 +61,7 @@ up() {
     --etcd-binary "$bin/etcd" \
     --kwok-controller-binary "$bin/kwok" \
     --config "$stages" \
+    --kube-audit-policy "$here/audit-policy.yaml" \
     --wait 120s >&2
   kubectl --kubeconfig "$kubeconfig" get --raw /readyz >/dev/null
   log "cluster '$name' ready"

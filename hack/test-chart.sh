@@ -202,17 +202,16 @@ def rules(doc):
 def expect(*triples):
     return sorted((tuple(g), tuple(r), tuple(sorted(v))) for g, r, v in triples)
 want_cluster = expect(
-    (["driver.tenstorrent.com"], ["tenstorrentdriverpolicies"], ["get", "list", "watch"]),
-    (["driver.tenstorrent.com"], ["tenstorrentdriverpolicies/status"], ["get", "patch", "update"]),
-    ([""], ["nodes"], ["get", "list", "watch", "patch"]),
-    ([""], ["pods"], ["get", "list", "watch"]),
+    (["driver.tenstorrent.com"], ["tenstorrentdriverpolicies"], ["list", "watch"]),
+    (["driver.tenstorrent.com"], ["tenstorrentdriverpolicies/status"], ["patch"]),
+    ([""], ["nodes"], ["list", "watch", "patch"]),
+    ([""], ["pods"], ["list", "watch"]),
     ([""], ["pods/eviction"], ["create"]),
     (["policy"], ["poddisruptionbudgets"], ["list", "watch"]),
-    ([""], ["events"], ["create", "patch"]),
     (["events.k8s.io"], ["events"], ["create", "patch"]),
 )
 want_ns = expect(
-    (["apps"], ["daemonsets"], ["get", "list", "watch", "create", "patch", "update", "delete"]),
+    (["apps"], ["daemonsets"], ["list", "watch", "create", "patch"]),
     ([""], ["pods"], ["delete"]),
     (["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
 )

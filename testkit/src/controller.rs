@@ -22,6 +22,8 @@ pub struct ControllerOptions {
     /// Controller binary; default: `ttdrv-controller` beside the test binary's
     /// target directory (integration tests pass `env!("CARGO_BIN_EXE_ttdrv-controller")`).
     pub bin: Option<PathBuf>,
+    /// Extra environment for the process (e.g. a KUBECONFIG with other credentials).
+    pub env: Vec<(String, String)>,
 }
 
 fn free_port() -> u16 {
@@ -75,6 +77,7 @@ impl ControllerProcess {
             "6",
         ]);
         cmd.args(&opts.extra_args);
+        cmd.envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let log = std::env::temp_dir().join(format!("ttdrv-controller-{identity}.log"));
         let out = std::fs::File::create(&log)
             .map(Stdio::from)
