@@ -198,9 +198,13 @@ impl Handler<Observe> for NodeActor {
             }
             Ok::<_, Error>(next.record)
         };
-        AtomicResponse::new(Box::pin(fut.into_actor(self).map(|res, act, _| {
-            if let Ok(r) = &res {
-                act.record = Some(r.clone());
+        AtomicResponse::new(Box::pin(fut.into_actor(self).map(|res, act, actx| {
+            match &res {
+                Ok(r) => act.record = Some(r.clone()),
+                // An error that retrying cannot fix: stop, so the Supervisor
+                // restarts this actor and it reloads the record from the Node.
+                Err(e) if !e.is_transient() => actx.stop(),
+                Err(_) => {}
             }
             res
         })))
