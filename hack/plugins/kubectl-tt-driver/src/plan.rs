@@ -332,9 +332,8 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
                         && pod.is_some_and(|p| follows_deploy_gate(p));
                     if !gated && *why != SkipReason::Finished {
                         blockers.push(format!(
-                            "{r} uses the device and is not evicted ({}): the module swap waits for it \
-                             and the node fails at the upgrade timeout",
-                            why.as_str()
+                            "{r} uses the device and the drain leaves it in place: the module swap \
+                             waits for it and the node fails at the upgrade timeout"
                         ));
                     }
                 }
@@ -447,10 +446,12 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         .collect();
     let per_node = eta::per_node(&eta::observed_durations(&name, None, &records));
     let waves = nodes.iter().filter_map(|n| n.wave).max().unwrap_or(0);
-    let mut seconds = eta::rollout_seconds(per_node.seconds, nodes.len(), max);
-    if waves > 0 && waves < nodes.len().div_ceil(max.max(1)) {
-        seconds = waves as i64 * per_node.seconds;
-    }
+    // The simulated waves, else (nothing could be simulated) nodes / slots.
+    let mut seconds = if waves > 0 {
+        waves as i64 * per_node.seconds
+    } else {
+        eta::rollout_seconds(per_node.seconds, nodes.len(), max)
+    };
     if seconds == 0 && without_drain.iter().any(|n| n.kind == "FirstInstall") {
         seconds = per_node.seconds;
     }

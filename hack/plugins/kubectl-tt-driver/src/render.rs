@@ -11,6 +11,8 @@ use crate::view::{NodeRow, Outcome, PolicyView, WatchView, outcome};
 fn state_cell(n: &NodeRow) -> (String, anstyle::Style) {
     let text = if n.host_managed {
         "Done (host)".to_string()
+    } else if n.retry_requested {
+        "Failed (retrying)".to_string()
     } else {
         n.state.as_str().to_string()
     };
@@ -403,12 +405,28 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
         out.push_str(&t.render(pal, 2));
     }
     let e = &p.estimate;
-    out.push_str(&format!(
-        "\nEstimated duration: {} = {} wave{} × {}\n",
-        pal.paint(&human(e.seconds), BOLD),
-        e.waves,
-        if e.waves == 1 { "" } else { "s" },
-        per_node_text(&e.per_node),
-    ));
+    let stalls = p.nodes.iter().any(|n| n.wave.is_none());
+    if e.waves == 0 {
+        out.push_str(&format!(
+            "\nEstimated duration: {} ({})\n",
+            pal.paint(&human(e.seconds), BOLD),
+            per_node_text(&e.per_node),
+        ));
+    } else {
+        out.push_str(&format!(
+            "\nEstimated duration{}: {} = {} wave{} of at most {} node{} × {}\n",
+            if stalls {
+                " until the rollout stalls"
+            } else {
+                ""
+            },
+            pal.paint(&human(e.seconds), BOLD),
+            e.waves,
+            if e.waves == 1 { "" } else { "s" },
+            e.slots,
+            if e.slots == 1 { "" } else { "s" },
+            per_node_text(&e.per_node),
+        ));
+    }
     out
 }

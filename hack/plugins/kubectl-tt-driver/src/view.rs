@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
 use ttdrv_api::{NodeState, Summary, TenstorrentDriverPolicy, condition, labels};
+use ttdrv_controller::actors::supervisor::RETRY_ANNOTATION;
 use ttdrv_controller::upgrade::machine::{NodeRecord, reason};
 
 use crate::eta::{self, PerNode};
@@ -60,6 +61,9 @@ pub struct NodeRow {
     pub since: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seconds_in_state: Option<i64>,
+    /// A Failed node whose retry was requested and not yet taken up.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub retry_requested: bool,
     /// Unix seconds when the node's current (or last) cycle started.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cycle_started: Option<i64>,
@@ -93,6 +97,13 @@ pub struct PolicyView {
 pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> PolicyView {
     let name = name_of(p);
     let records = records_for(&name, nodes);
+    let retry_tokens: BTreeMap<String, String> = nodes
+        .iter()
+        .filter_map(|n| {
+            let token = n.metadata.annotations.as_ref()?.get(RETRY_ANNOTATION)?;
+            Some((n.metadata.name.clone()?, token.clone()))
+        })
+        .collect();
     let status = p.status.clone().unwrap_or_default();
     let conditions: BTreeMap<String, ConditionView> = status
         .conditions
@@ -130,6 +141,15 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
                 since: n.last_transition_time.as_ref().map(|t| t.0.to_string()),
                 seconds_in_state: since.map(|s| (now - s).max(0)),
                 cycle_started: rec.and_then(|r| r.started),
+                // Retried: the annotation carries a token the controller has not
+                // acted on yet, or it has (the record left Failed) but the status
+                // is not rewritten yet.
+                retry_requested: n.state == NodeState::Failed
+                    && retry_tokens.get(&n.name).is_some_and(|t| {
+                        rec.is_none_or(|r| {
+                            r.retry_token.as_ref() != Some(t) || r.state != NodeState::Failed
+                        })
+                    }),
                 reason: n.reason.clone(),
                 message: n.message.clone(),
             }
@@ -171,7 +191,8 @@ pub enum Outcome {
     Running,
     /// Every matched node is Done (upgraded, up to date or host-managed).
     Complete,
-    /// At least one node Failed: the rollout is halted until it is retried.
+    /// At least one node Failed (and not retried yet): the rollout is halted
+    /// until it is retried.
     Failed { nodes: Vec<FailedNode> },
 }
 
@@ -179,7 +200,7 @@ pub fn outcome(view: &PolicyView) -> Outcome {
     let failed: Vec<FailedNode> = view
         .nodes
         .iter()
-        .filter(|n| n.state == NodeState::Failed)
+        .filter(|n| n.state == NodeState::Failed && !n.retry_requested)
         .map(|n| FailedNode {
             name: n.name.clone(),
             reason: n.reason.clone(),

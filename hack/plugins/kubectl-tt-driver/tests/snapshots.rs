@@ -1,0 +1,652 @@
+//! Snapshot tests of the renderers: fixed objects and a fixed clock in, text out.
+//! The expected text lives in `tests/snapshots/<name>.txt`; run with
+//! `UPDATE_SNAPSHOTS=1` to rewrite them after an intended change, then review the diff.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{
+    Container, HostPathVolumeSource, Node, NodeCondition, NodeSpec, NodeStatus as K8sNodeStatus,
+    Pod, PodSpec, PodStatus, Volume,
+};
+use k8s_openapi::api::policy::v1::{
+    PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    Condition, LabelSelector, ObjectMeta, OwnerReference, Time,
+};
+use k8s_openapi::jiff::Timestamp;
+use kubectl_tt_driver::plan::{self, Inputs};
+use kubectl_tt_driver::render;
+use kubectl_tt_driver::style::Palette;
+use kubectl_tt_driver::view::{self, Outcome};
+use ttdrv_api::{
+    NodeState, NodeStatus, Summary, TenstorrentDriverPolicy, TenstorrentDriverPolicySpec,
+    TenstorrentDriverPolicyStatus, labels,
+};
+use ttdrv_controller::upgrade::machine::NodeRecord;
+
+/// 2026-05-28T20:26:40Z: the fixed "now" of every snapshot.
+const NOW: i64 = 1_780_000_000;
+
+fn check(name: &str, actual: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/snapshots")
+        .join(format!("{name}.txt"));
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().expect("has a parent")).expect("mkdir");
+        std::fs::write(&path, actual).expect("writing snapshot");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "missing snapshot {} ({e}); run with UPDATE_SNAPSHOTS=1",
+            path.display()
+        )
+    });
+    assert!(
+        expected == actual,
+        "snapshot {name} differs (UPDATE_SNAPSHOTS=1 rewrites it)\n--- expected\n{expected}\n--- actual\n{actual}"
+    );
+}
+
+fn time(unix: i64) -> Time {
+    Time(Timestamp::from_second(unix).expect("valid time"))
+}
+
+fn policy(name: &str, created: i64, yaml: &str) -> TenstorrentDriverPolicy {
+    let spec: TenstorrentDriverPolicySpec = serde_yaml::from_str(yaml).expect("spec parses");
+    let mut p = TenstorrentDriverPolicy::new(name, spec);
+    p.metadata.creation_timestamp = Some(time(created));
+    p.metadata.generation = Some(2);
+    p
+}
+
+fn cond(t: &str, ok: bool, reason: &str, msg: &str, at: i64) -> Condition {
+    Condition {
+        type_: t.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: msg.into(),
+        observed_generation: Some(2),
+        last_transition_time: time(at),
+    }
+}
+
+fn entry(
+    name: &str,
+    state: NodeState,
+    ver: &str,
+    reason: Option<&str>,
+    msg: Option<&str>,
+    since: i64,
+) -> NodeStatus {
+    NodeStatus {
+        name: name.into(),
+        state,
+        current_version: Some(ver.into()),
+        install_mode: Some(
+            if reason == Some("HostManaged") {
+                "host"
+            } else {
+                "container"
+            }
+            .into(),
+        ),
+        reason: reason.map(String::from),
+        message: msg.map(String::from),
+        last_transition_time: Some(time(since)),
+    }
+}
+
+fn record(
+    state: NodeState,
+    reason: &str,
+    started: Option<i64>,
+    since: i64,
+    cordoned: bool,
+) -> NodeRecord {
+    let mut r = NodeRecord::new("fleet", "2.8.0", since);
+    r.state = state;
+    r.reason = Some(reason.into());
+    r.started = started;
+    r.cordoned_by_us = cordoned;
+    r
+}
+
+struct N {
+    name: &'static str,
+    labels: Vec<(&'static str, &'static str)>,
+    record: Option<NodeRecord>,
+    unschedulable: bool,
+}
+
+fn node(n: N) -> Node {
+    let mut l: BTreeMap<String, String> = n
+        .labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    l.insert("kubernetes.io/hostname".into(), n.name.into());
+    let annotations = n.record.map(|r| {
+        BTreeMap::from([(
+            labels::UPGRADE_STATE.to_string(),
+            serde_json::to_string(&r).expect("record serializes"),
+        )])
+    });
+    Node {
+        metadata: ObjectMeta {
+            name: Some(n.name.into()),
+            labels: Some(l),
+            annotations,
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            unschedulable: Some(n.unschedulable),
+            ..Default::default()
+        }),
+        status: Some(K8sNodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+    }
+}
+
+const TT: (&str, &str) = (labels::TT_PCI_PRESENT, "true");
+const POOL: (&str, &str) = ("pool", "ml");
+
+/// A rollout of `fleet` to 2.8.0 half way: two nodes upgraded (30 s and 40 s),
+/// one host-managed, one draining for 12 s, two waiting.
+fn rolling() -> (TenstorrentDriverPolicy, Vec<Node>) {
+    let mut p = policy(
+        "fleet",
+        NOW - 86400,
+        "version: \"2.8.0\"\nnodeAffinity: {matchLabels: {pool: ml}}",
+    );
+    let start = NOW - 100;
+    p.status = Some(TenstorrentDriverPolicyStatus {
+        observed_generation: Some(2),
+        desired_version: Some("2.8.0".into()),
+        summary: Summary {
+            matched: 6,
+            done: 2,
+            in_progress: 1,
+            pending: 2,
+            failed: 0,
+            host_managed: 1,
+        },
+        daemon_set: Some("ttdrv-fleet".into()),
+        conditions: vec![
+            cond(
+                "Ready",
+                false,
+                "RolloutIncomplete",
+                "2 of 6 node(s) run 2.8.0 (1 host-managed)",
+                start,
+            ),
+            cond(
+                "Progressing",
+                true,
+                "Upgrading",
+                "1 of at most 1 node(s) unavailable; next waiting: gpu-d",
+                start,
+            ),
+            cond("Degraded", false, "AsExpected", "", start),
+            cond("Paused", false, "Running", "", start),
+            cond("Conflict", false, "NoOverlap", "", start),
+        ],
+        nodes: vec![
+            entry(
+                "gpu-a",
+                NodeState::Done,
+                "2.8.0",
+                Some("Upgraded"),
+                None,
+                start + 30,
+            ),
+            entry(
+                "gpu-b",
+                NodeState::Done,
+                "2.8.0",
+                Some("Upgraded"),
+                None,
+                start + 70,
+            ),
+            entry(
+                "gpu-h",
+                NodeState::Done,
+                "2.6.1",
+                Some("HostManaged"),
+                Some("DKMS install found; left alone"),
+                start - 500,
+            ),
+            entry(
+                "gpu-c",
+                NodeState::Draining,
+                "2.7.0",
+                Some("Drain"),
+                None,
+                NOW - 12,
+            ),
+            entry(
+                "gpu-d",
+                NodeState::Pending,
+                "2.7.0",
+                Some("WaitingForSlot"),
+                Some("waiting for a maxUnavailable slot to upgrade 2.7.0 -> 2.8.0"),
+                start,
+            ),
+            entry(
+                "gpu-e",
+                NodeState::Pending,
+                "2.7.0",
+                Some("WaitingForSlot"),
+                Some("waiting for a maxUnavailable slot to upgrade 2.7.0 -> 2.8.0"),
+                start,
+            ),
+        ],
+    });
+    let nodes = vec![
+        node(N {
+            name: "gpu-a",
+            labels: vec![TT, POOL],
+            record: Some(record(
+                NodeState::Done,
+                "Upgraded",
+                Some(start),
+                start + 30,
+                false,
+            )),
+            unschedulable: false,
+        }),
+        node(N {
+            name: "gpu-b",
+            labels: vec![TT, POOL],
+            record: Some(record(
+                NodeState::Done,
+                "Upgraded",
+                Some(start + 30),
+                start + 70,
+                false,
+            )),
+            unschedulable: false,
+        }),
+        node(N {
+            name: "gpu-h",
+            labels: vec![TT, POOL],
+            record: Some(record(
+                NodeState::Done,
+                "HostManaged",
+                None,
+                start - 500,
+                false,
+            )),
+            unschedulable: false,
+        }),
+        node(N {
+            name: "gpu-c",
+            labels: vec![TT, POOL],
+            record: Some(record(
+                NodeState::Draining,
+                "Drain",
+                Some(NOW - 15),
+                NOW - 12,
+                true,
+            )),
+            unschedulable: true,
+        }),
+        node(N {
+            name: "gpu-d",
+            labels: vec![TT, POOL],
+            record: Some(record(
+                NodeState::Pending,
+                "WaitingForSlot",
+                None,
+                start,
+                false,
+            )),
+            unschedulable: false,
+        }),
+        node(N {
+            name: "gpu-e",
+            labels: vec![TT, POOL],
+            record: Some(record(
+                NodeState::Pending,
+                "WaitingForSlot",
+                None,
+                start,
+                false,
+            )),
+            unschedulable: false,
+        }),
+    ];
+    (p, nodes)
+}
+
+/// The same rollout, halted: gpu-c failed its drain.
+fn failed() -> (TenstorrentDriverPolicy, Vec<Node>) {
+    let (mut p, nodes) = rolling();
+    if let Some(st) = p.status.as_mut() {
+        st.summary.in_progress = 0;
+        st.summary.failed = 1;
+        st.nodes[3] = entry(
+            "gpu-c",
+            NodeState::Failed,
+            "2.7.0",
+            Some("DrainTimeout"),
+            Some(
+                "drain did not finish within 600s; pods still on the node: ml/web-0; blocked by PodDisruptionBudgets: ml/web",
+            ),
+            NOW - 5,
+        );
+    }
+    (p, nodes)
+}
+
+#[test]
+fn status_plain_and_colored() {
+    let (p, nodes) = rolling();
+    let other = policy(
+        "canary",
+        NOW - 100_000,
+        "version: \"2.9.0\"\nnodeAffinity: {}\npaused: true",
+    );
+    let views = vec![
+        view::policy_view(&other, &nodes, NOW),
+        view::policy_view(&p, &nodes, NOW),
+    ];
+    check("status", &render::status(&views, Palette::PLAIN));
+    check("status-color", &render::status(&views, Palette::COLOR));
+}
+
+#[test]
+fn nodes_table() {
+    let (p, nodes) = rolling();
+    check(
+        "nodes",
+        &render::nodes(&view::policy_view(&p, &nodes, NOW), Palette::PLAIN),
+    );
+    let (p, nodes) = failed();
+    check(
+        "nodes-failed",
+        &render::nodes(&view::policy_view(&p, &nodes, NOW), Palette::PLAIN),
+    );
+}
+
+#[test]
+fn watch_frames() {
+    let (p, nodes) = rolling();
+    let w = view::watch_view(&p, &nodes, NOW);
+    assert_eq!(w.outcome, Outcome::Running);
+    // Observed: 30 s and 40 s -> 35 s per node. gpu-c started 15 s ago (20 s
+    // left), then gpu-d and gpu-e: 20 + 35 + 35.
+    assert_eq!(w.eta.per_node.seconds, 35);
+    assert_eq!(w.eta.remaining_seconds, Some(90));
+    assert_eq!(w.eta.elapsed_seconds, Some(100));
+    check(
+        "watch-running",
+        &render::watch_frame(&[w], NOW, Palette::PLAIN),
+    );
+
+    let (p, nodes) = failed();
+    let w = view::watch_view(&p, &nodes, NOW);
+    assert!(matches!(w.outcome, Outcome::Failed { .. }));
+    check(
+        "watch-failed",
+        &render::watch_frame(&[w], NOW, Palette::PLAIN),
+    );
+
+    // Without readable records the status gives the estimate: the last Done
+    // 70 s after the start, two nodes: 35 s each.
+    let (p, _) = rolling();
+    let w = view::watch_view(&p, &[], NOW);
+    assert_eq!(w.eta.per_node.seconds, 35);
+    assert_eq!(w.eta.per_node.basis, kubectl_tt_driver::eta::Basis::Status);
+}
+
+fn pod(ns: &str, name: &str, node: &str, owner: Option<&str>, device: bool, app: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
+            owner_references: owner.map(|k| {
+                vec![OwnerReference {
+                    kind: k.into(),
+                    name: "owner".into(),
+                    controller: Some(true),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "c".into(),
+                ..Default::default()
+            }],
+            volumes: device.then(|| {
+                vec![Volume {
+                    name: "dev".into(),
+                    host_path: Some(HostPathVolumeSource {
+                        path: "/dev/tenstorrent".into(),
+                        type_: None,
+                    }),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        }),
+    }
+}
+
+fn pdb(ns: &str, name: &str, app: &str, allowed: i32) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: Some(PodDisruptionBudgetStatus {
+            disruptions_allowed: allowed,
+            ..Default::default()
+        }),
+    }
+}
+
+/// A fleet at 2.7.0 about to go to 2.8.0, with every kind of node and pod.
+fn fleet_before_upgrade() -> (
+    Vec<TenstorrentDriverPolicy>,
+    Vec<Node>,
+    Vec<Pod>,
+    Vec<PodDisruptionBudget>,
+) {
+    let older = policy(
+        "legacy",
+        NOW - 500_000,
+        "version: \"2.6.0\"\nnodeAffinity: {matchLabels: {team: legacy}}",
+    );
+    let fleet = policy(
+        "fleet",
+        NOW - 86400,
+        "version: \"2.7.0\"\nnodeAffinity: {matchLabels: {pool: ml}}\nupgradePolicy: {maxUnavailable: 2}",
+    );
+    let k = |v: &'static str| (labels::KMD_VERSION, v);
+    let host = (labels::INSTALL_MODE, labels::INSTALL_MODE_HOST);
+    let plain = |name: &'static str, labels: Vec<(&'static str, &'static str)>| {
+        node(N {
+            name,
+            labels,
+            record: None,
+            unschedulable: false,
+        })
+    };
+    let nodes = vec![
+        plain("w-1", vec![TT, POOL, k("2.7.0")]),
+        plain("w-2", vec![TT, POOL, k("2.7.0")]),
+        plain("w-3", vec![TT, POOL, k("2.7.0")]),
+        plain("w-4", vec![TT, POOL, k("2.7.0")]),
+        node(N {
+            name: "w-5",
+            labels: vec![TT, POOL, k("2.7.0")],
+            record: None,
+            unschedulable: true,
+        }),
+        plain("w-new", vec![TT, POOL]),
+        plain("w-done", vec![TT, POOL, k("2.8.0")]),
+        plain("w-dkms", vec![TT, POOL, k("2.6.1"), host]),
+        plain("w-skip", vec![TT, POOL, k("2.7.0"), (labels::SKIP, "true")]),
+        plain("w-cpu", vec![POOL]),
+        plain("w-legacy", vec![TT, POOL, ("team", "legacy"), k("2.6.0")]),
+    ];
+    let mut installer = pod(
+        "tt-system",
+        "ttdrv-fleet-x1",
+        "w-1",
+        Some("DaemonSet"),
+        true,
+        "installer",
+    );
+    if let Some(l) = installer.metadata.labels.as_mut() {
+        l.insert(labels::CLAIM.into(), "fleet".into());
+    }
+    let pods = vec![
+        installer,
+        pod("ml", "train-0", "w-2", Some("StatefulSet"), true, "train"),
+        pod("ml", "web-0", "w-3", Some("ReplicaSet"), false, "web"),
+        pod("ml", "scratch", "w-3", None, false, "scratch"),
+        pod("ml", "debug-shell", "w-4", None, true, "debug"),
+        pod("ml", "batch-1", "w-1", Some("ReplicaSet"), false, "batch"),
+        pod(
+            "kube-system",
+            "proxy-w1",
+            "w-1",
+            Some("DaemonSet"),
+            false,
+            "proxy",
+        ),
+    ];
+    let pdbs = vec![pdb("ml", "web", "web", 0), pdb("ml", "batch", "batch", 1)];
+    (vec![older, fleet], nodes, pods, pdbs)
+}
+
+#[test]
+fn plan_of_an_upgrade() {
+    let (policies, nodes, pods, pdbs) = fleet_before_upgrade();
+    let rp = plan::build(&Inputs {
+        policy: &policies[1],
+        policies: &policies,
+        nodes: &nodes,
+        pods: &pods,
+        pdbs: &pdbs,
+        version: Some("2.8.0"),
+    });
+    let order: Vec<&str> = rp.nodes.iter().map(|n| n.name.as_str()).collect();
+    // The admin-cordoned node first (no extra slot), then nodes without device
+    // users by name, device users last.
+    assert_eq!(order, ["w-5", "w-1", "w-3", "w-2", "w-4"]);
+    let waves: Vec<Option<usize>> = rp.nodes.iter().map(|n| n.wave).collect();
+    assert_eq!(
+        waves,
+        [Some(1), Some(1), Some(2), Some(3), Some(4)],
+        "the admin-cordoned node keeps using one of the two slots"
+    );
+    assert_eq!(rp.estimate.seconds, 4 * 90);
+    check("plan", &render::plan(&rp, Palette::PLAIN));
+    check(
+        "plan-json",
+        &(serde_json::to_string_pretty(&rp).expect("serializes") + "\n"),
+    );
+}
+
+#[test]
+fn plan_at_the_current_version_cycles_only_nodes_off_it() {
+    let (policies, nodes, pods, pdbs) = fleet_before_upgrade();
+    let rp = plan::build(&Inputs {
+        policy: &policies[1],
+        policies: &policies,
+        nodes: &nodes,
+        pods: &pods,
+        pdbs: &pdbs,
+        version: None,
+    });
+    // Only the node running another version (a downgrade) gets a cycle.
+    let order: Vec<&str> = rp.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(order, ["w-done"]);
+    let up_to_date: Vec<&str> = rp
+        .without_drain
+        .iter()
+        .filter(|n| n.kind == "UpToDate")
+        .map(|n| n.name.as_str())
+        .collect();
+    assert_eq!(up_to_date, ["w-1", "w-2", "w-3", "w-4", "w-5"]);
+    assert_eq!(rp.estimate.seconds, 90);
+}
+
+#[test]
+fn plan_predicts_the_stall_of_an_admin_cordoned_node_with_one_slot() {
+    let (mut policies, nodes, pods, pdbs) = fleet_before_upgrade();
+    policies[1].spec.upgrade_policy.max_unavailable =
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1);
+    let rp = plan::build(&Inputs {
+        policy: &policies[1],
+        policies: &policies,
+        nodes: &nodes,
+        pods: &pods,
+        pdbs: &pdbs,
+        version: Some("2.8.0"),
+    });
+    let waves: Vec<(&str, Option<usize>)> =
+        rp.nodes.iter().map(|n| (n.name.as_str(), n.wave)).collect();
+    assert_eq!(
+        waves,
+        [
+            ("w-5", Some(1)),
+            ("w-1", None),
+            ("w-3", None),
+            ("w-2", None),
+            ("w-4", None)
+        ]
+    );
+    assert!(
+        rp.halted.as_deref().is_some_and(|h| h.contains("stall")),
+        "{:?}",
+        rp.halted
+    );
+}
+
+#[test]
+fn a_retried_failed_node_no_longer_ends_the_watch() {
+    let (p, mut nodes) = failed();
+    let w = view::watch_view(&p, &nodes, NOW);
+    assert!(matches!(w.outcome, Outcome::Failed { .. }));
+    nodes[3]
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("driver.tenstorrent.com/retry".into(), "1780000000".into());
+    let w = view::watch_view(&p, &nodes, NOW);
+    assert_eq!(
+        w.outcome,
+        Outcome::Running,
+        "retry requested, not yet taken up"
+    );
+    assert!(w.policy.nodes[3].retry_requested);
+    assert!(render::watch_frame(&[w], NOW, Palette::PLAIN).contains("Failed (retrying)"));
+}
