@@ -32,14 +32,22 @@ fn field_in(section: &[u8], field: &str) -> Option<String> {
         .map(|v| String::from_utf8_lossy(v).trim().to_string())
 }
 
+// Offsets come from the file (which may be corrupt): every sum is checked, so a
+// header pointing near the top of the address space is "truncated", not a panic.
 fn u16_at(b: &[u8], off: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(off..off + 2)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        b.get(off..off.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 fn u32_at(b: &[u8], off: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(off..off.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 fn u64_at(b: &[u8], off: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        b.get(off..off.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 /// Locates the `.modinfo` section's bytes.
@@ -65,8 +73,9 @@ fn modinfo_section(b: &[u8]) -> std::result::Result<&[u8], String> {
             .and_then(|o| o.checked_add(shoff))
             .ok_or("section header offset overflows")?;
         let name = u32_at(b, base).ok_or("truncated section header")?;
-        let off = u64_at(b, base + 24).ok_or("truncated section header")?;
-        let size = u64_at(b, base + 32).ok_or("truncated section header")?;
+        let field = |at: usize| base.checked_add(at).and_then(|o| u64_at(b, o));
+        let off = field(24).ok_or("truncated section header")?;
+        let size = field(32).ok_or("truncated section header")?;
         let start = usize::try_from(off).map_err(|e| e.to_string())?;
         let end = start
             .checked_add(usize::try_from(size).map_err(|e| e.to_string())?)
