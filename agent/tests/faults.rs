@@ -168,7 +168,7 @@ impl Tmpfs {
     }
     fn remount(&self, options: &str) {
         let st = Command::new("mount")
-            .args(["-o", &format!("remount,{options}")])
+            .args(["-t", "tmpfs", "-o", &format!("remount,{options}"), "tmpfs"])
             .arg(&self.at)
             .status()
             .expect("mount");
