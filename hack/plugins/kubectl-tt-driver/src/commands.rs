@@ -104,7 +104,20 @@ pub async fn get_policy(client: &Client, name: &str) -> Result<TenstorrentDriver
     match api.get_opt(name).await {
         Ok(Some(p)) => Ok(p),
         Ok(None) => bail!("policy {name:?} not found (list them with `kubectl get ttdp`)"),
-        Err(e) => Err(e).with_context(|| format!("reading policy {name:?}")),
+        Err(e) => Err(api_error(e)).with_context(|| format!("reading policy {name:?}")),
+    }
+}
+
+/// Turns kube errors into short messages: the API server's own message for API
+/// errors, and a hint when the policy API itself is missing.
+fn api_error(e: kube::Error) -> anyhow::Error {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => anyhow::anyhow!(
+            "the API server does not serve driver.tenstorrent.com/v1alpha1 TenstorrentDriverPolicies: \
+             is the operator's CRD installed? (kubectl apply -f crds/)"
+        ),
+        kube::Error::Api(s) => anyhow::anyhow!("{} ({})", s.message, s.code),
+        other => other.into(),
     }
 }
 
@@ -113,6 +126,7 @@ async fn list_policies(client: &Client) -> Result<Vec<TenstorrentDriverPolicy>> 
     let mut items = api
         .list(&ListParams::default())
         .await
+        .map_err(api_error)
         .context("listing TenstorrentDriverPolicies")?
         .items;
     items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -500,6 +514,10 @@ async fn logs(
                         println!();
                     }
                 }
+                Err(kube::Error::Api(s)) => errors.push(format!(
+                    "pod {}/{pod} on node {n}: {} ({})",
+                    ctx.namespace, s.message, s.code
+                )),
                 Err(e) => errors.push(format!("pod {}/{pod} on node {n}: {e}", ctx.namespace)),
             }
         }

@@ -356,12 +356,19 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
         out.push_str(&t.render(pal, 0));
         for n in &p.nodes {
             out.push('\n');
+            let quiet = n.evict_device.is_empty()
+                && n.evict_other.is_empty()
+                && n.left.is_empty()
+                && n.blockers.is_empty();
             let mut notes = vec![];
             if n.already_unavailable {
                 notes.push("already unavailable: starts first, stays cordoned");
             }
             if n.has_device_pods {
                 notes.push("device users: goes after nodes without");
+            }
+            if quiet {
+                notes.insert(0, "nothing to evict");
             }
             out.push_str(&format!(
                 "{}{}\n",
@@ -372,6 +379,9 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
                     format!("  ({})", notes.join("; "))
                 }
             ));
+            if quiet {
+                continue;
+            }
             if p.drain_enabled {
                 out.push_str(&format!("  pass 1 evicts: {}\n", list(&n.evict_device)));
                 out.push_str(&format!("  pass 2 evicts: {}\n", list(&n.evict_other)));

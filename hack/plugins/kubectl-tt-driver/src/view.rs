@@ -303,6 +303,18 @@ pub fn watch_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Watc
             waiting,
         )),
     };
+    // Elapsed since the first node of this rollout started; for a finished
+    // rollout, up to its last node's completion.
+    let finished_at = records
+        .values()
+        .filter(|r| r.target == view.version && r.state == NodeState::Done)
+        .filter(|r| r.reason.as_deref() == Some(reason::UPGRADED))
+        .map(|r| r.since)
+        .max();
+    let end = match (&out, finished_at) {
+        (Outcome::Complete, Some(t)) => t,
+        _ => now,
+    };
     let elapsed = records
         .values()
         .filter(|r| r.target == view.version)
@@ -313,7 +325,7 @@ pub fn watch_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Watc
         })
         .filter_map(|r| r.started)
         .min()
-        .map(|s| (now - s).max(0));
+        .map(|s| (end - s).max(0));
     WatchView {
         eta: EtaView {
             per_node,

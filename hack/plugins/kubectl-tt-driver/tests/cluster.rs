@@ -48,6 +48,7 @@ async fn node_name(n: Node) -> String {
 #[tokio::test]
 async fn plan_predicts_what_the_rollout_does() {
     let env = TestEnv::new("plugin-plan").await;
+    let _guard = CleanupOnPanic { id: env.id.clone() };
     let ns = env.namespace().await;
     let mut tt = vec![];
     for i in 0..4 {
@@ -292,6 +293,7 @@ async fn guard_with_pdb(env: &TestEnv, ns: &str, node: &str) -> String {
 #[tokio::test]
 async fn plan_blocker_fails_the_node_and_retry_recovers_it() {
     let env = TestEnv::new("plugin-block").await;
+    let _guard = CleanupOnPanic { id: env.id.clone() };
     let ns = env.namespace().await;
     let a = node_name(env.tt_node("a", &[]).await).await;
     let b = node_name(env.tt_node("b", &[]).await).await;
@@ -395,6 +397,7 @@ async fn plan_blocker_fails_the_node_and_retry_recovers_it() {
 #[tokio::test]
 async fn pause_resume_and_clear_errors() {
     let env = TestEnv::new("plugin-pause").await;
+    let _guard = CleanupOnPanic { id: env.id.clone() };
     let node = node_name(env.tt_node("n", &[]).await).await;
     let policy = env.name("fleet");
     create_policy(
@@ -452,6 +455,7 @@ async fn pause_resume_and_clear_errors() {
 #[tokio::test]
 async fn logs_of_installer_pods() {
     let env = TestEnv::new("plugin-logs").await;
+    let _guard = CleanupOnPanic { id: env.id.clone() };
     let ns = env.namespace().await;
     let n = node_name(env.tt_node("n", &[]).await).await;
     let _agent = agent(&env, &ns);
@@ -490,7 +494,9 @@ async fn logs_of_installer_pods() {
     let r = plugin(&["logs", &policy, &n, "--namespace", &ns, "--tail", "20"]).await;
     if r.code != 0 {
         assert!(
-            r.stderr.contains(&pod) && r.stderr.contains("could not read installer logs"),
+            r.stderr.contains(&pod)
+                && r.stderr.contains("could not read installer logs")
+                && r.stderr.contains("\"installer\""),
             "{}",
             r.stderr
         );

@@ -383,3 +383,43 @@ pub fn strings(v: &serde_json::Value) -> Vec<String> {
         .filter_map(|x| x.as_str().map(String::from))
         .collect()
 }
+
+/// Deletes a test's policies, nodes and namespace when the test panics (a test
+/// that passes cleans up itself), so a failure leaves no rollout behind on the
+/// shared cluster.
+pub struct CleanupOnPanic {
+    pub id: String,
+}
+
+impl Drop for CleanupOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let id = self.id.clone();
+        // The test's runtime is unwinding: clean up from a fresh one.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let client = ttdrv_testkit::client().await;
+                let lp =
+                    ListParams::default().labels(&format!("{}={id}", ttdrv_testkit::TEST_LABEL));
+                let _ = Api::<TenstorrentDriverPolicy>::all(client.clone())
+                    .delete_collection(&Default::default(), &lp)
+                    .await;
+                let _ = Api::<Node>::all(client.clone())
+                    .delete_collection(&Default::default(), &lp)
+                    .await;
+                let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+                    .delete(&id, &Default::default())
+                    .await;
+            });
+        })
+        .join();
+    }
+}
