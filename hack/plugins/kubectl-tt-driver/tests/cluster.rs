@@ -175,20 +175,10 @@ async fn plan_predicts_what_the_rollout_does() {
 
     // The rollout, watched by the plugin and, independently, by a node watch.
     let cordons = CordonOrder::start(&env).await;
-    let watch_policy = policy.clone();
-    let watch = tokio::spawn(async move {
-        plugin(&[
-            "watch",
-            &watch_policy,
-            "--interval",
-            "0.5",
-            "--timeout",
-            "150",
-        ])
-        .await
-    });
+    // Bump first, then watch (on a settled policy watch would end at once); the
+    // watch waits for the controller to observe the new generation.
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    let watched = watch.await.expect("watch task");
+    let watched = plugin(&["watch", &policy, "--interval", "0.5", "--timeout", "150"]).await;
     assert_eq!(
         watched.code, 0,
         "watch ends with the rollout: {}",
@@ -416,6 +406,18 @@ async fn pause_resume_and_clear_errors() {
     let r = plugin(&["resume", &policy]).await;
     assert_eq!(r.code, 0);
     assert!(!get_policy(&env, &policy).await.spec.paused);
+
+    // Color: never off a terminal by default, on request, and never with NO_COLOR.
+    let plain = plugin(&["status", &policy]).await;
+    assert!(plain.code == 0 && !plain.stdout.contains('\u{1b}'));
+    let forced = plugin(&["status", &policy, "--color", "always"]).await;
+    assert!(forced.stdout.contains("\u{1b}["), "{}", forced.stdout);
+    let no_color = plugin_env(
+        &["status", &policy, "--color", "always"],
+        &[("NO_COLOR", "1")],
+    )
+    .await;
+    assert!(!no_color.stdout.contains('\u{1b}'), "{}", no_color.stdout);
 
     let missing = "no-such-policy-xyz";
     for args in [

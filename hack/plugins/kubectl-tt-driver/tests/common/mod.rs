@@ -40,9 +40,15 @@ pub fn plugin_bin() -> PathBuf {
 
 /// Runs `kubectl-tt-driver <args>` (no terminal, so no color) and waits for it.
 pub async fn plugin(args: &[&str]) -> Run {
+    plugin_env(args, &[]).await
+}
+
+/// Same, with extra environment variables.
+pub async fn plugin_env(args: &[&str], envs: &[(&str, &str)]) -> Run {
     let out = tokio::process::Command::new(plugin_bin())
         .args(args)
         .env_remove("NO_COLOR")
+        .envs(envs.iter().copied())
         .output()
         .await
         .unwrap_or_else(|e| panic!("running the plugin {args:?}: {e}"));
