@@ -240,6 +240,17 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             .map(|r| r.state);
         let is_failed = rec.as_ref().is_some_and(|r| r.state == NodeState::Failed);
         let cordoned_by_us = rec.as_ref().is_some_and(|r| r.cordoned_by_us);
+        let unavailable = !node_ready(node) || (unschedulable(node) && !cordoned_by_us);
+        // Nodes without a cycle still count against maxUnavailable when they
+        // are unavailable, as in the controller.
+        let bystander = Candidate {
+            name: n.clone(),
+            wants_slot: false,
+            in_progress: false,
+            unavailable,
+            failed: false,
+            has_device_pods: false,
+        };
         if in_flight.is_none() && !is_failed {
             if label(node, labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST) {
                 skipped.push(NodeNote {
@@ -253,6 +264,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
                             .unwrap_or_default()
                     ),
                 });
+                candidates.push(bystander);
                 continue;
             }
             match loaded.as_deref() {
@@ -262,6 +274,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
                         kind: "UpToDate".into(),
                         detail: format!("already runs {v} (at most an in-place installer restart)"),
                     });
+                    candidates.push(bystander);
                     continue;
                 }
                 None => {
@@ -270,6 +283,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
                         kind: "FirstInstall".into(),
                         detail: "no module loaded yet: installed without cordon or drain".into(),
                     });
+                    candidates.push(bystander);
                     continue;
                 }
                 Some(_) => {}
@@ -358,7 +372,6 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
                 }
             }
         }
-        let unavailable = !node_ready(node) || (unschedulable(node) && !cordoned_by_us);
         candidates.push(Candidate {
             name: n.clone(),
             // A Failed node is planned as if retried.

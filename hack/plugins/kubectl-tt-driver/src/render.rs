@@ -416,7 +416,9 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
     }
     let e = &p.estimate;
     let stalls = p.nodes.iter().any(|n| n.wave.is_none());
-    if e.waves == 0 {
+    if stalls && e.waves == 0 {
+        out.push_str("\nEstimated duration: none: the rollout would stall before its first node\n");
+    } else if e.waves == 0 {
         out.push_str(&format!(
             "\nEstimated duration: {} ({})\n",
             pal.paint(&human(e.seconds), BOLD),

@@ -650,3 +650,33 @@ fn a_retried_failed_node_no_longer_ends_the_watch() {
     assert!(w.policy.nodes[3].retry_requested);
     assert!(render::watch_frame(&[w], NOW, Palette::PLAIN).contains("Failed (retrying)"));
 }
+
+#[test]
+fn an_unavailable_node_without_a_cycle_still_uses_a_slot() {
+    let (mut policies, mut nodes, pods, pdbs) = fleet_before_upgrade();
+    policies[1].spec.upgrade_policy.max_unavailable =
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1);
+    // w-5 is no longer cordoned; w-done (already at 2.8.0) is.
+    for n in nodes.iter_mut() {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        if let Some(spec) = n.spec.as_mut() {
+            spec.unschedulable = Some(name == "w-done");
+        }
+    }
+    let rp = plan::build(&Inputs {
+        policy: &policies[1],
+        policies: &policies,
+        nodes: &nodes,
+        pods: &pods,
+        pdbs: &pdbs,
+        version: Some("2.8.0"),
+    });
+    assert!(rp.nodes.iter().all(|n| n.wave.is_none()), "{:?}", rp.nodes);
+    assert!(
+        rp.halted
+            .as_deref()
+            .is_some_and(|h| h.contains("1 of at most 1")),
+        "{:?}",
+        rp.halted
+    );
+}
