@@ -8,10 +8,11 @@
 # It runs on its own cluster (default name ttdrv-chaos, never the shared test
 # cluster, since it restarts the API server), which it creates and tears down.
 #
-#   bash hack/chaos.sh                       # CI: 12 trials (~5-7 min on 2 cores)
+#   bash hack/chaos.sh                       # CI: 20 trials (~7-8 min on 2 cores)
 #   CHAOS_TRIALS=30 bash hack/chaos.sh       # long variant
 #   CHAOS_SEED=<seed> CHAOS_KIND=<kind> bash hack/chaos.sh   # replay one trial
 #   CHAOS_RUN_SEED=<seed> bash hack/chaos.sh                # replay a whole run's schedule
+#   CHAOS_P409=0.05 CHAOS_P429=0.03 bash hack/chaos.sh      # injected error rates (proxy)
 #
 # Exit status: the test's. The summary (one line per trial) is printed last and
 # written to $CHAOS_SUMMARY (default target dir/chaos-summary.txt).
@@ -24,7 +25,7 @@ if [ "$TTDRV_CLUSTER_NAME" = "ttdrv" ]; then
   echo "refusing to run chaos on the shared test cluster 'ttdrv'" >&2
   exit 2
 fi
-export CHAOS_TRIALS=${CHAOS_TRIALS:-12}
+export CHAOS_TRIALS=${CHAOS_TRIALS:-20}
 target=${CARGO_TARGET_DIR:-$repo/target}
 export CHAOS_SUMMARY=${CHAOS_SUMMARY:-$target/chaos-summary.txt}
 mkdir -p "$(dirname "$CHAOS_SUMMARY")"
@@ -56,8 +57,31 @@ KUBECONFIG=$(bash "$here/cluster.sh" up)
 export KUBECONFIG
 eval "$(bash "$here/cluster.sh" env)"
 
+# The controllers reach the API server through a fault-injecting proxy inside
+# the test (409 on writes, 429 on any request; rates CHAOS_P409/CHAOS_P429);
+# the test and its invariant watcher use the real kubeconfig directly.
+export CHAOS_DIRECT_KUBECONFIG=$KUBECONFIG
+CHAOS_PROXY_PORT=${CHAOS_PROXY_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+export CHAOS_PROXY_PORT
+proxy_kubeconfig=$target/chaos-proxy-kubeconfig.yaml
+cat >"$proxy_kubeconfig" <<YAML
+apiVersion: v1
+kind: Config
+clusters:
+- name: chaos-proxy
+  cluster:
+    server: http://127.0.0.1:$CHAOS_PROXY_PORT
+users:
+- name: chaos-proxy
+  user: {}
+contexts:
+- name: chaos-proxy
+  context: {cluster: chaos-proxy, user: chaos-proxy}
+current-context: chaos-proxy
+YAML
+
 status=0
-cargo test --test chaos -- --ignored --nocapture --test-threads=1 || status=$?
+KUBECONFIG=$proxy_kubeconfig cargo test --test chaos -- --ignored --nocapture --test-threads=1 || status=$?
 
 echo
 echo "===== hack/chaos.sh: $(( $(date +%s) - start ))s, exit $status ====="

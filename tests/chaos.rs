@@ -8,7 +8,7 @@
 //! never by the default `cargo test`.
 //!
 //! Environment:
-//! - `CHAOS_TRIALS` (default 12): trials (one rollout each) in this run;
+//! - `CHAOS_TRIALS` (default 20): trials (one rollout each) in this run;
 //! - `CHAOS_RUN_SEED`: seed of the run (derives each trial's seed); default: the clock;
 //! - `CHAOS_SEED` (+ `CHAOS_KIND`): replay one trial with this seed (and kind);
 //! - `CHAOS_CLUSTER` (default `ttdrv-chaos`): the only cluster whose API server
@@ -1151,7 +1151,7 @@ async fn chaos_rollouts() {
     let trials: usize = std::env::var("CHAOS_TRIALS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(12);
+        .unwrap_or(20);
     let run_seed: u64 = std::env::var("CHAOS_RUN_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
