@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The kubectl baseline: what an operator would script by hand to roll a new
+# installer template across nodes, one node at a time.
+#
+#   bench/baseline.sh <namespace> <daemonset> <claim-label-selector> <version> <node>...
+#
+# Changes the DaemonSet's TT_KMD_VERSION (the DaemonSet is OnDelete, so nothing
+# moves yet), then per node: cordon, drain, delete the node's installer pod, wait
+# until its replacement is Ready (the simulated agent makes it Ready after its
+# work), uncordon. Prints nothing but errors; the caller times it.
+set -euo pipefail
+ns=$1 ds=$2 sel=$3 version=$4
+shift 4
+kubectl -n "$ns" set env "daemonset/$ds" "TT_KMD_VERSION=$version" >/dev/null
+for node in "$@"; do
+  kubectl cordon "$node" >/dev/null
+  kubectl drain "$node" --ignore-daemonsets --delete-emptydir-data --force --timeout=300s >/dev/null 2>&1
+  old=$(kubectl -n "$ns" get pods -l "$sel" --field-selector "spec.nodeName=$node" -o name)
+  [ -n "$old" ] && kubectl -n "$ns" delete $old --wait=true >/dev/null
+  # The DaemonSet controller creates the replacement; wait until it exists and is Ready.
+  until kubectl -n "$ns" wait pod -l "$sel" --field-selector "spec.nodeName=$node" \
+      --for=condition=Ready --timeout=300s >/dev/null 2>&1; do
+    sleep 0.1
+  done
+  kubectl uncordon "$node" >/dev/null
+done

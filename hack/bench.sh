@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Rollout benchmark (issue 11): the controller against a serial kubectl baseline
+# on a dedicated local simulated cluster. See docs/benchmarks.md.
+#
+#   bash hack/bench.sh                 # the full run (about 25 minutes on 2 cores)
+#   TTDRV_BENCH_SCENARIOS=10:0:1,10:2000:1 bash hack/bench.sh    # a quick one
+#
+# Scenarios are N:work_ms:maxUnavailable[:baseline_sample]. Results (table,
+# JSON, logs) land in ${TTDRV_BENCH_OUT:-/tmp/ttdrv-bench}; the cluster
+# (${TTDRV_CLUSTER_NAME:-ttdrv-bench}) is torn down at the end whatever happens.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+export TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv-bench}
+if [ "$TTDRV_CLUSTER_NAME" = ttdrv ]; then
+  echo "bench: refusing to run on the shared test cluster 'ttdrv'" >&2
+  exit 2
+fi
+out=${TTDRV_BENCH_OUT:-/tmp/ttdrv-bench}
+# N=1000 with maxUnavailable 1 and 2 s of work would take over 33 minutes, so the
+# 2 s run at 1000 nodes uses maxUnavailable 10% (100 nodes at a time).
+scenarios=${TTDRV_BENCH_SCENARIOS:-10:0:1,10:2000:1,100:0:1,100:2000:1,1000:0:1,1000:2000:10%}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+log "building ttdrv-controller, ttdrv-sim-agent, ttdrv-bench (release)"
+(cd "$root" && cargo build --release -q -p ttdrv-controller -p ttdrv-testkit -p ttdrv-bench \
+  --bin ttdrv-controller --bin ttdrv-sim-agent --bin ttdrv-bench)
+bin=$CARGO_TARGET_DIR/release
+
+tools=$("$here/build-testbin.sh" etcd kwok kubernetes 2>/dev/null | tail -n1)
+export PATH="$tools:$PATH"
+mkdir -p "$out"
+
+# The API server records the controller's requests (and only those) in its
+# audit log: the benchmark runs the controller as its own ServiceAccount.
+export KWOK_KUBE_AUDIT_POLICY=$root/bench/audit-policy.yaml
+bash "$here/cluster.sh" down >/dev/null 2>&1 || true
+trap 'bash "$here/cluster.sh" down >/dev/null 2>&1 || true' EXIT
+KUBECONFIG=$(bash "$here/cluster.sh" up)
+export KUBECONFIG
+audit_log=$(dirname "$KUBECONFIG")/logs/audit.log
+[ -f "$audit_log" ] || { echo "bench: no audit log at $audit_log" >&2; exit 1; }
+
+sa=ttdrv-bench-controller
+kubectl create serviceaccount "$sa" -n default >/dev/null
+kubectl create clusterrolebinding "$sa" --clusterrole=cluster-admin --serviceaccount="default:$sa" >/dev/null
+ctl_kubeconfig=$out/controller.kubeconfig
+rm -f "$ctl_kubeconfig"
+server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+ca=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.certificate-authority}')
+kubectl config --kubeconfig="$ctl_kubeconfig" set-cluster bench --server="$server" --certificate-authority="$ca" >/dev/null
+kubectl config --kubeconfig="$ctl_kubeconfig" set-credentials "$sa" \
+  --token="$(kubectl create token "$sa" -n default --duration=24h)" >/dev/null
+kubectl config --kubeconfig="$ctl_kubeconfig" set-context bench --cluster=bench --user="$sa" >/dev/null
+kubectl config --kubeconfig="$ctl_kubeconfig" use-context bench >/dev/null
+
+{
+  echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "commit: $(cd "$root" && git rev-parse --short HEAD)$(cd "$root" && git diff --quiet HEAD -- src api testkit || echo ' (+ uncommitted changes)')"
+  echo "scenarios: $scenarios"
+} | tee "$out/machine.txt" >&2
+
+log "running scenarios $scenarios"
+"$bin/ttdrv-bench" \
+  --scenarios "$scenarios" \
+  --controller-bin "$bin/ttdrv-controller" \
+  --sim-agent-bin "$bin/ttdrv-sim-agent" \
+  --controller-kubeconfig "$ctl_kubeconfig" \
+  --audit-log "$audit_log" \
+  --baseline-script "$root/bench/baseline.sh" \
+  --out-dir "$out" | tee "$out/table.md"
+log "done; results in $out (results.json, results.md, table.md, logs)"
