@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
@@ -56,15 +57,19 @@ enum Kind {
     VersionChange,
     /// Kills, plus `spec.paused` toggled repeatedly.
     PauseToggle,
+    /// Two controllers with leader election; each kill hits the Lease holder and
+    /// a new standby is started, so the other one takes over.
+    LeaderHandover,
 }
 
-const KINDS: [Kind; 6] = [
+const KINDS: [Kind; 7] = [
     Kind::Kills,
     Kind::DeleteDraining,
     Kind::VersionChange,
     Kind::ApiserverRestart,
     Kind::AddNode,
     Kind::PauseToggle,
+    Kind::LeaderHandover,
 ];
 
 impl Kind {
@@ -76,6 +81,7 @@ impl Kind {
             Kind::AddNode => "add-node",
             Kind::VersionChange => "version-change",
             Kind::PauseToggle => "pause-toggle",
+            Kind::LeaderHandover => "leader-handover",
         }
     }
     fn parse(s: &str) -> Option<Kind> {
@@ -312,7 +318,10 @@ fn spawn_invariant_watchers(
 struct Controller {
     env_id: String,
     ns: String,
-    proc: Option<ControllerProcess>,
+    /// Running processes: one, or (with leader election) a leader and a standby.
+    procs: Vec<ControllerProcess>,
+    /// Start processes with leader election (the `leader-handover` trials).
+    leader_elect: bool,
     starts: usize,
     kills: usize,
     logs: Vec<PathBuf>,
@@ -329,6 +338,7 @@ impl Controller {
             &self.ns,
             ControllerOptions {
                 identity: Some(identity),
+                leader_elect: self.leader_elect,
                 ..Default::default()
             },
         );
@@ -341,14 +351,60 @@ impl Controller {
                 .open(path)
                 .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
         }
-        self.proc = Some(proc);
+        self.procs.push(proc);
     }
 
-    fn kill(&mut self) {
-        if let Some(mut p) = self.proc.take() {
+    /// SIGKILLs the acting controller: the Lease holder with leader election
+    /// (or, while the Lease is vacant, the oldest process), else the only
+    /// process. Returns what was killed.
+    async fn kill_acting(&mut self, env: &TestEnv) -> String {
+        let mut idx = 0;
+        let mut role = "controller";
+        if self.leader_elect {
+            let leases: Api<Lease> = Api::namespaced(env.client.clone(), &self.ns);
+            let holder = leases
+                .get_opt(&format!("ttdrv-{}", env.id))
+                .await
+                .ok()
+                .flatten()
+                .and_then(|l| l.spec.and_then(|s| s.holder_identity));
+            role = "standby (lease vacant)";
+            if let Some(h) = holder
+                && let Some(i) = self.procs.iter().position(|p| p.identity == h)
+            {
+                idx = i;
+                role = "leader";
+            }
+        }
+        if idx >= self.procs.len() {
+            return String::new();
+        }
+        let mut p = self.procs.remove(idx);
+        p.kill();
+        self.kills += 1;
+        format!("{role} {}", p.identity)
+    }
+
+    /// Stops every process (not counted as a fault) and starts `n` new ones.
+    fn replace_all(&mut self, env: &TestEnv, leader_elect: bool, n: usize) {
+        for mut p in self.procs.drain(..) {
+            p.kill();
+        }
+        self.leader_elect = leader_elect;
+        for _ in 0..n {
+            self.start(env);
+        }
+    }
+
+    fn kill_all(&mut self) {
+        for mut p in self.procs.drain(..) {
             p.kill();
             self.kills += 1;
         }
+    }
+
+    fn any_running(&mut self) -> bool {
+        self.procs.iter_mut().any(|p| p.is_running())
     }
 }
 
@@ -545,6 +601,10 @@ struct ProxyStats {
     conflicts: AtomicUsize,
     throttled: AtomicUsize,
     upstream_errors: AtomicUsize,
+    /// Of the injected 409s: on node patches (cordon, uncordon, gates, record).
+    node_patch_conflicts: AtomicUsize,
+    /// Of the injected 429s: on watch requests.
+    watch_throttled: AtomicUsize,
 }
 
 #[derive(Clone)]
@@ -592,8 +652,12 @@ async fn proxy_handler(
         let mut rng = p.rng.lock().unwrap_or_else(|e| e.into_inner());
         (rng.random::<f64>(), rng.random::<f64>())
     };
+    let path_str = parts.uri.path();
     if write && r409 < p.p409 {
         p.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+        if parts.method == Method::PATCH && path_str.starts_with("/api/v1/nodes/") {
+            p.stats.node_patch_conflicts.fetch_add(1, Ordering::Relaxed);
+        }
         return status_response(
             409,
             "Conflict",
@@ -602,6 +666,9 @@ async fn proxy_handler(
     }
     if r429 < p.p429 {
         p.stats.throttled.fetch_add(1, Ordering::Relaxed);
+        if parts.uri.query().is_some_and(|q| q.contains("watch=true")) {
+            p.stats.watch_throttled.fetch_add(1, Ordering::Relaxed);
+        }
         return status_response(
             429,
             "TooManyRequests",
@@ -970,6 +1037,10 @@ async fn trial(
         victim = Some(v);
     }
 
+    if kind == Kind::LeaderHandover {
+        // A leader and a standby sharing one Lease.
+        ctl.lock().await.replace_all(env, true, 2);
+    }
     set_spec(
         env,
         policy,
@@ -992,6 +1063,15 @@ async fn trial(
     let toggles: Vec<(u64, u64)> = (0..rng.random_range(3..=6))
         .map(|_| (rng.random_range(300..3_000), rng.random_range(200..2_500)))
         .collect();
+    // Half the kills wait for a node to enter a given state and strike at once:
+    // the moments between a persisted transition and the next step.
+    let kill_when: Vec<Option<&'static str>> = (0..n_kills)
+        .map(|_| {
+            rng.random_bool(0.5).then(|| {
+                ["Cordoning", "Draining", "Upgrading", "Uncordoning"][rng.random_range(0..4)]
+            })
+        })
+        .collect();
 
     // Controller kills run alongside the kind's own fault.
     let kills_task = {
@@ -1003,22 +1083,51 @@ async fn trial(
         tokio::spawn(async move {
             let t0 = Instant::now();
             let mut log = vec![];
-            for (at, down) in kill_at.iter().zip(kill_downtime) {
+            let napi: Api<Node> = Api::all(env_client_env.client.clone());
+            let lp = ListParams::default().labels(&env_client_env.selector());
+            for ((at, down), when) in kill_at.iter().zip(kill_downtime).zip(kill_when) {
                 let wait = Duration::from_millis(*at).saturating_sub(t0.elapsed());
                 tokio::time::sleep(wait).await;
+                let mut trigger = String::new();
+                if let Some(state) = when {
+                    // Strike as soon as some node's persisted state is `state` (up to 15 s).
+                    let until = Instant::now() + Duration::from_secs(15);
+                    while Instant::now() < until {
+                        let hit = napi.list(&lp).await.ok().and_then(|l| {
+                            l.items.into_iter().find_map(|n| {
+                                (record_state(&n).as_deref() == Some(state))
+                                    .then(|| n.metadata.name.unwrap_or_default())
+                            })
+                        });
+                        if let Some(n) = hit {
+                            trigger = format!(" as {n} was {state}");
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    if trigger.is_empty() {
+                        trigger = format!(" (no node reached {state})");
+                    }
+                }
+                let at_ms = t0.elapsed().as_millis();
                 let mut c = ctl.lock().await;
-                c.kill();
+                let who = c.kill_acting(&env_client_env).await;
+                if c.leader_elect {
+                    trigger.push_str(&format!(", {who}"));
+                }
                 drop(c);
                 tokio::time::sleep(Duration::from_millis(down)).await;
                 ctl.lock().await.start(&env_client_env);
-                log.push(format!("SIGKILL controller at {at}ms (down {down}ms)"));
+                log.push(format!(
+                    "SIGKILL controller at {at_ms}ms{trigger} (down {down}ms)"
+                ));
             }
             log
         })
     };
 
     match kind {
-        Kind::Kills => {}
+        Kind::Kills | Kind::LeaderHandover => {}
         Kind::ApiserverRestart => {
             tokio::time::sleep(Duration::from_millis(api_at)).await;
             let Some(api) = api else {
@@ -1087,7 +1196,7 @@ async fn trial(
     faults.extend(kill_log);
     {
         let mut c = ctl.lock().await;
-        let running = c.proc.as_mut().is_some_and(|p| p.is_running());
+        let running = c.any_running();
         if !running {
             inv.violation("controller not running at the end of the fault schedule".into());
             c.start(env);
@@ -1107,6 +1216,9 @@ async fn trial(
             ok = false;
             inv.violation(format!("rollout to {final_version} did not complete: {e}"));
         }
+    }
+    if kind == Kind::LeaderHandover {
+        ctl.lock().await.replace_all(env, false, 1);
     }
     if kind == Kind::DeleteDraining {
         let dapi: Api<Deployment> = Api::namespaced(env.client.clone(), ns);
@@ -1278,7 +1390,8 @@ async fn chaos_rollouts() {
     let ctl = Arc::new(tokio::sync::Mutex::new(Controller {
         env_id: env.id.clone(),
         ns: ns.clone(),
-        proc: None,
+        procs: vec![],
+        leader_elect: false,
         starts: 0,
         kills: 0,
         logs: vec![],
@@ -1344,10 +1457,12 @@ async fn chaos_rollouts() {
     }
     let proxy_line = match &proxy {
         Some((st, _)) => format!(
-            "proxy: forwarded {}, injected 409 {}, injected 429 {}, upstream unreachable {}",
+            "proxy: forwarded {}, injected 409 {} ({} on node patches), injected 429 {} ({} on watches), upstream unreachable {}",
             st.forwarded.load(Ordering::Relaxed),
             st.conflicts.load(Ordering::Relaxed),
+            st.node_patch_conflicts.load(Ordering::Relaxed),
             st.throttled.load(Ordering::Relaxed),
+            st.watch_throttled.load(Ordering::Relaxed),
             st.upstream_errors.load(Ordering::Relaxed)
         ),
         None => "proxy: none".to_string(),
@@ -1448,7 +1563,7 @@ async fn chaos_rollouts() {
         let _ = std::fs::write(path, lines.join("\n") + "\n");
     }
 
-    ctl.lock().await.kill();
+    ctl.lock().await.kill_all();
     delete_policies(&env).await;
     let _ = dapi.delete("train", &DeleteParams::default()).await;
     env.cleanup().await;
