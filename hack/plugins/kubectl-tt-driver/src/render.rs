@@ -405,7 +405,21 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
     if !p.skipped.is_empty() {
         out.push_str("\nSkipped:\n");
         let mut t = Table::new(&["NODE", "WHY", "DETAIL"]);
+        // A selector such as `{}` matches every ordinary node: list a few.
+        const SHOWN: usize = 10;
+        let ordinary = p
+            .skipped
+            .iter()
+            .filter(|n| n.kind == "NotTenstorrent")
+            .count();
+        let mut seen = 0;
         for n in &p.skipped {
+            if n.kind == "NotTenstorrent" {
+                seen += 1;
+                if ordinary > SHOWN && seen > SHOWN {
+                    continue;
+                }
+            }
             t.row(vec![
                 (n.name.clone(), anstyle::Style::new()),
                 (n.kind.clone(), style::DIM),
@@ -413,6 +427,12 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
             ]);
         }
         out.push_str(&t.render(pal, 2));
+        if ordinary > SHOWN {
+            out.push_str(&format!(
+                "  … and {} more nodes without a Tenstorrent device (-o json lists them)\n",
+                ordinary - SHOWN
+            ));
+        }
     }
     let e = &p.estimate;
     let stalls = p.nodes.iter().any(|n| n.wave.is_none());

@@ -680,3 +680,35 @@ fn an_unavailable_node_without_a_cycle_still_uses_a_slot() {
         rp.halted
     );
 }
+
+#[test]
+fn many_ordinary_nodes_are_summarized_in_text_but_all_in_json() {
+    let (policies, mut nodes, pods, pdbs) = fleet_before_upgrade();
+    for i in 0..15 {
+        let name: &'static str = Box::leak(format!("cpu-{i:02}").into_boxed_str());
+        nodes.push(node(N {
+            name,
+            labels: vec![POOL],
+            record: None,
+            unschedulable: false,
+        }));
+    }
+    let rp = plan::build(&Inputs {
+        policy: &policies[1],
+        policies: &policies,
+        nodes: &nodes,
+        pods: &pods,
+        pdbs: &pdbs,
+        version: Some("2.8.0"),
+    });
+    assert_eq!(
+        rp.skipped
+            .iter()
+            .filter(|n| n.kind == "NotTenstorrent")
+            .count(),
+        16
+    );
+    let text = render::plan(&rp, Palette::PLAIN);
+    assert_eq!(text.matches("NotTenstorrent").count(), 10);
+    assert!(text.contains("… and 6 more nodes without a Tenstorrent device"));
+}
