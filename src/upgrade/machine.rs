@@ -349,6 +349,28 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             stay(&rec, vec![Command::Evict])
         }
         Upgrading => {
+            if obs.host_managed {
+                // The new agent found a DKMS install: it stands down, so do we.
+                if rec.cordoned_by_us || obs.gates_present {
+                    let mut cmds = vec![Command::OpenGates];
+                    if rec.cordoned_by_us {
+                        cmds.insert(0, Command::Uncordon);
+                    }
+                    return Step {
+                        record: enter(&rec, Uncordoning, reason::HOST_MANAGED, None, now),
+                        commands: cmds,
+                    };
+                }
+                let mut r = enter(
+                    &rec,
+                    Done,
+                    reason::HOST_MANAGED,
+                    Some("DKMS install found; left alone".into()),
+                    now,
+                );
+                r.no_drain = false;
+                return stay(&r, vec![]);
+            }
             if module_ok && obs.installer == (Installer::Current { ready: true }) {
                 if !rec.cordoned_by_us && (rec.no_drain || !want.drain_enabled) {
                     let mut r = enter(&rec, Done, reason::UPGRADED, None, now);
@@ -395,7 +417,12 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         Uncordoning => {
             let schedulable_ok = !rec.cordoned_by_us || !obs.unschedulable;
             if schedulable_ok && !obs.gates_present {
-                let mut r = enter(&rec, Done, reason::UPGRADED, None, now);
+                let why = if obs.host_managed {
+                    reason::HOST_MANAGED
+                } else {
+                    reason::UPGRADED
+                };
+                let mut r = enter(&rec, Done, why, None, now);
                 r.cordoned_by_us = false;
                 r.was_unschedulable = false;
                 return stay(&r, vec![]);
