@@ -8,7 +8,7 @@
 //! never by the default `cargo test`.
 //!
 //! Environment:
-//! - `CHAOS_TRIALS` (default 20): trials (one rollout each) in this run;
+//! - `CHAOS_TRIALS` (default 14, two per kind): trials (one rollout each) in this run;
 //! - `CHAOS_RUN_SEED`: seed of the run (derives each trial's seed); default: the clock;
 //! - `CHAOS_SEED` (+ `CHAOS_KIND`): replay one trial with this seed (and kind);
 //! - `CHAOS_CLUSTER` (default `ttdrv-chaos`): the only cluster whose API server
@@ -98,6 +98,9 @@ struct NodeSeen {
     unschedulable: bool,
     gate: Option<String>,
     state: Option<String>,
+    /// Unix seconds the current cycle started (entered Cordoning), from the record.
+    started: Option<i64>,
+    no_drain: bool,
 }
 
 #[derive(Debug, Default)]
@@ -113,6 +116,12 @@ struct Shared {
     watch_restarts: usize,
     /// Nodes the test cordoned as an administrator.
     admin: BTreeSet<String>,
+    /// Latest view of the nodes' records (for the drain invariant).
+    records: BTreeMap<String, NodeSeen>,
+    /// Live device-using workload pods: name -> (node, unix seconds it was scheduled).
+    device_pods: BTreeMap<String, (String, i64)>,
+    /// Drain violations already reported (node, pod), reported once each.
+    drain_reported: BTreeSet<(String, String)>,
 }
 
 #[derive(Clone)]
@@ -132,7 +141,49 @@ impl Invariants {
         s.violations.push(msg);
     }
 
+    /// A node past Draining (Upgrading or Uncordoning, with a drain) must not
+    /// still run a device user that was scheduled there well before its cycle
+    /// started: the drain would have been skipped and the module swapped (or
+    /// force-unloaded) under a running job.
+    fn check_drain(&self, rv: &str) {
+        let found: Vec<String> = {
+            let mut s = self.lock();
+            let mut found = vec![];
+            let pods: Vec<(String, String, i64)> = s
+                .device_pods
+                .iter()
+                .map(|(p, (n, t))| (p.clone(), n.clone(), *t))
+                .collect();
+            for (pod, node, scheduled) in pods {
+                let Some(rec) = s.records.get(&node).cloned() else {
+                    continue;
+                };
+                let past_drain = matches!(
+                    rec.state.as_deref(),
+                    Some("Upgrading") | Some("Uncordoning")
+                );
+                let before_cycle = rec.started.is_some_and(|st| scheduled + 2 < st);
+                if past_drain
+                    && !rec.no_drain
+                    && before_cycle
+                    && s.drain_reported.insert((node.clone(), pod.clone()))
+                {
+                    found.push(format!(
+                        "drain skipped: device pod {pod} (scheduled at {scheduled}) still runs on {node}, which is {:?} in a cycle started at {:?}, at rv {rv}",
+                        rec.state, rec.started
+                    ));
+                }
+            }
+            found
+        };
+        for f in found {
+            self.violation(f);
+        }
+    }
+
     fn check_nodes(&self, nodes: &BTreeMap<String, NodeSeen>, rv: &str) {
+        self.lock().records = nodes.clone();
+        self.check_drain(rv);
         let admin = self.lock().admin.clone();
         let cordoned: Vec<&String> = nodes
             .iter()
@@ -205,14 +256,17 @@ impl Invariants {
 }
 
 fn seen(n: &Node) -> NodeSeen {
-    let state = n
+    let rec = n
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(labels::UPGRADE_STATE))
         .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw).ok())
-        .and_then(|v| v["state"].as_str().map(String::from));
+        .unwrap_or_default();
+    let state = rec["state"].as_str().map(String::from);
     NodeSeen {
+        started: rec["started"].as_i64(),
+        no_drain: rec["noDrain"].as_bool().unwrap_or(false),
         unschedulable: unschedulable(n),
         gate: n
             .metadata
@@ -265,7 +319,8 @@ fn spawn_invariant_watchers(
     });
     let pods_api: Api<Pod> = Api::namespaced(env.client.clone(), ns);
     let pcfg = watcher::Config::default().labels(labels::CLAIM);
-    let i2 = inv;
+    let i2 = inv.clone();
+    let i2_clone = inv;
     let pods_task = tokio::spawn(async move {
         let key = |p: &Pod| {
             (
@@ -306,7 +361,74 @@ fn spawn_invariant_watchers(
             }
         }
     });
-    vec![nodes_task, pods_task]
+    // Device users of the workload (label app=train): where and since when.
+    let dev_api: Api<Pod> = Api::namespaced(env.client.clone(), ns);
+    let dcfg = watcher::Config::default().labels("app=train");
+    let i3 = i2_clone;
+    let dev_task = tokio::spawn(async move {
+        let entry = |p: &Pod| -> Option<(String, (String, i64))> {
+            if p.metadata.deletion_timestamp.is_some() {
+                return None;
+            }
+            let node = p.spec.as_ref()?.node_name.clone()?;
+            // When it was bound: PodScheduled, or its creation for a pod
+            // created with spec.nodeName (never seen by the scheduler).
+            let scheduled = p
+                .status
+                .as_ref()
+                .and_then(|st| st.conditions.as_ref())
+                .and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+                })
+                .and_then(|c| c.last_transition_time.as_ref())
+                .or(p.metadata.creation_timestamp.as_ref())?
+                .0
+                .as_second();
+            Some((p.metadata.name.clone()?, (node, scheduled)))
+        };
+        let mut stream = watcher::watcher(dev_api, dcfg).default_backoff().boxed();
+        let mut buffer = BTreeMap::new();
+        while let Some(ev) = stream.next().await {
+            let rv = match &ev {
+                Ok(Event::Apply(p)) | Ok(Event::Delete(p)) => rv_of(p),
+                _ => "(relist)".to_string(),
+            };
+            match ev {
+                Ok(Event::Init) => {
+                    buffer.clear();
+                    continue;
+                }
+                Ok(Event::InitApply(p)) => {
+                    if let Some((k, v)) = entry(&p) {
+                        buffer.insert(k, v);
+                    }
+                    continue;
+                }
+                Ok(Event::InitDone) => {
+                    i3.lock().device_pods = std::mem::take(&mut buffer);
+                }
+                Ok(Event::Apply(p)) => {
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    let mut s = i3.lock();
+                    match entry(&p) {
+                        Some((k, v)) => s.device_pods.insert(k, v),
+                        None => s.device_pods.remove(&name),
+                    };
+                }
+                Ok(Event::Delete(p)) => {
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    i3.lock().device_pods.remove(&name);
+                }
+                Err(e) => {
+                    i3.watch_error("device pod", &e);
+                    continue;
+                }
+            }
+            i3.check_drain(&rv);
+        }
+    });
+    vec![nodes_task, pods_task, dev_task]
 }
 
 // ---------------------------------------------------------------------------
@@ -605,6 +727,8 @@ struct ProxyStats {
     node_patch_conflicts: AtomicUsize,
     /// Of the injected 429s: on watch requests.
     watch_throttled: AtomicUsize,
+    /// Injected 409s on policy status writes (the status-conflict test).
+    status_conflicts: AtomicUsize,
 }
 
 #[derive(Clone)]
@@ -613,6 +737,8 @@ struct Proxy {
     rng: Arc<Mutex<StdRng>>,
     p409: f64,
     p429: f64,
+    /// Extra 409 rate on policy status writes only (changed while running).
+    status_p409: Arc<Mutex<f64>>,
     stats: Arc<ProxyStats>,
 }
 
@@ -653,6 +779,18 @@ async fn proxy_handler(
         (rng.random::<f64>(), rng.random::<f64>())
     };
     let path_str = parts.uri.path();
+    let status_write = parts.method == Method::PATCH
+        && path_str.contains("/tenstorrentdriverpolicies/")
+        && path_str.ends_with("/status");
+    let status_p409 = *p.status_p409.lock().unwrap_or_else(|e| e.into_inner());
+    if status_write && r429 < status_p409 {
+        p.stats.status_conflicts.fetch_add(1, Ordering::Relaxed);
+        return status_response(
+            409,
+            "Conflict",
+            "chaos proxy: injected conflict on a status write",
+        );
+    }
     if write && r409 < p.p409 {
         p.stats.conflicts.fetch_add(1, Ordering::Relaxed);
         if parts.method == Method::PATCH && path_str.starts_with("/api/v1/nodes/") {
@@ -723,6 +861,7 @@ async fn spawn_proxy(
     seed: u64,
     p409: f64,
     p429: f64,
+    status_p409: Arc<Mutex<f64>>,
 ) -> (Arc<ProxyStats>, tokio::task::JoinHandle<()>) {
     let stats = Arc::new(ProxyStats::default());
     let p = Proxy {
@@ -730,6 +869,7 @@ async fn spawn_proxy(
         rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
         p409,
         p429,
+        status_p409,
         stats: stats.clone(),
     };
     let app = axum::Router::new().fallback(proxy_handler).with_state(p);
@@ -1090,8 +1230,9 @@ async fn trial(
                 tokio::time::sleep(wait).await;
                 let mut trigger = String::new();
                 if let Some(state) = when {
-                    // Strike as soon as some node's persisted state is `state` (up to 15 s).
-                    let until = Instant::now() + Duration::from_secs(15);
+                    // Strike as soon as some node's persisted state is `state` (up to 6 s;
+                    // the rollout may be over by then).
+                    let until = Instant::now() + Duration::from_secs(6);
                     while Instant::now() < until {
                         let hit = napi.list(&lp).await.ok().and_then(|l| {
                             l.items.into_iter().find_map(|n| {
@@ -1246,6 +1387,32 @@ async fn trial(
     }
 }
 
+/// The test's own view of the cluster: the real API server directly (the
+/// controllers may go through the proxy instead).
+async fn chaos_env(prefix: &str, run_seed: u64) -> TestEnv {
+    match std::env::var("CHAOS_DIRECT_KUBECONFIG") {
+        Ok(path) => {
+            let kc = kube::config::Kubeconfig::read_from(&path)
+                .unwrap_or_else(|e| panic!("reading {path}: {e}"));
+            let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .unwrap_or_else(|e| panic!("loading {path}: {e}"));
+            cfg.default_retry = false;
+            let client = kube::Client::try_from(cfg).expect("client");
+            let suffix: String = StdRng::seed_from_u64(run_seed ^ 0x5eed)
+                .sample_iter(rand::distr::Alphanumeric)
+                .take(5)
+                .map(|c| char::from(c).to_ascii_lowercase())
+                .collect();
+            TestEnv {
+                client,
+                id: format!("{prefix}-{suffix}"),
+            }
+        }
+        Err(_) => TestEnv::new(prefix).await,
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The test.
 // ---------------------------------------------------------------------------
@@ -1263,7 +1430,7 @@ async fn chaos_rollouts() {
     let trials: usize = std::env::var("CHAOS_TRIALS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(14);
     let run_seed: u64 = std::env::var("CHAOS_RUN_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -1308,27 +1475,7 @@ async fn chaos_rollouts() {
 
     // The test itself talks to the API server directly; the controllers go
     // through the fault-injecting proxy when hack/chaos.sh set one up.
-    let env = match std::env::var("CHAOS_DIRECT_KUBECONFIG") {
-        Ok(path) => {
-            let kc = kube::config::Kubeconfig::read_from(&path)
-                .unwrap_or_else(|e| panic!("reading {path}: {e}"));
-            let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .unwrap_or_else(|e| panic!("loading {path}: {e}"));
-            cfg.default_retry = false;
-            let client = kube::Client::try_from(cfg).expect("client");
-            let suffix: String = StdRng::seed_from_u64(run_seed ^ 0x5eed)
-                .sample_iter(rand::distr::Alphanumeric)
-                .take(5)
-                .map(|c| char::from(c).to_ascii_lowercase())
-                .collect();
-            TestEnv {
-                client,
-                id: format!("chaos-{suffix}"),
-            }
-        }
-        Err(_) => TestEnv::new("chaos").await,
-    };
+    let env = chaos_env("chaos", run_seed).await;
     let p409: f64 = std::env::var("CHAOS_P409")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -1347,7 +1494,17 @@ async fn chaos_rollouts() {
                 p409 * 100.0,
                 p429 * 100.0
             );
-            Some(spawn_proxy(env.client.clone(), port, run_seed, p409, p429).await)
+            Some(
+                spawn_proxy(
+                    env.client.clone(),
+                    port,
+                    run_seed,
+                    p409,
+                    p429,
+                    Arc::default(),
+                )
+                .await,
+            )
         }
         None => {
             eprintln!("chaos: no CHAOS_PROXY_PORT: controllers talk to the API server directly");
@@ -1571,6 +1728,152 @@ async fn chaos_rollouts() {
         violations.is_empty(),
         "{} invariant violation(s):\n{}",
         violations.len(),
+        violations.join("\n")
+    );
+}
+
+/// Reproduction of a drain that is skipped when the policy's status write fails
+/// (found by `chaos_rollouts`, trial 14 of run seed 1796042687684544580): a
+/// rollout over 6 nodes, each running a bare device user (drain.force), while
+/// the proxy answers 70% of the controller's policy-status writes with 409. No
+/// controller kills, no other faults. Every node must be drained before its
+/// module is swapped; the invariant watcher reports any node that reaches
+/// Upgrading while its device user still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by hack/chaos.sh"]
+async fn status_write_conflicts_do_not_skip_drains() {
+    let Some(port) = std::env::var("CHAOS_PROXY_PORT")
+        .ok()
+        .and_then(|p| p.parse::<u16>().ok())
+    else {
+        panic!("needs the fault-injecting proxy: run through hack/chaos.sh");
+    };
+    let seed: u64 = std::env::var("CHAOS_RUN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12);
+    let env = chaos_env("stconf", seed).await;
+    let ns = env.namespace().await;
+    let _agent = SimAgent::spawn(
+        env.client.clone(),
+        SimAgentConfig {
+            namespace: ns.clone(),
+            work: Duration::from_millis(300),
+        },
+    );
+    let status_p409: Arc<Mutex<f64>> = Arc::default();
+    let (stats, proxy_task) = spawn_proxy(
+        env.client.clone(),
+        port,
+        seed,
+        0.0,
+        0.0,
+        status_p409.clone(),
+    )
+    .await;
+    let inv = Invariants {
+        shared: Arc::new(Mutex::new(Shared::default())),
+    };
+    let mut nodes = vec![];
+    for i in 0..6 {
+        nodes.push(
+            env.tt_node(&format!("n{i}"), &[])
+                .await
+                .metadata
+                .name
+                .unwrap_or_default(),
+        );
+    }
+    for n in &nodes {
+        env.wait_node_ready(n).await;
+    }
+    let watchers = spawn_invariant_watchers(&env, &ns, inv.clone());
+    let mut ctl = Controller {
+        env_id: env.id.clone(),
+        ns: ns.clone(),
+        procs: vec![],
+        leader_elect: false,
+        starts: 0,
+        kills: 0,
+        logs: vec![],
+    };
+    ctl.start(&env);
+    let policy = env.name("fleet");
+    create_policy(
+        &env,
+        &policy,
+        &format!(
+            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\nupgradePolicy: {{maxUnavailable: 1, drain: {{force: true}}}}",
+            env.id
+        ),
+    )
+    .await;
+    if let Err(e) = wait_settled(&env, &policy, "2.7.0", SETTLE).await {
+        panic!("initial install did not settle: {e}");
+    }
+    // One bare device user per node (evicted for good by a drain with force).
+    let papi: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
+    for n in &nodes {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": format!("job-{n}"), "namespace": ns, "labels": { "app": "train" } },
+            "spec": {
+                "nodeName": n,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{ "name": "main", "image": "example.invalid/job:1",
+                    "volumeMounts": [{ "name": "dev", "mountPath": labels::DEVICE_DIR }] }],
+                "volumes": [{ "name": "dev", "hostPath": { "path": labels::DEVICE_DIR } }],
+            }
+        }))
+        .expect("pod");
+        papi.create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("creating job on {n}: {e}"));
+    }
+    ttdrv_testkit::wait_for("device users running", Duration::from_secs(60), || async {
+        let l = papi
+            .list(&ListParams::default().labels("app=train"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let ready = l
+            .items
+            .iter()
+            .filter(|p| ttdrv_testkit::pod_ready(p))
+            .count();
+        if ready == nodes.len() {
+            Ok(())
+        } else {
+            Err(format!("{ready} ready"))
+        }
+    })
+    .await;
+    // Let the device users be "old" (scheduled well before any cycle starts).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    *status_p409.lock().unwrap_or_else(|e| e.into_inner()) = 0.7;
+    set_spec(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    let outcome = wait_settled(&env, &policy, "2.8.0", Duration::from_secs(120)).await;
+    *status_p409.lock().unwrap_or_else(|e| e.into_inner()) = 0.0;
+    for w in watchers {
+        w.abort();
+    }
+    proxy_task.abort();
+    let violations = inv.lock().violations.clone();
+    let conflicts = stats.status_conflicts.load(Ordering::Relaxed);
+    eprintln!(
+        "status-conflict test: {conflicts} status writes answered 409; outcome {outcome:?}; {} violation(s); controller log {}",
+        violations.len(),
+        ctl.logs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    ctl.kill_all();
+    delete_policies(&env).await;
+    env.cleanup().await;
+    assert!(
+        violations.is_empty() && outcome.is_ok(),
+        "drains must survive failed status writes; outcome {outcome:?}; violations:\n{}",
         violations.join("\n")
     );
 }
