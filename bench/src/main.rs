@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
 use ttdrv_testkit::TestEnv;
 
@@ -44,15 +44,15 @@ struct Args {
     /// scenario of its N: it leaves the rollout unfinished).
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
-    #[arg(long)]
+    #[arg(long, default_value = "-")]
     controller_bin: PathBuf,
-    #[arg(long)]
+    #[arg(long, default_value = "-")]
     sim_agent_bin: PathBuf,
     /// Kubeconfig of the controller's ServiceAccount (the identity the audit log records).
-    #[arg(long)]
+    #[arg(long, default_value = "-")]
     controller_kubeconfig: PathBuf,
     /// The API server's audit log.
-    #[arg(long)]
+    #[arg(long, default_value = "-")]
     audit_log: PathBuf,
     /// User name of the controller in the audit log.
     #[arg(
@@ -60,7 +60,7 @@ struct Args {
         default_value = "system:serviceaccount:default:ttdrv-bench-controller"
     )]
     audit_user: String,
-    #[arg(long)]
+    #[arg(long, default_value = "-")]
     baseline_script: PathBuf,
     /// Nodes the baseline runs on when a scenario gives no sample size (extrapolated to N).
     #[arg(long, default_value_t = 20)]
@@ -68,6 +68,9 @@ struct Args {
     /// Controller `--resync-ms` (its production default is 2000).
     #[arg(long, default_value_t = 2000)]
     resync_ms: u64,
+    /// Print the tables of an earlier run's results.json and exit.
+    #[arg(long)]
+    render: Option<PathBuf>,
     /// Directory for logs and results.
     #[arg(long, default_value = "/tmp/ttdrv-bench")]
     out_dir: PathBuf,
@@ -557,7 +560,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-#[derive(Serialize, Clone, Debug, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
 struct Result_ {
     nodes: usize,
     work_s: f64,
@@ -1093,13 +1096,29 @@ fn table(results: &[Result_]) -> String {
         } else {
             format!("{:.1} s", r.rollout_s)
         };
+        // With several slots the formula gives the time per wave of `slots` nodes.
+        let added = if r.slots > 1 {
+            format!(
+                "{} ms per wave of {} (≈{} ms/node)",
+                fmt_ms(r.controller_added_ms_per_node),
+                r.slots,
+                fmt_ms(r.controller_added_ms_per_node / r.slots as f64)
+            )
+        } else {
+            format!("{} ms", fmt_ms(r.controller_added_ms_per_node))
+        };
+        let ratio = if r.slots > 1 {
+            format!("{:.2} ({} at a time vs serial)", r.ratio, r.slots)
+        } else {
+            format!("{:.2}", r.ratio)
+        };
         s.push_str(&format!(
-            "| {} | {:.0} s | {} | {} | {} ms | {} / {} ms | {} ms | {:.1} MiB | {:.2} / {:.2} s | {:.1} | {} | {:.2} |\n",
+            "| {} | {:.0} s | {} | {} | {} | {} / {} ms | {} ms | {:.1} MiB | {:.2} / {:.2} s | {:.1} | {} | {} |\n",
             r.nodes,
             r.work_s,
             r.max_unavailable,
             rollout,
-            fmt_ms(r.controller_added_ms_per_node),
+            added,
             fmt_ms(r.gap_p50_ms),
             fmt_ms(r.gap_p95_ms),
             fmt_ms(r.first_cordon_ms),
@@ -1108,7 +1127,7 @@ fn table(results: &[Result_]) -> String {
             r.cpu_total_s,
             r.api_requests_per_node,
             baseline,
-            r.ratio
+            ratio
         ));
     }
     s
@@ -1148,6 +1167,11 @@ fn breakdown(results: &[Result_]) -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(path) = &args.render {
+        let results: Vec<Result_> = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+        print_tables(&results);
+        return Ok(());
+    }
     std::fs::create_dir_all(&args.out_dir)?;
     let scenarios: Vec<Scenario> = args
         .scenarios
@@ -1175,15 +1199,19 @@ async fn main() -> anyhow::Result<()> {
         write_results(&args, &results)?;
     }
     write_results(&args, &results)?;
-    println!("{}", table(&results));
-    println!(
-        "Per-node breakdown (mean time in each state; API requests of the controller during the rollout):\n"
-    );
-    println!("{}", breakdown(&results));
+    print_tables(&results);
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+fn print_tables(results: &[Result_]) {
+    println!("{}", table(results));
+    println!(
+        "Per-node breakdown (mean time in each state; API requests of the controller during the rollout):\n"
+    );
+    println!("{}", breakdown(results));
 }
 
 fn write_results(args: &Args, results: &[Result_]) -> anyhow::Result<()> {
