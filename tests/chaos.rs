@@ -1094,6 +1094,8 @@ struct TrialResult {
     max_total: usize,
     violations: usize,
     ok: bool,
+    /// The rollout reached its end state.
+    settled: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1384,6 +1386,7 @@ async fn trial(
         max_total,
         violations,
         ok: ok && violations == 0,
+        settled: ok,
     }
 }
 
@@ -1600,7 +1603,13 @@ async fn chaos_rollouts() {
             r.duration.as_secs_f64(),
             r.faults.join("; ")
         );
+        let settled = r.settled;
         results.push(r);
+        if !settled {
+            // The fleet is stuck; later trials would only time out one by one.
+            eprintln!("chaos: trial did not settle; stopping the run here");
+            break;
+        }
     }
 
     for w in watchers {
