@@ -216,11 +216,15 @@ impl Handler<Reconcile> for PolicySupervisor {
                 conflicts_changed,
             )
             .await;
+            let err = match &res {
+                Ok((_, _, e)) => e.as_ref(),
+                Err(e) => Some(e),
+            };
             ctx.metrics
-                .observe_reconcile(&name, started.elapsed().as_secs_f64(), res.is_ok());
-            match &res {
-                Ok(_) => ctx.metrics.set_last_successful_reconcile(&name),
-                Err(e) => {
+                .observe_reconcile(&name, started.elapsed().as_secs_f64(), err.is_none());
+            match err {
+                None => ctx.metrics.set_last_successful_reconcile(&name),
+                Some(e) => {
                     ctx.metrics.inc_error(&name, e.metric_label());
                     tracing::warn!(policy = name, error = %e, "reconcile failed; will retry");
                 }
@@ -234,12 +238,12 @@ impl Handler<Reconcile> for PolicySupervisor {
                     act.warned_generation = generation;
                 }
                 match res {
-                    Ok((records, status)) => {
+                    Ok((records, status, err)) => {
                         act.records = records;
                         if status.is_some() {
                             act.last_status = status;
                         }
-                        Ok(())
+                        err.map_or(Ok(()), Err)
                     }
                     Err(e) => Err(e),
                 }
@@ -248,9 +252,12 @@ impl Handler<Reconcile> for PolicySupervisor {
     }
 }
 
+/// Records after the pass, the status if written, and the first error of the
+/// pass (node steps and status write continue past it).
 type ReconcileOut = (
     HashMap<String, NodeRecord>,
     Option<TenstorrentDriverPolicyStatus>,
+    Option<Error>,
 );
 
 #[allow(clippy::too_many_arguments)]
@@ -459,15 +466,22 @@ async fn reconcile(
     if prev_status.as_ref() != Some(&status) {
         let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
         let patch = serde_json::json!({ "status": status });
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(Error::kube(format!("writing status of {name}")))?;
-        written = Some(status);
+        {
+            Ok(_) => written = Some(status),
+            Err(e) => {
+                first_err = first_err.or(Some(Error::Kube {
+                    action: format!("writing status of {name}"),
+                    source: e,
+                }))
+            }
+        }
     }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok((records, written)),
-    }
+    // The records the NodeActors returned are kept even when something failed:
+    // the next pass must see the nodes as they are, not as they were.
+    Ok((records, written, first_err))
 }
 
 /// Patch that removes our claim from a node we no longer own, undoing our cordon
@@ -560,8 +574,12 @@ fn observe_nodes(
         let persisted = persisted_record(&node).filter(|r| r.policy == policy_name);
         let rec = records.get(n).or(persisted.as_ref());
         let plan = plan_drain(&pods, &policy.spec.upgrade_policy.drain, selector);
-        let draining =
-            rec.is_some_and(|r| r.state == NodeState::Draining || r.state == NodeState::Cordoning);
+        // Either view saying Cordoning/Draining is enough: the drain plan must
+        // never be missing when the NodeActor is about to leave Draining.
+        let draining = [records.get(n), persisted.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|r| r.state == NodeState::Draining || r.state == NodeState::Cordoning);
         let mut drain = DrainProgress::default();
         let mut evictions = vec![];
         if draining {
