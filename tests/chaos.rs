@@ -1124,7 +1124,7 @@ async fn trial(
     let mut final_version = target.clone();
     let mut faults: Vec<String> = vec![];
     eprintln!(
-        "=== trial {index} kind={} seed={seed}: {} -> {target} (replay: CHAOS_SEED={seed} CHAOS_KIND={} bash hack/chaos.sh)",
+        "=== trial {index} kind={} seed={seed}: {} -> {target} (replay: CHAOS_SEED={seed} CHAOS_KIND={} bash hack/chaos.sh chaos_rollouts)",
         kind.name(),
         version,
         kind.name()
@@ -1453,7 +1453,7 @@ async fn chaos_rollouts() {
         }
     };
     eprintln!(
-        "chaos: {} trial(s), run seed {run_seed} (replay the run: CHAOS_RUN_SEED={run_seed} CHAOS_TRIALS={trials})",
+        "chaos: {} trial(s), run seed {run_seed} (replay the run: CHAOS_RUN_SEED={run_seed} CHAOS_TRIALS={trials} bash hack/chaos.sh chaos_rollouts)",
         plan.len()
     );
     // The control plane, recorded so it can be restarted (only on the chaos cluster).
