@@ -32,6 +32,9 @@ pub struct Context {
     pub stores: Stores,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
+    event_slots: Arc<tokio::sync::Semaphore>,
+    /// Bounds concurrent node patches (each is a connection under HTTP/1.1).
+    pub patch_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Context {
@@ -47,6 +50,8 @@ impl Context {
             stores,
             metrics,
             recorder,
+            event_slots: Arc::new(tokio::sync::Semaphore::new(4)),
+            patch_slots: Arc::new(tokio::sync::Semaphore::new(16)),
         }
     }
 
@@ -61,8 +66,10 @@ impl Context {
         }
     }
 
-    /// Records an Event on an object; failures are logged, never fatal.
-    pub async fn event<K: Resource<DynamicType = ()>>(
+    /// Records an Event on an object in the background: Events never sit on a
+    /// node's critical path, and at most a few are in flight at once. Failures
+    /// are logged, never fatal.
+    pub fn event<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
         warning: bool,
@@ -81,8 +88,16 @@ impl Context {
             action: action.to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            tracing::warn!(error = %e, reason, "could not record event");
-        }
+        let (recorder, reference, limit) = (
+            self.recorder.clone(),
+            obj.object_ref(&()),
+            self.event_slots.clone(),
+        );
+        tokio::spawn(async move {
+            let _permit = limit.acquire().await;
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::warn!(error = %e, reason = ev.reason, "could not record event");
+            }
+        });
     }
 }

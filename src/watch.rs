@@ -36,30 +36,35 @@ pub fn start(
     let (policies, w1) = spawn_watch::<TenstorrentDriverPolicy>(
         Api::all(client.clone()),
         pcfg,
+        policy_key,
         manager.clone(),
         metrics.clone(),
     );
     let (nodes, w2) = spawn_watch::<Node>(
         Api::all(client.clone()),
         watcher::Config::default(),
+        node_key,
         manager.clone(),
         metrics.clone(),
     );
     let (pods, w3) = spawn_watch::<Pod>(
         Api::all(client.clone()),
         watcher::Config::default(),
+        any_change,
         manager.clone(),
         metrics.clone(),
     );
     let (daemonsets, w4) = spawn_watch::<DaemonSet>(
         Api::namespaced(client.clone(), namespace),
         watcher::Config::default().labels(ttdrv_api::labels::CLAIM),
+        any_change,
         manager.clone(),
         metrics.clone(),
     );
     let (pdbs, w5) = spawn_watch::<PodDisruptionBudget>(
         Api::all(client.clone()),
         watcher::Config::default(),
+        any_change,
         manager,
         metrics,
     );
@@ -87,6 +92,7 @@ pub fn start(
 fn spawn_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
+    key: fn(&K) -> Option<u64>,
     manager: Addr<PolicyManager>,
     metrics: Arc<Metrics>,
 ) -> (Store<K>, Store<K>)
@@ -108,7 +114,10 @@ where
             // Managed fields are never read; dropping them keeps the caches small.
             .modify(|o| o.meta_mut().managed_fields = None)
             .reflect(writer)
-            .touched_objects();
+            .touched_objects()
+            // The caches take every change; only changes the controller reads
+            // poke it (node heartbeats and our own status writes do not).
+            .predicate_filter(key, Default::default());
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
@@ -124,4 +133,44 @@ where
         }
     });
     (reader.clone(), reader)
+}
+
+fn hash_of(parts: impl std::hash::Hash) -> Option<u64> {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut h = DefaultHasher::new();
+    parts.hash(&mut h);
+    Some(h.finish())
+}
+
+/// Every change counts.
+fn any_change<K: Resource>(obj: &K) -> Option<u64> {
+    hash_of(&obj.meta().resource_version)
+}
+
+/// Spec changes (generation), labels and deletion; not our own status writes.
+fn policy_key(p: &TenstorrentDriverPolicy) -> Option<u64> {
+    let m = &p.metadata;
+    hash_of((m.generation, &m.labels, m.deletion_timestamp.is_some()))
+}
+
+/// What the controller reads of a Node: labels, annotations, cordon, readiness.
+fn node_key(n: &Node) -> Option<u64> {
+    let m = &n.metadata;
+    let ready = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| c.status.clone())
+        });
+    let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable);
+    hash_of((
+        &m.labels,
+        &m.annotations,
+        unschedulable,
+        ready,
+        m.deletion_timestamp.is_some(),
+    ))
 }

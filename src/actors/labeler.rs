@@ -42,7 +42,9 @@ impl Handler<PatchNode> for Labeler {
 
     fn handle(&mut self, msg: PatchNode, _: &mut Self::Context) -> Self::Result {
         let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let slots = self.ctx.patch_slots.clone();
         Box::pin(async move {
+            let _permit = slots.acquire().await;
             let call = || async {
                 api.patch(
                     &msg.node,

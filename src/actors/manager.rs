@@ -14,6 +14,10 @@ use super::{DaemonSetRenderer, Evictor, Labeler, PatchNode, PolicySupervisor, Re
 use crate::context::Context;
 use crate::selection::assign;
 
+/// Coalescing window for watch events: long enough to batch a burst, short
+/// enough to add nothing visible to a node's cycle.
+const DEBOUNCE: Duration = Duration::from_millis(5);
+
 pub struct PolicyManager {
     ctx: Arc<Context>,
     supervisors: HashMap<String, Addr<PolicySupervisor>>,
@@ -107,7 +111,7 @@ impl PolicyManager {
                     tracing::warn!(policy = n, error = %e, "supervisor unreachable");
                 }
                 if act.dirty.remove(&n) {
-                    act.schedule(actx, Duration::from_millis(50));
+                    act.schedule(actx, DEBOUNCE);
                 }
             }));
         }
@@ -187,6 +191,6 @@ impl Handler<Kick> for PolicyManager {
 
     fn handle(&mut self, _: Kick, actx: &mut Self::Context) {
         // Coalesce bursts of watch events into one pass.
-        self.schedule(actx, Duration::from_millis(50));
+        self.schedule(actx, DEBOUNCE);
     }
 }

@@ -125,6 +125,7 @@ impl Handler<Observe> for NodeActor {
 
     fn handle(&mut self, msg: Observe, _: &mut Self::Context) -> Self::Result {
         let now = msg.obs.now;
+        let had_record = self.record.is_some();
         let prev = self
             .record
             .clone()
@@ -147,7 +148,10 @@ impl Handler<Observe> for NodeActor {
                     Command::Cordon | Command::Uncordon | Command::CloseGates | Command::OpenGates
                 )
             });
-            if next.record != prev || node_cmds || msg.persisted.as_ref() != Some(&next.record) {
+            // Compare with the cache's copy only before this actor has written
+            // anything: afterwards the cache may simply lag behind our write.
+            let unpersisted = !had_record && msg.persisted.as_ref() != Some(&next.record);
+            if next.record != prev || node_cmds || unpersisted {
                 let patch = node_patch(&next.record, &next.commands, &msg.gates)?;
                 labeler
                     .send(PatchNode {
@@ -192,8 +196,7 @@ impl Handler<Observe> for NodeActor {
                         "node {node}: drain left these pods in place: {}",
                         msg.skipped.join(", ")
                     );
-                    ctx.event(msg.policy.as_ref(), true, "PodsNotEvicted", "Drain", note)
-                        .await;
+                    ctx.event(msg.policy.as_ref(), true, "PodsNotEvicted", "Drain", note);
                 }
             }
             Ok::<_, Error>(next.record)
@@ -242,8 +245,7 @@ async fn report_transition(
                 "NodeUpgradeStarted",
                 "Cordon",
                 format!("node {node}: cordoned to upgrade tt-kmd to {}", next.target),
-            )
-            .await;
+            );
         }
         NodeState::Done if prev.state.is_in_progress() => {
             if let Some(start) = prev.started {
@@ -258,8 +260,7 @@ async fn report_transition(
                     "node {node}: tt-kmd {} loaded and node back in service",
                     next.target
                 ),
-            )
-            .await;
+            );
         }
         NodeState::Failed => {
             let reason = next.reason.as_deref().unwrap_or("Other");
@@ -270,8 +271,7 @@ async fn report_transition(
                 "NodeUpgradeFailed",
                 "Upgrade",
                 format!("node {node}: {}", next.message.as_deref().unwrap_or(reason)),
-            )
-            .await;
+            );
         }
         _ => {}
     }

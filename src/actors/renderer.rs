@@ -84,8 +84,7 @@ impl Handler<Ensure> for DaemonSetRenderer {
                     "installer DaemonSet {name} {verb} (template {})",
                     &hash[..12]
                 ),
-            )
-            .await;
+            );
             Ok(hash)
         })
     }

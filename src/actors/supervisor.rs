@@ -156,6 +156,8 @@ impl Handler<Reconcile> for PolicySupervisor {
             .cloned()
             .unwrap_or_default();
 
+        let owned_lookup: std::collections::HashSet<&str> =
+            owned.iter().map(String::as_str).collect();
         // NodeActors follow the set of owned nodes.
         for n in &owned {
             if !self.nodes.contains_key(n) {
@@ -174,7 +176,7 @@ impl Handler<Reconcile> for PolicySupervisor {
         let gone: Vec<String> = self
             .nodes
             .keys()
-            .filter(|n| !owned.contains(n))
+            .filter(|n| !owned_lookup.contains(n.as_str()))
             .cloned()
             .collect();
         for n in gone {
@@ -278,6 +280,7 @@ async fn reconcile(
     let name = policy.metadata.name.clone().unwrap_or_default();
     let spec = &policy.spec;
     let paused = spec.paused;
+    let owned_set: std::collections::HashSet<&str> = owned.iter().map(String::as_str).collect();
     let m = &ctx.metrics;
     m.set_policy_paused(&name, paused);
     m.set_desired_version(&name, &spec.version);
@@ -288,8 +291,7 @@ async fn reconcile(
             "DeprecatedField",
             "Validate",
             "spec.nodeSelector is deprecated: rename it to spec.nodeAffinity (same shape)".into(),
-        )
-        .await;
+        );
     }
     if conflicts_changed && !conflicts.is_empty() {
         let list: Vec<String> = conflicts
@@ -305,8 +307,7 @@ async fn reconcile(
                 "nodes also matched by older policies are left to them: {}",
                 list.join(", ")
             ),
-        )
-        .await;
+        );
     }
 
     // Claim the owned nodes so the DaemonSet (which requires the claim) lands there.
@@ -330,7 +331,7 @@ async fn reconcile(
         .state_filter(|nd| node_label(nd, labels::CLAIM) == Some(name.as_str()))
     {
         let n = node.metadata.name.clone().unwrap_or_default();
-        if owned.contains(&n) {
+        if owned_set.contains(n.as_str()) {
             continue;
         }
         labeler
@@ -444,7 +445,7 @@ async fn reconcile(
             }
         }
     }
-    records.retain(|n, _| owned.contains(n));
+    records.retain(|n, _| owned_set.contains(n.as_str()));
 
     // Status, metrics.
     let order: BTreeMap<String, (bool, String)> = candidates
