@@ -45,3 +45,8 @@ demo:
 
 demo-down:
 	bash hack/demo.sh down
+
+# Rollout benchmark at 10, 100 and 1000 simulated nodes against a kubectl
+# baseline, on its own cluster (see docs/benchmarks.md).
+bench:
+	bash hack/bench.sh
