@@ -1,5 +1,6 @@
 # Tenstorrent driver manager: common entry points.
-#   make test     fmt + clippy + unit, agent, cluster, alert-rule and kernel (QEMU) tests
+#   make test     fmt + clippy + unit, agent, cluster, alert-rule, chart, chaos and kernel (QEMU) tests
+#   make bench    rollout benchmark at 10/100/1000 simulated nodes
 #   make demo     a rollout on a local simulated cluster, watched live
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -25,12 +26,14 @@ cluster-down:
 
 # The whole suite: lint; unit, agent and cluster tests against a fresh local
 # cluster (stopped afterwards whatever the outcome); alert rules with promtool;
-# the Helm chart; the agent on a real kernel under QEMU.
+# the Helm chart; fault injection on its own cluster (one trial of each fault
+# kind plus the drain regression); the agent on a real kernel under QEMU.
 test: lint
 	bash hack/build-testbin.sh >/dev/null
 	bash hack/run-cluster-tests.sh
 	TTDRV_REQUIRE_HELM=1 bash hack/test-alerts.sh
 	bash hack/test-chart.sh
+	CHAOS_TRIALS=7 bash hack/chaos.sh
 	bash hack/test-vm.sh
 
 install-plugins:

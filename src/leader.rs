@@ -118,6 +118,11 @@ impl LeaderElector {
             tokio::time::sleep(period).await;
             match self.try_acquire().await {
                 Ok(true) => last_ok = tokio::time::Instant::now(),
+                // A conflict may be our own renewal racing a read: look once more
+                // before giving the lease up.
+                Ok(false) if matches!(self.try_acquire().await, Ok(true)) => {
+                    last_ok = tokio::time::Instant::now()
+                }
                 Ok(false) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "leader election: renewal failed");
