@@ -42,6 +42,7 @@ pub struct PolicySupervisor {
     evictor: Addr<Evictor>,
     renderer: Addr<DaemonSetRenderer>,
     last_status: Option<TenstorrentDriverPolicyStatus>,
+    last_status_write: Option<Instant>,
     warned_generation: Option<i64>,
     last_conflicts: Vec<(String, String)>,
 }
@@ -64,6 +65,7 @@ impl PolicySupervisor {
             evictor,
             renderer,
             last_status: None,
+            last_status_write: None,
             warned_generation: None,
             last_conflicts: vec![],
         }
@@ -197,6 +199,11 @@ impl Handler<Reconcile> for PolicySupervisor {
             self.renderer.clone(),
         );
         let prev_status = self.last_status.clone().or_else(|| policy.status.clone());
+        // Per-node progress is written at most once per STATUS_INTERVAL; condition
+        // flips (Ready, Degraded, Paused, Conflict…) are written at once.
+        let status_due = self
+            .last_status_write
+            .is_none_or(|t| t.elapsed() >= STATUS_INTERVAL);
         let warn_deprecated = policy.spec.uses_deprecated_node_selector()
             && self.warned_generation != policy.metadata.generation;
         let conflicts_changed = conflicts != self.last_conflicts;
@@ -214,6 +221,7 @@ impl Handler<Reconcile> for PolicySupervisor {
                 labeler,
                 renderer,
                 prev_status,
+                status_due,
                 warn_deprecated,
                 conflicts_changed,
             )
@@ -244,6 +252,7 @@ impl Handler<Reconcile> for PolicySupervisor {
                         act.records = records;
                         if status.is_some() {
                             act.last_status = status;
+                            act.last_status_write = Some(Instant::now());
                         }
                         err.map_or(Ok(()), Err)
                     }
@@ -253,6 +262,9 @@ impl Handler<Reconcile> for PolicySupervisor {
         )))
     }
 }
+
+/// Least time between two status writes that only carry per-node progress.
+const STATUS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Records after the pass, the status if written, and the first error of the
 /// pass (node steps and status write continue past it).
@@ -274,6 +286,7 @@ async fn reconcile(
     labeler: Addr<Labeler>,
     renderer: Addr<DaemonSetRenderer>,
     prev_status: Option<TenstorrentDriverPolicyStatus>,
+    status_due: bool,
     warn_deprecated: bool,
     conflicts_changed: bool,
 ) -> Result<ReconcileOut> {
@@ -464,7 +477,17 @@ async fn reconcile(
     );
     export_metrics(ctx, &name, &records, &node_objs, &gates, &plan);
     let mut written = None;
-    if prev_status.as_ref() != Some(&status) {
+    let flips = |s: Option<&TenstorrentDriverPolicyStatus>| {
+        s.map(|s| {
+            s.conditions
+                .iter()
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect::<Vec<_>>()
+        })
+    };
+    let urgent = flips(prev_status.as_ref()) != flips(Some(&status))
+        || prev_status.as_ref().map(|p| p.observed_generation) != Some(status.observed_generation);
+    if prev_status.as_ref() != Some(&status) && (status_due || urgent) {
         let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
         let patch = serde_json::json!({ "status": status });
         match api
