@@ -5,6 +5,7 @@
 //! A test that cannot reach the cluster fails with instructions; it never skips.
 
 pub mod controller;
+pub mod policy;
 pub mod sim_agent;
 
 use std::collections::BTreeMap;

@@ -8,9 +8,12 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
+// Each test binary uses a different subset of these.
+#[allow(unused_imports)]
+pub use ttdrv_testkit::policy::{create_policy, delete_policies, get_policy, patch_policy};
 use ttdrv_testkit::{ControllerOptions, ControllerProcess, TestEnv, wait_for};
 
 pub fn controller(env: &TestEnv, ns: &str) -> ControllerProcess {
@@ -20,44 +23,6 @@ pub fn controller(env: &TestEnv, ns: &str) -> ControllerProcess {
 pub fn controller_with(env: &TestEnv, ns: &str, mut opts: ControllerOptions) -> ControllerProcess {
     opts.bin = Some(env!("CARGO_BIN_EXE_ttdrv-controller").into());
     ControllerProcess::start(env, ns, opts)
-}
-
-/// Creates a policy labelled for this test (so only this test's controller acts on it).
-pub async fn create_policy(env: &TestEnv, name: &str, spec_yaml: &str) -> TenstorrentDriverPolicy {
-    ttdrv_testkit::ensure_crd(&env.client).await;
-    let spec: ttdrv_api::TenstorrentDriverPolicySpec =
-        serde_yaml::from_str(spec_yaml).expect("spec parses");
-    let mut p = TenstorrentDriverPolicy::new(name, spec);
-    p.metadata.labels = Some(env.labels());
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    api.create(&PostParams::default(), &p)
-        .await
-        .unwrap_or_else(|e| panic!("creating policy {name}: {e}"))
-}
-
-pub async fn patch_policy(env: &TestEnv, name: &str, spec_patch: serde_json::Value) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    let patch = serde_json::json!({ "spec": spec_patch });
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("patching policy {name}: {e}"));
-}
-
-pub async fn get_policy(env: &TestEnv, name: &str) -> TenstorrentDriverPolicy {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    api.get(name)
-        .await
-        .unwrap_or_else(|e| panic!("reading policy {name}: {e}"))
-}
-
-pub async fn delete_policies(env: &TestEnv) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    let _ = api
-        .delete_collection(
-            &Default::default(),
-            &ListParams::default().labels(&env.selector()),
-        )
-        .await;
 }
 
 /// Waits until every listed node is reported in `state` at `version` in the policy's status.

@@ -14,9 +14,12 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
+// Each test binary uses a different subset of these.
+#[allow(unused_imports)]
+pub use ttdrv_testkit::policy::{create_policy, delete_policies, get_policy, patch_policy};
 use ttdrv_testkit::{ControllerOptions, ControllerProcess, TestEnv, wait_for};
 
 /// Output of one plugin run.
@@ -135,44 +138,6 @@ pub fn controller(env: &TestEnv, ns: &str) -> ControllerProcess {
             ..Default::default()
         },
     )
-}
-
-/// Creates a policy labelled for this test (only this test's controller acts on it).
-pub async fn create_policy(env: &TestEnv, name: &str, spec_yaml: &str) -> TenstorrentDriverPolicy {
-    ttdrv_testkit::ensure_crd(&env.client).await;
-    let spec: ttdrv_api::TenstorrentDriverPolicySpec =
-        serde_yaml::from_str(spec_yaml).expect("spec parses");
-    let mut p = TenstorrentDriverPolicy::new(name, spec);
-    p.metadata.labels = Some(env.labels());
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    api.create(&PostParams::default(), &p)
-        .await
-        .unwrap_or_else(|e| panic!("creating policy {name}: {e}"))
-}
-
-pub async fn patch_policy(env: &TestEnv, name: &str, spec_patch: serde_json::Value) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    let patch = serde_json::json!({ "spec": spec_patch });
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("patching policy {name}: {e}"));
-}
-
-pub async fn get_policy(env: &TestEnv, name: &str) -> TenstorrentDriverPolicy {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    api.get(name)
-        .await
-        .unwrap_or_else(|e| panic!("reading policy {name}: {e}"))
-}
-
-pub async fn delete_policies(env: &TestEnv) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    let _ = api
-        .delete_collection(
-            &Default::default(),
-            &ListParams::default().labels(&env.selector()),
-        )
-        .await;
 }
 
 /// Selector YAML matching this test's nodes.
