@@ -1,11 +1,14 @@
 //! TenstorrentDriverPolicy helpers for cluster tests: every policy carries the
 //! test's label, so only that test's controller (`--policy-selector`) acts on it.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use ttdrv_api::TenstorrentDriverPolicy;
+use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
 
-use crate::TestEnv;
+use crate::{TestEnv, wait_for};
 
 /// Creates a policy from its spec (YAML), labelled for this test.
 pub async fn create_policy(env: &TestEnv, name: &str, spec_yaml: &str) -> TenstorrentDriverPolicy {
@@ -45,4 +48,37 @@ pub async fn delete_policies(env: &TestEnv) {
             &ListParams::default().labels(&env.selector()),
         )
         .await;
+}
+
+/// Waits until each listed node is in `state` (at `version`, when given) in the
+/// policy's status.
+pub async fn wait_nodes(
+    env: &TestEnv,
+    policy: &str,
+    nodes: &[String],
+    state: NodeState,
+    version: Option<&str>,
+    timeout: Duration,
+) {
+    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    wait_for(
+        &format!("nodes {nodes:?} {state:?} at {version:?} in {policy}'s status"),
+        timeout,
+        || async {
+            let p = api.get(policy).await.map_err(|e| e.to_string())?;
+            let st = p.status.unwrap_or_default();
+            let seen: BTreeMap<String, (NodeState, Option<String>)> = st
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), (n.state, n.current_version.clone())))
+                .collect();
+            let ok = nodes.iter().all(|n| {
+                seen.get(n).is_some_and(|(s, v)| {
+                    *s == state && version.is_none_or(|want| v.as_deref() == Some(want))
+                })
+            });
+            if ok { Ok(()) } else { Err(format!("{seen:?}")) }
+        },
+    )
+    .await
 }

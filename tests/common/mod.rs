@@ -34,25 +34,7 @@ pub async fn wait_nodes_state(
     version: &str,
     timeout: Duration,
 ) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    wait_for(
-        &format!("nodes {nodes:?} {state:?} at {version} in {policy}'s status"),
-        timeout,
-        || async {
-            let p = api.get(policy).await.map_err(|e| e.to_string())?;
-            let st = p.status.unwrap_or_default();
-            let seen: BTreeMap<String, (NodeState, Option<String>)> = st
-                .nodes
-                .iter()
-                .map(|n| (n.name.clone(), (n.state, n.current_version.clone())))
-                .collect();
-            let ok = nodes
-                .iter()
-                .all(|n| seen.get(n) == Some(&(state, Some(version.to_string()))));
-            if ok { Ok(()) } else { Err(format!("{seen:?}")) }
-        },
-    )
-    .await
+    ttdrv_testkit::policy::wait_nodes(env, policy, nodes, state, Some(version), timeout).await
 }
 
 /// Watches this test's nodes and records the most that were ever unschedulable at

@@ -16,10 +16,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
+use ttdrv_api::TenstorrentDriverPolicy;
 // Each test binary uses a different subset of these.
 #[allow(unused_imports)]
-pub use ttdrv_testkit::policy::{create_policy, delete_policies, get_policy, patch_policy};
+pub use ttdrv_testkit::policy::{
+    create_policy, delete_policies, get_policy, patch_policy, wait_nodes,
+};
 use ttdrv_testkit::{ControllerOptions, ControllerProcess, TestEnv, wait_for};
 
 /// Output of one plugin run.
@@ -143,39 +145,6 @@ pub fn controller(env: &TestEnv, ns: &str) -> ControllerProcess {
 /// Selector YAML matching this test's nodes.
 pub fn selector(env: &TestEnv) -> String {
     format!("{{matchLabels: {{ttdrv-test: {}}}}}", env.id)
-}
-
-/// Waits until each listed node is in `state` (at `version`, when given) in the
-/// policy's status.
-pub async fn wait_nodes(
-    env: &TestEnv,
-    policy: &str,
-    nodes: &[String],
-    state: NodeState,
-    version: Option<&str>,
-    timeout: Duration,
-) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    wait_for(
-        &format!("nodes {nodes:?} {state:?} at {version:?} in {policy}'s status"),
-        timeout,
-        || async {
-            let p = api.get(policy).await.map_err(|e| e.to_string())?;
-            let st = p.status.unwrap_or_default();
-            let seen: BTreeMap<String, (NodeState, Option<String>)> = st
-                .nodes
-                .iter()
-                .map(|n| (n.name.clone(), (n.state, n.current_version.clone())))
-                .collect();
-            let ok = nodes.iter().all(|n| {
-                seen.get(n).is_some_and(|(s, v)| {
-                    *s == state && version.is_none_or(|want| v.as_deref() == Some(want))
-                })
-            });
-            if ok { Ok(()) } else { Err(format!("{seen:?}")) }
-        },
-    )
-    .await
 }
 
 /// Records, independently of the controller, the order in which this test's
