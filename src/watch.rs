@@ -16,7 +16,7 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use ttdrv_api::TenstorrentDriverPolicy;
 
-use crate::actors::{Kick, PolicyManager};
+use crate::actors::{Kick, PolicyManager, Scope};
 use crate::context::Stores;
 use crate::metrics::Metrics;
 
@@ -37,6 +37,7 @@ pub fn start(
         Api::all(client.clone()),
         pcfg,
         policy_key,
+        whole_fleet,
         manager.clone(),
         metrics.clone(),
     );
@@ -44,6 +45,7 @@ pub fn start(
         Api::all(client.clone()),
         watcher::Config::default(),
         node_key,
+        node_scope,
         manager.clone(),
         metrics.clone(),
     );
@@ -51,13 +53,15 @@ pub fn start(
         Api::all(client.clone()),
         watcher::Config::default(),
         any_change,
+        pod_scope,
         manager.clone(),
         metrics.clone(),
     );
     let (daemonsets, w4) = spawn_watch::<DaemonSet>(
         Api::namespaced(client.clone(), namespace),
         watcher::Config::default().labels(ttdrv_api::labels::CLAIM),
-        any_change,
+        daemonset_key,
+        whole_fleet,
         manager.clone(),
         metrics.clone(),
     );
@@ -65,6 +69,7 @@ pub fn start(
         Api::all(client.clone()),
         watcher::Config::default(),
         any_change,
+        whole_fleet,
         manager,
         metrics,
     );
@@ -93,6 +98,7 @@ fn spawn_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
     key: fn(&K) -> Option<u64>,
+    route: fn(&K) -> Option<Scope>,
     manager: Addr<PolicyManager>,
     metrics: Arc<Metrics>,
 ) -> (Store<K>, Store<K>)
@@ -121,11 +127,15 @@ where
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
-                Ok(_) => {
-                    if manager.try_send(Kick).is_err() {
-                        // The manager is already due to run; a dropped poke loses nothing.
+                Ok(obj) => {
+                    let Some(scope) = route(&obj) else { continue };
+                    if manager.try_send(Kick(scope)).is_err() {
+                        // Mailbox full: the node this poke named would wait for the
+                        // next resync, so ask for a full pass instead (`do_send`
+                        // enqueues past the capacity).
                         dropped.fetch_add(1, Ordering::Relaxed);
                         metrics.inc_mailbox_full("policy_manager");
+                        manager.do_send(Kick(Scope::All));
                     }
                 }
                 Err(e) => tracing::warn!(kind, error = %e, "watch error; restarting with backoff"),
@@ -140,6 +150,39 @@ fn hash_of(parts: impl std::hash::Hash) -> Option<u64> {
     let mut h = DefaultHasher::new();
     parts.hash(&mut h);
     Some(h.finish())
+}
+
+/// Policies, DaemonSets and PDBs concern every node of a policy.
+fn whole_fleet<K>(_: &K) -> Option<Scope> {
+    Some(Scope::All)
+}
+
+/// A Node change concerns that node only (a label change that moves it between
+/// policies is caught by the PolicyManager comparing assignments).
+fn node_scope(n: &Node) -> Option<Scope> {
+    n.metadata.name.clone().map(Scope::Node)
+}
+
+/// A Pod matters to the node it is bound to; an unbound pod to none (its
+/// binding arrives as another event).
+fn pod_scope(p: &Pod) -> Option<Scope> {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .map(Scope::Node)
+}
+
+/// What the controller reads of its DaemonSets: the template hash annotation
+/// and the spec, not the status the DaemonSet controller rewrites on every
+/// installer pod change (each would otherwise start a pass over all nodes).
+fn daemonset_key(d: &DaemonSet) -> Option<u64> {
+    let m = &d.metadata;
+    hash_of((
+        m.generation,
+        &m.annotations,
+        &m.labels,
+        m.deletion_timestamp.is_some(),
+    ))
 }
 
 /// Every change counts.

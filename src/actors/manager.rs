@@ -1,7 +1,13 @@
 //! PolicyManager: the root actor. Watches poke it with `Kick`; it coalesces the
 //! pokes, works out which policy owns which node, starts and stops one
-//! supervised PolicySupervisor per policy, and asks each to reconcile. A
-//! periodic tick drives timeouts and eviction retries without polling the API.
+//! supervised PolicySupervisor per policy, and asks each to reconcile.
+//!
+//! A poke names what changed: one node (its Node or a pod bound to it) or the
+//! whole fleet (a policy, DaemonSet or PDB). Node pokes become targeted passes
+//! that look at those nodes only, so a node's cycle costs the same at 10 or
+//! 1000 nodes; a periodic tick (and any change of which policy owns which node)
+//! runs a full pass, which drives timeouts and eviction retries without polling
+//! the API.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -18,11 +24,40 @@ use crate::selection::assign;
 /// enough to add nothing visible to a node's cycle.
 const DEBOUNCE: Duration = Duration::from_millis(5);
 
+/// What a pass must look at.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PassScope {
+    /// Every node of the policy (and the policy-level work).
+    pub full: bool,
+    /// Nodes whose Node or pods changed.
+    pub nodes: HashSet<String>,
+}
+
+impl PassScope {
+    fn is_empty(&self) -> bool {
+        !self.full && self.nodes.is_empty()
+    }
+
+    fn merge(&mut self, other: &PassScope) {
+        self.full |= other.full;
+        if !self.full {
+            self.nodes.extend(other.nodes.iter().cloned());
+        }
+        if self.full {
+            self.nodes.clear();
+        }
+    }
+}
+
 pub struct PolicyManager {
     ctx: Arc<Context>,
     supervisors: HashMap<String, Addr<PolicySupervisor>>,
     in_flight: HashSet<String>,
-    dirty: HashSet<String>,
+    /// Changes seen since the last run.
+    changed: PassScope,
+    /// Per policy: changes not yet handed to its supervisor (it was busy).
+    waiting: HashMap<String, PassScope>,
+    last_assignment: Option<Arc<crate::selection::Assignment>>,
     scheduled: bool,
     labeler: Addr<Labeler>,
     evictor: Addr<Evictor>,
@@ -38,7 +73,12 @@ impl PolicyManager {
             ctx,
             supervisors: HashMap::new(),
             in_flight: HashSet::new(),
-            dirty: HashSet::new(),
+            changed: PassScope {
+                full: true,
+                nodes: HashSet::new(),
+            },
+            waiting: HashMap::new(),
+            last_assignment: None,
             scheduled: false,
             labeler,
             evictor,
@@ -55,6 +95,14 @@ impl PolicyManager {
             policies.iter().map(|p| p.as_ref()),
             nodes.iter().map(|n| n.as_ref()),
         ));
+        let mut changed = std::mem::take(&mut self.changed);
+        // A node that changed hands (or a policy that appeared) concerns claims,
+        // NodeActors and the rollout budget of whole policies.
+        if self.last_assignment.as_deref() != Some(assignment.as_ref()) {
+            changed.full = true;
+            changed.nodes.clear();
+        }
+        self.last_assignment = Some(assignment.clone());
         let live: HashSet<String> = policies
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -73,6 +121,13 @@ impl PolicyManager {
                     actix::Supervisor::start(move |_| PolicySupervisor::new(ctx, n, l, e, r));
                 tracing::info!(policy = name, "policy supervisor started");
                 self.supervisors.insert(name.clone(), addr);
+                self.waiting.insert(
+                    name.clone(),
+                    PassScope {
+                        full: true,
+                        nodes: HashSet::new(),
+                    },
+                );
             }
         }
         let gone: Vec<String> = self
@@ -83,6 +138,7 @@ impl PolicyManager {
             .collect();
         for name in &gone {
             self.supervisors.remove(name);
+            self.waiting.remove(name);
             self.ctx.metrics.forget_policy(name);
             tracing::info!(policy = name, "policy gone; supervisor stopped");
         }
@@ -96,13 +152,16 @@ impl PolicyManager {
             self.release_orphans(|owner| gone.iter().any(|g| g == owner));
         }
         for (name, addr) in self.supervisors.clone() {
-            if self.in_flight.contains(&name) {
-                self.dirty.insert(name);
+            let scope = self.waiting.entry(name.clone()).or_default();
+            scope.merge(&changed);
+            if self.in_flight.contains(&name) || scope.is_empty() {
                 continue;
             }
+            let scope = self.waiting.remove(&name).unwrap_or_default();
             self.in_flight.insert(name.clone());
             let msg = Reconcile {
                 assignment: assignment.clone(),
+                scope,
             };
             let n = name.clone();
             actx.spawn(addr.send(msg).into_actor(self).map(move |res, act, actx| {
@@ -110,7 +169,7 @@ impl PolicyManager {
                 if let Err(e) = res {
                     tracing::warn!(policy = n, error = %e, "supervisor unreachable");
                 }
-                if act.dirty.remove(&n) {
+                if act.waiting.get(&n).is_some_and(|s| !s.is_empty()) {
                     act.schedule(actx, DEBOUNCE);
                 }
             }));
@@ -176,20 +235,42 @@ impl Actor for PolicyManager {
     fn started(&mut self, actx: &mut Self::Context) {
         actx.set_mailbox_capacity(1024);
         let every = Duration::from_millis(self.ctx.config.resync_ms);
-        actx.run_interval(every, |act, actx| act.schedule(actx, Duration::ZERO));
+        actx.run_interval(every, |act, actx| {
+            act.changed.full = true;
+            act.schedule(actx, Duration::ZERO)
+        });
         self.schedule(actx, Duration::ZERO);
     }
 }
 
+/// What a watch event concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every node of every policy.
+    All,
+    /// One node: its Node object or a pod bound to it changed.
+    Node(String),
+}
+
 /// Something changed in a watched resource.
-#[derive(Message, Debug, Clone, Copy)]
+#[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
-pub struct Kick;
+pub struct Kick(pub Scope);
 
 impl Handler<Kick> for PolicyManager {
     type Result = ();
 
-    fn handle(&mut self, _: Kick, actx: &mut Self::Context) {
+    fn handle(&mut self, Kick(scope): Kick, actx: &mut Self::Context) {
+        match scope {
+            Scope::All => {
+                self.changed.full = true;
+                self.changed.nodes.clear();
+            }
+            Scope::Node(n) if !self.changed.full => {
+                self.changed.nodes.insert(n);
+            }
+            Scope::Node(_) => {}
+        }
         // Coalesce bursts of watch events into one pass.
         self.schedule(actx, DEBOUNCE);
     }

@@ -20,7 +20,7 @@ pub mod supervisor;
 
 pub use evictor::{Evict, EvictOutcome, Evictor};
 pub use labeler::{Labeler, PatchNode};
-pub use manager::{Kick, PolicyManager};
+pub use manager::{Kick, PassScope, PolicyManager, Scope};
 pub use node::{NodeActor, Observe};
 pub use renderer::{DaemonSetRenderer, DeletePod, Ensure};
 pub use rollout::{PlanRollout, RolloutActor};

@@ -151,7 +151,20 @@ impl Handler<Observe> for NodeActor {
             // Compare with the cache's copy only before this actor has written
             // anything: afterwards the cache may simply lag behind our write.
             let unpersisted = !had_record && msg.persisted.as_ref() != Some(&next.record);
-            if next.record != prev || node_cmds || unpersisted {
+            // A Done node that a new version sends back to Pending is not written:
+            // the Pending record follows from the Done one and the policy, a
+            // restarted controller derives it again, and the status shows it.
+            // At rollout start that saves one patch per node (1000 patches, and
+            // seconds before the first cordon, at 1000 nodes); the record is
+            // written with the cordon that starts the node's cycle.
+            let derivable = next.commands.is_empty()
+                && next.record.state == NodeState::Pending
+                && prev.state == NodeState::Done
+                && msg
+                    .persisted
+                    .as_ref()
+                    .is_some_and(|p| p.state == NodeState::Done);
+            if (next.record != prev || node_cmds || unpersisted) && !derivable {
                 let patch = node_patch(&next.record, &next.commands, &msg.gates)?;
                 labeler
                     .send(PatchNode {

@@ -3,7 +3,7 @@
 //! nodes may start, feeds every NodeActor a fresh observation, and writes the
 //! policy's status when (and only when) it changed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,28 +21,36 @@ use ttdrv_api::{
 
 use super::node::StopNode;
 use super::{
-    DaemonSetRenderer, Ensure, Evictor, Labeler, NodeActor, Observe, PatchNode, PlanRollout,
-    RolloutActor,
+    DaemonSetRenderer, Ensure, Evictor, Labeler, NodeActor, Observe, PassScope, PatchNode,
+    PlanRollout, RolloutActor,
 };
 use crate::context::Context;
 use crate::render::daemonset_name;
 use crate::selection::Assignment;
 use crate::upgrade::drain::{PodRef, SkipReason, blocking_pdbs, plan_drain};
 use crate::upgrade::machine::{Desired, DrainProgress, Installer, NodeRecord, Observation, reason};
-use crate::upgrade::rollout::{Candidate, order_key};
+use crate::upgrade::rollout::{Candidate, Plan};
 use crate::{Error, Result};
 
 pub struct PolicySupervisor {
     ctx: Arc<Context>,
     name: String,
-    nodes: HashMap<String, Addr<NodeActor>>,
-    records: HashMap<String, NodeRecord>,
+    /// Behind `Arc`s so a pass borrows them without copying N entries; only
+    /// full passes and the end of a pass change them.
+    nodes: Arc<HashMap<String, Addr<NodeActor>>>,
+    records: Arc<HashMap<String, NodeRecord>>,
+    /// Nodes with pods that use the device (listed last, drained last).
+    device_users: HashSet<String>,
     rollout: Addr<RolloutActor>,
     labeler: Addr<Labeler>,
     evictor: Addr<Evictor>,
     renderer: Addr<DaemonSetRenderer>,
     last_status: Option<TenstorrentDriverPolicyStatus>,
     last_status_write: Option<Instant>,
+    status_in_flight: bool,
+    /// A full pass has rebuilt the records and the rollout's view of every
+    /// node; until then every pass is a full one.
+    primed: bool,
     warned_generation: Option<i64>,
     last_conflicts: Vec<(String, String)>,
 }
@@ -58,14 +66,17 @@ impl PolicySupervisor {
         Self {
             ctx,
             name,
-            nodes: HashMap::new(),
-            records: HashMap::new(),
+            nodes: Arc::default(),
+            records: Arc::default(),
+            device_users: HashSet::new(),
             rollout: RolloutActor::default().start(),
             labeler,
             evictor,
             renderer,
             last_status: None,
             last_status_write: None,
+            status_in_flight: false,
+            primed: false,
             warned_generation: None,
             last_conflicts: vec![],
         }
@@ -84,23 +95,27 @@ impl Actor for PolicySupervisor {
 
 impl Supervised for PolicySupervisor {
     fn restarting(&mut self, _: &mut Self::Context) {
-        // Reload everything from the cluster on the next Reconcile.
-        self.records.clear();
+        // Reload everything from the cluster on the next (full) pass.
+        self.records = Arc::default();
+        self.device_users.clear();
         self.last_status = None;
+        self.status_in_flight = false;
+        self.primed = false;
         self.ctx.metrics.inc_actor_restart("policy_supervisor");
     }
 }
 
-/// Re-evaluate the policy against the current caches.
+/// Re-evaluate the policy against the current caches: every node it owns
+/// (`scope.full`) or only the nodes named in `scope.nodes`.
 #[derive(Message, Clone)]
 #[rtype(result = "Result<()>")]
 pub struct Reconcile {
     pub assignment: Arc<Assignment>,
+    pub scope: PassScope,
 }
 
 /// Everything the supervisor derived from the caches for one node.
 struct NodeView {
-    node: Arc<Node>,
     obs: Observation,
     persisted: Option<NodeRecord>,
     evictions: Vec<(PodRef, crate::upgrade::drain::Pass)>,
@@ -140,372 +155,594 @@ pub fn persisted_record(node: &Node) -> Option<NodeRecord> {
     }
 }
 
+fn owns(owned: &[String], node: &str) -> bool {
+    owned.binary_search_by(|n| n.as_str().cmp(node)).is_ok()
+}
+
 impl Handler<Reconcile> for PolicySupervisor {
     type Result = AtomicResponse<Self, Result<()>>;
 
-    fn handle(&mut self, msg: Reconcile, actx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: Reconcile, _: &mut Self::Context) -> Self::Result {
         let started = Instant::now();
         let ctx = self.ctx.clone();
         let name = self.name.clone();
         let Some(policy) = ctx.stores.policies.get(&ObjectRef::new(&name)) else {
             return AtomicResponse::new(Box::pin(async { Ok(()) }.into_actor(self)));
         };
-        let owned: Vec<String> = msg.assignment.owned.get(&name).cloned().unwrap_or_default();
-        let conflicts = msg
-            .assignment
-            .conflicts
-            .get(&name)
-            .cloned()
-            .unwrap_or_default();
+        let full = msg.scope.full || !self.primed;
+        let assignment = msg.assignment;
+        let conflicts = assignment.conflicts.get(&name).cloned().unwrap_or_default();
+        let owned: &[String] = assignment.owned.get(&name).map_or(&[], Vec::as_slice);
 
-        let owned_lookup: std::collections::HashSet<&str> =
-            owned.iter().map(String::as_str).collect();
-        // NodeActors follow the set of owned nodes.
-        for n in &owned {
-            if !self.nodes.contains_key(n) {
-                let (c, node, pol, l, e, r) = (
-                    ctx.clone(),
-                    n.clone(),
-                    name.clone(),
-                    self.labeler.clone(),
-                    self.evictor.clone(),
-                    self.renderer.clone(),
-                );
-                let addr = actix::Supervisor::start(move |_| NodeActor::new(c, node, pol, l, e, r));
-                self.nodes.insert(n.clone(), addr);
-            }
-        }
-        let gone: Vec<String> = self
-            .nodes
-            .keys()
-            .filter(|n| !owned_lookup.contains(n.as_str()))
-            .cloned()
-            .collect();
-        for n in gone {
-            if let Some(a) = self.nodes.remove(&n) {
-                a.do_send(StopNode);
-            }
-            self.records.remove(&n);
-            ctx.metrics.forget_node(&name, &n);
-        }
-        let actors: Vec<(String, Addr<NodeActor>)> = owned
-            .iter()
-            .filter_map(|n| self.nodes.get(n).map(|a| (n.clone(), a.clone())))
-            .collect();
-        let records = self.records.clone();
-        let (rollout, labeler, renderer) = (
-            self.rollout.clone(),
-            self.labeler.clone(),
-            self.renderer.clone(),
-        );
-        let prev_status = self.last_status.clone().or_else(|| policy.status.clone());
-        // Per-node progress is written at most once per STATUS_INTERVAL; condition
-        // flips (Ready, Degraded, Paused, Conflict…) are written at once.
-        let status_due = self
-            .last_status_write
-            .is_none_or(|t| t.elapsed() >= STATUS_INTERVAL);
+        let (targets, strays): (Vec<String>, Vec<String>) = if full {
+            self.sync_node_actors(owned);
+            (owned.to_vec(), vec![])
+        } else {
+            msg.scope.nodes.into_iter().partition(|n| owns(owned, n))
+        };
+        let pass = Pass {
+            ctx: ctx.clone(),
+            policy: policy.clone(),
+            assignment: assignment.clone(),
+            full,
+            actors: self.nodes.clone(),
+            records: self.records.clone(),
+            rollout: self.rollout.clone(),
+            labeler: self.labeler.clone(),
+            renderer: self.renderer.clone(),
+        };
         let warn_deprecated = policy.spec.uses_deprecated_node_selector()
             && self.warned_generation != policy.metadata.generation;
         let conflicts_changed = conflicts != self.last_conflicts;
-        let _ = actx;
 
         let fut = async move {
-            let res = reconcile(
-                &ctx,
-                &policy,
-                &owned,
-                &conflicts,
-                actors,
-                records,
-                rollout,
-                labeler,
-                renderer,
-                prev_status,
-                status_due,
-                warn_deprecated,
-                conflicts_changed,
-            )
-            .await;
-            let err = match &res {
-                Ok((_, _, e)) => e.as_ref(),
-                Err(e) => Some(e),
-            };
-            ctx.metrics
-                .observe_reconcile(&name, started.elapsed().as_secs_f64(), err.is_none());
-            match err {
-                None => ctx.metrics.set_last_successful_reconcile(&name),
-                Some(e) => {
-                    ctx.metrics.inc_error(&name, e.metric_label());
-                    tracing::warn!(policy = name, error = %e, "reconcile failed; will retry");
-                }
-            }
-            (res, conflicts, policy.metadata.generation, warn_deprecated)
+            let res = pass
+                .run(
+                    targets,
+                    strays,
+                    &conflicts,
+                    warn_deprecated,
+                    conflicts_changed,
+                )
+                .await;
+            (res, conflicts, warn_deprecated)
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(
-            |(res, conflicts, generation, warned), act, _| {
-                act.last_conflicts = conflicts;
+            move |(res, conflicts, warned), act, actx| {
+                act.last_conflicts = conflicts.clone();
                 if warned {
-                    act.warned_generation = generation;
+                    act.warned_generation = policy.metadata.generation;
+                }
+                let res = res.map(|out| {
+                    act.absorb(&out, full, &assignment);
+                    let plan = out.plan;
+                    act.export_metrics(&out.stepped, full, &plan);
+                    act.write_status_if_due(&policy, &conflicts, &plan, actx);
+                    out.err
+                });
+                let err = match &res {
+                    Ok(e) => e.as_ref(),
+                    Err(e) => Some(e),
+                };
+                let m = &act.ctx.metrics;
+                m.observe_reconcile(&act.name, started.elapsed().as_secs_f64(), err.is_none());
+                match err {
+                    None => m.set_last_successful_reconcile(&act.name),
+                    Some(e) => {
+                        m.inc_error(&act.name, e.metric_label());
+                        tracing::warn!(policy = act.name, error = %e, full, "reconcile failed; will retry");
+                    }
                 }
                 match res {
-                    Ok((records, status, err)) => {
-                        act.records = records;
-                        if status.is_some() {
-                            act.last_status = status;
-                            act.last_status_write = Some(Instant::now());
-                        }
-                        err.map_or(Ok(()), Err)
-                    }
-                    Err(e) => Err(e),
+                    Ok(None) => Ok(()),
+                    Ok(Some(e)) | Err(e) => Err(e),
                 }
             },
         )))
     }
 }
 
+impl PolicySupervisor {
+    /// NodeActors follow the set of owned nodes (full passes only: ownership
+    /// changes always start one).
+    fn sync_node_actors(&mut self, owned: &[String]) {
+        let gone: Vec<String> = self
+            .nodes
+            .keys()
+            .filter(|n| !owns(owned, n))
+            .cloned()
+            .collect();
+        let missing = owned.iter().any(|n| !self.nodes.contains_key(n));
+        if gone.is_empty() && !missing {
+            return;
+        }
+        let nodes = Arc::make_mut(&mut self.nodes);
+        for n in owned {
+            if !nodes.contains_key(n) {
+                let (c, node, pol, l, e, r) = (
+                    self.ctx.clone(),
+                    n.clone(),
+                    self.name.clone(),
+                    self.labeler.clone(),
+                    self.evictor.clone(),
+                    self.renderer.clone(),
+                );
+                let addr = actix::Supervisor::start(move |_| NodeActor::new(c, node, pol, l, e, r));
+                nodes.insert(n.clone(), addr);
+            }
+        }
+        for n in gone {
+            if let Some(a) = nodes.remove(&n) {
+                a.do_send(StopNode);
+            }
+            Arc::make_mut(&mut self.records).remove(&n);
+            self.device_users.remove(&n);
+            self.ctx.metrics.forget_node(&self.name, &n);
+        }
+    }
+
+    /// Takes in what a pass learnt. The records the NodeActors returned are kept
+    /// even when something failed: the next pass must see the nodes as they
+    /// are, not as they were.
+    fn absorb(&mut self, out: &PassOut, full: bool, assignment: &Assignment) {
+        let records = Arc::make_mut(&mut self.records);
+        for (n, r) in &out.updates {
+            records.insert(n.clone(), r.clone());
+        }
+        if full {
+            let owned: &[String] = assignment.owned.get(&self.name).map_or(&[], Vec::as_slice);
+            records.retain(|n, _| owns(owned, n));
+            self.primed = true;
+        }
+        for (n, device) in &out.device_users {
+            if *device {
+                self.device_users.insert(n.clone());
+            } else {
+                self.device_users.remove(n);
+            }
+        }
+    }
+
+    /// Per-node series for the nodes stepped in this pass (all on a full pass);
+    /// the per-state counts from every record.
+    fn export_metrics(&self, stepped: &[String], full: bool, plan: &Plan) {
+        let (m, cr) = (&self.ctx.metrics, self.name.as_str());
+        let gates = self.ctx.config.gates();
+        let set_node = |n: &str, r: &NodeRecord| {
+            m.set_node_state(cr, n, r.state);
+            m.set_node_state_since(cr, n, r.since as f64);
+            if let Some(node) = self.ctx.stores.nodes.get(&ObjectRef::new(n)) {
+                for g in &gates {
+                    m.set_deploy_gate_closed(cr, n, g, node_label(&node, g) == Some("false"));
+                }
+            }
+        };
+        if full {
+            self.records.iter().for_each(|(n, r)| set_node(n, r));
+        } else {
+            for n in stepped {
+                if let Some(r) = self.records.get(n) {
+                    set_node(n, r);
+                }
+            }
+        }
+        let mut counts: BTreeMap<NodeState, i64> = NodeState::ALL.iter().map(|s| (*s, 0)).collect();
+        let mut host = 0;
+        for r in self.records.values() {
+            if r.reason.as_deref() == Some(reason::HOST_MANAGED) {
+                host += 1;
+            } else {
+                *counts.entry(r.state).or_default() += 1;
+            }
+        }
+        let counts: Vec<(NodeState, i64)> = counts.into_iter().collect();
+        m.set_policy_nodes(cr, &counts);
+        m.set_policy_host_managed(cr, host);
+        m.set_rollout_budget(cr, plan.max_unavailable as i64, plan.unavailable as i64);
+        m.set_policy_paused(cr, self.paused());
+    }
+
+    fn paused(&self) -> bool {
+        self.ctx
+            .stores
+            .policies
+            .get(&ObjectRef::new(&self.name))
+            .is_some_and(|p| p.spec.paused)
+    }
+
+    /// Writes the status in the background, off every node's path: condition
+    /// flips (Ready, Degraded, Paused, Conflict…) and a new generation at once,
+    /// per-node progress at most once per STATUS_INTERVAL (the periodic full
+    /// pass flushes the last of it). One write at a time.
+    fn write_status_if_due(
+        &mut self,
+        policy: &Arc<TenstorrentDriverPolicy>,
+        conflicts: &[(String, String)],
+        plan: &Plan,
+        actx: &mut actix::Context<Self>,
+    ) {
+        if self.status_in_flight {
+            return;
+        }
+        let prev = self.last_status.clone().or_else(|| policy.status.clone());
+        let (summary, _) = summarize(&self.records);
+        let flags = condition_flags(&summary, policy.spec.paused, !conflicts.is_empty());
+        let prev_flags = prev.as_ref().map(|p| {
+            p.conditions
+                .iter()
+                .map(|c| c.status == "True")
+                .collect::<Vec<_>>()
+        });
+        let urgent = prev_flags.as_deref() != Some(flags.as_slice())
+            || prev.as_ref().map(|p| p.observed_generation) != Some(policy.metadata.generation);
+        let due = self
+            .last_status_write
+            .is_none_or(|t| t.elapsed() >= STATUS_INTERVAL);
+        if !(urgent || due) {
+            return;
+        }
+        let status = build_status(
+            policy,
+            &self.records,
+            &self.ctx,
+            &self.device_users,
+            conflicts,
+            plan,
+            &daemonset_name(&self.name),
+            prev.as_ref(),
+        );
+        if prev.as_ref() == Some(&status) {
+            return;
+        }
+        self.status_in_flight = true;
+        let api: Api<TenstorrentDriverPolicy> = Api::all(self.ctx.client.clone());
+        let name = self.name.clone();
+        let fut = async move {
+            let patch = serde_json::json!({ "status": status });
+            let res = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            (res, status)
+        };
+        actx.spawn(fut.into_actor(self).map(|(res, status), act, _| {
+            act.status_in_flight = false;
+            match res {
+                Ok(_) => {
+                    act.last_status = Some(status);
+                    act.last_status_write = Some(Instant::now());
+                }
+                Err(e) => {
+                    // Retried by the next pass (at the latest the periodic one).
+                    act.ctx.metrics.inc_error(&act.name, "kube_api");
+                    tracing::warn!(policy = act.name, error = %e, "writing status failed; will retry");
+                }
+            }
+        }));
+    }
+}
+
 /// Least time between two status writes that only carry per-node progress.
 const STATUS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Records after the pass, the status if written, and the first error of the
-/// pass (node steps and status write continue past it).
-type ReconcileOut = (
-    HashMap<String, NodeRecord>,
-    Option<TenstorrentDriverPolicyStatus>,
-    Option<Error>,
-);
+/// What a pass hands back to its supervisor.
+struct PassOut {
+    /// Records after each NodeActor's step.
+    updates: Vec<(String, NodeRecord)>,
+    /// Nodes stepped in this pass.
+    stepped: Vec<String>,
+    /// Whether each observed node has pods using the device.
+    device_users: Vec<(String, bool)>,
+    plan: Plan,
+    /// First error of the pass (the other nodes' steps go on past it).
+    err: Option<Error>,
+}
 
-#[allow(clippy::too_many_arguments)]
-async fn reconcile(
-    ctx: &Arc<Context>,
-    policy: &Arc<TenstorrentDriverPolicy>,
-    owned: &[String],
-    conflicts: &[(String, String)],
-    actors: Vec<(String, Addr<NodeActor>)>,
-    mut records: HashMap<String, NodeRecord>,
+/// One reconcile pass: what it needs, detached from the actor so it can run
+/// as a future.
+struct Pass {
+    ctx: Arc<Context>,
+    policy: Arc<TenstorrentDriverPolicy>,
+    assignment: Arc<Assignment>,
+    full: bool,
+    actors: Arc<HashMap<String, Addr<NodeActor>>>,
+    records: Arc<HashMap<String, NodeRecord>>,
     rollout: Addr<RolloutActor>,
     labeler: Addr<Labeler>,
     renderer: Addr<DaemonSetRenderer>,
-    prev_status: Option<TenstorrentDriverPolicyStatus>,
-    status_due: bool,
-    warn_deprecated: bool,
-    conflicts_changed: bool,
-) -> Result<ReconcileOut> {
-    let name = policy.metadata.name.clone().unwrap_or_default();
-    let spec = &policy.spec;
-    let paused = spec.paused;
-    let owned_set: std::collections::HashSet<&str> = owned.iter().map(String::as_str).collect();
-    let m = &ctx.metrics;
-    m.set_policy_paused(&name, paused);
-    m.set_desired_version(&name, &spec.version);
-    if warn_deprecated {
-        ctx.event(
-            policy.as_ref(),
-            true,
-            "DeprecatedField",
-            "Validate",
-            "spec.nodeSelector is deprecated: rename it to spec.nodeAffinity (same shape)".into(),
-        );
-    }
-    if conflicts_changed && !conflicts.is_empty() {
-        let list: Vec<String> = conflicts
-            .iter()
-            .map(|(n, o)| format!("{n} (owned by {o})"))
-            .collect();
-        ctx.event(
-            policy.as_ref(),
-            true,
-            "SelectorConflict",
-            "Select",
-            format!(
-                "nodes also matched by older policies are left to them: {}",
-                list.join(", ")
-            ),
-        );
+}
+
+/// Rounds of slot hand-over within one pass: a node reaching Done frees a
+/// slot, and the next node starts in the same pass instead of waiting for the
+/// watch to echo the Done back.
+const MAX_ROUNDS: usize = 3;
+
+impl Pass {
+    fn name(&self) -> &str {
+        self.policy.metadata.name.as_deref().unwrap_or_default()
     }
 
-    // Claim the owned nodes so the DaemonSet (which requires the claim) lands there.
-    for n in owned {
-        let node = ctx.stores.nodes.get(&ObjectRef::new(n));
-        if node.as_deref().and_then(|nd| node_label(nd, labels::CLAIM)) != Some(name.as_str()) {
+    fn owned(&self) -> &[String] {
+        self.assignment
+            .owned
+            .get(self.name())
+            .map_or(&[], Vec::as_slice)
+    }
+
+    async fn run(
+        &self,
+        targets: Vec<String>,
+        strays: Vec<String>,
+        conflicts: &[(String, String)],
+        warn_deprecated: bool,
+        conflicts_changed: bool,
+    ) -> Result<PassOut> {
+        let (ctx, policy) = (&self.ctx, &self.policy);
+        let name = self.name().to_string();
+        let spec = &policy.spec;
+        ctx.metrics.set_desired_version(&name, &spec.version);
+        self.report_policy_events(conflicts, warn_deprecated, conflicts_changed);
+        self.claim(&targets).await?;
+        self.release(&strays).await?;
+        let hash = self.ensure_daemonset().await?;
+        let selector =
+            PodSelector::parse(&spec.upgrade_policy.drain.pod_selector_label).map_err(|e| {
+                Error::InvalidPolicy {
+                    policy: name.clone(),
+                    message: e.to_string(),
+                }
+            })?;
+        let gates = ctx.config.gates();
+        let now = now_secs();
+        let desired = Desired {
+            policy: name.clone(),
+            version: spec.version.clone(),
+            drain_enabled: spec.upgrade_policy.drain.enable,
+            drain_timeout_seconds: spec.upgrade_policy.drain.timeout_seconds,
+            upgrade_timeout_seconds: ctx.config.upgrade_timeout_seconds,
+            paused: spec.paused,
+        };
+        let max = spec.upgrade_policy.max_unavailable_for(self.owned().len());
+
+        let mut updates: HashMap<String, NodeRecord> = HashMap::new();
+        let mut device_users = Vec::new();
+        let mut first_err = None;
+        let mut views = observe_nodes(
+            ctx,
+            &name,
+            &targets,
+            &hash,
+            &selector,
+            policy,
+            &gates,
+            now,
+            &self.records,
+        );
+        let mut candidates: Vec<Candidate> = views
+            .iter()
+            .map(|(n, v)| {
+                let rec = self.records.get(n).or(v.persisted.as_ref());
+                candidate(n, rec, v)
+            })
+            .collect();
+        let mut replace = self.full;
+        let mut stepped: HashSet<String> = HashSet::new();
+        let mut plan;
+        let mut round = 0;
+        loop {
+            plan = self
+                .rollout
+                .send(PlanRollout {
+                    replace,
+                    updates: std::mem::take(&mut candidates),
+                    max_unavailable: max,
+                })
+                .await?;
+            replace = false;
+            // Nodes granted a slot that are not stepped yet (this pass or an
+            // earlier one whose step failed) join this round.
+            let queued: HashSet<&str> = views.iter().map(|(n, _)| n.as_str()).collect();
+            let fresh: Vec<String> = plan
+                .granted
+                .iter()
+                .filter(|n| !stepped.contains(*n) && !queued.contains(n.as_str()))
+                .cloned()
+                .collect();
+            if !fresh.is_empty() {
+                views.extend(observe_nodes(
+                    ctx,
+                    &name,
+                    &fresh,
+                    &hash,
+                    &selector,
+                    policy,
+                    &gates,
+                    now,
+                    &self.records,
+                ));
+            }
+            if views.is_empty() || round == MAX_ROUNDS {
+                break;
+            }
+            round += 1;
+            let granted: HashSet<&str> = plan.granted.iter().map(String::as_str).collect();
+            let mut calls = Vec::new();
+            for (n, mut v) in std::mem::take(&mut views) {
+                let Some(addr) = self.actors.get(&n) else {
+                    continue;
+                };
+                stepped.insert(n.clone());
+                device_users.push((n.clone(), v.has_device_pods));
+                v.obs.slot = granted.contains(n.as_str());
+                let after = (v.externally_unavailable, v.has_device_pods);
+                let msg = Observe {
+                    policy: policy.clone(),
+                    obs: v.obs,
+                    desired: desired.clone(),
+                    persisted: v.persisted,
+                    evictions: v.evictions,
+                    installer_pod: v.installer_pod,
+                    skipped: v.skipped,
+                    gates: gates.clone(),
+                };
+                let addr = addr.clone();
+                calls.push(async move { (n, after, addr.send(msg).await) });
+            }
+            for (n, (unavailable, has_device_pods), res) in futures::future::join_all(calls).await {
+                match res.map_err(Error::from).and_then(|r| r) {
+                    Ok(rec) => {
+                        candidates.push(Candidate {
+                            name: n.clone(),
+                            wants_slot: rec.state == NodeState::Pending,
+                            in_progress: rec.occupies_slot(),
+                            unavailable,
+                            failed: rec.state == NodeState::Failed,
+                            has_device_pods,
+                        });
+                        updates.insert(n, rec);
+                    }
+                    Err(e) => {
+                        tracing::warn!(policy = name, node = n, error = %e, "node step failed; will retry");
+                        first_err = first_err.or(Some(e));
+                    }
+                }
+            }
+        }
+        Ok(PassOut {
+            updates: updates.into_iter().collect(),
+            stepped: stepped.into_iter().collect(),
+            device_users,
+            plan,
+            err: first_err,
+        })
+    }
+
+    fn report_policy_events(
+        &self,
+        conflicts: &[(String, String)],
+        warn_deprecated: bool,
+        conflicts_changed: bool,
+    ) {
+        let policy = self.policy.as_ref();
+        if warn_deprecated {
+            self.ctx.event(
+                policy,
+                true,
+                "DeprecatedField",
+                "Validate",
+                "spec.nodeSelector is deprecated: rename it to spec.nodeAffinity (same shape)"
+                    .into(),
+            );
+        }
+        if conflicts_changed && !conflicts.is_empty() {
+            let list: Vec<String> = conflicts
+                .iter()
+                .map(|(n, o)| format!("{n} (owned by {o})"))
+                .collect();
+            self.ctx.event(
+                policy,
+                true,
+                "SelectorConflict",
+                "Select",
+                format!(
+                    "nodes also matched by older policies are left to them: {}",
+                    list.join(", ")
+                ),
+            );
+        }
+    }
+
+    /// Claims the owned nodes so the DaemonSet (which requires the claim) lands
+    /// there.
+    async fn claim(&self, targets: &[String]) -> Result<()> {
+        let name = self.name();
+        let calls = targets.iter().filter_map(|n| {
+            let node = self.ctx.stores.nodes.get(&ObjectRef::new(n));
+            if node.as_deref().and_then(|nd| node_label(nd, labels::CLAIM)) == Some(name) {
+                return None;
+            }
             let patch = serde_json::json!({ "metadata": { "labels": { labels::CLAIM: name } } });
-            labeler
+            Some(self.labeler.send(PatchNode {
+                node: n.clone(),
+                patch,
+                action: "claiming node",
+            }))
+        });
+        for res in futures::future::join_all(calls).await {
+            res??;
+        }
+        Ok(())
+    }
+
+    /// Releases nodes that carry our claim but are no longer ours (all such
+    /// nodes on a full pass, else the changed ones); never strands a cordon.
+    async fn release(&self, strays: &[String]) -> Result<()> {
+        let name = self.name();
+        let ours = |nd: &Node| node_label(nd, labels::CLAIM) == Some(name);
+        let nodes: Vec<Arc<Node>> = if self.full {
+            self.ctx.stores.nodes.state_filter(|nd| {
+                ours(nd)
+                    && !owns(
+                        self.owned(),
+                        nd.metadata.name.as_deref().unwrap_or_default(),
+                    )
+            })
+        } else {
+            strays
+                .iter()
+                .filter_map(|n| self.ctx.stores.nodes.get(&ObjectRef::new(n)))
+                .filter(|nd| ours(nd))
+                .collect()
+        };
+        let gates = self.ctx.config.gates();
+        for node in nodes {
+            self.labeler
                 .send(PatchNode {
-                    node: n.clone(),
-                    patch,
-                    action: "claiming node",
+                    node: node.metadata.name.clone().unwrap_or_default(),
+                    patch: release_patch(&node, name, &gates),
+                    action: "releasing node",
                 })
                 .await??;
         }
-    }
-    // Release nodes that carry our claim but are no longer ours; never strand a cordon.
-    for node in ctx
-        .stores
-        .nodes
-        .state_filter(|nd| node_label(nd, labels::CLAIM) == Some(name.as_str()))
-    {
-        let n = node.metadata.name.clone().unwrap_or_default();
-        if owned_set.contains(n.as_str()) {
-            continue;
-        }
-        labeler
-            .send(PatchNode {
-                node: n.clone(),
-                patch: release_patch(&node, &name, &ctx.config.gates()),
-                action: "releasing node",
-            })
-            .await??;
+        Ok(())
     }
 
-    // The DaemonSet: rendered and applied unless paused (a paused policy leaves it as is).
-    let ds_name = daemonset_name(&name);
-    let hash = if paused {
-        ctx.stores
+    /// The DaemonSet: rendered and applied unless paused (a paused policy leaves
+    /// it as is). Returns the template hash installer pods must carry.
+    async fn ensure_daemonset(&self) -> Result<String> {
+        if !self.policy.spec.paused {
+            return self
+                .renderer
+                .send(Ensure {
+                    policy: self.policy.clone(),
+                })
+                .await?;
+        }
+        let ds_name = daemonset_name(self.name());
+        Ok(self
+            .ctx
+            .stores
             .daemonsets
-            .get(&ObjectRef::new(&ds_name).within(&ctx.config.namespace))
+            .get(&ObjectRef::new(&ds_name).within(&self.ctx.config.namespace))
             .and_then(|d| {
                 d.metadata
                     .annotations
                     .as_ref()
                     .and_then(|a| a.get(labels::TEMPLATE_HASH).cloned())
             })
-            .unwrap_or_default()
-    } else {
-        renderer
-            .send(Ensure {
-                policy: policy.clone(),
-            })
-            .await??
-    };
-
-    let selector =
-        PodSelector::parse(&spec.upgrade_policy.drain.pod_selector_label).map_err(|e| {
-            Error::InvalidPolicy {
-                policy: name.clone(),
-                message: e.to_string(),
-            }
-        })?;
-    let gates = ctx.config.gates();
-    let now = now_secs();
-    let views = observe_nodes(
-        ctx, &name, owned, &hash, &selector, policy, &gates, now, &records,
-    );
-
-    let candidates: Vec<Candidate> = views
-        .iter()
-        .map(|(n, v)| {
-            let rec = records.get(n).or(v.persisted.as_ref());
-            let state = rec.map(|r| r.state).unwrap_or(NodeState::Pending);
-            Candidate {
-                name: n.clone(),
-                wants_slot: state == NodeState::Pending,
-                in_progress: rec.is_some_and(|r| r.occupies_slot()),
-                unavailable: v.externally_unavailable,
-                failed: state == NodeState::Failed,
-                has_device_pods: v.has_device_pods,
-            }
-        })
-        .collect();
-    let max = spec.upgrade_policy.max_unavailable_for(owned.len());
-    let plan = rollout
-        .send(PlanRollout {
-            candidates: candidates.clone(),
-            max_unavailable: max,
-        })
-        .await?;
-
-    let desired = Desired {
-        policy: name.clone(),
-        version: spec.version.clone(),
-        drain_enabled: spec.upgrade_policy.drain.enable,
-        drain_timeout_seconds: spec.upgrade_policy.drain.timeout_seconds,
-        upgrade_timeout_seconds: ctx.config.upgrade_timeout_seconds,
-        paused,
-    };
-    let mut calls = Vec::new();
-    let mut view_map: HashMap<String, NodeView> = views.into_iter().collect();
-    for (n, addr) in &actors {
-        let Some(mut v) = view_map.remove(n) else {
-            continue;
-        };
-        v.obs.slot = plan.granted.contains(n);
-        let msg = Observe {
-            policy: policy.clone(),
-            obs: v.obs,
-            desired: desired.clone(),
-            persisted: v.persisted,
-            evictions: v.evictions,
-            installer_pod: v.installer_pod,
-            skipped: v.skipped,
-            gates: gates.clone(),
-        };
-        let n = n.clone();
-        let node = v.node.clone();
-        calls.push(async move { (n, node, addr.send(msg).await) });
+            .unwrap_or_default())
     }
-    let mut first_err = None;
-    let mut node_objs: BTreeMap<String, Arc<Node>> = BTreeMap::new();
-    for (n, node, res) in futures::future::join_all(calls).await {
-        node_objs.insert(n.clone(), node);
-        match res.map_err(Error::from).and_then(|r| r) {
-            Ok(rec) => {
-                records.insert(n, rec);
-            }
-            Err(e) => {
-                tracing::warn!(policy = name, node = n, error = %e, "node step failed; will retry");
-                if first_err.is_none() {
-                    first_err = Some(e);
-                }
-            }
-        }
-    }
-    records.retain(|n, _| owned_set.contains(n.as_str()));
+}
 
-    // Status, metrics.
-    let order: BTreeMap<String, (bool, String)> = candidates
-        .iter()
-        .map(|c| (c.name.clone(), order_key(c)))
-        .collect();
-    let status = build_status(
-        policy,
-        &records,
-        &node_objs,
-        &order,
-        conflicts,
-        &plan,
-        &ds_name,
-        prev_status.as_ref(),
-    );
-    export_metrics(ctx, &name, &records, &node_objs, &gates, &plan);
-    let mut written = None;
-    let flips = |s: Option<&TenstorrentDriverPolicyStatus>| {
-        s.map(|s| {
-            s.conditions
-                .iter()
-                .map(|c| (c.type_.clone(), c.status.clone()))
-                .collect::<Vec<_>>()
-        })
-    };
-    let urgent = flips(prev_status.as_ref()) != flips(Some(&status))
-        || prev_status.as_ref().map(|p| p.observed_generation) != Some(status.observed_generation);
-    if prev_status.as_ref() != Some(&status) && (status_due || urgent) {
-        let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
-        let patch = serde_json::json!({ "status": status });
-        match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => written = Some(status),
-            Err(e) => {
-                first_err = first_err.or(Some(Error::Kube {
-                    action: format!("writing status of {name}"),
-                    source: e,
-                }))
-            }
-        }
+fn candidate(name: &str, rec: Option<&NodeRecord>, v: &NodeView) -> Candidate {
+    let state = rec.map(|r| r.state).unwrap_or(NodeState::Pending);
+    Candidate {
+        name: name.to_string(),
+        wants_slot: state == NodeState::Pending,
+        in_progress: rec.is_some_and(|r| r.occupies_slot()),
+        unavailable: v.externally_unavailable,
+        failed: state == NodeState::Failed,
+        has_device_pods: v.has_device_pods,
     }
-    // The records the NodeActors returned are kept even when something failed:
-    // the next pass must see the nodes as they are, not as they were.
-    Ok((records, written, first_err))
 }
 
 /// Patch that removes our claim from a node we no longer own, undoing our cordon
@@ -529,7 +766,7 @@ pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json:
 fn observe_nodes(
     ctx: &Context,
     policy_name: &str,
-    owned: &[String],
+    targets: &[String],
     hash: &str,
     selector: &PodSelector,
     policy: &TenstorrentDriverPolicy,
@@ -538,7 +775,7 @@ fn observe_nodes(
     records: &HashMap<String, NodeRecord>,
 ) -> Vec<(String, NodeView)> {
     // One pass over the pod cache, indexed by node: no per-node scans.
-    let owned_set: std::collections::HashSet<&str> = owned.iter().map(String::as_str).collect();
+    let owned_set: HashSet<&str> = targets.iter().map(String::as_str).collect();
     let mut by_node: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
     for pod in ctx.stores.pods.state() {
         if let Some(n) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
@@ -547,25 +784,16 @@ fn observe_nodes(
             by_node.entry(n.to_string()).or_default().push(pod.clone());
         }
     }
-    let pdbs: Vec<_> = ctx
-        .stores
-        .pdbs
-        .state()
-        .iter()
-        .map(|p| (**p).clone())
-        .collect();
+    // Read only while a node drains.
+    let pdbs = std::cell::OnceCell::new();
     let mut out = Vec::new();
-    for n in owned {
+    for n in targets {
         let Some(node) = ctx.stores.nodes.get(&ObjectRef::new(n)) else {
             continue;
         };
-        let pods: Vec<Pod> = by_node
-            .remove(n)
-            .unwrap_or_default()
-            .iter()
-            .map(|p| (**p).clone())
-            .collect();
-        let installer = pods.iter().find(|p| {
+        // Shared with the cache, never deep-copied.
+        let pods: Vec<Arc<Pod>> = by_node.remove(n).unwrap_or_default();
+        let installer = pods.iter().map(Arc::as_ref).find(|p| {
             p.metadata.namespace.as_deref() == Some(ctx.config.namespace.as_str())
                 && p.metadata
                     .labels
@@ -597,7 +825,11 @@ fn observe_nodes(
         let installer_problem = installer.and_then(installer_problem);
         let persisted = persisted_record(&node).filter(|r| r.policy == policy_name);
         let rec = records.get(n).or(persisted.as_ref());
-        let plan = plan_drain(&pods, &policy.spec.upgrade_policy.drain, selector);
+        let plan = plan_drain(
+            pods.iter().map(Arc::as_ref),
+            &policy.spec.upgrade_policy.drain,
+            selector,
+        );
         // Either view saying Cordoning/Draining is enough: the drain plan must
         // never be missing when the NodeActor is about to leave Draining.
         let draining = [records.get(n), persisted.as_ref()]
@@ -607,12 +839,14 @@ fn observe_nodes(
         let mut drain = DrainProgress::default();
         let mut evictions = vec![];
         if draining {
-            let by_ref: HashMap<PodRef, &Pod> = pods.iter().map(|p| (PodRef::of(p), p)).collect();
+            let by_ref: HashMap<PodRef, &Pod> =
+                pods.iter().map(|p| (PodRef::of(p), p.as_ref())).collect();
+            let pdbs = pdbs.get_or_init(|| ctx.stores.pdbs.state());
             let device_left = plan.device.iter().any(|p| by_ref.contains_key(p));
             for (p, pass) in plan.remaining() {
                 drain.remaining.push(p.to_string());
                 let Some(pod) = by_ref.get(p) else { continue };
-                for pdb in blocking_pdbs(pod, &pdbs) {
+                for pdb in blocking_pdbs(pod, pdbs.iter().map(Arc::as_ref)) {
                     let id = format!(
                         "{}/{}",
                         pdb.metadata.namespace.as_deref().unwrap_or(""),
@@ -666,7 +900,6 @@ fn observe_nodes(
         out.push((
             n.clone(),
             NodeView {
-                node,
                 obs,
                 persisted,
                 evictions,
@@ -753,28 +986,14 @@ fn cond(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build_status(
-    policy: &TenstorrentDriverPolicy,
-    records: &HashMap<String, NodeRecord>,
-    nodes: &BTreeMap<String, Arc<Node>>,
-    order: &BTreeMap<String, (bool, String)>,
-    conflicts: &[(String, String)],
-    plan: &crate::upgrade::rollout::Plan,
-    ds_name: &str,
-    prev: Option<&TenstorrentDriverPolicyStatus>,
-) -> TenstorrentDriverPolicyStatus {
-    let generation = policy.metadata.generation;
-    let mut names: Vec<&String> = records.keys().collect();
-    names.sort_by_key(|n| order.get(*n).cloned().unwrap_or((false, (*n).clone())));
+/// Per-state counts and the failure messages, from every record.
+fn summarize(records: &HashMap<String, NodeRecord>) -> (Summary, Vec<String>) {
     let mut summary = Summary {
         matched: records.len() as i32,
         ..Default::default()
     };
-    let mut entries = Vec::new();
     let mut failed = Vec::new();
-    for n in names {
-        let r = &records[n];
+    for (n, r) in records {
         let host = r.reason.as_deref() == Some(reason::HOST_MANAGED);
         match r.state {
             NodeState::Done if host => summary.host_managed += 1,
@@ -786,8 +1005,49 @@ fn build_status(
             }
             _ => summary.in_progress += 1,
         }
-        let node = nodes.get(n);
-        let l = |k: &str| node.and_then(|nd| node_label(nd, k)).map(String::from);
+    }
+    failed.sort();
+    (summary, failed)
+}
+
+/// The status of each condition, in the order `build_status` lists them:
+/// Ready, Progressing, Degraded, Paused, Conflict.
+fn condition_flags(summary: &Summary, paused: bool, conflicts: bool) -> [bool; 5] {
+    let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed == 0;
+    [
+        settled && !paused,
+        !settled && summary.failed == 0 && !paused,
+        summary.failed > 0,
+        paused,
+        conflicts,
+    ]
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_status(
+    policy: &TenstorrentDriverPolicy,
+    records: &HashMap<String, NodeRecord>,
+    ctx: &Context,
+    device_users: &HashSet<String>,
+    conflicts: &[(String, String)],
+    plan: &Plan,
+    ds_name: &str,
+    prev: Option<&TenstorrentDriverPolicyStatus>,
+) -> TenstorrentDriverPolicyStatus {
+    let generation = policy.metadata.generation;
+    // The rollout's order: nodes without device users first, then by name.
+    let mut names: Vec<&String> = records.keys().collect();
+    names.sort_by(|a, b| (device_users.contains(*a), a).cmp(&(device_users.contains(*b), b)));
+    let (summary, failed) = summarize(records);
+    let mut entries = Vec::with_capacity(names.len());
+    for n in names {
+        let r = &records[n];
+        let node = ctx.stores.nodes.get(&ObjectRef::new(n));
+        let l = |k: &str| {
+            node.as_deref()
+                .and_then(|nd| node_label(nd, k))
+                .map(String::from)
+        };
         entries.push(NodeStatus {
             name: n.clone(),
             state: r.state,
@@ -802,10 +1062,13 @@ fn build_status(
     }
     let paused = policy.spec.paused;
     let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed == 0;
+    // The same flags decide whether a write is urgent (`write_status_if_due`).
+    let [ready, progressing, degraded, _, conflicted] =
+        condition_flags(&summary, paused, !conflicts.is_empty());
     let mut conditions = vec![
         cond(
             condition::READY,
-            settled && !paused,
+            ready,
             if settled {
                 "RolloutComplete"
             } else {
@@ -820,7 +1083,7 @@ fn build_status(
         ),
         cond(
             condition::PROGRESSING,
-            !settled && summary.failed == 0 && !paused,
+            progressing,
             if paused {
                 "Paused"
             } else if settled {
@@ -839,7 +1102,7 @@ fn build_status(
         ),
         cond(
             condition::DEGRADED,
-            summary.failed > 0,
+            degraded,
             if summary.failed > 0 {
                 "NodeFailed"
             } else {
@@ -868,7 +1131,7 @@ fn build_status(
         .collect();
     conditions.push(cond(
         condition::CONFLICT,
-        !conflicts.is_empty(),
+        conflicted,
         if conflicts.is_empty() {
             "NoOverlap"
         } else {
@@ -893,35 +1156,4 @@ fn build_status(
         daemon_set: Some(ds_name.to_string()),
         nodes: entries,
     }
-}
-
-fn export_metrics(
-    ctx: &Context,
-    cr: &str,
-    records: &HashMap<String, NodeRecord>,
-    nodes: &BTreeMap<String, Arc<Node>>,
-    gates: &[String],
-    plan: &crate::upgrade::rollout::Plan,
-) {
-    let m = &ctx.metrics;
-    let mut counts: BTreeMap<NodeState, i64> = NodeState::ALL.iter().map(|s| (*s, 0)).collect();
-    let mut host = 0;
-    for (n, r) in records {
-        m.set_node_state(cr, n, r.state);
-        m.set_node_state_since(cr, n, r.since as f64);
-        if r.reason.as_deref() == Some(reason::HOST_MANAGED) {
-            host += 1;
-        } else {
-            *counts.entry(r.state).or_default() += 1;
-        }
-        if let Some(node) = nodes.get(n) {
-            for g in gates {
-                m.set_deploy_gate_closed(cr, n, g, node_label(node, g) == Some("false"));
-            }
-        }
-    }
-    let counts: Vec<(NodeState, i64)> = counts.into_iter().collect();
-    m.set_policy_nodes(cr, &counts);
-    m.set_policy_host_managed(cr, host);
-    m.set_rollout_budget(cr, plan.max_unavailable as i64, plan.unavailable as i64);
 }

@@ -175,10 +175,14 @@ fn has_empty_dir(pod: &Pod) -> bool {
 
 /// Plans the drain of one node from the pods bound to it. Our own installer pods
 /// (label `driver.tenstorrent.com/policy`) are never part of a drain.
-pub fn plan_drain(pods: &[Pod], drain: &DrainPolicy, selector: &PodSelector) -> DrainPlan {
+pub fn plan_drain<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    drain: &DrainPolicy,
+    selector: &PodSelector,
+) -> DrainPlan {
     let mut plan = DrainPlan::default();
     let mut sorted: Vec<&Pod> = pods
-        .iter()
+        .into_iter()
         .filter(|p| {
             !p.metadata
                 .labels
@@ -217,11 +221,11 @@ pub fn plan_drain(pods: &[Pod], drain: &DrainPolicy, selector: &PodSelector) -> 
 /// PodDisruptionBudgets that currently forbid evicting `pod`.
 pub fn blocking_pdbs<'a>(
     pod: &Pod,
-    pdbs: &'a [PodDisruptionBudget],
+    pdbs: impl IntoIterator<Item = &'a PodDisruptionBudget>,
 ) -> Vec<&'a PodDisruptionBudget> {
     let ns = pod.metadata.namespace.as_deref();
     let pod_labels = pod.metadata.labels.clone().unwrap_or_default();
-    pdbs.iter()
+    pdbs.into_iter()
         .filter(|pdb| pdb.metadata.namespace.as_deref() == ns)
         .filter(|pdb| {
             pdb.status

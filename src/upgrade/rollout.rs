@@ -29,12 +29,11 @@ pub struct Plan {
     pub blocked: Option<String>,
 }
 
-/// Deterministic rollout order: nodes without device users first, then by name.
-pub fn order_key(c: &Candidate) -> (bool, String) {
-    (c.has_device_pods, c.name.clone())
-}
-
-pub fn plan(candidates: &[Candidate], max_unavailable: usize) -> Plan {
+pub fn plan<'a>(
+    candidates: impl IntoIterator<Item = &'a Candidate>,
+    max_unavailable: usize,
+) -> Plan {
+    let candidates: Vec<&Candidate> = candidates.into_iter().collect();
     let unavailable = candidates
         .iter()
         .filter(|c| c.in_progress || c.unavailable || c.failed)
@@ -44,21 +43,29 @@ pub fn plan(candidates: &[Candidate], max_unavailable: usize) -> Plan {
         max_unavailable,
         ..Default::default()
     };
-    let failed: Vec<&str> = candidates
+    let mut failed: Vec<&str> = candidates
         .iter()
         .filter(|c| c.failed)
         .map(|c| c.name.as_str())
         .collect();
     if !failed.is_empty() {
+        failed.sort_unstable();
         plan.blocked = Some(format!(
             "halted: node(s) {} Failed; retry them to continue",
             failed.join(", ")
         ));
         return plan;
     }
-    let mut waiting: Vec<&Candidate> = candidates.iter().filter(|c| c.wants_slot).collect();
-    // Already-unavailable nodes first: starting them costs no extra availability.
-    waiting.sort_by_key(|c| (!c.unavailable, order_key(c)));
+    let mut waiting: Vec<&Candidate> = candidates.into_iter().filter(|c| c.wants_slot).collect();
+    // Already-unavailable nodes first (starting them costs no extra
+    // availability), then nodes without device users, then by name.
+    waiting.sort_by(|a, b| {
+        (!a.unavailable, a.has_device_pods, &a.name).cmp(&(
+            !b.unavailable,
+            b.has_device_pods,
+            &b.name,
+        ))
+    });
     let mut budget = max_unavailable.saturating_sub(unavailable);
     for c in waiting {
         if c.unavailable {
