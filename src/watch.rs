@@ -38,6 +38,7 @@ pub fn start(
         pcfg,
         policy_key,
         whole_fleet,
+        keep_all,
         manager.clone(),
         metrics.clone(),
     );
@@ -46,6 +47,7 @@ pub fn start(
         watcher::Config::default(),
         node_key,
         node_scope,
+        slim_node,
         manager.clone(),
         metrics.clone(),
     );
@@ -54,6 +56,7 @@ pub fn start(
         watcher::Config::default(),
         any_change,
         pod_scope,
+        slim_pod,
         manager.clone(),
         metrics.clone(),
     );
@@ -62,6 +65,7 @@ pub fn start(
         watcher::Config::default().labels(ttdrv_api::labels::CLAIM),
         daemonset_key,
         whole_fleet,
+        keep_all,
         manager.clone(),
         metrics.clone(),
     );
@@ -70,6 +74,7 @@ pub fn start(
         watcher::Config::default(),
         any_change,
         whole_fleet,
+        keep_all,
         manager,
         metrics,
     );
@@ -99,6 +104,7 @@ fn spawn_watch<K>(
     cfg: watcher::Config,
     key: fn(&K) -> Option<u64>,
     route: fn(&K) -> Option<Scope>,
+    slim: fn(&mut K),
     manager: Addr<PolicyManager>,
     metrics: Arc<Metrics>,
 ) -> (Store<K>, Store<K>)
@@ -117,8 +123,12 @@ where
     tokio::spawn(async move {
         let stream = watcher(api, cfg)
             .default_backoff()
-            // Managed fields are never read; dropping them keeps the caches small.
-            .modify(|o| o.meta_mut().managed_fields = None)
+            // Managed fields (and what `slim` drops) are never read; dropping
+            // them keeps the caches small.
+            .modify(move |o| {
+                o.meta_mut().managed_fields = None;
+                slim(o);
+            })
             .reflect(writer)
             .touched_objects()
             // The caches take every change; only changes the controller reads
@@ -183,6 +193,36 @@ fn daemonset_key(d: &DaemonSet) -> Option<u64> {
         &m.labels,
         m.deletion_timestamp.is_some(),
     ))
+}
+
+fn keep_all<K>(_: &mut K) {}
+
+/// A Node's image list (often dozens of entries of long names) is never read.
+fn slim_node(n: &mut Node) {
+    if let Some(s) = n.status.as_mut() {
+        s.images = None;
+    }
+}
+
+/// The drain reads a pod's labels, owners, volumes, resources and claims, and
+/// the installer check its status; commands, env and probes are never read.
+fn slim_pod(p: &mut Pod) {
+    if let Some(spec) = p.spec.as_mut() {
+        for c in spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten())
+        {
+            c.command = None;
+            c.args = None;
+            c.env = None;
+            c.env_from = None;
+            c.liveness_probe = None;
+            c.readiness_probe = None;
+            c.startup_probe = None;
+            c.volume_mounts = None;
+        }
+    }
 }
 
 /// Every change counts.

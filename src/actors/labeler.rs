@@ -27,9 +27,10 @@ impl Actor for Labeler {
     type Context = actix::Context<Self>;
 }
 
-/// A JSON merge patch for one node.
+/// A JSON merge patch for one node; replies with the node as the API server
+/// stored it (fresher than any cache).
 #[derive(Message, Debug, Clone)]
-#[rtype(result = "Result<()>")]
+#[rtype(result = "Result<Node>")]
 pub struct PatchNode {
     pub node: String,
     pub patch: serde_json::Value,
@@ -38,7 +39,7 @@ pub struct PatchNode {
 }
 
 impl Handler<PatchNode> for Labeler {
-    type Result = ResponseFuture<Result<()>>;
+    type Result = ResponseFuture<Result<Node>>;
 
     fn handle(&mut self, msg: PatchNode, _: &mut Self::Context) -> Self::Result {
         let api: Api<Node> = Api::all(self.ctx.client.clone());
@@ -52,7 +53,6 @@ impl Handler<PatchNode> for Labeler {
                     &Patch::Merge(&msg.patch),
                 )
                 .await
-                .map(|_| ())
                 .map_err(Error::kube(format!("{} on node {}", msg.action, msg.node)))
             };
             call.retry(super::backoff()).when(Error::is_transient).await

@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Node;
+
 use actix::prelude::*;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
 
@@ -142,75 +144,103 @@ impl Handler<Observe> for NodeActor {
         );
         let policy_name = self.policy.clone();
         let fut = async move {
-            let node_cmds = next.commands.iter().any(|c| {
-                matches!(
-                    c,
-                    Command::Cordon | Command::Uncordon | Command::CloseGates | Command::OpenGates
-                )
-            });
-            // Compare with the cache's copy only before this actor has written
-            // anything: afterwards the cache may simply lag behind our write.
-            let unpersisted = !had_record && msg.persisted.as_ref() != Some(&next.record);
-            // A Done node that a new version sends back to Pending is not written:
-            // the Pending record follows from the Done one and the policy, a
-            // restarted controller derives it again, and the status shows it.
-            // At rollout start that saves one patch per node (1000 patches, and
-            // seconds before the first cordon, at 1000 nodes); the record is
-            // written with the cordon that starts the node's cycle.
-            let derivable = next.commands.is_empty()
-                && next.record.state == NodeState::Pending
-                && prev.state == NodeState::Done
-                && msg
-                    .persisted
-                    .as_ref()
-                    .is_some_and(|p| p.state == NodeState::Done);
-            if (next.record != prev || node_cmds || unpersisted) && !derivable {
-                let patch = node_patch(&next.record, &next.commands, &msg.gates)?;
-                labeler
-                    .send(PatchNode {
-                        node: node.clone(),
-                        patch,
-                        action: "persisting upgrade state",
-                    })
-                    .await??;
-            }
-            for c in &next.commands {
-                match c {
-                    Command::Evict if !msg.evictions.is_empty() => {
-                        let out = evictor
-                            .send(Evict {
-                                policy: policy_name.clone(),
-                                pods: msg.evictions.clone(),
-                            })
-                            .await?;
-                        for e in &out.errors {
-                            tracing::warn!(node, error = e, "eviction failed; will retry");
-                            ctx.metrics.inc_error(&policy_name, "evict");
-                        }
-                    }
-                    Command::DeleteInstallerPod => {
-                        if let Some(p) = &msg.installer_pod {
-                            renderer
-                                .send(DeletePod {
-                                    namespace: p.namespace.clone(),
-                                    name: p.name.clone(),
+            let (mut prev, mut next, mut obs) = (prev, next, msg.obs);
+            let mut hop = 0;
+            loop {
+                let node_cmds = next.commands.iter().any(|c| {
+                    matches!(
+                        c,
+                        Command::Cordon
+                            | Command::Uncordon
+                            | Command::CloseGates
+                            | Command::OpenGates
+                    )
+                });
+                // Compare with the cache's copy only before this actor has written
+                // anything: afterwards the cache may simply lag behind our write.
+                let unpersisted =
+                    hop == 0 && !had_record && msg.persisted.as_ref() != Some(&next.record);
+                // A Done node that a new version sends back to Pending is not
+                // written: the Pending record follows from the Done one and the
+                // policy, a restarted controller derives it again, and the status
+                // shows it. At rollout start that saves one patch per node (1000
+                // patches, and seconds before the first cordon, at 1000 nodes);
+                // the record is written with the cordon that starts the cycle.
+                let derivable = next.commands.is_empty()
+                    && next.record.state == NodeState::Pending
+                    && prev.state == NodeState::Done
+                    && msg
+                        .persisted
+                        .as_ref()
+                        .is_some_and(|p| p.state == NodeState::Done);
+                let mut written = None;
+                if (next.record != prev || node_cmds || unpersisted) && !derivable {
+                    let patch = node_patch(&next.record, &next.commands, &msg.gates)?;
+                    let stored = labeler
+                        .send(PatchNode {
+                            node: node.clone(),
+                            patch,
+                            action: "persisting upgrade state",
+                        })
+                        .await??;
+                    written = Some(stored);
+                }
+                for c in &next.commands {
+                    match c {
+                        Command::Evict if !msg.evictions.is_empty() => {
+                            let out = evictor
+                                .send(Evict {
+                                    policy: policy_name.clone(),
+                                    pods: msg.evictions.clone(),
                                 })
-                                .await??;
-                            tracing::info!(node, pod = %p, "installer pod deleted for replacement");
+                                .await?;
+                            for e in &out.errors {
+                                tracing::warn!(node, error = e, "eviction failed; will retry");
+                                ctx.metrics.inc_error(&policy_name, "evict");
+                            }
                         }
+                        Command::DeleteInstallerPod => {
+                            if let Some(p) = &msg.installer_pod {
+                                renderer
+                                    .send(DeletePod {
+                                        namespace: p.namespace.clone(),
+                                        name: p.name.clone(),
+                                    })
+                                    .await??;
+                                tracing::info!(node, pod = %p, "installer pod deleted for replacement");
+                            }
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 }
-            }
-            if next.record.state != prev.state {
-                report_transition(&ctx, &msg.policy, &node, &prev, &next.record).await;
-                if prev.state == NodeState::Draining && !msg.skipped.is_empty() {
-                    let note = format!(
-                        "node {node}: drain left these pods in place: {}",
-                        msg.skipped.join(", ")
-                    );
-                    ctx.event(msg.policy.as_ref(), true, "PodsNotEvicted", "Drain", note);
+                if next.record.state != prev.state {
+                    report_transition(&ctx, &msg.policy, &node, &prev, &next.record).await;
+                    if prev.state == NodeState::Draining && !msg.skipped.is_empty() {
+                        let note = format!(
+                            "node {node}: drain left these pods in place: {}",
+                            msg.skipped.join(", ")
+                        );
+                        ctx.event(msg.policy.as_ref(), true, "PodsNotEvicted", "Drain", note);
+                    }
                 }
+                // Cordoning and Uncordoning wait only for our own write to show.
+                // The API server's reply to it is that write, fresher than the
+                // cache: step on it now instead of a watch round trip later.
+                let Some(stored) = written else { break };
+                let waits_on_own_write = matches!(
+                    next.record.state,
+                    NodeState::Cordoning | NodeState::Uncordoning
+                );
+                if !waits_on_own_write || hop == MAX_HOPS {
+                    break;
+                }
+                obs = observe_stored(obs, &stored, &msg.gates);
+                let after = step(&next.record, &obs, &msg.desired);
+                if after.record == next.record && after.commands.is_empty() {
+                    break;
+                }
+                hop += 1;
+                prev = std::mem::replace(&mut next, after).record;
             }
             Ok::<_, Error>(next.record)
         };
@@ -225,6 +255,30 @@ impl Handler<Observe> for NodeActor {
             res
         })))
     }
+}
+
+/// Steps chained on the API server's replies within one observation.
+const MAX_HOPS: usize = 2;
+
+/// The observation with what a Node as stored by the API server says.
+fn observe_stored(mut obs: Observation, node: &Node, gates: &[String]) -> Observation {
+    let label = |k: &str| {
+        node.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(k))
+            .map(String::as_str)
+    };
+    obs.unschedulable = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    obs.gates_closed = gates.iter().all(|g| label(g) == Some("false"));
+    obs.gates_present = gates.iter().any(|g| label(g).is_some());
+    obs.loaded = label(labels::KMD_VERSION).map(String::from);
+    obs.host_managed = label(labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST);
+    obs
 }
 
 async fn report_transition(

@@ -123,6 +123,8 @@ struct NodeView {
     skipped: Vec<String>,
     has_device_pods: bool,
     externally_unavailable: bool,
+    /// `evictions` and `obs.drain` were worked out (the node drains or starts).
+    drain_planned: bool,
 }
 
 fn now_secs() -> i64 {
@@ -506,17 +508,21 @@ impl Pass {
         let mut updates: HashMap<String, NodeRecord> = HashMap::new();
         let mut device_users = Vec::new();
         let mut first_err = None;
-        let mut views = observe_nodes(
-            ctx,
-            &name,
-            &targets,
-            &hash,
-            &selector,
-            policy,
-            &gates,
-            now,
-            &self.records,
-        );
+        let observe = |nodes: &[String], starting: &HashSet<&str>| {
+            observe_nodes(
+                ctx,
+                &name,
+                nodes,
+                &hash,
+                &selector,
+                policy,
+                &gates,
+                now,
+                &self.records,
+                starting,
+            )
+        };
+        let mut views = observe(&targets, &HashSet::new());
         let mut candidates: Vec<Candidate> = views
             .iter()
             .map(|(n, v)| {
@@ -547,24 +553,25 @@ impl Pass {
                 .filter(|n| !stepped.contains(*n) && !queued.contains(n.as_str()))
                 .cloned()
                 .collect();
+            let granted: HashSet<&str> = plan.granted.iter().map(String::as_str).collect();
+            // Granted nodes observed before the plan are observed again with
+            // their drain plan.
+            let regrant: Vec<String> = views
+                .iter()
+                .filter(|(n, v)| granted.contains(n.as_str()) && !v.drain_planned)
+                .map(|(n, _)| n.clone())
+                .collect();
+            if !regrant.is_empty() {
+                views.retain(|(n, _)| !regrant.contains(n));
+                views.extend(observe(&regrant, &granted));
+            }
             if !fresh.is_empty() {
-                views.extend(observe_nodes(
-                    ctx,
-                    &name,
-                    &fresh,
-                    &hash,
-                    &selector,
-                    policy,
-                    &gates,
-                    now,
-                    &self.records,
-                ));
+                views.extend(observe(&fresh, &granted));
             }
             if views.is_empty() || round == MAX_ROUNDS {
                 break;
             }
             round += 1;
-            let granted: HashSet<&str> = plan.granted.iter().map(String::as_str).collect();
             let mut calls = Vec::new();
             for (n, mut v) in std::mem::take(&mut views) {
                 let Some(addr) = self.actors.get(&n) else {
@@ -773,6 +780,7 @@ fn observe_nodes(
     gates: &[String],
     now: i64,
     records: &HashMap<String, NodeRecord>,
+    starting: &HashSet<&str>,
 ) -> Vec<(String, NodeView)> {
     // One pass over the pod cache, indexed by node: no per-node scans.
     let owned_set: HashSet<&str> = targets.iter().map(String::as_str).collect();
@@ -832,10 +840,13 @@ fn observe_nodes(
         );
         // Either view saying Cordoning/Draining is enough: the drain plan must
         // never be missing when the NodeActor is about to leave Draining.
-        let draining = [records.get(n), persisted.as_ref()]
-            .into_iter()
-            .flatten()
-            .any(|r| r.state == NodeState::Draining || r.state == NodeState::Cordoning);
+        // A node granted a slot now may go through Cordoning into Draining in
+        // one step (on the response to its cordon), so it needs the plan too.
+        let draining = starting.contains(n.as_str())
+            || [records.get(n), persisted.as_ref()]
+                .into_iter()
+                .flatten()
+                .any(|r| r.state == NodeState::Draining || r.state == NodeState::Cordoning);
         let mut drain = DrainProgress::default();
         let mut evictions = vec![];
         if draining {
@@ -920,6 +931,7 @@ fn observe_nodes(
                 },
                 has_device_pods,
                 externally_unavailable,
+                drain_planned: draining,
             },
         ));
     }

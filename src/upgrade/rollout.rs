@@ -29,6 +29,11 @@ pub struct Plan {
     pub blocked: Option<String>,
 }
 
+/// Deterministic rollout order: nodes without device users first, then by name.
+pub fn order_key(c: &Candidate) -> (bool, String) {
+    (c.has_device_pods, c.name.clone())
+}
+
 pub fn plan<'a>(
     candidates: impl IntoIterator<Item = &'a Candidate>,
     max_unavailable: usize,
