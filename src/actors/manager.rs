@@ -152,8 +152,20 @@ impl PolicyManager {
             self.release_orphans(|owner| gone.iter().any(|g| g == owner));
         }
         for (name, addr) in self.supervisors.clone() {
+            // A targeted pass concerns only this policy's nodes; a node that
+            // left the policy changed the assignment, which made `changed` full.
+            let owned = assignment.owned.get(&name).map_or(&[][..], Vec::as_slice);
+            let mine = PassScope {
+                full: changed.full,
+                nodes: changed
+                    .nodes
+                    .iter()
+                    .filter(|n| owned.binary_search(n).is_ok())
+                    .cloned()
+                    .collect(),
+            };
             let scope = self.waiting.entry(name.clone()).or_default();
-            scope.merge(&changed);
+            scope.merge(&mine);
             if self.in_flight.contains(&name) || scope.is_empty() {
                 continue;
             }
@@ -273,5 +285,36 @@ impl Handler<Kick> for PolicyManager {
         }
         // Coalesce bursts of watch events into one pass.
         self.schedule(actx, DEBOUNCE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(n: &[&str]) -> PassScope {
+        PassScope {
+            full: false,
+            nodes: n.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn scopes_merge_and_full_absorbs_nodes() {
+        let mut s = PassScope::default();
+        assert!(s.is_empty());
+        s.merge(&nodes(&["a"]));
+        s.merge(&nodes(&["b", "a"]));
+        assert_eq!(s, nodes(&["a", "b"]));
+        s.merge(&PassScope {
+            full: true,
+            nodes: HashSet::new(),
+        });
+        assert!(s.full && s.nodes.is_empty(), "{s:?}");
+        s.merge(&nodes(&["c"]));
+        assert!(
+            s.full && s.nodes.is_empty(),
+            "a full pass covers every node: {s:?}"
+        );
     }
 }
