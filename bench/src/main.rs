@@ -121,8 +121,9 @@ fn resolve_max_unavailable(spec: &str, n: usize) -> usize {
 struct Seen {
     at: Instant,
     node: String,
-    /// Upgrade state entered (from the annotation), or "Cordon" for
-    /// `spec.unschedulable` turning true.
+    /// Upgrade state entered (from the annotation), "Cordon" for
+    /// `spec.unschedulable` turning true, or "Loaded" for the agent setting the
+    /// node's kmd-version label to a new value (its work is done).
     what: String,
     target: String,
 }
@@ -131,7 +132,7 @@ struct Seen {
 struct WatchState {
     synced: bool,
     events: Vec<Seen>,
-    last: HashMap<String, (String, String, bool)>,
+    last: HashMap<String, NodeKey>,
 }
 
 /// Watches the nodes of one group and records every state change with the time
@@ -168,8 +169,16 @@ impl NodeWatcher {
                     }
                     watcher::Event::InitDone => s.synced = true,
                     watcher::Event::Apply(n) => {
-                        let (name, (state, target, cordoned)) = key(&n);
+                        let (name, (state, target, cordoned, loaded)) = key(&n);
                         let prev = s.last.get(&name).cloned().unwrap_or_default();
+                        if !loaded.is_empty() && loaded != prev.3 {
+                            s.events.push(Seen {
+                                at,
+                                node: name.clone(),
+                                what: "Loaded".into(),
+                                target: target.clone(),
+                            });
+                        }
                         if state != prev.0 || target != prev.1 {
                             s.events.push(Seen {
                                 at,
@@ -186,7 +195,7 @@ impl NodeWatcher {
                                 target: target.clone(),
                             });
                         }
-                        s.last.insert(name, (state, target, cordoned));
+                        s.last.insert(name, (state, target, cordoned, loaded));
                     }
                     _ => {}
                 }
@@ -217,7 +226,7 @@ impl NodeWatcher {
             .map(|s| {
                 s.last
                     .values()
-                    .filter(|(st, t, _)| st == "Done" && t == target)
+                    .filter(|(st, t, _, _)| st == "Done" && t == target)
                     .count()
             })
             .unwrap_or(0)
@@ -230,8 +239,11 @@ impl Drop for NodeWatcher {
     }
 }
 
-/// (name, (state, target, unschedulable)) of a node.
-fn key(n: &Node) -> (String, (String, String, bool)) {
+/// A node's record state and target, cordon, and loaded kmd version.
+type NodeKey = (String, String, bool, String);
+
+/// (name, (state, target, unschedulable, loaded version)) of a node.
+fn key(n: &Node) -> (String, NodeKey) {
     let name = n.metadata.name.clone().unwrap_or_default();
     let rec: serde_json::Value = n
         .metadata
@@ -251,7 +263,14 @@ fn key(n: &Node) -> (String, (String, String, bool)) {
         .as_ref()
         .and_then(|s| s.unschedulable)
         .unwrap_or(false);
-    (name, (s("state"), s("target"), cordoned))
+    let loaded = n
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::KMD_VERSION))
+        .cloned()
+        .unwrap_or_default();
+    (name, (s("state"), s("target"), cordoned, loaded))
 }
 
 /// /proc figures of a running process.
@@ -573,6 +592,15 @@ struct Result_ {
     rollout_s: f64,
     /// (rollout − waves × work − eviction waits) / waves, in ms; waves = ceil(N / slots).
     controller_added_ms_per_node: f64,
+    /// Mean time from the installer pod's deletion to the agent reporting the
+    /// new version, minus the simulated work: the DaemonSet controller,
+    /// scheduler, kwok and agent replacing the pod, ms.
+    #[serde(default)]
+    installer_replacement_ms: f64,
+    /// controller-added minus the installer replacement (one node at a time
+    /// only; NaN otherwise), ms.
+    #[serde(default)]
+    controller_own_ms_per_node: f64,
     eviction_wait_s: f64,
     pods_evicted: f64,
     gap_p50_ms: f64,
@@ -826,6 +854,17 @@ async fn run_scenario(
         .collect();
     let work_s = sc.work_ms as f64 / 1000.0;
     let added = (rollout_s - waves as f64 * work_s - eviction_wait_s) / waves as f64 * 1000.0;
+    // "Upgrading" runs from the controller's entering it (it deletes the
+    // installer pod right after) to the agent's label ("Loaded").
+    let installer_replacement_ms = phase_ms
+        .get("Upgrading")
+        .map(|u| u - sc.work_ms as f64)
+        .unwrap_or(f64::NAN);
+    let controller_own_ms_per_node = if slots == 1 {
+        added - installer_replacement_ms
+    } else {
+        f64::NAN
+    };
     let api_requests: u64 = by_kind.values().sum();
     // Per node upgrade: all of a full rollout over N; for a sample, the one-time
     // pass over all N nodes before the first cordon over N plus the rest over K.
@@ -873,6 +912,8 @@ async fn run_scenario(
         rollout_measured_s,
         rollout_s,
         controller_added_ms_per_node: added,
+        installer_replacement_ms,
+        controller_own_ms_per_node,
         eviction_wait_s,
         pods_evicted: evicted,
         gap_p50_ms: percentile(&gaps, 50.0),
@@ -1074,8 +1115,8 @@ fn fmt_ms(v: f64) -> String {
 
 fn table(results: &[Result_]) -> String {
     let mut s = String::new();
-    s.push_str("| N | work/node | maxUnavailable | rollout | controller-added / node | Done→next Cordoning p50 / p95 | patch→first cordon | peak RSS | CPU (rollout / process) | API requests / node | kubectl baseline | ours / baseline |\n");
-    s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    s.push_str("| N | work/node | maxUnavailable | rollout | controller-added / node | of which installer pod replacement | controller's own / node | Done→next Cordoning p50 / p95 | patch→first cordon | peak RSS | CPU (rollout / process) | API requests / node | kubectl baseline | ours / baseline |\n");
+    s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in results {
         let baseline = if r.baseline_nodes < r.nodes {
             format!(
@@ -1113,12 +1154,18 @@ fn table(results: &[Result_]) -> String {
             format!("{:.2}", r.ratio)
         };
         s.push_str(&format!(
-            "| {} | {:.0} s | {} | {} | {} | {} / {} ms | {} ms | {:.1} MiB | {:.2} / {:.2} s | {:.1} | {} | {} |\n",
+            "| {} | {:.0} s | {} | {} | {} | {} ms | {} | {} / {} ms | {} ms | {:.1} MiB | {:.2} / {:.2} s | {:.1} | {} | {} |\n",
             r.nodes,
             r.work_s,
             r.max_unavailable,
             rollout,
             added,
+            fmt_ms(r.installer_replacement_ms),
+            if r.controller_own_ms_per_node.is_nan() {
+                "-".to_string()
+            } else {
+                format!("{} ms", fmt_ms(r.controller_own_ms_per_node))
+            },
             fmt_ms(r.gap_p50_ms),
             fmt_ms(r.gap_p95_ms),
             fmt_ms(r.first_cordon_ms),
@@ -1135,8 +1182,8 @@ fn table(results: &[Result_]) -> String {
 
 fn breakdown(results: &[Result_]) -> String {
     let mut s = String::new();
-    s.push_str("| N | work | maxUnavailable | Cordoning | Draining | Upgrading | Uncordoning | Done→next gap max | reconciles (mean duration) | requests (watches) | requests by kind |\n");
-    s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    s.push_str("| N | work | maxUnavailable | Cordoning | Draining | Upgrading (pod replaced + work) | agent done → Uncordoning | Uncordoning | Done→next gap max | reconciles (mean duration) | requests (watches) | requests by kind |\n");
+    s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for r in results {
         let ph = |k: &str| r.phase_ms.get(k).map(|v| fmt_ms(*v)).unwrap_or("-".into());
         let kinds: Vec<String> = r
@@ -1145,13 +1192,14 @@ fn breakdown(results: &[Result_]) -> String {
             .map(|(k, v)| format!("{k}: {v}"))
             .collect();
         s.push_str(&format!(
-            "| {} | {:.0} s | {} | {} ms | {} ms | {} ms | {} ms | {} ms | {:.0} ({:.0} ms) | {} ({}) | {} |\n",
+            "| {} | {:.0} s | {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} ms | {:.0} ({:.0} ms) | {} ({}) | {} |\n",
             r.nodes,
             r.work_s,
             r.max_unavailable,
             ph("Cordoning"),
             ph("Draining"),
             ph("Upgrading"),
+            ph("Loaded"),
             ph("Uncordoning"),
             fmt_ms(r.gap_max_ms),
             r.reconciles,

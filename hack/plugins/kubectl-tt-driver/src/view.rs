@@ -134,7 +134,11 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
                 state: n.state,
                 host_managed: n.reason.as_deref() == Some(reason::HOST_MANAGED),
                 current_version: n.current_version.clone(),
+                // A waiting node aims at the policy's version; its persisted
+                // record may still be the Done of the previous rollout (the
+                // controller writes it again only when the node's cycle starts).
                 target_version: rec
+                    .filter(|_| n.state != NodeState::Pending)
                     .map(|r| r.target.clone())
                     .unwrap_or_else(|| p.spec.version.clone()),
                 install_mode: n.install_mode.clone(),

@@ -712,3 +712,41 @@ fn many_ordinary_nodes_are_summarized_in_text_but_all_in_json() {
     assert_eq!(text.matches("NotTenstorrent").count(), 10);
     assert!(text.contains("… and 6 more nodes without a Tenstorrent device"));
 }
+
+/// The controller does not re-write the record of a Done node that a new
+/// version sends back to Pending: the node still carries the Done of the
+/// previous rollout. It waits for the policy's version all the same.
+#[test]
+fn waiting_node_with_the_previous_rollouts_record_targets_the_new_version() {
+    let (p, mut nodes) = rolling();
+    let mut old = record(
+        NodeState::Done,
+        "Upgraded",
+        Some(NOW - 900),
+        NOW - 880,
+        false,
+    );
+    old.target = "2.7.0".into();
+    let gpu_e = nodes
+        .iter_mut()
+        .find(|n| n.metadata.name.as_deref() == Some("gpu-e"))
+        .expect("gpu-e in the fixture");
+    gpu_e.metadata.annotations = Some(
+        [(
+            labels::UPGRADE_STATE.to_string(),
+            serde_json::to_string(&old).expect("record serializes"),
+        )]
+        .into(),
+    );
+    let view = view::policy_view(&p, &nodes, NOW);
+    let row = view
+        .nodes
+        .iter()
+        .find(|n| n.name == "gpu-e")
+        .expect("gpu-e listed");
+    assert_eq!(row.state, NodeState::Pending);
+    assert_eq!(row.target_version, "2.8.0");
+    // Still two nodes to go after gpu-c: the same estimate as with a Pending record.
+    let w = view::watch_view(&p, &nodes, NOW);
+    assert_eq!(w.eta.remaining_seconds, Some(90));
+}
