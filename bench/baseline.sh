@@ -17,9 +17,16 @@ for node in "$@"; do
   kubectl drain "$node" --ignore-daemonsets --delete-emptydir-data --force --timeout=300s >/dev/null 2>&1
   old=$(kubectl -n "$ns" get pods -l "$sel" --field-selector "spec.nodeName=$node" -o name)
   [ -n "$old" ] && kubectl -n "$ns" delete $old --wait=true >/dev/null
-  # The DaemonSet controller creates the replacement; wait until it exists and is Ready.
+  # The DaemonSet controller creates the replacement; wait until it exists and
+  # is Ready (kubectl wait fails at once while no pod matches: retry, for at
+  # most 5 minutes so an orphaned run cannot loop forever).
+  deadline=$((SECONDS + 300))
   until kubectl -n "$ns" wait pod -l "$sel" --field-selector "spec.nodeName=$node" \
       --for=condition=Ready --timeout=300s >/dev/null 2>&1; do
+    if ((SECONDS > deadline)); then
+      echo "baseline: no Ready installer pod on $node after 300s" >&2
+      exit 1
+    fi
     sleep 0.1
   done
   kubectl uncordon "$node" >/dev/null

@@ -60,9 +60,14 @@ pub struct Config {
     /// Admin server: /metrics, /healthz, /readyz.
     #[arg(long, env = "TTDRV_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: std::net::SocketAddr,
-    /// Periodic re-evaluation (timeouts, eviction retries), in milliseconds.
+    /// Periodic re-evaluation of nodes in the middle of a cycle (deadlines,
+    /// eviction retries), in milliseconds.
     #[arg(long, env = "TTDRV_RESYNC_MS", default_value_t = 2000)]
     pub resync_ms: u64,
+    /// Periodic pass over every node of every policy, a safety net behind the
+    /// watches (which drive everything else), in milliseconds.
+    #[arg(long, env = "TTDRV_FULL_RESYNC_MS", default_value_t = 30000)]
+    pub full_resync_ms: u64,
     /// Log format: json or text.
     #[arg(long, env = "TTDRV_LOG_FORMAT", default_value = "text")]
     pub log_format: String,

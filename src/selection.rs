@@ -57,6 +57,60 @@ impl Assignment {
     }
 }
 
+/// Who owns one node, and which other policies match it (the losers, by
+/// name): one node's share of an [`Assignment`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct NodeClaim {
+    pub owner: Option<String>,
+    pub losers: Vec<String>,
+}
+
+impl Assignment {
+    /// This assignment's decision for one node.
+    pub fn claim(&self, node: &str) -> NodeClaim {
+        let mut losers: Vec<String> = self
+            .conflicts
+            .iter()
+            .filter(|(_, nodes)| {
+                nodes
+                    .binary_search_by(|(n, _)| n.as_str().cmp(node))
+                    .is_ok()
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        losers.sort();
+        NodeClaim {
+            owner: self.owner_of(node).map(String::from),
+            losers,
+        }
+    }
+}
+
+/// What [`assign`] would decide for `node` (None: the node is gone), without
+/// looking at any other node: lets a change to a few nodes be checked against
+/// the last assignment in O(policies) each.
+pub fn claim_of<'a>(
+    policies: impl IntoIterator<Item = &'a TenstorrentDriverPolicy>,
+    node: Option<&Node>,
+) -> NodeClaim {
+    let Some(node) = node else {
+        return NodeClaim::default();
+    };
+    let mut matching: Vec<&TenstorrentDriverPolicy> = policies
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| matches(p, node))
+        .collect();
+    matching.sort_by_key(|p| age_key(p));
+    let mut names = matching
+        .into_iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default());
+    let owner = names.next();
+    let mut losers: Vec<String> = names.collect();
+    losers.sort();
+    NodeClaim { owner, losers }
+}
+
 pub fn assign<'a>(
     policies: impl IntoIterator<Item = &'a TenstorrentDriverPolicy>,
     nodes: impl IntoIterator<Item = &'a Node>,
@@ -163,6 +217,46 @@ mod tests {
         assert_eq!(a.owner_of("a"), Some("prod"));
         assert_eq!(a.owner_of("c"), None, "skip label opts out");
         assert_eq!(a.owner_of("d"), None, "non-Tenstorrent node");
+    }
+
+    #[test]
+    fn one_nodes_claim_agrees_with_the_whole_assignment() {
+        let nodes = vec![
+            node("a", &[TT, ("pool", "prod")]),
+            node("b", &[TT, ("pool", "canary")]),
+            node("c", &[TT, ("pool", "prod"), (labels::SKIP, "true")]),
+            node("d", &[("pool", "prod")]),
+            node("e", &[TT]),
+        ];
+        let prod = policy(
+            "prod",
+            10,
+            "version: \"2.7.0\"\nnodeAffinity: {matchLabels: {pool: prod}}",
+        );
+        let canary = policy(
+            "canary",
+            20,
+            "version: \"2.8.0\"\nnodeAffinity: {matchLabels: {pool: canary}}",
+        );
+        let all = policy("all", 30, "version: \"2.8.0\"\nnodeAffinity: {}");
+        let also = policy("also", 30, "version: \"2.8.0\"\nnodeAffinity: {}");
+        let policies = [&prod, &canary, &all, &also];
+        let a = assign(policies, &nodes);
+        for n in &nodes {
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            assert_eq!(claim_of(policies, Some(n)), a.claim(name), "node {name}");
+        }
+        assert_eq!(
+            a.claim("a"),
+            NodeClaim {
+                owner: Some("prod".into()),
+                losers: vec!["all".into(), "also".into()]
+            }
+        );
+        assert_eq!(claim_of(policies, None), a.claim("gone"));
+        // A relabelled node: its claim differs from the last assignment's.
+        let moved = node("a", &[TT, ("pool", "canary")]);
+        assert_ne!(claim_of(policies, Some(&moved)), a.claim("a"));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! PolicyManager. Watches restart with backoff after errors or disconnects; the
 //! caches then re-list, so no change that matters is lost.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -10,7 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -129,26 +130,57 @@ where
                 o.meta_mut().managed_fields = None;
                 slim(o);
             })
-            .reflect(writer)
-            .touched_objects()
-            // The caches take every change; only changes the controller reads
-            // poke it (node heartbeats and our own status writes do not).
-            .predicate_filter(key, Default::default());
+            .reflect(writer);
         futures::pin_mut!(stream);
+        // The caches take every change; only changes the controller reads poke
+        // it (node heartbeats and our own status writes do not). Like kube's
+        // `predicate_filter`, but deletions always poke: a deleted object
+        // looks the same as its last update.
+        let mut seen: HashMap<ObjectRef<K>, u64> = HashMap::new();
+        let mut relisted: HashMap<ObjectRef<K>, u64> = HashMap::new();
         while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(obj) => {
-                    let Some(scope) = route(&obj) else { continue };
-                    if manager.try_send(Kick(scope)).is_err() {
-                        // Mailbox full: the node this poke named would wait for the
-                        // next resync, so ask for a full pass instead (`do_send`
-                        // enqueues past the capacity).
-                        dropped.fetch_add(1, Ordering::Relaxed);
-                        metrics.inc_mailbox_full("policy_manager");
-                        manager.do_send(Kick(Scope::All));
+            let scope = match ev {
+                Ok(watcher::Event::Apply(o)) => {
+                    let (r, k) = (ObjectRef::from_obj(&o), key(&o));
+                    if k.is_some() && seen.get(&r) == k.as_ref() {
+                        continue;
                     }
+                    k.map(|k| seen.insert(r, k));
+                    route(&o)
                 }
-                Err(e) => tracing::warn!(kind, error = %e, "watch error; restarting with backoff"),
+                Ok(watcher::Event::Delete(o)) => {
+                    seen.remove(&ObjectRef::from_obj(&o));
+                    route(&o)
+                }
+                Ok(watcher::Event::Init) => {
+                    relisted.clear();
+                    continue;
+                }
+                Ok(watcher::Event::InitApply(o)) => {
+                    if let Some(k) = key(&o) {
+                        relisted.insert(ObjectRef::from_obj(&o), k);
+                    }
+                    continue;
+                }
+                // A (re-)list is complete: objects may have changed or gone
+                // while the watch was down. One full pass covers them all.
+                Ok(watcher::Event::InitDone) => {
+                    seen = std::mem::take(&mut relisted);
+                    Some(Scope::All)
+                }
+                Err(e) => {
+                    tracing::warn!(kind, error = %e, "watch error; restarting with backoff");
+                    continue;
+                }
+            };
+            let Some(scope) = scope else { continue };
+            if manager.try_send(Kick(scope)).is_err() {
+                // Mailbox full: the node this poke named would wait for the
+                // next full pass, so ask for one now (`do_send` enqueues past
+                // the capacity).
+                dropped.fetch_add(1, Ordering::Relaxed);
+                metrics.inc_mailbox_full("policy_manager");
+                manager.do_send(Kick(Scope::All));
             }
         }
     });

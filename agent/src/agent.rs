@@ -34,6 +34,10 @@ pub struct Config {
     pub tt_smi_path: PathBuf,
     /// TT_SMI_VERSION.
     pub tt_smi_version: Option<String>,
+    /// Where the host's Debian kbuild trees are linked into the agent's own
+    /// filesystem before a build (its `/usr/lib`); None when the agent runs
+    /// on the host itself. See [`crate::kbuild`].
+    pub kbuild_link_dir: Option<PathBuf>,
 }
 
 /// Where the loaded module came from.
@@ -271,6 +275,11 @@ impl Agent<'_> {
                 kver: kver.to_string(),
                 dir: root.path(&headers_host),
             });
+        }
+        if let Some(dir) = &self.config.kbuild_link_dir {
+            for link in crate::kbuild::link_host_kbuild(root, dir)? {
+                tracing::info!(link = %link.display(), "host kbuild tree linked for the build");
+            }
         }
         let workdir = tempfile::Builder::new()
             .prefix("ttdrv-build-")

@@ -14,6 +14,7 @@ pub mod error;
 pub mod fake;
 pub mod holders;
 pub mod host;
+pub mod kbuild;
 pub mod kernel;
 pub mod modinfo;
 pub mod node;

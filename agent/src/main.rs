@@ -77,6 +77,12 @@ struct RunArgs {
     #[arg(long, env = "TT_SMI_PATH", default_value = "/opt/tt-smi/tt-smi")]
     tt_smi_path: PathBuf,
 
+    /// Where the host's /usr/lib/linux-kbuild-* trees are linked before a build
+    /// (Debian's headers reach them by relative links); empty to skip. Skipped
+    /// anyway when the host root is /.
+    #[arg(long, env = "TT_KBUILD_LINK_DIR", default_value = "/usr/lib")]
+    kbuild_link_dir: PathBuf,
+
     /// Version of the bundled tt-smi, for the node label.
     #[arg(long, env = env::TT_SMI_VERSION)]
     tt_smi_version: Option<String>,
@@ -165,6 +171,8 @@ fn run(host_root: &std::path::Path, args: RunArgs) -> ExitCode {
         source_repository: args.source_repository.clone(),
         tt_smi_path: args.tt_smi_path.clone(),
         tt_smi_version: args.tt_smi_version.clone(),
+        kbuild_link_dir: Some(args.kbuild_link_dir.clone())
+            .filter(|d| !d.as_os_str().is_empty() && host_root != std::path::Path::new("/")),
     };
     tracing::info!(
         host_root = %host_root.display(),

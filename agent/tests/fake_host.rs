@@ -49,6 +49,7 @@ impl Host {
             source_repository: "unused".to_string(),
             tt_smi_path: self.smi.path().join("tt-smi"),
             tt_smi_version: Some("3.0.27".to_string()),
+            kbuild_link_dir: None,
         }
     }
     fn cache_module(&self, version: &str, module_version: &str) {

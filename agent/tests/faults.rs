@@ -60,6 +60,7 @@ impl Host {
             source_repository: "unused".to_string(),
             tt_smi_path: self.smi.path().join("tt-smi"),
             tt_smi_version: Some("3.0.0".to_string()),
+            kbuild_link_dir: None,
         }
     }
     fn loaded(&self) -> Option<String> {

@@ -77,6 +77,7 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
         source_repository: repo.path().display().to_string(),
         tt_smi_path: smi.path().join("absent"),
         tt_smi_version: None,
+        kbuild_link_dir: None,
     };
     let builder = GitMakeBuilder::new(repo.path().display().to_string());
     let kernel = FakeKernel::new(root.path());

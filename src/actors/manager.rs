@@ -14,11 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::labels;
 
 use super::{DaemonSetRenderer, Evictor, Labeler, PatchNode, PolicySupervisor, Reconcile};
 use crate::context::Context;
-use crate::selection::assign;
+use crate::selection::{Assignment, assign, claim_of};
 
 /// Coalescing window for watch events: long enough to batch a burst, short
 /// enough to add nothing visible to a node's cycle.
@@ -29,17 +30,21 @@ const DEBOUNCE: Duration = Duration::from_millis(5);
 pub struct PassScope {
     /// Every node of the policy (and the policy-level work).
     pub full: bool,
+    /// The periodic tick: nodes in the middle of a cycle are due for their
+    /// deadlines and eviction retries.
+    pub tick: bool,
     /// Nodes whose Node or pods changed.
     pub nodes: HashSet<String>,
 }
 
 impl PassScope {
     fn is_empty(&self) -> bool {
-        !self.full && self.nodes.is_empty()
+        !self.full && !self.tick && self.nodes.is_empty()
     }
 
     fn merge(&mut self, other: &PassScope) {
         self.full |= other.full;
+        self.tick |= other.tick;
         if !self.full {
             self.nodes.extend(other.nodes.iter().cloned());
         }
@@ -57,7 +62,8 @@ pub struct PolicyManager {
     changed: PassScope,
     /// Per policy: changes not yet handed to its supervisor (it was busy).
     waiting: HashMap<String, PassScope>,
-    last_assignment: Option<Arc<crate::selection::Assignment>>,
+    last_assignment: Option<Arc<Assignment>>,
+    ticks: u64,
     scheduled: bool,
     labeler: Addr<Labeler>,
     evictor: Addr<Evictor>,
@@ -75,10 +81,11 @@ impl PolicyManager {
             in_flight: HashSet::new(),
             changed: PassScope {
                 full: true,
-                nodes: HashSet::new(),
+                ..Default::default()
             },
             waiting: HashMap::new(),
             last_assignment: None,
+            ticks: 0,
             scheduled: false,
             labeler,
             evictor,
@@ -89,20 +96,11 @@ impl PolicyManager {
     fn run(&mut self, actx: &mut actix::Context<Self>) {
         self.scheduled = false;
         let policies = self.ctx.stores.policies.state();
-        let nodes = self.ctx.stores.nodes.state();
-        self.export_fleet_versions(&nodes);
-        let assignment = Arc::new(assign(
-            policies.iter().map(|p| p.as_ref()),
-            nodes.iter().map(|n| n.as_ref()),
-        ));
         let mut changed = std::mem::take(&mut self.changed);
-        // A node that changed hands (or a policy that appeared) concerns claims,
-        // NodeActors and the rollout budget of whole policies.
-        if self.last_assignment.as_deref() != Some(assignment.as_ref()) {
-            changed.full = true;
-            changed.nodes.clear();
+        let assignment = self.assignment(&policies, &mut changed);
+        if changed.full || changed.tick {
+            self.export_fleet_versions(&self.ctx.stores.nodes.state());
         }
-        self.last_assignment = Some(assignment.clone());
         let live: HashSet<String> = policies
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -125,7 +123,7 @@ impl PolicyManager {
                     name.clone(),
                     PassScope {
                         full: true,
-                        nodes: HashSet::new(),
+                        ..Default::default()
                     },
                 );
             }
@@ -146,7 +144,9 @@ impl PolicyManager {
         // of an unseen policy may belong to another shard: release only claims
         // of policies seen deleted. Without one, any claim of an unknown policy.
         let known: HashSet<String> = live.iter().cloned().collect();
-        if self.ctx.config.policy_selector.is_none() {
+        if !changed.full {
+            // Claims only change hands on full passes.
+        } else if self.ctx.config.policy_selector.is_none() {
             self.release_orphans(|owner| !known.contains(owner));
         } else if !gone.is_empty() {
             self.release_orphans(|owner| gone.iter().any(|g| g == owner));
@@ -157,6 +157,7 @@ impl PolicyManager {
             let owned = assignment.owned.get(&name).map_or(&[][..], Vec::as_slice);
             let mine = PassScope {
                 full: changed.full,
+                tick: changed.tick,
                 nodes: changed
                     .nodes
                     .iter()
@@ -186,6 +187,41 @@ impl PolicyManager {
                 }
             }));
         }
+    }
+
+    /// Which policy owns which node. When only some nodes changed and each
+    /// still has the same owner and losers, the last assignment stands: that
+    /// costs O(changed nodes × policies) instead of O(nodes × policies) per
+    /// watch event. Any other change recomputes it, and a different result
+    /// makes the run a full one (claims, NodeActors and rollout budgets of
+    /// whole policies depend on it).
+    fn assignment(
+        &mut self,
+        policies: &[Arc<ttdrv_api::TenstorrentDriverPolicy>],
+        changed: &mut PassScope,
+    ) -> Arc<Assignment> {
+        if !changed.full
+            && let Some(last) = &self.last_assignment
+        {
+            let unchanged = changed.nodes.iter().all(|n| {
+                let node = self.ctx.stores.nodes.get(&ObjectRef::new(n));
+                claim_of(policies.iter().map(|p| p.as_ref()), node.as_deref()) == last.claim(n)
+            });
+            if unchanged {
+                return last.clone();
+            }
+        }
+        let nodes = self.ctx.stores.nodes.state();
+        let assignment = Arc::new(assign(
+            policies.iter().map(|p| p.as_ref()),
+            nodes.iter().map(|n| n.as_ref()),
+        ));
+        if self.last_assignment.as_deref() != Some(assignment.as_ref()) {
+            changed.full = true;
+            changed.nodes.clear();
+        }
+        self.last_assignment = Some(assignment.clone());
+        assignment
     }
 
     /// Claims of deleted policies are removed (and any cordon they left undone).
@@ -246,9 +282,18 @@ impl Actor for PolicyManager {
 
     fn started(&mut self, actx: &mut Self::Context) {
         actx.set_mailbox_capacity(1024);
-        let every = Duration::from_millis(self.ctx.config.resync_ms);
-        actx.run_interval(every, |act, actx| {
-            act.changed.full = true;
+        let every = Duration::from_millis(self.ctx.config.resync_ms.max(1));
+        // Every tick looks at nodes mid-cycle (deadlines, eviction retries);
+        // every full_every-th tick at everything, a safety net behind the
+        // watches.
+        let full_every = (self.ctx.config.full_resync_ms / self.ctx.config.resync_ms.max(1)).max(1);
+        actx.run_interval(every, move |act, actx| {
+            act.ticks += 1;
+            act.changed.tick = true;
+            if act.ticks % full_every == 0 {
+                act.changed.full = true;
+                act.changed.nodes.clear();
+            }
             act.schedule(actx, Duration::ZERO)
         });
         self.schedule(actx, Duration::ZERO);
@@ -294,8 +339,8 @@ mod tests {
 
     fn nodes(n: &[&str]) -> PassScope {
         PassScope {
-            full: false,
             nodes: n.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
         }
     }
 
@@ -308,7 +353,7 @@ mod tests {
         assert_eq!(s, nodes(&["a", "b"]));
         s.merge(&PassScope {
             full: true,
-            nodes: HashSet::new(),
+            ..Default::default()
         });
         assert!(s.full && s.nodes.is_empty(), "{s:?}");
         s.merge(&nodes(&["c"]));

@@ -106,7 +106,8 @@ impl Supervised for PolicySupervisor {
 }
 
 /// Re-evaluate the policy against the current caches: every node it owns
-/// (`scope.full`) or only the nodes named in `scope.nodes`.
+/// (`scope.full`), or only the nodes named in `scope.nodes` plus, on the
+/// periodic tick, those in the middle of a cycle.
 #[derive(Message, Clone)]
 #[rtype(result = "Result<()>")]
 pub struct Reconcile {
@@ -180,7 +181,17 @@ impl Handler<Reconcile> for PolicySupervisor {
             self.sync_node_actors(owned);
             (owned.to_vec(), vec![])
         } else {
-            msg.scope.nodes.into_iter().partition(|n| owns(owned, n))
+            let mut nodes = msg.scope.nodes;
+            if msg.scope.tick {
+                // Deadlines and eviction retries concern nodes mid-cycle only.
+                nodes.extend(
+                    self.records
+                        .iter()
+                        .filter(|(_, r)| r.state.is_in_progress())
+                        .map(|(n, _)| n.clone()),
+                );
+            }
+            nodes.into_iter().partition(|n| owns(owned, n))
         };
         let pass = Pass {
             ctx: ctx.clone(),
