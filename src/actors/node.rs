@@ -22,6 +22,9 @@ pub struct NodeActor {
     policy: String,
     /// Authoritative once we have written it; the cache may lag behind.
     record: Option<NodeRecord>,
+    /// The installer pod this actor last deleted: until the cache shows the
+    /// deletion, the pod still looks current-but-stale and is not deleted twice.
+    deleted_installer: Option<PodRef>,
     labeler: Addr<Labeler>,
     evictor: Addr<Evictor>,
     renderer: Addr<DaemonSetRenderer>,
@@ -41,6 +44,7 @@ impl NodeActor {
             node,
             policy,
             record: None,
+            deleted_installer: None,
             labeler,
             evictor,
             renderer,
@@ -57,6 +61,7 @@ impl Supervised for NodeActor {
         // Forget what we held in memory: the next observation reloads the record
         // persisted on the Node.
         self.record = None;
+        self.deleted_installer = None;
         self.ctx.metrics.inc_actor_restart("node");
     }
 }
@@ -143,8 +148,10 @@ impl Handler<Observe> for NodeActor {
             self.renderer.clone(),
         );
         let policy_name = self.policy.clone();
+        let already_deleted = self.deleted_installer.clone();
         let fut = async move {
             let (mut prev, mut next, mut obs) = (prev, next, msg.obs);
+            let mut deleted = None;
             let mut hop = 0;
             loop {
                 let node_cmds = next.commands.iter().any(|c| {
@@ -200,7 +207,11 @@ impl Handler<Observe> for NodeActor {
                             }
                         }
                         Command::DeleteInstallerPod => {
-                            if let Some(p) = &msg.installer_pod {
+                            let pod = msg
+                                .installer_pod
+                                .as_ref()
+                                .filter(|p| already_deleted.as_ref() != Some(*p));
+                            if let Some(p) = pod {
                                 renderer
                                     .send(DeletePod {
                                         namespace: p.namespace.clone(),
@@ -208,6 +219,7 @@ impl Handler<Observe> for NodeActor {
                                     })
                                     .await??;
                                 tracing::info!(node, pod = %p, "installer pod deleted for replacement");
+                                deleted = Some(p.clone());
                             }
                         }
                         _ => {}
@@ -242,9 +254,15 @@ impl Handler<Observe> for NodeActor {
                 hop += 1;
                 prev = std::mem::replace(&mut next, after).record;
             }
-            Ok::<_, Error>(next.record)
+            Ok::<_, Error>((next.record, deleted))
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(|res, act, actx| {
+            let res = res.map(|(record, deleted)| {
+                if deleted.is_some() {
+                    act.deleted_installer = deleted;
+                }
+                record
+            });
             match &res {
                 Ok(r) => act.record = Some(r.clone()),
                 // An error that retrying cannot fix: stop, so the Supervisor
