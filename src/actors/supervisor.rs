@@ -1,7 +1,11 @@
 //! PolicySupervisor (one per policy): keeps the policy's DaemonSet, node claims
 //! and NodeActors in line with the nodes it owns, asks its RolloutActor which
-//! nodes may start, feeds every NodeActor a fresh observation, and writes the
-//! policy's status when (and only when) it changed.
+//! nodes may start, feeds the NodeActors of the nodes in the pass's scope (and
+//! of nodes just granted a slot) a fresh observation, and writes the policy's
+//! status in the background when (and only when) it changed.
+//!
+//! A full pass looks at every owned node; a targeted pass only at the nodes a
+//! watch event named, so its cost does not grow with the fleet.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
