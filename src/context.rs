@@ -22,6 +22,8 @@ pub struct Stores {
     pub policies: Store<TenstorrentDriverPolicy>,
     pub nodes: Store<Node>,
     pub pods: Store<Pod>,
+    /// The pod cache's pods by node.
+    pub pods_by_node: Arc<crate::pod_index::PodsByNode>,
     pub daemonsets: Store<DaemonSet>,
     pub pdbs: Store<PodDisruptionBudget>,
 }

@@ -2,7 +2,7 @@
 //!
 //! Layout mirrors the architecture: pure decisions in [`upgrade`], [`render`] and
 //! [`selection`]; the actors that carry them out in [`actors`]; the watches that
-//! feed them in [`watch`]; process plumbing in [`leader`] and [`admin`].
+//! feed them in [`watch`] (and [`pod_index`]); process plumbing in [`leader`] and [`admin`].
 
 pub mod actors;
 pub mod admin;
@@ -11,6 +11,7 @@ pub mod context;
 pub mod error;
 pub mod leader;
 pub mod metrics;
+pub mod pod_index;
 pub mod render;
 pub mod selection;
 pub mod upgrade;

@@ -20,6 +20,7 @@ use ttdrv_api::TenstorrentDriverPolicy;
 use crate::actors::{Kick, PolicyManager, Scope};
 use crate::context::Stores;
 use crate::metrics::Metrics;
+use crate::pod_index::PodsByNode;
 
 /// Starts the watches; returns the caches and a future that resolves once all
 /// of them have completed their first list (readiness).
@@ -40,6 +41,7 @@ pub fn start(
         policy_key,
         whole_fleet,
         keep_all,
+        |_| {},
         manager.clone(),
         metrics.clone(),
     );
@@ -49,15 +51,19 @@ pub fn start(
         node_key,
         node_scope,
         slim_node,
+        |_| {},
         manager.clone(),
         metrics.clone(),
     );
+    let pods_by_node = Arc::new(PodsByNode::default());
+    let index = pods_by_node.clone();
     let (pods, w3) = spawn_watch::<Pod>(
         Api::all(client.clone()),
         watcher::Config::default(),
         any_change,
         pod_scope,
         slim_pod,
+        move |ev| index.apply(ev),
         manager.clone(),
         metrics.clone(),
     );
@@ -67,6 +73,7 @@ pub fn start(
         daemonset_key,
         whole_fleet,
         keep_all,
+        |_| {},
         manager.clone(),
         metrics.clone(),
     );
@@ -76,6 +83,7 @@ pub fn start(
         any_change,
         whole_fleet,
         keep_all,
+        |_| {},
         manager,
         metrics,
     );
@@ -93,6 +101,7 @@ pub fn start(
             policies,
             nodes,
             pods,
+            pods_by_node,
             daemonsets,
             pdbs,
         },
@@ -100,12 +109,14 @@ pub fn start(
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn spawn_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
     key: fn(&K) -> Option<u64>,
     route: fn(&K) -> Option<Scope>,
     slim: fn(&mut K),
+    hook: impl Fn(&watcher::Event<K>) + Send + 'static,
     manager: Addr<PolicyManager>,
     metrics: Arc<Metrics>,
 ) -> (Store<K>, Store<K>)
@@ -139,6 +150,9 @@ where
         let mut seen: HashMap<ObjectRef<K>, u64> = HashMap::new();
         let mut relisted: HashMap<ObjectRef<K>, u64> = HashMap::new();
         while let Some(ev) = stream.next().await {
+            if let Ok(ev) = &ev {
+                hook(ev);
+            }
             let scope = match ev {
                 Ok(watcher::Event::Apply(o)) => {
                     let (r, k) = (ObjectRef::from_obj(&o), key(&o));

@@ -797,16 +797,6 @@ fn observe_nodes(
     records: &HashMap<String, NodeRecord>,
     starting: &HashSet<&str>,
 ) -> Vec<(String, NodeView)> {
-    // One pass over the pod cache, indexed by node: no per-node scans.
-    let owned_set: HashSet<&str> = targets.iter().map(String::as_str).collect();
-    let mut by_node: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
-    for pod in ctx.stores.pods.state() {
-        if let Some(n) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
-            && owned_set.contains(n)
-        {
-            by_node.entry(n.to_string()).or_default().push(pod.clone());
-        }
-    }
     // Read only while a node drains.
     let pdbs = std::cell::OnceCell::new();
     let mut out = Vec::new();
@@ -814,8 +804,9 @@ fn observe_nodes(
         let Some(node) = ctx.stores.nodes.get(&ObjectRef::new(n)) else {
             continue;
         };
-        // Shared with the cache, never deep-copied.
-        let pods: Vec<Arc<Pod>> = by_node.remove(n).unwrap_or_default();
+        // Shared with the cache, never deep-copied; found through the index,
+        // not by scanning every pod.
+        let pods: Vec<Arc<Pod>> = ctx.stores.pods_by_node.on_node(&ctx.stores.pods, n);
         let installer = pods.iter().map(Arc::as_ref).find(|p| {
             p.metadata.namespace.as_deref() == Some(ctx.config.namespace.as_str())
                 && p.metadata
