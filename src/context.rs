@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use backon::Retryable;
+
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -33,7 +35,8 @@ pub struct Context {
     pub config: Config,
     pub stores: Stores,
     pub metrics: Arc<Metrics>,
-    pub recorder: Recorder,
+    /// Who records our Events.
+    pub reporter: Reporter,
     event_slots: Arc<tokio::sync::Semaphore>,
     /// Bounds concurrent node patches (each is a connection under HTTP/1.1).
     pub patch_slots: Arc<tokio::sync::Semaphore>,
@@ -45,13 +48,12 @@ impl Context {
             controller: "tt-driver-manager".into(),
             instance: config.identity.clone(),
         };
-        let recorder = Recorder::new(client.clone(), reporter);
         Self {
             client,
             config,
             stores,
             metrics,
-            recorder,
+            reporter,
             event_slots: Arc::new(tokio::sync::Semaphore::new(4)),
             patch_slots: Arc::new(tokio::sync::Semaphore::new(16)),
         }
@@ -90,14 +92,31 @@ impl Context {
             action: action.to_string(),
             secondary: None,
         };
+        // A fresh Recorder per Event: a shared one folds Events with the same
+        // reason about the same object version into one series that keeps the
+        // first note, and our per-node Events all regard the policy, so the
+        // second node's "NodeUpgraded" would be shown with the first node's
+        // name. Events are only recorded on transitions: nothing to fold.
         let (recorder, reference, limit) = (
-            self.recorder.clone(),
+            Recorder::new(self.client.clone(), self.reporter.clone()),
             obj.object_ref(&()),
             self.event_slots.clone(),
         );
         tokio::spawn(async move {
             let _permit = limit.acquire().await;
-            if let Err(e) = recorder.publish(&ev, &reference).await {
+            // Throttled (429), conflicting or failing server: retried with the
+            // same backoff as every other write, then given up with a log line.
+            let publish = || async {
+                recorder
+                    .publish(&ev, &reference)
+                    .await
+                    .map_err(crate::Error::kube(format!("recording event {}", ev.reason)))
+            };
+            if let Err(e) = publish
+                .retry(crate::actors::backoff())
+                .when(crate::Error::is_transient)
+                .await
+            {
                 tracing::warn!(error = %e, reason = ev.reason, "could not record event");
             }
         });

@@ -729,6 +729,8 @@ struct ProxyStats {
     watch_throttled: AtomicUsize,
     /// Injected 409s on policy status writes (the status-conflict test).
     status_conflicts: AtomicUsize,
+    /// Injected 429s on Event writes (the throttled-events test).
+    event_throttled: AtomicUsize,
 }
 
 #[derive(Clone)]
@@ -739,6 +741,8 @@ struct Proxy {
     p429: f64,
     /// Extra 409 rate on policy status writes only (changed while running).
     status_p409: Arc<Mutex<f64>>,
+    /// The next this-many Event writes are answered 429 (set while running).
+    throttle_events: Arc<AtomicUsize>,
     stats: Arc<ProxyStats>,
 }
 
@@ -782,6 +786,19 @@ async fn proxy_handler(
     let status_write = parts.method == Method::PATCH
         && path_str.contains("/tenstorrentdriverpolicies/")
         && path_str.ends_with("/status");
+    let event_write = write && path_str.contains("/events");
+    if event_write
+        && p.throttle_events
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    {
+        p.stats.event_throttled.fetch_add(1, Ordering::Relaxed);
+        return status_response(
+            429,
+            "TooManyRequests",
+            "chaos proxy: injected throttling of an event write",
+        );
+    }
     let status_p409 = *p.status_p409.lock().unwrap_or_else(|e| e.into_inner());
     if status_write && r429 < status_p409 {
         p.stats.status_conflicts.fetch_add(1, Ordering::Relaxed);
@@ -862,6 +879,7 @@ async fn spawn_proxy(
     p409: f64,
     p429: f64,
     status_p409: Arc<Mutex<f64>>,
+    throttle_events: Arc<AtomicUsize>,
 ) -> (Arc<ProxyStats>, tokio::task::JoinHandle<()>) {
     let stats = Arc::new(ProxyStats::default());
     let p = Proxy {
@@ -870,6 +888,7 @@ async fn spawn_proxy(
         p409,
         p429,
         status_p409,
+        throttle_events,
         stats: stats.clone(),
     };
     let app = axum::Router::new().fallback(proxy_handler).with_state(p);
@@ -1505,6 +1524,7 @@ async fn chaos_rollouts() {
                     p409,
                     p429,
                     Arc::default(),
+                    Arc::default(),
                 )
                 .await,
             )
@@ -1778,6 +1798,7 @@ async fn status_write_conflicts_do_not_skip_drains() {
         0.0,
         0.0,
         status_p409.clone(),
+        Arc::default(),
     )
     .await;
     let inv = Invariants {
@@ -1884,5 +1905,121 @@ async fn status_write_conflicts_do_not_skip_drains() {
         violations.is_empty() && outcome.is_ok(),
         "drains must survive failed status writes; outcome {outcome:?}; violations:\n{}",
         violations.join("\n")
+    );
+}
+
+/// Events the API server refuses with 429 are retried, not lost: the proxy
+/// throttles the first event writes of a rollout, and every node's
+/// NodeUpgraded Event still appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by hack/chaos.sh"]
+async fn throttled_events_are_retried() {
+    let Some(port) = std::env::var("CHAOS_PROXY_PORT")
+        .ok()
+        .and_then(|p| p.parse::<u16>().ok())
+    else {
+        panic!("needs the fault-injecting proxy: run through hack/chaos.sh");
+    };
+    let env = chaos_env("evthr", 7).await;
+    let ns = env.namespace().await;
+    let _agent = SimAgent::spawn(
+        env.client.clone(),
+        SimAgentConfig {
+            namespace: ns.clone(),
+            work: Duration::from_millis(200),
+        },
+    );
+    let throttle = Arc::new(AtomicUsize::new(0));
+    let (stats, proxy_task) = spawn_proxy(
+        env.client.clone(),
+        port,
+        7,
+        0.0,
+        0.0,
+        Arc::default(),
+        throttle.clone(),
+    )
+    .await;
+    let mut nodes = vec![];
+    for i in 0..2 {
+        nodes.push(
+            env.tt_node(&format!("n{i}"), &[])
+                .await
+                .metadata
+                .name
+                .unwrap_or_default(),
+        );
+    }
+    for n in &nodes {
+        env.wait_node_ready(n).await;
+    }
+    let mut ctl = Controller {
+        env_id: env.id.clone(),
+        ns: ns.clone(),
+        procs: vec![],
+        leader_elect: false,
+        starts: 0,
+        kills: 0,
+        logs: vec![],
+    };
+    ctl.start(&env);
+    let policy = env.name("fleet");
+    create_policy(
+        &env,
+        &policy,
+        &format!(
+            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\nupgradePolicy: {{maxUnavailable: 1}}",
+            env.id
+        ),
+    )
+    .await;
+    if let Err(e) = wait_settled(&env, &policy, "2.7.0", SETTLE).await {
+        panic!("initial install did not settle: {e}");
+    }
+    // Four refusals: more than the first node's two Events, fewer than the
+    // attempts the controller's backoff makes for any one of them.
+    throttle.store(4, Ordering::SeqCst);
+    set_spec(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    let outcome = wait_settled(&env, &policy, "2.8.0", Duration::from_secs(120)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (missing, seen) = loop {
+        let seen = policy_events(&env, &policy).await;
+        let missing: Vec<String> = nodes
+            .iter()
+            .filter(|n| {
+                !seen.iter().any(|(reason, note)| {
+                    reason == "NodeUpgraded"
+                        && note.contains(&format!("node {n}:"))
+                        && note.contains("2.8.0")
+                })
+            })
+            .cloned()
+            .collect();
+        if missing.is_empty() || Instant::now() > deadline {
+            break (missing, seen);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let throttled = stats.event_throttled.load(Ordering::Relaxed);
+    eprintln!(
+        "throttled-events test: {throttled} event writes answered 429; outcome {outcome:?}; controller log {}",
+        ctl.logs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    proxy_task.abort();
+    ctl.kill_all();
+    delete_policies(&env).await;
+    env.cleanup().await;
+    assert!(outcome.is_ok(), "rollout did not settle: {outcome:?}");
+    assert_eq!(
+        throttled, 4,
+        "the proxy throttled the first four event writes"
+    );
+    assert!(
+        missing.is_empty(),
+        "NodeUpgraded Events lost to throttling for {missing:?}; the policy's Events: {seen:?}"
     );
 }
