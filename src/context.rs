@@ -115,6 +115,7 @@ impl Context {
             if let Err(e) = publish
                 .retry(crate::actors::backoff())
                 .when(crate::Error::is_transient)
+                .adjust(crate::error::honor_retry_after)
                 .await
             {
                 tracing::warn!(error = %e, reason = ev.reason, "could not record event");

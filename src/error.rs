@@ -49,6 +49,38 @@ impl Error {
     }
 }
 
+/// Longest server-requested wait honoured before a retry.
+const MAX_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Error {
+    /// The wait the API server asked for (`Retry-After`, carried in the
+    /// Status details of a 429 or 5xx), if any.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            } => s
+                .details
+                .as_ref()
+                .map(|d| d.retry_after_seconds)
+                .filter(|secs| *secs > 0)
+                .map(|secs| std::time::Duration::from_secs(secs.into()).min(MAX_RETRY_AFTER)),
+            _ => None,
+        }
+    }
+}
+
+/// For backon's `adjust`: wait at least what the server asked for. `None`
+/// (the retry budget is spent) stays `None`.
+pub fn honor_retry_after(
+    e: &Error,
+    planned: Option<std::time::Duration>,
+) -> Option<std::time::Duration> {
+    let planned = planned?;
+    Some(e.retry_after().map_or(planned, |asked| planned.max(asked)))
+}
+
 impl From<actix::MailboxError> for Error {
     fn from(e: actix::MailboxError) -> Self {
         Error::Mailbox(e.to_string())
@@ -56,3 +88,41 @@ impl From<actix::MailboxError> for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn api_error(code: u16, retry_after: u32) -> Error {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": code, "reason": "TooManyRequests",
+            "message": "slow down",
+            "details": { "retryAfterSeconds": retry_after },
+        }))
+        .expect("status");
+        Error::Kube {
+            action: "testing".into(),
+            source: kube::Error::Api(status.into()),
+        }
+    }
+
+    #[test]
+    fn retries_wait_at_least_what_the_server_asked() {
+        let throttled = api_error(429, 3);
+        assert!(throttled.is_transient());
+        assert_eq!(throttled.retry_after(), Some(Duration::from_secs(3)));
+        let short = Some(Duration::from_millis(100));
+        assert_eq!(
+            honor_retry_after(&throttled, short),
+            Some(Duration::from_secs(3))
+        );
+        // A longer planned backoff is kept; a spent budget stays spent.
+        let long = Some(Duration::from_secs(5));
+        assert_eq!(honor_retry_after(&throttled, long), long);
+        assert_eq!(honor_retry_after(&throttled, None), None);
+        // No Retry-After: the backoff as planned; absurd asks are capped.
+        assert_eq!(honor_retry_after(&api_error(409, 0), short), short);
+        assert_eq!(api_error(429, 86_400).retry_after(), Some(MAX_RETRY_AFTER));
+    }
+}

@@ -55,7 +55,10 @@ impl Handler<PatchNode> for Labeler {
                 .await
                 .map_err(Error::kube(format!("{} on node {}", msg.action, msg.node)))
             };
-            call.retry(super::backoff()).when(Error::is_transient).await
+            call.retry(super::backoff())
+                .when(Error::is_transient)
+                .adjust(crate::error::honor_retry_after)
+                .await
         })
     }
 }

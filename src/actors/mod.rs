@@ -26,7 +26,9 @@ pub use renderer::{DaemonSetRenderer, DeletePod, Ensure};
 pub use rollout::{PlanRollout, RolloutActor};
 pub use supervisor::{PolicySupervisor, Reconcile};
 
-/// Retry policy for API writes: conflicts, throttling and server errors.
+/// Retry policy for API writes: conflicts, throttling and server errors
+/// (callers add `.adjust(honor_retry_after)` to wait at least the server's
+/// Retry-After).
 pub(crate) fn backoff() -> backon::ExponentialBuilder {
     backon::ExponentialBuilder::default()
         .with_min_delay(std::time::Duration::from_millis(100))

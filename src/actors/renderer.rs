@@ -68,6 +68,7 @@ impl Handler<Ensure> for DaemonSetRenderer {
             apply
                 .retry(super::backoff())
                 .when(Error::is_transient)
+                .adjust(crate::error::honor_retry_after)
                 .await?;
             let (reason, verb) = if existing.is_some() {
                 ("DaemonSetUpdated", "updated")
