@@ -1,8 +1,16 @@
 //! Pods by the node they are bound to, kept by the pod watch next to its
 //! cache, so a pass finds the pods of a few nodes without scanning every pod
 //! in the cluster.
+//!
+//! The index follows the cache one event behind, and is rebuilt on every
+//! (re-)list. Until a list has been taken in completely it is not used: a pass
+//! then scans the cache itself. Otherwise a controller's first pass (the cache
+//! is ready a moment before the index) could see no pods on a node and let a
+//! drain end with a device user still running — the chaos test's
+//! apiserver-restart trial caught exactly that.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -16,6 +24,8 @@ pub struct PodsByNode {
     live: RwLock<Index>,
     /// Built during a (re-)list, swapped in when it completes.
     relist: RwLock<Index>,
+    /// `live` holds a complete list (false from a list's start to its end).
+    synced: AtomicBool,
 }
 
 fn node_of(pod: &Pod) -> Option<&str> {
@@ -54,6 +64,7 @@ impl PodsByNode {
                 }
             }
             watcher::Event::Init => {
+                self.synced.store(false, Ordering::SeqCst);
                 if let Ok(mut ix) = self.relist.write() {
                     ix.clear();
                 }
@@ -66,6 +77,7 @@ impl PodsByNode {
             watcher::Event::InitDone => {
                 if let (Ok(mut live), Ok(mut relist)) = (self.live.write(), self.relist.write()) {
                     *live = std::mem::take(&mut *relist);
+                    self.synced.store(true, Ordering::SeqCst);
                 }
             }
         }
@@ -73,8 +85,10 @@ impl PodsByNode {
 
     /// The pods bound to `node`, as the cache has them.
     pub fn on_node(&self, store: &Store<Pod>, node: &str) -> Vec<Arc<Pod>> {
-        let Ok(ix) = self.live.read() else {
-            return vec![];
+        let ix = match self.live.read() {
+            Ok(ix) if self.synced.load(Ordering::SeqCst) => ix,
+            // Not in step with the cache (yet): ask the cache itself.
+            _ => return store.state_filter(|p| node_of(p) == Some(node)),
         };
         ix.get(node)
             .map(|refs| refs.iter().filter_map(|r| store.get(r)).collect())
@@ -111,6 +125,27 @@ mod tests {
             .collect();
         n.sort();
         n
+    }
+
+    #[test]
+    fn the_cache_answers_until_the_index_has_a_whole_list() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let index = PodsByNode::default();
+        // The cache took a whole list; the index has not seen its end yet.
+        for ev in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(pod("a", Some("n1"))),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&ev);
+        }
+        index.apply(&watcher::Event::Init);
+        index.apply(&watcher::Event::InitApply(pod("a", Some("n1"))));
+        assert_eq!(names(index.on_node(&store, "n1")), ["a"]);
+        index.apply(&watcher::Event::InitDone);
+        assert_eq!(names(index.on_node(&store, "n1")), ["a"]);
+        // A fresh index that saw nothing at all.
+        assert_eq!(names(PodsByNode::default().on_node(&store, "n1")), ["a"]);
     }
 
     #[test]
