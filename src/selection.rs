@@ -181,8 +181,9 @@ mod tests {
 
     const TT: (&str, &str) = (labels::TT_PCI_PRESENT, "true");
 
-    #[test]
-    fn disjoint_pools_and_overlap() {
+    /// Nodes a (prod), b (canary), c (prod, skipped), d (prod, not
+    /// Tenstorrent); policies prod and canary by pool, and the newer "all".
+    fn pools() -> (Vec<Node>, [TenstorrentDriverPolicy; 3]) {
         let nodes = vec![
             node("a", &[TT, ("pool", "prod")]),
             node("b", &[TT, ("pool", "canary")]),
@@ -200,6 +201,12 @@ mod tests {
             "version: \"2.8.0\"\nnodeAffinity: {matchLabels: {pool: canary}}",
         );
         let all = policy("all", 30, "version: \"2.8.0\"\nnodeAffinity: {}");
+        (nodes, [prod, canary, all])
+    }
+
+    #[test]
+    fn disjoint_pools_and_overlap() {
+        let (nodes, [prod, canary, all]) = pools();
         let a = assign([&prod, &canary, &all], &nodes);
         assert_eq!(a.owned["prod"], vec!["a"]);
         assert_eq!(a.owned["canary"], vec!["b"]);
@@ -221,24 +228,8 @@ mod tests {
 
     #[test]
     fn one_nodes_claim_agrees_with_the_whole_assignment() {
-        let nodes = vec![
-            node("a", &[TT, ("pool", "prod")]),
-            node("b", &[TT, ("pool", "canary")]),
-            node("c", &[TT, ("pool", "prod"), (labels::SKIP, "true")]),
-            node("d", &[("pool", "prod")]),
-            node("e", &[TT]),
-        ];
-        let prod = policy(
-            "prod",
-            10,
-            "version: \"2.7.0\"\nnodeAffinity: {matchLabels: {pool: prod}}",
-        );
-        let canary = policy(
-            "canary",
-            20,
-            "version: \"2.8.0\"\nnodeAffinity: {matchLabels: {pool: canary}}",
-        );
-        let all = policy("all", 30, "version: \"2.8.0\"\nnodeAffinity: {}");
+        let (mut nodes, [prod, canary, all]) = pools();
+        nodes.push(node("e", &[TT]));
         let also = policy("also", 30, "version: \"2.8.0\"\nnodeAffinity: {}");
         let policies = [&prod, &canary, &all, &also];
         let a = assign(policies, &nodes);

@@ -969,6 +969,53 @@ async fn spawn_proxy(
 // Helpers.
 // ---------------------------------------------------------------------------
 
+/// `count` Tenstorrent nodes of the test (n0, n1, …), Ready.
+async fn ready_tt_nodes(env: &TestEnv, count: usize) -> Vec<String> {
+    let mut nodes = vec![];
+    for i in 0..count {
+        nodes.push(
+            env.tt_node(&format!("n{i}"), &[])
+                .await
+                .metadata
+                .name
+                .unwrap_or_default(),
+        );
+    }
+    for n in &nodes {
+        env.wait_node_ready(n).await;
+    }
+    nodes
+}
+
+/// One controller (no leader election) and a policy over the test's nodes
+/// with the given `upgradePolicy`, installed at 2.7.0 and settled.
+async fn install_fleet(env: &TestEnv, ns: &str, upgrade_policy: &str) -> (Controller, String) {
+    let mut ctl = Controller {
+        env_id: env.id.clone(),
+        ns: ns.to_string(),
+        procs: vec![],
+        leader_elect: false,
+        starts: 0,
+        kills: 0,
+        logs: vec![],
+    };
+    ctl.start(env);
+    let policy = env.name("fleet");
+    create_policy(
+        env,
+        &policy,
+        &format!(
+            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\nupgradePolicy: {upgrade_policy}",
+            env.id
+        ),
+    )
+    .await;
+    if let Err(e) = wait_settled(env, &policy, "2.7.0", SETTLE).await {
+        panic!("initial install did not settle: {e}");
+    }
+    (ctl, policy)
+}
+
 fn record_state(n: &Node) -> Option<String> {
     seen(n).state
 }
@@ -1871,43 +1918,10 @@ async fn status_write_conflicts_do_not_skip_drains() {
         client: env.client.clone(),
         ns: ns.clone(),
     };
-    let mut nodes = vec![];
-    for i in 0..6 {
-        nodes.push(
-            env.tt_node(&format!("n{i}"), &[])
-                .await
-                .metadata
-                .name
-                .unwrap_or_default(),
-        );
-    }
-    for n in &nodes {
-        env.wait_node_ready(n).await;
-    }
+    let nodes = ready_tt_nodes(&env, 6).await;
     let watchers = spawn_invariant_watchers(&env, &ns, inv.clone());
-    let mut ctl = Controller {
-        env_id: env.id.clone(),
-        ns: ns.clone(),
-        procs: vec![],
-        leader_elect: false,
-        starts: 0,
-        kills: 0,
-        logs: vec![],
-    };
-    ctl.start(&env);
-    let policy = env.name("fleet");
-    create_policy(
-        &env,
-        &policy,
-        &format!(
-            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\nupgradePolicy: {{maxUnavailable: 1, drain: {{force: true}}}}",
-            env.id
-        ),
-    )
-    .await;
-    if let Err(e) = wait_settled(&env, &policy, "2.7.0", SETTLE).await {
-        panic!("initial install did not settle: {e}");
-    }
+    let (mut ctl, policy) =
+        install_fleet(&env, &ns, "{maxUnavailable: 1, drain: {force: true}}").await;
     // One bare device user per node (evicted for good by a drain with force).
     let papi: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
     for n in &nodes {
@@ -2008,42 +2022,8 @@ async fn throttled_events_are_retried() {
         throttle.clone(),
     )
     .await;
-    let mut nodes = vec![];
-    for i in 0..2 {
-        nodes.push(
-            env.tt_node(&format!("n{i}"), &[])
-                .await
-                .metadata
-                .name
-                .unwrap_or_default(),
-        );
-    }
-    for n in &nodes {
-        env.wait_node_ready(n).await;
-    }
-    let mut ctl = Controller {
-        env_id: env.id.clone(),
-        ns: ns.clone(),
-        procs: vec![],
-        leader_elect: false,
-        starts: 0,
-        kills: 0,
-        logs: vec![],
-    };
-    ctl.start(&env);
-    let policy = env.name("fleet");
-    create_policy(
-        &env,
-        &policy,
-        &format!(
-            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\nupgradePolicy: {{maxUnavailable: 1}}",
-            env.id
-        ),
-    )
-    .await;
-    if let Err(e) = wait_settled(&env, &policy, "2.7.0", SETTLE).await {
-        panic!("initial install did not settle: {e}");
-    }
+    let nodes = ready_tt_nodes(&env, 2).await;
+    let (mut ctl, policy) = install_fleet(&env, &ns, "{maxUnavailable: 1}").await;
     // Four refusals: more than the first node's two Events, fewer than the
     // attempts the controller's backoff makes for any one of them.
     throttle.store(4, Ordering::SeqCst);

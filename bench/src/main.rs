@@ -394,18 +394,8 @@ fn start_agent(args: &Args, ns: &str, work_ms: u64, log: &Path) -> anyhow::Resul
 }
 
 async fn admin_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.ok()?;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_string()))
+    let (code, _, body) = ttdrv_testkit::controller::admin_get(port, path).await?;
+    Some((code, body))
 }
 
 /// Sum of a metric's samples (all label sets) in Prometheus text.

@@ -112,26 +112,7 @@ impl ControllerProcess {
 
     /// GET on the admin server; `None` when it does not answer.
     pub async fn admin_get(&self, path: &str) -> Option<(u16, String, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.admin_port))
-            .await
-            .ok()?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf).to_string();
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        let code = head.split_whitespace().nth(1)?.parse().ok()?;
-        let ctype = head
-            .lines()
-            .find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-type:")
-                    .map(|v| v.trim().to_string())
-            })
-            .unwrap_or_default();
-        Some((code, ctype, body.to_string()))
+        admin_get(self.admin_port, path).await
     }
 }
 
@@ -139,4 +120,29 @@ impl Drop for ControllerProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// GET `path` on an admin server at 127.0.0.1:`port` (plain HTTP/1.1):
+/// status code, content type and body; `None` when it does not answer.
+pub async fn admin_get(port: u16, path: &str) -> Option<(u16, String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let ctype = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-type:")
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    Some((code, ctype, body.to_string()))
 }
