@@ -113,7 +113,7 @@ impl Context {
                     .map_err(crate::Error::kube(format!("recording event {}", ev.reason)))
             };
             if let Err(e) = publish
-                .retry(crate::actors::backoff())
+                .retry(crate::error::backoff())
                 .when(crate::Error::is_transient)
                 .adjust(crate::error::honor_retry_after)
                 .await

@@ -71,6 +71,17 @@ impl Error {
     }
 }
 
+/// Retry policy for API writes: conflicts, throttling and server errors
+/// (callers add `.adjust(honor_retry_after)` to wait at least the server's
+/// Retry-After).
+pub fn backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(100))
+        .with_max_delay(std::time::Duration::from_secs(5))
+        .with_max_times(6)
+        .with_jitter()
+}
+
 /// For backon's `adjust`: wait at least what the server asked for. `None`
 /// (the retry budget is spent) stays `None`.
 pub fn honor_retry_after(

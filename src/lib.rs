@@ -1,8 +1,11 @@
 //! The Tenstorrent driver manager controller.
 //!
-//! Layout mirrors the architecture: pure decisions in [`upgrade`], [`render`] and
-//! [`selection`]; the actors that carry them out in [`actors`]; the watches that
-//! feed them in [`watch`] (and [`pod_index`]); process plumbing in [`leader`] and [`admin`].
+//! Layout mirrors the architecture: decisions shared with the other programs live
+//! in the `ttdrv-core` crate; the controller's own pure parts are [`observe`]
+//! (caches → what a node looks like), [`status`] (records → policy status),
+//! [`node_patch`] and [`render`]; the actors that carry decisions out are in
+//! [`actors`]; the watches that feed them in [`watch`] (and [`pod_index`]);
+//! process plumbing in [`leader`] and [`admin`].
 
 pub mod actors;
 pub mod admin;
@@ -11,10 +14,11 @@ pub mod context;
 pub mod error;
 pub mod leader;
 pub mod metrics;
+pub mod node_patch;
+pub mod observe;
 pub mod pod_index;
 pub mod render;
-pub mod selection;
-pub mod upgrade;
+pub mod status;
 pub mod watch;
 
 pub use error::{Error, Result};

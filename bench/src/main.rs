@@ -245,32 +245,15 @@ type NodeKey = (String, String, bool, String);
 /// (name, (state, target, unschedulable, loaded version)) of a node.
 fn key(n: &Node) -> (String, NodeKey) {
     let name = n.metadata.name.clone().unwrap_or_default();
-    let rec: serde_json::Value = n
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(labels::UPGRADE_STATE))
-        .and_then(|s| serde_json::from_str(s).ok())
-        .unwrap_or_default();
-    let s = |k: &str| {
-        rec.get(k)
-            .and_then(|v| v.as_str())
-            .unwrap_or("")
-            .to_string()
-    };
-    let cordoned = n
-        .spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false);
-    let loaded = n
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(labels::KMD_VERSION))
-        .cloned()
-        .unwrap_or_default();
-    (name, (s("state"), s("target"), cordoned, loaded))
+    let rec = ttdrv_core::node::record(n).ok().flatten();
+    let cordoned = ttdrv_core::node::unschedulable(n);
+    let loaded = ttdrv_core::node::label(n, labels::KMD_VERSION)
+        .unwrap_or_default()
+        .to_string();
+    let (state, target) = rec.map_or_else(Default::default, |r| {
+        (r.state.as_str().to_string(), r.target)
+    });
+    (name, (state, target, cordoned, loaded))
 }
 
 /// /proc figures of a running process.

@@ -10,7 +10,7 @@ use kube::Api;
 use kube::api::EvictParams;
 
 use crate::context::Context;
-use crate::upgrade::drain::{Pass, PodRef};
+use ttdrv_core::drain::{DrainPass, PodRef};
 
 pub struct Evictor {
     ctx: Arc<Context>,
@@ -30,7 +30,7 @@ impl Actor for Evictor {
 #[rtype(result = "EvictOutcome")]
 pub struct Evict {
     pub policy: String,
-    pub pods: Vec<(PodRef, Pass)>,
+    pub pods: Vec<(PodRef, DrainPass)>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

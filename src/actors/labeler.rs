@@ -55,7 +55,7 @@ impl Handler<PatchNode> for Labeler {
                 .await
                 .map_err(Error::kube(format!("{} on node {}", msg.action, msg.node)))
             };
-            call.retry(super::backoff())
+            call.retry(crate::error::backoff())
                 .when(Error::is_transient)
                 .adjust(crate::error::honor_retry_after)
                 .await

@@ -19,7 +19,7 @@ use ttdrv_api::labels;
 
 use super::{DaemonSetRenderer, Evictor, Labeler, PatchNode, PolicySupervisor, Reconcile};
 use crate::context::Context;
-use crate::selection::{Assignment, assign, claim_of};
+use ttdrv_core::selection::{Assignment, assign, claim_of};
 
 /// Coalescing window for watch events: long enough to batch a burst, short
 /// enough to add nothing visible to a node's cycle.
@@ -239,7 +239,7 @@ impl PolicyManager {
             if !orphaned(owner) {
                 continue;
             }
-            let patch = super::supervisor::release_patch(&node, owner, &gates);
+            let patch = crate::node_patch::release_patch(&node, owner, &gates);
             let name = node.metadata.name.clone().unwrap_or_default();
             self.labeler.do_send(PatchNode {
                 node: name,

@@ -5,10 +5,14 @@
 //!                                                  │  PlanRollout ▶ RolloutActor (per policy)
 //!                                                  │  Observe     ▶ NodeActor (one per owned node)
 //!                                                  │  Ensure      ▶ DaemonSetRenderer (shared)
-//! NodeActor ── PatchNode ▶ Labeler (shared) · Evict ▶ Evictor (shared) · DeletePod ▶ DaemonSetRenderer
+//! NodeActor ── AcquireSlot / ReleaseSlot ▶ RolloutActor (its policy's)
+//!           ── PatchNode ▶ Labeler (shared) · Evict ▶ Evictor (shared)
+//!           ── ReplaceInstallerPod ▶ DaemonSetRenderer (shared)
 //! ```
 //!
-//! Actors only carry out what the pure modules in [`crate::upgrade`] decide.
+//! Actors only carry out what the pure modules decide: `ttdrv_core` (state
+//! machine, drain, rollout, selection) and [`crate::observe`], [`crate::status`],
+//! [`crate::node_patch`], [`crate::render`].
 
 pub mod evictor;
 pub mod labeler;
@@ -22,17 +26,6 @@ pub use evictor::{Evict, EvictOutcome, Evictor};
 pub use labeler::{Labeler, PatchNode};
 pub use manager::{Kick, PassScope, PolicyManager, Scope};
 pub use node::{NodeActor, Observe};
-pub use renderer::{DaemonSetRenderer, DeletePod, Ensure};
-pub use rollout::{PlanRollout, RolloutActor};
+pub use renderer::{DaemonSetRenderer, Ensure, ReplaceInstallerPod};
+pub use rollout::{AcquireSlot, PlanRollout, ReleaseSlot, RolloutActor};
 pub use supervisor::{PolicySupervisor, Reconcile};
-
-/// Retry policy for API writes: conflicts, throttling and server errors
-/// (callers add `.adjust(honor_retry_after)` to wait at least the server's
-/// Retry-After).
-pub(crate) fn backoff() -> backon::ExponentialBuilder {
-    backon::ExponentialBuilder::default()
-        .with_min_delay(std::time::Duration::from_millis(100))
-        .with_max_delay(std::time::Duration::from_secs(5))
-        .with_max_times(6)
-        .with_jitter()
-}

@@ -1,20 +1,34 @@
 //! NodeActor (one per node a policy owns): owns that node's upgrade record, runs
-//! the state machine on each observation and carries out its commands. The
-//! record is persisted on the Node in the same merge patch as any cordon,
-//! uncordon or gate change, before pods are evicted or replaced.
+//! the state machine on each observation and carries out its commands. Before
+//! a step that starts a disruptive cycle it asks its policy's RolloutActor for
+//! a slot, and gives the slot back when the cycle ends. The record is persisted
+//! on the Node in the same merge patch as any cordon, uncordon or gate change,
+//! before pods are evicted or replaced.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
-
 use actix::prelude::*;
+use k8s_openapi::api::core::v1::Node;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
+use ttdrv_core::drain::{DrainPass, PodRef};
+use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, Step, step};
 
-use super::{DaemonSetRenderer, DeletePod, Evict, Evictor, Labeler, PatchNode};
+use super::{AcquireSlot, Evict, PatchNode, ReleaseSlot, ReplaceInstallerPod};
 use crate::context::Context;
-use crate::upgrade::drain::{Pass, PodRef};
-use crate::upgrade::machine::{Command, Desired, NodeRecord, Observation, step};
+use crate::node_patch::record_patch;
 use crate::{Error, Result};
+
+/// Where a NodeActor sends its work: the shared Labeler, Evictor and
+/// DaemonSetRenderer, and its policy's RolloutActor. Recipients, so tests put
+/// recording fakes in their place.
+#[derive(Clone)]
+pub struct NodePorts {
+    pub patch: Recipient<PatchNode>,
+    pub evict: Recipient<Evict>,
+    pub replace_pod: Recipient<ReplaceInstallerPod>,
+    pub acquire: Recipient<AcquireSlot>,
+    pub release: Recipient<ReleaseSlot>,
+}
 
 pub struct NodeActor {
     ctx: Arc<Context>,
@@ -25,29 +39,18 @@ pub struct NodeActor {
     /// The installer pod this actor last deleted: until the cache shows the
     /// deletion, the pod still looks current-but-stale and is not deleted twice.
     deleted_installer: Option<PodRef>,
-    labeler: Addr<Labeler>,
-    evictor: Addr<Evictor>,
-    renderer: Addr<DaemonSetRenderer>,
+    ports: NodePorts,
 }
 
 impl NodeActor {
-    pub fn new(
-        ctx: Arc<Context>,
-        node: String,
-        policy: String,
-        labeler: Addr<Labeler>,
-        evictor: Addr<Evictor>,
-        renderer: Addr<DaemonSetRenderer>,
-    ) -> Self {
+    pub fn new(ctx: Arc<Context>, node: String, policy: String, ports: NodePorts) -> Self {
         Self {
             ctx,
             node,
             policy,
             record: None,
             deleted_installer: None,
-            labeler,
-            evictor,
-            renderer,
+            ports,
         }
     }
 }
@@ -87,7 +90,7 @@ pub struct Observe {
     /// Record as persisted on the Node (used when this actor has none yet).
     pub persisted: Option<NodeRecord>,
     /// Pods the drain would evict now (not yet terminating), pass 1 first.
-    pub evictions: Vec<(PodRef, Pass)>,
+    pub evictions: Vec<(PodRef, DrainPass)>,
     /// The node's installer pod, if any.
     pub installer_pod: Option<PodRef>,
     /// Pods the drain leaves in place, with why (reported when the drain ends).
@@ -95,36 +98,30 @@ pub struct Observe {
     pub gates: Vec<String>,
 }
 
-/// The merge patch that persists `record` together with the node-level commands.
-pub fn node_patch(
-    record: &NodeRecord,
-    commands: &[Command],
-    gates: &[String],
-) -> Result<serde_json::Value> {
-    let rec = serde_json::to_string(record).map_err(|source| Error::Serialize {
-        what: "node record",
-        source,
-    })?;
-    let mut labels_patch = serde_json::Map::new();
-    let mut patch =
-        serde_json::json!({ "metadata": { "annotations": { labels::UPGRADE_STATE: rec } } });
-    for c in commands {
-        match c {
-            Command::Cordon => patch["spec"] = serde_json::json!({ "unschedulable": true }),
-            Command::Uncordon => patch["spec"] = serde_json::json!({ "unschedulable": false }),
-            Command::CloseGates => gates.iter().for_each(|g| {
-                labels_patch.insert(g.clone(), "false".into());
-            }),
-            Command::OpenGates => gates.iter().for_each(|g| {
-                labels_patch.insert(g.clone(), serde_json::Value::Null);
-            }),
-            Command::Evict | Command::DeleteInstallerPod => {}
-        }
+/// The step from `prev`, with a rollout slot only if the RolloutActor hands one
+/// out: asked for exactly when the step would start a disruptive cycle.
+async fn step_with_slot(
+    prev: &NodeRecord,
+    obs: &mut Observation,
+    want: &Desired,
+    node: &str,
+    acquire: &Recipient<AcquireSlot>,
+) -> Result<Step> {
+    obs.slot = false;
+    let without = step(prev, obs, want);
+    let mut offered = obs.clone();
+    offered.slot = true;
+    let with = step(prev, &offered, want);
+    let starts = with.record.occupies_slot() && !prev.occupies_slot();
+    if with == without || !starts {
+        return Ok(without);
     }
-    if !labels_patch.is_empty() {
-        patch["metadata"]["labels"] = serde_json::Value::Object(labels_patch);
-    }
-    Ok(patch)
+    obs.slot = acquire
+        .send(AcquireSlot {
+            node: node.to_string(),
+        })
+        .await?;
+    Ok(if obs.slot { with } else { without })
 }
 
 impl Handler<Observe> for NodeActor {
@@ -139,18 +136,15 @@ impl Handler<Observe> for NodeActor {
             .or(msg.persisted.clone())
             .filter(|r| r.policy == self.policy)
             .unwrap_or_else(|| NodeRecord::new(&self.policy, &msg.desired.version, now));
-        let next = step(&prev, &msg.obs, &msg.desired);
-        let (ctx, node, labeler, evictor, renderer) = (
-            self.ctx.clone(),
-            self.node.clone(),
-            self.labeler.clone(),
-            self.evictor.clone(),
-            self.renderer.clone(),
-        );
+        let (ctx, node, ports) = (self.ctx.clone(), self.node.clone(), self.ports.clone());
         let policy_name = self.policy.clone();
         let already_deleted = self.deleted_installer.clone();
         let fut = async move {
-            let (mut prev, mut next, mut obs) = (prev, next, msg.obs);
+            let mut obs = msg.obs.clone();
+            let first = prev.clone();
+            let mut prev = prev;
+            let mut next =
+                step_with_slot(&prev, &mut obs, &msg.desired, &node, &ports.acquire).await?;
             let mut deleted = None;
             let mut hop = 0;
             loop {
@@ -182,8 +176,9 @@ impl Handler<Observe> for NodeActor {
                         .is_some_and(|p| p.state == NodeState::Done);
                 let mut written = None;
                 if (next.record != prev || node_cmds || unpersisted) && !derivable {
-                    let patch = node_patch(&next.record, &next.commands, &msg.gates)?;
-                    let stored = labeler
+                    let patch = record_patch(&next.record, &next.commands, &msg.gates)?;
+                    let stored = ports
+                        .patch
                         .send(PatchNode {
                             node: node.clone(),
                             patch,
@@ -195,7 +190,8 @@ impl Handler<Observe> for NodeActor {
                 for c in &next.commands {
                     match c {
                         Command::Evict if !msg.evictions.is_empty() => {
-                            let out = evictor
+                            let out = ports
+                                .evict
                                 .send(Evict {
                                     policy: policy_name.clone(),
                                     pods: msg.evictions.clone(),
@@ -212,8 +208,9 @@ impl Handler<Observe> for NodeActor {
                                 .as_ref()
                                 .filter(|p| already_deleted.as_ref() != Some(*p));
                             if let Some(p) = pod {
-                                renderer
-                                    .send(DeletePod {
+                                ports
+                                    .replace_pod
+                                    .send(ReplaceInstallerPod {
                                         namespace: p.namespace.clone(),
                                         name: p.name.clone(),
                                     })
@@ -253,6 +250,11 @@ impl Handler<Observe> for NodeActor {
                 }
                 hop += 1;
                 prev = std::mem::replace(&mut next, after).record;
+            }
+            // The cycle ended (Done, Failed, back to Pending): the slot goes
+            // back. Idempotent, so also sent when the slot was never held here.
+            if !next.record.occupies_slot() && (first.occupies_slot() || obs.slot) {
+                ports.release.do_send(ReleaseSlot { node: node.clone() });
             }
             Ok::<_, Error>((next.record, deleted))
         };
@@ -363,29 +365,4 @@ async fn report_transition(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cordon_and_record_travel_in_one_patch() {
-        let mut r = NodeRecord::new("fleet", "2.8.0", 1);
-        r.state = NodeState::Cordoning;
-        let gates = vec!["tenstorrent.com/deploy.tt-telemetry".to_string()];
-        let p = node_patch(&r, &[Command::Cordon, Command::CloseGates], &gates).expect("patch");
-        assert_eq!(p["spec"]["unschedulable"], true);
-        assert_eq!(
-            p["metadata"]["labels"]["tenstorrent.com/deploy.tt-telemetry"],
-            "false"
-        );
-        let rec: NodeRecord = serde_json::from_str(
-            p["metadata"]["annotations"][labels::UPGRADE_STATE]
-                .as_str()
-                .expect("string"),
-        )
-        .expect("record parses");
-        assert_eq!(rec, r);
-        let p = node_patch(&r, &[Command::Uncordon, Command::OpenGates], &gates).expect("patch");
-        assert_eq!(p["spec"]["unschedulable"], false);
-        assert!(p["metadata"]["labels"]["tenstorrent.com/deploy.tt-telemetry"].is_null());
-    }
-}
+mod tests;

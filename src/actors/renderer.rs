@@ -1,6 +1,7 @@
 //! DaemonSetRenderer: keeps `ttdrv-<policy>` equal to its rendering (server-side
 //! apply, only when the template hash differs, so a restarted controller never
-//! touches an unchanged DaemonSet) and deletes installer pods on request.
+//! touches an unchanged DaemonSet), and replaces a node's installer pod with
+//! one from that template when the node's turn comes (`ReplaceInstallerPod`).
 
 use std::sync::Arc;
 
@@ -66,7 +67,7 @@ impl Handler<Ensure> for DaemonSetRenderer {
                     .map_err(Error::kube(format!("applying DaemonSet {name}")))
             };
             apply
-                .retry(super::backoff())
+                .retry(crate::error::backoff())
                 .when(Error::is_transient)
                 .adjust(crate::error::honor_retry_after)
                 .await?;
@@ -91,19 +92,19 @@ impl Handler<Ensure> for DaemonSetRenderer {
     }
 }
 
-/// Delete an installer pod so the DaemonSet (OnDelete) recreates it from the
-/// current template.
+/// Replace a node's installer pod with one from the current template: the pod
+/// is deleted and the DaemonSet (OnDelete) creates the new one.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "Result<()>")]
-pub struct DeletePod {
+pub struct ReplaceInstallerPod {
     pub namespace: String,
     pub name: String,
 }
 
-impl Handler<DeletePod> for DaemonSetRenderer {
+impl Handler<ReplaceInstallerPod> for DaemonSetRenderer {
     type Result = ResponseFuture<Result<()>>;
 
-    fn handle(&mut self, msg: DeletePod, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: ReplaceInstallerPod, _: &mut Self::Context) -> Self::Result {
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &msg.namespace);
         Box::pin(async move {
             match api.delete(&msg.name, &DeleteParams::default()).await {

@@ -12,28 +12,29 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::{
-    NodeState, NodeStatus, PodSelector, Summary, TenstorrentDriverPolicy,
-    TenstorrentDriverPolicyStatus, condition, labels,
+    NodeState, PodSelector, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus, labels,
 };
+use ttdrv_core::machine::{Desired, NodeRecord};
+use ttdrv_core::reason;
+use ttdrv_core::rollout::Plan;
+use ttdrv_core::selection::Assignment;
 
-use super::node::StopNode;
+use super::node::{NodePorts, StopNode};
 use super::{
     DaemonSetRenderer, Ensure, Evictor, Labeler, NodeActor, Observe, PassScope, PatchNode,
     PlanRollout, RolloutActor,
 };
 use crate::context::Context;
+use crate::node_patch::{claim_patch, release_patch};
+use crate::observe::{NodeView, ObserveInput};
 use crate::render::daemonset_name;
-use crate::selection::Assignment;
-use crate::upgrade::drain::{PodRef, SkipReason, blocking_pdbs, plan_drain};
-use crate::upgrade::machine::{Desired, DrainProgress, Installer, NodeRecord, Observation, reason};
-use crate::upgrade::rollout::{Candidate, Plan};
+use crate::status::{self, Reported, StatusInput};
 use crate::{Error, Result};
 
 pub struct PolicySupervisor {
@@ -119,47 +120,12 @@ pub struct Reconcile {
     pub scope: PassScope,
 }
 
-/// Everything the supervisor derived from the caches for one node.
-struct NodeView {
-    obs: Observation,
-    persisted: Option<NodeRecord>,
-    evictions: Vec<(PodRef, crate::upgrade::drain::Pass)>,
-    installer_pod: Option<PodRef>,
-    skipped: Vec<String>,
-    has_device_pods: bool,
-    externally_unavailable: bool,
-    /// `evictions` and `obs.drain` were worked out (the node drains or starts).
-    drain_planned: bool,
-}
-
 fn now_secs() -> i64 {
     Timestamp::now().as_second()
 }
 
 fn node_label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-pub fn persisted_record(node: &Node) -> Option<NodeRecord> {
-    let raw = node
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(labels::UPGRADE_STATE)?;
-    match serde_json::from_str(raw) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            tracing::warn!(node = node.metadata.name.as_deref().unwrap_or(""), error = %e, "ignoring unreadable upgrade record");
-            None
-        }
-    }
+    ttdrv_core::node::label(node, key)
 }
 
 fn owns(owned: &[String], node: &str) -> bool {
@@ -197,7 +163,7 @@ impl Handler<Reconcile> for PolicySupervisor {
             }
             nodes.into_iter().partition(|n| owns(owned, n))
         };
-        let pass = Pass {
+        let pass = ReconcilePass {
             ctx: ctx.clone(),
             policy: policy.clone(),
             assignment: assignment.clone(),
@@ -273,18 +239,23 @@ impl PolicySupervisor {
         if gone.is_empty() && !missing {
             return;
         }
+        let ports = NodePorts {
+            patch: self.labeler.clone().recipient(),
+            evict: self.evictor.clone().recipient(),
+            replace_pod: self.renderer.clone().recipient(),
+            acquire: self.rollout.clone().recipient(),
+            release: self.rollout.clone().recipient(),
+        };
         let nodes = Arc::make_mut(&mut self.nodes);
         for n in owned {
             if !nodes.contains_key(n) {
-                let (c, node, pol, l, e, r) = (
+                let (c, node, pol, ports) = (
                     self.ctx.clone(),
                     n.clone(),
                     self.name.clone(),
-                    self.labeler.clone(),
-                    self.evictor.clone(),
-                    self.renderer.clone(),
+                    ports.clone(),
                 );
-                let addr = actix::Supervisor::start(move |_| NodeActor::new(c, node, pol, l, e, r));
+                let addr = actix::Supervisor::start(move |_| NodeActor::new(c, node, pol, ports));
                 nodes.insert(n.clone(), addr);
             }
         }
@@ -382,15 +353,9 @@ impl PolicySupervisor {
             return;
         }
         let prev = self.last_status.clone().or_else(|| policy.status.clone());
-        let (summary, _) = summarize(&self.records);
-        let flags = condition_flags(&summary, policy.spec.paused, !conflicts.is_empty());
-        let prev_flags = prev.as_ref().map(|p| {
-            p.conditions
-                .iter()
-                .map(|c| c.status == "True")
-                .collect::<Vec<_>>()
-        });
-        let urgent = prev_flags.as_deref() != Some(flags.as_slice())
+        let (summary, _) = status::summarize(&self.records);
+        let flags = status::condition_flags(&summary, policy.spec.paused, !conflicts.is_empty());
+        let urgent = prev.as_ref().map(status::flags_of).as_deref() != Some(flags.as_slice())
             || prev.as_ref().map(|p| p.observed_generation) != Some(policy.metadata.generation);
         let due = self
             .last_status_write
@@ -398,16 +363,30 @@ impl PolicySupervisor {
         if !(urgent || due) {
             return;
         }
-        let status = build_status(
+        let ds_name = daemonset_name(&self.name);
+        let input = StatusInput {
             policy,
-            &self.records,
-            &self.ctx,
-            &self.device_users,
+            records: &self.records,
+            device_users: &self.device_users,
             conflicts,
-            plan,
-            &daemonset_name(&self.name),
-            prev.as_ref(),
-        );
+            blocked: plan.blocked.as_deref(),
+            daemonset: &ds_name,
+            previous: prev.as_ref(),
+            now: Timestamp::now(),
+        };
+        let nodes = &self.ctx.stores.nodes;
+        let status = status::build(&input, |n| {
+            let node = nodes.get(&ObjectRef::new(n));
+            let l = |k: &str| {
+                node.as_deref()
+                    .and_then(|nd| node_label(nd, k))
+                    .map(String::from)
+            };
+            Reported {
+                version: l(labels::KMD_VERSION),
+                install_mode: l(labels::INSTALL_MODE),
+            }
+        });
         if prev.as_ref() == Some(&status) {
             return;
         }
@@ -456,7 +435,7 @@ struct PassOut {
 
 /// One reconcile pass: what it needs, detached from the actor so it can run
 /// as a future.
-struct Pass {
+struct ReconcilePass {
     ctx: Arc<Context>,
     policy: Arc<TenstorrentDriverPolicy>,
     assignment: Arc<Assignment>,
@@ -473,7 +452,7 @@ struct Pass {
 /// watch to echo the Done back.
 const MAX_ROUNDS: usize = 3;
 
-impl Pass {
+impl ReconcilePass {
     fn name(&self) -> &str {
         self.policy.metadata.name.as_deref().unwrap_or_default()
     }
@@ -509,7 +488,6 @@ impl Pass {
                 }
             })?;
         let gates = ctx.config.gates();
-        let now = now_secs();
         let desired = Desired {
             policy: name.clone(),
             version: spec.version.clone(),
@@ -519,31 +497,31 @@ impl Pass {
             paused: spec.paused,
         };
         let max = spec.upgrade_policy.max_unavailable_for(self.owned().len());
+        let input = ObserveInput {
+            stores: &ctx.stores,
+            namespace: &ctx.config.namespace,
+            policy,
+            template_hash: &hash,
+            selector: &selector,
+            gates: &gates,
+            now: now_secs(),
+            records: &self.records,
+            pdbs: Default::default(),
+        };
+        let observe = |nodes: &[String], starting: &HashSet<&str>| -> Vec<(String, NodeView)> {
+            nodes
+                .iter()
+                .filter_map(|n| Some((n.clone(), input.node(n, starting.contains(n.as_str()))?)))
+                .collect()
+        };
 
         let mut updates: HashMap<String, NodeRecord> = HashMap::new();
         let mut device_users = Vec::new();
         let mut first_err = None;
-        let observe = |nodes: &[String], starting: &HashSet<&str>| {
-            observe_nodes(
-                ctx,
-                &name,
-                nodes,
-                &hash,
-                &selector,
-                policy,
-                &gates,
-                now,
-                &self.records,
-                starting,
-            )
-        };
         let mut views = observe(&targets, &HashSet::new());
-        let mut candidates: Vec<Candidate> = views
+        let mut candidates: Vec<_> = views
             .iter()
-            .map(|(n, v)| {
-                let rec = self.records.get(n).or(v.persisted.as_ref());
-                candidate(n, rec, v)
-            })
+            .map(|(n, v)| v.candidate(n, self.records.get(n).or(v.persisted.as_ref())))
             .collect();
         let mut replace = self.full;
         let mut stepped: HashSet<String> = HashSet::new();
@@ -559,8 +537,11 @@ impl Pass {
                 })
                 .await?;
             replace = false;
-            // Nodes granted a slot that are not stepped yet (this pass or an
-            // earlier one whose step failed) join this round.
+            // Nodes the plan lets ask for a slot: observed with their drain plan
+            // (they may cordon and enter Draining within one step). Those not
+            // stepped yet (this pass, or an earlier one whose step failed) join
+            // this round.
+            let offered: HashSet<&str> = plan.granted.iter().map(String::as_str).collect();
             let queued: HashSet<&str> = views.iter().map(|(n, _)| n.as_str()).collect();
             let fresh: Vec<String> = plan
                 .granted
@@ -568,34 +549,30 @@ impl Pass {
                 .filter(|n| !stepped.contains(*n) && !queued.contains(n.as_str()))
                 .cloned()
                 .collect();
-            let granted: HashSet<&str> = plan.granted.iter().map(String::as_str).collect();
-            // Granted nodes observed before the plan are observed again with
-            // their drain plan.
-            let regrant: Vec<String> = views
+            let replan: Vec<String> = views
                 .iter()
-                .filter(|(n, v)| granted.contains(n.as_str()) && !v.drain_planned)
+                .filter(|(n, v)| offered.contains(n.as_str()) && v.obs.drain.is_none())
                 .map(|(n, _)| n.clone())
                 .collect();
-            if !regrant.is_empty() {
-                views.retain(|(n, _)| !regrant.contains(n));
-                views.extend(observe(&regrant, &granted));
+            if !replan.is_empty() {
+                views.retain(|(n, _)| !replan.contains(n));
+                views.extend(observe(&replan, &offered));
             }
             if !fresh.is_empty() {
-                views.extend(observe(&fresh, &granted));
+                views.extend(observe(&fresh, &offered));
             }
             if views.is_empty() || round == MAX_ROUNDS {
                 break;
             }
             round += 1;
             let mut calls = Vec::new();
-            for (n, mut v) in std::mem::take(&mut views) {
+            for (n, v) in std::mem::take(&mut views) {
                 let Some(addr) = self.actors.get(&n) else {
                     continue;
                 };
                 stepped.insert(n.clone());
                 device_users.push((n.clone(), v.has_device_pods));
-                v.obs.slot = granted.contains(n.as_str());
-                let after = (v.externally_unavailable, v.has_device_pods);
+                let facts = v.clone();
                 let msg = Observe {
                     policy: policy.clone(),
                     obs: v.obs,
@@ -607,19 +584,12 @@ impl Pass {
                     gates: gates.clone(),
                 };
                 let addr = addr.clone();
-                calls.push(async move { (n, after, addr.send(msg).await) });
+                calls.push(async move { (n, facts, addr.send(msg).await) });
             }
-            for (n, (unavailable, has_device_pods), res) in futures::future::join_all(calls).await {
+            for (n, facts, res) in futures::future::join_all(calls).await {
                 match res.map_err(Error::from).and_then(|r| r) {
                     Ok(rec) => {
-                        candidates.push(Candidate {
-                            name: n.clone(),
-                            wants_slot: rec.state == NodeState::Pending,
-                            in_progress: rec.occupies_slot(),
-                            unavailable,
-                            failed: rec.state == NodeState::Failed,
-                            has_device_pods,
-                        });
+                        candidates.push(facts.candidate(&n, Some(&rec)));
                         updates.insert(n, rec);
                     }
                     Err(e) => {
@@ -682,10 +652,9 @@ impl Pass {
             if node.as_deref().and_then(|nd| node_label(nd, labels::CLAIM)) == Some(name) {
                 return None;
             }
-            let patch = serde_json::json!({ "metadata": { "labels": { labels::CLAIM: name } } });
             Some(self.labeler.send(PatchNode {
                 node: n.clone(),
-                patch,
+                patch: claim_patch(name),
                 action: "claiming node",
             }))
         });
@@ -752,426 +721,5 @@ impl Pass {
                     .and_then(|a| a.get(labels::TEMPLATE_HASH).cloned())
             })
             .unwrap_or_default())
-    }
-}
-
-fn candidate(name: &str, rec: Option<&NodeRecord>, v: &NodeView) -> Candidate {
-    let state = rec.map(|r| r.state).unwrap_or(NodeState::Pending);
-    Candidate {
-        name: name.to_string(),
-        wants_slot: state == NodeState::Pending,
-        in_progress: rec.is_some_and(|r| r.occupies_slot()),
-        unavailable: v.externally_unavailable,
-        failed: state == NodeState::Failed,
-        has_device_pods: v.has_device_pods,
-    }
-}
-
-/// Patch that removes our claim from a node we no longer own, undoing our cordon
-/// and gates if a cycle was cut short (node relabelled or skipped mid-upgrade).
-pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json::Value {
-    let mut patch = serde_json::json!({ "metadata": { "labels": { labels::CLAIM: null }, "annotations": { labels::UPGRADE_STATE: null } } });
-    if let Some(rec) = persisted_record(node).filter(|r| r.policy == policy) {
-        if rec.cordoned_by_us {
-            patch["spec"] = serde_json::json!({ "unschedulable": false });
-        }
-        if rec.state.is_in_progress() || rec.state == NodeState::Failed {
-            for g in gates {
-                patch["metadata"]["labels"][g] = serde_json::Value::Null;
-            }
-        }
-    }
-    patch
-}
-
-#[allow(clippy::too_many_arguments)]
-fn observe_nodes(
-    ctx: &Context,
-    policy_name: &str,
-    targets: &[String],
-    hash: &str,
-    selector: &PodSelector,
-    policy: &TenstorrentDriverPolicy,
-    gates: &[String],
-    now: i64,
-    records: &HashMap<String, NodeRecord>,
-    starting: &HashSet<&str>,
-) -> Vec<(String, NodeView)> {
-    // Read only while a node drains.
-    let pdbs = std::cell::OnceCell::new();
-    let mut out = Vec::new();
-    for n in targets {
-        let Some(node) = ctx.stores.nodes.get(&ObjectRef::new(n)) else {
-            continue;
-        };
-        // Shared with the cache, never deep-copied; found through the index,
-        // not by scanning every pod.
-        let pods: Vec<Arc<Pod>> = ctx.stores.pods_by_node.on_node(&ctx.stores.pods, n);
-        let installer = pods.iter().map(Arc::as_ref).find(|p| {
-            p.metadata.namespace.as_deref() == Some(ctx.config.namespace.as_str())
-                && p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(labels::CLAIM))
-                    .map(String::as_str)
-                    == Some(policy_name)
-        });
-        let installer_state = match installer {
-            None => Installer::Missing,
-            Some(p) => {
-                let pod_hash = p
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(labels::TEMPLATE_HASH))
-                    .map(String::as_str);
-                if pod_hash == Some(hash) && !hash.is_empty() {
-                    Installer::Current {
-                        ready: p.metadata.deletion_timestamp.is_none() && pod_ready(p),
-                    }
-                } else {
-                    Installer::Stale {
-                        deleting: p.metadata.deletion_timestamp.is_some(),
-                    }
-                }
-            }
-        };
-        let installer_problem = installer.and_then(installer_problem);
-        let persisted = persisted_record(&node).filter(|r| r.policy == policy_name);
-        let rec = records.get(n).or(persisted.as_ref());
-        let plan = plan_drain(
-            pods.iter().map(Arc::as_ref),
-            &policy.spec.upgrade_policy.drain,
-            selector,
-        );
-        // Either view saying Cordoning/Draining is enough: the drain plan must
-        // never be missing when the NodeActor is about to leave Draining.
-        // A node granted a slot now may go through Cordoning into Draining in
-        // one step (on the response to its cordon), so it needs the plan too.
-        let draining = starting.contains(n.as_str())
-            || [records.get(n), persisted.as_ref()]
-                .into_iter()
-                .flatten()
-                .any(|r| r.state == NodeState::Draining || r.state == NodeState::Cordoning);
-        let mut drain = DrainProgress::default();
-        let mut evictions = vec![];
-        if draining {
-            let by_ref: HashMap<PodRef, &Pod> =
-                pods.iter().map(|p| (PodRef::of(p), p.as_ref())).collect();
-            let pdbs = pdbs.get_or_init(|| ctx.stores.pdbs.state());
-            let device_left = plan.device.iter().any(|p| by_ref.contains_key(p));
-            for (p, pass) in plan.remaining() {
-                drain.remaining.push(p.to_string());
-                let Some(pod) = by_ref.get(p) else { continue };
-                for pdb in blocking_pdbs(pod, pdbs.iter().map(Arc::as_ref)) {
-                    let id = format!(
-                        "{}/{}",
-                        pdb.metadata.namespace.as_deref().unwrap_or(""),
-                        pdb.metadata.name.as_deref().unwrap_or("")
-                    );
-                    if !drain.blocking_pdbs.contains(&id) {
-                        drain.blocking_pdbs.push(id);
-                    }
-                }
-                // Pass 2 starts once pass 1's device users are gone.
-                let pass_open = pass == crate::upgrade::drain::Pass::Device || !device_left;
-                if pod.metadata.deletion_timestamp.is_none() && pass_open {
-                    evictions.push((p.clone(), pass));
-                }
-            }
-        }
-        let label = |k: &str| node_label(&node, k);
-        let gates_closed = gates.iter().all(|g| label(g) == Some("false"));
-        let gates_present = gates.iter().any(|g| label(g).is_some());
-        let unschedulable = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false);
-        let cordoned_by_us = rec.is_some_and(|r| r.cordoned_by_us);
-        let obs = Observation {
-            now,
-            unschedulable,
-            loaded: label(labels::KMD_VERSION).map(String::from),
-            host_managed: label(labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST),
-            installer: installer_state,
-            gates_closed,
-            gates_present,
-            drain,
-            retry_token: node
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(RETRY_ANNOTATION))
-                .cloned(),
-            slot: false,
-            installer_problem,
-        };
-        let has_device_pods = plan
-            .device
-            .iter()
-            .chain(plan.skipped_device_users())
-            .next()
-            .is_some();
-        let externally_unavailable = !node_ready(&node) || (unschedulable && !cordoned_by_us);
-        out.push((
-            n.clone(),
-            NodeView {
-                obs,
-                persisted,
-                evictions,
-                installer_pod: installer.map(PodRef::of),
-                skipped: if draining {
-                    plan.skipped
-                        .iter()
-                        .filter(|(_, why, _)| {
-                            !matches!(
-                                why,
-                                SkipReason::DaemonSet | SkipReason::Finished | SkipReason::Mirror
-                            )
-                        })
-                        .map(|(p, why, _)| format!("{p} ({})", why.as_str()))
-                        .collect()
-                } else {
-                    vec![]
-                },
-                has_device_pods,
-                externally_unavailable,
-                drain_planned: draining,
-            },
-        ));
-    }
-    out
-}
-
-/// Annotation an operator sets (to any new value) to retry a Failed node.
-pub const RETRY_ANNOTATION: &str = "driver.tenstorrent.com/retry";
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn installer_problem(pod: &Pod) -> Option<String> {
-    let st = pod.status.as_ref()?;
-    for cs in st.container_statuses.iter().flatten() {
-        if let Some(t) = cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()) {
-            return Some(format!(
-                "restarted {} time(s), last exit {}: {}",
-                cs.restart_count,
-                t.exit_code,
-                t.message.clone().or(t.reason.clone()).unwrap_or_default()
-            ));
-        }
-        if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
-            return Some(format!("waiting: {}", w.reason.clone().unwrap_or_default()));
-        }
-    }
-    None
-}
-
-fn cond(
-    type_: &str,
-    ok: bool,
-    reason: &str,
-    message: String,
-    generation: Option<i64>,
-    prev: Option<&TenstorrentDriverPolicyStatus>,
-) -> Condition {
-    let status = if ok { "True" } else { "False" };
-    // Keep lastTransitionTime while the status is unchanged, so status is only
-    // rewritten when something actually changed.
-    let last = prev
-        .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
-        .filter(|c| c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| {
-            Time(
-                Timestamp::now()
-                    .round(k8s_openapi::jiff::Unit::Second)
-                    .unwrap_or_else(|_| Timestamp::now()),
-            )
-        });
-    Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message,
-        observed_generation: generation,
-        last_transition_time: last,
-    }
-}
-
-/// Per-state counts and the failure messages, from every record.
-fn summarize(records: &HashMap<String, NodeRecord>) -> (Summary, Vec<String>) {
-    let mut summary = Summary {
-        matched: records.len() as i32,
-        ..Default::default()
-    };
-    let mut failed = Vec::new();
-    for (n, r) in records {
-        let host = r.reason.as_deref() == Some(reason::HOST_MANAGED);
-        match r.state {
-            NodeState::Done if host => summary.host_managed += 1,
-            NodeState::Done => summary.done += 1,
-            NodeState::Pending => summary.pending += 1,
-            NodeState::Failed => {
-                summary.failed += 1;
-                failed.push(format!("{n}: {}", r.message.as_deref().unwrap_or("")));
-            }
-            _ => summary.in_progress += 1,
-        }
-    }
-    failed.sort();
-    (summary, failed)
-}
-
-/// The status of each condition, in the order `build_status` lists them:
-/// Ready, Progressing, Degraded, Paused, Conflict.
-fn condition_flags(summary: &Summary, paused: bool, conflicts: bool) -> [bool; 5] {
-    let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed == 0;
-    [
-        settled && !paused,
-        !settled && summary.failed == 0 && !paused,
-        summary.failed > 0,
-        paused,
-        conflicts,
-    ]
-}
-
-#[allow(clippy::too_many_arguments)]
-fn build_status(
-    policy: &TenstorrentDriverPolicy,
-    records: &HashMap<String, NodeRecord>,
-    ctx: &Context,
-    device_users: &HashSet<String>,
-    conflicts: &[(String, String)],
-    plan: &Plan,
-    ds_name: &str,
-    prev: Option<&TenstorrentDriverPolicyStatus>,
-) -> TenstorrentDriverPolicyStatus {
-    let generation = policy.metadata.generation;
-    // The rollout's order: nodes without device users first, then by name.
-    let mut names: Vec<&String> = records.keys().collect();
-    names.sort_by(|a, b| (device_users.contains(*a), a).cmp(&(device_users.contains(*b), b)));
-    let (summary, failed) = summarize(records);
-    let mut entries = Vec::with_capacity(names.len());
-    for n in names {
-        let r = &records[n];
-        let node = ctx.stores.nodes.get(&ObjectRef::new(n));
-        let l = |k: &str| {
-            node.as_deref()
-                .and_then(|nd| node_label(nd, k))
-                .map(String::from)
-        };
-        entries.push(NodeStatus {
-            name: n.clone(),
-            state: r.state,
-            current_version: l(labels::KMD_VERSION),
-            install_mode: l(labels::INSTALL_MODE),
-            reason: r.reason.clone(),
-            message: r.message.clone(),
-            last_transition_time: k8s_openapi::jiff::Timestamp::from_second(r.since)
-                .ok()
-                .map(Time),
-        });
-    }
-    let paused = policy.spec.paused;
-    let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed == 0;
-    // The same flags decide whether a write is urgent (`write_status_if_due`).
-    let [ready, progressing, degraded, _, conflicted] =
-        condition_flags(&summary, paused, !conflicts.is_empty());
-    let mut conditions = vec![
-        cond(
-            condition::READY,
-            ready,
-            if settled {
-                "RolloutComplete"
-            } else {
-                "RolloutIncomplete"
-            },
-            format!(
-                "{} of {} node(s) run {} ({} host-managed)",
-                summary.done, summary.matched, policy.spec.version, summary.host_managed
-            ),
-            generation,
-            prev,
-        ),
-        cond(
-            condition::PROGRESSING,
-            progressing,
-            if paused {
-                "Paused"
-            } else if settled {
-                "Idle"
-            } else {
-                "Upgrading"
-            },
-            plan.blocked.clone().unwrap_or_else(|| {
-                format!(
-                    "{} in progress, {} pending",
-                    summary.in_progress, summary.pending
-                )
-            }),
-            generation,
-            prev,
-        ),
-        cond(
-            condition::DEGRADED,
-            degraded,
-            if summary.failed > 0 {
-                "NodeFailed"
-            } else {
-                "AsExpected"
-            },
-            failed.join("; "),
-            generation,
-            prev,
-        ),
-        cond(
-            condition::PAUSED,
-            paused,
-            if paused { "PausedBySpec" } else { "Running" },
-            if paused {
-                "spec.paused is true: nothing new starts; the DaemonSet is left as is".into()
-            } else {
-                String::new()
-            },
-            generation,
-            prev,
-        ),
-    ];
-    let conflict_msg: Vec<String> = conflicts
-        .iter()
-        .map(|(n, o)| format!("{n} (owned by {o})"))
-        .collect();
-    conditions.push(cond(
-        condition::CONFLICT,
-        conflicted,
-        if conflicts.is_empty() {
-            "NoOverlap"
-        } else {
-            "SelectorOverlap"
-        },
-        if conflicts.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "nodes matched by an older policy are left to it: {}",
-                conflict_msg.join(", ")
-            )
-        },
-        generation,
-        prev,
-    ));
-    TenstorrentDriverPolicyStatus {
-        observed_generation: generation,
-        conditions,
-        desired_version: Some(policy.spec.version.clone()),
-        summary,
-        daemon_set: Some(ds_name.to_string()),
-        nodes: entries,
     }
 }

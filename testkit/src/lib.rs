@@ -242,13 +242,8 @@ impl TestEnv {
     }
 }
 
-/// True when the pod's Ready condition is True.
-pub fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
+/// True when the pod's Ready condition is True (the controller's reading).
+pub use ttdrv_core::node::pod_ready;
 
 /// Short description of a list of objects for failure messages.
 pub fn describe<T: Debug>(items: &[T]) -> String {

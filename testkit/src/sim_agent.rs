@@ -110,27 +110,9 @@ fn target_version(pod: &Pod) -> Option<String> {
     })
 }
 
-/// True when a pod (other than our installers) uses the Tenstorrent device.
-pub fn uses_device(pod: &Pod) -> bool {
-    let Some(spec) = pod.spec.as_ref() else {
-        return false;
-    };
-    let host_path = spec.volumes.iter().flatten().any(|v| {
-        v.host_path
-            .as_ref()
-            .is_some_and(|h| h.path.starts_with(labels::DEVICE_DIR))
-    });
-    let resource = spec.containers.iter().any(|c| {
-        c.resources.as_ref().is_some_and(|r| {
-            r.limits
-                .iter()
-                .chain(r.requests.iter())
-                .flatten()
-                .any(|(k, _)| k.starts_with(labels::RESOURCE_PREFIX))
-        })
-    });
-    host_path || resource
-}
+/// The device rule is the controller's: a pod the drain would not see as a
+/// device user must not block the simulated swap either.
+pub use ttdrv_core::drain::uses_device;
 
 async fn play_agent(
     client: &Client,

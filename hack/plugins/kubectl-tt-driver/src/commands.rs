@@ -14,7 +14,7 @@ use kube::api::{ListParams, LogParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde::Serialize;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
-use ttdrv_controller::actors::supervisor::RETRY_ANNOTATION;
+use ttdrv_core::node::RETRY_ANNOTATION;
 
 use crate::cli::{Cli, Command, Output};
 use crate::style::{Palette, use_color};
@@ -402,17 +402,12 @@ async fn retry(ctx: &Ctx, name: &str, node: &str) -> Result<i32> {
             entry.state.as_str()
         );
     }
-    let current = n
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(RETRY_ANNOTATION))
-        .cloned();
+    let current = ttdrv_core::node::retry_token(&n).map(String::from);
     let mut token = now_secs().to_string();
     if current.as_deref() == Some(token.as_str()) {
         token.push_str("-1");
     }
-    let patch = serde_json::json!({ "metadata": { "annotations": { RETRY_ANNOTATION: token } } });
+    let patch = ttdrv_core::node::retry_patch(&token);
     nodes
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -8,7 +8,8 @@
 //! default is used.
 
 use ttdrv_api::{NodeState, TenstorrentDriverPolicyStatus, condition};
-use ttdrv_controller::upgrade::machine::{NodeRecord, reason};
+use ttdrv_core::machine::NodeRecord;
+use ttdrv_core::reason;
 
 /// Per-node estimate when nothing has been observed yet: a cache-cold build of
 /// the module (~30-90 s) plus cordon, drain and uncordon.

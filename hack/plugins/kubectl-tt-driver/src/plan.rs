@@ -15,13 +15,13 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
 use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
-use ttdrv_controller::selection;
-use ttdrv_controller::upgrade::drain::{
-    PodRef, SkipReason, blocking_pdbs, plan_drain, uses_device,
-};
-use ttdrv_controller::upgrade::rollout::{self, Candidate};
+use ttdrv_core::drain::{PodRef, SkipReason, blocking_pdbs, plan_drain, uses_device};
+use ttdrv_core::rollout::{self, Candidate};
+use ttdrv_core::selection;
 
 use crate::eta::{self, PerNode};
+use ttdrv_core::machine::NodeRecord;
+
 use crate::view::record_of;
 
 pub struct Inputs<'a> {
@@ -112,23 +112,7 @@ pub struct RolloutPlan {
     pub estimate: Estimate,
 }
 
-fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn unschedulable(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false)
-}
+use ttdrv_core::node::label;
 
 /// True when the pod's node affinity requires a deploy-gate label not to be
 /// "false": the DaemonSet controller removes it when the gate closes.
@@ -239,8 +223,8 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             .filter(|r| r.state.is_in_progress() && r.occupies_slot())
             .map(|r| r.state);
         let is_failed = rec.as_ref().is_some_and(|r| r.state == NodeState::Failed);
-        let cordoned_by_us = rec.as_ref().is_some_and(|r| r.cordoned_by_us);
-        let unavailable = !node_ready(node) || (unschedulable(node) && !cordoned_by_us);
+        let cordoned_by_us = rec.as_ref().is_some_and(NodeRecord::cordoned_by_us);
+        let unavailable = ttdrv_core::node::externally_unavailable(node, cordoned_by_us);
         // Nodes without a cycle still count against maxUnavailable when they
         // are unavailable, as in the controller.
         let bystander = Candidate {
@@ -404,7 +388,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     let mut halted = None;
     let mut wave = 0;
     loop {
-        let p = rollout::plan(&candidates, max);
+        let p = rollout::plan(&candidates, &Default::default(), max);
         let running: Vec<String> = candidates
             .iter()
             .filter(|c| c.in_progress)

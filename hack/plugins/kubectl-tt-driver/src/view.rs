@@ -6,21 +6,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
-use ttdrv_api::{NodeState, Summary, TenstorrentDriverPolicy, condition, labels};
-use ttdrv_controller::actors::supervisor::RETRY_ANNOTATION;
-use ttdrv_controller::upgrade::machine::{NodeRecord, reason};
+use ttdrv_api::{NodeState, Summary, TenstorrentDriverPolicy, condition};
+use ttdrv_core::machine::NodeRecord;
+use ttdrv_core::reason;
 
 use crate::eta::{self, PerNode};
 
-/// The controller's persisted record on a node (annotation
-/// `driver.tenstorrent.com/upgrade-state`), if readable.
+/// The controller's persisted record on a node, if readable.
 pub fn record_of(node: &Node) -> Option<NodeRecord> {
-    let raw = node
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(labels::UPGRADE_STATE)?;
-    serde_json::from_str(raw).ok()
+    ttdrv_core::node::record(node).ok().flatten()
 }
 
 /// Records of `policy`, by node name.
@@ -100,8 +94,8 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
     let retry_tokens: BTreeMap<String, String> = nodes
         .iter()
         .filter_map(|n| {
-            let token = n.metadata.annotations.as_ref()?.get(RETRY_ANNOTATION)?;
-            Some((n.metadata.name.clone()?, token.clone()))
+            let token = ttdrv_core::node::retry_token(n)?;
+            Some((n.metadata.name.clone()?, token.to_string()))
         })
         .collect();
     let status = p.status.clone().unwrap_or_default();

@@ -24,7 +24,7 @@ use ttdrv_api::{
     NodeState, NodeStatus, Summary, TenstorrentDriverPolicy, TenstorrentDriverPolicySpec,
     TenstorrentDriverPolicyStatus, labels,
 };
-use ttdrv_controller::upgrade::machine::NodeRecord;
+use ttdrv_core::machine::{Cordon, NodeRecord};
 
 /// 2026-05-28T20:26:40Z: the fixed "now" of every snapshot.
 const NOW: i64 = 1_780_000_000;
@@ -110,7 +110,7 @@ fn record(
     r.state = state;
     r.reason = Some(reason.into());
     r.started = started;
-    r.cordoned_by_us = cordoned;
+    r.cordon = if cordoned { Cordon::Ours } else { Cordon::None };
     r
 }
 

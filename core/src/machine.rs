@@ -10,35 +10,116 @@
 use serde::{Deserialize, Serialize};
 use ttdrv_api::NodeState;
 
-/// What the controller remembers about one node, persisted on the Node.
+pub use crate::drain::DrainProgress;
+use crate::reason;
+
+/// Who cordoned the node, as far as this rollout is concerned.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Cordon {
+    /// Not cordoned by us, and not found cordoned when our cycle started.
+    #[default]
+    None,
+    /// We set `spec.unschedulable`: ours to undo, and only ours.
+    Ours,
+    /// Someone else had cordoned it when our cycle started: never uncordoned by us.
+    Theirs,
+}
+
+/// What the controller remembers about one node, persisted on the Node
+/// (annotation `driver.tenstorrent.com/upgrade-state`, JSON; the field names
+/// are a contract with records already on clusters).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(from = "wire::Record", into = "wire::Record")]
 pub struct NodeRecord {
     pub policy: String,
     pub state: NodeState,
     /// Version this record's rollout aims at.
     pub target: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// Unix seconds when `state` was entered.
     pub since: i64,
     /// Unix seconds when this node's cycle started (Cordoning or Upgrading).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<i64>,
-    /// We set `spec.unschedulable`; we must undo it (and only then).
-    #[serde(default)]
-    pub cordoned_by_us: bool,
-    /// The node was unschedulable before we touched it: never uncordon it.
-    #[serde(default)]
-    pub was_unschedulable: bool,
+    pub cordon: Cordon,
     /// Pod replaced without cordon/drain (module version unchanged, or first install).
-    #[serde(default)]
     pub no_drain: bool,
     /// Last retry token acted upon (value of the retry annotation).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_token: Option<String>,
+}
+
+/// The record as stored on the Node: cordon ownership as the two flags older
+/// records carry.
+mod wire {
+    use serde::{Deserialize, Serialize};
+    use ttdrv_api::NodeState;
+
+    use super::{Cordon, NodeRecord};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Record {
+        policy: String,
+        state: NodeState,
+        target: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+        since: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        started: Option<i64>,
+        #[serde(default)]
+        cordoned_by_us: bool,
+        #[serde(default)]
+        was_unschedulable: bool,
+        #[serde(default)]
+        no_drain: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_token: Option<String>,
+    }
+
+    impl From<Record> for NodeRecord {
+        fn from(w: Record) -> Self {
+            // Both flags set never came from us; undoing our cordon is the
+            // behaviour such a record always had.
+            let cordon = match (w.cordoned_by_us, w.was_unschedulable) {
+                (true, _) => Cordon::Ours,
+                (false, true) => Cordon::Theirs,
+                (false, false) => Cordon::None,
+            };
+            NodeRecord {
+                policy: w.policy,
+                state: w.state,
+                target: w.target,
+                reason: w.reason,
+                message: w.message,
+                since: w.since,
+                started: w.started,
+                cordon,
+                no_drain: w.no_drain,
+                retry_token: w.retry_token,
+            }
+        }
+    }
+
+    impl From<NodeRecord> for Record {
+        fn from(r: NodeRecord) -> Self {
+            Record {
+                policy: r.policy,
+                state: r.state,
+                target: r.target,
+                reason: r.reason,
+                message: r.message,
+                since: r.since,
+                started: r.started,
+                cordoned_by_us: r.cordon == Cordon::Ours,
+                was_unschedulable: r.cordon == Cordon::Theirs,
+                no_drain: r.no_drain,
+                retry_token: r.retry_token,
+            }
+        }
+    }
 }
 
 impl NodeRecord {
@@ -51,11 +132,15 @@ impl NodeRecord {
             message: None,
             since: now,
             started: None,
-            cordoned_by_us: false,
-            was_unschedulable: false,
+            cordon: Cordon::None,
             no_drain: false,
             retry_token: None,
         }
+    }
+
+    /// We set the node's cordon and must undo it.
+    pub fn cordoned_by_us(&self) -> bool {
+        self.cordon == Cordon::Ours
     }
 
     /// True while the node is out of service because of this rollout.
@@ -66,7 +151,7 @@ impl NodeRecord {
 
 /// The node's installer pod as seen in the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Installer {
+pub enum InstallerPod {
     Missing,
     /// Rendered from an older template; `deleting` once deletion has begun.
     Stale {
@@ -77,15 +162,6 @@ pub enum Installer {
     },
 }
 
-/// The drain's progress, computed from the pods on the node.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DrainProgress {
-    /// Pods still to evict or still terminating, as `ns/name`.
-    pub remaining: Vec<String>,
-    /// `ns/name`s of PodDisruptionBudgets currently refusing those evictions.
-    pub blocking_pdbs: Vec<String>,
-}
-
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observation {
     pub now: i64,
@@ -94,12 +170,14 @@ pub struct Observation {
     pub loaded: Option<String>,
     /// The agent found a DKMS install (`install-mode=host`).
     pub host_managed: bool,
-    pub installer: Installer,
+    pub installer: InstallerPod,
     /// Every configured deploy gate is "false".
     pub gates_closed: bool,
     /// Any configured deploy gate label is present.
     pub gates_present: bool,
-    pub drain: DrainProgress,
+    /// The drain's progress: `None` when no drain plan was computed for this
+    /// observation, and a node never leaves Draining on `None`.
+    pub drain: Option<DrainProgress>,
     /// Value of the node's retry annotation, if any.
     pub retry_token: Option<String>,
     /// The RolloutActor allows this node to start a disruptive cycle now.
@@ -136,21 +214,6 @@ pub struct Step {
     pub commands: Vec<Command>,
 }
 
-/// Reasons attached to states (bounded set; also metric labels for failures).
-pub mod reason {
-    pub const WAITING: &str = "WaitingForSlot";
-    pub const PAUSED: &str = "Paused";
-    pub const UP_TO_DATE: &str = "UpToDate";
-    pub const UPGRADED: &str = "Upgraded";
-    pub const HOST_MANAGED: &str = "HostManaged";
-    pub const RESTART: &str = "RestartOnly";
-    pub const INSTALL: &str = "FirstInstall";
-    pub const DRAIN_TIMEOUT: &str = "DrainTimeout";
-    pub const UPGRADE_TIMEOUT: &str = "UpgradeTimeout";
-    pub const RETRY: &str = "RetryRequested";
-    pub const RETARGET: &str = "TargetChanged";
-}
-
 fn enter(
     rec: &NodeRecord,
     state: NodeState,
@@ -183,7 +246,7 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     use NodeState::*;
     let now = obs.now;
     let module_ok = obs.loaded.as_deref() == Some(want.version.as_str());
-    let up_to_date = module_ok && obs.installer == Installer::Current { ready: true };
+    let up_to_date = module_ok && obs.installer == InstallerPod::Current { ready: true };
     let mut rec = rec.clone();
     // A new target restarts the cycle of settled nodes (a version change is the
     // operator's action; in-flight nodes simply continue towards the new target).
@@ -215,7 +278,7 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     vec![],
                 );
             }
-            if obs.host_managed && !rec.cordoned_by_us {
+            if obs.host_managed && !rec.cordoned_by_us() {
                 return stay(
                     &enter(
                         &rec,
@@ -227,18 +290,18 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     vec![],
                 );
             }
-            if up_to_date && !rec.cordoned_by_us {
+            if up_to_date && !rec.cordoned_by_us() {
                 return stay(&enter(&rec, Done, reason::UP_TO_DATE, None, now), vec![]);
             }
             if up_to_date {
                 // Retried after the module landed: only the cordon is left to undo.
                 return Step {
-                    record: enter(&rec, Uncordoning, "Uncordon", None, now),
+                    record: enter(&rec, Uncordoning, reason::UNCORDON, None, now),
                     commands: vec![Command::Uncordon, Command::OpenGates],
                 };
             }
-            let stale = matches!(obs.installer, Installer::Stale { .. });
-            if !rec.cordoned_by_us && (module_ok || obs.loaded.is_none()) {
+            let stale = matches!(obs.installer, InstallerPod::Stale { .. });
+            if !rec.cordoned_by_us() && (module_ok || obs.loaded.is_none()) {
                 // Nothing can hold the device for a module swap: either the module
                 // stays (restart-only change) or there is none yet (first install).
                 let why = if module_ok {
@@ -271,15 +334,18 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 );
             }
             if want.drain_enabled {
-                let mut r = enter(&rec, Cordoning, "Cordon", None, now);
-                if !r.cordoned_by_us {
-                    r.was_unschedulable = obs.unschedulable;
+                let mut r = enter(&rec, Cordoning, reason::CORDON, None, now);
+                if r.cordon != Cordon::Ours {
+                    r.cordon = if obs.unschedulable {
+                        Cordon::Theirs
+                    } else {
+                        Cordon::Ours
+                    };
                 }
-                r.cordoned_by_us = !r.was_unschedulable;
                 r.no_drain = false;
                 r.started = Some(now);
                 let mut cmds = vec![Command::CloseGates];
-                if r.cordoned_by_us {
+                if r.cordoned_by_us() {
                     cmds.insert(0, Command::Cordon);
                 }
                 Step {
@@ -287,7 +353,7 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     commands: cmds,
                 }
             } else {
-                let mut r = enter(&rec, Upgrading, "DrainDisabled", None, now);
+                let mut r = enter(&rec, Upgrading, reason::DRAIN_DISABLED, None, now);
                 r.no_drain = false;
                 r.started = Some(now);
                 Step {
@@ -300,7 +366,7 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             let cordoned = obs.unschedulable;
             if cordoned && obs.gates_closed && !want.paused {
                 return Step {
-                    record: enter(&rec, Draining, "Drain", None, now),
+                    record: enter(&rec, Draining, reason::DRAIN, None, now),
                     commands: vec![Command::Evict],
                 };
             }
@@ -309,8 +375,7 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             if !cordoned {
                 // Someone uncordoned an admin-cordoned node mid-cycle: the cordon
                 // we now set is ours to undo.
-                r.cordoned_by_us = true;
-                r.was_unschedulable = false;
+                r.cordon = Cordon::Ours;
                 cmds.push(Command::Cordon);
             }
             if !obs.gates_closed {
@@ -319,12 +384,16 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             stay(&r, cmds)
         }
         Draining => {
-            if obs.drain.remaining.is_empty() {
+            // Without a drain plan nothing is known about the pods: hold.
+            let Some(drain) = obs.drain.as_ref() else {
+                return stay(&rec, vec![]);
+            };
+            if drain.remaining.is_empty() {
                 if want.paused {
                     return stay(&rec, vec![]);
                 }
                 return Step {
-                    record: enter(&rec, Upgrading, "ReplaceInstaller", None, now),
+                    record: enter(&rec, Upgrading, reason::REPLACE_INSTALLER, None, now),
                     commands: vec![Command::DeleteInstallerPod],
                 };
             }
@@ -332,12 +401,12 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 let mut msg = format!(
                     "drain did not finish within {}s; pods still on the node: {}",
                     want.drain_timeout_seconds,
-                    obs.drain.remaining.join(", ")
+                    drain.remaining.join(", ")
                 );
-                if !obs.drain.blocking_pdbs.is_empty() {
+                if !drain.blocking_pdbs.is_empty() {
                     msg.push_str(&format!(
                         "; blocked by PodDisruptionBudgets: {}",
-                        obs.drain.blocking_pdbs.join(", ")
+                        drain.blocking_pdbs.join(", ")
                     ));
                 }
                 msg.push_str(&retry_hint(&want.policy));
@@ -351,9 +420,9 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         Upgrading => {
             if obs.host_managed {
                 // The new agent found a DKMS install: it stands down, so do we.
-                if rec.cordoned_by_us || obs.gates_present {
+                if rec.cordoned_by_us() || obs.gates_present {
                     let mut cmds = vec![Command::OpenGates];
-                    if rec.cordoned_by_us {
+                    if rec.cordoned_by_us() {
                         cmds.insert(0, Command::Uncordon);
                     }
                     return Step {
@@ -371,18 +440,18 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 r.no_drain = false;
                 return stay(&r, vec![]);
             }
-            if module_ok && obs.installer == (Installer::Current { ready: true }) {
-                if !rec.cordoned_by_us && (rec.no_drain || !want.drain_enabled) {
+            if module_ok && obs.installer == (InstallerPod::Current { ready: true }) {
+                if !rec.cordoned_by_us() && (rec.no_drain || !want.drain_enabled) {
                     let mut r = enter(&rec, Done, reason::UPGRADED, None, now);
                     r.no_drain = false;
                     return stay(&r, vec![]);
                 }
                 let mut cmds = vec![Command::OpenGates];
-                if rec.cordoned_by_us {
+                if rec.cordoned_by_us() {
                     cmds.insert(0, Command::Uncordon);
                 }
                 return Step {
-                    record: enter(&rec, Uncordoning, "Uncordon", None, now),
+                    record: enter(&rec, Uncordoning, reason::UNCORDON, None, now),
                     commands: cmds,
                 };
             }
@@ -395,10 +464,10 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     obs.installer_problem
                         .as_deref()
                         .unwrap_or(match obs.installer {
-                            Installer::Missing => "missing",
-                            Installer::Stale { .. } => "old template",
-                            Installer::Current { ready: true } => "ready",
-                            Installer::Current { ready: false } => "not ready",
+                            InstallerPod::Missing => "missing",
+                            InstallerPod::Stale { .. } => "old template",
+                            InstallerPod::Current { ready: true } => "ready",
+                            InstallerPod::Current { ready: false } => "not ready",
                         }),
                     retry_hint(&want.policy)
                 );
@@ -408,14 +477,14 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 );
             }
             match obs.installer {
-                Installer::Stale { deleting: false } => {
+                InstallerPod::Stale { deleting: false } => {
                     stay(&rec, vec![Command::DeleteInstallerPod])
                 }
                 _ => stay(&rec, vec![]),
             }
         }
         Uncordoning => {
-            let schedulable_ok = !rec.cordoned_by_us || !obs.unschedulable;
+            let schedulable_ok = !rec.cordoned_by_us() || !obs.unschedulable;
             if schedulable_ok && !obs.gates_present {
                 let why = if obs.host_managed {
                     reason::HOST_MANAGED
@@ -423,8 +492,7 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     reason::UPGRADED
                 };
                 let mut r = enter(&rec, Done, why, None, now);
-                r.cordoned_by_us = false;
-                r.was_unschedulable = false;
+                r.cordon = Cordon::None;
                 return stay(&r, vec![]);
             }
             let mut cmds = vec![];

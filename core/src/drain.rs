@@ -36,16 +36,16 @@ impl PodRef {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pass {
+pub enum DrainPass {
     Device,
     Full,
 }
 
-impl Pass {
+impl DrainPass {
     pub fn as_str(self) -> &'static str {
         match self {
-            Pass::Device => "device",
-            Pass::Full => "full",
+            DrainPass::Device => "device",
+            DrainPass::Full => "full",
         }
     }
 }
@@ -95,11 +95,11 @@ impl DrainPlan {
         self.device.is_empty() && self.full.is_empty()
     }
     /// Pods still to go, pass 1 first.
-    pub fn remaining(&self) -> impl Iterator<Item = (&PodRef, Pass)> {
+    pub fn remaining(&self) -> impl Iterator<Item = (&PodRef, DrainPass)> {
         self.device
             .iter()
-            .map(|p| (p, Pass::Device))
-            .chain(self.full.iter().map(|p| (p, Pass::Full)))
+            .map(|p| (p, DrainPass::Device))
+            .chain(self.full.iter().map(|p| (p, DrainPass::Full)))
     }
     /// Skipped pods that hold the device (the upgrade will be refused while they run).
     pub fn skipped_device_users(&self) -> impl Iterator<Item = &PodRef> {
@@ -108,6 +108,76 @@ impl DrainPlan {
             .filter(|(_, _, dev)| *dev)
             .map(|(p, _, _)| p)
     }
+    /// Skipped pods worth telling the operator about: not the DaemonSet,
+    /// mirror and finished pods every drain leaves, as `ns/name (why)`.
+    pub fn reportable_skips(&self) -> Vec<String> {
+        self.skipped
+            .iter()
+            .filter(|(_, why, _)| {
+                !matches!(
+                    why,
+                    SkipReason::DaemonSet | SkipReason::Finished | SkipReason::Mirror
+                )
+            })
+            .map(|(p, why, _)| format!("{p} ({})", why.as_str()))
+            .collect()
+    }
+
+    /// Pods on the node use the device (evicted or not): such nodes go last.
+    pub fn has_device_users(&self) -> bool {
+        !self.device.is_empty() || self.skipped_device_users().next().is_some()
+    }
+}
+
+/// The drain's progress, computed from the pods on the node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainProgress {
+    /// Pods still to evict or still terminating, as `ns/name`.
+    pub remaining: Vec<String>,
+    /// `ns/name`s of PodDisruptionBudgets currently refusing those evictions.
+    pub blocking_pdbs: Vec<String>,
+}
+
+/// A drain's next move on one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainStep {
+    pub progress: DrainProgress,
+    /// Pods to evict now, pass 1 first.
+    pub evict: Vec<(PodRef, DrainPass)>,
+}
+
+/// Sequences a drain from its plan and the pods still on the node: a planned
+/// pod remains until it is gone from the node; pass 2 opens only once pass 1's
+/// device users are gone; a pod already terminating is not evicted again; each
+/// PodDisruptionBudget refusing a remaining pod is named once.
+pub fn sequence<'a>(
+    plan: &DrainPlan,
+    on_node: impl IntoIterator<Item = &'a Pod>,
+    pdbs: &[&PodDisruptionBudget],
+) -> DrainStep {
+    let by_ref: std::collections::HashMap<PodRef, &Pod> =
+        on_node.into_iter().map(|p| (PodRef::of(p), p)).collect();
+    let device_left = plan.device.iter().any(|p| by_ref.contains_key(p));
+    let mut step = DrainStep::default();
+    for (p, pass) in plan.remaining() {
+        let Some(pod) = by_ref.get(p) else { continue };
+        step.progress.remaining.push(p.to_string());
+        for pdb in blocking_pdbs(pod, pdbs.iter().copied()) {
+            let id = format!(
+                "{}/{}",
+                pdb.metadata.namespace.as_deref().unwrap_or(""),
+                pdb.metadata.name.as_deref().unwrap_or("")
+            );
+            if !step.progress.blocking_pdbs.contains(&id) {
+                step.progress.blocking_pdbs.push(id);
+            }
+        }
+        let pass_open = pass == DrainPass::Device || !device_left;
+        if pod.metadata.deletion_timestamp.is_none() && pass_open {
+            step.evict.push((p.clone(), pass));
+        }
+    }
+    step
 }
 
 /// True when the pod uses the Tenstorrent device.

@@ -1,9 +1,13 @@
 //! Rollout sequencing: which Pending nodes may start a disruptive cycle now.
+//! The RolloutActor holds the slots it handed out and asks [`plan`] before it
+//! hands out another, so the rule below is enforced in one place.
 //!
 //! At most `maxUnavailable` nodes are out of service at once. Out of service means
 //! in one of our disruptive states, or unavailable for another reason (NotReady,
 //! cordoned by someone else, or Failed and left cordoned). A node that is already
 //! out of service costs nothing to start. A Failed node halts the rollout.
+
+use std::collections::BTreeSet;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Candidate {
@@ -34,14 +38,19 @@ pub fn order_key(c: &Candidate) -> (bool, String) {
     (c.has_device_pods, c.name.clone())
 }
 
+/// The plan over every known node. `held` are the nodes holding a slot handed
+/// out earlier (they count as in progress until given back); held nodes still
+/// waiting to cordon are granted again, ahead of the rest.
 pub fn plan<'a>(
     candidates: impl IntoIterator<Item = &'a Candidate>,
+    held: &BTreeSet<String>,
     max_unavailable: usize,
 ) -> Plan {
     let candidates: Vec<&Candidate> = candidates.into_iter().collect();
+    let holds = |c: &Candidate| held.contains(&c.name);
     let unavailable = candidates
         .iter()
-        .filter(|c| c.in_progress || c.unavailable || c.failed)
+        .filter(|c| c.in_progress || holds(c) || c.unavailable || c.failed)
         .count();
     let mut plan = Plan {
         unavailable,
@@ -61,7 +70,16 @@ pub fn plan<'a>(
         ));
         return plan;
     }
-    let mut waiting: Vec<&Candidate> = candidates.into_iter().filter(|c| c.wants_slot).collect();
+    plan.granted = candidates
+        .iter()
+        .filter(|c| c.wants_slot && holds(c))
+        .map(|c| c.name.clone())
+        .collect();
+    plan.granted.sort_unstable();
+    let mut waiting: Vec<&Candidate> = candidates
+        .into_iter()
+        .filter(|c| c.wants_slot && !holds(c))
+        .collect();
     // Already-unavailable nodes first (starting them costs no extra
     // availability), then nodes without device users, then by name.
     waiting.sort_by(|a, b| {
@@ -92,6 +110,10 @@ pub fn plan<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plan<'a>(cs: impl IntoIterator<Item = &'a Candidate>, max: usize) -> Plan {
+        super::plan(cs, &BTreeSet::new(), max)
+    }
 
     fn c(name: &str) -> Candidate {
         Candidate {
@@ -151,5 +173,23 @@ mod tests {
         let p = plan(&[f, c("a")], 5);
         assert!(p.granted.is_empty());
         assert!(p.blocked.unwrap_or_default().contains("f"));
+    }
+
+    #[test]
+    fn held_slots_count_and_are_granted_again() {
+        let held: BTreeSet<String> = ["b".to_string()].into();
+        // b holds the only slot but has not cordoned yet: b again, nobody else.
+        let p = super::plan(&[c("a"), c("b")], &held, 1);
+        assert_eq!(p.granted, ["b"]);
+        assert_eq!(p.unavailable, 1);
+        // b is mid-cycle and still holds: nothing to grant.
+        let mut b = c("b");
+        b.wants_slot = false;
+        b.in_progress = true;
+        let p = super::plan(&[c("a"), b.clone()], &held, 1);
+        assert!(p.granted.is_empty());
+        assert_eq!(p.unavailable, 1, "a held, in-progress node counts once");
+        // Two slots: a gets the second.
+        assert_eq!(super::plan(&[c("a"), b], &held, 2).granted, ["a"]);
     }
 }

@@ -22,10 +22,10 @@ fn obs() -> Observation {
         unschedulable: false,
         loaded: Some("2.7.0".into()),
         host_managed: false,
-        installer: Installer::Stale { deleting: false },
+        installer: InstallerPod::Stale { deleting: false },
         gates_closed: false,
         gates_present: false,
-        drain: DrainProgress::default(),
+        drain: Some(DrainProgress::default()),
         retry_token: None,
         slot: true,
         installer_problem: None,
@@ -36,7 +36,7 @@ fn rec(state: NodeState) -> NodeRecord {
     let mut r = NodeRecord::new("fleet", "2.8.0", 900);
     r.state = state;
     if state.is_in_progress() || state == Failed {
-        r.cordoned_by_us = true;
+        r.cordon = Cordon::Ours;
         r.started = Some(900);
     }
     r
@@ -59,7 +59,7 @@ fn run(r: &NodeRecord, o: &Observation, w: &Desired) -> (NodeState, Vec<Command>
 #[test]
 fn table() {
     use Command::*;
-    let ready = Installer::Current { ready: true };
+    let ready = InstallerPod::Current { ready: true };
     let w = want();
     let paused = Desired {
         paused: true,
@@ -145,7 +145,7 @@ fn table() {
             rec: rec(Pending),
             obs: Observation {
                 loaded: None,
-                installer: Installer::Current { ready: false },
+                installer: InstallerPod::Current { ready: false },
                 slot: false,
                 ..obs()
             },
@@ -197,10 +197,10 @@ fn table() {
             rec: rec(Draining),
             obs: Observation {
                 unschedulable: true,
-                drain: DrainProgress {
+                drain: Some(DrainProgress {
                     remaining: vec!["ml/a".into()],
                     blocking_pdbs: vec![],
-                },
+                }),
                 ..obs()
             },
             want: w.clone(),
@@ -232,10 +232,10 @@ fn table() {
             obs: Observation {
                 now: 900 + 601,
                 unschedulable: true,
-                drain: DrainProgress {
+                drain: Some(DrainProgress {
                     remaining: vec!["ml/a".into()],
                     blocking_pdbs: vec!["ml/pdb".into()],
-                },
+                }),
                 ..obs()
             },
             want: w.clone(),
@@ -252,7 +252,7 @@ fn table() {
             name: "upgrading, stale pod deleting",
             rec: rec(Upgrading),
             obs: Observation {
-                installer: Installer::Stale { deleting: true },
+                installer: InstallerPod::Stale { deleting: true },
                 ..obs()
             },
             want: w.clone(),
@@ -262,7 +262,7 @@ fn table() {
             name: "upgrading, new pod not ready",
             rec: rec(Upgrading),
             obs: Observation {
-                installer: Installer::Current { ready: false },
+                installer: InstallerPod::Current { ready: false },
                 ..obs()
             },
             want: w.clone(),
@@ -295,7 +295,7 @@ fn table() {
             rec: rec(Upgrading),
             obs: Observation {
                 now: 900 + 901,
-                installer: Installer::Current { ready: false },
+                installer: InstallerPod::Current { ready: false },
                 ..obs()
             },
             want: w.clone(),
@@ -394,12 +394,12 @@ fn admin_cordon_is_remembered_through_the_cycle() {
         ..obs()
     };
     let s = step(&rec(Pending), &o, &w);
-    assert!(s.record.was_unschedulable && !s.record.cordoned_by_us);
+    assert_eq!(s.record.cordon, Cordon::Theirs);
     let mut r = s.record;
     r.state = Upgrading;
     let done = Observation {
         loaded: Some("2.8.0".into()),
-        installer: Installer::Current { ready: true },
+        installer: InstallerPod::Current { ready: true },
         unschedulable: true,
         ..obs()
     };
@@ -425,10 +425,10 @@ fn failure_messages_name_pods_pdbs_and_the_retry() {
     let o = Observation {
         now: 2000,
         unschedulable: true,
-        drain: DrainProgress {
+        drain: Some(DrainProgress {
             remaining: vec!["ml/train-0".into()],
             blocking_pdbs: vec!["ml/train".into()],
-        },
+        }),
         ..obs()
     };
     let s = step(&rec(Draining), &o, &want());
@@ -447,20 +447,19 @@ fn failure_messages_name_pods_pdbs_and_the_retry() {
 #[test]
 fn safety_properties_over_the_cross_product() {
     let installers = [
-        Installer::Missing,
-        Installer::Stale { deleting: false },
-        Installer::Stale { deleting: true },
-        Installer::Current { ready: false },
-        Installer::Current { ready: true },
+        InstallerPod::Missing,
+        InstallerPod::Stale { deleting: false },
+        InstallerPod::Stale { deleting: true },
+        InstallerPod::Current { ready: false },
+        InstallerPod::Current { ready: true },
     ];
     let mut checked = 0;
     for state in NodeState::ALL {
-        for cordoned_by_us in [false, true] {
-            for was_unschedulable in [false, true] {
+        for cordon in [Cordon::None, Cordon::Ours, Cordon::Theirs] {
+            {
                 for no_drain in [false, true] {
                     let mut r = rec(state);
-                    r.cordoned_by_us = cordoned_by_us && !was_unschedulable;
-                    r.was_unschedulable = was_unschedulable;
+                    r.cordon = cordon;
                     r.no_drain = no_drain;
                     for installer in &installers {
                         for loaded in [None, Some("2.7.0"), Some("2.8.0")] {
@@ -474,10 +473,10 @@ fn safety_properties_over_the_cross_product() {
                                     installer: installer.clone(),
                                     gates_closed: b(2),
                                     gates_present: b(2) || b(3),
-                                    drain: DrainProgress {
+                                    drain: Some(DrainProgress {
                                         remaining: if b(4) { vec!["ml/p".into()] } else { vec![] },
                                         blocking_pdbs: vec![],
-                                    },
+                                    }),
                                     retry_token: if b(3) { Some("t".into()) } else { None },
                                     slot: b(0) ^ b(4),
                                     installer_problem: None,
@@ -503,14 +502,16 @@ fn safety_properties_over_the_cross_product() {
                                             drain_enabled || r.state == Cordoning,
                                             "no cordon with drain disabled: {ctx}"
                                         );
-                                        assert!(
-                                            !s.record.was_unschedulable,
+                                        assert_ne!(
+                                            s.record.cordon,
+                                            Cordon::Theirs,
                                             "never cordon a node someone else cordoned: {ctx}"
                                         );
                                     }
                                     if s.commands.contains(&Command::Uncordon) {
                                         assert!(
-                                            !r.was_unschedulable && !s.record.was_unschedulable,
+                                            r.cordon != Cordon::Theirs
+                                                && s.record.cordon != Cordon::Theirs,
                                             "never uncordon an admin's cordon: {ctx}"
                                         );
                                     }
@@ -520,7 +521,7 @@ fn safety_properties_over_the_cross_product() {
                                             "start only with a slot and not paused: {ctx}"
                                         );
                                         assert!(
-                                            !o.host_managed || r.cordoned_by_us,
+                                            !o.host_managed || r.cordoned_by_us(),
                                             "never start on a host-managed node: {ctx}"
                                         );
                                     }
@@ -535,7 +536,7 @@ fn safety_properties_over_the_cross_product() {
                                         && s.record.reason.as_deref() != Some(reason::HOST_MANAGED)
                                     {
                                         assert!(
-                                            !s.record.cordoned_by_us,
+                                            !s.record.cordoned_by_us(),
                                             "Done never leaves our cordon behind: {ctx}"
                                         );
                                     }
@@ -568,4 +569,39 @@ fn safety_properties_over_the_cross_product() {
         }
     }
     assert!(checked > 50_000, "cross product too small: {checked}");
+}
+
+#[test]
+fn draining_never_ends_without_a_drain_plan() {
+    let o = Observation {
+        unschedulable: true,
+        drain: None,
+        now: 100_000,
+        ..obs()
+    };
+    let s = step(&rec(Draining), &o, &want());
+    assert_eq!(
+        s.record.state, Draining,
+        "no plan: neither Upgrading nor a timeout"
+    );
+    assert!(s.commands.is_empty(), "no plan: nothing to evict");
+}
+
+#[test]
+fn record_keeps_its_wire_format() {
+    // A record written by an earlier release (and by every release so far).
+    let theirs = r#"{"policy":"fleet","state":"Draining","target":"2.8.0","since":5,"cordonedByUs":false,"wasUnschedulable":true,"noDrain":false}"#;
+    let r: NodeRecord = serde_json::from_str(theirs).expect("old record parses");
+    assert_eq!(r.cordon, Cordon::Theirs);
+    let ours =
+        r#"{"policy":"fleet","state":"Draining","target":"2.8.0","since":5,"cordonedByUs":true}"#;
+    let r: NodeRecord = serde_json::from_str(ours).expect("old record parses");
+    assert_eq!(r.cordon, Cordon::Ours);
+    let back = serde_json::to_value(&r).expect("serializes");
+    assert_eq!(back["cordonedByUs"], true);
+    assert_eq!(back["wasUnschedulable"], false);
+    let none: NodeRecord =
+        serde_json::from_str(r#"{"policy":"fleet","state":"Pending","target":"2.8.0","since":5}"#)
+            .expect("minimal record parses");
+    assert_eq!(none.cordon, Cordon::None);
 }

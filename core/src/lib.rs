@@ -1,0 +1,19 @@
+//! The decisions of the driver manager, with no I/O, shared by every program
+//! that needs them: the controller carries them out, the kubectl plugin
+//! previews them, the simulated agent and the benchmark play along with them.
+//!
+//! | module | decides |
+//! |---|---|
+//! | [`node`] | what a Node says: ready, available, its labels, its persisted record, a retry request |
+//! | [`selection`] | which policy owns which node (oldest wins on overlap) |
+//! | [`machine`] | one node's next upgrade state and the commands that get it there |
+//! | [`reason`] | the bounded set of reasons a node's state carries |
+//! | [`drain`] | which pods a drain evicts, in which pass, and what blocks it |
+//! | [`rollout`] | which waiting nodes may start now under `maxUnavailable` |
+
+pub mod drain;
+pub mod machine;
+pub mod node;
+pub mod reason;
+pub mod rollout;
+pub mod selection;

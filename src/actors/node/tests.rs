@@ -1,0 +1,345 @@
+//! The NodeActor against recording fakes of the Labeler, Evictor, renderer and
+//! RolloutActor: what it asks for and writes, in which order.
+
+use std::sync::{Arc, Mutex};
+
+use clap::Parser;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector;
+use ttdrv_api::TenstorrentDriverPolicySpec;
+use ttdrv_core::drain::DrainProgress;
+use ttdrv_core::machine::{Cordon, InstallerPod};
+use ttdrv_core::reason;
+
+use super::*;
+use crate::config::Config;
+use crate::context::Stores;
+use crate::metrics::Metrics;
+
+const GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
+
+/// Plays every actor a NodeActor talks to; records what it was asked.
+struct Fake {
+    log: Arc<Mutex<Vec<String>>>,
+    /// The Node as the fake API server stores it (merge patches applied).
+    node: serde_json::Value,
+    grant: bool,
+}
+
+impl Actor for Fake {
+    type Context = actix::Context<Self>;
+}
+
+fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+impl Fake {
+    fn note(&self, s: String) {
+        if let Ok(mut l) = self.log.lock() {
+            l.push(s);
+        }
+    }
+}
+
+impl Handler<PatchNode> for Fake {
+    type Result = Result<Node>;
+    fn handle(&mut self, msg: PatchNode, _: &mut Self::Context) -> Result<Node> {
+        if !self.node.is_object() {
+            self.node = serde_json::json!({});
+        }
+        merge(&mut self.node, &msg.patch);
+        let state = msg.patch["metadata"]["annotations"][labels::UPGRADE_STATE]
+            .as_str()
+            .and_then(|r| serde_json::from_str::<NodeRecord>(r).ok())
+            .map(|r| r.state.as_str().to_string())
+            .unwrap_or_default();
+        let cordon = match msg.patch["spec"]["unschedulable"].as_bool() {
+            Some(true) => " cordon",
+            Some(false) => " uncordon",
+            None => "",
+        };
+        self.note(format!("patch {state}{cordon}"));
+        serde_json::from_value(self.node.clone()).map_err(|source| Error::Serialize {
+            what: "fake node",
+            source,
+        })
+    }
+}
+
+impl Handler<Evict> for Fake {
+    type Result = MessageResult<Evict>;
+    fn handle(&mut self, msg: Evict, _: &mut Self::Context) -> Self::Result {
+        let pods: Vec<String> = msg.pods.iter().map(|(p, _)| p.to_string()).collect();
+        self.note(format!("evict {}", pods.join(",")));
+        MessageResult(Default::default())
+    }
+}
+
+impl Handler<ReplaceInstallerPod> for Fake {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: ReplaceInstallerPod, _: &mut Self::Context) -> Result<()> {
+        self.note(format!("replace {}", msg.name));
+        Ok(())
+    }
+}
+
+impl Handler<AcquireSlot> for Fake {
+    type Result = bool;
+    fn handle(&mut self, _: AcquireSlot, _: &mut Self::Context) -> bool {
+        self.note(format!("acquire -> {}", self.grant));
+        self.grant
+    }
+}
+
+impl Handler<ReleaseSlot> for Fake {
+    type Result = ();
+    fn handle(&mut self, _: ReleaseSlot, _: &mut Self::Context) {
+        self.note("release".into());
+    }
+}
+
+fn context() -> Arc<Context> {
+    // Never connected to: Events fail to publish in the background.
+    let url = "http://127.0.0.1:9".parse().expect("url");
+    let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
+    let stores = Stores {
+        policies: reflector::store().0,
+        nodes: reflector::store().0,
+        pods: reflector::store().0,
+        pods_by_node: Default::default(),
+        daemonsets: reflector::store().0,
+        pdbs: reflector::store().0,
+    };
+    let config = Config::parse_from(["ttdrv-controller"]);
+    Arc::new(Context::new(
+        client,
+        config,
+        stores,
+        Arc::new(Metrics::new("test")),
+    ))
+}
+
+fn policy() -> Arc<TenstorrentDriverPolicy> {
+    Arc::new(TenstorrentDriverPolicy::new(
+        "fleet",
+        serde_json::from_value::<TenstorrentDriverPolicySpec>(serde_json::json!({
+            "version": "2.8.0",
+            "nodeAffinity": { "nodeSelectorTerms": [ { "matchLabels": { "pool": "a" } } ] }
+        }))
+        .expect("spec"),
+    ))
+}
+
+fn desired() -> Desired {
+    Desired {
+        policy: "fleet".into(),
+        version: "2.8.0".into(),
+        drain_enabled: true,
+        drain_timeout_seconds: 600,
+        upgrade_timeout_seconds: 900,
+        paused: false,
+    }
+}
+
+fn obs(loaded: &str) -> Observation {
+    Observation {
+        now: 1000,
+        unschedulable: false,
+        loaded: Some(loaded.into()),
+        host_managed: false,
+        installer: InstallerPod::Stale { deleting: false },
+        gates_closed: false,
+        gates_present: false,
+        drain: None,
+        retry_token: None,
+        slot: false,
+        installer_problem: None,
+    }
+}
+
+fn observe(obs: Observation, persisted: Option<NodeRecord>, evict: &[&str]) -> Observe {
+    Observe {
+        policy: policy(),
+        obs,
+        desired: desired(),
+        persisted,
+        evictions: evict
+            .iter()
+            .map(|p| {
+                (
+                    PodRef {
+                        namespace: "ml".into(),
+                        name: p.to_string(),
+                    },
+                    DrainPass::Device,
+                )
+            })
+            .collect(),
+        installer_pod: Some(PodRef {
+            namespace: "tt".into(),
+            name: "ttdrv-fleet-abc".into(),
+        }),
+        skipped: vec![],
+        gates: vec![GATE.to_string()],
+    }
+}
+
+/// A NodeActor wired to one fake; returns it and the fake's log.
+fn start(grant: bool, node: serde_json::Value) -> (Addr<NodeActor>, Arc<Mutex<Vec<String>>>) {
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let fake = Fake {
+        log: log.clone(),
+        node,
+        grant,
+    }
+    .start();
+    let ports = NodePorts {
+        patch: fake.clone().recipient(),
+        evict: fake.clone().recipient(),
+        replace_pod: fake.clone().recipient(),
+        acquire: fake.clone().recipient(),
+        release: fake.recipient(),
+    };
+    let actor = NodeActor::new(context(), "n1".into(), "fleet".into(), ports).start();
+    (actor, log)
+}
+
+fn entries(log: &Arc<Mutex<Vec<String>>>) -> Vec<String> {
+    log.lock().map(|l| l.clone()).unwrap_or_default()
+}
+
+#[actix::test]
+async fn refused_slot_means_no_cordon() {
+    let (actor, log) = start(false, serde_json::json!({}));
+    let rec = actor
+        .send(observe(obs("2.7.0"), None, &["w"]))
+        .await
+        .expect("mailbox")
+        .expect("step");
+    assert_eq!(rec.state, NodeState::Pending);
+    assert_eq!(rec.reason.as_deref(), Some(reason::WAITING));
+    assert_eq!(
+        entries(&log),
+        ["acquire -> false", "patch Pending"],
+        "asked, refused, only the waiting record written"
+    );
+}
+
+#[actix::test]
+async fn granted_slot_cordons_then_drains_on_the_stored_node() {
+    let (actor, log) = start(true, serde_json::json!({}));
+    let mut o = obs("2.7.0");
+    o.drain = Some(DrainProgress {
+        remaining: vec!["ml/w".into()],
+        blocking_pdbs: vec![],
+    });
+    let rec = actor
+        .send(observe(o, None, &["w"]))
+        .await
+        .expect("mailbox")
+        .expect("step");
+    assert_eq!(rec.state, NodeState::Draining);
+    assert_eq!(rec.cordon, Cordon::Ours);
+    assert_eq!(
+        entries(&log),
+        [
+            "acquire -> true",
+            "patch Cordoning cordon",
+            "patch Draining",
+            "evict ml/w"
+        ],
+        "slot first, cordon with the record, drain only on the API server's reply"
+    );
+}
+
+#[actix::test]
+async fn a_node_without_drain_plan_never_leaves_draining() {
+    let mut r = NodeRecord::new("fleet", "2.8.0", 900);
+    r.state = NodeState::Draining;
+    r.cordon = Cordon::Ours;
+    r.started = Some(900);
+    let (actor, log) = start(true, serde_json::json!({}));
+    let mut o = obs("2.7.0");
+    o.unschedulable = true;
+    o.gates_closed = true;
+    o.gates_present = true;
+    let rec = actor
+        .send(observe(o, Some(r.clone()), &[]))
+        .await
+        .expect("mailbox")
+        .expect("step");
+    assert_eq!(rec, r);
+    assert!(entries(&log).is_empty(), "{:?}", entries(&log));
+}
+
+#[actix::test]
+async fn done_gives_the_slot_back_after_uncordon() {
+    let mut r = NodeRecord::new("fleet", "2.8.0", 900);
+    r.state = NodeState::Upgrading;
+    r.cordon = Cordon::Ours;
+    r.started = Some(900);
+    let node = serde_json::json!({
+        "metadata": { "labels": { GATE: "false", labels::KMD_VERSION: "2.8.0" } },
+        "spec": { "unschedulable": true }
+    });
+    let (actor, log) = start(true, node);
+    let mut o = obs("2.8.0");
+    o.installer = InstallerPod::Current { ready: true };
+    o.unschedulable = true;
+    o.gates_closed = true;
+    o.gates_present = true;
+    let rec = actor
+        .send(observe(o, Some(r), &[]))
+        .await
+        .expect("mailbox")
+        .expect("step");
+    assert_eq!(rec.state, NodeState::Done);
+    assert_eq!(rec.cordon, Cordon::None);
+    // Release is sent without waiting for a reply; let the fake take it.
+    actix::clock::sleep(std::time::Duration::from_millis(20)).await;
+    assert_eq!(
+        entries(&log),
+        ["patch Uncordoning uncordon", "patch Done", "release"]
+    );
+}
+
+#[actix::test]
+async fn admins_cordon_is_never_lifted() {
+    let mut r = NodeRecord::new("fleet", "2.8.0", 900);
+    r.state = NodeState::Upgrading;
+    r.cordon = Cordon::Theirs;
+    r.started = Some(900);
+    let node = serde_json::json!({
+        "metadata": { "labels": { GATE: "false" } },
+        "spec": { "unschedulable": true }
+    });
+    let (actor, log) = start(true, node);
+    let mut o = obs("2.8.0");
+    o.installer = InstallerPod::Current { ready: true };
+    o.unschedulable = true;
+    o.gates_closed = true;
+    o.gates_present = true;
+    let rec = actor
+        .send(observe(o, Some(r), &[]))
+        .await
+        .expect("mailbox")
+        .expect("step");
+    assert_eq!(rec.state, NodeState::Done);
+    let log = entries(&log);
+    assert!(
+        log.iter().all(|l| !l.contains("uncordon")),
+        "someone else's cordon stays: {log:?}"
+    );
+}

@@ -1,0 +1,151 @@
+//! The merge patches the controller sends to Nodes. Each patch carries the
+//! record together with the cordon or gate change it accompanies, so the two
+//! are written together or not at all.
+
+use k8s_openapi::api::core::v1::Node;
+use ttdrv_api::labels;
+use ttdrv_core::machine::{Command, NodeRecord};
+
+use crate::observe::persisted_record;
+use crate::{Error, Result};
+
+/// Persists `record` together with the node-level commands of its step
+/// (cordon, uncordon, gates); the other commands act on pods, after it.
+pub fn record_patch(
+    record: &NodeRecord,
+    commands: &[Command],
+    gates: &[String],
+) -> Result<serde_json::Value> {
+    let rec = serde_json::to_string(record).map_err(|source| Error::Serialize {
+        what: "node record",
+        source,
+    })?;
+    let mut labels_patch = serde_json::Map::new();
+    let mut patch =
+        serde_json::json!({ "metadata": { "annotations": { labels::UPGRADE_STATE: rec } } });
+    for c in commands {
+        match c {
+            Command::Cordon => patch["spec"] = serde_json::json!({ "unschedulable": true }),
+            Command::Uncordon => patch["spec"] = serde_json::json!({ "unschedulable": false }),
+            Command::CloseGates => gates.iter().for_each(|g| {
+                labels_patch.insert(g.clone(), "false".into());
+            }),
+            Command::OpenGates => gates.iter().for_each(|g| {
+                labels_patch.insert(g.clone(), serde_json::Value::Null);
+            }),
+            Command::Evict | Command::DeleteInstallerPod => {}
+        }
+    }
+    if !labels_patch.is_empty() {
+        patch["metadata"]["labels"] = serde_json::Value::Object(labels_patch);
+    }
+    Ok(patch)
+}
+
+/// Claims a node for `policy`: the policy's DaemonSet requires the claim.
+pub fn claim_patch(policy: &str) -> serde_json::Value {
+    serde_json::json!({ "metadata": { "labels": { labels::CLAIM: policy } } })
+}
+
+/// Removes `policy`'s claim from a node it no longer owns, undoing our cordon
+/// and gates if a cycle was cut short (node relabelled or skipped mid-upgrade).
+pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json::Value {
+    let mut patch = serde_json::json!({ "metadata": { "labels": { labels::CLAIM: null }, "annotations": { labels::UPGRADE_STATE: null } } });
+    if let Some(rec) = persisted_record(node).filter(|r| r.policy == policy) {
+        if rec.cordoned_by_us() {
+            patch["spec"] = serde_json::json!({ "unschedulable": false });
+        }
+        if rec.state.is_in_progress() || rec.state == ttdrv_api::NodeState::Failed {
+            for g in gates {
+                patch["metadata"]["labels"][g] = serde_json::Value::Null;
+            }
+        }
+    }
+    patch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ttdrv_api::NodeState;
+    use ttdrv_core::machine::Cordon;
+
+    const GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
+
+    #[test]
+    fn cordon_and_record_travel_in_one_patch() {
+        let mut r = NodeRecord::new("fleet", "2.8.0", 1);
+        r.state = NodeState::Cordoning;
+        let gates = vec![GATE.to_string()];
+        let p = record_patch(&r, &[Command::Cordon, Command::CloseGates], &gates).expect("patch");
+        assert_eq!(p["spec"]["unschedulable"], true);
+        assert_eq!(p["metadata"]["labels"][GATE], "false");
+        let rec: NodeRecord = serde_json::from_str(
+            p["metadata"]["annotations"][labels::UPGRADE_STATE]
+                .as_str()
+                .expect("string"),
+        )
+        .expect("record parses");
+        assert_eq!(rec, r);
+        let p = record_patch(&r, &[Command::Uncordon, Command::OpenGates], &gates).expect("patch");
+        assert_eq!(p["spec"]["unschedulable"], false);
+        assert!(p["metadata"]["labels"][GATE].is_null());
+        let p = record_patch(&r, &[Command::Evict], &gates).expect("patch");
+        assert!(
+            p.get("spec").is_none(),
+            "eviction does not touch the node spec"
+        );
+    }
+
+    fn node_with(r: &NodeRecord) -> Node {
+        let mut n = Node::default();
+        n.metadata.annotations = Some(
+            [(
+                labels::UPGRADE_STATE.to_string(),
+                serde_json::to_string(r).expect("record"),
+            )]
+            .into(),
+        );
+        n
+    }
+
+    #[test]
+    fn release_undoes_only_our_cordon_and_an_unfinished_cycle() {
+        let gates = vec![GATE.to_string()];
+        let mut r = NodeRecord::new("fleet", "2.8.0", 1);
+        r.state = NodeState::Draining;
+        for (cordon, uncordons) in [
+            (Cordon::Ours, true),
+            (Cordon::Theirs, false),
+            (Cordon::None, false),
+        ] {
+            r.cordon = cordon;
+            let p = release_patch(&node_with(&r), "fleet", &gates);
+            assert_eq!(p.get("spec").is_some(), uncordons, "{cordon:?}");
+            assert!(p["metadata"]["labels"][GATE].is_null());
+            assert!(
+                p["metadata"]["labels"]
+                    .as_object()
+                    .is_some_and(|l| l.contains_key(GATE))
+            );
+        }
+        // Another policy's record: only our claim goes.
+        r.cordon = Cordon::Ours;
+        let p = release_patch(&node_with(&r), "other", &gates);
+        assert!(p.get("spec").is_none());
+        assert!(
+            !p["metadata"]["labels"]
+                .as_object()
+                .is_some_and(|l| l.contains_key(GATE))
+        );
+        // A finished cycle leaves other gates alone.
+        r.state = NodeState::Done;
+        r.cordon = Cordon::None;
+        let p = release_patch(&node_with(&r), "fleet", &gates);
+        assert!(
+            !p["metadata"]["labels"]
+                .as_object()
+                .is_some_and(|l| l.contains_key(GATE))
+        );
+    }
+}

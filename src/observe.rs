@@ -1,0 +1,194 @@
+//! What the caches say about one owned node, in the terms the state machine
+//! and the rollout planner use: the [`Observation`] a NodeActor steps on, the
+//! drain's next evictions, and the node's slot facts. Reads the reflector
+//! stores only (no client), so it is tested with stores fed by hand.
+
+use std::cell::OnceCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::reflector::ObjectRef;
+use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
+use ttdrv_core::drain::{self, DrainPass, PodRef};
+use ttdrv_core::machine::{InstallerPod, NodeRecord, Observation};
+use ttdrv_core::node;
+use ttdrv_core::rollout::Candidate;
+
+use crate::context::Stores;
+
+/// Everything a pass knows before it looks at its nodes.
+pub struct ObserveInput<'a> {
+    pub stores: &'a Stores,
+    /// Namespace of the installer pods.
+    pub namespace: &'a str,
+    pub policy: &'a TenstorrentDriverPolicy,
+    /// Template hash a current installer pod carries (empty: unknown yet).
+    pub template_hash: &'a str,
+    pub selector: &'a PodSelector,
+    pub gates: &'a [String],
+    pub now: i64,
+    /// Records the NodeActors handed back: fresher than the Nodes' annotations.
+    pub records: &'a HashMap<String, NodeRecord>,
+    /// PDBs, read once per pass and only if a node drains.
+    pub pdbs: OnceCell<Vec<Arc<PodDisruptionBudget>>>,
+}
+
+/// One node as a pass sees it.
+#[derive(Clone, Debug)]
+pub struct NodeView {
+    pub obs: Observation,
+    /// The record persisted on the Node for this policy, if readable.
+    pub persisted: Option<NodeRecord>,
+    /// Pods to evict now (pass 1 first); empty unless a drain was planned.
+    pub evictions: Vec<(PodRef, DrainPass)>,
+    pub installer_pod: Option<PodRef>,
+    /// Pods the drain leaves in place, with why (reported when it ends).
+    pub skipped: Vec<String>,
+    pub has_device_pods: bool,
+    /// NotReady, or cordoned by someone else.
+    pub externally_unavailable: bool,
+}
+
+impl NodeView {
+    /// The node's slot facts for the rollout planner.
+    pub fn candidate(&self, name: &str, rec: Option<&NodeRecord>) -> Candidate {
+        let state = rec.map_or(NodeState::Pending, |r| r.state);
+        Candidate {
+            name: name.to_string(),
+            wants_slot: state == NodeState::Pending,
+            in_progress: rec.is_some_and(NodeRecord::occupies_slot),
+            unavailable: self.externally_unavailable,
+            failed: state == NodeState::Failed,
+            has_device_pods: self.has_device_pods,
+        }
+    }
+}
+
+impl<'a> ObserveInput<'a> {
+    fn policy_name(&self) -> &str {
+        self.policy.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// Observes `name`, or `None` when the node is not in the cache. The drain
+    /// is planned when `starting` (the node was just granted a slot and may
+    /// cordon and enter Draining within one step) or when either the actor's
+    /// or the persisted record is in Cordoning or Draining: the plan must never
+    /// be missing when a node could leave Draining.
+    pub fn node(&self, name: &str, starting: bool) -> Option<NodeView> {
+        let node = self.stores.nodes.get(&ObjectRef::new(name))?;
+        let pods = self.stores.pods_by_node.on_node(&self.stores.pods, name);
+        let policy_name = self.policy_name();
+        let installer = pods.iter().map(Arc::as_ref).find(|p| {
+            p.metadata.namespace.as_deref() == Some(self.namespace)
+                && p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(labels::CLAIM))
+                    .map(String::as_str)
+                    == Some(policy_name)
+        });
+        let persisted = persisted_record(&node).filter(|r| r.policy == policy_name);
+        let live = self.records.get(name);
+        let rec = live.or(persisted.as_ref());
+        let plan = drain::plan_drain(
+            pods.iter().map(Arc::as_ref),
+            &self.policy.spec.upgrade_policy.drain,
+            self.selector,
+        );
+        let draining = starting
+            || [live, persisted.as_ref()]
+                .into_iter()
+                .flatten()
+                .any(|r| matches!(r.state, NodeState::Draining | NodeState::Cordoning));
+        let (progress, evictions, skipped) = if draining {
+            let pdbs = self.pdbs.get_or_init(|| self.stores.pdbs.state());
+            let pdbs: Vec<&PodDisruptionBudget> = pdbs.iter().map(Arc::as_ref).collect();
+            let step = drain::sequence(&plan, pods.iter().map(Arc::as_ref), &pdbs);
+            (Some(step.progress), step.evict, plan.reportable_skips())
+        } else {
+            (None, vec![], vec![])
+        };
+        let label = |k: &str| node::label(&node, k);
+        let obs = Observation {
+            now: self.now,
+            unschedulable: node::unschedulable(&node),
+            loaded: label(labels::KMD_VERSION).map(String::from),
+            host_managed: label(labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST),
+            installer: installer_state(installer, self.template_hash),
+            gates_closed: self.gates.iter().all(|g| label(g) == Some("false")),
+            gates_present: self.gates.iter().any(|g| label(g).is_some()),
+            drain: progress,
+            retry_token: node::retry_token(&node).map(String::from),
+            slot: false,
+            installer_problem: installer.and_then(installer_problem),
+        };
+        let externally_unavailable =
+            node::externally_unavailable(&node, rec.is_some_and(NodeRecord::cordoned_by_us));
+        Some(NodeView {
+            obs,
+            persisted,
+            evictions,
+            installer_pod: installer.map(PodRef::of),
+            skipped,
+            has_device_pods: plan.has_device_users(),
+            externally_unavailable,
+        })
+    }
+}
+
+/// The record persisted on the Node; an unreadable one is logged and treated
+/// as absent (the node then starts from Pending, with its cordon seen afresh).
+pub fn persisted_record(node: &Node) -> Option<NodeRecord> {
+    match node::record(node) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(node = node.metadata.name.as_deref().unwrap_or(""), error = %e, "ignoring unreadable upgrade record");
+            None
+        }
+    }
+}
+
+fn installer_state(pod: Option<&Pod>, hash: &str) -> InstallerPod {
+    let Some(p) = pod else {
+        return InstallerPod::Missing;
+    };
+    let pod_hash = p
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(labels::TEMPLATE_HASH))
+        .map(String::as_str);
+    if pod_hash == Some(hash) && !hash.is_empty() {
+        InstallerPod::Current {
+            ready: p.metadata.deletion_timestamp.is_none() && node::pod_ready(p),
+        }
+    } else {
+        InstallerPod::Stale {
+            deleting: p.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// Why the installer pod is unhealthy, for failure messages.
+fn installer_problem(pod: &Pod) -> Option<String> {
+    let st = pod.status.as_ref()?;
+    for cs in st.container_statuses.iter().flatten() {
+        if let Some(t) = cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()) {
+            return Some(format!(
+                "restarted {} time(s), last exit {}: {}",
+                cs.restart_count,
+                t.exit_code,
+                t.message.clone().or(t.reason.clone()).unwrap_or_default()
+            ));
+        }
+        if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+            return Some(format!("waiting: {}", w.reason.clone().unwrap_or_default()));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

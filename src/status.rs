@@ -1,0 +1,240 @@
+//! The policy's `status`, built from the node records: the summary, one entry
+//! per node, and the conditions (each with `observedGeneration`, keeping
+//! `lastTransitionTime` while its status holds). Pure: the supervisor decides
+//! when to write it.
+
+use std::collections::{HashMap, HashSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use ttdrv_api::{
+    NodeState, NodeStatus, Summary, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus,
+    condition,
+};
+use ttdrv_core::machine::NodeRecord;
+use ttdrv_core::reason;
+
+/// What the agent reported on a node (its labels), for `status.nodes[]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reported {
+    pub version: Option<String>,
+    pub install_mode: Option<String>,
+}
+
+/// Everything the status is made of besides the records.
+pub struct StatusInput<'a> {
+    pub policy: &'a TenstorrentDriverPolicy,
+    pub records: &'a HashMap<String, NodeRecord>,
+    /// Nodes with device users (listed last, as the rollout takes them).
+    pub device_users: &'a HashSet<String>,
+    /// Nodes also matched by older policies, with their owner.
+    pub conflicts: &'a [(String, String)],
+    /// Why the rollout cannot start more nodes now, if it cannot.
+    pub blocked: Option<&'a str>,
+    pub daemonset: &'a str,
+    pub previous: Option<&'a TenstorrentDriverPolicyStatus>,
+    pub now: Timestamp,
+}
+
+/// Per-state counts and the failure messages, from every record.
+pub fn summarize(records: &HashMap<String, NodeRecord>) -> (Summary, Vec<String>) {
+    let mut summary = Summary {
+        matched: records.len() as i32,
+        ..Default::default()
+    };
+    let mut failed = Vec::new();
+    for (n, r) in records {
+        let host = r.reason.as_deref() == Some(reason::HOST_MANAGED);
+        match r.state {
+            NodeState::Done if host => summary.host_managed += 1,
+            NodeState::Done => summary.done += 1,
+            NodeState::Pending => summary.pending += 1,
+            NodeState::Failed => {
+                summary.failed += 1;
+                failed.push(format!("{n}: {}", r.message.as_deref().unwrap_or("")));
+            }
+            _ => summary.in_progress += 1,
+        }
+    }
+    failed.sort();
+    (summary, failed)
+}
+
+/// The status of each condition, in the order [`build`] lists them: Ready,
+/// Progressing, Degraded, Paused, Conflict. A flip of any of them makes a
+/// status write urgent.
+pub fn condition_flags(summary: &Summary, paused: bool, conflicts: bool) -> [bool; 5] {
+    let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed == 0;
+    [
+        settled && !paused,
+        !settled && summary.failed == 0 && !paused,
+        summary.failed > 0,
+        paused,
+        conflicts,
+    ]
+}
+
+/// The flags of a written status, in the same order.
+pub fn flags_of(status: &TenstorrentDriverPolicyStatus) -> Vec<bool> {
+    status
+        .conditions
+        .iter()
+        .map(|c| c.status == "True")
+        .collect()
+}
+
+/// One condition; `lastTransitionTime` is kept while its status is unchanged,
+/// so the status is only rewritten when something actually changed.
+fn cond(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    input: &StatusInput<'_>,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let last = input
+        .previous
+        .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
+        .filter(|c| c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| {
+            Time(
+                input
+                    .now
+                    .round(k8s_openapi::jiff::Unit::Second)
+                    .unwrap_or(input.now),
+            )
+        });
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: input.policy.metadata.generation,
+        last_transition_time: last,
+    }
+}
+
+/// The whole status; `reported` gives what each node's labels say.
+pub fn build(
+    input: &StatusInput<'_>,
+    reported: impl Fn(&str) -> Reported,
+) -> TenstorrentDriverPolicyStatus {
+    let policy = input.policy;
+    let device = input.device_users;
+    // The rollout's order: nodes without device users first, then by name.
+    let mut names: Vec<&String> = input.records.keys().collect();
+    names.sort_by(|a, b| (device.contains(*a), a).cmp(&(device.contains(*b), b)));
+    let (summary, failed) = summarize(input.records);
+    let nodes = names
+        .into_iter()
+        .map(|n| {
+            let r = &input.records[n];
+            let now = reported(n);
+            NodeStatus {
+                name: n.clone(),
+                state: r.state,
+                current_version: now.version,
+                install_mode: now.install_mode,
+                reason: r.reason.clone(),
+                message: r.message.clone(),
+                last_transition_time: Timestamp::from_second(r.since).ok().map(Time),
+            }
+        })
+        .collect();
+    let paused = policy.spec.paused;
+    let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed == 0;
+    let [ready, progressing, degraded, _, conflicted] =
+        condition_flags(&summary, paused, !input.conflicts.is_empty());
+    let conflicts: Vec<String> = input
+        .conflicts
+        .iter()
+        .map(|(n, o)| format!("{n} (owned by {o})"))
+        .collect();
+    let conditions = vec![
+        cond(
+            condition::READY,
+            ready,
+            if settled {
+                "RolloutComplete"
+            } else {
+                "RolloutIncomplete"
+            },
+            format!(
+                "{} of {} node(s) run {} ({} host-managed)",
+                summary.done, summary.matched, policy.spec.version, summary.host_managed
+            ),
+            input,
+        ),
+        cond(
+            condition::PROGRESSING,
+            progressing,
+            if paused {
+                "Paused"
+            } else if settled {
+                "Idle"
+            } else {
+                "Upgrading"
+            },
+            input.blocked.map(String::from).unwrap_or_else(|| {
+                format!(
+                    "{} in progress, {} pending",
+                    summary.in_progress, summary.pending
+                )
+            }),
+            input,
+        ),
+        cond(
+            condition::DEGRADED,
+            degraded,
+            if summary.failed > 0 {
+                "NodeFailed"
+            } else {
+                "AsExpected"
+            },
+            failed.join("; "),
+            input,
+        ),
+        cond(
+            condition::PAUSED,
+            paused,
+            if paused { "PausedBySpec" } else { "Running" },
+            if paused {
+                "spec.paused is true: nothing new starts; the DaemonSet is left as is".into()
+            } else {
+                String::new()
+            },
+            input,
+        ),
+        cond(
+            condition::CONFLICT,
+            conflicted,
+            if conflicts.is_empty() {
+                "NoOverlap"
+            } else {
+                "SelectorOverlap"
+            },
+            if conflicts.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "nodes matched by an older policy are left to it: {}",
+                    conflicts.join(", ")
+                )
+            },
+            input,
+        ),
+    ];
+    TenstorrentDriverPolicyStatus {
+        observed_generation: policy.metadata.generation,
+        conditions,
+        desired_version: Some(policy.spec.version.clone()),
+        summary,
+        daemon_set: Some(input.daemonset.to_string()),
+        nodes,
+    }
+}
+
+#[cfg(test)]
+mod tests;

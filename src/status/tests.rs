@@ -1,0 +1,255 @@
+//! Table tests of the status and its conditions.
+
+use super::*;
+use ttdrv_api::TenstorrentDriverPolicySpec;
+
+fn policy(paused: bool, generation: i64) -> TenstorrentDriverPolicy {
+    let mut p = TenstorrentDriverPolicy::new(
+        "fleet",
+        serde_json::from_value::<TenstorrentDriverPolicySpec>(serde_json::json!({
+            "version": "2.8.0",
+            "paused": paused,
+            "nodeAffinity": { "nodeSelectorTerms": [ { "matchLabels": { "pool": "a" } } ] }
+        }))
+        .expect("spec"),
+    );
+    p.metadata.generation = Some(generation);
+    p
+}
+
+fn rec(state: NodeState, reason: Option<&str>, message: Option<&str>) -> NodeRecord {
+    let mut r = NodeRecord::new("fleet", "2.8.0", 50);
+    r.state = state;
+    r.reason = reason.map(String::from);
+    r.message = message.map(String::from);
+    r
+}
+
+fn records(list: &[(&str, NodeRecord)]) -> HashMap<String, NodeRecord> {
+    list.iter()
+        .map(|(n, r)| (n.to_string(), r.clone()))
+        .collect()
+}
+
+fn status_of(
+    policy: &TenstorrentDriverPolicy,
+    records: &HashMap<String, NodeRecord>,
+    device: &HashSet<String>,
+    conflicts: &[(String, String)],
+    previous: Option<&TenstorrentDriverPolicyStatus>,
+    now: i64,
+) -> TenstorrentDriverPolicyStatus {
+    let input = StatusInput {
+        policy,
+        records,
+        device_users: device,
+        conflicts,
+        blocked: None,
+        daemonset: "ttdrv-fleet",
+        previous,
+        now: Timestamp::from_second(now).expect("time"),
+    };
+    build(&input, |n| Reported {
+        version: Some(format!("v-{n}")),
+        install_mode: None,
+    })
+}
+
+fn conditions(s: &TenstorrentDriverPolicyStatus) -> Vec<(String, String, String)> {
+    s.conditions
+        .iter()
+        .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+        .collect()
+}
+
+fn c(t: &str, s: &str, r: &str) -> (String, String, String) {
+    (t.into(), s.into(), r.into())
+}
+
+/// (name, records, paused, conflicts, expected (type, status, reason) per condition)
+type Row<'a> = (
+    &'a str,
+    Vec<(&'a str, NodeRecord)>,
+    bool,
+    &'a [(String, String)],
+    Vec<(String, String, String)>,
+);
+
+#[test]
+fn conditions_table() {
+    let done = rec(NodeState::Done, Some(reason::UPGRADED), None);
+    let host = rec(NodeState::Done, Some(reason::HOST_MANAGED), None);
+    let pending = rec(NodeState::Pending, Some(reason::WAITING), None);
+    let draining = rec(NodeState::Draining, Some(reason::DRAIN), None);
+    let failed = rec(
+        NodeState::Failed,
+        Some(reason::DRAIN_TIMEOUT),
+        Some("stuck"),
+    );
+    let conflict = vec![("n9".to_string(), "older".to_string())];
+    let rows: Vec<Row<'_>> = vec![
+        (
+            "settled",
+            vec![("a", done.clone()), ("b", host.clone())],
+            false,
+            &[],
+            vec![
+                c("Ready", "True", "RolloutComplete"),
+                c("Progressing", "False", "Idle"),
+                c("Degraded", "False", "AsExpected"),
+                c("Paused", "False", "Running"),
+                c("Conflict", "False", "NoOverlap"),
+            ],
+        ),
+        (
+            "rolling",
+            vec![
+                ("a", done.clone()),
+                ("b", draining.clone()),
+                ("c", pending.clone()),
+            ],
+            false,
+            &[],
+            vec![
+                c("Ready", "False", "RolloutIncomplete"),
+                c("Progressing", "True", "Upgrading"),
+                c("Degraded", "False", "AsExpected"),
+                c("Paused", "False", "Running"),
+                c("Conflict", "False", "NoOverlap"),
+            ],
+        ),
+        (
+            "failed halts progress",
+            vec![("a", failed.clone()), ("c", pending.clone())],
+            false,
+            &[],
+            vec![
+                c("Ready", "False", "RolloutIncomplete"),
+                c("Progressing", "False", "Upgrading"),
+                c("Degraded", "True", "NodeFailed"),
+                c("Paused", "False", "Running"),
+                c("Conflict", "False", "NoOverlap"),
+            ],
+        ),
+        (
+            "paused, settled",
+            vec![("a", done.clone())],
+            true,
+            &[],
+            vec![
+                c("Ready", "False", "RolloutComplete"),
+                c("Progressing", "False", "Paused"),
+                c("Degraded", "False", "AsExpected"),
+                c("Paused", "True", "PausedBySpec"),
+                c("Conflict", "False", "NoOverlap"),
+            ],
+        ),
+        (
+            "conflict",
+            vec![("a", done.clone())],
+            false,
+            &conflict,
+            vec![
+                c("Ready", "True", "RolloutComplete"),
+                c("Progressing", "False", "Idle"),
+                c("Degraded", "False", "AsExpected"),
+                c("Paused", "False", "Running"),
+                c("Conflict", "True", "SelectorOverlap"),
+            ],
+        ),
+    ];
+    for (name, recs, paused, conflicts, want) in rows {
+        let p = policy(paused, 3);
+        let s = status_of(&p, &records(&recs), &HashSet::new(), conflicts, None, 100);
+        assert_eq!(conditions(&s), want, "row: {name}");
+        assert!(
+            s.conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(3)),
+            "row: {name}: every condition carries the generation"
+        );
+        assert_eq!(s.observed_generation, Some(3));
+        let (summary, _) = summarize(&records(&recs));
+        assert_eq!(
+            flags_of(&s),
+            condition_flags(&summary, paused, !conflicts.is_empty()),
+            "row: {name}: urgency flags follow the written conditions"
+        );
+    }
+}
+
+#[test]
+fn summary_counts_and_messages() {
+    let recs = records(&[
+        ("a", rec(NodeState::Done, Some(reason::UPGRADED), None)),
+        ("b", rec(NodeState::Done, Some(reason::HOST_MANAGED), None)),
+        (
+            "c",
+            rec(
+                NodeState::Failed,
+                Some(reason::UPGRADE_TIMEOUT),
+                Some("late"),
+            ),
+        ),
+        ("d", rec(NodeState::Uncordoning, None, None)),
+        ("e", rec(NodeState::Pending, None, None)),
+    ]);
+    let (s, failed) = summarize(&recs);
+    assert_eq!(
+        (
+            s.matched,
+            s.done,
+            s.host_managed,
+            s.failed,
+            s.in_progress,
+            s.pending
+        ),
+        (5, 1, 1, 1, 1, 1)
+    );
+    assert_eq!(failed, ["c: late"]);
+    let p = policy(false, 1);
+    let st = status_of(&p, &recs, &HashSet::new(), &[], None, 100);
+    let degraded = &st.conditions[2];
+    assert_eq!(degraded.message, "c: late");
+}
+
+#[test]
+fn nodes_listed_in_rollout_order_with_reported_labels() {
+    let recs = records(&[
+        ("a", rec(NodeState::Pending, None, None)),
+        ("b", rec(NodeState::Pending, None, None)),
+        ("c", rec(NodeState::Pending, None, None)),
+    ]);
+    let device: HashSet<String> = ["a".to_string()].into();
+    let p = policy(false, 1);
+    let s = status_of(&p, &recs, &device, &[], None, 100);
+    let names: Vec<&str> = s.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["b", "c", "a"], "device users last");
+    assert_eq!(s.nodes[0].current_version.as_deref(), Some("v-b"));
+    assert_eq!(s.daemon_set.as_deref(), Some("ttdrv-fleet"));
+    assert_eq!(s.desired_version.as_deref(), Some("2.8.0"));
+}
+
+#[test]
+fn transition_time_kept_while_status_holds() {
+    let recs = records(&[("a", rec(NodeState::Done, Some(reason::UPGRADED), None))]);
+    let p = policy(false, 1);
+    let first = status_of(&p, &recs, &HashSet::new(), &[], None, 100);
+    let again = status_of(&p, &recs, &HashSet::new(), &[], Some(&first), 500);
+    assert_eq!(
+        first, again,
+        "nothing changed: the same status, nothing to write"
+    );
+    let pending = records(&[("a", rec(NodeState::Pending, None, None))]);
+    let flipped = status_of(&p, &pending, &HashSet::new(), &[], Some(&first), 500);
+    assert_eq!(flipped.conditions[0].status, "False");
+    assert_eq!(
+        flipped.conditions[0].last_transition_time.0.as_second(),
+        500,
+        "a flip takes the new time"
+    );
+    assert_eq!(
+        flipped.conditions[2].last_transition_time, first.conditions[2].last_transition_time,
+        "Degraded did not flip"
+    );
+}
