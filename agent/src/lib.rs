@@ -12,6 +12,7 @@ pub mod build;
 pub mod cache;
 pub mod error;
 pub mod fake;
+pub mod holder;
 pub mod holders;
 pub mod host;
 pub mod kbuild;
