@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::holders::Holder;
+use crate::holder::Holder;
 
 /// What happened when the agent tried to put the previous module back after
 /// the new one failed to load.

@@ -1,48 +1,13 @@
 //! Processes holding the device: a walk of `<root>/proc/*/fd` for links into
 //! /dev/tenstorrent (fuser misses them across mount namespaces), with each
 //! PID's command name and, where its cgroup path tells, pod UID and container.
+//! The [`Holder`] type itself lives in [`crate::holder`] (re-exported here).
 
-use std::fmt;
 use std::fs;
 use std::path::Path;
 
-use serde::Serialize;
-
+pub use crate::holder::Holder;
 use crate::host::HostRoot;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Holder {
-    pub pid: u32,
-    /// `/proc/<pid>/comm`.
-    pub comm: String,
-    /// Device files the process holds open, e.g. `/dev/tenstorrent/0`.
-    pub devices: Vec<String>,
-    /// Pod UID from the cgroup path, when the process runs in a pod.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pod_uid: Option<String>,
-    /// `namespace/name` of that pod, when the API server told us.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pod: Option<String>,
-    /// Container ID from the cgroup path.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub container_id: Option<String>,
-}
-
-impl fmt::Display for Holder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pid {} ({})", self.pid, self.comm)?;
-        match (&self.pod, &self.pod_uid) {
-            (Some(pod), _) => write!(f, " in pod {pod}")?,
-            (None, Some(uid)) => write!(f, " in pod uid {uid}")?,
-            _ => {}
-        }
-        if let Some(c) = &self.container_id {
-            let short: String = c.chars().take(12).collect();
-            write!(f, " container {short}")?;
-        }
-        Ok(())
-    }
-}
 
 /// Every process under `<root>/proc` with an open file in /dev/tenstorrent,
 /// sorted by PID. Processes that vanish during the walk are skipped.

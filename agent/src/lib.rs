@@ -6,12 +6,29 @@
 //! the device (or kills the holders with force-unload), loads the target
 //! version from the host's cache or builds it from source, installs tt-smi
 //! and labels its own Node. See docs/agent.md.
+//!
+//! Modules bottom-up; each uses only modules listed above it:
+//!
+//! - [`holder`]: a process holding /dev/tenstorrent (PID, comm, pod, container), plain data.
+//! - [`kernel`]: loading/unloading the module and killing holders, behind traits.
+//! - [`node`]: the agent's own Node labels and pod names, behind a trait.
+//! - [`error`]: [`AgentError`] and [`Rollback`]; uses `holder`.
+//! - [`host`]: [`HostRoot`]: host paths, kernel release, module state, version checks; uses `error`.
+//! - [`holders`]: the /proc walk that finds holders; uses `holder`, `host`.
+//! - [`modinfo`]: a module file's `.modinfo` version; uses `error`.
+//! - [`build`]: building the module with git and make; uses `error`, `host`.
+//! - [`cache`]: the module cache on the host; uses `error`, `host`, `modinfo`.
+//! - [`kbuild`]: linking the host's Debian kbuild trees for a build; uses `error`, `host`.
+//! - [`agent`]: the run sequence and its decisions; uses all of the above.
+//! - [`status`]: the `status` subcommand's report; uses `agent`, `cache`, `holders`, `host`.
+//! - [`fake`]: fake kernel, builder and host for tests; uses `build`, `error`, `host`, `kernel`, `modinfo`.
 
 pub mod agent;
 pub mod build;
 pub mod cache;
 pub mod error;
 pub mod fake;
+pub mod holder;
 pub mod holders;
 pub mod host;
 pub mod kbuild;

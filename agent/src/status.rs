@@ -6,7 +6,8 @@ use serde::Serialize;
 
 use crate::agent::TT_SMI_HOST_PATH;
 use crate::cache::{Cache, CacheEntry};
-use crate::holders::{Holder, find_holders};
+use crate::holder::Holder;
+use crate::holders::find_holders;
 use crate::host::{HostRoot, ModuleState, version_matches};
 
 #[derive(Debug, Serialize)]

@@ -1,0 +1,40 @@
+//! A process holding /dev/tenstorrent open, as plain data: what the /proc walk
+//! (`holders`) finds and what errors list. Depends on no other module.
+
+use std::fmt;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Holder {
+    pub pid: u32,
+    /// `/proc/<pid>/comm`.
+    pub comm: String,
+    /// Device files the process holds open, e.g. `/dev/tenstorrent/0`.
+    pub devices: Vec<String>,
+    /// Pod UID from the cgroup path, when the process runs in a pod.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// `namespace/name` of that pod, when the API server told us.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// Container ID from the cgroup path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+}
+
+impl fmt::Display for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pid {} ({})", self.pid, self.comm)?;
+        match (&self.pod, &self.pod_uid) {
+            (Some(pod), _) => write!(f, " in pod {pod}")?,
+            (None, Some(uid)) => write!(f, " in pod uid {uid}")?,
+            _ => {}
+        }
+        if let Some(c) = &self.container_id {
+            let short: String = c.chars().take(12).collect();
+            write!(f, " container {short}")?;
+        }
+        Ok(())
+    }
+}
