@@ -923,6 +923,118 @@ mod tests {
         found.first().map(|s| s.value)
     }
 
+    /// The text of a scrape, with the one wall-clock value
+    /// (`ttdriver_last_successful_reconcile_timestamp_seconds`) checked to be
+    /// about now and then replaced by `<now>`, so the text is reproducible.
+    fn render_stable(m: &Metrics) -> String {
+        let (_, body) = m.encode();
+        let text = String::from_utf8(body).expect("utf-8");
+        let mut out = String::with_capacity(text.len());
+        for line in text.split_inclusive('\n') {
+            match line.strip_prefix("ttdriver_last_successful_reconcile_timestamp_seconds{") {
+                Some(_) => {
+                    let (series, v) = line.trim_end().rsplit_once(' ').expect("sample line");
+                    let v: f64 = v.parse().expect("timestamp");
+                    assert!((v - now_unix_seconds()).abs() < 60.0, "{line}");
+                    out.push_str(series);
+                    out.push_str(" <now>\n");
+                }
+                None => out.push_str(line),
+            }
+        }
+        out
+    }
+
+    /// Compares `got` with `tests/golden/<file>`; `UPDATE_GOLDEN=1 cargo test` rewrites it.
+    fn assert_golden(file: &str, got: &str) {
+        let path = format!("{}/tests/golden/{file}", env!("CARGO_MANIFEST_DIR"));
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, got).expect("write golden");
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e} (UPDATE_GOLDEN=1 to create)"));
+        assert!(got == want, "/metrics output differs from {path}:\n{got}");
+    }
+
+    /// Golden snapshot of the whole /metrics text after a fixed sequence of calls
+    /// that reaches every family and every public method, then after losing the
+    /// lease. Guards names, labels, help texts, ordering, escaping and number
+    /// formatting byte for byte.
+    #[test]
+    fn golden_metrics_text() {
+        use NodeState::*;
+        let m = Metrics::new("0.1.0-golden");
+        m.set_leader(true);
+        m.set_node_state("fleet", "n1", Upgrading);
+        m.set_node_state("fleet", "n2", Pending);
+        m.set_node_state("fleet", "n2", Cordoning);
+        m.set_node_state("gone", "n1", Draining);
+        m.set_node_state_since("fleet", "n1", 1_700_000_000.5);
+        m.set_node_state_since("ab", "c", 1.0);
+        m.set_node_state_since("a", "bc", 2.0);
+        m.set_node_state_since("gone", "n1", 3.0);
+        let gate = "tenstorrent.com/deploy.tt-telemetry";
+        m.set_deploy_gate_closed("fleet", "n1", gate, true);
+        m.set_deploy_gate_closed("fleet", "n2", gate, false);
+        m.set_deploy_gate_closed("fleet", "n3", gate, true);
+        m.observe_transition("fleet", Pending, Cordoning, 0.25);
+        m.observe_transition("fleet", Cordoning, Draining, 3.0);
+        m.observe_transition("fleet", Draining, Upgrading, 42.0);
+        m.observe_transition("fleet", Draining, Upgrading, 7000.0);
+        m.observe_transition("fleet", Upgrading, Failed, f64::NAN);
+        m.observe_transition("fleet", Failed, Pending, -1.0);
+        m.observe_transition("gone", Pending, Cordoning, 1.0);
+        m.observe_node_upgrade("fleet", 400.0);
+        m.observe_node_upgrade("fleet", 9000.0);
+        m.observe_node_upgrade("fleet", -5.0);
+        m.inc_failure("fleet", "DrainTimeout");
+        m.inc_failure("fleet", "something the kernel said");
+        m.set_policy_nodes(
+            "fleet",
+            &[(Done, 3), (Pending, 1), (Pending, 1), (Upgrading, 1)],
+        );
+        m.set_policy_host_managed("fleet", 2);
+        m.set_policy_nodes("gone", &[(Draining, 1)]);
+        m.set_policy_paused("fleet", false);
+        m.set_policy_paused("paused", true);
+        m.set_desired_version("fleet", "2.7.0");
+        m.set_desired_version("fleet", "2.8.0");
+        m.set_desired_version("fleet1", "12.8.0");
+        m.set_desired_version("gone", "2.8.0");
+        m.set_nodes_by_kmd_version(&[("2.7.0".into(), "container".into(), 1)]);
+        m.set_nodes_by_kmd_version(&[
+            ("2.8.0".into(), "container".into(), 2),
+            ("2.8.0".into(), "container".into(), 1),
+            ("2.8.0".into(), "host".into(), 2),
+            ("".into(), "none".into(), 1),
+        ]);
+        m.inc_evicted("fleet", "device");
+        m.inc_evicted("fleet", "device");
+        m.inc_evicted("fleet", "full");
+        m.inc_drain_blocked("fleet", "full");
+        m.inc_error("fleet", "render");
+        m.inc_error("fleet", "we\"ird\\name\nx");
+        m.inc_error("gone", "kube_api");
+        m.set_last_successful_reconcile("fleet");
+        m.set_last_successful_reconcile("gone");
+        m.observe_reconcile("fleet", 0.03, true);
+        m.observe_reconcile("fleet", 0.2, false);
+        m.observe_reconcile("fleet", 120.0, true);
+        m.observe_reconcile("fleet", -1.0, true);
+        m.set_rollout_budget("fleet", 2, 1);
+        m.set_rollout_budget("gone", 1, 1);
+        m.inc_actor_restart("node");
+        m.inc_actor_restart("node");
+        m.inc_actor_restart("policy_supervisor");
+        m.inc_mailbox_full("evictor");
+        m.forget_node("fleet", "n3");
+        m.forget_policy("gone");
+        assert_golden("metrics.txt", &render_stable(&m));
+
+        m.set_leader(false);
+        assert_golden("metrics-lease-lost.txt", &render_stable(&m));
+    }
+
     #[test]
     fn metrics_is_send_and_sync() {
         fn assert_send_sync<T: Send + Sync + 'static>() {}
