@@ -21,15 +21,16 @@
 //!
 //! `Metrics` is `Send + Sync`; share it behind an `Arc`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use prometheus::core::{Collector, Desc};
-use prometheus::proto;
-use prometheus::{Encoder, Registry, TextEncoder};
 use ttdrv_api::NodeState;
+
+mod family;
+
+use family::{Families, Family, Value};
 
 /// Content type of the text exposition format this module writes.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -68,238 +69,6 @@ pub const RECONCILE_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Gauge,
-    Counter,
-    Histogram(&'static [f64]),
-}
-
-#[derive(Clone, Debug)]
-enum Value {
-    Scalar(f64),
-    /// Per-bucket (not cumulative) counts, one per bound, plus the overflow.
-    Histogram {
-        counts: Vec<u64>,
-        sum: f64,
-        count: u64,
-    },
-}
-
-/// One metric family: a name, fixed label names and the live series.
-#[derive(Debug)]
-struct Family {
-    desc: Desc,
-    labels: &'static [&'static str],
-    kind: Kind,
-    series: Mutex<BTreeMap<Vec<String>, Value>>,
-}
-
-impl Family {
-    fn new(name: &str, help: &str, labels: &'static [&'static str], kind: Kind) -> Arc<Self> {
-        let desc = Desc::new(
-            name.to_string(),
-            help.to_string(),
-            labels.iter().map(|l| l.to_string()).collect(),
-            Default::default(),
-        )
-        .unwrap_or_else(|e| panic!("metric {name}: invalid descriptor: {e}"));
-        Arc::new(Family {
-            desc,
-            labels,
-            kind,
-            series: Mutex::new(BTreeMap::new()),
-        })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<Vec<String>, Value>> {
-        // A panic while holding the lock leaves the map consistent (every update
-        // is a single insert or remove), so a poisoned lock is still usable.
-        self.series.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn key(&self, values: &[&str]) -> Option<Vec<String>> {
-        if values.len() != self.labels.len() {
-            debug_assert!(
-                false,
-                "{}: {} label values for {:?}",
-                self.desc.fq_name,
-                values.len(),
-                self.labels
-            );
-            tracing::warn!(metric = %self.desc.fq_name, ?values, "wrong number of label values; sample dropped");
-            return None;
-        }
-        Some(values.iter().map(|v| v.to_string()).collect())
-    }
-
-    fn zero(&self) -> Value {
-        match self.kind {
-            Kind::Gauge | Kind::Counter => Value::Scalar(0.0),
-            Kind::Histogram(bounds) => Value::Histogram {
-                counts: vec![0; bounds.len() + 1],
-                sum: 0.0,
-                count: 0,
-            },
-        }
-    }
-
-    /// Sets several series of the family under one lock, so a scrape never sees
-    /// half of the update (e.g. two node states at 1).
-    fn set_many(&self, series: &[(&[&str], f64)]) {
-        let keyed: Option<Vec<(Vec<String>, f64)>> = series
-            .iter()
-            .map(|(values, v)| self.key(values).map(|k| (k, *v)))
-            .collect();
-        let Some(keyed) = keyed else { return };
-        let mut map = self.lock();
-        for (k, v) in keyed {
-            map.insert(k, Value::Scalar(v));
-        }
-    }
-
-    fn set(&self, values: &[&str], v: f64) {
-        if let Some(k) = self.key(values) {
-            self.lock().insert(k, Value::Scalar(v));
-        }
-    }
-
-    fn add(&self, values: &[&str], v: f64) {
-        let Some(k) = self.key(values) else { return };
-        let zero = self.zero();
-        if let Value::Scalar(x) = self.lock().entry(k).or_insert(zero) {
-            *x += v;
-        }
-    }
-
-    /// Creates the series at zero if it does not exist yet, so that counters
-    /// are visible (and `rate()` sees their first increment) before anything
-    /// happened.
-    fn touch(&self, values: &[&str]) {
-        let Some(k) = self.key(values) else { return };
-        let zero = self.zero();
-        self.lock().entry(k).or_insert(zero);
-    }
-
-    fn observe(&self, values: &[&str], v: f64) {
-        let Kind::Histogram(bounds) = self.kind else {
-            return;
-        };
-        if !v.is_finite() {
-            return;
-        }
-        let Some(k) = self.key(values) else { return };
-        let zero = self.zero();
-        if let Value::Histogram { counts, sum, count } = self.lock().entry(k).or_insert(zero) {
-            let i = bounds.iter().position(|b| v <= *b).unwrap_or(bounds.len());
-            if let Some(c) = counts.get_mut(i) {
-                *c += 1;
-            }
-            *sum += v;
-            *count += 1;
-        }
-    }
-
-    fn label_index(&self, name: &str) -> Option<usize> {
-        self.labels.iter().position(|l| *l == name)
-    }
-
-    /// Removes every series whose labels match all of `(name, value)`. A family
-    /// lacking one of the labels is left alone.
-    fn remove_matching(&self, matchers: &[(&str, &str)]) {
-        let idx: Option<Vec<(usize, &str)>> = matchers
-            .iter()
-            .map(|(n, v)| self.label_index(n).map(|i| (i, *v)))
-            .collect();
-        let Some(idx) = idx else { return };
-        self.lock().retain(|k, _| {
-            !idx.iter()
-                .all(|(i, v)| k.get(*i).map(String::as_str) == Some(*v))
-        });
-    }
-
-    fn retain(&self, keep: impl Fn(&[String]) -> bool) {
-        self.lock().retain(|k, _| keep(k));
-    }
-
-    fn replace(&self, series: BTreeMap<Vec<String>, Value>) {
-        *self.lock() = series;
-    }
-
-    fn to_proto(&self) -> proto::MetricFamily {
-        let series = self.lock();
-        let mut metrics = Vec::with_capacity(series.len());
-        for (key, value) in series.iter() {
-            let mut m = proto::Metric::default();
-            m.set_label(
-                self.labels
-                    .iter()
-                    .zip(key)
-                    .map(|(n, v)| {
-                        let mut lp = proto::LabelPair::default();
-                        lp.set_name(n.to_string());
-                        lp.set_value(v.clone());
-                        lp
-                    })
-                    .collect(),
-            );
-            match (self.kind, value) {
-                (Kind::Gauge, Value::Scalar(v)) => {
-                    let mut g = proto::Gauge::default();
-                    g.set_value(*v);
-                    m.set_gauge(g);
-                }
-                (Kind::Counter, Value::Scalar(v)) => {
-                    let mut c = proto::Counter::default();
-                    c.set_value(*v);
-                    m.set_counter(c);
-                }
-                (Kind::Histogram(bounds), Value::Histogram { counts, sum, count }) => {
-                    let mut h = proto::Histogram::default();
-                    let mut cumulative = 0;
-                    let mut buckets = Vec::with_capacity(bounds.len());
-                    for (b, c) in bounds.iter().zip(counts) {
-                        cumulative += c;
-                        let mut bucket = proto::Bucket::default();
-                        bucket.set_upper_bound(*b);
-                        bucket.set_cumulative_count(cumulative);
-                        buckets.push(bucket);
-                    }
-                    h.set_bucket(buckets);
-                    h.set_sample_sum(*sum);
-                    h.set_sample_count(*count);
-                    m.set_histogram(h);
-                }
-                _ => continue,
-            }
-            metrics.push(m);
-        }
-        let mut mf = proto::MetricFamily::default();
-        mf.set_name(self.desc.fq_name.clone());
-        mf.set_help(self.desc.help.clone());
-        mf.set_field_type(match self.kind {
-            Kind::Gauge => proto::MetricType::GAUGE,
-            Kind::Counter => proto::MetricType::COUNTER,
-            Kind::Histogram(_) => proto::MetricType::HISTOGRAM,
-        });
-        mf.set_metric(metrics);
-        mf
-    }
-}
-
-/// Registers one family in the registry; the registry and `Metrics` share it.
-struct FamilyCollector(Arc<Family>);
-
-impl Collector for FamilyCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        vec![&self.0.desc]
-    }
-
-    fn collect(&self) -> Vec<proto::MetricFamily> {
-        vec![self.0.to_proto()]
-    }
-}
-
 fn now_unix_seconds() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -322,10 +91,7 @@ pub fn failure_reason(reason: &str) -> &'static str {
 
 /// The controller's metrics: a private registry plus every collector.
 pub struct Metrics {
-    registry: Registry,
-    all: Vec<Arc<Family>>,
-    /// Policies whose fixed-label counters have been created at zero.
-    known_crs: Mutex<BTreeSet<String>>,
+    families: Families,
     is_leader: AtomicBool,
 
     build_info: Arc<Family>,
@@ -365,170 +131,132 @@ impl Metrics {
     /// Panics only if the metric definitions themselves are invalid (a bug caught
     /// by the unit tests), never because of input.
     pub fn new(build_version: &str) -> Self {
-        use Kind::*;
-        let g = |name, help, labels| Family::new(name, help, labels, Gauge);
-        let c = |name, help, labels| Family::new(name, help, labels, Counter);
-        let h = |name, help, labels, buckets| Family::new(name, help, labels, Histogram(buckets));
+        let mut families = Families::new();
 
-        let build_info = g(
+        let build_info = families.gauge(
             "ttdriver_build_info",
             "Always 1; the version label carries the controller's build version.",
             &["version"],
         );
-        let leader = g(
+        let leader = families.gauge(
             "ttdriver_leader",
             "1 if this controller replica holds the leader lease and drives rollouts, else 0.",
             &[],
         );
-        let node_state = g(
+        let node_state = families.gauge(
             "ttdriver_node_state",
             "Upgrade state of a node: one series per state, the current one 1 and the others 0.",
             &["cr", "node", "state"],
         );
-        let node_state_since = g(
+        let node_state_since = families.gauge(
             "ttdriver_node_state_since_timestamp_seconds",
             "Unix time at which the node entered its current upgrade state.",
             &["cr", "node"],
         );
-        let node_deploy_gate_closed = g(
+        let node_deploy_gate_closed = families.gauge(
             "ttdriver_node_deploy_gate_closed",
             "1 while the controller holds the deploy-gate label of the node at \"false\", else 0.",
             &["cr", "node", "gate"],
         );
-        let node_transitions = c(
+        let node_transitions = families.counter(
             "ttdriver_node_transitions_total",
             "Node upgrade state transitions, by from and to state.",
             &["cr", "from", "to"],
         );
-        let phase_duration = h(
+        let phase_duration = families.histogram(
             "ttdriver_phase_duration_seconds",
             "Time a node spent in one upgrade state, observed when it leaves that state.",
             &["cr", "phase"],
             PHASE_BUCKETS,
         );
-        let node_upgrade_duration = h(
+        let node_upgrade_duration = families.histogram(
             "ttdriver_node_upgrade_duration_seconds",
             "Time of a whole node upgrade, from the start of Cordoning to Done.",
             &["cr"],
             NODE_UPGRADE_BUCKETS,
         );
-        let node_failures = c(
+        let node_failures = families.counter(
             "ttdriver_node_failures_total",
             "Nodes that entered Failed, by reason (DrainTimeout, UpgradeTimeout, AgentFailed, EvictionError, PatchError, Other).",
             &["cr", "reason"],
         );
-        let policy_nodes = g(
+        let policy_nodes = families.gauge(
             "ttdriver_policy_nodes",
             "Nodes matched by the policy, by upgrade state; state=\"HostManaged\" counts nodes with a host (DKMS) install.",
             &["cr", "state"],
         );
-        let policy_paused = g(
+        let policy_paused = families.gauge(
             "ttdriver_policy_paused",
             "1 if the policy has spec.paused=true, else 0.",
             &["cr"],
         );
-        let policy_desired_version = g(
+        let policy_desired_version = families.gauge(
             "ttdriver_policy_desired_version",
             "Always 1; the version label carries the policy's spec.version.",
             &["cr", "version"],
         );
-        let nodes_by_kmd_version = g(
+        let nodes_by_kmd_version = families.gauge(
             "ttdriver_nodes_by_kmd_version",
             "Nodes by loaded tt-kmd version and install mode, from the node labels.",
             &["version", "install_mode"],
         );
-        let pods_evicted = c(
+        let pods_evicted = families.counter(
             "ttdriver_pods_evicted_total",
             "Pods evicted while draining, by pass (device: pods using /dev/tenstorrent; full: every other pod).",
             &["cr", "pass"],
         );
-        let drain_blocked = c(
+        let drain_blocked = families.counter(
             "ttdriver_drain_blocked_total",
             "Evictions refused (PodDisruptionBudget or error) while draining, by pass.",
             &["cr", "pass"],
         );
-        let errors = c(
+        let errors = families.counter(
             "ttdriver_errors_total",
             "Errors of the controller, by stage.",
             &["cr", "stage"],
         );
-        let last_successful_reconcile = g(
+        let last_successful_reconcile = families.gauge(
             "ttdriver_last_successful_reconcile_timestamp_seconds",
             "Unix time of the last reconcile of the policy that ended without error.",
             &["cr"],
         );
-        let reconcile_total = c(
+        let reconcile_total = families.counter(
             "ttdriver_reconcile_total",
             "Reconcile passes of a policy, by result (ok or error).",
             &["cr", "result"],
         );
-        let reconcile_duration = h(
+        let reconcile_duration = families.histogram(
             "ttdriver_reconcile_duration_seconds",
             "Duration of one reconcile pass of a policy.",
             &["cr"],
             RECONCILE_BUCKETS,
         );
-        let rollout_max_unavailable = g(
+        let rollout_max_unavailable = families.gauge(
             "ttdriver_rollout_max_unavailable",
             "The policy's maxUnavailable, resolved to a number of nodes.",
             &["cr"],
         );
-        let rollout_unavailable = g(
+        let rollout_unavailable = families.gauge(
             "ttdriver_rollout_unavailable_nodes",
             "Nodes of the policy currently out of service because of the rollout (Cordoning to Uncordoning, and Failed).",
             &["cr"],
         );
-        let actor_restarts = c(
+        let actor_restarts = families.counter(
             "ttdriver_actor_restarts_total",
             "Restarts of a supervised actor, by actor kind.",
             &["actor"],
         );
-        let actor_mailbox_full = c(
+        let actor_mailbox_full = families.counter(
             "ttdriver_actor_mailbox_full_total",
             "Messages refused because the actor's mailbox was full, by actor kind.",
             &["actor"],
         );
 
-        let all = vec![
-            build_info.clone(),
-            leader.clone(),
-            node_state.clone(),
-            node_state_since.clone(),
-            node_deploy_gate_closed.clone(),
-            node_transitions.clone(),
-            phase_duration.clone(),
-            node_upgrade_duration.clone(),
-            node_failures.clone(),
-            policy_nodes.clone(),
-            policy_paused.clone(),
-            policy_desired_version.clone(),
-            nodes_by_kmd_version.clone(),
-            pods_evicted.clone(),
-            drain_blocked.clone(),
-            errors.clone(),
-            last_successful_reconcile.clone(),
-            reconcile_total.clone(),
-            reconcile_duration.clone(),
-            rollout_max_unavailable.clone(),
-            rollout_unavailable.clone(),
-            actor_restarts.clone(),
-            actor_mailbox_full.clone(),
-        ];
-        let registry = Registry::new();
-        for f in &all {
-            let name = f.desc.fq_name.clone();
-            registry
-                .register(Box::new(FamilyCollector(f.clone())))
-                .unwrap_or_else(|e| panic!("registering metric {name}: {e}"));
-        }
-
         build_info.set(&[build_version], 1.0);
         leader.set(&[], 0.0);
 
         Metrics {
-            registry,
-            all,
-            known_crs: Mutex::new(BTreeSet::new()),
+            families,
             is_leader: AtomicBool::new(false),
             build_info,
             leader,
@@ -559,23 +287,15 @@ impl Metrics {
     /// The text exposition of every metric, with its content type
     /// (`text/plain; version=0.0.4; charset=utf-8`).
     pub fn encode(&self) -> (&'static str, Vec<u8>) {
-        let mut buf = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
-            // Only reachable through an inconsistent family, which the unit tests rule out.
-            tracing::error!(error = %e, "encoding metrics failed");
-        }
-        (CONTENT_TYPE, buf)
+        (CONTENT_TYPE, self.families.encode())
     }
 
     /// Creates the fixed-label counters of a policy at zero the first time the
     /// policy is seen, so dashboards and `rate()` see them before the first event.
     fn ensure_cr(&self, cr: &str) {
-        let mut known = self.known_crs.lock().unwrap_or_else(|e| e.into_inner());
-        if known.contains(cr) {
+        if !self.families.first_sight(cr) {
             return;
         }
-        known.insert(cr.to_string());
-        drop(known);
         for reason in FAILURE_REASONS {
             self.node_failures.touch(&[cr, reason]);
         }
@@ -602,20 +322,13 @@ impl Metrics {
 
     /// Removes every per-node series (state, state-since, deploy gates) of `node` under `cr`.
     pub fn forget_node(&self, cr: &str, node: &str) {
-        for f in &self.all {
-            f.remove_matching(&[("cr", cr), ("node", node)]);
-        }
+        self.families.remove_matching(&[("cr", cr), ("node", node)]);
     }
 
     /// Removes every series labelled with `cr`.
     pub fn forget_policy(&self, cr: &str) {
-        for f in &self.all {
-            f.remove_matching(&[("cr", cr)]);
-        }
-        self.known_crs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(cr);
+        self.families.remove_matching(&[("cr", cr)]);
+        self.families.forget_cr(cr);
     }
 
     /// Counts a transition (`ttdriver_node_transitions_total{cr,from,to}`) and
@@ -789,16 +502,8 @@ impl Metrics {
         let was = self.is_leader.swap(is_leader, Ordering::SeqCst);
         self.leader.set(&[], bool_value(is_leader));
         if was && !is_leader {
-            for f in &self.all {
-                if f.label_index("cr").is_some() {
-                    f.retain(|_| false);
-                }
-            }
-            self.nodes_by_kmd_version.retain(|_| false);
-            self.known_crs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clear();
+            self.families
+                .drop_policy_series(&[&self.nodes_by_kmd_version]);
         }
     }
 

@@ -2,6 +2,11 @@
 //! series removal (node, policy, lost lease), escaping, concurrency, and a
 //! byte-for-byte golden snapshot of the whole /metrics text.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use ttdrv_api::NodeState;
+
 use super::text_parser::{Sample, parse, select, value};
 use super::*;
 
