@@ -1,0 +1,44 @@
+//! Metrics of the actor system itself, by actor kind: supervised restarts and
+//! messages refused by a full mailbox. No `cr` label: they survive a lost
+//! lease and the deletion of policies.
+
+use std::sync::Arc;
+
+use super::Metrics;
+use super::family::{Families, Family};
+
+/// `ttdriver_actor_restarts_total` and `ttdriver_actor_mailbox_full_total`.
+pub(super) struct ActorMetrics {
+    actor_restarts: Arc<Family>,
+    actor_mailbox_full: Arc<Family>,
+}
+
+impl ActorMetrics {
+    /// Creates and registers the families of this group.
+    pub(super) fn register(families: &mut Families) -> Self {
+        ActorMetrics {
+            actor_restarts: families.counter(
+                "ttdriver_actor_restarts_total",
+                "Restarts of a supervised actor, by actor kind.",
+                &["actor"],
+            ),
+            actor_mailbox_full: families.counter(
+                "ttdriver_actor_mailbox_full_total",
+                "Messages refused because the actor's mailbox was full, by actor kind.",
+                &["actor"],
+            ),
+        }
+    }
+}
+
+impl Metrics {
+    /// `ttdriver_actor_restarts_total{actor}`.
+    pub fn inc_actor_restart(&self, actor: &str) {
+        self.actors.actor_restarts.add(&[actor], 1.0);
+    }
+
+    /// `ttdriver_actor_mailbox_full_total{actor}`.
+    pub fn inc_mailbox_full(&self, actor: &str) {
+        self.actors.actor_mailbox_full.add(&[actor], 1.0);
+    }
+}

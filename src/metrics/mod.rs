@@ -1,0 +1,147 @@
+//! Prometheus metrics of the controller.
+//!
+//! Every metric is named `ttdriver_*`. The names and labels of the Go operator we
+//! replace (`ttdriver_policy_nodes`, `ttdriver_nodes_by_kmd_version`,
+//! `ttdriver_policy_desired_version`, `ttdriver_pods_evicted_total`,
+//! `ttdriver_drain_blocked_total`, `ttdriver_errors_total`,
+//! `ttdriver_last_successful_reconcile_timestamp_seconds`) are kept as they were;
+//! docs/metrics.md lists all of them, with example queries.
+//!
+//! The families are kept in our own small collector rather than in the crate's
+//! `*Vec` types, for two reasons:
+//! - deleting a node or a policy must drop every series carrying that `cr` (and
+//!   `node`) label, whatever the other labels are; the `*Vec` types can only
+//!   remove one fully specified label set;
+//! - the `*Vec` types key a series by a hash of its label values concatenated
+//!   without a separator, so `{cr="prod",version="12.8.0"}` and
+//!   `{cr="prod1",version="2.8.0"}` would share one series. Here a series is keyed
+//!   by the list of its label values.
+//!
+//! Registration, text encoding and escaping are the `prometheus` crate's.
+//!
+//! Layout: `family` is that collector; each other module defines one group of
+//! families and the [`Metrics`] methods that update them (`replica`: build and
+//! leader; `node`: per-node upgrade states; `policy`: a policy's rollout;
+//! `fleet`: tt-kmd versions across nodes; `drain`: evictions; `reconcile`:
+//! reconcile passes and errors; `actors`: actor restarts and mailboxes). This
+//! file ties the groups together: creation, encoding, and the lifecycle of a
+//! policy's and a node's series.
+//!
+//! `Metrics` is `Send + Sync`; share it behind an `Arc`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+mod actors;
+mod drain;
+mod family;
+mod fleet;
+mod node;
+mod policy;
+mod reconcile;
+mod replica;
+
+pub use drain::EVICTION_PASSES;
+pub use node::{FAILURE_REASONS, NODE_UPGRADE_BUCKETS, PHASE_BUCKETS, failure_reason};
+pub use policy::HOST_MANAGED;
+pub use reconcile::RECONCILE_BUCKETS;
+
+use actors::ActorMetrics;
+use drain::DrainMetrics;
+use family::Families;
+use fleet::FleetMetrics;
+use node::NodeMetrics;
+use policy::PolicyMetrics;
+use reconcile::ReconcileMetrics;
+use replica::ReplicaMetrics;
+
+/// Content type of the text exposition format this module writes.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+fn now_unix_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn bool_value(b: bool) -> f64 {
+    if b { 1.0 } else { 0.0 }
+}
+
+/// The controller's metrics: a private registry plus every collector.
+pub struct Metrics {
+    families: Families,
+    replica: ReplicaMetrics,
+    node: NodeMetrics,
+    policy: PolicyMetrics,
+    fleet: FleetMetrics,
+    drain: DrainMetrics,
+    reconcile: ReconcileMetrics,
+    actors: ActorMetrics,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric, and sets `ttdriver_build_info{version}` to 1.
+    ///
+    /// Panics only if the metric definitions themselves are invalid (a bug caught
+    /// by the unit tests), never because of input.
+    pub fn new(build_version: &str) -> Self {
+        let mut families = Families::new();
+        let replica = ReplicaMetrics::register(&mut families, build_version);
+        let node = NodeMetrics::register(&mut families);
+        let policy = PolicyMetrics::register(&mut families);
+        let fleet = FleetMetrics::register(&mut families);
+        let drain = DrainMetrics::register(&mut families);
+        let reconcile = ReconcileMetrics::register(&mut families);
+        let actors = ActorMetrics::register(&mut families);
+        Metrics {
+            families,
+            replica,
+            node,
+            policy,
+            fleet,
+            drain,
+            reconcile,
+            actors,
+        }
+    }
+
+    /// The text exposition of every metric, with its content type
+    /// (`text/plain; version=0.0.4; charset=utf-8`).
+    pub fn encode(&self) -> (&'static str, Vec<u8>) {
+        (CONTENT_TYPE, self.families.encode())
+    }
+
+    /// Creates the fixed-label counters of a policy at zero the first time the
+    /// policy is seen, so dashboards and `rate()` see them before the first event.
+    fn ensure_cr(&self, cr: &str) {
+        if !self.families.first_sight(cr) {
+            return;
+        }
+        self.node.touch_policy(cr);
+        self.drain.touch_policy(cr);
+        self.reconcile.touch_policy(cr);
+    }
+
+    /// Removes every per-node series (state, state-since, deploy gates) of `node` under `cr`.
+    pub fn forget_node(&self, cr: &str, node: &str) {
+        self.families.remove_matching(&[("cr", cr), ("node", node)]);
+    }
+
+    /// Removes every series labelled with `cr`.
+    pub fn forget_policy(&self, cr: &str) {
+        self.families.remove_matching(&[("cr", cr)]);
+        self.families.forget_cr(cr);
+    }
+}
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod text_parser;

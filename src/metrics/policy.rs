@@ -1,0 +1,117 @@
+//! Metrics of where each policy's rollout stands, as the policy supervisor
+//! exports them: its nodes by upgrade state (plus the host-managed ones),
+//! whether it is paused, the version it asks for, and its unavailability
+//! budget (`maxUnavailable` against the nodes out of service).
+
+use std::sync::Arc;
+
+use ttdrv_api::NodeState;
+
+use super::family::{Families, Family, Value};
+use super::{Metrics, bool_value};
+
+/// `state` label value of `ttdriver_policy_nodes` for host-managed (DKMS) nodes.
+pub const HOST_MANAGED: &str = "HostManaged";
+
+/// The `ttdriver_policy_*` and `ttdriver_rollout_*` families.
+pub(super) struct PolicyMetrics {
+    policy_nodes: Arc<Family>,
+    policy_paused: Arc<Family>,
+    policy_desired_version: Arc<Family>,
+    rollout_max_unavailable: Arc<Family>,
+    rollout_unavailable: Arc<Family>,
+}
+
+impl PolicyMetrics {
+    /// Creates and registers the families of this group.
+    pub(super) fn register(families: &mut Families) -> Self {
+        PolicyMetrics {
+            policy_nodes: families.gauge(
+                "ttdriver_policy_nodes",
+                "Nodes matched by the policy, by upgrade state; state=\"HostManaged\" counts nodes with a host (DKMS) install.",
+                &["cr", "state"],
+            ),
+            policy_paused: families.gauge(
+                "ttdriver_policy_paused",
+                "1 if the policy has spec.paused=true, else 0.",
+                &["cr"],
+            ),
+            policy_desired_version: families.gauge(
+                "ttdriver_policy_desired_version",
+                "Always 1; the version label carries the policy's spec.version.",
+                &["cr", "version"],
+            ),
+            rollout_max_unavailable: families.gauge(
+                "ttdriver_rollout_max_unavailable",
+                "The policy's maxUnavailable, resolved to a number of nodes.",
+                &["cr"],
+            ),
+            rollout_unavailable: families.gauge(
+                "ttdriver_rollout_unavailable_nodes",
+                "Nodes of the policy currently out of service because of the rollout (Cordoning to Uncordoning, and Failed).",
+                &["cr"],
+            ),
+        }
+    }
+}
+
+impl Metrics {
+    /// `ttdriver_policy_nodes{cr,state}`: every NodeState is emitted, states
+    /// missing from `counts` as 0. The `HostManaged` series is set separately by
+    /// [`Metrics::set_policy_host_managed`].
+    pub fn set_policy_nodes(&self, cr: &str, counts: &[(NodeState, i64)]) {
+        self.ensure_cr(cr);
+        let labels = NodeState::ALL.map(|s| [cr, s.as_str()]);
+        let series: Vec<(&[&str], f64)> = NodeState::ALL
+            .iter()
+            .zip(&labels)
+            .map(|(s, l)| {
+                let n: i64 = counts
+                    .iter()
+                    .filter(|(state, _)| state == s)
+                    .map(|(_, n)| *n)
+                    .sum();
+                (&l[..], n as f64)
+            })
+            .collect();
+        self.policy.policy_nodes.set_many(&series);
+    }
+
+    /// `ttdriver_policy_nodes{cr,state="HostManaged"}`.
+    pub fn set_policy_host_managed(&self, cr: &str, n: i64) {
+        self.ensure_cr(cr);
+        self.policy.policy_nodes.set(&[cr, HOST_MANAGED], n as f64);
+    }
+
+    /// `ttdriver_policy_paused{cr}` 1/0 (lets the stalled-rollout alert skip paused policies).
+    pub fn set_policy_paused(&self, cr: &str, paused: bool) {
+        self.ensure_cr(cr);
+        self.policy.policy_paused.set(&[cr], bool_value(paused));
+    }
+
+    /// `ttdriver_policy_desired_version{cr,version}` = 1; the series of any other
+    /// version of this policy is removed.
+    pub fn set_desired_version(&self, cr: &str, version: &str) {
+        self.ensure_cr(cr);
+        let mut map = self.policy.policy_desired_version.lock();
+        map.retain(|k, _| {
+            !(k.first().map(String::as_str) == Some(cr)
+                && k.get(1).map(String::as_str) != Some(version))
+        });
+        map.insert(
+            vec![cr.to_string(), version.to_string()],
+            Value::Scalar(1.0),
+        );
+    }
+
+    /// `ttdriver_rollout_max_unavailable{cr}` and `ttdriver_rollout_unavailable_nodes{cr}`.
+    pub fn set_rollout_budget(&self, cr: &str, max_unavailable: i64, unavailable: i64) {
+        self.ensure_cr(cr);
+        self.policy
+            .rollout_max_unavailable
+            .set(&[cr], max_unavailable as f64);
+        self.policy
+            .rollout_unavailable
+            .set(&[cr], unavailable as f64);
+    }
+}

@@ -1,0 +1,84 @@
+//! Metrics of the policy supervisor's reconcile passes: how many, how long,
+//! with what result, when the last one succeeded, and the controller's errors
+//! by stage (counted wherever they happen, the node actor included).
+
+use std::sync::Arc;
+
+use super::family::{Families, Family};
+use super::{Metrics, now_unix_seconds};
+
+/// Buckets for one reconcile pass: five milliseconds to a minute.
+pub const RECONCILE_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// The `ttdriver_reconcile_*`, `ttdriver_last_successful_reconcile_*` and `ttdriver_errors_total` families.
+pub(super) struct ReconcileMetrics {
+    errors: Arc<Family>,
+    last_successful_reconcile: Arc<Family>,
+    reconcile_total: Arc<Family>,
+    reconcile_duration: Arc<Family>,
+}
+
+impl ReconcileMetrics {
+    /// Creates and registers the families of this group.
+    pub(super) fn register(families: &mut Families) -> Self {
+        ReconcileMetrics {
+            errors: families.counter(
+                "ttdriver_errors_total",
+                "Errors of the controller, by stage.",
+                &["cr", "stage"],
+            ),
+            last_successful_reconcile: families.gauge(
+                "ttdriver_last_successful_reconcile_timestamp_seconds",
+                "Unix time of the last reconcile of the policy that ended without error.",
+                &["cr"],
+            ),
+            reconcile_total: families.counter(
+                "ttdriver_reconcile_total",
+                "Reconcile passes of a policy, by result (ok or error).",
+                &["cr", "result"],
+            ),
+            reconcile_duration: families.histogram(
+                "ttdriver_reconcile_duration_seconds",
+                "Duration of one reconcile pass of a policy.",
+                &["cr"],
+                RECONCILE_BUCKETS,
+            ),
+        }
+    }
+
+    /// Creates the reconcile counters of a newly seen policy at zero, one per result.
+    pub(super) fn touch_policy(&self, cr: &str) {
+        for result in ["ok", "error"] {
+            self.reconcile_total.touch(&[cr, result]);
+        }
+    }
+}
+
+impl Metrics {
+    /// `ttdriver_reconcile_total{cr,result}` and `ttdriver_reconcile_duration_seconds{cr}`.
+    pub fn observe_reconcile(&self, cr: &str, seconds: f64, ok: bool) {
+        self.ensure_cr(cr);
+        self.reconcile
+            .reconcile_total
+            .add(&[cr, if ok { "ok" } else { "error" }], 1.0);
+        if seconds >= 0.0 {
+            self.reconcile.reconcile_duration.observe(&[cr], seconds);
+        }
+    }
+
+    /// `ttdriver_last_successful_reconcile_timestamp_seconds{cr}` = now.
+    pub fn set_last_successful_reconcile(&self, cr: &str) {
+        self.ensure_cr(cr);
+        self.reconcile
+            .last_successful_reconcile
+            .set(&[cr], now_unix_seconds());
+    }
+
+    /// `ttdriver_errors_total{cr,stage}`.
+    pub fn inc_error(&self, cr: &str, stage: &str) {
+        self.ensure_cr(cr);
+        self.reconcile.errors.add(&[cr, stage], 1.0);
+    }
+}

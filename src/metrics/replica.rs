@@ -1,0 +1,70 @@
+//! Metrics of this controller replica as a process: its build version and
+//! whether it holds the leader lease.
+//!
+//! These two families carry no `cr` label and survive a lost lease; setting
+//! the leader gauge to 0 after 1 is what makes the collector drop every
+//! per-policy series (see [`Metrics::set_leader`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::family::{Families, Family};
+use super::{Metrics, bool_value};
+
+/// `ttdriver_build_info` and `ttdriver_leader`, and whether this replica leads.
+pub(super) struct ReplicaMetrics {
+    build_info: Arc<Family>,
+    leader: Arc<Family>,
+    is_leader: AtomicBool,
+}
+
+impl ReplicaMetrics {
+    /// Creates and registers the families of this group.
+    pub(super) fn register(families: &mut Families, build_version: &str) -> Self {
+        let group = ReplicaMetrics {
+            build_info: families.gauge(
+                "ttdriver_build_info",
+                "Always 1; the version label carries the controller's build version.",
+                &["version"],
+            ),
+            leader: families.gauge(
+                "ttdriver_leader",
+                "1 if this controller replica holds the leader lease and drives rollouts, else 0.",
+                &[],
+            ),
+            is_leader: AtomicBool::new(false),
+        };
+        group.build_info.set(&[build_version], 1.0);
+        group.leader.set(&[], 0.0);
+        group
+    }
+}
+
+impl Metrics {
+    /// `ttdriver_leader` 1/0.
+    ///
+    /// Losing the lease (true -> false) also drops every per-policy and per-node
+    /// series and `ttdriver_nodes_by_kmd_version`: a replica that no longer drives
+    /// the rollout must not keep exporting a frozen copy of it next to the new
+    /// leader's. The new leader, or this replica once it leads again, re-creates
+    /// them on its next reconcile.
+    pub fn set_leader(&self, is_leader: bool) {
+        let was = self.replica.is_leader.swap(is_leader, Ordering::SeqCst);
+        self.replica.leader.set(&[], bool_value(is_leader));
+        if was && !is_leader {
+            self.families
+                .drop_policy_series(&[&self.fleet.nodes_by_kmd_version]);
+        }
+    }
+
+    /// The build version this instance was created with.
+    pub fn build_version(&self) -> String {
+        self.replica
+            .build_info
+            .lock()
+            .keys()
+            .next()
+            .and_then(|k| k.first().cloned())
+            .unwrap_or_default()
+    }
+}
