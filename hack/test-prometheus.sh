@@ -9,13 +9,13 @@
 #
 # Everything it starts (controller, simulated agent, prometheus) listens on a
 # free port of its own and is stopped at the end by the PIDs recorded at start
-# (hack/procs.sh): a prometheus of the machine's own is never stopped.
+# (hack/procs.sh). A prometheus service of the machine is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${KUBECONFIG:?run from make test, or export KUBECONFIG=\$(hack/cluster.sh kubeconfig)}"
-command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 # shellcheck source=procs.sh
 source hack/procs.sh
+bash hack/install-prometheus.sh
 bin=$(bash hack/build-testbin.sh etcd kwok kubernetes 2>/dev/null | tail -n1)
 export PATH="$bin:$PWD/target/debug:$PATH"
 cargo build -q --bin ttdrv-controller --bin ttdrv-sim-agent -p ttdrv-controller -p ttdrv-testkit
