@@ -43,8 +43,10 @@ rm -f "$CHAOS_PIDFILE"
 cleanup() {
   if [ -f "$CHAOS_PIDFILE" ]; then
     while read -r pid; do
-      # Only a controller still running (a PID may have been reused since).
-      if { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q ttdrv-controller; then
+      # Only a controller of this run still running (a PID may have been reused
+      # since): it runs ttdrv-controller and inherited this run's CHAOS_PIDFILE.
+      if { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q ttdrv-controller \
+        && { tr '\0' '\n' <"/proc/$pid/environ"; } 2>/dev/null | grep -qxF "CHAOS_PIDFILE=$CHAOS_PIDFILE"; then
         kill -KILL "$pid" 2>/dev/null || true
       fi
     done <"$CHAOS_PIDFILE"

@@ -7,8 +7,16 @@
 #   hack/cluster.sh down      # idempotent; leaves no processes behind
 #   hack/cluster.sh kubeconfig
 #   hack/cluster.sh env       # `eval "$(hack/cluster.sh env)"` sets PATH and KUBECONFIG
+#
+# kwokctl starts each component in a session of its own (setsid) and records its
+# PID in $KWOK_WORKDIR/clusters/<name>/pids/<component>.pid (tests/chaos.rs
+# rewrites the file when it restarts a component); `kwokctl delete cluster`
+# stops them by those files. `down` then stops, by the same PIDs, whatever of
+# them outlived that — never a process found by name or pattern.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=procs.sh
+source "$here/procs.sh"
 name=${TTDRV_CLUSTER_NAME:-ttdrv}
 # shellcheck source=versions.env
 source "$here/versions.env"
@@ -49,7 +57,7 @@ up() {
   if healthy; then log "cluster '$name' already running"; echo "$kubeconfig"; return; fi
   # A half-started or stale cluster (processes killed by a previous session) is
   # torn down and recreated rather than trusted.
-  kwokctl delete cluster --name "$name" >/dev/null 2>&1 || true
+  down >/dev/null 2>&1 || true
   log "creating cluster '$name' from $bin"
   mkdir -p "$KWOK_WORKDIR"
   local stages="$KWOK_WORKDIR/ttdrv-stages.yaml"
@@ -69,9 +77,26 @@ up() {
 }
 
 down() {
+  local dir="$KWOK_WORKDIR/clusters/$name" f pid exe procs
+  procs=$(mktemp)
+  # Before kwokctl removes them: the components its pid files name, each only if
+  # that PID still runs this cluster's own copy of the binary ($dir/bin/...);
+  # a stale file's PID may belong to another process by now.
+  for f in "$dir"/pids/*.pid; do
+    [ -f "$f" ] || continue
+    pid=$(tr -dc 0-9 <"$f")
+    [ -n "$pid" ] || continue
+    exe=$(procs_argv0 "$pid") || continue
+    case $exe in
+      "$dir"/*) procs_adopt "$procs" "$pid" "$(basename "$f" .pid)" ;;
+      *) log "not stopping pid $pid of $f: it runs $exe, not this cluster's" ;;
+    esac
+  done
   kwokctl delete cluster --name "$name" >&2 || true
-  # kwokctl stops what it started; make sure nothing of ours outlives it.
-  pkill -f "$KWOK_WORKDIR/clusters/$name/" 2>/dev/null || true
+  # kwokctl SIGKILLs each component it knows of; anything recorded above that
+  # survived it (or its process group) is stopped here.
+  procs_stop "$procs" group
+  rm -f "$procs"
   log "cluster '$name' stopped"
 }
 

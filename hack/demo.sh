@@ -9,17 +9,21 @@
 #   hack/demo.sh down   stop the controller, the agent and the cluster
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=procs.sh
+source hack/procs.sh
 export TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv-demo}
 state=${TMPDIR:-/tmp}/ttdrv-demo
 mkdir -p "$state"
 ns=tt-k8s-driver-manager-system
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
+# The controller and the agent outlive this script; their PIDs and start times
+# are kept in $state/<name>.pid, and only those processes are stopped.
+stop_ours() {
+  for p in controller sim-agent; do procs_stop "$state/$p.pid"; done
+}
 down() {
-  for p in controller sim-agent; do
-    [ -f "$state/$p.pid" ] && kill "$(cat "$state/$p.pid")" 2>/dev/null || true
-    rm -f "$state/$p.pid"
-  done
+  stop_ours
   bash hack/cluster.sh down
 }
 if [ "${1:-}" = down ]; then down; exit 0; fi
@@ -32,7 +36,7 @@ cargo build -q -p kubectl-tt-driver
 export PATH="$PWD/target/debug:$PATH"   # kubectl finds the plugin as kubectl-tt-driver
 
 say "Starting a simulated cluster: real kube-apiserver, etcd, controller-manager, scheduler; kwok nodes"
-for p in controller sim-agent; do [ -f "$state/$p.pid" ] && kill "$(cat "$state/$p.pid")" 2>/dev/null || true; done
+stop_ours
 bash hack/cluster.sh down >/dev/null 2>&1 || true
 KUBECONFIG=$(bash hack/cluster.sh up)
 export KUBECONFIG
@@ -64,9 +68,9 @@ kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/d
 kubectl wait --for condition=Established crd/tenstorrentdriverpolicies.driver.tenstorrent.com --timeout=60s >/dev/null
 ttdrv-controller --namespace "$ns" --admin-addr 127.0.0.1:18080 --leader-elect=true \
   --installer-image ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:demo >"$state/controller.log" 2>&1 &
-echo $! > "$state/controller.pid"
+procs_record "$state/controller.pid" $! ttdrv-controller
 ttdrv-sim-agent --namespace "$ns" --work-ms 2000 >"$state/sim-agent.log" 2>&1 &
-echo $! > "$state/sim-agent.pid"
+procs_record "$state/sim-agent.pid" $! ttdrv-sim-agent
 
 say "Two pools at tt-kmd 2.7.0"
 kubectl apply -f - <<'YAML'

@@ -5,7 +5,8 @@
 #
 #  1. promtool check rules  dashboards/alerts/ttdriver.rules.yaml
 #  2. promtool test rules   dashboards/alerts/ttdriver.rules.test.yaml
-#     (installs the Debian package `prometheus` when promtool is missing)
+#     (installs the Debian package `prometheus` when promtool is missing, without
+#     letting it start a service: hack/install-prometheus.sh)
 #  3. the chart's copies (chart/files/ttdriver.rules.yaml, chart/files/dashboards/*.json)
 #     are byte-identical to dashboards/alerts/ttdriver.rules.yaml and dashboards/*.json
 #  4. dashboards/*.json are what dashboards/generate.py produces
@@ -35,10 +36,7 @@ tests=dashboards/alerts/ttdriver.rules.test.yaml
 # --- 1, 2: promtool -----------------------------------------------------------
 if ! command -v promtool >/dev/null 2>&1; then
   log "promtool not found; installing the Debian package prometheus"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >&2
-  command -v promtool >/dev/null 2>&1 || fail "promtool still missing after installing prometheus"
+  bash hack/install-prometheus.sh || fail "installing the Debian package prometheus"
 fi
 log "$(promtool --version 2>&1 | head -n1)"
 promtool check rules "$rules" || fail "promtool check rules $rules"

@@ -6,20 +6,25 @@
 # TTDriverNodeFailed expression must return the failed node.
 #
 # Needs KUBECONFIG pointing at the test cluster (make test sets it).
+#
+# Everything it starts (controller, simulated agent, prometheus) listens on a
+# free port of its own and is stopped at the end by the PIDs recorded at start
+# (hack/procs.sh). A prometheus service of the machine is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${KUBECONFIG:?run from make test, or export KUBECONFIG=\$(hack/cluster.sh kubeconfig)}"
-command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
-pkill -x prometheus 2>/dev/null || true   # the Debian package may start its own
+# shellcheck source=procs.sh
+source hack/procs.sh
+bash hack/install-prometheus.sh
 bin=$(bash hack/build-testbin.sh etcd kwok kubernetes 2>/dev/null | tail -n1)
 export PATH="$bin:$PWD/target/debug:$PATH"
 cargo build -q --bin ttdrv-controller --bin ttdrv-sim-agent -p ttdrv-controller -p ttdrv-testkit
 
 id=prom-$RANDOM
 work=$(mktemp -d)
-pids=()
+pids=$work/pids
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  procs_stop "$pids"
   kubectl delete ttdp -l ttdrv-test=$id --wait=false >/dev/null 2>&1 || true
   kubectl delete nodes -l ttdrv-test=$id --wait=false >/dev/null 2>&1 || true
   kubectl delete ns $id --wait=false >/dev/null 2>&1 || true
@@ -45,9 +50,9 @@ done
 
 ttdrv-controller --namespace $id --policy-selector ttdrv-test=$id --leader-elect=false \
   --admin-addr 127.0.0.1:$admin --resync-ms 500 --upgrade-timeout-seconds 8 >"$work/controller.log" 2>&1 &
-pids+=($!)
+procs_record "$pids" $! ttdrv-controller
 ttdrv-sim-agent --namespace $id --work-ms 500 >"$work/agent.log" 2>&1 &
-pids+=($!)
+procs_record "$pids" $! ttdrv-sim-agent
 cat > "$work/prometheus.yml" <<YAML
 global: {scrape_interval: 2s, evaluation_interval: 2s}
 rule_files: [$PWD/dashboards/alerts/ttdriver.rules.yaml]
@@ -57,7 +62,9 @@ scrape_configs:
 YAML
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/data" \
   --web.listen-address=127.0.0.1:$promport >"$work/prometheus.log" 2>&1 &
-pids+=($!)
+prom_pid=$!
+procs_record "$pids" $prom_pid prometheus
+prom_start=$(procs_starttime $prom_pid || true)
 
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: driver.tenstorrent.com/v1alpha1
@@ -79,3 +86,6 @@ done
 echo "test-prometheus: node $id-c is Failed as arranged; checking dashboards and alerts"
 python3 hack/check-dashboard-queries.py "http://127.0.0.1:$promport" --wait 60 \
   --expect-alert "TTDriverNodeFailed:node=$id-c"
+# The answers came from our prometheus only if it still holds its port.
+procs_is $prom_pid "$prom_start" "$(procs_boot_id)" \
+  || { echo "test-prometheus: our prometheus (pid $prom_pid) is not running"; tail -20 "$work/prometheus.log"; exit 1; }

@@ -67,6 +67,7 @@ async fn wait_installers(env: &TestEnv, ns: &str, policy: &str, want: &[String])
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn minimum_policy_places_pods_only_on_eligible_tenstorrent_nodes_and_skip_removes() {
     let env = TestEnv::new("core-place").await;
     let ns = env.namespace().await;
@@ -177,6 +178,7 @@ async fn minimum_policy_places_pods_only_on_eligible_tenstorrent_nodes_and_skip_
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pause_leaves_everything_untouched_and_unpause_resumes() {
     let env = TestEnv::new("core-pause").await;
     let ns = env.namespace().await;
@@ -257,6 +259,7 @@ async fn pause_leaves_everything_untouched_and_unpause_resumes() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn disjoint_pools_and_overlap_conflict() {
     let env = TestEnv::new("core-pools").await;
     let ns = env.namespace().await;
@@ -351,6 +354,7 @@ async fn disjoint_pools_and_overlap_conflict() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn deprecated_node_selector_works_with_a_warning() {
     let env = TestEnv::new("core-alias").await;
     let ns = env.namespace().await;
@@ -395,6 +399,7 @@ async fn deprecated_node_selector_works_with_a_warning() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn restart_does_not_touch_the_daemonset_and_admin_endpoints_work() {
     let env = TestEnv::new("core-restart").await;
     let ns = env.namespace().await;
@@ -479,6 +484,7 @@ async fn restart_does_not_touch_the_daemonset_and_admin_endpoints_work() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn only_the_leader_acts_and_a_killed_leader_hands_over() {
     let env = TestEnv::new("core-leader").await;
     let ns = env.namespace().await;

@@ -49,6 +49,7 @@ async fn cleanup(env: &TestEnv) {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn spec_examples_apply_with_documented_defaults() {
     let env = TestEnv::new("crd-examples").await;
     ensure_crd(&env.client).await;
@@ -147,6 +148,7 @@ async fn spec_examples_apply_with_documented_defaults() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn invalid_objects_are_rejected_naming_the_field() {
     let env = TestEnv::new("crd-invalid").await;
     ensure_crd(&env.client).await;

@@ -43,6 +43,7 @@ fn pod_template(app: &str) -> PodTemplateSpec {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn daemonset_lands_one_ready_pod_per_matching_node_only() {
     let env = TestEnv::new("harness-ds").await;
     let ns = env.namespace().await;
@@ -146,6 +147,7 @@ async fn daemonset_lands_one_ready_pod_per_matching_node_only() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn eviction_blocked_by_pdb_is_refused_with_429() {
     let env = TestEnv::new("harness-pdb").await;
     let ns = env.namespace().await;
@@ -236,6 +238,7 @@ async fn eviction_blocked_by_pdb_is_refused_with_429() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn node_cordon_is_visible_through_a_watch() {
     let env = TestEnv::new("harness-watch").await;
     let node = env.tt_node("tt", &[]).await;

@@ -73,6 +73,7 @@ fn granted(
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn controller_runs_a_rollout_with_the_charts_service_account() {
     let env = TestEnv::new("rbac").await;
     let ns = env.namespace().await;

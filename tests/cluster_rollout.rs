@@ -38,6 +38,7 @@ fn selector(env: &TestEnv) -> String {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn three_node_upgrade_one_at_a_time() {
     let (env, ns, nodes, _agent) = setup("rollout-3", 3, &[]).await;
     let _ctl = controller(&env, &ns);
@@ -108,6 +109,7 @@ async fn installed(env: &TestEnv, nodes: &[String], extra_spec: &str) -> String 
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn admin_cordoned_node_stays_cordoned() {
     let (env, ns, nodes, _agent) = setup("rollout-admin", 3, &[]).await;
     let _ctl = controller(&env, &ns);
@@ -132,6 +134,7 @@ async fn admin_cordoned_node_stays_cordoned() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pdb_blocked_drain_fails_after_timeout_and_halts_until_retry() {
     let (env, ns, nodes, _agent) = setup("rollout-pdb", 2, &[]).await;
     let _ctl = controller(&env, &ns);
@@ -212,6 +215,7 @@ async fn pdb_blocked_drain_fails_after_timeout_and_halts_until_retry() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn bare_pod_is_left_and_reported_without_force() {
     let (env, ns, nodes, _agent) = setup("rollout-bare", 1, &[]).await;
     let _ctl = controller(&env, &ns);
@@ -238,6 +242,7 @@ async fn bare_pod_is_left_and_reported_without_force() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pod_selector_limits_the_full_node_pass() {
     let (env, ns, nodes, _agent) = setup("rollout-sel", 1, &[]).await;
     let _ctl = controller(&env, &ns);
@@ -279,6 +284,7 @@ async fn pod_selector_limits_the_full_node_pass() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn drain_disabled_never_cordons() {
     let (env, ns, nodes, _agent) = setup("rollout-nodrain", 2, &[]).await;
     let _ctl = controller(&env, &ns);
@@ -296,6 +302,7 @@ async fn drain_disabled_never_cordons() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn installer_image_change_restarts_pods_without_cordon() {
     let (env, ns, nodes, _agent) = setup("rollout-image", 2, &[]).await;
     let _ctl = controller(&env, &ns);
@@ -346,6 +353,7 @@ async fn ds_pods(env: &TestEnv, ns: &str) -> Vec<String> {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn controller_killed_during_draining_resumes() {
     let (env, ns, nodes, _agent) = setup("rollout-kill", 2, &[]).await;
     let mut ctl = controller(&env, &ns);
@@ -377,6 +385,7 @@ async fn controller_killed_during_draining_resumes() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn max_unavailable_two_over_five_nodes() {
     let (env, ns, nodes, _agent) = setup("rollout-max2", 5, &[]).await;
     let _ctl = controller(&env, &ns);
@@ -395,6 +404,7 @@ async fn max_unavailable_two_over_five_nodes() {
 }
 
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn downgrade_uses_the_same_flow() {
     let (env, ns, nodes, _agent) = setup("rollout-down", 2, &[]).await;
     let _ctl = controller(&env, &ns);

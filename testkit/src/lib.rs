@@ -2,7 +2,10 @@
 //!
 //! Every test gets a [`TestEnv`] with a unique id; everything it creates carries
 //! the label `ttdrv-test=<id>`, so tests share one cluster without colliding.
-//! A test that cannot reach the cluster fails with instructions; it never skips.
+//! The cluster tests are `#[ignore]`d, so plain `cargo test` skips them (listed as
+//! ignored); `make test` runs them with `--ignored` (`hack/run-cluster-tests.sh`).
+//! Once asked to run, a test that cannot reach the cluster fails with
+//! instructions; it never skips.
 
 pub mod controller;
 pub mod policy;
@@ -29,8 +32,9 @@ pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 
 /// Connects to the cluster named by KUBECONFIG and checks that it answers.
 pub async fn client() -> Client {
-    let hint = "the cluster tests need the local simulated cluster: run `make test` (or \
-                `hack/cluster.sh up` and export KUBECONFIG=$(hack/cluster.sh kubeconfig))";
+    let hint = "the cluster tests need the local simulated cluster: run `make test` or \
+                `hack/run-cluster-tests.sh` (or `hack/cluster.sh up`, export \
+                KUBECONFIG=$(hack/cluster.sh kubeconfig) and run the test with `-- --ignored`)";
     let mut config = match kube::Config::infer().await {
         Ok(c) => c,
         Err(e) => panic!("cannot load a kubeconfig ({e}); {hint}"),

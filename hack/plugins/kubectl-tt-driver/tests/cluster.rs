@@ -1,7 +1,9 @@
 //! Every subcommand of the plugin against the local simulated cluster (real
 //! kube-apiserver, kwok nodes), with the real controller and the simulated agent.
-//! `make test` sets KUBECONFIG; by hand: `bash hack/cluster.sh up` and
-//! `export KUBECONFIG=$(bash hack/cluster.sh kubeconfig)`.
+//! Ignored by plain `cargo test` (no cluster there); `make test` runs them through
+//! `hack/run-cluster-tests.sh`, which sets KUBECONFIG. By hand: `bash hack/cluster.sh up`,
+//! `export KUBECONFIG=$(bash hack/cluster.sh kubeconfig)`, then
+//! `cargo test -p kubectl-tt-driver --test cluster -- --ignored`.
 
 mod common;
 
@@ -46,6 +48,7 @@ async fn node_name(n: Node) -> String {
 /// then cordons the nodes in that order and evicts exactly those pods. `watch`
 /// follows it to the end; `status` and `nodes` report the result.
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn plan_predicts_what_the_rollout_does() {
     let env = TestEnv::new("plugin-plan").await;
     let _guard = CleanupOnPanic { id: env.id.clone() };
@@ -281,6 +284,7 @@ async fn guard_with_pdb(env: &TestEnv, ns: &str, node: &str) -> String {
 /// its drain, `watch` exits non-zero naming it; `retry` is refused on a node that
 /// is not Failed and accepted on the Failed one, after which the rollout ends.
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn plan_blocker_fails_the_node_and_retry_recovers_it() {
     let env = TestEnv::new("plugin-block").await;
     let _guard = CleanupOnPanic { id: env.id.clone() };
@@ -385,6 +389,7 @@ async fn plan_blocker_fails_the_node_and_retry_recovers_it() {
 
 /// pause/resume flip spec.paused; a missing policy or node is named in the error.
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pause_resume_and_clear_errors() {
     let env = TestEnv::new("plugin-pause").await;
     let _guard = CleanupOnPanic { id: env.id.clone() };
@@ -455,6 +460,7 @@ async fn pause_resume_and_clear_errors() {
 /// `logs` finds the installer pod of a node (container "installer") and names
 /// what it cannot find.
 #[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn logs_of_installer_pods() {
     let env = TestEnv::new("plugin-logs").await;
     let _guard = CleanupOnPanic { id: env.id.clone() };

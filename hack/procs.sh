@@ -1,0 +1,129 @@
+# shellcheck shell=bash
+# Bookkeeping of the processes the hack/ scripts start (sourced, not run):
+#
+#   some-daemon --port "$port" & procs_record "$pidfile" $! some-daemon
+#   ...
+#   procs_stop "$pidfile"            # SIGTERM, then SIGKILL after 10 s
+#
+# A process is recorded as "PID START BOOT NAME": its start time (field 22 of
+# /proc/PID/stat, fixed when it is forked) on this boot (boot_id). A PID that
+# the kernel has since given to another process never matches, so only the
+# processes we started are ever signalled. Nothing here finds or kills a
+# process by its name or command line.
+
+# The id of the running boot (start times count from it).
+procs_boot_id() {
+  cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown-boot
+}
+
+# procs_field PID N: field N (>= 3) of /proc/PID/stat; fails if there is no such process.
+procs_field() {
+  local stat rest
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  # Field 2 is the command name in parentheses and may hold spaces or ')'.
+  rest=${stat##*) }
+  local -a f
+  read -r -a f <<<"$rest"
+  [ -n "${f[$(($2 - 3))]:-}" ] || return 1
+  echo "${f[$(($2 - 3))]}"
+}
+
+# procs_starttime PID: start time in clock ticks since boot; fails when the
+# process does not exist or has already exited (a zombie).
+procs_starttime() {
+  local state
+  state=$(procs_field "$1" 3) || return 1
+  case $state in Z | X | x) return 1 ;; esac
+  procs_field "$1" 22
+}
+
+# procs_argv0 PID: the first word of the process's command line.
+procs_argv0() {
+  local a
+  { IFS= read -r -d '' a <"/proc/$1/cmdline"; } 2>/dev/null || [ -n "${a:-}" ] || return 1
+  echo "$a"
+}
+
+# procs_record FILE PID [NAME]: records PID, a child this shell just started
+# (`cmd & procs_record FILE $! name`), in FILE. Refuses a PID that is not a
+# child of this shell.
+procs_record() {
+  local file=$1 pid=$2 name=${3:-process} st ppid
+  ppid=$(procs_field "$pid" 4) || ppid=""
+  if [ "$ppid" != "$$" ]; then
+    echo "procs: pid $pid ($name) is not a child of this shell (parent ${ppid:-gone}): not recorded" >&2
+    return 0
+  fi
+  st=$(procs_starttime "$pid") || {
+    echo "procs: $name (pid $pid) has already exited" >&2
+    return 0
+  }
+  printf '%s %s %s %s\n' "$pid" "$st" "$(procs_boot_id)" "$name" >>"$file"
+}
+
+# procs_adopt FILE PID NAME: records a process someone else started, which the
+# caller has checked is the one it means (e.g. by its executable's path).
+procs_adopt() {
+  local st
+  st=$(procs_starttime "$2") || return 0
+  printf '%s %s %s %s\n' "$2" "$st" "$(procs_boot_id)" "$3" >>"$1"
+}
+
+# procs_is PID START BOOT: the process recorded so is still running.
+procs_is() {
+  [ "$3" = "$(procs_boot_id)" ] && [ "$(procs_starttime "$1" 2>/dev/null)" = "$2" ]
+}
+
+# procs_stop FILE [group]: stops the recorded processes that still run
+# (SIGTERM, SIGKILL after ${PROCS_STOP_TIMEOUT:-10} s) and removes FILE. With
+# `group`, a recorded process that leads its own process group (started with
+# setsid or setpgid) is signalled with its whole group. Lines without a start
+# time (written by an older script) are reported and left alone.
+procs_stop() {
+  local file=$1 mode=${2:-} pid st boot name pgid
+  [ -f "$file" ] || return 0
+  local -a mine=() targets=()
+  while read -r pid st boot name; do
+    [ -n "${pid:-}" ] || continue
+    if [ -z "${st:-}" ] || [ -z "${boot:-}" ]; then
+      echo "procs: $file: pid $pid was recorded without its start time; not signalling it" >&2
+      continue
+    fi
+    procs_is "$pid" "$st" "$boot" || continue # exited, or the PID is someone else's now
+    mine+=("$pid $st $boot ${name:-process}")
+    pgid=$(procs_field "$pid" 5) || pgid=""
+    if [ "$mode" = group ] && [ "$pgid" = "$pid" ]; then
+      targets+=("-$pid")
+    else
+      targets+=("$pid")
+    fi
+  done <"$file"
+  if [ ${#targets[@]} -gt 0 ]; then
+    kill -TERM -- "${targets[@]}" 2>/dev/null || true
+    local deadline=$((SECONDS + ${PROCS_STOP_TIMEOUT:-10})) left
+    while :; do
+      left=()
+      local i
+      for i in "${!targets[@]}"; do
+        read -r pid st boot name <<<"${mine[$i]}"
+        if [[ ${targets[$i]} == -* ]]; then
+          # The group ID stays reserved while any member lives.
+          kill -0 -- "${targets[$i]}" 2>/dev/null && left+=("$i")
+        else
+          procs_is "$pid" "$st" "$boot" && left+=("$i")
+        fi
+      done
+      [ ${#left[@]} -gt 0 ] || break
+      if [ $SECONDS -ge $deadline ]; then
+        for i in "${left[@]}"; do
+          read -r pid st boot name <<<"${mine[$i]}"
+          echo "procs: $name (pid $pid) still running after SIGTERM; SIGKILL" >&2
+          kill -KILL -- "${targets[$i]}" 2>/dev/null || true
+        done
+        break
+      fi
+      sleep 0.2
+    done
+  fi
+  rm -f "$file"
+}
