@@ -375,7 +375,7 @@ def rollout():
         targets((f'sum by (reason) (increase(ttdriver_node_failures_total{{{CR}}}[$__range]))', "{{reason}}"),
                 instant=True),
         description="Nodes that entered Failed during the time range, by reason "
-                    "(DrainTimeout, UpgradeTimeout, AgentFailed, EvictionError, PatchError, Other).",
+                    "(see docs/troubleshooting.md, \"A node is Failed\").",
         defaults={"decimals": 0, "min": 0, "color": {"mode": "thresholds"},
                   "thresholds": thresholds((None, "green"), (0.5, "red"))},
         options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},

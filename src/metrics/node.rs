@@ -15,16 +15,11 @@ use super::{Metrics, bool_value};
 
 /// `reason` label values of `ttdriver_node_failures_total`; anything else is
 /// reported as `Other`.
-pub const FAILURE_REASONS: [&str; 6] = [
-    "DrainTimeout",
-    "UpgradeTimeout",
-    "AgentFailed",
-    "EvictionError",
-    "PatchError",
-    "Other",
-];
+pub use ttdrv_core::reason::FAILURES as FAILURE_REASONS;
 
-/// Maps a failure reason onto the bounded set of `FAILURE_REASONS`.
+/// The `reason` label of a failure: one of [`FAILURE_REASONS`] (the state
+/// machine writes no other); anything else would be a bug, counted as
+/// `Other` rather than growing the label set.
 pub fn failure_reason(reason: &str) -> &'static str {
     FAILURE_REASONS
         .iter()
@@ -94,7 +89,7 @@ impl NodeMetrics {
             ),
             node_failures: families.counter(
                 "ttdriver_node_failures_total",
-                "Nodes that entered Failed, by reason (DrainTimeout, UpgradeTimeout, AgentFailed, EvictionError, PatchError, Other).",
+                "Nodes that entered Failed, by reason (the reasons of Failed in docs/troubleshooting.md).",
                 &["cr", "reason"],
             ),
         }

@@ -486,7 +486,11 @@ fn failure_reasons_are_bounded() {
     m.inc_failure("p", "");
     let s = scrape(&m);
     let series = select(&s, "ttdriver_node_failures_total", &[("cr", "p")]);
-    assert_eq!(series.len(), FAILURE_REASONS.len());
+    assert_eq!(
+        series.len(),
+        FAILURE_REASONS.len() + 1,
+        "the documented reasons, and Other for anything else"
+    );
     assert_eq!(
         value(
             &s,
@@ -507,11 +511,12 @@ fn failure_reasons_are_bounded() {
         value(
             &s,
             "ttdriver_node_failures_total",
-            &[("cr", "p"), ("reason", "AgentFailed")]
+            &[("cr", "p"), ("reason", "UpgradeTimeout")]
         ),
-        Some(0.0)
+        Some(0.0),
+        "every failure reason is exported from the start"
     );
-    assert_eq!(failure_reason("PatchError"), "PatchError");
+    assert_eq!(failure_reason("DrainTimeout"), "DrainTimeout");
     assert_eq!(failure_reason("patcherror"), "Other");
 }
 

@@ -1,0 +1,121 @@
+//! The reasons the state machine writes and the reasons the docs promise are
+//! the same set: a reason documented but never produced, or produced but not
+//! documented, fails here.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use ttdrv_core::reason;
+
+fn doc(name: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs")
+        .join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
+}
+
+/// Backticked CamelCase words (`DrainTimeout`) in `text`.
+fn reasons_in(text: &str) -> BTreeSet<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|w| {
+            w.len() > 2
+                && w.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+                && w.chars().all(|c| c.is_ascii_alphanumeric())
+                && w.chars().any(|c| c.is_ascii_lowercase())
+        })
+        .map(String::from)
+        .collect()
+}
+
+/// The lines of `text` from the heading `start` to the next heading.
+fn section(text: &str, start: &str) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            if inside {
+                break;
+            }
+            inside = line.trim_start_matches('#').trim() == start;
+            continue;
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    assert!(!out.is_empty(), "no section {start:?}");
+    out
+}
+
+fn set(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn failure_reasons_in_the_troubleshooting_table() {
+    let table: String = section(&doc("troubleshooting.md"), "A node is Failed")
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| l.split('|').nth(1).unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(reasons_in(&table), set(reason::FAILURES));
+}
+
+#[test]
+fn failure_reasons_of_the_failure_metric() {
+    let line = doc("metrics.md")
+        .lines()
+        .find(|l| l.starts_with("| `ttdriver_node_failures_total`"))
+        .map(String::from)
+        .unwrap_or_default();
+    let mut documented = reasons_in(&line);
+    assert!(
+        documented.remove("Other"),
+        "the fallback label is documented"
+    );
+    documented.remove("Failed");
+    assert_eq!(documented, set(reason::FAILURES));
+}
+
+#[test]
+fn failure_reasons_of_the_failed_state() {
+    let row = doc("upgrade-flow.md")
+        .lines()
+        .find(|l| l.starts_with("| `Failed`"))
+        .map(String::from)
+        .unwrap_or_default();
+    let mut documented = reasons_in(&row);
+    documented.remove("Failed");
+    assert_eq!(documented, set(reason::FAILURES));
+}
+
+#[test]
+fn every_reason_in_the_crd_reference() {
+    let row = doc("crd-reference.md")
+        .lines()
+        .find(|l| l.starts_with("| `reason` |"))
+        .map(String::from)
+        .unwrap_or_default();
+    let documented = reasons_in(&row);
+    let produced = set(reason::ALL);
+    let unknown: Vec<&String> = documented.difference(&produced).collect();
+    assert!(
+        unknown.is_empty(),
+        "documented, never produced: {unknown:?}"
+    );
+    for f in reason::FAILURES {
+        assert!(documented.contains(*f), "failure reason {f} not listed");
+    }
+}
+
+#[test]
+fn failures_are_reasons() {
+    for f in reason::FAILURES {
+        assert!(reason::ALL.contains(f), "{f}");
+    }
+    let unique: BTreeSet<&str> = reason::ALL.iter().copied().collect();
+    assert_eq!(unique.len(), reason::ALL.len(), "no reason twice");
+}
