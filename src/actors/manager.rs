@@ -17,6 +17,7 @@ use actix::prelude::*;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::labels;
 
+use super::supervisor::SupervisorPorts;
 use super::{DaemonSetRenderer, Evictor, Labeler, PatchNode, PolicySupervisor, Reconcile};
 use crate::context::Context;
 use ttdrv_core::selection::{Assignment, assign, claim_of};
@@ -108,15 +109,12 @@ impl PolicyManager {
             .collect();
         for name in &live {
             if !self.supervisors.contains_key(name) {
-                let (ctx, n, l, e, r) = (
+                let (ctx, n, ports) = (
                     self.ctx.clone(),
                     name.clone(),
-                    self.labeler.clone(),
-                    self.evictor.clone(),
-                    self.renderer.clone(),
+                    SupervisorPorts::of(&self.labeler, &self.evictor, &self.renderer),
                 );
-                let addr =
-                    actix::Supervisor::start(move |_| PolicySupervisor::new(ctx, n, l, e, r));
+                let addr = actix::Supervisor::start(move |_| PolicySupervisor::new(ctx, n, ports));
                 tracing::info!(policy = name, "policy supervisor started");
                 self.supervisors.insert(name.clone(), addr);
                 self.waiting.insert(

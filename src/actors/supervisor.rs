@@ -27,8 +27,8 @@ use ttdrv_core::selection::Assignment;
 
 use super::node::{NodePorts, StopNode};
 use super::{
-    DaemonSetRenderer, Ensure, Evictor, Labeler, NodeActor, Observe, PassScope, PatchNode,
-    PlanRollout, RolloutActor,
+    DaemonSetRenderer, Ensure, Evict, Evictor, Labeler, NodeActor, Observe, PassScope, PatchNode,
+    PlanRollout, ReplaceInstallerPod, RolloutActor,
 };
 use crate::context::Context;
 use crate::node_patch::{claim_patch, release_patch};
@@ -36,6 +36,32 @@ use crate::observe::{NodeView, ObserveInput};
 use crate::render::daemonset_name;
 use crate::status::{self, Reported, StatusInput};
 use crate::{Error, Result};
+
+/// Where a PolicySupervisor (and the NodeActors it starts) send their work:
+/// the shared Labeler, Evictor and DaemonSetRenderer. Recipients, so tests
+/// put recording fakes in their place.
+#[derive(Clone)]
+pub struct SupervisorPorts {
+    pub patch: Recipient<PatchNode>,
+    pub evict: Recipient<Evict>,
+    pub ensure: Recipient<Ensure>,
+    pub replace_pod: Recipient<ReplaceInstallerPod>,
+}
+
+impl SupervisorPorts {
+    pub fn of(
+        labeler: &Addr<Labeler>,
+        evictor: &Addr<Evictor>,
+        renderer: &Addr<DaemonSetRenderer>,
+    ) -> Self {
+        Self {
+            patch: labeler.clone().recipient(),
+            evict: evictor.clone().recipient(),
+            ensure: renderer.clone().recipient(),
+            replace_pod: renderer.clone().recipient(),
+        }
+    }
+}
 
 pub struct PolicySupervisor {
     ctx: Arc<Context>,
@@ -47,9 +73,7 @@ pub struct PolicySupervisor {
     /// Nodes with pods that use the device (listed last, drained last).
     device_users: HashSet<String>,
     rollout: Addr<RolloutActor>,
-    labeler: Addr<Labeler>,
-    evictor: Addr<Evictor>,
-    renderer: Addr<DaemonSetRenderer>,
+    ports: SupervisorPorts,
     last_status: Option<TenstorrentDriverPolicyStatus>,
     last_status_write: Option<Instant>,
     status_in_flight: bool,
@@ -61,13 +85,7 @@ pub struct PolicySupervisor {
 }
 
 impl PolicySupervisor {
-    pub fn new(
-        ctx: Arc<Context>,
-        name: String,
-        labeler: Addr<Labeler>,
-        evictor: Addr<Evictor>,
-        renderer: Addr<DaemonSetRenderer>,
-    ) -> Self {
+    pub fn new(ctx: Arc<Context>, name: String, ports: SupervisorPorts) -> Self {
         Self {
             ctx,
             name,
@@ -75,9 +93,7 @@ impl PolicySupervisor {
             records: Arc::default(),
             device_users: HashSet::new(),
             rollout: RolloutActor::default().start(),
-            labeler,
-            evictor,
-            renderer,
+            ports,
             last_status: None,
             last_status_write: None,
             status_in_flight: false,
@@ -171,8 +187,7 @@ impl Handler<Reconcile> for PolicySupervisor {
             actors: self.nodes.clone(),
             records: self.records.clone(),
             rollout: self.rollout.clone(),
-            labeler: self.labeler.clone(),
-            renderer: self.renderer.clone(),
+            ports: self.ports.clone(),
         };
         let warn_deprecated = policy.spec.uses_deprecated_node_selector()
             && self.warned_generation != policy.metadata.generation;
@@ -240,9 +255,9 @@ impl PolicySupervisor {
             return;
         }
         let ports = NodePorts {
-            patch: self.labeler.clone().recipient(),
-            evict: self.evictor.clone().recipient(),
-            replace_pod: self.renderer.clone().recipient(),
+            patch: self.ports.patch.clone(),
+            evict: self.ports.evict.clone(),
+            replace_pod: self.ports.replace_pod.clone(),
             acquire: self.rollout.clone().recipient(),
             release: self.rollout.clone().recipient(),
         };
@@ -443,8 +458,7 @@ struct ReconcilePass {
     actors: Arc<HashMap<String, Addr<NodeActor>>>,
     records: Arc<HashMap<String, NodeRecord>>,
     rollout: Addr<RolloutActor>,
-    labeler: Addr<Labeler>,
-    renderer: Addr<DaemonSetRenderer>,
+    ports: SupervisorPorts,
 }
 
 /// Rounds of slot hand-over within one pass: a node reaching Done frees a
@@ -652,7 +666,7 @@ impl ReconcilePass {
             if node.as_deref().and_then(|nd| node_label(nd, labels::CLAIM)) == Some(name) {
                 return None;
             }
-            Some(self.labeler.send(PatchNode {
+            Some(self.ports.patch.send(PatchNode {
                 node: n.clone(),
                 patch: claim_patch(name),
                 action: "claiming node",
@@ -686,7 +700,8 @@ impl ReconcilePass {
         };
         let gates = self.ctx.config.gates();
         for node in nodes {
-            self.labeler
+            self.ports
+                .patch
                 .send(PatchNode {
                     node: node.metadata.name.clone().unwrap_or_default(),
                     patch: release_patch(&node, name, &gates),
@@ -702,7 +717,8 @@ impl ReconcilePass {
     async fn ensure_daemonset(&self) -> Result<String> {
         if !self.policy.spec.paused {
             return self
-                .renderer
+                .ports
+                .ensure
                 .send(Ensure {
                     policy: self.policy.clone(),
                 })
@@ -723,3 +739,6 @@ impl ReconcilePass {
             .unwrap_or_default())
     }
 }
+
+#[cfg(test)]
+mod tests;

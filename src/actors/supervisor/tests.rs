@@ -1,0 +1,265 @@
+//! A PolicySupervisor with its real RolloutActor and NodeActors, against a
+//! recording fake of the Labeler, Evictor and renderer and hand-fed caches.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use clap::Parser;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::{reflector, watcher};
+use ttdrv_api::TenstorrentDriverPolicySpec;
+
+use super::*;
+use crate::actors::EvictOutcome;
+use crate::config::Config;
+use crate::context::Stores;
+use crate::metrics::Metrics;
+use crate::pod_index::PodsByNode;
+
+/// Plays the shared actors; records node writes per node.
+#[derive(Default)]
+struct Fake {
+    nodes: HashMap<String, serde_json::Value>,
+    log: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl Actor for Fake {
+    type Context = actix::Context<Self>;
+}
+
+fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+impl Handler<PatchNode> for Fake {
+    type Result = Result<Node>;
+    fn handle(&mut self, msg: PatchNode, _: &mut Self::Context) -> Result<Node> {
+        let node = self
+            .nodes
+            .entry(msg.node.clone())
+            .or_insert_with(|| serde_json::json!({}));
+        merge(node, &msg.patch);
+        let what = if msg.patch["spec"]["unschedulable"] == true {
+            "cordon".to_string()
+        } else if let Some(r) = msg.patch["metadata"]["annotations"][labels::UPGRADE_STATE]
+            .as_str()
+            .and_then(|r| serde_json::from_str::<NodeRecord>(r).ok())
+        {
+            format!("record {}", r.state.as_str())
+        } else {
+            msg.action.to_string()
+        };
+        if let Ok(mut l) = self.log.lock() {
+            l.push((msg.node.clone(), what));
+        }
+        serde_json::from_value(node.clone()).map_err(|source| Error::Serialize {
+            what: "fake node",
+            source,
+        })
+    }
+}
+
+impl Handler<Evict> for Fake {
+    type Result = MessageResult<Evict>;
+    fn handle(&mut self, _: Evict, _: &mut Self::Context) -> Self::Result {
+        MessageResult(EvictOutcome::default())
+    }
+}
+
+impl Handler<Ensure> for Fake {
+    type Result = Result<String>;
+    fn handle(&mut self, _: Ensure, _: &mut Self::Context) -> Result<String> {
+        Ok("h2".into())
+    }
+}
+
+impl Handler<ReplaceInstallerPod> for Fake {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: ReplaceInstallerPod, _: &mut Self::Context) -> Result<()> {
+        if let Ok(mut l) = self.log.lock() {
+            l.push((msg.name, "replace".into()));
+        }
+        Ok(())
+    }
+}
+
+fn fed<K>(objs: Vec<K>) -> reflector::Store<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, mut writer) = reflector::store::<K>();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objs {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    store
+}
+
+fn node(name: &str) -> Node {
+    let labels: BTreeMap<String, String> = [
+        (labels::TT_PCI_PRESENT, "true"),
+        (labels::KMD_VERSION, "2.7.0"),
+        (labels::INSTALL_MODE, labels::INSTALL_MODE_CONTAINER),
+        (labels::CLAIM, "fleet"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+    }
+}
+
+fn installer(node: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(format!("ttdrv-fleet-{node}")),
+            namespace: Some(labels::DEFAULT_NAMESPACE.into()),
+            labels: Some([(labels::CLAIM.to_string(), "fleet".to_string())].into()),
+            annotations: Some([(labels::TEMPLATE_HASH.to_string(), "h1".to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn policy() -> TenstorrentDriverPolicy {
+    let mut p = TenstorrentDriverPolicy::new(
+        "fleet",
+        serde_json::from_value::<TenstorrentDriverPolicySpec>(serde_json::json!({
+            "version": "2.8.0",
+            "nodeAffinity": { "nodeSelectorTerms": [ { "matchLabels": {} } ] }
+        }))
+        .expect("spec"),
+    );
+    p.metadata.generation = Some(1);
+    p
+}
+
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+
+fn context() -> Arc<Context> {
+    let url = "http://127.0.0.1:9".parse().expect("url");
+    let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
+    let pods: Vec<Pod> = NODES.iter().map(|n| installer(n)).collect();
+    let index = PodsByNode::default();
+    index.apply(&watcher::Event::Init);
+    for p in &pods {
+        index.apply(&watcher::Event::InitApply(p.clone()));
+    }
+    index.apply(&watcher::Event::InitDone);
+    let stores = Stores {
+        policies: fed(vec![policy()]),
+        nodes: fed(NODES.iter().map(|n| node(n)).collect()),
+        pods: fed(pods),
+        pods_by_node: Arc::new(index),
+        daemonsets: fed(vec![]),
+        pdbs: fed(vec![]),
+    };
+    Arc::new(Context::new(
+        client,
+        Config::parse_from(["ttdrv-controller"]),
+        stores,
+        Arc::new(Metrics::new("test")),
+    ))
+}
+
+fn reconcile(full: bool, nodes: &[&str]) -> Reconcile {
+    Reconcile {
+        assignment: Arc::new(Assignment {
+            owned: [(
+                "fleet".to_string(),
+                NODES.iter().map(|n| n.to_string()).collect(),
+            )]
+            .into(),
+            conflicts: Default::default(),
+        }),
+        scope: PassScope {
+            full,
+            tick: false,
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        },
+    }
+}
+
+#[actix::test]
+async fn a_pass_starts_one_node_and_the_next_pass_keeps_the_budget() {
+    let log: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let fake = Fake {
+        nodes: NODES
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    serde_json::to_value(node(n)).expect("node json"),
+                )
+            })
+            .collect(),
+        log: log.clone(),
+    }
+    .start();
+    let ports = SupervisorPorts {
+        patch: fake.clone().recipient(),
+        evict: fake.clone().recipient(),
+        ensure: fake.clone().recipient(),
+        replace_pod: fake.recipient(),
+    };
+    let sup = PolicySupervisor::new(context(), "fleet".into(), ports).start();
+    sup.send(reconcile(true, &[]))
+        .await
+        .expect("mailbox")
+        .expect("pass");
+    // A targeted pass on the waiting nodes: n1 still holds the only slot.
+    sup.send(reconcile(false, &["n2", "n3"]))
+        .await
+        .expect("mailbox")
+        .expect("pass");
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let cordoned: Vec<&str> = log
+        .iter()
+        .filter(|(_, what)| what == "cordon")
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(cordoned, ["n1"], "one slot, first by name: {log:?}");
+    for n in ["n2", "n3"] {
+        assert!(
+            log.contains(&(n.to_string(), "record Pending".to_string())),
+            "{n} waits with its record written: {log:?}"
+        );
+    }
+    assert!(
+        log.contains(&("n1".to_string(), "record Draining".to_string())),
+        "n1 drains on the API server's reply to its cordon: {log:?}"
+    );
+}
