@@ -11,6 +11,7 @@ use kube::runtime::{reflector, watcher};
 use ttdrv_api::TenstorrentDriverPolicySpec;
 
 use super::*;
+use crate::Error;
 use crate::actors::EvictOutcome;
 use crate::config::Config;
 use crate::context::Stores;

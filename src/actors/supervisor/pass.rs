@@ -1,0 +1,328 @@
+//! One reconcile pass of a policy, detached from the PolicySupervisor so it
+//! runs as a future: claims and releases nodes, ensures the DaemonSet, then in
+//! rounds observes the nodes in scope, tells the RolloutActor what changed and
+//! steps the NodeActors (those it lets ask for a slot included).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::ObjectRef;
+use ttdrv_api::{PodSelector, TenstorrentDriverPolicy, labels};
+use ttdrv_core::machine::{Desired, NodeRecord};
+use ttdrv_core::rollout::Plan;
+use ttdrv_core::selection::Assignment;
+
+use super::{SupervisorPorts, node_label, now_secs, owns};
+use crate::actors::{Ensure, NodeActor, Observe, PatchNode, PlanRollout, RolloutActor};
+use crate::context::Context;
+use crate::node_patch::{claim_patch, release_patch};
+use crate::observe::{NodeView, ObserveInput};
+use crate::render::daemonset_name;
+use crate::{Error, Result};
+
+/// What a pass hands back to its supervisor.
+pub(super) struct PassOut {
+    /// Records after each NodeActor's step.
+    pub(super) updates: Vec<(String, NodeRecord)>,
+    /// Nodes stepped in this pass.
+    pub(super) stepped: Vec<String>,
+    /// Whether each observed node has pods using the device.
+    pub(super) device_users: Vec<(String, bool)>,
+    pub(super) plan: Plan,
+    /// First error of the pass (the other nodes' steps go on past it).
+    pub(super) err: Option<Error>,
+}
+
+/// One reconcile pass: what it needs, detached from the actor so it can run
+/// as a future.
+pub(super) struct ReconcilePass {
+    pub(super) ctx: Arc<Context>,
+    pub(super) policy: Arc<TenstorrentDriverPolicy>,
+    pub(super) assignment: Arc<Assignment>,
+    pub(super) full: bool,
+    pub(super) actors: Arc<HashMap<String, Addr<NodeActor>>>,
+    pub(super) records: Arc<HashMap<String, NodeRecord>>,
+    pub(super) rollout: Addr<RolloutActor>,
+    pub(super) ports: SupervisorPorts,
+}
+
+/// Rounds of slot hand-over within one pass: a node reaching Done frees a
+/// slot, and the next node starts in the same pass instead of waiting for the
+/// watch to echo the Done back.
+const MAX_ROUNDS: usize = 3;
+
+impl ReconcilePass {
+    pub(super) fn name(&self) -> &str {
+        self.policy.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    fn owned(&self) -> &[String] {
+        self.assignment
+            .owned
+            .get(self.name())
+            .map_or(&[], Vec::as_slice)
+    }
+
+    pub(super) async fn run(
+        &self,
+        targets: Vec<String>,
+        strays: Vec<String>,
+        conflicts: &[(String, String)],
+        warn_deprecated: bool,
+        conflicts_changed: bool,
+    ) -> Result<PassOut> {
+        let (ctx, policy) = (&self.ctx, &self.policy);
+        let name = self.name().to_string();
+        let spec = &policy.spec;
+        ctx.metrics.set_desired_version(&name, &spec.version);
+        self.report_policy_events(conflicts, warn_deprecated, conflicts_changed);
+        self.claim(&targets).await?;
+        self.release(&strays).await?;
+        let hash = self.ensure_daemonset().await?;
+        let selector =
+            PodSelector::parse(&spec.upgrade_policy.drain.pod_selector_label).map_err(|e| {
+                Error::InvalidPolicy {
+                    policy: name.clone(),
+                    message: e.to_string(),
+                }
+            })?;
+        let gates = ctx.config.gates();
+        let desired = Desired {
+            policy: name.clone(),
+            version: spec.version.clone(),
+            drain_enabled: spec.upgrade_policy.drain.enable,
+            drain_timeout_seconds: spec.upgrade_policy.drain.timeout_seconds,
+            upgrade_timeout_seconds: ctx.config.upgrade_timeout_seconds,
+            paused: spec.paused,
+        };
+        let max = spec.upgrade_policy.max_unavailable_for(self.owned().len());
+        let input = ObserveInput {
+            stores: &ctx.stores,
+            namespace: &ctx.config.namespace,
+            policy,
+            template_hash: &hash,
+            selector: &selector,
+            gates: &gates,
+            now: now_secs(),
+            records: &self.records,
+            pdbs: Default::default(),
+        };
+        let observe = |nodes: &[String], starting: &HashSet<&str>| -> Vec<(String, NodeView)> {
+            nodes
+                .iter()
+                .filter_map(|n| Some((n.clone(), input.node(n, starting.contains(n.as_str()))?)))
+                .collect()
+        };
+
+        let mut updates: HashMap<String, NodeRecord> = HashMap::new();
+        let mut device_users = Vec::new();
+        let mut first_err = None;
+        let mut views = observe(&targets, &HashSet::new());
+        let mut candidates: Vec<_> = views
+            .iter()
+            .map(|(n, v)| v.candidate(n, self.records.get(n).or(v.persisted.as_ref())))
+            .collect();
+        let mut replace = self.full;
+        let mut stepped: HashSet<String> = HashSet::new();
+        let mut plan;
+        let mut round = 0;
+        loop {
+            plan = self
+                .rollout
+                .send(PlanRollout {
+                    replace,
+                    updates: std::mem::take(&mut candidates),
+                    max_unavailable: max,
+                })
+                .await?;
+            replace = false;
+            // Nodes the plan lets ask for a slot: observed with their drain plan
+            // (they may cordon and enter Draining within one step). Those not
+            // stepped yet (this pass, or an earlier one whose step failed) join
+            // this round.
+            let offered: HashSet<&str> = plan.granted.iter().map(String::as_str).collect();
+            let queued: HashSet<&str> = views.iter().map(|(n, _)| n.as_str()).collect();
+            let fresh: Vec<String> = plan
+                .granted
+                .iter()
+                .filter(|n| !stepped.contains(*n) && !queued.contains(n.as_str()))
+                .cloned()
+                .collect();
+            let replan: Vec<String> = views
+                .iter()
+                .filter(|(n, v)| offered.contains(n.as_str()) && v.obs.drain.is_none())
+                .map(|(n, _)| n.clone())
+                .collect();
+            if !replan.is_empty() {
+                views.retain(|(n, _)| !replan.contains(n));
+                views.extend(observe(&replan, &offered));
+            }
+            if !fresh.is_empty() {
+                views.extend(observe(&fresh, &offered));
+            }
+            if views.is_empty() || round == MAX_ROUNDS {
+                break;
+            }
+            round += 1;
+            let mut calls = Vec::new();
+            for (n, v) in std::mem::take(&mut views) {
+                let Some(addr) = self.actors.get(&n) else {
+                    continue;
+                };
+                stepped.insert(n.clone());
+                device_users.push((n.clone(), v.has_device_pods));
+                let facts = v.clone();
+                let msg = Observe {
+                    policy: policy.clone(),
+                    obs: v.obs,
+                    desired: desired.clone(),
+                    persisted: v.persisted,
+                    evictions: v.evictions,
+                    installer_pod: v.installer_pod,
+                    skipped: v.skipped,
+                    gates: gates.clone(),
+                };
+                let addr = addr.clone();
+                calls.push(async move { (n, facts, addr.send(msg).await) });
+            }
+            for (n, facts, res) in futures::future::join_all(calls).await {
+                match res.map_err(Error::from).and_then(|r| r) {
+                    Ok(rec) => {
+                        candidates.push(facts.candidate(&n, Some(&rec)));
+                        updates.insert(n, rec);
+                    }
+                    Err(e) => {
+                        tracing::warn!(policy = name, node = n, error = %e, "node step failed; will retry");
+                        first_err = first_err.or(Some(e));
+                    }
+                }
+            }
+        }
+        Ok(PassOut {
+            updates: updates.into_iter().collect(),
+            stepped: stepped.into_iter().collect(),
+            device_users,
+            plan,
+            err: first_err,
+        })
+    }
+
+    fn report_policy_events(
+        &self,
+        conflicts: &[(String, String)],
+        warn_deprecated: bool,
+        conflicts_changed: bool,
+    ) {
+        let policy = self.policy.as_ref();
+        if warn_deprecated {
+            self.ctx.event(
+                policy,
+                true,
+                "DeprecatedField",
+                "Validate",
+                "spec.nodeSelector is deprecated: rename it to spec.nodeAffinity (same shape)"
+                    .into(),
+            );
+        }
+        if conflicts_changed && !conflicts.is_empty() {
+            let list: Vec<String> = conflicts
+                .iter()
+                .map(|(n, o)| format!("{n} (owned by {o})"))
+                .collect();
+            self.ctx.event(
+                policy,
+                true,
+                "SelectorConflict",
+                "Select",
+                format!(
+                    "nodes also matched by older policies are left to them: {}",
+                    list.join(", ")
+                ),
+            );
+        }
+    }
+
+    /// Claims the owned nodes so the DaemonSet (which requires the claim) lands
+    /// there.
+    async fn claim(&self, targets: &[String]) -> Result<()> {
+        let name = self.name();
+        let calls = targets.iter().filter_map(|n| {
+            let node = self.ctx.stores.nodes.get(&ObjectRef::new(n));
+            if node.as_deref().and_then(|nd| node_label(nd, labels::CLAIM)) == Some(name) {
+                return None;
+            }
+            Some(self.ports.patch.send(PatchNode {
+                node: n.clone(),
+                patch: claim_patch(name),
+                action: "claiming node",
+            }))
+        });
+        for res in futures::future::join_all(calls).await {
+            res??;
+        }
+        Ok(())
+    }
+
+    /// Releases nodes that carry our claim but are no longer ours (all such
+    /// nodes on a full pass, else the changed ones); never strands a cordon.
+    async fn release(&self, strays: &[String]) -> Result<()> {
+        let name = self.name();
+        let ours = |nd: &Node| node_label(nd, labels::CLAIM) == Some(name);
+        let nodes: Vec<Arc<Node>> = if self.full {
+            self.ctx.stores.nodes.state_filter(|nd| {
+                ours(nd)
+                    && !owns(
+                        self.owned(),
+                        nd.metadata.name.as_deref().unwrap_or_default(),
+                    )
+            })
+        } else {
+            strays
+                .iter()
+                .filter_map(|n| self.ctx.stores.nodes.get(&ObjectRef::new(n)))
+                .filter(|nd| ours(nd))
+                .collect()
+        };
+        let gates = self.ctx.config.gates();
+        for node in nodes {
+            self.ports
+                .patch
+                .send(PatchNode {
+                    node: node.metadata.name.clone().unwrap_or_default(),
+                    patch: release_patch(&node, name, &gates),
+                    action: "releasing node",
+                })
+                .await??;
+        }
+        Ok(())
+    }
+
+    /// The DaemonSet: rendered and applied unless paused (a paused policy leaves
+    /// it as is). Returns the template hash installer pods must carry.
+    async fn ensure_daemonset(&self) -> Result<String> {
+        if !self.policy.spec.paused {
+            return self
+                .ports
+                .ensure
+                .send(Ensure {
+                    policy: self.policy.clone(),
+                })
+                .await?;
+        }
+        let ds_name = daemonset_name(self.name());
+        Ok(self
+            .ctx
+            .stores
+            .daemonsets
+            .get(&ObjectRef::new(&ds_name).within(&self.ctx.config.namespace))
+            .and_then(|d| {
+                d.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(labels::TEMPLATE_HASH).cloned())
+            })
+            .unwrap_or_default())
+    }
+}
