@@ -29,6 +29,13 @@ pub const CLAIM: &str = "driver.tenstorrent.com/policy";
 /// restarted controller resumes without cordoning or evicting twice.
 pub const UPGRADE_STATE: &str = "driver.tenstorrent.com/upgrade-state";
 
+/// Node annotation holding the controller's go-ahead for a module swap (JSON:
+/// policy, node, target version, cycle). Written by the controller only once
+/// the node is cordoned and drained, removed when the cycle ends; the agent
+/// unloads or replaces a loaded module only while it is present and matches.
+/// The chart's admission policy keeps the agent from writing it.
+pub const GO_AHEAD: &str = "driver.tenstorrent.com/go-ahead";
+
 /// Operator namespace used by the chart.
 pub const DEFAULT_NAMESPACE: &str = "tt-k8s-driver-manager-system";
 
@@ -45,6 +52,8 @@ pub mod env {
     pub const SOURCE_REPOSITORY: &str = "TT_KMD_SOURCE_REPOSITORY";
     pub const TT_SMI_VERSION: &str = "TT_SMI_VERSION";
     pub const HOST_ROOT: &str = "TTDRV_HOST_ROOT";
+    /// Name of the policy whose DaemonSet runs the agent (its go-ahead must name it).
+    pub const POLICY: &str = "TTDRV_POLICY";
 }
 
 /// Public tt-kmd repository, used when neither the CR nor the chart names a mirror.

@@ -36,9 +36,50 @@ pub const RETRY: &str = "RetryRequested";
 /// Pending: the policy's version changed, or the node's module did.
 pub const RETARGET: &str = "TargetChanged";
 
+/// Failed: the installer image cannot be pulled (ImagePullBackOff and kin).
+pub const INSTALLER_IMAGE_PULL: &str = "InstallerImagePull";
+/// Failed: the installer container restarted 3 times or more without an
+/// answer from the agent.
+pub const INSTALLER_CRASH_LOOP: &str = "InstallerCrashLoop";
+/// Failed (the agent's word): a process still holds the device.
+pub const DEVICE_BUSY: &str = "DeviceBusy";
+/// Failed (the agent's word): the module did not build.
+pub const BUILD_FAILED: &str = "BuildFailed";
+/// Failed (the agent's word): the kernel refused the module.
+pub const LOAD_FAILED: &str = "LoadFailed";
+/// In a cycle, the node is not Ready (reason kept while it lasts); Failed when
+/// a deadline passes while the node is not Ready.
+pub const NODE_NOT_READY: &str = "NodeNotReady";
+
+/// Reasons the agent gives for giving up, as the first word of its
+/// container's termination message (`<Reason>: <what happened>`).
+pub const AGENT_FAILURES: &[&str] = &[DEVICE_BUSY, BUILD_FAILED, LOAD_FAILED];
+
+/// The agent's reason and words from a termination message, if it starts
+/// with one of [`AGENT_FAILURES`].
+pub fn from_termination_message(message: &str) -> Option<(&'static str, &str)> {
+    let (head, rest) = message.trim().split_once(':')?;
+    let reason = AGENT_FAILURES.iter().copied().find(|r| *r == head.trim())?;
+    Some((reason, rest.trim()))
+}
+
+/// The termination message the agent writes when it gives up.
+pub fn termination_message(reason: &str, message: &str) -> String {
+    format!("{reason}: {message}")
+}
+
 /// Reasons of the Failed state: the values of the `reason` label of
 /// `ttdriver_node_failures_total` and of the failure alert.
-pub const FAILURES: &[&str] = &[DRAIN_TIMEOUT, UPGRADE_TIMEOUT];
+pub const FAILURES: &[&str] = &[
+    DRAIN_TIMEOUT,
+    UPGRADE_TIMEOUT,
+    INSTALLER_IMAGE_PULL,
+    INSTALLER_CRASH_LOOP,
+    DEVICE_BUSY,
+    BUILD_FAILED,
+    LOAD_FAILED,
+    NODE_NOT_READY,
+];
 
 /// Every reason the state machine can write.
 pub const ALL: &[&str] = &[
@@ -58,4 +99,26 @@ pub const ALL: &[&str] = &[
     UPGRADE_TIMEOUT,
     RETRY,
     RETARGET,
+    INSTALLER_IMAGE_PULL,
+    INSTALLER_CRASH_LOOP,
+    DEVICE_BUSY,
+    BUILD_FAILED,
+    LOAD_FAILED,
+    NODE_NOT_READY,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn termination_message_round_trip() {
+        let m = termination_message(DEVICE_BUSY, "pid 42 (python) in pod ml/train-0");
+        assert_eq!(
+            from_termination_message(&m),
+            Some((DEVICE_BUSY, "pid 42 (python) in pod ml/train-0"))
+        );
+        assert_eq!(from_termination_message("Error: something"), None);
+        assert_eq!(from_termination_message("no colon"), None);
+    }
+}

@@ -1,0 +1,219 @@
+//! The controller's go-ahead for a module swap: the second key. The agent may
+//! unload or replace a loaded module only while the Node carries a go-ahead
+//! that names its policy, its node, its target version and the node's current
+//! cycle, and the controller's persisted record agrees (the node is in
+//! Upgrading for that cycle). A go-ahead copied from another node or left
+//! from an earlier cycle therefore opens nothing. A first install (nothing
+//! loaded) and a restart with the target already loaded swap nothing and need
+//! none. Both the real agent and the simulated one decide with [`decide`].
+
+use k8s_openapi::api::core::v1::Node;
+use serde::{Deserialize, Serialize};
+use ttdrv_api::{NodeState, labels};
+
+use crate::machine::NodeRecord;
+use crate::node;
+
+/// The go-ahead as written on the Node (annotation [`labels::GO_AHEAD`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GoAhead {
+    pub policy: String,
+    pub node: String,
+    pub target: String,
+    /// The cycle: when it started (the record's `started`, Unix seconds).
+    pub cycle: i64,
+}
+
+impl GoAhead {
+    /// The go-ahead for `record`'s cycle on `node`, if the record has one.
+    pub fn for_cycle(node: &str, record: &NodeRecord) -> Option<Self> {
+        Some(Self {
+            policy: record.policy.clone(),
+            node: node.to_string(),
+            target: record.target.clone(),
+            cycle: record.started?,
+        })
+    }
+}
+
+/// What the agent may do with the module loaded on its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Swap {
+    /// Nothing is loaded: a first install needs no go-ahead.
+    FirstInstall,
+    /// The target is loaded already: nothing to swap.
+    AlreadyLoaded,
+    /// A valid go-ahead for this node's current cycle: swap.
+    GoAhead(GoAhead),
+    /// Leave the loaded module alone; why, for the log and the status.
+    Wait(String),
+}
+
+impl Swap {
+    pub fn allowed(&self) -> bool {
+        !matches!(self, Swap::Wait(_))
+    }
+}
+
+/// The agent's decision, from the Node as the API server has it now.
+pub fn decide(
+    node: &Node,
+    policy: &str,
+    target: &str,
+    loaded: Option<&str>,
+    version_matches: impl Fn(&str, &str) -> bool,
+) -> Swap {
+    let Some(loaded) = loaded else {
+        return Swap::FirstInstall;
+    };
+    if version_matches(loaded, target) {
+        return Swap::AlreadyLoaded;
+    }
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let wait = |why: String| {
+        Swap::Wait(format!(
+            "waiting for the controller's go-ahead to replace tt-kmd {loaded} with {target}: {why}"
+        ))
+    };
+    let Some(raw) = node::annotation(node, labels::GO_AHEAD) else {
+        return wait("none on the node yet (it comes after cordon and drain)".into());
+    };
+    let Ok(go) = serde_json::from_str::<GoAhead>(raw) else {
+        return wait(format!("{} is not readable", labels::GO_AHEAD));
+    };
+    if go.policy != policy || go.node != name || go.target != target {
+        return wait(format!(
+            "the go-ahead is for policy {:?}, node {:?}, version {:?}",
+            go.policy, go.node, go.target
+        ));
+    }
+    let rec = match node::record(node) {
+        Ok(Some(r)) => r,
+        Ok(None) => return wait("no upgrade record on the node".into()),
+        Err(e) => return wait(format!("unreadable upgrade record: {e}")),
+    };
+    let current = rec.policy == policy
+        && rec.target == target
+        && rec.state == NodeState::Upgrading
+        && rec.started == Some(go.cycle)
+        && !rec.no_drain;
+    if !current {
+        return wait(format!(
+            "the go-ahead is not for the current cycle (record: {} {} for {})",
+            rec.policy,
+            rec.state.as_str(),
+            rec.target
+        ));
+    }
+    Swap::GoAhead(go)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::Cordon;
+
+    fn eq(a: &str, b: &str) -> bool {
+        a == b
+    }
+
+    fn record(state: NodeState, started: i64) -> NodeRecord {
+        let mut r = NodeRecord::new("fleet", "2.8.0", started);
+        r.state = state;
+        r.started = Some(started);
+        r.cordon = Cordon::Ours;
+        r
+    }
+
+    fn node(rec: Option<&NodeRecord>, go: Option<&GoAhead>) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some("n1".into());
+        let mut a = std::collections::BTreeMap::new();
+        if let Some(r) = rec {
+            a.insert(
+                labels::UPGRADE_STATE.to_string(),
+                serde_json::to_string(r).expect("record"),
+            );
+        }
+        if let Some(g) = go {
+            a.insert(
+                labels::GO_AHEAD.to_string(),
+                serde_json::to_string(g).expect("go-ahead"),
+            );
+        }
+        n.metadata.annotations = Some(a);
+        n
+    }
+
+    #[test]
+    fn no_go_ahead_needed_when_nothing_is_swapped() {
+        let n = node(None, None);
+        assert_eq!(decide(&n, "fleet", "2.8.0", None, eq), Swap::FirstInstall);
+        assert_eq!(
+            decide(&n, "fleet", "2.8.0", Some("2.8.0"), eq),
+            Swap::AlreadyLoaded
+        );
+    }
+
+    #[test]
+    fn a_valid_go_ahead_opens_the_swap() {
+        let r = record(NodeState::Upgrading, 100);
+        let go = GoAhead::for_cycle("n1", &r).expect("cycle");
+        let n = node(Some(&r), Some(&go));
+        assert_eq!(
+            decide(&n, "fleet", "2.8.0", Some("2.7.0"), eq),
+            Swap::GoAhead(go)
+        );
+    }
+
+    #[test]
+    fn every_mismatch_waits() {
+        let r = record(NodeState::Upgrading, 100);
+        let go = GoAhead::for_cycle("n1", &r).expect("cycle");
+        let stale = GoAhead { cycle: 50, ..go.clone() };
+        let copied = GoAhead {
+            node: "n2".into(),
+            ..go.clone()
+        };
+        let other_policy = GoAhead {
+            policy: "other".into(),
+            ..go.clone()
+        };
+        let other_target = GoAhead {
+            target: "2.9.0".into(),
+            ..go.clone()
+        };
+        let cases: Vec<(&str, Node)> = vec![
+            ("no go-ahead", node(Some(&r), None)),
+            ("stale cycle", node(Some(&r), Some(&stale))),
+            ("copied from n2", node(Some(&r), Some(&copied))),
+            ("another policy", node(Some(&r), Some(&other_policy))),
+            ("another target", node(Some(&r), Some(&other_target))),
+            ("no record", node(None, Some(&go))),
+            (
+                "record still Draining",
+                node(Some(&record(NodeState::Draining, 100)), Some(&go)),
+            ),
+            (
+                "record already Done",
+                node(Some(&record(NodeState::Done, 100)), Some(&go)),
+            ),
+        ];
+        for (name, n) in cases {
+            let d = decide(&n, "fleet", "2.8.0", Some("2.7.0"), eq);
+            assert!(
+                matches!(&d, Swap::Wait(why) if why.contains("go-ahead")),
+                "{name}: {d:?}"
+            );
+        }
+        let mut restart = record(NodeState::Upgrading, 100);
+        restart.no_drain = true;
+        let go = GoAhead::for_cycle("n1", &restart).expect("cycle");
+        assert!(
+            !decide(&node(Some(&restart), Some(&go)), "fleet", "2.8.0", Some("2.7.0"), eq)
+                .allowed(),
+            "a cycle without drain never swaps a loaded module"
+        );
+    }
+}
