@@ -40,6 +40,11 @@ pub struct Config {
     /// Seconds a node may stay in Upgrading before it is marked Failed.
     #[arg(long, env = "TTDRV_UPGRADE_TIMEOUT_SECONDS", default_value_t = 900)]
     pub upgrade_timeout_seconds: i64,
+    /// Fleet-health brake: a policy starts no node while more than this
+    /// percentage of its nodes is NotReady (0-100).
+    #[arg(long, env = "TTDRV_NOT_READY_BRAKE_PERCENT", default_value_t = ttdrv_core::rollout::DEFAULT_BRAKE_PERCENT,
+          value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub not_ready_brake_percent: u32,
     /// Only act on policies matching this label selector (sharding, tests).
     #[arg(long, env = "TTDRV_POLICY_SELECTOR")]
     pub policy_selector: Option<String>,

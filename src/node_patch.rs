@@ -3,7 +3,8 @@
 //! are written together or not at all.
 
 use k8s_openapi::api::core::v1::Node;
-use ttdrv_api::labels;
+use ttdrv_api::{NodeState, labels};
+use ttdrv_core::go_ahead::GoAhead;
 use ttdrv_core::machine::{Command, NodeRecord};
 
 use crate::observe::persisted_record;
@@ -11,7 +12,13 @@ use crate::{Error, Result};
 
 /// Persists `record` together with the node-level commands of its step
 /// (cordon, uncordon, gates); the other commands act on pods, after it.
+///
+/// The go-ahead for a module swap travels with the record: present exactly
+/// while the record says this node is in Upgrading after cordon and drain
+/// (or with drain disabled), for this cycle; removed by any other record.
+/// So the agent's second key can never outlive or precede the cycle.
 pub fn record_patch(
+    node: &str,
     record: &NodeRecord,
     commands: &[Command],
     gates: &[String],
@@ -20,9 +27,19 @@ pub fn record_patch(
         what: "node record",
         source,
     })?;
+    let go_ahead = go_ahead_for(node, record)
+        .map(|g| {
+            serde_json::to_string(&g).map_err(|source| Error::Serialize {
+                what: "go-ahead",
+                source,
+            })
+        })
+        .transpose()?;
     let mut labels_patch = serde_json::Map::new();
-    let mut patch =
-        serde_json::json!({ "metadata": { "annotations": { labels::UPGRADE_STATE: rec } } });
+    let mut patch = serde_json::json!({ "metadata": { "annotations": {
+        labels::UPGRADE_STATE: rec,
+        labels::GO_AHEAD: go_ahead,
+    } } });
     for c in commands {
         match c {
             Command::Cordon => patch["spec"] = serde_json::json!({ "unschedulable": true }),
@@ -42,6 +59,13 @@ pub fn record_patch(
     Ok(patch)
 }
 
+/// The go-ahead a record carries, if its state allows a module swap.
+pub fn go_ahead_for(node: &str, record: &NodeRecord) -> Option<GoAhead> {
+    (record.state == NodeState::Upgrading && !record.no_drain)
+        .then(|| GoAhead::for_cycle(node, record))
+        .flatten()
+}
+
 /// Claims a node for `policy`: the policy's DaemonSet requires the claim.
 pub fn claim_patch(policy: &str) -> serde_json::Value {
     serde_json::json!({ "metadata": { "labels": { labels::CLAIM: policy } } })
@@ -50,12 +74,15 @@ pub fn claim_patch(policy: &str) -> serde_json::Value {
 /// Removes `policy`'s claim from a node it no longer owns, undoing our cordon
 /// and gates if a cycle was cut short (node relabelled or skipped mid-upgrade).
 pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json::Value {
-    let mut patch = serde_json::json!({ "metadata": { "labels": { labels::CLAIM: null }, "annotations": { labels::UPGRADE_STATE: null } } });
+    let mut patch = serde_json::json!({ "metadata": {
+        "labels": { labels::CLAIM: null },
+        "annotations": { labels::UPGRADE_STATE: null, labels::GO_AHEAD: null },
+    } });
     if let Some(rec) = persisted_record(node).filter(|r| r.policy == policy) {
         if rec.cordoned_by_us() {
             patch["spec"] = serde_json::json!({ "unschedulable": false });
         }
-        if rec.state.is_in_progress() || rec.state == ttdrv_api::NodeState::Failed {
+        if rec.state.is_in_progress() || rec.state == NodeState::Failed {
             for g in gates {
                 patch["metadata"]["labels"][g] = serde_json::Value::Null;
             }
@@ -67,7 +94,6 @@ pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ttdrv_api::NodeState;
     use ttdrv_core::machine::Cordon;
 
     const GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
@@ -77,7 +103,8 @@ mod tests {
         let mut r = NodeRecord::new("fleet", "2.8.0", 1);
         r.state = NodeState::Cordoning;
         let gates = vec![GATE.to_string()];
-        let p = record_patch(&r, &[Command::Cordon, Command::CloseGates], &gates).expect("patch");
+        let p =
+            record_patch("n1", &r, &[Command::Cordon, Command::CloseGates], &gates).expect("patch");
         assert_eq!(p["spec"]["unschedulable"], true);
         assert_eq!(p["metadata"]["labels"][GATE], "false");
         let rec: NodeRecord = serde_json::from_str(
@@ -87,10 +114,11 @@ mod tests {
         )
         .expect("record parses");
         assert_eq!(rec, r);
-        let p = record_patch(&r, &[Command::Uncordon, Command::OpenGates], &gates).expect("patch");
+        let p = record_patch("n1", &r, &[Command::Uncordon, Command::OpenGates], &gates)
+            .expect("patch");
         assert_eq!(p["spec"]["unschedulable"], false);
         assert!(p["metadata"]["labels"][GATE].is_null());
-        let p = record_patch(&r, &[Command::Evict], &gates).expect("patch");
+        let p = record_patch("n1", &r, &[Command::Evict], &gates).expect("patch");
         assert!(
             p.get("spec").is_none(),
             "eviction does not touch the node spec"

@@ -13,8 +13,8 @@ use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
 use ttdrv_core::drain::{self, DrainPass, PodRef};
 use ttdrv_core::machine::{InstallerPod, NodeRecord, Observation};
-use ttdrv_core::node;
 use ttdrv_core::rollout::Candidate;
+use ttdrv_core::{installer, node};
 
 use crate::context::Stores;
 
@@ -59,6 +59,7 @@ impl NodeView {
             name: name.to_string(),
             wants_slot: state == NodeState::Pending,
             in_progress: rec.is_some_and(NodeRecord::occupies_slot),
+            ready: self.obs.ready,
             unavailable: self.externally_unavailable,
             failed: state == NodeState::Failed,
             has_device_pods: self.has_device_pods,
@@ -113,6 +114,7 @@ impl<'a> ObserveInput<'a> {
         let label = |k: &str| node::label(&node, k);
         let obs = Observation {
             now: self.now,
+            ready: node::ready(&node),
             unschedulable: node::unschedulable(&node),
             loaded: label(labels::KMD_VERSION).map(String::from),
             host_managed: label(labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST),
@@ -122,7 +124,8 @@ impl<'a> ObserveInput<'a> {
             drain: progress,
             retry_token: node::retry_token(&node).map(String::from),
             slot: false,
-            installer_problem: installer.and_then(installer_problem),
+            installer_problem: installer.and_then(installer::problem),
+            installer_failure: installer.and_then(installer::failure),
         };
         let externally_unavailable =
             node::externally_unavailable(&node, rec.is_some_and(NodeRecord::cordoned_by_us));
@@ -169,25 +172,6 @@ fn installer_state(pod: Option<&Pod>, hash: &str) -> InstallerPod {
             deleting: p.metadata.deletion_timestamp.is_some(),
         }
     }
-}
-
-/// Why the installer pod is unhealthy, for failure messages.
-fn installer_problem(pod: &Pod) -> Option<String> {
-    let st = pod.status.as_ref()?;
-    for cs in st.container_statuses.iter().flatten() {
-        if let Some(t) = cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()) {
-            return Some(format!(
-                "restarted {} time(s), last exit {}: {}",
-                cs.restart_count,
-                t.exit_code,
-                t.message.clone().or(t.reason.clone()).unwrap_or_default()
-            ));
-        }
-        if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
-            return Some(format!("waiting: {}", w.reason.clone().unwrap_or_default()));
-        }
-    }
-    None
 }
 
 #[cfg(test)]

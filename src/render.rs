@@ -154,6 +154,8 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
         ),
         env_var(env::SOURCE_REPOSITORY, &repo),
         env_var(env::HOST_ROOT, "/host"),
+        // The go-ahead the agent waits for names the policy.
+        env_var(env::POLICY, &name),
     ];
     // Empty means "the version baked into the installer image".
     if !ctx.tt_smi_version.is_empty() {
@@ -165,6 +167,9 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
         image_pull_policy: Some(pull_policy),
         args: Some(vec!["run".into()]),
         env: Some(envs),
+        // The agent says why it gave up in /dev/termination-log (the
+        // default path); the controller fails the node with that reason.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         security_context: Some(SecurityContext {
             privileged: Some(true),
             ..Default::default()

@@ -31,6 +31,8 @@ pub struct StatusInput<'a> {
     pub conflicts: &'a [(String, String)],
     /// Why the rollout cannot start more nodes now, if it cannot.
     pub blocked: Option<&'a str>,
+    /// The fleet-health brake is on: the policy's NotReady nodes.
+    pub braked: Option<&'a [String]>,
     pub daemonset: &'a str,
     pub previous: Option<&'a TenstorrentDriverPolicyStatus>,
     pub now: Timestamp,
@@ -63,12 +65,17 @@ pub fn summarize(records: &HashMap<String, NodeRecord>) -> (Summary, Vec<String>
 /// The status of each condition, in the order [`build`] lists them: Ready,
 /// Progressing, Degraded, Paused, Conflict. A flip of any of them makes a
 /// status write urgent.
-pub fn condition_flags(summary: &Summary, paused: bool, conflicts: bool) -> [bool; 5] {
+pub fn condition_flags(
+    summary: &Summary,
+    paused: bool,
+    conflicts: bool,
+    braked: bool,
+) -> [bool; 5] {
     let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed == 0;
     [
         settled && !paused,
-        !settled && summary.failed == 0 && !paused,
-        summary.failed > 0,
+        !settled && summary.failed == 0 && !paused && !braked,
+        summary.failed > 0 || braked,
         paused,
         conflicts,
     ]
@@ -145,8 +152,27 @@ pub fn build(
         .collect();
     let paused = policy.spec.paused;
     let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed == 0;
-    let [ready, progressing, degraded, _, conflicted] =
-        condition_flags(&summary, paused, !input.conflicts.is_empty());
+    let [ready, progressing, degraded, _, conflicted] = condition_flags(
+        &summary,
+        paused,
+        !input.conflicts.is_empty(),
+        input.braked.is_some(),
+    );
+    let (degraded_reason, degraded_message) = if summary.failed > 0 {
+        ("NodeFailed", failed.join("; "))
+    } else if let Some(nodes) = input.braked {
+        (
+            "FleetNotReady",
+            format!(
+                "{} of {} node(s) NotReady: no node starts until they are back: {}",
+                nodes.len(),
+                summary.matched,
+                nodes.join(", ")
+            ),
+        )
+    } else {
+        ("AsExpected", String::new())
+    };
     let conflicts: Vec<String> = input
         .conflicts
         .iter()
@@ -188,12 +214,8 @@ pub fn build(
         cond(
             condition::DEGRADED,
             degraded,
-            if summary.failed > 0 {
-                "NodeFailed"
-            } else {
-                "AsExpected"
-            },
-            failed.join("; "),
+            degraded_reason,
+            degraded_message,
             input,
         ),
         cond(

@@ -171,7 +171,10 @@ mod tests {
     fn every_mismatch_waits() {
         let r = record(NodeState::Upgrading, 100);
         let go = GoAhead::for_cycle("n1", &r).expect("cycle");
-        let stale = GoAhead { cycle: 50, ..go.clone() };
+        let stale = GoAhead {
+            cycle: 50,
+            ..go.clone()
+        };
         let copied = GoAhead {
             node: "n2".into(),
             ..go.clone()
@@ -211,8 +214,14 @@ mod tests {
         restart.no_drain = true;
         let go = GoAhead::for_cycle("n1", &restart).expect("cycle");
         assert!(
-            !decide(&node(Some(&restart), Some(&go)), "fleet", "2.8.0", Some("2.7.0"), eq)
-                .allowed(),
+            !decide(
+                &node(Some(&restart), Some(&go)),
+                "fleet",
+                "2.8.0",
+                Some("2.7.0"),
+                eq
+            )
+            .allowed(),
             "a cycle without drain never swaps a loaded module"
         );
     }

@@ -9,11 +9,13 @@
 //! | [`machine`] | one node's next upgrade state and the commands that get it there |
 //! | [`reason`] | the bounded set of reasons a node's state carries |
 //! | [`drain`] | which pods a drain evicts, in which pass, and what blocks it |
+//! | [`installer`] | what an installer pod's status says: unhealthy, or failed for good and why |
 //! | [`go_ahead`] | whether the agent may swap the loaded module now (the second key) |
 //! | [`rollout`] | which waiting nodes may start now under `maxUnavailable` |
 
 pub mod drain;
 pub mod go_ahead;
+pub mod installer;
 pub mod machine;
 pub mod node;
 pub mod reason;

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use ttdrv_api::NodeState;
 
 pub use crate::drain::DrainProgress;
+pub use crate::installer::Failure;
 use crate::reason;
 
 /// Who cordoned the node, as far as this rollout is concerned.
@@ -46,6 +47,9 @@ pub struct NodeRecord {
     pub no_drain: bool,
     /// Last retry token acted upon (value of the retry annotation).
     pub retry_token: Option<String>,
+    /// Unix seconds since when a paused policy holds this node mid-cycle; its
+    /// deadline is moved on by the time held when the policy resumes.
+    pub paused_at: Option<i64>,
 }
 
 /// The record as stored on the Node: cordon ownership as the two flags older
@@ -77,6 +81,8 @@ mod wire {
         no_drain: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_token: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        paused_at: Option<i64>,
     }
 
     impl From<Record> for NodeRecord {
@@ -99,6 +105,7 @@ mod wire {
                 cordon,
                 no_drain: w.no_drain,
                 retry_token: w.retry_token,
+                paused_at: w.paused_at,
             }
         }
     }
@@ -117,6 +124,7 @@ mod wire {
                 was_unschedulable: r.cordon == Cordon::Theirs,
                 no_drain: r.no_drain,
                 retry_token: r.retry_token,
+                paused_at: r.paused_at,
             }
         }
     }
@@ -135,6 +143,7 @@ impl NodeRecord {
             cordon: Cordon::None,
             no_drain: false,
             retry_token: None,
+            paused_at: None,
         }
     }
 
@@ -165,6 +174,8 @@ pub enum InstallerPod {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observation {
     pub now: i64,
+    /// The node's Ready condition is True.
+    pub ready: bool,
     pub unschedulable: bool,
     /// `driver.tenstorrent.com/kmd-version` as the agent reported it.
     pub loaded: Option<String>,
@@ -184,6 +195,9 @@ pub struct Observation {
     pub slot: bool,
     /// Why the installer pod is unhealthy, for failure messages.
     pub installer_problem: Option<String>,
+    /// The installer pod has failed for good (image, crash loop, the agent's
+    /// own refusal), with its cause.
+    pub installer_failure: Option<Failure>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -242,7 +256,63 @@ fn stay(rec: &NodeRecord, commands: Vec<Command>) -> Step {
 /// the same step, but never with a slot: slots are granted to Pending nodes only.
 /// Idempotent: re-running a step on the same observation issues
 /// the same (idempotent) commands and reaches the same record.
+///
+/// Around the transition proper: a paused policy holds every node mid-cycle
+/// where it is (no command, the deadline stopped) and resumes it with the
+/// deadline moved on by the time held; a node that is not Ready keeps its
+/// slot and says so in its reason.
 pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
+    let mut rec = rec.clone();
+    if rec.state.is_in_progress() {
+        if want.paused {
+            if rec.paused_at.is_none() {
+                rec.paused_at = Some(obs.now);
+            }
+            return stay(&rec, vec![]);
+        }
+        if let Some(t) = rec.paused_at.take() {
+            rec.since += (obs.now - t).max(0);
+        }
+    }
+    let mut next = transition(&rec, obs, want);
+    let r = &mut next.record;
+    if r.state.is_in_progress() && r.state == rec.state {
+        if !obs.ready && r.reason.as_deref() != Some(reason::NODE_NOT_READY) {
+            r.reason = Some(reason::NODE_NOT_READY.into());
+            r.message = Some(
+                "the node is not Ready: it keeps its slot; the cycle goes on when it is back"
+                    .into(),
+            );
+        } else if obs.ready && r.reason.as_deref() == Some(reason::NODE_NOT_READY) {
+            r.reason = Some(usual_reason(r).into());
+            r.message = None;
+        }
+    }
+    next
+}
+
+/// The reason a node mid-cycle carries when nothing is wrong.
+fn usual_reason(r: &NodeRecord) -> &'static str {
+    match r.state {
+        NodeState::Cordoning => reason::CORDON,
+        NodeState::Draining => reason::DRAIN,
+        NodeState::Upgrading if r.no_drain => reason::RESTART,
+        NodeState::Upgrading => reason::REPLACE_INSTALLER,
+        _ => reason::UNCORDON,
+    }
+}
+
+/// The failure reason of a deadline that passed: the node's own unreadiness
+/// when it is not Ready, else `timeout`.
+fn deadline_reason(obs: &Observation, timeout: &'static str) -> &'static str {
+    if obs.ready {
+        timeout
+    } else {
+        reason::NODE_NOT_READY
+    }
+}
+
+fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     use NodeState::*;
     let now = obs.now;
     let module_ok = obs.loaded.as_deref() == Some(want.version.as_str());
@@ -322,12 +392,20 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     commands: cmds,
                 };
             }
-            if !obs.slot {
-                let msg = format!(
-                    "waiting for a maxUnavailable slot to upgrade {} -> {}",
-                    obs.loaded.as_deref().unwrap_or("none"),
-                    want.version
-                );
+            if !obs.slot || !obs.ready {
+                let msg = if obs.ready {
+                    format!(
+                        "waiting for a maxUnavailable slot to upgrade {} -> {}",
+                        obs.loaded.as_deref().unwrap_or("none"),
+                        want.version
+                    )
+                } else {
+                    format!(
+                        "waiting for the node to be Ready to upgrade {} -> {}",
+                        obs.loaded.as_deref().unwrap_or("none"),
+                        want.version
+                    )
+                };
                 return stay(
                     &enter(&rec, Pending, reason::WAITING, Some(msg), now),
                     vec![],
@@ -384,6 +462,18 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             stay(&r, cmds)
         }
         Draining => {
+            // Uncordoned mid-drain: cordon again before anything else; the
+            // cordon is now ours to undo. Pods that landed meanwhile are in
+            // the next drain plan.
+            if !obs.unschedulable {
+                let mut r = rec.clone();
+                r.cordon = Cordon::Ours;
+                let mut cmds = vec![Command::Cordon];
+                if !obs.gates_closed {
+                    cmds.push(Command::CloseGates);
+                }
+                return stay(&r, cmds);
+            }
             // Without a drain plan nothing is known about the pods: hold.
             let Some(drain) = obs.drain.as_ref() else {
                 return stay(&rec, vec![]);
@@ -410,10 +500,8 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     ));
                 }
                 msg.push_str(&retry_hint(&want.policy));
-                return stay(
-                    &enter(&rec, Failed, reason::DRAIN_TIMEOUT, Some(msg), now),
-                    vec![],
-                );
+                let why = deadline_reason(obs, reason::DRAIN_TIMEOUT);
+                return stay(&enter(&rec, Failed, why, Some(msg), now), vec![]);
             }
             stay(&rec, vec![Command::Evict])
         }
@@ -455,6 +543,24 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     commands: cmds,
                 };
             }
+            // The new installer failed for good: fail now, with its cause.
+            if let (Some(f), InstallerPod::Current { .. }) =
+                (&obs.installer_failure, &obs.installer)
+            {
+                let msg = format!("{}{}", f.message, retry_hint(&want.policy));
+                return stay(&enter(&rec, Failed, f.reason, Some(msg), now), vec![]);
+            }
+            // A cycle without drain found a module of another version loaded
+            // (the label was missing or stale): only a drained cycle may swap it.
+            if rec.no_drain && !module_ok && obs.loaded.is_some() {
+                let msg = format!(
+                    "tt-kmd {} is loaded: it is replaced only after cordon and drain",
+                    obs.loaded.as_deref().unwrap_or("")
+                );
+                let mut r = enter(&rec, Pending, reason::RETARGET, Some(msg), now);
+                r.no_drain = false;
+                return stay(&r, vec![]);
+            }
             if now - rec.since > want.upgrade_timeout_seconds {
                 let msg = format!(
                     "installer did not report {} within {}s (loaded: {}; installer pod: {}){}",
@@ -471,10 +577,8 @@ pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                         }),
                     retry_hint(&want.policy)
                 );
-                return stay(
-                    &enter(&rec, Failed, reason::UPGRADE_TIMEOUT, Some(msg), now),
-                    vec![],
-                );
+                let why = deadline_reason(obs, reason::UPGRADE_TIMEOUT);
+                return stay(&enter(&rec, Failed, why, Some(msg), now), vec![]);
             }
             match obs.installer {
                 InstallerPod::Stale { deleting: false } => {

@@ -1,11 +1,19 @@
 //! Rollout sequencing: which Pending nodes may start a disruptive cycle now.
 //! The RolloutActor holds the slots it handed out and asks [`plan`] before it
-//! hands out another, so the rule below is enforced in one place.
+//! hands out another, so these rules are enforced in one place:
 //!
-//! At most `maxUnavailable` nodes are out of service at once. Out of service means
-//! in one of our disruptive states, or unavailable for another reason (NotReady,
-//! cordoned by someone else, or Failed and left cordoned). A node that is already
-//! out of service costs nothing to start. A Failed node halts the rollout.
+//! - **Hard cap.** At no instant are more than `maxUnavailable` nodes of a
+//!   policy in our disruptive states (Cordoning through Uncordoning, or
+//!   holding a slot to get there), whatever their availability.
+//! - **Availability.** A node still in service starts only while the nodes out
+//!   of service — ours, and those NotReady, cordoned by someone else or Failed —
+//!   stay within `maxUnavailable`. A node already out of service for another
+//!   reason but Ready (an admin's cordon) goes first, inside the cap: starting it
+//!   takes no extra node out of service.
+//! - **Readiness.** A node that is not Ready never starts.
+//! - **Fleet-health brake.** When more than `brake_percent` of the policy's
+//!   nodes are NotReady, nothing starts until enough are back.
+//! - **Failure budget.** A Failed node halts the rollout.
 
 use std::collections::BTreeSet;
 
@@ -16,6 +24,8 @@ pub struct Candidate {
     pub wants_slot: bool,
     /// Occupies a slot because of us (Cordoning..Uncordoning with drain).
     pub in_progress: bool,
+    /// The node's Ready condition is True.
+    pub ready: bool,
     /// NotReady or unschedulable, independently of our in-progress states.
     pub unavailable: bool,
     pub failed: bool,
@@ -23,12 +33,32 @@ pub struct Candidate {
     pub has_device_pods: bool,
 }
 
+/// The limits a plan keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_unavailable: usize,
+    /// Start nothing while more than this share (percent) of the nodes is
+    /// NotReady.
+    pub brake_percent: u32,
+}
+
+/// Default of the fleet-health brake: a quarter of the nodes NotReady.
+pub const DEFAULT_BRAKE_PERCENT: u32 = 25;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
-    /// Nodes allowed to start now.
+    /// Nodes allowed to start now (those holding a slot and still waiting
+    /// to cordon included).
     pub granted: Vec<String>,
+    /// Nodes in our disruptive states or holding a slot.
+    pub in_progress: usize,
+    /// Nodes out of service: ours and those unavailable for other reasons.
     pub unavailable: usize,
     pub max_unavailable: usize,
+    /// Nodes whose Ready condition is not True.
+    pub not_ready: usize,
+    /// The fleet-health brake is on: the NotReady nodes, sorted.
+    pub braked: Option<Vec<String>>,
     /// Why nothing more can start, for the Progressing condition.
     pub blocked: Option<String>,
 }
@@ -38,23 +68,26 @@ pub fn order_key(c: &Candidate) -> (bool, String) {
     (c.has_device_pods, c.name.clone())
 }
 
-/// The plan over every known node. `held` are the nodes holding a slot handed
-/// out earlier (they count as in progress until given back); held nodes still
-/// waiting to cordon are granted again, ahead of the rest.
+/// The plan over every known node. `held` are the nodes holding a slot
+/// handed out earlier: they count as ours until given back.
 pub fn plan<'a>(
     candidates: impl IntoIterator<Item = &'a Candidate>,
     held: &BTreeSet<String>,
-    max_unavailable: usize,
+    limits: Limits,
 ) -> Plan {
     let candidates: Vec<&Candidate> = candidates.into_iter().collect();
-    let holds = |c: &Candidate| held.contains(&c.name);
-    let unavailable = candidates
+    let max = limits.max_unavailable;
+    let ours_of = |c: &Candidate| c.in_progress || held.contains(&c.name);
+    let mut ours = candidates.iter().filter(|c| ours_of(c)).count();
+    let mut others = candidates
         .iter()
-        .filter(|c| c.in_progress || holds(c) || c.unavailable || c.failed)
+        .filter(|c| !ours_of(c) && (c.unavailable || c.failed))
         .count();
     let mut plan = Plan {
-        unavailable,
-        max_unavailable,
+        in_progress: ours,
+        unavailable: ours + others,
+        max_unavailable: max,
+        not_ready: candidates.iter().filter(|c| !c.ready).count(),
         ..Default::default()
     };
     let mut failed: Vec<&str> = candidates
@@ -70,18 +103,38 @@ pub fn plan<'a>(
         ));
         return plan;
     }
+    let mut not_ready: Vec<String> = candidates
+        .iter()
+        .filter(|c| !c.ready)
+        .map(|c| c.name.clone())
+        .collect();
+    not_ready.sort_unstable();
+    if !candidates.is_empty()
+        && not_ready.len() * 100 > limits.brake_percent as usize * candidates.len()
+    {
+        plan.blocked = Some(format!(
+            "braked: {} of {} node(s) NotReady (more than {}%): {}",
+            not_ready.len(),
+            candidates.len(),
+            limits.brake_percent,
+            not_ready.join(", ")
+        ));
+        plan.braked = Some(not_ready);
+        return plan;
+    }
+    // Holders still waiting to cordon keep their slot (if Ready).
     plan.granted = candidates
         .iter()
-        .filter(|c| c.wants_slot && holds(c))
+        .filter(|c| c.wants_slot && c.ready && held.contains(&c.name))
         .map(|c| c.name.clone())
         .collect();
     plan.granted.sort_unstable();
     let mut waiting: Vec<&Candidate> = candidates
         .into_iter()
-        .filter(|c| c.wants_slot && !holds(c))
+        .filter(|c| c.wants_slot && !held.contains(&c.name))
         .collect();
-    // Already-unavailable nodes first (starting them costs no extra
-    // availability), then nodes without device users, then by name.
+    // Nodes already out of service first (starting them takes no extra node
+    // out of service), then nodes without device users, then by name.
     waiting.sort_by(|a, b| {
         (!a.unavailable, a.has_device_pods, &a.name).cmp(&(
             !b.unavailable,
@@ -89,20 +142,33 @@ pub fn plan<'a>(
             &b.name,
         ))
     });
-    let mut budget = max_unavailable.saturating_sub(unavailable);
+    let mut skipped_not_ready = vec![];
     for c in waiting {
-        if c.unavailable {
-            plan.granted.push(c.name.clone());
-        } else if budget > 0 {
-            budget -= 1;
-            plan.granted.push(c.name.clone());
-        } else {
+        if !c.ready {
+            skipped_not_ready.push(c.name.as_str());
+            continue;
+        }
+        let fits = ours < max && (c.unavailable || ours + others < max);
+        if !fits {
             plan.blocked = Some(format!(
-                "{unavailable} of at most {max_unavailable} node(s) unavailable; next waiting: {}",
+                "{} of at most {max} node(s) upgrading, {} out of service; next waiting: {}",
+                ours,
+                ours + others,
                 c.name
             ));
             break;
         }
+        if c.unavailable {
+            others -= 1;
+        }
+        ours += 1;
+        plan.granted.push(c.name.clone());
+    }
+    if plan.blocked.is_none() && !skipped_not_ready.is_empty() {
+        plan.blocked = Some(format!(
+            "waiting for node(s) to be Ready: {}",
+            skipped_not_ready.join(", ")
+        ));
     }
     plan
 }
@@ -111,8 +177,15 @@ pub fn plan<'a>(
 mod tests {
     use super::*;
 
+    fn limits(max: usize) -> Limits {
+        Limits {
+            max_unavailable: max,
+            brake_percent: DEFAULT_BRAKE_PERCENT,
+        }
+    }
+
     fn plan<'a>(cs: impl IntoIterator<Item = &'a Candidate>, max: usize) -> Plan {
-        super::plan(cs, &BTreeSet::new(), max)
+        super::plan(cs, &BTreeSet::new(), limits(max))
     }
 
     fn c(name: &str) -> Candidate {
@@ -120,6 +193,7 @@ mod tests {
             name: name.into(),
             wants_slot: true,
             in_progress: false,
+            ready: true,
             unavailable: false,
             failed: false,
             has_device_pods: false,
@@ -145,24 +219,57 @@ mod tests {
         let mut busy = c("busy");
         busy.wants_slot = false;
         busy.in_progress = true;
-        let mut notready = c("notready");
-        notready.wants_slot = false;
-        notready.unavailable = true;
+        let mut cordoned = c("cordoned");
+        cordoned.wants_slot = false;
+        cordoned.unavailable = true;
         assert!(plan(&[busy.clone(), c("x")], 1).granted.is_empty());
-        assert!(plan(&[notready.clone(), c("x")], 1).granted.is_empty());
-        assert_eq!(plan(&[busy, notready, c("x")], 3).granted, ["x"]);
+        assert!(plan(&[cordoned.clone(), c("x")], 1).granted.is_empty());
+        assert_eq!(plan(&[busy, cordoned, c("x")], 3).granted, ["x"]);
     }
 
     #[test]
-    fn already_unavailable_node_starts_for_free() {
+    fn admin_cordoned_node_goes_first_inside_the_cap() {
         let mut cordoned = c("z-admin");
         cordoned.unavailable = true;
-        let p = plan(&[c("a"), cordoned], 1);
+        let p = plan(&[c("a"), cordoned.clone()], 1);
         assert_eq!(
             p.granted,
             ["z-admin"],
-            "the admin-cordoned node fills the only slot, at no extra cost"
+            "first, at no extra availability cost"
         );
+        // But never beyond the cap: two admin-cordoned nodes, one slot.
+        let mut other = c("y-admin");
+        other.unavailable = true;
+        let p = plan(&[cordoned, other], 1);
+        assert_eq!(p.granted, ["y-admin"]);
+    }
+
+    #[test]
+    fn not_ready_nodes_never_start() {
+        let mut down = c("a-down");
+        down.ready = false;
+        down.unavailable = true;
+        let p = plan(&[down.clone(), c("b"), c("c"), c("d"), c("e")], 1);
+        assert!(
+            p.granted.is_empty(),
+            "a-down never starts, and it takes the only unit of availability: {p:?}"
+        );
+        let p = plan(&[down, c("b"), c("c"), c("d"), c("e")], 2);
+        assert_eq!(p.granted, ["b"]);
+    }
+
+    #[test]
+    fn fleet_wide_not_ready_brakes() {
+        let mut nodes: Vec<Candidate> = ["a", "b", "c", "d"].iter().map(|n| c(n)).collect();
+        nodes[0].ready = false;
+        nodes[0].unavailable = true;
+        assert!(plan(&nodes, 4).braked.is_none(), "25% is not more than 25%");
+        nodes[1].ready = false;
+        nodes[1].unavailable = true;
+        let p = plan(&nodes, 4);
+        assert!(p.granted.is_empty());
+        assert_eq!(p.braked, Some(vec!["a".to_string(), "b".to_string()]));
+        assert!(p.blocked.unwrap_or_default().contains("a, b"));
     }
 
     #[test]
@@ -179,17 +286,17 @@ mod tests {
     fn held_slots_count_and_are_granted_again() {
         let held: BTreeSet<String> = ["b".to_string()].into();
         // b holds the only slot but has not cordoned yet: b again, nobody else.
-        let p = super::plan(&[c("a"), c("b")], &held, 1);
+        let p = super::plan(&[c("a"), c("b")], &held, limits(1));
         assert_eq!(p.granted, ["b"]);
-        assert_eq!(p.unavailable, 1);
+        assert_eq!(p.in_progress, 1);
         // b is mid-cycle and still holds: nothing to grant.
         let mut b = c("b");
         b.wants_slot = false;
         b.in_progress = true;
-        let p = super::plan(&[c("a"), b.clone()], &held, 1);
+        let p = super::plan(&[c("a"), b.clone()], &held, limits(1));
         assert!(p.granted.is_empty());
-        assert_eq!(p.unavailable, 1, "a held, in-progress node counts once");
+        assert_eq!(p.in_progress, 1, "a held, in-progress node counts once");
         // Two slots: a gets the second.
-        assert_eq!(super::plan(&[c("a"), b], &held, 2).granted, ["a"]);
+        assert_eq!(super::plan(&[c("a"), b], &held, limits(2)).granted, ["a"]);
     }
 }

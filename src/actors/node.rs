@@ -176,7 +176,7 @@ impl Handler<Observe> for NodeActor {
                         .is_some_and(|p| p.state == NodeState::Done);
                 let mut written = None;
                 if (next.record != prev || node_cmds || unpersisted) && !derivable {
-                    let patch = record_patch(&next.record, &next.commands, &msg.gates)?;
+                    let patch = record_patch(&node, &next.record, &next.commands, &msg.gates)?;
                     let stored = ports
                         .patch
                         .send(PatchNode {
@@ -221,6 +221,28 @@ impl Handler<Observe> for NodeActor {
                         }
                         _ => {}
                     }
+                }
+                let not_ready = Some(ttdrv_core::reason::NODE_NOT_READY);
+                if next.record.reason.as_deref() == not_ready
+                    && prev.reason.as_deref() != not_ready
+                    && next.record.state == prev.state
+                {
+                    tracing::warn!(
+                        policy = policy_name,
+                        node,
+                        state = next.record.state.as_str(),
+                        "node not Ready mid-cycle; it keeps its slot"
+                    );
+                    ctx.event(
+                        msg.policy.as_ref(),
+                        true,
+                        ttdrv_core::reason::NODE_NOT_READY,
+                        "Upgrade",
+                        format!(
+                            "node {node}: not Ready while {}; it keeps its slot and the cycle goes on when it is back",
+                            next.record.state.as_str()
+                        ),
+                    );
                 }
                 if next.record.state != prev.state {
                     report_transition(&ctx, &msg.policy, &node, &prev, &next.record).await;

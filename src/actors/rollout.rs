@@ -9,15 +9,29 @@ use std::collections::{BTreeSet, HashMap};
 
 use actix::prelude::*;
 
-use ttdrv_core::rollout::{Candidate, Plan, plan};
+use ttdrv_core::rollout::{Candidate, Limits, Plan, plan};
 
-#[derive(Default)]
 pub struct RolloutActor {
     candidates: HashMap<String, Candidate>,
     /// Nodes holding a slot handed out by `AcquireSlot`.
     held: BTreeSet<String>,
-    max_unavailable: usize,
+    limits: Limits,
     last: Plan,
+}
+
+impl Default for RolloutActor {
+    fn default() -> Self {
+        Self {
+            candidates: HashMap::new(),
+            held: BTreeSet::new(),
+            // Nothing starts before the first facts arrive with the limits.
+            limits: Limits {
+                max_unavailable: 0,
+                brake_percent: 0,
+            },
+            last: Plan::default(),
+        }
+    }
 }
 
 impl Actor for RolloutActor {
@@ -26,7 +40,7 @@ impl Actor for RolloutActor {
 
 impl RolloutActor {
     fn plan(&self) -> Plan {
-        plan(self.candidates.values(), &self.held, self.max_unavailable)
+        plan(self.candidates.values(), &self.held, self.limits)
     }
 }
 
@@ -37,7 +51,7 @@ impl RolloutActor {
 pub struct PlanRollout {
     pub replace: bool,
     pub updates: Vec<Candidate>,
-    pub max_unavailable: usize,
+    pub limits: Limits,
 }
 
 impl Handler<PlanRollout> for RolloutActor {
@@ -50,7 +64,7 @@ impl Handler<PlanRollout> for RolloutActor {
         for c in msg.updates {
             self.candidates.insert(c.name.clone(), c);
         }
-        self.max_unavailable = msg.max_unavailable;
+        self.limits = msg.limits;
         // A hold ends with the node's cycle even if its ReleaseSlot was lost
         // (actor restarted, node no longer owned): facts say it is not waiting
         // to start and not mid-cycle.
@@ -58,7 +72,7 @@ impl Handler<PlanRollout> for RolloutActor {
         self.held.retain(|n| {
             candidates
                 .get(n)
-                .is_some_and(|c| c.wants_slot || c.in_progress)
+                .is_some_and(|c| (c.wants_slot && c.ready) || c.in_progress)
         });
         let p = self.plan();
         if p.granted != self.last.granted && !p.granted.is_empty() {
@@ -81,15 +95,19 @@ impl Handler<AcquireSlot> for RolloutActor {
     type Result = bool;
 
     fn handle(&mut self, msg: AcquireSlot, _: &mut Self::Context) -> bool {
+        let plan = self.plan();
         if self.held.contains(&msg.node) {
-            return true;
+            // Asked again while holding: yes, unless the node turned NotReady
+            // or the brake is on (it must not cordon now).
+            let ready = self.candidates.get(&msg.node).is_none_or(|c| c.ready);
+            return ready && plan.braked.is_none();
         }
-        let granted = self.plan().granted.contains(&msg.node);
+        let granted = plan.granted.contains(&msg.node);
         if granted {
             tracing::info!(
                 node = msg.node,
                 held = self.held.len() + 1,
-                max = self.max_unavailable,
+                max = self.limits.max_unavailable,
                 "rollout slot taken"
             );
             self.held.insert(msg.node.clone());
@@ -130,6 +148,7 @@ mod tests {
             name: name.into(),
             wants_slot,
             in_progress,
+            ready: true,
             unavailable: false,
             failed: false,
             has_device_pods: false,
@@ -140,7 +159,10 @@ mod tests {
         PlanRollout {
             replace,
             updates,
-            max_unavailable: 1,
+            limits: Limits {
+                max_unavailable: 1,
+                brake_percent: 25,
+            },
         }
     }
 
@@ -191,6 +213,18 @@ mod tests {
         assert!(!ask("b").await.expect("reply"), "b is not next");
         assert!(ask("a").await.expect("reply"));
         assert!(ask("a").await.expect("reply"), "asking again keeps it");
+        // a turns NotReady before it cordons: it may not cordon now, and its
+        // hold ends (a NotReady node never waits on a slot).
+        let mut down = c("a", true, false);
+        down.ready = false;
+        actor.send(facts(false, vec![down])).await.expect("plan");
+        assert!(!ask("a").await.expect("reply"), "NotReady never cordons");
+        // Back: a is first in line again.
+        actor
+            .send(facts(false, vec![c("a", true, false)]))
+            .await
+            .expect("plan");
+        assert!(ask("a").await.expect("reply"));
         // Facts from a pass that observed a before it cordoned: still Pending.
         let p = actor
             .send(facts(false, vec![c("a", true, false)]))

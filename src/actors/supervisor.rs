@@ -77,6 +77,8 @@ pub struct PolicySupervisor {
     /// node; until then every pass is a full one.
     primed: bool,
     warned_generation: Option<i64>,
+    /// The fleet-health brake held the last pass.
+    braked: bool,
     last_conflicts: Vec<(String, String)>,
 }
 
@@ -95,6 +97,7 @@ impl PolicySupervisor {
             status_in_flight: false,
             primed: false,
             warned_generation: None,
+            braked: false,
             last_conflicts: vec![],
         }
     }
@@ -211,6 +214,7 @@ impl Handler<Reconcile> for PolicySupervisor {
                     act.absorb(&out, full, &assignment);
                     let plan = out.plan;
                     act.export_metrics(&out.stepped, full, &plan);
+                    act.report_brake(&policy, &plan);
                     act.write_status_if_due(&policy, &conflicts, &plan, actx);
                     out.err
                 });
@@ -338,7 +342,41 @@ impl PolicySupervisor {
         m.set_policy_nodes(cr, &counts);
         m.set_policy_host_managed(cr, host);
         m.set_rollout_budget(cr, plan.max_unavailable as i64, plan.unavailable as i64);
+        m.set_rollout_health(
+            cr,
+            plan.in_progress as i64,
+            plan.braked.is_some(),
+            plan.not_ready as i64,
+        );
         m.set_policy_paused(cr, self.paused());
+    }
+
+    /// An Event when the fleet-health brake engages or lets go.
+    fn report_brake(&mut self, policy: &TenstorrentDriverPolicy, plan: &Plan) {
+        let braked = plan.braked.is_some();
+        if braked == self.braked {
+            return;
+        }
+        self.braked = braked;
+        let (warning, reason, note) = match &plan.braked {
+            Some(nodes) => (
+                true,
+                "FleetNotReady",
+                format!(
+                    "rollout held: {} node(s) NotReady (more than {}% of the policy's nodes): {}",
+                    nodes.len(),
+                    self.ctx.config.not_ready_brake_percent,
+                    nodes.join(", ")
+                ),
+            ),
+            None => (
+                false,
+                "FleetReady",
+                "enough nodes are Ready again: the rollout goes on".to_string(),
+            ),
+        };
+        tracing::warn!(policy = self.name, braked, note, "fleet-health brake");
+        self.ctx.event(policy, warning, reason, "Rollout", note);
     }
 
     fn paused(&self) -> bool {
@@ -365,7 +403,12 @@ impl PolicySupervisor {
         }
         let prev = self.last_status.clone().or_else(|| policy.status.clone());
         let (summary, _) = status::summarize(&self.records);
-        let flags = status::condition_flags(&summary, policy.spec.paused, !conflicts.is_empty());
+        let flags = status::condition_flags(
+            &summary,
+            policy.spec.paused,
+            !conflicts.is_empty(),
+            plan.braked.is_some(),
+        );
         let urgent = prev.as_ref().map(status::flags_of).as_deref() != Some(flags.as_slice())
             || prev.as_ref().map(|p| p.observed_generation) != Some(policy.metadata.generation);
         let due = self
@@ -381,6 +424,7 @@ impl PolicySupervisor {
             device_users: &self.device_users,
             conflicts,
             blocked: plan.blocked.as_deref(),
+            braked: plan.braked.as_deref(),
             daemonset: &ds_name,
             previous: prev.as_ref(),
             now: Timestamp::now(),

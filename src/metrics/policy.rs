@@ -20,6 +20,9 @@ pub(super) struct PolicyMetrics {
     policy_desired_version: Arc<Family>,
     rollout_max_unavailable: Arc<Family>,
     rollout_unavailable: Arc<Family>,
+    rollout_in_progress: Arc<Family>,
+    rollout_braked: Arc<Family>,
+    rollout_not_ready: Arc<Family>,
 }
 
 impl PolicyMetrics {
@@ -49,6 +52,21 @@ impl PolicyMetrics {
             rollout_unavailable: families.gauge(
                 "ttdriver_rollout_unavailable_nodes",
                 "Nodes of the policy currently out of service because of the rollout (Cordoning to Uncordoning, and Failed).",
+                &["cr"],
+            ),
+            rollout_in_progress: families.gauge(
+                "ttdriver_rollout_in_progress_nodes",
+                "Nodes of the policy in a disruptive cycle of ours (Cordoning to Uncordoning, or holding a slot); never above maxUnavailable.",
+                &["cr"],
+            ),
+            rollout_braked: families.gauge(
+                "ttdriver_rollout_braked",
+                "1 while the fleet-health brake holds the policy's rollout (too many of its nodes NotReady), else 0.",
+                &["cr"],
+            ),
+            rollout_not_ready: families.gauge(
+                "ttdriver_rollout_not_ready_nodes",
+                "Nodes of the policy whose Ready condition is not True.",
                 &["cr"],
             ),
         }
@@ -102,6 +120,17 @@ impl Metrics {
             vec![cr.to_string(), version.to_string()],
             Value::Scalar(1.0),
         );
+    }
+
+    /// `ttdriver_rollout_in_progress_nodes{cr}`, `ttdriver_rollout_braked{cr}`
+    /// and `ttdriver_rollout_not_ready_nodes{cr}`.
+    pub fn set_rollout_health(&self, cr: &str, in_progress: i64, braked: bool, not_ready: i64) {
+        self.ensure_cr(cr);
+        self.policy
+            .rollout_in_progress
+            .set(&[cr], in_progress as f64);
+        self.policy.rollout_braked.set(&[cr], bool_value(braked));
+        self.policy.rollout_not_ready.set(&[cr], not_ready as f64);
     }
 
     /// `ttdriver_rollout_max_unavailable{cr}` and `ttdriver_rollout_unavailable_nodes{cr}`.

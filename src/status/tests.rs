@@ -45,6 +45,7 @@ fn status_of(
         device_users: device,
         conflicts,
         blocked: None,
+        braked: None,
         daemonset: "ttdrv-fleet",
         previous,
         now: Timestamp::from_second(now).expect("time"),
@@ -172,7 +173,7 @@ fn conditions_table() {
         let (summary, _) = summarize(&records(&recs));
         assert_eq!(
             flags_of(&s),
-            condition_flags(&summary, paused, !conflicts.is_empty()),
+            condition_flags(&summary, paused, !conflicts.is_empty(), false),
             "row: {name}: urgency flags follow the written conditions"
         );
     }
@@ -251,5 +252,39 @@ fn transition_time_kept_while_status_holds() {
     assert_eq!(
         flipped.conditions[2].last_transition_time, first.conditions[2].last_transition_time,
         "Degraded did not flip"
+    );
+}
+
+#[test]
+fn fleet_not_ready_brake_is_degraded_and_names_the_nodes() {
+    let recs = records(&[
+        ("a", rec(NodeState::Pending, None, None)),
+        ("b", rec(NodeState::Pending, None, None)),
+    ]);
+    let p = policy(false, 1);
+    let braked = vec!["a".to_string(), "b".to_string()];
+    let input = StatusInput {
+        policy: &p,
+        records: &recs,
+        device_users: &HashSet::new(),
+        conflicts: &[],
+        blocked: Some("braked"),
+        braked: Some(&braked),
+        daemonset: "ttdrv-fleet",
+        previous: None,
+        now: Timestamp::from_second(100).expect("time"),
+    };
+    let s = build(&input, |_| Reported::default());
+    assert_eq!(
+        conditions(&s)[1..3],
+        [
+            c("Progressing", "False", "Upgrading"),
+            c("Degraded", "True", "FleetNotReady")
+        ]
+    );
+    assert!(
+        s.conditions[2].message.contains("a, b"),
+        "{}",
+        s.conditions[2].message
     );
 }

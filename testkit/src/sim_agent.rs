@@ -11,6 +11,13 @@
 //! Node annotations steer it per node:
 //! - `sim.ttdrv.io/host-managed: "<version>"`: a DKMS host; report mode `host`.
 //! - `sim.ttdrv.io/fail: "true"`: the agent fails; the pod never becomes Ready.
+//! - `sim.ttdrv.io/crash: "true"`: the agent crashes over and over (restarts counted).
+//!
+//! Like the real agent it swaps a loaded module only with the controller's
+//! go-ahead ([`ttdrv_core::go_ahead::decide`], the real agent's decision), and
+//! when a pod still holds the device it gives up with a `DeviceBusy`
+//! termination message. An installer image named `...unpullable...` plays
+//! ImagePullBackOff.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -22,9 +29,14 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use ttdrv_api::labels;
+use ttdrv_core::{go_ahead, reason};
 
 pub const HOST_MANAGED_ANNOTATION: &str = "sim.ttdrv.io/host-managed";
 pub const FAIL_ANNOTATION: &str = "sim.ttdrv.io/fail";
+/// The agent crashes at once, over and over (exit 1, no reason given).
+pub const CRASH_ANNOTATION: &str = "sim.ttdrv.io/crash";
+/// An installer image whose name contains this is never pulled.
+pub const UNPULLABLE: &str = "unpullable";
 pub const SIM_TT_SMI_VERSION: &str = "3.0.0-sim";
 
 #[derive(Clone, Debug)]
@@ -110,6 +122,63 @@ fn target_version(pod: &Pod) -> Option<String> {
     })
 }
 
+fn pod_image(pod: &Pod) -> Option<String> {
+    pod.spec.as_ref()?.containers.first()?.image.clone()
+}
+
+/// Plays the kubelet: the container waits (e.g. ImagePullBackOff).
+async fn set_waiting(
+    pods: &Api<Pod>,
+    name: &str,
+    pod: &Pod,
+    why: &str,
+    image: &str,
+) -> anyhow::Result<()> {
+    let c = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| c.name.clone())
+        .unwrap_or_default();
+    let status = serde_json::json!({ "status": { "containerStatuses": [{
+        "name": c, "image": image, "imageID": "", "ready": false, "restartCount": 0,
+        "state": { "waiting": { "reason": why, "message": format!("simulated: {image} not found") } }
+    }] } });
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+/// Plays the kubelet after the agent exited: restart count and the last
+/// termination with the agent's termination message.
+async fn set_terminated(
+    pods: &Api<Pod>,
+    name: &str,
+    pod: &Pod,
+    restarts: i32,
+    message: &str,
+) -> anyhow::Result<()> {
+    let c = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| c.name.clone())
+        .unwrap_or_default();
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)?
+        .to_string();
+    let status = serde_json::json!({ "status": { "containerStatuses": [{
+        "name": c, "image": pod_image(pod).unwrap_or_default(), "imageID": "", "ready": false,
+        "restartCount": restarts,
+        "state": { "running": { "startedAt": now } },
+        "lastState": { "terminated": { "exitCode": 1, "reason": "Error", "message": message,
+                                        "startedAt": now, "finishedAt": now } }
+    }] } });
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
 /// The device rule is the controller's: a pod the drain would not see as a
 /// device user must not block the simulated swap either.
 pub use ttdrv_core::drain::uses_device;
@@ -125,6 +194,8 @@ async fn play_agent(
     let all_pods: Api<Pod> = Api::all(client.clone());
     let name = pod.metadata.name.clone().unwrap_or_default();
     let target = target_version(pod).unwrap_or_default();
+    let mut restarts = 0;
+    let mut waiting: Option<String> = None;
     tokio::time::sleep(config.work).await;
     loop {
         // The pod may have been deleted meanwhile (node drained again, CR changed).
@@ -146,19 +217,74 @@ async fn play_agent(
             None => (labels::INSTALL_MODE_CONTAINER, target.clone()),
         };
         let loaded = node_labels.get(labels::KMD_VERSION);
+        if let Some(image) = pod_image(pod).filter(|i| i.contains(UNPULLABLE)) {
+            // The kubelet's answer to an image that does not exist.
+            set_waiting(&pods_ns, &name, pod, "ImagePullBackOff", &image).await?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        if ann.get(CRASH_ANNOTATION).map(String::as_str) == Some("true") {
+            restarts += 1;
+            set_terminated(&pods_ns, &name, pod, restarts, "Error").await?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
         if mode == labels::INSTALL_MODE_CONTAINER && loaded.is_some_and(|l| *l != target) {
-            // A swap: refuse while any pod on the node still holds the device.
+            // A swap: only with the controller's go-ahead, decided as the
+            // real agent decides.
+            let policy = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::CLAIM))
+                .cloned()
+                .unwrap_or_default();
+            let swap = go_ahead::decide(
+                &node,
+                &policy,
+                &target,
+                loaded.map(String::as_str),
+                |a, b| a == b,
+            );
+            if let go_ahead::Swap::Wait(why) = swap {
+                if waiting.as_deref() != Some(why.as_str()) {
+                    tracing::info!(node = node_name, why, "sim-agent waiting");
+                    waiting = Some(why);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            // Refuse while any pod on the node still holds the device, as the
+            // real agent does: it gives up and says why.
             let lp = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
-            let busy = all_pods.list(&lp).await?.items.iter().any(|p| {
-                p.metadata.deletion_timestamp.is_none()
-                    && !p
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .is_some_and(|l| l.contains_key(labels::CLAIM))
-                    && uses_device(p)
-            });
-            if busy {
+            let busy = all_pods
+                .list(&lp)
+                .await?
+                .items
+                .iter()
+                .find(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && !p
+                            .metadata
+                            .labels
+                            .as_ref()
+                            .is_some_and(|l| l.contains_key(labels::CLAIM))
+                        && uses_device(p)
+                })
+                .map(|p| {
+                    format!(
+                        "{}/{}",
+                        p.metadata.namespace.as_deref().unwrap_or(""),
+                        p.metadata.name.as_deref().unwrap_or("")
+                    )
+                });
+            if let Some(holder) = busy {
+                restarts += 1;
+                let msg = reason::termination_message(
+                    reason::DEVICE_BUSY,
+                    &format!("pid 4242 (sim) in pod {holder} holds /dev/tenstorrent/0"),
+                );
+                set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }

@@ -19,6 +19,7 @@ fn want() -> Desired {
 fn obs() -> Observation {
     Observation {
         now: 1000,
+        ready: true,
         unschedulable: false,
         loaded: Some("2.7.0".into()),
         host_managed: false,
@@ -29,6 +30,7 @@ fn obs() -> Observation {
         retry_token: None,
         slot: true,
         installer_problem: None,
+        installer_failure: None,
     }
 }
 
@@ -463,10 +465,11 @@ fn safety_properties_over_the_cross_product() {
                     r.no_drain = no_drain;
                     for installer in &installers {
                         for loaded in [None, Some("2.7.0"), Some("2.8.0")] {
-                            for bits in 0..64u32 {
+                            for bits in 0..128u32 {
                                 let b = |i: u32| bits & (1 << i) != 0;
                                 let o = Observation {
                                     now: if b(5) { 100_000 } else { 1000 },
+                                    ready: !b(6),
                                     unschedulable: b(0),
                                     loaded: loaded.map(String::from),
                                     host_managed: b(1),
@@ -480,6 +483,7 @@ fn safety_properties_over_the_cross_product() {
                                     retry_token: if b(3) { Some("t".into()) } else { None },
                                     slot: b(0) ^ b(4),
                                     installer_problem: None,
+                                    installer_failure: None,
                                 };
                                 for (paused, drain_enabled) in
                                     [(false, true), (true, true), (false, false), (true, false)]
@@ -495,11 +499,12 @@ fn safety_properties_over_the_cross_product() {
                                     let cordons = s.commands.contains(&Command::Cordon);
                                     if cordons {
                                         assert!(
-                                            matches!(r.state, Pending | Cordoning),
-                                            "cordon only when starting: {ctx}"
+                                            matches!(r.state, Pending | Cordoning | Draining),
+                                            "cordon only when starting (or re-cordon a drain): {ctx}"
                                         );
                                         assert!(
-                                            drain_enabled || r.state == Cordoning,
+                                            drain_enabled
+                                                || matches!(r.state, Cordoning | Draining),
                                             "no cordon with drain disabled: {ctx}"
                                         );
                                         assert_ne!(
@@ -517,8 +522,8 @@ fn safety_properties_over_the_cross_product() {
                                     }
                                     if r.state == Pending && s.record.state == Cordoning {
                                         assert!(
-                                            o.slot && !paused,
-                                            "start only with a slot and not paused: {ctx}"
+                                            o.slot && !paused && o.ready,
+                                            "start only with a slot, Ready and not paused: {ctx}"
                                         );
                                         assert!(
                                             !o.host_managed || r.cordoned_by_us(),
@@ -544,6 +549,26 @@ fn safety_properties_over_the_cross_product() {
                                         assert!(
                                             o.unschedulable,
                                             "drain only a cordoned node: {ctx}"
+                                        );
+                                    }
+                                    if paused && r.state.is_in_progress() {
+                                        assert!(
+                                            s.commands.is_empty() && s.record.state == r.state,
+                                            "paused holds a node mid-cycle where it is: {ctx}"
+                                        );
+                                        assert!(
+                                            s.record.paused_at.is_some(),
+                                            "and remembers since when: {ctx}"
+                                        );
+                                    }
+                                    if s.record.state == Upgrading
+                                        && r.state != Upgrading
+                                        && !s.record.no_drain
+                                        && drain_enabled
+                                    {
+                                        assert!(
+                                            r.state == Draining && o.unschedulable,
+                                            "a drained cycle reaches Upgrading only from Draining: {ctx}"
                                         );
                                     }
                                     if paused && r.state == Pending {
@@ -604,4 +629,141 @@ fn record_keeps_its_wire_format() {
         serde_json::from_str(r#"{"policy":"fleet","state":"Pending","target":"2.8.0","since":5}"#)
             .expect("minimal record parses");
     assert_eq!(none.cordon, Cordon::None);
+}
+
+#[test]
+fn pause_holds_mid_cycle_and_resumes_with_the_deadline_moved_on() {
+    let paused = Desired {
+        paused: true,
+        ..want()
+    };
+    let mut r = rec(Draining);
+    r.since = 900;
+    let o = Observation {
+        unschedulable: true,
+        drain: Some(DrainProgress {
+            remaining: vec!["ml/a".into()],
+            blocking_pdbs: vec![],
+        }),
+        now: 1000,
+        ..obs()
+    };
+    let held = step(&r, &o, &paused);
+    assert_eq!(held.record.state, Draining);
+    assert!(held.commands.is_empty(), "no eviction while paused");
+    assert_eq!(held.record.paused_at, Some(1000));
+    // Paused far past the drain deadline (600 s): still held, not Failed.
+    let later = Observation {
+        now: 5000,
+        ..o.clone()
+    };
+    let s = step(&held.record, &later, &paused);
+    assert_eq!(s.record.state, Draining);
+    assert_eq!(
+        s.record.paused_at,
+        Some(1000),
+        "held since the first paused step"
+    );
+    // Resumed at 5000: 100 s of the deadline were used before the pause.
+    let s = step(&s.record, &later, &want());
+    assert_eq!(s.record.state, Draining);
+    assert_eq!(s.record.paused_at, None);
+    assert_eq!(s.record.since, 4900);
+    assert_eq!(s.commands, vec![Command::Evict]);
+    let s = step(
+        &s.record,
+        &Observation {
+            now: 5400,
+            ..o.clone()
+        },
+        &want(),
+    );
+    assert_eq!(s.record.state, Draining, "100 + 400 s < 600 s");
+    let s = step(&s.record, &Observation { now: 5600, ..o }, &want());
+    assert_eq!(s.record.state, Failed);
+}
+
+#[test]
+fn not_ready_keeps_the_slot_and_says_so() {
+    let o = Observation {
+        ready: false,
+        unschedulable: true,
+        drain: Some(DrainProgress {
+            remaining: vec!["ml/a".into()],
+            blocking_pdbs: vec![],
+        }),
+        ..obs()
+    };
+    let s = step(&rec(Draining), &o, &want());
+    assert_eq!(s.record.state, Draining);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::NODE_NOT_READY));
+    let back = step(
+        &s.record,
+        &Observation {
+            ready: true,
+            ..o.clone()
+        },
+        &want(),
+    );
+    assert_eq!(back.record.reason.as_deref(), Some(reason::DRAIN));
+    // The deadline passes while it is not Ready: the reason is the node's.
+    let late = Observation { now: 100_000, ..o };
+    let s = step(&s.record, &late, &want());
+    assert_eq!(s.record.state, Failed);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::NODE_NOT_READY));
+    // A Pending node that is not Ready never starts, slot or not.
+    let s = step(
+        &rec(Pending),
+        &Observation {
+            ready: false,
+            ..obs()
+        },
+        &want(),
+    );
+    assert_eq!(s.record.state, Pending);
+    assert!(s.commands.is_empty());
+}
+
+#[test]
+fn installer_failure_fails_the_node_at_once_with_its_cause() {
+    let o = Observation {
+        unschedulable: true,
+        installer: InstallerPod::Current { ready: false },
+        installer_failure: Some(Failure {
+            reason: reason::DEVICE_BUSY,
+            message: "the agent gave up: pid 42 (python) in pod ml/train-0".into(),
+        }),
+        ..obs()
+    };
+    let s = step(&rec(Upgrading), &o, &want());
+    assert_eq!(s.record.state, Failed);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::DEVICE_BUSY));
+    let msg = s.record.message.unwrap_or_default();
+    assert!(msg.contains("pid 42") && msg.contains("retry"), "{msg}");
+    // The old pod's troubles are not the new installer's.
+    let stale = Observation {
+        installer: InstallerPod::Stale { deleting: false },
+        ..o
+    };
+    assert_eq!(
+        step(&rec(Upgrading), &stale, &want()).record.state,
+        Upgrading
+    );
+}
+
+#[test]
+fn a_cycle_without_drain_never_swaps_a_module_it_finds() {
+    let mut r = rec(Upgrading);
+    r.no_drain = true;
+    r.cordon = Cordon::None;
+    r.reason = Some(reason::INSTALL.into());
+    let o = Observation {
+        loaded: Some("2.7.0".into()),
+        installer: InstallerPod::Current { ready: false },
+        ..obs()
+    };
+    let s = step(&r, &o, &want());
+    assert_eq!(s.record.state, Pending);
+    assert!(!s.record.no_drain, "the next cycle is a drained one");
+    assert!(s.commands.is_empty());
 }

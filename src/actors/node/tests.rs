@@ -41,6 +41,10 @@ fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
                 }
             }
         }
+        (t, serde_json::Value::Object(p)) => {
+            *t = serde_json::Value::Object(Default::default());
+            merge(t, &serde_json::Value::Object(p.clone()));
+        }
         (t, p) => *t = p.clone(),
     }
 }
@@ -156,6 +160,7 @@ fn desired() -> Desired {
 fn obs(loaded: &str) -> Observation {
     Observation {
         now: 1000,
+        ready: true,
         unschedulable: false,
         loaded: Some(loaded.into()),
         host_managed: false,
@@ -166,6 +171,7 @@ fn obs(loaded: &str) -> Observation {
         retry_token: None,
         slot: false,
         installer_problem: None,
+        installer_failure: None,
     }
 }
 

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::{PodSelector, TenstorrentDriverPolicy, labels};
 use ttdrv_core::machine::{Desired, NodeRecord};
-use ttdrv_core::rollout::Plan;
+use ttdrv_core::rollout::{Limits, Plan};
 use ttdrv_core::selection::Assignment;
 
 use super::{SupervisorPorts, node_label, now_secs, owns};
@@ -78,7 +78,10 @@ impl ReconcilePass {
         let spec = &policy.spec;
         ctx.metrics.set_desired_version(&name, &spec.version);
         self.report_policy_events(conflicts, warn_deprecated, conflicts_changed);
-        self.claim(&targets).await?;
+        // A paused policy claims nothing new: its DaemonSet would land there.
+        if !spec.paused {
+            self.claim(&targets).await?;
+        }
         self.release(&strays).await?;
         let hash = self.ensure_daemonset().await?;
         let selector =
@@ -97,7 +100,10 @@ impl ReconcilePass {
             upgrade_timeout_seconds: ctx.config.upgrade_timeout_seconds,
             paused: spec.paused,
         };
-        let max = spec.upgrade_policy.max_unavailable_for(self.owned().len());
+        let limits = Limits {
+            max_unavailable: spec.upgrade_policy.max_unavailable_for(self.owned().len()),
+            brake_percent: ctx.config.not_ready_brake_percent,
+        };
         let input = ObserveInput {
             stores: &ctx.stores,
             namespace: &ctx.config.namespace,
@@ -134,7 +140,7 @@ impl ReconcilePass {
                 .send(PlanRollout {
                     replace,
                     updates: std::mem::take(&mut candidates),
-                    max_unavailable: max,
+                    limits,
                 })
                 .await?;
             replace = false;

@@ -40,6 +40,10 @@ fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
                 }
             }
         }
+        (t, serde_json::Value::Object(p)) => {
+            *t = serde_json::Value::Object(Default::default());
+            merge(t, &serde_json::Value::Object(p.clone()));
+        }
         (t, p) => *t = p.clone(),
     }
 }

@@ -231,6 +231,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             name: n.clone(),
             wants_slot: false,
             in_progress: false,
+            ready: ttdrv_core::node::ready(node),
             unavailable,
             failed: false,
             has_device_pods: false,
@@ -361,6 +362,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             // A Failed node is planned as if retried.
             wants_slot: in_flight.is_none(),
             in_progress: in_flight.is_some(),
+            ready: ttdrv_core::node::ready(node),
             unavailable,
             failed: false,
             has_device_pods,
@@ -388,7 +390,12 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     let mut halted = None;
     let mut wave = 0;
     loop {
-        let p = rollout::plan(&candidates, &Default::default(), max);
+        // The controller's brake default: the plugin cannot read its flags.
+        let limits = rollout::Limits {
+            max_unavailable: max,
+            brake_percent: rollout::DEFAULT_BRAKE_PERCENT,
+        };
+        let p = rollout::plan(&candidates, &Default::default(), limits);
         let running: Vec<String> = candidates
             .iter()
             .filter(|c| c.in_progress)
