@@ -18,6 +18,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY api api
+COPY core core
 COPY src src
 COPY agent agent
 COPY testkit testkit
