@@ -44,6 +44,12 @@ parts = []
 for f in ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
           "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml"]:
     text = open(f"{src}/{f}").read()
+    if f.startswith("node/"):
+        # A node labelled sim.ttdrv.io/not-ready is left alone (no heartbeat,
+        # no re-initialisation to Ready), so tests can make it NotReady.
+        anchor = "  selector:\n    matchExpressions:\n"
+        assert anchor in text, "kwok node stage changed shape"
+        text = text.replace(anchor, anchor + "    - key: '.metadata.labels[\"sim.ttdrv.io/not-ready\"]'\n      operator: 'DoesNotExist'\n", 1)
     if f.endswith("pod-ready.yaml"):
         anchor = "    - key: '.metadata.deletionTimestamp'\n      operator: 'DoesNotExist'\n"
         assert anchor in text, "kwok pod-ready stage changed shape"

@@ -218,6 +218,34 @@ impl TestEnv {
         }
     }
 
+    /// Takes the node out of kwok's hands (label [`NOT_READY_LABEL`]: no
+    /// heartbeat, no re-initialisation) and sets its Ready condition to
+    /// `status` ("False" or "Unknown"); `None` gives it back to kwok, which
+    /// makes it Ready again.
+    pub async fn set_node_ready(&self, name: &str, status: Option<&str>) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        match status {
+            Some(s) => {
+                self.label_node(name, NOT_READY_LABEL, Some("true")).await;
+                let now = k8s_openapi::jiff::Timestamp::now()
+                    .round(k8s_openapi::jiff::Unit::Second)
+                    .map(|t| t.to_string())
+                    .unwrap_or_default();
+                let patch = serde_json::json!({ "status": { "conditions": [{
+                    "type": "Ready", "status": s, "reason": "TestPartition",
+                    "message": "set by the test", "lastHeartbeatTime": now, "lastTransitionTime": now
+                }] } });
+                if let Err(e) = api
+                    .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+                    .await
+                {
+                    panic!("setting Ready={s} on {name}: {e}");
+                }
+            }
+            None => self.label_node(name, NOT_READY_LABEL, None).await,
+        }
+    }
+
     pub async fn get_node(&self, name: &str) -> Node {
         let api: Api<Node> = Api::all(self.client.clone());
         match api.get(name).await {
@@ -245,6 +273,10 @@ impl TestEnv {
         let _ = nss.delete(&self.id, &DeleteParams::default()).await;
     }
 }
+
+/// Node label that takes a node out of kwok's heartbeat and initialisation
+/// stages (hack/cluster.sh), so a test can make it NotReady.
+pub const NOT_READY_LABEL: &str = "sim.ttdrv.io/not-ready";
 
 /// True when the pod's Ready condition is True (the controller's reading).
 pub use ttdrv_core::node::pod_ready;

@@ -296,3 +296,90 @@ pub async fn policy_events(env: &TestEnv, policy: &str) -> Vec<(String, String)>
         .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect()
 }
+
+/// What the [`SafetyWatcher`] saw, for assertions and failure messages.
+#[derive(Clone, Debug, Default)]
+pub struct SafetySeen {
+    /// Most Ready nodes cordoned by us at one instant (cordoned, and our
+    /// record says the cordon is ours).
+    pub max_ready_cordoned_by_us: usize,
+    /// Most nodes in our disruptive states (Cordoning..Uncordoning, with a
+    /// drain) at one instant, by the records on the nodes.
+    pub max_in_cycle: usize,
+    /// Module swaps (kmd-version a -> b, both set) seen without a valid
+    /// go-ahead on the node at that instant.
+    pub swaps_without_go_ahead: Vec<String>,
+    /// Every module swap seen, as `node: a -> b`.
+    pub swaps: Vec<String>,
+}
+
+/// Watches this test's nodes, independently of the controller, and checks at
+/// every event: how many Ready nodes we have cordoned, how many nodes are in
+/// a cycle, and that every module swap happened under a valid go-ahead.
+pub struct SafetyWatcher {
+    seen: Arc<Mutex<SafetySeen>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SafetyWatcher {
+    pub fn start(env: &TestEnv) -> Self {
+        let api: Api<Node> = Api::all(env.client.clone());
+        let cfg = watcher::Config::default().labels(&env.selector());
+        let seen: Arc<Mutex<SafetySeen>> = Arc::default();
+        let out = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
+            let mut stream = watcher(api, cfg).applied_objects().boxed();
+            while let Ok(Some(n)) = stream.try_next().await {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let before = nodes.insert(name.clone(), n.clone());
+                let Ok(mut s) = out.lock() else { return };
+                if let (Some(a), Some(b)) = (before.as_ref().and_then(kmd), kmd(&n))
+                    && a != b
+                {
+                    s.swaps.push(format!("{name}: {a} -> {b}"));
+                    let policy = ttdrv_core::node::record(&n)
+                        .ok()
+                        .flatten()
+                        .map(|r| r.policy)
+                        .unwrap_or_default();
+                    let swap =
+                        ttdrv_core::go_ahead::decide(&n, &policy, &b, Some(&a), |x, y| x == y);
+                    if !matches!(swap, ttdrv_core::go_ahead::Swap::GoAhead(_)) {
+                        s.swaps_without_go_ahead
+                            .push(format!("{name}: {a} -> {b}: {swap:?}"));
+                    }
+                }
+                let records: Vec<_> = nodes
+                    .values()
+                    .map(|n| (n, ttdrv_core::node::record(n).ok().flatten()))
+                    .collect();
+                let ready_ours = records
+                    .iter()
+                    .filter(|(n, r)| {
+                        ttdrv_core::node::ready(n)
+                            && unschedulable(n)
+                            && r.as_ref().is_some_and(|r| r.cordoned_by_us())
+                    })
+                    .count();
+                let in_cycle = records
+                    .iter()
+                    .filter(|(_, r)| r.as_ref().is_some_and(|r| r.occupies_slot()))
+                    .count();
+                s.max_ready_cordoned_by_us = s.max_ready_cordoned_by_us.max(ready_ours);
+                s.max_in_cycle = s.max_in_cycle.max(in_cycle);
+            }
+        });
+        Self { seen, task }
+    }
+
+    pub fn seen(&self) -> SafetySeen {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for SafetyWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
