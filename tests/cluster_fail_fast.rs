@@ -1,0 +1,252 @@
+//! Pause that holds, and failures seen within about a minute with their cause:
+//! real control plane, the controller binary, the simulated agent.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
+use ttdrv_api::NodeState;
+use ttdrv_testkit::sim_agent::CRASH_ANNOTATION;
+use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv};
+
+const T: Duration = Duration::from_secs(90);
+
+async fn setup(name: &str, n: usize) -> (TestEnv, String, Vec<String>, SimAgent) {
+    let env = TestEnv::new(name).await;
+    let ns = env.namespace().await;
+    let mut nodes = vec![];
+    for i in 0..n {
+        let node = env.tt_node(&format!("n{i}"), &[]).await;
+        nodes.push(node.metadata.name.clone().unwrap_or_default());
+    }
+    let agent = SimAgent::spawn(
+        env.client.clone(),
+        SimAgentConfig {
+            namespace: ns.clone(),
+            work: Duration::from_millis(300),
+        },
+    );
+    (env, ns, nodes, agent)
+}
+
+async fn installed(env: &TestEnv, nodes: &[String], extra_spec: &str) -> String {
+    let policy = env.name("fleet");
+    create_policy(
+        env,
+        &policy,
+        &format!(
+            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\n{extra_spec}",
+            env.id
+        ),
+    )
+    .await;
+    wait_nodes_state(env, &policy, nodes, NodeState::Done, "2.7.0", T).await;
+    policy
+}
+
+/// A bare pod holding the device (hostPath /dev/tenstorrent) on `node`: the
+/// drain leaves it (no controller, `drain.force` off), so the agent finds
+/// the device busy.
+async fn device_holder(env: &TestEnv, ns: &str, name: &str, node: &str) {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": {
+            "nodeName": node,
+            "containers": [{ "name": "c", "image": "busybox",
+                             "volumeMounts": [{ "name": "dev", "mountPath": "/dev/tenstorrent" }] }],
+            "volumes": [{ "name": "dev", "hostPath": { "path": "/dev/tenstorrent" } }]
+        }
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(env.client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+}
+
+async fn pod_exists(env: &TestEnv, ns: &str, name: &str) -> bool {
+    Api::<Pod>::namespaced(env.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+}
+
+async fn state_of(env: &TestEnv, policy: &str, node: &str) -> Option<ttdrv_api::NodeStatus> {
+    get_policy(env, policy)
+        .await
+        .status
+        .unwrap_or_default()
+        .nodes
+        .into_iter()
+        .find(|n| n.name == node)
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn pause_during_a_blocked_drain_holds_and_resume_continues() {
+    let (env, ns, nodes, _agent) = setup("failfast-pause", 2).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "upgradePolicy: {drain: {timeoutSeconds: 6}}").await;
+    pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
+    pdb(&env, &ns, "guarded").await;
+    let guarded = app_pods(&env, &ns, "guarded")
+        .await
+        .first()
+        .map(|p| p.0.clone())
+        .expect("guarded pod");
+    let watcher = SafetyWatcher::start(&env);
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
+    patch_policy(&env, &policy, serde_json::json!({ "paused": true })).await;
+    // The PDB goes away while paused: nothing may be evicted until resume.
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(env.client.clone(), &ns);
+    pdbs.delete("guarded", &Default::default())
+        .await
+        .expect("delete PDB");
+    // Well past the 6 s drain deadline.
+    let paused_at = Instant::now();
+    while paused_at.elapsed() < Duration::from_secs(12) {
+        let st = state_of(&env, &policy, &nodes[0]).await;
+        assert_eq!(
+            st.as_ref().map(|s| s.state),
+            Some(NodeState::Draining),
+            "paused: the node holds where it is (no Failed, no Upgrading): {st:?}"
+        );
+        assert!(
+            pod_exists(&env, &ns, &guarded).await,
+            "paused: {guarded} must not be evicted"
+        );
+        let other = state_of(&env, &policy, &nodes[1]).await.map(|s| s.state);
+        assert_ne!(
+            other,
+            Some(NodeState::Cordoning),
+            "paused: nothing new starts"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        unschedulable(&env.get_node(&nodes[0]).await),
+        "paused: our cordon stays"
+    );
+    patch_policy(&env, &policy, serde_json::json!({ "paused": false })).await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    let seen = watcher.seen();
+    assert!(seen.max_ready_cordoned_by_us <= 1, "{seen:?}");
+    assert!(seen.swaps_without_go_ahead.is_empty(), "{seen:?}");
+    for n in &nodes {
+        assert!(!unschedulable(&env.get_node(n).await), "{n} uncordoned");
+    }
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+/// Changes the policy and measures how long until `node` is Failed.
+async fn time_to_failed(
+    env: &TestEnv,
+    policy: &str,
+    node: &str,
+    patch: serde_json::Value,
+) -> (Duration, ttdrv_api::NodeStatus) {
+    let start = Instant::now();
+    patch_policy(env, policy, patch).await;
+    let failed = wait_node(env, policy, node, NodeState::Failed, T).await;
+    (start.elapsed(), failed)
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn unpullable_installer_image_fails_the_node_fast() {
+    let (env, ns, nodes, _agent) = setup("failfast-image", 2).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "").await;
+    let (took, failed) = time_to_failed(
+        &env,
+        &policy,
+        &nodes[0],
+        serde_json::json!({ "version": "2.8.0",
+                            "installer": { "image": "registry.invalid/tt-agent-unpullable:1" } }),
+    )
+    .await;
+    eprintln!("unpullable image: {} Failed after {took:?}", nodes[0]);
+    assert_eq!(failed.reason.as_deref(), Some("InstallerImagePull"));
+    let msg = failed.message.unwrap_or_default();
+    assert!(msg.contains("unpullable"), "names the image: {msg}");
+    assert!(took < Duration::from_secs(90), "took {took:?}");
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn crash_looping_installer_fails_the_node_fast() {
+    let (env, ns, nodes, _agent) = setup("failfast-crash", 2).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "").await;
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let patch = serde_json::json!({ "metadata": { "annotations": { CRASH_ANNOTATION: "true" } } });
+    api.patch(
+        &nodes[0],
+        &Default::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .expect("annotate");
+    let (took, failed) = time_to_failed(
+        &env,
+        &policy,
+        &nodes[0],
+        serde_json::json!({ "version": "2.8.0" }),
+    )
+    .await;
+    eprintln!("crash loop: {} Failed after {took:?}", nodes[0]);
+    assert_eq!(failed.reason.as_deref(), Some("InstallerCrashLoop"));
+    assert!(took < Duration::from_secs(90), "took {took:?}");
+    assert!(
+        unschedulable(&env.get_node(&nodes[0]).await),
+        "a Failed node stays cordoned"
+    );
+    let other = state_of(&env, &policy, &nodes[1]).await.map(|s| s.state);
+    assert_eq!(other, Some(NodeState::Pending), "the rollout halts");
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn device_busy_fails_the_node_with_the_holders() {
+    let (env, ns, nodes, _agent) = setup("failfast-busy", 1).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "").await;
+    device_holder(&env, &ns, "holder", &nodes[0]).await;
+    let (took, failed) = time_to_failed(
+        &env,
+        &policy,
+        &nodes[0],
+        serde_json::json!({ "version": "2.8.0" }),
+    )
+    .await;
+    eprintln!("device busy: {} Failed after {took:?}", nodes[0]);
+    assert_eq!(failed.reason.as_deref(), Some("DeviceBusy"));
+    let msg = failed.message.unwrap_or_default();
+    assert!(
+        msg.contains(&format!("{ns}/holder")),
+        "names the holder: {msg}"
+    );
+    assert!(took < Duration::from_secs(90), "took {took:?}");
+    assert!(
+        policy_events(&env, &policy)
+            .await
+            .iter()
+            .any(|(r, n)| r == "NodeUpgradeFailed" && n.contains(&format!("{ns}/holder"))),
+        "the Event carries the agent's words"
+    );
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
