@@ -51,7 +51,7 @@ impl PolicyMetrics {
             ),
             rollout_unavailable: families.gauge(
                 "ttdriver_rollout_unavailable_nodes",
-                "Nodes of the policy currently out of service because of the rollout (Cordoning to Uncordoning, and Failed).",
+                "Nodes of the policy out of service: in a cycle of ours (Cordoning to Uncordoning), Failed, or unavailable for another reason (NotReady, cordoned by someone else).",
                 &["cr"],
             ),
             rollout_in_progress: families.gauge(
