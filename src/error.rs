@@ -49,6 +49,21 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The API server's own words for a refusal (its message names the
+    /// field), shortened; for other errors, the error itself.
+    pub fn refusal_message(&self) -> String {
+        let text = match self {
+            Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            } => s.message.clone(),
+            e => e.to_string(),
+        };
+        crate::refusal::shorten(&text)
+    }
+}
+
 /// Longest server-requested wait honoured before a retry.
 const MAX_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 

@@ -26,7 +26,9 @@ pub struct ObserveInput<'a> {
     pub policy: &'a TenstorrentDriverPolicy,
     /// Template hash a current installer pod carries (empty: unknown yet).
     pub template_hash: &'a str,
-    pub selector: &'a PodSelector,
+    /// `podSelectorLabel` parsed; `None` when it does not parse (no drain
+    /// can be planned then).
+    pub selector: Option<&'a PodSelector>,
     pub gates: &'a [String],
     pub now: i64,
     /// Records the NodeActors handed back: fresher than the Nodes' annotations.
@@ -93,20 +95,22 @@ impl<'a> ObserveInput<'a> {
         let persisted = persisted_record(&node).filter(|r| r.policy == policy_name);
         let live = self.records.get(name);
         let rec = live.or(persisted.as_ref());
-        let plan = drain::plan_drain(
-            pods.iter().map(Arc::as_ref),
-            &self.policy.spec.upgrade_policy.drain,
-            self.selector,
-        );
+        let plan = self.selector.map(|sel| {
+            drain::plan_drain(
+                pods.iter().map(Arc::as_ref),
+                &self.policy.spec.upgrade_policy.drain,
+                sel,
+            )
+        });
         let draining = starting
             || [live, persisted.as_ref()]
                 .into_iter()
                 .flatten()
                 .any(|r| matches!(r.state, NodeState::Draining | NodeState::Cordoning));
-        let (progress, evictions, skipped) = if draining {
+        let (progress, evictions, skipped) = if let (true, Some(plan)) = (draining, &plan) {
             let pdbs = self.pdbs.get_or_init(|| self.stores.pdbs.state());
             let pdbs: Vec<&PodDisruptionBudget> = pdbs.iter().map(Arc::as_ref).collect();
-            let step = drain::sequence(&plan, pods.iter().map(Arc::as_ref), &pdbs);
+            let step = drain::sequence(plan, pods.iter().map(Arc::as_ref), &pdbs);
             (Some(step.progress), step.evict, plan.reportable_skips())
         } else {
             (None, vec![], vec![])
@@ -135,7 +139,10 @@ impl<'a> ObserveInput<'a> {
             evictions,
             installer_pod: installer.map(PodRef::of),
             skipped,
-            has_device_pods: plan.has_device_users(),
+            has_device_pods: plan.as_ref().map_or_else(
+                || pods.iter().any(|p| drain::uses_device(p)),
+                drain::DrainPlan::has_device_users,
+            ),
             externally_unavailable,
         })
     }

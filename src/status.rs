@@ -33,6 +33,9 @@ pub struct StatusInput<'a> {
     pub blocked: Option<&'a str>,
     /// The fleet-health brake is on: the policy's NotReady nodes.
     pub braked: Option<&'a [String]>,
+    /// The cluster refuses the policy (its DaemonSet apply, its drain
+    /// selector): the API server's words.
+    pub refused: Option<&'a str>,
     pub daemonset: &'a str,
     pub previous: Option<&'a TenstorrentDriverPolicyStatus>,
     pub now: Timestamp,
@@ -156,10 +159,17 @@ pub fn build(
         &summary,
         paused,
         !input.conflicts.is_empty(),
-        input.braked.is_some(),
+        input.braked.is_some() || input.refused.is_some(),
     );
     let (degraded_reason, degraded_message) = if summary.failed > 0 {
         ("NodeFailed", failed.join("; "))
+    } else if let Some(why) = input.refused {
+        (
+            "PolicyRefused",
+            format!(
+                "the cluster refuses this policy (nothing new starts; retried with backoff): {why}"
+            ),
+        )
     } else if let Some(nodes) = input.braked {
         (
             "FleetNotReady",

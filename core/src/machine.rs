@@ -474,8 +474,19 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 }
                 return stay(&r, cmds);
             }
-            // Without a drain plan nothing is known about the pods: hold.
+            // Without a drain plan nothing is known about the pods: hold,
+            // but the deadline still runs (a broken selector must not keep a
+            // cordoned node forever).
             let Some(drain) = obs.drain.as_ref() else {
+                if now - rec.since > want.drain_timeout_seconds {
+                    let msg = format!(
+                        "drain did not finish within {}s: its pods could not be planned{}",
+                        want.drain_timeout_seconds,
+                        retry_hint(&want.policy)
+                    );
+                    let why = deadline_reason(obs, reason::DRAIN_TIMEOUT);
+                    return stay(&enter(&rec, Failed, why, Some(msg), now), vec![]);
+                }
                 return stay(&rec, vec![]);
             };
             if drain.remaining.is_empty() {

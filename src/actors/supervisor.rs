@@ -30,6 +30,7 @@ use super::{
 };
 use crate::Result;
 use crate::context::Context;
+use crate::refusal::Refusal;
 use crate::render::daemonset_name;
 use crate::status::{self, Reported, StatusInput};
 
@@ -79,6 +80,8 @@ pub struct PolicySupervisor {
     warned_generation: Option<i64>,
     /// The fleet-health brake held the last pass.
     braked: bool,
+    /// What the cluster refuses about this policy, while it does.
+    refusal: Option<Refusal>,
     last_conflicts: Vec<(String, String)>,
 }
 
@@ -98,6 +101,7 @@ impl PolicySupervisor {
             primed: false,
             warned_generation: None,
             braked: false,
+            refusal: None,
             last_conflicts: vec![],
         }
     }
@@ -187,6 +191,12 @@ impl Handler<Reconcile> for PolicySupervisor {
             records: self.records.clone(),
             rollout: self.rollout.clone(),
             ports: self.ports.clone(),
+            apply: Refusal::next(
+                self.refusal.as_ref(),
+                policy.metadata.generation,
+                Instant::now(),
+            ),
+            refusal: self.refusal.clone(),
         };
         let warn_deprecated = policy.spec.uses_deprecated_node_selector()
             && self.warned_generation != policy.metadata.generation;
@@ -215,6 +225,7 @@ impl Handler<Reconcile> for PolicySupervisor {
                     let plan = out.plan;
                     act.export_metrics(&out.stepped, full, &plan);
                     act.report_brake(&policy, &plan);
+                    act.absorb_refusal(&policy, out.refused.as_ref());
                     act.write_status_if_due(&policy, &conflicts, &plan, actx);
                     out.err
                 });
@@ -351,6 +362,57 @@ impl PolicySupervisor {
         m.set_policy_paused(cr, self.paused());
     }
 
+    /// Keeps the policy's refusal in step with the pass: a refused attempt
+    /// moves the backoff on (Event and log line only for a new error), an
+    /// accepted apply ends it.
+    fn absorb_refusal(&mut self, policy: &TenstorrentDriverPolicy, refused: Option<&Refused>) {
+        let generation = policy.metadata.generation;
+        match refused {
+            None => {
+                if self.refusal.take().is_some() {
+                    tracing::info!(policy = self.name, "the cluster accepts the policy again");
+                    self.ctx.event(
+                        policy,
+                        false,
+                        "PolicyApplied",
+                        "Apply",
+                        "the installer DaemonSet was applied: the refusal is over".into(),
+                    );
+                }
+            }
+            Some(r)
+                if !r.attempted
+                    && self
+                        .refusal
+                        .as_ref()
+                        .is_some_and(|s| s.message == r.message && s.generation == generation) => {}
+            Some(r) => {
+                let next = Refusal::refused(
+                    self.refusal.as_ref(),
+                    generation,
+                    &r.message,
+                    Instant::now(),
+                );
+                if next.is_news(self.refusal.as_ref()) {
+                    self.ctx
+                        .event(policy, true, "PolicyRefused", "Apply", next.message.clone());
+                }
+                if r.attempted || next.is_news(self.refusal.as_ref()) {
+                    let wait = next.retry_at.saturating_duration_since(Instant::now());
+                    tracing::warn!(
+                        policy = self.name,
+                        attempts = next.attempts,
+                        retry_in_s = wait.as_secs(),
+                        message = next.message,
+                        "the cluster refuses the policy; backing off"
+                    );
+                }
+                self.ctx.metrics.inc_error(&self.name, "refused");
+                self.refusal = Some(next);
+            }
+        }
+    }
+
     /// An Event when the fleet-health brake engages or lets go.
     fn report_brake(&mut self, policy: &TenstorrentDriverPolicy, plan: &Plan) {
         let braked = plan.braked.is_some();
@@ -407,7 +469,7 @@ impl PolicySupervisor {
             &summary,
             policy.spec.paused,
             !conflicts.is_empty(),
-            plan.braked.is_some(),
+            plan.braked.is_some() || self.refusal.is_some(),
         );
         let urgent = prev.as_ref().map(status::flags_of).as_deref() != Some(flags.as_slice())
             || prev.as_ref().map(|p| p.observed_generation) != Some(policy.metadata.generation);
@@ -425,6 +487,7 @@ impl PolicySupervisor {
             conflicts,
             blocked: plan.blocked.as_deref(),
             braked: plan.braked.as_deref(),
+            refused: self.refusal.as_ref().map(|r| r.message.as_str()),
             daemonset: &ds_name,
             previous: prev.as_ref(),
             now: Timestamp::now(),
@@ -479,4 +542,4 @@ mod pass;
 #[cfg(test)]
 mod tests;
 
-use pass::{PassOut, ReconcilePass};
+use pass::{PassOut, ReconcilePass, Refused};

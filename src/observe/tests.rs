@@ -210,7 +210,7 @@ fn observe(
         namespace: NS,
         policy: &policy,
         template_hash: HASH,
-        selector: &selector,
+        selector: Some(&selector),
         gates: &gates,
         now: 100,
         records,

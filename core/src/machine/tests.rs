@@ -601,15 +601,17 @@ fn draining_never_ends_without_a_drain_plan() {
     let o = Observation {
         unschedulable: true,
         drain: None,
-        now: 100_000,
+        now: 1000,
         ..obs()
     };
     let s = step(&rec(Draining), &o, &want());
-    assert_eq!(
-        s.record.state, Draining,
-        "no plan: neither Upgrading nor a timeout"
-    );
+    assert_eq!(s.record.state, Draining, "no plan: never Upgrading");
     assert!(s.commands.is_empty(), "no plan: nothing to evict");
+    // The deadline still runs: a cordoned node is never held forever.
+    let late = Observation { now: 100_000, ..o };
+    let s = step(&rec(Draining), &late, &want());
+    assert_eq!(s.record.state, Failed);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::DRAIN_TIMEOUT));
 }
 
 #[test]

@@ -12,6 +12,8 @@ use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::{PodSelector, TenstorrentDriverPolicy, labels};
 use ttdrv_core::machine::{Desired, NodeRecord};
 use ttdrv_core::rollout::{Limits, Plan};
+
+use crate::refusal::{Apply, Refusal};
 use ttdrv_core::selection::Assignment;
 
 use super::{SupervisorPorts, node_label, now_secs, owns};
@@ -31,6 +33,8 @@ pub(super) struct PassOut {
     /// Whether each observed node has pods using the device.
     pub(super) device_users: Vec<(String, bool)>,
     pub(super) plan: Plan,
+    /// What the cluster refused about the policy in this pass, if anything.
+    pub(super) refused: Option<Refused>,
     /// First error of the pass (the other nodes' steps go on past it).
     pub(super) err: Option<Error>,
 }
@@ -46,6 +50,18 @@ pub(super) struct ReconcilePass {
     pub(super) records: Arc<HashMap<String, NodeRecord>>,
     pub(super) rollout: Addr<RolloutActor>,
     pub(super) ports: SupervisorPorts,
+    /// Apply the DaemonSet in this pass, or keep backing off.
+    pub(super) apply: Apply,
+    /// The refusal standing from earlier passes (kept while backing off).
+    pub(super) refusal: Option<Refusal>,
+}
+
+/// The cluster's refusal of a policy's DaemonSet apply or drain selector.
+#[derive(Clone, Debug)]
+pub(super) struct Refused {
+    pub(super) message: String,
+    /// The API server was asked (and said no) in this pass.
+    pub(super) attempted: bool,
 }
 
 /// Rounds of slot hand-over within one pass: a node reaching Done frees a
@@ -78,19 +94,25 @@ impl ReconcilePass {
         let spec = &policy.spec;
         ctx.metrics.set_desired_version(&name, &spec.version);
         self.report_policy_events(conflicts, warn_deprecated, conflicts_changed);
-        // A paused policy claims nothing new: its DaemonSet would land there.
-        if !spec.paused {
+        let (hash, mut refused) = self.ensure_daemonset().await?;
+        // A selector the controller cannot parse: no drain can be planned.
+        let selector = match PodSelector::parse(&spec.upgrade_policy.drain.pod_selector_label) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                refused = refused.or(Some(Refused {
+                    message: format!("spec.upgradePolicy.drain.podSelectorLabel: {e}"),
+                    attempted: false,
+                }));
+                None
+            }
+        };
+        // A paused policy claims nothing new (its DaemonSet would land there),
+        // and neither does one the cluster refuses (it must not capture nodes
+        // from a policy that works).
+        if !spec.paused && refused.is_none() {
             self.claim(&targets).await?;
         }
         self.release(&strays).await?;
-        let hash = self.ensure_daemonset().await?;
-        let selector =
-            PodSelector::parse(&spec.upgrade_policy.drain.pod_selector_label).map_err(|e| {
-                Error::InvalidPolicy {
-                    policy: name.clone(),
-                    message: e.to_string(),
-                }
-            })?;
         let gates = ctx.config.gates();
         let desired = Desired {
             policy: name.clone(),
@@ -100,8 +122,14 @@ impl ReconcilePass {
             upgrade_timeout_seconds: ctx.config.upgrade_timeout_seconds,
             paused: spec.paused,
         };
+        // A refused policy starts no node (its installer would never come);
+        // nodes mid-cycle go on, deadlines included.
         let limits = Limits {
-            max_unavailable: spec.upgrade_policy.max_unavailable_for(self.owned().len()),
+            max_unavailable: if refused.is_some() {
+                0
+            } else {
+                spec.upgrade_policy.max_unavailable_for(self.owned().len())
+            },
             brake_percent: ctx.config.not_ready_brake_percent,
         };
         let input = ObserveInput {
@@ -109,7 +137,7 @@ impl ReconcilePass {
             namespace: &ctx.config.namespace,
             policy,
             template_hash: &hash,
-            selector: &selector,
+            selector: selector.as_ref(),
             gates: &gates,
             now: now_secs(),
             records: &self.records,
@@ -211,6 +239,7 @@ impl ReconcilePass {
             stepped: stepped.into_iter().collect(),
             device_users,
             plan,
+            refused,
             err: first_err,
         })
     }
@@ -306,20 +335,44 @@ impl ReconcilePass {
     }
 
     /// The DaemonSet: rendered and applied unless paused (a paused policy leaves
-    /// it as is). Returns the template hash installer pods must carry.
-    async fn ensure_daemonset(&self) -> Result<String> {
-        if !self.policy.spec.paused {
-            return self
-                .ports
-                .ensure
-                .send(Ensure {
-                    policy: self.policy.clone(),
-                })
-                .await?;
+    /// it as is) or backing off from a refusal. Returns the template hash
+    /// installer pods must carry, and the refusal if the API server refused
+    /// the apply (4xx other than conflict and throttling) or still does.
+    async fn ensure_daemonset(&self) -> Result<(String, Option<Refused>)> {
+        if self.policy.spec.paused {
+            return Ok((self.cached_hash(), None));
         }
+        if self.apply == Apply::Wait {
+            let standing = self.refusal.as_ref().map(|r| Refused {
+                message: r.message.clone(),
+                attempted: false,
+            });
+            return Ok((self.cached_hash(), standing));
+        }
+        let res = self
+            .ports
+            .ensure
+            .send(Ensure {
+                policy: self.policy.clone(),
+            })
+            .await?;
+        match res {
+            Ok(hash) => Ok((hash, None)),
+            Err(e) if !e.is_transient() => Ok((
+                self.cached_hash(),
+                Some(Refused {
+                    message: e.refusal_message(),
+                    attempted: true,
+                }),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The template hash of the DaemonSet as the cache has it.
+    fn cached_hash(&self) -> String {
         let ds_name = daemonset_name(self.name());
-        Ok(self
-            .ctx
+        self.ctx
             .stores
             .daemonsets
             .get(&ObjectRef::new(&ds_name).within(&self.ctx.config.namespace))
@@ -329,6 +382,6 @@ impl ReconcilePass {
                     .as_ref()
                     .and_then(|a| a.get(labels::TEMPLATE_HASH).cloned())
             })
-            .unwrap_or_default())
+            .unwrap_or_default()
     }
 }
