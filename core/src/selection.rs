@@ -3,7 +3,7 @@
 //! absent. When several policies match one node, the oldest (creationTimestamp,
 //! then name) owns it and the others report a Conflict naming it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Node;
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
@@ -86,12 +86,30 @@ impl Assignment {
     }
 }
 
+/// Policies the cluster refuses (their DaemonSet cannot be applied): they
+/// keep only the nodes they are in the middle of a cycle on, so a broken
+/// policy cannot capture nodes from one that works.
+pub type Refused = BTreeSet<String>;
+
+/// `policy` may own `node`: it matches, and if refused it has a cycle of its
+/// own under way there.
+fn may_own(policy: &TenstorrentDriverPolicy, node: &Node, refused: &Refused) -> bool {
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    matches(policy, node)
+        && (!refused.contains(name)
+            || crate::node::record(node)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.policy == name && r.state.is_in_progress()))
+}
+
 /// What [`assign`] would decide for `node` (None: the node is gone), without
 /// looking at any other node: lets a change to a few nodes be checked against
 /// the last assignment in O(policies) each.
 pub fn claim_of<'a>(
     policies: impl IntoIterator<Item = &'a TenstorrentDriverPolicy>,
     node: Option<&Node>,
+    refused: &Refused,
 ) -> NodeClaim {
     let Some(node) = node else {
         return NodeClaim::default();
@@ -99,7 +117,7 @@ pub fn claim_of<'a>(
     let mut matching: Vec<&TenstorrentDriverPolicy> = policies
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| matches(p, node))
+        .filter(|p| may_own(p, node, refused))
         .collect();
     matching.sort_by_key(|p| age_key(p));
     let mut names = matching
@@ -114,6 +132,7 @@ pub fn claim_of<'a>(
 pub fn assign<'a>(
     policies: impl IntoIterator<Item = &'a TenstorrentDriverPolicy>,
     nodes: impl IntoIterator<Item = &'a Node>,
+    refused: &Refused,
 ) -> Assignment {
     let mut policies: Vec<&TenstorrentDriverPolicy> = policies
         .into_iter()
@@ -130,7 +149,7 @@ pub fn assign<'a>(
     nodes.sort_by_key(|n| n.metadata.name.clone());
     for node in nodes {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let mut matching = policies.iter().filter(|p| matches(p, node));
+        let mut matching = policies.iter().filter(|p| may_own(p, node, refused));
         let Some(owner) = matching.next() else {
             continue;
         };
@@ -207,7 +226,7 @@ mod tests {
     #[test]
     fn disjoint_pools_and_overlap() {
         let (nodes, [prod, canary, all]) = pools();
-        let a = assign([&prod, &canary, &all], &nodes);
+        let a = assign([&prod, &canary, &all], &nodes, &Refused::new());
         assert_eq!(a.owned["prod"], vec!["a"]);
         assert_eq!(a.owned["canary"], vec!["b"]);
         assert!(
@@ -232,10 +251,14 @@ mod tests {
         nodes.push(node("e", &[TT]));
         let also = policy("also", 30, "version: \"2.8.0\"\nnodeAffinity: {}");
         let policies = [&prod, &canary, &all, &also];
-        let a = assign(policies, &nodes);
+        let a = assign(policies, &nodes, &Refused::new());
         for n in &nodes {
             let name = n.metadata.name.as_deref().unwrap_or_default();
-            assert_eq!(claim_of(policies, Some(n)), a.claim(name), "node {name}");
+            assert_eq!(
+                claim_of(policies, Some(n), &Refused::new()),
+                a.claim(name),
+                "node {name}"
+            );
         }
         assert_eq!(
             a.claim("a"),
@@ -244,10 +267,13 @@ mod tests {
                 losers: vec!["all".into(), "also".into()]
             }
         );
-        assert_eq!(claim_of(policies, None), a.claim("gone"));
+        assert_eq!(claim_of(policies, None, &Refused::new()), a.claim("gone"));
         // A relabelled node: its claim differs from the last assignment's.
         let moved = node("a", &[TT, ("pool", "canary")]);
-        assert_ne!(claim_of(policies, Some(&moved)), a.claim("a"));
+        assert_ne!(
+            claim_of(policies, Some(&moved), &Refused::new()),
+            a.claim("a")
+        );
     }
 
     #[test]
@@ -255,8 +281,47 @@ mod tests {
         let nodes = vec![node("a", &[TT])];
         let x = policy("x", 10, "version: \"2.7.0\"\nnodeAffinity: {}");
         let y = policy("y", 10, "version: \"2.7.0\"\nnodeAffinity: {}");
-        let a = assign([&y, &x], &nodes);
+        let a = assign([&y, &x], &nodes, &Refused::new());
         assert_eq!(a.owner_of("a"), Some("x"));
         assert_eq!(a.conflicts["y"].len(), 1);
+    }
+
+    #[test]
+    fn a_refused_policy_keeps_only_its_nodes_mid_cycle() {
+        let mut busy = node("b", &[TT]);
+        let mut rec = crate::machine::NodeRecord::new("old", "2.8.0", 1);
+        rec.state = ttdrv_api::NodeState::Draining;
+        busy.metadata.annotations = Some(
+            [(
+                ttdrv_api::labels::UPGRADE_STATE.to_string(),
+                serde_json::to_string(&rec).expect("record"),
+            )]
+            .into(),
+        );
+        let nodes = vec![node("a", &[TT]), busy];
+        let old = policy("old", 10, "version: \"2.8.0\"\nnodeAffinity: {}");
+        let new = policy("new", 20, "version: \"2.7.0\"\nnodeAffinity: {}");
+        let refused: Refused = ["old".to_string()].into();
+        let a = assign([&old, &new], &nodes, &refused);
+        assert_eq!(
+            a.owner_of("a"),
+            Some("new"),
+            "no capture by a broken policy"
+        );
+        assert_eq!(
+            a.owner_of("b"),
+            Some("old"),
+            "its cycle under way stays its own"
+        );
+        for n in &nodes {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            assert_eq!(claim_of([&old, &new], Some(n), &refused), a.claim(&name));
+        }
+        let a = assign([&old, &new], &nodes, &Refused::new());
+        assert_eq!(
+            a.owner_of("a"),
+            Some("old"),
+            "accepted again: the older owns"
+        );
     }
 }

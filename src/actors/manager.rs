@@ -20,7 +20,7 @@ use ttdrv_api::labels;
 use super::supervisor::SupervisorPorts;
 use super::{DaemonSetRenderer, Evictor, Labeler, PatchNode, PolicySupervisor, Reconcile};
 use crate::context::Context;
-use ttdrv_core::selection::{Assignment, assign, claim_of};
+use ttdrv_core::selection::{Assignment, Refused, assign, claim_of};
 
 /// Coalescing window for watch events: long enough to batch a burst, short
 /// enough to add nothing visible to a node's cycle.
@@ -69,6 +69,8 @@ pub struct PolicyManager {
     labeler: Addr<Labeler>,
     evictor: Addr<Evictor>,
     renderer: Addr<DaemonSetRenderer>,
+    /// Policies the cluster refuses (see [`RefusalChanged`]).
+    refused: Refused,
 }
 
 impl PolicyManager {
@@ -91,6 +93,7 @@ impl PolicyManager {
             labeler,
             evictor,
             renderer,
+            refused: Refused::new(),
         }
     }
 
@@ -112,7 +115,12 @@ impl PolicyManager {
                 let (ctx, n, ports) = (
                     self.ctx.clone(),
                     name.clone(),
-                    SupervisorPorts::of(&self.labeler, &self.evictor, &self.renderer),
+                    SupervisorPorts::of(
+                        &self.labeler,
+                        &self.evictor,
+                        &self.renderer,
+                        actx.address().recipient(),
+                    ),
                 );
                 let addr = actix::Supervisor::start(move |_| PolicySupervisor::new(ctx, n, ports));
                 tracing::info!(policy = name, "policy supervisor started");
@@ -134,6 +142,7 @@ impl PolicyManager {
             .collect();
         for name in &gone {
             self.supervisors.remove(name);
+            self.refused.remove(name);
             self.waiting.remove(name);
             self.ctx.metrics.forget_policy(name);
             tracing::info!(policy = name, "policy gone; supervisor stopped");
@@ -203,7 +212,11 @@ impl PolicyManager {
         {
             let unchanged = changed.nodes.iter().all(|n| {
                 let node = self.ctx.stores.nodes.get(&ObjectRef::new(n));
-                claim_of(policies.iter().map(|p| p.as_ref()), node.as_deref()) == last.claim(n)
+                claim_of(
+                    policies.iter().map(|p| p.as_ref()),
+                    node.as_deref(),
+                    &self.refused,
+                ) == last.claim(n)
             });
             if unchanged {
                 return last.clone();
@@ -213,6 +226,7 @@ impl PolicyManager {
         let assignment = Arc::new(assign(
             policies.iter().map(|p| p.as_ref()),
             nodes.iter().map(|n| n.as_ref()),
+            &self.refused,
         ));
         if self.last_assignment.as_deref() != Some(assignment.as_ref()) {
             changed.full = true;
@@ -328,6 +342,32 @@ impl Handler<Kick> for PolicyManager {
         }
         // Coalesce bursts of watch events into one pass.
         self.schedule(actx, DEBOUNCE);
+    }
+}
+
+/// A supervisor's policy is now refused by the cluster (or accepted again):
+/// a refused policy keeps only the nodes it is mid-cycle on.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct RefusalChanged {
+    pub policy: String,
+    pub refused: bool,
+}
+
+impl Handler<RefusalChanged> for PolicyManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: RefusalChanged, actx: &mut Self::Context) {
+        let changed = if msg.refused {
+            self.refused.insert(msg.policy)
+        } else {
+            self.refused.remove(&msg.policy)
+        };
+        if changed {
+            self.changed.full = true;
+            self.changed.nodes.clear();
+            self.schedule(actx, DEBOUNCE);
+        }
     }
 }
 

@@ -23,6 +23,7 @@ use ttdrv_core::reason;
 use ttdrv_core::rollout::Plan;
 use ttdrv_core::selection::Assignment;
 
+use super::manager::RefusalChanged;
 use super::node::{NodePorts, StopNode};
 use super::{
     DaemonSetRenderer, Ensure, Evict, Evictor, Labeler, NodeActor, PassScope, PatchNode,
@@ -43,6 +44,9 @@ pub struct SupervisorPorts {
     pub evict: Recipient<Evict>,
     pub ensure: Recipient<Ensure>,
     pub replace_pod: Recipient<ReplaceInstallerPod>,
+    /// The PolicyManager, told when the cluster starts or stops refusing
+    /// the policy (ownership of nodes depends on it).
+    pub refusals: Recipient<RefusalChanged>,
 }
 
 impl SupervisorPorts {
@@ -50,12 +54,14 @@ impl SupervisorPorts {
         labeler: &Addr<Labeler>,
         evictor: &Addr<Evictor>,
         renderer: &Addr<DaemonSetRenderer>,
+        refusals: Recipient<RefusalChanged>,
     ) -> Self {
         Self {
             patch: labeler.clone().recipient(),
             evict: evictor.clone().recipient(),
             ensure: renderer.clone().recipient(),
             replace_pod: renderer.clone().recipient(),
+            refusals,
         }
     }
 }
@@ -125,6 +131,13 @@ impl Supervised for PolicySupervisor {
         self.last_status = None;
         self.status_in_flight = false;
         self.primed = false;
+        if self.refusal.take().is_some() {
+            // Found again by the next pass if it still stands.
+            self.ports.refusals.do_send(RefusalChanged {
+                policy: self.name.clone(),
+                refused: false,
+            });
+        }
         self.ctx.metrics.inc_actor_restart("policy_supervisor");
     }
 }
@@ -370,6 +383,10 @@ impl PolicySupervisor {
         match refused {
             None => {
                 if self.refusal.take().is_some() {
+                    self.ports.refusals.do_send(RefusalChanged {
+                        policy: self.name.clone(),
+                        refused: false,
+                    });
                     tracing::info!(policy = self.name, "the cluster accepts the policy again");
                     self.ctx.event(
                         policy,
@@ -408,6 +425,12 @@ impl PolicySupervisor {
                     );
                 }
                 self.ctx.metrics.inc_error(&self.name, "refused");
+                if self.refusal.is_none() {
+                    self.ports.refusals.do_send(RefusalChanged {
+                        policy: self.name.clone(),
+                        refused: true,
+                    });
+                }
                 self.refusal = Some(next);
             }
         }

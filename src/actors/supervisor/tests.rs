@@ -23,6 +23,8 @@ use crate::pod_index::PodsByNode;
 struct Fake {
     nodes: HashMap<String, serde_json::Value>,
     log: Arc<Mutex<Vec<(String, String)>>>,
+    /// The API server refuses the DaemonSet apply (422).
+    refuse: bool,
 }
 
 impl Actor for Fake {
@@ -86,7 +88,30 @@ impl Handler<Evict> for Fake {
 impl Handler<Ensure> for Fake {
     type Result = Result<String>;
     fn handle(&mut self, _: Ensure, _: &mut Self::Context) -> Result<String> {
+        if let Ok(mut l) = self.log.lock() {
+            l.push(("ds".into(), "ensure".into()));
+        }
+        if self.refuse {
+            let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+                "status": "Failure", "code": 422, "reason": "Invalid",
+                "message": "DaemonSet.apps \"ttdrv-fleet\" is invalid: spec.template.spec.affinity: Invalid value: \"bad key!\"",
+            }))
+            .expect("status");
+            return Err(Error::Kube {
+                action: "applying".into(),
+                source: kube::Error::Api(status.into()),
+            });
+        }
         Ok("h2".into())
+    }
+}
+
+impl Handler<RefusalChanged> for Fake {
+    type Result = ();
+    fn handle(&mut self, msg: RefusalChanged, _: &mut Self::Context) {
+        if let Ok(mut l) = self.log.lock() {
+            l.push((msg.policy, format!("refused={}", msg.refused)));
+        }
     }
 }
 
@@ -115,7 +140,11 @@ where
 }
 
 fn node(name: &str) -> Node {
-    let labels: BTreeMap<String, String> = [
+    node_claimed(name, true)
+}
+
+fn node_claimed(name: &str, claimed: bool) -> Node {
+    let mut labels: BTreeMap<String, String> = [
         (labels::TT_PCI_PRESENT, "true"),
         (labels::KMD_VERSION, "2.7.0"),
         (labels::INSTALL_MODE, labels::INSTALL_MODE_CONTAINER),
@@ -124,6 +153,9 @@ fn node(name: &str) -> Node {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
+    if !claimed {
+        labels.remove(labels::CLAIM);
+    }
     Node {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -175,6 +207,10 @@ fn policy() -> TenstorrentDriverPolicy {
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 
 fn context() -> Arc<Context> {
+    context_with(true)
+}
+
+fn context_with(claimed: bool) -> Arc<Context> {
     let url = "http://127.0.0.1:9".parse().expect("url");
     let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
     let pods: Vec<Pod> = NODES.iter().map(|n| installer(n)).collect();
@@ -186,7 +222,7 @@ fn context() -> Arc<Context> {
     index.apply(&watcher::Event::InitDone);
     let stores = Stores {
         policies: fed(vec![policy()]),
-        nodes: fed(NODES.iter().map(|n| node(n)).collect()),
+        nodes: fed(NODES.iter().map(|n| node_claimed(n, claimed)).collect()),
         pods: fed(pods),
         pods_by_node: Arc::new(index),
         daemonsets: fed(vec![]),
@@ -232,13 +268,15 @@ async fn a_pass_starts_one_node_and_the_next_pass_keeps_the_budget() {
             })
             .collect(),
         log: log.clone(),
+        refuse: false,
     }
     .start();
     let ports = SupervisorPorts {
         patch: fake.clone().recipient(),
         evict: fake.clone().recipient(),
         ensure: fake.clone().recipient(),
-        replace_pod: fake.recipient(),
+        replace_pod: fake.clone().recipient(),
+        refusals: fake.recipient(),
     };
     let sup = PolicySupervisor::new(context(), "fleet".into(), ports).start();
     sup.send(reconcile(true, &[]))
@@ -266,5 +304,116 @@ async fn a_pass_starts_one_node_and_the_next_pass_keeps_the_budget() {
     assert!(
         log.contains(&("n1".to_string(), "record Draining".to_string())),
         "n1 drains on the API server's reply to its cordon: {log:?}"
+    );
+}
+
+#[actix::test]
+async fn a_refused_apply_claims_and_starts_nothing_and_backs_off() {
+    let log: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let fake = Fake {
+        nodes: NODES
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    serde_json::to_value(node_claimed(n, false)).expect("node json"),
+                )
+            })
+            .collect(),
+        log: log.clone(),
+        refuse: true,
+    }
+    .start();
+    let ports = SupervisorPorts {
+        patch: fake.clone().recipient(),
+        evict: fake.clone().recipient(),
+        ensure: fake.clone().recipient(),
+        replace_pod: fake.clone().recipient(),
+        refusals: fake.recipient(),
+    };
+    let sup = PolicySupervisor::new(context_with(false), "fleet".into(), ports).start();
+    for _ in 0..3 {
+        sup.send(reconcile(true, &[]))
+            .await
+            .expect("mailbox")
+            .expect("a refusal is not a failed pass");
+    }
+    actix::clock::sleep(std::time::Duration::from_millis(20)).await;
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let ensures = log.iter().filter(|(_, w)| w == "ensure").count();
+    assert_eq!(
+        ensures, 1,
+        "backing off: one attempt in three passes: {log:?}"
+    );
+    assert!(
+        log.iter()
+            .all(|(_, w)| w != "cordon" && w != "claiming node"),
+        "a refused policy claims and starts nothing: {log:?}"
+    );
+    assert!(
+        log.contains(&("fleet".to_string(), "refused=true".to_string())),
+        "the manager is told: {log:?}"
+    );
+}
+
+#[actix::test]
+async fn a_refused_policy_still_enforces_deadlines() {
+    // n1 has been Upgrading since 1970 under our cordon when the apply starts
+    // being refused: its deadline still runs out.
+    let mut rec = NodeRecord::new("fleet", "2.8.0", 10);
+    rec.state = NodeState::Upgrading;
+    rec.cordon = ttdrv_core::machine::Cordon::Ours;
+    rec.started = Some(10);
+    let mut n1 = node("n1");
+    n1.metadata.annotations = Some(
+        [(
+            labels::UPGRADE_STATE.to_string(),
+            serde_json::to_string(&rec).expect("record"),
+        )]
+        .into(),
+    );
+    n1.spec = Some(NodeSpec {
+        unschedulable: Some(true),
+        ..Default::default()
+    });
+    let ctx = context();
+    let (store, mut writer) = reflector::store::<Node>();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitApply(n1.clone()));
+    for n in &NODES[1..] {
+        writer.apply_watcher_event(&watcher::Event::InitApply(node(n)));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let mut stores = ctx.stores.clone();
+    stores.nodes = store;
+    let ctx = Arc::new(Context::new(
+        ctx.client.clone(),
+        ctx.config.clone(),
+        stores,
+        ctx.metrics.clone(),
+    ));
+    let log: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let fake = Fake {
+        nodes: [("n1".to_string(), serde_json::to_value(&n1).expect("json"))].into(),
+        log: log.clone(),
+        refuse: true,
+    }
+    .start();
+    let ports = SupervisorPorts {
+        patch: fake.clone().recipient(),
+        evict: fake.clone().recipient(),
+        ensure: fake.clone().recipient(),
+        replace_pod: fake.clone().recipient(),
+        refusals: fake.recipient(),
+    };
+    let sup = PolicySupervisor::new(ctx, "fleet".into(), ports).start();
+    sup.send(reconcile(true, &[]))
+        .await
+        .expect("mailbox")
+        .expect("pass");
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    assert!(
+        log.contains(&("n1".to_string(), "record Failed".to_string())),
+        "the deadline of a cordoned node is enforced while the policy is refused: {log:?}"
     );
 }
