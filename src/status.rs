@@ -210,6 +210,12 @@ pub fn build(
                 "Paused"
             } else if settled {
                 "Idle"
+            } else if summary.failed > 0 {
+                "Halted"
+            } else if input.refused.is_some() {
+                "Refused"
+            } else if input.braked.is_some() {
+                "Braked"
             } else {
                 "Upgrading"
             },

@@ -208,6 +208,9 @@ pub struct Desired {
     pub drain_timeout_seconds: i64,
     pub upgrade_timeout_seconds: i64,
     pub paused: bool,
+    /// The cluster refuses the policy (its DaemonSet cannot be applied): no
+    /// node starts a cycle, not even one without drain.
+    pub refused: bool,
 }
 
 /// Side effects a transition asks for. Node patches (cordon, gates) are applied
@@ -370,6 +373,32 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     commands: vec![Command::Uncordon, Command::OpenGates],
                 };
             }
+            if !obs.ready {
+                let msg = format!(
+                    "waiting for the node to be Ready to upgrade {} -> {}",
+                    obs.loaded.as_deref().unwrap_or("none"),
+                    want.version
+                );
+                return stay(
+                    &enter(&rec, Pending, reason::WAITING, Some(msg), now),
+                    vec![],
+                );
+            }
+            if want.refused {
+                return stay(
+                    &enter(
+                        &rec,
+                        Pending,
+                        reason::WAITING,
+                        Some(
+                            "the cluster refuses this policy's installer DaemonSet (see its Degraded condition)"
+                                .into(),
+                        ),
+                        now,
+                    ),
+                    vec![],
+                );
+            }
             let stale = matches!(obs.installer, InstallerPod::Stale { .. });
             if !rec.cordoned_by_us() && (module_ok || obs.loaded.is_none()) {
                 // Nothing can hold the device for a module swap: either the module
@@ -392,20 +421,12 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     commands: cmds,
                 };
             }
-            if !obs.slot || !obs.ready {
-                let msg = if obs.ready {
-                    format!(
-                        "waiting for a maxUnavailable slot to upgrade {} -> {}",
-                        obs.loaded.as_deref().unwrap_or("none"),
-                        want.version
-                    )
-                } else {
-                    format!(
-                        "waiting for the node to be Ready to upgrade {} -> {}",
-                        obs.loaded.as_deref().unwrap_or("none"),
-                        want.version
-                    )
-                };
+            if !obs.slot {
+                let msg = format!(
+                    "waiting for a maxUnavailable slot to upgrade {} -> {}",
+                    obs.loaded.as_deref().unwrap_or("none"),
+                    want.version
+                );
                 return stay(
                     &enter(&rec, Pending, reason::WAITING, Some(msg), now),
                     vec![],

@@ -109,9 +109,9 @@ pub fn plan<'a>(
         .map(|c| c.name.clone())
         .collect();
     not_ready.sort_unstable();
-    if !candidates.is_empty()
-        && not_ready.len() * 100 > limits.brake_percent as usize * candidates.len()
-    {
+    // The brake matters only to a rollout with nodes waiting to start.
+    let waiting_any = candidates.iter().any(|c| c.wants_slot);
+    if waiting_any && not_ready.len() * 100 > limits.brake_percent as usize * candidates.len() {
         plan.blocked = Some(format!(
             "braked: {} of {} node(s) NotReady (more than {}%): {}",
             not_ready.len(),
@@ -266,6 +266,12 @@ mod tests {
         assert!(plan(&nodes, 4).braked.is_none(), "25% is not more than 25%");
         nodes[1].ready = false;
         nodes[1].unavailable = true;
+        let mut settled = nodes.clone();
+        settled.iter_mut().for_each(|c| c.wants_slot = false);
+        assert!(
+            plan(&settled, 4).braked.is_none(),
+            "a settled rollout has nothing to brake"
+        );
         let p = plan(&nodes, 4);
         assert!(p.granted.is_empty());
         assert_eq!(p.braked, Some(vec!["a".to_string(), "b".to_string()]));

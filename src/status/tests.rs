@@ -127,7 +127,7 @@ fn conditions_table() {
             &[],
             vec![
                 c("Ready", "False", "RolloutIncomplete"),
-                c("Progressing", "False", "Upgrading"),
+                c("Progressing", "False", "Halted"),
                 c("Degraded", "True", "NodeFailed"),
                 c("Paused", "False", "Running"),
                 c("Conflict", "False", "NoOverlap"),
@@ -280,7 +280,7 @@ fn fleet_not_ready_brake_is_degraded_and_names_the_nodes() {
     assert_eq!(
         conditions(&s)[1..3],
         [
-            c("Progressing", "False", "Upgrading"),
+            c("Progressing", "False", "Braked"),
             c("Degraded", "True", "FleetNotReady")
         ]
     );

@@ -13,6 +13,7 @@ fn want() -> Desired {
         drain_timeout_seconds: 600,
         upgrade_timeout_seconds: 900,
         paused: false,
+        refused: false,
     }
 }
 
@@ -485,12 +486,18 @@ fn safety_properties_over_the_cross_product() {
                                     installer_problem: None,
                                     installer_failure: None,
                                 };
-                                for (paused, drain_enabled) in
-                                    [(false, true), (true, true), (false, false), (true, false)]
-                                {
+                                for (paused, drain_enabled, refused) in [
+                                    (false, true, false),
+                                    (true, true, false),
+                                    (false, false, false),
+                                    (true, false, false),
+                                    (false, true, true),
+                                    (false, false, true),
+                                ] {
                                     let w = Desired {
                                         paused,
                                         drain_enabled,
+                                        refused,
                                         ..want()
                                     };
                                     let s = step(&r, &o, &w);
@@ -518,6 +525,15 @@ fn safety_properties_over_the_cross_product() {
                                             r.cordon != Cordon::Theirs
                                                 && s.record.cordon != Cordon::Theirs,
                                             "never uncordon an admin's cordon: {ctx}"
+                                        );
+                                    }
+                                    if r.state == Pending && !o.ready {
+                                        assert!(
+                                            !matches!(
+                                                s.record.state,
+                                                Cordoning | Draining | Upgrading
+                                            ),
+                                            "a NotReady node starts no cycle, not even without drain: {ctx}"
                                         );
                                     }
                                     if r.state == Pending && s.record.state == Cordoning {
@@ -569,6 +585,18 @@ fn safety_properties_over_the_cross_product() {
                                         assert!(
                                             r.state == Draining && o.unschedulable,
                                             "a drained cycle reaches Upgrading only from Draining: {ctx}"
+                                        );
+                                    }
+                                    if refused && r.state == Pending {
+                                        assert!(
+                                            !matches!(
+                                                s.record.state,
+                                                Cordoning | Draining | Upgrading
+                                            ) && !s.commands.iter().any(|c| matches!(
+                                                c,
+                                                Command::Cordon | Command::DeleteInstallerPod
+                                            )),
+                                            "a refused policy starts no cycle: {ctx}"
                                         );
                                     }
                                     if paused && r.state == Pending {

@@ -154,6 +154,7 @@ fn desired() -> Desired {
         drain_timeout_seconds: 600,
         upgrade_timeout_seconds: 900,
         paused: false,
+        refused: false,
     }
 }
 

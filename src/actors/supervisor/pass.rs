@@ -121,6 +121,7 @@ impl ReconcilePass {
             drain_timeout_seconds: spec.upgrade_policy.drain.timeout_seconds,
             upgrade_timeout_seconds: ctx.config.upgrade_timeout_seconds,
             paused: spec.paused,
+            refused: refused.is_some(),
         };
         // A refused policy starts no node (its installer would never come);
         // nodes mid-cycle go on, deadlines included.

@@ -1,0 +1,154 @@
+//! A policy the API server accepted but the cluster refuses to carry out (its
+//! DaemonSet apply answered 422): Degraded with the server's words, one Event,
+//! backoff instead of a hot loop, and no capture of nodes from a policy that
+//! works. Real control plane, the controller binary, the simulated agent.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use kube::Api;
+use kube::api::PostParams;
+use ttdrv_api::NodeState;
+use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv};
+
+const T: Duration = Duration::from_secs(90);
+
+/// A DaemonSet named as the policy's would be, with another selector: the
+/// controller's apply is refused (a DaemonSet's selector is immutable).
+async fn squatting_daemonset(env: &TestEnv, ns: &str, name: &str) {
+    let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": {
+            "selector": { "matchLabels": { "app": "squatter" } },
+            "template": {
+                "metadata": { "labels": { "app": "squatter" } },
+                "spec": {
+                    "nodeSelector": { "nowhere": "true" },
+                    "containers": [{ "name": "c", "image": "busybox" }]
+                }
+            }
+        }
+    }))
+    .expect("daemonset");
+    Api::<DaemonSet>::namespaced(env.client.clone(), ns)
+        .create(&PostParams::default(), &ds)
+        .await
+        .unwrap_or_else(|e| panic!("creating daemonset {name}: {e}"));
+}
+
+fn counter(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn refused_policy_is_degraded_backs_off_and_captures_nothing() {
+    let env = TestEnv::new("refusal").await;
+    let ns = env.namespace().await;
+    let mut nodes = vec![];
+    for i in 0..2 {
+        let node = env.tt_node(&format!("n{i}"), &[]).await;
+        nodes.push(node.metadata.name.clone().unwrap_or_default());
+    }
+    let _agent = SimAgent::spawn(
+        env.client.clone(),
+        SimAgentConfig {
+            namespace: ns.clone(),
+            work: Duration::from_millis(300),
+        },
+    );
+    let broken = env.name("broken");
+    squatting_daemonset(&env, &ns, &format!("ttdrv-{broken}")).await;
+    let ctl = controller(&env, &ns);
+    let selector = format!("{{matchLabels: {{ttdrv-test: {}}}}}", env.id);
+    create_policy(
+        &env,
+        &broken,
+        &format!("version: \"2.8.0\"\nnodeAffinity: {selector}"),
+    )
+    .await;
+    let start = Instant::now();
+    // Degraded with the server's words, within seconds.
+    let degraded = ttdrv_testkit::wait_for("broken policy Degraded", T, || async {
+        let st = get_policy(&env, &broken).await.status.unwrap_or_default();
+        match st.conditions.iter().find(|c| c.type_ == "Degraded") {
+            Some(c) if c.status == "True" && c.reason == "PolicyRefused" => Ok(c.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    eprintln!(
+        "refused: Degraded after {:?}: {}",
+        start.elapsed(),
+        degraded.message
+    );
+    assert!(
+        degraded.message.contains("selector") || degraded.message.contains("immutable"),
+        "the API server's words: {}",
+        degraded.message
+    );
+    // A newer, valid policy for the same nodes gets them.
+    let good = env.name("good");
+    create_policy(
+        &env,
+        &good,
+        &format!("version: \"2.7.0\"\nnodeAffinity: {selector}"),
+    )
+    .await;
+    wait_nodes_state(&env, &good, &nodes, NodeState::Done, "2.7.0", T).await;
+    // Over the next 30 s the refused apply is retried with backoff, not every pass.
+    let before = ctl
+        .admin_get("/metrics")
+        .await
+        .map(|(_, _, b)| {
+            counter(
+                &b,
+                "ttdriver_errors_total",
+                &[("cr", &broken), ("stage", "refused")],
+            )
+        })
+        .unwrap_or_default();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let after = ctl
+        .admin_get("/metrics")
+        .await
+        .map(|(_, _, b)| {
+            counter(
+                &b,
+                "ttdriver_errors_total",
+                &[("cr", &broken), ("stage", "refused")],
+            )
+        })
+        .unwrap_or_default();
+    eprintln!(
+        "refused: {} refused attempts in 30 s (total {after})",
+        after - before
+    );
+    assert!(
+        after - before <= 4.0,
+        "backoff: at most 4 attempts in 30 s, saw {}",
+        after - before
+    );
+    let events: Vec<_> = policy_events(&env, &broken)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "PolicyRefused")
+        .collect();
+    assert_eq!(events.len(), 1, "one Event per distinct error: {events:?}");
+    let st = get_policy(&env, &good).await.status.unwrap_or_default();
+    assert_eq!(st.summary.matched, 2, "the valid policy owns both nodes");
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
