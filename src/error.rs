@@ -37,6 +37,17 @@ impl Error {
     }
 
     /// Conflicts, throttling and server errors are worth retrying.
+    /// The API server refused a write on a stale resourceVersion (409).
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 409
+        )
+    }
+
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Kube {

@@ -73,11 +73,20 @@ pub fn claim_patch(policy: &str) -> serde_json::Value {
 
 /// Removes `policy`'s claim from a node it no longer owns, undoing our cordon
 /// and gates if a cycle was cut short (node relabelled or skipped mid-upgrade).
+///
+/// Carries the node's `resourceVersion` as a precondition: the release was
+/// decided on that version of the Node, and if another policy has claimed it
+/// (and cordoned it for its own cycle) since, the API server refuses the
+/// patch (409) instead of undoing the newcomer's cordon; the next pass
+/// decides again on the fresh Node.
 pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json::Value {
     let mut patch = serde_json::json!({ "metadata": {
         "labels": { labels::CLAIM: null },
         "annotations": { labels::UPGRADE_STATE: null, labels::GO_AHEAD: null },
     } });
+    if let Some(rv) = &node.metadata.resource_version {
+        patch["metadata"]["resourceVersion"] = rv.as_str().into();
+    }
     if let Some(rec) = persisted_record(node).filter(|r| r.policy == policy) {
         if rec.cordoned_by_us() {
             patch["spec"] = serde_json::json!({ "unschedulable": false });

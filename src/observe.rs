@@ -92,7 +92,15 @@ impl<'a> ObserveInput<'a> {
                     .map(String::as_str)
                     == Some(policy_name)
         });
-        let persisted = persisted_record(&node).filter(|r| r.policy == policy_name);
+        let on_node = persisted_record(&node);
+        // Another policy's cycle cut short (the node moved here): its cordon
+        // was ours, and stays ours to undo.
+        let inherited_cordon = on_node.as_ref().is_some_and(|r| {
+            r.policy != policy_name
+                && r.cordoned_by_us()
+                && (r.state.is_in_progress() || r.state == NodeState::Failed)
+        }) && node::unschedulable(&node);
+        let persisted = on_node.filter(|r| r.policy == policy_name);
         let live = self.records.get(name);
         let rec = live.or(persisted.as_ref());
         let plan = self.selector.map(|sel| {
@@ -130,6 +138,7 @@ impl<'a> ObserveInput<'a> {
             slot: false,
             installer_problem: installer.and_then(installer::problem),
             installer_failure: installer.and_then(installer::failure),
+            inherited_cordon,
         };
         let externally_unavailable =
             node::externally_unavailable(&node, rec.is_some_and(NodeRecord::cordoned_by_us));

@@ -198,6 +198,10 @@ pub struct Observation {
     /// The installer pod has failed for good (image, crash loop, the agent's
     /// own refusal), with its cause.
     pub installer_failure: Option<Failure>,
+    /// The node is cordoned by this controller for another policy's cycle
+    /// that was cut short (the node moved to this policy): the cordon is ours
+    /// to undo, not an admin's.
+    pub inherited_cordon: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -435,7 +439,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             if want.drain_enabled {
                 let mut r = enter(&rec, Cordoning, reason::CORDON, None, now);
                 if r.cordon != Cordon::Ours {
-                    r.cordon = if obs.unschedulable {
+                    r.cordon = if obs.unschedulable && !obs.inherited_cordon {
                         Cordon::Theirs
                     } else {
                         Cordon::Ours

@@ -55,8 +55,12 @@ impl Handler<PatchNode> for Labeler {
                 .await
                 .map_err(Error::kube(format!("{} on node {}", msg.action, msg.node)))
             };
+            // A patch with a resourceVersion precondition was decided on that
+            // version of the Node: a conflict means the decision is stale, and
+            // the next pass makes a fresh one (retrying it cannot succeed).
+            let precondition = msg.patch["metadata"]["resourceVersion"].is_string();
             call.retry(crate::error::backoff())
-                .when(Error::is_transient)
+                .when(|e| e.is_transient() && !(precondition && e.is_conflict()))
                 .adjust(crate::error::honor_retry_after)
                 .await
         })

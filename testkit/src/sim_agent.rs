@@ -295,10 +295,20 @@ async fn play_agent(
         if mode == labels::INSTALL_MODE_CONTAINER {
             set.insert(labels::TT_SMI_VERSION.into(), SIM_TT_SMI_VERSION.into());
         }
-        let patch = serde_json::json!({ "metadata": { "labels": set } });
-        nodes
+        // Written on the Node version the decision was made on: if the
+        // controller changed it meanwhile (took the go-ahead back), decide again.
+        let patch = serde_json::json!({ "metadata": {
+            "labels": set,
+            "resourceVersion": node.metadata.resource_version,
+        } });
+        match nodes
             .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
         let now = k8s_openapi::jiff::Timestamp::now()
             .round(k8s_openapi::jiff::Unit::Second)?
             .to_string();

@@ -32,6 +32,7 @@ fn obs() -> Observation {
         slot: true,
         installer_problem: None,
         installer_failure: None,
+        inherited_cordon: false,
     }
 }
 
@@ -485,6 +486,7 @@ fn safety_properties_over_the_cross_product() {
                                     slot: b(0) ^ b(4),
                                     installer_problem: None,
                                     installer_failure: None,
+                                    inherited_cordon: false,
                                 };
                                 for (paused, drain_enabled, refused) in [
                                     (false, true, false),
@@ -796,4 +798,24 @@ fn a_cycle_without_drain_never_swaps_a_module_it_finds() {
     assert_eq!(s.record.state, Pending);
     assert!(!s.record.no_drain, "the next cycle is a drained one");
     assert!(s.commands.is_empty());
+}
+
+#[test]
+fn a_cordon_left_by_another_policy_of_ours_is_ours_to_undo() {
+    let o = Observation {
+        unschedulable: true,
+        inherited_cordon: true,
+        ..obs()
+    };
+    let s = step(&rec(Pending), &o, &want());
+    assert_eq!(s.record.state, Cordoning);
+    assert_eq!(s.record.cordon, Cordon::Ours, "not an admin's cordon");
+    let admin = Observation {
+        inherited_cordon: false,
+        ..o
+    };
+    assert_eq!(
+        step(&rec(Pending), &admin, &want()).record.cordon,
+        Cordon::Theirs
+    );
 }

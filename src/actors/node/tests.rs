@@ -173,6 +173,7 @@ fn obs(loaded: &str) -> Observation {
         slot: false,
         installer_problem: None,
         installer_failure: None,
+        inherited_cordon: false,
     }
 }
 

@@ -323,14 +323,28 @@ impl ReconcilePass {
         };
         let gates = self.ctx.config.gates();
         for node in nodes {
-            self.ports
+            let res = self
+                .ports
                 .patch
                 .send(PatchNode {
                     node: node.metadata.name.clone().unwrap_or_default(),
                     patch: release_patch(&node, name, &gates),
                     action: "releasing node",
                 })
-                .await??;
+                .await?;
+            match res {
+                Ok(_) => {}
+                // The node changed since the release was decided (another
+                // policy may have claimed it): decided again next pass.
+                Err(e) if e.is_conflict() => {
+                    tracing::debug!(
+                        policy = name,
+                        node = node.metadata.name.as_deref().unwrap_or(""),
+                        "release deferred: the node changed"
+                    );
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }

@@ -675,7 +675,7 @@ fn an_unavailable_node_without_a_cycle_still_uses_a_slot() {
     assert!(
         rp.halted
             .as_deref()
-            .is_some_and(|h| h.contains("1 of at most 1")),
+            .is_some_and(|h| h.contains("at most 1") && h.contains("1 out of service")),
         "{:?}",
         rp.halted
     );
