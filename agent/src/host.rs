@@ -163,15 +163,13 @@ pub fn version_matches(loaded: Option<&str>, target: &str) -> bool {
     matches!(loaded, Some(v) if v.trim() == target.trim())
 }
 
-/// Validates a target version: `MAJOR.MINOR.PATCH`, digits only (as the CRD).
+/// Validates a target version (surrounding whitespace trimmed): `MAJOR.MINOR.PATCH`,
+/// 1 to 9 digits per part. The rule is `ttdrv_api::validation::is_valid_version`,
+/// from which the CRD's `spec.version` pattern is generated too, so the API
+/// server refuses what the agent would refuse after the node is drained.
 pub fn validate_version(v: &str) -> Result<String> {
     let v = v.trim();
-    let parts: Vec<&str> = v.split('.').collect();
-    let ok = parts.len() == 3
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.len() <= 9 && p.bytes().all(|b| b.is_ascii_digit()));
-    if ok {
+    if ttdrv_api::validation::is_valid_version(v) {
         Ok(v.to_string())
     } else {
         Err(AgentError::InvalidVersion(v.to_string()))
@@ -203,6 +201,8 @@ mod tests {
             "2.8.0.1",
             "a.b.c",
             "2..0",
+            "1234567890.0.0",
+            "2.8.0000000000",
         ] {
             assert!(validate_version(bad).is_err(), "{bad} accepted");
         }

@@ -1,28 +1,66 @@
 //! `upgradePolicy.drain.podSelectorLabel`: the label-selector string grammar of
 //! `kubectl -l`, limited to what the spec promises:
 //! `key=value`, `key==value`, `key!=value`, `key`, `!key`, `key in (a,b)`,
-//! `key notin (a,b)`, joined by commas. The CRD carries [`POD_SELECTOR_PATTERN`],
-//! a regular expression for the same language, so the API server rejects what
-//! this parser would reject; a test keeps the two in agreement.
+//! `key notin (a,b)`, joined by commas; keys and values follow the label syntax
+//! of `metav1.LabelSelector` ([`crate::validation`]). The CRD carries
+//! [`POD_SELECTOR_PATTERN`], a regular expression for the same language, and
+//! [`token_length_rule`], the length limits of its keys and values, so the API
+//! server rejects what this parser would reject; tests keep them in agreement.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::validation;
+
+/// One requirement: `!key`, `key op value`, `key in|notin (values)`, `key`.
+macro_rules! requirement_re {
+    () => {
+        concat!(
+            r"!\s*",
+            key_re!(),
+            "|",
+            key_re!(),
+            r"\s*(==|=|!=)\s*",
+            value_re!(),
+            "|",
+            key_re!(),
+            r"\s+(in|notin)\s*\(\s*",
+            value_re!(),
+            r"(\s*,\s*",
+            value_re!(),
+            r")*\s*\)",
+            "|",
+            key_re!(),
+        )
+    };
+}
+
 /// RE2 pattern (used in the CRD's CEL rule) accepting exactly the strings
-/// [`PodSelector::parse`] accepts. Empty means "every pod".
+/// [`PodSelector::parse`] accepts, but for the length of keys and values, which
+/// [`token_length_rule`] checks. Empty means "every pod".
 pub const POD_SELECTOR_PATTERN: &str = concat!(
     r"^(\s*|\s*(",
-    r"!\s*[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?",
-    r"|[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?\s*(==|=|!=)\s*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?",
-    r"|[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?\s+(in|notin)\s*\(\s*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?(\s*,\s*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?)*\s*\)",
-    r"|[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?",
+    requirement_re!(),
     r")\s*(,\s*(",
-    r"!\s*[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?",
-    r"|[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?\s*(==|=|!=)\s*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?",
-    r"|[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?\s+(in|notin)\s*\(\s*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?(\s*,\s*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?)*\s*\)",
-    r"|[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?",
+    requirement_re!(),
     r")\s*)*)$"
 );
+
+/// The keys, values and keywords of a selector: maximal runs of these characters
+/// (`/` appears in keys only, so a token with `/` is a prefixed key).
+pub const POD_SELECTOR_TOKEN_PATTERN: &str = "[-A-Za-z0-9_./]+";
+
+/// CEL: every key and value of the selector `self` is within the label limits
+/// (a prefix of at most 253 characters; a name or value of at most 63). Together
+/// with [`POD_SELECTOR_PATTERN`] this is exactly what [`PodSelector::parse`] accepts.
+pub fn token_length_rule() -> String {
+    use crate::validation::{LABEL_NAME_MAX_LENGTH, LABEL_PREFIX_MAX_LENGTH, cel_string};
+    format!(
+        "self.findAll({tokens}).all(t, t.indexOf('/') <= {LABEL_PREFIX_MAX_LENGTH} \
+         && size(t) - t.indexOf('/') - 1 <= {LABEL_NAME_MAX_LENGTH})",
+        tokens = cel_string(POD_SELECTOR_TOKEN_PATTERN),
+    )
+}
 
 /// One requirement of a pod selector.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,15 +215,24 @@ impl Parser<'_> {
         }
     }
     fn key(&mut self) -> Result<String, PodSelectorError> {
-        self.token(true).ok_or_else(|| {
-            self.err(
-                "a label key (alphanumerics, '-', '_', '.', '/'; starting and ending alphanumeric)",
-            )
-        })
+        let start = self.pos;
+        match self.token(true) {
+            Some(k) if validation::is_label_key(&k) => Ok(k),
+            _ => {
+                self.pos = start;
+                Err(self.err(validation::LABEL_KEY_HELP))
+            }
+        }
     }
     /// A value may be empty (`key=` selects pods whose label is the empty string).
-    fn value(&mut self) -> String {
-        self.token(false).unwrap_or_default()
+    fn value(&mut self) -> Result<String, PodSelectorError> {
+        let start = self.pos;
+        let v = self.token(false).unwrap_or_default();
+        if v.len() > validation::LABEL_VALUE_MAX_LENGTH {
+            self.pos = start;
+            return Err(self.err(validation::LABEL_VALUE_HELP));
+        }
+        Ok(v)
     }
     fn requirement(&mut self) -> Result<Requirement, PodSelectorError> {
         self.skip_ws();
@@ -201,12 +248,12 @@ impl Parser<'_> {
         if let Some(r) = rest.strip_prefix("!=") {
             self.pos = self.s.len() - r.len();
             self.skip_ws();
-            return Ok(Requirement::NotEquals(key, self.value()));
+            return Ok(Requirement::NotEquals(key, self.value()?));
         }
         if let Some(r) = rest.strip_prefix("==").or_else(|| rest.strip_prefix('=')) {
             self.pos = self.s.len() - r.len();
             self.skip_ws();
-            return Ok(Requirement::Equals(key, self.value()));
+            return Ok(Requirement::Equals(key, self.value()?));
         }
         let had_ws = self.pos > before_ws;
         for (word, notin) in [("notin", true), ("in", false)] {
@@ -218,7 +265,7 @@ impl Parser<'_> {
                 let mut values = Vec::new();
                 loop {
                     self.skip_ws();
-                    values.push(self.value());
+                    values.push(self.value()?);
                     self.skip_ws();
                     match self.peek() {
                         Some(',') => self.pos += 1,
@@ -294,8 +341,26 @@ mod tests {
 
     #[test]
     fn rejects_malformed_selectors_with_position() {
+        let long_value = format!("a={}", "v".repeat(64));
+        let long_name = format!("{}=v", "k".repeat(64));
+        let long_prefix = format!("{}/k", "p".repeat(254));
+        let long_in = format!("a in (b,{})", "v".repeat(64));
         for input in [
-            "=x", "a b", "a in b", "a in (b", "-a", "a,", "a=(b)", "a notin",
+            "=x",
+            "a b",
+            "a in b",
+            "a in (b",
+            "-a",
+            "a,",
+            "a=(b)",
+            "a notin",
+            "a/b/c",
+            "Example.com/a",
+            "!a./b",
+            &long_value,
+            &long_name,
+            &long_prefix,
+            &long_in,
         ] {
             let err = PodSelector::parse(input).expect_err(input);
             assert_eq!(err.input, input);
@@ -304,6 +369,18 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn keys_and_values_at_the_label_limits_parse() {
+        let input = format!(
+            "{p}/{n}={v},{n} in ({v}),!{p}/{n}",
+            p = format!("{}.{}", "p".repeat(126), "q".repeat(126)),
+            n = "n".repeat(63),
+            v = "v".repeat(63)
+        );
+        let sel = PodSelector::parse(&input).expect("at the limits");
+        assert_eq!(sel.requirements.len(), 3);
     }
 
     #[test]

@@ -15,7 +15,14 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::podselector::POD_SELECTOR_PATTERN;
+use crate::podselector::{POD_SELECTOR_PATTERN, token_length_rule};
+use crate::validation::{
+    IMAGE_MAX_LENGTH, IMAGE_PATTERN, LABEL_KEY_HELP, LABEL_KEY_MAX_LENGTH, LABEL_VALUE_HELP,
+    LABEL_VALUE_MAX_LENGTH, MATCH_EXPRESSIONS_MAX, MATCH_LABELS_MAX, POD_SELECTOR_MAX_LENGTH,
+    SELECTOR_VALUES_MAX, SOURCE_REPOSITORY_MAX_LENGTH, SOURCE_REPOSITORY_PATTERN,
+    VERSION_MAX_LENGTH, cel_string, invalid_message, label_key_rule, label_value_rule,
+    version_pattern,
+};
 
 /// Desired tt-kmd version and rollout policy for the Tenstorrent nodes it selects.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -31,7 +38,8 @@ use crate::podselector::POD_SELECTOR_PATTERN;
     printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.summary.done"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.summary.failed"}"#,
     printcolumn = r#"{"name":"Paused","type":"boolean","jsonPath":".spec.paused"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = crate::validation::policy_name_rule()
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
@@ -49,8 +57,10 @@ use crate::podselector::POD_SELECTOR_PATTERN;
     }
 ]))]
 pub struct TenstorrentDriverPolicySpec {
-    /// tt-kmd release tag without the `ttkmd-` prefix, e.g. `2.8.0`.
-    #[schemars(extend("pattern" = r"^[0-9]+\.[0-9]+\.[0-9]+$"))]
+    /// tt-kmd release tag without the `ttkmd-` prefix, e.g. `2.8.0`; each part has
+    /// 1 to 9 digits (the agent's limit).
+    // One definition: `validation::version_pattern`, also the agent's check.
+    #[schemars(length(max = VERSION_MAX_LENGTH), extend("pattern" = version_pattern()))]
     pub version: String,
 
     /// Nodes this policy manages (standard LabelSelector; `{}` matches all). Always
@@ -89,9 +99,31 @@ impl TenstorrentDriverPolicySpec {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSelectorTerm {
+    /// Label key to value; keys and values follow the label syntax.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend(
+        "maxProperties" = MATCH_LABELS_MAX,
+        "additionalProperties" = {
+            "type": "string",
+            "maxLength": LABEL_VALUE_MAX_LENGTH,
+            "x-kubernetes-validations": [{
+                "rule": label_value_rule("self"),
+                "message": format!("invalid label value: {LABEL_VALUE_HELP}")
+            }]
+        },
+        "x-kubernetes-validations" = [{
+            "rule": format!("self.all(k, {})", label_key_rule("k")),
+            "messageExpression": invalid_message(
+                "label key",
+                &format!("self.filter(k, !{})[0]", label_key_rule("k")),
+                LABEL_KEY_HELP
+            ),
+            "message": format!("invalid label key: {LABEL_KEY_HELP}")
+        }]
+    ))]
     pub match_labels: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MATCH_EXPRESSIONS_MAX))]
     pub match_expressions: Option<Vec<SelectorRequirement>>,
 }
 
@@ -110,10 +142,27 @@ pub struct NodeSelectorTerm {
     }
 ]))]
 pub struct SelectorRequirement {
-    #[schemars(extend("minLength" = 1))]
+    #[schemars(
+        length(min = 1, max = LABEL_KEY_MAX_LENGTH),
+        extend("x-kubernetes-validations" = [{
+            "rule": label_key_rule("self"),
+            "message": format!("invalid label key: {LABEL_KEY_HELP}")
+        }])
+    )]
     pub key: String,
     pub operator: SelectorOperator,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = SELECTOR_VALUES_MAX),
+        extend("items" = {
+            "type": "string",
+            "maxLength": LABEL_VALUE_MAX_LENGTH,
+            "x-kubernetes-validations": [{
+                "rule": label_value_rule("self"),
+                "message": format!("invalid label value: {LABEL_VALUE_HELP}")
+            }]
+        })
+    )]
     pub values: Option<Vec<String>>,
 }
 
@@ -186,7 +235,7 @@ pub struct UpgradePolicy {
     /// Most nodes out of service at once during a rollout: an integer >= 1 or a
     /// percentage of matched nodes (rounded down, at least 1).
     #[serde(default = "default_max_unavailable")]
-    #[schemars(extend("x-kubernetes-validations" = [{
+    #[schemars(extend("maxLength" = 4, "x-kubernetes-validations" = [{
         "rule": "type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')",
         "message": "maxUnavailable must be an integer >= 1 or a percentage between 1% and 100%"
     }]))]
@@ -232,10 +281,13 @@ pub struct DrainPolicy {
     /// Restricts pass 2 to matching pods: `key=value`, `key!=value`, `key`, `!key`,
     /// `key in (a,b)`, `key notin (a,b)`, comma-separated. Empty sweeps everything.
     #[serde(default)]
-    #[schemars(length(max = 1024))]
+    #[schemars(length(max = POD_SELECTOR_MAX_LENGTH))]
     #[schemars(extend("x-kubernetes-validations" = [{
-        "rule": format!("self.matches('{}')", POD_SELECTOR_PATTERN.replace('\\', "\\\\")),
-        "message": "podSelectorLabel must be a label selector: key=value, key!=value, key, !key, key in (a,b) or key notin (a,b), comma-separated"
+        "rule": format!("self.matches({})", cel_string(POD_SELECTOR_PATTERN)),
+        "message": "podSelectorLabel must be a label selector: key=value, key!=value, key, !key, key in (a,b) or key notin (a,b), comma-separated, with keys and values in label syntax"
+    }, {
+        "rule": token_length_rule(),
+        "message": "podSelectorLabel: a label key has a prefix of at most 253 characters and a name of at most 63; a label value has at most 63 characters"
     }]))]
     pub pod_selector_label: String,
     /// Evict bare pods (no controller) instead of reporting them as blockers.
@@ -274,18 +326,24 @@ fn default_drain_timeout() -> i64 {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Installer {
-    /// Installer (node agent) image; empty means the chart's `driver.image`.
+    /// Installer (node agent) image, `[registry/]repository[:tag][@sha256:<hex>]`;
+    /// empty means the chart's `driver.image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = IMAGE_MAX_LENGTH))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": format!("self == '' || self.matches({})", cel_string(IMAGE_PATTERN)),
+        "message": "image must be an image reference [registry[:port]/]repository[:tag][@sha256:<64 hex>], with a lowercase repository and no whitespace"
+    }]))]
     pub image: Option<String>,
     #[serde(default)]
     pub image_pull_policy: PullPolicy,
     /// Git URL of tt-kmd sources (mirror for air-gapped sites); empty means the
     /// chart's default, itself defaulting to the public repository.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 2048))]
+    #[schemars(length(max = SOURCE_REPOSITORY_MAX_LENGTH))]
     #[schemars(extend("x-kubernetes-validations" = [{
-        "rule": "self.matches('^(https?://|ssh://|git://|file://|git@)[^ ]+$')",
-        "message": "sourceRepository must be a git URL (https://, http://, ssh://, git://, file:// or git@host:path)"
+        "rule": format!("self.matches({})", cel_string(SOURCE_REPOSITORY_PATTERN)),
+        "message": "sourceRepository must be a git URL over https or ssh (https://host/path, ssh://[user@]host/path or user@host:path) without whitespace or control characters"
     }]))]
     pub source_repository: Option<String>,
 }
@@ -491,5 +549,46 @@ mod tests {
         ] {
             assert!(crd.contains(needle), "CRD lacks {needle}");
         }
+    }
+
+    /// Every string, list and map of the spec has a bound, so a policy has a
+    /// bounded size (status is written by the controller only).
+    #[test]
+    fn every_spec_string_list_and_map_is_bounded() {
+        fn walk(path: &str, s: &serde_json::Value, unbounded: &mut Vec<String>) {
+            let ty = s["type"].as_str().unwrap_or_default();
+            let has = |k: &str| s.get(k).is_some();
+            match ty {
+                "string" if !has("maxLength") && !has("enum") => unbounded.push(path.into()),
+                "array" if !has("maxItems") => unbounded.push(path.into()),
+                "object" if has("additionalProperties") && !has("maxProperties") => {
+                    unbounded.push(path.into())
+                }
+                _ => {}
+            }
+            if s["x-kubernetes-int-or-string"] == true && !has("maxLength") {
+                unbounded.push(path.into());
+            }
+            if let Some(props) = s["properties"].as_object() {
+                for (k, v) in props {
+                    walk(&format!("{path}.{k}"), v, unbounded);
+                }
+            }
+            for k in ["items", "additionalProperties"] {
+                if s[k].is_object() {
+                    walk(&format!("{path}.{k}"), &s[k], unbounded);
+                }
+            }
+        }
+        let crd = serde_json::to_value(TenstorrentDriverPolicy::crd()).expect("serializes");
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let mut unbounded = Vec::new();
+        walk("spec", spec, &mut unbounded);
+        assert!(unbounded.is_empty(), "unbounded: {unbounded:?}");
+        let root = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        assert_eq!(
+            root["x-kubernetes-validations"][0]["rule"],
+            "oldSelf.hasValue() || size(self.metadata.name) <= 63"
+        );
     }
 }

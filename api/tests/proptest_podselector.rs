@@ -1,5 +1,7 @@
 //! Property tests of the `podSelectorLabel` parser (`PodSelector::parse`) and of
-//! its agreement with the CRD's regular expression (`POD_SELECTOR_PATTERN`).
+//! its agreement with the CRD's rules: the regular expression
+//! (`POD_SELECTOR_PATTERN`) and the length limits of keys and values
+//! (`token_length_rule`, mirrored here by [`tokens_fit`]).
 //!
 //! - the parser never panics, whatever the input, and reports an error position
 //!   inside the input on a character boundary;
@@ -7,7 +9,8 @@
 //!   whatever whitespace surrounds its tokens;
 //! - printing is a normal form: parse(print(parse(s))) == parse(s);
 //! - the pattern (Rust `regex`, Unicode `\s` like the parser's `char::is_whitespace`)
-//!   accepts exactly what the parser accepts, on grammar-shaped and on arbitrary input;
+//!   and the length rule accept exactly what the parser accepts, on grammar-shaped
+//!   and on arbitrary input;
 //! - the pattern as the API server evaluates it (RE2: `\s` is `[\t\n\f\r ]`)
 //!   accepts nothing the parser rejects, so an admitted policy never fails to parse.
 
@@ -15,7 +18,10 @@ use std::sync::LazyLock;
 
 use proptest::prelude::*;
 use regex::Regex;
-use ttdrv_api::podselector::{POD_SELECTOR_PATTERN, PodSelector, Requirement};
+use ttdrv_api::podselector::{
+    POD_SELECTOR_PATTERN, POD_SELECTOR_TOKEN_PATTERN, PodSelector, Requirement, token_length_rule,
+};
+use ttdrv_api::validation::{LABEL_NAME_MAX_LENGTH, LABEL_PREFIX_MAX_LENGTH};
 
 static PATTERN: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(POD_SELECTOR_PATTERN).expect("pattern compiles"));
@@ -24,8 +30,44 @@ static RE2_PATTERN: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(&ascii).expect("RE2-flavoured pattern compiles")
 });
 
+static TOKENS: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(POD_SELECTOR_TOKEN_PATTERN).expect("token pattern compiles"));
+
 fn pattern() -> &'static Regex {
     &PATTERN
+}
+
+/// The CEL rule of [`token_length_rule`], evaluated in Rust: every token has a
+/// prefix (before `/`) of at most 253 characters and a name of at most 63.
+/// Tokens are ASCII, so byte and code-point positions agree.
+fn tokens_fit(s: &str) -> bool {
+    TOKENS.find_iter(s).all(|m| {
+        let t = m.as_str();
+        let slash = t.find('/').map_or(-1, |i| i as i64);
+        let size = t.len() as i64;
+        slash <= LABEL_PREFIX_MAX_LENGTH as i64 && size - slash - 1 <= LABEL_NAME_MAX_LENGTH as i64
+    })
+}
+
+/// What the API server admits: the pattern and the length rule.
+fn admitted(s: &str) -> bool {
+    pattern().is_match(s) && tokens_fit(s)
+}
+
+#[test]
+fn the_crd_rule_is_the_one_mirrored_here() {
+    let rule = token_length_rule();
+    assert!(
+        rule.contains(&format!("t.indexOf('/') <= {LABEL_PREFIX_MAX_LENGTH}")),
+        "{rule}"
+    );
+    assert!(
+        rule.contains(&format!(
+            "size(t) - t.indexOf('/') - 1 <= {LABEL_NAME_MAX_LENGTH}"
+        )),
+        "{rule}"
+    );
+    assert!(rule.contains("findAll('[-A-Za-z0-9_./]+')"), "{rule}");
 }
 
 /// The pattern with RE2's (Go's) ASCII meaning of `\s`, as the API server applies it.
@@ -33,10 +75,12 @@ fn re2_pattern() -> &'static Regex {
     &RE2_PATTERN
 }
 
+/// Valid label keys (`metav1` qualified names).
 fn key() -> impl Strategy<Value = String> {
     prop_oneof![
         "[A-Za-z0-9]",
-        "[A-Za-z0-9][-A-Za-z0-9_./]{0,20}[A-Za-z0-9]",
+        "[A-Za-z0-9][-A-Za-z0-9_.]{0,20}[A-Za-z0-9]",
+        "[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?(\\.[a-z0-9]{1,5}){0,2}/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
         // Keywords are valid keys too.
         Just("in".to_string()),
         Just("notin".to_string()),
@@ -49,6 +93,7 @@ fn value() -> impl Strategy<Value = String> {
         Just(String::new()),
         "[A-Za-z0-9]",
         "[A-Za-z0-9][-A-Za-z0-9_.]{0,20}[A-Za-z0-9]",
+        "[A-Za-z0-9][-A-Za-z0-9_.]{61}[A-Za-z0-9]",
     ]
 }
 
@@ -124,8 +169,34 @@ fn render_spaced(sel: &PodSelector, w: &[String]) -> String {
 fn selector_like() -> impl Strategy<Value = String> {
     prop::collection::vec(
         prop::sample::select(vec![
-            "a", "b", "Z", "0", "9", "-", "_", ".", "/", "=", "==", "!=", "!", ",", "(", ")", " ",
-            "\t", "in", "notin", " in ", " notin ", "\u{A0}", "é", "\u{0B}",
+            "a",
+            "b",
+            "Z",
+            "0",
+            "9",
+            "-",
+            "_",
+            ".",
+            "/",
+            "=",
+            "==",
+            "!=",
+            "!",
+            ",",
+            "(",
+            ")",
+            " ",
+            "\t",
+            "in",
+            "notin",
+            " in ",
+            " notin ",
+            "\u{A0}",
+            "é",
+            "\u{0B}",
+            // Long runs, so that the length limits of keys and values are reached.
+            "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+            "p.example.com/",
         ]),
         0..14,
     )
@@ -149,7 +220,7 @@ proptest! {
         let text = sel.to_string();
         let back = PodSelector::parse(&text);
         prop_assert_eq!(back.as_ref(), Ok(&sel), "printed as {:?}", text);
-        prop_assert!(pattern().is_match(&text), "pattern rejects {:?}", text);
+        prop_assert!(admitted(&text), "the CRD rules reject {:?}", text);
         prop_assert!(re2_pattern().is_match(&text), "RE2 pattern rejects {:?}", text);
     }
 
@@ -161,7 +232,7 @@ proptest! {
         let text = render_spaced(&sel, &w);
         let back = PodSelector::parse(&text);
         prop_assert_eq!(back.as_ref(), Ok(&sel), "rendered as {:?}", text);
-        prop_assert!(pattern().is_match(&text), "pattern rejects {:?}", text);
+        prop_assert!(admitted(&text), "the CRD rules reject {:?}", text);
     }
 
     #[test]
@@ -175,25 +246,25 @@ proptest! {
     #[test]
     fn pattern_agrees_with_parser_on_selector_like_input(s in selector_like()) {
         prop_assert_eq!(
-            pattern().is_match(&s),
+            admitted(&s),
             PodSelector::parse(&s).is_ok(),
-            "pattern and parser disagree on {:?}", s
+            "CRD rules and parser disagree on {:?}", s
         );
     }
 
     #[test]
     fn pattern_agrees_with_parser_on_arbitrary_input(s in any::<String>()) {
         prop_assert_eq!(
-            pattern().is_match(&s),
+            admitted(&s),
             PodSelector::parse(&s).is_ok(),
-            "pattern and parser disagree on {:?}", s
+            "CRD rules and parser disagree on {:?}", s
         );
     }
 
     /// What the API server admits (RE2 semantics) the controller can parse.
     #[test]
     fn server_admitted_selectors_always_parse(s in selector_like()) {
-        if re2_pattern().is_match(&s) {
+        if re2_pattern().is_match(&s) && tokens_fit(&s) {
             prop_assert!(PodSelector::parse(&s).is_ok(), "admitted but unparsable: {:?}", s);
         }
     }

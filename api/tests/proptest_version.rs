@@ -1,8 +1,10 @@
 //! Property tests of `spec.version` as the API server validates it: the CRD's
 //! pattern (read from the generated CRD, not copied) against a reference
-//! definition of `MAJOR.MINOR.PATCH`, and what such a version becomes
-//! downstream (git tag, node label value). The agent's side (its own validation
-//! and comparison with sysfs) is property-tested in `agent/tests/proptest_parsers.rs`.
+//! definition of `MAJOR.MINOR.PATCH` with at most 9 digits per part, and against
+//! `validation::is_valid_version` (the agent's check: one definition), and what
+//! such a version becomes downstream (git tag, node label value). The agent's
+//! side (trimming, comparison with sysfs) is property-tested in
+//! `agent/tests/proptest_parsers.rs`.
 
 use std::sync::LazyLock;
 
@@ -10,6 +12,7 @@ use kube::CustomResourceExt;
 use proptest::prelude::*;
 use regex::Regex;
 use ttdrv_api::TenstorrentDriverPolicy;
+use ttdrv_api::validation::{VERSION_MAX_LENGTH, is_valid_version, version_pattern};
 
 static PATTERN: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(&crd_version_pattern()).expect("compiles"));
@@ -24,13 +27,13 @@ fn crd_version_pattern() -> String {
         .to_string()
 }
 
-/// Reference: three non-empty runs of ASCII digits joined by dots, nothing else.
+/// Reference: three runs of 1 to 9 ASCII digits joined by dots, nothing else.
 fn reference(s: &str) -> bool {
     let parts: Vec<&str> = s.split('.').collect();
     parts.len() == 3
         && parts
             .iter()
-            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .all(|p| (1..=9).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A Kubernetes label value (the agent labels the node with the loaded version).
@@ -46,7 +49,24 @@ fn label_value_ok(v: &str) -> bool {
 fn version_like() -> impl Strategy<Value = String> {
     prop::collection::vec(
         prop::sample::select(vec![
-            "0", "1", "2", "8", "10", "007", ".", ".", "-rc1", "v", " ", "\n", "a", "+", "٣", "１",
+            "0",
+            "1",
+            "2",
+            "8",
+            "10",
+            "007",
+            "12345",
+            "123456789",
+            ".",
+            ".",
+            "-rc1",
+            "v",
+            " ",
+            "\n",
+            "a",
+            "+",
+            "٣",
+            "１",
         ]),
         0..9,
     )
@@ -55,7 +75,17 @@ fn version_like() -> impl Strategy<Value = String> {
 
 #[test]
 fn crd_carries_the_spec_pattern() {
-    assert_eq!(crd_version_pattern(), r"^[0-9]+\.[0-9]+\.[0-9]+$");
+    assert_eq!(crd_version_pattern(), version_pattern());
+    assert_eq!(
+        crd_version_pattern(),
+        r"^[0-9]{1,9}\.[0-9]{1,9}\.[0-9]{1,9}$"
+    );
+    let crd = serde_json::to_value(TenstorrentDriverPolicy::crd()).expect("CRD serializes");
+    assert_eq!(
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            ["version"]["maxLength"],
+        VERSION_MAX_LENGTH
+    );
 }
 
 #[test]
@@ -75,6 +105,8 @@ fn known_examples() {
         "2..0",
         "٣.1.1",
         "2.8.x",
+        "1234567890.0.0",
+        "2.8.0000000000",
     ] {
         assert!(!re.is_match(bad), "{bad:?}");
     }
@@ -87,12 +119,14 @@ proptest! {
     fn pattern_is_exactly_major_minor_patch(s in version_like()) {
         let re = &*PATTERN;
         prop_assert_eq!(re.is_match(&s), reference(&s), "{:?}", s);
+        prop_assert_eq!(is_valid_version(&s), reference(&s), "{:?}", s);
     }
 
     #[test]
     fn pattern_is_exactly_major_minor_patch_on_any_input(s in any::<String>()) {
         let re = &*PATTERN;
         prop_assert_eq!(re.is_match(&s), reference(&s), "{:?}", s);
+        prop_assert_eq!(is_valid_version(&s), reference(&s), "{:?}", s);
     }
 
     /// Every admitted version of realistic size (each part at most 9 digits, what
@@ -107,16 +141,16 @@ proptest! {
         prop_assert!(!tag.contains("..") && !tag.ends_with('.') && !tag.contains(char::is_whitespace));
     }
 
-    /// The pattern has no length limit: versions of more than 63 characters are
-    /// admitted although no node label can carry them. The agent refuses parts of
-    /// more than 9 digits with a clear error (see docs/reliability.md); this test
-    /// pins down that the API server alone does not stop them.
+    /// A part of 10 digits or more (which the agent would refuse after the node
+    /// is drained) is refused by the API server: same rule, one definition.
     #[test]
-    fn overlong_versions_pass_the_pattern_but_are_not_label_values(a in "[1-9][0-9]{61,70}") {
-        let v = format!("{a}.0.0");
+    fn overlong_parts_are_refused(a in "[0-9]{10,70}", b in "[0-9]{1,9}", pos in 0usize..3) {
+        let mut parts = [b.as_str(); 3];
+        parts[pos] = &a;
+        let v = parts.join(".");
         let re = &*PATTERN;
-        prop_assert!(re.is_match(&v));
-        prop_assert!(!label_value_ok(&v));
+        prop_assert!(!re.is_match(&v));
+        prop_assert!(!is_valid_version(&v));
     }
 
     /// A spec whose version the pattern admits survives a serde round trip unchanged.

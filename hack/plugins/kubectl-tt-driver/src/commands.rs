@@ -301,13 +301,12 @@ async fn watch(ctx: &Ctx, name: Option<&str>, interval: f64, timeout: Option<f64
 }
 
 async fn plan_cmd(ctx: &Ctx, name: &str, version: Option<&str>) -> Result<i32> {
-    if let Some(v) = version {
-        let ok = v.split('.').count() == 3
-            && v.split('.')
-                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()));
-        if !ok {
-            bail!("--version {v:?} is not a tt-kmd version (MAJOR.MINOR.PATCH, e.g. 2.8.0)");
-        }
+    if let Some(v) = version
+        && !ttdrv_api::validation::is_valid_version(v)
+    {
+        bail!(
+            "--version {v:?} is not a tt-kmd version (MAJOR.MINOR.PATCH, at most 9 digits per part, e.g. 2.8.0)"
+        );
     }
     let p = get_policy(&ctx.client, name).await?;
     let c = &ctx.client;
