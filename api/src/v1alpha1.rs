@@ -393,9 +393,9 @@ pub struct TenstorrentDriverPolicyStatus {
     /// Name of the DaemonSet rendered for this policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub daemon_set: Option<String>,
-    /// One entry per matched node, in rollout order. Always written (an empty
-    /// list too): the status is a merge patch, and an omitted list would
-    /// leave the entries of nodes the policy no longer has.
+    /// One entry per matched node, in rollout order.
+    // Always written, an empty list too: the status is a merge patch, and an
+    // omitted list would leave the entries of nodes the policy no longer has.
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub nodes: Vec<NodeStatus>,
