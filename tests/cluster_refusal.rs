@@ -152,3 +152,85 @@ async fn refused_policy_is_degraded_backs_off_and_captures_nothing() {
     delete_policies(&env).await;
     env.cleanup().await;
 }
+
+/// Lines of the controller's log, and how many of them are warnings.
+fn log_counts(identity_log: &std::path::Path) -> (usize, usize) {
+    let text = std::fs::read_to_string(identity_log).unwrap_or_default();
+    let lines = text.lines().count();
+    let warns = text.lines().filter(|l| l.contains("WARN")).count();
+    (lines, warns)
+}
+
+/// 300 policies the cluster refuses: API requests and warning lines per
+/// minute stay bounded (the issue measured ~150 failing requests/s and ~9,500
+/// warning lines a minute before the backoff).
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn three_hundred_refused_policies_stay_quiet() {
+    const N: usize = 300;
+    let env = TestEnv::new("refusal300").await;
+    let ns = env.namespace().await;
+    let ctl = controller(&env, &ns);
+    let log = std::env::temp_dir().join(format!("ttdrv-controller-ctl-{}.log", env.id));
+    let mut names = vec![];
+    for i in 0..N {
+        let name = env.name(&format!("p{i:03}"));
+        squatting_daemonset(&env, &ns, &format!("ttdrv-{name}")).await;
+        create_policy(
+            &env,
+            &name,
+            "version: \"2.8.0\"\nnodeAffinity: {matchLabels: {nowhere: \"true\"}}",
+        )
+        .await;
+        names.push(name);
+    }
+    // Every one refused and Degraded.
+    ttdrv_testkit::wait_for("all policies Degraded", T, || async {
+        let api: Api<ttdrv_api::TenstorrentDriverPolicy> = Api::all(env.client.clone());
+        let lp = kube::api::ListParams::default().labels(&env.selector());
+        let list = api.list(&lp).await.map_err(|e| e.to_string())?;
+        let degraded = list
+            .items
+            .iter()
+            .filter(|p| {
+                p.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Degraded" && c.reason == "PolicyRefused")
+                })
+            })
+            .count();
+        if degraded == N {
+            Ok(())
+        } else {
+            Err(format!("{degraded} of {N}"))
+        }
+    })
+    .await;
+    let refused = |body: &str| counter(body, "ttdriver_errors_total", &[("stage", "refused")]);
+    let metrics = || async {
+        ctl.admin_get("/metrics")
+            .await
+            .map(|(_, _, b)| b)
+            .unwrap_or_default()
+    };
+    let (before, (_, warns_before)) = (refused(&metrics().await), log_counts(&log));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let (after, (lines, warns_after)) = (refused(&metrics().await), log_counts(&log));
+    let requests = after - before;
+    let warnings = warns_after - warns_before;
+    eprintln!(
+        "300 refused policies, one minute: {requests} refused apply requests ({:.1}/s), {warnings} warning lines ({lines} log lines in all)",
+        requests / 60.0
+    );
+    assert!(
+        requests <= (N * 4) as f64,
+        "backoff: at most 4 applies per policy and minute, saw {requests}"
+    );
+    assert!(
+        warnings <= N * 4,
+        "one warning line per refused attempt at most, saw {warnings}"
+    );
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
