@@ -282,7 +282,8 @@ fn policy_key(p: &TenstorrentDriverPolicy) -> Option<u64> {
     hash_of((m.generation, &m.labels, m.deletion_timestamp.is_some()))
 }
 
-/// What the controller reads of a Node: labels, annotations, cordon, readiness.
+/// What the controller reads of a Node: labels, annotations, cordon,
+/// readiness, and the boot ID (a reboot makes the driver labels stale).
 fn node_key(n: &Node) -> Option<u64> {
     let m = &n.metadata;
     let ready = n
@@ -295,11 +296,17 @@ fn node_key(n: &Node) -> Option<u64> {
                 .map(|c| c.status.clone())
         });
     let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable);
+    let boot_id = n
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.as_str());
     hash_of((
         &m.labels,
         &m.annotations,
         unschedulable,
         ready,
+        boot_id,
         m.deletion_timestamp.is_some(),
     ))
 }

@@ -24,6 +24,46 @@ pub fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// The driver labels the agent set describe an earlier boot of the host: the
+/// agent recorded the boot ID ([`labels::KMD_BOOT_ID`]) and the kubelet now
+/// reports another one. Nothing is known to be loaded until the agent says so
+/// again. (Labels from an agent that records no boot ID are taken as they are.)
+pub fn driver_labels_stale(node: &Node) -> bool {
+    let reported = label(node, labels::KMD_BOOT_ID);
+    let booted = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.as_str())
+        .filter(|b| !b.is_empty());
+    matches!((reported, booted), (Some(r), Some(b)) if r != b)
+}
+
+/// The module version loaded now, as far as the agent's labels tell: its
+/// `kmd-version` label, unless that describes an earlier boot.
+pub fn loaded_version(node: &Node) -> Option<&str> {
+    if driver_labels_stale(node) {
+        return None;
+    }
+    label(node, labels::KMD_VERSION)
+}
+
+/// A DKMS install manages the module (`install-mode=host`), as of this boot.
+pub fn host_managed(node: &Node) -> bool {
+    !driver_labels_stale(node)
+        && label(node, labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST)
+}
+
+/// Merge patch removing driver labels that describe an earlier boot, so
+/// workloads selecting on `kmd-version` do not land on a node whose module is
+/// not loaded yet.
+pub fn stale_labels_patch() -> serde_json::Value {
+    serde_json::json!({ "metadata": { "labels": {
+        labels::KMD_VERSION: null,
+        labels::KMD_BOOT_ID: null,
+    } } })
+}
+
 /// The kubelet reports the node Ready (`Unknown` and a missing condition are not).
 pub fn ready(node: &Node) -> bool {
     node.status
@@ -108,6 +148,44 @@ mod tests {
             "our own cordon is not someone else's"
         );
         assert!(!ready(&Node::default()), "no condition is not Ready");
+    }
+
+    #[test]
+    fn labels_of_an_earlier_boot_are_stale() {
+        let mut n = node("True", false);
+        n.metadata.labels = Some(
+            [
+                (labels::KMD_VERSION.to_string(), "2.8.0".to_string()),
+                (
+                    labels::INSTALL_MODE.to_string(),
+                    labels::INSTALL_MODE_HOST.to_string(),
+                ),
+            ]
+            .into(),
+        );
+        assert_eq!(
+            loaded_version(&n),
+            Some("2.8.0"),
+            "no boot ID recorded: as is"
+        );
+        let boot = |n: &mut Node, id: &str| {
+            if let Some(s) = n.status.as_mut() {
+                s.node_info = Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+                    boot_id: id.into(),
+                    ..Default::default()
+                });
+            }
+        };
+        boot(&mut n, "boot-1");
+        if let Some(l) = n.metadata.labels.as_mut() {
+            l.insert(labels::KMD_BOOT_ID.into(), "boot-1".into());
+        }
+        assert_eq!(loaded_version(&n), Some("2.8.0"));
+        assert!(host_managed(&n));
+        boot(&mut n, "boot-2");
+        assert!(driver_labels_stale(&n));
+        assert_eq!(loaded_version(&n), None, "rebooted: nothing known loaded");
+        assert!(!host_managed(&n));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use k8s_openapi::api::core::v1::Node;
-use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
+use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
 use ttdrv_core::drain::{DrainPass, PodRef};
 use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, Step, step};
 
@@ -318,8 +318,8 @@ fn observe_stored(mut obs: Observation, node: &Node, gates: &[String]) -> Observ
         .unwrap_or(false);
     obs.gates_closed = gates.iter().all(|g| label(g) == Some("false"));
     obs.gates_present = gates.iter().any(|g| label(g).is_some());
-    obs.loaded = label(labels::KMD_VERSION).map(String::from);
-    obs.host_managed = label(labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST);
+    obs.loaded = ttdrv_core::node::loaded_version(node).map(String::from);
+    obs.host_managed = ttdrv_core::node::host_managed(node);
     obs
 }
 

@@ -524,7 +524,10 @@ impl PolicySupervisor {
                     .map(String::from)
             };
             Reported {
-                version: l(labels::KMD_VERSION),
+                version: node
+                    .as_deref()
+                    .and_then(ttdrv_core::node::loaded_version)
+                    .map(String::from),
                 install_mode: l(labels::INSTALL_MODE),
             }
         });

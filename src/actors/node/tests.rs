@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector;
-use ttdrv_api::TenstorrentDriverPolicySpec;
+use ttdrv_api::{TenstorrentDriverPolicySpec, labels};
 use ttdrv_core::drain::DrainProgress;
 use ttdrv_core::machine::{Cordon, InstallerPod};
 use ttdrv_core::reason;

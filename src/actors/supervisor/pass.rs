@@ -113,6 +113,7 @@ impl ReconcilePass {
             self.claim(&targets).await?;
         }
         self.release(&strays).await?;
+        self.clear_stale_labels(&targets).await;
         let gates = ctx.config.gates();
         let desired = Desired {
             policy: name.clone(),
@@ -299,6 +300,44 @@ impl ReconcilePass {
             res??;
         }
         Ok(())
+    }
+
+    /// Removes driver labels that describe an earlier boot (the host rebooted
+    /// since the agent reported), so workloads selecting on `kmd-version` do
+    /// not land before the agent has loaded the module again.
+    async fn clear_stale_labels(&self, targets: &[String]) {
+        for n in targets {
+            let stale = self
+                .ctx
+                .stores
+                .nodes
+                .get(&ObjectRef::new(n))
+                .is_some_and(|nd| ttdrv_core::node::driver_labels_stale(&nd));
+            if !stale {
+                continue;
+            }
+            let res = self
+                .ports
+                .patch
+                .send(PatchNode {
+                    node: n.clone(),
+                    patch: ttdrv_core::node::stale_labels_patch(),
+                    action: "removing driver labels of an earlier boot",
+                })
+                .await;
+            match res {
+                Ok(Ok(_)) => tracing::info!(
+                    node = n,
+                    "node rebooted: kmd-version removed until the agent reports again"
+                ),
+                Ok(Err(e)) => {
+                    tracing::warn!(node = n, error = %e, "could not remove stale driver labels; will retry")
+                }
+                Err(e) => {
+                    tracing::warn!(node = n, error = %e, "could not remove stale driver labels; will retry")
+                }
+            }
+        }
     }
 
     /// Releases nodes that carry our claim but are no longer ours (all such

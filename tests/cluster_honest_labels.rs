@@ -1,0 +1,121 @@
+//! Honest labels: after a reboot (a new boot ID) nothing is loaded until the
+//! agent says so, and workloads selecting on `kmd-version` must not land on
+//! the node before. Real control plane, the controller binary, the simulated
+//! agent; the test plays the rebooted host.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use ttdrv_api::{NodeState, labels};
+use ttdrv_testkit::{NOT_READY_LABEL, SimAgent, SimAgentConfig, TestEnv, wait_for};
+
+const T: Duration = Duration::from_secs(90);
+
+/// Plays the kubelet of a (re)booted host: Ready, with this boot ID.
+async fn boot(env: &TestEnv, node: &str, boot_id: &str) {
+    let api: Api<Node> = Api::all(env.client.clone());
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    let patch = serde_json::json!({ "status": {
+        "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady",
+                         "lastHeartbeatTime": now, "lastTransitionTime": now }],
+        "nodeInfo": { "bootID": boot_id, "machineID": "", "systemUUID": "", "kernelVersion": "",
+                      "osImage": "", "containerRuntimeVersion": "", "kubeletVersion": "",
+                      "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64" }
+    } });
+    api.patch_status(node, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("booting {node}: {e}"));
+}
+
+/// Plays the agent reporting what it loaded, at this boot.
+async fn report(env: &TestEnv, node: &str, version: &str, boot_id: &str) {
+    let api: Api<Node> = Api::all(env.client.clone());
+    let patch = serde_json::json!({ "metadata": { "labels": {
+        labels::KMD_VERSION: version, labels::KMD_BOOT_ID: boot_id,
+    } } });
+    api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("labelling {node}: {e}"));
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_reboot_clears_kmd_version_until_the_agent_reports_again() {
+    let env = TestEnv::new("honest-reboot").await;
+    let ns = env.namespace().await;
+    let node = env
+        .tt_node("n0", &[])
+        .await
+        .metadata
+        .name
+        .unwrap_or_default();
+    let _agent = SimAgent::spawn(
+        env.client.clone(),
+        SimAgentConfig {
+            namespace: ns.clone(),
+            work: Duration::from_millis(300),
+        },
+    );
+    let _ctl = controller(&env, &ns);
+    let policy = env.name("fleet");
+    create_policy(
+        &env,
+        &policy,
+        &format!(
+            "version: \"2.8.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}",
+            env.id
+        ),
+    )
+    .await;
+    wait_nodes_state(
+        &env,
+        &policy,
+        std::slice::from_ref(&node),
+        NodeState::Done,
+        "2.8.0",
+        T,
+    )
+    .await;
+    // The host as the test plays it from here on (kwok leaves it alone).
+    env.label_node(&node, NOT_READY_LABEL, Some("true")).await;
+    boot(&env, &node, "boot-1").await;
+    report(&env, &node, "2.8.0", "boot-1").await;
+    let watcher = SafetyWatcher::start(&env);
+    // Reboot: the kubelet reports a new boot ID; the agent has not spoken yet.
+    boot(&env, &node, "boot-2").await;
+    let cleared = wait_for("kmd-version removed after the reboot", T, || async {
+        let n = env.get_node(&node).await;
+        match kmd(&n) {
+            None => Ok(()),
+            Some(v) => Err(format!("still {v}")),
+        }
+    })
+    .await;
+    let _ = cleared;
+    let entry = wait_node(&env, &policy, &node, NodeState::Upgrading, T).await;
+    assert_eq!(
+        entry.current_version, None,
+        "the status does not report a module of an earlier boot: {entry:?}"
+    );
+    // The agent loads it again (from its cache) and says so: Done, no cordon.
+    report(&env, &node, "2.8.0", "boot-2").await;
+    let done = wait_node(&env, &policy, &node, NodeState::Done, T).await;
+    assert_eq!(done.current_version.as_deref(), Some("2.8.0"));
+    let seen = watcher.seen();
+    assert_eq!(
+        seen.max_ready_cordoned_by_us, 0,
+        "a reboot needs no cordon: {seen:?}"
+    );
+    assert!(!unschedulable(&env.get_node(&node).await));
+    env.label_node(&node, NOT_READY_LABEL, None).await;
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
