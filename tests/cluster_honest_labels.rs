@@ -91,7 +91,7 @@ async fn a_reboot_clears_kmd_version_until_the_agent_reports_again() {
     let watcher = SafetyWatcher::start(&env);
     // Reboot: the kubelet reports a new boot ID; the agent has not spoken yet.
     boot(&env, &node, "boot-2").await;
-    let cleared = wait_for("kmd-version removed after the reboot", T, || async {
+    wait_for("kmd-version removed after the reboot", T, || async {
         let n = env.get_node(&node).await;
         match kmd(&n) {
             None => Ok(()),
@@ -99,7 +99,6 @@ async fn a_reboot_clears_kmd_version_until_the_agent_reports_again() {
         }
     })
     .await;
-    let _ = cleared;
     let entry = wait_node(&env, &policy, &node, NodeState::Upgrading, T).await;
     assert_eq!(
         entry.current_version, None,
