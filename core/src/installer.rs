@@ -25,6 +25,10 @@ const IMAGE_PULL: &[&str] = &[
 pub struct Failure {
     pub reason: &'static str,
     pub message: String,
+    /// When the failed pod was created (Unix seconds): a pod from before the
+    /// node's cycle is about to be replaced, and its failures are not the
+    /// cycle's.
+    pub pod_created: Option<i64>,
 }
 
 fn statuses(pod: &Pod) -> impl Iterator<Item = &ContainerStatus> {
@@ -52,8 +56,17 @@ pub fn problem(pod: &Pod) -> Option<String> {
     None
 }
 
-/// The installer has failed for good, with its cause.
+/// The installer has failed for good, with its cause. A pod being deleted
+/// has failed nothing: it is on its way out.
 pub fn failure(pod: &Pod) -> Option<Failure> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let pod_created = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second());
     for cs in statuses(pod) {
         let state = cs.state.as_ref();
         let waiting = state.and_then(|s| s.waiting.as_ref());
@@ -67,6 +80,7 @@ pub fn failure(pod: &Pod) -> Option<Failure> {
                     cs.image,
                     w.message.as_deref().unwrap_or("")
                 ),
+                pod_created,
             });
         }
         // The agent's own words, from its current or last termination.
@@ -80,6 +94,7 @@ pub fn failure(pod: &Pod) -> Option<Failure> {
             return Some(Failure {
                 reason: why,
                 message: format!("the agent gave up: {words}"),
+                pod_created,
             });
         }
         if cs.restart_count >= CRASH_LOOP_RESTARTS {
@@ -90,6 +105,7 @@ pub fn failure(pod: &Pod) -> Option<Failure> {
                     cs.restart_count,
                     problem(pod).unwrap_or_default()
                 ),
+                pod_created,
             });
         }
     }

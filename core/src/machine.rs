@@ -579,9 +579,14 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     commands: cmds,
                 };
             }
-            // The new installer failed for good: fail now, with its cause.
+            // The new installer failed for good: fail now, with its cause. (A
+            // drained cycle replaces the pod it found; that pod's failures are
+            // not this cycle's.)
+            let this_cycles =
+                |f: &Failure| rec.no_drain || f.pod_created.is_none_or(|c| c >= rec.since);
             if let (Some(f), InstallerPod::Current { .. }) =
                 (&obs.installer_failure, &obs.installer)
+                && this_cycles(f)
             {
                 let msg = format!("{}{}", f.message, retry_hint(&want.policy));
                 return stay(&enter(&rec, Failed, f.reason, Some(msg), now), vec![]);

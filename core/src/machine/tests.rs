@@ -764,6 +764,7 @@ fn installer_failure_fails_the_node_at_once_with_its_cause() {
         installer_failure: Some(Failure {
             reason: reason::DEVICE_BUSY,
             message: "the agent gave up: pid 42 (python) in pod ml/train-0".into(),
+            pod_created: Some(950),
         }),
         ..obs()
     };
