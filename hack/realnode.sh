@@ -38,8 +38,8 @@
 # check is for any process left in the network namespace. Nothing is found by
 # name or command line.
 #
-# Env: TTDRV_CLUSTER_NAME (default ttdrv-realnode), KWOK_WORKDIR (default
-# ~/.kwok-realnode), REALNODE_NAME (default real-node-1), REALNODE_KEEP=1 (down
+# Env: TTDRV_CLUSTER_NAME (default ttdrv; "-realnode" is appended), KWOK_WORKDIR
+# (default ~/.kwok; "-realnode" is appended), REALNODE_NAME (default real-node-1), REALNODE_KEEP=1 (down
 # keeps the work directory, e.g. its logs/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -48,9 +48,14 @@ root=$(cd "$here/.." && pwd)
 source "$here/procs.sh"
 # shellcheck source=versions.env
 source "$here/versions.env"
-name=${TTDRV_CLUSTER_NAME:-ttdrv-realnode}
+# A cluster and a kwok work directory of its own, never another test's: the
+# names get "-realnode" unless they end with it.
+name=${TTDRV_CLUSTER_NAME:-ttdrv}
+[[ $name == *-realnode ]] || name=$name-realnode
 export TTDRV_CLUSTER_NAME=$name
-export KWOK_WORKDIR=${KWOK_WORKDIR:-$HOME/.kwok-realnode}
+KWOK_WORKDIR=${KWOK_WORKDIR:-$HOME/.kwok}
+[[ $KWOK_WORKDIR == *-realnode ]] || KWOK_WORKDIR=$KWOK_WORKDIR-realnode
+export KWOK_WORKDIR
 node=${REALNODE_NAME:-real-node-1}
 dir="$KWOK_WORKDIR/realnode-$name"
 kubeconfig="$KWOK_WORKDIR/clusters/$name/kubeconfig.yaml"
@@ -390,6 +395,8 @@ down() {
     PROCS_STOP_TIMEOUT=5 procs_stop "$shims"
     # The control plane: hack/cluster.sh's own teardown, in there.
     inns env TTDRV_KWOK_CONFIG="$dir/kwok.yaml" bash "$here/cluster.sh" down >"$dir/logs/cluster-down.log" 2>&1 || true
+    # hack/cluster.sh's stages file; the work directory itself if now empty
+    rm -f "$KWOK_WORKDIR/ttdrv-stages.yaml"
   fi
   # Pods' processes that outlived their containers: this node's cgroups hold them.
   local c left
@@ -418,6 +425,7 @@ down() {
     log "kept $dir"
   else
     rm -rf --one-file-system "$dir" 2>/dev/null || rm -rf --one-file-system "$dir"
+    rmdir "$KWOK_WORKDIR/clusters" "$KWOK_WORKDIR" 2>/dev/null || true
   fi
   if [ ${#problems[@]} -gt 0 ]; then
     printf '[realnode] left behind: %s\n' "${problems[@]}" >&2

@@ -36,12 +36,16 @@
 # down whatever happens (KEEP_REALNODE=1 keeps it up for a look around).
 #
 # Env: TTDRV_CLUSTER_NAME (default ttdrv-realnode), KWOK_WORKDIR (default
-# ~/.kwok-realnode), TIMEOUT (seconds per wait, default 120).
+# ~/.kwok-realnode) as hack/realnode.sh takes them, TIMEOUT (seconds per wait, default 120).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-export TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv-realnode}
-export KWOK_WORKDIR=${KWOK_WORKDIR:-$HOME/.kwok-realnode}
+# The same names as hack/realnode.sh: "-realnode" appended unless there.
+TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv}
+[[ $TTDRV_CLUSTER_NAME == *-realnode ]] || TTDRV_CLUSTER_NAME=$TTDRV_CLUSTER_NAME-realnode
+KWOK_WORKDIR=${KWOK_WORKDIR:-$HOME/.kwok}
+[[ $KWOK_WORKDIR == *-realnode ]] || KWOK_WORKDIR=$KWOK_WORKDIR-realnode
+export TTDRV_CLUSTER_NAME KWOK_WORKDIR
 timeout_s=${TIMEOUT:-120}
 node=${REALNODE_NAME:-real-node-1}
 rel=tt-k8s-driver-manager
