@@ -22,7 +22,7 @@ log() { printf '[deps] %s\n' "$*" >&2; }
 
 bash "$here/agent-deps.sh" --vm >&2
 
-want=(containerd runc containernetworking-plugins iptables conntrack iproute2 openssl mmdebstrap util-linux)
+want=(containerd runc containernetworking-plugins iptables conntrack iproute2 openssl curl mmdebstrap util-linux)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
