@@ -1,12 +1,37 @@
 # Tenstorrent driver manager: common entry points.
-#   make test     fmt + clippy + unit, agent, cluster, alert-rule, chart, chaos and kernel (QEMU) tests
+#   make test     installs what is missing (hack/deps.sh), then fmt + clippy + unit, agent,
+#                 cluster, alert-rule, chart, image, real-node, chaos and kernel (QEMU) tests
+#   make images   controller, agent and pause image archives (hack/images.sh)
 #   make bench    rollout benchmark at 10/100/1000 simulated nodes
 #   make demo     a rollout on a local simulated cluster, watched live
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: test lint unit cluster-up cluster-down crds install-plugins demo demo-down bench testbin
+.PHONY: test deps lint unit cluster-up cluster-down crds install-plugins demo demo-down bench testbin \
+	images test-realnode realnode-up realnode-down
+
+# Debian packages, promtool, the musl target: installed when missing (idempotent).
+deps:
+	bash hack/deps.sh
+
+# Image archives built from Debian packages and the static binaries, without a
+# registry; cached under ~/.cache/ttdrv-images (see hack/images.sh).
+images:
+	bash hack/images.sh
+
+# A real node (containerd, kubelet, kube-proxy) joined to its own local control
+# plane in a private namespace (see hack/realnode.sh and docs/development.md).
+realnode-up:
+	bash hack/realnode.sh up
+
+realnode-down:
+	bash hack/realnode.sh down
+
+# The images against the Dockerfiles, then the chart and the agent on the real node.
+test-realnode:
+	bash hack/test-images.sh
+	bash hack/test-realnode.sh
 
 testbin:
 	bash hack/build-testbin.sh >/dev/null
@@ -24,15 +49,19 @@ cluster-up:
 cluster-down:
 	bash hack/cluster.sh down
 
-# The whole suite: lint; unit, agent and cluster tests against a fresh local
-# cluster (stopped afterwards whatever the outcome); alert rules with promtool;
-# the Helm chart; fault injection on its own cluster (one trial of each fault
-# kind plus the drain regression); the agent on a real kernel under QEMU.
-test: lint
+# The whole suite: what is missing installed first (hack/deps.sh); lint; unit,
+# agent and cluster tests against a fresh local cluster (stopped afterwards
+# whatever the outcome); alert rules with promtool; the Helm chart; the images
+# against the Dockerfiles and the real-node test (chart and agent on a real
+# kubelet); fault injection on its own cluster (one trial of each fault kind
+# plus the drain regression); the agent on a real kernel under QEMU.
+test: deps lint
 	bash hack/build-testbin.sh >/dev/null
 	bash hack/run-cluster-tests.sh
 	TTDRV_REQUIRE_HELM=1 bash hack/test-alerts.sh
 	bash hack/test-chart.sh
+	bash hack/test-images.sh
+	bash hack/test-realnode.sh
 	CHAOS_TRIALS=7 bash hack/chaos.sh
 	bash hack/test-vm.sh
 

@@ -18,10 +18,10 @@ log() { printf '[build-testbin %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 # interrupted build is redone rather than trusted.
 built() { [ -f "$1/.complete" ]; }
 
-build_k8s() {
-  local dir="$cache/kubernetes-$K8S_VERSION"
-  if built "$dir"; then log "kubernetes $K8S_VERSION: cached in $dir"; return; fi
-  log "kubernetes $K8S_VERSION: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (cold: tens of minutes)"
+# build_k8s_cmds DIR CMD...: go build of k8s.io/kubernetes/cmd/<CMD> at
+# $K8S_VERSION into DIR, through a wrapper module (see below).
+build_k8s_cmds() {
+  local dir=$1; shift
   local work; work=$(mktemp -d)
   local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
   local staging="v0.${K8S_VERSION#v1.}"
@@ -35,30 +35,38 @@ build_k8s() {
     grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging' "$gomod" | awk '{print $1}' | sort -u | while read -r m; do
       go mod edit -replace "$m=$m@$staging"
     done
-    cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+    { printf '//go:build tools\n\npackage tools\n\nimport (\n'
+      for c in "$@"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
+      printf ')\n'; } > tools.go
     log "kubernetes: resolving modules"
     go mod tidy -e >/dev/null 2>&1 || true
     go get "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
     local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
     mkdir -p "$dir.tmp"
-    for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    for c in "$@"; do
       log "kubernetes: go build $c"
       go build -ldflags "$ld" -o "$dir.tmp/$c" "k8s.io/kubernetes/cmd/$c"
     done
   )
   rm -rf "$work" "$dir"; mv "$dir.tmp" "$dir"; touch "$dir/.complete"
+}
+
+build_k8s() {
+  local dir="$cache/kubernetes-$K8S_VERSION"
+  if built "$dir"; then log "kubernetes $K8S_VERSION: cached in $dir"; return; fi
+  log "kubernetes $K8S_VERSION: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (cold: tens of minutes)"
+  build_k8s_cmds "$dir" kube-apiserver kube-controller-manager kube-scheduler kubectl
   log "kubernetes $K8S_VERSION: done"
+}
+
+# The node components of the real test node (hack/realnode.sh): same module
+# versions as the control plane, a cache directory of their own.
+build_k8s_node() {
+  local dir="$cache/kubernetes-node-$K8S_VERSION"
+  if built "$dir"; then log "kubernetes node $K8S_VERSION: cached in $dir"; return; fi
+  log "kubernetes node $K8S_VERSION: building kubelet, kube-proxy (cold Go cache: ~6 min)"
+  build_k8s_cmds "$dir" kubelet kube-proxy
+  log "kubernetes node $K8S_VERSION: done"
 }
 
 build_etcd() {
@@ -101,10 +109,11 @@ start=$(date +%s)
 for w in $want; do
   case $w in
     all) build_etcd; build_goinstall kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl; build_k8s
-         build_goinstall helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
+         build_k8s_node; build_goinstall helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
     etcd) build_etcd ;;
     kwok) build_goinstall kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl ;;
     kubernetes) build_k8s ;;
+    node) build_k8s_node ;;
     helm) build_goinstall helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
     *) echo "unknown component $w" >&2; exit 2 ;;
   esac
@@ -112,7 +121,7 @@ done
 # One flat bin dir of symlinks, so callers need a single PATH entry.
 bin="$cache/bin-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$HELM_VERSION"
 mkdir -p "$bin"
-for d in "$cache/kubernetes-$K8S_VERSION" "$cache/etcd-$ETCD_VERSION" "$cache/kwok-$KWOK_VERSION" "$cache/helm-$HELM_VERSION"; do
+for d in "$cache/kubernetes-$K8S_VERSION" "$cache/kubernetes-node-$K8S_VERSION" "$cache/etcd-$ETCD_VERSION" "$cache/kwok-$KWOK_VERSION" "$cache/helm-$HELM_VERSION"; do
   [ -d "$d" ] || continue
   for f in "$d"/*; do ln -sf "$f" "$bin/$(basename "$f")"; done
 done

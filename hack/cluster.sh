@@ -68,13 +68,18 @@ up() {
   mkdir -p "$KWOK_WORKDIR"
   local stages="$KWOK_WORKDIR/ttdrv-stages.yaml"
   write_stages "$stages"
+  # Extra kwokctl configuration files (space-separated), e.g. hack/realnode.sh's
+  # KwokctlConfiguration (certificate SANs, which nodes kwok leaves alone).
+  local -a extra=()
+  local c
+  for c in ${TTDRV_KWOK_CONFIG:-}; do extra+=(--config "$c"); done
   kwokctl create cluster --name "$name" --runtime binary \
     --kube-apiserver-binary "$bin/kube-apiserver" \
     --kube-controller-manager-binary "$bin/kube-controller-manager" \
     --kube-scheduler-binary "$bin/kube-scheduler" \
     --etcd-binary "$bin/etcd" \
     --kwok-controller-binary "$bin/kwok" \
-    --config "$stages" \
+    --config "$stages" "${extra[@]}" \
     --kube-audit-policy "$here/audit-policy.yaml" \
     --wait 120s >&2
   kubectl --kubeconfig "$kubeconfig" get --raw /readyz >/dev/null

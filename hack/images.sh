@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# `make images`: the controller, agent and pause images as image archives
+# (`docker save` layout, read by `ctr images import` and `docker load`), built
+# without a registry or a container engine:
+#
+#   base layer   the Debian packages of hack/images/packages.txt for the
+#                Dockerfile's base image, bootstrapped with mmdebstrap from the
+#                Debian mirror this machine's apt uses (agent: minbase +
+#                packages, like debian:bookworm-slim + apt-get install;
+#                controller: the packages distroless/static-debian12 is made of,
+#                unpacked, plus its passwd/group, /home/nonroot, /tmp, CA bundle)
+#   app layer    the files the Dockerfile's final stage copies from its build
+#                stages: the project's static (musl) binaries, and for the agent
+#                a stand-in at tt-smi's place (/opt/tt-smi/tt-smi; the real one
+#                is a PyInstaller build, see agent/Dockerfile)
+#   config       the Dockerfile's ENTRYPOINT, CMD, ENV, USER and EXPOSE over the
+#                base image's own (hack/images/dockerfile.py)
+#   pause        a static sandbox ("pause") binary (hack/images/pause), the
+#                real test node's sandbox image
+#
+# Outputs are cached outside the repository, keyed by their inputs:
+#   ${TTDRV_IMAGES_CACHE:-~/.cache/ttdrv-images}/base/<image>-<key>.tar
+#   ${TTDRV_IMAGES_CACHE:-~/.cache/ttdrv-images}/archives/<image>-<key>.tar
+# and an unchanged input rebuilds nothing. Prints one line per image on stdout:
+#   <image> <ref> <archive>
+# (refs are localhost/ttdrv/<image>:dev-<key>); timings go to stderr.
+#
+# Env: IMAGES_PROFILE=debug|release (cargo profile of the binaries, default
+# debug: the test builds share it with hack/test-vm.sh), CARGO_TARGET_DIR.
+# Needs mmdebstrap (hack/deps.sh installs it) and the Rust target
+# x86_64-unknown-linux-musl (added here with rustup when missing).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+cache=${TTDRV_IMAGES_CACHE:-$HOME/.cache/ttdrv-images}
+profile=${IMAGES_PROFILE:-debug}
+musl=x86_64-unknown-linux-musl
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+df=hack/images/dockerfile.py
+# Bump when the way a base layer is made changes (its cache key).
+recipe=3
+
+t_start=$(date +%s.%N)
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+log() { printf '[images %6.1fs] %s\n' "$(since "$t_start")" "$*" >&2; }
+die() { printf '[images] FAIL: %s\n' "$*" >&2; exit 1; }
+
+command -v mmdebstrap >/dev/null || die "mmdebstrap not found (bash hack/deps.sh installs it)"
+mkdir -p "$cache/base" "$cache/archives" "$cache/work"
+
+# --- binaries -----------------------------------------------------------------
+if ! rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
+  log "adding Rust target $musl"
+  rustup target add "$musl" >&2 || die "rustup target add $musl failed"
+fi
+t0=$(date +%s.%N)
+cargo_profile=()
+[ "$profile" = release ] && cargo_profile=(--release)
+CARGO_TARGET_DIR="$target_dir" cargo build -q --locked "${cargo_profile[@]}" --target "$musl" \
+  -p ttdrv-controller --bin ttdrv-controller -p ttdrv-agent --bin ttdrv-agent >&2
+bindir="$target_dir/$musl/$profile"
+for b in ttdrv-controller ttdrv-agent; do
+  if readelf -d "$bindir/$b" 2>/dev/null | grep -q '(NEEDED)'; then die "$bindir/$b is not statically linked"; fi
+done
+pause_bin="$cache/work/pause"
+(cd hack/images/pause && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-trimpath go build -ldflags '-s -w' -o "$pause_bin.part" . && mv "$pause_bin.part" "$pause_bin")
+log "binaries ($profile, $musl) in $(since "$t0")s"
+
+# --- base layers --------------------------------------------------------------
+# The Debian sources this machine's apt uses (the mirror is not named here).
+sources=""
+for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list; do
+  [ -s "$f" ] && grep -qE '^(deb |Types:)' "$f" && { sources=$f; break; }
+done
+[ -n "$sources" ] || die "no Debian apt sources on this machine"
+
+# base_layer IMAGE STAGE_JSON -> path of the cached rootfs tar
+base_layer() {
+  local image=$1 stage=$2 suite variant pkgs key out
+  suite=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"]["suite"])' "$stage")
+  variant=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"]["variant"])' "$stage")
+  pkgs=$(python3 "$df" packages "$image" | paste -sd, -)
+  key=$( { echo "recipe=$recipe suite=$suite variant=$variant packages=$pkgs"; cat "$sources"; mmdebstrap --version; } \
+    | sha256sum | cut -c1-16)
+  out="$cache/base/$image-$key.tar"
+  if [ -s "$out" ]; then log "base $image: cached ($out)"; echo "$out"; return; fi
+  local t0; t0=$(date +%s.%N)
+  local -a args=(--mode=root --quiet --include="$pkgs"
+    # like the -slim images: no manuals, docs (but copyrights) or translations
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
+    --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*'
+    --dpkgopt='path-exclude=/usr/share/info/*'
+    --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin "$1"/var/log/apt/* "$1"/var/log/dpkg.log')
+  case $variant in
+    minbase) args+=(--variant=minbase) ;;
+    extract)
+      # distroless/static: the listed packages' files only, and its users,
+      # home, /tmp and CA bundle (hack/images/distroless.sh)
+      args+=(--variant=extract --extract-hook="bash $root/hack/images/distroless.sh \"\$1\" ${pkgs//,/ }") ;;
+    *) die "unknown variant $variant" ;;
+  esac
+  log "base $image: mmdebstrap --variant=$variant $suite ($pkgs)"
+  # (mmdebstrap picks the output format from the name's extension)
+  local part="$cache/base/.$image-$key.part.tar"
+  mmdebstrap "${args[@]}" "$suite" "$part" "$sources" >&2 || { rm -rf "$part"; die "mmdebstrap for $image failed"; }
+  mv "$part" "$out"
+  log "base $image: built in $(since "$t0")s, $(du -h "$out" | cut -f1)"
+  # keep the two newest base layers of each image
+  ls -1t "$cache/base/$image-"*.tar 2>/dev/null | tail -n +3 | xargs -r rm -f
+  echo "$out"
+}
+
+# --- images -------------------------------------------------------------------
+work=$(mktemp -d "$cache/work/build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# image NAME DOCKERFILE: builds (or finds) the archive, prints "<image> <ref> <archive>"
+image() {
+  local image=$1 dockerfile=$2 stage="$work/$1.stage.json" base layer="$work/$1.layer"
+  python3 "$df" final-stage "$dockerfile" >"$stage"
+  base=$(base_layer "$image" "$stage")
+  mkdir -p "$layer"
+  # The files the final stage copies from its build stages.
+  python3 - "$stage" "$layer" "$bindir" <<'PY'
+import json, os, shutil, stat, subprocess, sys
+stage, layer, bindir = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+for c in stage["copies"]:
+    if c["from"] is None:
+        # Build-context files of the final stage: only the package list, which
+        # its RUN consumes and deletes (the base layer holds the packages).
+        if c["src"] != ["hack/images/packages.txt"]:
+            sys.exit(f"make images does not know the context COPY {c['src']}")
+        continue
+    for src in c["src"]:
+        dest = os.path.join(layer, c["dest"].lstrip("/"))
+        if c["dest"].endswith("/"):
+            dest = os.path.join(dest, os.path.basename(src))
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        name = os.path.basename(src)
+        if c["from"] == "build" and src.startswith("/out/"):
+            shutil.copyfile(os.path.join(bindir, name), dest)
+            subprocess.run(["strip", "--strip-debug", dest], check=True)
+        elif c["from"] == "tt-smi" and src == "/out/tt-smi":
+            # tt-smi's place: a stand-in that answers like the real one would.
+            env = dict(e.split("=", 1) for e in stage["env"])
+            with open(dest, "w") as f:
+                f.write("#!/bin/sh\n# stand-in for tt-smi (make images; the release image bundles the\n"
+                        "# PyInstaller build of agent/Dockerfile's tt-smi stage)\n"
+                        f"echo \"tt-smi {env.get('TT_SMI_VERSION', '0.0.0')} (stand-in)\"\n")
+        else:
+            sys.exit(f"make images does not know COPY --from={c['from']} {src}")
+        os.chmod(dest, 0o755)
+PY
+  local key
+  key=$( { basename "$base"; cat "$stage"; (cd "$layer" && find . -type f -print0 | sort -z | xargs -0 sha256sum); } \
+    | sha256sum | cut -c1-12)
+  local ref="localhost/ttdrv/$image:dev-$key" out="$cache/archives/$image-$key.tar"
+  if [ -s "$out" ]; then
+    log "image $image: cached ($ref)"
+  else
+    local t0; t0=$(date +%s.%N)
+    python3 hack/images/archive.py --ref "$ref" --stage "$stage" --layer-tar "$base" --layer-dir "$layer" "$out" >&2
+    log "image $image: archive written in $(since "$t0")s, $(du -h "$out" | cut -f1)"
+    ls -1t "$cache/archives/$image-"*.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
+  fi
+  echo "$image $ref $out"
+}
+
+pause_image() {
+  local stage="$work/pause.stage.json" layer="$work/pause.layer"
+  printf '{"from": "scratch", "env": [], "entrypoint": ["/pause"], "cmd": null, "user": "65535:65535", "workdir": null, "expose": [], "base": {"env": [], "user": "", "workdir": ""}}\n' >"$stage"
+  mkdir -p "$layer"
+  install -m 0755 "$pause_bin" "$layer/pause"
+  local key; key=$(cat "$stage" "$layer/pause" | sha256sum | cut -c1-12)
+  local ref="localhost/ttdrv/pause:dev-$key" out="$cache/archives/pause-$key.tar"
+  if [ ! -s "$out" ]; then
+    python3 hack/images/archive.py --ref "$ref" --stage "$stage" --layer-dir "$layer" "$out" >&2
+    ls -1t "$cache/archives/pause-"*.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
+  fi
+  echo "pause $ref $out"
+}
+
+image controller Dockerfile
+image agent agent/Dockerfile
+pause_image
+log "done"

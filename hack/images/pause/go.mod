@@ -1,0 +1,3 @@
+module ttdrv.local/pause
+
+go 1.22
