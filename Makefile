@@ -53,8 +53,9 @@ cluster-down:
 # agent and cluster tests against a fresh local cluster (stopped afterwards
 # whatever the outcome); alert rules with promtool; the Helm chart; the images
 # against the Dockerfiles and the real-node test (chart and agent on a real
-# kubelet); fault injection on its own cluster (one trial of each fault kind
-# plus the drain regression); the agent on a real kernel under QEMU.
+# kubelet); fault injection on its own cluster (one trial of each of the 11
+# fault kinds, plus the drain and Event regressions); the agent on a real
+# kernel under QEMU.
 test: deps lint
 	bash hack/build-testbin.sh >/dev/null
 	bash hack/run-cluster-tests.sh
@@ -62,7 +63,7 @@ test: deps lint
 	bash hack/test-chart.sh
 	bash hack/test-images.sh
 	bash hack/test-realnode.sh
-	CHAOS_TRIALS=7 bash hack/chaos.sh
+	CHAOS_TRIALS=11 bash hack/chaos.sh
 	bash hack/test-vm.sh
 
 install-plugins:

@@ -2,15 +2,21 @@
 # Chaos test of the controller (issue 12): rollouts on 10 simulated nodes while
 # the controller is SIGKILLed at random moments, the kube-apiserver is
 # restarted, a node is deleted while Draining, a node is added, the version
-# changes mid-rollout and spec.paused is toggled; an independent watcher checks
-# the invariants throughout. See docs/reliability.md.
+# changes mid-rollout, spec.paused is toggled, nodes go NotReady (one, or all),
+# installer pods are deleted and nodes leave the policy and come back; an
+# independent watcher checks the invariants throughout. See docs/reliability.md.
 #
 # It runs on its own cluster (default name ttdrv-chaos, never the shared test
 # cluster, since it restarts the API server), which it creates and tears down.
+# CHAOS_CLUSTER names another one, KWOK_WORKDIR (read by hack/cluster.sh) moves
+# its kwok work directory: two runs side by side need both.
 #
-#   bash hack/chaos.sh                       # CI: 14 trials, two of each kind (~6 min on 2 cores)
-#   CHAOS_TRIALS=42 bash hack/chaos.sh       # long variant (six of each kind, ~17 min)
+#   bash hack/chaos.sh                       # 22 trials, two of each of the 11 kinds (~10 min on 2 cores)
+#   CHAOS_TRIALS=11 bash hack/chaos.sh       # one of each kind (make test)
+#   CHAOS_TRIALS=66 bash hack/chaos.sh       # long variant (six of each kind)
 #   CHAOS_SEED=<seed> CHAOS_KIND=<kind> bash hack/chaos.sh   # replay one trial
+#   CHAOS_KIND=<kind>[,<kind>...] CHAOS_TRIALS=<n> bash hack/chaos.sh chaos_rollouts
+#                                            # n trials cycling through these kinds only
 #   CHAOS_RUN_SEED=<seed> bash hack/chaos.sh                # replay a whole run's schedule
 #   CHAOS_P409=0.05 CHAOS_P429=0.03 bash hack/chaos.sh      # injected error rates (proxy)
 #   bash hack/chaos.sh status_write_conflicts               # only the tests matching a filter
@@ -26,7 +32,7 @@ if [ "$TTDRV_CLUSTER_NAME" = "ttdrv" ]; then
   echo "refusing to run chaos on the shared test cluster 'ttdrv'" >&2
   exit 2
 fi
-export CHAOS_TRIALS=${CHAOS_TRIALS:-14}
+export CHAOS_TRIALS=${CHAOS_TRIALS:-22}
 target=${CARGO_TARGET_DIR:-$repo/target}
 export CHAOS_SUMMARY=${CHAOS_SUMMARY:-$target/chaos-summary.txt}
 mkdir -p "$(dirname "$CHAOS_SUMMARY")"

@@ -1,9 +1,10 @@
 //! The safety invariants, checked independently of the controller: its own
 //! watches on the test's nodes, installer pods and device users check every
-//! event against the invariants (the cordon limit, the admin's cordon, one
-//! installer pod per node, no skipped drain), and `final_checks` looks at the
-//! nodes once a trial has settled. Kept apart from the faults so that what is
-//! checked can be read on its own.
+//! event against the invariants (the cordon limits, the admin's cordon, one
+//! installer pod per node, no skipped drain, no module swap without the
+//! controller's go-ahead), and `final_checks` looks at the nodes once a trial
+//! has settled. Kept apart from the faults so that what is checked can be read
+//! on its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,14 @@ struct NodeSeen {
     /// Unix seconds the current cycle started (entered Cordoning), from the record.
     started: Option<i64>,
     no_drain: bool,
+    /// The Ready condition is True.
+    ready: bool,
+    /// The persisted record says the cordon is ours (`cordonedByUs`).
+    cordoned_by_us: bool,
+    /// The `kmd-version` label: the module the agent reports loaded.
+    kmd: Option<String>,
+    /// Matched by the policy: not moved out of its selector, not skip-labelled.
+    in_policy: bool,
 }
 
 #[derive(Debug, Default)]
@@ -38,6 +47,12 @@ pub(crate) struct Shared {
     /// Per trial: most nodes unschedulable at once (admin node excluded / included).
     pub(crate) max_ours: usize,
     pub(crate) max_total: usize,
+    /// Per trial: most Ready nodes cordoned by us at once.
+    pub(crate) max_ready_ours: usize,
+    /// Per trial: module swaps (kmd-version a -> b) checked against the go-ahead.
+    pub(crate) swaps: usize,
+    /// How to replay what is running now (appended to every violation).
+    pub(crate) replay: String,
     pub(crate) node_events: usize,
     pub(crate) pod_events: usize,
     pub(crate) watch_restarts: usize,
@@ -51,6 +66,12 @@ pub(crate) struct Shared {
     drain_reported: BTreeSet<(String, String)>,
     /// Suspected drain violations being confirmed against the API server.
     confirming: usize,
+    /// Whether each node was in the policy at the last node event.
+    in_policy: BTreeMap<String, bool>,
+    /// Nodes that came back into the policy cordoned by someone else while
+    /// the rollout had nodes out of service, with the nodes then unavailable:
+    /// not counted by invariant 2 until no more than those are.
+    returning: BTreeMap<String, BTreeSet<String>>,
 }
 
 #[derive(Clone)]
@@ -62,6 +83,8 @@ pub(crate) struct Invariants {
     /// and saw vanish can still be in the lagging pod watch).
     pub(crate) client: kube::Client,
     pub(crate) ns: String,
+    /// The policy whose go-ahead a module swap needs.
+    pub(crate) policy: String,
 }
 
 impl Invariants {
@@ -71,7 +94,12 @@ impl Invariants {
 
     pub(crate) fn violation(&self, what: String) {
         let mut s = self.lock();
-        let msg = format!("trial {}: {what}", s.trial);
+        let replay = if s.replay.is_empty() {
+            String::new()
+        } else {
+            format!(" (replay: {})", s.replay)
+        };
+        let msg = format!("trial {}: {what}{replay}", s.trial);
         eprintln!("VIOLATION {msg}");
         s.violations.push(msg);
     }
@@ -180,11 +208,26 @@ impl Invariants {
             .map(|(k, _)| k)
             .collect();
         let ours: Vec<&&String> = cordoned.iter().filter(|n| !admin.contains(**n)).collect();
+        let counted = policy_unavailable(&mut self.lock(), nodes, &cordoned);
+        // Ready nodes cordoned, whose record says the cordon is ours: what
+        // the rollout took out of service (a NotReady node is out anyway).
+        let ready_ours: Vec<&String> = nodes
+            .iter()
+            .filter(|(_, n)| n.ready && n.unschedulable && n.cordoned_by_us)
+            .map(|(k, _)| k)
+            .collect();
         {
             let mut s = self.lock();
             s.node_events += 1;
             s.max_ours = s.max_ours.max(ours.len());
-            s.max_total = s.max_total.max(cordoned.len());
+            s.max_total = s.max_total.max(counted.len());
+            s.max_ready_ours = s.max_ready_ours.max(ready_ours.len());
+        }
+        if ready_ours.len() > MAX_UNAVAILABLE {
+            self.violation(format!(
+                "{} Ready nodes cordoned by us (max {MAX_UNAVAILABLE}) at rv {rv}: {ready_ours:?}",
+                ready_ours.len()
+            ));
         }
         if ours.len() > MAX_UNAVAILABLE {
             self.violation(format!(
@@ -192,10 +235,10 @@ impl Invariants {
                 ours.len()
             ));
         }
-        if cordoned.len() > MAX_UNAVAILABLE {
+        if counted.len() > MAX_UNAVAILABLE {
             self.violation(format!(
-                "{} nodes unavailable counting the admin-cordoned one (max {MAX_UNAVAILABLE}) at rv {rv}: {cordoned:?}",
-                cordoned.len()
+                "{} nodes unavailable counting the admin-cordoned one (max {MAX_UNAVAILABLE}) at rv {rv}: {counted:?}",
+                counted.len()
             ));
         }
         for (name, n) in nodes {
@@ -214,6 +257,25 @@ impl Invariants {
                     self.violation(format!("node {name} is Done but unschedulable at rv {rv}"));
                 }
             }
+        }
+    }
+
+    /// A module swap (the agent moved `kmd-version` from `from` to `to`) must
+    /// have happened under the controller's go-ahead: on the node as it is
+    /// right after the change, the agent's own decision
+    /// ([`ttdrv_core::go_ahead::decide`]) must be `GoAhead`.
+    fn check_swap(&self, n: &Node, from: &str, to: &str, rv: &str) {
+        self.lock().swaps += 1;
+        let swap = ttdrv_core::go_ahead::decide(n, &self.policy, to, Some(from), |a, b| a == b);
+        if !matches!(swap, ttdrv_core::go_ahead::Swap::GoAhead(_)) {
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            self.violation(format!(
+                "module swapped without the go-ahead on {name}: {from} -> {to} at rv {rv}; the agent's decision on that object: {swap:?}; record {:?}",
+                n.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(labels::UPGRADE_STATE))
+            ));
         }
     }
 
@@ -244,6 +306,56 @@ impl Invariants {
     }
 }
 
+/// The unschedulable nodes invariant 2 counts against the policy's budget:
+/// those in the policy, and those still cordoned by us wherever they are.
+/// A node cordoned by someone else does not count while it is out of the
+/// policy (`relabel` trials), since the policy's `maxUnavailable` is over
+/// its own nodes. When such a node comes back into the policy while the
+/// rollout has nodes out, the overshoot is not the controller's doing: the
+/// node is left out of the count until the nodes then unavailable are all
+/// that is unavailable besides it no more (one finished, or another
+/// started: then it counts again).
+fn policy_unavailable(
+    s: &mut Shared,
+    nodes: &BTreeMap<String, NodeSeen>,
+    cordoned: &[&String],
+) -> Vec<String> {
+    let base: Vec<String> = cordoned
+        .iter()
+        .filter(|k| {
+            nodes
+                .get(**k)
+                .is_some_and(|n| n.in_policy || n.cordoned_by_us)
+        })
+        .map(|k| (*k).clone())
+        .collect();
+    for (name, n) in nodes {
+        let was_in = s.in_policy.get(name).copied().unwrap_or(true);
+        if n.in_policy && !was_in && n.unschedulable && !n.cordoned_by_us {
+            let others: BTreeSet<String> = base.iter().filter(|k| *k != name).cloned().collect();
+            if others.len() >= MAX_UNAVAILABLE {
+                eprintln!(
+                    "chaos: {name} came back into the policy cordoned by someone else while {others:?} were unavailable; counted again once those are done"
+                );
+                s.returning.insert(name.clone(), others);
+            }
+        }
+    }
+    s.in_policy = nodes
+        .iter()
+        .map(|(k, n)| (k.clone(), n.in_policy))
+        .collect();
+    s.returning.retain(|name, then| {
+        let others: Vec<&String> = base.iter().filter(|k| *k != name).collect();
+        base.contains(name)
+            && others.len() >= MAX_UNAVAILABLE
+            && others.iter().all(|o| then.contains(*o))
+    });
+    base.into_iter()
+        .filter(|k| !s.returning.contains_key(k))
+        .collect()
+}
+
 fn seen(n: &Node) -> NodeSeen {
     let rec = n
         .metadata
@@ -256,6 +368,18 @@ fn seen(n: &Node) -> NodeSeen {
     NodeSeen {
         started: rec["started"].as_i64(),
         no_drain: rec["noDrain"].as_bool().unwrap_or(false),
+        ready: ttdrv_core::node::ready(n),
+        cordoned_by_us: ttdrv_core::node::record(n)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.cordoned_by_us()),
+        kmd: kmd(n),
+        in_policy: {
+            let l = n.metadata.labels.clone().unwrap_or_default();
+            l.get(labels::TT_PCI_PRESENT).map(String::as_str) == Some("true")
+                && !l.contains_key(labels::SKIP)
+                && l.get(crate::OUT_LABEL).map(String::as_str) != Some(crate::OUT_VALUE)
+        },
         unschedulable: unschedulable(n),
         gate: n
             .metadata
@@ -299,7 +423,18 @@ pub(crate) fn spawn_invariant_watchers(
                     i1.check_nodes(&state, "(relist)");
                 }
                 Ok(Event::Apply(n)) => {
-                    state.insert(n.metadata.name.clone().unwrap_or_default(), seen(&n));
+                    let now = seen(&n);
+                    let name = n.metadata.name.clone().unwrap_or_default();
+                    // Only between two events of one watch: across a relist
+                    // the object is not the one the change was made on.
+                    if let (Some(from), Some(to)) = (
+                        state.get(&name).and_then(|s| s.kmd.as_deref()),
+                        now.kmd.as_deref(),
+                    ) && from != to
+                    {
+                        i1.check_swap(&n, from, to, &rv_of(&n));
+                    }
+                    state.insert(name, now);
                     i1.check_nodes(&state, &rv_of(&n));
                 }
                 Ok(Event::Delete(n)) => {
@@ -424,13 +559,16 @@ pub(crate) fn spawn_invariant_watchers(
     vec![nodes_task, pods_task, dev_task]
 }
 
-/// The end-of-trial checks on the nodes themselves.
+/// The end-of-trial checks on the nodes themselves. With `require_done`
+/// (the kinds whose faults are no reason for a node to fail) a Failed node is
+/// a violation too.
 pub(crate) fn final_checks(
     nodes: &[Node],
     admin: &BTreeSet<String>,
     version: &str,
     inv: &Invariants,
     p: &TenstorrentDriverPolicy,
+    require_done: bool,
 ) {
     let st = p.status.clone().unwrap_or_default();
     for n in nodes {
@@ -465,9 +603,144 @@ pub(crate) fn final_checks(
                 );
                 if reason.is_none() {
                     inv.violation(format!("at the end, {name} is Failed without a reason"));
+                } else if require_done {
+                    inv.violation(format!(
+                        "at the end, {name} is Failed ({reason:?}: {:?}); this trial's faults are no reason to fail a node",
+                        entry.and_then(|e| e.message.clone())
+                    ));
                 }
             }
             other => inv.violation(format!("at the end, {name} is {other:?}")),
         }
+    }
+}
+
+/// After a `relabel` trial: every node is back in the policy (neither moved
+/// out of its selector nor skip-labelled, and claimed by it again).
+pub(crate) fn back_in_policy(nodes: &[Node], policy: &str, inv: &Invariants) {
+    for n in nodes {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        let l = n.metadata.labels.clone().unwrap_or_default();
+        if l.get(crate::OUT_LABEL).map(String::as_str) == Some(crate::OUT_VALUE)
+            || l.contains_key(labels::SKIP)
+        {
+            inv.violation(format!(
+                "at the end, {name} is still out of the policy (labels {l:?})"
+            ));
+        }
+        if l.get(labels::CLAIM).map(String::as_str) != Some(policy) {
+            inv.violation(format!(
+                "at the end, {name} is not claimed by {policy}: {}={:?}",
+                labels::CLAIM,
+                l.get(labels::CLAIM)
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(unschedulable: bool, ours: bool, in_policy: bool) -> NodeSeen {
+        NodeSeen {
+            unschedulable,
+            cordoned_by_us: ours,
+            in_policy,
+            ready: true,
+            ..Default::default()
+        }
+    }
+
+    fn count(s: &mut Shared, nodes: &[(&str, NodeSeen)]) -> Vec<String> {
+        let nodes: BTreeMap<String, NodeSeen> = nodes
+            .iter()
+            .map(|(k, n)| (k.to_string(), n.clone()))
+            .collect();
+        let cordoned: Vec<&String> = nodes
+            .iter()
+            .filter(|(_, n)| n.unschedulable)
+            .map(|(k, _)| k)
+            .collect();
+        policy_unavailable(s, &nodes, &cordoned)
+    }
+
+    #[test]
+    fn someone_elses_cordon_counts_only_inside_the_policy() {
+        let mut s = Shared::default();
+        // a: the admin's cordon; b, c: ours.
+        let (b, c) = (node(true, true, true), node(true, true, true));
+        assert_eq!(count(&mut s, &[("a", node(true, false, true))]), ["a"]);
+        // a leaves the policy: two of ours are within the budget.
+        let out = node(true, false, false);
+        assert_eq!(
+            count(
+                &mut s,
+                &[("a", out.clone()), ("b", b.clone()), ("c", c.clone())]
+            ),
+            ["b", "c"]
+        );
+        // a comes back while b and c are out: not the controller's doing.
+        let back = node(true, false, true);
+        assert_eq!(
+            count(
+                &mut s,
+                &[("a", back.clone()), ("b", b.clone()), ("c", c.clone())]
+            ),
+            ["b", "c"]
+        );
+        // c finishes: a counts again.
+        let done = node(false, false, true);
+        assert_eq!(
+            count(
+                &mut s,
+                &[("a", back.clone()), ("b", b.clone()), ("c", done.clone())]
+            ),
+            ["a", "b"]
+        );
+        // A node of ours out of the policy still counts.
+        assert_eq!(
+            count(
+                &mut s,
+                &[("a", back), ("b", node(true, true, false)), ("c", done)]
+            ),
+            ["a", "b"]
+        );
+    }
+
+    #[test]
+    fn a_node_started_beside_a_returned_one_counts_it_again() {
+        let mut s = Shared::default();
+        let ours = node(true, true, true);
+        let out = node(true, false, false);
+        let back = node(true, false, true);
+        count(
+            &mut s,
+            &[("a", out), ("b", ours.clone()), ("c", ours.clone())],
+        );
+        assert_eq!(
+            count(
+                &mut s,
+                &[
+                    ("a", back.clone()),
+                    ("b", ours.clone()),
+                    ("c", ours.clone())
+                ]
+            ),
+            ["b", "c"]
+        );
+        // c finishes and d starts at once: the budget is overrun again.
+        assert_eq!(
+            count(
+                &mut s,
+                &[
+                    ("a", back),
+                    ("b", ours.clone()),
+                    ("c", node(false, false, true)),
+                    ("d", ours)
+                ]
+            ),
+            ["a", "b", "d"]
+        );
     }
 }

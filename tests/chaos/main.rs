@@ -1,16 +1,20 @@
 //! Chaos test: rollouts on 10 simulated nodes while the controller is SIGKILLed
 //! at random moments, the kube-apiserver is restarted, a node is deleted while
-//! Draining, a node is added, the target version changes mid-rollout and
-//! `spec.paused` is toggled — with an independent watcher checking the
-//! invariants throughout. See docs/reliability.md.
+//! Draining, a node is added, the target version changes mid-rollout,
+//! `spec.paused` is toggled, nodes go NotReady (one, or the whole fleet),
+//! installer pods are deleted and nodes are moved out of the policy and back —
+//! with an independent watcher checking the invariants throughout. See
+//! docs/reliability.md.
 //!
 //! Needs its own cluster (it restarts the API server): run by `hack/chaos.sh`,
 //! never by the default `cargo test`.
 //!
 //! Environment:
-//! - `CHAOS_TRIALS` (default 14, two per kind): trials (one rollout each) in this run;
+//! - `CHAOS_TRIALS` (default 22, two per kind): trials (one rollout each) in this run;
 //! - `CHAOS_RUN_SEED`: seed of the run (derives each trial's seed); default: the clock;
 //! - `CHAOS_SEED` (+ `CHAOS_KIND`): replay one trial with this seed (and kind);
+//! - `CHAOS_KIND` without `CHAOS_SEED`: the run cycles through these kinds only
+//!   (comma-separated names, e.g. `relabel` or `not-ready-flap,fleet-not-ready`);
 //! - `CHAOS_CLUSTER` (default `ttdrv-chaos`): the only cluster whose API server
 //!   this test may restart (checked against KUBECONFIG's directory).
 //!
@@ -24,6 +28,7 @@ mod common;
 
 mod apiserver;
 mod controller;
+mod faults;
 mod fleet;
 mod invariants;
 mod proxy;
@@ -55,6 +60,10 @@ use trials::{KINDS, Kind, trial};
 const NODES: usize = 10;
 pub(crate) const MAX_UNAVAILABLE: usize = 2;
 pub(crate) const GATE: &str = labels::DEFAULT_DEPLOY_GATE;
+/// A node labelled `OUT_LABEL=OUT_VALUE` is outside the policy's `nodeAffinity`
+/// (the `relabel` trials move nodes out of the selector with it).
+pub(crate) const OUT_LABEL: &str = "sim.ttdrv.io/pool";
+pub(crate) const OUT_VALUE: &str = "out";
 /// How long a trial may take to settle after its last fault.
 pub(crate) const SETTLE: Duration = Duration::from_secs(240);
 
@@ -65,13 +74,25 @@ async fn chaos_rollouts() {
     let replay: Option<u64> = std::env::var("CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok());
-    let replay_kind = std::env::var("CHAOS_KIND")
-        .ok()
-        .and_then(|s| Kind::parse(&s));
+    // CHAOS_KIND: the kind of a replayed trial, or the kinds a run cycles through.
+    let kinds: Vec<Kind> = match std::env::var("CHAOS_KIND") {
+        Ok(list) if !list.trim().is_empty() => list
+            .split(',')
+            .map(|k| {
+                Kind::parse(k.trim()).unwrap_or_else(|| {
+                    panic!(
+                        "CHAOS_KIND: unknown kind {k:?}; kinds: {}",
+                        KINDS.map(Kind::name).join(", ")
+                    )
+                })
+            })
+            .collect(),
+        _ => KINDS.to_vec(),
+    };
     let trials: usize = std::env::var("CHAOS_TRIALS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(14);
+        .unwrap_or(2 * KINDS.len());
     let run_seed: u64 = std::env::var("CHAOS_RUN_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -82,16 +103,24 @@ async fn chaos_rollouts() {
                 .unwrap_or(1)
         });
     let plan: Vec<(Kind, u64)> = match replay {
-        Some(seed) => vec![(replay_kind.unwrap_or(Kind::Kills), seed)],
+        Some(seed) => vec![(kinds[0], seed)],
         None => {
             let mut r = StdRng::seed_from_u64(run_seed);
             (0..trials)
-                .map(|i| (KINDS[i % KINDS.len()], r.random::<u64>() >> 1))
+                .map(|i| (kinds[i % kinds.len()], r.random::<u64>() >> 1))
                 .collect()
         }
     };
+    let kind_env = if kinds == KINDS {
+        String::new()
+    } else {
+        format!(
+            "CHAOS_KIND={} ",
+            kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(",")
+        )
+    };
     eprintln!(
-        "chaos: {} trial(s), run seed {run_seed} (replay the run: CHAOS_RUN_SEED={run_seed} CHAOS_TRIALS={trials} bash hack/chaos.sh chaos_rollouts)",
+        "chaos: {} trial(s), run seed {run_seed} (replay the run: CHAOS_RUN_SEED={run_seed} CHAOS_TRIALS={trials} {kind_env}bash hack/chaos.sh chaos_rollouts)",
         plan.len()
     );
     // The control plane, recorded so it can be restarted (only on the chaos cluster).
@@ -161,10 +190,12 @@ async fn chaos_rollouts() {
             work: Duration::from_millis(300),
         },
     );
+    let policy = env.name("fleet");
     let inv = Invariants {
         shared: Arc::new(Mutex::new(Shared::default())),
         client: env.client.clone(),
         ns: ns.clone(),
+        policy: policy.clone(),
     };
     let mut nodes = vec![];
     for i in 0..NODES {
@@ -198,12 +229,11 @@ async fn chaos_rollouts() {
         logs: vec![],
     }));
     ctl.lock().await.start(&env);
-    let policy = env.name("fleet");
     create_policy(
         &env,
         &policy,
         &format!(
-            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\nupgradePolicy: {{maxUnavailable: {MAX_UNAVAILABLE}}}",
+            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}, matchExpressions: [{{key: \"{OUT_LABEL}\", operator: NotIn, values: [\"{OUT_VALUE}\"]}}]}}\nupgradePolicy: {{maxUnavailable: {MAX_UNAVAILABLE}}}",
             env.id
         ),
     )
@@ -232,13 +262,15 @@ async fn chaos_rollouts() {
         )
         .await;
         eprintln!(
-            "--- trial {} kind={} seed={} kills={} max_unschedulable(ours/total)={}/{} violations={} {} in {:.1}s; faults: {}",
+            "--- trial {} kind={} seed={} kills={} max_unschedulable(ours/total)={}/{} max_ready_cordoned_by_us={} swaps_checked={} violations={} {} in {:.1}s; faults: {}",
             r.index,
             r.kind.name(),
             r.seed,
             r.kills,
             r.max_ours,
             r.max_total,
+            r.max_ready_ours,
+            r.swaps,
             r.violations,
             if r.ok { "OK" } else { "FAILED" },
             r.duration.as_secs_f64(),
@@ -307,18 +339,30 @@ async fn chaos_rollouts() {
         run_start.elapsed().as_secs_f64()
     );
     eprintln!(
-        "{:<6} {:<18} {:<20} {:>5} {:>9} {:>10} {:>8}",
-        "trial", "kind", "seed", "kills", "max ours", "max total", "result"
+        "{:<6} {:<22} {:<20} {:>5} {:>9} {:>10} {:>11} {:>6} {:>7} {:>8}",
+        "trial",
+        "kind",
+        "seed",
+        "kills",
+        "max ours",
+        "max total",
+        "max rdy/us",
+        "swaps",
+        "secs",
+        "result"
     );
     for r in &results {
         eprintln!(
-            "{:<6} {:<18} {:<20} {:>5} {:>9} {:>10} {:>8}",
+            "{:<6} {:<22} {:<20} {:>5} {:>9} {:>10} {:>11} {:>6} {:>7.1} {:>8}",
             r.index,
             r.kind.name(),
             r.seed,
             r.kills,
             r.max_ours,
             r.max_total,
+            r.max_ready_ours,
+            r.swaps,
+            r.duration.as_secs_f64(),
             if r.ok { "ok" } else { "FAILED" }
         );
     }
@@ -348,13 +392,15 @@ async fn chaos_rollouts() {
             .iter()
             .map(|r| {
                 format!(
-                    "trial={} kind={} seed={} kills={} max_ours={} max_total={} violations={} ok={} secs={:.1}",
+                    "trial={} kind={} seed={} kills={} max_ours={} max_total={} max_ready_cordoned_by_us={} swaps_checked={} violations={} ok={} secs={:.1}",
                     r.index,
                     r.kind.name(),
                     r.seed,
                     r.kills,
                     r.max_ours,
                     r.max_total,
+                    r.max_ready_ours,
+                    r.swaps,
                     r.violations,
                     r.ok,
                     r.duration.as_secs_f64()
@@ -426,7 +472,9 @@ async fn status_write_conflicts_do_not_skip_drains() {
         shared: Arc::new(Mutex::new(Shared::default())),
         client: env.client.clone(),
         ns: ns.clone(),
+        policy: env.name("fleet"),
     };
+    inv.lock().replay = format!("CHAOS_RUN_SEED={seed} bash hack/chaos.sh status_write_conflicts");
     let nodes = ready_tt_nodes(&env, 6).await;
     let watchers = spawn_invariant_watchers(&env, &ns, inv.clone());
     let (mut ctl, policy) =

@@ -19,7 +19,7 @@ use crate::SETTLE;
 use crate::apiserver::{Component, restart_apiserver};
 use crate::controller::Controller;
 use crate::fleet::{deployment, test_nodes};
-use crate::invariants::{Invariants, final_checks, record_state};
+use crate::invariants::{Invariants, back_in_policy, final_checks, record_state};
 use crate::rollout::{retrying, set_spec, wait_settled};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,9 +39,22 @@ pub(crate) enum Kind {
     /// Two controllers with leader election; each kill hits the Lease holder and
     /// a new standby is started, so the other one takes over.
     LeaderHandover,
+    /// Kills, plus one node NotReady (Ready=False or Unknown) for a few
+    /// seconds, once or twice.
+    NotReadyFlap,
+    /// Kills, plus every node NotReady for a few seconds, then back.
+    FleetNotReady,
+    /// Kills, plus the installer pod of a waiting or mid-cycle node deleted,
+    /// a few times.
+    InstallerPodDeleted,
+    /// Kills, plus a node moved out of the policy (out of its selector, or
+    /// skip-labelled) and back, once or twice.
+    Relabel,
 }
 
-pub(crate) const KINDS: [Kind; 7] = [
+/// The order a run cycles through (new kinds are appended, so the first
+/// trials of a run keep their kinds).
+pub(crate) const KINDS: [Kind; 11] = [
     Kind::Kills,
     Kind::DeleteDraining,
     Kind::VersionChange,
@@ -49,6 +62,10 @@ pub(crate) const KINDS: [Kind; 7] = [
     Kind::AddNode,
     Kind::PauseToggle,
     Kind::LeaderHandover,
+    Kind::NotReadyFlap,
+    Kind::FleetNotReady,
+    Kind::InstallerPodDeleted,
+    Kind::Relabel,
 ];
 
 impl Kind {
@@ -61,7 +78,20 @@ impl Kind {
             Kind::VersionChange => "version-change",
             Kind::PauseToggle => "pause-toggle",
             Kind::LeaderHandover => "leader-handover",
+            Kind::NotReadyFlap => "not-ready-flap",
+            Kind::FleetNotReady => "fleet-not-ready",
+            Kind::InstallerPodDeleted => "installer-pod-deleted",
+            Kind::Relabel => "relabel",
         }
+    }
+
+    /// Kinds whose faults are no reason for a node to end Failed: every node
+    /// must end Done.
+    pub(crate) fn requires_done(self) -> bool {
+        matches!(
+            self,
+            Kind::NotReadyFlap | Kind::FleetNotReady | Kind::InstallerPodDeleted | Kind::Relabel
+        )
     }
     pub(crate) fn parse(s: &str) -> Option<Kind> {
         KINDS.iter().copied().find(|k| k.name() == s)
@@ -77,6 +107,8 @@ pub(crate) struct TrialResult {
     pub(crate) duration: Duration,
     pub(crate) max_ours: usize,
     pub(crate) max_total: usize,
+    pub(crate) max_ready_ours: usize,
+    pub(crate) swaps: usize,
     pub(crate) violations: usize,
     pub(crate) ok: bool,
     /// The rollout reached its end state.
@@ -103,6 +135,12 @@ pub(crate) async fn trial(
         s.trial = index;
         s.max_ours = 0;
         s.max_total = 0;
+        s.max_ready_ours = 0;
+        s.swaps = 0;
+        s.replay = format!(
+            "CHAOS_SEED={seed} CHAOS_KIND={} bash hack/chaos.sh chaos_rollouts",
+            kind.name()
+        );
     }
     let kills_before = ctl.lock().await.kills;
     let target = format!("3.{index}.0");
@@ -199,6 +237,9 @@ pub(crate) async fn trial(
             })
         })
         .collect();
+    // The newer kinds' schedules, drawn after the older ones' so that an old
+    // seed still replays the same schedule for its kind.
+    let schedule = crate::faults::Schedule::draw(&mut rng);
 
     // Controller kills run alongside the kind's own fault.
     let kills_task = {
@@ -319,6 +360,20 @@ pub(crate) async fn trial(
             }
             faults.push(format!("paused/unpaused {} times", toggles.len()));
         }
+        Kind::NotReadyFlap => {
+            faults.extend(crate::faults::not_ready_flaps(env, &target, &schedule.flaps).await);
+        }
+        Kind::FleetNotReady => {
+            faults.extend(crate::faults::fleet_not_ready(env, &target, &schedule.fleet).await);
+        }
+        Kind::InstallerPodDeleted => {
+            faults.extend(
+                crate::faults::delete_installer_pods(env, ns, &target, &schedule.deletions).await,
+            );
+        }
+        Kind::Relabel => {
+            faults.extend(crate::faults::relabel(env, &target, &schedule.relabels).await);
+        }
     }
     let kill_log = kills_task.await.unwrap_or_default();
     faults.extend(kill_log);
@@ -332,13 +387,31 @@ pub(crate) async fn trial(
     }
 
     let outcome = wait_settled(env, policy, &final_version, SETTLE).await;
+    if let Ok(took) = &outcome {
+        faults.push(format!(
+            "settled {}ms after the faults, {}ms into the rollout",
+            took.as_millis(),
+            start.elapsed().as_millis()
+        ));
+    }
     let mut ok = true;
     match outcome {
         Ok(_) => {
             let admin = inv.lock().admin.clone();
             let papi: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
             let p = retrying("reading the policy", || papi.get(policy)).await;
-            final_checks(&test_nodes(env).await, &admin, &final_version, inv, &p);
+            let nodes = test_nodes(env).await;
+            final_checks(
+                &nodes,
+                &admin,
+                &final_version,
+                inv,
+                &p,
+                kind.requires_done(),
+            );
+            if kind == Kind::Relabel {
+                back_in_policy(&nodes, policy, inv);
+            }
         }
         Err(e) => {
             ok = false;
@@ -357,9 +430,15 @@ pub(crate) async fn trial(
     *version = final_version;
     let kills = ctl.lock().await.kills - kills_before;
     inv.settle().await;
-    let (violations, max_ours, max_total) = {
+    let (violations, max_ours, max_total, max_ready_ours, swaps) = {
         let s = inv.lock();
-        (s.violations.len() - before, s.max_ours, s.max_total)
+        (
+            s.violations.len() - before,
+            s.max_ours,
+            s.max_total,
+            s.max_ready_ours,
+            s.swaps,
+        )
     };
     TrialResult {
         index,
@@ -370,6 +449,8 @@ pub(crate) async fn trial(
         duration: start.elapsed(),
         max_ours,
         max_total,
+        max_ready_ours,
+        swaps,
         violations,
         ok: ok && violations == 0,
         settled: ok,
