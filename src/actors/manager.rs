@@ -216,6 +216,7 @@ impl PolicyManager {
                     policies.iter().map(|p| p.as_ref()),
                     node.as_deref(),
                     &self.refused,
+                    self.ctx.eligibility(),
                 ) == last.claim(n)
             });
             if unchanged {
@@ -227,6 +228,7 @@ impl PolicyManager {
             policies.iter().map(|p| p.as_ref()),
             nodes.iter().map(|n| n.as_ref()),
             &self.refused,
+            self.ctx.eligibility(),
         ));
         if self.last_assignment.as_deref() != Some(assignment.as_ref()) {
             changed.full = true;
