@@ -446,7 +446,13 @@ mod tests {
         ];
         let p = policy("version: \"2.8.0\"\nnodeAffinity: {}");
         let (ds, hash) = render_daemonset(&p, &c);
-        let envs: BTreeMap<String, String> = ds.spec.unwrap().template.spec.unwrap().containers[0]
+        let envs: BTreeMap<String, String> = ds
+            .spec
+            .expect("spec")
+            .template
+            .spec
+            .expect("pod spec")
+            .containers[0]
             .env
             .clone()
             .unwrap_or_default()
@@ -469,11 +475,11 @@ mod tests {
         let keys = |e: ttdrv_core::selection::Eligibility| -> Vec<String> {
             node_affinity(&p, e)
                 .required_during_scheduling_ignored_during_execution
-                .unwrap()
+                .expect("required")
                 .node_selector_terms[0]
                 .match_expressions
                 .clone()
-                .unwrap()
+                .expect("expressions")
                 .into_iter()
                 .map(|r| r.key)
                 .collect()
