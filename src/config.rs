@@ -73,7 +73,7 @@ pub struct Config {
     /// watches (which drive everything else), in milliseconds.
     #[arg(long, env = "TTDRV_FULL_RESYNC_MS", default_value_t = 30000)]
     pub full_resync_ms: u64,
-    /// Require the NFD label `feature.node.kubernetes.io/pci-1e52.present=true`
+    /// Require the NFD label `feature.node.kubernetes.io/pci-1200_1e52.present=true`
     /// on selected nodes (false for clusters without NFD: the policy's selector
     /// alone picks the nodes). The chart's `controller.requireTenstorrentLabel`.
     #[arg(long, env = "TTDRV_REQUIRE_TT_LABEL", default_value_t = true, action = clap::ArgAction::Set)]

@@ -83,6 +83,8 @@ pub mod phase {
     pub const PROGRESSING: &str = "Progressing";
     pub const DEGRADED: &str = "Degraded";
     pub const PAUSED: &str = "Paused";
+    /// `spec.unmanage` (the Go operator's): the policy owns no node.
+    pub const UNMANAGED: &str = "Unmanaged";
 }
 
 /// `status.phase`: Paused when `spec.paused`, else Degraded while a node is
@@ -308,7 +310,14 @@ pub fn build(
         observed_generation: policy.metadata.generation,
         conditions,
         desired_version: Some(policy.spec.version.clone()),
-        phase: Some(phase_of(&summary, paused).to_string()),
+        phase: Some(
+            if policy.spec.unmanage {
+                phase::UNMANAGED
+            } else {
+                phase_of(&summary, paused)
+            }
+            .to_string(),
+        ),
         summary,
         daemon_set: Some(input.daemonset.to_string()),
         nodes,

@@ -13,7 +13,7 @@ use ttdrv_api::{TenstorrentDriverPolicy, labels};
 /// Which nodes any policy may select at all, besides its own selector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Eligibility {
-    /// The NFD label `feature.node.kubernetes.io/pci-1e52.present=true` is
+    /// The NFD label `feature.node.kubernetes.io/pci-1200_1e52.present=true` is
     /// required (the chart's `controller.requireTenstorrentLabel`, default on;
     /// off for clusters without NFD, where the policy's selector alone picks
     /// the Tenstorrent nodes).
@@ -147,7 +147,9 @@ fn may_own(
     rules: Eligibility,
 ) -> bool {
     let name = policy.metadata.name.as_deref().unwrap_or_default();
-    rules.matches(policy, node)
+    // `spec.unmanage` (the Go operator's): its nodes are left to DKMS.
+    !policy.spec.unmanage
+        && rules.matches(policy, node)
         && (!refused.contains(name)
             || crate::node::record(node)
                 .ok()
@@ -461,6 +463,23 @@ mod eligibility_tests {
                 .owner
                 .as_deref(),
             Some("fleet")
+        );
+    }
+
+    #[test]
+    fn an_unmanaged_policy_owns_no_node() {
+        let spec: ttdrv_api::TenstorrentDriverPolicySpec =
+            serde_yaml::from_str("version: \"2.8.0\"\nnodeAffinity: {}\nunmanage: true")
+                .expect("spec");
+        assert!(spec.unmanage, "kept, not dropped");
+        let p = TenstorrentDriverPolicy::new("vacate", spec);
+        let n = node(&[(labels::TT_PCI_PRESENT, "true")]);
+        let a = assign([&p], [&n], &Refused::new(), Eligibility::default());
+        assert_eq!(a.owner_of("n"), None);
+        assert_eq!(a.owned.get("vacate").map(Vec::len), Some(0));
+        assert_eq!(
+            claim_of([&p], Some(&n), &Refused::new(), Eligibility::default()).owner,
+            None
         );
     }
 }

@@ -338,6 +338,10 @@ fn phase_from_the_summary() {
         let st = status_of(&p, &recs, &HashSet::new(), &[], None, 100);
         assert_eq!(st.phase.as_deref(), Some(*want), "{what}");
     }
+    let mut p = policy(false, 1);
+    p.spec.unmanage = true;
+    let st = status_of(&p, &HashMap::new(), &HashSet::new(), &[], None, 100);
+    assert_eq!(st.phase.as_deref(), Some("Unmanaged"));
 }
 
 #[test]
