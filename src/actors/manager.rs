@@ -270,7 +270,11 @@ impl PolicyManager {
             let Some(l) = node.metadata.labels.as_ref() else {
                 continue;
             };
-            if l.get(labels::TT_PCI_PRESENT).map(String::as_str) != Some("true") {
+            // Tenstorrent nodes: the PCI label, unless the chart says the
+            // cluster has no NFD (then every node reporting a version).
+            if self.ctx.eligibility().require_tenstorrent_label
+                && l.get(labels::TT_PCI_PRESENT).map(String::as_str) != Some("true")
+            {
                 continue;
             }
             if let Some(v) = l.get(labels::KMD_VERSION) {
