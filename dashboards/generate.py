@@ -386,8 +386,8 @@ def rollout():
     P.append(panel(
         L, "timeseries", "Pods evicted", 8, 8,
         targets((f'sum by (pass) (increase(ttdriver_pods_evicted_total{{{CR}}}[$__rate_interval]))', "{{pass}}")),
-        description="Pods evicted while draining nodes; pass=device: pods using /dev/tenstorrent (hostPath, "
-                    "device plugin or DRA), pass=full: the other pods of the node.",
+        description="Pods evicted while draining nodes; pass=pass1: pods using /dev/tenstorrent (hostPath, "
+                    "device plugin or DRA), pass=pass2: the other pods of the node.",
         defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
         options=ts_options(["sum"]),
     ))

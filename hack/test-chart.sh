@@ -18,6 +18,8 @@
 #       custom      another release name, mirror, tt-smi version, no deploy
 #                   gates, one replica without leader election, no admission
 #                   policy, existing ServiceAccounts
+#       go-era      chart/tests/go-era-values.yaml, a values file of the Go
+#                   operator's chart, unchanged (its keys mapped, checked in 4)
 #  4. semantic checks of the default render (python3 + PyYAML): least-privilege
 #     RBAC (exact rules, no wildcards), the ServiceMonitor selects the metrics
 #     Service and its port, the controller's flags and env, security context
@@ -124,6 +126,8 @@ render() { # case -> stdout
         --set 'controller.tolerations[0].effect=NoSchedule' \
         --set controller.priorityClassName=system-cluster-critical \
         --set metrics.dashboards.enabled=false --set commonLabels.team=platform ;;
+    go-era)
+      "$helm_bin" template "$release" chart -n "$ns" -f chart/tests/go-era-values.yaml ;;
   esac
 }
 
@@ -148,7 +152,7 @@ sys.stdout.write("---\n".join(out))
 }
 
 mkdir -p chart/tests/golden
-for c in default monitoring custom; do
+for c in default monitoring custom go-era; do
   if ! render "$c" >"$tmp/$c.raw.yaml" 2>"$tmp/$c.err"; then
     cat "$tmp/$c.err" >&2
     fail "helm template ($c)"
@@ -170,12 +174,12 @@ for c in default monitoring custom; do
 done
 # A stale golden file for a case that no longer exists is an error too.
 for g in chart/tests/golden/*.yaml; do
-  case $(basename "$g" .yaml) in default | monitoring | custom) ;; *) fail "stale golden file $g" ;; esac
+  case $(basename "$g" .yaml) in default | monitoring | custom | go-era) ;; *) fail "stale golden file $g" ;; esac
 done
 
 # --- 4: semantic checks ---------------------------------------------------------------
 if python3 -c 'import yaml' 2>/dev/null; then
-  python3 - "$tmp/default.raw.yaml" "$tmp/monitoring.raw.yaml" "$tmp/custom.raw.yaml" <<'PY' || fail "semantic checks"
+  python3 - "$tmp/default.raw.yaml" "$tmp/monitoring.raw.yaml" "$tmp/custom.raw.yaml" "$tmp/go-era.raw.yaml" <<'PY' || fail "semantic checks"
 import sys, yaml
 
 def load(p):
@@ -285,6 +289,28 @@ vapb = one(default, "ValidatingAdmissionPolicyBinding")
 check(vapb["spec"]["policyName"] == vap["metadata"]["name"], "binding names the policy")
 check(f"system:serviceaccount:{NS}:{FULL}-agent" in vap["spec"]["matchConditions"][0]["expression"], "VAP matches the agent SA")
 check(vap["spec"]["failurePolicy"] == "Fail", "VAP fails closed")
+
+# Go-era values file: each Go key reaches its place.
+go = load(sys.argv[4])
+gdep = one(go, "Deployment", name=f"{FULL}-controller")
+gctr = gdep["spec"]["template"]["spec"]["containers"][0]
+genv = {e["name"]: e.get("value") for e in gctr["env"]}
+check(gdep["spec"]["replicas"] == 1, "go-era: leaderElection false -> one replica")
+check(genv.get("TTDRV_LEADER_ELECT") == "false", "go-era: leader election off")
+check(genv.get("TTDRV_DEPLOY_GATES") == "tenstorrent.com/deploy.tt-telemetry,tenstorrent.com/deploy.tt-inference", "go-era: deployGates")
+check(genv.get("HTTPS_PROXY") == "http://proxy.example.internal:3128" and genv.get("NO_PROXY"), "go-era: extraEnv (proxies reach the controller, which copies them into installer pods)")
+check(genv.get("TTDRV_REQUIRE_TT_LABEL") == "false", "go-era: requireTenstorrentLabel false")
+check(genv.get("TTDRV_INSTALLER_IMAGE") == "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent:0.1.0", f"go-era: the Go builder image is replaced by the agent image, got {genv.get('TTDRV_INSTALLER_IMAGE')}")
+check("--admin-addr=0.0.0.0:9090" in gctr["args"], "go-era: metrics.port -> admin port")
+check(gctr["ports"][0]["containerPort"] == 9090, "go-era: metrics.port -> container port")
+gsvc = one(go, "Service")
+check(gsvc["spec"]["ports"][0]["port"] == 9090, "go-era: metrics.port -> Service port")
+for d in go:
+    if d["kind"] == "ServiceAccount":
+        check(d.get("imagePullSecrets") == [{"name": "regcred"}], f"go-era: imagePullSecrets on ServiceAccount {d['metadata']['name']}")
+check(len([d for d in go if d["kind"] == "ServiceAccount"]) == 2, "go-era: both ServiceAccounts")
+check(all("imagePullSecrets" not in d for d in default if d["kind"] == "ServiceAccount"), "no imagePullSecrets by default")
+check(env.get("TTDRV_REQUIRE_TT_LABEL", {}).get("value") == "true", "requireTenstorrentLabel on by default")
 
 if errors:
     print("\n".join("  " + e for e in errors), file=sys.stderr)

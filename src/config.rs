@@ -73,6 +73,11 @@ pub struct Config {
     /// watches (which drive everything else), in milliseconds.
     #[arg(long, env = "TTDRV_FULL_RESYNC_MS", default_value_t = 30000)]
     pub full_resync_ms: u64,
+    /// Require the NFD label `feature.node.kubernetes.io/pci-1200_1e52.present=true`
+    /// on selected nodes (false for clusters without NFD: the policy's selector
+    /// alone picks the nodes). The chart's `controller.requireTenstorrentLabel`.
+    #[arg(long, env = "TTDRV_REQUIRE_TT_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub require_tenstorrent_label: bool,
     /// Log format: json or text.
     #[arg(long, env = "TTDRV_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
@@ -93,5 +98,56 @@ impl Config {
         } else {
             self.source_repository.clone()
         }
+    }
+}
+
+/// The proxy variables copied from the controller's environment into the
+/// installer pods (as the Go operator did), both cases.
+pub const PROXY_VARS: [&str; 6] = [
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+];
+
+/// The proxy variables set (non-empty) in `env`, in [`PROXY_VARS`] order.
+pub fn proxy_env(env: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    PROXY_VARS
+        .iter()
+        .filter_map(|k| env(k).filter(|v| !v.is_empty()).map(|v| (k.to_string(), v)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_env_copies_both_cases_and_skips_unset() {
+        let got = proxy_env(|k| match k {
+            "HTTPS_PROXY" => Some("http://proxy:3128".into()),
+            "no_proxy" => Some("10.0.0.0/8,.svc".into()),
+            "HTTP_PROXY" => Some(String::new()),
+            _ => None,
+        });
+        assert_eq!(
+            got,
+            [
+                ("HTTPS_PROXY".to_string(), "http://proxy:3128".to_string()),
+                ("no_proxy".to_string(), "10.0.0.0/8,.svc".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn require_tenstorrent_label_defaults_on() {
+        let c = Config::try_parse_from(["ttdrv-controller"]).expect("parses");
+        assert!(c.require_tenstorrent_label);
+        let c =
+            Config::try_parse_from(["ttdrv-controller", "--require-tenstorrent-label", "false"])
+                .expect("parses");
+        assert!(!c.require_tenstorrent_label);
     }
 }

@@ -67,6 +67,16 @@ impl Context {
             default_source_repository: self.config.source_repository(),
             tt_smi_version: self.config.tt_smi_version.clone(),
             service_account: self.config.agent_service_account.clone(),
+            eligibility: self.eligibility(),
+            proxy_env: crate::config::proxy_env(|k| std::env::var(k).ok()),
+        }
+    }
+
+    /// Which nodes policies may select (the chart's
+    /// `controller.requireTenstorrentLabel`).
+    pub fn eligibility(&self) -> ttdrv_core::selection::Eligibility {
+        ttdrv_core::selection::Eligibility {
+            require_tenstorrent_label: self.config.require_tenstorrent_label,
         }
     }
 

@@ -25,6 +25,11 @@ pub struct RenderContext {
     pub default_source_repository: String,
     pub tt_smi_version: String,
     pub service_account: Option<String>,
+    /// Which nodes may be selected (the PCI label requirement), shared with
+    /// the controller's selection.
+    pub eligibility: ttdrv_core::selection::Eligibility,
+    /// The controller's proxy variables, copied into the installer pods.
+    pub proxy_env: Vec<(String, String)>,
 }
 
 pub fn daemonset_name(policy: &str) -> String {
@@ -53,13 +58,17 @@ fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
 /// The policy's selector ∧ Tenstorrent PCI label ∧ no skip label ∧ claimed by this
 /// policy (the controller labels the nodes each policy owns, so overlapping
 /// policies never both land a pod on one node).
-pub fn node_affinity(policy: &TenstorrentDriverPolicy) -> NodeAffinity {
+pub fn node_affinity(
+    policy: &TenstorrentDriverPolicy,
+    eligibility: ttdrv_core::selection::Eligibility,
+) -> NodeAffinity {
     let name = policy.metadata.name.clone().unwrap_or_default();
-    let mut exprs = vec![
-        req(labels::TT_PCI_PRESENT, "In", &["true"]),
-        req(labels::SKIP, "DoesNotExist", &[]),
-        req(labels::CLAIM, "In", &[&name]),
-    ];
+    let mut exprs: Vec<NodeSelectorRequirement> = eligibility
+        .requirements()
+        .into_iter()
+        .map(|(k, op, values)| req(k, op, values))
+        .collect();
+    exprs.push(req(labels::CLAIM, "In", &[&name]));
     if let Some(sel) = policy.spec.selector() {
         for (k, v) in sel.match_labels.iter().flatten() {
             exprs.push(req(k, "In", &[v]));
@@ -161,6 +170,12 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
     if !ctx.tt_smi_version.is_empty() {
         envs.push(env_var(env::TT_SMI_VERSION, &ctx.tt_smi_version));
     }
+    // The controller's proxy variables (both cases), as the Go operator copied
+    // them: the agent clones tt-kmd through them. They are part of the
+    // template, so changing them rolls the installer out like any change.
+    for (k, v) in &ctx.proxy_env {
+        envs.push(env_var(k, v));
+    }
     let container = Container {
         name: "installer".into(),
         image: Some(image),
@@ -196,7 +211,7 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
         }),
         spec: Some(PodSpec {
             affinity: Some(Affinity {
-                node_affinity: Some(node_affinity(policy)),
+                node_affinity: Some(node_affinity(policy, ctx.eligibility)),
                 ..Default::default()
             }),
             containers: vec![container],
@@ -283,6 +298,8 @@ mod tests {
             default_source_repository: labels::DEFAULT_SOURCE_REPOSITORY.into(),
             tt_smi_version: "3.0.0".into(),
             service_account: Some("tt-k8s-driver-manager-agent".into()),
+            eligibility: Default::default(),
+            proxy_env: vec![],
         }
     }
 
@@ -315,7 +332,7 @@ mod tests {
         let p = policy(
             "version: \"2.8.0\"\nnodeAffinity:\n  matchLabels: {tt.tenstorrent.com/pool: prod}\n  matchExpressions:\n  - {key: zone, operator: NotIn, values: [b]}\n",
         );
-        let aff = node_affinity(&p);
+        let aff = node_affinity(&p, Default::default());
         let terms = aff
             .required_during_scheduling_ignored_during_execution
             .expect("required")
@@ -418,5 +435,62 @@ mod tests {
                 .as_deref(),
             Some("TenstorrentDriverPolicy")
         );
+    }
+
+    #[test]
+    fn proxy_variables_reach_the_installer() {
+        let mut c = ctx();
+        c.proxy_env = vec![
+            ("HTTPS_PROXY".into(), "http://proxy:3128".into()),
+            ("no_proxy".into(), ".svc".into()),
+        ];
+        let p = policy("version: \"2.8.0\"\nnodeAffinity: {}");
+        let (ds, hash) = render_daemonset(&p, &c);
+        let envs: BTreeMap<String, String> = ds
+            .spec
+            .expect("spec")
+            .template
+            .spec
+            .expect("pod spec")
+            .containers[0]
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|e| e.value.map(|v| (e.name, v)))
+            .collect();
+        assert_eq!(
+            envs.get("HTTPS_PROXY").map(String::as_str),
+            Some("http://proxy:3128")
+        );
+        assert_eq!(envs.get("no_proxy").map(String::as_str), Some(".svc"));
+        assert!(!envs.contains_key("HTTP_PROXY"));
+        let (_, plain) = render_daemonset(&p, &ctx());
+        assert_ne!(hash, plain, "the proxy is part of the template");
+    }
+
+    #[test]
+    fn without_nfd_the_affinity_drops_the_pci_label() {
+        let p = policy("version: \"2.8.0\"\nnodeAffinity: {matchLabels: {pool: a}}");
+        let keys = |e: ttdrv_core::selection::Eligibility| -> Vec<String> {
+            node_affinity(&p, e)
+                .required_during_scheduling_ignored_during_execution
+                .expect("required")
+                .node_selector_terms[0]
+                .match_expressions
+                .clone()
+                .expect("expressions")
+                .into_iter()
+                .map(|r| r.key)
+                .collect()
+        };
+        let strict = keys(Default::default());
+        assert!(strict.iter().any(|k| k == labels::TT_PCI_PRESENT));
+        let lax = keys(ttdrv_core::selection::Eligibility {
+            require_tenstorrent_label: false,
+        });
+        assert!(!lax.iter().any(|k| k == labels::TT_PCI_PRESENT));
+        assert!(lax.iter().any(|k| k == labels::SKIP));
+        assert!(lax.iter().any(|k| k == "pool"));
     }
 }

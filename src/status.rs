@@ -55,14 +55,51 @@ pub fn summarize(records: &HashMap<String, NodeRecord>) -> (Summary, Vec<String>
             NodeState::Done => summary.done += 1,
             NodeState::Pending => summary.pending += 1,
             NodeState::Failed => {
-                summary.failed += 1;
+                summary.failed_nodes += 1;
                 failed.push(format!("{n}: {}", r.message.as_deref().unwrap_or("")));
+            }
+            NodeState::Uncordoning => {
+                summary.in_progress += 1;
+                summary.ready += 1;
             }
             _ => summary.in_progress += 1,
         }
     }
+    // The Go operator's counts, from ours: every matched node runs the
+    // installer; Done nodes are available; Uncordoning ones already have the
+    // target loaded; failed is desired − available, as Go defines it.
+    summary.desired = summary.matched;
+    summary.available = summary.done + summary.host_managed;
+    summary.ready += summary.available;
+    summary.up_to_date = summary.ready;
+    summary.failed = summary.desired - summary.available;
     failed.sort();
     (summary, failed)
+}
+
+/// Phases of `status.phase`, derived from the summary and `spec.paused`.
+pub mod phase {
+    pub const READY: &str = "Ready";
+    pub const PROGRESSING: &str = "Progressing";
+    pub const DEGRADED: &str = "Degraded";
+    pub const PAUSED: &str = "Paused";
+    /// `spec.unmanage` (the Go operator's): the policy owns no node.
+    pub const UNMANAGED: &str = "Unmanaged";
+}
+
+/// `status.phase`: Paused when `spec.paused`, else Degraded while a node is
+/// Failed, Progressing while nodes are pending or in progress, Ready otherwise
+/// (no matched node too).
+pub fn phase_of(summary: &Summary, paused: bool) -> &'static str {
+    if paused {
+        phase::PAUSED
+    } else if summary.failed_nodes > 0 {
+        phase::DEGRADED
+    } else if summary.pending > 0 || summary.in_progress > 0 {
+        phase::PROGRESSING
+    } else {
+        phase::READY
+    }
 }
 
 /// The status of each condition, in the order [`build`] lists them: Ready,
@@ -74,11 +111,11 @@ pub fn condition_flags(
     conflicts: bool,
     braked: bool,
 ) -> [bool; 5] {
-    let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed == 0;
+    let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed_nodes == 0;
     [
         settled && !paused,
-        !settled && summary.failed == 0 && !paused && !braked,
-        summary.failed > 0 || braked,
+        !settled && summary.failed_nodes == 0 && !paused && !braked,
+        summary.failed_nodes > 0 || braked,
         paused,
         conflicts,
     ]
@@ -148,20 +185,25 @@ pub fn build(
                 current_version: now.version,
                 install_mode: now.install_mode,
                 reason: r.reason.clone(),
+                go_reason: r
+                    .reason
+                    .as_deref()
+                    .and_then(reason::go_code)
+                    .map(String::from),
                 message: r.message.clone(),
                 last_transition_time: Timestamp::from_second(r.since).ok().map(Time),
             }
         })
         .collect();
     let paused = policy.spec.paused;
-    let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed == 0;
+    let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed_nodes == 0;
     let [ready, progressing, degraded, _, conflicted] = condition_flags(
         &summary,
         paused,
         !input.conflicts.is_empty(),
         input.braked.is_some() || input.refused.is_some(),
     );
-    let (degraded_reason, degraded_message) = if summary.failed > 0 {
+    let (degraded_reason, degraded_message) = if summary.failed_nodes > 0 {
         ("NodeFailed", failed.join("; "))
     } else if let Some(why) = input.refused {
         (
@@ -210,7 +252,7 @@ pub fn build(
                 "Paused"
             } else if settled {
                 "Idle"
-            } else if summary.failed > 0 {
+            } else if summary.failed_nodes > 0 {
                 "Halted"
             } else if input.refused.is_some() {
                 "Refused"
@@ -268,6 +310,14 @@ pub fn build(
         observed_generation: policy.metadata.generation,
         conditions,
         desired_version: Some(policy.spec.version.clone()),
+        phase: Some(
+            if policy.spec.unmanage {
+                phase::UNMANAGED
+            } else {
+                phase_of(&summary, paused)
+            }
+            .to_string(),
+        ),
         summary,
         daemon_set: Some(input.daemonset.to_string()),
         nodes,

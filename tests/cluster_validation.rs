@@ -684,6 +684,8 @@ fn render_context() -> RenderContext {
         default_source_repository: ttdrv_api::labels::DEFAULT_SOURCE_REPOSITORY.into(),
         tt_smi_version: "3.0.0".into(),
         service_account: None,
+        eligibility: Default::default(),
+        proxy_env: vec![],
     }
 }
 

@@ -16,3 +16,29 @@ fn committed_crd_matches_generated() {
         "crds/ is stale: run `make crds` and commit the result"
     );
 }
+
+/// The Go operator's printer columns come first, in its order; ours follow.
+#[test]
+fn printer_columns_start_with_the_go_operators() {
+    let crd = ttdrv_api::TenstorrentDriverPolicy::crd();
+    let cols: Vec<String> = crd.spec.versions[0]
+        .additional_printer_columns
+        .as_ref()
+        .expect("printer columns")
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(
+        cols[..6],
+        [
+            "Version",
+            "Matched",
+            "UpToDate",
+            "InProgress",
+            "Failed",
+            "Age"
+        ]
+    );
+    assert!(cols[6..].iter().any(|c| c == "Phase"));
+    assert!(cols[6..].iter().any(|c| c == "Done"));
+}

@@ -149,6 +149,7 @@ impl Agent<'_> {
         );
 
         if version_matches(state.as_ref().and_then(|s| s.version.as_deref()), &target) {
+            self.device_access(&root);
             let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
             step("label-node", || self.label_container(&target, smi))?;
             return Ok(Outcome::AlreadyCurrent { version: target });
@@ -200,6 +201,7 @@ impl Agent<'_> {
             }
         })?;
 
+        self.device_access(&root);
         let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
         step("label-node", || self.label_container(&target, smi))?;
         Ok(Outcome::Installed {
@@ -396,6 +398,22 @@ impl Agent<'_> {
             error: e.to_string(),
             rollback: Box::new(rollback),
         })
+    }
+
+    /// The udev rule, device modes and the old venv (crate::devices): best
+    /// effort, a failure is a warning.
+    fn device_access(&self, root: &HostRoot) {
+        let d = crate::devices::ensure_device_access(root);
+        tracing::info!(
+            rule_written = d.rule_written,
+            udev_reloaded = ?d.udev_reloaded,
+            chmodded = ?d.chmodded,
+            removed = ?d.removed,
+            "device access"
+        );
+        for w in &d.warnings {
+            tracing::warn!(warning = %w, "device access step failed (the install stands)");
+        }
     }
 
     /// Copies the bundled tt-smi to the host. Returns whether it is installed.

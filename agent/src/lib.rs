@@ -19,6 +19,7 @@
 //! - [`build`]: building the module with git and make; uses `error`, `host`.
 //! - [`cache`]: the module cache on the host; uses `error`, `host`, `modinfo`.
 //! - [`kbuild`]: linking the host's Debian kbuild trees for a build; uses `error`, `host`.
+//! - [`devices`]: the udev rule, device-node modes and the old /opt/tt venv; uses `host`.
 //! - [`agent`]: the run sequence and its decisions; uses all of the above.
 //! - [`status`]: the `status` subcommand's report; uses `agent`, `cache`, `holders`, `host`.
 //! - [`fake`]: fake kernel, builder and host for tests; uses `build`, `error`, `host`, `kernel`, `modinfo`.
@@ -26,6 +27,7 @@
 pub mod agent;
 pub mod build;
 pub mod cache;
+pub mod devices;
 pub mod error;
 pub mod fake;
 pub mod holder;

@@ -800,3 +800,35 @@ fn force_unload_env_accepts_booleans_and_empty_means_off() {
         }
     }
 }
+
+/// After a container install the devices are usable by every user, as DKMS
+/// leaves them: the udev rule is in the host's /etc/udev/rules.d, the existing
+/// /dev/tenstorrent/* nodes are 0666, and the pre-5.x /opt/tt venv is gone. A
+/// host-managed node is not touched (see the byte-for-byte test above).
+#[test]
+fn container_install_opens_the_devices_and_removes_the_old_venv() {
+    let h = Host::new();
+    fs::create_dir_all(h.p("/dev/tenstorrent")).expect("mkdir");
+    fs::write(h.p("/dev/tenstorrent/0"), "").expect("device");
+    fs::set_permissions(h.p("/dev/tenstorrent/0"), fs::Permissions::from_mode(0o600))
+        .expect("chmod");
+    fs::create_dir_all(h.p("/opt/tt/bin")).expect("mkdir");
+    fs::write(h.p("/opt/tt/pyvenv.cfg"), "home = /usr/bin\n").expect("venv");
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    run(&h.config("2.7.0"), &kernel, &builder, &FakeNode::default()).expect("install");
+    let rule = fs::read_to_string(h.p(ttdrv_agent::devices::UDEV_RULE_PATH)).expect("rule");
+    assert!(
+        rule.contains(r#"SUBSYSTEM=="tenstorrent", MODE="0666""#),
+        "{rule}"
+    );
+    assert_eq!(
+        fs::metadata(h.p("/dev/tenstorrent/0"))
+            .expect("stat")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o666
+    );
+    assert!(!h.p("/opt/tt").exists());
+}

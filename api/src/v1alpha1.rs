@@ -35,10 +35,14 @@ use crate::validation::{
     status = "TenstorrentDriverPolicyStatus",
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
     printcolumn = r#"{"name":"Matched","type":"integer","jsonPath":".status.summary.matched"}"#,
-    printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.summary.done"}"#,
+    printcolumn = r#"{"name":"UpToDate","type":"integer","jsonPath":".status.summary.upToDate"}"#,
+    printcolumn = r#"{"name":"InProgress","type":"integer","jsonPath":".status.summary.inProgress"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.summary.failed"}"#,
-    printcolumn = r#"{"name":"Paused","type":"boolean","jsonPath":".spec.paused"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.summary.done"}"#,
+    printcolumn = r#"{"name":"FailedNodes","type":"integer","jsonPath":".status.summary.failedNodes"}"#,
+    printcolumn = r#"{"name":"Paused","type":"boolean","jsonPath":".spec.paused"}"#,
     validation = crate::validation::policy_name_rule()
 )]
 #[serde(rename_all = "camelCase")]
@@ -81,6 +85,13 @@ pub struct TenstorrentDriverPolicySpec {
 
     #[serde(default)]
     pub installer: Installer,
+
+    /// The Go operator's field: hand the policy's nodes to DKMS. Kept (not
+    /// pruned): while true the policy owns no node, so the controller never
+    /// installs a module on them. The Go operator's drain-and-unload sequence
+    /// is not implemented (docs/migrating-from-go-operator.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unmanage: bool,
 }
 
 impl TenstorrentDriverPolicySpec {
@@ -388,6 +399,10 @@ pub struct TenstorrentDriverPolicyStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_version: Option<String>,
+    /// Derived from the summary (the Go operator's field): Ready, Progressing,
+    /// Degraded, Paused. See docs/crd-reference.md for the mapping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
     #[serde(default)]
     pub summary: Summary,
     /// Name of the DaemonSet rendered for this policy.
@@ -401,14 +416,46 @@ pub struct TenstorrentDriverPolicyStatus {
     pub nodes: Vec<NodeStatus>,
 }
 
+/// Node counts. The Go operator's fields (`matched, desired, ready,
+/// available, failed, upToDate, inProgress`, with `failed = desired −
+/// available`) keep their names and meaning; ours (`done, pending,
+/// failedNodes, hostManaged`) sit beside them. See docs/crd-reference.md.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
+    /// Nodes the policy selects (Go and ours).
+    #[serde(default)]
     pub matched: i32,
-    pub done: i32,
-    pub in_progress: i32,
-    pub pending: i32,
+    /// Go: nodes that should run the installer; every matched node.
+    #[serde(default)]
+    pub desired: i32,
+    /// Go: nodes with the target module loaded (Uncordoning or Done).
+    #[serde(default)]
+    pub ready: i32,
+    /// Go: nodes back in service at the target (Done, host-managed too).
+    #[serde(default)]
+    pub available: i32,
+    /// Go: `desired − available`, every node not yet Done (in a rollout too).
+    /// The nodes in state Failed are `failedNodes`.
+    #[serde(default)]
     pub failed: i32,
+    /// Go: nodes at the target version (as `ready`).
+    #[serde(default)]
+    pub up_to_date: i32,
+    /// Nodes in Cordoning, Draining, Upgrading or Uncordoning (Go and ours).
+    #[serde(default)]
+    pub in_progress: i32,
+    /// Nodes Done with the module this controller installed.
+    #[serde(default)]
+    pub done: i32,
+    /// Nodes waiting for a slot.
+    #[serde(default)]
+    pub pending: i32,
+    /// Nodes in state Failed (the rollout halts while there is one).
+    #[serde(default)]
+    pub failed_nodes: i32,
+    /// Nodes Done because DKMS manages the module there.
+    #[serde(default)]
     pub host_managed: i32,
 }
 
@@ -423,6 +470,10 @@ pub struct NodeStatus {
     pub install_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The Go operator's code for `reason` where it had one (HostManagedKMD,
+    /// BuilderImagePullFailed, BuilderCrashLoop), for Go-era scripts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub go_reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -82,6 +82,84 @@ app.kubernetes.io/component: controller
 {{- include "ttdm.image" (dict "image" .Values.controller.image "appVersion" .Chart.AppVersion) }}
 {{- end }}
 
+{{/* The installer (agent) image. A Go-era values file names the Go
+builder image (ghcr.io/tenstorrent/tt-k8s-driver-manager-builder), which does
+not speak to this controller: that repository (and its tag) is replaced by
+this chart's agent image. */}}
 {{- define "ttdm.installer.image" -}}
-{{- include "ttdm.image" (dict "image" .Values.driver.image "appVersion" .Chart.AppVersion) }}
+{{- $img := deepCopy .Values.driver.image }}
+{{- if eq (trimSuffix "/" $img.repository) "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder" }}
+{{- $_ := set $img "repository" "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent" }}
+{{- $_ := set $img "tag" "" }}
+{{- end }}
+{{- include "ttdm.image" (dict "image" $img "appVersion" .Chart.AppVersion) }}
+{{- end }}
+
+{{- /*
+Go-era values (tt-k8s-driver-manager's chart), mapped onto ours; see
+docs/migrating-from-go-operator.md.
+*/ -}}
+
+{{/* controller.leaderElection as a table: the Go chart's bool form
+(`controller.leaderElection: false`) becomes {enabled: <bool>} with our
+defaults for the rest. */}}
+{{- define "ttdm.leaderElection" -}}
+{{- $le := .Values.controller.leaderElection }}
+{{- $defaults := dict "enabled" true "leaseName" "tt-k8s-driver-manager" "leaseDurationSeconds" 15 }}
+{{- if kindIs "bool" $le }}
+{{- $_ := set $defaults "enabled" $le }}
+{{- else }}
+{{- /* set, not merge: merge would take a false for empty */}}
+{{- range $k, $v := ($le | default dict) }}
+{{- $_ := set $defaults $k $v }}
+{{- end }}
+{{- end }}
+{{- toYaml $defaults }}
+{{- end }}
+
+{{/* Replicas: the Go chart ran one controller; its bool
+`leaderElection: false` means one replica here too. */}}
+{{- define "ttdm.replicas" -}}
+{{- if and (kindIs "bool" .Values.controller.leaderElection) (not .Values.controller.leaderElection) }}1{{ else }}{{ int .Values.controller.replicas }}{{ end }}
+{{- end }}
+
+{{/* Admin (metrics) container port: the Go chart's metrics.port when set. */}}
+{{- define "ttdm.adminPort" -}}
+{{- int (.Values.metrics.port | default .Values.controller.adminPort) }}
+{{- end }}
+
+{{/* Metrics Service port: the Go chart's metrics.port when set. */}}
+{{- define "ttdm.servicePort" -}}
+{{- int (.Values.metrics.port | default .Values.controller.service.port) }}
+{{- end }}
+
+{{/* Top-level imagePullSecrets (the Go chart's), as a list of {name: ...};
+plain strings are accepted too. Attached to both ServiceAccounts. */}}
+{{- define "ttdm.imagePullSecrets" -}}
+{{- $out := list }}
+{{- range .Values.imagePullSecrets }}
+{{- if kindIs "string" . }}
+{{- $out = append $out (dict "name" .) }}
+{{- else }}
+{{- $out = append $out . }}
+{{- end }}
+{{- end }}
+{{- if $out }}
+imagePullSecrets:
+{{- toYaml $out | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* controller.extraEnv: a list of EnvVar, or (Go-era files) a map of
+name: value. */}}
+{{- define "ttdm.extraEnv" -}}
+{{- $e := .Values.controller.extraEnv }}
+{{- if kindIs "map" $e }}
+{{- range $k, $v := $e }}
+- name: {{ $k }}
+  value: {{ $v | toString | quote }}
+{{- end }}
+{{- else if $e }}
+{{- toYaml $e }}
+{{- end }}
 {{- end }}

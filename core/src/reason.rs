@@ -51,6 +51,20 @@ pub const LOAD_FAILED: &str = "LoadFailed";
 /// a deadline passes while the node is not Ready.
 pub const NODE_NOT_READY: &str = "NodeNotReady";
 
+/// The Go operator's codes for the reasons it also had, written beside ours
+/// as `status.nodes[].goReason` (ours stay in `reason`: they are the label
+/// values of the metrics and alerts, and are kept on the Node).
+pub const GO_CODES: &[(&str, &str)] = &[
+    (HOST_MANAGED, "HostManagedKMD"),
+    (INSTALLER_IMAGE_PULL, "BuilderImagePullFailed"),
+    (INSTALLER_CRASH_LOOP, "BuilderCrashLoop"),
+];
+
+/// The Go operator's code for `reason`, if it had one.
+pub fn go_code(reason: &str) -> Option<&'static str> {
+    GO_CODES.iter().find(|(r, _)| *r == reason).map(|(_, g)| *g)
+}
+
 /// Reasons the agent gives for giving up, as the first word of its
 /// container's termination message (`<Reason>: <what happened>`).
 pub const AGENT_FAILURES: &[&str] = &[DEVICE_BUSY, BUILD_FAILED, LOAD_FAILED];
@@ -120,5 +134,19 @@ mod tests {
         );
         assert_eq!(from_termination_message("Error: something"), None);
         assert_eq!(from_termination_message("no colon"), None);
+    }
+
+    #[test]
+    fn go_codes() {
+        assert_eq!(go_code(HOST_MANAGED), Some("HostManagedKMD"));
+        assert_eq!(
+            go_code(INSTALLER_IMAGE_PULL),
+            Some("BuilderImagePullFailed")
+        );
+        assert_eq!(go_code(INSTALLER_CRASH_LOOP), Some("BuilderCrashLoop"));
+        assert_eq!(go_code(DRAIN_TIMEOUT), None);
+        for (r, _) in GO_CODES {
+            assert!(ALL.contains(r), "{r}");
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! Which policy owns which node. A node is matched by a policy when the policy's
-//! selector matches, the Tenstorrent PCI label is "true" and the skip label is
-//! absent. When several policies match one node, the oldest (creationTimestamp,
+//! selector matches, the Tenstorrent PCI label is "true" (unless
+//! [`Eligibility::require_tenstorrent_label`] is off, for clusters without NFD)
+//! and the skip label is absent. [`Eligibility`] is the one definition: the
+//! controller's selection and the installer DaemonSet's affinity both use it. When several policies match one node, the oldest (creationTimestamp,
 //! then name) owns it and the others report a Conflict naming it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -8,24 +10,69 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Node;
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
 
-/// True when the node is a Tenstorrent node that has not opted out.
+/// Which nodes any policy may select at all, besides its own selector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Eligibility {
+    /// The NFD label `feature.node.kubernetes.io/pci-1200_1e52.present=true` is
+    /// required (the chart's `controller.requireTenstorrentLabel`, default on;
+    /// off for clusters without NFD, where the policy's selector alone picks
+    /// the Tenstorrent nodes).
+    pub require_tenstorrent_label: bool,
+}
+
+impl Default for Eligibility {
+    fn default() -> Self {
+        Eligibility {
+            require_tenstorrent_label: true,
+        }
+    }
+}
+
+impl Eligibility {
+    /// The node-label requirements every selected node meets, as
+    /// `(key, operator, values)`: the DaemonSet's affinity renders them, and
+    /// [`Eligibility::eligible`] checks the same.
+    pub fn requirements(&self) -> Vec<(&'static str, &'static str, &'static [&'static str])> {
+        let mut out: Vec<(&'static str, &'static str, &'static [&'static str])> = vec![];
+        if self.require_tenstorrent_label {
+            out.push((labels::TT_PCI_PRESENT, "In", &["true"]));
+        }
+        out.push((labels::SKIP, "DoesNotExist", &[]));
+        out
+    }
+
+    /// True when the node may be selected: it meets [`Self::requirements`]
+    /// and is not being deleted.
+    pub fn eligible(&self, node: &Node) -> bool {
+        let empty = BTreeMap::new();
+        let l = node.metadata.labels.as_ref().unwrap_or(&empty);
+        node.metadata.deletion_timestamp.is_none()
+            && self.requirements().iter().all(|(k, op, values)| match *op {
+                "In" => l.get(*k).is_some_and(|v| values.contains(&v.as_str())),
+                "DoesNotExist" => !l.contains_key(*k),
+                _ => false,
+            })
+    }
+
+    pub fn matches(&self, policy: &TenstorrentDriverPolicy, node: &Node) -> bool {
+        let empty = BTreeMap::new();
+        let node_labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+        self.eligible(node)
+            && policy
+                .spec
+                .selector()
+                .is_some_and(|s| s.matches(node_labels))
+    }
+}
+
+/// True when the node is a Tenstorrent node that has not opted out (the
+/// default [`Eligibility`]).
 pub fn eligible(node: &Node) -> bool {
-    let l = node.metadata.labels.as_ref();
-    l.and_then(|l| l.get(labels::TT_PCI_PRESENT))
-        .map(String::as_str)
-        == Some("true")
-        && !l.is_some_and(|l| l.contains_key(labels::SKIP))
-        && node.metadata.deletion_timestamp.is_none()
+    Eligibility::default().eligible(node)
 }
 
 pub fn matches(policy: &TenstorrentDriverPolicy, node: &Node) -> bool {
-    let empty = BTreeMap::new();
-    let node_labels = node.metadata.labels.as_ref().unwrap_or(&empty);
-    eligible(node)
-        && policy
-            .spec
-            .selector()
-            .is_some_and(|s| s.matches(node_labels))
+    Eligibility::default().matches(policy, node)
 }
 
 /// Sort key of policy age: older first.
@@ -93,9 +140,16 @@ pub type Refused = BTreeSet<String>;
 
 /// `policy` may own `node`: it matches, and if refused it has a cycle of its
 /// own under way there.
-fn may_own(policy: &TenstorrentDriverPolicy, node: &Node, refused: &Refused) -> bool {
+fn may_own(
+    policy: &TenstorrentDriverPolicy,
+    node: &Node,
+    refused: &Refused,
+    rules: Eligibility,
+) -> bool {
     let name = policy.metadata.name.as_deref().unwrap_or_default();
-    matches(policy, node)
+    // `spec.unmanage` (the Go operator's): its nodes are left to DKMS.
+    !policy.spec.unmanage
+        && rules.matches(policy, node)
         && (!refused.contains(name)
             || crate::node::record(node)
                 .ok()
@@ -110,6 +164,7 @@ pub fn claim_of<'a>(
     policies: impl IntoIterator<Item = &'a TenstorrentDriverPolicy>,
     node: Option<&Node>,
     refused: &Refused,
+    rules: Eligibility,
 ) -> NodeClaim {
     let Some(node) = node else {
         return NodeClaim::default();
@@ -117,7 +172,7 @@ pub fn claim_of<'a>(
     let mut matching: Vec<&TenstorrentDriverPolicy> = policies
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| may_own(p, node, refused))
+        .filter(|p| may_own(p, node, refused, rules))
         .collect();
     matching.sort_by_key(|p| age_key(p));
     let mut names = matching
@@ -133,6 +188,7 @@ pub fn assign<'a>(
     policies: impl IntoIterator<Item = &'a TenstorrentDriverPolicy>,
     nodes: impl IntoIterator<Item = &'a Node>,
     refused: &Refused,
+    rules: Eligibility,
 ) -> Assignment {
     let mut policies: Vec<&TenstorrentDriverPolicy> = policies
         .into_iter()
@@ -149,7 +205,7 @@ pub fn assign<'a>(
     nodes.sort_by_key(|n| n.metadata.name.clone());
     for node in nodes {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let mut matching = policies.iter().filter(|p| may_own(p, node, refused));
+        let mut matching = policies.iter().filter(|p| may_own(p, node, refused, rules));
         let Some(owner) = matching.next() else {
             continue;
         };
@@ -226,7 +282,12 @@ mod tests {
     #[test]
     fn disjoint_pools_and_overlap() {
         let (nodes, [prod, canary, all]) = pools();
-        let a = assign([&prod, &canary, &all], &nodes, &Refused::new());
+        let a = assign(
+            [&prod, &canary, &all],
+            &nodes,
+            &Refused::new(),
+            Eligibility::default(),
+        );
         assert_eq!(a.owned["prod"], vec!["a"]);
         assert_eq!(a.owned["canary"], vec!["b"]);
         assert!(
@@ -251,11 +312,11 @@ mod tests {
         nodes.push(node("e", &[TT]));
         let also = policy("also", 30, "version: \"2.8.0\"\nnodeAffinity: {}");
         let policies = [&prod, &canary, &all, &also];
-        let a = assign(policies, &nodes, &Refused::new());
+        let a = assign(policies, &nodes, &Refused::new(), Eligibility::default());
         for n in &nodes {
             let name = n.metadata.name.as_deref().unwrap_or_default();
             assert_eq!(
-                claim_of(policies, Some(n), &Refused::new()),
+                claim_of(policies, Some(n), &Refused::new(), Eligibility::default()),
                 a.claim(name),
                 "node {name}"
             );
@@ -267,11 +328,19 @@ mod tests {
                 losers: vec!["all".into(), "also".into()]
             }
         );
-        assert_eq!(claim_of(policies, None, &Refused::new()), a.claim("gone"));
+        assert_eq!(
+            claim_of(policies, None, &Refused::new(), Eligibility::default()),
+            a.claim("gone")
+        );
         // A relabelled node: its claim differs from the last assignment's.
         let moved = node("a", &[TT, ("pool", "canary")]);
         assert_ne!(
-            claim_of(policies, Some(&moved), &Refused::new()),
+            claim_of(
+                policies,
+                Some(&moved),
+                &Refused::new(),
+                Eligibility::default()
+            ),
             a.claim("a")
         );
     }
@@ -281,7 +350,7 @@ mod tests {
         let nodes = vec![node("a", &[TT])];
         let x = policy("x", 10, "version: \"2.7.0\"\nnodeAffinity: {}");
         let y = policy("y", 10, "version: \"2.7.0\"\nnodeAffinity: {}");
-        let a = assign([&y, &x], &nodes, &Refused::new());
+        let a = assign([&y, &x], &nodes, &Refused::new(), Eligibility::default());
         assert_eq!(a.owner_of("a"), Some("x"));
         assert_eq!(a.conflicts["y"].len(), 1);
     }
@@ -302,7 +371,7 @@ mod tests {
         let old = policy("old", 10, "version: \"2.8.0\"\nnodeAffinity: {}");
         let new = policy("new", 20, "version: \"2.7.0\"\nnodeAffinity: {}");
         let refused: Refused = ["old".to_string()].into();
-        let a = assign([&old, &new], &nodes, &refused);
+        let a = assign([&old, &new], &nodes, &refused, Eligibility::default());
         assert_eq!(
             a.owner_of("a"),
             Some("new"),
@@ -315,13 +384,102 @@ mod tests {
         );
         for n in &nodes {
             let name = n.metadata.name.clone().unwrap_or_default();
-            assert_eq!(claim_of([&old, &new], Some(n), &refused), a.claim(&name));
+            assert_eq!(
+                claim_of([&old, &new], Some(n), &refused, Eligibility::default()),
+                a.claim(&name)
+            );
         }
-        let a = assign([&old, &new], &nodes, &Refused::new());
+        let a = assign(
+            [&old, &new],
+            &nodes,
+            &Refused::new(),
+            Eligibility::default(),
+        );
         assert_eq!(
             a.owner_of("a"),
             Some("old"),
             "accepted again: the older owns"
+        );
+    }
+}
+
+#[cfg(test)]
+mod eligibility_tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn node(l: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("n".into()),
+                labels: Some(
+                    l.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn without_nfd_the_pci_label_is_not_required() {
+        let strict = Eligibility::default();
+        let lax = Eligibility {
+            require_tenstorrent_label: false,
+        };
+        let bare = node(&[("pool", "a")]);
+        let tt = node(&[(labels::TT_PCI_PRESENT, "true")]);
+        let skipped = node(&[(labels::SKIP, "true")]);
+        assert!(!strict.eligible(&bare));
+        assert!(strict.eligible(&tt));
+        assert!(lax.eligible(&bare));
+        assert!(lax.eligible(&tt));
+        assert!(!lax.eligible(&skipped), "the skip label still wins");
+        let keys = |e: Eligibility| -> Vec<&str> {
+            e.requirements().into_iter().map(|(k, _, _)| k).collect()
+        };
+        assert_eq!(keys(strict), [labels::TT_PCI_PRESENT, labels::SKIP]);
+        assert_eq!(keys(lax), [labels::SKIP]);
+    }
+
+    #[test]
+    fn assignment_follows_the_rules() {
+        let spec: ttdrv_api::TenstorrentDriverPolicySpec =
+            serde_yaml::from_str("version: \"2.8.0\"\nnodeAffinity: {matchLabels: {pool: a}}")
+                .expect("spec");
+        let p = TenstorrentDriverPolicy::new("fleet", spec);
+        let n = node(&[("pool", "a")]);
+        let none = assign([&p], [&n], &Refused::new(), Eligibility::default());
+        assert_eq!(none.owner_of("n"), None);
+        let lax = Eligibility {
+            require_tenstorrent_label: false,
+        };
+        let some = assign([&p], [&n], &Refused::new(), lax);
+        assert_eq!(some.owner_of("n"), Some("fleet"));
+        assert_eq!(
+            claim_of([&p], Some(&n), &Refused::new(), lax)
+                .owner
+                .as_deref(),
+            Some("fleet")
+        );
+    }
+
+    #[test]
+    fn an_unmanaged_policy_owns_no_node() {
+        let spec: ttdrv_api::TenstorrentDriverPolicySpec =
+            serde_yaml::from_str("version: \"2.8.0\"\nnodeAffinity: {}\nunmanage: true")
+                .expect("spec");
+        assert!(spec.unmanage, "kept, not dropped");
+        let p = TenstorrentDriverPolicy::new("vacate", spec);
+        let n = node(&[(labels::TT_PCI_PRESENT, "true")]);
+        let a = assign([&p], [&n], &Refused::new(), Eligibility::default());
+        assert_eq!(a.owner_of("n"), None);
+        assert_eq!(a.owned.get("vacate").map(Vec::len), Some(0));
+        assert_eq!(
+            claim_of([&p], Some(&n), &Refused::new(), Eligibility::default()).owner,
+            None
         );
     }
 }

@@ -120,3 +120,20 @@ fn failures_are_reasons() {
     let unique: BTreeSet<&str> = reason::ALL.iter().copied().collect();
     assert_eq!(unique.len(), reason::ALL.len(), "no reason twice");
 }
+
+#[test]
+fn go_reason_codes_in_the_crd_reference() {
+    let row = doc("crd-reference.md")
+        .lines()
+        .find(|l| l.starts_with("| `goReason` |"))
+        .map(String::from)
+        .unwrap_or_default();
+    let mut documented = reasons_in(&row);
+    documented.remove("Failed");
+    let mut expected = BTreeSet::new();
+    for (ours, go) in reason::GO_CODES {
+        expected.insert(ours.to_string());
+        expected.insert(go.to_string());
+    }
+    assert_eq!(documented, expected);
+}

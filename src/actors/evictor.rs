@@ -61,13 +61,15 @@ impl Handler<Evict> for Evictor {
             for (pod, pass, res) in futures::future::join_all(calls).await {
                 match res {
                     Ok(_) => {
-                        ctx.metrics.inc_evicted(&msg.policy, pass.as_str());
+                        ctx.metrics
+                            .inc_evicted(&msg.policy, crate::metrics::pass_label(pass));
                         tracing::info!(policy = msg.policy, pod = %pod, pass = pass.as_str(), "evicted");
                         out.evicted.push(pod);
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => out.evicted.push(pod),
                     Err(kube::Error::Api(s)) if s.code == 429 => {
-                        ctx.metrics.inc_drain_blocked(&msg.policy, pass.as_str());
+                        ctx.metrics
+                            .inc_drain_blocked(&msg.policy, crate::metrics::pass_label(pass));
                         tracing::info!(policy = msg.policy, pod = %pod, "eviction refused by a PodDisruptionBudget; will retry");
                         out.blocked.push(pod);
                     }

@@ -216,6 +216,7 @@ impl PolicyManager {
                     policies.iter().map(|p| p.as_ref()),
                     node.as_deref(),
                     &self.refused,
+                    self.ctx.eligibility(),
                 ) == last.claim(n)
             });
             if unchanged {
@@ -227,6 +228,7 @@ impl PolicyManager {
             policies.iter().map(|p| p.as_ref()),
             nodes.iter().map(|n| n.as_ref()),
             &self.refused,
+            self.ctx.eligibility(),
         ));
         if self.last_assignment.as_deref() != Some(assignment.as_ref()) {
             changed.full = true;
@@ -268,7 +270,11 @@ impl PolicyManager {
             let Some(l) = node.metadata.labels.as_ref() else {
                 continue;
             };
-            if l.get(labels::TT_PCI_PRESENT).map(String::as_str) != Some("true") {
+            // Tenstorrent nodes: the PCI label, unless the chart says the
+            // cluster has no NFD (then every node reporting a version).
+            if self.ctx.eligibility().require_tenstorrent_label
+                && l.get(labels::TT_PCI_PRESENT).map(String::as_str) != Some("true")
+            {
                 continue;
             }
             if let Some(v) = l.get(labels::KMD_VERSION) {

@@ -66,11 +66,20 @@ impl Handler<Ensure> for DaemonSetRenderer {
                     .await
                     .map_err(Error::kube(format!("applying DaemonSet {name}")))
             };
-            apply
+            let applied = apply
                 .retry(crate::error::backoff())
                 .when(Error::is_transient)
                 .adjust(crate::error::honor_retry_after)
-                .await?;
+                .await;
+            // ttdriver_daemonset_operations_total, as the Go operator counted.
+            let cr = msg.policy.metadata.name.as_deref().unwrap_or_default();
+            let op = if existing.is_some() {
+                "update"
+            } else {
+                "create"
+            };
+            ctx.metrics.inc_daemonset_operation(cr, op, applied.is_ok());
+            applied?;
             let (reason, verb) = if existing.is_some() {
                 ("DaemonSetUpdated", "updated")
             } else {

@@ -6,8 +6,20 @@ use std::sync::Arc;
 use super::Metrics;
 use super::family::{Families, Family};
 
-/// `pass` label values of the eviction counters.
-pub const EVICTION_PASSES: [&str; 2] = ["device", "full"];
+use ttdrv_core::drain::DrainPass;
+
+/// `pass` label values of the eviction counters, the Go operator's:
+/// `pass1` is the device-user pass, `pass2` the rest of the node.
+pub const EVICTION_PASSES: [&str; 2] = ["pass1", "pass2"];
+
+/// The `pass` label of a drain pass (the Go operator's values, not
+/// [`DrainPass::as_str`]).
+pub fn pass_label(pass: DrainPass) -> &'static str {
+    match pass {
+        DrainPass::Device => EVICTION_PASSES[0],
+        DrainPass::Full => EVICTION_PASSES[1],
+    }
+}
 
 /// `ttdriver_pods_evicted_total` and `ttdriver_drain_blocked_total`.
 pub(super) struct DrainMetrics {
@@ -21,7 +33,7 @@ impl DrainMetrics {
         DrainMetrics {
             pods_evicted: families.counter(
                 "ttdriver_pods_evicted_total",
-                "Pods evicted while draining, by pass (device: pods using /dev/tenstorrent; full: every other pod).",
+                "Pods evicted while draining, by pass (pass1: pods using /dev/tenstorrent; pass2: every other pod).",
                 &["cr", "pass"],
             ),
             drain_blocked: families.counter(
@@ -42,7 +54,7 @@ impl DrainMetrics {
 }
 
 impl Metrics {
-    /// `ttdriver_pods_evicted_total{cr,pass}` (pass is `device` or `full`).
+    /// `ttdriver_pods_evicted_total{cr,pass}` (pass is `pass1` or `pass2`, see [`pass_label`]).
     pub fn inc_evicted(&self, cr: &str, pass: &str) {
         self.ensure_cr(cr);
         self.drain.pods_evicted.add(&[cr, pass], 1.0);

@@ -33,8 +33,14 @@ impl Metrics {
     pub fn set_nodes_by_kmd_version(&self, counts: &[(String, String, i64)]) {
         let mut series = BTreeMap::new();
         for (version, mode, n) in counts {
+            // Not labelled: `unknown`, as the Go operator had it.
+            let mode = if mode.is_empty() {
+                "unknown".to_string()
+            } else {
+                mode.clone()
+            };
             let entry = series
-                .entry(vec![version.clone(), mode.clone()])
+                .entry(vec![version.clone(), mode])
                 .or_insert(Value::Scalar(0.0));
             if let Value::Scalar(x) = entry {
                 *x += *n as f64;

@@ -4,7 +4,9 @@
 //! replace (`ttdriver_policy_nodes`, `ttdriver_nodes_by_kmd_version`,
 //! `ttdriver_policy_desired_version`, `ttdriver_pods_evicted_total`,
 //! `ttdriver_drain_blocked_total`, `ttdriver_errors_total`,
-//! `ttdriver_last_successful_reconcile_timestamp_seconds`) are kept as they were;
+//! `ttdriver_last_successful_reconcile_timestamp_seconds`,
+//! `ttdriver_daemonset_operations_total`) are kept as they were, label values
+//! too (`pass="pass1"|"pass2"`, `install_mode="unknown"` when not labelled);
 //! docs/metrics.md lists all of them, with example queries.
 //!
 //! The families are kept in our own small collector rather than in the crate's
@@ -22,7 +24,8 @@
 //! Layout: `family` is that collector; each other module defines one group of
 //! families and the [`Metrics`] methods that update them (`replica`: build and
 //! leader; `node`: per-node upgrade states; `policy`: a policy's rollout;
-//! `fleet`: tt-kmd versions across nodes; `drain`: evictions; `reconcile`:
+//! `fleet`: tt-kmd versions across nodes; `drain`: evictions; `daemonset`:
+//! writes of the installer DaemonSet; `reconcile`:
 //! reconcile passes and errors; `actors`: actor restarts and mailboxes). This
 //! file ties the groups together: creation, encoding, and the lifecycle of a
 //! policy's and a node's series.
@@ -32,6 +35,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 mod actors;
+mod daemonset;
 mod drain;
 mod family;
 mod fleet;
@@ -40,12 +44,14 @@ mod policy;
 mod reconcile;
 mod replica;
 
-pub use drain::EVICTION_PASSES;
+pub use daemonset::{DAEMONSET_OPERATIONS, DAEMONSET_RESULTS};
+pub use drain::{EVICTION_PASSES, pass_label};
 pub use node::{FAILURE_REASONS, NODE_UPGRADE_BUCKETS, PHASE_BUCKETS, failure_reason};
 pub use policy::HOST_MANAGED;
 pub use reconcile::RECONCILE_BUCKETS;
 
 use actors::ActorMetrics;
+use daemonset::DaemonSetMetrics;
 use drain::DrainMetrics;
 use family::Families;
 use fleet::FleetMetrics;
@@ -76,6 +82,7 @@ pub struct Metrics {
     policy: PolicyMetrics,
     fleet: FleetMetrics,
     drain: DrainMetrics,
+    daemonset: DaemonSetMetrics,
     reconcile: ReconcileMetrics,
     actors: ActorMetrics,
 }
@@ -98,6 +105,7 @@ impl Metrics {
         let policy = PolicyMetrics::register(&mut families);
         let fleet = FleetMetrics::register(&mut families);
         let drain = DrainMetrics::register(&mut families);
+        let daemonset = DaemonSetMetrics::register(&mut families);
         let reconcile = ReconcileMetrics::register(&mut families);
         let actors = ActorMetrics::register(&mut families);
         Metrics {
@@ -107,6 +115,7 @@ impl Metrics {
             policy,
             fleet,
             drain,
+            daemonset,
             reconcile,
             actors,
         }
@@ -126,6 +135,7 @@ impl Metrics {
         }
         self.node.touch_policy(cr);
         self.drain.touch_policy(cr);
+        self.daemonset.touch_policy(cr);
         self.reconcile.touch_policy(cr);
     }
 

@@ -101,10 +101,19 @@ fn golden_metrics_text() {
         ("2.8.0".into(), "host".into(), 2),
         ("".into(), "none".into(), 1),
     ]);
-    m.inc_evicted("fleet", "device");
-    m.inc_evicted("fleet", "device");
-    m.inc_evicted("fleet", "full");
-    m.inc_drain_blocked("fleet", "full");
+    m.inc_evicted("fleet", "pass1");
+    m.inc_evicted("fleet", "pass1");
+    m.inc_evicted("fleet", "pass2");
+    m.inc_drain_blocked("fleet", "pass2");
+    m.inc_daemonset_operation("fleet", "create", true);
+    m.inc_daemonset_operation("fleet", "update", false);
+    m.set_nodes_by_kmd_version(&[
+        ("2.8.0".into(), "container".into(), 2),
+        ("2.8.0".into(), "container".into(), 1),
+        ("2.8.0".into(), "host".into(), 2),
+        ("2.8.0".into(), "".into(), 1),
+        ("".into(), "none".into(), 1),
+    ]);
     m.inc_error("fleet", "render");
     m.inc_error("fleet", "we\"ird\\name\nx");
     m.inc_error("gone", "kube_api");
@@ -252,8 +261,8 @@ fn forget_policy_removes_every_series_of_the_cr() {
         m.set_policy_host_managed(cr, 3);
         m.set_policy_paused(cr, false);
         m.set_desired_version(cr, "2.8.0");
-        m.inc_evicted(cr, "device");
-        m.inc_drain_blocked(cr, "full");
+        m.inc_evicted(cr, "pass1");
+        m.inc_drain_blocked(cr, "pass2");
         m.inc_error(cr, "patch");
         m.set_last_successful_reconcile(cr);
         m.observe_reconcile(cr, 0.2, true);
@@ -310,8 +319,15 @@ fn legacy_metric_names_and_labels() {
         ("2.7.0".into(), "container".into(), 1),
         ("2.8.0".into(), "host".into(), 2),
     ]);
-    m.inc_evicted("p", "device");
-    m.inc_drain_blocked("p", "full");
+    m.inc_evicted(
+        "p",
+        crate::metrics::pass_label(ttdrv_core::drain::DrainPass::Device),
+    );
+    m.inc_drain_blocked(
+        "p",
+        crate::metrics::pass_label(ttdrv_core::drain::DrainPass::Full),
+    );
+    m.inc_daemonset_operation("p", "create", true);
     m.inc_error("p", "render");
     m.set_last_successful_reconcile("p");
     let s = scrape(&m);
@@ -325,6 +341,10 @@ fn legacy_metric_names_and_labels() {
         ("ttdriver_pods_evicted_total", &["cr", "pass"]),
         ("ttdriver_drain_blocked_total", &["cr", "pass"]),
         ("ttdriver_errors_total", &["cr", "stage"]),
+        (
+            "ttdriver_daemonset_operations_total",
+            &["cr", "operation", "result"],
+        ),
         (
             "ttdriver_last_successful_reconcile_timestamp_seconds",
             &["cr"],
@@ -368,7 +388,7 @@ fn legacy_metric_names_and_labels() {
         value(
             &s,
             "ttdriver_pods_evicted_total",
-            &[("cr", "p"), ("pass", "device")]
+            &[("cr", "p"), ("pass", "pass1")]
         ),
         Some(1.0)
     );
@@ -376,7 +396,37 @@ fn legacy_metric_names_and_labels() {
         value(
             &s,
             "ttdriver_pods_evicted_total",
-            &[("cr", "p"), ("pass", "full")]
+            &[("cr", "p"), ("pass", "pass2")]
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "ttdriver_drain_blocked_total",
+            &[("cr", "p"), ("pass", "pass2")]
+        ),
+        Some(1.0)
+    );
+    // The Go operator's pass values only.
+    assert!(
+        select(&s, "ttdriver_pods_evicted_total", &[])
+            .iter()
+            .all(|f| ["pass1", "pass2"].contains(&f.labels["pass"].as_str()))
+    );
+    assert_eq!(
+        value(
+            &s,
+            "ttdriver_daemonset_operations_total",
+            &[("cr", "p"), ("operation", "create"), ("result", "success")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "ttdriver_daemonset_operations_total",
+            &[("cr", "p"), ("operation", "update"), ("result", "error")]
         ),
         Some(0.0)
     );
@@ -473,6 +523,16 @@ fn kmd_versions_replace_the_whole_set() {
             &[("version", "2.8.0"), ("install_mode", "host")]
         ),
         Some(1.0)
+    );
+    m.set_nodes_by_kmd_version(&[("2.8.0".into(), String::new(), 4)]);
+    assert_eq!(
+        value(
+            &scrape(&m),
+            "ttdriver_nodes_by_kmd_version",
+            &[("version", "2.8.0"), ("install_mode", "unknown")]
+        ),
+        Some(4.0),
+        "not labelled: unknown, as the Go operator had it"
     );
     m.set_nodes_by_kmd_version(&[]);
     assert!(select(&scrape(&m), "ttdriver_nodes_by_kmd_version", &[]).is_empty());

@@ -202,11 +202,17 @@ fn summary_counts_and_messages() {
             s.matched,
             s.done,
             s.host_managed,
-            s.failed,
+            s.failed_nodes,
             s.in_progress,
             s.pending
         ),
         (5, 1, 1, 1, 1, 1)
+    );
+    // The Go operator's fields: d (Uncordoning) has the target loaded but is
+    // not back in service; failed is desired − available.
+    assert_eq!(
+        (s.desired, s.ready, s.available, s.up_to_date, s.failed),
+        (5, 3, 2, 3, 3)
     );
     assert_eq!(failed, ["c: late"]);
     let p = policy(false, 1);
@@ -288,5 +294,87 @@ fn fleet_not_ready_brake_is_degraded_and_names_the_nodes() {
         s.conditions[2].message.contains("a, b"),
         "{}",
         s.conditions[2].message
+    );
+}
+
+#[test]
+fn phase_from_the_summary() {
+    let cases: &[(&str, Vec<NodeState>, bool, &str)] = &[
+        ("no node", vec![], false, "Ready"),
+        (
+            "all done",
+            vec![NodeState::Done, NodeState::Done],
+            false,
+            "Ready",
+        ),
+        (
+            "pending",
+            vec![NodeState::Done, NodeState::Pending],
+            false,
+            "Progressing",
+        ),
+        (
+            "in a cycle",
+            vec![NodeState::Draining],
+            false,
+            "Progressing",
+        ),
+        (
+            "a failed node wins",
+            vec![NodeState::Failed, NodeState::Draining],
+            false,
+            "Degraded",
+        ),
+        ("paused wins", vec![NodeState::Failed], true, "Paused"),
+    ];
+    for (what, states, paused, want) in cases {
+        let list: Vec<(String, NodeRecord)> = states
+            .iter()
+            .enumerate()
+            .map(|(i, st)| (format!("n{i}"), rec(*st, None, None)))
+            .collect();
+        let recs: HashMap<String, NodeRecord> = list.into_iter().collect();
+        let p = policy(*paused, 1);
+        let st = status_of(&p, &recs, &HashSet::new(), &[], None, 100);
+        assert_eq!(st.phase.as_deref(), Some(*want), "{what}");
+    }
+    let mut p = policy(false, 1);
+    p.spec.unmanage = true;
+    let st = status_of(&p, &HashMap::new(), &HashSet::new(), &[], None, 100);
+    assert_eq!(st.phase.as_deref(), Some("Unmanaged"));
+}
+
+#[test]
+fn go_reason_beside_ours() {
+    let recs = records(&[
+        ("a", rec(NodeState::Done, Some(reason::HOST_MANAGED), None)),
+        (
+            "b",
+            rec(NodeState::Failed, Some(reason::INSTALLER_IMAGE_PULL), None),
+        ),
+        (
+            "c",
+            rec(NodeState::Failed, Some(reason::INSTALLER_CRASH_LOOP), None),
+        ),
+        (
+            "d",
+            rec(NodeState::Failed, Some(reason::DRAIN_TIMEOUT), None),
+        ),
+    ]);
+    let p = policy(false, 1);
+    let st = status_of(&p, &recs, &HashSet::new(), &[], None, 100);
+    let got: Vec<(&str, Option<&str>)> = st
+        .nodes
+        .iter()
+        .map(|n| (n.reason.as_deref().unwrap_or(""), n.go_reason.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("HostManaged", Some("HostManagedKMD")),
+            ("InstallerImagePull", Some("BuilderImagePullFailed")),
+            ("InstallerCrashLoop", Some("BuilderCrashLoop")),
+            ("DrainTimeout", None),
+        ]
     );
 }

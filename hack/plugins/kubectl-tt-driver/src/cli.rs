@@ -25,12 +25,14 @@ pub struct Cli {
     /// Output format: text for people, json or yaml for scripts.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text, global = true)]
     pub output: Output,
-    /// Namespace of the operator (where the installer pods run).
+    /// Namespace of the operator (where the installer pods run). Default:
+    /// $TT_OPERATOR_NAMESPACE (the Go operator's plugin's variable), else
+    /// $TTDRV_NAMESPACE, else tt-k8s-driver-manager-system.
     #[arg(
         short = 'n',
         long,
-        env = "TTDRV_NAMESPACE",
-        default_value = ttdrv_api::labels::DEFAULT_NAMESPACE,
+        env = "TT_OPERATOR_NAMESPACE",
+        default_value_t = default_namespace(|k| std::env::var(k).ok()),
         global = true
     )]
     pub namespace: String,
@@ -42,6 +44,14 @@ pub struct Cli {
     pub context: Option<String>,
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// The namespace without `-n` and without $TT_OPERATOR_NAMESPACE (which clap
+/// reads first): $TTDRV_NAMESPACE, else the chart's default namespace.
+pub fn default_namespace(env: impl Fn(&str) -> Option<String>) -> String {
+    env("TTDRV_NAMESPACE")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| ttdrv_api::labels::DEFAULT_NAMESPACE.to_string())
 }
 
 #[derive(Debug, Subcommand)]
@@ -80,6 +90,13 @@ pub enum Command {
     Resume { policy: String },
     /// Retry a Failed node (sets its driver.tenstorrent.com/retry annotation).
     Retry { policy: String, node: String },
+    /// Delete the policy's installer pods; the DaemonSet makes new ones. Safe:
+    /// a new pod never swaps a loaded module without the controller's go-ahead.
+    Restart {
+        policy: String,
+        /// Only the installer pod on this node.
+        node: Option<String>,
+    },
     /// Logs of the policy's installer pods (container "installer"), or of one node's.
     Logs {
         policy: String,
@@ -94,4 +111,37 @@ pub enum Command {
         #[arg(short = 'p', long)]
         previous: bool,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn namespace_default_falls_back_to_ttdrv_namespace_then_the_chart() {
+        assert_eq!(default_namespace(|_| None), "tt-k8s-driver-manager-system");
+        assert_eq!(
+            default_namespace(|k| (k == "TTDRV_NAMESPACE").then(|| "mine".to_string())),
+            "mine"
+        );
+        assert_eq!(
+            default_namespace(|_| Some(String::new())),
+            "tt-k8s-driver-manager-system"
+        );
+    }
+
+    #[test]
+    fn restart_parses() {
+        let cli = Cli::try_parse_from(["kubectl-tt-driver", "restart", "fleet", "-n", "ops"])
+            .expect("parses");
+        assert_eq!(cli.namespace, "ops");
+        match cli.command {
+            Some(Command::Restart { policy, node }) => {
+                assert_eq!(policy, "fleet");
+                assert_eq!(node, None);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -72,6 +72,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Pause { policy } => set_paused(&ctx, &policy, true).await,
         Command::Resume { policy } => set_paused(&ctx, &policy, false).await,
         Command::Retry { policy, node } => retry(&ctx, &policy, &node).await,
+        Command::Restart { policy, node } => restart(&ctx, &policy, node.as_deref()).await,
         Command::Logs {
             policy,
             node,
@@ -421,6 +422,72 @@ async fn retry(ctx: &Ctx, name: &str, node: &str) -> Result<i32> {
         format!(
             "retry of node {node:?} requested ({RETRY_ANNOTATION}={token}); the controller moves it back to Pending\n"
         )
+    })?;
+    Ok(0)
+}
+
+#[derive(Serialize)]
+struct RestartResult<'a> {
+    policy: &'a str,
+    namespace: &'a str,
+    deleted: Vec<String>,
+}
+
+/// `restart <policy> [node]`: deletes the policy's installer pods (the Go
+/// plugin's `restart`). The DaemonSet makes new ones; a new pod never swaps a
+/// loaded module without the controller's go-ahead, so this is safe mid-rollout.
+async fn restart(ctx: &Ctx, name: &str, node: Option<&str>) -> Result<i32> {
+    get_policy(&ctx.client, name).await?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let sel = format!("{}={name}", labels::CLAIM);
+    let list = pods
+        .list(&ListParams::default().labels(&sel))
+        .await
+        .with_context(|| format!("listing installer pods in namespace {:?}", ctx.namespace))?;
+    let mut deleted = vec![];
+    for p in list.items {
+        let on = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        if node.is_some_and(|want| on != Some(want)) {
+            continue;
+        }
+        let pod = p.metadata.name.clone().unwrap_or_default();
+        match pods.delete(&pod, &Default::default()).await {
+            Ok(_) => deleted.push(pod),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("deleting installer pod {}/{pod}", ctx.namespace));
+            }
+        }
+    }
+    if deleted.is_empty() {
+        match node {
+            Some(n) => bail!(
+                "no installer pod of policy {name:?} on node {n:?} in namespace {:?}",
+                ctx.namespace
+            ),
+            None => bail!(
+                "policy {name:?} has no installer pods in namespace {:?} (is --namespace right?)",
+                ctx.namespace
+            ),
+        }
+    }
+    deleted.sort();
+    let res = RestartResult {
+        policy: name,
+        namespace: &ctx.namespace,
+        deleted: deleted.clone(),
+    };
+    emit(ctx, &res, || {
+        let mut out = String::new();
+        for pod in &deleted {
+            out.push_str(&format!("pod {}/{pod} deleted\n", ctx.namespace));
+        }
+        out.push_str(&format!(
+            "{} installer pod(s) of policy {name:?} deleted; the DaemonSet makes new ones\n",
+            deleted.len()
+        ));
+        out
     })?;
     Ok(0)
 }

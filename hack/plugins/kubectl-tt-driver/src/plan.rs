@@ -154,7 +154,13 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     let drain = &spec.upgrade_policy.drain;
     let selector = PodSelector::parse(&drain.pod_selector_label).unwrap_or_default();
 
-    let assignment = selection::assign(inp.policies.iter(), inp.nodes.iter(), &Default::default());
+    let assignment = selection::assign(
+        inp.policies.iter(),
+        inp.nodes.iter(),
+        &Default::default(),
+        // The controller's default; a chart with requireTenstorrentLabel=false is not seen here.
+        Default::default(),
+    );
     let owned: BTreeSet<String> = assignment
         .owned
         .get(&name)

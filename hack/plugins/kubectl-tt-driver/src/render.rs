@@ -39,7 +39,7 @@ fn summary_line(v: &PolicyView) -> String {
     let s = &v.summary;
     format!(
         "{} matched: {} done, {} in progress, {} pending, {} failed, {} host-managed",
-        s.matched, s.done, s.in_progress, s.pending, s.failed, s.host_managed
+        s.matched, s.done, s.in_progress, s.pending, s.failed_nodes, s.host_managed
     )
 }
 

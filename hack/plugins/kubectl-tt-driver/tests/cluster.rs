@@ -528,3 +528,73 @@ async fn logs_of_installer_pods() {
     delete_policies(&env).await;
     env.cleanup().await;
 }
+
+/// `restart <cr>` deletes the policy's installer pods and the DaemonSet makes
+/// new ones; the node stays Done at its version (a new pod never swaps a loaded
+/// module on its own). The namespace comes from TT_OPERATOR_NAMESPACE.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn restart_replaces_installer_pods() {
+    let env = TestEnv::new("plugin-restart").await;
+    let _guard = CleanupOnPanic { id: env.id.clone() };
+    let ns = env.namespace().await;
+    let n = node_name(env.tt_node("n", &[]).await).await;
+    let _agent = agent(&env, &ns);
+    let _ctl = controller(&env, &ns);
+    let policy = env.name("fleet");
+    create_policy(
+        &env,
+        &policy,
+        &format!("version: \"2.7.0\"\nnodeAffinity: {}", selector(&env)),
+    )
+    .await;
+    wait_nodes(
+        &env,
+        &policy,
+        std::slice::from_ref(&n),
+        NodeState::Done,
+        Some("2.7.0"),
+        T,
+    )
+    .await;
+    let installer = |pods: Vec<Pod>| {
+        pods.into_iter()
+            .find(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.get(labels::CLAIM) == Some(&policy))
+            })
+            .and_then(|p| p.metadata.name)
+    };
+    let before = installer(env.pods_on(&ns, &n).await).expect("installer pod on the node");
+
+    let r = plugin_env(
+        &["restart", &policy],
+        &[("TT_OPERATOR_NAMESPACE", ns.as_str())],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains(&before), "{}", r.stdout);
+    wait_for("a new installer pod", T, || async {
+        match installer(env.pods_on(&ns, &n).await) {
+            Some(p) if p != before => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    wait_nodes(
+        &env,
+        &policy,
+        std::slice::from_ref(&n),
+        NodeState::Done,
+        Some("2.7.0"),
+        T,
+    )
+    .await;
+    let r = plugin(&["restart", &policy, "no-such-node-xyz", "-n", &ns]).await;
+    assert_eq!(r.code, 1);
+
+    delete_policies(&env).await;
+    env.cleanup().await;
+}

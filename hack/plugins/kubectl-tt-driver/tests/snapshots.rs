@@ -94,6 +94,7 @@ fn entry(
             .into(),
         ),
         reason: reason.map(String::from),
+        go_reason: None,
         message: msg.map(String::from),
         last_transition_time: Some(time(since)),
     }
@@ -171,13 +172,15 @@ fn rolling() -> (TenstorrentDriverPolicy, Vec<Node>) {
     p.status = Some(TenstorrentDriverPolicyStatus {
         observed_generation: Some(2),
         desired_version: Some("2.8.0".into()),
+        phase: Some("Progressing".into()),
         summary: Summary {
             matched: 6,
             done: 2,
             in_progress: 1,
             pending: 2,
-            failed: 0,
+            failed_nodes: 0,
             host_managed: 1,
+            ..Default::default()
         },
         daemon_set: Some("ttdrv-fleet".into()),
         conditions: vec![
@@ -332,7 +335,7 @@ fn failed() -> (TenstorrentDriverPolicy, Vec<Node>) {
     let (mut p, nodes) = rolling();
     if let Some(st) = p.status.as_mut() {
         st.summary.in_progress = 0;
-        st.summary.failed = 1;
+        st.summary.failed_nodes = 1;
         st.nodes[3] = entry(
             "gpu-c",
             NodeState::Failed,

@@ -1,0 +1,242 @@
+//! Access to the devices after a container install, as DKMS (and the Go
+//! operator's builder) leave it: the udev rule that makes `/dev/tenstorrent/*`
+//! world-accessible with by-id links, a udev reload where udevadm exists, and a
+//! chmod of the device nodes already there; and the removal of the pre-5.x
+//! tt-smi virtualenv under `/opt/tt`. Every step works under the host root and
+//! is best effort: a failure is a warning, never a failed install.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::host::HostRoot;
+
+/// Where the rule is installed on the host.
+pub const UDEV_RULE_PATH: &str = "/etc/udev/rules.d/50-tenstorrent.rules";
+/// The device directory.
+pub const DEV_DIR: &str = "/dev/tenstorrent";
+/// The pre-5.x tt-smi virtualenv.
+pub const OLD_VENV_DIR: &str = "/opt/tt";
+
+/// `udev-50-tenstorrent.rules`: every Tenstorrent device node 0666, and
+/// `/dev/tenstorrent/by-id/<kind>-<pci address>` links for Wormhole (0x401e)
+/// and Blackhole (0xb140).
+pub const UDEV_RULE: &str = r#"# Installed by the tt-kmd installer (tt-driver-manager), as tt-kmd's
+# udev-50-tenstorrent.rules: Tenstorrent devices are usable by every user.
+SUBSYSTEM=="tenstorrent", MODE="0666"
+SUBSYSTEM=="tenstorrent", ATTRS{vendor}=="0x1e52", ATTRS{device}=="0x401e", SYMLINK+="tenstorrent/by-id/wormhole-$attr{pci_addr}"
+SUBSYSTEM=="tenstorrent", ATTRS{vendor}=="0x1e52", ATTRS{device}=="0xb140", SYMLINK+="tenstorrent/by-id/blackhole-$attr{pci_addr}"
+"#;
+
+/// What [`ensure_device_access`] did, for the log.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DeviceAccess {
+    /// The rule file was written (absent or different before).
+    pub rule_written: bool,
+    /// udevadm was found and asked to reload; None when not found.
+    pub udev_reloaded: Option<bool>,
+    /// Device nodes whose mode was changed to 0666.
+    pub chmodded: Vec<PathBuf>,
+    /// The old virtualenv(s) removed.
+    pub removed: Vec<PathBuf>,
+    /// Steps that failed (warnings).
+    pub warnings: Vec<String>,
+}
+
+/// Installs the udev rule, reloads udev if it can, makes the existing device
+/// nodes 0666 and removes the pre-5.x virtualenv. Never fails.
+pub fn ensure_device_access(root: &HostRoot) -> DeviceAccess {
+    let mut out = DeviceAccess::default();
+    match install_rule(root) {
+        Ok(written) => out.rule_written = written,
+        Err(e) => out
+            .warnings
+            .push(format!("installing {UDEV_RULE_PATH}: {e}")),
+    }
+    if out.rule_written {
+        out.udev_reloaded = reload_udev(root);
+        if out.udev_reloaded == Some(false) {
+            out.warnings
+                .push("udevadm control --reload-rules / trigger failed".into());
+        }
+    }
+    match chmod_devices(root) {
+        Ok(changed) => out.chmodded = changed,
+        Err(e) => out.warnings.push(format!("chmod {DEV_DIR}/*: {e}")),
+    }
+    match remove_old_venv(root) {
+        Ok(removed) => out.removed = removed,
+        Err(e) => out
+            .warnings
+            .push(format!("removing the old venv under {OLD_VENV_DIR}: {e}")),
+    }
+    out
+}
+
+/// Writes the rule (0644) when it is absent or different; returns whether it did.
+fn install_rule(root: &HostRoot) -> io::Result<bool> {
+    let path = root.path(UDEV_RULE_PATH);
+    if fs::read_to_string(&path).is_ok_and(|s| s == UDEV_RULE) {
+        return Ok(false);
+    }
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    fs::create_dir_all(dir)?;
+    let tmp = dir.join(".50-tenstorrent.rules.tmp");
+    fs::write(&tmp, UDEV_RULE)?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644))?;
+    fs::rename(&tmp, &path)?;
+    Ok(true)
+}
+
+/// Runs the host's udevadm (through chroot when the root is not `/`):
+/// reload the rules, then trigger the tenstorrent subsystem so the links and
+/// modes apply to the devices already there. None when the host has no udevadm.
+fn reload_udev(root: &HostRoot) -> Option<bool> {
+    let found = [
+        "/usr/bin/udevadm",
+        "/bin/udevadm",
+        "/sbin/udevadm",
+        "/usr/sbin/udevadm",
+    ]
+    .into_iter()
+    .find(|p| root.path(p).is_file())?;
+    let run = |args: &[&str]| -> bool {
+        let mut cmd = if root.root() == Path::new("/") {
+            Command::new(found)
+        } else {
+            let mut c = Command::new("chroot");
+            c.arg(root.root()).arg(found);
+            c
+        };
+        cmd.args(args).status().is_ok_and(|s| s.success())
+    };
+    Some(
+        run(&["control", "--reload-rules"])
+            && run(&["trigger", "--subsystem-match=tenstorrent", "--action=add"]),
+    )
+}
+
+/// Makes every device node in /dev/tenstorrent (not the by-id links, not
+/// directories) 0666; returns those it changed.
+fn chmod_devices(root: &HostRoot) -> io::Result<Vec<PathBuf>> {
+    let dir = root.path(DEV_DIR);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(e),
+    };
+    let mut changed = vec![];
+    for entry in entries {
+        let entry = entry?;
+        let meta = fs::symlink_metadata(entry.path())?;
+        if meta.is_dir() || meta.file_type().is_symlink() {
+            continue;
+        }
+        if meta.permissions().mode() & 0o777 != 0o666 {
+            fs::set_permissions(entry.path(), fs::Permissions::from_mode(0o666))?;
+            changed.push(PathBuf::from(DEV_DIR).join(entry.file_name()));
+        }
+    }
+    changed.sort();
+    Ok(changed)
+}
+
+/// Removes the pre-5.x tt-smi virtualenv: `/opt/tt` when it is one (has
+/// `pyvenv.cfg`), or each virtualenv directly under it (then `/opt/tt` when
+/// left empty). Anything else under `/opt/tt` is left alone.
+fn remove_old_venv(root: &HostRoot) -> io::Result<Vec<PathBuf>> {
+    let dir = root.path(OLD_VENV_DIR);
+    if !dir.is_dir() {
+        return Ok(vec![]);
+    }
+    if dir.join("pyvenv.cfg").is_file() {
+        fs::remove_dir_all(&dir)?;
+        return Ok(vec![PathBuf::from(OLD_VENV_DIR)]);
+    }
+    let mut removed = vec![];
+    for entry in fs::read_dir(&dir)? {
+        let entry = entry?;
+        let p = entry.path();
+        if !fs::symlink_metadata(&p)?.is_dir() {
+            continue;
+        }
+        if p.join("pyvenv.cfg").is_file() {
+            fs::remove_dir_all(&p)?;
+            removed.push(PathBuf::from(OLD_VENV_DIR).join(entry.file_name()));
+        }
+    }
+    if !removed.is_empty() && fs::read_dir(&dir)?.next().is_none() {
+        fs::remove_dir(&dir)?;
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        fs::symlink_metadata(p).expect("stat").permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn rule_installed_devices_opened_and_old_venv_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(dir.path());
+        fs::create_dir_all(root.path("/dev/tenstorrent/by-id")).expect("mkdir");
+        for d in ["0", "1"] {
+            let p = root.path(format!("/dev/tenstorrent/{d}"));
+            fs::write(&p, "").expect("device");
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        std::os::unix::fs::symlink("../0", root.path("/dev/tenstorrent/by-id/wormhole-x"))
+            .expect("link");
+        fs::create_dir_all(root.path("/opt/tt/bin")).expect("mkdir");
+        fs::write(root.path("/opt/tt/pyvenv.cfg"), "home = /usr/bin\n").expect("venv");
+        fs::create_dir_all(root.path("/opt/other")).expect("mkdir");
+
+        let got = ensure_device_access(&root);
+        assert!(got.rule_written);
+        assert_eq!(got.udev_reloaded, None, "no udevadm in the planted host");
+        assert_eq!(
+            got.chmodded,
+            [
+                PathBuf::from("/dev/tenstorrent/0"),
+                PathBuf::from("/dev/tenstorrent/1")
+            ]
+        );
+        assert_eq!(got.removed, [PathBuf::from("/opt/tt")]);
+        assert!(got.warnings.is_empty(), "{:?}", got.warnings);
+
+        let rule = fs::read_to_string(root.path(UDEV_RULE_PATH)).expect("rule");
+        assert!(rule.contains(r#"SUBSYSTEM=="tenstorrent", MODE="0666""#));
+        assert!(rule.contains("0x401e") && rule.contains("0xb140"));
+        assert_eq!(mode(&root.path(UDEV_RULE_PATH)), 0o644);
+        assert_eq!(mode(&root.path("/dev/tenstorrent/0")), 0o666);
+        assert_eq!(mode(&root.path("/dev/tenstorrent/1")), 0o666);
+        assert!(!root.path("/opt/tt").exists());
+        assert!(root.path("/opt/other").is_dir(), "only the venv goes");
+
+        // Idempotent: nothing to do the second time.
+        let again = ensure_device_access(&root);
+        assert_eq!(again, DeviceAccess::default());
+    }
+
+    #[test]
+    fn venvs_under_opt_tt_go_other_files_stay() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(dir.path());
+        fs::create_dir_all(root.path("/opt/tt/venv/bin")).expect("mkdir");
+        fs::write(root.path("/opt/tt/venv/pyvenv.cfg"), "").expect("venv");
+        fs::write(root.path("/opt/tt/notes.txt"), "keep").expect("file");
+        let got = ensure_device_access(&root);
+        assert_eq!(got.removed, [PathBuf::from("/opt/tt/venv")]);
+        assert!(root.path("/opt/tt/notes.txt").is_file());
+        // No device directory: nothing to chmod, no warning.
+        assert!(got.chmodded.is_empty());
+        assert!(got.warnings.is_empty(), "{:?}", got.warnings);
+    }
+}
