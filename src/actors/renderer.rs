@@ -10,12 +10,12 @@ use backon::Retryable;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy};
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
 
 use crate::context::Context;
-use crate::render::{daemonset_name, render_daemonset};
+use crate::render::{daemonset_name, pod_labels, render_daemonset};
 use crate::{Error, Result};
 
 pub struct DaemonSetRenderer {
@@ -66,11 +66,22 @@ impl Handler<Ensure> for DaemonSetRenderer {
                     .await
                     .map_err(Error::kube(format!("applying DaemonSet {name}")))
             };
-            apply
+            let applied = apply
                 .retry(crate::error::backoff())
                 .when(Error::is_transient)
                 .adjust(crate::error::honor_retry_after)
-                .await?;
+                .await;
+            if let Err(e) = applied {
+                if e.is_transient() {
+                    return Err(e);
+                }
+                // Refused: a DaemonSet of this name that we did not make
+                // (the Go operator's, with its immutable selector) is taken
+                // over; any other refusal stands.
+                return Err(take_over(&ctx, &api, &msg.policy, &name)
+                    .await?
+                    .unwrap_or(e));
+            }
             let (reason, verb) = if existing.is_some() {
                 ("DaemonSetUpdated", "updated")
             } else {
@@ -90,6 +101,107 @@ impl Handler<Ensure> for DaemonSetRenderer {
             Ok(hash)
         })
     }
+}
+
+/// Whether `ds` is a DaemonSet this controller made for `policy`: our claim
+/// label and our selector (a selector is immutable, so any other one can only
+/// be replaced, never patched).
+pub fn made_by_us(ds: &DaemonSet, policy: &str) -> bool {
+    let claimed = ds
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::CLAIM))
+        .is_some_and(|p| p == policy);
+    let selector = ds.spec.as_ref().map(|s| &s.selector);
+    claimed
+        && selector.is_some_and(|s| {
+            s.match_expressions.as_ref().is_none_or(Vec::is_empty)
+                && s.match_labels.as_ref() == Some(&pod_labels(policy))
+        })
+}
+
+/// After a refused apply: if `ttdrv-<policy>` exists and is not ours, delete
+/// it (foreground cascade: its pods go first) so the next pass creates ours,
+/// and say so; `Some(error)` explains the takeover in progress, `None` means
+/// the refusal has another cause.
+///
+/// Why a cascading delete and not an orphaning one: an orphaned installer pod
+/// keeps running the other operator's installer, which may swap a module on
+/// its own whenever it restarts; deleting a pod never unloads the module, and
+/// the agent pods of our DaemonSet never swap a loaded module without the
+/// go-ahead of a cordoned and drained cycle. Until ours exists the policy is
+/// held like a refused one: nothing new starts.
+async fn take_over(
+    ctx: &Context,
+    api: &Api<DaemonSet>,
+    policy: &TenstorrentDriverPolicy,
+    name: &str,
+) -> Result<Option<Error>> {
+    let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
+    let found = api
+        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+        .await
+        .map_err(Error::kube(format!("looking up DaemonSet {name}")))?;
+    let Some(ds) = found.items.into_iter().next() else {
+        return Ok(None);
+    };
+    if made_by_us(&ds, policy_name) {
+        return Ok(None);
+    }
+    let foreign = describe_selector(&ds);
+    if ds.metadata.deletion_timestamp.is_some() {
+        return Ok(Some(Error::TakingOver {
+            daemonset: name.to_string(),
+            message: format!(
+                "taking over DaemonSet {name} (selector {foreign}, not made by this controller): waiting for it and its pods to be deleted"
+            ),
+        }));
+    }
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        preconditions: ds.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &dp).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => {
+            return Err(Error::Kube {
+                action: format!("deleting DaemonSet {name} to take it over"),
+                source: e,
+            });
+        }
+    }
+    let note = format!(
+        "DaemonSet {name} was not made by this controller (selector {foreign}): deleting it with its pods (loaded modules stay) to re-create it as ours; no node starts a cycle meanwhile"
+    );
+    tracing::warn!(
+        daemonset = name,
+        selector = foreign,
+        "taking over a foreign installer DaemonSet"
+    );
+    ctx.event(policy, true, "DaemonSetTakeover", "Render", note.clone());
+    Ok(Some(Error::TakingOver {
+        daemonset: name.to_string(),
+        message: format!("taking over DaemonSet {name}: {note}"),
+    }))
+}
+
+fn describe_selector(ds: &DaemonSet) -> String {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.as_ref())
+        .map(|l| {
+            l.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_else(|| "-".into())
 }
 
 /// Replace a node's installer pod with one from the current template: the pod
