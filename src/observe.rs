@@ -99,7 +99,11 @@ impl<'a> ObserveInput<'a> {
             r.policy != policy_name
                 && r.cordoned_by_us()
                 && (r.state.is_in_progress() || r.state == NodeState::Failed)
-        }) && node::unschedulable(&node);
+        }) && node::unschedulable(&node)
+            // The Go operator's cordon for this policy (it annotated whom it
+            // cordoned for): ours now, undone when the node is Done.
+            || (node::annotation(&node, labels::GO_CORDONED_BY) == Some(policy_name)
+                && node::unschedulable(&node));
         let persisted = on_node.filter(|r| r.policy == policy_name);
         let live = self.records.get(name);
         let rec = live.or(persisted.as_ref());
