@@ -271,6 +271,7 @@ pub fn build(
         summary,
         daemon_set: Some(input.daemonset.to_string()),
         nodes,
+        unreadable: None,
     }
 }
 
