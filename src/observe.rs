@@ -144,8 +144,13 @@ impl<'a> ObserveInput<'a> {
             installer_failure: installer.and_then(installer::failure),
             inherited_cordon,
         };
-        let externally_unavailable =
-            node::externally_unavailable(&node, rec.is_some_and(NodeRecord::cordoned_by_us));
+        // A cordon of ours on a node still waiting in Pending (adopted from
+        // the Go operator or another policy, or kept across a retry) puts it
+        // out of service all the same: it counts, and goes first.
+        let externally_unavailable = node::externally_unavailable(
+            &node,
+            rec.is_some_and(|r| r.cordoned_by_us() && r.state != NodeState::Pending),
+        );
         Some(NodeView {
             obs,
             persisted,

@@ -121,8 +121,33 @@ pub fn made_by_us(ds: &DaemonSet, policy: &str) -> bool {
         })
 }
 
-/// After a refused apply: if `ttdrv-<policy>` exists and is not ours, delete
-/// it (foreground cascade: its pods go first) so the next pass creates ours,
+/// Whether `ds` says it belongs to `policy`: an owner reference to it (the
+/// Go operator sets one) or the Go operator's label naming it
+/// (`driver.tenstorrent.com/cr`). Only such a DaemonSet is taken over; any
+/// other one of the same name is somebody else's, and the policy stays refused.
+pub fn belongs_to(ds: &DaemonSet, policy: &TenstorrentDriverPolicy) -> bool {
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    let owned = policy.metadata.uid.as_deref().is_some_and(|uid| {
+        ds.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == uid)
+    });
+    let labelled = ds
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(GO_CR_LABEL))
+        .is_some_and(|cr| cr == name);
+    owned || labelled
+}
+
+/// The Go operator's label naming the policy of a DaemonSet and its pods.
+pub const GO_CR_LABEL: &str = "driver.tenstorrent.com/cr";
+
+/// After a refused apply: if `ttdrv-<policy>` exists, belongs to the policy
+/// (see [`belongs_to`]) and is not ours, delete it (foreground cascade: its pods go first) so the next pass creates ours,
 /// and say so; `Some(error)` explains the takeover in progress, `None` means
 /// the refusal has another cause.
 ///
@@ -146,7 +171,7 @@ async fn take_over(
     let Some(ds) = found.items.into_iter().next() else {
         return Ok(None);
     };
-    if made_by_us(&ds, policy_name) {
+    if made_by_us(&ds, policy_name) || !belongs_to(&ds, policy) {
         return Ok(None);
     }
     let foreign = describe_selector(&ds);
@@ -228,5 +253,72 @@ impl Handler<ReplaceInstallerPod> for DaemonSetRenderer {
                 }),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::RenderContext;
+
+    fn policy() -> TenstorrentDriverPolicy {
+        let mut p = TenstorrentDriverPolicy::new(
+            "fleet",
+            serde_yaml::from_str("version: \"2.8.0\"").expect("spec"),
+        );
+        p.metadata.uid = Some("uid-1".into());
+        p
+    }
+
+    /// The Go operator's DaemonSet: its labels and selector, an owner
+    /// reference to the policy.
+    fn go_daemonset(owner_uid: Option<&str>, cr_label: Option<&str>) -> DaemonSet {
+        let mut labels = serde_json::json!({
+            "app.kubernetes.io/name": "tt-kmd-installer",
+            "app.kubernetes.io/component": "driver",
+        });
+        if let Some(cr) = cr_label {
+            labels[GO_CR_LABEL] = cr.into();
+        }
+        let owners: Vec<_> = owner_uid
+            .map(|uid| serde_json::json!({
+                "apiVersion": "driver.tenstorrent.com/v1alpha1",
+                "kind": "TenstorrentDriverPolicy", "name": "fleet", "uid": uid, "controller": true,
+            }))
+            .into_iter()
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "ttdrv-fleet", "labels": labels, "ownerReferences": owners },
+            "spec": {
+                "selector": { "matchLabels": labels },
+                "template": { "metadata": { "labels": labels }, "spec": { "containers": [] } }
+            }
+        }))
+        .expect("daemonset")
+    }
+
+    #[test]
+    fn the_go_daemonset_is_taken_over_a_stranger_is_not() {
+        let p = policy();
+        let go = go_daemonset(Some("uid-1"), Some("fleet"));
+        assert!(!made_by_us(&go, "fleet"));
+        assert!(belongs_to(&go, &p));
+        assert!(belongs_to(&go_daemonset(Some("uid-1"), None), &p));
+        assert!(belongs_to(&go_daemonset(None, Some("fleet")), &p));
+        // Somebody else's DaemonSet of the same name is left alone.
+        assert!(!belongs_to(&go_daemonset(None, None), &p));
+        assert!(!belongs_to(&go_daemonset(Some("uid-2"), Some("other")), &p));
+        // Ours, as rendered, is ours.
+        let rctx = RenderContext {
+            namespace: "ns".into(),
+            default_image: "agent:1".into(),
+            default_pull_policy: "IfNotPresent".into(),
+            default_source_repository: labels::DEFAULT_SOURCE_REPOSITORY.into(),
+            tt_smi_version: "3.0.0".into(),
+            service_account: None,
+        };
+        let (ours, _) = render_daemonset(&p, &rctx);
+        assert!(made_by_us(&ours, "fleet"));
+        assert!(!made_by_us(&ours, "other"));
     }
 }
