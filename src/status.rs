@@ -163,6 +163,11 @@ pub fn build(
     );
     let (degraded_reason, degraded_message) = if summary.failed > 0 {
         ("NodeFailed", failed.join("; "))
+    } else if let Some(why) = input.refused.filter(|w| w.starts_with(TAKEOVER)) {
+        (
+            "DaemonSetTakeover",
+            format!("{why} (nothing new starts until it is ours)"),
+        )
     } else if let Some(why) = input.refused {
         (
             "PolicyRefused",
@@ -212,6 +217,8 @@ pub fn build(
                 "Idle"
             } else if summary.failed > 0 {
                 "Halted"
+            } else if input.refused.is_some_and(|w| w.starts_with(TAKEOVER)) {
+                "TakingOver"
             } else if input.refused.is_some() {
                 "Refused"
             } else if input.braked.is_some() {
@@ -274,6 +281,11 @@ pub fn build(
         unreadable: None,
     }
 }
+
+/// How the message of a DaemonSet takeover in progress starts (see
+/// `actors::renderer`): the policy is held as a refused one meanwhile, under
+/// its own reason.
+pub const TAKEOVER: &str = "taking over DaemonSet ";
 
 #[cfg(test)]
 mod tests;

@@ -352,6 +352,29 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
             work: Duration::from_millis(300),
         },
     );
+    // The Degraded reasons the policy shows on the way (polled).
+    let reasons = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let poll = {
+        let (api, cr, reasons) = (
+            Api::<TenstorrentDriverPolicy>::all(env.client.clone()),
+            cr.clone(),
+            reasons.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                if let Ok(p) = api.get(&cr).await {
+                    for c in p.status.iter().flat_map(|s| s.conditions.iter()) {
+                        if c.type_ == "Degraded"
+                            && let Ok(mut r) = reasons.lock()
+                        {
+                            r.insert(c.reason.clone());
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
     let started = std::time::Instant::now();
     let _ctl = controller(&env, &ns);
 
@@ -407,6 +430,12 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
         );
     }
     readable_status(&env, &cr).await.expect("our status");
+    poll.abort();
+    let reasons = reasons.lock().map(|r| r.clone()).unwrap_or_default();
+    assert!(
+        reasons.contains("DaemonSetTakeover"),
+        "the takeover never showed as a Degraded condition: {reasons:?}"
+    );
     let seen = safety.seen();
     eprintln!("swaps: {:?}", seen.swaps);
     assert!(

@@ -16,6 +16,7 @@ use ttdrv_api::{TenstorrentDriverPolicy, labels};
 
 use crate::context::Context;
 use crate::render::{daemonset_name, pod_labels, render_daemonset};
+use crate::status::TAKEOVER;
 use crate::{Error, Result};
 
 pub struct DaemonSetRenderer {
@@ -179,7 +180,7 @@ async fn take_over(
         return Ok(Some(Error::TakingOver {
             daemonset: name.to_string(),
             message: format!(
-                "taking over DaemonSet {name} (selector {foreign}, not made by this controller): waiting for it and its pods to be deleted"
+                "{TAKEOVER}{name} (selector {foreign}, not made by this controller): waiting for it and its pods to be deleted"
             ),
         }));
     }
@@ -212,7 +213,7 @@ async fn take_over(
     ctx.event(policy, true, "DaemonSetTakeover", "Render", note.clone());
     Ok(Some(Error::TakingOver {
         daemonset: name.to_string(),
-        message: format!("taking over DaemonSet {name}: {note}"),
+        message: format!("{TAKEOVER}{name}: {note}"),
     }))
 }
 
