@@ -423,7 +423,15 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
     let left = pods.list(&go_pods).await.expect("pods").items.len();
     assert_eq!(left, 0, "Go installer pods left");
     let events = policy_events(&env, &cr).await;
-    for reason in ["DaemonSetTakeover", "UnreadableStatusReplaced"] {
+    assert!(
+        !events.iter().any(|(r, _)| r == "PolicyRefused"),
+        "a takeover is not a refusal: {events:?}"
+    );
+    for reason in [
+        "DaemonSetTakeover",
+        "DaemonSetTakenOver",
+        "UnreadableStatusReplaced",
+    ] {
         assert!(
             events.iter().any(|(r, _)| r == reason),
             "no {reason} Event: {events:?}"

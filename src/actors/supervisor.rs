@@ -386,19 +386,24 @@ impl PolicySupervisor {
         let generation = policy.metadata.generation;
         match refused {
             None => {
-                if self.refusal.take().is_some() {
+                if let Some(ended) = self.refusal.take() {
                     self.ports.refusals.do_send(RefusalChanged {
                         policy: self.name.clone(),
                         refused: false,
                     });
                     tracing::info!(policy = self.name, "the cluster accepts the policy again");
-                    self.ctx.event(
-                        policy,
-                        false,
-                        "PolicyApplied",
-                        "Apply",
-                        "the installer DaemonSet was applied: the refusal is over".into(),
-                    );
+                    let (reason, note) = if ended.message.starts_with(status::TAKEOVER) {
+                        (
+                            "DaemonSetTakenOver",
+                            "the installer DaemonSet was re-created as this controller's: the takeover is over",
+                        )
+                    } else {
+                        (
+                            "PolicyApplied",
+                            "the installer DaemonSet was applied: the refusal is over",
+                        )
+                    };
+                    self.ctx.event(policy, false, reason, "Apply", note.into());
                 }
             }
             Some(r)
@@ -414,7 +419,10 @@ impl PolicySupervisor {
                     &r.message,
                     Instant::now(),
                 );
-                if next.is_news(self.refusal.as_ref()) {
+                // A takeover has its own Event (DaemonSetTakeover, from the
+                // renderer): it is not a refusal to report.
+                let takeover = next.message.starts_with(status::TAKEOVER);
+                if next.is_news(self.refusal.as_ref()) && !takeover {
                     self.ctx
                         .event(policy, true, "PolicyRefused", "Apply", next.message.clone());
                 }
@@ -428,7 +436,9 @@ impl PolicySupervisor {
                         "the cluster refuses the policy; backing off"
                     );
                 }
-                self.ctx.metrics.inc_error(&self.name, "refused");
+                if !takeover {
+                    self.ctx.metrics.inc_error(&self.name, "refused");
+                }
                 if self.refusal.is_none() {
                     self.ports.refusals.do_send(RefusalChanged {
                         policy: self.name.clone(),
