@@ -75,18 +75,29 @@ async fn write_foreign_statuses(env: &TestEnv, statuses: &[(&str, serde_json::Va
     .await
     .expect("loosening the CRD");
     let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    let mut failed = vec![];
     for (name, status) in statuses {
         let patch = serde_json::json!({ "status": status });
         // The loosened schema may take a moment to be served.
-        wait_for(&format!("a foreign status on {name}"), T, || async {
-            api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        let mut last = Err(String::new());
+        for _ in 0..60 {
+            last = api
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-        .await;
+                .map_err(|e| e.to_string());
+            if last.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        if let Err(e) = last {
+            failed.push(format!("{name}: {e}"));
+        }
     }
+    // Our CRD back before anything can fail: later tests rely on its schema.
     ttdrv_testkit::ensure_crd(&env.client).await;
+    assert!(failed.is_empty(), "writing foreign statuses: {failed:?}");
 }
 
 async fn create(env: &TestEnv, name: &str, spec: &str) -> TenstorrentDriverPolicy {
