@@ -313,7 +313,10 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
     let unlabelled = node("unlabelled", None).await;
     // Untouched by Go yet.
     let plain = node("plain", Some("2.7.0")).await;
+    // Cordoned by Go, uncordoned by an admin since: only the marks are left.
+    let marked = node("marked", Some("2.8.0")).await;
     let all = vec![
+        marked.clone(),
         landed.clone(),
         old.clone(),
         unlabelled_cordoned.clone(),
@@ -331,9 +334,11 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
     )
     .await;
     write_foreign_statuses(&env, &[(cr.as_str(), go_status(&all))]).await;
-    for n in [&landed, &old, &unlabelled_cordoned] {
+    for n in [&landed, &old, &unlabelled_cordoned, &marked] {
         go_cordon(&env, n, &cr).await;
     }
+    env.set_unschedulable(&marked, false).await;
+    env.label_node(&marked, GATE, None).await;
     for n in [&unlabelled_cordoned, &unlabelled] {
         hide_loaded(&env, n, "2.7.0").await;
     }
