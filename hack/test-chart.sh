@@ -215,7 +215,7 @@ want_cluster = expect(
     (["events.k8s.io"], ["events"], ["create", "patch"]),
 )
 want_ns = expect(
-    (["apps"], ["daemonsets"], ["list", "watch", "create", "patch"]),
+    (["apps"], ["daemonsets"], ["list", "watch", "create", "patch", "delete"]),
     ([""], ["pods"], ["delete"]),
     (["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
 )

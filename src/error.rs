@@ -10,6 +10,10 @@ pub enum Error {
     },
     #[error("invalid policy {policy}: {message}")]
     InvalidPolicy { policy: String, message: String },
+    /// A DaemonSet of the policy's name that this controller did not make is
+    /// being replaced by ours.
+    #[error("{message}")]
+    TakingOver { daemonset: String, message: String },
     #[error("actor mailbox unavailable: {0}")]
     Mailbox(String),
     #[error("serializing {what}: {source}")]
@@ -31,6 +35,7 @@ impl Error {
         match self {
             Error::Kube { .. } => "kube_api",
             Error::InvalidPolicy { .. } => "invalid_policy",
+            Error::TakingOver { .. } => "takeover",
             Error::Mailbox(_) => "mailbox",
             Error::Serialize { .. } => "serialize",
         }

@@ -43,7 +43,12 @@ pub fn record_patch(
     for c in commands {
         match c {
             Command::Cordon => patch["spec"] = serde_json::json!({ "unschedulable": true }),
-            Command::Uncordon => patch["spec"] = serde_json::json!({ "unschedulable": false }),
+            Command::Uncordon => {
+                patch["spec"] = serde_json::json!({ "unschedulable": false });
+                // The Go operator's marks of its cordon go with it.
+                patch["metadata"]["annotations"][labels::GO_CORDONED_BY] = serde_json::Value::Null;
+                patch["metadata"]["annotations"][labels::GO_CORDONED_AT] = serde_json::Value::Null;
+            }
             Command::CloseGates => gates.iter().for_each(|g| {
                 labels_patch.insert(g.clone(), "false".into());
             }),
@@ -90,6 +95,8 @@ pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json:
     if let Some(rec) = persisted_record(node).filter(|r| r.policy == policy) {
         if rec.cordoned_by_us() {
             patch["spec"] = serde_json::json!({ "unschedulable": false });
+            patch["metadata"]["annotations"][labels::GO_CORDONED_BY] = serde_json::Value::Null;
+            patch["metadata"]["annotations"][labels::GO_CORDONED_AT] = serde_json::Value::Null;
         }
         if rec.state.is_in_progress() || rec.state == NodeState::Failed {
             for g in gates {
@@ -127,6 +134,13 @@ mod tests {
             .expect("patch");
         assert_eq!(p["spec"]["unschedulable"], false);
         assert!(p["metadata"]["labels"][GATE].is_null());
+        // The Go operator's marks of a cordon go with the uncordon.
+        let ann = p["metadata"]["annotations"]
+            .as_object()
+            .expect("annotations");
+        for k in [labels::GO_CORDONED_BY, labels::GO_CORDONED_AT] {
+            assert!(ann.get(k).is_some_and(serde_json::Value::is_null), "{k}");
+        }
         let p = record_patch("n1", &r, &[Command::Evict], &gates).expect("patch");
         assert!(
             p.get("spec").is_none(),

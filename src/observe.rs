@@ -99,7 +99,11 @@ impl<'a> ObserveInput<'a> {
             r.policy != policy_name
                 && r.cordoned_by_us()
                 && (r.state.is_in_progress() || r.state == NodeState::Failed)
-        }) && node::unschedulable(&node);
+        }) && node::unschedulable(&node)
+            // The Go operator's cordon for this policy (it annotated whom it
+            // cordoned for): ours now, undone when the node is Done.
+            || (node::annotation(&node, labels::GO_CORDONED_BY) == Some(policy_name)
+                && node::unschedulable(&node));
         let persisted = on_node.filter(|r| r.policy == policy_name);
         let live = self.records.get(name);
         let rec = live.or(persisted.as_ref());
@@ -140,8 +144,13 @@ impl<'a> ObserveInput<'a> {
             installer_failure: installer.and_then(installer::failure),
             inherited_cordon,
         };
-        let externally_unavailable =
-            node::externally_unavailable(&node, rec.is_some_and(NodeRecord::cordoned_by_us));
+        // A cordon of ours on a node still waiting in Pending (adopted from
+        // the Go operator or another policy, or kept across a retry) puts it
+        // out of service all the same: it counts, and goes first.
+        let externally_unavailable = node::externally_unavailable(
+            &node,
+            rec.is_some_and(|r| r.cordoned_by_us() && r.state != NodeState::Pending),
+        );
         Some(NodeView {
             obs,
             persisted,

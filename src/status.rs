@@ -205,6 +205,11 @@ pub fn build(
     );
     let (degraded_reason, degraded_message) = if summary.failed_nodes > 0 {
         ("NodeFailed", failed.join("; "))
+    } else if let Some(why) = input.refused.filter(|w| w.starts_with(TAKEOVER)) {
+        (
+            "DaemonSetTakeover",
+            format!("{why} (nothing new starts until it is ours)"),
+        )
     } else if let Some(why) = input.refused {
         (
             "PolicyRefused",
@@ -254,6 +259,8 @@ pub fn build(
                 "Idle"
             } else if summary.failed_nodes > 0 {
                 "Halted"
+            } else if input.refused.is_some_and(|w| w.starts_with(TAKEOVER)) {
+                "TakingOver"
             } else if input.refused.is_some() {
                 "Refused"
             } else if input.braked.is_some() {
@@ -321,8 +328,14 @@ pub fn build(
         summary,
         daemon_set: Some(input.daemonset.to_string()),
         nodes,
+        unreadable: None,
     }
 }
+
+/// How the message of a DaemonSet takeover in progress starts (see
+/// `actors::renderer`): the policy is held as a refused one meanwhile, under
+/// its own reason.
+pub const TAKEOVER: &str = "taking over DaemonSet ";
 
 #[cfg(test)]
 mod tests;

@@ -41,6 +41,12 @@ pub const UPGRADE_STATE: &str = "driver.tenstorrent.com/upgrade-state";
 /// The chart's admission policy keeps the agent from writing it.
 pub const GO_AHEAD: &str = "driver.tenstorrent.com/go-ahead";
 
+/// Node annotation the Go operator set on a node it cordoned, naming its
+/// policy: a cordon with `cordoned-by=<policy>` is that policy's to undo.
+pub const GO_CORDONED_BY: &str = "driver.tenstorrent.com/cordoned-by";
+/// Node annotation the Go operator set with [`GO_CORDONED_BY`] (RFC 3339).
+pub const GO_CORDONED_AT: &str = "driver.tenstorrent.com/cordoned-at";
+
 /// Operator namespace used by the chart.
 pub const DEFAULT_NAMESPACE: &str = "tt-k8s-driver-manager-system";
 

@@ -388,9 +388,17 @@ impl PullPolicy {
 }
 
 /// Observed state, written by the controller only when something changed.
+// Read leniently (see the `Deserialize` impl below): a status this controller
+// did not write (the Go operator's, or garbage) never fails to parse, so one
+// such policy cannot break the list of every policy.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", remote = "Self")]
 pub struct TenstorrentDriverPolicyStatus {
+    /// Set (never stored) when the status on the object did not parse: why.
+    /// The controller replaces such a status with its own, with an Event.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub unreadable: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, Progressing, Degraded, Paused, Conflict.
@@ -414,6 +422,36 @@ pub struct TenstorrentDriverPolicyStatus {
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub nodes: Vec<NodeStatus>,
+}
+
+impl Serialize for TenstorrentDriverPolicyStatus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        TenstorrentDriverPolicyStatus::serialize(self, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for TenstorrentDriverPolicyStatus {
+    /// Never fails on a well-formed JSON value: a status that does not parse
+    /// as ours (missing fields, unknown node states, another shape) reads as
+    /// the empty status with [`Self::unreadable`] saying why.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = serde_json::Value::deserialize(d)?;
+        Ok(
+            TenstorrentDriverPolicyStatus::deserialize(&raw).unwrap_or_else(|e| {
+                TenstorrentDriverPolicyStatus {
+                    unreadable: Some(e.to_string()),
+                    ..Default::default()
+                }
+            }),
+        )
+    }
+}
+
+impl TenstorrentDriverPolicyStatus {
+    /// A status this controller did not write and cannot read.
+    pub fn is_unreadable(&self) -> bool {
+        self.unreadable.is_some()
+    }
 }
 
 /// Node counts. The Go operator's fields (`matched, desired, ready,
@@ -641,5 +679,87 @@ mod tests {
             root["x-kubernetes-validations"][0]["rule"],
             "oldSelf.hasValue() || size(self.metadata.name) <= 63"
         );
+    }
+
+    /// What the Go operator writes: `phase`, a summary without `done`, a
+    /// node state this controller does not have.
+    const GO_STATUS: &str = r#"{
+        "observedGeneration": 3, "phase": "Rolling", "desiredVersion": "2.7.0",
+        "conditions": [{"type": "Progressing", "status": "True", "reason": "Rolling",
+                        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "summary": {"matched": 2, "desired": 2, "ready": 1, "available": 1, "failed": 1,
+                    "upToDate": 1, "inProgress": 1},
+        "daemonSet": "ttdrv-fleet",
+        "nodes": [{"name": "n1", "state": "HostManaged", "reason": "HostManagedKMD"},
+                  {"name": "n2", "state": "Upgrading", "currentVersion": "2.6.0"}]
+    }"#;
+
+    fn policy_with_status(status: &str) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "driver.tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentDriverPolicy",
+            "metadata": {"name": "fleet"},
+            "spec": {"version": "2.8.0"},
+            "status": serde_json::from_str::<serde_json::Value>(status).expect("json"),
+        })
+    }
+
+    #[test]
+    fn a_foreign_status_reads_as_unreadable_not_as_an_error() {
+        for status in [
+            GO_STATUS,
+            r#""garbage""#,
+            r#"[1, 2, 3]"#,
+            r#"{"summary": {"done": "many"}}"#,
+            r#"{"nodes": [{"name": "n1", "state": "Unmanaged"}]}"#,
+        ] {
+            let p: TenstorrentDriverPolicy =
+                serde_json::from_value(policy_with_status(status)).expect(status);
+            let s = p.status.expect("a status");
+            assert!(s.is_unreadable(), "{status}");
+            assert_eq!(s.nodes, vec![], "{status}");
+            // Never written back as such: the flag is not part of the object.
+            let back = serde_json::to_value(&s).expect("serializes");
+            assert!(back.get("unreadable").is_none());
+        }
+        // A list with one foreign status still parses, every item.
+        let list = serde_json::json!({
+            "apiVersion": "driver.tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentDriverPolicyList",
+            "metadata": {},
+            "items": [policy_with_status(GO_STATUS), policy_with_status("{}")],
+        });
+        let l: kube::core::ObjectList<TenstorrentDriverPolicy> =
+            serde_json::from_value(list).expect("the list parses");
+        assert_eq!(l.items.len(), 2);
+        assert!(!l.items[1].status.as_ref().expect("status").is_unreadable());
+    }
+
+    #[test]
+    fn our_status_round_trips_and_is_readable() {
+        let s = TenstorrentDriverPolicyStatus {
+            observed_generation: Some(2),
+            desired_version: Some("2.8.0".into()),
+            summary: Summary {
+                matched: 1,
+                done: 1,
+                ..Summary::default()
+            },
+            nodes: vec![NodeStatus {
+                name: "n1".into(),
+                state: NodeState::Done,
+                current_version: Some("2.8.0".into()),
+                install_mode: None,
+                reason: None,
+                go_reason: None,
+                message: None,
+                last_transition_time: None,
+            }],
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&s).expect("serializes");
+        let back: TenstorrentDriverPolicyStatus = serde_json::from_value(v).expect("parses");
+        assert_eq!(back, s);
+        assert!(!back.is_unreadable());
     }
 }

@@ -355,6 +355,12 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     vec![],
                 );
             }
+            // A cordon this controller inherited (another policy's cycle cut
+            // short, or the Go operator's cordon for this policy): ours to
+            // undo, so the node goes through our cycle and ends uncordoned.
+            if obs.inherited_cordon && obs.unschedulable {
+                rec.cordon = Cordon::Ours;
+            }
             if obs.host_managed && !rec.cordoned_by_us() {
                 return stay(
                     &enter(
@@ -367,14 +373,20 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     vec![],
                 );
             }
-            if up_to_date && !rec.cordoned_by_us() {
+            if up_to_date && !rec.cordoned_by_us() && !obs.gates_present {
                 return stay(&enter(&rec, Done, reason::UP_TO_DATE, None, now), vec![]);
             }
             if up_to_date {
-                // Retried after the module landed: only the cordon is left to undo.
+                // Retried after the module landed, or left mid-cycle by the Go
+                // operator (its cordon, its gates at "false"): only the cordon
+                // and the gates are left to undo.
+                let mut cmds = vec![Command::OpenGates];
+                if rec.cordoned_by_us() {
+                    cmds.insert(0, Command::Uncordon);
+                }
                 return Step {
                     record: enter(&rec, Uncordoning, reason::UNCORDON, None, now),
-                    commands: vec![Command::Uncordon, Command::OpenGates],
+                    commands: cmds,
                 };
             }
             if !obs.ready {

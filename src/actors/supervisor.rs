@@ -79,6 +79,9 @@ pub struct PolicySupervisor {
     ports: SupervisorPorts,
     last_status: Option<TenstorrentDriverPolicyStatus>,
     last_status_write: Option<Instant>,
+    /// `resourceVersion` of the policy whose unreadable status (not ours:
+    /// the Go operator's, or garbage) was last replaced by ours.
+    replaced_unreadable: Option<String>,
     status_in_flight: bool,
     /// A full pass has rebuilt the records and the rollout's view of every
     /// node; until then every pass is a full one.
@@ -103,6 +106,7 @@ impl PolicySupervisor {
             ports,
             last_status: None,
             last_status_write: None,
+            replaced_unreadable: None,
             status_in_flight: false,
             primed: false,
             warned_generation: None,
@@ -382,19 +386,24 @@ impl PolicySupervisor {
         let generation = policy.metadata.generation;
         match refused {
             None => {
-                if self.refusal.take().is_some() {
+                if let Some(ended) = self.refusal.take() {
                     self.ports.refusals.do_send(RefusalChanged {
                         policy: self.name.clone(),
                         refused: false,
                     });
                     tracing::info!(policy = self.name, "the cluster accepts the policy again");
-                    self.ctx.event(
-                        policy,
-                        false,
-                        "PolicyApplied",
-                        "Apply",
-                        "the installer DaemonSet was applied: the refusal is over".into(),
-                    );
+                    let (reason, note) = if ended.message.starts_with(status::TAKEOVER) {
+                        (
+                            "DaemonSetTakenOver",
+                            "the installer DaemonSet was re-created as this controller's: the takeover is over",
+                        )
+                    } else {
+                        (
+                            "PolicyApplied",
+                            "the installer DaemonSet was applied: the refusal is over",
+                        )
+                    };
+                    self.ctx.event(policy, false, reason, "Apply", note.into());
                 }
             }
             Some(r)
@@ -410,7 +419,10 @@ impl PolicySupervisor {
                     &r.message,
                     Instant::now(),
                 );
-                if next.is_news(self.refusal.as_ref()) {
+                // A takeover has its own Event (DaemonSetTakeover, from the
+                // renderer): it is not a refusal to report.
+                let takeover = next.message.starts_with(status::TAKEOVER);
+                if next.is_news(self.refusal.as_ref()) && !takeover {
                     self.ctx
                         .event(policy, true, "PolicyRefused", "Apply", next.message.clone());
                 }
@@ -424,7 +436,9 @@ impl PolicySupervisor {
                         "the cluster refuses the policy; backing off"
                     );
                 }
-                self.ctx.metrics.inc_error(&self.name, "refused");
+                if !takeover {
+                    self.ctx.metrics.inc_error(&self.name, "refused");
+                }
                 if self.refusal.is_none() {
                     self.ports.refusals.do_send(RefusalChanged {
                         policy: self.name.clone(),
@@ -486,7 +500,19 @@ impl PolicySupervisor {
         if self.status_in_flight {
             return;
         }
-        let prev = self.last_status.clone().or_else(|| policy.status.clone());
+        // A status we cannot read (another operator's, garbage) is replaced
+        // as a whole by ours, at once, with an Event; once per version of the
+        // policy, so a watch that lags behind our write does not repeat it.
+        let unreadable = policy
+            .status
+            .as_ref()
+            .and_then(|s| s.unreadable.clone())
+            .filter(|_| self.replaced_unreadable != policy.metadata.resource_version);
+        let prev = if unreadable.is_some() {
+            None
+        } else {
+            self.last_status.clone().or_else(|| policy.status.clone())
+        };
         let (summary, _) = status::summarize(&self.records);
         let flags = status::condition_flags(
             &summary,
@@ -499,7 +525,7 @@ impl PolicySupervisor {
         let due = self
             .last_status_write
             .is_none_or(|t| t.elapsed() >= STATUS_INTERVAL);
-        if !(urgent || due) {
+        if !(urgent || due || unreadable.is_some()) {
             return;
         }
         let ds_name = daemonset_name(&self.name);
@@ -537,17 +563,50 @@ impl PolicySupervisor {
         self.status_in_flight = true;
         let api: Api<TenstorrentDriverPolicy> = Api::all(self.ctx.client.clone());
         let name = self.name.clone();
+        let replacing = unreadable
+            .as_ref()
+            .map(|_| policy.metadata.resource_version.clone());
+        if let Some(why) = &unreadable {
+            tracing::warn!(
+                policy = name,
+                why,
+                "replacing a status this controller cannot read"
+            );
+            self.ctx.event(
+                policy.as_ref(),
+                true,
+                "UnreadableStatusReplaced",
+                "Status",
+                format!(
+                    "the policy's status was not written by this controller and does not parse ({}): replaced by ours",
+                    crate::refusal::shorten(why)
+                ),
+            );
+        }
         let fut = async move {
-            let patch = serde_json::json!({ "status": status });
-            let res = api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await;
-            (res, status)
+            let res = if replacing.is_some() {
+                // A merge patch would keep the foreign fields: replace the
+                // whole status (JSON patch: `add` replaces an existing member).
+                let ops: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                    { "op": "add", "path": "/status", "value": status }
+                ]))
+                .expect("a JSON patch");
+                api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(ops))
+                    .await
+            } else {
+                let patch = serde_json::json!({ "status": status });
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            };
+            (res, status, replacing)
         };
-        actx.spawn(fut.into_actor(self).map(|(res, status), act, _| {
+        actx.spawn(fut.into_actor(self).map(|(res, status, replacing), act, _| {
             act.status_in_flight = false;
             match res {
                 Ok(_) => {
+                    if let Some(rv) = replacing {
+                        act.replaced_unreadable = rv;
+                    }
                     act.last_status = Some(status);
                     act.last_status_write = Some(Instant::now());
                 }

@@ -394,3 +394,43 @@ fn candidate_facts() {
     let c = v.candidate("n1", Some(&r));
     assert!(!c.wants_slot && c.in_progress);
 }
+
+#[test]
+fn a_go_operator_cordon_for_this_policy_is_inherited() {
+    let go = |by: &str, unschedulable: bool| {
+        let mut n = node("n1", "True", unschedulable, &[]);
+        n.metadata.annotations = Some(
+            [
+                (labels::GO_CORDONED_BY.to_string(), by.to_string()),
+                (
+                    labels::GO_CORDONED_AT.to_string(),
+                    "2026-01-01T00:00:00Z".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        n
+    };
+    for (by, unschedulable, inherited) in [
+        ("fleet", true, true),
+        // Uncordoned since: nothing to inherit.
+        ("fleet", false, false),
+        // The Go operator's cordon for another policy is not ours.
+        ("other", true, false),
+    ] {
+        let s = stores(vec![go(by, unschedulable)], vec![], vec![]);
+        let v = observe(&s, &HashMap::new(), "n1", false).expect("node");
+        assert_eq!(v.obs.inherited_cordon, inherited, "{by} {unschedulable}");
+    }
+}
+
+#[test]
+fn a_pending_node_cordoned_by_us_counts_as_unavailable() {
+    let n = with_record(
+        node("n1", "True", true, &[]),
+        &record(NodeState::Pending, Cordon::Ours),
+    );
+    let s = stores(vec![n], vec![], vec![]);
+    let v = observe(&s, &HashMap::new(), "n1", false).expect("node");
+    assert!(v.externally_unavailable);
+}

@@ -378,3 +378,34 @@ fn go_reason_beside_ours() {
         ]
     );
 }
+
+#[test]
+fn a_daemonset_takeover_is_degraded_under_its_own_reason() {
+    let recs = records(&[("a", rec(NodeState::Pending, None, None))]);
+    let p = policy(false, 1);
+    let why = format!("{TAKEOVER}ttdrv-fleet: deleting it");
+    let mut input = StatusInput {
+        policy: &p,
+        records: &recs,
+        device_users: &HashSet::new(),
+        conflicts: &[],
+        blocked: None,
+        braked: None,
+        refused: Some(&why),
+        daemonset: "ttdrv-fleet",
+        previous: None,
+        now: Timestamp::from_second(100).expect("time"),
+    };
+    let s = build(&input, |_| Reported::default());
+    assert_eq!(
+        conditions(&s)[1..3],
+        [
+            c("Progressing", "False", "TakingOver"),
+            c("Degraded", "True", "DaemonSetTakeover")
+        ]
+    );
+    assert!(s.conditions[2].message.contains("ttdrv-fleet"));
+    input.refused = Some("field is immutable");
+    let s = build(&input, |_| Reported::default());
+    assert_eq!(conditions(&s)[2], c("Degraded", "True", "PolicyRefused"));
+}

@@ -12,6 +12,10 @@
 //! - `sim.ttdrv.io/host-managed: "<version>"`: a DKMS host; report mode `host`.
 //! - `sim.ttdrv.io/fail: "true"`: the agent fails; the pod never becomes Ready.
 //! - `sim.ttdrv.io/crash: "true"`: the agent crashes over and over (restarts counted).
+//! - `sim.ttdrv.io/loaded: "<version>"`: a module of that version is loaded
+//!   although the node has no `kmd-version` label (the Go operator removed it
+//!   while its pod was NotReady): the agent reports it honestly at start and
+//!   then needs the go-ahead to swap it, as for a labelled one.
 //!
 //! Like the real agent it swaps a loaded module only with the controller's
 //! go-ahead ([`ttdrv_core::go_ahead::decide`], the real agent's decision), and
@@ -35,6 +39,8 @@ pub const HOST_MANAGED_ANNOTATION: &str = "sim.ttdrv.io/host-managed";
 pub const FAIL_ANNOTATION: &str = "sim.ttdrv.io/fail";
 /// The agent crashes at once, over and over (exit 1, no reason given).
 pub const CRASH_ANNOTATION: &str = "sim.ttdrv.io/crash";
+/// A module of this version is loaded, whatever the node's labels say.
+pub const LOADED_ANNOTATION: &str = "sim.ttdrv.io/loaded";
 /// An installer image whose name contains this is never pulled.
 pub const UNPULLABLE: &str = "unpullable";
 pub const SIM_TT_SMI_VERSION: &str = "3.0.0-sim";
@@ -216,6 +222,19 @@ async fn play_agent(
             Some(v) => (labels::INSTALL_MODE_HOST, v.clone()),
             None => (labels::INSTALL_MODE_CONTAINER, target.clone()),
         };
+        let hidden = ann.get(LOADED_ANNOTATION);
+        if hidden.is_some() && !node_labels.contains_key(labels::KMD_VERSION) {
+            // What is loaded, reported before anything else (the real agent
+            // reads sysfs at start).
+            let patch = serde_json::json!({ "metadata": { "labels": {
+                labels::KMD_VERSION: hidden,
+                labels::INSTALL_MODE: labels::INSTALL_MODE_CONTAINER,
+            } } });
+            nodes
+                .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            continue;
+        }
         let loaded = node_labels.get(labels::KMD_VERSION);
         if let Some(image) = pod_image(pod).filter(|i| i.contains(UNPULLABLE)) {
             // The kubelet's answer to an image that does not exist.
@@ -297,10 +316,15 @@ async fn play_agent(
         }
         // Written on the Node version the decision was made on: if the
         // controller changed it meanwhile (took the go-ahead back), decide again.
-        let patch = serde_json::json!({ "metadata": {
+        let mut patch = serde_json::json!({ "metadata": {
             "labels": set,
             "resourceVersion": node.metadata.resource_version,
         } });
+        if hidden.is_some() {
+            // The module loaded now is the one the labels say.
+            patch["metadata"]["annotations"] =
+                serde_json::json!({ LOADED_ANNOTATION: serde_json::Value::Null });
+        }
         match nodes
             .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
             .await

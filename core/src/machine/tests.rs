@@ -820,3 +820,91 @@ fn a_cordon_left_by_another_policy_of_ours_is_ours_to_undo() {
         Cordon::Theirs
     );
 }
+
+/// A node the Go operator left mid-upgrade: cordoned for this policy
+/// (`cordoned-by`, seen as an inherited cordon), gates at "false".
+fn go_era(loaded: Option<&str>, installer: InstallerPod) -> Observation {
+    Observation {
+        unschedulable: true,
+        inherited_cordon: true,
+        gates_closed: true,
+        gates_present: true,
+        loaded: loaded.map(String::from),
+        installer,
+        ..obs()
+    }
+}
+
+#[test]
+fn a_go_era_cordon_on_an_up_to_date_node_is_undone_with_its_gates() {
+    let r = NodeRecord::new("fleet", "2.8.0", 900);
+    let o = go_era(Some("2.8.0"), InstallerPod::Current { ready: true });
+    let s = step(&r, &o, &want());
+    assert_eq!(s.record.state, Uncordoning);
+    assert!(s.record.cordoned_by_us());
+    assert_eq!(s.commands, vec![Command::Uncordon, Command::OpenGates]);
+    let done = step(
+        &s.record,
+        &Observation {
+            unschedulable: false,
+            gates_closed: false,
+            gates_present: false,
+            ..o
+        },
+        &want(),
+    );
+    assert_eq!(done.record.state, Done);
+    assert_eq!(done.record.cordon, Cordon::None);
+}
+
+#[test]
+fn gates_left_at_false_on_an_up_to_date_node_are_removed() {
+    let r = NodeRecord::new("fleet", "2.8.0", 900);
+    let o = Observation {
+        gates_closed: true,
+        gates_present: true,
+        loaded: Some("2.8.0".into()),
+        installer: InstallerPod::Current { ready: true },
+        ..obs()
+    };
+    let s = step(&r, &o, &want());
+    assert_eq!(s.record.state, Uncordoning);
+    assert_eq!(s.commands, vec![Command::OpenGates]);
+    assert!(!s.record.cordoned_by_us(), "nobody's cordon is taken");
+}
+
+#[test]
+fn a_go_era_cordoned_node_without_kmd_version_gets_a_drained_cycle() {
+    // No kmd-version: not assumed empty. The cordon is ours, so the node waits
+    // for a slot and goes through cordon and drain before any swap.
+    let r = NodeRecord::new("fleet", "2.8.0", 900);
+    let o = go_era(None, InstallerPod::Stale { deleting: false });
+    let waiting = step(
+        &r,
+        &Observation {
+            slot: false,
+            ..o.clone()
+        },
+        &want(),
+    );
+    assert_eq!(waiting.record.state, Pending);
+    assert!(waiting.commands.is_empty());
+    let s = step(&r, &o, &want());
+    assert_eq!(s.record.state, Cordoning);
+    assert!(s.record.cordoned_by_us());
+    assert!(!s.record.no_drain);
+}
+
+#[test]
+fn a_cordon_of_someone_else_is_not_adopted() {
+    let r = NodeRecord::new("fleet", "2.8.0", 900);
+    let o = Observation {
+        unschedulable: true,
+        loaded: Some("2.8.0".into()),
+        installer: InstallerPod::Current { ready: true },
+        ..obs()
+    };
+    let s = step(&r, &o, &want());
+    assert_eq!(s.record.state, Done);
+    assert!(s.commands.is_empty());
+}

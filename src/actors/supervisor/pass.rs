@@ -114,6 +114,7 @@ impl ReconcilePass {
         }
         self.release(&strays).await?;
         self.clear_stale_labels(&targets).await;
+        self.clear_stale_go_marks(&targets).await;
         let gates = ctx.config.gates();
         let desired = Desired {
             policy: name.clone(),
@@ -336,6 +337,44 @@ impl ReconcilePass {
                 Err(e) => {
                     tracing::warn!(node = n, error = %e, "could not remove stale driver labels; will retry")
                 }
+            }
+        }
+    }
+
+    /// Removes the Go operator's cordon marks (`cordoned-by` this policy,
+    /// `cordoned-at`) from a node that is not cordoned any more (someone
+    /// uncordoned it): they mean nothing then. A cordoned node keeps them
+    /// until our cycle undoes the cordon, which removes them with it. The
+    /// patch carries the Node's `resourceVersion`: a node cordoned meanwhile
+    /// is decided again on the next pass.
+    async fn clear_stale_go_marks(&self, targets: &[String]) {
+        for n in targets {
+            let Some(node) = self.ctx.stores.nodes.get(&ObjectRef::new(n)) else {
+                continue;
+            };
+            let ours =
+                ttdrv_core::node::annotation(&node, labels::GO_CORDONED_BY) == Some(self.name());
+            if !ours || ttdrv_core::node::unschedulable(&node) {
+                continue;
+            }
+            let patch = serde_json::json!({ "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": { labels::GO_CORDONED_BY: null, labels::GO_CORDONED_AT: null },
+            } });
+            let res = self
+                .ports
+                .patch
+                .send(PatchNode {
+                    node: n.clone(),
+                    patch,
+                    action: "removing the Go operator's marks of a cordon that is gone",
+                })
+                .await;
+            if !matches!(res, Ok(Ok(_))) {
+                tracing::debug!(
+                    node = n,
+                    "could not remove stale Go cordon marks; next pass retries"
+                );
             }
         }
     }

@@ -252,6 +252,7 @@ fn rolling() -> (TenstorrentDriverPolicy, Vec<Node>) {
                 start,
             ),
         ],
+        unreadable: None,
     });
     let nodes = vec![
         node(N {

@@ -1,0 +1,481 @@
+//! Taking over a cluster the Go tt-k8s-driver-manager ran, with no manual step:
+//! policies with a status the Go operator wrote (or garbage), its installer
+//! DaemonSet `ttdrv-<cr>` (another, immutable selector), nodes it cordoned
+//! mid-upgrade (`cordoned-by`, gates at "false"), a node without `kmd-version`
+//! whose module is loaded all the same. Real control plane, the controller
+//! binary, the simulated agent.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
+use ttdrv_testkit::sim_agent::LOADED_ANNOTATION;
+use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
+
+const T: Duration = Duration::from_secs(120);
+const GATE: &str = labels::DEFAULT_DEPLOY_GATE;
+
+/// Tests of this binary run in parallel and share the CRD: one of them at a
+/// time loosens it to write a status as the Go operator's CRD allowed.
+static CRD: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// What the Go operator writes: `phase`, a summary without `done` (its own
+/// fields), node states this controller does not have.
+fn go_status(nodes: &[String]) -> serde_json::Value {
+    serde_json::json!({
+        "observedGeneration": 1,
+        "phase": "Rolling",
+        "desiredVersion": "2.8.0",
+        "conditions": [{
+            "type": "Progressing", "status": "True", "reason": "Rolling",
+            "message": "upgrading", "lastTransitionTime": "2026-01-01T00:00:00Z"
+        }],
+        "summary": { "matched": nodes.len(), "desired": nodes.len(), "ready": 1,
+                     "available": 1, "failed": 0, "upToDate": 1, "inProgress": 1 },
+        "daemonSet": "ttdrv-whatever",
+        "nodes": nodes.iter().enumerate().map(|(i, n)| serde_json::json!({
+            "name": n,
+            "state": if i == 0 { "HostManaged" } else { "Upgrading" },
+            "reason": "HostManagedKMD",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Writes `status` on each policy through the status subresource as the Go
+/// operator's CRD let it (the status schema loosened for the write), then
+/// puts this project's CRD back: what a cluster looks like after the switch.
+async fn write_foreign_statuses(env: &TestEnv, statuses: &[(&str, serde_json::Value)]) {
+    let _one = CRD.lock().await;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crds/tenstorrentdriverpolicies.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("CRD file");
+    let mut crd: serde_json::Value = serde_yaml::from_str(&text).expect("CRD parses");
+    for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
+        v["schema"]["openAPIV3Schema"]["properties"]["status"] =
+            serde_json::json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true });
+    }
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).expect("CRD");
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    let pp = PatchParams::apply("ttdrv-tests").force();
+    crds.patch(
+        "tenstorrentdriverpolicies.driver.tenstorrent.com",
+        &pp,
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("loosening the CRD");
+    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    let mut failed = vec![];
+    for (name, status) in statuses {
+        let patch = serde_json::json!({ "status": status });
+        // The loosened schema may take a moment to be served.
+        let mut last = Err(String::new());
+        for _ in 0..60 {
+            last = api
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            if last.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        if let Err(e) = last {
+            failed.push(format!("{name}: {e}"));
+        }
+    }
+    // Our CRD back before anything can fail: later tests rely on its schema.
+    ttdrv_testkit::ensure_crd(&env.client).await;
+    assert!(failed.is_empty(), "writing foreign statuses: {failed:?}");
+}
+
+async fn create(env: &TestEnv, name: &str, spec: &str) -> TenstorrentDriverPolicy {
+    let _one = CRD.lock().await;
+    create_policy(env, name, spec).await
+}
+
+fn spec(env: &TestEnv, pool: &str, version: &str) -> String {
+    format!(
+        "version: \"{version}\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}, pool: {pool}}}}}\nupgradePolicy: {{maxUnavailable: 1}}",
+        env.id
+    )
+}
+
+/// A status that parses as ours, or fails the test.
+async fn readable_status(env: &TestEnv, policy: &str) -> Result<(), String> {
+    let p = get_policy(env, policy).await;
+    match p.status {
+        Some(s) if !s.is_unreadable() && s.observed_generation.is_some() => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// One policy's status is the Go operator's, another's is garbage; a third
+/// policy rolls out meanwhile, and the two get ours, with an Event each.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn foreign_statuses_never_stop_the_controller() {
+    let env = TestEnv::new("foreign-status").await;
+    let ns = env.namespace().await;
+    let mut by_pool: Vec<Vec<String>> = vec![];
+    for pool in ["go", "junk", "live"] {
+        let mut names = vec![];
+        for i in 0..2 {
+            let n = env
+                .tt_node(
+                    &format!("{pool}{i}"),
+                    &[("pool", pool), (labels::KMD_VERSION, "2.7.0")],
+                )
+                .await;
+            names.push(n.metadata.name.unwrap_or_default());
+        }
+        by_pool.push(names);
+    }
+    let go = env.name("go");
+    let junk = env.name("junk");
+    let live = env.name("live");
+    create(&env, &go, &spec(&env, "go", "2.8.0")).await;
+    create(&env, &junk, &spec(&env, "junk", "2.8.0")).await;
+    write_foreign_statuses(
+        &env,
+        &[
+            (go.as_str(), go_status(&by_pool[0])),
+            (
+                junk.as_str(),
+                serde_json::json!({ "summary": "many", "nodes": 7, "what": ["ever"] }),
+            ),
+        ],
+    )
+    .await;
+    let _agent = SimAgent::spawn(
+        env.client.clone(),
+        SimAgentConfig {
+            namespace: ns.clone(),
+            work: Duration::from_millis(300),
+        },
+    );
+    let safety = SafetyWatcher::start(&env);
+    let _ctl = controller(&env, &ns);
+    create(&env, &live, &spec(&env, "live", "2.8.0")).await;
+    let started = std::time::Instant::now();
+    wait_nodes_state(&env, &live, &by_pool[2], NodeState::Done, "2.8.0", T).await;
+    eprintln!("the third policy rolled out in {:?}", started.elapsed());
+    for (policy, nodes) in [(&go, &by_pool[0]), (&junk, &by_pool[1])] {
+        wait_nodes_state(&env, policy, nodes, NodeState::Done, "2.8.0", T).await;
+        wait_for(&format!("{policy}'s status is ours"), T, || {
+            readable_status(&env, policy)
+        })
+        .await;
+        let events = policy_events(&env, policy).await;
+        assert!(
+            events.iter().any(|(r, _)| r == "UnreadableStatusReplaced"),
+            "{policy}: no UnreadableStatusReplaced Event: {events:?}"
+        );
+    }
+    // No Go field is left in the replaced status.
+    let raw: serde_json::Value = {
+        let api: Api<kube::core::DynamicObject> = Api::all_with(
+            env.client.clone(),
+            &kube::discovery::ApiResource::erase::<TenstorrentDriverPolicy>(&()),
+        );
+        serde_json::to_value(api.get(&go).await.expect("policy")).expect("json")
+    };
+    assert!(raw["status"].get("phase").is_none(), "{}", raw["status"]);
+    assert!(
+        raw["status"]["summary"].get("desired").is_none(),
+        "{}",
+        raw["status"]
+    );
+    let seen = safety.seen();
+    assert!(
+        seen.swaps_without_go_ahead.is_empty(),
+        "{:?}",
+        seen.swaps_without_go_ahead
+    );
+    env.cleanup().await;
+}
+
+/// The Go operator's installer DaemonSet for `cr`: its labels and immutable
+/// selector, an owner reference to the policy, pods on the test's nodes.
+async fn go_daemonset(env: &TestEnv, ns: &str, policy: &TenstorrentDriverPolicy) {
+    let cr = policy.metadata.name.clone().unwrap_or_default();
+    let labels = serde_json::json!({
+        "app.kubernetes.io/name": "tt-kmd-installer",
+        "app.kubernetes.io/component": "driver",
+        "driver.tenstorrent.com/cr": cr,
+    });
+    let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": format!("ttdrv-{cr}"),
+            "labels": labels,
+            "ownerReferences": [{
+                "apiVersion": "driver.tenstorrent.com/v1alpha1",
+                "kind": "TenstorrentDriverPolicy",
+                "name": cr,
+                "uid": policy.metadata.uid,
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "selector": { "matchLabels": labels },
+            "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 1 } },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": {
+                    "nodeSelector": { "ttdrv-test": env.id },
+                    "tolerations": [{ "operator": "Exists" }],
+                    "containers": [{
+                        "name": "builder",
+                        "image": "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:go",
+                        "env": [{ "name": "TT_KMD_VERSION", "value": "2.7.0" }],
+                    }]
+                }
+            }
+        }
+    }))
+    .expect("daemonset");
+    Api::<DaemonSet>::namespaced(env.client.clone(), ns)
+        .create(&PostParams::default(), &ds)
+        .await
+        .expect("creating the Go DaemonSet");
+}
+
+/// Marks a node as the Go operator leaves one it cordoned mid-upgrade.
+async fn go_cordon(env: &TestEnv, node: &str, cr: &str) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let patch = serde_json::json!({
+        "metadata": {
+            "annotations": {
+                labels::GO_CORDONED_BY: cr,
+                labels::GO_CORDONED_AT: "2026-01-01T00:00:00Z",
+            },
+            "labels": { GATE: "false" },
+        },
+        "spec": { "unschedulable": true },
+    });
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("Go cordon");
+}
+
+async fn hide_loaded(env: &TestEnv, node: &str, version: &str) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let patch =
+        serde_json::json!({ "metadata": { "annotations": { LOADED_ANNOTATION: version } } });
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("sim loaded");
+}
+
+/// The whole switch: Go-written status, the Go DaemonSet, Go cordons with
+/// gates, a node without `kmd-version`; then our controller, and nothing else.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn go_era_cluster_is_taken_over_with_no_manual_step() {
+    let env = TestEnv::new("migration").await;
+    let ns = env.namespace().await;
+    let pool = [("pool", "fleet")];
+    let node = |suffix: &'static str, kmd: Option<&'static str>| {
+        let env = &env;
+        async move {
+            let mut l = pool.to_vec();
+            if let Some(v) = kmd {
+                l.push((labels::KMD_VERSION, v));
+            }
+            env.tt_node(suffix, &l)
+                .await
+                .metadata
+                .name
+                .unwrap_or_default()
+        }
+    };
+    // Cordoned by Go after its install finished: only the cordon is left.
+    let landed = node("landed", Some("2.8.0")).await;
+    // Cordoned by Go before its install: still the old module.
+    let old = node("old", Some("2.7.0")).await;
+    // Cordoned by Go, its pod NotReady: no kmd-version, 2.7.0 loaded.
+    let unlabelled_cordoned = node("unlabelled-cordoned", None).await;
+    // Not cordoned, no kmd-version, 2.7.0 loaded: not assumed empty.
+    let unlabelled = node("unlabelled", None).await;
+    // Untouched by Go yet.
+    let plain = node("plain", Some("2.7.0")).await;
+    // Cordoned by Go, uncordoned by an admin since: only the marks are left.
+    let marked = node("marked", Some("2.8.0")).await;
+    let all = vec![
+        marked.clone(),
+        landed.clone(),
+        old.clone(),
+        unlabelled_cordoned.clone(),
+        unlabelled.clone(),
+        plain.clone(),
+    ];
+    let cr = env.name("fleet");
+    let policy = create(
+        &env,
+        &cr,
+        &format!(
+            "version: \"2.8.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}, pool: fleet}}}}\nupgradePolicy: {{maxUnavailable: 1}}",
+            env.id
+        ),
+    )
+    .await;
+    write_foreign_statuses(&env, &[(cr.as_str(), go_status(&all))]).await;
+    for n in [&landed, &old, &unlabelled_cordoned, &marked] {
+        go_cordon(&env, n, &cr).await;
+    }
+    env.set_unschedulable(&marked, false).await;
+    env.label_node(&marked, GATE, None).await;
+    for n in [&unlabelled_cordoned, &unlabelled] {
+        hide_loaded(&env, n, "2.7.0").await;
+    }
+    go_daemonset(&env, &ns, &policy).await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
+    let go_pods = ListParams::default().labels("app.kubernetes.io/name=tt-kmd-installer");
+    wait_for("the Go installer pods", T, || async {
+        let n = pods
+            .list(&go_pods)
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        if n == all.len() {
+            Ok(())
+        } else {
+            Err(format!("{n} pods"))
+        }
+    })
+    .await;
+
+    let safety = SafetyWatcher::start(&env);
+    let _agent = SimAgent::spawn(
+        env.client.clone(),
+        SimAgentConfig {
+            namespace: ns.clone(),
+            work: Duration::from_millis(300),
+        },
+    );
+    // The Degraded reasons the policy shows on the way (polled).
+    let reasons = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let poll = {
+        let (api, cr, reasons) = (
+            Api::<TenstorrentDriverPolicy>::all(env.client.clone()),
+            cr.clone(),
+            reasons.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                if let Ok(p) = api.get(&cr).await {
+                    for c in p.status.iter().flat_map(|s| s.conditions.iter()) {
+                        if c.type_ == "Degraded"
+                            && let Ok(mut r) = reasons.lock()
+                        {
+                            r.insert(c.reason.clone());
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let started = std::time::Instant::now();
+    let _ctl = controller(&env, &ns);
+
+    wait_nodes_state(
+        &env,
+        &cr,
+        &all,
+        NodeState::Done,
+        "2.8.0",
+        Duration::from_secs(240),
+    )
+    .await;
+    eprintln!("taken over in {:?}", started.elapsed());
+    for n in &all {
+        wait_for(&format!("{n} left as a Done node should be"), T, || async {
+            let node = env.get_node(n).await;
+            let ann = node.metadata.annotations.clone().unwrap_or_default();
+            let left: Vec<_> = [labels::GO_CORDONED_BY, labels::GO_CORDONED_AT]
+                .into_iter()
+                .filter(|k| ann.contains_key(*k))
+                .collect();
+            let (kmd, cordoned, gates) = (kmd(&node), unschedulable(&node), gate_labels(&node));
+            if kmd.as_deref() == Some("2.8.0") && !cordoned && gates.is_empty() && left.is_empty()
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "kmd {kmd:?}, unschedulable {cordoned}, gates {gates:?}, Go annotations {left:?}"
+                ))
+            }
+        })
+        .await;
+    }
+    // The DaemonSet is ours now, and the Go pods are gone with the Go one.
+    let ds = Api::<DaemonSet>::namespaced(env.client.clone(), &ns)
+        .get(&format!("ttdrv-{cr}"))
+        .await
+        .expect("DaemonSet");
+    assert_eq!(
+        ds.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::CLAIM)),
+        Some(&cr)
+    );
+    let left = pods.list(&go_pods).await.expect("pods").items.len();
+    assert_eq!(left, 0, "Go installer pods left");
+    let events = policy_events(&env, &cr).await;
+    assert!(
+        !events.iter().any(|(r, _)| r == "PolicyRefused"),
+        "a takeover is not a refusal: {events:?}"
+    );
+    for reason in [
+        "DaemonSetTakeover",
+        "DaemonSetTakenOver",
+        "UnreadableStatusReplaced",
+    ] {
+        assert!(
+            events.iter().any(|(r, _)| r == reason),
+            "no {reason} Event: {events:?}"
+        );
+    }
+    readable_status(&env, &cr).await.expect("our status");
+    poll.abort();
+    let reasons = reasons.lock().map(|r| r.clone()).unwrap_or_default();
+    assert!(
+        reasons.contains("DaemonSetTakeover"),
+        "the takeover never showed as a Degraded condition: {reasons:?}"
+    );
+    let seen = safety.seen();
+    eprintln!("swaps: {:?}", seen.swaps);
+    assert!(
+        seen.swaps_without_go_ahead.is_empty(),
+        "swapped outside a cycle: {:?}",
+        seen.swaps_without_go_ahead
+    );
+    // The modules of the unlabelled nodes were swapped too, each in a cycle.
+    for n in [&unlabelled_cordoned, &unlabelled, &old] {
+        assert!(
+            seen.swaps
+                .iter()
+                .any(|s| s.starts_with(&format!("{n}: 2.7.0 -> 2.8.0"))),
+            "{n}: no swap seen: {:?}",
+            seen.swaps
+        );
+    }
+    env.cleanup().await;
+}
