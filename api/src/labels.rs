@@ -8,6 +8,11 @@ pub const TT_PCI_PRESENT: &str = "feature.node.kubernetes.io/pci-1200_1e52.prese
 pub const SKIP: &str = "driver.tenstorrent.com/skip";
 /// Version of the module loaded right now, as read from sysfs by the agent.
 pub const KMD_VERSION: &str = "driver.tenstorrent.com/kmd-version";
+/// The host boot ID (`/proc/sys/kernel/random/boot_id`) at which the agent
+/// last reported [`KMD_VERSION`]; set with it every time it is set or removed.
+/// After a reboot the node's `status.nodeInfo.bootID` differs, so the
+/// controller treats the module as not loaded until the agent reports again.
+pub const KMD_BOOT_ID: &str = "driver.tenstorrent.com/kmd-boot-id";
 /// Version of the tt-smi binary the agent copied to the host.
 pub const TT_SMI_VERSION: &str = "tt-smi.driver.tenstorrent.com/version";
 /// `container` when the operator manages the module, `host` when DKMS does.
