@@ -42,8 +42,11 @@ impl Signals {
     pub fn watch(&self) -> Result<(), String> {
         self.watching
             .get_or_init(|| {
-                let stopped = Arc::clone(&self.stopped);
-                start_watcher(stopped)
+                let started = start_watcher(Arc::clone(&self.stopped));
+                if let Err(e) = &started {
+                    tracing::error!(error = %e, "SIGTERM and SIGINT keep their default action");
+                }
+                started
             })
             .clone()
     }
@@ -89,9 +92,8 @@ fn start_watcher(stopped: Arc<(Mutex<Option<&'static str>>, Condvar)>) -> Result
 
 impl Pause for Signals {
     fn pause(&self, d: Duration) -> bool {
-        if let Err(e) = self.watch() {
-            tracing::error!(error = %e, "SIGTERM keeps its default action");
-        }
+        // Without the watcher a signal still ends the process (default action).
+        let _ = self.watch();
         let (lock, cv) = &*self.stopped;
         let Ok(guard) = lock.lock() else {
             std::thread::sleep(d);
