@@ -133,7 +133,10 @@ fn answer(method: &str, path: &str, body: &[u8], state: &Mutex<State>) -> (&'sta
     let Ok(mut s) = state.lock() else {
         return ("500 Internal Server Error", json!({}));
     };
-    let name = s.node["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let name = s.node["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let node_path = format!("/api/v1/nodes/{name}");
     match (method, path) {
         ("GET", p) if p == node_path => {
