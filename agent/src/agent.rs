@@ -1,12 +1,16 @@
 //! The run sequence of the spec's "Each pod's entrypoint", as a function that
-//! returns what it did, so tests drive it on a fake host root.
+//! returns what it did, so tests drive it on a fake host root, and the
+//! decisions it takes on the way: what the host reports ([`host_labels`]),
+//! whether a loaded module may be swapped (the second key, [`swap_decision`]).
 
 use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ttdrv_api::labels;
+use k8s_openapi::api::core::v1::Node;
+use ttdrv_api::labels::{self, env};
+use ttdrv_core::go_ahead::{self, Swap};
 
 use crate::build::{BuildRequest, Builder};
 use crate::cache::{self, Cache};
@@ -16,6 +20,7 @@ use crate::holders::find_holders;
 use crate::host::{HostRoot, MODULE_NAME, ModuleState, validate_version, version_matches};
 use crate::kernel::{KernelOps, ProcessKiller};
 use crate::node::{LabelChanges, NodeApi};
+use crate::pod::{self, Pause};
 
 /// Where tt-smi is installed on the host.
 pub const TT_SMI_HOST_PATH: &str = "/usr/local/bin/tt-smi";
@@ -39,6 +44,18 @@ pub struct Config {
     /// filesystem before a build (its `/usr/lib`); None when the agent runs
     /// on the host itself. See [`crate::kbuild`].
     pub kbuild_link_dir: Option<PathBuf>,
+    /// TTDRV_POLICY: the policy whose go-ahead may open a swap. None (or
+    /// empty) fails closed: a loaded module of another version is never swapped.
+    pub policy: Option<String>,
+    /// How often to look for the go-ahead again while waiting for it.
+    pub go_ahead_poll: Duration,
+    /// Swap without the controller's go-ahead: for running by hand on a host
+    /// with no controller (the operator is the second key). `main` refuses it
+    /// when NODE_NAME is set.
+    pub swap_without_go_ahead: bool,
+    /// Where the agent notes why it waits (a path in its own filesystem, read
+    /// by `ready` and `status`); None: nowhere.
+    pub status_file: Option<PathBuf>,
 }
 
 /// Where the loaded module came from.
@@ -64,6 +81,9 @@ pub enum Outcome {
         source: ModuleSource,
         killed: Vec<Holder>,
     },
+    /// The pod was stopped while the agent waited for the go-ahead; the
+    /// loaded module was left alone.
+    Stopped { waiting: String },
 }
 
 impl Outcome {
@@ -99,6 +119,7 @@ impl Outcome {
                         .join(",")
                 }
             ),
+            Outcome::Stopped { waiting } => format!("result=stopped-waiting waiting={waiting:?}"),
         }
     }
 }
@@ -121,6 +142,16 @@ pub struct Agent<'a> {
     pub killer: &'a dyn ProcessKiller,
     pub builder: &'a dyn Builder,
     pub node: &'a dyn NodeApi,
+    /// Waiting for the go-ahead, cut short when the pod is stopped.
+    pub pause: &'a dyn Pause,
+}
+
+/// How the wait for the second key ended.
+enum Keyed {
+    /// Go on with the module as it is now (None: nothing loaded).
+    Open(Option<ModuleState>),
+    /// The pod is being stopped; why the agent was still waiting.
+    Stopped(String),
 }
 
 impl Agent<'_> {
@@ -132,14 +163,32 @@ impl Agent<'_> {
     pub fn run(&self) -> Result<Outcome> {
         let root = self.root();
 
+        // Report what the host runs right now, before anything that can fail
+        // (a build, the network), so that a failing or crash-looping agent
+        // still tells the truth: a host whose DKMS install is gone stops
+        // being reported host-managed, and kmd-version is what sysfs shows.
         let signals = step("detect-host-install", || Ok(root.host_install_signals()))?;
+        let state = root.module_state();
+        let loaded_now = state
+            .as_ref()
+            .ok()
+            .and_then(|s| s.as_ref())
+            .and_then(|s| s.version.clone());
+        step("report-host", || {
+            self.report_host(&root, !signals.is_empty(), loaded_now.as_deref())
+        })?;
+        let state = step("read-module-state", || state)?;
         if !signals.is_empty() {
-            return self.run_host_managed(&root, signals);
+            tracing::info!(
+                ?signals,
+                "host-managed tt-kmd install detected: not touching the host"
+            );
+            let loaded = state.and_then(|s| s.version);
+            return Ok(Outcome::HostManaged { signals, loaded });
         }
 
         let target = validate_version(&self.config.target_version)?;
         let kver = step("kernel-release", || root.kernel_release())?;
-        let state = step("read-module-state", || root.module_state())?;
         tracing::info!(
             kernel = %kver,
             target = %target,
@@ -151,22 +200,38 @@ impl Agent<'_> {
         if version_matches(state.as_ref().and_then(|s| s.version.as_deref()), &target) {
             self.device_access(&root);
             let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
-            step("label-node", || self.label_container(&target, smi))?;
+            step("label-node", || self.label_container(&root, &target, smi))?;
             return Ok(Outcome::AlreadyCurrent { version: target });
         }
 
-        // Refuse early, before any build, when the device is in use.
+        // Refuse early, before any build, when the swap would be allowed now
+        // but the device is in use.
         if let Some(s) = &state
             && s.refcnt > 0
             && !self.config.force_unload
+            && self.may_swap(&target, Some(s)).is_none()
         {
             return Err(self.busy_error(&root, s));
         }
 
-        // Get the new module before touching the old one: a failed build
-        // (missing headers, missing tag, unwritable cache) leaves the node
-        // with the driver it had.
+        // Get the new module (and tt-smi) before touching the old one: a
+        // failed build (missing headers, missing tag, unwritable cache)
+        // leaves the node with the driver it had, and once the go-ahead
+        // comes the swap itself is quick.
         let (ko, source) = self.obtain_module(&root, &kver, &target)?;
+        let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
+
+        // The second key: a loaded module of another version is unloaded only
+        // with the controller's go-ahead, read again right before the swap.
+        let state = match self.await_second_key(&root, &target)? {
+            Keyed::Open(state) => state,
+            Keyed::Stopped(waiting) => return Ok(Outcome::Stopped { waiting }),
+        };
+        if version_matches(state.as_ref().and_then(|s| s.version.as_deref()), &target) {
+            self.device_access(&root);
+            step("label-node", || self.label_container(&root, &target, smi))?;
+            return Ok(Outcome::AlreadyCurrent { version: target });
+        }
 
         let mut killed = Vec::new();
         let previous = match &state {
@@ -202,8 +267,7 @@ impl Agent<'_> {
         })?;
 
         self.device_access(&root);
-        let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
-        step("label-node", || self.label_container(&target, smi))?;
+        step("label-node", || self.label_container(&root, &target, smi))?;
         Ok(Outcome::Installed {
             version: target,
             previous: previous.flatten(),
@@ -212,23 +276,98 @@ impl Agent<'_> {
         })
     }
 
-    fn run_host_managed(&self, root: &HostRoot, signals: Vec<String>) -> Result<Outcome> {
-        tracing::info!(
-            ?signals,
-            "host-managed tt-kmd install detected: not touching the host"
-        );
-        let loaded = root.loaded_version()?;
-        let mut changes = LabelChanges::new();
-        changes.insert(
-            labels::INSTALL_MODE.into(),
-            Some(labels::INSTALL_MODE_HOST.into()),
-        );
-        changes.insert(
-            labels::KMD_VERSION.into(),
-            loaded.clone().filter(|v| valid_label_value(v)),
-        );
-        step("label-node", || self.apply_labels(&changes))?;
-        Ok(Outcome::HostManaged { signals, loaded })
+    /// None when the module may be swapped now, else why not. Asks the API
+    /// server only when a loaded module of another version would be swapped.
+    fn may_swap(&self, target: &str, state: Option<&ModuleState>) -> Option<String> {
+        if self.config.swap_without_go_ahead {
+            return None;
+        }
+        match swap_decision(self.config.policy.as_deref(), target, state, || {
+            self.node.get()
+        }) {
+            Swap::Wait(why) => Some(why),
+            Swap::GoAhead(go) => {
+                tracing::info!(
+                    policy = %go.policy,
+                    node = %go.node,
+                    target = %go.target,
+                    cycle = go.cycle,
+                    "the controller's go-ahead is on the node"
+                );
+                None
+            }
+            Swap::FirstInstall | Swap::AlreadyLoaded => None,
+        }
+    }
+
+    /// Waits until the loaded module may be swapped (or there is nothing to
+    /// swap), reading the module and the Node again every poll. Logs and
+    /// notes each distinct reason once; ends early when the pod is stopped.
+    fn await_second_key(&self, root: &HostRoot, target: &str) -> Result<Keyed> {
+        if self.config.swap_without_go_ahead {
+            tracing::warn!(
+                "--swap-without-go-ahead: a loaded module is swapped without the controller's go-ahead (run by hand)"
+            );
+        }
+        let start = Instant::now();
+        let mut said: Option<String> = None;
+        loop {
+            let state = root.module_state()?;
+            let Some(why) = self.may_swap(target, state.as_ref()) else {
+                if said.is_some() {
+                    self.note_waiting(None);
+                    tracing::info!(
+                        waited_ms = start.elapsed().as_millis() as u64,
+                        "done waiting: going on with the module"
+                    );
+                }
+                return Ok(Keyed::Open(state));
+            };
+            if said.as_deref() != Some(why.as_str()) {
+                tracing::warn!(
+                    poll_ms = self.config.go_ahead_poll.as_millis() as u64,
+                    "{why}; the loaded module is left alone and the pod is not Ready"
+                );
+                self.note_waiting(Some(&why));
+                said = Some(why.clone());
+            }
+            if self.pause.pause(self.config.go_ahead_poll) {
+                tracing::info!(
+                    waited_ms = start.elapsed().as_millis() as u64,
+                    "stopped while waiting for the go-ahead; the loaded module was left alone"
+                );
+                return Ok(Keyed::Stopped(why));
+            }
+        }
+    }
+
+    fn note_waiting(&self, why: Option<&str>) {
+        if let Some(path) = &self.config.status_file
+            && let Err(e) = pod::set_waiting(path, why)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the waiting note");
+        }
+    }
+
+    /// Labels the node with what the host runs now.
+    fn report_host(&self, root: &HostRoot, host_managed: bool, loaded: Option<&str>) -> Result<()> {
+        let changes = host_labels(host_managed, loaded, self.boot_id(root).as_deref());
+        self.apply_labels(&changes)
+    }
+
+    /// The boot ID to label; None (label removed) when unreadable.
+    fn boot_id(&self, root: &HostRoot) -> Option<String> {
+        match root.boot_id() {
+            Ok(id) if valid_label_value(&id) => Some(id),
+            Ok(id) => {
+                tracing::warn!(boot_id = %id, "the boot ID is not a label value; removing the boot-ID label");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "removing the boot-ID label");
+                None
+            }
+        }
     }
 
     fn busy_error(&self, root: &HostRoot, s: &ModuleState) -> AgentError {
@@ -441,13 +580,13 @@ impl Agent<'_> {
         Ok(true)
     }
 
-    fn label_container(&self, version: &str, tt_smi_installed: bool) -> Result<()> {
-        let mut changes = LabelChanges::new();
-        changes.insert(
-            labels::INSTALL_MODE.into(),
-            Some(labels::INSTALL_MODE_CONTAINER.into()),
-        );
-        changes.insert(labels::KMD_VERSION.into(), Some(version.to_string()));
+    fn label_container(
+        &self,
+        root: &HostRoot,
+        version: &str,
+        tt_smi_installed: bool,
+    ) -> Result<()> {
+        let mut changes = host_labels(false, Some(version), self.boot_id(root).as_deref());
         if tt_smi_installed {
             match &self.config.tt_smi_version {
                 Some(v) if valid_label_value(v) => {
@@ -470,6 +609,70 @@ impl Agent<'_> {
                 reason,
             })
     }
+}
+
+/// The second key (pure): whether the module loaded now (`state`) may be
+/// swapped for `target`. Nothing loaded, or the target loaded, needs no
+/// go-ahead; otherwise the Node (read through `node`, only then) must carry
+/// the controller's go-ahead for `policy`, this node, `target` and the
+/// current cycle ([`go_ahead::decide`]). Without a policy, or without the
+/// Node, it waits: fail closed.
+pub fn swap_decision(
+    policy: Option<&str>,
+    target: &str,
+    state: Option<&ModuleState>,
+    node: impl FnOnce() -> std::result::Result<Node, String>,
+) -> Swap {
+    let Some(loaded) = state.map(loaded_name) else {
+        return Swap::FirstInstall;
+    };
+    if version_matches(Some(&loaded), target) {
+        return Swap::AlreadyLoaded;
+    }
+    let wait = |why: String| {
+        Swap::Wait(format!(
+            "waiting for the controller's go-ahead to replace tt-kmd {loaded} with {target}: {why}"
+        ))
+    };
+    let Some(policy) = policy.filter(|p| !p.trim().is_empty()) else {
+        return wait(format!(
+            "{} is not set on this pod, so no go-ahead can match (a loaded module is never swapped without one)",
+            env::POLICY
+        ));
+    };
+    match node() {
+        Ok(n) => go_ahead::decide(&n, policy, target, Some(&loaded), |l, t| {
+            version_matches(Some(l), t)
+        }),
+        Err(e) => wait(e),
+    }
+}
+
+/// The labels that say what the host runs now: the install mode (`host` only
+/// with a DKMS signal present), the loaded version (removed when nothing is
+/// loaded or it is no label value) and the boot ID it was read at (removed
+/// when unknown), always together.
+pub fn host_labels(
+    host_managed: bool,
+    loaded: Option<&str>,
+    boot_id: Option<&str>,
+) -> LabelChanges {
+    let mode = if host_managed {
+        labels::INSTALL_MODE_HOST
+    } else {
+        labels::INSTALL_MODE_CONTAINER
+    };
+    LabelChanges::from([
+        (labels::INSTALL_MODE.to_string(), Some(mode.to_string())),
+        (
+            labels::KMD_VERSION.to_string(),
+            loaded.filter(|v| valid_label_value(v)).map(str::to_string),
+        ),
+        (
+            labels::KMD_BOOT_ID.to_string(),
+            boot_id.filter(|v| valid_label_value(v)).map(str::to_string),
+        ),
+    ])
 }
 
 fn loaded_name(s: &ModuleState) -> String {

@@ -217,7 +217,64 @@ pub enum AgentError {
     Label { node: String, reason: String },
 }
 
+/// The most the kubelet keeps of a container's termination message, in bytes.
+pub const TERMINATION_MESSAGE_MAX: usize = 4096;
+
 impl AgentError {
+    /// The reason the agent gives when it gives up with this error (the first
+    /// word of its termination message, see [`ttdrv_core::reason`]), or None
+    /// for errors that name none (they only exit non-zero). The one place
+    /// that maps errors to reasons.
+    pub fn reason(&self) -> Option<&'static str> {
+        use ttdrv_core::reason::{BUILD_FAILED, DEVICE_BUSY, LOAD_FAILED};
+        match self {
+            // Something holds the device: the error lists the holders.
+            AgentError::Busy { .. } | AgentError::UnloadTimeout { .. } => Some(DEVICE_BUSY),
+            AgentError::Unload { source, .. }
+                if matches!(
+                    source.raw_os_error().map(nix::errno::Errno::from_raw),
+                    Some(nix::errno::Errno::EBUSY | nix::errno::Errno::EAGAIN)
+                ) =>
+            {
+                Some(DEVICE_BUSY)
+            }
+            // The module cannot be built as configured: a retry builds the same.
+            AgentError::HeadersMissing { .. }
+            | AgentError::MissingTag { .. }
+            | AgentError::Spawn { .. }
+            | AgentError::Make { .. }
+            | AgentError::BuildOutputMissing { .. }
+            | AgentError::BuiltWrongVersion { .. } => Some(BUILD_FAILED),
+            // The kernel refused the module, or runs another version after loading it.
+            AgentError::LoadFailed { .. } | AgentError::ReadbackMismatch { .. } => {
+                Some(LOAD_FAILED)
+            }
+            AgentError::Io { .. }
+            | AgentError::KernelRelease { .. }
+            | AgentError::InvalidKernelRelease(_)
+            | AgentError::InvalidVersion(_)
+            | AgentError::NoTargetVersion
+            | AgentError::GitClone { .. }
+            | AgentError::CacheWrite { .. }
+            | AgentError::ModInfo { .. }
+            | AgentError::Kill { .. }
+            | AgentError::Unload { .. }
+            | AgentError::Label { .. } => None,
+        }
+    }
+
+    /// `<Reason>: <message>` within [`TERMINATION_MESSAGE_MAX`] bytes for an
+    /// error with a [`reason`](Self::reason); a long message loses its middle,
+    /// so the summary at its start and the end of a build log both stay.
+    pub fn termination_message(&self) -> Option<String> {
+        let reason = self.reason()?;
+        let budget = TERMINATION_MESSAGE_MAX.saturating_sub(reason.len() + 2);
+        Some(ttdrv_core::reason::termination_message(
+            reason,
+            &cut_middle(&self.to_string(), budget),
+        ))
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         AgentError::Io {
             op,
@@ -228,3 +285,86 @@ impl AgentError {
 }
 
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
+
+/// `text` in at most `max` bytes: when longer, its first quarter and its end,
+/// with the middle replaced by a marker saying how much was cut.
+pub fn cut_middle(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    // The marker is at most this long (the count has at most 20 digits).
+    const MARKER_MAX: usize = 40;
+    let keep = max.saturating_sub(MARKER_MAX);
+    let mut head = keep / 4;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - (keep - head);
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{} [... {} bytes cut ...] {}",
+        &text[..head],
+        tail - head,
+        &text[tail..]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_middle_keeps_start_and_end_within_the_bound() {
+        assert_eq!(cut_middle("short", 10), "short");
+        let text = format!("START{}END", "é".repeat(5000));
+        for max in [60, 100, 4000, 4090] {
+            let cut = cut_middle(&text, max);
+            assert!(cut.len() <= max, "{max}: {} bytes", cut.len());
+            assert!(cut.starts_with("START") || max < 100, "{cut}");
+            assert!(cut.ends_with("éEND"), "{cut}");
+            assert!(cut.contains("bytes cut"), "{cut}");
+        }
+    }
+
+    #[test]
+    fn only_give_up_errors_name_a_reason() {
+        let busy = AgentError::Busy {
+            loaded: "2.7.0".into(),
+            refcnt: 1,
+            holders: vec![],
+        };
+        assert_eq!(busy.reason(), Some("DeviceBusy"));
+        let ebusy = AgentError::Unload {
+            loaded: "2.7.0".into(),
+            source: std::io::Error::from_raw_os_error(nix::errno::Errno::EAGAIN as i32),
+        };
+        assert_eq!(ebusy.reason(), Some("DeviceBusy"));
+        let enoent = AgentError::Unload {
+            loaded: "2.7.0".into(),
+            source: std::io::Error::from_raw_os_error(nix::errno::Errno::ENOENT as i32),
+        };
+        assert_eq!(enoent.reason(), None);
+        assert_eq!(enoent.termination_message(), None);
+        let make = AgentError::Make {
+            version: "2.8.0".into(),
+            headers: PathBuf::from("/lib/modules/x/build"),
+            status: "exit status: 2".into(),
+            output: "x".repeat(10_000) + "\nerror: the last line",
+        };
+        let m = make.termination_message().expect("BuildFailed");
+        assert!(
+            m.starts_with("BuildFailed: building tenstorrent 2.8.0"),
+            "{m}"
+        );
+        assert!(m.ends_with("error: the last line"), "{m}");
+        assert!(m.len() <= TERMINATION_MESSAGE_MAX, "{}", m.len());
+        let git = AgentError::GitClone {
+            tag: "ttkmd-2.8.0".into(),
+            repo: "r".into(),
+            stderr: "network".into(),
+        };
+        assert_eq!(git.reason(), None, "a network error may pass: no fail-fast");
+    }
+}

@@ -159,11 +159,19 @@ impl Builder for FakeBuilder {
     }
 }
 
-/// Lays out a minimal fake host: kernel release and a (empty) header directory.
+/// The boot ID of a fake host.
+pub const FAKE_BOOT_ID: &str = "6b1d2f3e-0a4c-4d5e-9f60-718293a4b5c6";
+
+/// Lays out a minimal fake host: kernel release, boot ID and a (empty) header
+/// directory.
 pub fn fake_host(root: &Path, kver: &str) -> io::Result<()> {
     let r = HostRoot::new(root);
-    fs::create_dir_all(r.path("/proc/sys/kernel"))?;
+    fs::create_dir_all(r.path("/proc/sys/kernel/random"))?;
     fs::write(r.path("/proc/sys/kernel/osrelease"), format!("{kver}\n"))?;
+    fs::write(
+        r.path("/proc/sys/kernel/random/boot_id"),
+        format!("{FAKE_BOOT_ID}\n"),
+    )?;
     fs::create_dir_all(r.path(format!("/lib/modules/{kver}/build")))?;
     Ok(())
 }

@@ -94,6 +94,15 @@ impl HostRoot {
         Ok(kver)
     }
 
+    /// The host's boot ID from `<root>/proc/sys/kernel/random/boot_id`,
+    /// trimmed; it changes at every boot.
+    pub fn boot_id(&self) -> Result<String> {
+        let path = self.path("/proc/sys/kernel/random/boot_id");
+        fs::read_to_string(&path)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| AgentError::io("reading the boot ID from", path, e))
+    }
+
     /// Signals of a host-managed (DKMS) install that are present.
     pub fn host_install_signals(&self) -> Vec<String> {
         let mut found = Vec::new();

@@ -1,26 +1,31 @@
 //! Node agent of the Tenstorrent driver manager (`ttdrv-agent`).
 //!
 //! It runs as the entrypoint of the per-policy DaemonSet pod on every matched
-//! node: it detects a host-managed (DKMS) install, compares the loaded
-//! `tenstorrent` module with `TT_KMD_VERSION`, unloads it when nothing holds
-//! the device (or kills the holders with force-unload), loads the target
-//! version from the host's cache or builds it from source, installs tt-smi
-//! and labels its own Node. See docs/agent.md.
+//! node: it labels its own Node with what the host runs (install mode, loaded
+//! version, boot ID), detects a host-managed (DKMS) install, compares the
+//! loaded `tenstorrent` module with `TT_KMD_VERSION`, gets the target version
+//! from the host's cache or builds it from source, installs tt-smi, and only
+//! with the controller's go-ahead on the Node (the second key) unloads a
+//! loaded module of another version when nothing holds the device (or kills
+//! the holders with force-unload) and loads the target. When it gives up on a
+//! busy device, a failed build or a refused load it says so in its
+//! termination message. See docs/agent.md.
 //!
 //! Modules bottom-up; each uses only modules listed above it:
 //!
 //! - [`holder`]: a process holding /dev/tenstorrent (PID, comm, pod, container), plain data.
 //! - [`kernel`]: loading/unloading the module and killing holders, behind traits.
-//! - [`node`]: the agent's own Node labels and pod names, behind a trait.
-//! - [`error`]: [`AgentError`] and [`Rollback`]; uses `holder`.
-//! - [`host`]: [`HostRoot`]: host paths, kernel release, module state, version checks; uses `error`.
+//! - [`node`]: the agent's own Node (read for the go-ahead, labelled) and pod names, behind a trait.
+//! - [`error`]: [`AgentError`], [`Rollback`], and each error's reason and termination message; uses `holder`.
+//! - [`host`]: [`HostRoot`]: host paths, kernel release, boot ID, module state, version checks; uses `error`.
+//! - [`pod`]: the agent's own pod: pauses that SIGTERM ends, the waiting note, readiness, the termination message; uses `host`.
 //! - [`holders`]: the /proc walk that finds holders; uses `holder`, `host`.
 //! - [`modinfo`]: a module file's `.modinfo` version; uses `error`.
 //! - [`build`]: building the module with git and make; uses `error`, `host`.
 //! - [`cache`]: the module cache on the host; uses `error`, `host`, `modinfo`.
 //! - [`kbuild`]: linking the host's Debian kbuild trees for a build; uses `error`, `host`.
 //! - [`devices`]: the udev rule, device-node modes and the old /opt/tt venv; uses `host`.
-//! - [`agent`]: the run sequence and its decisions; uses all of the above.
+//! - [`agent`]: the run sequence and its decisions (labels, the second key); uses all of the above.
 //! - [`status`]: the `status` subcommand's report; uses `agent`, `cache`, `holders`, `host`.
 //! - [`fake`]: fake kernel, builder and host for tests; uses `build`, `error`, `host`, `kernel`, `modinfo`.
 
@@ -37,6 +42,7 @@ pub mod kbuild;
 pub mod kernel;
 pub mod modinfo;
 pub mod node;
+pub mod pod;
 pub mod status;
 
 pub use agent::{Agent, Config, ModuleSource, Outcome};

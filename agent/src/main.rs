@@ -1,7 +1,7 @@
 //! `ttdrv-agent`: entrypoint (`run`), readiness probe (`ready`) and
 //! diagnostics (`status`) of the driver manager's node agent.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -9,10 +9,11 @@ use clap::{Parser, Subcommand};
 use ttdrv_api::labels::{self, env};
 
 use ttdrv_agent::build::GitMakeBuilder;
-use ttdrv_agent::host::{HostRoot, version_matches};
+use ttdrv_agent::host::HostRoot;
 use ttdrv_agent::kernel::{RealKernel, RealKiller};
 use ttdrv_agent::node::{KubeNode, NoNode, NodeApi};
-use ttdrv_agent::{Agent, AgentError, Config, status};
+use ttdrv_agent::pod::{self, Pause, Signals};
+use ttdrv_agent::{Agent, AgentError, Config, Outcome, status};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -30,6 +31,12 @@ struct Cli {
     #[arg(long, global = true, env = "TTDRV_LOG_JSON")]
     log_json: bool,
 
+    /// Where `run` notes why it waits for the controller's go-ahead (a path in
+    /// the agent's own filesystem), read by `ready` and `status`; empty for
+    /// nowhere.
+    #[arg(long, global = true, env = "TTDRV_STATUS_FILE", default_value = pod::DEFAULT_STATUS_FILE)]
+    status_file: PathBuf,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -38,7 +45,8 @@ struct Cli {
 enum Command {
     /// Bring the node to the target version, label it, then idle until SIGTERM.
     Run(RunArgs),
-    /// Exit 0 only when the loaded module's version equals the target exactly.
+    /// Exit 0 only when the loaded module's version equals the target exactly
+    /// and `run` is not waiting for the go-ahead.
     Ready {
         /// Target tt-kmd version.
         #[arg(long = "version", env = env::TT_KMD_VERSION)]
@@ -87,9 +95,32 @@ struct RunArgs {
     #[arg(long, env = env::TT_SMI_VERSION)]
     tt_smi_version: Option<String>,
 
-    /// The node to label; without it labelling is skipped.
+    /// The node to label and to read the go-ahead from; without it labelling
+    /// is skipped and a loaded module of another version is not swapped.
     #[arg(long, env = env::NODE_NAME)]
     node_name: Option<String>,
+
+    /// The policy whose DaemonSet runs this agent: only a go-ahead naming it
+    /// lets the agent swap a loaded module. Unset: never swap one (first
+    /// installs and an already loaded target still work).
+    #[arg(long, env = env::POLICY)]
+    policy: Option<String>,
+
+    /// Milliseconds between looks at the Node while waiting for the go-ahead.
+    #[arg(long, env = "TTDRV_GO_AHEAD_POLL_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(10..))]
+    go_ahead_poll_ms: u64,
+
+    /// Where to write the termination message when giving up on a busy
+    /// device, a failed build or a refused load; empty for nowhere.
+    #[arg(long, env = "TTDRV_TERMINATION_LOG", default_value = pod::DEFAULT_TERMINATION_LOG)]
+    termination_log: PathBuf,
+
+    /// Swap a loaded module without the controller's go-ahead: only for
+    /// running by hand on a host without a controller; refused when NODE_NAME
+    /// is set.
+    #[arg(long)]
+    swap_without_go_ahead: bool,
 
     /// Exit after the sequence instead of idling until SIGTERM.
     #[arg(long)]
@@ -123,30 +154,22 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs(cli.log_json);
     let root = HostRoot::new(&cli.host_root);
+    let status_file = Some(cli.status_file.clone()).filter(|p| !p.as_os_str().is_empty());
     match cli.command {
-        Command::Run(args) => run(&cli.host_root, args),
-        Command::Ready { target } => {
-            let loaded = match root.loaded_version() {
-                Ok(v) => v,
-                Err(e) => {
-                    eprintln!("not ready: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            if version_matches(loaded.as_deref(), &target) {
-                println!("ready: tenstorrent {} loaded", target.trim());
+        Command::Run(args) => run(&cli.host_root, status_file, args),
+        Command::Ready { target } => match pod::readiness(&root, &target, status_file.as_deref()) {
+            Ok(msg) => {
+                println!("{msg}");
                 ExitCode::SUCCESS
-            } else {
-                eprintln!(
-                    "not ready: loaded {}, want {}",
-                    loaded.as_deref().unwrap_or("none"),
-                    target.trim()
-                );
+            }
+            Err(msg) => {
+                eprintln!("{msg}");
                 ExitCode::FAILURE
             }
-        }
+        },
         Command::Status { target } => {
-            let s = status::collect(&root, target.as_deref());
+            let waiting = status_file.as_deref().and_then(pod::waiting);
+            let s = status::collect(&root, target.as_deref(), waiting);
             match serde_json::to_string_pretty(&s) {
                 Ok(json) => {
                     println!("{json}");
@@ -161,8 +184,15 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(host_root: &std::path::Path, args: RunArgs) -> ExitCode {
+fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCode {
     let start = Instant::now();
+    let node_name = args.node_name.clone().filter(|n| !n.is_empty());
+    if args.swap_without_go_ahead && node_name.is_some() {
+        tracing::error!(
+            "--swap-without-go-ahead is for running by hand without a controller; it is refused when NODE_NAME is set"
+        );
+        return ExitCode::from(2);
+    }
     let config = Config {
         host_root: host_root.to_path_buf(),
         target_version: args.target.clone(),
@@ -172,18 +202,23 @@ fn run(host_root: &std::path::Path, args: RunArgs) -> ExitCode {
         tt_smi_path: args.tt_smi_path.clone(),
         tt_smi_version: args.tt_smi_version.clone(),
         kbuild_link_dir: Some(args.kbuild_link_dir.clone())
-            .filter(|d| !d.as_os_str().is_empty() && host_root != std::path::Path::new("/")),
+            .filter(|d| !d.as_os_str().is_empty() && host_root != Path::new("/")),
+        policy: args.policy.clone().filter(|p| !p.is_empty()),
+        go_ahead_poll: Duration::from_millis(args.go_ahead_poll_ms),
+        swap_without_go_ahead: args.swap_without_go_ahead,
+        status_file,
     };
     tracing::info!(
         host_root = %host_root.display(),
         target = %config.target_version,
         force_unload = config.force_unload,
         source_repository = %config.source_repository,
-        node = args.node_name.as_deref().unwrap_or("(unset)"),
+        node = node_name.as_deref().unwrap_or("(unset)"),
+        policy = config.policy.as_deref().unwrap_or("(unset)"),
         "ttdrv-agent starting"
     );
-    let node: Box<dyn NodeApi> = match &args.node_name {
-        Some(name) if !name.is_empty() => match KubeNode::connect(name.clone()) {
+    let node: Box<dyn NodeApi> = match &node_name {
+        Some(name) => match KubeNode::connect(name.clone()) {
             Ok(n) => Box::new(n),
             Err(reason) => {
                 let e = AgentError::Label {
@@ -198,61 +233,65 @@ fn run(host_root: &std::path::Path, args: RunArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         },
-        _ => Box::new(NoNode),
+        None => Box::new(NoNode),
     };
     let builder = GitMakeBuilder::new(&config.source_repository);
+    let signals = Signals::new();
     let agent = Agent {
         config: &config,
         kernel: &RealKernel,
         killer: &RealKiller,
         builder: &builder,
         node: node.as_ref(),
+        pause: &signals,
     };
     let result = agent.run();
     let duration_ms = start.elapsed().as_millis() as u64;
     match result {
         Ok(outcome) => {
             tracing::info!(duration_ms, "summary: {}", outcome.summary());
-            if !args.once {
-                idle();
+            if !args.once && !matches!(outcome, Outcome::Stopped { .. }) {
+                idle(&signals);
             }
             ExitCode::SUCCESS
         }
         Err(e) => {
-            tracing::error!(duration_ms, "summary: result=failed error={e}");
+            tracing::error!(
+                duration_ms,
+                reason = e.reason().unwrap_or("-"),
+                "summary: result=failed error={e}"
+            );
+            write_termination_message(&e, &args.termination_log);
             ExitCode::FAILURE
         }
     }
 }
 
-/// Blocks until SIGTERM or SIGINT.
-fn idle() {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start a runtime to wait for SIGTERM; sleeping forever");
-            loop {
-                std::thread::park();
-            }
-        }
+/// Gives the cause of giving up to the kubelet (and so to the controller),
+/// for the errors that name a reason.
+fn write_termination_message(e: &AgentError, path: &Path) {
+    let Some(message) = e.termination_message() else {
+        return;
     };
-    rt.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tracing::info!("idling until SIGTERM");
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM: exiting"),
-                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: exiting"),
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot watch SIGTERM; idling forever");
-                std::future::pending::<()>().await;
-            }
+    if path.as_os_str().is_empty() {
+        return;
+    }
+    if let Err(err) = pod::write_termination_message(path, &message) {
+        tracing::warn!(path = %path.display(), error = %err, "cannot write the termination message");
+    }
+}
+
+/// Blocks until SIGTERM or SIGINT (at once if one came already).
+fn idle(signals: &Signals) {
+    if let Err(e) = signals.watch() {
+        tracing::error!(error = %e, "cannot watch SIGTERM; idling forever");
+        loop {
+            std::thread::park();
         }
-    });
+    }
+    if signals.received().is_none() {
+        tracing::info!("idling until SIGTERM");
+    }
+    while !signals.pause(Duration::from_secs(3600)) {}
+    tracing::info!("{}: exiting", signals.received().unwrap_or("signal"));
 }

@@ -24,6 +24,9 @@ pub struct Status {
     pub target_version: Option<String>,
     /// What `ttdrv-agent ready` would answer; null without a target.
     pub ready: Option<bool>,
+    /// Why `run` is waiting for the controller's go-ahead (from its note);
+    /// null when it is not waiting.
+    pub waiting: Option<String>,
     pub holders: Vec<Holder>,
     pub cache: Vec<CacheEntry>,
     pub tt_smi: TtSmi,
@@ -37,7 +40,7 @@ pub struct TtSmi {
     pub installed: bool,
 }
 
-pub fn collect(root: &HostRoot, target: Option<&str>) -> Status {
+pub fn collect(root: &HostRoot, target: Option<&str>, waiting: Option<String>) -> Status {
     let mut errors = Vec::new();
     let kernel_release = root
         .kernel_release()
@@ -49,8 +52,9 @@ pub fn collect(root: &HostRoot, target: Option<&str>) -> Status {
         .ok()
         .flatten();
     let signals = root.host_install_signals();
-    let ready =
-        target.map(|t| version_matches(module.as_ref().and_then(|m| m.version.as_deref()), t));
+    let ready = target.map(|t| {
+        version_matches(module.as_ref().and_then(|m| m.version.as_deref()), t) && waiting.is_none()
+    });
     Status {
         host_root: root.root().to_path_buf(),
         kernel_release,
@@ -63,6 +67,7 @@ pub fn collect(root: &HostRoot, target: Option<&str>) -> Status {
         module,
         target_version: target.map(str::to_string),
         ready,
+        waiting,
         holders: find_holders(root),
         cache: Cache::new(root).entries(),
         tt_smi: TtSmi {

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use ttdrv_agent::build::{Builder, GitMakeBuilder};
 use ttdrv_agent::fake::{
-    FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded, write_fake_module,
+    FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded, write_fake_module,
 };
-use ttdrv_agent::node::FakeNode;
+use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
+use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome, Rollback};
 use ttdrv_api::labels;
 
@@ -50,6 +51,10 @@ impl Host {
             tt_smi_path: self.smi.path().join("tt-smi"),
             tt_smi_version: Some("3.0.27".to_string()),
             kbuild_link_dir: None,
+            policy: Some(FAKE_POLICY.to_string()),
+            go_ahead_poll: Duration::from_millis(1),
+            swap_without_go_ahead: false,
+            status_file: Some(self.smi.path().join("waiting")),
         }
     }
     fn cache_module(&self, version: &str, module_version: &str) {
@@ -78,14 +83,20 @@ fn run(
         killer: kernel,
         builder,
         node,
+        // A swap without a go-ahead ends (Outcome::Stopped) instead of waiting forever.
+        pause: &FakePause::stopping_after(3),
     }
     .run()
 }
 
+/// A node with the controller's go-ahead to swap to `target`.
+fn go_ahead(target: &str) -> FakeNode {
+    FakeNode::with(go_ahead_node(FAKE_POLICY, target))
+}
+
+/// The node's labels after every patch of the run.
 fn labels_of(node: &FakeNode) -> BTreeMap<String, Option<String>> {
-    let calls = node.calls();
-    assert_eq!(calls.len(), 1, "expected one label patch, got {calls:?}");
-    calls.into_iter().next().unwrap_or_default()
+    node.labels()
 }
 
 fn label(v: &str) -> Option<String> {
@@ -155,9 +166,11 @@ fn host_mode_labels_and_leaves_the_host_byte_for_byte_unchanged() {
         assert_eq!(snapshot(h.root()), before, "{signal}: host tree changed");
         assert!(kernel.loads().is_empty() && kernel.unloads() == 0 && kernel.killed().is_empty());
         assert!(builder.builds().is_empty());
+        assert_eq!(node.calls().len(), 1, "one report: {:?}", node.calls());
         let l = labels_of(&node);
         assert_eq!(l.get(labels::INSTALL_MODE), Some(&label("host")));
         assert_eq!(l.get(labels::KMD_VERSION), Some(&label("2.7.0")));
+        assert_eq!(l.get(labels::KMD_BOOT_ID), Some(&label(FAKE_BOOT_ID)));
         assert!(!l.contains_key(labels::TT_SMI_VERSION));
     }
 }
@@ -187,6 +200,7 @@ fn matching_version_only_installs_tt_smi_and_labels() {
     let l = labels_of(&node);
     assert_eq!(l.get(labels::INSTALL_MODE), Some(&label("container")));
     assert_eq!(l.get(labels::KMD_VERSION), Some(&label("2.8.0")));
+    assert_eq!(l.get(labels::KMD_BOOT_ID), Some(&label(FAKE_BOOT_ID)));
     assert_eq!(l.get(labels::TT_SMI_VERSION), Some(&label("3.0.27")));
 }
 
@@ -200,7 +214,7 @@ fn suffixed_version_does_not_match() {
         &h.config("2.8.0"),
         &kernel,
         &FakeBuilder::default(),
-        &FakeNode::default(),
+        &go_ahead("2.8.0"),
     )
     .expect("upgrade");
     assert!(
@@ -216,7 +230,7 @@ fn mismatch_with_refcnt_zero_unloads_and_loads_from_cache() {
     h.cache_module("2.8.0", "2.8.0");
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
-    let node = FakeNode::default();
+    let node = go_ahead("2.8.0");
     let outcome = run(&h.config("2.8.0"), &kernel, &builder, &node).expect("upgrade");
     assert_eq!(
         outcome,
@@ -274,7 +288,7 @@ fn busy_device_without_force_fails_listing_holders_and_touches_nothing() {
     let builder = FakeBuilder::default();
     let node = FakeNode {
         pods: HashMap::from([(POD_UID.to_string(), "ml/train-0".to_string())]),
-        ..FakeNode::default()
+        ..go_ahead("2.8.0")
     };
     let err = run(&h.config("2.8.0"), &kernel, &builder, &node).expect_err("busy");
     let msg = err.to_string();
@@ -294,7 +308,17 @@ fn busy_device_without_force_fails_listing_holders_and_touches_nothing() {
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
     assert_eq!(kernel.unloads(), 0);
     assert!(kernel.loads().is_empty() && kernel.killed().is_empty());
-    assert!(node.calls().is_empty(), "no labels on failure");
+    assert!(builder.builds().is_empty());
+    assert_eq!(
+        node.calls().len(),
+        1,
+        "only the report of what the host runs: {:?}",
+        node.calls()
+    );
+    assert_eq!(
+        labels_of(&node).get(labels::KMD_VERSION),
+        Some(&label("2.7.0"))
+    );
 }
 
 #[test]
@@ -307,7 +331,7 @@ fn force_unload_kills_holders_then_upgrades() {
     let builder = FakeBuilder::default();
     let mut config = h.config("2.8.0");
     config.force_unload = true;
-    let outcome = run(&config, &kernel, &builder, &FakeNode::default()).expect("forced upgrade");
+    let outcome = run(&config, &kernel, &builder, &go_ahead("2.8.0")).expect("forced upgrade");
     let Outcome::Installed {
         killed, previous, ..
     } = outcome
@@ -338,7 +362,7 @@ fn force_unload_gives_up_after_the_timeout() {
         &config,
         &kernel,
         &FakeBuilder::default(),
-        &FakeNode::default(),
+        &go_ahead("2.8.0"),
     )
     .expect_err("timeout");
     assert!(
@@ -355,7 +379,7 @@ fn cache_miss_builds_and_stores_atomically() {
     set_loaded(h.root(), "2.7.0", 0).expect("loaded");
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
-    let outcome = run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default()).expect("build");
+    let outcome = run(&h.config("2.8.0"), &kernel, &builder, &go_ahead("2.8.0")).expect("build");
     assert!(
         matches!(
             outcome,
@@ -457,7 +481,11 @@ fn readback_mismatch_fails() {
         "{err:?}"
     );
     assert!(err.to_string().contains("2.8.1"));
-    assert!(node.calls().is_empty());
+    assert_eq!(
+        labels_of(&node).get(labels::KMD_VERSION),
+        Some(&None),
+        "the target is not claimed; nothing was loaded at the start"
+    );
 }
 
 #[test]
@@ -471,7 +499,7 @@ fn failed_load_rolls_back_to_the_cached_previous_version() {
         &h.config("2.8.0"),
         &kernel,
         &FakeBuilder::default(),
-        &FakeNode::default(),
+        &go_ahead("2.8.0"),
     )
     .expect_err("load fails");
     assert!(
@@ -502,7 +530,7 @@ fn failed_load_without_cached_previous_says_so() {
         &h.config("2.8.0"),
         &kernel,
         &FakeBuilder::default(),
-        &FakeNode::default(),
+        &go_ahead("2.8.0"),
     )
     .expect_err("load fails");
     assert!(
@@ -651,6 +679,11 @@ fn agent_bin(h: &Host, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
         .env_remove("TT_KMD_VERSION")
         .env_remove("NODE_NAME")
+        .env("TTDRV_STATUS_FILE", h.smi.path().join("waiting"))
+        .env(
+            "TTDRV_TERMINATION_LOG",
+            h.smi.path().join("termination-log"),
+        )
         .arg("--host-root")
         .arg(h.root())
         .args(args)
@@ -727,6 +760,11 @@ fn run_idles_until_sigterm() {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
         .env_remove("NODE_NAME")
         .env_remove("TT_FORCE_UNLOAD")
+        .env("TTDRV_STATUS_FILE", h.smi.path().join("waiting"))
+        .env(
+            "TTDRV_TERMINATION_LOG",
+            h.smi.path().join("termination-log"),
+        )
         .env("RUST_LOG", "info")
         .arg("--host-root")
         .arg(h.root())
@@ -760,10 +798,11 @@ fn run_idles_until_sigterm() {
             assert!(status.success(), "exit after SIGTERM: {status}");
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "agent ignored SIGTERM"
-        );
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("agent ignored SIGTERM");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(h.p("/usr/local/bin/tt-smi").is_file());
@@ -775,6 +814,7 @@ fn force_unload_env_accepts_booleans_and_empty_means_off() {
     set_loaded(h.root(), "2.7.0", 1).expect("loaded");
     fs::remove_dir_all(h.p(&format!("/lib/modules/{KVER}"))).expect("rm headers");
     // Busy means force was off; missing headers means it went on past the check.
+    // Run by hand (no NODE_NAME), so the operator is the second key.
     for (value, forced) in [
         ("true", true),
         ("1", true),
@@ -786,9 +826,14 @@ fn force_unload_env_accepts_booleans_and_empty_means_off() {
             .env_remove("NODE_NAME")
             .env("TT_FORCE_UNLOAD", value)
             .env("TT_KMD_VERSION", "2.8.0")
+            .env("TTDRV_STATUS_FILE", h.smi.path().join("waiting"))
+            .env(
+                "TTDRV_TERMINATION_LOG",
+                h.smi.path().join("termination-log"),
+            )
             .arg("--host-root")
             .arg(h.root())
-            .args(["run", "--once"])
+            .args(["run", "--once", "--swap-without-go-ahead"])
             .output()
             .expect("run ttdrv-agent");
         assert!(!out.status.success());

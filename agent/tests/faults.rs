@@ -18,7 +18,8 @@ use std::time::Duration;
 use ttdrv_agent::build::{BuildRequest, Builder};
 use ttdrv_agent::fake::{FakeBuilder, FakeKernel, fake_host, set_loaded, write_fake_module};
 use ttdrv_agent::modinfo::{fake_module_bytes, module_version};
-use ttdrv_agent::node::FakeNode;
+use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
+use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome};
 
 const KVER: &str = "6.1.0-99-amd64";
@@ -61,6 +62,10 @@ impl Host {
             tt_smi_path: self.smi.path().join("tt-smi"),
             tt_smi_version: Some("3.0.0".to_string()),
             kbuild_link_dir: None,
+            policy: Some(FAKE_POLICY.to_string()),
+            go_ahead_poll: Duration::from_millis(1),
+            swap_without_go_ahead: false,
+            status_file: None,
         }
     }
     fn loaded(&self) -> Option<String> {
@@ -78,7 +83,9 @@ impl Host {
             kernel,
             killer: kernel,
             builder,
-            node: &FakeNode::default(),
+            // The controller's go-ahead for the swap is on the node.
+            node: &FakeNode::with(go_ahead_node(FAKE_POLICY, target)),
+            pause: &FakePause::stopping_after(3),
         }
         .run()
     }

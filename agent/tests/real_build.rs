@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use ttdrv_agent::build::GitMakeBuilder;
 use ttdrv_agent::fake::{FakeKernel, set_loaded};
-use ttdrv_agent::node::FakeNode;
+use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
+use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, Config, HostRoot, ModuleSource, Outcome};
 
 const HINT: &str = "run hack/agent-deps.sh (installs git, make, gcc, kmod, linux-headers-amd64)";
@@ -78,18 +79,26 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
         tt_smi_path: smi.path().join("absent"),
         tt_smi_version: None,
         kbuild_link_dir: None,
+        policy: Some(FAKE_POLICY.to_string()),
+        go_ahead_poll: Duration::from_millis(1),
+        swap_without_go_ahead: false,
+        status_file: None,
     };
     let builder = GitMakeBuilder::new(repo.path().display().to_string());
     let kernel = FakeKernel::new(root.path());
     let node = FakeNode::default();
+    let pause = FakePause::stopping_after(3);
     let run = |target: &str| {
         let c = config(target);
+        // The controller's go-ahead for this target is on the node.
+        node.set(go_ahead_node(FAKE_POLICY, target));
         Agent {
             config: &c,
             kernel: &kernel,
             killer: &kernel,
             builder: &builder,
             node: &node,
+            pause: &pause,
         }
         .run()
     };
