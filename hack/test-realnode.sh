@@ -321,6 +321,11 @@ by_agent=$(audit_has patch nodes "$agent_sa" "" "$node" "$node") \
   || fail "no node patch by the agent's own pod-bound token ($agent_sa, node claim $node) in the audit log"
 log "agent's label patch: $by_agent"
 [ -z "$(node_label driver.tenstorrent.com/kmd-version)" ] || fail "kmd-version label kept although no module is loaded"
+# The cycle ends (Upgrading replaced the pre-cycle installer pod; the new
+# agent reports the host first and idles): take the pod that stays.
+wait_until "the node Done" state_is Done
+one_inst() { [ "$(rn kubectl -n "$ns" get pods -l app.kubernetes.io/name=tt-driver-installer --field-selector "spec.nodeName=$node" -o name | wc -l)" = 1 ]; }
+wait_until "one installer pod on $node (the pre-cycle one gone)" one_inst
 # The agent idles now: its exec readiness probe runs on the kubelet and says
 # why the pod is not Ready (nothing loaded; a host-managed node's pod is Ready
 # only when the host's module is the policy's version).
@@ -329,7 +334,6 @@ probe_said() { rn kubectl -n "$ns" get events --field-selector "involvedObject.n
 wait_until "the readiness probe (ttdrv-agent ready) of $inst2 reported" probe_said
 [ "$(rn kubectl -n "$ns" get pod "$inst2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = False ] || fail "installer pod Ready without a module"
 phase "agent's host path: node labelled with its own token, readiness probe ran"
-wait_until "the node Done" state_is Done
 [ "$(node_state reason)" = HostManaged ] || fail "node Done with reason $(node_state reason), want HostManaged"
 is_cordoned && fail "node still cordoned after Done"
 [ -z "$(node_label tenstorrent.com/deploy.tt-telemetry)" ] || fail "deploy gate label left on the node"
