@@ -252,6 +252,14 @@ fn enter(
     r
 }
 
+/// Stays Pending, waiting (reason WaitingForSlot), and says for what.
+fn wait(rec: &NodeRecord, why: String, now: i64) -> Step {
+    stay(
+        &enter(rec, NodeState::Pending, reason::WAITING, Some(why), now),
+        vec![],
+    )
+}
+
 fn stay(rec: &NodeRecord, commands: Vec<Command>) -> Step {
     Step {
         record: rec.clone(),
@@ -389,31 +397,20 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     commands: cmds,
                 };
             }
-            if !obs.ready {
-                let msg = format!(
-                    "waiting for the node to be Ready to upgrade {} -> {}",
+            let upgrade = || {
+                format!(
+                    "{} -> {}",
                     obs.loaded.as_deref().unwrap_or("none"),
                     want.version
-                );
-                return stay(
-                    &enter(&rec, Pending, reason::WAITING, Some(msg), now),
-                    vec![],
-                );
+                )
+            };
+            if !obs.ready {
+                let why = format!("waiting for the node to be Ready to upgrade {}", upgrade());
+                return wait(&rec, why, now);
             }
             if want.refused {
-                return stay(
-                    &enter(
-                        &rec,
-                        Pending,
-                        reason::WAITING,
-                        Some(
-                            "the cluster refuses this policy's installer DaemonSet (see its Degraded condition)"
-                                .into(),
-                        ),
-                        now,
-                    ),
-                    vec![],
-                );
+                let why = "the cluster refuses this policy's installer DaemonSet (see its Degraded condition)";
+                return wait(&rec, why.into(), now);
             }
             let stale = matches!(obs.installer, InstallerPod::Stale { .. });
             if !rec.cordoned_by_us() && (module_ok || obs.loaded.is_none()) {
@@ -438,15 +435,8 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 };
             }
             if !obs.slot {
-                let msg = format!(
-                    "waiting for a maxUnavailable slot to upgrade {} -> {}",
-                    obs.loaded.as_deref().unwrap_or("none"),
-                    want.version
-                );
-                return stay(
-                    &enter(&rec, Pending, reason::WAITING, Some(msg), now),
-                    vec![],
-                );
+                let why = format!("waiting for a maxUnavailable slot to upgrade {}", upgrade());
+                return wait(&rec, why, now);
             }
             if want.drain_enabled {
                 let mut r = enter(&rec, Cordoning, reason::CORDON, None, now);

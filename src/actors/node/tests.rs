@@ -30,25 +30,6 @@ impl Actor for Fake {
     type Context = actix::Context<Self>;
 }
 
-fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
-    match (target, patch) {
-        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
-                }
-            }
-        }
-        (t, serde_json::Value::Object(p)) => {
-            *t = serde_json::Value::Object(Default::default());
-            merge(t, &serde_json::Value::Object(p.clone()));
-        }
-        (t, p) => *t = p.clone(),
-    }
-}
-
 impl Fake {
     fn note(&self, s: String) {
         if let Ok(mut l) = self.log.lock() {
@@ -63,7 +44,7 @@ impl Handler<PatchNode> for Fake {
         if !self.node.is_object() {
             self.node = serde_json::json!({});
         }
-        merge(&mut self.node, &msg.patch);
+        json_patch::merge(&mut self.node, &msg.patch);
         let state = msg.patch["metadata"]["annotations"][labels::UPGRADE_STATE]
             .as_str()
             .and_then(|r| serde_json::from_str::<NodeRecord>(r).ok())

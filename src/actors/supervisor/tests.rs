@@ -31,25 +31,6 @@ impl Actor for Fake {
     type Context = actix::Context<Self>;
 }
 
-fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
-    match (target, patch) {
-        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
-                }
-            }
-        }
-        (t, serde_json::Value::Object(p)) => {
-            *t = serde_json::Value::Object(Default::default());
-            merge(t, &serde_json::Value::Object(p.clone()));
-        }
-        (t, p) => *t = p.clone(),
-    }
-}
-
 impl Handler<PatchNode> for Fake {
     type Result = Result<Node>;
     fn handle(&mut self, msg: PatchNode, _: &mut Self::Context) -> Result<Node> {
@@ -57,7 +38,7 @@ impl Handler<PatchNode> for Fake {
             .nodes
             .entry(msg.node.clone())
             .or_insert_with(|| serde_json::json!({}));
-        merge(node, &msg.patch);
+        json_patch::merge(node, &msg.patch);
         let what = if msg.patch["spec"]["unschedulable"] == true {
             "cordon".to_string()
         } else if let Some(r) = msg.patch["metadata"]["annotations"][labels::UPGRADE_STATE]
