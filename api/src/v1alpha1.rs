@@ -32,17 +32,20 @@ use crate::validation::{
     kind = "TenstorrentDriverPolicy",
     plural = "tenstorrentdriverpolicies",
     shortname = "ttdp",
+    category = "tenstorrent",
+    doc = "A TenstorrentDriverPolicy says which tt-kmd version the Tenstorrent nodes it selects run, and how the controller rolls it out: it cordons and drains a node, has the installer pod on that node swap the kernel module, uncordons it, never more than maxUnavailable nodes at a time. Cluster-scoped; status.nodes[] reports every selected node. See docs/crd-reference.md.",
     status = "TenstorrentDriverPolicyStatus",
-    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
-    printcolumn = r#"{"name":"Matched","type":"integer","jsonPath":".status.summary.matched"}"#,
-    printcolumn = r#"{"name":"UpToDate","type":"integer","jsonPath":".status.summary.upToDate"}"#,
-    printcolumn = r#"{"name":"InProgress","type":"integer","jsonPath":".status.summary.inProgress"}"#,
-    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.summary.failed"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version","description":"tt-kmd version the policy asks for"}"#,
+    printcolumn = r#"{"name":"Matched","type":"integer","jsonPath":".status.summary.matched","description":"Nodes the policy selects"}"#,
+    printcolumn = r#"{"name":"UpToDate","type":"integer","jsonPath":".status.summary.upToDate","description":"Nodes with the target module loaded"}"#,
+    printcolumn = r#"{"name":"InProgress","type":"integer","jsonPath":".status.summary.inProgress","description":"Nodes out of service for the rollout now"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.summary.failed","description":"The Go operator's count: nodes not yet Done"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
-    printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.summary.done"}"#,
-    printcolumn = r#"{"name":"FailedNodes","type":"integer","jsonPath":".status.summary.failedNodes"}"#,
-    printcolumn = r#"{"name":"Paused","type":"boolean","jsonPath":".spec.paused"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Ready, Progressing, Degraded or Paused"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"The Ready condition: True when no node is pending, in progress or failed and the policy is not paused"}"#,
+    printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.summary.done","description":"Nodes Done with the module this controller installed"}"#,
+    printcolumn = r#"{"name":"FailedNodes","type":"integer","jsonPath":".status.summary.failedNodes","description":"Nodes in state Failed (the rollout halts)"}"#,
+    printcolumn = r#"{"name":"Paused","type":"boolean","jsonPath":".spec.paused","description":"True while the controller leaves the policy alone"}"#,
     validation = crate::validation::policy_name_rule()
 )]
 #[serde(rename_all = "camelCase")]
@@ -80,9 +83,11 @@ pub struct TenstorrentDriverPolicySpec {
     #[serde(default)]
     pub paused: bool,
 
+    /// How the nodes are taken out of service and how many at a time.
     #[serde(default)]
     pub upgrade_policy: UpgradePolicy,
 
+    /// The installer pod (node agent) the DaemonSet runs on each selected node.
     #[serde(default)]
     pub installer: Installer,
 
@@ -133,8 +138,11 @@ pub struct NodeSelectorTerm {
         }]
     ))]
     pub match_labels: Option<BTreeMap<String, String>>,
+    /// Label requirements, all of which a node must meet (ANDed with `matchLabels`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MATCH_EXPRESSIONS_MAX))]
+    // atomic, as in metav1.LabelSelector: an apply replaces the whole list.
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub match_expressions: Option<Vec<SelectorRequirement>>,
 }
 
@@ -153,6 +161,7 @@ pub struct NodeSelectorTerm {
     }
 ]))]
 pub struct SelectorRequirement {
+    /// The node label key the requirement applies to.
     #[schemars(
         length(min = 1, max = LABEL_KEY_MAX_LENGTH),
         extend("x-kubernetes-validations" = [{
@@ -161,11 +170,13 @@ pub struct SelectorRequirement {
         }])
     )]
     pub key: String,
+    /// How the key relates to the values: In, NotIn, Exists or DoesNotExist.
     pub operator: SelectorOperator,
+    /// Label values: non-empty for In and NotIn, empty for Exists and DoesNotExist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(max = SELECTOR_VALUES_MAX),
-        extend("items" = {
+        extend("x-kubernetes-list-type" = "atomic", "items" = {
             "type": "string",
             "maxLength": LABEL_VALUE_MAX_LENGTH,
             "x-kubernetes-validations": [{
@@ -236,6 +247,7 @@ impl NodeSelectorTerm {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UpgradePolicy {
+    /// Cordon and drain of a node before its module is swapped.
     #[serde(default)]
     pub drain: DrainPolicy,
 
@@ -346,6 +358,7 @@ pub struct Installer {
         "message": "image must be an image reference [registry[:port]/]repository[:tag][@sha256:<64 hex>], with a lowercase repository and no whitespace"
     }]))]
     pub image: Option<String>,
+    /// Pull policy of the installer image: Always, IfNotPresent or Never.
     #[serde(default)]
     pub image_pull_policy: PullPolicy,
     /// Git URL of tt-kmd sources (mirror for air-gapped sites); empty means the
@@ -399,12 +412,14 @@ pub struct TenstorrentDriverPolicyStatus {
     #[serde(skip)]
     #[schemars(skip)]
     pub unreadable: Option<String>,
+    /// The spec generation (metadata.generation) this status reflects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, Progressing, Degraded, Paused, Conflict.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The tt-kmd version the controller is rolling out (spec.version as last read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_version: Option<String>,
     /// Derived from the summary (the Go operator's field): Ready, Progressing,
@@ -500,20 +515,28 @@ pub struct Summary {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeStatus {
+    /// Name of the node.
     pub name: String,
+    /// Where the node is in its upgrade.
     pub state: NodeState,
+    /// tt-kmd version loaded on the node, as its agent reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_version: Option<String>,
+    /// `container` when this operator installs the module, `host` when DKMS
+    /// does (the node is left alone), as its agent reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub install_mode: Option<String>,
+    /// Why the node is in its state, one CamelCase word (docs/crd-reference.md lists them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The Go operator's code for `reason` where it had one (HostManagedKMD,
     /// BuilderImagePullFailed, BuilderCrashLoop), for Go-era scripts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub go_reason: Option<String>,
+    /// What happened, in words, for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// When the node last changed state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<Time>,
 }
