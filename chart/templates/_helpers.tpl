@@ -91,6 +91,7 @@ this chart's agent image. */}}
 {{- if eq (trimSuffix "/" $img.repository) "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder" }}
 {{- $_ := set $img "repository" "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent" }}
 {{- $_ := set $img "tag" "" }}
+{{- $_ := set $img "digest" "" }}
 {{- end }}
 {{- include "ttdm.image" (dict "image" $img "appVersion" .Chart.AppVersion) }}
 {{- end }}
@@ -162,4 +163,22 @@ name: value. */}}
 {{- else if $e }}
 {{- toYaml $e }}
 {{- end }}
+{{- end }}
+
+{{/* Fails the install with a message naming the API and the value to turn off
+when the cluster does not serve a kind the chart would create: better than the
+API server's "no matches for kind" after part of the release is applied.
+Only against a cluster: helm's offline capabilities (helm template, lint)
+list group/versions without kinds ("v1/Pod" is there only from discovery), so
+an offline render is not refused; `kubeVersion` in Chart.yaml covers it.
+Arguments: dict "ctx" $ "api" "<group/version/Kind>" "what" "<purpose>" "off" "<value to set>". */}}
+{{- define "ttdm.requireApi" -}}
+{{- if and (.ctx.Capabilities.APIVersions.Has "v1/Pod") (not (.ctx.Capabilities.APIVersions.Has .api)) }}
+{{- fail (printf "this cluster (Kubernetes %s) does not serve %s, which %s needs: %s" .ctx.Capabilities.KubeVersion.Version .api .what .off) }}
+{{- end }}
+{{- end }}
+
+{{/* The kubectl image of the CRD upgrade Job and of `helm test`. */}}
+{{- define "ttdm.kubectl.image" -}}
+{{- include "ttdm.image" (dict "image" .Values.kubectl.image "appVersion" "latest") }}
 {{- end }}
