@@ -7,6 +7,10 @@ use std::sync::Arc;
 use super::Metrics;
 use super::family::{Families, Family};
 
+/// The actor kinds that count restarts or full mailboxes; their series start
+/// at 0, so a dashboard shows 0 rather than "no data" until one happens.
+pub const ACTOR_KINDS: &[&str] = &["policy_manager", "policy_supervisor", "node"];
+
 /// `ttdriver_actor_restarts_total` and `ttdriver_actor_mailbox_full_total`.
 pub(super) struct ActorMetrics {
     actor_restarts: Arc<Family>,
@@ -16,7 +20,7 @@ pub(super) struct ActorMetrics {
 impl ActorMetrics {
     /// Creates and registers the families of this group.
     pub(super) fn register(families: &mut Families) -> Self {
-        ActorMetrics {
+        let m = ActorMetrics {
             actor_restarts: families.counter(
                 "ttdriver_actor_restarts_total",
                 "Restarts of a supervised actor, by actor kind.",
@@ -27,7 +31,12 @@ impl ActorMetrics {
                 "Messages refused because the actor's mailbox was full, by actor kind.",
                 &["actor"],
             ),
+        };
+        for actor in ACTOR_KINDS {
+            m.actor_restarts.touch(&[actor]);
+            m.actor_mailbox_full.touch(&[actor]);
         }
+        m
     }
 }
 

@@ -12,6 +12,19 @@ pub const RECONCILE_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// Every `stage` of `ttdriver_errors_total`: `Error::metric_label`'s values and
+/// the stages the actors count themselves. Each is created at 0 for every
+/// policy, so a dashboard shows 0 errors rather than "no data".
+pub const ERROR_STAGES: &[&str] = &[
+    "kube_api",
+    "invalid_policy",
+    "takeover",
+    "mailbox",
+    "serialize",
+    "refused",
+    "evict",
+];
+
 /// The `ttdriver_reconcile_*`, `ttdriver_last_successful_reconcile_*` and `ttdriver_errors_total` families.
 pub(super) struct ReconcileMetrics {
     errors: Arc<Family>,
@@ -48,10 +61,14 @@ impl ReconcileMetrics {
         }
     }
 
-    /// Creates the reconcile counters of a newly seen policy at zero, one per result.
+    /// Creates the reconcile counters of a newly seen policy at zero, one per
+    /// result, and its error counters, one per stage.
     pub(super) fn touch_policy(&self, cr: &str) {
         for result in ["ok", "error"] {
             self.reconcile_total.touch(&[cr, result]);
+        }
+        for stage in ERROR_STAGES {
+            self.errors.touch(&[cr, stage]);
         }
     }
 }
@@ -80,5 +97,43 @@ impl Metrics {
     pub fn inc_error(&self, cr: &str, stage: &str) {
         self.ensure_cr(cr);
         self.reconcile.errors.add(&[cr, stage], 1.0);
+    }
+}
+
+#[cfg(test)]
+mod zero_series {
+    use super::super::Metrics;
+    use super::super::actors::ACTOR_KINDS;
+    use super::super::text_parser::{parse, value};
+    use super::ERROR_STAGES;
+
+    /// A dashboard panel of errors, restarts or full mailboxes shows 0 for a
+    /// controller that never had one, not "no data".
+    #[test]
+    fn error_restart_and_mailbox_counters_start_at_zero() {
+        let m = Metrics::new("test");
+        m.observe_reconcile("p", 0.01, true);
+        let (_, body) = m.encode();
+        let samples = parse(&String::from_utf8(body).expect("utf-8")).0;
+        for stage in ERROR_STAGES {
+            let v = value(
+                &samples,
+                "ttdriver_errors_total",
+                &[("cr", "p"), ("stage", stage)],
+            );
+            assert_eq!(v, Some(0.0), "ttdriver_errors_total{{stage={stage}}}");
+        }
+        for actor in ACTOR_KINDS {
+            for family in [
+                "ttdriver_actor_restarts_total",
+                "ttdriver_actor_mailbox_full_total",
+            ] {
+                assert_eq!(
+                    value(&samples, family, &[("actor", actor)]),
+                    Some(0.0),
+                    "{family}{{actor={actor}}}"
+                );
+            }
+        }
     }
 }
