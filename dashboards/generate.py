@@ -16,6 +16,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
+# The matchers of the cluster and job variables, in every query.
+SCRAPE = 'cluster=~"$cluster",job=~"$job"'
 
 # Node upgrade states, in order, with the code the per-node timeline uses and a colour.
 STATES = [
@@ -87,12 +89,12 @@ def thresholds(*steps):
     return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
 
 
-def panel(L, kind, title, w, h, tgts, description="", unit=None, defaults=None,
+def panel(L, kind, title, w, h, tgts, *, unit, description="", defaults=None,
           options=None, overrides=None, transformations=None):
+    """unit is required: "short" for counts, "none" for codes and names, else Grafana's unit id."""
     d = {"color": {"mode": "palette-classic"}, "mappings": [],
          "thresholds": thresholds((None, "green"))}
-    if unit:
-        d["unit"] = unit
+    d["unit"] = unit
     d.update(defaults or {})
     p = {
         "id": L.id(),
@@ -160,22 +162,30 @@ def colour_by_name(names_colours):
     ]
 
 
+def query_variable(name, label, query, all_value):
+    return {
+        "name": name, "label": label, "type": "query", "datasource": DS,
+        "definition": query,
+        "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        "refresh": 2, "regex": "", "sort": 1, "hide": 0,
+        "includeAll": True, "multi": True, "allValue": all_value,
+        "current": {}, "options": [],
+    }
+
+
 def templating(extra=()):
+    # cluster: a Prometheus that scrapes several clusters labels them so
+    # (".*" also matches a series without the label, a single-cluster setup).
+    # job: the scrape job(s) of the controller. Every query filters on both.
     return {"list": [
         {
             "name": "datasource", "label": "Data source", "type": "datasource",
             "query": "prometheus", "regex": "", "hide": 0, "refresh": 1,
             "current": {}, "options": [], "includeAll": False, "multi": False,
         },
-        {
-            "name": "cr", "label": "Policy (cr)", "type": "query", "datasource": DS,
-            "definition": "label_values(ttdriver_node_state, cr)",
-            "query": {"qryType": 1, "query": "label_values(ttdriver_node_state, cr)",
-                      "refId": "PrometheusVariableQueryEditor-VariableQuery"},
-            "refresh": 2, "regex": "", "sort": 1, "hide": 0,
-            "includeAll": True, "multi": True, "allValue": ".+",
-            "current": {}, "options": [],
-        },
+        query_variable("cluster", "Cluster", "label_values(ttdriver_build_info, cluster)", ".*"),
+        query_variable("job", "Job", 'label_values(ttdriver_build_info{cluster=~"$cluster"}, job)', ".*"),
+        query_variable("cr", "Policy (cr)", f"label_values(ttdriver_node_state{{{SCRAPE}}}, cr)", ".+"),
         *extra,
     ]}
 
@@ -212,7 +222,7 @@ def dashboard(uid, title, description, panels, tags, links=()):
     }
 
 
-CR = 'cr=~"$cr"'
+CR = SCRAPE + ',cr=~"$cr"'
 
 
 def rollout():
@@ -225,6 +235,7 @@ def rollout():
                 instant=True),
         description="spec.version of the selected policies (ttdriver_policy_desired_version).",
         options=stat_options(text_mode="name", color_mode="none"),
+        unit="none",
     ))
     P.append(panel(
         L, "gauge", "Progress (Done / matched)", 4, 5,
@@ -247,6 +258,7 @@ def rollout():
         description="Nodes upgraded (Done), matched by the policies (every state but host-managed), "
                     "and host-managed (DKMS install, left alone).",
         options=stat_options(color_mode="none"),
+        unit="short",
     ))
     P.append(panel(
         L, "stat", "Failed nodes", 3, 5,
@@ -256,6 +268,7 @@ def rollout():
         defaults={"color": {"mode": "thresholds"},
                   "thresholds": thresholds((None, "green"), (1, "red"))},
         options=stat_options(color_mode="background"),
+        unit="short",
     ))
     P.append(panel(
         L, "stat", "Unavailable / maxUnavailable", 4, 5,
@@ -264,6 +277,7 @@ def rollout():
                 instant=True),
         description="Nodes the rollout currently holds out of service, against the policies' maxUnavailable budget.",
         options=stat_options(color_mode="none"),
+        unit="short",
     ))
     P.append(panel(
         L, "stat", "Nodes in progress", 3, 5,
@@ -271,6 +285,7 @@ def rollout():
                 instant=True),
         description="Nodes in Cordoning, Draining, Upgrading or Uncordoning.",
         options=stat_options(color_mode="none"),
+        unit="short",
     ))
     P.append(panel(
         L, "timeseries", "Nodes per state", 12, 8,
@@ -279,10 +294,11 @@ def rollout():
         defaults={"custom": ts_custom(stack=True, fill=60), "decimals": 0},
         overrides=colour_by_name(STATE_COLOURS),
         options=ts_options(["lastNotNull"]),
+        unit="short",
     ))
     P.append(panel(
         L, "bargauge", "Nodes by loaded tt-kmd version", 12, 8,
-        targets(('sum by (version, install_mode) (ttdriver_nodes_by_kmd_version)',
+        targets((f'sum by (version, install_mode) (ttdriver_nodes_by_kmd_version{{{SCRAPE}}})',
                  "{{version}} ({{install_mode}})"), instant=True),
         description="All Tenstorrent nodes of the cluster by the tt-kmd version they report "
                     "(node label driver.tenstorrent.com/kmd-version) and install mode.",
@@ -291,6 +307,7 @@ def rollout():
                  "orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
                  "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
                  "minVizWidth": 8, "maxVizHeight": 300},
+        unit="short",
     ))
 
     P.append(row(L, "Nodes"))
@@ -310,6 +327,7 @@ def rollout():
         options={"mergeValues": True, "showValue": "auto", "alignValue": "left", "rowHeight": 0.9,
                  "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
                  "tooltip": {"mode": "single", "sort": "none"}},
+        unit="none",
     ))
     P.append(panel(
         L, "table", "Time in current state", 12, 10,
@@ -382,6 +400,7 @@ def rollout():
                  "orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
                  "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
                  "minVizWidth": 8, "maxVizHeight": 300},
+        unit="short",
     ))
     P.append(panel(
         L, "timeseries", "Pods evicted", 8, 8,
@@ -390,6 +409,7 @@ def rollout():
                     "device plugin or DRA), pass=pass2: the other pods of the node.",
         defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
         options=ts_options(["sum"]),
+        unit="short",
     ))
     P.append(panel(
         L, "timeseries", "Drain blocked", 8, 8,
@@ -398,6 +418,7 @@ def rollout():
                     "in a DrainTimeout failure.",
         defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
         options=ts_options(["sum"]),
+        unit="short",
     ))
     P.append(panel(
         L, "timeseries", "State transitions", 24, 8,
@@ -406,6 +427,7 @@ def rollout():
         description="Node state transitions per window (ttdriver_node_transitions_total).",
         defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
         options=ts_options(["sum"]),
+        unit="short",
     ))
     return dashboard(
         "ttdriver-rollout", "Tenstorrent driver rollout",
@@ -424,26 +446,29 @@ def controller():
     P.append(row(L, "Controller"))
     P.append(panel(
         L, "stat", "Replicas up", 3, 5,
-        targets("count(ttdriver_build_info)", instant=True),
+        targets(f"count(ttdriver_build_info{{{SCRAPE}}})", instant=True),
         description="Controller replicas Prometheus scrapes (series of ttdriver_build_info). "
                     "None for 5 minutes raises TTDriverControllerDown.",
         defaults={"color": {"mode": "thresholds"}, "thresholds": thresholds((None, "red"), (1, "green"))},
         options=stat_options(color_mode="background"),
+        unit="short",
     ))
     P.append(panel(
         L, "stat", "Leader", 5, 5,
-        targets(("max by (instance) (ttdriver_leader)", "{{instance}}"), instant=True),
+        targets((f"max by (instance) (ttdriver_leader{{{SCRAPE}}})", "{{instance}}"), instant=True),
         description="ttdriver_leader per replica: the leader drives rollouts and exports the per-policy series.",
         defaults={"color": {"mode": "thresholds"}, "thresholds": thresholds((None, "text"), (1, "green")),
                   "mappings": [{"type": "value", "options": {"0": {"text": "follower", "index": 0},
                                                              "1": {"text": "leader", "index": 1}}}]},
         options=stat_options(color_mode="value"),
+        unit="none",
     ))
     P.append(panel(
         L, "stat", "Build", 6, 5,
-        targets(("count by (version) (ttdriver_build_info)", "{{version}}"), instant=True),
+        targets((f"count by (version) (ttdriver_build_info{{{SCRAPE}}})", "{{version}}"), instant=True),
         description="Controller build version (ttdriver_build_info); the value is the number of replicas running it.",
         options=stat_options(text_mode="name", color_mode="none"),
+        unit="short",
     ))
     P.append(panel(
         L, "stat", "Last successful reconcile", 10, 5,
@@ -493,20 +518,22 @@ def controller():
         description="Controller errors by policy and stage (ttdriver_errors_total).",
         defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
         options=ts_options(["sum"]),
+        unit="short",
     ))
 
     P.append(row(L, "Actors"))
     P.append(panel(
         L, "timeseries", "Actor restarts", 12, 8,
-        targets(('sum by (actor) (increase(ttdriver_actor_restarts_total[$__rate_interval]))', "{{actor}}")),
+        targets((f'sum by (actor) (increase(ttdriver_actor_restarts_total{{{SCRAPE}}}[$__rate_interval]))', "{{actor}}")),
         description="Supervised actors restarted after a failure, by actor kind. A restarted actor reloads its "
                     "state from the cluster; frequent restarts point at a bug or an unreachable API server.",
         defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
         options=ts_options(["sum"]),
+        unit="short",
     ))
     P.append(panel(
         L, "timeseries", "Mailbox saturation", 12, 8,
-        targets(('sum by (actor) (rate(ttdriver_actor_mailbox_full_total[$__rate_interval]))', "{{actor}}")),
+        targets((f'sum by (actor) (rate(ttdriver_actor_mailbox_full_total{{{SCRAPE}}}[$__rate_interval]))', "{{actor}}")),
         description="Messages refused per second because an actor's mailbox was full, by actor kind. "
                     "Sustained values mean the actor cannot keep up.",
         unit="ops",

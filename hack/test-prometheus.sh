@@ -2,8 +2,10 @@
 # Observability acceptance against the real parts: the controller drives a
 # simulated rollout (one node made to fail) on the test cluster while a real
 # Prometheus (Debian package) scrapes it with our alert rules loaded; then every
-# PromQL query of the dashboards must parse and return data, and the
-# TTDriverNodeFailed expression must return the failed node.
+# PromQL query of the dashboards must parse and return data (0 is data: the
+# controller has seen no error, restart or full mailbox, and those panels must
+# show 0, not "no data"), and the TTDriverNodeFailed expression must return
+# the failed node.
 #
 # Needs KUBECONFIG pointing at the test cluster (make test sets it).
 #
@@ -58,7 +60,9 @@ global: {scrape_interval: 2s, evaluation_interval: 2s}
 rule_files: [$PWD/dashboards/alerts/ttdriver.rules.yaml]
 scrape_configs:
   - job_name: tt-driver-manager
-    static_configs: [{targets: ["127.0.0.1:$admin"]}]
+    # cluster: as a Prometheus of several clusters labels them (the
+    # dashboards' cluster variable then has a value to offer).
+    static_configs: [{targets: ["127.0.0.1:$admin"], labels: {cluster: $id}}]
 YAML
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/data" \
   --web.listen-address=127.0.0.1:$promport >"$work/prometheus.log" 2>&1 &
