@@ -1,5 +1,7 @@
 //! Command line of `kubectl tt driver` (binary `kubectl-tt-driver`).
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::style::ColorChoice;
@@ -19,7 +21,8 @@ pub enum Output {
     version,
     after_help = "Without a subcommand: `status` of every policy.\n\
                   Exit codes: 0 ok; 1 error (missing policy or node, refused action, API error); \
-                  2 `watch` ended with a Failed node."
+                  2 `watch` ended with a Failed node; 3 `watch --timeout` ran out; 64 usage error \
+                  (unknown flag or subcommand, bad value)."
 )]
 pub struct Cli {
     /// Output format: text for people, json or yaml for scripts.
@@ -42,8 +45,27 @@ pub struct Cli {
     /// kubeconfig context to use (default: the current context).
     #[arg(long, global = true)]
     pub context: Option<String>,
+    /// Path of the kubeconfig file (default: $KUBECONFIG, else ~/.kube/config,
+    /// else the in-cluster service account), as kubectl's flag.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// The process exit codes, one definition (documented in `--help` and
+/// docs/kubectl-plugin.md).
+pub mod exit {
+    /// Done as asked.
+    pub const OK: i32 = 0;
+    /// Missing policy or node, refused action, API or kubeconfig error.
+    pub const ERROR: i32 = 1;
+    /// `watch` ended because a node is Failed.
+    pub const FAILED_NODE: i32 = 2;
+    /// `watch --timeout` ran out with the rollout still running.
+    pub const TIMEOUT: i32 = 3;
+    /// Bad command line (sysexits' EX_USAGE), distinct from a Failed node.
+    pub const USAGE: i32 = 64;
 }
 
 /// The namespace without `-n` and without $TT_OPERATOR_NAMESPACE (which clap
@@ -96,6 +118,21 @@ pub enum Command {
         policy: String,
         /// Only the installer pod on this node.
         node: Option<String>,
+    },
+    /// Shell completion. bash, zsh, fish: a script for the `kubectl-tt-driver`
+    /// binary itself. `kubectl tt driver <TAB>` is completed by kubectl (1.26+)
+    /// through the `kubectl_complete-tt` executable shipped with the plugin.
+    Completion {
+        /// The shell to print the script for.
+        shell: clap_complete::Shell,
+    },
+    /// What kubectl's completion runs (through `kubectl_complete-tt`): the
+    /// candidates for the last word, one per line, then a cobra directive.
+    #[command(name = "__complete", hide = true)]
+    Complete {
+        /// The words after `kubectl tt`, the one being completed last.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        words: Vec<String>,
     },
     /// Logs of the policy's installer pods (container "installer"), or of one node's.
     Logs {

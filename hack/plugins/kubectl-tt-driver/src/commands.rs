@@ -16,13 +16,10 @@ use serde::Serialize;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
 use ttdrv_core::node::RETRY_ANNOTATION;
 
-use crate::cli::{Cli, Command, Output};
+use crate::cli::{Cli, Command, Output, exit};
 use crate::style::{Palette, use_color};
 use crate::view::{self, Outcome, WatchView};
 use crate::{plan, render};
-
-/// Exit code of `watch` when a node Failed.
-pub const EXIT_FAILED: i32 = 2;
 
 pub struct Ctx {
     pub client: Client,
@@ -32,27 +29,104 @@ pub struct Ctx {
     pub tty: bool,
 }
 
-pub async fn client(context: Option<&str>) -> Result<Client> {
-    let config = match context {
-        Some(c) => kube::Config::from_kubeconfig(&kube::config::KubeConfigOptions {
-            context: Some(c.to_string()),
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("loading kubeconfig context {c:?}"))?,
-        None => kube::Config::infer().await.context(
+/// The client of `--kubeconfig` and `--context`, as kubectl resolves them:
+/// the file given, else $KUBECONFIG, else ~/.kube/config, else in-cluster.
+pub async fn client(kubeconfig: Option<&std::path::Path>, context: Option<&str>) -> Result<Client> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    let config = match (kubeconfig, context) {
+        (Some(path), _) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .with_context(|| match context {
+                    Some(c) => format!("kubeconfig {}, context {c:?}", path.display()),
+                    None => format!("kubeconfig {}", path.display()),
+                })?
+        }
+        (None, Some(c)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .with_context(|| format!("loading kubeconfig context {c:?}"))?,
+        (None, None) => kube::Config::infer().await.context(
             "loading the Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster)",
         )?,
     };
     Client::try_from(config).context("building the Kubernetes client")
 }
 
+/// `completion <shell>`: clap_complete's script for the binary's own name.
+fn completion(shell: clap_complete::Shell) -> Result<i32> {
+    use clap::CommandFactory;
+    // The script completes the binary's own name; "kubectl tt driver" (three
+    // words) is kubectl's to complete (see `complete`).
+    let mut cmd = Cli::command()
+        .name("kubectl-tt-driver")
+        .bin_name("kubectl-tt-driver");
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "kubectl-tt-driver", &mut script);
+    let mut script = String::from_utf8(script).context("completion script")?;
+    if shell == clap_complete::Shell::Bash {
+        // clap_complete's bash names a subcommand's section after the binary
+        // with each '-' read as a subcommand separator, but dispatches to it
+        // with "__": align the sections with the dispatch.
+        script = script.replace("kubectl__subcmd__tt__subcmd__driver", "kubectl__tt__driver");
+    }
+    let mut out = std::io::stdout().lock();
+    out.write_all(script.as_bytes())?;
+    out.flush()?;
+    Ok(exit::OK)
+}
+
+/// `__complete <words>`: candidates for kubectl's plugin completion. Names come
+/// from the cluster when it answers; completion never fails on its account.
+async fn complete(cli: &Cli, words: &[String]) -> Result<i32> {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let policies: Vec<TenstorrentDriverPolicy> =
+        match client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await {
+            Ok(c) => Api::<TenstorrentDriverPolicy>::all(c)
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+    let names = || {
+        policies
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect()
+    };
+    let nodes = |policy: &str| {
+        policies
+            .iter()
+            .filter(|p| p.metadata.name.as_deref() == Some(policy))
+            .flat_map(|p| p.status.iter().flat_map(|s| s.nodes.iter()))
+            .map(|n| n.name.clone())
+            .collect()
+    };
+    let mut out = std::io::stdout().lock();
+    for line in crate::complete::candidates(&cmd, words, &names, &nodes) {
+        writeln!(out, "{line}")?;
+    }
+    out.flush()?;
+    Ok(exit::OK)
+}
+
 /// Runs the command line; returns the process exit code.
 pub async fn run(cli: Cli) -> Result<i32> {
+    match &cli.command {
+        Some(Command::Completion { shell }) => return completion(*shell),
+        Some(Command::Complete { words }) => return complete(&cli, words).await,
+        _ => {}
+    }
     let tty = std::io::stdout().is_terminal();
     let no_color = std::env::var("NO_COLOR").ok();
     let ctx = Ctx {
-        client: client(cli.context.as_deref()).await?,
+        client: client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?,
         output: cli.output,
         pal: Palette {
             color: use_color(cli.color, tty, no_color.as_deref()),
@@ -80,6 +154,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
             follow,
             previous,
         } => logs(&ctx, &policy, node.as_deref(), tail, follow, previous).await,
+        // Answered above, without a client.
+        Command::Completion { .. } | Command::Complete { .. } => Ok(exit::OK),
     }
 }
 
@@ -288,14 +364,15 @@ async fn watch(ctx: &Ctx, name: Option<&str>, interval: f64, timeout: Option<f64
                         n.message.as_deref().unwrap_or("")
                     );
                 }
-                return Ok(EXIT_FAILED);
+                return Ok(exit::FAILED_NODE);
             }
             Outcome::Running => {}
         }
         if let Some(t) = timeout
             && started.elapsed().as_secs_f64() > t
         {
-            bail!("rollout still running after {t}s (--timeout)");
+            eprintln!("error: rollout still running after {t}s (--timeout)");
+            return Ok(exit::TIMEOUT);
         }
         tokio::time::sleep(interval).await;
     }

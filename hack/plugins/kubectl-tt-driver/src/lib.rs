@@ -9,6 +9,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod complete;
 pub mod eta;
 pub mod plan;
 pub mod render;

@@ -1,16 +1,35 @@
-//! `kubectl-tt-driver`: installed on PATH, it is `kubectl tt driver`.
+//! `kubectl-tt-driver`: installed on PATH, it is `kubectl tt driver`. krew
+//! installs it as `kubectl-tt` (plugin `tt`), which kubectl runs for
+//! `kubectl tt driver ...` with `driver` as the first argument: skipped here.
 
 use clap::Parser;
-use kubectl_tt_driver::cli::Cli;
+use kubectl_tt_driver::cli::{Cli, exit};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let cli = Cli::parse();
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "driver") {
+        args.remove(1);
+    }
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are not errors; anything else is a usage
+            // error, with its own code (clap's 2 is watch's Failed node).
+            let code = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
     let code = match kubectl_tt_driver::commands::run(cli).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            1
+            exit::ERROR
         }
     };
     std::process::exit(code);
