@@ -121,18 +121,11 @@ pub enum Command {
     },
     /// Shell completion. bash, zsh, fish: a script for the `kubectl-tt-driver`
     /// binary itself. `kubectl tt driver <TAB>` is completed by kubectl (1.26+)
-    /// through the `kubectl_complete-tt` executable shipped with the plugin.
+    /// through the `kubectl_complete-tt-driver` (krew: `kubectl_complete-tt`)
+    /// executable shipped with the plugin.
     Completion {
         /// The shell to print the script for.
         shell: clap_complete::Shell,
-    },
-    /// What kubectl's completion runs (through `kubectl_complete-tt`): the
-    /// candidates for the last word, one per line, then a cobra directive.
-    #[command(name = "__complete", hide = true)]
-    Complete {
-        /// The words after `kubectl tt`, the one being completed last.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        words: Vec<String>,
     },
     /// Logs of the policy's installer pods (container "installer"), or of one node's.
     Logs {

@@ -80,13 +80,30 @@ fn completion(shell: clap_complete::Shell) -> Result<i32> {
     Ok(exit::OK)
 }
 
-/// `__complete <words>`: candidates for kubectl's plugin completion. Names come
-/// from the cluster when it answers; completion never fails on its account.
-async fn complete(cli: &Cli, words: &[String]) -> Result<i32> {
+/// `__complete <words>` (what the `kubectl_complete-*` shim runs): candidates
+/// for kubectl's plugin completion. The words are the command line being typed,
+/// so they are read as they are, not parsed (`-o ""` is incomplete, not an
+/// error). Names come from the cluster when it answers (its `--kubeconfig` and
+/// `--context` taken from the words); completion never fails on its account.
+pub async fn complete(words: &[String]) -> Result<i32> {
     use clap::CommandFactory;
     let cmd = Cli::command();
+    let done = &words[..words.len().saturating_sub(1)];
+    let flag = |name: &str| {
+        done.iter().enumerate().find_map(|(i, w)| {
+            w.strip_prefix(&format!("--{name}="))
+                .map(str::to_string)
+                .or_else(|| {
+                    (w == &format!("--{name}"))
+                        .then(|| done.get(i + 1).cloned())
+                        .flatten()
+                })
+        })
+    };
+    let kubeconfig = flag("kubeconfig").map(std::path::PathBuf::from);
+    let context = flag("context");
     let policies: Vec<TenstorrentDriverPolicy> =
-        match client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await {
+        match client(kubeconfig.as_deref(), context.as_deref()).await {
             Ok(c) => Api::<TenstorrentDriverPolicy>::all(c)
                 .list(&ListParams::default())
                 .await
@@ -118,10 +135,8 @@ async fn complete(cli: &Cli, words: &[String]) -> Result<i32> {
 
 /// Runs the command line; returns the process exit code.
 pub async fn run(cli: Cli) -> Result<i32> {
-    match &cli.command {
-        Some(Command::Completion { shell }) => return completion(*shell),
-        Some(Command::Complete { words }) => return complete(&cli, words).await,
-        _ => {}
+    if let Some(Command::Completion { shell }) = &cli.command {
+        return completion(*shell);
     }
     let tty = std::io::stdout().is_terminal();
     let no_color = std::env::var("NO_COLOR").ok();
@@ -155,7 +170,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             previous,
         } => logs(&ctx, &policy, node.as_deref(), tail, follow, previous).await,
         // Answered above, without a client.
-        Command::Completion { .. } | Command::Complete { .. } => Ok(exit::OK),
+        Command::Completion { .. } => Ok(exit::OK),
     }
 }
 

@@ -11,6 +11,16 @@ async fn main() {
     if args.get(1).is_some_and(|a| a == "driver") {
         args.remove(1);
     }
+    if args.get(1).is_some_and(|a| a == "__complete") {
+        let words: Vec<String> = args[2..]
+            .iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect();
+        let code = kubectl_tt_driver::commands::complete(&words)
+            .await
+            .unwrap_or(exit::ERROR);
+        std::process::exit(code);
+    }
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
