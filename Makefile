@@ -1,7 +1,8 @@
 # Tenstorrent driver manager: common entry points.
-#   make test     installs what is missing (hack/deps.sh), then fmt + clippy + unit, agent,
+#   make test     installs what is missing (hack/deps.sh), then fmt + clippy + cargo-deny + unit, agent,
 #                 cluster, alert-rule, chart, image, real-node, chaos and kernel (QEMU) tests
 #   make images   controller, agent and pause image archives (hack/images.sh)
+#   make release  chart, images, plugin, krew manifest and checksums in dist/<version>/
 #   make bench    rollout benchmark at 10/100/1000 simulated nodes
 #   make demo     a rollout on a local simulated cluster, watched live
 SHELL := /bin/bash
@@ -9,7 +10,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: test deps lint unit cluster-up cluster-down crds install-plugins demo demo-down bench testbin \
-	images test-realnode realnode-up realnode-down
+	images release test-realnode realnode-up realnode-down
 
 # Debian packages, promtool, the musl target: installed when missing (idempotent).
 deps:
@@ -19,6 +20,10 @@ deps:
 # registry; cached under ~/.cache/ttdrv-images (see hack/images.sh).
 images:
 	bash hack/images.sh
+
+# The release artefacts in dist/<version>/ (see hack/release.sh, docs/install.md).
+release:
+	bash hack/release.sh
 
 # A real node (containerd, kubelet, kube-proxy) joined to its own local control
 # plane in a private namespace (see hack/realnode.sh and docs/development.md).
@@ -49,7 +54,8 @@ cluster-up:
 cluster-down:
 	bash hack/cluster.sh down
 
-# The whole suite: what is missing installed first (hack/deps.sh); lint; unit,
+# The whole suite: what is missing installed first (hack/deps.sh); lint;
+# cargo-deny (licences, bans, sources, advisories: hack/deny.sh); unit,
 # agent and cluster tests against a fresh local cluster (stopped afterwards
 # whatever the outcome); alert rules with promtool; the Helm chart; the images
 # against the Dockerfiles and the real-node test (chart and agent on a real
@@ -57,6 +63,7 @@ cluster-down:
 # fault kinds, plus the drain and Event regressions); the agent on a real
 # kernel under QEMU.
 test: deps lint
+	bash hack/deny.sh
 	bash hack/build-testbin.sh >/dev/null
 	bash hack/run-cluster-tests.sh
 	TTDRV_REQUIRE_HELM=1 bash hack/test-alerts.sh

@@ -14,7 +14,10 @@
 #                a stand-in at tt-smi's place (/opt/tt-smi/tt-smi; the real one
 #                is a PyInstaller build, see agent/Dockerfile)
 #   config       the Dockerfile's ENTRYPOINT, CMD, ENV, USER and EXPOSE over the
-#                base image's own (hack/images/dockerfile.py)
+#                base image's own (hack/images/dockerfile.py), and the OCI
+#                annotation keys as labels (org.opencontainers.image.*: title,
+#                description, version, revision, created = the commit's time,
+#                source, licenses, vendor, base.name)
 #   pause        a static sandbox ("pause") binary (hack/images/pause), the
 #                real test node's sandbox image
 #
@@ -114,10 +117,37 @@ base_layer() {
 work=$(mktemp -d "$cache/work/build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
+# The OCI labels of every image: what it is, which commit and version it was
+# built from (created is the commit's time, so a rebuild is byte-identical).
+version=$(python3 -c 'import tomllib; print(tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["version"])')
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || revision="$revision-dirty"
+created=$(git log -1 --format=%cI 2>/dev/null || echo 1970-01-01T00:00:00Z)
+oci_labels() { # image stage.json: adds "labels" to the stage
+  python3 - "$1" "$2" "$version" "$revision" "$created" <<'PY'
+import json, sys
+image, path, version, revision, created = sys.argv[1:6]
+stage = json.load(open(path))
+what = {"controller": "Kubernetes controller that rolls tt-kmd out across Tenstorrent nodes",
+        "agent": "Node agent of the tt-kmd driver manager: builds, loads and reports the kernel module"}
+p = "org.opencontainers.image."
+stage["labels"] = {
+    p + "title": f"ttdrv-{image}", p + "description": what[image], p + "version": version,
+    p + "revision": revision, p + "created": created,
+    p + "source": "https://github.com/tenstorrent/tt-k8s-driver-manager-rs",
+    p + "url": "https://github.com/tenstorrent/tt-k8s-driver-manager-rs",
+    p + "licenses": "Apache-2.0", p + "vendor": "Tenstorrent",
+    p + "base.name": stage.get("from") or "",
+}
+json.dump(stage, open(path, "w"))
+PY
+}
+
 # image NAME DOCKERFILE: builds (or finds) the archive, prints "<image> <ref> <archive>"
 image() {
   local image=$1 dockerfile=$2 stage="$work/$1.stage.json" base layer="$work/$1.layer"
   python3 "$df" final-stage "$dockerfile" >"$stage"
+  oci_labels "$image" "$stage"
   base=$(base_layer "$image" "$stage")
   mkdir -p "$layer"
   # The files the final stage copies from its build stages.

@@ -93,6 +93,9 @@ for image, dockerfile in (("controller", "Dockerfile"), ("agent", "agent/Dockerf
         check(e in c.get("Env", []), f"{image}: ENV {e} missing from the image config")
     check(c.get("User", "") == (st["user"] or st["base"]["user"]), f"{image}: User {c.get('User')!r}")
     check(sorted(c.get("ExposedPorts", {})) == sorted(st["expose"]), f"{image}: ExposedPorts {c.get('ExposedPorts')}")
+    labels = c.get("Labels") or {}
+    for k in ("title", "description", "version", "revision", "created", "source", "licenses", "vendor"):
+        check(labels.get(f"org.opencontainers.image.{k}"), f"{image}: OCI label org.opencontainers.image.{k} missing")
     for cp in st["copies"]:
         if cp["from"] is None:
             continue

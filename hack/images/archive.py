@@ -66,6 +66,8 @@ def image_config(stage, diff_ids):
         cfg["WorkingDir"] = workdir
     if stage.get("expose"):
         cfg["ExposedPorts"] = {p: {} for p in stage["expose"]}
+    if stage.get("labels"):
+        cfg["Labels"] = stage["labels"]
     return {
         "architecture": "amd64",
         "os": "linux",
