@@ -143,9 +143,11 @@ kv=(--kube-version "${K8S_VERSION#v}")
 rendered=$("$helm_bin" template tt-k8s-driver-manager "$chart_tgz" -n tt-k8s-driver-manager-system "${kv[@]}")
 grep -q "image: \"$registry/controller:$version\"" <<<"$rendered" || die "the packaged chart does not run controller $version"
 grep -q "value: \"$registry/agent:$version\"" <<<"$rendered" || die "the packaged chart does not install agent $version"
-tar -tzf "$chart_tgz" | grep -qx 'tt-k8s-driver-manager/values.schema.json' || die "values.schema.json missing from the package"
-tar -tzf "$chart_tgz" | grep -qx 'tt-k8s-driver-manager/templates/tests/test-controller.yaml' || die "helm test missing from the package"
-! tar -tzf "$chart_tgz" | grep -q 'tt-k8s-driver-manager/tests/' || die "chart/tests/ (goldens) packaged"
+# (a listing first: grep -q closing the pipe early would fail tar under pipefail)
+listing=$(tar -tzf "$chart_tgz")
+grep -qx 'tt-k8s-driver-manager/values.schema.json' <<<"$listing" || die "values.schema.json missing from the package"
+grep -qx 'tt-k8s-driver-manager/templates/tests/test-controller.yaml' <<<"$listing" || die "helm test missing from the package"
+! grep -q '^tt-k8s-driver-manager/tests/' <<<"$listing" || die "chart/tests/ (goldens) packaged"
 python3 - "$out" "$version" "$registry" "$plugin_sha" <<'PY' || die "artefact checks"
 import json, sys, tarfile
 out, version, registry, sha = sys.argv[1:5]

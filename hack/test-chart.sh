@@ -35,7 +35,8 @@
 #  8. --cluster: server-side dry-run of the rendered chart, `helm install`
 #     (controller scaled to 0), then the agent ValidatingAdmissionPolicy against
 #     the real API server, impersonating the agent's ServiceAccount with and
-#     without a node claim; `helm uninstall` at the end
+#     without a node claim; the CRD upgrade hook's command as its
+#     ServiceAccount; `helm uninstall` at the end
 #
 # helm comes from PATH or the test-bin cache (hack/build-testbin.sh helm builds it).
 set -euo pipefail
@@ -592,7 +593,50 @@ cluster_checks() {
     $k --as="$agent" label node "$a" driver.tenstorrent.com/kmd-version=2.8.0 --overwrite
   denied "agent may not delete nodes (RBAC)" "forbidden" as_agent "$a" delete node "$a" --wait=false
   allowed "an administrator is not restricted" $k label node "$a" pool=admin --overwrite
+  crd_upgrade_check
   cleanup_cluster
+}
+
+# The CRD upgrade hook's command, run as its ServiceAccount with its RBAC and
+# its ConfigMap's CRD (the test cluster runs no containers): it brings back a
+# CRD an older release left, and may not do more than get and patch it.
+crd_upgrade_check() {
+  local k="kubectl --request-timeout=20s" crd=tenstorrentdriverpolicies.driver.tenstorrent.com
+  local hook="$tmp/hook" sa="system:serviceaccount:$cns:$crel-crd-upgrade"
+  mkdir -p "$hook"
+  "$helm_bin" template "$crel" chart -n "$cns" "${kv[@]}" --set fullnameOverride="$crel" \
+    --show-only templates/crd-upgrade-job.yaml >"$hook/all.yaml"
+  python3 - "$hook" <<'PY' || { fail "cluster: crd-upgrade hook render"; return; }
+import json, sys, yaml
+d = sys.argv[1]
+docs = [x for x in yaml.safe_load_all(open(f"{d}/all.yaml")) if x]
+yaml.safe_dump_all([x for x in docs if x["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")], open(f"{d}/rbac.yaml", "w"))
+open(f"{d}/tenstorrentdriverpolicies.yaml", "w").write(next(x for x in docs if x["kind"] == "ConfigMap")["data"]["tenstorrentdriverpolicies.yaml"])
+job = next(x for x in docs if x["kind"] == "Job")
+json.dump(job["spec"]["template"]["spec"]["containers"][0]["args"], open(f"{d}/args.json", "w"))
+PY
+  $k apply -f "$hook/rbac.yaml" >/dev/null || { fail "cluster: crd-upgrade RBAC"; return; }
+  # An older release's CRD: no categories.
+  $k patch crd "$crd" --type json -p '[{"op":"remove","path":"/spec/names/categories"}]' >/dev/null 2>&1 || true
+  local args
+  mapfile -t args < <(python3 -c 'import json,sys; [print(a.replace("/crds/", sys.argv[2] + "/")) for a in json.load(open(sys.argv[1]))]' "$hook/args.json" "$hook")
+  local out ok=0 i
+  # (RBAC takes a moment to reach the authorizer after the binding is created)
+  for i in $(seq 1 20); do
+    if out=$($k --as="$sa" "${args[@]}" 2>&1); then ok=1; break; fi
+    sleep 0.5
+  done
+  if [ "$ok" = 1 ]; then
+    [ "$($k get crd "$crd" -o jsonpath='{.spec.names.categories}')" = '["tenstorrent"]' ] \
+      && log "cluster: the crd-upgrade hook's command, as its ServiceAccount, upgrades the CRD" \
+      || fail "cluster: the crd-upgrade hook's command left the CRD without its categories"
+  else
+    fail "cluster: the crd-upgrade hook's command failed as its ServiceAccount: $out"
+  fi
+  denied "crd-upgrade identity deletes the CRD" "forbidden" $k --as="$sa" delete crd "$crd" --dry-run=server
+  denied "crd-upgrade identity patches another CRD" "forbidden" \
+    $k --as="$sa" patch crd not-ours.example.com --type merge -p '{"metadata":{"labels":{"x":"y"}}}'
+  $k delete -f "$hook/rbac.yaml" --ignore-not-found >/dev/null 2>&1 || true
 }
 
 if [ "$cluster" = 1 ]; then
