@@ -207,6 +207,16 @@ pub enum AgentError {
         rollback: Box<Rollback>,
     },
 
+    #[error(
+        "the module built at {} is for another kernel (vermagic {vermagic:?}), not the running {kver}; check that lib/modules/{kver}/build holds that kernel's headers",
+        path.display()
+    )]
+    BuiltForOtherKernel {
+        path: PathBuf,
+        kver: String,
+        vermagic: String,
+    },
+
     #[error("after loading, sys/module/tenstorrent/version reads {found:?}, expected {expected}")]
     ReadbackMismatch {
         expected: String,
@@ -215,6 +225,11 @@ pub enum AgentError {
 
     #[error("labelling node {node} failed: {reason}")]
     Label { node: String, reason: String },
+
+    /// A host path the agent refused (a planted link, FIFO or device, an
+    /// oversized file) or could not use.
+    #[error(transparent)]
+    HostFs(#[from] crate::hostfs::HostFsError),
 }
 
 /// The most the kubelet keeps of a container's termination message, in bytes.
@@ -244,7 +259,8 @@ impl AgentError {
             | AgentError::Spawn { .. }
             | AgentError::Make { .. }
             | AgentError::BuildOutputMissing { .. }
-            | AgentError::BuiltWrongVersion { .. } => Some(BUILD_FAILED),
+            | AgentError::BuiltWrongVersion { .. }
+            | AgentError::BuiltForOtherKernel { .. } => Some(BUILD_FAILED),
             // The kernel refused the module, or runs another version after loading it.
             AgentError::LoadFailed { .. } | AgentError::ReadbackMismatch { .. } => {
                 Some(LOAD_FAILED)
@@ -259,7 +275,8 @@ impl AgentError {
             | AgentError::ModInfo { .. }
             | AgentError::Kill { .. }
             | AgentError::Unload { .. }
-            | AgentError::Label { .. } => None,
+            | AgentError::Label { .. }
+            | AgentError::HostFs(_) => None,
         }
     }
 

@@ -73,8 +73,9 @@ struct RunArgs {
           value_parser = parse_bool)]
     force_unload: bool,
 
-    /// Seconds to wait for refcnt 0 after killing holders.
-    #[arg(long, env = "TTDRV_UNLOAD_TIMEOUT_SECONDS", default_value_t = 30)]
+    /// Seconds to wait for refcnt 0 after killing holders (at most a day).
+    #[arg(long, env = "TTDRV_UNLOAD_TIMEOUT_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
     unload_timeout_seconds: u64,
 
     /// Git repository (URL or local path) holding tt-kmd tags.
@@ -88,8 +89,9 @@ struct RunArgs {
     /// Where the host's /usr/lib/linux-kbuild-* trees are linked before a build
     /// (Debian's headers reach them by relative links); empty to skip. Skipped
     /// anyway when the host root is /.
+    // A String: clap refuses an empty PathBuf, and empty is how to skip.
     #[arg(long, env = "TT_KBUILD_LINK_DIR", default_value = "/usr/lib")]
-    kbuild_link_dir: PathBuf,
+    kbuild_link_dir: String,
 
     /// Version of the bundled tt-smi, for the node label.
     #[arg(long, env = env::TT_SMI_VERSION)]
@@ -106,9 +108,10 @@ struct RunArgs {
     #[arg(long, env = env::POLICY)]
     policy: Option<String>,
 
-    /// Milliseconds between looks at the Node while waiting for the go-ahead.
+    /// Milliseconds between looks at the Node while waiting for the go-ahead
+    /// (10 ms to an hour).
     #[arg(long, env = "TTDRV_GO_AHEAD_POLL_MS", default_value_t = 5000,
-          value_parser = clap::value_parser!(u64).range(10..))]
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     go_ahead_poll_ms: u64,
 
     /// Where to write the termination message when giving up on a busy
@@ -201,7 +204,7 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         source_repository: args.source_repository.clone(),
         tt_smi_path: args.tt_smi_path.clone(),
         tt_smi_version: args.tt_smi_version.clone(),
-        kbuild_link_dir: Some(args.kbuild_link_dir.clone())
+        kbuild_link_dir: Some(PathBuf::from(&args.kbuild_link_dir))
             .filter(|d| !d.as_os_str().is_empty() && host_root != Path::new("/")),
         policy: args.policy.clone().filter(|p| !p.is_empty()),
         go_ahead_poll: Duration::from_millis(args.go_ahead_poll_ms),
@@ -215,6 +218,10 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         source_repository = %config.source_repository,
         node = node_name.as_deref().unwrap_or("(unset)"),
         policy = config.policy.as_deref().unwrap_or("(unset)"),
+        kbuild_link_dir = %config
+            .kbuild_link_dir
+            .as_deref()
+            .map_or("(skipped)".into(), |d| d.display().to_string()),
         "ttdrv-agent starting"
     );
     let node: Box<dyn NodeApi> = match &node_name {

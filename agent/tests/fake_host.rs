@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ttdrv_agent::build::{Builder, GitMakeBuilder};
 use ttdrv_agent::fake::{
-    FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded, write_fake_module,
+    FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, fake_host, plant_cached, set_loaded,
 };
 use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
@@ -58,13 +58,7 @@ impl Host {
         }
     }
     fn cache_module(&self, version: &str, module_version: &str) {
-        write_fake_module(
-            &self.p(&format!(
-                "/var/cache/tt-kmd/{KVER}/{version}/tenstorrent.ko"
-            )),
-            module_version,
-        )
-        .expect("cache module");
+        plant_cached(self.root(), KVER, version, module_version).expect("cache module");
     }
     fn loaded(&self) -> Option<String> {
         self.hr().loaded_version().expect("sysfs")
@@ -396,10 +390,15 @@ fn cache_miss_builds_and_stores_atomically() {
         .expect("cache dir")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .collect();
+    let mut names = names;
+    names.sort();
     assert_eq!(
         names,
-        vec!["tenstorrent.ko".to_string()],
-        "no temporary files left"
+        vec![
+            "tenstorrent.ko".to_string(),
+            "tenstorrent.ko.json".to_string()
+        ],
+        "the module and its record, no temporary files left"
     );
     assert_eq!(
         ttdrv_agent::modinfo::module_version(&dir.join("tenstorrent.ko"))
@@ -513,9 +512,15 @@ fn failed_load_rolls_back_to_the_cached_previous_version() {
             && msg.contains("2.7.0"),
         "{msg}"
     );
+    // The refused cached module is evicted and rebuilt once, then the
+    // previous version goes back.
     assert_eq!(
         kernel.loads(),
-        vec!["2.8.0".to_string(), "2.7.0".to_string()]
+        vec![
+            "2.8.0".to_string(),
+            "2.8.0".to_string(),
+            "2.7.0".to_string()
+        ]
     );
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
 }
@@ -618,7 +623,10 @@ fn unwritable_cache_fails_before_unloading() {
         &FakeNode::default(),
     )
     .expect_err("cache");
-    assert!(matches!(err, AgentError::CacheWrite { .. }), "{err:?}");
+    assert!(
+        matches!(err, AgentError::CacheWrite { .. } | AgentError::HostFs(_)),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("var/cache/tt-kmd"), "{err}");
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
     assert_eq!(kernel.unloads(), 0);
