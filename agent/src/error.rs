@@ -72,6 +72,15 @@ fn now(loaded: &Option<String>) -> String {
     }
 }
 
+/// A refcnt for messages: [`crate::holder::REFCNT_UNKNOWN`] is "unreadable".
+fn refcnt_text(refcnt: u32) -> String {
+    if refcnt == crate::holder::REFCNT_UNKNOWN {
+        "unreadable, so counted as in use".to_string()
+    } else {
+        refcnt.to_string()
+    }
+}
+
 fn list_holders(holders: &[Holder]) -> String {
     if holders.is_empty() {
         return "no process under /proc holds /dev/tenstorrent (another module or a kernel user may hold it)".to_string();
@@ -165,8 +174,8 @@ pub enum AgentError {
     },
 
     #[error(
-        "tenstorrent {loaded} is in use (refcnt {refcnt}) and force-unload is off, so it was left loaded; holders: {}; drain the node's workloads, or set upgradePolicy.forceUnload=true",
-        list_holders(holders)
+        "tenstorrent {loaded} is in use (refcnt {}) and force-unload is off, so it was left loaded; holders: {}; drain the node's workloads, or set upgradePolicy.forceUnload=true",
+        refcnt_text(*refcnt), list_holders(holders)
     )]
     Busy {
         loaded: String,

@@ -78,15 +78,19 @@ impl KernelOps for FakeKernel {
         let version = modinfo::field_of_bytes(&bytes, "version")
             .map_err(|_| errno(nix::errno::Errno::ENOEXEC))?
             .unwrap_or_default();
+        if let Ok(mut l) = self.loads.lock() {
+            l.push(version.clone());
+        }
+        // As the kernel refuses a module with bad symbols or signature.
+        if let Ok(Some(_)) = modinfo::field_of_bytes(&bytes, REFUSED_FIELD) {
+            return Err(errno(nix::errno::Errno::ENOEXEC));
+        }
         // As the kernel does: a module built for another kernel is refused.
         if let Ok(Some(vermagic)) = modinfo::field_of_bytes(&bytes, "vermagic")
             && let Ok(kver) = self.root.kernel_release()
             && modinfo::vermagic_release(&vermagic) != kver
         {
             return Err(errno(nix::errno::Errno::ENOEXEC));
-        }
-        if let Ok(mut l) = self.loads.lock() {
-            l.push(version.clone());
         }
         if self.module_dir().exists() {
             return Err(errno(nix::errno::Errno::EEXIST));
@@ -227,6 +231,40 @@ pub fn write_fake_module_for(path: &Path, version: &str, kver: &str) -> io::Resu
         path,
         modinfo::fake_module_bytes(&["license=GPL", &v, "name=tenstorrent", &m]),
     )
+}
+
+/// A `.modinfo` field that makes [`FakeKernel`] refuse the module (ENOEXEC),
+/// as a real kernel refuses one with unresolved symbols or a bad signature.
+pub const REFUSED_FIELD: &str = "fake_refused";
+
+/// Plants `bytes` as the cache entry of `version` for `kver`, with a record
+/// that matches them (hash, and the vermagic they carry): an entry that
+/// passes every check the agent makes before loading.
+pub fn plant_cached_bytes(
+    root: &Path,
+    kver: &str,
+    version: &str,
+    bytes: &[u8],
+) -> io::Result<PathBuf> {
+    let r = HostRoot::new(root);
+    let ko = r.path(crate::cache::Cache::host_path(kver, version));
+    if let Some(dir) = ko.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(&ko, bytes)?;
+    let record = crate::cache::Record {
+        version: version.to_string(),
+        kernel_release: kver.to_string(),
+        vermagic: modinfo::field_of_bytes(bytes, "vermagic")
+            .ok()
+            .flatten()
+            .unwrap_or_default(),
+        sha256: crate::cache::sha256_hex(bytes),
+        size: bytes.len() as u64,
+    };
+    let json = serde_json::to_vec(&record).map_err(io::Error::other)?;
+    fs::write(ko.with_file_name(crate::cache::RECORD_FILE), json)?;
+    Ok(ko)
 }
 
 /// Plants a verified cache entry as a build would leave it: the module of

@@ -203,9 +203,7 @@ impl HostRoot {
     }
 }
 
-/// The refcnt of a loaded module whose `refcnt` file is missing or
-/// unparsable: the largest count, so every check sees the module in use.
-pub const REFCNT_UNKNOWN: u32 = u32::MAX;
+pub use crate::holder::REFCNT_UNKNOWN;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ModuleState {

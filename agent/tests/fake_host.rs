@@ -885,3 +885,40 @@ fn container_install_opens_the_devices_and_removes_the_old_venv() {
     );
     assert!(!h.p("/opt/tt").exists());
 }
+
+/// `--kbuild-link-dir ''` skips the linking (as documented) instead of being
+/// refused by the argument parser; timeouts are bounded, not overflowed.
+#[test]
+fn empty_kbuild_link_dir_skips_and_timeouts_are_bounded() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    let out = agent_bin(
+        &h,
+        &[
+            "run",
+            "--once",
+            "--version",
+            "2.8.0",
+            "--kbuild-link-dir",
+            "",
+            "--tt-smi-path",
+            "/nonexistent",
+        ],
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("kbuild_link_dir=(skipped)"), "{log}");
+
+    for (flag, value) in [
+        ("--unload-timeout-seconds", "18446744073709551615"),
+        ("--go-ahead-poll-ms", "18446744073709551615"),
+    ] {
+        let out = agent_bin(&h, &["run", "--once", "--version", "2.8.0", flag, value]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(
+            err.contains(flag) && !err.contains("panicked"),
+            "{flag}: {err}"
+        );
+    }
+}
