@@ -1,5 +1,6 @@
 //! Building the module from source: `git clone --depth 1 --branch ttkmd-<version>`
-//! of the configured repository, then `make -C <headers> M=<src> modules`.
+//! of the configured repository, a check that the tag names the pinned commit
+//! (a tag that moved is refused), then `make -C <headers> M=<src> modules`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -33,13 +34,34 @@ pub trait Builder {
 #[derive(Debug, Clone)]
 pub struct GitMakeBuilder {
     pub repository: String,
+    /// The commit the version's tag must name (TT_KMD_SOURCE_COMMIT); None:
+    /// unpinned, the cloned commit is only logged.
+    pub commit: Option<String>,
 }
 
 impl GitMakeBuilder {
     pub fn new(repository: impl Into<String>) -> Self {
         GitMakeBuilder {
             repository: repository.into(),
+            commit: None,
         }
+    }
+
+    /// Refuses any tree but `commit` (a full hex object name).
+    pub fn pinned(mut self, commit: Option<String>) -> Self {
+        self.commit = commit;
+        self
+    }
+}
+
+/// A full git object name: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits.
+/// An abbreviated name is refused: it pins nothing an attacker cannot match.
+pub fn validate_commit(commit: &str) -> Result<String> {
+    let c = commit.trim().to_ascii_lowercase();
+    if matches!(c.len(), 40 | 64) && c.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(c)
+    } else {
+        Err(AgentError::InvalidSourceCommit(commit.to_string()))
     }
 }
 
@@ -92,6 +114,38 @@ impl Builder for GitMakeBuilder {
                 repo: self.repository.clone(),
                 stderr,
             });
+        }
+        let out = run(
+            "git",
+            Command::new("git").arg("-C").arg(&src).args([
+                "rev-parse",
+                "--verify",
+                "HEAD^{commit}",
+            ]),
+        )?;
+        let found = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !out.status.success() || found.is_empty() {
+            return Err(AgentError::GitClone {
+                tag,
+                repo: self.repository.clone(),
+                stderr: format!("cannot read the cloned commit: {}", tail(&out, 5)),
+            });
+        }
+        match &self.commit {
+            Some(pin) if !found.eq_ignore_ascii_case(pin) => {
+                return Err(AgentError::SourceCommitMismatch {
+                    tag,
+                    repo: self.repository.clone(),
+                    expected: pin.clone(),
+                    found,
+                });
+            }
+            Some(_) => tracing::info!(%tag, commit = %found, "the tag names the pinned commit"),
+            None => tracing::warn!(
+                %tag,
+                commit = %found,
+                "no pinned commit for this version (TT_KMD_SOURCE_COMMIT): building what the tag names now"
+            ),
         }
         let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
         let out = run(

@@ -131,6 +131,21 @@ pub enum AgentError {
     )]
     MissingTag { tag: String, repo: String },
 
+    #[error(
+        "tag {tag} in {repo} names commit {found}, not the pinned {expected}: the tag moved (or the pin is wrong); refusing to build it. Check the repository, then set installer.sourceCommit or the chart's sourceCommits table"
+    )]
+    SourceCommitMismatch {
+        tag: String,
+        repo: String,
+        expected: String,
+        found: String,
+    },
+
+    #[error(
+        "invalid source commit {0:?}: expected a full git object name (40 or 64 hex digits) in TT_KMD_SOURCE_COMMIT"
+    )]
+    InvalidSourceCommit(String),
+
     #[error("git clone of tag {tag} from {repo} failed: {stderr}")]
     GitClone {
         tag: String,
@@ -269,7 +284,9 @@ impl AgentError {
             | AgentError::Make { .. }
             | AgentError::BuildOutputMissing { .. }
             | AgentError::BuiltWrongVersion { .. }
-            | AgentError::BuiltForOtherKernel { .. } => Some(BUILD_FAILED),
+            | AgentError::BuiltForOtherKernel { .. }
+            | AgentError::SourceCommitMismatch { .. }
+            | AgentError::InvalidSourceCommit(_) => Some(BUILD_FAILED),
             // The kernel refused the module, or runs another version after loading it.
             AgentError::LoadFailed { .. } | AgentError::ReadbackMismatch { .. } => {
                 Some(LOAD_FAILED)

@@ -82,6 +82,11 @@ struct RunArgs {
     #[arg(long, env = env::SOURCE_REPOSITORY, default_value = labels::DEFAULT_SOURCE_REPOSITORY)]
     source_repository: String,
 
+    /// The commit the version's tag must name (full hex); a clone whose tag
+    /// names another commit (a tag that moved) is refused. Unset: unpinned.
+    #[arg(long, env = env::SOURCE_COMMIT)]
+    source_commit: Option<String>,
+
     /// The bundled tt-smi binary (a path in the agent's own filesystem).
     #[arg(long, env = "TT_SMI_PATH", default_value = "/opt/tt-smi/tt-smi")]
     tt_smi_path: PathBuf,
@@ -242,7 +247,26 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         },
         None => Box::new(NoNode),
     };
-    let builder = GitMakeBuilder::new(&config.source_repository);
+    let commit = match args
+        .source_commit
+        .as_deref()
+        .filter(|c| !c.trim().is_empty())
+    {
+        None => None,
+        Some(c) => match ttdrv_agent::build::validate_commit(c) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::error!(summary = true, "summary: result=failed error={e}");
+                write_termination_message(&e, &args.termination_log);
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    tracing::info!(
+        source_commit = commit.as_deref().unwrap_or("(unpinned)"),
+        "source pin"
+    );
+    let builder = GitMakeBuilder::new(&config.source_repository).pinned(commit);
     let signals = Signals::new();
     let agent = Agent {
         config: &config,

@@ -922,3 +922,101 @@ fn empty_kbuild_link_dir_skips_and_timeouts_are_bounded() {
         );
     }
 }
+
+fn git(repo: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args([
+            "-c",
+            "user.name=ttdrv-test",
+            "-c",
+            "user.email=ttdrv-test@localhost",
+            "-c",
+            "commit.gpgsign=false",
+            "-c",
+            "tag.gpgsign=false",
+        ])
+        .args(args)
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A real repository whose tag is moved after the pin was taken: the clone
+/// is refused naming both commits, before any build; with the tag back where
+/// the pin says, the build goes on past the check (to make, which fails on
+/// the empty fake headers).
+#[test]
+fn a_moved_tag_is_refused_against_the_pinned_commit() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let repo = tempfile::tempdir().expect("tempdir");
+    fixture_repo(repo.path());
+    let repo_url = repo.path().display().to_string();
+    let pinned = git(repo.path(), &["rev-parse", "ttkmd-2.8.0^{commit}"]);
+
+    let builder = GitMakeBuilder::new(&repo_url).pinned(Some(pinned.clone()));
+    let kernel = FakeKernel::new(h.root());
+    let err = run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default())
+        .expect_err("no headers to build with");
+    assert!(
+        matches!(err, AgentError::Make { .. }),
+        "past the pin: {err:?}"
+    );
+
+    // Someone moves the tag to a commit of their own.
+    fs::write(repo.path().join("tenstorrent.c"), "/* not tt-kmd */\n").expect("write");
+    git(repo.path(), &["commit", "-qam", "moved"]);
+    git(repo.path(), &["tag", "-f", "ttkmd-2.8.0"]);
+    let moved = git(repo.path(), &["rev-parse", "ttkmd-2.8.0^{commit}"]);
+    assert_ne!(moved, pinned);
+
+    let before = snapshot(h.root());
+    let err =
+        run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default()).expect_err("moved tag");
+    assert!(
+        matches!(&err, AgentError::SourceCommitMismatch { expected, found, .. } if *expected == pinned && *found == moved),
+        "{err:?}"
+    );
+    assert_eq!(err.reason(), Some("BuildFailed"));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("ttkmd-2.8.0") && msg.contains(&repo_url) && msg.contains("moved"),
+        "{msg}"
+    );
+    assert_eq!(snapshot(h.root()), before, "nothing written to the host");
+    assert!(kernel.loads().is_empty());
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+}
+
+#[test]
+fn source_commits_must_be_full_object_names() {
+    use ttdrv_agent::build::validate_commit;
+    let sha1 = "0123456789abcdef0123456789abcdef01234567";
+    assert_eq!(validate_commit(sha1).expect("sha1"), sha1);
+    assert_eq!(
+        validate_commit(&sha1.to_uppercase()).expect("upper"),
+        sha1,
+        "normalised to lowercase"
+    );
+    assert!(
+        validate_commit(&"a".repeat(64)).is_ok(),
+        "sha256 repositories"
+    );
+    for bad in [
+        "",
+        "0123456",
+        "ttkmd-2.8.0",
+        &format!("{sha1}0"),
+        &"g".repeat(40),
+    ] {
+        let err = validate_commit(bad).expect_err(bad);
+        assert!(err.to_string().contains("TT_KMD_SOURCE_COMMIT"), "{err}");
+    }
+}
