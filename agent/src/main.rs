@@ -44,7 +44,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Bring the node to the target version, label it, then idle until SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Exit 0 only when the loaded module's version equals the target exactly
     /// and `run` is not waiting for the go-ahead.
     Ready {
@@ -164,7 +164,7 @@ fn main() -> ExitCode {
     let root = HostRoot::new(&cli.host_root);
     let status_file = Some(cli.status_file.clone()).filter(|p| !p.as_os_str().is_empty());
     match cli.command {
-        Command::Run(args) => run(&cli.host_root, status_file, args),
+        Command::Run(args) => run(&cli.host_root, status_file, *args),
         Command::Ready { target } => match pod::readiness(&root, &target, status_file.as_deref()) {
             Ok(msg) => {
                 println!("{msg}");
