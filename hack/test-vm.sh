@@ -109,6 +109,7 @@ for v in 2.7.0 2.8.0 2.9.0; do
     dest="$root/opt/prebuilt/ttkmd-$v"
     mkdir -p "$dest"
     cp "$src"/{tenstorrent.c,Kbuild,Makefile,VERSION} "$dest/"
+    git -C "$src" rev-parse HEAD >"$dest/.commit"
     cp "$src/tenstorrent.ko" "$dest/.prebuilt.ko"
 done
 say "stub modules 2.7.0, 2.8.0 and 2.9.0 (init fails) built for $kver in $(( $(date +%s) - t0 ))s"
@@ -140,7 +141,12 @@ echo "# headers stand-in for the VM test" >"$root/lib/modules/$kver/build/Makefi
 cat >"$root/usr/local/bin/git" <<'EOF'
 #!/bin/sh
 # VM shim for `git clone ... --branch TAG -- REPO DEST`: serves the trees
-# cloned on the build machine from /opt/prebuilt/TAG.
+# cloned on the build machine from /opt/prebuilt/TAG; and for
+# `git -C DIR rev-parse ...`: prints the commit the build machine cloned.
+if [ "$1" = "-C" ] && [ "$3" = "rev-parse" ]; then
+    cat "$2/.commit"
+    exit
+fi
 tag=""; prev=""; dest=""
 for a in "$@"; do
     [ "$prev" = "--branch" ] && tag="$a"

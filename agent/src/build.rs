@@ -124,26 +124,22 @@ impl Builder for GitMakeBuilder {
             ]),
         )?;
         let found = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if !out.status.success() || found.is_empty() {
-            return Err(AgentError::GitClone {
-                tag,
-                repo: self.repository.clone(),
-                stderr: format!("cannot read the cloned commit: {}", tail(&out, 5)),
-            });
-        }
-        match &self.commit {
-            Some(pin) if !found.eq_ignore_ascii_case(pin) => {
+        let found = (out.status.success() && !found.is_empty()).then_some(found);
+        match (&self.commit, found) {
+            (Some(pin), Some(found)) if found.eq_ignore_ascii_case(pin) => {
+                tracing::info!(%tag, commit = %found, "the tag names the pinned commit")
+            }
+            (Some(pin), found) => {
                 return Err(AgentError::SourceCommitMismatch {
                     tag,
                     repo: self.repository.clone(),
                     expected: pin.clone(),
-                    found,
+                    found: found.unwrap_or_else(|| format!("none readable ({})", tail(&out, 3))),
                 });
             }
-            Some(_) => tracing::info!(%tag, commit = %found, "the tag names the pinned commit"),
-            None => tracing::warn!(
+            (None, found) => tracing::warn!(
                 %tag,
-                commit = %found,
+                commit = found.as_deref().unwrap_or("unknown"),
                 "no pinned commit for this version (TT_KMD_SOURCE_COMMIT): building what the tag names now"
             ),
         }
