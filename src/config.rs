@@ -1,6 +1,7 @@
 //! Command-line flags (each also settable from the environment, as the chart does).
 
 use clap::Parser;
+use std::collections::BTreeMap;
 use ttdrv_api::labels;
 
 #[derive(Parser, Clone, Debug)]
@@ -29,6 +30,23 @@ pub struct Config {
     #[arg(long, env = "TTDRV_SOURCE_REPOSITORY", default_value = "")]
     pub source_repository: String,
     /// tt-smi version baked into the installer image (passed to the agent).
+    /// `VERSION=COMMIT`: the commit the tag `ttkmd-VERSION` must name (the
+    /// chart's `installer.sourceCommits`); a policy's
+    /// `spec.installer.sourceCommit` overrides it. Repeat or comma-separate.
+    #[arg(long = "source-commit", env = "TTDRV_SOURCE_COMMITS", value_delimiter = ',',
+          value_parser = parse_commit_entry)]
+    pub source_commits: Vec<String>,
+
+    /// Installer images a policy may name (`spec.installer.image`): exact, or a
+    /// prefix ending in `*`. Empty: any. Outside it a policy is refused.
+    #[arg(long, env = "TTDRV_ALLOWED_INSTALLER_IMAGES", value_delimiter = ',')]
+    pub allowed_installer_images: Vec<String>,
+
+    /// Source repositories a policy may name (`spec.installer.sourceRepository`),
+    /// as for the images.
+    #[arg(long, env = "TTDRV_ALLOWED_SOURCE_REPOSITORIES", value_delimiter = ',')]
+    pub allowed_source_repositories: Vec<String>,
+
     #[arg(long, env = "TTDRV_TT_SMI_VERSION", default_value = "")]
     pub tt_smi_version: String,
     /// ServiceAccount of the installer pods.
@@ -83,7 +101,36 @@ pub struct Config {
     pub log_format: String,
 }
 
+/// One `VERSION=COMMIT` entry, checked as the controller starts.
+fn parse_commit_entry(s: &str) -> Result<String, String> {
+    ttdrv_core::trust::parse_commit_table(&[s.to_string()]).map(|_| s.trim().to_string())
+}
+
+fn non_empty(list: &[String]) -> Vec<String> {
+    list.iter()
+        .map(|e| e.trim().to_string())
+        .filter(|e| !e.is_empty())
+        .collect()
+}
+
 impl Config {
+    /// The version → commit table (a later entry for a version wins).
+    pub fn source_commit_table(&self) -> BTreeMap<String, String> {
+        self.source_commits
+            .iter()
+            .filter_map(|e| ttdrv_core::trust::parse_commit_table(std::slice::from_ref(e)).ok())
+            .flatten()
+            .collect()
+    }
+
+    /// The allow-lists of installer images and source repositories.
+    pub fn allow_list(&self) -> ttdrv_core::trust::AllowList {
+        ttdrv_core::trust::AllowList {
+            images: non_empty(&self.allowed_installer_images),
+            repositories: non_empty(&self.allowed_source_repositories),
+        }
+    }
+
     pub fn gates(&self) -> Vec<String> {
         self.deploy_gates
             .iter()

@@ -69,6 +69,7 @@ impl Context {
             service_account: self.config.agent_service_account.clone(),
             eligibility: self.eligibility(),
             proxy_env: crate::config::proxy_env(|k| std::env::var(k).ok()),
+            source_commits: self.config.source_commit_table(),
         }
     }
 

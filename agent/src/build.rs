@@ -13,6 +13,9 @@ pub fn tag_for(version: &str) -> String {
     format!("ttkmd-{version}")
 }
 
+/// The most compilers run at once (`make -j`).
+pub const BUILD_JOBS_MAX: usize = 4;
+
 /// What to build, and where.
 #[derive(Debug, Clone)]
 pub struct BuildRequest<'a> {
@@ -54,15 +57,10 @@ impl GitMakeBuilder {
     }
 }
 
-/// A full git object name: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits.
-/// An abbreviated name is refused: it pins nothing an attacker cannot match.
+/// A full git object name ([`ttdrv_core::trust::validate_commit`]).
 pub fn validate_commit(commit: &str) -> Result<String> {
-    let c = commit.trim().to_ascii_lowercase();
-    if matches!(c.len(), 40 | 64) && c.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(c)
-    } else {
-        Err(AgentError::InvalidSourceCommit(commit.to_string()))
-    }
+    ttdrv_core::trust::validate_commit(commit)
+        .map_err(|_| AgentError::InvalidSourceCommit(commit.to_string()))
 }
 
 fn run(program: &str, cmd: &mut Command) -> Result<Output> {
@@ -143,7 +141,11 @@ impl Builder for GitMakeBuilder {
                 "no pinned commit for this version (TT_KMD_SOURCE_COMMIT): building what the tag names now"
             ),
         }
-        let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Bounded: the installer pod's memory limit is sized for this many
+        // compilers at once (docs/security.md), not for every core of a big node.
+        let jobs = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(BUILD_JOBS_MAX);
         let out = run(
             "make",
             Command::new("make")
