@@ -31,7 +31,7 @@ pub struct Config {
     pub source_repository: String,
     /// tt-smi version baked into the installer image (passed to the agent).
     /// `VERSION=COMMIT`: the commit the tag `ttkmd-VERSION` must name (the
-    /// chart's `installer.sourceCommits`); a policy's
+    /// chart's `driver.sourceCommits`); a policy's
     /// `spec.installer.sourceCommit` overrides it. Repeat or comma-separate.
     #[arg(long = "source-commit", env = "TTDRV_SOURCE_COMMITS", value_delimiter = ',',
           value_parser = parse_commit_entry)]
@@ -170,6 +170,50 @@ pub fn proxy_env(env: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn source_commits_and_allow_lists_parse_as_the_chart_passes_them() {
+        let a = "0123456789abcdef0123456789abcdef01234567";
+        let b = "89ABCDEF0123456789abcdef0123456789abcdef";
+        let c = Config::try_parse_from([
+            "ttdrv-controller",
+            "--source-commit",
+            &format!("2.8.0={a},2.7.0={b}"),
+            "--allowed-installer-images",
+            "ghcr.io/tenstorrent/*, registry.local/agent:1",
+            "--allowed-source-repositories",
+            "https://git.local/tt-kmd.git",
+        ])
+        .expect("parses");
+        assert_eq!(
+            c.source_commit_table(),
+            BTreeMap::from([
+                ("2.7.0".to_string(), b.to_lowercase()),
+                ("2.8.0".to_string(), a.to_string())
+            ])
+        );
+        let allow = c.allow_list();
+        assert_eq!(
+            allow.images,
+            ["ghcr.io/tenstorrent/*", "registry.local/agent:1"]
+        );
+        assert_eq!(allow.repositories, ["https://git.local/tt-kmd.git"]);
+        let defaults = Config::try_parse_from(["ttdrv-controller"]).expect("defaults");
+        assert!(defaults.source_commit_table().is_empty());
+        assert_eq!(
+            defaults.allow_list(),
+            ttdrv_core::trust::AllowList::default()
+        );
+        for bad in [
+            "2.8.0=abc",
+            "latest=0123456789abcdef0123456789abcdef01234567",
+            "2.8.0",
+        ] {
+            let e = Config::try_parse_from(["ttdrv-controller", "--source-commit", bad])
+                .expect_err(bad);
+            assert!(e.to_string().contains("source commit"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn proxy_env_copies_both_cases_and_skips_unset() {

@@ -31,7 +31,7 @@ pub struct RenderContext {
     pub eligibility: ttdrv_core::selection::Eligibility,
     /// The controller's proxy variables, copied into the installer pods.
     pub proxy_env: Vec<(String, String)>,
-    /// Version → commit pins (the chart's `installer.sourceCommits`).
+    /// Version → commit pins (the chart's `driver.sourceCommits`).
     pub source_commits: BTreeMap<String, String>,
 }
 

@@ -132,7 +132,7 @@ pub enum AgentError {
     MissingTag { tag: String, repo: String },
 
     #[error(
-        "tag {tag} in {repo} names commit {found}, not the pinned {expected}: the tag moved (or the pin is wrong); refusing to build it. Check the repository, then set installer.sourceCommit or the chart's sourceCommits table"
+        "tag {tag} in {repo} names commit {found}, not the pinned {expected}: the tag moved (or the pin is wrong); refusing to build it. Check the repository, then set the policy's installer.sourceCommit or the chart's driver.sourceCommits"
     )]
     SourceCommitMismatch {
         tag: String,

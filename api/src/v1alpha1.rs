@@ -359,7 +359,7 @@ pub struct Installer {
     pub source_repository: Option<String>,
     /// The full git commit (40 or 64 hex digits) the version's tag
     /// `ttkmd-<version>` must name; a tag that moved is refused before any
-    /// build. Empty means the chart's table (`installer.sourceCommits`), and
+    /// build. Empty means the chart's table (`driver.sourceCommits`), and
     /// a version in neither is built unpinned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]

@@ -163,3 +163,15 @@ name: value. */}}
 {{- toYaml $e }}
 {{- end }}
 {{- end }}
+
+{{/*
+driver.sourceCommits ({"2.8.0": "<commit>"}) as the controller's
+VERSION=COMMIT,... list, sorted by version key.
+*/}}
+{{- define "ttdm.sourceCommits" -}}
+{{- $out := list }}
+{{- range $v, $c := . }}
+{{- $out = append $out (printf "%s=%s" $v $c) }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}

@@ -51,7 +51,7 @@ pub fn check(
         Ok(())
     } else {
         Err(format!(
-            "{}: the installer runs privileged and loads what it builds into the kernel, so only allowed images and repositories are deployed (chart values installer.allowedImages / installer.allowedSourceRepositories)",
+            "{}: the installer runs privileged and loads what it builds into the kernel, so only allowed images and repositories are deployed (chart values driver.allowedImages / driver.allowedSourceRepositories)",
             wrong.join("; ")
         ))
     }
@@ -71,7 +71,7 @@ pub fn validate_commit(commit: &str) -> Result<String, String> {
 }
 
 /// The version → commit table from `VERSION=COMMIT` entries (the chart's
-/// `installer.sourceCommits`, passed as `--source-commit`).
+/// `driver.sourceCommits`, passed as `--source-commit`).
 pub fn parse_commit_table(entries: &[String]) -> Result<BTreeMap<String, String>, String> {
     let mut table = BTreeMap::new();
     for e in entries.iter().filter(|e| !e.trim().is_empty()) {
@@ -178,7 +178,10 @@ mod tests {
             format!("2.8={a}"),
             "2.8.0=abc".to_string(),
         ] {
-            assert!(parse_commit_table(std::slice::from_ref(&bad)).is_err(), "{bad}");
+            assert!(
+                parse_commit_table(std::slice::from_ref(&bad)).is_err(),
+                "{bad}"
+            );
         }
         assert!(
             parse_commit_table(&list(&[&format!("2.8.0={a}"), &format!("2.8.0={a}")])).is_err(),
