@@ -16,8 +16,8 @@
 //! - [`holder`]: a process holding /dev/tenstorrent (PID, comm, pod, container), plain data.
 //! - [`kernel`]: loading/unloading the module and killing holders, behind traits.
 //! - [`node`]: the agent's own Node (read for the go-ahead, labelled) and pod names, behind a trait.
-//! - [`error`]: [`AgentError`], [`Rollback`], and each error's reason and termination message; uses `holder`.
 //! - [`hostfs`]: host files walked from the root without following links, bounded non-blocking reads, atomic writes.
+//! - [`error`]: [`AgentError`], [`Rollback`], and each error's reason and termination message; uses `holder`, `hostfs`.
 //! - [`host`]: [`HostRoot`]: host paths, kernel release, boot ID, module state, version checks; uses `error`, `hostfs`.
 //! - [`pod`]: the agent's own pod: pauses that SIGTERM ends, the waiting note, readiness, the termination message; uses `host`.
 //! - [`holders`]: the /proc walk that finds holders; uses `holder`, `host`.
