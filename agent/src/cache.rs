@@ -77,17 +77,34 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Why the module `bytes` (with `record`, owner `uid` and `mode`) may not be
-/// loaded as `version` on kernel `kver`; None when it may. Pure.
+/// The file's owner and mode, and who the agent runs as.
+#[derive(Debug, Clone, Copy)]
+pub struct Ownership {
+    pub uid: u32,
+    pub mode: u32,
+    pub euid: u32,
+}
+
+impl Ownership {
+    fn of(st: &rustix::fs::Stat) -> Self {
+        Ownership {
+            uid: st.st_uid,
+            mode: st.st_mode,
+            euid: rustix::process::geteuid().as_raw(),
+        }
+    }
+}
+
+/// Why the module `bytes` (with `record` and `owner`) may not be loaded as
+/// `version` on kernel `kver`; None when it may. Pure.
 pub fn check(
     bytes: &[u8],
     record: Option<&Record>,
-    uid: u32,
-    mode: u32,
+    owner: Ownership,
     kver: &str,
     version: &str,
 ) -> Option<String> {
-    let euid = rustix::process::geteuid().as_raw();
+    let Ownership { uid, mode, euid } = owner;
     if uid != euid {
         return Some(format!("owned by uid {uid}, not the agent's uid {euid}"));
     }
@@ -202,14 +219,7 @@ impl<'a> Cache<'a> {
             .ok()
             .flatten()
             .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
-        if let Some(why) = check(
-            &bytes,
-            record.as_ref(),
-            st.st_uid,
-            st.st_mode,
-            kver,
-            version,
-        ) {
+        if let Some(why) = check(&bytes, record.as_ref(), Ownership::of(&st), kver, version) {
             tracing::warn!(
                 path = %Self::host_path(kver, version),
                 problem = %why,
@@ -388,14 +398,7 @@ impl<'a> Cache<'a> {
                     .ok()
                     .flatten()
                     .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
-                let problem = check(
-                    &bytes,
-                    record.as_ref(),
-                    st.st_uid,
-                    st.st_mode,
-                    &kver,
-                    &version,
-                );
+                let problem = check(&bytes, record.as_ref(), Ownership::of(&st), &kver, &version);
                 out.push(CacheEntry {
                     module_version: modinfo::field_of_bytes(&bytes, "version").ok().flatten(),
                     path: Self::host_path(&kver, &version),
@@ -408,5 +411,91 @@ impl<'a> Cache<'a> {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KVER: &str = "6.1.0-99-amd64";
+
+    fn module(version: &str, kver: &str) -> Vec<u8> {
+        let v = format!("version={version}");
+        let m = format!("vermagic={kver} SMP mod_unload");
+        modinfo::fake_module_bytes(&["name=tenstorrent", &v, &m])
+    }
+
+    fn record(bytes: &[u8], version: &str, kver: &str) -> Record {
+        Record {
+            version: version.into(),
+            kernel_release: KVER.into(),
+            vermagic: format!("{kver} SMP mod_unload"),
+            sha256: sha256_hex(bytes),
+            size: bytes.len() as u64,
+        }
+    }
+
+    const OK: Ownership = Ownership {
+        uid: 0,
+        mode: 0o100644,
+        euid: 0,
+    };
+
+    #[test]
+    fn each_check_names_what_failed() {
+        let good = module("2.8.0", KVER);
+        let rec = record(&good, "2.8.0", KVER);
+        assert_eq!(check(&good, Some(&rec), OK, KVER, "2.8.0"), None);
+        let why = |bytes: &[u8], rec: Option<&Record>, owner: Ownership| {
+            check(bytes, rec, owner, KVER, "2.8.0").unwrap_or_default()
+        };
+        assert!(why(&good, Some(&rec), Ownership { uid: 1000, ..OK }).contains("uid 1000"));
+        assert!(
+            why(
+                &good,
+                Some(&rec),
+                Ownership {
+                    mode: 0o100664,
+                    ..OK
+                }
+            )
+            .contains("664")
+        );
+        assert!(
+            why(
+                &good,
+                Some(&rec),
+                Ownership {
+                    mode: 0o100646,
+                    ..OK
+                }
+            )
+            .contains("646")
+        );
+        assert!(why(&good, None, OK).contains(RECORD_FILE));
+        let other = module("2.8.0", "5.10.0-1-amd64");
+        assert!(
+            why(&other, Some(&record(&other, "2.8.0", "5.10.0-1-amd64")), OK).contains("vermagic")
+        );
+        assert!(
+            why(&other, Some(&rec), OK).contains("sha256"),
+            "the hash first"
+        );
+        let old = module("2.7.0", KVER);
+        assert!(why(&old, Some(&record(&old, "2.7.0", KVER)), OK).contains("2.7.0"));
+        let renamed = record(&good, "2.8.0", "6.1.0-98-amd64");
+        assert!(
+            why(&good, Some(&renamed), OK).contains("vermagic"),
+            "record and file disagree"
+        );
+        assert!(
+            why(
+                b"not a module",
+                Some(&record(b"not a module", "2.8.0", KVER)),
+                OK
+            )
+            .contains(".modinfo")
+        );
     }
 }
