@@ -40,6 +40,9 @@ pub struct GitMakeBuilder {
     /// The commit the version's tag must name (TT_KMD_SOURCE_COMMIT); None:
     /// unpinned, the cloned commit is only logged.
     pub commit: Option<String>,
+    /// Public keys (a file gpg imports) that must have signed the version's
+    /// tag (TT_KMD_TAG_KEYS); None: signatures are not checked.
+    pub tag_keys: Option<PathBuf>,
 }
 
 impl GitMakeBuilder {
@@ -47,6 +50,7 @@ impl GitMakeBuilder {
         GitMakeBuilder {
             repository: repository.into(),
             commit: None,
+            tag_keys: None,
         }
     }
 
@@ -54,6 +58,62 @@ impl GitMakeBuilder {
     pub fn pinned(mut self, commit: Option<String>) -> Self {
         self.commit = commit;
         self
+    }
+
+    /// Refuses a tag not signed by one of the keys in `keys`.
+    pub fn signed_by(mut self, keys: Option<PathBuf>) -> Self {
+        self.tag_keys = keys;
+        self
+    }
+
+    /// `git verify-tag` against a keyring holding only `keys`, in a GNUPGHOME
+    /// of its own under `workdir` (the host's and the image's keys play no part).
+    fn verify_tag(&self, keys: &Path, src: &Path, workdir: &Path, tag: &str) -> Result<()> {
+        let home = workdir.join("gnupg");
+        std::fs::create_dir_all(&home).map_err(|e| AgentError::io("creating", &home, e))?;
+        std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| AgentError::io("setting the mode of", &home, e))?;
+        let refused = |output: String| AgentError::TagSignature {
+            tag: tag.to_string(),
+            repo: self.repository.clone(),
+            output,
+        };
+        let out = run(
+            "gpg",
+            Command::new("gpg")
+                .args(["--batch", "--quiet", "--import"])
+                .arg(keys)
+                .env("GNUPGHOME", &home),
+        )?;
+        if !out.status.success() {
+            return Err(refused(format!(
+                "cannot import the keys in {}: {}",
+                keys.display(),
+                tail(&out, 3)
+            )));
+        }
+        // A shallow clone of a tag may leave out the tag object: fetch it.
+        let _ = run(
+            "git",
+            Command::new("git")
+                .arg("-C")
+                .arg(src)
+                .args(["fetch", "--quiet", "--depth", "1", "origin", "tag", tag])
+                .env("GIT_TERMINAL_PROMPT", "0"),
+        )?;
+        let out = run(
+            "git",
+            Command::new("git")
+                .arg("-C")
+                .arg(src)
+                .args(["verify-tag", "--", tag])
+                .env("GNUPGHOME", &home),
+        )?;
+        if !out.status.success() {
+            return Err(refused(tail(&out, 5)));
+        }
+        tracing::info!(%tag, keys = %keys.display(), "the tag's signature verifies");
+        Ok(())
     }
 }
 
@@ -140,6 +200,9 @@ impl Builder for GitMakeBuilder {
                 commit = found.as_deref().unwrap_or("unknown"),
                 "no pinned commit for this version (TT_KMD_SOURCE_COMMIT): building what the tag names now"
             ),
+        }
+        if let Some(keys) = &self.tag_keys {
+            self.verify_tag(keys, &src, req.workdir, &tag)?;
         }
         // Bounded: the installer pod's memory limit is sized for this many
         // compilers at once (docs/security.md), not for every core of a big node.

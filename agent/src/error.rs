@@ -142,6 +142,15 @@ pub enum AgentError {
     },
 
     #[error(
+        "tag {tag} in {repo} is not signed by a configured key (TT_KMD_TAG_KEYS), refusing to build it: {output}"
+    )]
+    TagSignature {
+        tag: String,
+        repo: String,
+        output: String,
+    },
+
+    #[error(
         "invalid source commit {0:?}: expected a full git object name (40 or 64 hex digits) in TT_KMD_SOURCE_COMMIT"
     )]
     InvalidSourceCommit(String),
@@ -286,6 +295,7 @@ impl AgentError {
             | AgentError::BuiltWrongVersion { .. }
             | AgentError::BuiltForOtherKernel { .. }
             | AgentError::SourceCommitMismatch { .. }
+            | AgentError::TagSignature { .. }
             | AgentError::InvalidSourceCommit(_) => Some(BUILD_FAILED),
             // The kernel refused the module, or runs another version after loading it.
             AgentError::LoadFailed { .. } | AgentError::ReadbackMismatch { .. } => {

@@ -87,6 +87,12 @@ struct RunArgs {
     #[arg(long, env = env::SOURCE_COMMIT)]
     source_commit: Option<String>,
 
+    /// A file of public keys (as `gpg --import` reads) one of which must have
+    /// signed the version's tag; a tag without such a signature is refused.
+    /// Unset: signatures are not checked.
+    #[arg(long, env = "TT_KMD_TAG_KEYS")]
+    tag_keys: Option<PathBuf>,
+
     /// The bundled tt-smi binary (a path in the agent's own filesystem).
     #[arg(long, env = "TT_SMI_PATH", default_value = "/opt/tt-smi/tt-smi")]
     tt_smi_path: PathBuf,
@@ -266,7 +272,10 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         source_commit = commit.as_deref().unwrap_or("(unpinned)"),
         "source pin"
     );
-    let builder = GitMakeBuilder::new(&config.source_repository).pinned(commit);
+    let tag_keys = args.tag_keys.clone().filter(|k| !k.as_os_str().is_empty());
+    let builder = GitMakeBuilder::new(&config.source_repository)
+        .pinned(commit)
+        .signed_by(tag_keys);
     let signals = Signals::new();
     let agent = Agent {
         config: &config,

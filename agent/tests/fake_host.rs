@@ -1020,3 +1020,107 @@ fn source_commits_must_be_full_object_names() {
         assert!(err.to_string().contains("TT_KMD_SOURCE_COMMIT"), "{err}");
     }
 }
+
+/// gpg with a home of its own; returns the armored public key of a new
+/// signing key and its fingerprint.
+fn gpg_key(home: &Path, name: &str) -> (Vec<u8>, String) {
+    let gpg = |args: &[&str]| {
+        let out = std::process::Command::new("gpg")
+            .env("GNUPGHOME", home)
+            .args([
+                "--batch",
+                "--quiet",
+                "--pinentry-mode",
+                "loopback",
+                "--passphrase",
+                "",
+            ])
+            .args(args)
+            .output()
+            .expect("gpg (install gnupg)");
+        assert!(
+            out.status.success(),
+            "gpg {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let uid = format!("{name} <{name}@localhost>");
+    gpg(&["--quick-gen-key", &uid, "ed25519", "sign", "never"]);
+    let listing =
+        String::from_utf8_lossy(&gpg(&["--with-colons", "--list-keys", &uid])).into_owned();
+    let fpr = listing
+        .lines()
+        .find_map(|l| l.strip_prefix("fpr:"))
+        .and_then(|l| l.split(':').find(|f| f.len() == 40))
+        .expect("fingerprint")
+        .to_string();
+    (gpg(&["--armor", "--export", &fpr]), fpr)
+}
+
+/// Signed tags: a tag signed by a configured key builds (to make, which
+/// fails on the fake headers), the same tag checked against another key, and
+/// an unsigned tag, are refused before any build.
+#[test]
+fn tags_must_be_signed_by_a_configured_key() {
+    let h = Host::new();
+    let repo = tempfile::tempdir().expect("tempdir");
+    fixture_repo(repo.path());
+    let gnupg = tempfile::tempdir().expect("tempdir");
+    fs::set_permissions(gnupg.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
+    let (release_key, fpr) = gpg_key(gnupg.path(), "release");
+    let (other_key, _) = gpg_key(gnupg.path(), "other");
+    let keys = tempfile::tempdir().expect("tempdir");
+    fs::write(keys.path().join("release.asc"), &release_key).expect("key");
+    fs::write(keys.path().join("other.asc"), &other_key).expect("key");
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo.path())
+        .env("GNUPGHOME", gnupg.path())
+        .args([
+            "-c",
+            "user.name=release",
+            "-c",
+            "user.email=release@localhost",
+        ])
+        .args([
+            "tag",
+            "-f",
+            "-s",
+            "-u",
+            &fpr,
+            "-m",
+            "tt-kmd 2.8.0",
+            "ttkmd-2.8.0",
+            "ttkmd-2.8.0",
+        ])
+        .output()
+        .expect("git tag -s");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let repo_url = repo.path().display().to_string();
+    let kernel = FakeKernel::new(h.root());
+    let build = |key: &str, version: &str| {
+        let builder = GitMakeBuilder::new(&repo_url).signed_by(Some(keys.path().join(key)));
+        run(&h.config(version), &kernel, &builder, &FakeNode::default())
+    };
+
+    let err = build("release.asc", "2.8.0").expect_err("no headers to build with");
+    assert!(
+        matches!(err, AgentError::Make { .. }),
+        "signature accepted: {err:?}"
+    );
+
+    let before = snapshot(h.root());
+    let err = build("other.asc", "2.8.0").expect_err("another key");
+    assert!(matches!(err, AgentError::TagSignature { .. }), "{err:?}");
+    assert_eq!(err.reason(), Some("BuildFailed"));
+    assert!(err.to_string().contains("ttkmd-2.8.0"), "{err}");
+    let err = build("release.asc", "2.7.0").expect_err("unsigned tag");
+    assert!(matches!(err, AgentError::TagSignature { .. }), "{err:?}");
+    assert_eq!(snapshot(h.root()), before, "nothing written to the host");
+    assert!(kernel.loads().is_empty());
+}
