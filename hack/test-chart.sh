@@ -122,6 +122,7 @@ render() { # case -> stdout
         --set 'driver.sourceCommits.2\.7\.0=89abcdef0123456789abcdef0123456789abcdef' \
         --set 'driver.allowedImages={ghcr.io/tenstorrent/*,registry.example.internal/agent:1.0.0}' \
         --set 'driver.allowedSourceRepositories={https://git.example.internal/mirror/tt-kmd.git}' \
+        --set 'driver.sourceTagKeys=-----BEGIN PGP PUBLIC KEY BLOCK-----' \
         --set controller.serviceAccount.create=false --set controller.serviceAccount.name=existing-controller \
         --set agent.serviceAccount.create=false --set agent.serviceAccount.name=existing-agent \
         --set 'controller.nodeSelector.node-role\.kubernetes\.io/control-plane=' \

@@ -37,6 +37,13 @@ pub struct Config {
           value_parser = parse_commit_entry)]
     pub source_commits: Vec<String>,
 
+    /// A ConfigMap in the operator namespace whose `keys.asc` holds the public
+    /// keys that must have signed each version's tag (the chart's
+    /// `driver.sourceTagKeys`); mounted into the installer pods. Unset: tag
+    /// signatures are not checked.
+    #[arg(long, env = "TTDRV_SOURCE_TAG_KEYS_CONFIGMAP")]
+    pub source_tag_keys_configmap: Option<String>,
+
     /// Installer images a policy may name (`spec.installer.image`): exact, or a
     /// prefix ending in `*`. Empty: any. Outside it a policy is refused.
     #[arg(long, env = "TTDRV_ALLOWED_INSTALLER_IMAGES", value_delimiter = ',')]

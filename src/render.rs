@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar, EnvVarSource, ExecAction, HostPathVolumeSource, NodeAffinity,
-    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, Toleration, Volume, VolumeMount,
+    Affinity, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, ExecAction,
+    HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext,
+    Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -33,7 +34,14 @@ pub struct RenderContext {
     pub proxy_env: Vec<(String, String)>,
     /// Version → commit pins (the chart's `driver.sourceCommits`).
     pub source_commits: BTreeMap<String, String>,
+    /// ConfigMap whose `keys.asc` the agent checks tag signatures against.
+    pub tag_keys_configmap: Option<String>,
 }
+
+/// Where the installer pod sees the tag-signing keys.
+pub const TAG_KEYS_DIR: &str = "/etc/ttdrv/tag-keys";
+/// The key of the keys in the ConfigMap (and the file in [`TAG_KEYS_DIR`]).
+pub const TAG_KEYS_FILE: &str = "keys.asc";
 
 /// The installer container's memory request: about the peak cgroup charge
 /// measured for a clone and `make -j2` of the stub module (248 MiB, page
@@ -200,6 +208,12 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
     ) {
         envs.push(env_var(env::SOURCE_COMMIT, &commit));
     }
+    if ctx.tag_keys_configmap.is_some() {
+        envs.push(env_var(
+            env::TAG_KEYS,
+            &format!("{TAG_KEYS_DIR}/{TAG_KEYS_FILE}"),
+        ));
+    }
     // Empty means "the version baked into the installer image".
     if !ctx.tt_smi_version.is_empty() {
         envs.push(env_var(env::TT_SMI_VERSION, &ctx.tt_smi_version));
@@ -257,6 +271,11 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
                     .iter()
                     .map(|(name, path)| mount(name, &format!("/host{path}"), false)),
             )
+            .chain(
+                ctx.tag_keys_configmap
+                    .as_ref()
+                    .map(|_| mount("tag-keys", TAG_KEYS_DIR, true)),
+            )
             .collect(),
         ),
         ..Default::default()
@@ -293,6 +312,14 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
                         .iter()
                         .map(|(name, path)| host_path(name, path, Some("DirectoryOrCreate"))),
                 )
+                .chain(ctx.tag_keys_configmap.as_ref().map(|cm| Volume {
+                    name: "tag-keys".into(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: cm.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }))
                 .collect(),
             ),
             ..Default::default()
@@ -367,6 +394,7 @@ mod tests {
             eligibility: Default::default(),
             proxy_env: vec![],
             source_commits: Default::default(),
+            tag_keys_configmap: None,
         }
     }
 
@@ -483,6 +511,42 @@ mod tests {
         assert_eq!(env_of(&c, env::SOURCE_COMMIT), Some("b".repeat(40)));
         let (c, _) = container(&policy("version: \"2.7.0\"\nnodeAffinity: {}"), &ctx);
         assert_eq!(env_of(&c, env::SOURCE_COMMIT), None, "unpinned version");
+    }
+
+    #[test]
+    fn tag_keys_are_mounted_from_the_configmap_when_configured() {
+        let p = policy("version: \"2.8.0\"\nnodeAffinity: {}");
+        let (c, pod) = container(&p, &ctx());
+        assert_eq!(env_of(&c, env::TAG_KEYS), None);
+        assert!(pod.volumes.iter().flatten().all(|v| v.config_map.is_none()));
+        let mut with = ctx();
+        with.tag_keys_configmap = Some("ttdm-tag-keys".into());
+        let (c, pod) = container(&p, &with);
+        assert_eq!(
+            env_of(&c, env::TAG_KEYS).as_deref(),
+            Some("/etc/ttdrv/tag-keys/keys.asc")
+        );
+        let v = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "tag-keys")
+            .and_then(|v| v.config_map.as_ref())
+            .expect("configMap volume");
+        assert_eq!(v.name, "ttdm-tag-keys");
+        let m = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "tag-keys")
+            .expect("mount");
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only),
+            (TAG_KEYS_DIR, Some(true))
+        );
+        let (_, h1) = render_daemonset(&p, &ctx());
+        let (_, h2) = render_daemonset(&p, &with);
+        assert_ne!(h1, h2, "configuring keys rolls the installer out");
     }
 
     #[test]

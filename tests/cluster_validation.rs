@@ -687,6 +687,7 @@ fn render_context() -> RenderContext {
         eligibility: Default::default(),
         proxy_env: vec![],
         source_commits: Default::default(),
+        tag_keys_configmap: None,
     }
 }
 

@@ -90,7 +90,7 @@ struct RunArgs {
     /// A file of public keys (as `gpg --import` reads) one of which must have
     /// signed the version's tag; a tag without such a signature is refused.
     /// Unset: signatures are not checked.
-    #[arg(long, env = "TT_KMD_TAG_KEYS")]
+    #[arg(long, env = env::TAG_KEYS)]
     tag_keys: Option<PathBuf>,
 
     /// The bundled tt-smi binary (a path in the agent's own filesystem).
