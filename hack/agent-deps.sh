@@ -11,7 +11,7 @@
 # update runs only when something is missing. Needs root (or sudo).
 set -euo pipefail
 
-want=(git make gcc kmod linux-headers-amd64)
+want=(git make gcc kmod linux-headers-amd64 gpg)
 if [[ "${1:-}" == "--vm" ]]; then
     want+=(qemu-system-x86 linux-image-amd64 busybox-static cpio musl-tools)
 fi

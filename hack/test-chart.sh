@@ -126,7 +126,12 @@ render() { # case -> stdout
         --set driver.image.pullPolicy=Always \
         --set controller.image.digest=sha256:0000000000000000000000000000000000000000000000000000000000000000 \
         --set controller.logFormat=text --set controller.logLevel=debug \
-        --set agent.restrictNodePatch.enabled=false \
+        --set agent.restrictNodePatch.enabled=false --set agent.listPods=false \
+        --set 'driver.sourceCommits.2\.8\.0=0123456789abcdef0123456789abcdef01234567' \
+        --set 'driver.sourceCommits.2\.7\.0=89abcdef0123456789abcdef0123456789abcdef' \
+        --set 'driver.allowedImages={ghcr.io/tenstorrent/*,registry.example.internal/agent:1.0.0}' \
+        --set 'driver.allowedSourceRepositories={https://git.example.internal/mirror/tt-kmd.git}' \
+        --set 'driver.sourceTagKeys=-----BEGIN PGP PUBLIC KEY BLOCK-----' \
         --set controller.serviceAccount.create=false --set controller.serviceAccount.name=existing-controller \
         --set agent.serviceAccount.create=false --set agent.serviceAccount.name=existing-agent \
         --set 'controller.nodeSelector.node-role\.kubernetes\.io/control-plane=' \
@@ -231,7 +236,7 @@ want_ns = expect(
     ([""], ["pods"], ["delete"]),
     (["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
 )
-want_agent = expect(([""], ["nodes"], ["get", "patch"]), ([""], ["pods"], ["get", "list"]))
+want_agent = expect(([""], ["nodes"], ["get", "patch"]), ([""], ["pods"], ["list"]))
 check(rules(one(default, "ClusterRole", name=f"{FULL}-controller")) == want_cluster, "controller ClusterRole rules")
 check(rules(one(default, "Role", name=f"{FULL}-controller", namespace=NS)) == want_ns, "controller Role rules")
 check(rules(one(default, "ClusterRole", name=f"{FULL}-agent")) == want_agent, "agent ClusterRole rules")

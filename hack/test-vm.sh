@@ -16,6 +16,10 @@
 #   6. back to 2.8.0, again from the cache
 #   7. a broken release (2.9.0, whose init fails) does not load; the agent
 #      puts 2.8.0 back from the cache and fails naming both
+#   8. without the go-ahead a loaded module stays, even with nothing holding it
+#   9. a poisoned cache: the 2.7.0 entry replaced by a module whose vermagic
+#      names another kernel (with a record that matches its hash) is evicted
+#      before any load, rebuilt and loaded
 #
 # Inside the VM there is no compiler: `git` and `make` are small shims that
 # serve the trees and modules built here by the real `git clone` and
@@ -105,9 +109,25 @@ for v in 2.7.0 2.8.0 2.9.0; do
     dest="$root/opt/prebuilt/ttkmd-$v"
     mkdir -p "$dest"
     cp "$src"/{tenstorrent.c,Kbuild,Makefile,VERSION} "$dest/"
+    git -C "$src" rev-parse HEAD >"$dest/.commit"
     cp "$src/tenstorrent.ko" "$dest/.prebuilt.ko"
 done
 say "stub modules 2.7.0, 2.8.0 and 2.9.0 (init fails) built for $kver in $(( $(date +%s) - t0 ))s"
+
+# The poisoned 2.7.0: its vermagic's kernel release changed (same length, so
+# the ELF stays whole), and a record that matches its hash, as if an attacker
+# or a stale host left it; only the vermagic check can catch it.
+poison="$root/opt/poisoned"
+mkdir -p "$poison"
+fake_kver="$(printf '%s' "$kver" | sed 's/.$/X/')"
+KVER="$kver" FAKE="$fake_kver" perl -0777 -pe 's/vermagic=\Q$ENV{KVER}\E/vermagic=$ENV{FAKE}/' \
+    "$root/opt/prebuilt/ttkmd-2.7.0/.prebuilt.ko" >"$poison/tenstorrent.ko"
+poison_vermagic="$(modinfo -F vermagic "$poison/tenstorrent.ko" | sed 's/ *$//')"
+[[ $poison_vermagic == "$fake_kver "* ]] || die "poisoning the vermagic failed: '$poison_vermagic'"
+printf '{"version":"2.7.0","kernelRelease":"%s","vermagic":"%s","sha256":"%s","size":%s}\n' \
+    "$kver" "$poison_vermagic" "$(sha256sum "$poison/tenstorrent.ko" | cut -d' ' -f1)" \
+    "$(stat -c %s "$poison/tenstorrent.ko")" >"$poison/tenstorrent.ko.json"
+poison_sha="$(sha256sum "$poison/tenstorrent.ko" | cut -d' ' -f1)"
 
 # --- initramfs ---------------------------------------------------------------
 cp "$busybox" "$root/bin/busybox"
@@ -121,7 +141,12 @@ echo "# headers stand-in for the VM test" >"$root/lib/modules/$kver/build/Makefi
 cat >"$root/usr/local/bin/git" <<'EOF'
 #!/bin/sh
 # VM shim for `git clone ... --branch TAG -- REPO DEST`: serves the trees
-# cloned on the build machine from /opt/prebuilt/TAG.
+# cloned on the build machine from /opt/prebuilt/TAG; and for
+# `git -C DIR rev-parse ...`: prints the commit the build machine cloned.
+if [ "$1" = "-C" ] && [ "$3" = "rev-parse" ]; then
+    cat "$2/.commit"
+    exit
+fi
 tag=""; prev=""; dest=""
 for a in "$@"; do
     [ "$prev" = "--branch" ] && tag="$a"
@@ -274,6 +299,22 @@ else
     fail "no go-ahead: module touched or no wait (loaded=$(loaded))"; show s8
 fi
 
+# 9. a poisoned cache entry (wrong vermagic) is evicted and rebuilt
+entry=/var/cache/tt-kmd/$(uname -r)/2.7.0
+cp /opt/poisoned/tenstorrent.ko /opt/poisoned/tenstorrent.ko.json "$entry/"
+chmod 0644 "$entry/tenstorrent.ko" "$entry/tenstorrent.ko.json"
+if agent s9 run --version 2.7.0 --once \
+   && grep -q 'cached module fails its checks; evicting it' /tmp/s9.log \
+   && grep -q 'vermagic' /tmp/s9.log \
+   && grep -q 'result=installed version=2.7.0 previous=2.8.0 source=build' /tmp/s9.log \
+   && [ "$(loaded)" = 2.7.0 ] \
+   && [ "$(sha256sum "$entry/tenstorrent.ko" | cut -d' ' -f1)" != "@POISON_SHA@" ] \
+   && ! grep -q "@POISON_SHA@" "$entry/tenstorrent.ko.json"; then
+    pass "poisoned cache entry (wrong vermagic) evicted before loading, rebuilt and loaded (loaded=$(loaded))"
+else
+    fail "poisoned cache entry (loaded=$(loaded))"; show s9
+fi
+
 echo "--- ttdrv-agent status"
 ttdrv-agent status --version 2.8.0
 echo "--- kernel log"
@@ -282,6 +323,7 @@ echo "VMTEST DONE failed=$failed"
 sync
 reboot -f
 EOF
+sed -i "s/@POISON_SHA@/$poison_sha/g" "$root/init"
 chmod 0755 "$root/init"
 
 (cd "$root" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$work/initramfs.gz"
@@ -306,7 +348,7 @@ elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
 tr -d '\r' <"$log" | sed 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | grep -v '^\s*$' | sed 's/^/vm| /'
 say "VM run took ${elapsed}s (qemu exit $qrc)"
 
-expected=9
+expected=10
 passes=$(tr -d '\r' <"$log" | grep -c '^VMTEST PASS' || true)
 fails=$(tr -d '\r' <"$log" | grep -c '^VMTEST FAIL' || true)
 if [[ $qrc -eq 124 ]]; then die "VM timed out after ${timeout_s}s"; fi

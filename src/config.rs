@@ -1,6 +1,7 @@
 //! Command-line flags (each also settable from the environment, as the chart does).
 
 use clap::Parser;
+use std::collections::BTreeMap;
 use ttdrv_api::labels;
 
 #[derive(Parser, Clone, Debug)]
@@ -29,6 +30,30 @@ pub struct Config {
     #[arg(long, env = "TTDRV_SOURCE_REPOSITORY", default_value = "")]
     pub source_repository: String,
     /// tt-smi version baked into the installer image (passed to the agent).
+    /// `VERSION=COMMIT`: the commit the tag `ttkmd-VERSION` must name (the
+    /// chart's `driver.sourceCommits`); a policy's
+    /// `spec.installer.sourceCommit` overrides it. Repeat or comma-separate.
+    #[arg(long = "source-commit", env = "TTDRV_SOURCE_COMMITS", value_delimiter = ',',
+          value_parser = parse_commit_entry)]
+    pub source_commits: Vec<String>,
+
+    /// A ConfigMap in the operator namespace whose `keys.asc` holds the public
+    /// keys that must have signed each version's tag (the chart's
+    /// `driver.sourceTagKeys`); mounted into the installer pods. Unset: tag
+    /// signatures are not checked.
+    #[arg(long, env = "TTDRV_SOURCE_TAG_KEYS_CONFIGMAP")]
+    pub source_tag_keys_configmap: Option<String>,
+
+    /// Installer images a policy may name (`spec.installer.image`): exact, or a
+    /// prefix ending in `*`. Empty: any. Outside it a policy is refused.
+    #[arg(long, env = "TTDRV_ALLOWED_INSTALLER_IMAGES", value_delimiter = ',')]
+    pub allowed_installer_images: Vec<String>,
+
+    /// Source repositories a policy may name (`spec.installer.sourceRepository`),
+    /// as for the images.
+    #[arg(long, env = "TTDRV_ALLOWED_SOURCE_REPOSITORIES", value_delimiter = ',')]
+    pub allowed_source_repositories: Vec<String>,
+
     #[arg(long, env = "TTDRV_TT_SMI_VERSION", default_value = "")]
     pub tt_smi_version: String,
     /// ServiceAccount of the installer pods.
@@ -83,7 +108,36 @@ pub struct Config {
     pub log_format: String,
 }
 
+/// One `VERSION=COMMIT` entry, checked as the controller starts.
+fn parse_commit_entry(s: &str) -> Result<String, String> {
+    ttdrv_core::trust::parse_commit_table(&[s.to_string()]).map(|_| s.trim().to_string())
+}
+
+fn non_empty(list: &[String]) -> Vec<String> {
+    list.iter()
+        .map(|e| e.trim().to_string())
+        .filter(|e| !e.is_empty())
+        .collect()
+}
+
 impl Config {
+    /// The version → commit table (a later entry for a version wins).
+    pub fn source_commit_table(&self) -> BTreeMap<String, String> {
+        self.source_commits
+            .iter()
+            .filter_map(|e| ttdrv_core::trust::parse_commit_table(std::slice::from_ref(e)).ok())
+            .flatten()
+            .collect()
+    }
+
+    /// The allow-lists of installer images and source repositories.
+    pub fn allow_list(&self) -> ttdrv_core::trust::AllowList {
+        ttdrv_core::trust::AllowList {
+            images: non_empty(&self.allowed_installer_images),
+            repositories: non_empty(&self.allowed_source_repositories),
+        }
+    }
+
     pub fn gates(&self) -> Vec<String> {
         self.deploy_gates
             .iter()
@@ -123,6 +177,50 @@ pub fn proxy_env(env: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn source_commits_and_allow_lists_parse_as_the_chart_passes_them() {
+        let a = "0123456789abcdef0123456789abcdef01234567";
+        let b = "89ABCDEF0123456789abcdef0123456789abcdef";
+        let c = Config::try_parse_from([
+            "ttdrv-controller",
+            "--source-commit",
+            &format!("2.8.0={a},2.7.0={b}"),
+            "--allowed-installer-images",
+            "ghcr.io/tenstorrent/*, registry.local/agent:1",
+            "--allowed-source-repositories",
+            "https://git.local/tt-kmd.git",
+        ])
+        .expect("parses");
+        assert_eq!(
+            c.source_commit_table(),
+            BTreeMap::from([
+                ("2.7.0".to_string(), b.to_lowercase()),
+                ("2.8.0".to_string(), a.to_string())
+            ])
+        );
+        let allow = c.allow_list();
+        assert_eq!(
+            allow.images,
+            ["ghcr.io/tenstorrent/*", "registry.local/agent:1"]
+        );
+        assert_eq!(allow.repositories, ["https://git.local/tt-kmd.git"]);
+        let defaults = Config::try_parse_from(["ttdrv-controller"]).expect("defaults");
+        assert!(defaults.source_commit_table().is_empty());
+        assert_eq!(
+            defaults.allow_list(),
+            ttdrv_core::trust::AllowList::default()
+        );
+        for bad in [
+            "2.8.0=abc",
+            "latest=0123456789abcdef0123456789abcdef01234567",
+            "2.8.0",
+        ] {
+            let e = Config::try_parse_from(["ttdrv-controller", "--source-commit", bad])
+                .expect_err(bad);
+            assert!(e.to_string().contains("source commit"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn proxy_env_copies_both_cases_and_skips_unset() {

@@ -69,6 +69,12 @@ impl Context {
             service_account: self.config.agent_service_account.clone(),
             eligibility: self.eligibility(),
             proxy_env: crate::config::proxy_env(|k| std::env::var(k).ok()),
+            source_commits: self.config.source_commit_table(),
+            tag_keys_configmap: self
+                .config
+                .source_tag_keys_configmap
+                .clone()
+                .filter(|c| !c.is_empty()),
         }
     }
 

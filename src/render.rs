@@ -5,10 +5,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar, EnvVarSource, ExecAction, HostPathVolumeSource, NodeAffinity,
-    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec,
-    PodTemplateSpec, Probe, SecurityContext, Toleration, Volume, VolumeMount,
+    Affinity, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, ExecAction,
+    HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext,
+    Toleration, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::Resource;
 use sha2::{Digest, Sha256};
@@ -30,7 +32,40 @@ pub struct RenderContext {
     pub eligibility: ttdrv_core::selection::Eligibility,
     /// The controller's proxy variables, copied into the installer pods.
     pub proxy_env: Vec<(String, String)>,
+    /// Version → commit pins (the chart's `driver.sourceCommits`).
+    pub source_commits: BTreeMap<String, String>,
+    /// ConfigMap whose `keys.asc` the agent checks tag signatures against.
+    pub tag_keys_configmap: Option<String>,
 }
+
+/// Where the installer pod sees the tag-signing keys.
+pub const TAG_KEYS_DIR: &str = "/etc/ttdrv/tag-keys";
+/// The key of the keys in the ConfigMap (and the file in [`TAG_KEYS_DIR`]).
+pub const TAG_KEYS_FILE: &str = "keys.asc";
+
+/// The installer container's memory request: about the peak cgroup charge
+/// measured for a clone and `make -j2` of the stub module (248 MiB, page
+/// cache of the headers included). See docs/security.md.
+pub const INSTALLER_MEMORY_REQUEST: &str = "256Mi";
+/// The installer container's memory limit: room for the agent's
+/// `make -j4` (BUILD_JOBS_MAX) at twice the largest compiler measured
+/// (70 MiB RSS each) plus the headers' page cache, with margin for tt-kmd's
+/// larger sources. See docs/security.md.
+pub const INSTALLER_MEMORY_LIMIT: &str = "1Gi";
+/// CPU request (the agent idles after its run); no CPU limit: a throttled
+/// build only takes longer while the node waits.
+pub const INSTALLER_CPU_REQUEST: &str = "100m";
+
+/// Host directories the agent writes, mounted read-write over the read-only
+/// host root: (volume name, host path). Everything else of the host is
+/// read-only to it (its sysfs, procfs and /dev are mounts of their own and
+/// keep their modes).
+pub const WRITABLE_HOST_DIRS: [(&str, &str); 4] = [
+    ("host-module-cache", "/var/cache/tt-kmd"),
+    ("host-local-bin", "/usr/local/bin"),
+    ("host-udev-rules", "/etc/udev/rules.d"),
+    ("host-opt", "/opt"),
+];
 
 pub fn daemonset_name(policy: &str) -> String {
     format!("ttdrv-{policy}")
@@ -166,6 +201,19 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
         // The go-ahead the agent waits for names the policy.
         env_var(env::POLICY, &name),
     ];
+    if let Some(commit) = ttdrv_core::trust::source_commit(
+        &spec.version,
+        spec.installer.source_commit.as_deref(),
+        &ctx.source_commits,
+    ) {
+        envs.push(env_var(env::SOURCE_COMMIT, &commit));
+    }
+    if ctx.tag_keys_configmap.is_some() {
+        envs.push(env_var(
+            env::TAG_KEYS,
+            &format!("{TAG_KEYS_DIR}/{TAG_KEYS_FILE}"),
+        ));
+    }
     // Empty means "the version baked into the installer image".
     if !ctx.tt_smi_version.is_empty() {
         envs.push(env_var(env::TT_SMI_VERSION, &ctx.tt_smi_version));
@@ -197,11 +245,39 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
             timeout_seconds: Some(5),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![
-            mount("host", "/host", false),
-            mount("lib-modules", "/lib/modules", true),
-            mount("usr-src", "/usr/src", true),
-        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity(INSTALLER_CPU_REQUEST.into())),
+                (
+                    "memory".to_string(),
+                    Quantity(INSTALLER_MEMORY_REQUEST.into()),
+                ),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity(INSTALLER_MEMORY_LIMIT.into()),
+            )])),
+            ..Default::default()
+        }),
+        volume_mounts: Some(
+            [
+                mount("host", "/host", true),
+                mount("lib-modules", "/lib/modules", true),
+                mount("usr-src", "/usr/src", true),
+            ]
+            .into_iter()
+            .chain(
+                WRITABLE_HOST_DIRS
+                    .iter()
+                    .map(|(name, path)| mount(name, &format!("/host{path}"), false)),
+            )
+            .chain(
+                ctx.tag_keys_configmap
+                    .as_ref()
+                    .map(|_| mount("tag-keys", TAG_KEYS_DIR, true)),
+            )
+            .collect(),
+        ),
         ..Default::default()
     };
     PodTemplateSpec {
@@ -224,11 +300,28 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
                 ..Default::default()
             }]),
             termination_grace_period_seconds: Some(30),
-            volumes: Some(vec![
-                host_path("host", "/", Some("Directory")),
-                host_path("lib-modules", "/lib/modules", Some("Directory")),
-                host_path("usr-src", "/usr/src", Some("Directory")),
-            ]),
+            volumes: Some(
+                [
+                    host_path("host", "/", Some("Directory")),
+                    host_path("lib-modules", "/lib/modules", Some("Directory")),
+                    host_path("usr-src", "/usr/src", Some("Directory")),
+                ]
+                .into_iter()
+                .chain(
+                    WRITABLE_HOST_DIRS
+                        .iter()
+                        .map(|(name, path)| host_path(name, path, Some("DirectoryOrCreate"))),
+                )
+                .chain(ctx.tag_keys_configmap.as_ref().map(|cm| Volume {
+                    name: "tag-keys".into(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: cm.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }))
+                .collect(),
+            ),
             ..Default::default()
         }),
     }
@@ -300,6 +393,8 @@ mod tests {
             service_account: Some("tt-k8s-driver-manager-agent".into()),
             eligibility: Default::default(),
             proxy_env: vec![],
+            source_commits: Default::default(),
+            tag_keys_configmap: None,
         }
     }
 
@@ -370,6 +465,7 @@ mod tests {
             "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {imagePullPolicy: Always}",
             "version: \"2.8.0\"\nnodeAffinity: {}\nupgradePolicy: {forceUnload: true}",
             "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {sourceRepository: \"https://mirror/tt-kmd.git\"}",
+            "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {sourceCommit: \"0123456789abcdef0123456789abcdef01234567\"}",
         ] {
             let (_, h) = render_daemonset(&policy(other), &ctx());
             assert_ne!(h, h1, "hash must change for {other}");
@@ -382,6 +478,122 @@ mod tests {
             &ctx(),
         );
         assert_eq!(h, h1);
+    }
+
+    fn container(p: &TenstorrentDriverPolicy, ctx: &RenderContext) -> (Container, PodSpec) {
+        let (ds, _) = render_daemonset(p, ctx);
+        let pod = ds.spec.expect("spec").template.spec.expect("pod spec");
+        (pod.containers[0].clone(), pod)
+    }
+
+    fn env_of(c: &Container, name: &str) -> Option<String> {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    }
+
+    #[test]
+    fn source_commit_comes_from_the_policy_else_the_table() {
+        let a = "a".repeat(40);
+        let mut ctx = ctx();
+        ctx.source_commits = BTreeMap::from([("2.8.0".to_string(), a.clone())]);
+        let (c, _) = container(&policy("version: \"2.8.0\"\nnodeAffinity: {}"), &ctx);
+        assert_eq!(env_of(&c, env::SOURCE_COMMIT), Some(a));
+        let own = "B".repeat(40);
+        let (c, _) = container(
+            &policy(&format!(
+                "version: \"2.8.0\"\nnodeAffinity: {{}}\ninstaller: {{sourceCommit: \"{own}\"}}"
+            )),
+            &ctx,
+        );
+        assert_eq!(env_of(&c, env::SOURCE_COMMIT), Some("b".repeat(40)));
+        let (c, _) = container(&policy("version: \"2.7.0\"\nnodeAffinity: {}"), &ctx);
+        assert_eq!(env_of(&c, env::SOURCE_COMMIT), None, "unpinned version");
+    }
+
+    #[test]
+    fn tag_keys_are_mounted_from_the_configmap_when_configured() {
+        let p = policy("version: \"2.8.0\"\nnodeAffinity: {}");
+        let (c, pod) = container(&p, &ctx());
+        assert_eq!(env_of(&c, env::TAG_KEYS), None);
+        assert!(pod.volumes.iter().flatten().all(|v| v.config_map.is_none()));
+        let mut with = ctx();
+        with.tag_keys_configmap = Some("ttdm-tag-keys".into());
+        let (c, pod) = container(&p, &with);
+        assert_eq!(
+            env_of(&c, env::TAG_KEYS).as_deref(),
+            Some("/etc/ttdrv/tag-keys/keys.asc")
+        );
+        let v = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "tag-keys")
+            .and_then(|v| v.config_map.as_ref())
+            .expect("configMap volume");
+        assert_eq!(v.name, "ttdm-tag-keys");
+        let m = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "tag-keys")
+            .expect("mount");
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only),
+            (TAG_KEYS_DIR, Some(true))
+        );
+        let (_, h1) = render_daemonset(&p, &ctx());
+        let (_, h2) = render_daemonset(&p, &with);
+        assert_ne!(h1, h2, "configuring keys rolls the installer out");
+    }
+
+    #[test]
+    fn installer_has_resources_and_writes_only_its_host_directories() {
+        let (c, pod) = container(&policy("version: \"2.8.0\"\nnodeAffinity: {}"), &ctx());
+        let r = c.resources.expect("resources");
+        let get = |m: &Option<BTreeMap<String, Quantity>>, k: &str| {
+            m.as_ref().and_then(|m| m.get(k)).map(|q| q.0.clone())
+        };
+        assert_eq!(
+            get(&r.requests, "memory").as_deref(),
+            Some(INSTALLER_MEMORY_REQUEST)
+        );
+        assert_eq!(
+            get(&r.limits, "memory").as_deref(),
+            Some(INSTALLER_MEMORY_LIMIT)
+        );
+        assert_eq!(
+            get(&r.requests, "cpu").as_deref(),
+            Some(INSTALLER_CPU_REQUEST)
+        );
+        let mounts = c.volume_mounts.expect("mounts");
+        let writable: Vec<&str> = mounts
+            .iter()
+            .filter(|m| m.read_only != Some(true))
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert_eq!(
+            writable,
+            [
+                "/host/var/cache/tt-kmd",
+                "/host/usr/local/bin",
+                "/host/etc/udev/rules.d",
+                "/host/opt"
+            ],
+            "the host root itself is read-only"
+        );
+        let volumes = pod.volumes.expect("volumes");
+        for m in mounts.iter().filter(|m| m.read_only != Some(true)) {
+            let v = volumes
+                .iter()
+                .find(|v| v.name == m.name)
+                .and_then(|v| v.host_path.as_ref())
+                .expect("a hostPath volume per mount");
+            assert_eq!(m.mount_path, format!("/host{}", v.path), "{}", m.name);
+            assert_eq!(v.type_.as_deref(), Some("DirectoryOrCreate"), "{}", m.name);
+        }
     }
 
     #[test]

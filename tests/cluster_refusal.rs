@@ -12,7 +12,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::Api;
 use kube::api::PostParams;
 use ttdrv_api::NodeState;
-use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv};
+use ttdrv_testkit::{ControllerOptions, SimAgent, SimAgentConfig, TestEnv};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -231,6 +231,96 @@ async fn three_hundred_refused_policies_stay_quiet() {
         warnings <= N * 4,
         "one warning line per refused attempt at most, saw {warnings}"
     );
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+/// A policy naming an installer image outside the controller's allow-list is
+/// refused like an apply the server refuses (Degraded PolicyRefused, one
+/// Event) and never deployed; a policy inside it is deployed; fixing the
+/// image lifts the refusal.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn policy_outside_the_allow_list_is_refused_and_not_deployed() {
+    let env = TestEnv::new("allowlist").await;
+    let ns = env.namespace().await;
+    let node = env.tt_node("n0", &[]).await;
+    let nodes = vec![node.metadata.name.clone().unwrap_or_default()];
+    let _agent = SimAgent::spawn(
+        env.client.clone(),
+        SimAgentConfig {
+            namespace: ns.clone(),
+            work: Duration::from_millis(300),
+        },
+    );
+    let _ctl = controller_with(
+        &env,
+        &ns,
+        ControllerOptions {
+            extra_args: vec![
+                "--allowed-installer-images".into(),
+                "ghcr.io/tenstorrent/*".into(),
+            ],
+            ..Default::default()
+        },
+    );
+    let selector = format!("{{matchLabels: {{ttdrv-test: {}}}}}", env.id);
+    let rogue = env.name("rogue");
+    let spec = |image: &str| {
+        format!("version: \"2.8.0\"\nnodeAffinity: {selector}\ninstaller: {{image: \"{image}\"}}")
+    };
+    create_policy(&env, &rogue, &spec("evil.example/agent:1")).await;
+    let degraded = ttdrv_testkit::wait_for("rogue policy Degraded", T, || async {
+        let st = get_policy(&env, &rogue).await.status.unwrap_or_default();
+        match st.conditions.iter().find(|c| c.type_ == "Degraded") {
+            Some(c) if c.status == "True" && c.reason == "PolicyRefused" => Ok(c.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        degraded.message.contains("spec.installer.image")
+            && degraded.message.contains("evil.example/agent:1"),
+        "{}",
+        degraded.message
+    );
+    let daemonsets: Api<DaemonSet> = Api::namespaced(env.client.clone(), &ns);
+    assert!(
+        daemonsets
+            .get_opt(&format!("ttdrv-{rogue}"))
+            .await
+            .expect("get daemonset")
+            .is_none(),
+        "a refused image is never deployed"
+    );
+    let events: Vec<_> = policy_events(&env, &rogue)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "PolicyRefused")
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+
+    // The image fixed: deployed, and the node is driven to the version.
+    let api: Api<ttdrv_api::TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    api.patch(
+        &rogue,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({
+            "spec": { "installer": { "image": "ghcr.io/tenstorrent/agent:1" } }
+        })),
+    )
+    .await
+    .expect("patch policy");
+    wait_nodes_state(&env, &rogue, &nodes, NodeState::Done, "2.8.0", T).await;
+    let ds = daemonsets
+        .get(&format!("ttdrv-{rogue}"))
+        .await
+        .expect("deployed once allowed");
+    let image = ds
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|p| p.containers.first().and_then(|c| c.image.clone()));
+    assert_eq!(image.as_deref(), Some("ghcr.io/tenstorrent/agent:1"));
     delete_policies(&env).await;
     env.cleanup().await;
 }

@@ -686,6 +686,8 @@ fn render_context() -> RenderContext {
         service_account: None,
         eligibility: Default::default(),
         proxy_env: vec![],
+        source_commits: Default::default(),
+        tag_keys_configmap: None,
     }
 }
 

@@ -13,7 +13,7 @@ use ttdrv_api::labels::{self, env};
 use ttdrv_core::go_ahead::{self, Swap};
 
 use crate::build::{BuildRequest, Builder};
-use crate::cache::{self, Cache};
+use crate::cache::{self, Cache, Verified};
 use crate::error::{AgentError, Result, Rollback};
 use crate::holder::Holder;
 use crate::holders::find_holders;
@@ -218,7 +218,7 @@ impl Agent<'_> {
         // failed build (missing headers, missing tag, unwritable cache)
         // leaves the node with the driver it had, and once the go-ahead
         // comes the swap itself is quick.
-        let (ko, source) = self.obtain_module(&root, &kver, &target)?;
+        let (module, source) = self.obtain_module(&root, &kver, &target)?;
         let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
 
         // The second key: a loaded module of another version is unloaded only
@@ -250,8 +250,8 @@ impl Agent<'_> {
             None => None,
         };
 
-        step("load", || {
-            self.load_with_rollback(&root, &kver, &target, &ko, previous.as_ref())
+        let source = step("load", || {
+            self.load_with_rollback(&root, &kver, &target, module, source, previous.as_ref())
         })?;
 
         step("readback", || {
@@ -268,6 +268,14 @@ impl Agent<'_> {
 
         self.device_access(&root);
         step("label-node", || self.label_container(&root, &target, smi))?;
+        // Keep the target and the previous version (the rollback source).
+        let mut keep = vec![target.as_str()];
+        if let Some(Some(p)) = &previous {
+            keep.push(p.as_str());
+        }
+        for gone in Cache::new(&root).prune(&kver, &keep) {
+            tracing::info!(path = %gone, "pruned from the module cache");
+        }
         Ok(Outcome::Installed {
             version: target,
             previous: previous.flatten(),
@@ -390,24 +398,33 @@ impl Agent<'_> {
         holders
     }
 
-    /// Cache hit, or build + store. Returns the cached path and its source.
+    /// Cache hit (verified), or build + store. Returns the verified module
+    /// and its source.
     fn obtain_module(
         &self,
         root: &HostRoot,
         kver: &str,
         target: &str,
-    ) -> Result<(PathBuf, ModuleSource)> {
+    ) -> Result<(Verified, ModuleSource)> {
         let cache = Cache::new(root);
         if let Some(hit) = step("cache-lookup", || cache.lookup(kver, target))? {
-            tracing::info!(path = %hit.display(), "cache hit");
+            tracing::info!(path = %hit.path.display(), sha256 = %hit.sha256, "cache hit (verified)");
             return Ok((hit, ModuleSource::Cache));
         }
         tracing::info!(path = %cache.path(kver, target).display(), "cache miss: building from source");
+        Ok((
+            self.build_and_store(root, kver, target)?,
+            ModuleSource::Build,
+        ))
+    }
+
+    fn build_and_store(&self, root: &HostRoot, kver: &str, target: &str) -> Result<Verified> {
+        let cache = Cache::new(root);
         let headers_host = format!("/lib/modules/{kver}/build");
         // Follow the build link as the host would (absolute targets under the
         // root); if that leads nowhere, let the OS follow it, which works when
         // the pod mounts the host's /usr/src at the same path (Debian's
-        // headers use absolute paths internally anyway).
+        // headers use absolute paths internally anyway). Only make reads there.
         let headers = match root.resolve(&headers_host) {
             h if h.is_dir() => h,
             _ => root.path(&headers_host),
@@ -445,14 +462,14 @@ impl Agent<'_> {
                 found,
             });
         }
-        let stored = step("cache-store", || cache.store(kver, target, &built))?;
-        Ok((stored, ModuleSource::Build))
+        step("cache-store", || cache.store(kver, target, &built))
     }
 
     /// With force-unload, SIGKILLs every holder and waits (bounded) for refcnt
     /// 0; holders that show up meanwhile are killed too. Returns those killed.
     fn make_unloadable(&self, root: &HostRoot) -> Result<Vec<Holder>> {
-        let deadline = Instant::now() + self.config.unload_timeout;
+        // checked: a huge timeout waits "forever" instead of panicking.
+        let deadline = Instant::now().checked_add(self.config.unload_timeout);
         let start = Instant::now();
         let mut killed: Vec<Holder> = Vec::new();
         let mut seen: HashSet<u32> = HashSet::new();
@@ -468,7 +485,7 @@ impl Agent<'_> {
                 });
                 return Err(self.busy_error(root, &state));
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(AgentError::UnloadTimeout {
                     refcnt,
                     waited_ms: start.elapsed().as_millis(),
@@ -490,16 +507,45 @@ impl Agent<'_> {
         }
     }
 
+    /// Loads `module`; when the kernel refuses a module that came from the
+    /// cache, evicts it, rebuilds once and loads that. When the load still
+    /// fails, puts the previous version back from the cache if it can.
     fn load_with_rollback(
         &self,
         root: &HostRoot,
         kver: &str,
         target: &str,
-        ko: &Path,
+        module: Verified,
+        source: ModuleSource,
         previous: Option<&Option<String>>,
-    ) -> Result<()> {
-        let Err(e) = self.kernel.load(ko) else {
-            return Ok(());
+    ) -> Result<ModuleSource> {
+        let mut module = module;
+        let mut source = source;
+        let e = match self.kernel.load(&module.file) {
+            Ok(()) => return Ok(source),
+            Err(e) if source == ModuleSource::Cache => {
+                tracing::error!(
+                    version = target,
+                    path = %module.path.display(),
+                    error = %e,
+                    "the kernel refused the cached module; evicting it and building once more"
+                );
+                Cache::new(root).evict(kver, target)?;
+                module = step("rebuild", || self.build_and_store(root, kver, target))?;
+                source = ModuleSource::Build;
+                match self.kernel.load(&module.file) {
+                    Ok(()) => return Ok(source),
+                    Err(e2) => {
+                        // Not loaded: never leave it cached for the next run.
+                        let _ = Cache::new(root).evict(kver, target);
+                        e2
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = Cache::new(root).evict(kver, target);
+                e
+            }
         };
         tracing::error!(version = target, error = %e, "loading the new module failed; rolling back");
         let now = || root.loaded_version().ok().flatten();
@@ -519,7 +565,7 @@ impl Agent<'_> {
                     path: PathBuf::from(Cache::host_path(kver, prev)),
                     now_loaded: now(),
                 },
-                Some(path) => match self.kernel.load(&path) {
+                Some(prev_module) => match self.kernel.load(&prev_module.file) {
                     Ok(()) => Rollback::Restored {
                         previous: prev.clone(),
                     },
@@ -533,7 +579,7 @@ impl Agent<'_> {
         };
         Err(AgentError::LoadFailed {
             version: target.to_string(),
-            path: ko.to_path_buf(),
+            path: module.path,
             error: e.to_string(),
             rollback: Box::new(rollback),
         })
@@ -556,27 +602,31 @@ impl Agent<'_> {
     }
 
     /// Copies the bundled tt-smi to the host. Returns whether it is installed.
+    /// The host's file is read and replaced through [`crate::hostfs`]: a link,
+    /// FIFO or device planted at its path is refused, never followed.
     fn install_tt_smi(&self, root: &HostRoot) -> Result<bool> {
         let src = &self.config.tt_smi_path;
         if !src.is_file() {
             tracing::warn!(path = %src.display(), "bundled tt-smi not found: not installing it and not labelling its version");
             return Ok(false);
         }
-        let dest = root.path(TT_SMI_HOST_PATH);
-        if let (Ok(a), Ok(b)) = (fs::read(src), fs::read(&dest)) {
-            use std::os::unix::fs::PermissionsExt;
-            let mode_ok =
-                fs::metadata(&dest).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o755);
-            if a == b && mode_ok {
-                tracing::info!(path = TT_SMI_HOST_PATH, "tt-smi already up to date");
-                return Ok(true);
-            }
+        let bundled = fs::read(src).map_err(|e| AgentError::io("reading", src, e))?;
+        let (dir, name) = crate::hostfs::split(Path::new(TT_SMI_HOST_PATH))?;
+        let dir = root.dir(dir, true)?;
+        // At most one byte more than ours is enough to tell them apart.
+        let current = match dir.read_optional(name, bundled.len() as u64) {
+            Ok(c) => c,
+            Err(crate::hostfs::HostFsError::TooLarge { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let mode_ok = dir
+            .stat(name)?
+            .is_some_and(|st| st.st_mode & 0o7777 == 0o755);
+        if current.as_deref() == Some(bundled.as_slice()) && mode_ok {
+            tracing::info!(path = TT_SMI_HOST_PATH, "tt-smi already up to date");
+            return Ok(true);
         }
-        cache::atomic_copy(src, &dest, 0o755).map_err(|(path, source)| AgentError::Io {
-            op: "installing tt-smi at",
-            path,
-            source,
-        })?;
+        dir.write_atomic(name, &mut bundled.as_slice(), 0o755)?;
         Ok(true)
     }
 

@@ -1,5 +1,6 @@
 //! Building the module from source: `git clone --depth 1 --branch ttkmd-<version>`
-//! of the configured repository, then `make -C <headers> M=<src> modules`.
+//! of the configured repository, a check that the tag names the pinned commit
+//! (a tag that moved is refused), then `make -C <headers> M=<src> modules`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -11,6 +12,9 @@ use crate::host::MODULE_NAME;
 pub fn tag_for(version: &str) -> String {
     format!("ttkmd-{version}")
 }
+
+/// The most compilers run at once (`make -j`).
+pub const BUILD_JOBS_MAX: usize = 4;
 
 /// What to build, and where.
 #[derive(Debug, Clone)]
@@ -33,14 +37,90 @@ pub trait Builder {
 #[derive(Debug, Clone)]
 pub struct GitMakeBuilder {
     pub repository: String,
+    /// The commit the version's tag must name (TT_KMD_SOURCE_COMMIT); None:
+    /// unpinned, the cloned commit is only logged.
+    pub commit: Option<String>,
+    /// Public keys (a file gpg imports) that must have signed the version's
+    /// tag (TT_KMD_TAG_KEYS); None: signatures are not checked.
+    pub tag_keys: Option<PathBuf>,
 }
 
 impl GitMakeBuilder {
     pub fn new(repository: impl Into<String>) -> Self {
         GitMakeBuilder {
             repository: repository.into(),
+            commit: None,
+            tag_keys: None,
         }
     }
+
+    /// Refuses any tree but `commit` (a full hex object name).
+    pub fn pinned(mut self, commit: Option<String>) -> Self {
+        self.commit = commit;
+        self
+    }
+
+    /// Refuses a tag not signed by one of the keys in `keys`.
+    pub fn signed_by(mut self, keys: Option<PathBuf>) -> Self {
+        self.tag_keys = keys;
+        self
+    }
+
+    /// `git verify-tag` against a keyring holding only `keys`, in a GNUPGHOME
+    /// of its own under `workdir` (the host's and the image's keys play no part).
+    fn verify_tag(&self, keys: &Path, src: &Path, workdir: &Path, tag: &str) -> Result<()> {
+        let home = workdir.join("gnupg");
+        std::fs::create_dir_all(&home).map_err(|e| AgentError::io("creating", &home, e))?;
+        std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| AgentError::io("setting the mode of", &home, e))?;
+        let refused = |output: String| AgentError::TagSignature {
+            tag: tag.to_string(),
+            repo: self.repository.clone(),
+            output,
+        };
+        let out = run(
+            "gpg",
+            Command::new("gpg")
+                .args(["--batch", "--quiet", "--import"])
+                .arg(keys)
+                .env("GNUPGHOME", &home),
+        )?;
+        if !out.status.success() {
+            return Err(refused(format!(
+                "cannot import the keys in {}: {}",
+                keys.display(),
+                tail(&out, 3)
+            )));
+        }
+        // A shallow clone of a tag may leave out the tag object: fetch it.
+        let _ = run(
+            "git",
+            Command::new("git")
+                .arg("-C")
+                .arg(src)
+                .args(["fetch", "--quiet", "--depth", "1", "origin", "tag", tag])
+                .env("GIT_TERMINAL_PROMPT", "0"),
+        )?;
+        let out = run(
+            "git",
+            Command::new("git")
+                .arg("-C")
+                .arg(src)
+                .args(["verify-tag", "--", tag])
+                .env("GNUPGHOME", &home),
+        )?;
+        if !out.status.success() {
+            return Err(refused(tail(&out, 5)));
+        }
+        tracing::info!(%tag, keys = %keys.display(), "the tag's signature verifies");
+        Ok(())
+    }
+}
+
+/// A full git object name ([`ttdrv_core::trust::validate_commit`]).
+pub fn validate_commit(commit: &str) -> Result<String> {
+    ttdrv_core::trust::validate_commit(commit)
+        .map_err(|_| AgentError::InvalidSourceCommit(commit.to_string()))
 }
 
 fn run(program: &str, cmd: &mut Command) -> Result<Output> {
@@ -93,7 +173,42 @@ impl Builder for GitMakeBuilder {
                 stderr,
             });
         }
-        let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let out = run(
+            "git",
+            Command::new("git").arg("-C").arg(&src).args([
+                "rev-parse",
+                "--verify",
+                "HEAD^{commit}",
+            ]),
+        )?;
+        let found = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let found = (out.status.success() && !found.is_empty()).then_some(found);
+        match (&self.commit, found) {
+            (Some(pin), Some(found)) if found.eq_ignore_ascii_case(pin) => {
+                tracing::info!(%tag, commit = %found, "the tag names the pinned commit")
+            }
+            (Some(pin), found) => {
+                return Err(AgentError::SourceCommitMismatch {
+                    tag,
+                    repo: self.repository.clone(),
+                    expected: pin.clone(),
+                    found: found.unwrap_or_else(|| format!("none readable ({})", tail(&out, 3))),
+                });
+            }
+            (None, found) => tracing::warn!(
+                %tag,
+                commit = found.as_deref().unwrap_or("unknown"),
+                "no pinned commit for this version (TT_KMD_SOURCE_COMMIT): building what the tag names now"
+            ),
+        }
+        if let Some(keys) = &self.tag_keys {
+            self.verify_tag(keys, &src, req.workdir, &tag)?;
+        }
+        // Bounded: the installer pod's memory limit is sized for this many
+        // compilers at once (docs/security.md), not for every core of a big node.
+        let jobs = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(BUILD_JOBS_MAX);
         let out = run(
             "make",
             Command::new("make")

@@ -5,13 +5,13 @@
 //! tt-smi virtualenv under `/opt/tt`. Every step works under the host root and
 //! is best effort: a failure is a warning, never a failed install.
 
-use std::fs;
-use std::io;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use rustix::fs::FileType;
+
 use crate::host::HostRoot;
+use crate::hostfs::{self, HostFsError};
 
 /// Where the rule is installed on the host.
 pub const UDEV_RULE_PATH: &str = "/etc/udev/rules.d/50-tenstorrent.rules";
@@ -75,18 +75,18 @@ pub fn ensure_device_access(root: &HostRoot) -> DeviceAccess {
     out
 }
 
-/// Writes the rule (0644) when it is absent or different; returns whether it did.
-fn install_rule(root: &HostRoot) -> io::Result<bool> {
-    let path = root.path(UDEV_RULE_PATH);
-    if fs::read_to_string(&path).is_ok_and(|s| s == UDEV_RULE) {
+/// Writes the rule (0644) when it is absent or different; returns whether it
+/// did. A link, FIFO or device at its path is refused ([`crate::hostfs`]).
+fn install_rule(root: &HostRoot) -> Result<bool, HostFsError> {
+    let (dir, name) = hostfs::split(Path::new(UDEV_RULE_PATH))?;
+    let dir = root.dir(dir, true)?;
+    if dir
+        .read_optional(name, hostfs::SMALL_FILE_MAX)
+        .is_ok_and(|s| s.as_deref() == Some(UDEV_RULE.as_bytes()))
+    {
         return Ok(false);
     }
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    fs::create_dir_all(dir)?;
-    let tmp = dir.join(".50-tenstorrent.rules.tmp");
-    fs::write(&tmp, UDEV_RULE)?;
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644))?;
-    fs::rename(&tmp, &path)?;
+    dir.write_atomic(name, &mut UDEV_RULE.as_bytes(), 0o644)?;
     Ok(true)
 }
 
@@ -120,63 +120,80 @@ fn reload_udev(root: &HostRoot) -> Option<bool> {
 
 /// Makes every device node in /dev/tenstorrent (not the by-id links, not
 /// directories) 0666; returns those it changed.
-fn chmod_devices(root: &HostRoot) -> io::Result<Vec<PathBuf>> {
-    let dir = root.path(DEV_DIR);
-    let entries = match fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(vec![]),
+fn chmod_devices(root: &HostRoot) -> Result<Vec<PathBuf>, HostFsError> {
+    let dir = match root.dir(DEV_DIR, false) {
+        Ok(d) => d,
+        Err(e) if e.is_not_found() => return Ok(vec![]),
         Err(e) => return Err(e),
     };
     let mut changed = vec![];
-    for entry in entries {
-        let entry = entry?;
-        let meta = fs::symlink_metadata(entry.path())?;
-        if meta.is_dir() || meta.file_type().is_symlink() {
+    for (name, t) in dir.entries()? {
+        if !matches!(
+            t,
+            FileType::CharacterDevice | FileType::BlockDevice | FileType::RegularFile
+        ) {
             continue;
         }
-        if meta.permissions().mode() & 0o777 != 0o666 {
-            fs::set_permissions(entry.path(), fs::Permissions::from_mode(0o666))?;
-            changed.push(PathBuf::from(DEV_DIR).join(entry.file_name()));
+        let Some(st) = dir.stat(&name)? else {
+            continue;
+        };
+        if st.st_mode & 0o777 != 0o666 {
+            dir.chmod(&name, 0o666)?;
+            changed.push(PathBuf::from(DEV_DIR).join(name));
         }
     }
-    changed.sort();
     Ok(changed)
 }
 
 /// Removes the pre-5.x tt-smi virtualenv: `/opt/tt` when it is one (has
 /// `pyvenv.cfg`), or each virtualenv directly under it (then `/opt/tt` when
-/// left empty). Anything else under `/opt/tt` is left alone.
-fn remove_old_venv(root: &HostRoot) -> io::Result<Vec<PathBuf>> {
-    let dir = root.path(OLD_VENV_DIR);
-    if !dir.is_dir() {
+/// left empty). Anything else under `/opt/tt` is left alone; links are
+/// removed as links, never followed.
+fn remove_old_venv(root: &HostRoot) -> Result<Vec<PathBuf>, HostFsError> {
+    let (parent, name) = hostfs::split(Path::new(OLD_VENV_DIR))?;
+    let parent = match root.dir(parent, false) {
+        Ok(d) => d,
+        Err(e) if e.is_not_found() => return Ok(vec![]),
+        Err(e) => return Err(e),
+    };
+    let is_dir = |st: Option<rustix::fs::Stat>| {
+        st.is_some_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory)
+    };
+    if !is_dir(parent.stat(name)?) {
         return Ok(vec![]);
     }
-    if dir.join("pyvenv.cfg").is_file() {
-        fs::remove_dir_all(&dir)?;
+    let dir = parent.open_dir(name, false)?;
+    let is_venv = |d: &hostfs::HostDir| {
+        d.stat("pyvenv.cfg")
+            .ok()
+            .flatten()
+            .is_some_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+    };
+    if is_venv(&dir) {
+        parent.remove_tree(name)?;
         return Ok(vec![PathBuf::from(OLD_VENV_DIR)]);
     }
     let mut removed = vec![];
-    for entry in fs::read_dir(&dir)? {
-        let entry = entry?;
-        let p = entry.path();
-        if !fs::symlink_metadata(&p)?.is_dir() {
+    for (entry, t) in dir.entries()? {
+        if t != FileType::Directory {
             continue;
         }
-        if p.join("pyvenv.cfg").is_file() {
-            fs::remove_dir_all(&p)?;
-            removed.push(PathBuf::from(OLD_VENV_DIR).join(entry.file_name()));
+        if is_venv(&dir.open_dir(&entry, false)?) {
+            dir.remove_tree(&entry)?;
+            removed.push(PathBuf::from(OLD_VENV_DIR).join(entry));
         }
     }
-    if !removed.is_empty() && fs::read_dir(&dir)?.next().is_none() {
-        fs::remove_dir(&dir)?;
+    if !removed.is_empty() && dir.entries()?.is_empty() {
+        parent.remove_empty_dir(name)?;
     }
-    removed.sort();
     Ok(removed)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
 
     fn mode(p: &Path) -> u32 {
         fs::symlink_metadata(p).expect("stat").permissions().mode() & 0o777

@@ -72,6 +72,15 @@ fn now(loaded: &Option<String>) -> String {
     }
 }
 
+/// A refcnt for messages: [`crate::holder::REFCNT_UNKNOWN`] is "unreadable".
+fn refcnt_text(refcnt: u32) -> String {
+    if refcnt == crate::holder::REFCNT_UNKNOWN {
+        "unreadable, so counted as in use".to_string()
+    } else {
+        refcnt.to_string()
+    }
+}
+
 fn list_holders(holders: &[Holder]) -> String {
     if holders.is_empty() {
         return "no process under /proc holds /dev/tenstorrent (another module or a kernel user may hold it)".to_string();
@@ -122,6 +131,30 @@ pub enum AgentError {
     )]
     MissingTag { tag: String, repo: String },
 
+    #[error(
+        "tag {tag} in {repo} names commit {found}, not the pinned {expected}: the tag moved (or the pin is wrong); refusing to build it. Check the repository, then set the policy's installer.sourceCommit or the chart's driver.sourceCommits"
+    )]
+    SourceCommitMismatch {
+        tag: String,
+        repo: String,
+        expected: String,
+        found: String,
+    },
+
+    #[error(
+        "tag {tag} in {repo} is not signed by a configured key (TT_KMD_TAG_KEYS), refusing to build it: {output}"
+    )]
+    TagSignature {
+        tag: String,
+        repo: String,
+        output: String,
+    },
+
+    #[error(
+        "invalid source commit {0:?}: expected a full git object name (40 or 64 hex digits) in TT_KMD_SOURCE_COMMIT"
+    )]
+    InvalidSourceCommit(String),
+
     #[error("git clone of tag {tag} from {repo} failed: {stderr}")]
     GitClone {
         tag: String,
@@ -165,8 +198,8 @@ pub enum AgentError {
     },
 
     #[error(
-        "tenstorrent {loaded} is in use (refcnt {refcnt}) and force-unload is off, so it was left loaded; holders: {}; drain the node's workloads, or set upgradePolicy.forceUnload=true",
-        list_holders(holders)
+        "tenstorrent {loaded} is in use (refcnt {}) and force-unload is off, so it was left loaded; holders: {}; drain the node's workloads, or set upgradePolicy.forceUnload=true",
+        refcnt_text(*refcnt), list_holders(holders)
     )]
     Busy {
         loaded: String,
@@ -207,6 +240,16 @@ pub enum AgentError {
         rollback: Box<Rollback>,
     },
 
+    #[error(
+        "the module built at {} is for another kernel (vermagic {vermagic:?}), not the running {kver}; check that lib/modules/{kver}/build holds that kernel's headers",
+        path.display()
+    )]
+    BuiltForOtherKernel {
+        path: PathBuf,
+        kver: String,
+        vermagic: String,
+    },
+
     #[error("after loading, sys/module/tenstorrent/version reads {found:?}, expected {expected}")]
     ReadbackMismatch {
         expected: String,
@@ -215,6 +258,11 @@ pub enum AgentError {
 
     #[error("labelling node {node} failed: {reason}")]
     Label { node: String, reason: String },
+
+    /// A host path the agent refused (a planted link, FIFO or device, an
+    /// oversized file) or could not use.
+    #[error(transparent)]
+    HostFs(#[from] crate::hostfs::HostFsError),
 }
 
 /// The most the kubelet keeps of a container's termination message, in bytes.
@@ -244,7 +292,11 @@ impl AgentError {
             | AgentError::Spawn { .. }
             | AgentError::Make { .. }
             | AgentError::BuildOutputMissing { .. }
-            | AgentError::BuiltWrongVersion { .. } => Some(BUILD_FAILED),
+            | AgentError::BuiltWrongVersion { .. }
+            | AgentError::BuiltForOtherKernel { .. }
+            | AgentError::SourceCommitMismatch { .. }
+            | AgentError::TagSignature { .. }
+            | AgentError::InvalidSourceCommit(_) => Some(BUILD_FAILED),
             // The kernel refused the module, or runs another version after loading it.
             AgentError::LoadFailed { .. } | AgentError::ReadbackMismatch { .. } => {
                 Some(LOAD_FAILED)
@@ -259,7 +311,8 @@ impl AgentError {
             | AgentError::ModInfo { .. }
             | AgentError::Kill { .. }
             | AgentError::Unload { .. }
-            | AgentError::Label { .. } => None,
+            | AgentError::Label { .. }
+            | AgentError::HostFs(_) => None,
         }
     }
 

@@ -72,12 +72,25 @@ impl FakeKernel {
 }
 
 impl KernelOps for FakeKernel {
-    fn load(&self, ko: &Path) -> io::Result<()> {
-        let version = modinfo::module_version(ko)
+    fn load(&self, module: &fs::File) -> io::Result<()> {
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut &*module, &mut bytes)?;
+        let version = modinfo::field_of_bytes(&bytes, "version")
             .map_err(|_| errno(nix::errno::Errno::ENOEXEC))?
             .unwrap_or_default();
         if let Ok(mut l) = self.loads.lock() {
             l.push(version.clone());
+        }
+        // As the kernel refuses a module with bad symbols or signature.
+        if let Ok(Some(_)) = modinfo::field_of_bytes(&bytes, REFUSED_FIELD) {
+            return Err(errno(nix::errno::Errno::ENOEXEC));
+        }
+        // As the kernel does: a module built for another kernel is refused.
+        if let Ok(Some(vermagic)) = modinfo::field_of_bytes(&bytes, "vermagic")
+            && let Ok(kver) = self.root.kernel_release()
+            && modinfo::vermagic_release(&vermagic) != kver
+        {
+            return Err(errno(nix::errno::Errno::ENOEXEC));
         }
         if self.module_dir().exists() {
             return Err(errno(nix::errno::Errno::EEXIST));
@@ -139,6 +152,8 @@ pub struct FakeBuilder {
     pub builds: Mutex<Vec<String>>,
     /// If set, the built file carries this version instead.
     pub wrong_version: Option<String>,
+    /// If set, the built file's vermagic names this kernel instead.
+    pub wrong_kernel: Option<String>,
 }
 
 impl FakeBuilder {
@@ -154,7 +169,9 @@ impl Builder for FakeBuilder {
         }
         let ko = req.workdir.join(format!("{MODULE_NAME}.ko"));
         let v = self.wrong_version.as_deref().unwrap_or(req.version);
-        write_fake_module(&ko, v).map_err(|e| crate::error::AgentError::io("writing", &ko, e))?;
+        let kver = self.wrong_kernel.as_deref().unwrap_or(req.kernel_release);
+        write_fake_module_for(&ko, v, kver)
+            .map_err(|e| crate::error::AgentError::io("writing", &ko, e))?;
         Ok(ko)
     }
 }
@@ -200,6 +217,80 @@ pub fn add_holder(root: &Path, pid: u32, comm: &str, cgroup: &str) -> io::Result
         format!("{}\n", refcnt + 1),
     )?;
     Ok(())
+}
+
+/// Writes a minimal module file whose `.modinfo` says `version` and whose
+/// vermagic is that of kernel `kver`.
+pub fn write_fake_module_for(path: &Path, version: &str, kver: &str) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let v = format!("version={version}");
+    let m = format!("vermagic={kver} SMP preempt mod_unload modversions ");
+    fs::write(
+        path,
+        modinfo::fake_module_bytes(&["license=GPL", &v, "name=tenstorrent", &m]),
+    )
+}
+
+/// A `.modinfo` field that makes [`FakeKernel`] refuse the module (ENOEXEC),
+/// as a real kernel refuses one with unresolved symbols or a bad signature.
+pub const REFUSED_FIELD: &str = "fake_refused";
+
+/// Plants `bytes` as the cache entry of `version` for `kver`, with a record
+/// that matches them (hash, and the vermagic they carry): an entry that
+/// passes every check the agent makes before loading.
+pub fn plant_cached_bytes(
+    root: &Path,
+    kver: &str,
+    version: &str,
+    bytes: &[u8],
+) -> io::Result<PathBuf> {
+    let r = HostRoot::new(root);
+    let ko = r.path(crate::cache::Cache::host_path(kver, version));
+    if let Some(dir) = ko.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(&ko, bytes)?;
+    let record = crate::cache::Record {
+        version: version.to_string(),
+        kernel_release: kver.to_string(),
+        vermagic: modinfo::field_of_bytes(bytes, "vermagic")
+            .ok()
+            .flatten()
+            .unwrap_or_default(),
+        sha256: crate::cache::sha256_hex(bytes),
+        size: bytes.len() as u64,
+    };
+    let json = serde_json::to_vec(&record).map_err(io::Error::other)?;
+    fs::write(ko.with_file_name(crate::cache::RECORD_FILE), json)?;
+    Ok(ko)
+}
+
+/// Plants a verified cache entry as a build would leave it: the module of
+/// `module_version` for `kver` at the path of `version`, with its record
+/// (which describes the file as written, so a `module_version` other than
+/// `version` is still caught by the version check).
+pub fn plant_cached(
+    root: &Path,
+    kver: &str,
+    version: &str,
+    module_version: &str,
+) -> io::Result<PathBuf> {
+    let r = HostRoot::new(root);
+    let ko = r.path(crate::cache::Cache::host_path(kver, version));
+    write_fake_module_for(&ko, module_version, kver)?;
+    let bytes = fs::read(&ko)?;
+    let record = crate::cache::Record {
+        version: version.to_string(),
+        kernel_release: kver.to_string(),
+        vermagic: format!("{kver} SMP preempt mod_unload modversions"),
+        sha256: crate::cache::sha256_hex(&bytes),
+        size: bytes.len() as u64,
+    };
+    let json = serde_json::to_vec(&record).map_err(io::Error::other)?;
+    fs::write(ko.with_file_name(crate::cache::RECORD_FILE), json)?;
+    Ok(ko)
 }
 
 /// Writes a minimal module file whose `.modinfo` says `version`.

@@ -5,6 +5,11 @@ use std::fmt;
 
 use serde::Serialize;
 
+/// The refcnt of a loaded module whose `refcnt` file is missing or
+/// unparsable: the largest count, so every check sees the module in use
+/// (fail closed).
+pub const REFCNT_UNKNOWN: u32 = u32::MAX;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Holder {
     pub pid: u32,

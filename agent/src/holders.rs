@@ -20,14 +20,14 @@ pub fn find_holders(root: &HostRoot) -> Vec<Holder> {
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            holder_of(&e.path(), pid)
+            holder_of(root, &e.path(), pid)
         })
         .collect();
     holders.sort_by_key(|h| h.pid);
     holders
 }
 
-fn holder_of(pid_dir: &Path, pid: u32) -> Option<Holder> {
+fn holder_of(root: &HostRoot, pid_dir: &Path, pid: u32) -> Option<Holder> {
     let fds = fs::read_dir(pid_dir.join("fd")).ok()?;
     let mut devices: Vec<String> = fds
         .filter_map(|fd| fd.ok())
@@ -40,10 +40,17 @@ fn holder_of(pid_dir: &Path, pid: u32) -> Option<Holder> {
     }
     devices.sort();
     devices.dedup();
-    let comm = fs::read_to_string(pid_dir.join("comm"))
+    // Bounded, non-blocking reads that follow no link (crate::hostfs): a
+    // planted FIFO or /dev/zero link there costs nothing.
+    let read = |name: &str| {
+        root.read_small(format!("/proc/{pid}/{name}"))
+            .ok()
+            .flatten()
+    };
+    let comm = read("comm")
         .map(|c| c.trim().to_string())
-        .unwrap_or_else(|_| "?".to_string());
-    let (pod_uid, container_id) = fs::read_to_string(pid_dir.join("cgroup"))
+        .unwrap_or_else(|| "?".to_string());
+    let (pod_uid, container_id) = read("cgroup")
         .map(|c| parse_cgroup(&c))
         .unwrap_or((None, None));
     Some(Holder {

@@ -9,6 +9,7 @@ use std::path::{Component, Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::{AgentError, Result};
+use crate::hostfs::{self, FsResult, HostDir, SMALL_FILE_MAX};
 
 /// Module name of tt-kmd.
 pub const MODULE_NAME: &str = "tenstorrent";
@@ -36,6 +37,33 @@ impl HostRoot {
             }
         }
         out
+    }
+
+    /// The host directory `host_dir`, opened from the root without following
+    /// a link ([`crate::hostfs`]); missing directories are created (0755)
+    /// when `create`.
+    pub fn dir(&self, host_dir: impl AsRef<Path>, create: bool) -> FsResult<HostDir> {
+        HostDir::open_root(&self.root)?.open_dir(host_dir, create)
+    }
+
+    /// A small host file (sysfs/procfs attribute), read without following a
+    /// link or blocking and capped at [`SMALL_FILE_MAX`]; None when it or its
+    /// directory does not exist.
+    pub fn read_small(&self, host_path: impl AsRef<Path>) -> FsResult<Option<String>> {
+        Ok(self
+            .read_small_bytes(host_path)?
+            .map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    /// [`read_small`](Self::read_small) without decoding.
+    pub fn read_small_bytes(&self, host_path: impl AsRef<Path>) -> FsResult<Option<Vec<u8>>> {
+        let (dir, name) = hostfs::split(host_path.as_ref())?;
+        let dir = match self.dir(dir, false) {
+            Ok(d) => d,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        dir.read_optional(name, SMALL_FILE_MAX)
     }
 
     /// Resolves symlinks of a host path the way the host would: an absolute
@@ -84,9 +112,15 @@ impl HostRoot {
 
     /// Kernel release from `<root>/proc/sys/kernel/osrelease`.
     pub fn kernel_release(&self) -> Result<String> {
-        let path = self.path("/proc/sys/kernel/osrelease");
-        let raw = fs::read_to_string(&path)
-            .map_err(|source| AgentError::KernelRelease { path, source })?;
+        const OSRELEASE: &str = "/proc/sys/kernel/osrelease";
+        let err = |kind| AgentError::KernelRelease {
+            path: self.path(OSRELEASE),
+            source: io::Error::from(kind),
+        };
+        let raw = self
+            .read_small_bytes(OSRELEASE)?
+            .ok_or_else(|| err(io::ErrorKind::NotFound))?;
+        let raw = String::from_utf8(raw).map_err(|_| err(io::ErrorKind::InvalidData))?;
         let kver = raw.trim().to_string();
         if kver.is_empty() || kver.contains('/') || kver.contains('\0') || kver == ".." {
             return Err(AgentError::InvalidKernelRelease(kver));
@@ -97,10 +131,15 @@ impl HostRoot {
     /// The host's boot ID from `<root>/proc/sys/kernel/random/boot_id`,
     /// trimmed; it changes at every boot.
     pub fn boot_id(&self) -> Result<String> {
-        let path = self.path("/proc/sys/kernel/random/boot_id");
-        fs::read_to_string(&path)
-            .map(|s| s.trim().to_string())
-            .map_err(|e| AgentError::io("reading the boot ID from", path, e))
+        const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+        match self.read_small(BOOT_ID)? {
+            Some(s) => Ok(s.trim().to_string()),
+            None => Err(AgentError::io(
+                "reading the boot ID from",
+                self.path(BOOT_ID),
+                io::Error::from(io::ErrorKind::NotFound),
+            )),
+        }
     }
 
     /// Signals of a host-managed (DKMS) install that are present.
@@ -128,16 +167,29 @@ impl HostRoot {
 
     /// The state of the tenstorrent module as sysfs shows it.
     pub fn module_state(&self) -> Result<Option<ModuleState>> {
-        let dir = self.path(format!("/sys/module/{MODULE_NAME}"));
-        if !dir.is_dir() {
-            return Ok(None);
-        }
-        let version = read_optional(&dir.join("version"))?
-            .map(|v| v.trim().to_string())
+        let dir = match self.dir(format!("/sys/module/{MODULE_NAME}"), false) {
+            Ok(d) => d,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let version = dir
+            .read_optional("version", SMALL_FILE_MAX)?
+            .map(|v| String::from_utf8_lossy(&v).trim().to_string())
             .filter(|v| !v.is_empty());
-        let refcnt = read_optional(&dir.join("refcnt"))?
+        // Fail closed: a refcnt that is absent (a kernel without module
+        // unloading) or unreadable counts as in use, never as 0.
+        let raw = dir.read_optional("refcnt", SMALL_FILE_MAX)?;
+        let refcnt = raw
+            .as_deref()
+            .map(|r| String::from_utf8_lossy(r))
             .and_then(|r| r.trim().parse::<u32>().ok())
-            .unwrap_or(0);
+            .unwrap_or(REFCNT_UNKNOWN);
+        if refcnt == REFCNT_UNKNOWN {
+            tracing::warn!(
+                refcnt = ?raw.as_deref().map(String::from_utf8_lossy),
+                "sys/module/{MODULE_NAME}/refcnt is missing or unparsable: treating the module as in use"
+            );
+        }
         Ok(Some(ModuleState { version, refcnt }))
     }
 
@@ -151,18 +203,13 @@ impl HostRoot {
     }
 }
 
-fn read_optional(path: &Path) -> Result<Option<String>> {
-    match fs::read(path) {
-        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(AgentError::io("reading", path, e)),
-    }
-}
+pub use crate::holder::REFCNT_UNKNOWN;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ModuleState {
     /// Contents of sys/module/tenstorrent/version, trimmed; None if absent.
     pub version: Option<String>,
+    /// [`REFCNT_UNKNOWN`] when sysfs gives no number (fail closed: busy).
     pub refcnt: u32,
 }
 

@@ -28,6 +28,12 @@ pub fn link_host_kbuild(root: &HostRoot, into: &Path) -> Result<Vec<PathBuf>> {
         if !name.to_string_lossy().starts_with("linux-kbuild-") {
             continue;
         }
+        // A link on the host (to /etc, say) is not a kbuild tree: never
+        // expose what it points to.
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            tracing::warn!(path = %entry.path().display(), "not a directory (a link?); not linking it for the build");
+            continue;
+        }
         let link = into.join(&name);
         if link.symlink_metadata().is_ok() {
             continue;

@@ -4,12 +4,12 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::path::Path;
 
 /// Loads and unloads kernel modules.
 pub trait KernelOps {
-    /// Loads the module file at `ko` (already resolved under the host root).
-    fn load(&self, ko: &Path) -> io::Result<()>;
+    /// Loads the module from `module`, a descriptor of the very file that
+    /// was verified (never its path again, which could change in between).
+    fn load(&self, module: &File) -> io::Result<()>;
     /// Unloads the module `name`; fails (EWOULDBLOCK/EBUSY) while it is in use.
     fn unload(&self, name: &str) -> io::Result<()>;
 }
@@ -24,9 +24,8 @@ pub trait ProcessKiller {
 pub struct RealKernel;
 
 impl KernelOps for RealKernel {
-    fn load(&self, ko: &Path) -> io::Result<()> {
-        let file = File::open(ko)?;
-        nix::kmod::finit_module(&file, c"", nix::kmod::ModuleInitFlags::empty())
+    fn load(&self, module: &File) -> io::Result<()> {
+        nix::kmod::finit_module(module, c"", nix::kmod::ModuleInitFlags::empty())
             .map_err(io::Error::from)
     }
 

@@ -16,15 +16,16 @@
 //! - [`holder`]: a process holding /dev/tenstorrent (PID, comm, pod, container), plain data.
 //! - [`kernel`]: loading/unloading the module and killing holders, behind traits.
 //! - [`node`]: the agent's own Node (read for the go-ahead, labelled) and pod names, behind a trait.
-//! - [`error`]: [`AgentError`], [`Rollback`], and each error's reason and termination message; uses `holder`.
-//! - [`host`]: [`HostRoot`]: host paths, kernel release, boot ID, module state, version checks; uses `error`.
+//! - [`hostfs`]: host files walked from the root without following links, bounded non-blocking reads, atomic writes.
+//! - [`error`]: [`AgentError`], [`Rollback`], and each error's reason and termination message; uses `holder`, `hostfs`.
+//! - [`host`]: [`HostRoot`]: host paths, kernel release, boot ID, module state, version checks; uses `error`, `hostfs`.
 //! - [`pod`]: the agent's own pod: pauses that SIGTERM ends, the waiting note, readiness, the termination message; uses `host`.
 //! - [`holders`]: the /proc walk that finds holders; uses `holder`, `host`.
 //! - [`modinfo`]: a module file's `.modinfo` version; uses `error`.
-//! - [`build`]: building the module with git and make; uses `error`, `host`.
-//! - [`cache`]: the module cache on the host; uses `error`, `host`, `modinfo`.
+//! - [`build`]: building the module with git and make, the source pin; uses `error`, `host`.
+//! - [`cache`]: the verified module cache on the host (record, checks, eviction, pruning); uses `error`, `host`, `hostfs`, `modinfo`.
 //! - [`kbuild`]: linking the host's Debian kbuild trees for a build; uses `error`, `host`.
-//! - [`devices`]: the udev rule, device-node modes and the old /opt/tt venv; uses `host`.
+//! - [`devices`]: the udev rule, device-node modes and the old /opt/tt venv; uses `host`, `hostfs`.
 //! - [`agent`]: the run sequence and its decisions (labels, the second key); uses all of the above.
 //! - [`status`]: the `status` subcommand's report; uses `agent`, `cache`, `holders`, `host`.
 //! - [`fake`]: fake kernel, builder and host for tests; uses `build`, `error`, `host`, `kernel`, `modinfo`.
@@ -38,6 +39,7 @@ pub mod fake;
 pub mod holder;
 pub mod holders;
 pub mod host;
+pub mod hostfs;
 pub mod kbuild;
 pub mod kernel;
 pub mod modinfo;

@@ -44,7 +44,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Bring the node to the target version, label it, then idle until SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Exit 0 only when the loaded module's version equals the target exactly
     /// and `run` is not waiting for the go-ahead.
     Ready {
@@ -73,13 +73,25 @@ struct RunArgs {
           value_parser = parse_bool)]
     force_unload: bool,
 
-    /// Seconds to wait for refcnt 0 after killing holders.
-    #[arg(long, env = "TTDRV_UNLOAD_TIMEOUT_SECONDS", default_value_t = 30)]
+    /// Seconds to wait for refcnt 0 after killing holders (at most a day).
+    #[arg(long, env = "TTDRV_UNLOAD_TIMEOUT_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
     unload_timeout_seconds: u64,
 
     /// Git repository (URL or local path) holding tt-kmd tags.
     #[arg(long, env = env::SOURCE_REPOSITORY, default_value = labels::DEFAULT_SOURCE_REPOSITORY)]
     source_repository: String,
+
+    /// The commit the version's tag must name (full hex); a clone whose tag
+    /// names another commit (a tag that moved) is refused. Unset: unpinned.
+    #[arg(long, env = env::SOURCE_COMMIT)]
+    source_commit: Option<String>,
+
+    /// A file of public keys (as `gpg --import` reads) one of which must have
+    /// signed the version's tag; a tag without such a signature is refused.
+    /// Unset: signatures are not checked.
+    #[arg(long, env = env::TAG_KEYS)]
+    tag_keys: Option<PathBuf>,
 
     /// The bundled tt-smi binary (a path in the agent's own filesystem).
     #[arg(long, env = "TT_SMI_PATH", default_value = "/opt/tt-smi/tt-smi")]
@@ -88,8 +100,9 @@ struct RunArgs {
     /// Where the host's /usr/lib/linux-kbuild-* trees are linked before a build
     /// (Debian's headers reach them by relative links); empty to skip. Skipped
     /// anyway when the host root is /.
+    // A String: clap refuses an empty PathBuf, and empty is how to skip.
     #[arg(long, env = "TT_KBUILD_LINK_DIR", default_value = "/usr/lib")]
-    kbuild_link_dir: PathBuf,
+    kbuild_link_dir: String,
 
     /// Version of the bundled tt-smi, for the node label.
     #[arg(long, env = env::TT_SMI_VERSION)]
@@ -106,9 +119,10 @@ struct RunArgs {
     #[arg(long, env = env::POLICY)]
     policy: Option<String>,
 
-    /// Milliseconds between looks at the Node while waiting for the go-ahead.
+    /// Milliseconds between looks at the Node while waiting for the go-ahead
+    /// (10 ms to an hour).
     #[arg(long, env = "TTDRV_GO_AHEAD_POLL_MS", default_value_t = 5000,
-          value_parser = clap::value_parser!(u64).range(10..))]
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     go_ahead_poll_ms: u64,
 
     /// Where to write the termination message when giving up on a busy
@@ -156,7 +170,7 @@ fn main() -> ExitCode {
     let root = HostRoot::new(&cli.host_root);
     let status_file = Some(cli.status_file.clone()).filter(|p| !p.as_os_str().is_empty());
     match cli.command {
-        Command::Run(args) => run(&cli.host_root, status_file, args),
+        Command::Run(args) => run(&cli.host_root, status_file, *args),
         Command::Ready { target } => match pod::readiness(&root, &target, status_file.as_deref()) {
             Ok(msg) => {
                 println!("{msg}");
@@ -201,7 +215,7 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         source_repository: args.source_repository.clone(),
         tt_smi_path: args.tt_smi_path.clone(),
         tt_smi_version: args.tt_smi_version.clone(),
-        kbuild_link_dir: Some(args.kbuild_link_dir.clone())
+        kbuild_link_dir: Some(PathBuf::from(&args.kbuild_link_dir))
             .filter(|d| !d.as_os_str().is_empty() && host_root != Path::new("/")),
         policy: args.policy.clone().filter(|p| !p.is_empty()),
         go_ahead_poll: Duration::from_millis(args.go_ahead_poll_ms),
@@ -215,6 +229,10 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         source_repository = %config.source_repository,
         node = node_name.as_deref().unwrap_or("(unset)"),
         policy = config.policy.as_deref().unwrap_or("(unset)"),
+        kbuild_link_dir = %config
+            .kbuild_link_dir
+            .as_deref()
+            .map_or("(skipped)".into(), |d| d.display().to_string()),
         "ttdrv-agent starting"
     );
     let node: Box<dyn NodeApi> = match &node_name {
@@ -235,7 +253,29 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         },
         None => Box::new(NoNode),
     };
-    let builder = GitMakeBuilder::new(&config.source_repository);
+    let commit = match args
+        .source_commit
+        .as_deref()
+        .filter(|c| !c.trim().is_empty())
+    {
+        None => None,
+        Some(c) => match ttdrv_agent::build::validate_commit(c) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::error!(summary = true, "summary: result=failed error={e}");
+                write_termination_message(&e, &args.termination_log);
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    tracing::info!(
+        source_commit = commit.as_deref().unwrap_or("(unpinned)"),
+        "source pin"
+    );
+    let tag_keys = args.tag_keys.clone().filter(|k| !k.as_os_str().is_empty());
+    let builder = GitMakeBuilder::new(&config.source_repository)
+        .pinned(commit)
+        .signed_by(tag_keys);
     let signals = Signals::new();
     let agent = Agent {
         config: &config,

@@ -19,6 +19,18 @@ pub fn modinfo_field(ko: &Path, field: &str) -> Result<Option<String>> {
     Ok(field_in(section, field))
 }
 
+/// Value of `field` in the `.modinfo` section of a module's bytes; Err says
+/// why the bytes are no module.
+pub fn field_of_bytes(bytes: &[u8], field: &str) -> std::result::Result<Option<String>, String> {
+    Ok(field_in(modinfo_section(bytes)?, field))
+}
+
+/// The first word of a `vermagic` value: the kernel release the module was
+/// built for (the rest are build flags such as `SMP mod_unload`).
+pub fn vermagic_release(vermagic: &str) -> &str {
+    vermagic.split_whitespace().next().unwrap_or("")
+}
+
 /// The module's version (`MODULE_VERSION`), if it has one.
 pub fn module_version(ko: &Path) -> Result<Option<String>> {
     modinfo_field(ko, "version")

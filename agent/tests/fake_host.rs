@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ttdrv_agent::build::{Builder, GitMakeBuilder};
 use ttdrv_agent::fake::{
-    FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded, write_fake_module,
+    FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, fake_host, plant_cached, set_loaded,
 };
 use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
@@ -58,13 +58,7 @@ impl Host {
         }
     }
     fn cache_module(&self, version: &str, module_version: &str) {
-        write_fake_module(
-            &self.p(&format!(
-                "/var/cache/tt-kmd/{KVER}/{version}/tenstorrent.ko"
-            )),
-            module_version,
-        )
-        .expect("cache module");
+        plant_cached(self.root(), KVER, version, module_version).expect("cache module");
     }
     fn loaded(&self) -> Option<String> {
         self.hr().loaded_version().expect("sysfs")
@@ -396,10 +390,15 @@ fn cache_miss_builds_and_stores_atomically() {
         .expect("cache dir")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .collect();
+    let mut names = names;
+    names.sort();
     assert_eq!(
         names,
-        vec!["tenstorrent.ko".to_string()],
-        "no temporary files left"
+        vec![
+            "tenstorrent.ko".to_string(),
+            "tenstorrent.ko.json".to_string()
+        ],
+        "the module and its record, no temporary files left"
     );
     assert_eq!(
         ttdrv_agent::modinfo::module_version(&dir.join("tenstorrent.ko"))
@@ -513,9 +512,15 @@ fn failed_load_rolls_back_to_the_cached_previous_version() {
             && msg.contains("2.7.0"),
         "{msg}"
     );
+    // The refused cached module is evicted and rebuilt once, then the
+    // previous version goes back.
     assert_eq!(
         kernel.loads(),
-        vec!["2.8.0".to_string(), "2.7.0".to_string()]
+        vec![
+            "2.8.0".to_string(),
+            "2.8.0".to_string(),
+            "2.7.0".to_string()
+        ]
     );
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
 }
@@ -618,7 +623,10 @@ fn unwritable_cache_fails_before_unloading() {
         &FakeNode::default(),
     )
     .expect_err("cache");
-    assert!(matches!(err, AgentError::CacheWrite { .. }), "{err:?}");
+    assert!(
+        matches!(err, AgentError::CacheWrite { .. } | AgentError::HostFs(_)),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("var/cache/tt-kmd"), "{err}");
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
     assert_eq!(kernel.unloads(), 0);
@@ -876,4 +884,243 @@ fn container_install_opens_the_devices_and_removes_the_old_venv() {
         0o666
     );
     assert!(!h.p("/opt/tt").exists());
+}
+
+/// `--kbuild-link-dir ''` skips the linking (as documented) instead of being
+/// refused by the argument parser; timeouts are bounded, not overflowed.
+#[test]
+fn empty_kbuild_link_dir_skips_and_timeouts_are_bounded() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    let out = agent_bin(
+        &h,
+        &[
+            "run",
+            "--once",
+            "--version",
+            "2.8.0",
+            "--kbuild-link-dir",
+            "",
+            "--tt-smi-path",
+            "/nonexistent",
+        ],
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("kbuild_link_dir=(skipped)"), "{log}");
+
+    for (flag, value) in [
+        ("--unload-timeout-seconds", "18446744073709551615"),
+        ("--go-ahead-poll-ms", "18446744073709551615"),
+    ] {
+        let out = agent_bin(&h, &["run", "--once", "--version", "2.8.0", flag, value]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(
+            err.contains(flag) && !err.contains("panicked"),
+            "{flag}: {err}"
+        );
+    }
+}
+
+fn git(repo: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args([
+            "-c",
+            "user.name=ttdrv-test",
+            "-c",
+            "user.email=ttdrv-test@localhost",
+            "-c",
+            "commit.gpgsign=false",
+            "-c",
+            "tag.gpgsign=false",
+        ])
+        .args(args)
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A real repository whose tag is moved after the pin was taken: the clone
+/// is refused naming both commits, before any build; with the tag back where
+/// the pin says, the build goes on past the check (to make, which fails on
+/// the empty fake headers).
+#[test]
+fn a_moved_tag_is_refused_against_the_pinned_commit() {
+    let h = Host::new();
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let repo = tempfile::tempdir().expect("tempdir");
+    fixture_repo(repo.path());
+    let repo_url = repo.path().display().to_string();
+    let pinned = git(repo.path(), &["rev-parse", "ttkmd-2.8.0^{commit}"]);
+
+    let builder = GitMakeBuilder::new(&repo_url).pinned(Some(pinned.clone()));
+    let kernel = FakeKernel::new(h.root());
+    let err = run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default())
+        .expect_err("no headers to build with");
+    assert!(
+        matches!(err, AgentError::Make { .. }),
+        "past the pin: {err:?}"
+    );
+
+    // Someone moves the tag to a commit of their own.
+    fs::write(repo.path().join("tenstorrent.c"), "/* not tt-kmd */\n").expect("write");
+    git(repo.path(), &["commit", "-qam", "moved"]);
+    git(repo.path(), &["tag", "-f", "ttkmd-2.8.0"]);
+    let moved = git(repo.path(), &["rev-parse", "ttkmd-2.8.0^{commit}"]);
+    assert_ne!(moved, pinned);
+
+    let before = snapshot(h.root());
+    let err =
+        run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default()).expect_err("moved tag");
+    assert!(
+        matches!(&err, AgentError::SourceCommitMismatch { expected, found, .. } if *expected == pinned && *found == moved),
+        "{err:?}"
+    );
+    assert_eq!(err.reason(), Some("BuildFailed"));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("ttkmd-2.8.0") && msg.contains(&repo_url) && msg.contains("moved"),
+        "{msg}"
+    );
+    assert_eq!(snapshot(h.root()), before, "nothing written to the host");
+    assert!(kernel.loads().is_empty());
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+}
+
+#[test]
+fn source_commits_must_be_full_object_names() {
+    use ttdrv_agent::build::validate_commit;
+    let sha1 = "0123456789abcdef0123456789abcdef01234567";
+    assert_eq!(validate_commit(sha1).expect("sha1"), sha1);
+    assert_eq!(
+        validate_commit(&sha1.to_uppercase()).expect("upper"),
+        sha1,
+        "normalised to lowercase"
+    );
+    assert!(
+        validate_commit(&"a".repeat(64)).is_ok(),
+        "sha256 repositories"
+    );
+    for bad in [
+        "",
+        "0123456",
+        "ttkmd-2.8.0",
+        &format!("{sha1}0"),
+        &"g".repeat(40),
+    ] {
+        let err = validate_commit(bad).expect_err(bad);
+        assert!(err.to_string().contains("TT_KMD_SOURCE_COMMIT"), "{err}");
+    }
+}
+
+/// gpg with a home of its own; returns the armored public key of a new
+/// signing key and its fingerprint.
+fn gpg_key(home: &Path, name: &str) -> (Vec<u8>, String) {
+    let gpg = |args: &[&str]| {
+        let out = std::process::Command::new("gpg")
+            .env("GNUPGHOME", home)
+            .args([
+                "--batch",
+                "--quiet",
+                "--pinentry-mode",
+                "loopback",
+                "--passphrase",
+                "",
+            ])
+            .args(args)
+            .output()
+            .expect("gpg (install gnupg)");
+        assert!(
+            out.status.success(),
+            "gpg {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let uid = format!("{name} <{name}@localhost>");
+    gpg(&["--quick-gen-key", &uid, "ed25519", "sign", "never"]);
+    let listing =
+        String::from_utf8_lossy(&gpg(&["--with-colons", "--list-keys", &uid])).into_owned();
+    let fpr = listing
+        .lines()
+        .find_map(|l| l.strip_prefix("fpr:"))
+        .and_then(|l| l.split(':').find(|f| f.len() == 40))
+        .expect("fingerprint")
+        .to_string();
+    (gpg(&["--armor", "--export", &fpr]), fpr)
+}
+
+/// Signed tags: a tag signed by a configured key builds (to make, which
+/// fails on the fake headers), the same tag checked against another key, and
+/// an unsigned tag, are refused before any build.
+#[test]
+fn tags_must_be_signed_by_a_configured_key() {
+    let h = Host::new();
+    let repo = tempfile::tempdir().expect("tempdir");
+    fixture_repo(repo.path());
+    let gnupg = tempfile::tempdir().expect("tempdir");
+    fs::set_permissions(gnupg.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
+    let (release_key, fpr) = gpg_key(gnupg.path(), "release");
+    let (other_key, _) = gpg_key(gnupg.path(), "other");
+    let keys = tempfile::tempdir().expect("tempdir");
+    fs::write(keys.path().join("release.asc"), &release_key).expect("key");
+    fs::write(keys.path().join("other.asc"), &other_key).expect("key");
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo.path())
+        .env("GNUPGHOME", gnupg.path())
+        .args([
+            "-c",
+            "user.name=release",
+            "-c",
+            "user.email=release@localhost",
+        ])
+        .args([
+            "tag",
+            "-f",
+            "-s",
+            "-u",
+            &fpr,
+            "-m",
+            "tt-kmd 2.8.0",
+            "ttkmd-2.8.0",
+            "ttkmd-2.8.0",
+        ])
+        .output()
+        .expect("git tag -s");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let repo_url = repo.path().display().to_string();
+    let kernel = FakeKernel::new(h.root());
+    let build = |key: &str, version: &str| {
+        let builder = GitMakeBuilder::new(&repo_url).signed_by(Some(keys.path().join(key)));
+        run(&h.config(version), &kernel, &builder, &FakeNode::default())
+    };
+
+    let err = build("release.asc", "2.8.0").expect_err("no headers to build with");
+    assert!(
+        matches!(err, AgentError::Make { .. }),
+        "signature accepted: {err:?}"
+    );
+
+    let before = snapshot(h.root());
+    let err = build("other.asc", "2.8.0").expect_err("another key");
+    assert!(matches!(err, AgentError::TagSignature { .. }), "{err:?}");
+    assert_eq!(err.reason(), Some("BuildFailed"));
+    assert!(err.to_string().contains("ttkmd-2.8.0"), "{err}");
+    let err = build("release.asc", "2.7.0").expect_err("unsigned tag");
+    assert!(matches!(err, AgentError::TagSignature { .. }), "{err:?}");
+    assert_eq!(snapshot(h.root()), before, "nothing written to the host");
+    assert!(kernel.loads().is_empty());
 }

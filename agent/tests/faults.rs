@@ -16,7 +16,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use ttdrv_agent::build::{BuildRequest, Builder};
-use ttdrv_agent::fake::{FakeBuilder, FakeKernel, fake_host, set_loaded, write_fake_module};
+use ttdrv_agent::fake::{
+    FakeBuilder, FakeKernel, fake_host, plant_cached, set_loaded, write_fake_module,
+};
 use ttdrv_agent::modinfo::{fake_module_bytes, module_version};
 use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
@@ -139,10 +141,11 @@ impl Builder for BigBuilder {
     fn build(&self, req: &BuildRequest<'_>) -> ttdrv_agent::Result<PathBuf> {
         let v = format!("version={}", req.version);
         let pad = format!("x-padding={}", "x".repeat(self.size));
+        let m = format!("vermagic={} SMP mod_unload", req.kernel_release);
         let ko = req.workdir.join("tenstorrent.ko");
         fs::write(
             &ko,
-            fake_module_bytes(&["license=GPL", &v, "name=tenstorrent", &pad]),
+            fake_module_bytes(&["license=GPL", &v, "name=tenstorrent", &pad, &m]),
         )
         .expect("write module");
         Ok(ko)
@@ -494,7 +497,7 @@ fn module_directory_without_version_file_is_replaced() {
     let h = Host::new();
     fs::create_dir_all(h.p("/sys/module/tenstorrent")).expect("mkdir");
     fs::write(h.p("/sys/module/tenstorrent/refcnt"), "0\n").expect("refcnt");
-    write_fake_module(&h.entry("2.8.0"), "2.8.0").expect("cached");
+    plant_cached(h.root(), KVER, "2.8.0", "2.8.0").expect("cached");
     let kernel = FakeKernel::new(h.root());
     let outcome = h
         .run("2.8.0", &kernel, &FakeBuilder::default())
@@ -514,18 +517,36 @@ fn module_directory_without_version_file_is_replaced() {
     assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
 }
 
+/// Fail closed: no refcnt (or one that is no number) means the module may be
+/// in use, so it is left loaded, as for a busy device.
 #[test]
-fn module_directory_without_refcnt_counts_as_unused() {
-    let h = Host::new();
-    fs::create_dir_all(h.p("/sys/module/tenstorrent")).expect("mkdir");
-    fs::write(h.p("/sys/module/tenstorrent/version"), "2.7.0\n").expect("version");
-    write_fake_module(&h.entry("2.8.0"), "2.8.0").expect("cached");
-    let kernel = FakeKernel::new(h.root());
-    let outcome = h
-        .run("2.8.0", &kernel, &FakeBuilder::default())
-        .expect("upgraded");
-    assert!(matches!(outcome, Outcome::Installed { .. }), "{outcome:?}");
-    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+fn module_directory_without_or_with_garbage_refcnt_counts_as_busy() {
+    for refcnt in [
+        None,
+        Some("garbage\n"),
+        Some("-1\n"),
+        Some("99999999999999999999\n"),
+    ] {
+        let h = Host::new();
+        fs::create_dir_all(h.p("/sys/module/tenstorrent")).expect("mkdir");
+        fs::write(h.p("/sys/module/tenstorrent/version"), "2.7.0\n").expect("version");
+        if let Some(r) = refcnt {
+            fs::write(h.p("/sys/module/tenstorrent/refcnt"), r).expect("refcnt");
+        }
+        plant_cached(h.root(), KVER, "2.8.0", "2.8.0").expect("cached");
+        let kernel = FakeKernel::new(h.root());
+        let err = h
+            .run("2.8.0", &kernel, &FakeBuilder::default())
+            .expect_err("busy");
+        assert!(
+            matches!(err, AgentError::Busy { .. }),
+            "{refcnt:?}: {err:?}"
+        );
+        assert_eq!(err.reason(), Some("DeviceBusy"));
+        assert_eq!(kernel.unloads(), 0, "{refcnt:?}");
+        assert!(kernel.loads().is_empty(), "{refcnt:?}");
+        assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    }
 }
 
 #[test]

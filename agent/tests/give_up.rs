@@ -11,9 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ttdrv_agent::error::TERMINATION_MESSAGE_MAX;
-use ttdrv_agent::fake::{
-    FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded, write_fake_module,
-};
+use ttdrv_agent::fake::{FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded};
 use ttdrv_agent::node::{FAKE_NODE, FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, AgentError, Config, HostRoot};
@@ -193,11 +191,7 @@ fn a_refused_load_gives_load_failed_with_the_kernels_error() {
     let h = Host::new();
     set_loaded(h.root(), "2.7.0", 0).expect("loaded");
     for v in ["2.7.0", "2.8.0"] {
-        write_fake_module(
-            &HostRoot::new(h.root()).path(format!("/var/cache/tt-kmd/{KVER}/{v}/tenstorrent.ko")),
-            v,
-        )
-        .expect("cache");
+        ttdrv_agent::fake::plant_cached(h.root(), KVER, v, v).expect("cache");
     }
     let kernel = FakeKernel::new(h.root()).failing("2.8.0");
     let config = Config {

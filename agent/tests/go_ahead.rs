@@ -14,9 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
-use ttdrv_agent::fake::{
-    FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded, write_fake_module,
-};
+use ttdrv_agent::fake::{FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded};
 use ttdrv_agent::node::{
     FAKE_CYCLE, FAKE_NODE, FAKE_POLICY, FakeNode, go_ahead_node, node_with, upgrading_record,
 };
@@ -71,13 +69,7 @@ impl Host {
         }
     }
     fn cache(&self, version: &str) {
-        write_fake_module(
-            &self.p(&format!(
-                "/var/cache/tt-kmd/{KVER}/{version}/tenstorrent.ko"
-            )),
-            version,
-        )
-        .expect("cache module");
+        ttdrv_agent::fake::plant_cached(self.root(), KVER, version, version).expect("cache module");
     }
     fn loaded(&self) -> Option<String> {
         self.hr().loaded_version().expect("sysfs")

@@ -200,7 +200,11 @@ proptest! {
         let st = root.module_state().expect("readable").expect("loaded");
         let v = String::from_utf8_lossy(&version).trim().to_string();
         prop_assert_eq!(st.version, (!v.is_empty()).then_some(v));
-        let r = String::from_utf8_lossy(&refcnt).trim().parse::<u32>().unwrap_or(0);
+        // Fail closed: a refcnt that is no number reads as in use.
+        let r = String::from_utf8_lossy(&refcnt)
+            .trim()
+            .parse::<u32>()
+            .unwrap_or(ttdrv_agent::host::REFCNT_UNKNOWN);
         prop_assert_eq!(st.refcnt, r);
     }
 

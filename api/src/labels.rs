@@ -61,6 +61,10 @@ pub mod env {
     pub const NODE_NAME: &str = "NODE_NAME";
     pub const FORCE_UNLOAD: &str = "TT_FORCE_UNLOAD";
     pub const SOURCE_REPOSITORY: &str = "TT_KMD_SOURCE_REPOSITORY";
+    /// The commit the version's tag must name (a tag that moved is refused).
+    pub const SOURCE_COMMIT: &str = "TT_KMD_SOURCE_COMMIT";
+    /// Public keys one of which must have signed the version's tag.
+    pub const TAG_KEYS: &str = "TT_KMD_TAG_KEYS";
     pub const TT_SMI_VERSION: &str = "TT_SMI_VERSION";
     pub const HOST_ROOT: &str = "TTDRV_HOST_ROOT";
     /// Name of the policy whose DaemonSet runs the agent (its go-ahead must name it).

@@ -370,6 +370,17 @@ pub struct Installer {
         "message": "sourceRepository must be a git URL over https or ssh (https://host/path, ssh://[user@]host/path or user@host:path) without whitespace or control characters"
     }]))]
     pub source_repository: Option<String>,
+    /// The full git commit (40 or 64 hex digits) the version's tag
+    /// `ttkmd-<version>` must name; a tag that moved is refused before any
+    /// build. Empty means the chart's table (`driver.sourceCommits`), and
+    /// a version in neither is built unpinned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self == '' || self.matches('^[0-9a-fA-F]{40}([0-9a-fA-F]{24})?$')",
+        "message": "sourceCommit must be a full git commit: 40 or 64 hex digits"
+    }]))]
+    pub source_commit: Option<String>,
 }
 
 impl Default for Installer {
@@ -378,6 +389,7 @@ impl Default for Installer {
             image: None,
             image_pull_policy: PullPolicy::IfNotPresent,
             source_repository: None,
+            source_commit: None,
         }
     }
 }

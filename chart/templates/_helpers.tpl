@@ -182,3 +182,15 @@ Arguments: dict "ctx" $ "api" "<group/version/Kind>" "what" "<purpose>" "off" "<
 {{- define "ttdm.kubectl.image" -}}
 {{- include "ttdm.image" (dict "image" .Values.kubectl.image "appVersion" "latest") }}
 {{- end }}
+
+{{/*
+driver.sourceCommits ({"2.8.0": "<commit>"}) as the controller's
+VERSION=COMMIT,... list, sorted by version key.
+*/}}
+{{- define "ttdm.sourceCommits" -}}
+{{- $out := list }}
+{{- range $v, $c := . }}
+{{- $out = append $out (printf "%s=%s" $v $c) }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}

@@ -12,6 +12,7 @@
 //! | [`installer`] | what an installer pod's status says: unhealthy, or failed for good and why |
 //! | [`go_ahead`] | whether the agent may swap the loaded module now (the second key) |
 //! | [`rollout`] | which waiting nodes may start now under `maxUnavailable` |
+//! | [`trust`] | which installer images and source repositories a policy may name, and the commit a version is built from |
 
 pub mod drain;
 pub mod go_ahead;
@@ -21,3 +22,4 @@ pub mod node;
 pub mod reason;
 pub mod rollout;
 pub mod selection;
+pub mod trust;

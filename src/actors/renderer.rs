@@ -331,6 +331,8 @@ mod tests {
             service_account: None,
             eligibility: Default::default(),
             proxy_env: vec![],
+            source_commits: Default::default(),
+            tag_keys_configmap: None,
         };
         let (ours, _) = render_daemonset(&p, &rctx);
         assert!(made_by_us(&ours, "fleet"));

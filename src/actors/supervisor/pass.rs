@@ -435,6 +435,25 @@ impl ReconcilePass {
         if self.policy.spec.paused {
             return Ok((self.cached_hash(), None));
         }
+        // An image or repository outside the controller's allow-lists is
+        // never deployed: refused like an apply the API server refuses.
+        let installer = &self.policy.spec.installer;
+        if let Err(message) = ttdrv_core::trust::check(
+            installer.image.as_deref().filter(|i| !i.is_empty()),
+            installer
+                .source_repository
+                .as_deref()
+                .filter(|r| !r.is_empty()),
+            &self.ctx.config.allow_list(),
+        ) {
+            return Ok((
+                self.cached_hash(),
+                Some(Refused {
+                    message: crate::refusal::shorten(&message),
+                    attempted: false,
+                }),
+            ));
+        }
         if self.apply == Apply::Wait {
             let standing = self.refusal.as_ref().map(|r| Refused {
                 message: r.message.clone(),
