@@ -69,6 +69,10 @@ pub fn node_affinity(
         .map(|(k, op, values)| req(k, op, values))
         .collect();
     exprs.push(req(labels::CLAIM, "In", &[&name]));
+    if policy.spec.unmanage {
+        // Vacated nodes are left alone: their installer pod goes.
+        exprs.push(req(labels::UNMANAGED, "DoesNotExist", &[]));
+    }
     if let Some(sel) = policy.spec.selector() {
         for (k, v) in sel.match_labels.iter().flatten() {
             exprs.push(req(k, "In", &[v]));
@@ -166,6 +170,10 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
         // The go-ahead the agent waits for names the policy.
         env_var(env::POLICY, &name),
     ];
+    if spec.unmanage {
+        // The agent installs nothing, and unloads only with the go-ahead.
+        envs.push(env_var(env::UNMANAGE, "true"));
+    }
     // Empty means "the version baked into the installer image".
     if !ctx.tt_smi_version.is_empty() {
         envs.push(env_var(env::TT_SMI_VERSION, &ctx.tt_smi_version));

@@ -126,7 +126,11 @@ pub enum Unload {
 /// The unload decision, from the Node as the API server has it now.
 pub fn decide_unload(node: &Node, policy: &str) -> Unload {
     let name = node.metadata.name.as_deref().unwrap_or_default();
-    let wait = |why: String| Unload::Wait(format!("waiting for the controller's go-ahead to unload tt-kmd: {why}"));
+    let wait = |why: String| {
+        Unload::Wait(format!(
+            "waiting for the controller's go-ahead to unload tt-kmd: {why}"
+        ))
+    };
     let Some(raw) = node::annotation(node, labels::GO_AHEAD) else {
         return wait("none on the node yet (it comes after cordon and drain)".into());
     };
@@ -289,11 +293,41 @@ mod tests {
         let cases: Vec<(&str, Node)> = vec![
             ("no go-ahead", node(Some(&r), None)),
             ("a swap go-ahead", node(Some(&r), Some(&swap))),
-            ("stale cycle", node(Some(&r), Some(&GoAhead { cycle: 50, ..go.clone() }))),
-            ("copied", node(Some(&r), Some(&GoAhead { node: "n2".into(), ..go.clone() }))),
-            ("other policy", node(Some(&r), Some(&GoAhead { policy: "o".into(), ..go.clone() }))),
+            (
+                "stale cycle",
+                node(
+                    Some(&r),
+                    Some(&GoAhead {
+                        cycle: 50,
+                        ..go.clone()
+                    }),
+                ),
+            ),
+            (
+                "copied",
+                node(
+                    Some(&r),
+                    Some(&GoAhead {
+                        node: "n2".into(),
+                        ..go.clone()
+                    }),
+                ),
+            ),
+            (
+                "other policy",
+                node(
+                    Some(&r),
+                    Some(&GoAhead {
+                        policy: "o".into(),
+                        ..go.clone()
+                    }),
+                ),
+            ),
             ("no record", node(None, Some(&go))),
-            ("still Draining", node(Some(&record(NodeState::Draining, 100)), Some(&go))),
+            (
+                "still Draining",
+                node(Some(&record(NodeState::Draining, 100)), Some(&go)),
+            ),
         ];
         for (name, n) in cases {
             assert!(

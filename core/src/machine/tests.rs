@@ -922,7 +922,10 @@ fn a_cordon_of_someone_else_is_not_adopted() {
 fn vacate_properties(r: &NodeRecord, o: &Observation, w: &Desired, s: &Step, ctx: &str) {
     let vacates = s.commands.contains(&Command::Vacate);
     let enters = s.record.state == Unmanaged && r.state != Unmanaged;
-    assert!(!vacates || enters, "vacate only on entering Unmanaged: {ctx}");
+    assert!(
+        !vacates || enters,
+        "vacate only on entering Unmanaged: {ctx}"
+    );
     assert!(
         !enters || vacates || o.vacated,
         "entering Unmanaged vacates, unless vacated before (then nothing is written): {ctx}"
@@ -1004,10 +1007,18 @@ fn vacate_cycle_walks_pending_to_unmanaged() {
     );
     assert_eq!(s.record.state, Pending);
     assert!(s.commands.is_empty());
-    assert!(s.record.message.as_deref().is_some_and(|m| m.contains("vacate")));
+    assert!(
+        s.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("vacate"))
+    );
     // Slot: cordon and gates first, as an upgrade.
     let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &o, &w);
-    assert_eq!((s.record.state, s.commands.clone()), (Cordoning, vec![Cordon, CloseGates]));
+    assert_eq!(
+        (s.record.state, s.commands.clone()),
+        (Cordoning, vec![Cordon, CloseGates])
+    );
     assert!(s.record.occupies_slot());
     let cordoned = Observation {
         unschedulable: true,
@@ -1016,7 +1027,10 @@ fn vacate_cycle_walks_pending_to_unmanaged() {
         ..o.clone()
     };
     let s = step(&s.record, &cordoned, &w);
-    assert_eq!((s.record.state, s.commands.clone()), (Draining, vec![Evict]));
+    assert_eq!(
+        (s.record.state, s.commands.clone()),
+        (Draining, vec![Evict])
+    );
     // Drained: Unloading, the installer pod replaced.
     let s = step(&s.record, &cordoned, &w);
     assert_eq!(
@@ -1033,7 +1047,10 @@ fn vacate_cycle_walks_pending_to_unmanaged() {
         installer: InstallerPod::Current { ready: false },
         ..cordoned.clone()
     };
-    assert_eq!(step(&unloading, &new_pod_waiting, &w).record.state, Unloading);
+    assert_eq!(
+        step(&unloading, &new_pod_waiting, &w).record.state,
+        Unloading
+    );
     // The new installer unloaded: one patch undoes the cordon, the gates, and vacates.
     let unloaded = Observation {
         loaded: None,

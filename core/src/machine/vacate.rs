@@ -66,7 +66,13 @@ fn pending(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         return stay(&enter(rec, Unmanaged, reason::VACATED, None, now), vec![]);
     }
     if want.paused {
-        let r = enter(rec, Pending, reason::PAUSED, Some("policy is paused".into()), now);
+        let r = enter(
+            rec,
+            Pending,
+            reason::PAUSED,
+            Some("policy is paused".into()),
+            now,
+        );
         return stay(&r, vec![]);
     }
     let mut rec = rec.clone();
@@ -82,14 +88,23 @@ fn pending(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         obs.loaded.as_deref().unwrap_or("whatever is loaded")
     );
     if !obs.ready {
-        return wait(&rec, format!("waiting for the node to be Ready to {what}"), now);
+        return wait(
+            &rec,
+            format!("waiting for the node to be Ready to {what}"),
+            now,
+        );
     }
     if want.refused {
-        let why = "the cluster refuses this policy's installer DaemonSet (see its Degraded condition)";
+        let why =
+            "the cluster refuses this policy's installer DaemonSet (see its Degraded condition)";
         return wait(&rec, why.into(), now);
     }
     if !obs.slot {
-        return wait(&rec, format!("waiting for a maxUnavailable slot to {what}"), now);
+        return wait(
+            &rec,
+            format!("waiting for a maxUnavailable slot to {what}"),
+            now,
+        );
     }
     if want.drain_enabled {
         start_cordon(&rec, obs)
@@ -132,12 +147,14 @@ fn unloading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             "installer did not report tt-kmd unloaded within {}s (loaded: {}; installer pod: {}){}",
             want.upgrade_timeout_seconds,
             obs.loaded.as_deref().unwrap_or("none"),
-            obs.installer_problem.as_deref().unwrap_or(match obs.installer {
-                InstallerPod::Missing => "missing",
-                InstallerPod::Stale { .. } => "old template",
-                InstallerPod::Current { ready: true } => "ready",
-                InstallerPod::Current { ready: false } => "not ready",
-            }),
+            obs.installer_problem
+                .as_deref()
+                .unwrap_or(match obs.installer {
+                    InstallerPod::Missing => "missing",
+                    InstallerPod::Stale { .. } => "old template",
+                    InstallerPod::Current { ready: true } => "ready",
+                    InstallerPod::Current { ready: false } => "not ready",
+                }),
             retry_hint(&want.policy)
         );
         let why = if obs.ready {
@@ -175,11 +192,26 @@ pub(super) fn manage_again(rec: &NodeRecord, obs: &Observation, want: &Desired) 
     match rec.state {
         // Cordoned and drained: the cycle goes on as an upgrade.
         Unloading => Step {
-            record: enter(rec, NodeState::Upgrading, reason::REPLACE_INSTALLER, None, now),
+            record: enter(
+                rec,
+                NodeState::Upgrading,
+                reason::REPLACE_INSTALLER,
+                None,
+                now,
+            ),
             commands: vec![Command::DeleteInstallerPod],
         },
         // Still halted: the retry goes through Failed.
-        UnloadFailed => stay(&enter(rec, Failed, rec.reason.as_deref().unwrap_or(reason::UNLOAD_TIMEOUT), rec.message.clone(), now), vec![]),
+        UnloadFailed => stay(
+            &enter(
+                rec,
+                Failed,
+                rec.reason.as_deref().unwrap_or(reason::UNLOAD_TIMEOUT),
+                rec.message.clone(),
+                now,
+            ),
+            vec![],
+        ),
         _ => {
             let r = enter(rec, Pending, reason::RETARGET, None, now);
             super::step(
