@@ -155,7 +155,7 @@ enum Keyed {
 }
 
 impl Agent<'_> {
-    fn root(&self) -> HostRoot {
+    pub(crate) fn root(&self) -> HostRoot {
         HostRoot::new(&self.config.host_root)
     }
 
@@ -341,7 +341,7 @@ impl Agent<'_> {
         }
     }
 
-    fn note_waiting(&self, why: Option<&str>) {
+    pub(crate) fn note_waiting(&self, why: Option<&str>) {
         if let Some(path) = &self.config.status_file
             && let Err(e) = pod::set_waiting(path, why)
         {
@@ -350,13 +350,18 @@ impl Agent<'_> {
     }
 
     /// Labels the node with what the host runs now.
-    fn report_host(&self, root: &HostRoot, host_managed: bool, loaded: Option<&str>) -> Result<()> {
+    pub(crate) fn report_host(
+        &self,
+        root: &HostRoot,
+        host_managed: bool,
+        loaded: Option<&str>,
+    ) -> Result<()> {
         let changes = host_labels(host_managed, loaded, self.boot_id(root).as_deref());
         self.apply_labels(&changes)
     }
 
     /// The boot ID to label; None (label removed) when unreadable.
-    fn boot_id(&self, root: &HostRoot) -> Option<String> {
+    pub(crate) fn boot_id(&self, root: &HostRoot) -> Option<String> {
         match root.boot_id() {
             Ok(id) if valid_label_value(&id) => Some(id),
             Ok(id) => {
@@ -451,7 +456,7 @@ impl Agent<'_> {
 
     /// With force-unload, SIGKILLs every holder and waits (bounded) for refcnt
     /// 0; holders that show up meanwhile are killed too. Returns those killed.
-    fn make_unloadable(&self, root: &HostRoot) -> Result<Vec<Holder>> {
+    pub(crate) fn make_unloadable(&self, root: &HostRoot) -> Result<Vec<Holder>> {
         let deadline = Instant::now() + self.config.unload_timeout;
         let start = Instant::now();
         let mut killed: Vec<Holder> = Vec::new();
@@ -601,7 +606,7 @@ impl Agent<'_> {
         self.apply_labels(&changes)
     }
 
-    fn apply_labels(&self, changes: &LabelChanges) -> Result<()> {
+    pub(crate) fn apply_labels(&self, changes: &LabelChanges) -> Result<()> {
         self.node
             .label(changes)
             .map_err(|reason| AgentError::Label {
