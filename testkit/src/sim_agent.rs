@@ -364,7 +364,7 @@ async fn set_ready(pods_ns: &Api<Pod>, name: &str, pod: &Pod) -> anyhow::Result<
         "containerStatuses": containers,
     }});
     pods_ns
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await?;
     Ok(())
 }
