@@ -144,6 +144,7 @@ impl<'a> ObserveInput<'a> {
             installer_failure: installer.and_then(installer::failure),
             inherited_cordon,
             vacated: label(labels::UNMANAGED) == Some(policy_name),
+            nothing_loaded: node::reported_nothing_loaded(&node),
         };
         // A cordon of ours on a node still waiting in Pending (adopted from
         // the Go operator or another policy, or kept across a retry) puts it

@@ -202,6 +202,9 @@ pub struct Observation {
     /// that was cut short (the node moved to this policy): the cordon is ours
     /// to undo, not an admin's.
     pub inherited_cordon: bool,
+    /// The agent reported no module loaded at this boot
+    /// ([`crate::node::reported_nothing_loaded`]).
+    pub nothing_loaded: bool,
     /// The node carries this policy's `unmanaged` label: vacated earlier
     /// (`spec.unmanage`), left alone.
     pub vacated: bool,

@@ -325,6 +325,7 @@ fn observe_stored(mut obs: Observation, node: &Node, gates: &[String]) -> Observ
     obs.gates_present = gates.iter().any(|g| label(g).is_some());
     obs.loaded = ttdrv_core::node::loaded_version(node).map(String::from);
     obs.host_managed = ttdrv_core::node::host_managed(node);
+    obs.nothing_loaded = ttdrv_core::node::reported_nothing_loaded(node);
     obs
 }
 

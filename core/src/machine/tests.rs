@@ -35,6 +35,7 @@ fn obs() -> Observation {
         installer_failure: None,
         inherited_cordon: false,
         vacated: false,
+        nothing_loaded: false,
     }
 }
 
@@ -490,6 +491,7 @@ fn safety_properties_over_the_cross_product() {
                                     installer_failure: None,
                                     inherited_cordon: false,
                                     vacated: b(1) && b(3),
+                                    nothing_loaded: loaded.is_none() && b(5),
                                 };
                                 for (paused, drain_enabled, refused, unmanage) in [
                                     (false, true, false),
@@ -1249,4 +1251,29 @@ fn managing_again_resumes_from_the_vacate_states() {
         (s.record.state, s.commands),
         (Unloading, vec![Command::DeleteInstallerPod])
     );
+}
+
+#[test]
+fn a_node_the_agent_reported_empty_is_vacated_without_a_cycle() {
+    let o = Observation {
+        loaded: None,
+        nothing_loaded: true,
+        ..obs()
+    };
+    let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &o, &unmanage());
+    assert_eq!(
+        (s.record.state, s.commands),
+        (Unmanaged, vec![Command::OpenGates, Command::Vacate])
+    );
+    // Without the agent's report, a node without kmd-version is not assumed empty.
+    let unknown = Observation {
+        loaded: None,
+        ..obs()
+    };
+    let s = step(
+        &NodeRecord::new("fleet", "2.8.0", 900),
+        &unknown,
+        &unmanage(),
+    );
+    assert_eq!(s.record.state, Cordoning);
 }

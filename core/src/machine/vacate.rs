@@ -83,6 +83,10 @@ fn pending(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         // DKMS has it already: nothing to unload, no cordon.
         return vacated(&rec, reason::HOST_MANAGED, now);
     }
+    if obs.nothing_loaded && !obs.host_managed {
+        // The agent saw no module at this boot: nothing to unload, no cordon.
+        return vacated(&rec, reason::VACATED, now);
+    }
     let what = format!(
         "vacate for DKMS (unload {})",
         obs.loaded.as_deref().unwrap_or("whatever is loaded")

@@ -157,6 +157,7 @@ fn obs(loaded: &str) -> Observation {
         installer_failure: None,
         inherited_cordon: false,
         vacated: false,
+        nothing_loaded: false,
     }
 }
 
