@@ -233,10 +233,13 @@ async fn play_agent(
             continue;
         }
         if env_of(pod, labels::env::UNMANAGE).as_deref() == Some("true") {
-            let (done, r) = play_unload(client, config, pod, &node, restarts).await?;
+            let (progress, r) = play_unload(client, config, pod, &node, restarts).await?;
             restarts = r;
-            if done {
-                return set_ready(&pods_ns, &name, pod).await;
+            match progress {
+                Unload::Done => return set_ready(&pods_ns, &name, pod).await,
+                // As the real agent: reported once, then idle, never Ready.
+                Unload::StandDown => return Ok(()),
+                Unload::Wait => {}
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
@@ -395,17 +398,25 @@ async fn device_holder(all_pods: &Api<Pod>, node_name: &str) -> anyhow::Result<O
         }))
 }
 
+/// How far the unload-only installer got.
+enum Unload {
+    Wait,
+    Done,
+    /// A DKMS host: reported once, then nothing.
+    StandDown,
+}
+
 /// The installer of a `spec.unmanage` policy: a DKMS host is reported and
 /// left alone; otherwise it unloads only with the unload go-ahead, gives up
 /// (`DeviceBusy`, `UnloadError`) as the real agent does, and on success
-/// removes the driver labels. Returns whether it is done, and the restarts.
+/// removes the driver labels. Returns how far it got, and the restarts.
 async fn play_unload(
     client: &Client,
     config: &SimAgentConfig,
     pod: &Pod,
     node: &Node,
     mut restarts: i32,
-) -> anyhow::Result<(bool, i32)> {
+) -> anyhow::Result<(Unload, i32)> {
     let nodes: Api<Node> = Api::all(client.clone());
     let pods_ns: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
     let node_name = node.metadata.name.clone().unwrap_or_default();
@@ -419,7 +430,7 @@ async fn play_unload(
         nodes
             .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        return Ok((false, restarts));
+        return Ok((Unload::StandDown, restarts));
     }
     let policy = pod
         .metadata
@@ -430,7 +441,7 @@ async fn play_unload(
         .unwrap_or_default();
     if let go_ahead::Unload::Wait(why) = go_ahead::decide_unload(node, &policy) {
         tracing::debug!(node = node_name, why, "sim-agent waiting to unload");
-        return Ok((false, restarts));
+        return Ok((Unload::Wait, restarts));
     }
     let all_pods: Api<Pod> = Api::all(client.clone());
     let failure = if let Some(holder) = device_holder(&all_pods, &node_name).await? {
@@ -449,7 +460,7 @@ async fn play_unload(
     if let Some(msg) = failure {
         restarts += 1;
         set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
-        return Ok((false, restarts));
+        return Ok((Unload::Wait, restarts));
     }
     let patch = serde_json::json!({ "metadata": {
         "labels": {
@@ -463,9 +474,9 @@ async fn play_unload(
         .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => Ok((true, restarts)),
+        Ok(_) => Ok((Unload::Done, restarts)),
         // The Node changed since the decision: decide again.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok((false, restarts)),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok((Unload::Wait, restarts)),
         Err(e) => Err(e.into()),
     }
 }
