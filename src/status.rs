@@ -321,7 +321,7 @@ pub fn build(
         conditions,
         desired_version: Some(policy.spec.version.clone()),
         phase: Some(
-            if policy.spec.unmanage && summary.failed_nodes == 0 {
+            if policy.spec.unmanage && !paused && summary.failed_nodes == 0 {
                 phase::UNMANAGED
             } else {
                 phase_of(&summary, paused)

@@ -1,12 +1,15 @@
 //! `spec.unmanage` (the Go operator's): the installer of an unmanaged policy
-//! (env `TTDRV_UNMANAGE=true`) installs nothing. It reports what the host
-//! runs, stands down on a DKMS host, and otherwise waits for the controller's
-//! unload go-ahead ([`go_ahead::decide_unload`]: written once the node is
-//! cordoned and drained for this cycle), unloads the module under the same
-//! holder rules as a swap (`forceUnload`), removes the driver labels it wrote
-//! and becomes Ready (the readiness probe: nothing loaded, not waiting). The
-//! controller then vacates the node. Kept apart from the install sequence
-//! ([`crate::agent`]) so the two never mix.
+//! (env `TTDRV_UNMANAGE=true`) installs nothing and writes nothing before the
+//! controller's unload go-ahead ([`go_ahead::decide_unload`]: written once the
+//! node is cordoned and drained for this cycle). A report at start could land
+//! after the controller vacated the node (from labels it already had) and
+//! leave driver labels on a node that is never written to again. With the
+//! go-ahead: a DKMS host is reported as such and left alone; otherwise the
+//! module is unloaded under the same holder rules as a swap (`forceUnload`),
+//! the driver labels are removed and the pod becomes Ready (the readiness
+//! probe: nothing loaded, not waiting). The controller then vacates the node.
+//! Kept apart from the install sequence ([`crate::agent`]) so the two never
+//! mix.
 
 use std::path::Path;
 use std::time::Instant;
@@ -80,22 +83,20 @@ impl Agent<'_> {
     /// The whole unload sequence; idling afterwards is the caller's business.
     pub fn run_unload(&self) -> Result<Unloaded> {
         let root = self.root();
-        let signals = root.host_install_signals();
-        let state = root.module_state()?;
-        let loaded = state.as_ref().and_then(|s| s.version.clone());
-        step("report-host", || {
-            self.report_host(&root, !signals.is_empty(), loaded.as_deref())
-        })?;
-        if !signals.is_empty() {
-            tracing::info!(?signals, "host-managed tt-kmd install: nothing to unload");
-            return Ok(Unloaded::HostManaged);
-        }
         if let Some(waiting) = self.await_unload_go_ahead()? {
             return Ok(Unloaded::Stopped { waiting });
         }
-        let mut killed = vec![];
+        let signals = root.host_install_signals();
         let state = root.module_state()?;
         let previous = state.as_ref().and_then(|s| s.version.clone());
+        if !signals.is_empty() {
+            tracing::info!(?signals, "host-managed tt-kmd install: nothing to unload");
+            step("report-host", || {
+                self.report_host(&root, true, previous.as_deref())
+            })?;
+            return Ok(Unloaded::HostManaged);
+        }
+        let mut killed = vec![];
         if let Some(s) = &state {
             killed = step("make-unloadable", || self.make_unloadable(&root))?;
             step("unload", || {

@@ -406,8 +406,8 @@ enum Unload {
     StandDown,
 }
 
-/// The installer of a `spec.unmanage` policy: a DKMS host is reported and
-/// left alone; otherwise it unloads only with the unload go-ahead, gives up
+/// The installer of a `spec.unmanage` policy: nothing before the unload
+/// go-ahead; then a DKMS host is reported and left alone; otherwise it unloads, gives up
 /// (`DeviceBusy`, `UnloadError`) as the real agent does, and on success
 /// removes the driver labels. Returns how far it got, and the restarts.
 async fn play_unload(
@@ -422,16 +422,6 @@ async fn play_unload(
     let node_name = node.metadata.name.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ann = node.metadata.annotations.clone().unwrap_or_default();
-    if let Some(v) = ann.get(HOST_MANAGED_ANNOTATION) {
-        let patch = serde_json::json!({ "metadata": { "labels": {
-            labels::KMD_VERSION: v,
-            labels::INSTALL_MODE: labels::INSTALL_MODE_HOST,
-        } } });
-        nodes
-            .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        return Ok((Unload::StandDown, restarts));
-    }
     let policy = pod
         .metadata
         .labels
@@ -442,6 +432,17 @@ async fn play_unload(
     if let go_ahead::Unload::Wait(why) = go_ahead::decide_unload(node, &policy) {
         tracing::debug!(node = node_name, why, "sim-agent waiting to unload");
         return Ok((Unload::Wait, restarts));
+    }
+    // Nothing is written before the go-ahead (as the real agent).
+    if let Some(v) = ann.get(HOST_MANAGED_ANNOTATION) {
+        let patch = serde_json::json!({ "metadata": { "labels": {
+            labels::KMD_VERSION: v,
+            labels::INSTALL_MODE: labels::INSTALL_MODE_HOST,
+        } } });
+        nodes
+            .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        return Ok((Unload::StandDown, restarts));
     }
     let all_pods: Api<Pod> = Api::all(client.clone());
     let failure = if let Some(holder) = device_holder(&all_pods, &node_name).await? {
