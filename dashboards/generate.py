@@ -28,6 +28,10 @@ STATES = [
     ("Uncordoning", 5, "super-light-green"),
     ("Done", 6, "green"),
     ("Failed", 7, "red"),
+    # spec.unmanage: the vacate cycle.
+    ("Unloading", 8, "dark-orange"),
+    ("Unmanaged", 9, "text"),
+    ("UnloadFailed", 10, "dark-red"),
 ]
 STATE_COLOURS = {s: c for s, _, c in STATES} | {"HostManaged": "text"}
 
@@ -262,8 +266,8 @@ def rollout():
     ))
     P.append(panel(
         L, "stat", "Failed nodes", 3, 5,
-        targets(f'sum(ttdriver_policy_nodes{{{CR},state="Failed"}})', instant=True),
-        description="Nodes in state Failed. A Failed node stays cordoned and holds its rollout; "
+        targets(f'sum(ttdriver_policy_nodes{{{CR},state=~"Failed|UnloadFailed"}})', instant=True),
+        description="Nodes in state Failed or UnloadFailed. Such a node stays cordoned and holds its rollout; "
                     "see the runbook (TTDriverNodeFailed).",
         defaults={"color": {"mode": "thresholds"},
                   "thresholds": thresholds((None, "green"), (1, "red"))},
@@ -281,9 +285,9 @@ def rollout():
     ))
     P.append(panel(
         L, "stat", "Nodes in progress", 3, 5,
-        targets(f'sum(ttdriver_policy_nodes{{{CR},state=~"Cordoning|Draining|Upgrading|Uncordoning"}})',
+        targets(f'sum(ttdriver_policy_nodes{{{CR},state=~"Cordoning|Draining|Upgrading|Uncordoning|Unloading"}})',
                 instant=True),
-        description="Nodes in Cordoning, Draining, Upgrading or Uncordoning.",
+        description="Nodes in Cordoning, Draining, Upgrading, Uncordoning or Unloading.",
         options=stat_options(color_mode="none"),
         unit="short",
     ))

@@ -55,6 +55,7 @@ pub fn record_patch(
             Command::OpenGates => gates.iter().for_each(|g| {
                 labels_patch.insert(g.clone(), serde_json::Value::Null);
             }),
+            Command::Vacate => vacate(&mut patch, &mut labels_patch, &record.policy),
             Command::Evict | Command::DeleteInstallerPod => {}
         }
     }
@@ -64,11 +65,44 @@ pub fn record_patch(
     Ok(patch)
 }
 
-/// The go-ahead a record carries, if its state allows a module swap.
+/// The go-ahead a record carries, if its state allows a module swap (or,
+/// in a vacate cycle, an unload).
 pub fn go_ahead_for(node: &str, record: &NodeRecord) -> Option<GoAhead> {
-    (record.state == NodeState::Upgrading && !record.no_drain)
+    let swap = record.state == NodeState::Upgrading && !record.no_drain;
+    (swap || record.state == NodeState::Unloading)
         .then(|| GoAhead::for_cycle(node, record))
         .flatten()
+}
+
+/// The driver labels the agent writes, removed when a node is vacated.
+pub const DRIVER_LABELS: [&str; 4] = [
+    labels::KMD_VERSION,
+    labels::KMD_BOOT_ID,
+    labels::INSTALL_MODE,
+    labels::TT_SMI_VERSION,
+];
+
+/// The end of a vacate cycle: no record, no go-ahead, none of our driver
+/// labels; the `unmanaged` label keeps the node out of the policy's
+/// DaemonSet and tells a restarted controller to leave it alone. (The claim
+/// stays: no other policy's installer lands there while this one exists.)
+fn vacate(
+    patch: &mut serde_json::Value,
+    labels_patch: &mut serde_json::Map<String, serde_json::Value>,
+    policy: &str,
+) {
+    let ann = &mut patch["metadata"]["annotations"];
+    ann[labels::UPGRADE_STATE] = serde_json::Value::Null;
+    ann[labels::GO_AHEAD] = serde_json::Value::Null;
+    for l in DRIVER_LABELS {
+        labels_patch.insert(l.to_string(), serde_json::Value::Null);
+    }
+    labels_patch.insert(labels::UNMANAGED.to_string(), policy.into());
+}
+
+/// Removes `policy`'s `unmanaged` mark from a node it manages again.
+pub fn unmark_patch() -> serde_json::Value {
+    serde_json::json!({ "metadata": { "labels": { labels::UNMANAGED: null } } })
 }
 
 /// Claims a node for `policy`: the policy's DaemonSet requires the claim.
@@ -92,13 +126,17 @@ pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json:
     if let Some(rv) = &node.metadata.resource_version {
         patch["metadata"]["resourceVersion"] = rv.as_str().into();
     }
+    // Vacated by this policy: the mark goes with the policy.
+    if ttdrv_core::node::label(node, labels::UNMANAGED) == Some(policy) {
+        patch["metadata"]["labels"][labels::UNMANAGED] = serde_json::Value::Null;
+    }
     if let Some(rec) = persisted_record(node).filter(|r| r.policy == policy) {
         if rec.cordoned_by_us() {
             patch["spec"] = serde_json::json!({ "unschedulable": false });
             patch["metadata"]["annotations"][labels::GO_CORDONED_BY] = serde_json::Value::Null;
             patch["metadata"]["annotations"][labels::GO_CORDONED_AT] = serde_json::Value::Null;
         }
-        if rec.state.is_in_progress() || rec.state == NodeState::Failed {
+        if rec.state.is_in_progress() || rec.state.is_failed() {
             for g in gates {
                 patch["metadata"]["labels"][g] = serde_json::Value::Null;
             }
@@ -197,6 +235,59 @@ mod tests {
             !p["metadata"]["labels"]
                 .as_object()
                 .is_some_and(|l| l.contains_key(GATE))
+        );
+    }
+
+    #[test]
+    fn vacate_clears_what_we_wrote_and_marks_the_node() {
+        let gates = vec![GATE.to_string()];
+        let mut r = NodeRecord::new("fleet", "2.8.0", 1);
+        r.state = NodeState::Unloading;
+        r.started = Some(5);
+        let p = record_patch("n1", &r, &[], &gates).expect("patch");
+        let go: GoAhead = serde_json::from_str(
+            p["metadata"]["annotations"][labels::GO_AHEAD]
+                .as_str()
+                .expect("a go-ahead while Unloading"),
+        )
+        .expect("parses");
+        assert!(go.unload && go.cycle == 5);
+        r.state = NodeState::Unmanaged;
+        let p = record_patch(
+            "n1",
+            &r,
+            &[Command::Uncordon, Command::OpenGates, Command::Vacate],
+            &gates,
+        )
+        .expect("patch");
+        assert_eq!(p["spec"]["unschedulable"], false);
+        let ann = p["metadata"]["annotations"]
+            .as_object()
+            .expect("annotations");
+        for k in [labels::UPGRADE_STATE, labels::GO_AHEAD] {
+            assert!(ann.get(k).is_some_and(serde_json::Value::is_null), "{k}");
+        }
+        let l = p["metadata"]["labels"].as_object().expect("labels");
+        for k in DRIVER_LABELS.iter().chain([&GATE]) {
+            assert!(l.get(*k).is_some_and(serde_json::Value::is_null), "{k}");
+        }
+        assert_eq!(l.get(labels::UNMANAGED), Some(&"fleet".into()));
+        assert!(!l.contains_key(labels::CLAIM), "the claim stays");
+        // Deleting the policy releases the node and its mark.
+        let mut n = Node::default();
+        n.metadata.labels = Some([(labels::UNMANAGED.to_string(), "fleet".to_string())].into());
+        let p = release_patch(&n, "fleet", &gates);
+        assert!(p["metadata"]["labels"][labels::UNMANAGED].is_null());
+        assert!(
+            p["metadata"]["labels"]
+                .as_object()
+                .is_some_and(|l| l.contains_key(labels::UNMANAGED))
+        );
+        let p = release_patch(&n, "other", &gates);
+        assert!(
+            !p["metadata"]["labels"]
+                .as_object()
+                .is_some_and(|l| l.contains_key(labels::UNMANAGED))
         );
     }
 }

@@ -63,7 +63,7 @@ impl NodeView {
             in_progress: rec.is_some_and(NodeRecord::occupies_slot),
             ready: self.obs.ready,
             unavailable: self.externally_unavailable,
-            failed: state == NodeState::Failed,
+            failed: state.is_failed(),
             has_device_pods: self.has_device_pods,
         }
     }
@@ -98,7 +98,7 @@ impl<'a> ObserveInput<'a> {
         let inherited_cordon = on_node.as_ref().is_some_and(|r| {
             r.policy != policy_name
                 && r.cordoned_by_us()
-                && (r.state.is_in_progress() || r.state == NodeState::Failed)
+                && (r.state.is_in_progress() || r.state.is_failed())
         }) && node::unschedulable(&node)
             // The Go operator's cordon for this policy (it annotated whom it
             // cordoned for): ours now, undone when the node is Done.
@@ -143,6 +143,8 @@ impl<'a> ObserveInput<'a> {
             installer_problem: installer.and_then(installer::problem),
             installer_failure: installer.and_then(installer::failure),
             inherited_cordon,
+            vacated: label(labels::UNMANAGED) == Some(policy_name),
+            nothing_loaded: node::reported_nothing_loaded(&node),
         };
         // A cordon of ours on a node still waiting in Pending (adopted from
         // the Go operator or another policy, or kept across a retry) puts it

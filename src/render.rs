@@ -104,6 +104,10 @@ pub fn node_affinity(
         .map(|(k, op, values)| req(k, op, values))
         .collect();
     exprs.push(req(labels::CLAIM, "In", &[&name]));
+    if policy.spec.unmanage {
+        // Vacated nodes are left alone: their installer pod goes.
+        exprs.push(req(labels::UNMANAGED, "DoesNotExist", &[]));
+    }
     if let Some(sel) = policy.spec.selector() {
         for (k, v) in sel.match_labels.iter().flatten() {
             exprs.push(req(k, "In", &[v]));
@@ -213,6 +217,10 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
             env::TAG_KEYS,
             &format!("{TAG_KEYS_DIR}/{TAG_KEYS_FILE}"),
         ));
+    }
+    if spec.unmanage {
+        // The agent installs nothing, and unloads only with the go-ahead.
+        envs.push(env_var(env::UNMANAGE, "true"));
     }
     // Empty means "the version baked into the installer image".
     if !ctx.tt_smi_version.is_empty() {
@@ -704,5 +712,35 @@ mod tests {
         assert!(!lax.iter().any(|k| k == labels::TT_PCI_PRESENT));
         assert!(lax.iter().any(|k| k == labels::SKIP));
         assert!(lax.iter().any(|k| k == "pool"));
+    }
+
+    #[test]
+    fn an_unmanaged_policy_unloads_only_and_skips_vacated_nodes() {
+        let managed = policy("version: \"2.8.0\"\nnodeAffinity: {}\n");
+        let p = policy("version: \"2.8.0\"\nnodeAffinity: {}\nunmanage: true\n");
+        let has_unmanaged_rule = |p: &TenstorrentDriverPolicy| {
+            node_affinity(p, Default::default())
+                .required_during_scheduling_ignored_during_execution
+                .into_iter()
+                .flat_map(|s| s.node_selector_terms)
+                .flat_map(|t| t.match_expressions.unwrap_or_default())
+                .any(|r| r.key == labels::UNMANAGED && r.operator == "DoesNotExist")
+        };
+        assert!(has_unmanaged_rule(&p));
+        assert!(
+            !has_unmanaged_rule(&managed),
+            "a managed policy's template (and hash) is unchanged"
+        );
+        let env_of = |p: &TenstorrentDriverPolicy| {
+            let t = pod_template(p, &ctx());
+            t.spec
+                .into_iter()
+                .flat_map(|s| s.containers)
+                .flat_map(|c| c.env.unwrap_or_default())
+                .find(|e| e.name == env::UNMANAGE)
+                .and_then(|e| e.value)
+        };
+        assert_eq!(env_of(&p).as_deref(), Some("true"));
+        assert_eq!(env_of(&managed), None);
     }
 }

@@ -54,7 +54,9 @@ pub fn summarize(records: &HashMap<String, NodeRecord>) -> (Summary, Vec<String>
             NodeState::Done if host => summary.host_managed += 1,
             NodeState::Done => summary.done += 1,
             NodeState::Pending => summary.pending += 1,
-            NodeState::Failed => {
+            // Vacated: settled, as Done.
+            NodeState::Unmanaged => summary.done += 1,
+            NodeState::Failed | NodeState::UnloadFailed => {
                 summary.failed_nodes += 1;
                 failed.push(format!("{n}: {}", r.message.as_deref().unwrap_or("")));
             }
@@ -83,7 +85,8 @@ pub mod phase {
     pub const PROGRESSING: &str = "Progressing";
     pub const DEGRADED: &str = "Degraded";
     pub const PAUSED: &str = "Paused";
-    /// `spec.unmanage` (the Go operator's): the policy owns no node.
+    /// `spec.unmanage` (the Go operator's): the policy vacates its nodes
+    /// (Degraded instead while one is UnloadFailed).
     pub const UNMANAGED: &str = "Unmanaged";
 }
 
@@ -318,7 +321,7 @@ pub fn build(
         conditions,
         desired_version: Some(policy.spec.version.clone()),
         phase: Some(
-            if policy.spec.unmanage {
+            if policy.spec.unmanage && !paused && summary.failed_nodes == 0 {
                 phase::UNMANAGED
             } else {
                 phase_of(&summary, paused)

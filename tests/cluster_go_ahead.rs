@@ -871,6 +871,7 @@ async fn stale_or_copied_go_ahead_opens_nothing() {
         node: stale_node.clone(),
         target: "2.8.0".into(),
         cycle: old.started.unwrap_or(1),
+        unload: false,
     };
     let stale_raw = serde_json::to_string(&stale).expect("go-ahead");
     annotate(&env, stale_node, labels::GO_AHEAD, &stale_raw).await;

@@ -2,8 +2,9 @@
 //! policies with a status the Go operator wrote (or garbage), its installer
 //! DaemonSet `ttdrv-<cr>` (another, immutable selector), nodes it cordoned
 //! mid-upgrade (`cordoned-by`, gates at "false"), a node without `kmd-version`
-//! whose module is loaded all the same. Real control plane, the controller
-//! binary, the simulated agent.
+//! whose module is loaded all the same, and a policy with `unmanage: true`
+//! whose nodes the Go operator was vacating. Real control plane, the
+//! controller binary, the simulated agent.
 
 mod common;
 
@@ -16,7 +17,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
-use ttdrv_testkit::sim_agent::LOADED_ANNOTATION;
+use ttdrv_testkit::sim_agent::{HOST_MANAGED_ANNOTATION, LOADED_ANNOTATION};
 use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(120);
@@ -332,6 +333,32 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
         unlabelled.clone(),
         plain.clone(),
     ];
+    // A policy with `unmanage: true` the Go operator was vacating for DKMS:
+    // one node cordoned by Go for it (gates closed), one on DKMS already, one
+    // not reached yet.
+    let vacate_node = |suffix: &'static str, extra: &'static [(&'static str, &'static str)]| {
+        let env = &env;
+        async move {
+            let mut l = vec![("pool", "vacate")];
+            l.extend_from_slice(extra);
+            env.tt_node(suffix, &l)
+                .await
+                .metadata
+                .name
+                .unwrap_or_default()
+        }
+    };
+    let v_cordoned = vacate_node("v-cordoned", &[(labels::KMD_VERSION, "2.8.0")]).await;
+    let v_dkms = vacate_node(
+        "v-dkms",
+        &[
+            (labels::KMD_VERSION, "2.6.0"),
+            (labels::INSTALL_MODE, labels::INSTALL_MODE_HOST),
+        ],
+    )
+    .await;
+    let v_plain = vacate_node("v-plain", &[(labels::KMD_VERSION, "2.8.0")]).await;
+    let vacate_nodes = vec![v_cordoned.clone(), v_dkms.clone(), v_plain.clone()];
     let cr = env.name("fleet");
     let policy = create(
         &env,
@@ -342,6 +369,24 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
         ),
     )
     .await;
+    let vacate_cr = env.name("vacate");
+    create(
+        &env,
+        &vacate_cr,
+        &format!(
+            "version: \"2.8.0\"\nunmanage: true\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}, pool: vacate}}}}\nupgradePolicy: {{maxUnavailable: 1}}",
+            env.id
+        ),
+    )
+    .await;
+    go_cordon(&env, &v_cordoned, &vacate_cr).await;
+    let nodes_api: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let dkms =
+        serde_json::json!({ "metadata": { "annotations": { HOST_MANAGED_ANNOTATION: "2.6.0" } } });
+    nodes_api
+        .patch(&v_dkms, &PatchParams::default(), &Patch::Merge(&dkms))
+        .await
+        .expect("DKMS host");
     write_foreign_statuses(&env, &[(cr.as_str(), go_status(&all))]).await;
     for n in [&landed, &old, &unlabelled_cordoned, &marked] {
         go_cordon(&env, n, &cr).await;
@@ -361,7 +406,8 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
             .map_err(|e| e.to_string())?
             .items
             .len();
-        if n == all.len() {
+        // The Go DaemonSet selects every node of the test.
+        if n == all.len() + vacate_nodes.len() {
             Ok(())
         } else {
             Err(format!("{n} pods"))
@@ -463,6 +509,27 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
         );
     }
     readable_status(&env, &cr).await.expect("our status");
+    // The unmanaged policy's nodes are vacated and left alone; its DaemonSet goes.
+    for n in &vacate_nodes {
+        wait_node(&env, &vacate_cr, n, NodeState::Unmanaged, T).await;
+        wait_for(&format!("{n} vacated"), T, || async {
+            let node = env.get_node(n).await;
+            let ann = node.metadata.annotations.clone().unwrap_or_default();
+            if ann.contains_key(labels::GO_CORDONED_BY) {
+                return Err("the Go cordon mark is left".into());
+            }
+            vacated(&node, &vacate_cr)
+        })
+        .await;
+    }
+    let dss = Api::<DaemonSet>::namespaced(env.client.clone(), &ns);
+    wait_for("the unmanaged policy's DaemonSet deleted", T, || async {
+        match dss.get_opt(&format!("ttdrv-{vacate_cr}")).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|d| d.is_some()))),
+        }
+    })
+    .await;
     poll.abort();
     let reasons = reasons.lock().map(|r| r.clone()).unwrap_or_default();
     assert!(

@@ -155,7 +155,7 @@ enum Keyed {
 }
 
 impl Agent<'_> {
-    fn root(&self) -> HostRoot {
+    pub(crate) fn root(&self) -> HostRoot {
         HostRoot::new(&self.config.host_root)
     }
 
@@ -349,7 +349,7 @@ impl Agent<'_> {
         }
     }
 
-    fn note_waiting(&self, why: Option<&str>) {
+    pub(crate) fn note_waiting(&self, why: Option<&str>) {
         if let Some(path) = &self.config.status_file
             && let Err(e) = pod::set_waiting(path, why)
         {
@@ -358,13 +358,18 @@ impl Agent<'_> {
     }
 
     /// Labels the node with what the host runs now.
-    fn report_host(&self, root: &HostRoot, host_managed: bool, loaded: Option<&str>) -> Result<()> {
+    pub(crate) fn report_host(
+        &self,
+        root: &HostRoot,
+        host_managed: bool,
+        loaded: Option<&str>,
+    ) -> Result<()> {
         let changes = host_labels(host_managed, loaded, self.boot_id(root).as_deref());
         self.apply_labels(&changes)
     }
 
     /// The boot ID to label; None (label removed) when unreadable.
-    fn boot_id(&self, root: &HostRoot) -> Option<String> {
+    pub(crate) fn boot_id(&self, root: &HostRoot) -> Option<String> {
         match root.boot_id() {
             Ok(id) if valid_label_value(&id) => Some(id),
             Ok(id) => {
@@ -467,7 +472,7 @@ impl Agent<'_> {
 
     /// With force-unload, SIGKILLs every holder and waits (bounded) for refcnt
     /// 0; holders that show up meanwhile are killed too. Returns those killed.
-    fn make_unloadable(&self, root: &HostRoot) -> Result<Vec<Holder>> {
+    pub(crate) fn make_unloadable(&self, root: &HostRoot) -> Result<Vec<Holder>> {
         // checked: a huge timeout waits "forever" instead of panicking.
         let deadline = Instant::now().checked_add(self.config.unload_timeout);
         let start = Instant::now();
@@ -651,7 +656,7 @@ impl Agent<'_> {
         self.apply_labels(&changes)
     }
 
-    fn apply_labels(&self, changes: &LabelChanges) -> Result<()> {
+    pub(crate) fn apply_labels(&self, changes: &LabelChanges) -> Result<()> {
         self.node
             .label(changes)
             .map_err(|reason| AgentError::Label {

@@ -27,6 +27,7 @@
 //! - [`kbuild`]: linking the host's Debian kbuild trees for a build; uses `error`, `host`.
 //! - [`devices`]: the udev rule, device-node modes and the old /opt/tt venv; uses `host`, `hostfs`.
 //! - [`agent`]: the run sequence and its decisions (labels, the second key); uses all of the above.
+//! - [`unload`]: `spec.unmanage`: unload only, with the unload go-ahead; uses `agent`, `pod`.
 //! - [`status`]: the `status` subcommand's report; uses `agent`, `cache`, `holders`, `host`.
 //! - [`fake`]: fake kernel, builder and host for tests; uses `build`, `error`, `host`, `kernel`, `modinfo`.
 
@@ -46,6 +47,7 @@ pub mod modinfo;
 pub mod node;
 pub mod pod;
 pub mod status;
+pub mod unload;
 
 pub use agent::{Agent, Config, ModuleSource, Outcome};
 pub use error::{AgentError, Result, Rollback};

@@ -51,6 +51,9 @@ enum Command {
         /// Target tt-kmd version.
         #[arg(long = "version", env = env::TT_KMD_VERSION)]
         target: String,
+        /// The installer of a `spec.unmanage` policy: ready once nothing is loaded.
+        #[arg(long, env = env::UNMANAGE, action = clap::ArgAction::SetTrue, value_parser = parse_bool)]
+        unmanage: bool,
     },
     /// Print what the agent sees on this host as JSON.
     Status {
@@ -136,9 +139,29 @@ struct RunArgs {
     #[arg(long)]
     swap_without_go_ahead: bool,
 
+    /// The installer of a `spec.unmanage` policy: install nothing; unload
+    /// with the controller's unload go-ahead, remove the driver labels.
+    #[arg(long, env = env::UNMANAGE, action = clap::ArgAction::SetTrue,
+          value_parser = parse_bool)]
+    unmanage: bool,
+
     /// Exit after the sequence instead of idling until SIGTERM.
     #[arg(long)]
     once: bool,
+}
+
+/// Prints the probe's answer; exit 0 when ready.
+fn report(r: Result<String, String>) -> ExitCode {
+    match r {
+        Ok(msg) => {
+            println!("{msg}");
+            ExitCode::SUCCESS
+        }
+        Err(msg) => {
+            eprintln!("{msg}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// true/false, yes/no, 1/0, on/off (any case); empty is false.
@@ -171,16 +194,22 @@ fn main() -> ExitCode {
     let status_file = Some(cli.status_file.clone()).filter(|p| !p.as_os_str().is_empty());
     match cli.command {
         Command::Run(args) => run(&cli.host_root, status_file, *args),
-        Command::Ready { target } => match pod::readiness(&root, &target, status_file.as_deref()) {
-            Ok(msg) => {
-                println!("{msg}");
-                ExitCode::SUCCESS
+        Command::Ready { unmanage: true, .. } => report(ttdrv_agent::unload::readiness(
+            &root,
+            status_file.as_deref(),
+        )),
+        Command::Ready { target, .. } => {
+            match pod::readiness(&root, &target, status_file.as_deref()) {
+                Ok(msg) => {
+                    println!("{msg}");
+                    ExitCode::SUCCESS
+                }
+                Err(msg) => {
+                    eprintln!("{msg}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(msg) => {
-                eprintln!("{msg}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Status { target } => {
             let waiting = status_file.as_deref().and_then(pod::waiting);
             let s = status::collect(&root, target.as_deref(), waiting);
@@ -285,6 +314,9 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         node: node.as_ref(),
         pause: &signals,
     };
+    if args.unmanage {
+        return unload(&agent, &signals, &args, start);
+    }
     let result = agent.run();
     let duration_ms = start.elapsed().as_millis() as u64;
     match result {
@@ -302,6 +334,34 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
                 "summary: result=failed error={e}"
             );
             write_termination_message(&e, &args.termination_log);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The unload-only run of a `spec.unmanage` policy's installer.
+fn unload(agent: &Agent<'_>, signals: &Signals, args: &RunArgs, start: Instant) -> ExitCode {
+    let result = agent.run_unload();
+    let duration_ms = start.elapsed().as_millis() as u64;
+    match result {
+        Ok(outcome) => {
+            tracing::info!(duration_ms, "summary: {}", outcome.summary());
+            if !args.once && !matches!(outcome, ttdrv_agent::unload::Unloaded::Stopped { .. }) {
+                idle(signals);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(duration_ms, "summary: result=failed error={e}");
+            let path = &args.termination_log;
+            if !path.as_os_str().is_empty()
+                && let Err(err) = pod::write_termination_message(
+                    path,
+                    &ttdrv_agent::unload::termination_message(&e),
+                )
+            {
+                tracing::warn!(path = %path.display(), error = %err, "cannot write the termination message");
+            }
             ExitCode::FAILURE
         }
     }

@@ -47,6 +47,13 @@ pub const GO_CORDONED_BY: &str = "driver.tenstorrent.com/cordoned-by";
 /// Node annotation the Go operator set with [`GO_CORDONED_BY`] (RFC 3339).
 pub const GO_CORDONED_AT: &str = "driver.tenstorrent.com/cordoned-at";
 
+/// Node label naming the `spec.unmanage` policy that vacated the node: its
+/// module unloaded, our labels, record, cordon and gates gone. The node is
+/// left alone while it carries the label (the policy's DaemonSet excludes it,
+/// the controller writes nothing else to it); removed when the policy
+/// manages it again or is deleted.
+pub const UNMANAGED: &str = "driver.tenstorrent.com/unmanaged";
+
 /// Operator namespace used by the chart.
 pub const DEFAULT_NAMESPACE: &str = "tt-k8s-driver-manager-system";
 
@@ -69,6 +76,9 @@ pub mod env {
     pub const HOST_ROOT: &str = "TTDRV_HOST_ROOT";
     /// Name of the policy whose DaemonSet runs the agent (its go-ahead must name it).
     pub const POLICY: &str = "TTDRV_POLICY";
+    /// Set ("true") on the installer of a `spec.unmanage` policy: the agent
+    /// installs nothing and only unloads, with the controller's go-ahead.
+    pub const UNMANAGE: &str = "TTDRV_UNMANAGE";
 }
 
 /// Public tt-kmd repository, used when neither the CR nor the chart names a mirror.

@@ -565,10 +565,17 @@ pub enum NodeState {
     Uncordoning,
     Done,
     Failed,
+    /// `spec.unmanage`: the node is cordoned and drained, its installer
+    /// unloads the module.
+    Unloading,
+    /// `spec.unmanage`: vacated and left alone (DKMS or nothing from here on).
+    Unmanaged,
+    /// `spec.unmanage`: the vacate cycle failed; the policy's other nodes wait.
+    UnloadFailed,
 }
 
 impl NodeState {
-    pub const ALL: [NodeState; 7] = [
+    pub const ALL: [NodeState; 10] = [
         NodeState::Pending,
         NodeState::Cordoning,
         NodeState::Draining,
@@ -576,6 +583,9 @@ impl NodeState {
         NodeState::Uncordoning,
         NodeState::Done,
         NodeState::Failed,
+        NodeState::Unloading,
+        NodeState::Unmanaged,
+        NodeState::UnloadFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -587,7 +597,15 @@ impl NodeState {
             NodeState::Uncordoning => "Uncordoning",
             NodeState::Done => "Done",
             NodeState::Failed => "Failed",
+            NodeState::Unloading => "Unloading",
+            NodeState::Unmanaged => "Unmanaged",
+            NodeState::UnloadFailed => "UnloadFailed",
         }
+    }
+
+    /// A failed cycle: halts the policy's rollout until retried.
+    pub fn is_failed(self) -> bool {
+        matches!(self, NodeState::Failed | NodeState::UnloadFailed)
     }
 
     /// States in which the node is out of service because of us.
@@ -598,6 +616,7 @@ impl NodeState {
                 | NodeState::Draining
                 | NodeState::Upgrading
                 | NodeState::Uncordoning
+                | NodeState::Unloading
         )
     }
 }
@@ -746,7 +765,7 @@ mod tests {
             r#""garbage""#,
             r#"[1, 2, 3]"#,
             r#"{"summary": {"done": "many"}}"#,
-            r#"{"nodes": [{"name": "n1", "state": "Unmanaged"}]}"#,
+            r#"{"nodes": [{"name": "n1", "state": "Unwell"}]}"#,
         ] {
             let p: TenstorrentDriverPolicy =
                 serde_json::from_value(policy_with_status(status)).expect(status);

@@ -23,6 +23,10 @@ pub struct GoAhead {
     pub target: String,
     /// The cycle: when it started (the record's `started`, Unix seconds).
     pub cycle: i64,
+    /// The go-ahead of a vacate cycle (`spec.unmanage`): unload only, load
+    /// nothing. Absent on swap go-aheads, so older records read the same.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unload: bool,
 }
 
 impl GoAhead {
@@ -33,6 +37,7 @@ impl GoAhead {
             node: node.to_string(),
             target: record.target.clone(),
             cycle: record.started?,
+            unload: record.state == NodeState::Unloading,
         })
     }
 }
@@ -82,7 +87,7 @@ pub fn decide(
     let Ok(go) = serde_json::from_str::<GoAhead>(raw) else {
         return wait(format!("{} is not readable", labels::GO_AHEAD));
     };
-    if go.policy != policy || go.node != name || go.target != target {
+    if go.policy != policy || go.node != name || go.target != target || go.unload {
         return wait(format!(
             "the go-ahead is for policy {:?}, node {:?}, version {:?}",
             go.policy, go.node, go.target
@@ -107,6 +112,54 @@ pub fn decide(
         ));
     }
     Swap::GoAhead(go)
+}
+
+/// What the agent of a `spec.unmanage` policy may do: unload the module
+/// (whatever is loaded, or nothing) only with a go-ahead for this node's
+/// current Unloading cycle, written after cordon and drain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unload {
+    GoAhead(GoAhead),
+    Wait(String),
+}
+
+/// The unload decision, from the Node as the API server has it now.
+pub fn decide_unload(node: &Node, policy: &str) -> Unload {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let wait = |why: String| {
+        Unload::Wait(format!(
+            "waiting for the controller's go-ahead to unload tt-kmd: {why}"
+        ))
+    };
+    let Some(raw) = node::annotation(node, labels::GO_AHEAD) else {
+        return wait("none on the node yet (it comes after cordon and drain)".into());
+    };
+    let Ok(go) = serde_json::from_str::<GoAhead>(raw) else {
+        return wait(format!("{} is not readable", labels::GO_AHEAD));
+    };
+    if !go.unload || go.policy != policy || go.node != name {
+        return wait(format!(
+            "the go-ahead is for policy {:?}, node {:?}, unload {}",
+            go.policy, go.node, go.unload
+        ));
+    }
+    let rec = match node::record(node) {
+        Ok(Some(r)) => r,
+        Ok(None) => return wait("no record on the node".into()),
+        Err(e) => return wait(format!("unreadable record: {e}")),
+    };
+    let current = rec.policy == policy
+        && rec.state == NodeState::Unloading
+        && rec.started == Some(go.cycle)
+        && rec.target == go.target;
+    if !current {
+        return wait(format!(
+            "the go-ahead is not for the current cycle (record: {} {})",
+            rec.policy,
+            rec.state.as_str()
+        ));
+    }
+    Unload::GoAhead(go)
 }
 
 #[cfg(test)]
@@ -224,5 +277,66 @@ mod tests {
             .allowed(),
             "a cycle without drain never swaps a loaded module"
         );
+    }
+
+    #[test]
+    fn unload_needs_the_go_ahead_of_the_current_unloading_cycle() {
+        let r = record(NodeState::Unloading, 100);
+        let go = GoAhead::for_cycle("n1", &r).expect("cycle");
+        assert!(go.unload);
+        assert_eq!(
+            decide_unload(&node(Some(&r), Some(&go)), "fleet"),
+            Unload::GoAhead(go.clone())
+        );
+        let swap = GoAhead::for_cycle("n1", &record(NodeState::Upgrading, 100)).expect("cycle");
+        assert!(!swap.unload);
+        let cases: Vec<(&str, Node)> = vec![
+            ("no go-ahead", node(Some(&r), None)),
+            ("a swap go-ahead", node(Some(&r), Some(&swap))),
+            (
+                "stale cycle",
+                node(
+                    Some(&r),
+                    Some(&GoAhead {
+                        cycle: 50,
+                        ..go.clone()
+                    }),
+                ),
+            ),
+            (
+                "copied",
+                node(
+                    Some(&r),
+                    Some(&GoAhead {
+                        node: "n2".into(),
+                        ..go.clone()
+                    }),
+                ),
+            ),
+            (
+                "other policy",
+                node(
+                    Some(&r),
+                    Some(&GoAhead {
+                        policy: "o".into(),
+                        ..go.clone()
+                    }),
+                ),
+            ),
+            ("no record", node(None, Some(&go))),
+            (
+                "still Draining",
+                node(Some(&record(NodeState::Draining, 100)), Some(&go)),
+            ),
+        ];
+        for (name, n) in cases {
+            assert!(
+                matches!(decide_unload(&n, "fleet"), Unload::Wait(_)),
+                "{name}"
+            );
+        }
+        // An unload go-ahead never opens a swap.
+        let n = node(Some(&r), Some(&go));
+        assert!(!decide(&n, "fleet", "2.8.0", Some("2.7.0"), eq).allowed());
     }
 }

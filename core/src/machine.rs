@@ -202,6 +202,12 @@ pub struct Observation {
     /// that was cut short (the node moved to this policy): the cordon is ours
     /// to undo, not an admin's.
     pub inherited_cordon: bool,
+    /// The agent reported no module loaded at this boot
+    /// ([`crate::node::reported_nothing_loaded`]).
+    pub nothing_loaded: bool,
+    /// The node carries this policy's `unmanaged` label: vacated earlier
+    /// (`spec.unmanage`), left alone.
+    pub vacated: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -215,6 +221,9 @@ pub struct Desired {
     /// The cluster refuses the policy (its DaemonSet cannot be applied): no
     /// node starts a cycle, not even one without drain.
     pub refused: bool,
+    /// `spec.unmanage`: vacate the nodes for DKMS instead of installing
+    /// (see [`vacate`]).
+    pub unmanage: bool,
 }
 
 /// Side effects a transition asks for. Node patches (cordon, gates) are applied
@@ -227,6 +236,10 @@ pub enum Command {
     DeleteInstallerPod,
     Uncordon,
     OpenGates,
+    /// The vacate cycle ended: remove the record, the go-ahead and the driver
+    /// labels we wrote, and mark the node `unmanaged` for this policy (in the
+    /// same patch as the uncordon and the gates).
+    Vacate,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -277,6 +290,16 @@ fn stay(rec: &NodeRecord, commands: Vec<Command>) -> Step {
 /// deadline moved on by the time held; a node that is not Ready keeps its
 /// slot and says so in its reason.
 pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
+    let mut next = step_inner(rec, obs, want);
+    // A vacate cycle fails as UnloadFailed, whichever step failed: the
+    // policy's other nodes halt all the same, and the state says which cycle.
+    if want.unmanage && next.record.state == NodeState::Failed && rec.state != NodeState::Failed {
+        next.record.state = NodeState::UnloadFailed;
+    }
+    next
+}
+
+fn step_inner(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     let mut rec = rec.clone();
     if rec.state.is_in_progress() {
         if want.paused {
@@ -313,6 +336,7 @@ fn usual_reason(r: &NodeRecord) -> &'static str {
         NodeState::Draining => reason::DRAIN,
         NodeState::Upgrading if r.no_drain => reason::RESTART,
         NodeState::Upgrading => reason::REPLACE_INSTALLER,
+        NodeState::Unloading => reason::UNLOAD,
         _ => reason::UNCORDON,
     }
 }
@@ -333,6 +357,9 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     let module_ok = obs.loaded.as_deref() == Some(want.version.as_str());
     let up_to_date = module_ok && obs.installer == InstallerPod::Current { ready: true };
     let mut rec = rec.clone();
+    if let Some(s) = vacate::transition(&rec, obs, want) {
+        return s;
+    }
     // A new target restarts the cycle of settled nodes (a version change is the
     // operator's action; in-flight nodes simply continue towards the new target).
     if rec.target != want.version {
@@ -439,24 +466,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 return wait(&rec, why, now);
             }
             if want.drain_enabled {
-                let mut r = enter(&rec, Cordoning, reason::CORDON, None, now);
-                if r.cordon != Cordon::Ours {
-                    r.cordon = if obs.unschedulable && !obs.inherited_cordon {
-                        Cordon::Theirs
-                    } else {
-                        Cordon::Ours
-                    };
-                }
-                r.no_drain = false;
-                r.started = Some(now);
-                let mut cmds = vec![Command::CloseGates];
-                if r.cordoned_by_us() {
-                    cmds.insert(0, Command::Cordon);
-                }
-                Step {
-                    record: r,
-                    commands: cmds,
-                }
+                start_cordon(&rec, obs)
             } else {
                 let mut r = enter(&rec, Upgrading, reason::DRAIN_DISABLED, None, now);
                 r.no_drain = false;
@@ -519,6 +529,9 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             if drain.remaining.is_empty() {
                 if want.paused {
                     return stay(&rec, vec![]);
+                }
+                if want.unmanage {
+                    return vacate::start_unload(&rec, now);
                 }
                 return Step {
                     record: enter(&rec, Upgrading, reason::REPLACE_INSTALLER, None, now),
@@ -671,6 +684,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             }
             stay(&rec, vec![])
         }
+        Unloading | Unmanaged | UnloadFailed => vacate::manage_again(&rec, obs, want),
         Failed => {
             if obs.retry_token.is_some() && obs.retry_token != rec.retry_token {
                 let mut r = enter(&rec, Pending, reason::RETRY, None, now);
@@ -689,12 +703,37 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     }
 }
 
+/// Pending → Cordoning: the cycle starts (with its slot). A node someone
+/// else cordoned keeps their cordon, never ours to undo.
+fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
+    let mut r = enter(rec, NodeState::Cordoning, reason::CORDON, None, obs.now);
+    if r.cordon != Cordon::Ours {
+        r.cordon = if obs.unschedulable && !obs.inherited_cordon {
+            Cordon::Theirs
+        } else {
+            Cordon::Ours
+        };
+    }
+    r.no_drain = false;
+    r.started = Some(obs.now);
+    let mut cmds = vec![Command::CloseGates];
+    if r.cordoned_by_us() {
+        cmds.insert(0, Command::Cordon);
+    }
+    Step {
+        record: r,
+        commands: cmds,
+    }
+}
+
 fn retry_hint(policy: &str) -> String {
     format!(
         ". The node stays cordoned and the rollout of {policy} is halted; after fixing the cause, retry with \
          `kubectl tt driver retry {policy} <node>` or `kubectl annotate node <node> driver.tenstorrent.com/retry=$(date +%s) --overwrite`"
     )
 }
+
+mod vacate;
 
 #[cfg(test)]
 mod tests;

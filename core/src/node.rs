@@ -48,6 +48,15 @@ pub fn loaded_version(node: &Node) -> Option<&str> {
     label(node, labels::KMD_VERSION)
 }
 
+/// The agent reported nothing loaded at this boot: it labels the boot ID
+/// with every report, and no `kmd-version` with it means no module. (A node
+/// without the boot-ID label has no such report: not assumed empty.)
+pub fn reported_nothing_loaded(node: &Node) -> bool {
+    label(node, labels::KMD_BOOT_ID).is_some()
+        && !driver_labels_stale(node)
+        && label(node, labels::KMD_VERSION).is_none()
+}
+
 /// A DKMS install manages the module (`install-mode=host`), as of this boot.
 pub fn host_managed(node: &Node) -> bool {
     !driver_labels_stale(node)

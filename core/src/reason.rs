@@ -36,6 +36,15 @@ pub const RETRY: &str = "RetryRequested";
 /// Pending: the policy's version changed, or the node's module did.
 pub const RETARGET: &str = "TargetChanged";
 
+/// Unloading: drained; the installer is replaced to unload the module.
+pub const UNLOAD: &str = "Unload";
+/// Unmanaged: the module is unloaded and the node vacated.
+pub const VACATED: &str = "Vacated";
+/// UnloadFailed: the installer did not report the module unloaded in time.
+pub const UNLOAD_TIMEOUT: &str = "UnloadTimeout";
+/// UnloadFailed (the agent's word): the module could not be removed.
+pub const UNLOAD_ERROR: &str = "UnloadError";
+
 /// Failed: the installer image cannot be pulled (ImagePullBackOff and kin).
 pub const INSTALLER_IMAGE_PULL: &str = "InstallerImagePull";
 /// Failed: the installer container restarted 3 times or more without an
@@ -67,7 +76,7 @@ pub fn go_code(reason: &str) -> Option<&'static str> {
 
 /// Reasons the agent gives for giving up, as the first word of its
 /// container's termination message (`<Reason>: <what happened>`).
-pub const AGENT_FAILURES: &[&str] = &[DEVICE_BUSY, BUILD_FAILED, LOAD_FAILED];
+pub const AGENT_FAILURES: &[&str] = &[DEVICE_BUSY, BUILD_FAILED, LOAD_FAILED, UNLOAD_ERROR];
 
 /// The agent's reason and words from a termination message, if it starts
 /// with one of [`AGENT_FAILURES`].
@@ -93,6 +102,8 @@ pub const FAILURES: &[&str] = &[
     BUILD_FAILED,
     LOAD_FAILED,
     NODE_NOT_READY,
+    UNLOAD_TIMEOUT,
+    UNLOAD_ERROR,
 ];
 
 /// Every reason the state machine can write.
@@ -119,6 +130,10 @@ pub const ALL: &[&str] = &[
     BUILD_FAILED,
     LOAD_FAILED,
     NODE_NOT_READY,
+    UNLOAD,
+    VACATED,
+    UNLOAD_TIMEOUT,
+    UNLOAD_ERROR,
 ];
 
 #[cfg(test)]

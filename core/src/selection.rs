@@ -147,9 +147,9 @@ fn may_own(
     rules: Eligibility,
 ) -> bool {
     let name = policy.metadata.name.as_deref().unwrap_or_default();
-    // `spec.unmanage` (the Go operator's): its nodes are left to DKMS.
-    !policy.spec.unmanage
-        && rules.matches(policy, node)
+    // A `spec.unmanage` policy owns its nodes like any other: it vacates
+    // them (machine::vacate) and then leaves them alone.
+    rules.matches(policy, node)
         && (!refused.contains(name)
             || crate::node::record(node)
                 .ok()
@@ -467,7 +467,7 @@ mod eligibility_tests {
     }
 
     #[test]
-    fn an_unmanaged_policy_owns_no_node() {
+    fn an_unmanaged_policy_owns_its_nodes_to_vacate_them() {
         let spec: ttdrv_api::TenstorrentDriverPolicySpec =
             serde_yaml::from_str("version: \"2.8.0\"\nnodeAffinity: {}\nunmanage: true")
                 .expect("spec");
@@ -475,11 +475,12 @@ mod eligibility_tests {
         let p = TenstorrentDriverPolicy::new("vacate", spec);
         let n = node(&[(labels::TT_PCI_PRESENT, "true")]);
         let a = assign([&p], [&n], &Refused::new(), Eligibility::default());
-        assert_eq!(a.owner_of("n"), None);
-        assert_eq!(a.owned.get("vacate").map(Vec::len), Some(0));
+        assert_eq!(a.owner_of("n"), Some("vacate"));
         assert_eq!(
-            claim_of([&p], Some(&n), &Refused::new(), Eligibility::default()).owner,
-            None
+            claim_of([&p], Some(&n), &Refused::new(), Eligibility::default())
+                .owner
+                .as_deref(),
+            Some("vacate")
         );
     }
 }

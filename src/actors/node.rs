@@ -155,6 +155,7 @@ impl Handler<Observe> for NodeActor {
                             | Command::Uncordon
                             | Command::CloseGates
                             | Command::OpenGates
+                            | Command::Vacate
                     )
                 });
                 // Compare with the cache's copy only before this actor has written
@@ -174,6 +175,10 @@ impl Handler<Observe> for NodeActor {
                         .persisted
                         .as_ref()
                         .is_some_and(|p| p.state == NodeState::Done);
+                // A vacated node is left alone: its Unmanaged record follows
+                // from its `unmanaged` mark and is never written.
+                let derivable = derivable
+                    || (next.commands.is_empty() && next.record.state == NodeState::Unmanaged);
                 let mut written = None;
                 if (next.record != prev || node_cmds || unpersisted) && !derivable {
                     let patch = record_patch(&node, &next.record, &next.commands, &msg.gates)?;
@@ -320,6 +325,7 @@ fn observe_stored(mut obs: Observation, node: &Node, gates: &[String]) -> Observ
     obs.gates_present = gates.iter().any(|g| label(g).is_some());
     obs.loaded = ttdrv_core::node::loaded_version(node).map(String::from);
     obs.host_managed = ttdrv_core::node::host_managed(node);
+    obs.nothing_loaded = ttdrv_core::node::reported_nothing_loaded(node);
     obs
 }
 
@@ -382,8 +388,38 @@ async fn report_transition(
                 format!("node {node}: {}", next.message.as_deref().unwrap_or(reason)),
             );
         }
+        NodeState::Unloading | NodeState::Unmanaged | NodeState::UnloadFailed => {
+            report_vacate(ctx, policy, node, next);
+        }
         _ => {}
     }
+}
+
+/// Events and the failure count of the vacate cycle (`spec.unmanage`).
+fn report_vacate(ctx: &Context, policy: &TenstorrentDriverPolicy, node: &str, next: &NodeRecord) {
+    let cr = policy.metadata.name.clone().unwrap_or_default();
+    let reason = next.reason.as_deref().unwrap_or("Other");
+    let (warning, event, note) = match next.state {
+        NodeState::Unloading => (
+            false,
+            "NodeUnloading",
+            format!("node {node}: drained; the installer unloads tt-kmd"),
+        ),
+        NodeState::Unmanaged => (
+            false,
+            "NodeUnmanaged",
+            format!("node {node}: vacated ({reason}); left alone from now on"),
+        ),
+        _ => {
+            ctx.metrics.inc_failure(&cr, reason);
+            (
+                true,
+                "NodeUnloadFailed",
+                format!("node {node}: {}", next.message.as_deref().unwrap_or(reason)),
+            )
+        }
+    };
+    ctx.event(policy, warning, event, "Unmanage", note);
 }
 
 #[cfg(test)]

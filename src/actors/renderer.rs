@@ -38,6 +38,9 @@ impl Actor for DaemonSetRenderer {
 #[rtype(result = "Result<String>")]
 pub struct Ensure {
     pub policy: Arc<TenstorrentDriverPolicy>,
+    /// `spec.unmanage` with every node vacated: delete the DaemonSet (ours
+    /// only) instead; the hash returned is empty.
+    pub retire: bool,
 }
 
 impl Handler<Ensure> for DaemonSetRenderer {
@@ -46,6 +49,10 @@ impl Handler<Ensure> for DaemonSetRenderer {
     fn handle(&mut self, msg: Ensure, _: &mut Self::Context) -> Self::Result {
         let ctx = self.ctx.clone();
         Box::pin(async move {
+            if msg.retire {
+                retire(&ctx, &msg.policy).await?;
+                return Ok(String::new());
+            }
             let (ds, hash) = render_daemonset(&msg.policy, &ctx.render_context());
             let name = daemonset_name(msg.policy.metadata.name.as_deref().unwrap_or_default());
             let existing = ctx
@@ -109,6 +116,49 @@ impl Handler<Ensure> for DaemonSetRenderer {
             );
             Ok(hash)
         })
+    }
+}
+
+/// Deletes the DaemonSet of an unmanaged policy whose nodes are all vacated
+/// (it has no pod left: its affinity excludes them). Only one we made.
+async fn retire(ctx: &Context, policy: &TenstorrentDriverPolicy) -> Result<()> {
+    let cr = policy.metadata.name.as_deref().unwrap_or_default();
+    let name = daemonset_name(cr);
+    let existing = ctx
+        .stores
+        .daemonsets
+        .get(&ObjectRef::new(&name).within(&ctx.config.namespace));
+    let Some(ds) = existing.filter(|d| made_by_us(d, cr)) else {
+        return Ok(());
+    };
+    let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    let dp = DeleteParams {
+        preconditions: ds.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let deleted = api.delete(&name, &dp).await;
+    ctx.metrics
+        .inc_daemonset_operation(cr, "delete", deleted.is_ok());
+    match deleted {
+        Ok(_) => {
+            tracing::info!(
+                daemonset = name,
+                "every node vacated: installer DaemonSet deleted"
+            );
+            ctx.event(
+                policy,
+                false,
+                "DaemonSetDeleted",
+                "Unmanage",
+                format!("every node vacated: installer DaemonSet {name} deleted"),
+            );
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(format!("deleting DaemonSet {name}"))(e)),
     }
 }
 

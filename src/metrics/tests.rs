@@ -358,8 +358,11 @@ fn legacy_metric_names_and_labels() {
             assert_eq!(&got, labels, "{name}");
         }
     }
-    // Every state, missing ones as 0, plus HostManaged.
-    assert_eq!(select(&s, "ttdriver_policy_nodes", &[("cr", "p")]).len(), 8);
+    // Every state (the vacate ones too), missing ones as 0, plus HostManaged.
+    assert_eq!(
+        select(&s, "ttdriver_policy_nodes", &[("cr", "p")]).len(),
+        NodeState::ALL.len() + 1
+    );
     assert_eq!(
         value(
             &s,

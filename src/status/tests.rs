@@ -342,6 +342,44 @@ fn phase_from_the_summary() {
     p.spec.unmanage = true;
     let st = status_of(&p, &HashMap::new(), &HashSet::new(), &[], None, 100);
     assert_eq!(st.phase.as_deref(), Some("Unmanaged"));
+    // Vacated nodes are settled; an UnloadFailed one degrades the policy.
+    let vacated = records(&[
+        ("a", rec(NodeState::Unmanaged, Some(reason::VACATED), None)),
+        (
+            "b",
+            rec(NodeState::Unmanaged, Some(reason::HOST_MANAGED), None),
+        ),
+    ]);
+    let st = status_of(&p, &vacated, &HashSet::new(), &[], None, 100);
+    assert_eq!(st.phase.as_deref(), Some("Unmanaged"));
+    assert_eq!((st.summary.done, st.summary.failed_nodes), (2, 0));
+    let failed = records(&[
+        ("a", rec(NodeState::Unmanaged, Some(reason::VACATED), None)),
+        (
+            "b",
+            rec(
+                NodeState::UnloadFailed,
+                Some(reason::DEVICE_BUSY),
+                Some("pid 42"),
+            ),
+        ),
+        ("c", rec(NodeState::Unloading, Some(reason::UNLOAD), None)),
+    ]);
+    let st = status_of(&p, &failed, &HashSet::new(), &[], None, 100);
+    assert_eq!(st.phase.as_deref(), Some("Degraded"));
+    assert_eq!(
+        (st.summary.failed_nodes, st.summary.in_progress),
+        (1, 1),
+        "{:?}",
+        st.summary
+    );
+    let degraded = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .expect("Degraded");
+    assert_eq!(degraded.status, "True");
+    assert!(degraded.message.contains("pid 42"), "{}", degraded.message);
 }
 
 #[test]

@@ -17,6 +17,14 @@
 //!   while its pod was NotReady): the agent reports it honestly at start and
 //!   then needs the go-ahead to swap it, as for a labelled one.
 //!
+//! - `sim.ttdrv.io/unload-fail: "true"`: an unload (`spec.unmanage`) fails
+//!   with an `UnloadError` termination message.
+//!
+//! The installer of a `spec.unmanage` policy (env `TTDRV_UNMANAGE=true`)
+//! installs nothing: with the controller's unload go-ahead
+//! ([`ttdrv_core::go_ahead::decide_unload`]) and no pod holding the device it
+//! removes the node's driver labels and becomes Ready.
+//!
 //! Like the real agent it swaps a loaded module only with the controller's
 //! go-ahead ([`ttdrv_core::go_ahead::decide`], the real agent's decision), and
 //! when a pod still holds the device it gives up with a `DeviceBusy`
@@ -41,6 +49,8 @@ pub const FAIL_ANNOTATION: &str = "sim.ttdrv.io/fail";
 pub const CRASH_ANNOTATION: &str = "sim.ttdrv.io/crash";
 /// A module of this version is loaded, whatever the node's labels say.
 pub const LOADED_ANNOTATION: &str = "sim.ttdrv.io/loaded";
+/// Unloading fails (`spec.unmanage`).
+pub const UNLOAD_FAIL_ANNOTATION: &str = "sim.ttdrv.io/unload-fail";
 /// An installer image whose name contains this is never pulled.
 pub const UNPULLABLE: &str = "unpullable";
 pub const SIM_TT_SMI_VERSION: &str = "3.0.0-sim";
@@ -117,15 +127,19 @@ pub async fn run(client: Client, config: SimAgentConfig) {
     }
 }
 
-fn target_version(pod: &Pod) -> Option<String> {
+fn env_of(pod: &Pod, name: &str) -> Option<String> {
     pod.spec.as_ref()?.containers.iter().find_map(|c| {
         c.env
             .as_ref()?
             .iter()
-            .find(|e| e.name == labels::env::TT_KMD_VERSION)?
+            .find(|e| e.name == name)?
             .value
             .clone()
     })
+}
+
+fn target_version(pod: &Pod) -> Option<String> {
+    env_of(pod, labels::env::TT_KMD_VERSION)
 }
 
 fn pod_image(pod: &Pod) -> Option<String> {
@@ -218,6 +232,18 @@ async fn play_agent(
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
+        if env_of(pod, labels::env::UNMANAGE).as_deref() == Some("true") {
+            let (progress, r) = play_unload(client, config, pod, &node, restarts).await?;
+            restarts = r;
+            match progress {
+                Unload::Done => return set_ready(&pods_ns, &name, pod).await,
+                // As the real agent: reported once, then idle, never Ready.
+                Unload::StandDown => return Ok(()),
+                Unload::Wait => {}
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
         let (mode, version) = match ann.get(HOST_MANAGED_ANNOTATION) {
             Some(v) => (labels::INSTALL_MODE_HOST, v.clone()),
             None => (labels::INSTALL_MODE_CONTAINER, target.clone()),
@@ -275,29 +301,7 @@ async fn play_agent(
             }
             // Refuse while any pod on the node still holds the device, as the
             // real agent does: it gives up and says why.
-            let lp = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
-            let busy = all_pods
-                .list(&lp)
-                .await?
-                .items
-                .iter()
-                .find(|p| {
-                    p.metadata.deletion_timestamp.is_none()
-                        && !p
-                            .metadata
-                            .labels
-                            .as_ref()
-                            .is_some_and(|l| l.contains_key(labels::CLAIM))
-                        && uses_device(p)
-                })
-                .map(|p| {
-                    format!(
-                        "{}/{}",
-                        p.metadata.namespace.as_deref().unwrap_or(""),
-                        p.metadata.name.as_deref().unwrap_or("")
-                    )
-                });
-            if let Some(holder) = busy {
+            if let Some(holder) = device_holder(&all_pods, node_name).await? {
                 restarts += 1;
                 let msg = reason::termination_message(
                     reason::DEVICE_BUSY,
@@ -333,32 +337,147 @@ async fn play_agent(
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(e) => return Err(e.into()),
         }
-        let now = k8s_openapi::jiff::Timestamp::now()
-            .round(k8s_openapi::jiff::Unit::Second)?
-            .to_string();
-        let containers: Vec<_> = pod
-            .spec
-            .iter()
-            .flat_map(|s| s.containers.iter())
-            .map(|c| {
-                serde_json::json!({
-                    "name": c.name, "image": c.image.clone().unwrap_or_default(), "imageID": "",
-                    "ready": true, "started": true, "restartCount": 0,
-                    "state": { "running": { "startedAt": now } }
-                })
+        return set_ready(&pods_ns, &name, pod).await;
+    }
+}
+
+/// Plays the kubelet once the agent is done: the pod is Ready.
+async fn set_ready(pods_ns: &Api<Pod>, name: &str, pod: &Pod) -> anyhow::Result<()> {
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)?
+        .to_string();
+    let containers: Vec<_> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| {
+            serde_json::json!({
+                "name": c.name, "image": c.image.clone().unwrap_or_default(), "imageID": "",
+                "ready": true, "started": true, "restartCount": 0,
+                "state": { "running": { "startedAt": now } }
             })
-            .collect();
-        let cond =
-            |t: &str| serde_json::json!({ "type": t, "status": "True", "lastTransitionTime": now });
-        let status = serde_json::json!({ "status": {
-            "phase": "Running",
-            "startTime": now,
-            "conditions": [cond("PodScheduled"), cond("Initialized"), cond("ContainersReady"), cond("Ready")],
-            "containerStatuses": containers,
-        }});
-        pods_ns
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        })
+        .collect();
+    let cond =
+        |t: &str| serde_json::json!({ "type": t, "status": "True", "lastTransitionTime": now });
+    let status = serde_json::json!({ "status": {
+        "phase": "Running",
+        "startTime": now,
+        "conditions": [cond("PodScheduled"), cond("Initialized"), cond("ContainersReady"), cond("Ready")],
+        "containerStatuses": containers,
+    }});
+    pods_ns
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+/// A pod on the node, not an installer, that holds the device.
+async fn device_holder(all_pods: &Api<Pod>, node_name: &str) -> anyhow::Result<Option<String>> {
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
+    Ok(all_pods
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .find(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && !p
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(labels::CLAIM))
+                && uses_device(p)
+        })
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p.metadata.namespace.as_deref().unwrap_or(""),
+                p.metadata.name.as_deref().unwrap_or("")
+            )
+        }))
+}
+
+/// How far the unload-only installer got.
+enum Unload {
+    Wait,
+    Done,
+    /// A DKMS host: reported once, then nothing.
+    StandDown,
+}
+
+/// The installer of a `spec.unmanage` policy: nothing before the unload
+/// go-ahead; then a DKMS host is reported and left alone; otherwise it unloads, gives up
+/// (`DeviceBusy`, `UnloadError`) as the real agent does, and on success
+/// removes the driver labels. Returns how far it got, and the restarts.
+async fn play_unload(
+    client: &Client,
+    config: &SimAgentConfig,
+    pod: &Pod,
+    node: &Node,
+    mut restarts: i32,
+) -> anyhow::Result<(Unload, i32)> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods_ns: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
+    let node_name = node.metadata.name.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let ann = node.metadata.annotations.clone().unwrap_or_default();
+    let policy = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::CLAIM))
+        .cloned()
+        .unwrap_or_default();
+    if let go_ahead::Unload::Wait(why) = go_ahead::decide_unload(node, &policy) {
+        tracing::debug!(node = node_name, why, "sim-agent waiting to unload");
+        return Ok((Unload::Wait, restarts));
+    }
+    // Nothing is written before the go-ahead (as the real agent).
+    if let Some(v) = ann.get(HOST_MANAGED_ANNOTATION) {
+        let patch = serde_json::json!({ "metadata": { "labels": {
+            labels::KMD_VERSION: v,
+            labels::INSTALL_MODE: labels::INSTALL_MODE_HOST,
+        } } });
+        nodes
+            .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        return Ok(());
+        return Ok((Unload::StandDown, restarts));
+    }
+    let all_pods: Api<Pod> = Api::all(client.clone());
+    let failure = if let Some(holder) = device_holder(&all_pods, &node_name).await? {
+        Some(reason::termination_message(
+            reason::DEVICE_BUSY,
+            &format!("pid 4242 (sim) in pod {holder} holds /dev/tenstorrent/0"),
+        ))
+    } else if ann.get(UNLOAD_FAIL_ANNOTATION).map(String::as_str) == Some("true") {
+        Some(reason::termination_message(
+            reason::UNLOAD_ERROR,
+            "rmmod tenstorrent: Operation not permitted (simulated)",
+        ))
+    } else {
+        None
+    };
+    if let Some(msg) = failure {
+        restarts += 1;
+        set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
+        return Ok((Unload::Wait, restarts));
+    }
+    let patch = serde_json::json!({ "metadata": {
+        "labels": {
+            labels::KMD_VERSION: null,
+            labels::INSTALL_MODE: null,
+            labels::TT_SMI_VERSION: null,
+        },
+        "resourceVersion": node.metadata.resource_version,
+    } });
+    match nodes
+        .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok((Unload::Done, restarts)),
+        // The Node changed since the decision: decide again.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok((Unload::Wait, restarts)),
+        Err(e) => Err(e.into()),
     }
 }

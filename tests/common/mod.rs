@@ -383,3 +383,39 @@ impl Drop for SafetyWatcher {
         self.task.abort();
     }
 }
+
+/// What a vacated node must look like, or why it does not.
+pub fn vacated(node: &Node, policy: &str) -> Result<(), String> {
+    let l = node.metadata.labels.clone().unwrap_or_default();
+    let a = node.metadata.annotations.clone().unwrap_or_default();
+    let mut wrong = vec![];
+    for k in [
+        labels::KMD_VERSION,
+        labels::INSTALL_MODE,
+        labels::TT_SMI_VERSION,
+        labels::KMD_BOOT_ID,
+    ] {
+        if l.contains_key(k) {
+            wrong.push(format!("label {k} left"));
+        }
+    }
+    if l.get(labels::UNMANAGED).map(String::as_str) != Some(policy) {
+        wrong.push(format!("unmanaged label: {:?}", l.get(labels::UNMANAGED)));
+    }
+    if !gate_labels(node).is_empty() {
+        wrong.push(format!("gates left: {:?}", gate_labels(node)));
+    }
+    for k in [labels::UPGRADE_STATE, labels::GO_AHEAD] {
+        if a.contains_key(k) {
+            wrong.push(format!("annotation {k} left"));
+        }
+    }
+    if unschedulable(node) {
+        wrong.push("still cordoned".into());
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}

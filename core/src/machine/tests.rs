@@ -14,6 +14,7 @@ fn want() -> Desired {
         upgrade_timeout_seconds: 900,
         paused: false,
         refused: false,
+        unmanage: false,
     }
 }
 
@@ -33,6 +34,8 @@ fn obs() -> Observation {
         installer_problem: None,
         installer_failure: None,
         inherited_cordon: false,
+        vacated: false,
+        nothing_loaded: false,
     }
 }
 
@@ -487,19 +490,25 @@ fn safety_properties_over_the_cross_product() {
                                     installer_problem: None,
                                     installer_failure: None,
                                     inherited_cordon: false,
+                                    vacated: b(1) && b(3),
+                                    nothing_loaded: loaded.is_none() && b(5),
                                 };
-                                for (paused, drain_enabled, refused) in [
+                                for (paused, drain_enabled, refused, unmanage) in [
                                     (false, true, false),
                                     (true, true, false),
                                     (false, false, false),
                                     (true, false, false),
                                     (false, true, true),
                                     (false, false, true),
-                                ] {
+                                ]
+                                .into_iter()
+                                .flat_map(|(p, d, r)| [(p, d, r, false), (p, d, r, true)])
+                                {
                                     let w = Desired {
                                         paused,
                                         drain_enabled,
                                         refused,
+                                        unmanage,
                                         ..want()
                                     };
                                     let s = step(&r, &o, &w);
@@ -585,10 +594,12 @@ fn safety_properties_over_the_cross_product() {
                                         && drain_enabled
                                     {
                                         assert!(
-                                            r.state == Draining && o.unschedulable,
-                                            "a drained cycle reaches Upgrading only from Draining: {ctx}"
+                                            (r.state == Draining && o.unschedulable)
+                                                || (r.state == Unloading && !unmanage),
+                                            "a drained cycle reaches Upgrading only from Draining (or from Unloading when the policy manages again): {ctx}"
                                         );
                                     }
+                                    vacate_properties(&r, &o, &w, &s, &ctx);
                                     if refused && r.state == Pending {
                                         assert!(
                                             !matches!(
@@ -907,4 +918,362 @@ fn a_cordon_of_someone_else_is_not_adopted() {
     let s = step(&r, &o, &want());
     assert_eq!(s.record.state, Done);
     assert!(s.commands.is_empty());
+}
+
+/// The vacate cycle's rules, checked on every step of the cross product.
+fn vacate_properties(r: &NodeRecord, o: &Observation, w: &Desired, s: &Step, ctx: &str) {
+    let vacates = s.commands.contains(&Command::Vacate);
+    let enters = s.record.state == Unmanaged && r.state != Unmanaged;
+    assert!(
+        !vacates || enters,
+        "vacate only on entering Unmanaged: {ctx}"
+    );
+    assert!(
+        !enters || vacates || o.vacated,
+        "entering Unmanaged vacates, unless vacated before (then nothing is written): {ctx}"
+    );
+    if !w.unmanage {
+        assert!(
+            !matches!(s.record.state, Unloading | Unmanaged | UnloadFailed)
+                || (w.paused && s.record.state == r.state),
+            "only an unmanaged policy unloads (a paused one holds a node where it is): {ctx}"
+        );
+        return;
+    }
+    assert!(
+        !(s.record.state == Failed && r.state != Failed),
+        "a vacate cycle fails as UnloadFailed: {ctx}"
+    );
+    if r.state == Unmanaged {
+        assert!(
+            s.commands.is_empty() && s.record.state == Unmanaged,
+            "an Unmanaged node is left alone: {ctx}"
+        );
+    }
+    if s.record.state == Unloading && r.state != Unloading {
+        assert!(
+            matches!(r.state, Pending | Draining | Upgrading),
+            "Unloading follows the drain, an interrupted upgrade, or a start without drain: {ctx}"
+        );
+        if r.state == Pending {
+            assert!(
+                o.slot && !w.drain_enabled && o.ready && !w.paused && !w.refused,
+                "an unload without drain starts only with a slot: {ctx}"
+            );
+        }
+        if r.state == Draining {
+            assert!(o.unschedulable, "unload only a cordoned node: {ctx}");
+        }
+    }
+    if r.state == Pending && o.host_managed && !r.cordoned_by_us() && !o.inherited_cordon {
+        assert!(
+            !s.commands.iter().any(|c| matches!(
+                c,
+                Command::Cordon | Command::DeleteInstallerPod | Command::Evict
+            )),
+            "a host-managed node is never cordoned, drained or unloaded: {ctx}"
+        );
+    }
+    if s.commands.contains(&Command::Vacate) && r.cordon == Cordon::Theirs {
+        assert!(
+            !s.commands.contains(&Command::Uncordon),
+            "the vacate keeps someone else's cordon: {ctx}"
+        );
+    }
+}
+
+fn unmanage() -> Desired {
+    Desired {
+        unmanage: true,
+        ..want()
+    }
+}
+
+#[test]
+fn vacate_cycle_walks_pending_to_unmanaged() {
+    use Command::*;
+    let w = unmanage();
+    let o = Observation {
+        loaded: Some("2.8.0".into()),
+        installer: InstallerPod::Current { ready: true },
+        ..obs()
+    };
+    // No slot: waits.
+    let s = step(
+        &NodeRecord::new("fleet", "2.8.0", 900),
+        &Observation {
+            slot: false,
+            ..o.clone()
+        },
+        &w,
+    );
+    assert_eq!(s.record.state, Pending);
+    assert!(s.commands.is_empty());
+    assert!(
+        s.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("vacate"))
+    );
+    // Slot: cordon and gates first, as an upgrade.
+    let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &o, &w);
+    assert_eq!(
+        (s.record.state, s.commands.clone()),
+        (Cordoning, vec![Cordon, CloseGates])
+    );
+    assert!(s.record.occupies_slot());
+    let cordoned = Observation {
+        unschedulable: true,
+        gates_closed: true,
+        gates_present: true,
+        ..o.clone()
+    };
+    let s = step(&s.record, &cordoned, &w);
+    assert_eq!(
+        (s.record.state, s.commands.clone()),
+        (Draining, vec![Evict])
+    );
+    // Drained: Unloading, the installer pod replaced.
+    let s = step(&s.record, &cordoned, &w);
+    assert_eq!(
+        (s.record.state, s.commands.clone()),
+        (Unloading, vec![DeleteInstallerPod])
+    );
+    assert_eq!(s.record.reason.as_deref(), Some(reason::UNLOAD));
+    assert!(s.record.occupies_slot(), "the slot is held until the end");
+    // The old pod (Ready, module loaded) does not end the cycle.
+    let s = step(&s.record, &cordoned, &w);
+    assert_eq!(s.record.state, Unloading);
+    let unloading = s.record.clone();
+    let new_pod_waiting = Observation {
+        installer: InstallerPod::Current { ready: false },
+        ..cordoned.clone()
+    };
+    assert_eq!(
+        step(&unloading, &new_pod_waiting, &w).record.state,
+        Unloading
+    );
+    // The new installer unloaded: one patch undoes the cordon, the gates, and vacates.
+    let unloaded = Observation {
+        loaded: None,
+        installer: InstallerPod::Current { ready: true },
+        ..cordoned.clone()
+    };
+    let s = step(&unloading, &unloaded, &w);
+    assert_eq!(
+        (s.record.state, s.commands.clone()),
+        (Unmanaged, vec![Uncordon, OpenGates, Vacate])
+    );
+    assert_eq!(s.record.reason.as_deref(), Some(reason::VACATED));
+    assert!(!s.record.occupies_slot() && !s.record.cordoned_by_us());
+    // Left alone afterwards, including after a restart (no record, the label).
+    let after = Observation {
+        unschedulable: false,
+        gates_closed: false,
+        gates_present: false,
+        installer: InstallerPod::Missing,
+        vacated: true,
+        ..unloaded
+    };
+    assert!(step(&s.record, &after, &w).commands.is_empty());
+    let fresh = step(&NodeRecord::new("fleet", "2.8.0", 2000), &after, &w);
+    assert_eq!((fresh.record.state, fresh.commands), (Unmanaged, vec![]));
+}
+
+#[test]
+fn vacate_keeps_someone_elses_cordon() {
+    let w = unmanage();
+    let o = Observation {
+        unschedulable: true,
+        ..obs()
+    };
+    let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &o, &w);
+    assert_eq!(s.record.state, Cordoning);
+    assert_eq!(s.record.cordon, Cordon::Theirs);
+    assert_eq!(s.commands, vec![Command::CloseGates]);
+    let mut r = s.record;
+    r.state = Unloading;
+    let done = Observation {
+        loaded: None,
+        installer: InstallerPod::Current { ready: true },
+        gates_present: true,
+        ..o
+    };
+    let s = step(&r, &done, &w);
+    assert_eq!(s.record.state, Unmanaged);
+    assert_eq!(s.commands, vec![Command::OpenGates, Command::Vacate]);
+}
+
+#[test]
+fn a_host_managed_node_is_marked_unmanaged_without_a_cycle() {
+    let o = Observation {
+        host_managed: true,
+        slot: true,
+        ..obs()
+    };
+    let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &o, &unmanage());
+    assert_eq!(s.record.state, Unmanaged);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::HOST_MANAGED));
+    assert_eq!(s.commands, vec![Command::OpenGates, Command::Vacate]);
+    assert!(!s.record.occupies_slot(), "no slot taken");
+}
+
+#[test]
+fn without_drain_the_unload_starts_with_the_slot() {
+    let w = Desired {
+        drain_enabled: false,
+        ..unmanage()
+    };
+    let r = NodeRecord::new("fleet", "2.8.0", 900);
+    let s = step(
+        &r,
+        &Observation {
+            slot: false,
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(s.record.state, Pending);
+    let s = step(&r, &obs(), &w);
+    assert_eq!(
+        (s.record.state, s.commands),
+        (Unloading, vec![Command::DeleteInstallerPod])
+    );
+    assert!(s.record.occupies_slot());
+}
+
+#[test]
+fn a_failed_unload_halts_as_unload_failed_until_retried() {
+    let w = unmanage();
+    let mut r = rec(Unloading);
+    r.since = 900;
+    // The agent's refusal (device busy) on the new pod.
+    let busy = Observation {
+        unschedulable: true,
+        installer: InstallerPod::Current { ready: false },
+        installer_failure: Some(Failure {
+            reason: reason::DEVICE_BUSY,
+            message: "pid 42 (python) holds /dev/tenstorrent/0".into(),
+            pod_created: Some(950),
+        }),
+        ..obs()
+    };
+    let s = step(&r, &busy, &w);
+    assert_eq!(s.record.state, UnloadFailed);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::DEVICE_BUSY));
+    assert!(s.commands.is_empty(), "stays cordoned");
+    assert!(s.record.cordoned_by_us());
+    assert!(
+        s.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("pid 42") && m.contains("kubectl tt driver retry"))
+    );
+    // Stays until a retry, which starts the vacate cycle again.
+    assert_eq!(step(&s.record, &busy, &w).record.state, UnloadFailed);
+    let retried = step(
+        &s.record,
+        &Observation {
+            retry_token: Some("t1".into()),
+            installer_failure: None,
+            ..busy.clone()
+        },
+        &w,
+    );
+    assert_eq!(retried.record.state, Pending);
+    assert_eq!(retried.record.retry_token.as_deref(), Some("t1"));
+    // A deadline that passes fails the same way.
+    let late = Observation {
+        now: 900 + 901,
+        installer_failure: None,
+        ..busy
+    };
+    let s = step(&r, &late, &w);
+    assert_eq!(s.record.state, UnloadFailed);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::UNLOAD_TIMEOUT));
+    // And a drain that outlives its timeout, too.
+    let mut d = rec(Draining);
+    d.since = 0;
+    let s = step(
+        &d,
+        &Observation {
+            unschedulable: true,
+            now: 1000,
+            drain: Some(DrainProgress {
+                remaining: vec!["ml/p".into()],
+                blocking_pdbs: vec![],
+            }),
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(s.record.state, UnloadFailed);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::DRAIN_TIMEOUT));
+}
+
+#[test]
+fn pause_holds_the_unload() {
+    let w = Desired {
+        paused: true,
+        ..unmanage()
+    };
+    let s = step(&rec(Unloading), &obs(), &w);
+    assert_eq!(s.record.state, Unloading);
+    assert!(s.commands.is_empty());
+    let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &obs(), &w);
+    assert_eq!((s.record.state, s.commands), (Pending, vec![]));
+}
+
+#[test]
+fn managing_again_resumes_from_the_vacate_states() {
+    let w = want();
+    let s = step(&rec(Unloading), &obs(), &w);
+    assert_eq!(
+        (s.record.state, s.commands),
+        (Upgrading, vec![Command::DeleteInstallerPod])
+    );
+    let mut u = rec(Unmanaged);
+    u.cordon = Cordon::None;
+    let s = step(
+        &u,
+        &Observation {
+            slot: false,
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(s.record.state, Pending);
+    let s = step(&rec(UnloadFailed), &obs(), &w);
+    assert_eq!(s.record.state, Failed, "still halted until retried");
+    // An upgrade cut short by `unmanage`: drained already, so straight to Unloading.
+    let s = step(&rec(Upgrading), &obs(), &unmanage());
+    assert_eq!(
+        (s.record.state, s.commands),
+        (Unloading, vec![Command::DeleteInstallerPod])
+    );
+}
+
+#[test]
+fn a_node_the_agent_reported_empty_is_vacated_without_a_cycle() {
+    let o = Observation {
+        loaded: None,
+        nothing_loaded: true,
+        ..obs()
+    };
+    let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &o, &unmanage());
+    assert_eq!(
+        (s.record.state, s.commands),
+        (Unmanaged, vec![Command::OpenGates, Command::Vacate])
+    );
+    // Without the agent's report, a node without kmd-version is not assumed empty.
+    let unknown = Observation {
+        loaded: None,
+        ..obs()
+    };
+    let s = step(
+        &NodeRecord::new("fleet", "2.8.0", 900),
+        &unknown,
+        &unmanage(),
+    );
+    assert_eq!(s.record.state, Cordoning);
 }

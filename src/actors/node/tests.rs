@@ -136,6 +136,7 @@ fn desired() -> Desired {
         upgrade_timeout_seconds: 900,
         paused: false,
         refused: false,
+        unmanage: false,
     }
 }
 
@@ -155,6 +156,8 @@ fn obs(loaded: &str) -> Observation {
         installer_problem: None,
         installer_failure: None,
         inherited_cordon: false,
+        vacated: false,
+        nothing_loaded: false,
     }
 }
 

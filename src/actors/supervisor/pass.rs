@@ -115,6 +115,7 @@ impl ReconcilePass {
         self.release(&strays).await?;
         self.clear_stale_labels(&targets).await;
         self.clear_stale_go_marks(&targets).await;
+        self.clear_unmanaged_marks(&targets).await;
         let gates = ctx.config.gates();
         let desired = Desired {
             policy: name.clone(),
@@ -124,6 +125,7 @@ impl ReconcilePass {
             upgrade_timeout_seconds: ctx.config.upgrade_timeout_seconds,
             paused: spec.paused,
             refused: refused.is_some(),
+            unmanage: spec.unmanage,
         };
         // A refused policy starts no node (its installer would never come);
         // nodes mid-cycle go on, deadlines included.
@@ -466,6 +468,7 @@ impl ReconcilePass {
             .ensure
             .send(Ensure {
                 policy: self.policy.clone(),
+                retire: self.all_vacated(),
             })
             .await?;
         match res {
@@ -478,6 +481,53 @@ impl ReconcilePass {
                 }),
             )),
             Err(e) => Err(e),
+        }
+    }
+
+    /// `spec.unmanage` and every owned node carries this policy's
+    /// `unmanaged` mark: no node needs the installer DaemonSet any more.
+    fn all_vacated(&self) -> bool {
+        self.policy.spec.unmanage
+            && self.owned().iter().all(|n| {
+                self.ctx
+                    .stores
+                    .nodes
+                    .get(&ObjectRef::new(n))
+                    .is_some_and(|nd| node_label(&nd, labels::UNMANAGED) == Some(self.name()))
+            })
+    }
+
+    /// A policy that manages its nodes again (`unmanage` set back to false)
+    /// removes its `unmanaged` mark from them; they start from Pending.
+    async fn clear_unmanaged_marks(&self, targets: &[String]) {
+        if self.policy.spec.unmanage {
+            return;
+        }
+        for n in targets {
+            let marked = self
+                .ctx
+                .stores
+                .nodes
+                .get(&ObjectRef::new(n))
+                .is_some_and(|nd| node_label(&nd, labels::UNMANAGED) == Some(self.name()));
+            if !marked {
+                continue;
+            }
+            let res = self
+                .ports
+                .patch
+                .send(PatchNode {
+                    node: n.clone(),
+                    patch: crate::node_patch::unmark_patch(),
+                    action: "removing the unmanaged mark of a policy that manages the node again",
+                })
+                .await;
+            if !matches!(res, Ok(Ok(_))) {
+                tracing::debug!(
+                    node = n,
+                    "could not remove the unmanaged mark; next pass retries"
+                );
+            }
         }
     }
 

@@ -13,7 +13,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ListParams, LogParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde::Serialize;
-use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
+use ttdrv_api::{TenstorrentDriverPolicy, labels};
 use ttdrv_core::node::RETRY_ANNOTATION;
 
 use crate::cli::{Cli, Command, Output, exit};
@@ -488,9 +488,9 @@ async fn retry(ctx: &Ctx, name: &str, node: &str) -> Result<i32> {
     let Some(entry) = status.nodes.iter().find(|e| e.name == node) else {
         bail!("node {node:?} is not managed by policy {name:?} (it is not in the policy's status)");
     };
-    if entry.state != NodeState::Failed {
+    if !entry.state.is_failed() {
         bail!(
-            "refusing to retry node {node:?}: it is {} in policy {name:?}, not Failed (only a Failed node can be retried)",
+            "refusing to retry node {node:?}: it is {} in policy {name:?}, not Failed or UnloadFailed (only a failed node can be retried)",
             entry.state.as_str()
         );
     }

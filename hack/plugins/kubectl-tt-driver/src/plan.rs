@@ -228,7 +228,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             .as_ref()
             .filter(|r| r.state.is_in_progress() && r.occupies_slot())
             .map(|r| r.state);
-        let is_failed = rec.as_ref().is_some_and(|r| r.state == NodeState::Failed);
+        let is_failed = rec.as_ref().is_some_and(|r| r.state.is_failed());
         let cordoned_by_us = rec.as_ref().is_some_and(NodeRecord::cordoned_by_us);
         let unavailable = ttdrv_core::node::externally_unavailable(node, cordoned_by_us);
         // Nodes without a cycle still count against maxUnavailable when they

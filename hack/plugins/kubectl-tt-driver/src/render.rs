@@ -1,7 +1,5 @@
 //! Text rendering of the views: pure functions from views to `String`.
 
-use ttdrv_api::NodeState;
-
 use crate::eta::{Basis, PerNode, human};
 use crate::plan::RolloutPlan;
 use crate::style::{self, BOLD, DIM, GREEN, Palette, RED, YELLOW, state_style};
@@ -130,7 +128,7 @@ fn nodes_table(v: &PolicyView, pal: Palette, indent: usize, mode_col: bool) -> S
 
 fn failures(v: &PolicyView, pal: Palette) -> String {
     let mut out = String::new();
-    for n in v.nodes.iter().filter(|n| n.state == NodeState::Failed) {
+    for n in v.nodes.iter().filter(|n| n.state.is_failed()) {
         out.push_str(&format!(
             "{} {}: {}\n",
             pal.paint("FAILED", RED),

@@ -58,10 +58,12 @@ pub fn state_style(state: NodeState, host_managed: bool) -> Style {
     match state {
         NodeState::Done if host_managed => BLUE,
         NodeState::Done => GREEN,
-        NodeState::Failed => RED,
+        NodeState::Failed | NodeState::UnloadFailed => RED,
         NodeState::Pending => DIM,
         NodeState::Cordoning | NodeState::Uncordoning => CYAN,
-        NodeState::Draining | NodeState::Upgrading => YELLOW,
+        NodeState::Draining | NodeState::Upgrading | NodeState::Unloading => YELLOW,
+        // Vacated for DKMS (`spec.unmanage`): left alone, as host-managed.
+        NodeState::Unmanaged => BLUE,
     }
 }
 

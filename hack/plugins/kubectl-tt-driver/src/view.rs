@@ -142,10 +142,10 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
                 // Retried: the annotation carries a token the controller has not
                 // acted on yet, or it has (the record left Failed) but the status
                 // is not rewritten yet.
-                retry_requested: n.state == NodeState::Failed
+                retry_requested: n.state.is_failed()
                     && retry_tokens.get(&n.name).is_some_and(|t| {
                         rec.is_none_or(|r| {
-                            r.retry_token.as_ref() != Some(t) || r.state != NodeState::Failed
+                            r.retry_token.as_ref() != Some(t) || !r.state.is_failed()
                         })
                     }),
                 reason: n.reason.clone(),
@@ -198,7 +198,7 @@ pub fn outcome(view: &PolicyView) -> Outcome {
     let failed: Vec<FailedNode> = view
         .nodes
         .iter()
-        .filter(|n| n.state == NodeState::Failed && !n.retry_requested)
+        .filter(|n| n.state.is_failed() && !n.retry_requested)
         .map(|n| FailedNode {
             name: n.name.clone(),
             reason: n.reason.clone(),
@@ -256,11 +256,11 @@ pub fn watch_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Watc
     let records = records_for(&view.name, nodes);
     let count = |f: &dyn Fn(&NodeRow) -> bool| view.nodes.iter().filter(|n| f(n)).count();
     let progress = Progress {
-        done: count(&|n| n.state == NodeState::Done),
+        done: count(&|n| matches!(n.state, NodeState::Done | NodeState::Unmanaged)),
         total: view.nodes.len(),
         in_progress: count(&|n| n.state.is_in_progress()),
         pending: count(&|n| n.state == NodeState::Pending),
-        failed: count(&|n| n.state == NodeState::Failed),
+        failed: count(&|n| n.state.is_failed()),
     };
     let slots = view.max_unavailable;
     let samples = eta::observed_durations(&view.name, Some(&view.version), records.values());
@@ -318,7 +318,7 @@ pub fn watch_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Watc
         .filter(|r| r.target == view.version)
         .filter(|r| {
             r.state.is_in_progress()
-                || r.state == NodeState::Failed
+                || r.state.is_failed()
                 || (r.state == NodeState::Done && r.reason.as_deref() == Some(reason::UPGRADED))
         })
         .filter_map(|r| r.started)

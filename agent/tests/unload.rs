@@ -1,0 +1,190 @@
+//! `spec.unmanage` on a fake host root: the unload-only installer leaves the
+//! module alone until the controller's unload go-ahead for this node's
+//! Unloading cycle, then unloads it (holder rules as for a swap), removes the
+//! driver labels and is Ready; a DKMS host is reported and not touched.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ttdrv_agent::fake::{FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded};
+use ttdrv_agent::node::{FAKE_CYCLE, FAKE_NODE, FAKE_POLICY, FakeNode, node_with};
+use ttdrv_agent::pod::FakePause;
+use ttdrv_agent::unload::{self, Unloaded};
+use ttdrv_agent::{Agent, AgentError, Config, HostRoot};
+use ttdrv_api::{NodeState, labels};
+use ttdrv_core::go_ahead::GoAhead;
+use ttdrv_core::machine::{Cordon, NodeRecord};
+
+const KVER: &str = "6.1.0-99-amd64";
+
+struct Host {
+    dir: tempfile::TempDir,
+    pod: tempfile::TempDir,
+}
+
+impl Host {
+    fn new(loaded: Option<&str>) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fake_host(dir.path(), KVER).expect("fake host");
+        if let Some(v) = loaded {
+            set_loaded(dir.path(), v, 0).expect("loaded");
+        }
+        let pod = tempfile::tempdir().expect("tempdir");
+        Host { dir, pod }
+    }
+    fn hr(&self) -> HostRoot {
+        HostRoot::new(self.dir.path())
+    }
+    fn note(&self) -> PathBuf {
+        self.pod.path().join("waiting")
+    }
+    fn config(&self) -> Config {
+        Config {
+            host_root: self.dir.path().to_path_buf(),
+            target_version: "2.8.0".into(),
+            force_unload: false,
+            unload_timeout: Duration::from_secs(2),
+            source_repository: "unused".into(),
+            tt_smi_path: self.pod.path().join("tt-smi"),
+            tt_smi_version: None,
+            kbuild_link_dir: None,
+            policy: Some(FAKE_POLICY.into()),
+            go_ahead_poll: Duration::from_millis(7),
+            swap_without_go_ahead: false,
+            status_file: Some(self.note()),
+        }
+    }
+}
+
+fn record(state: NodeState) -> NodeRecord {
+    let mut r = NodeRecord::new(FAKE_POLICY, "2.8.0", FAKE_CYCLE);
+    r.state = state;
+    r.started = Some(FAKE_CYCLE);
+    r.cordon = Cordon::Ours;
+    r
+}
+
+fn unloading_node() -> k8s_openapi::api::core::v1::Node {
+    let r = record(NodeState::Unloading);
+    node_with(Some(&r), GoAhead::for_cycle(FAKE_NODE, &r).as_ref())
+}
+
+fn run(
+    config: &Config,
+    kernel: &FakeKernel,
+    node: &FakeNode,
+    pause: &FakePause,
+) -> Result<Unloaded, AgentError> {
+    Agent {
+        config,
+        kernel,
+        killer: kernel,
+        builder: &FakeBuilder::default(),
+        node,
+        pause,
+    }
+    .run_unload()
+}
+
+#[test]
+fn without_the_unload_go_ahead_nothing_is_touched() {
+    let h = Host::new(Some("2.8.0"));
+    let kernel = FakeKernel::new(h.dir.path());
+    // Still draining; and a swap go-ahead opens no unload.
+    let draining = record(NodeState::Draining);
+    let upgrading = record(NodeState::Upgrading);
+    for node in [
+        node_with(Some(&draining), None),
+        node_with(
+            Some(&upgrading),
+            GoAhead::for_cycle(FAKE_NODE, &upgrading).as_ref(),
+        ),
+    ] {
+        let n = FakeNode::with(node);
+        let r = run(&h.config(), &kernel, &n, &FakePause::stopping_after(3));
+        assert!(matches!(r, Ok(Unloaded::Stopped { .. })), "{r:?}");
+        assert_eq!(kernel.unloads(), 0);
+        assert_eq!(
+            h.hr().loaded_version().expect("sysfs").as_deref(),
+            Some("2.8.0")
+        );
+        // It wrote nothing to the Node, and is not Ready.
+        assert!(n.calls().is_empty(), "{:?}", n.calls());
+        let nr = unload::readiness(&h.hr(), Some(&h.note())).expect_err("not ready");
+        assert!(nr.contains("go-ahead"), "{nr}");
+    }
+}
+
+#[test]
+fn with_the_go_ahead_it_unloads_and_removes_the_labels() {
+    let h = Host::new(Some("2.8.0"));
+    let kernel = FakeKernel::new(h.dir.path());
+    let n = FakeNode::with(unloading_node());
+    let r = run(&h.config(), &kernel, &n, &FakePause::stopping_after(3));
+    assert_eq!(
+        r.expect("unloaded"),
+        Unloaded::Done {
+            previous: Some("2.8.0".into()),
+            killed: vec![]
+        }
+    );
+    assert_eq!(kernel.unloads(), 1);
+    assert!(kernel.loads().is_empty(), "nothing loaded");
+    assert_eq!(h.hr().loaded_version().expect("sysfs"), None);
+    let l = n.labels();
+    for k in [
+        labels::KMD_VERSION,
+        labels::INSTALL_MODE,
+        labels::TT_SMI_VERSION,
+    ] {
+        assert_eq!(l.get(k), Some(&None), "{k} removed");
+    }
+    assert!(unload::readiness(&h.hr(), Some(&h.note())).is_ok());
+}
+
+#[test]
+fn a_holder_stops_the_unload_with_device_busy() {
+    let h = Host::new(None);
+    set_loaded(h.dir.path(), "2.8.0", 1).expect("loaded");
+    add_holder(h.dir.path(), 4242, "python3", "0::/\n").expect("holder");
+    let kernel = FakeKernel::new(h.dir.path());
+    let n = FakeNode::with(unloading_node());
+    let e = run(&h.config(), &kernel, &n, &FakePause::stopping_after(3)).expect_err("busy");
+    let msg = unload::termination_message(&e);
+    assert!(msg.starts_with("DeviceBusy:"), "{msg}");
+    assert_eq!(kernel.unloads(), 0);
+    assert!(kernel.killed().is_empty(), "no kill without forceUnload");
+    assert!(unload::readiness(&h.hr(), Some(&h.note())).is_err());
+}
+
+#[test]
+fn a_dkms_host_is_reported_and_left_alone() {
+    let h = Host::new(Some("2.6.0"));
+    std::fs::create_dir_all(h.hr().path("/var/lib/dkms/tenstorrent")).expect("dkms");
+    let kernel = FakeKernel::new(h.dir.path());
+    let n = FakeNode::with(unloading_node());
+    let r = run(&h.config(), &kernel, &n, &FakePause::stopping_after(3));
+    assert_eq!(r.expect("host"), Unloaded::HostManaged);
+    assert_eq!(kernel.unloads(), 0);
+    assert_eq!(
+        n.labels().get(labels::INSTALL_MODE),
+        Some(&Some(labels::INSTALL_MODE_HOST.into()))
+    );
+}
+
+#[test]
+fn nothing_loaded_is_ready_at_once_after_the_go_ahead() {
+    let h = Host::new(None);
+    let kernel = FakeKernel::new(h.dir.path());
+    let n = FakeNode::with(unloading_node());
+    let r = run(&h.config(), &kernel, &n, &FakePause::stopping_after(3));
+    assert_eq!(
+        r.expect("done"),
+        Unloaded::Done {
+            previous: None,
+            killed: vec![]
+        }
+    );
+    assert_eq!(kernel.unloads(), 0);
+    assert!(unload::readiness(&h.hr(), Some(&h.note())).is_ok());
+}
