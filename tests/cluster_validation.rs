@@ -446,6 +446,22 @@ fn malformed_policies(env: &TestEnv) -> Vec<Row> {
             image(&format!("ghcr.io/{}", "a".repeat(IMAGE_MAX_LENGTH + 1 - 8))),
             "spec.installer.image",
         ),
+        // installer.sourceCommit: a full commit only
+        row(
+            "abbreviated sourceCommit",
+            spec(json!({ "installer": { "sourceCommit": "0123456" } })),
+            "spec.installer.sourceCommit",
+        ),
+        row(
+            "sourceCommit that is a tag name",
+            spec(json!({ "installer": { "sourceCommit": "ttkmd-2.8.0" } })),
+            "spec.installer.sourceCommit",
+        ),
+        row(
+            "sourceCommit of 41 hex digits",
+            spec(json!({ "installer": { "sourceCommit": "a".repeat(41) } })),
+            "spec.installer.sourceCommit",
+        ),
         // installer.sourceRepository: https or ssh only, no control characters
         row(
             "sourceRepository over http://",
@@ -593,6 +609,18 @@ fn edge_valid_policies(env: &TestEnv) -> Vec<(String, String, Value)> {
             spec(json!({ "installer": {
                 "image": format!("registry.example.internal:5000/tt/agent_x/b:v1.2.3-rc.1@sha256:{digest}"),
                 "sourceRepository": "git@github.com:tenstorrent/tt-kmd.git" } })),
+        ),
+        (
+            "sourceCommit of 40 hex digits, upper case too".into(),
+            env.name("pin"),
+            spec(
+                json!({ "installer": { "sourceCommit": "0123456789ABCDEF0123456789abcdef01234567" } }),
+            ),
+        ),
+        (
+            "sourceCommit of 64 hex digits (SHA-256 repository)".into(),
+            env.name("pin256"),
+            spec(json!({ "installer": { "sourceCommit": digest } })),
         ),
         (
             "empty image (the chart's); ssh:// repository with user and port".into(),
