@@ -145,6 +145,7 @@ impl<'a> ObserveInput<'a> {
             inherited_cordon,
             vacated: label(labels::UNMANAGED) == Some(policy_name),
             nothing_loaded: node::reported_nothing_loaded(&node),
+            installer_created: installer.and_then(installer::created),
         };
         // A cordon of ours on a node still waiting in Pending (adopted from
         // the Go operator or another policy, or kept across a retry) puts it

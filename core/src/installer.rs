@@ -31,6 +31,14 @@ pub struct Failure {
     pub pod_created: Option<i64>,
 }
 
+/// When the pod was created (Unix seconds).
+pub fn created(pod: &Pod) -> Option<i64> {
+    pod.metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+}
+
 fn statuses(pod: &Pod) -> impl Iterator<Item = &ContainerStatus> {
     pod.status
         .as_ref()

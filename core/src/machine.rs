@@ -202,6 +202,8 @@ pub struct Observation {
     /// that was cut short (the node moved to this policy): the cordon is ours
     /// to undo, not an admin's.
     pub inherited_cordon: bool,
+    /// When the node's installer pod was created (Unix seconds).
+    pub installer_created: Option<i64>,
     /// The agent reported no module loaded at this boot
     /// ([`crate::node::reported_nothing_loaded`]).
     pub nothing_loaded: bool,

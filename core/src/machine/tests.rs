@@ -36,6 +36,7 @@ fn obs() -> Observation {
         inherited_cordon: false,
         vacated: false,
         nothing_loaded: false,
+        installer_created: None,
     }
 }
 
@@ -492,6 +493,7 @@ fn safety_properties_over_the_cross_product() {
                                     inherited_cordon: false,
                                     vacated: b(1) && b(3),
                                     nothing_loaded: loaded.is_none() && b(5),
+                                    installer_created: b(6).then_some(100),
                                 };
                                 for (paused, drain_enabled, refused, unmanage) in [
                                     (false, true, false),
@@ -1276,4 +1278,39 @@ fn a_node_the_agent_reported_empty_is_vacated_without_a_cycle() {
         &unmanage(),
     );
     assert_eq!(s.record.state, Cordoning);
+}
+
+#[test]
+fn the_pod_that_unloads_is_this_cycles() {
+    let mut r = rec(Unloading);
+    r.since = 900;
+    // A pod from before the cycle (not yet in the cache when it started):
+    // replaced; its failure does not count.
+    let old = Observation {
+        unschedulable: true,
+        installer: InstallerPod::Current { ready: false },
+        installer_created: Some(850),
+        installer_failure: Some(Failure {
+            reason: reason::DEVICE_BUSY,
+            message: "an earlier cycle".into(),
+            pod_created: Some(850),
+        }),
+        ..obs()
+    };
+    let s = step(&r, &old, &unmanage());
+    assert_eq!(
+        (s.record.state, s.commands),
+        (Unloading, vec![Command::DeleteInstallerPod])
+    );
+    // This cycle's pod: its failure counts.
+    let new = Observation {
+        installer_created: Some(950),
+        installer_failure: Some(Failure {
+            reason: reason::DEVICE_BUSY,
+            message: "pid 7".into(),
+            pod_created: Some(950),
+        }),
+        ..old
+    };
+    assert_eq!(step(&r, &new, &unmanage()).record.state, UnloadFailed);
 }

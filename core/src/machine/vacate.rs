@@ -168,8 +168,15 @@ fn unloading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         };
         return stay(&enter(rec, UnloadFailed, why, Some(msg), now), vec![]);
     }
+    // The pod that unloads is this cycle's: one from before it (not there
+    // yet to be replaced when the cycle started, or left by an earlier one)
+    // is replaced, so its failures never count and this cycle's always do.
+    let before_cycle = obs.installer_created.is_some_and(|c| c < rec.since);
     match obs.installer {
         InstallerPod::Stale { deleting: false } => stay(rec, vec![Command::DeleteInstallerPod]),
+        InstallerPod::Current { .. } if before_cycle => {
+            stay(rec, vec![Command::DeleteInstallerPod])
+        }
         _ => stay(rec, vec![]),
     }
 }

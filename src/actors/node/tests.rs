@@ -158,6 +158,7 @@ fn obs(loaded: &str) -> Observation {
         inherited_cordon: false,
         vacated: false,
         nothing_loaded: false,
+        installer_created: None,
     }
 }
 

@@ -211,7 +211,12 @@ pub fn outcome(view: &PolicyView) -> Outcome {
     if !view.observed || view.desired_version.as_deref() != Some(view.version.as_str()) {
         return Outcome::Running;
     }
-    if view.nodes.iter().all(|n| n.state == NodeState::Done) {
+    // Vacated nodes (`spec.unmanage`) are settled as Done ones are.
+    if view
+        .nodes
+        .iter()
+        .all(|n| matches!(n.state, NodeState::Done | NodeState::Unmanaged))
+    {
         Outcome::Complete
     } else {
         Outcome::Running

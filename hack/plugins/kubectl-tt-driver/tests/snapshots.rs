@@ -754,3 +754,24 @@ fn waiting_node_with_the_previous_rollouts_record_targets_the_new_version() {
     let w = view::watch_view(&p, &nodes, NOW);
     assert_eq!(w.eta.remaining_seconds, Some(90));
 }
+
+#[test]
+fn a_vacated_fleet_ends_the_watch_and_an_unload_failure_halts_it() {
+    let (mut p, nodes) = rolling();
+    if let Some(st) = p.status.as_mut() {
+        for n in st.nodes.iter_mut() {
+            n.state = NodeState::Unmanaged;
+        }
+    }
+    let w = view::watch_view(&p, &nodes, NOW);
+    assert_eq!(w.outcome, Outcome::Complete, "Unmanaged nodes are settled");
+    if let Some(st) = p.status.as_mut() {
+        st.nodes[0].state = NodeState::UnloadFailed;
+    }
+    let w = view::watch_view(&p, &nodes, NOW);
+    assert!(
+        matches!(w.outcome, Outcome::Failed { .. }),
+        "{:?}",
+        w.outcome
+    );
+}
