@@ -87,8 +87,24 @@ async fn controller_runs_a_rollout_with_the_charts_service_account() {
             .collect::<String>()
     );
     let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/chart");
+    // Rendered for this cluster's version: the chart's kubeVersion refuses
+    // helm's offline default (1.20).
+    let server = env
+        .client
+        .apiserver_version()
+        .await
+        .expect("the API server's version");
+    let kube_version = server.git_version.trim_start_matches('v').to_string();
     let rendered = run(
-        Command::new("helm").args(["template", &release, chart, "-n", &ns]),
+        Command::new("helm").args([
+            "template",
+            &release,
+            chart,
+            "-n",
+            &ns,
+            "--kube-version",
+            &kube_version,
+        ]),
         None,
     );
     let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&rendered)
