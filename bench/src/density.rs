@@ -13,7 +13,7 @@
 //! tolerations.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -224,7 +224,7 @@ pub async fn run(
     tt_nodes: usize,
     place: &PodPlace,
     m: usize,
-    bin: &PathBuf,
+    bin: &Path,
     label: &str,
 ) -> anyhow::Result<Density> {
     let client = env.client.clone();
@@ -232,7 +232,7 @@ pub async fn run(
     let papi: Api<ttdrv_api::TenstorrentDriverPolicy> = Api::all(client.clone());
     let tag = format!("density-{tt_nodes}-{label}");
     let mut a = args.clone();
-    a.controller_bin = bin.clone();
+    a.controller_bin = bin.to_path_buf();
     let mut ctl = start_controller(
         &a,
         env,
@@ -289,9 +289,7 @@ pub async fn run(
         t.elapsed().as_secs_f64(),
         all_events - create_events
     );
-    let rest_cpu = |from: &ProcStats, to: &ProcStats| {
-        (to.cpu_seconds - from.cpu_seconds).max(0.0)
-    };
+    let rest_cpu = |from: &ProcStats, to: &ProcStats| (to.cpu_seconds - from.cpu_seconds).max(0.0);
     let create_cpu_s = rest_cpu(&s1, &s2);
     let churn_cpu_s = rest_cpu(&s3, &s4);
     let churn_events = all_events - create_events;

@@ -999,10 +999,8 @@ async fn run_group(
             if i > 0 {
                 density::clear(&place).await?;
             }
-            let d = density::run(
-                args, &env, &ns, &policy, n, &place, args.pods, bin, label,
-            )
-            .await?;
+            let d =
+                density::run(args, &env, &ns, &policy, n, &place, args.pods, bin, label).await?;
             eprintln!("[bench] density: {}", serde_json::to_string(&d)?);
             densities.push(d);
             std::fs::write(
