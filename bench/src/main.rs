@@ -997,7 +997,7 @@ async fn run_group(
         };
         for (i, (label, bin)) in bins.iter().enumerate() {
             if i > 0 {
-                density::clear(&place).await?;
+                density::clear(&place, args.pods).await?;
             }
             let d =
                 density::run(args, &env, &ns, &policy, n, &place, args.pods, bin, label).await?;
