@@ -41,7 +41,6 @@ pub fn start(
         policy_key,
         whole_fleet,
         keep_all,
-        |_| {},
         manager.clone(),
         metrics.clone(),
     );
@@ -51,7 +50,6 @@ pub fn start(
         node_key,
         node_scope,
         slim_node,
-        |_| {},
         manager.clone(),
         metrics.clone(),
     );
@@ -69,7 +67,6 @@ pub fn start(
         daemonset_key,
         whole_fleet,
         keep_all,
-        |_| {},
         manager.clone(),
         metrics.clone(),
     );
@@ -79,7 +76,6 @@ pub fn start(
         any_change,
         whole_fleet,
         keep_all,
-        |_| {},
         manager,
         metrics,
     );
@@ -115,14 +111,12 @@ pub fn start(
     )
 }
 
-#[allow(clippy::too_many_arguments)]
 fn spawn_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
     key: fn(&K) -> Option<u64>,
     route: fn(&K) -> Option<Scope>,
     slim: fn(&mut K),
-    hook: impl Fn(&watcher::Event<K>) + Send + 'static,
     manager: Addr<PolicyManager>,
     metrics: Arc<Metrics>,
 ) -> (Store<K>, Store<K>)
@@ -156,9 +150,6 @@ where
         let mut seen: HashMap<ObjectRef<K>, u64> = HashMap::new();
         let mut relisted: HashMap<ObjectRef<K>, u64> = HashMap::new();
         while let Some(ev) = stream.next().await {
-            if let Ok(ev) = &ev {
-                hook(ev);
-            }
             let scope = match ev {
                 Ok(watcher::Event::Apply(o)) => {
                     let (r, k) = (ObjectRef::from_obj(&o), key(&o));
