@@ -4,12 +4,13 @@
 #   make images   controller, agent and pause image archives (hack/images.sh)
 #   make release  chart, images, plugin, krew manifest and checksums in dist/<version>/
 #   make bench    rollout benchmark at 10/100/1000 simulated nodes
+#   make bench-pods  pod density: 1000 nodes, 10,000 pods
 #   make demo     a rollout on a local simulated cluster, watched live
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: test deps lint unit cluster-up cluster-down crds install-plugins demo demo-down bench testbin \
+.PHONY: test deps lint unit cluster-up cluster-down crds install-plugins demo demo-down bench bench-pods testbin \
 	images release test-realnode realnode-up realnode-down
 
 # Debian packages, promtool, the musl target: installed when missing (idempotent).
@@ -90,3 +91,8 @@ demo-down:
 # baseline, on its own cluster (see docs/benchmarks.md).
 bench:
 	bash hack/bench.sh
+
+# Pod density: the controller's memory and CPU with 1000 Tenstorrent nodes and
+# 10,000 ordinary pods (docs/benchmarks.md#pod-density).
+bench-pods:
+	bash hack/bench.sh pods

@@ -544,10 +544,20 @@ def controller():
         defaults={"custom": ts_custom(fill=10)},
         options=ts_options(),
     ))
+    P.append(row(L, "Caches"))
+    P.append(panel(
+        L, "timeseries", "Cached objects", 24, 8,
+        targets(('max by (kind) (ttdriver_cache_objects)', "{{kind}}")),
+        description="Objects each replica keeps in its watch caches, by kind (ttdriver_cache_objects). "
+                    "Pod counts every bound pod of the cluster (its drain facts, ~0.3 KiB); the controller's "
+                    "memory follows nodes and pods: see the sizing rule in docs/operations.md.",
+        defaults={"custom": ts_custom(fill=0), "decimals": 0},
+        options=ts_options(["lastNotNull"]),
+    ))
     return dashboard(
         "ttdriver-controller", "Tenstorrent driver manager controller",
         "Health of the tt-kmd driver manager controller: replicas, leader, reconcile rate, errors and "
-        "duration, actor restarts and mailbox saturation.",
+        "duration, actor restarts and mailbox saturation, cached objects.",
         P, ["controller"],
         links=[{"title": "Driver rollout", "type": "link", "url": "/d/ttdriver-rollout",
                 "icon": "dashboard", "keepTime": True, "includeVars": True, "asDropdown": False,

@@ -4,6 +4,9 @@
 #
 #   bash hack/bench.sh                 # the full run (about 20 minutes on 2 cores)
 #   TTDRV_BENCH_SCENARIOS=10:0:1,10:2000:1 bash hack/bench.sh    # a quick one
+#   bash hack/bench.sh pods            # pod density (issue 23): 1000 nodes, 10,000 pods
+#   TTDRV_BENCH_PODS=10000 TTDRV_BENCH_DENSITY_BINS=before=/path/old,after=/path/new \
+#     TTDRV_BENCH_SCENARIOS=100:0:1:1 bash hack/bench.sh     # density of two builds, then a rollout among the pods
 #
 # Scenarios are N:work_ms:maxUnavailable[:baseline_sample[:rollout_sample]]. Results (table,
 # JSON, logs) land in ${TTDRV_BENCH_OUT:-/tmp/ttdrv-bench}; the cluster
@@ -25,14 +28,29 @@ out=${TTDRV_BENCH_OUT:-/tmp/ttdrv-bench}
 # would take 37 minutes, nearly all of it the simulated work); the baseline on
 # 10 nodes, extrapolated.
 scenarios=${TTDRV_BENCH_SCENARIOS:-10:0:1,10:2000:1,100:0:1,100:2000:1,1000:0:1:10,1000:0:10%:10,1000:2000:10%:10,1000:2000:1:10:60}
+pods=${TTDRV_BENCH_PODS:-0}
+if [ "${1:-}" = pods ]; then
+  # Pod density: 1000 Tenstorrent nodes and 10,000 ordinary pods, then a
+  # rollout among them (maxUnavailable 10%).
+  scenarios=${TTDRV_BENCH_SCENARIOS:-1000:0:10%:1}
+  pods=${TTDRV_BENCH_PODS:-10000}
+fi
+# The benchmark and the simulated agent are not what is measured: a debug
+# build of them (TTDRV_BENCH_TOOLS_PROFILE=debug) saves a release build.
+tools_profile=${TTDRV_BENCH_TOOLS_PROFILE:-release}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-log "building ttdrv-controller, ttdrv-sim-agent, ttdrv-bench (release)"
-(cd "$root" && cargo build --release -q -p ttdrv-testkit -p ttdrv-bench \
-  --bin ttdrv-sim-agent --bin ttdrv-bench)
-bin=$CARGO_TARGET_DIR/release
+log "building ttdrv-controller (release), ttdrv-sim-agent, ttdrv-bench ($tools_profile)"
+if [ "$tools_profile" = release ]; then
+  (cd "$root" && cargo build --release -q -p ttdrv-testkit -p ttdrv-bench \
+    --bin ttdrv-sim-agent --bin ttdrv-bench)
+else
+  (cd "$root" && cargo build -q -p ttdrv-testkit -p ttdrv-bench \
+    --bin ttdrv-sim-agent --bin ttdrv-bench)
+fi
+bin=$CARGO_TARGET_DIR/$tools_profile
 # The controller is measured as the image ships it: static musl (Dockerfile),
 # whose allocator decides much of the memory figure. Without the musl target
 # (rustup target add x86_64-unknown-linux-musl) the glibc build stands in, and
@@ -90,5 +108,7 @@ log "running scenarios $scenarios"
   --controller-kubeconfig "$ctl_kubeconfig" \
   --audit-log "$audit_log" \
   --baseline-script "$root/bench/baseline.sh" \
+  --pods "$pods" \
+  ${TTDRV_BENCH_DENSITY_BINS:+--density-bins "$TTDRV_BENCH_DENSITY_BINS"} \
   --out-dir "$out" | tee "$out/table.md"
 log "done; results in $out (results.json, results.md, table.md, logs)"

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use backon::Retryable;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 use kube::Resource;
@@ -23,9 +23,8 @@ use crate::render::RenderContext;
 pub struct Stores {
     pub policies: Store<TenstorrentDriverPolicy>,
     pub nodes: Store<Node>,
-    pub pods: Store<Pod>,
-    /// The pod cache's pods by node.
-    pub pods_by_node: Arc<crate::pod_index::PodsByNode>,
+    /// What the controller keeps of pods: their drain facts, by node.
+    pub pods: Arc<crate::pod_index::PodCache>,
     pub daemonsets: Store<DaemonSet>,
     pub pdbs: Store<PodDisruptionBudget>,
 }

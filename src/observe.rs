@@ -81,9 +81,9 @@ impl<'a> ObserveInput<'a> {
     /// be missing when a node could leave Draining.
     pub fn node(&self, name: &str, starting: bool) -> Option<NodeView> {
         let node = self.stores.nodes.get(&ObjectRef::new(name))?;
-        let pods = self.stores.pods_by_node.on_node(&self.stores.pods, name);
+        let pods = self.stores.pods.on_node(name);
         let policy_name = self.policy_name();
-        let installer = pods.iter().map(Arc::as_ref).find(|p| {
+        let installer = pods.installers.iter().map(Arc::as_ref).find(|p| {
             p.metadata.namespace.as_deref() == Some(self.namespace)
                 && p.metadata
                     .labels
@@ -109,7 +109,7 @@ impl<'a> ObserveInput<'a> {
         let rec = live.or(persisted.as_ref());
         let plan = self.selector.map(|sel| {
             drain::plan_drain(
-                pods.iter().map(Arc::as_ref),
+                pods.facts.iter().map(Arc::as_ref),
                 &self.policy.spec.upgrade_policy.drain,
                 sel,
             )
@@ -122,7 +122,7 @@ impl<'a> ObserveInput<'a> {
         let (progress, evictions, skipped) = if let (true, Some(plan)) = (draining, &plan) {
             let pdbs = self.pdbs.get_or_init(|| self.stores.pdbs.state());
             let pdbs: Vec<&PodDisruptionBudget> = pdbs.iter().map(Arc::as_ref).collect();
-            let step = drain::sequence(plan, pods.iter().map(Arc::as_ref), &pdbs);
+            let step = drain::sequence(plan, pods.facts.iter().map(Arc::as_ref), &pdbs);
             (Some(step.progress), step.evict, plan.reportable_skips())
         } else {
             (None, vec![], vec![])
@@ -161,7 +161,7 @@ impl<'a> ObserveInput<'a> {
             installer_pod: installer.map(PodRef::of),
             skipped,
             has_device_pods: plan.as_ref().map_or_else(
-                || pods.iter().any(|p| drain::uses_device(p)),
+                || pods.facts.iter().any(|p| p.device),
                 drain::DrainPlan::has_device_users,
             ),
             externally_unavailable,

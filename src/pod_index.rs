@@ -1,107 +1,242 @@
-//! Pods by the node they are bound to, kept by the pod watch next to its
-//! cache, so a pass finds the pods of a few nodes without scanning every pod
-//! in the cluster.
+//! The pod cache: what the controller keeps of every pod of the cluster, by
+//! the node it is bound to.
 //!
-//! The index follows the cache one event behind, and is rebuilt on every
-//! (re-)list. Until a list has been taken in completely it is not used: a pass
-//! then scans the cache itself. Otherwise a controller's first pass (the cache
-//! is ready a moment before the index) could see no pods on a node and let a
-//! drain end with a device user still running — the chaos test's
-//! apiserver-restart trial caught exactly that.
+//! A pod costs the controller what it reads of it, not the Pod object: the
+//! drain's [`PodFacts`] (a few hundred bytes) for every bound pod, and the
+//! whole (slimmed) Pod only for our installer pods, whose status the
+//! installer checks read. Unbound pods are not kept (their binding arrives as
+//! another event). docs/benchmarks.md has the measurement behind this design
+//! (a cached Pod object cost ~14 KiB).
+//!
+//! The cache follows the pod watch. During a (re-)list the previous content
+//! stays in use and the new one is built aside, then swapped in whole when the
+//! list completes: a pass never sees half a list (a drain could otherwise end
+//! with a device user still running — the chaos test's apiserver-restart trial
+//! caught that once).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
+use ttdrv_api::labels;
+use ttdrv_core::drain::{PodFacts, PodRef};
 
-type Index = HashMap<String, HashSet<ObjectRef<Pod>>>;
-
-#[derive(Default)]
-pub struct PodsByNode {
-    live: RwLock<Index>,
-    /// Built during a (re-)list, swapped in when it completes.
-    relist: RwLock<Index>,
-    /// `live` holds a complete list (false from a list's start to its end).
-    synced: AtomicBool,
+/// The pods bound to one node.
+#[derive(Clone, Debug, Default)]
+pub struct NodePods {
+    /// Every pod bound to the node (installer pods included).
+    pub facts: Vec<Arc<PodFacts>>,
+    /// Our installer pods on the node (label `driver.tenstorrent.com/policy`
+    /// in the operator namespace), whole.
+    pub installers: Vec<Arc<Pod>>,
 }
 
-fn node_of(pod: &Pod) -> Option<&str> {
-    pod.spec.as_ref()?.node_name.as_deref()
-}
+impl NodePods {
+    fn is_empty(&self) -> bool {
+        self.facts.is_empty() && self.installers.is_empty()
+    }
 
-fn insert(index: &mut Index, pod: &Pod) {
-    // A pod's node never changes once set; an unbound pod is indexed when
-    // its binding arrives.
-    if let Some(n) = node_of(pod) {
-        index
-            .entry(n.to_string())
-            .or_default()
-            .insert(ObjectRef::from_obj(pod));
+    /// Takes `pod`; true when something the controller reads changed.
+    fn apply(&mut self, facts: PodFacts, installer: Option<Pod>) -> bool {
+        let mut changed = match self.facts.iter_mut().find(|f| f.pod == facts.pod) {
+            Some(old) if **old == facts => false,
+            Some(old) => {
+                *old = Arc::new(facts.clone());
+                true
+            }
+            None => {
+                self.facts.push(Arc::new(facts.clone()));
+                true
+            }
+        };
+        if let Some(pod) = installer {
+            match self
+                .installers
+                .iter_mut()
+                .find(|p| PodRef::of(p) == facts.pod)
+            {
+                Some(old) if **old == pod => {}
+                Some(old) => {
+                    *old = Arc::new(pod);
+                    changed = true;
+                }
+                None => {
+                    self.installers.push(Arc::new(pod));
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
+    fn remove(&mut self, r: &PodRef) {
+        self.facts.retain(|f| f.pod != *r);
+        self.installers.retain(|p| PodRef::of(p) != *r);
     }
 }
 
-impl PodsByNode {
-    /// Follows the pod watch: call with every event, after the cache took it.
-    pub fn apply(&self, event: &watcher::Event<Pod>) {
+type Index = HashMap<String, NodePods>;
+
+/// Pods by node, fed by the pod watch.
+pub struct PodCache {
+    /// Namespace of our installer pods.
+    namespace: String,
+    live: RwLock<Index>,
+    /// Built during a (re-)list, swapped in when it completes.
+    relist: RwLock<Index>,
+    /// Flips to true when the first list is in.
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+impl PodCache {
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            namespace: namespace.to_string(),
+            live: RwLock::default(),
+            relist: RwLock::default(),
+            ready: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// A cache holding `pods`, as after a list (tests).
+    pub fn listed(namespace: &str, pods: impl IntoIterator<Item = Pod>) -> Self {
+        let cache = Self::new(namespace);
+        cache.apply(watcher::Event::Init);
+        for p in pods {
+            cache.apply(watcher::Event::InitApply(p));
+        }
+        cache.apply(watcher::Event::InitDone);
+        cache
+    }
+
+    /// What is kept of `pod`: its node, its facts, and the whole pod if it is
+    /// an installer pod. `None` for an unbound pod.
+    fn split(&self, pod: Pod) -> Option<(String, PodFacts, Option<Pod>)> {
+        let node = pod.spec.as_ref()?.node_name.clone()?;
+        let facts = PodFacts::of(&pod);
+        let installer = (facts.installer
+            && pod.metadata.namespace.as_deref() == Some(self.namespace.as_str())
+            && pod
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(labels::CLAIM)))
+        .then(|| slim(pod));
+        Some((node, facts, installer))
+    }
+
+    /// Follows the pod watch. Returns the node whose pods changed in a way the
+    /// controller reads (a kubelet status heartbeat changes nothing here), or
+    /// `None`; a completed (re-)list is reported as [`Changed::All`].
+    pub fn apply(&self, event: watcher::Event<Pod>) -> Option<Changed> {
         match event {
             watcher::Event::Apply(p) => {
-                if let Ok(mut ix) = self.live.write() {
-                    insert(&mut ix, p);
-                }
+                // A pod's node never changes once set.
+                let (node, facts, installer) = self.split(p)?;
+                let mut ix = self.live.write().ok()?;
+                let changed = ix.entry(node.clone()).or_default().apply(facts, installer);
+                changed.then_some(Changed::Node(node))
             }
             watcher::Event::Delete(p) => {
-                if let (Some(n), Ok(mut ix)) = (node_of(p), self.live.write()) {
-                    let r = ObjectRef::from_obj(p);
-                    if let Some(set) = ix.get_mut(n) {
-                        set.remove(&r);
-                        if set.is_empty() {
-                            ix.remove(n);
-                        }
+                let node = p.spec.as_ref()?.node_name.clone()?;
+                let mut ix = self.live.write().ok()?;
+                if let Some(pods) = ix.get_mut(&node) {
+                    pods.remove(&PodRef::of(&p));
+                    if pods.is_empty() {
+                        ix.remove(&node);
                     }
                 }
+                Some(Changed::Node(node))
             }
             watcher::Event::Init => {
-                self.synced.store(false, Ordering::SeqCst);
                 if let Ok(mut ix) = self.relist.write() {
                     ix.clear();
                 }
+                None
             }
             watcher::Event::InitApply(p) => {
+                let (node, facts, installer) = self.split(p)?;
                 if let Ok(mut ix) = self.relist.write() {
-                    insert(&mut ix, p);
+                    ix.entry(node).or_default().apply(facts, installer);
                 }
+                None
             }
             watcher::Event::InitDone => {
                 if let (Ok(mut live), Ok(mut relist)) = (self.live.write(), self.relist.write()) {
                     *live = std::mem::take(&mut *relist);
-                    self.synced.store(true, Ordering::SeqCst);
+                    live.shrink_to_fit();
+                    for pods in live.values_mut() {
+                        pods.facts.shrink_to_fit();
+                    }
                 }
+                self.ready.send_replace(true);
+                Some(Changed::All)
             }
         }
     }
 
-    /// The pods bound to `node`, as the cache has them.
-    pub fn on_node(&self, store: &Store<Pod>, node: &str) -> Vec<Arc<Pod>> {
-        let ix = match self.live.read() {
-            Ok(ix) if self.synced.load(Ordering::SeqCst) => ix,
-            // Not in step with the cache (yet): ask the cache itself.
-            _ => return store.state_filter(|p| node_of(p) == Some(node)),
-        };
-        ix.get(node)
-            .map(|refs| refs.iter().filter_map(|r| store.get(r)).collect())
+    /// The pods bound to `node`.
+    pub fn on_node(&self, node: &str) -> NodePods {
+        self.live
+            .read()
+            .ok()
+            .and_then(|ix| ix.get(node).cloned())
             .unwrap_or_default()
     }
+
+    /// Pods and installer pods kept (`ttdriver_cache_objects`).
+    pub fn counts(&self) -> (usize, usize) {
+        self.live.read().map_or((0, 0), |ix| {
+            ix.values().fold((0, 0), |(f, i), p| {
+                (f + p.facts.len(), i + p.installers.len())
+            })
+        })
+    }
+
+    /// Resolves once the first list is in.
+    pub async fn wait_until_ready(&self) {
+        let mut rx = self.ready.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
+    }
+}
+
+/// An installer pod as the installer checks read it: its labels, annotations,
+/// owners and status; commands, env, probes and mounts are never read.
+fn slim(mut p: Pod) -> Pod {
+    p.metadata.managed_fields = None;
+    if let Some(spec) = p.spec.as_mut() {
+        for c in spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten())
+        {
+            c.command = None;
+            c.args = None;
+            c.env = None;
+            c.env_from = None;
+            c.liveness_probe = None;
+            c.readiness_probe = None;
+            c.startup_probe = None;
+            c.volume_mounts = None;
+        }
+    }
+    p
+}
+
+/// What a pod event changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Changed {
+    Node(String),
+    All,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::PodSpec;
+    use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use kube::runtime::reflector;
+    use std::collections::BTreeMap;
 
     fn pod(name: &str, node: Option<&str>) -> Pod {
         Pod {
@@ -118,63 +253,115 @@ mod tests {
         }
     }
 
-    fn names(pods: Vec<Arc<Pod>>) -> Vec<String> {
-        let mut n: Vec<String> = pods
-            .iter()
-            .filter_map(|p| p.metadata.name.clone())
-            .collect();
+    fn installer(name: &str, node: &str, ns: &str) -> Pod {
+        let mut p = pod(name, Some(node));
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.labels = Some(BTreeMap::from([(labels::CLAIM.into(), "fleet".into())]));
+        p
+    }
+
+    fn names(pods: &NodePods) -> Vec<String> {
+        let mut n: Vec<String> = pods.facts.iter().map(|f| f.pod.name.clone()).collect();
         n.sort();
         n
     }
 
     #[test]
-    fn the_cache_answers_until_the_index_has_a_whole_list() {
-        let (store, mut writer) = reflector::store::<Pod>();
-        let index = PodsByNode::default();
-        // The cache took a whole list; the index has not seen its end yet.
-        for ev in [
-            watcher::Event::Init,
-            watcher::Event::InitApply(pod("a", Some("n1"))),
-            watcher::Event::InitDone,
-        ] {
-            writer.apply_watcher_event(&ev);
-        }
-        index.apply(&watcher::Event::Init);
-        index.apply(&watcher::Event::InitApply(pod("a", Some("n1"))));
-        assert_eq!(names(index.on_node(&store, "n1")), ["a"]);
-        index.apply(&watcher::Event::InitDone);
-        assert_eq!(names(index.on_node(&store, "n1")), ["a"]);
-        // A fresh index that saw nothing at all.
-        assert_eq!(names(PodsByNode::default().on_node(&store, "n1")), ["a"]);
+    fn follows_binding_deletion_and_relist() {
+        let cache = PodCache::new("tt");
+        let node = |n: &str| Some(Changed::Node(n.into()));
+        cache.apply(watcher::Event::Init);
+        cache.apply(watcher::Event::InitApply(pod("a", Some("n1"))));
+        cache.apply(watcher::Event::InitApply(pod("b", Some("n2"))));
+        assert!(
+            names(&cache.on_node("n1")).is_empty(),
+            "half a list is not used"
+        );
+        assert_eq!(cache.apply(watcher::Event::InitDone), Some(Changed::All));
+        assert_eq!(names(&cache.on_node("n1")), ["a"]);
+        // Created unbound (not kept), then bound.
+        assert_eq!(cache.apply(watcher::Event::Apply(pod("c", None))), None);
+        assert_eq!(names(&cache.on_node("n1")), ["a"]);
+        assert_eq!(
+            cache.apply(watcher::Event::Apply(pod("c", Some("n1")))),
+            node("n1")
+        );
+        assert_eq!(names(&cache.on_node("n1")), ["a", "c"]);
+        // The same facts again (a status heartbeat): nothing to look at.
+        assert_eq!(
+            cache.apply(watcher::Event::Apply(pod("c", Some("n1")))),
+            None
+        );
+        let mut done = pod("c", Some("n1"));
+        done.status = Some(PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        assert_eq!(cache.apply(watcher::Event::Apply(done)), node("n1"));
+        assert!(cache.on_node("n1").facts.iter().any(|f| f.finished));
+        assert_eq!(
+            cache.apply(watcher::Event::Delete(pod("a", Some("n1")))),
+            node("n1")
+        );
+        assert_eq!(names(&cache.on_node("n1")), ["c"]);
+        // A re-list replaces everything: b went away while the watch was down;
+        // until it completes the old content answers.
+        cache.apply(watcher::Event::Init);
+        cache.apply(watcher::Event::InitApply(pod("c", Some("n1"))));
+        cache.apply(watcher::Event::InitApply(pod("d", Some("n2"))));
+        assert_eq!(names(&cache.on_node("n2")), ["b"]);
+        cache.apply(watcher::Event::InitDone);
+        assert_eq!(names(&cache.on_node("n1")), ["c"]);
+        assert_eq!(names(&cache.on_node("n2")), ["d"]);
+        assert!(cache.on_node("n3").facts.is_empty());
+        assert_eq!(cache.counts(), (2, 0));
     }
 
     #[test]
-    fn follows_binding_deletion_and_relist() {
-        let (store, mut writer) = reflector::store::<Pod>();
-        let index = PodsByNode::default();
-        let mut feed = |ev: watcher::Event<Pod>| {
-            writer.apply_watcher_event(&ev);
-            index.apply(&ev);
-        };
-        feed(watcher::Event::Init);
-        feed(watcher::Event::InitApply(pod("a", Some("n1"))));
-        feed(watcher::Event::InitApply(pod("b", Some("n2"))));
-        feed(watcher::Event::InitDone);
-        assert_eq!(names(index.on_node(&store, "n1")), ["a"]);
-        // Created unbound, then bound.
-        feed(watcher::Event::Apply(pod("c", None)));
-        assert_eq!(names(index.on_node(&store, "n1")), ["a"]);
-        feed(watcher::Event::Apply(pod("c", Some("n1"))));
-        assert_eq!(names(index.on_node(&store, "n1")), ["a", "c"]);
-        feed(watcher::Event::Delete(pod("a", Some("n1"))));
-        assert_eq!(names(index.on_node(&store, "n1")), ["c"]);
-        // A re-list replaces everything: b went away while the watch was down.
-        feed(watcher::Event::Init);
-        feed(watcher::Event::InitApply(pod("c", Some("n1"))));
-        feed(watcher::Event::InitApply(pod("d", Some("n2"))));
-        feed(watcher::Event::InitDone);
-        assert_eq!(names(index.on_node(&store, "n1")), ["c"]);
-        assert_eq!(names(index.on_node(&store, "n2")), ["d"]);
-        assert!(index.on_node(&store, "n3").is_empty());
+    fn keeps_whole_pods_of_our_installers_only() {
+        let cache = PodCache::listed(
+            "tt",
+            [
+                installer("ttdrv-fleet-1", "n1", "tt"),
+                // Someone else's namespace: facts only.
+                installer("ttdrv-fleet-2", "n1", "other"),
+                pod("web", Some("n1")),
+            ],
+        );
+        let on = cache.on_node("n1");
+        assert_eq!(on.facts.len(), 3);
+        let kept: Vec<_> = on
+            .installers
+            .iter()
+            .map(|p| PodRef::of(p).to_string())
+            .collect();
+        assert_eq!(kept, ["tt/ttdrv-fleet-1"]);
+        // An installer pod's status change is a change, though its facts are not.
+        let mut ready = installer("ttdrv-fleet-1", "n1", "tt");
+        ready.status = Some(PodStatus {
+            pod_ip: Some("10.0.0.1".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            cache.apply(watcher::Event::Apply(ready)),
+            Some(Changed::Node("n1".into()))
+        );
+        assert_eq!(cache.counts(), (3, 1));
+        cache.apply(watcher::Event::Delete(installer(
+            "ttdrv-fleet-1",
+            "n1",
+            "tt",
+        )));
+        assert!(cache.on_node("n1").installers.is_empty());
+    }
+
+    #[tokio::test]
+    async fn ready_after_the_first_list() {
+        let cache = PodCache::new("tt");
+        assert!(!*cache.ready.borrow());
+        cache.apply(watcher::Event::Init);
+        cache.apply(watcher::Event::InitDone);
+        cache.wait_until_ready().await;
+        assert!(*cache.ready.borrow());
     }
 }

@@ -20,7 +20,7 @@ use ttdrv_api::TenstorrentDriverPolicy;
 use crate::actors::{Kick, PolicyManager, Scope};
 use crate::context::Stores;
 use crate::metrics::Metrics;
-use crate::pod_index::PodsByNode;
+use crate::pod_index::{Changed, PodCache};
 
 /// Starts the watches; returns the caches and a future that resolves once all
 /// of them have completed their first list (readiness).
@@ -41,7 +41,6 @@ pub fn start(
         policy_key,
         whole_fleet,
         keep_all,
-        |_| {},
         manager.clone(),
         metrics.clone(),
     );
@@ -51,19 +50,14 @@ pub fn start(
         node_key,
         node_scope,
         slim_node,
-        |_| {},
         manager.clone(),
         metrics.clone(),
     );
-    let pods_by_node = Arc::new(PodsByNode::default());
-    let index = pods_by_node.clone();
-    let (pods, w3) = spawn_watch::<Pod>(
+    let metrics_gauge = metrics.clone();
+    let pods = Arc::new(PodCache::new(namespace));
+    spawn_pod_watch(
         Api::all(client.clone()),
-        watcher::Config::default(),
-        any_change,
-        pod_scope,
-        slim_pod,
-        move |ev| index.apply(ev),
+        pods.clone(),
         manager.clone(),
         metrics.clone(),
     );
@@ -73,7 +67,6 @@ pub fn start(
         daemonset_key,
         whole_fleet,
         keep_all,
-        |_| {},
         manager.clone(),
         metrics.clone(),
     );
@@ -83,15 +76,25 @@ pub fn start(
         any_change,
         whole_fleet,
         keep_all,
-        |_| {},
         manager,
         metrics,
     );
+    spawn_cache_gauge(
+        [
+            CacheCount::of("TenstorrentDriverPolicy", policies.clone()),
+            CacheCount::of("Node", nodes.clone()),
+            CacheCount::of("DaemonSet", daemonsets.clone()),
+            CacheCount::of("PodDisruptionBudget", pdbs.clone()),
+        ],
+        pods.clone(),
+        metrics_gauge,
+    );
+    let pods_ready = pods.clone();
     let ready = async move {
         let _ = futures::join!(
             w1.wait_until_ready(),
             w2.wait_until_ready(),
-            w3.wait_until_ready(),
+            pods_ready.wait_until_ready(),
             w4.wait_until_ready(),
             w5.wait_until_ready()
         );
@@ -101,7 +104,6 @@ pub fn start(
             policies,
             nodes,
             pods,
-            pods_by_node,
             daemonsets,
             pdbs,
         },
@@ -109,14 +111,12 @@ pub fn start(
     )
 }
 
-#[allow(clippy::too_many_arguments)]
 fn spawn_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
     key: fn(&K) -> Option<u64>,
     route: fn(&K) -> Option<Scope>,
     slim: fn(&mut K),
-    hook: impl Fn(&watcher::Event<K>) + Send + 'static,
     manager: Addr<PolicyManager>,
     metrics: Arc<Metrics>,
 ) -> (Store<K>, Store<K>)
@@ -150,9 +150,6 @@ where
         let mut seen: HashMap<ObjectRef<K>, u64> = HashMap::new();
         let mut relisted: HashMap<ObjectRef<K>, u64> = HashMap::new();
         while let Some(ev) = stream.next().await {
-            if let Ok(ev) = &ev {
-                hook(ev);
-            }
             let scope = match ev {
                 Ok(watcher::Event::Apply(o)) => {
                     let (r, k) = (ObjectRef::from_obj(&o), key(&o));
@@ -201,6 +198,76 @@ where
     (reader.clone(), reader)
 }
 
+/// The pod watch: every pod of the cluster goes through it, so it keeps only
+/// what the controller reads ([`PodCache`]) and pokes the PolicyManager only
+/// when that changed, for the pod's node.
+fn spawn_pod_watch(
+    api: Api<Pod>,
+    cache: Arc<PodCache>,
+    manager: Addr<PolicyManager>,
+    metrics: Arc<Metrics>,
+) {
+    tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).default_backoff();
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            let changed = match ev {
+                Ok(ev) => cache.apply(ev),
+                Err(e) => {
+                    tracing::warn!(kind = "Pod", error = %e, "watch error; restarting with backoff");
+                    continue;
+                }
+            };
+            let scope = match changed {
+                Some(Changed::Node(n)) => Scope::Node(n),
+                Some(Changed::All) => Scope::All,
+                None => continue,
+            };
+            if manager.try_send(Kick(scope)).is_err() {
+                // As in `spawn_watch`: a dropped poke becomes a full pass.
+                metrics.inc_mailbox_full("policy_manager");
+                manager.do_send(Kick(Scope::All));
+            }
+        }
+    });
+}
+
+/// One reflector cache's size, for `ttdriver_cache_objects`.
+struct CacheCount {
+    kind: &'static str,
+    len: Box<dyn Fn() -> usize + Send>,
+}
+
+impl CacheCount {
+    fn of<K>(kind: &'static str, store: Store<K>) -> Self
+    where
+        K: kube::runtime::reflector::Lookup + Clone + Send + Sync + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+    {
+        Self {
+            kind,
+            len: Box::new(move || store.len()),
+        }
+    }
+}
+
+/// Exports `ttdriver_cache_objects{kind}` every 10 s: cheap (counts, no
+/// copies), and what an operator sizing the controller's memory looks at.
+fn spawn_cache_gauge(caches: [CacheCount; 4], pods: Arc<PodCache>, metrics: Arc<Metrics>) {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
+        loop {
+            every.tick().await;
+            for c in &caches {
+                metrics.set_cache_objects(c.kind, (c.len)());
+            }
+            let (facts, installers) = pods.counts();
+            metrics.set_cache_objects("Pod", facts);
+            metrics.set_cache_objects("InstallerPod", installers);
+        }
+    });
+}
+
 fn hash_of(parts: impl std::hash::Hash) -> Option<u64> {
     use std::hash::{DefaultHasher, Hasher};
     let mut h = DefaultHasher::new();
@@ -219,15 +286,6 @@ fn node_scope(n: &Node) -> Option<Scope> {
     n.metadata.name.clone().map(Scope::Node)
 }
 
-/// A Pod matters to the node it is bound to; an unbound pod to none (its
-/// binding arrives as another event).
-fn pod_scope(p: &Pod) -> Option<Scope> {
-    p.spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .map(Scope::Node)
-}
-
 /// What the controller reads of its DaemonSets: the template hash annotation
 /// and the spec, not the status the DaemonSet controller rewrites on every
 /// installer pod change (each would otherwise start a pass over all nodes).
@@ -243,30 +301,36 @@ fn daemonset_key(d: &DaemonSet) -> Option<u64> {
 
 fn keep_all<K>(_: &mut K) {}
 
-/// A Node's image list (often dozens of entries of long names) is never read.
+/// What the controller reads of a Node: its labels, our annotations
+/// (`*.tenstorrent.com/`), the cordon, the Ready condition and the boot ID.
+/// The rest (image list, addresses, capacity, other conditions, other
+/// components' annotations) is a few KiB on a real node, read by no one here.
 fn slim_node(n: &mut Node) {
-    if let Some(s) = n.status.as_mut() {
-        s.images = None;
+    if let Some(a) = n.metadata.annotations.as_mut() {
+        a.retain(|k, _| k.contains("tenstorrent.com/"));
     }
-}
-
-/// The drain reads a pod's labels, owners, volumes, resources and claims, and
-/// the installer check its status; commands, env and probes are never read.
-fn slim_pod(p: &mut Pod) {
-    if let Some(spec) = p.spec.as_mut() {
-        for c in spec
-            .containers
-            .iter_mut()
-            .chain(spec.init_containers.iter_mut().flatten())
-        {
-            c.command = None;
-            c.args = None;
-            c.env = None;
-            c.env_from = None;
-            c.liveness_probe = None;
-            c.readiness_probe = None;
-            c.startup_probe = None;
-            c.volume_mounts = None;
+    if let Some(spec) = n.spec.as_mut() {
+        *spec = k8s_openapi::api::core::v1::NodeSpec {
+            unschedulable: spec.unschedulable,
+            ..Default::default()
+        };
+    }
+    if let Some(s) = n.status.as_mut() {
+        let mut conditions = s.conditions.take().unwrap_or_default();
+        conditions.retain(|c| c.type_ == "Ready");
+        let boot_id = s.node_info.take().map(|i| i.boot_id);
+        *s = k8s_openapi::api::core::v1::NodeStatus {
+            conditions: Some(conditions),
+            node_info: boot_id.map(|boot_id| k8s_openapi::api::core::v1::NodeSystemInfo {
+                boot_id,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for c in s.conditions.iter_mut().flatten() {
+            // Rewritten on every heartbeat; the controller reads the status.
+            c.last_heartbeat_time = None;
+            c.message = None;
         }
     }
 }

@@ -34,7 +34,9 @@ use serde::{Deserialize, Serialize};
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
 use ttdrv_testkit::TestEnv;
 
-#[derive(Parser, Debug)]
+mod density;
+
+#[derive(Parser, Debug, Clone)]
 #[command(about = "Benchmark the tt-kmd rollout controller on the simulated cluster")]
 struct Args {
     /// Scenarios `N:work_ms:maxUnavailable[:baseline_sample[:rollout_sample]]`,
@@ -71,6 +73,15 @@ struct Args {
     /// Print the tables of an earlier run's results.json and exit.
     #[arg(long)]
     render: Option<PathBuf>,
+    /// Pod density (docs/benchmarks.md): M ordinary pods besides each
+    /// group's nodes, measured with each of `--density-bins` before the
+    /// group's rollout scenarios (which then run with the pods in place).
+    #[arg(long, default_value_t = 0)]
+    pods: usize,
+    /// Controllers compared by the pod-density run, `label=path`,
+    /// comma-separated (default: `--controller-bin` as "this build").
+    #[arg(long, value_delimiter = ',')]
+    density_bins: Vec<String>,
     /// Directory for logs and results.
     #[arg(long, default_value = "/tmp/ttdrv-bench")]
     out_dir: PathBuf,
@@ -917,6 +928,7 @@ async fn run_group(
     n: usize,
     scenarios: &[Scenario],
     results: &mut Vec<Result_>,
+    densities: &mut Vec<density::Density>,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(&format!("bench-{n}")).await;
     let ns = env.namespace().await;
@@ -970,6 +982,37 @@ async fn run_group(
             t.elapsed().as_secs_f64()
         );
     }
+    let place = if args.pods > 0 {
+        let place = density::PodPlace::create(n, &nodes, args.pods).await?;
+        let bins: Vec<(String, PathBuf)> = if args.density_bins.is_empty() {
+            vec![("this build".into(), args.controller_bin.clone())]
+        } else {
+            args.density_bins
+                .iter()
+                .map(|b| match b.split_once('=') {
+                    Some((l, p)) => Ok((l.to_string(), PathBuf::from(p))),
+                    None => bail!("--density-bins {b:?}: want label=path"),
+                })
+                .collect::<anyhow::Result<_>>()?
+        };
+        for (i, (label, bin)) in bins.iter().enumerate() {
+            if i > 0 {
+                density::clear(&place, args.pods).await?;
+            }
+            let d =
+                density::run(args, &env, &ns, &policy, n, &place, args.pods, bin, label).await?;
+            eprintln!("[bench] density: {}", serde_json::to_string(&d)?);
+            densities.push(d);
+            std::fs::write(
+                args.out_dir.join("density.json"),
+                serde_json::to_string_pretty(&*densities)?,
+            )?;
+            std::fs::write(args.out_dir.join("density.md"), density::table(densities))?;
+        }
+        Some(place)
+    } else {
+        None
+    };
     let mut from = "1.0.0".to_string();
     for (i, sc) in scenarios.iter().enumerate() {
         let version = format!("1.{}.0", i + 1);
@@ -993,6 +1036,9 @@ async fn run_group(
         .delete(&baseline.daemonset, &DeleteParams::default())
         .await;
     benv.cleanup().await;
+    if let Some(place) = place {
+        place.env.cleanup().await;
+    }
     env.cleanup().await;
     let api: Api<Node> = Api::all(env.client.clone());
     let t = Instant::now();
@@ -1209,10 +1255,11 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let mut results = vec![];
+    let mut densities = vec![];
     let mut failure = None;
     for n in order {
         let group: Vec<Scenario> = scenarios.iter().filter(|s| s.nodes == n).cloned().collect();
-        if let Err(e) = run_group(&args, n, &group, &mut results).await {
+        if let Err(e) = run_group(&args, n, &group, &mut results, &mut densities).await {
             eprintln!("[bench] group N={n} failed: {e:#}");
             failure = Some(e);
             break;
@@ -1221,6 +1268,9 @@ async fn main() -> anyhow::Result<()> {
     }
     write_results(&args, &results)?;
     print_tables(&results);
+    if !densities.is_empty() {
+        println!("Pod density:\n\n{}", density::table(&densities));
+    }
     match failure {
         Some(e) => Err(e),
         None => Ok(()),

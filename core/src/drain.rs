@@ -9,6 +9,8 @@
 //! finished pods; bare pods only with `force`; pass 2 skips emptyDir pods unless
 //! `deleteEmptyDir`.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use ttdrv_api::labels;
@@ -32,6 +34,90 @@ impl PodRef {
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: pod.metadata.name.clone().unwrap_or_default(),
         }
+    }
+}
+
+/// Who controls a pod, as far as the drain cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Controller {
+    /// No controller owner reference: a bare pod.
+    None,
+    DaemonSet,
+    /// A ReplicaSet, StatefulSet, Job, ...: evicted, it comes back elsewhere.
+    Other,
+}
+
+/// What the drain and the rollout read of a pod, kept instead of the Pod: a
+/// few hundred bytes where the cached Pod object cost kilobytes (the
+/// controller caches one per pod of the cluster).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodFacts {
+    pub pod: PodRef,
+    /// Sorted by key: matched by `podSelectorLabel` and PDB selectors. A boxed
+    /// slice, not a map: a map's smallest node is ~0.5 KiB.
+    pub labels: Box<[(String, String)]>,
+    pub controller: Controller,
+    /// Uses the Tenstorrent device ([`uses_device`]).
+    pub device: bool,
+    pub empty_dir: bool,
+    /// A static pod's mirror.
+    pub mirror: bool,
+    /// Succeeded or Failed.
+    pub finished: bool,
+    /// Has a deletion timestamp.
+    pub deleting: bool,
+    /// One of our installer pods (label `driver.tenstorrent.com/policy`).
+    pub installer: bool,
+}
+
+impl PodFacts {
+    pub fn of(pod: &Pod) -> Self {
+        let labels: Box<[(String, String)]> = pod
+            .metadata
+            .labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let controller = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map_or(Controller::None, |o| {
+                if o.kind == "DaemonSet" {
+                    Controller::DaemonSet
+                } else {
+                    Controller::Other
+                }
+            });
+        Self {
+            pod: PodRef::of(pod),
+            installer: labels.iter().any(|(k, _)| k == labels::CLAIM),
+            labels,
+            controller,
+            device: uses_device(pod),
+            empty_dir: pod
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.volumes.iter().flatten().any(|v| v.empty_dir.is_some())),
+            mirror: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror")),
+            finished: matches!(
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded") | Some("Failed")
+            ),
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+        }
+    }
+
+    /// The labels as selectors read them.
+    pub fn label_map(&self) -> BTreeMap<String, String> {
+        self.labels.iter().cloned().collect()
     }
 }
 
@@ -152,11 +238,11 @@ pub struct DrainStep {
 /// PodDisruptionBudget refusing a remaining pod is named once.
 pub fn sequence<'a>(
     plan: &DrainPlan,
-    on_node: impl IntoIterator<Item = &'a Pod>,
+    on_node: impl IntoIterator<Item = &'a PodFacts>,
     pdbs: &[&PodDisruptionBudget],
 ) -> DrainStep {
-    let by_ref: std::collections::HashMap<PodRef, &Pod> =
-        on_node.into_iter().map(|p| (PodRef::of(p), p)).collect();
+    let by_ref: std::collections::HashMap<&PodRef, &PodFacts> =
+        on_node.into_iter().map(|p| (&p.pod, p)).collect();
     let device_left = plan.device.iter().any(|p| by_ref.contains_key(p));
     let mut step = DrainStep::default();
     for (p, pass) in plan.remaining() {
@@ -173,7 +259,7 @@ pub fn sequence<'a>(
             }
         }
         let pass_open = pass == DrainPass::Device || !device_left;
-        if pod.metadata.deletion_timestamp.is_none() && pass_open {
+        if !pod.deleting && pass_open {
             step.evict.push((p.clone(), pass));
         }
     }
@@ -207,79 +293,35 @@ pub fn uses_device(pod: &Pod) -> bool {
     host_path || resource || dra
 }
 
-fn is_daemonset_pod(pod: &Pod) -> bool {
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
-}
-
-fn is_bare(pod: &Pod) -> bool {
-    !pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true))
-}
-
-fn is_mirror(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
-}
-
-fn is_finished(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded") | Some("Failed")
-    )
-}
-
-fn has_empty_dir(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .is_some_and(|s| s.volumes.iter().flatten().any(|v| v.empty_dir.is_some()))
-}
-
 /// Plans the drain of one node from the pods bound to it. Our own installer pods
 /// (label `driver.tenstorrent.com/policy`) are never part of a drain.
 pub fn plan_drain<'a>(
-    pods: impl IntoIterator<Item = &'a Pod>,
+    pods: impl IntoIterator<Item = &'a PodFacts>,
     drain: &DrainPolicy,
     selector: &PodSelector,
 ) -> DrainPlan {
     let mut plan = DrainPlan::default();
-    let mut sorted: Vec<&Pod> = pods
-        .into_iter()
-        .filter(|p| {
-            !p.metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key(labels::CLAIM))
-        })
-        .collect();
-    sorted.sort_by_key(|p| PodRef::of(p));
+    let mut sorted: Vec<&PodFacts> = pods.into_iter().filter(|p| !p.installer).collect();
+    sorted.sort_by(|a, b| a.pod.cmp(&b.pod));
     for pod in sorted {
-        let r = PodRef::of(pod);
-        let device = uses_device(pod);
+        let r = pod.pod.clone();
+        let device = pod.device;
         let skip = |plan: &mut DrainPlan, why| plan.skipped.push((r.clone(), why, device));
-        if is_finished(pod) {
+        if pod.finished {
             skip(&mut plan, SkipReason::Finished);
-        } else if is_mirror(pod) {
+        } else if pod.mirror {
             skip(&mut plan, SkipReason::Mirror);
-        } else if is_daemonset_pod(pod) {
+        } else if pod.controller == Controller::DaemonSet {
             skip(&mut plan, SkipReason::DaemonSet);
-        } else if is_bare(pod) && !drain.force {
+        } else if pod.controller == Controller::None && !drain.force {
             skip(&mut plan, SkipReason::Bare);
         } else if device {
             plan.device.push(r);
         } else if !drain.full_node {
             skip(&mut plan, SkipReason::FullNodeOff);
-        } else if !selector.matches(pod.metadata.labels.as_ref().unwrap_or(&Default::default())) {
+        } else if !selector.matches(&pod.label_map()) {
             skip(&mut plan, SkipReason::NotSelected);
-        } else if has_empty_dir(pod) && !drain.delete_empty_dir {
+        } else if pod.empty_dir && !drain.delete_empty_dir {
             skip(&mut plan, SkipReason::EmptyDir);
         } else {
             plan.full.push(r);
@@ -290,11 +332,11 @@ pub fn plan_drain<'a>(
 
 /// PodDisruptionBudgets that currently forbid evicting `pod`.
 pub fn blocking_pdbs<'a>(
-    pod: &Pod,
+    pod: &PodFacts,
     pdbs: impl IntoIterator<Item = &'a PodDisruptionBudget>,
 ) -> Vec<&'a PodDisruptionBudget> {
-    let ns = pod.metadata.namespace.as_deref();
-    let pod_labels = pod.metadata.labels.clone().unwrap_or_default();
+    let ns = Some(pod.pod.namespace.as_str());
+    let pod_labels = pod.label_map();
     pdbs.into_iter()
         .filter(|pdb| pdb.metadata.namespace.as_deref() == ns)
         .filter(|pdb| {
@@ -425,8 +467,8 @@ mod tests {
         v.iter().map(|p| p.name.as_str()).collect()
     }
 
-    fn fixture() -> Vec<Pod> {
-        vec![
+    fn fixture() -> Vec<PodFacts> {
+        [
             pod(P {
                 name: "train",
                 owner: Some("ReplicaSet"),
@@ -479,6 +521,45 @@ mod tests {
                 ..Default::default()
             }),
         ]
+        .iter()
+        .map(PodFacts::of)
+        .collect()
+    }
+
+    #[test]
+    fn facts_keep_what_the_drain_reads() {
+        let mut p = pod(P {
+            name: "web",
+            owner: Some("ReplicaSet"),
+            empty_dir: true,
+            labels: &[("b", "2"), ("a", "1")],
+            ..Default::default()
+        });
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        let f = PodFacts::of(&p);
+        assert_eq!(f.pod.to_string(), "ml/web");
+        assert_eq!(
+            f.labels.as_ref(),
+            [("a".into(), "1".into()), ("b".into(), "2".into())]
+        );
+        assert_eq!(f.controller, Controller::Other);
+        assert!(f.empty_dir && f.deleting && !f.device && !f.finished && !f.mirror);
+        let f = PodFacts::of(&pod(P {
+            name: "ttdrv-x",
+            owner: Some("DaemonSet"),
+            host_dev: true,
+            installer: true,
+            phase: Some("Failed"),
+            ..Default::default()
+        }));
+        assert_eq!(f.controller, Controller::DaemonSet);
+        assert!(f.installer && f.device && f.finished && !f.deleting);
+        assert_eq!(
+            PodFacts::of(&pod(P::default())).controller,
+            Controller::None
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
-//! Metrics of this controller replica as a process: its build version and
-//! whether it holds the leader lease.
+//! Metrics of this controller replica as a process: its build version,
+//! whether it holds the leader lease, and what its caches hold.
 //!
-//! These two families carry no `cr` label and survive a lost lease; setting
+//! These families carry no `cr` label and survive a lost lease; setting
 //! the leader gauge to 0 after 1 is what makes the collector drop every
 //! per-policy series (see [`Metrics::set_leader`]).
 
@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::family::{Families, Family};
 use super::{Metrics, bool_value};
 
-/// `ttdriver_build_info` and `ttdriver_leader`, and whether this replica leads.
+/// `ttdriver_build_info`, `ttdriver_leader` and `ttdriver_cache_objects`, and whether this replica leads.
 pub(super) struct ReplicaMetrics {
     build_info: Arc<Family>,
     leader: Arc<Family>,
+    cache_objects: Arc<Family>,
     is_leader: AtomicBool,
 }
 
@@ -31,6 +32,11 @@ impl ReplicaMetrics {
                 "ttdriver_leader",
                 "1 if this controller replica holds the leader lease and drives rollouts, else 0.",
                 &[],
+            ),
+            cache_objects: families.gauge(
+                "ttdriver_cache_objects",
+                "Objects this replica keeps in its watch caches, by kind (Pod: the drain facts of every bound pod; InstallerPod: our installer pods, kept whole).",
+                &["kind"],
             ),
             is_leader: AtomicBool::new(false),
         };
@@ -55,6 +61,11 @@ impl Metrics {
             self.families
                 .drop_policy_series(&[&self.fleet.nodes_by_kmd_version]);
         }
+    }
+
+    /// `ttdriver_cache_objects{kind}`.
+    pub fn set_cache_objects(&self, kind: &str, n: usize) {
+        self.replica.cache_objects.set(&[kind], n as f64);
     }
 
     /// The build version this instance was created with.

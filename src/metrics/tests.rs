@@ -58,6 +58,9 @@ fn golden_metrics_text() {
     use NodeState::*;
     let m = Metrics::new("0.1.0-golden");
     m.set_leader(true);
+    m.set_cache_objects("Node", 1000);
+    m.set_cache_objects("Pod", 10000);
+    m.set_cache_objects("InstallerPod", 1000);
     m.set_node_state("fleet", "n1", Upgrading);
     m.set_node_state("fleet", "n2", Pending);
     m.set_node_state("fleet", "n2", Cordoning);

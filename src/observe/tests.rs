@@ -17,7 +17,7 @@ use ttdrv_core::machine::{Cordon, InstallerPod, NodeRecord};
 
 use super::*;
 use crate::context::Stores;
-use crate::pod_index::PodsByNode;
+use crate::pod_index::PodCache;
 
 const NS: &str = "tt-system";
 const HASH: &str = "h1";
@@ -38,17 +38,10 @@ where
 }
 
 fn stores(nodes: Vec<Node>, pods: Vec<Pod>, pdbs: Vec<PodDisruptionBudget>) -> Stores {
-    let index = PodsByNode::default();
-    index.apply(&watcher::Event::Init);
-    for p in &pods {
-        index.apply(&watcher::Event::InitApply(p.clone()));
-    }
-    index.apply(&watcher::Event::InitDone);
     Stores {
         policies: fed(vec![]),
         nodes: fed(nodes),
-        pods: fed(pods),
-        pods_by_node: Arc::new(index),
+        pods: Arc::new(PodCache::listed(NS, pods)),
         daemonsets: fed(vec![]),
         pdbs: fed(pdbs),
     }

@@ -102,8 +102,7 @@ fn context() -> Arc<Context> {
     let stores = Stores {
         policies: reflector::store().0,
         nodes: reflector::store().0,
-        pods: reflector::store().0,
-        pods_by_node: Default::default(),
+        pods: Arc::new(crate::pod_index::PodCache::new("tt")),
         daemonsets: reflector::store().0,
         pdbs: reflector::store().0,
     };

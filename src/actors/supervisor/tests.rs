@@ -16,7 +16,7 @@ use crate::actors::EvictOutcome;
 use crate::config::Config;
 use crate::context::Stores;
 use crate::metrics::Metrics;
-use crate::pod_index::PodsByNode;
+use crate::pod_index::PodCache;
 
 /// Plays the shared actors; records node writes per node.
 #[derive(Default)]
@@ -195,17 +195,10 @@ fn context_with(claimed: bool) -> Arc<Context> {
     let url = "http://127.0.0.1:9".parse().expect("url");
     let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
     let pods: Vec<Pod> = NODES.iter().map(|n| installer(n)).collect();
-    let index = PodsByNode::default();
-    index.apply(&watcher::Event::Init);
-    for p in &pods {
-        index.apply(&watcher::Event::InitApply(p.clone()));
-    }
-    index.apply(&watcher::Event::InitDone);
     let stores = Stores {
         policies: fed(vec![policy()]),
         nodes: fed(NODES.iter().map(|n| node_claimed(n, claimed)).collect()),
-        pods: fed(pods),
-        pods_by_node: Arc::new(index),
+        pods: Arc::new(PodCache::listed(labels::DEFAULT_NAMESPACE, pods)),
         daemonsets: fed(vec![]),
         pdbs: fed(vec![]),
     };

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
 use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
-use ttdrv_core::drain::{PodRef, SkipReason, blocking_pdbs, plan_drain, uses_device};
+use ttdrv_core::drain::{PodFacts, PodRef, SkipReason, blocking_pdbs, plan_drain, uses_device};
 use ttdrv_core::rollout::{self, Candidate};
 use ttdrv_core::selection;
 
@@ -284,8 +284,11 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             failed.push(n.clone());
         }
         let pods = pods_by_node.get(n.as_str()).cloned().unwrap_or_default();
-        let dp = plan_drain(&pods, drain, &selector);
+        let facts: Vec<PodFacts> = pods.iter().map(PodFacts::of).collect();
+        let dp = plan_drain(&facts, drain, &selector);
         let by_ref: BTreeMap<PodRef, &Pod> = pods.iter().map(|p| (PodRef::of(p), p)).collect();
+        let facts_by_ref: BTreeMap<&PodRef, &PodFacts> =
+            facts.iter().map(|f| (&f.pod, f)).collect();
         let has_device_pods = dp
             .device
             .iter()
@@ -305,7 +308,9 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         if drain.enable {
             let mut seen = BTreeSet::new();
             for (r, _) in dp.remaining() {
-                let Some(pod) = by_ref.get(r) else { continue };
+                let Some(pod) = facts_by_ref.get(r) else {
+                    continue;
+                };
                 for pdb in blocking_pdbs(pod, inp.pdbs) {
                     if seen.insert((pdb_name(pdb), r.clone())) {
                         blockers.push(format!(
