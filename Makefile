@@ -9,7 +9,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: test deps lint unit cluster-up cluster-down crds install-plugins demo demo-down bench testbin \
-	images test-realnode realnode-up realnode-down
+	images test-realnode realnode-up realnode-down test-vm-node
 
 # Debian packages, promtool, the musl target: installed when missing (idempotent).
 deps:
@@ -32,6 +32,12 @@ realnode-down:
 test-realnode:
 	bash hack/test-images.sh
 	bash hack/test-realnode.sh
+
+# A node in a QEMU guest (Debian's kernel, TCG) joined to the real node's
+# control plane: controller-driven swaps of the stub module under a workload
+# (see hack/test-vm-node.sh). Its own target: about 10 minutes here.
+test-vm-node:
+	bash hack/test-vm-node.sh
 
 testbin:
 	bash hack/build-testbin.sh >/dev/null

@@ -34,7 +34,7 @@
 #
 # Env: TTDRV_CLUSTER_NAME (default ttdrv-vmnode; "-realnode" appended as
 # hack/realnode.sh does), KWOK_WORKDIR (default ~/.kwok-vmnode), TIMEOUT
-# (seconds per wait, default 600: TCG is slow), VM_MEM (MiB, default 3072),
+# (seconds per wait, default 600: TCG is slow), VM_MEM (MiB, default 3584),
 # VM_SMP (default 2), KEEP_VMNODE=1 (leave everything up; stop it with
 # hack/test-vm-node.sh down), VMNODE_STOP_AFTER=boot|ready|install (end early).
 set -euo pipefail
@@ -168,6 +168,7 @@ for k in $(ls /boot 2>/dev/null | sed -n 's/^vmlinuz-//p' | sort -V); do
 done
 [ -n "$kver" ] || fail "no kernel with both /boot/vmlinuz-<kver> and its headers (bash hack/deps.sh installs them)"
 command -v qemu-system-x86_64 >/dev/null || fail "qemu-system-x86_64 missing (bash hack/deps.sh installs it)"
+qemu_down
 rm -rf "$vmdir"
 mkdir -p "$vmdir/pids" "$vmdir/root"
 groot="$vmdir/root"
@@ -203,14 +204,18 @@ install -m 0755 "$nodebin/kubelet" "$groot/usr/local/bin/kubelet"
 mods="$groot/lib/modules/$kver"
 mkdir -p "$mods"
 cp /lib/modules/"$kver"/modules.{order,builtin,builtin.modinfo} "$mods/"
-(cd "/lib/modules/$kver" && cp -a --parents kernel/net/netfilter kernel/net/ipv4/netfilter kernel/net/ipv6/netfilter \
-  kernel/net/bridge kernel/net/ipv6/ipv6.ko kernel/net/llc kernel/net/802 kernel/drivers/net/veth.ko \
-  kernel/drivers/net/virtio_net.ko kernel/drivers/net/net_failover.ko kernel/net/core/failover.ko \
-  kernel/drivers/virtio kernel/fs/overlayfs kernel/lib "$mods/") 2>/dev/null || true
+# (the list hack/vm-node/init loads, with what each depends on)
+guest_mods=$(sed -n 's/^guest_modules="\(.*\)"$/\1/p' "$here/vm-node/init")
+[ -n "$guest_mods" ] || fail "no guest_modules list in hack/vm-node/init"
+for m in $guest_mods; do
+  modprobe -S "$kver" --show-depends "$m" || fail "module $m not found for $kver"
+done | awk '$1 == "insmod" {print $2}' | sort -u | while read -r f; do
+  mkdir -p "$groot$(dirname "$f")" && cp "$f" "$groot$f"
+done
 depmod -b "$groot" "$kver"
 cp -a "/usr/src/linux-headers-$kver" "$groot/usr/src/"
-common=$(readlink -f "/usr/src/linux-headers-$kver/Makefile" | sed -n 's#^/usr/src/\([^/]*\)/.*#\1#p')
-[ -n "$common" ] && [ "$common" != "linux-headers-$kver" ] && cp -a "/usr/src/$common" "$groot/usr/src/"
+# Debian's flavour tree includes the common one (linux-headers-<abi>-common) by path.
+[ -d "/usr/src/linux-headers-${kver%-*}-common" ] && cp -a "/usr/src/linux-headers-${kver%-*}-common" "$groot/usr/src/"
 cp -a /usr/lib/linux-kbuild-* "$groot/usr/lib/"
 ln -sfn "/usr/src/linux-headers-$kver" "$mods/build"
 
@@ -302,13 +307,25 @@ phase "guest initramfs (Debian base, kubelet, headers, images)"
 
 # --- 3. boot, inside the namespace --------------------------------------------------------
 anchor=$(awk '{print $1}' "$KWOK_WORKDIR/realnode-$TTDRV_CLUSTER_NAME/pids/anchor")
-setsid nsenter -t "$anchor" -m -n -- qemu-system-x86_64 -accel tcg -m "${VM_MEM:-3072}" -smp "${VM_SMP:-2}" \
+setsid nsenter -t "$anchor" -m -n -- qemu-system-x86_64 -accel tcg -m "${VM_MEM:-3584}" -smp "${VM_SMP:-2}" \
   -kernel "/boot/vmlinuz-$kver" -initrd "$vmdir/initramfs.cpio" \
   -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3" \
   -nic user,model=virtio-net-pci -nographic -no-reboot -monitor none -serial stdio -nodefaults \
   </dev/null >"$console" 2>&1 &
 procs_record "$vmdir/pids/qemu" $! qemu
 log "qemu started (pid $!), console $console"
+
+# The chart, while the guest boots: the controller in-cluster on the host-side
+# node; the installer DaemonSet it renders (the agent image) on the VM node.
+helm_args=(-n "$ns" --set "controller.image.repository=${ctl_ref%:*}" --set "controller.image.tag=${ctl_ref##*:}"
+  --set "driver.image.repository=${agent_ref%:*}" --set "driver.image.tag=${agent_ref##*:}"
+  --set controller.image.pullPolicy=Never --set driver.image.pullPolicy=Never
+  --set controller.replicas=1 --set 'controller.nodeSelector.kubernetes\.io/hostname=real-node-1'
+  # the stub tt-kmd repository in the guest, through the installer pod's /host
+  --set 'controller.extraArgs={--resync-ms=1000,--source-repository=/host/opt/tt-kmd.git}')
+rn helm install "$rel" chart --create-namespace "${helm_args[@]}" --wait --timeout "${timeout_s}s" >/dev/null \
+  || fail "helm install of chart/"
+log "chart installed: controller Ready on real-node-1"
 wait_until "the guest's init" con_has 'VMNODE [0-9.]* init '
 phase "guest kernel boot to init"
 wait_until "containerd in the guest" con_has 'VMNODE [0-9.]* containerd up'
@@ -319,6 +336,229 @@ phase "agent and pause images imported into the guest's containerd"
 wait_until "node $vnode Ready" node_ready
 phase "kubelet started -> node $vnode registered and Ready"
 [ "${VMNODE_STOP_AFTER:-}" = ready ] && { report; exit 0; }
+
+# --- 4. the timeline: the node record, the Node and the workload, on change -------------
+timeline="$vmdir/timeline"
+: >"$timeline"
+watch_cluster() {
+  local last="" now
+  while :; do
+    now=$(rn kubectl get "node/$vnode" "ttdp/$policy" -o json 2>/dev/null | python3 -c '
+import json, sys
+items = json.load(sys.stdin).get("items", [])
+node = next((i for i in items if i["kind"] == "Node"), {})
+pol = next((i for i in items if i["kind"] != "Node"), {})
+rec = next((n for n in pol.get("status", {}).get("nodes", []) if n["name"] == sys.argv[1]), {})
+m = node.get("metadata", {})
+print("state=%s reason=%s cordoned=%s go-ahead=%s kmd-version=%s" % (rec.get("state", "-"), rec.get("reason", "-"),
+      str(node.get("spec", {}).get("unschedulable", False)).lower(),
+      "yes" if "driver.tenstorrent.com/go-ahead" in m.get("annotations", {}) else "no",
+      m.get("labels", {}).get("driver.tenstorrent.com/kmd-version", "-")))' "$vnode" 2>/dev/null) || now=""
+    now="$now workload=$(rn kubectl -n ml get pods -l app=hold --field-selector=status.phase=Running -o name 2>/dev/null | sed 's#pod/##' | paste -sd, -)"
+    [ "$now" = "$last" ] || { echo "$(date +%s.%N | cut -c1-14) $now" >>"$timeline"; last=$now; }
+    sleep 0.5
+  done
+}
+watch_cluster >/dev/null 2>&1 &
+procs_record "$vmdir/pids/watch" $! timeline-watch
+stop_watch() { [ -f "$vmdir/pids/watch" ] && procs_stop "$vmdir/pids/watch"; return 0; }
+trap 'stop_watch; cleanup' EXIT
+
+# first time (host clock) a timeline line at or after T0 matches REGEX
+tl_time() { awk -v t0="$1" -v re="$2" '$1 >= t0 && $0 ~ re {print $1; exit}' "$timeline"; }
+# first time (guest clock) a console report at or after T0 matches REGEX
+con_at() { con | awk -v t0="$1" -v re="$2" '$1 == "VMNODE" && $2 >= t0 && $0 ~ re {print $2; exit}'; }
+# first time an agent log line (by its own timestamp) at or after T0 matches REGEX
+agent_at() {
+  con | python3 -c '
+import re, sys, datetime
+t0, pat = float(sys.argv[1]), re.compile(sys.argv[2])
+for l in sys.stdin:
+    m = re.match(r"VMNODE \S+ agent \S+ (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", l)
+    if not m:
+        continue
+    t = datetime.datetime.fromisoformat(m.group(1)[:26]).replace(tzinfo=datetime.timezone.utc).timestamp()
+    if t >= t0 and pat.search(l):
+        print("%.3f" % t)
+        break' "$1" "$2"
+}
+rel() { if [ -n "$2" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%+7.1fs", b - a }'; else printf '%8s' "-"; fi; }
+# cycle_table TITLE T0 VERSION: what happened after the policy moved to VERSION at T0
+cycle_table() {
+  local t0=$2 v=$3 out t_cord t_load
+  t_cord=$(tl_time "$t0" 'cordoned=true')
+  t_load=$(con_at "$t0" "module=$v ")
+  out=$(printf '[test-vm-node] %s (times after the policy change)\n' "$1"
+    printf '[test-vm-node]   %-58s %s\n' \
+      "node cordoned (controller)" "$(rel "$t0" "$t_cord")" \
+      "record Draining" "$(rel "$t0" "$(tl_time "$t0" 'state=Draining')")" \
+      "workload pod gone (evicted)" "$(rel "$t0" "$(tl_time "$t0" 'workload= *$')")" \
+      "device released in the guest (refcnt 0)" "$(rel "$t0" "$(con_at "$t0" 'refcnt=0')")" \
+      "go-ahead on the Node" "$(rel "$t0" "$(tl_time "$t0" 'go-ahead=yes')")" \
+      "record Upgrading" "$(rel "$t0" "$(tl_time "$t0" 'state=Upgrading')")" \
+      "agent: started (its first log line)" "$(rel "$t0" "$(agent_at "$t0" "ttdrv-agent starting")")" \
+      "agent: waiting for the go-ahead" "$(rel "$t0" "$(agent_at "$t0" "waiting for the controller")")" \
+      "agent: build started (cache miss)" "$(rel "$t0" "$(agent_at "$t0" "cache miss")")" \
+      "agent: build done" "$(rel "$t0" "$(agent_at "$t0" 'step="build"')")" \
+      "agent: module unloaded (guest)" "$(rel "$t0" "$(con_at "$t0" 'module=none')")" \
+      "agent: $v loaded (finit_module, guest)" "$(rel "$t0" "$t_load")" \
+      "agent: summary (installed)" "$(rel "$t0" "$(agent_at "$t0" "summary: result=installed version=$v")")" \
+      "Node label kmd-version=$v" "$(rel "$t0" "$(tl_time "$t0" "kmd-version=$v")")" \
+      "record Uncordoning" "$(rel "$t0" "$(tl_time "$t0" 'state=Uncordoning')")" \
+      "node uncordoned" "$(rel "$t0" "$( [ -n "$t_cord" ] && tl_time "$t_cord" 'cordoned=false')")" \
+      "record Done" "$(rel "$t0" "$(tl_time "$t0" 'state=Done')")" \
+      "workload holds the device again (refcnt 1, guest)" "$(rel "$t0" "$( [ -n "$t_load" ] && con_at "$t_load" "module=$v refcnt=1")")")
+  cycles+=("$out")
+  printf '%s\n' "$out" >&2
+}
+summary_of() { con | grep -o "summary: result=installed version=$1 .*" | tail -n1; }
+last_module_is() { con | grep '^VMNODE [0-9.]* module=' | tail -n1 | grep -q "$1"; }
+done_at() { # VERSION: the record Done, the label at VERSION, not cordoned
+  [ "$(node_state state)" = Done ] && [ "$(node_label driver.tenstorrent.com/kmd-version)" = "$1" ] && ! is_cordoned
+}
+# The audit log: the controller's eviction of a pod through the Eviction API.
+evicted_by_controller() {
+  python3 - "$KWOK_WORKDIR/clusters/$TTDRV_CLUSTER_NAME/logs/audit.log" "$1" "system:serviceaccount:$ns:$rel-controller" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    o = e.get("objectRef", {})
+    if (e.get("stage") == "ResponseComplete" and e.get("verb") == "create" and o.get("subresource") == "eviction"
+            and o.get("name") == sys.argv[2] and e.get("user", {}).get("username") == sys.argv[3]
+            and e.get("responseStatus", {}).get("code", 500) < 300):
+        sys.exit(0)
+sys.exit(1)
+PY
+}
+inst() { rn kubectl -n "$ns" get pods -l app.kubernetes.io/name=tt-driver-installer --field-selector "spec.nodeName=$vnode" -o jsonpath='{.items[0].metadata.name}'; }
+has_inst() { [ -n "$(inst)" ]; }
+pod_gone() { ! rn kubectl -n "$1" get pod "$2"; }
+
+# --- 5. first install of 2.7.0: a real build in the installer pod ----------------------------
+rn kubectl label node "$vnode" --overwrite "$pci_label=true" >/dev/null
+t0=$(date +%s.%N)
+rn kubectl apply -f - >/dev/null <<EOF
+apiVersion: driver.tenstorrent.com/v1alpha1
+kind: TenstorrentDriverPolicy
+metadata: {name: $policy}
+spec:
+  version: "2.7.0"
+  nodeAffinity: {matchLabels: {kubernetes.io/hostname: $vnode}}
+  upgradePolicy:
+    maxUnavailable: 1
+    drain: {enable: true, fullNode: false, timeoutSeconds: 600}
+EOF
+wait_until "an installer pod on $vnode" has_inst
+wait_until "the installer container running on $vnode" con_has "VMNODE [0-9.]* agent "
+phase "policy 2.7.0 -> installer pod scheduled, agent container started"
+wait_until "2.7.0 loaded in the guest" con_has "VMNODE [0-9.]* module=2.7.0 "
+phase "agent: clone, real build, finit_module of 2.7.0"
+wait_until "the node Done at 2.7.0" done_at 2.7.0
+summary_of 2.7.0 | grep -q 'previous=none source=build' || fail "2.7.0 was not a source build: $(summary_of 2.7.0)"
+p=$(inst)
+log "installer pod $p: created $(rn kubectl -n "$ns" get pod "$p" -o jsonpath='{.metadata.creationTimestamp}'), started $(rn kubectl -n "$ns" get pod "$p" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}'), Ready $(rn kubectl -n "$ns" get pod "$p" -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')"
+cycle_table "first install of 2.7.0 (nothing loaded)" "$t0" 2.7.0
+phase "readiness, labels, node Done at 2.7.0"
+[ "${VMNODE_STOP_AFTER:-}" = install ] && { report; exit 0; }
+
+# --- 6. the workload: /dev/tenstorrent/0 held open ---------------------------------------
+rn kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Namespace
+metadata: {name: ml}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: hold, namespace: ml}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: hold}}
+  template:
+    metadata: {labels: {app: hold}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: $vnode}
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: hold
+        image: $agent_ref
+        imagePullPolicy: Never
+        # privileged: no device plugin here, and the device cgroup denies the rest
+        securityContext: {privileged: true}
+        command: ["/bin/sh", "-c", "until [ -c /dev/tenstorrent/0 ]; do sleep 1; done; exec sleep infinity </dev/tenstorrent/0"]
+        volumeMounts: [{name: dev, mountPath: /dev/tenstorrent}]
+      volumes:
+      - name: dev
+        hostPath: {path: /dev/tenstorrent, type: DirectoryOrCreate}
+EOF
+wait_until "the workload Running on $vnode" pods_running ml app=hold 1
+wait_until "the workload holding /dev/tenstorrent/0 (refcnt 1)" last_module_is 'module=2.7.0 refcnt=1'
+hold1=$(rn kubectl -n ml get pods -l app=hold -o jsonpath='{.items[0].metadata.name}')
+phase "workload $hold1 holds /dev/tenstorrent/0 (refcnt 1)"
+
+# --- 7. the upgrade 2.7.0 -> 2.8.0 under the workload ----------------------------------------
+t0=$(date +%s.%N)
+rn kubectl patch ttdp "$policy" --type merge -p '{"spec":{"version":"2.8.0"}}' >/dev/null
+wait_until "the node cordoned" is_cordoned
+# Until the drain and the go-ahead, the module and its holder stay.
+last_module_is 'module=2.7.0 refcnt=1 ' || fail "module touched before the drain: $(module_now)"
+wait_until "the workload evicted" pod_gone ml "$hold1"
+evicted_by_controller "$hold1" || fail "no eviction of ml/$hold1 by the controller in the audit log"
+wait_until "2.8.0 loaded in the guest" con_has "VMNODE [0-9.]* module=2.8.0 "
+wait_until "the node Done at 2.8.0" done_at 2.8.0
+summary_of 2.8.0 | grep -q 'previous=2.7.0 source=build' || fail "2.8.0 was not a source build replacing 2.7.0: $(summary_of 2.8.0)"
+wait_until "the workload back, holding the 2.8.0 device" last_module_is 'module=2.8.0 refcnt=1 '
+# The order: the module changed only after the eviction and the go-ahead.
+t_gone=$(tl_time "$t0" 'workload= *$'); t_go=$(tl_time "$t0" 'go-ahead=yes'); t_swap=$(con_at "$t0" 'module=(none|2[.]8[.]0) ')
+[ -n "$t_gone" ] && [ -n "$t_go" ] && [ -n "$t_swap" ] || fail "timeline incomplete: evicted=$t_gone go-ahead=$t_go swap=$t_swap"
+awk -v a="$t_gone" -v b="$t_go" -v c="$t_swap" 'BEGIN { exit !(a <= c + 1 && b <= c + 1) }' \
+  || fail "module swapped at $t_swap before the eviction ($t_gone) or the go-ahead ($t_go)"
+cycle_table "upgrade 2.7.0 -> 2.8.0 under the workload (real build)" "$t0" 2.8.0
+phase "upgrade to 2.8.0: cordon, eviction, go-ahead, build, load, uncordon"
+hold2=$(rn kubectl -n ml get pods -l app=hold -o jsonpath='{.items[0].metadata.name}')
+
+# --- 8. the downgrade back to 2.7.0, from the agent's cache ------------------------------------
+t0=$(date +%s.%N)
+rn kubectl patch ttdp "$policy" --type merge -p '{"spec":{"version":"2.7.0"}}' >/dev/null
+wait_until "the workload evicted again" pod_gone ml "$hold2"
+wait_until "the node Done at 2.7.0 again" done_at 2.7.0
+summary_of 2.7.0 | grep -q 'previous=2.8.0 source=cache' || fail "the downgrade did not come from the cache: $(summary_of 2.7.0)"
+wait_until "the workload back, holding the 2.7.0 device" last_module_is 'module=2.7.0 refcnt=1 '
+cycle_table "downgrade 2.8.0 -> 2.7.0 (from the agent's cache)" "$t0" 2.7.0
+phase "downgrade to 2.7.0 from the cache"
+
+# --- 9. the break: no go-ahead, the module stays -------------------------------------------------
+[ -z "$(rn kubectl get node "$vnode" -o jsonpath='{.metadata.annotations.driver\.tenstorrent\.com/go-ahead}')" ] \
+  || fail "the go-ahead outlived the cycle"
+rn kubectl -n "$ns" scale deploy "$rel-controller" --replicas=0 >/dev/null
+no_controller() { [ -z "$(rn kubectl -n "$ns" get pods -l app.kubernetes.io/component=controller -o name)" ]; }
+wait_until "no controller pod" no_controller
+hold3=$(rn kubectl -n ml get pods -l app=hold -o jsonpath='{.items[0].metadata.name}')
+before=$(module_now)
+t0=$(date +%s.%N)
+# A pod that starts for another reason (here: the DaemonSet edited by hand and
+# the pod deleted) with another target, while the workload holds the device.
+rn kubectl -n "$ns" set env "ds/ttdrv-$policy" TT_KMD_VERSION=2.8.0 >/dev/null
+old=$(inst)
+rn kubectl -n "$ns" delete pod "$old" --wait=false >/dev/null
+new_inst() { local p; p=$(inst); [ -n "$p" ] && [ "$p" != "$old" ]; }
+wait_until "a replacement installer pod" new_inst
+agent_waits() { [ -n "$(con_at "$t0" "waiting for the controller.s go-ahead")" ]; }
+wait_until "the agent waiting for the go-ahead" agent_waits
+# three of the agent's go-ahead polls (every 5 s) later
+sleep 16
+after=$(module_now)
+[ "$before" = "module=2.7.0 refcnt=1 dev=0," ] || fail "unexpected state before the break: $before"
+[ "$after" = "$before" ] || fail "without the go-ahead the module changed: before '$before', after '$after'"
+[ "$(rn kubectl -n ml get pod "$hold3" -o jsonpath='{.status.phase}')" = Running ] || fail "the workload pod $hold3 is not Running"
+is_cordoned && fail "node cordoned without a controller"
+[ "$(node_label driver.tenstorrent.com/kmd-version)" = 2.7.0 ] || fail "kmd-version label changed without a go-ahead"
+log "no go-ahead: $after, workload $hold3 Running, agent: $(con | grep -o "waiting for the controller.s go-ahead.*" | tail -n1 | cut -c1-200)"
+phase "break: no controller, pod replaced with target 2.8.0: 2.7.0 untouched"
+
+stop_watch
+log "--- the node's Events"
+rn kubectl get events -A --field-selector "involvedObject.name=$vnode" --sort-by=.lastTimestamp \
+  -o custom-columns=TIME:.lastTimestamp,REASON:.reason,MESSAGE:.message 2>/dev/null | tail -n 40 | sed 's/^/[events] /' >&2 || true
 
 report
 echo "test-vm-node: 1 passed, 0 failed"
