@@ -34,7 +34,7 @@
 #
 # Env: TTDRV_CLUSTER_NAME (default ttdrv-vmnode; "-realnode" appended as
 # hack/realnode.sh does), KWOK_WORKDIR (default ~/.kwok-vmnode), TIMEOUT
-# (seconds per wait, default 600: TCG is slow), VM_MEM (MiB, default 3584),
+# (seconds per wait, default 900: a source build under TCG takes minutes), VM_MEM (MiB, default 3584),
 # VM_SMP (default 2), KEEP_VMNODE=1 (leave everything up; stop it with
 # hack/test-vm-node.sh down), VMNODE_STOP_AFTER=boot|ready|install (end early).
 set -euo pipefail
@@ -50,7 +50,7 @@ TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv-vmnode}
 KWOK_WORKDIR=${KWOK_WORKDIR:-$HOME/.kwok-vmnode}
 [[ $KWOK_WORKDIR == *-realnode ]] || KWOK_WORKDIR=$KWOK_WORKDIR-realnode
 export TTDRV_CLUSTER_NAME KWOK_WORKDIR
-timeout_s=${TIMEOUT:-600}
+timeout_s=${TIMEOUT:-900}
 vnode=vm-node-1
 rel=tt-k8s-driver-manager
 ns=tt-k8s-driver-manager-system
@@ -412,6 +412,8 @@ cycle_table() {
   printf '%s\n' "$out" >&2
 }
 summary_of() { con | grep -o "summary: result=installed version=$1 .*" | tail -n1; }
+# The console lags the API: wait for the agent's summary line of VERSION naming PREVIOUS.
+has_summary() { summary_of "$1" | grep -q "previous=$2 "; }
 last_module_is() { con | grep '^VMNODE [0-9.]* module=' | tail -n1 | grep -q "$1"; }
 done_at() { # VERSION: the record Done, the label at VERSION, not cordoned
   [ "$(node_state state)" = Done ] && [ "$(node_label driver.tenstorrent.com/kmd-version)" = "$1" ] && ! is_cordoned
@@ -454,6 +456,7 @@ phase "policy 2.7.0 -> installer pod scheduled, agent container started"
 wait_until "2.7.0 loaded in the guest" con_has "VMNODE [0-9.]* module=2.7.0 "
 phase "agent: clone, real build, finit_module of 2.7.0"
 wait_until "the node Done at 2.7.0" done_at 2.7.0
+wait_until "the agent's summary for 2.7.0 (previous none)" has_summary 2.7.0 none
 summary_of 2.7.0 | grep -q 'previous=none source=build' || fail "2.7.0 was not a source build: $(summary_of 2.7.0)"
 p=$(inst)
 log "installer pod $p: created $(rn kubectl -n "$ns" get pod "$p" -o jsonpath='{.metadata.creationTimestamp}'), started $(rn kubectl -n "$ns" get pod "$p" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}'), Ready $(rn kubectl -n "$ns" get pod "$p" -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')"
@@ -505,6 +508,7 @@ wait_until "the workload evicted" pod_gone ml "$hold1"
 evicted_by_controller "$hold1" || fail "no eviction of ml/$hold1 by the controller in the audit log"
 wait_until "2.8.0 loaded in the guest" con_has "VMNODE [0-9.]* module=2.8.0 "
 wait_until "the node Done at 2.8.0" done_at 2.8.0
+wait_until "the agent's summary for 2.8.0 (previous 2.7.0)" has_summary 2.8.0 2.7.0
 summary_of 2.8.0 | grep -q 'previous=2.7.0 source=build' || fail "2.8.0 was not a source build replacing 2.7.0: $(summary_of 2.8.0)"
 wait_until "the workload back, holding the 2.8.0 device" last_module_is 'module=2.8.0 refcnt=1 '
 # The order: the module changed only after the eviction and the go-ahead.
@@ -521,6 +525,7 @@ t0=$(date +%s.%N)
 rn kubectl patch ttdp "$policy" --type merge -p '{"spec":{"version":"2.7.0"}}' >/dev/null
 wait_until "the workload evicted again" pod_gone ml "$hold2"
 wait_until "the node Done at 2.7.0 again" done_at 2.7.0
+wait_until "the agent's summary for 2.7.0 (previous 2.8.0)" has_summary 2.7.0 2.8.0
 summary_of 2.7.0 | grep -q 'previous=2.8.0 source=cache' || fail "the downgrade did not come from the cache: $(summary_of 2.7.0)"
 wait_until "the workload back, holding the 2.7.0 device" last_module_is 'module=2.7.0 refcnt=1 '
 cycle_table "downgrade 2.8.0 -> 2.7.0 (from the agent's cache)" "$t0" 2.7.0
