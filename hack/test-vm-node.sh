@@ -368,6 +368,8 @@ trap 'stop_watch; cleanup' EXIT
 tl_time() { awk -v t0="$1" -v re="$2" '$1 >= t0 && $0 ~ re {print $1; exit}' "$timeline"; }
 # first time (guest clock) a console report at or after T0 matches REGEX
 con_at() { con | awk -v t0="$1" -v re="$2" '$1 == "VMNODE" && $2 >= t0 && $0 ~ re {print $2; exit}'; }
+# the same, for the module reports only ("module=V refcnt=N dev=...")
+mod_at() { con | awk -v t0="$1" -v re="$2" '$1 == "VMNODE" && $2 >= t0 && $3 ~ /^module=/ && $0 ~ re {print $2; exit}'; }
 # first time an agent log line (by its own timestamp) at or after T0 matches REGEX
 agent_at() {
   con | python3 -c '
@@ -383,31 +385,34 @@ for l in sys.stdin:
         break' "$1" "$2"
 }
 rel() { if [ -n "$2" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%+7.1fs", b - a }'; else printf '%8s' "-"; fi; }
-# cycle_table TITLE T0 VERSION: what happened after the policy moved to VERSION at T0
+# cycle_table TITLE T0 VERSION [workload]: what happened after the policy moved to VERSION at T0
 cycle_table() {
   local t0=$2 v=$3 out t_cord t_load
+  # without a workload its rows say nothing
+  wl() { if [ "${4:-}" = workload ]; then rel "$@"; else printf '%8s' -; fi; }
   t_cord=$(tl_time "$t0" 'cordoned=true')
-  t_load=$(con_at "$t0" "module=$v ")
+  t_load=$(mod_at "$t0" "module=$v ")
   out=$(printf '[test-vm-node] %s (times after the policy change)\n' "$1"
     printf '[test-vm-node]   %-58s %s\n' \
       "node cordoned (controller)" "$(rel "$t0" "$t_cord")" \
       "record Draining" "$(rel "$t0" "$(tl_time "$t0" 'state=Draining')")" \
-      "workload pod gone (evicted)" "$(rel "$t0" "$(tl_time "$t0" 'workload= *$')")" \
-      "device released in the guest (refcnt 0)" "$(rel "$t0" "$(con_at "$t0" 'refcnt=0')")" \
+      "workload pod object gone (evicted)" "$(wl "$t0" "$(tl_time "$t0" 'workload= *$')" "" "${4:-}")" \
+      "device released in the guest (refcnt 0)" "$(wl "$t0" "$(mod_at "$t0" 'refcnt=0')" "" "${4:-}")" \
       "go-ahead on the Node" "$(rel "$t0" "$(tl_time "$t0" 'go-ahead=yes')")" \
       "record Upgrading" "$(rel "$t0" "$(tl_time "$t0" 'state=Upgrading')")" \
       "agent: started (its first log line)" "$(rel "$t0" "$(agent_at "$t0" "ttdrv-agent starting")")" \
       "agent: waiting for the go-ahead" "$(rel "$t0" "$(agent_at "$t0" "waiting for the controller")")" \
       "agent: build started (cache miss)" "$(rel "$t0" "$(agent_at "$t0" "cache miss")")" \
       "agent: build done" "$(rel "$t0" "$(agent_at "$t0" 'step="build"')")" \
-      "agent: module unloaded (guest)" "$(rel "$t0" "$(con_at "$t0" 'module=none')")" \
-      "agent: $v loaded (finit_module, guest)" "$(rel "$t0" "$t_load")" \
+      "agent: old module unloaded" "$(rel "$t0" "$(agent_at "$t0" 'step="unload"')")" \
+      "agent: new module loaded (finit_module)" "$(rel "$t0" "$(agent_at "$t0" 'step="load"')")" \
+      "guest console: $v loaded" "$(rel "$t0" "$t_load")" \
       "agent: summary (installed)" "$(rel "$t0" "$(agent_at "$t0" "summary: result=installed version=$v")")" \
       "Node label kmd-version=$v" "$(rel "$t0" "$(tl_time "$t0" "kmd-version=$v")")" \
       "record Uncordoning" "$(rel "$t0" "$(tl_time "$t0" 'state=Uncordoning')")" \
       "node uncordoned" "$(rel "$t0" "$( [ -n "$t_cord" ] && tl_time "$t_cord" 'cordoned=false')")" \
-      "record Done" "$(rel "$t0" "$(tl_time "$t0" 'state=Done')")" \
-      "workload holds the device again (refcnt 1, guest)" "$(rel "$t0" "$( [ -n "$t_load" ] && con_at "$t_load" "module=$v refcnt=1")")")
+      "record Done" "$(rel "$t0" "$(tl_time "$(tl_time "$t0" 'state=Upgrading')" 'state=Done')")" \
+      "workload holds the device again (refcnt 1, guest)" "$(wl "$t0" "$( [ -n "$t_load" ] && mod_at "$t_load" "module=$v refcnt=1")" "" "${4:-}")")
   cycles+=("$out")
   printf '%s\n' "$out" >&2
 }
@@ -512,11 +517,12 @@ wait_until "the agent's summary for 2.8.0 (previous 2.7.0)" has_summary 2.8.0 2.
 summary_of 2.8.0 | grep -q 'previous=2.7.0 source=build' || fail "2.8.0 was not a source build replacing 2.7.0: $(summary_of 2.8.0)"
 wait_until "the workload back, holding the 2.8.0 device" last_module_is 'module=2.8.0 refcnt=1 '
 # The order: the module changed only after the eviction and the go-ahead.
-t_gone=$(tl_time "$t0" 'workload= *$'); t_go=$(tl_time "$t0" 'go-ahead=yes'); t_swap=$(con_at "$t0" 'module=(none|2[.]8[.]0) ')
+# (the agent's own time of the unload; the console's reports lag)
+t_gone=$(tl_time "$t0" 'workload= *$'); t_go=$(tl_time "$t0" 'go-ahead=yes'); t_swap=$(agent_at "$t0" 'step="unload"')
 [ -n "$t_gone" ] && [ -n "$t_go" ] && [ -n "$t_swap" ] || fail "timeline incomplete: evicted=$t_gone go-ahead=$t_go swap=$t_swap"
 awk -v a="$t_gone" -v b="$t_go" -v c="$t_swap" 'BEGIN { exit !(a <= c + 1 && b <= c + 1) }' \
   || fail "module swapped at $t_swap before the eviction ($t_gone) or the go-ahead ($t_go)"
-cycle_table "upgrade 2.7.0 -> 2.8.0 under the workload (real build)" "$t0" 2.8.0
+cycle_table "upgrade 2.7.0 -> 2.8.0 under the workload (real build)" "$t0" 2.8.0 workload
 phase "upgrade to 2.8.0: cordon, eviction, go-ahead, build, load, uncordon"
 hold2=$(rn kubectl -n ml get pods -l app=hold -o jsonpath='{.items[0].metadata.name}')
 
@@ -528,7 +534,7 @@ wait_until "the node Done at 2.7.0 again" done_at 2.7.0
 wait_until "the agent's summary for 2.7.0 (previous 2.8.0)" has_summary 2.7.0 2.8.0
 summary_of 2.7.0 | grep -q 'previous=2.8.0 source=cache' || fail "the downgrade did not come from the cache: $(summary_of 2.7.0)"
 wait_until "the workload back, holding the 2.7.0 device" last_module_is 'module=2.7.0 refcnt=1 '
-cycle_table "downgrade 2.8.0 -> 2.7.0 (from the agent's cache)" "$t0" 2.7.0
+cycle_table "downgrade 2.8.0 -> 2.7.0 (from the agent's cache)" "$t0" 2.7.0 workload
 phase "downgrade to 2.7.0 from the cache"
 
 # --- 9. the break: no go-ahead, the module stays -------------------------------------------------
@@ -561,6 +567,9 @@ log "no go-ahead: $after, workload $hold3 Running, agent: $(con | grep -o "waiti
 phase "break: no controller, pod replaced with target 2.8.0: 2.7.0 untouched"
 
 stop_watch
+log "--- the policy's Events (the controller's side)"
+rn kubectl get events -A --field-selector "involvedObject.name=$policy" --sort-by=.lastTimestamp \
+  -o custom-columns=TIME:.lastTimestamp,REASON:.reason,MESSAGE:.message 2>/dev/null | tail -n 40 | sed 's/^/[events] /' >&2 || true
 log "--- the node's Events"
 rn kubectl get events -A --field-selector "involvedObject.name=$vnode" --sort-by=.lastTimestamp \
   -o custom-columns=TIME:.lastTimestamp,REASON:.reason,MESSAGE:.message 2>/dev/null | tail -n 40 | sed 's/^/[events] /' >&2 || true
