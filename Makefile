@@ -11,7 +11,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: test deps lint unit cluster-up cluster-down crds install-plugins demo demo-down bench bench-pods testbin \
-	images release test-realnode realnode-up realnode-down
+	images release test-realnode realnode-up realnode-down test-vm-node
 
 # Debian packages, promtool, the musl target: installed when missing (idempotent).
 deps:
@@ -38,6 +38,13 @@ realnode-down:
 test-realnode:
 	bash hack/test-images.sh
 	bash hack/test-realnode.sh
+
+# A node in a QEMU guest (Debian's kernel, TCG) joined to the real node's
+# control plane: controller-driven swaps of the stub module under a workload
+# (see hack/test-vm-node.sh). Its own target (CI runs it after make test):
+# 25-30 minutes here under TCG, two real module builds of 4-10 minutes each.
+test-vm-node:
+	bash hack/test-vm-node.sh
 
 testbin:
 	bash hack/build-testbin.sh >/dev/null
