@@ -547,10 +547,11 @@ def controller():
     P.append(row(L, "Caches"))
     P.append(panel(
         L, "timeseries", "Cached objects", 24, 8,
-        targets(('max by (kind) (ttdriver_cache_objects)', "{{kind}}")),
+        targets((f'max by (kind) (ttdriver_cache_objects{{{SCRAPE}}})', "{{kind}}")),
         description="Objects each replica keeps in its watch caches, by kind (ttdriver_cache_objects). "
                     "Pod counts every bound pod of the cluster (its drain facts, ~0.3 KiB); the controller's "
                     "memory follows nodes and pods: see the sizing rule in docs/operations.md.",
+        unit="short",
         defaults={"custom": ts_custom(fill=0), "decimals": 0},
         options=ts_options(["lastNotNull"]),
     ))
