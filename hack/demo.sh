@@ -122,7 +122,7 @@ say "Done. The cluster keeps running; look around:"
 cat <<TXT
   export KUBECONFIG=$KUBECONFIG PATH=$bin:$PWD/target/debug:\$PATH
   kubectl tt driver                       # fleet view
-  kubectl get ttdp                        # Version, Matched, Done, Failed, Paused
+  kubectl get ttdp                        # Version, Matched, UpToDate, InProgress, Failed, Age, Phase, Ready
   kubectl get nodes -L driver.tenstorrent.com/kmd-version,driver.tenstorrent.com/install-mode
   kubectl get events -A --field-selector involvedObject.kind=TenstorrentDriverPolicy
   curl -s 127.0.0.1:18080/metrics | grep ttdriver_node_state   # Prometheus metrics
