@@ -42,7 +42,7 @@ test-realnode:
 # A node in a QEMU guest (Debian's kernel, TCG) joined to the real node's
 # control plane: controller-driven swaps of the stub module under a workload
 # (see hack/test-vm-node.sh). Its own target (CI runs it after make test):
-# 25-30 minutes here under TCG, two real module builds of 4-10 minutes each.
+# 5 minutes on an idle machine, 25-30 under load (TCG; two real module builds).
 test-vm-node:
 	bash hack/test-vm-node.sh
 
