@@ -625,14 +625,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     want.version,
                     want.upgrade_timeout_seconds,
                     obs.loaded.as_deref().unwrap_or("none"),
-                    obs.installer_problem
-                        .as_deref()
-                        .unwrap_or(match obs.installer {
-                            InstallerPod::Missing => "missing",
-                            InstallerPod::Stale { .. } => "old template",
-                            InstallerPod::Current { ready: true } => "ready",
-                            InstallerPod::Current { ready: false } => "not ready",
-                        }),
+                    installer_summary(obs),
                     retry_hint(&want.policy)
                 );
                 let why = deadline_reason(obs, reason::UPGRADE_TIMEOUT);
@@ -726,6 +719,19 @@ fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
         record: r,
         commands: cmds,
     }
+}
+
+/// The installer pod as a timeout message names it: its problem if it has
+/// one, else its state.
+fn installer_summary(obs: &Observation) -> &str {
+    obs.installer_problem
+        .as_deref()
+        .unwrap_or(match obs.installer {
+            InstallerPod::Missing => "missing",
+            InstallerPod::Stale { .. } => "old template",
+            InstallerPod::Current { ready: true } => "ready",
+            InstallerPod::Current { ready: false } => "not ready",
+        })
 }
 
 fn retry_hint(policy: &str) -> String {

@@ -11,8 +11,8 @@
 use ttdrv_api::NodeState::{self, *};
 
 use super::{
-    Command, Desired, Failure, InstallerPod, NodeRecord, Observation, Step, enter, retry_hint,
-    start_cordon, stay, wait,
+    Command, Desired, Failure, InstallerPod, NodeRecord, Observation, Step, enter,
+    installer_summary, retry_hint, start_cordon, stay, wait,
 };
 use crate::reason;
 
@@ -151,14 +151,7 @@ fn unloading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             "installer did not report tt-kmd unloaded within {}s (loaded: {}; installer pod: {}){}",
             want.upgrade_timeout_seconds,
             obs.loaded.as_deref().unwrap_or("none"),
-            obs.installer_problem
-                .as_deref()
-                .unwrap_or(match obs.installer {
-                    InstallerPod::Missing => "missing",
-                    InstallerPod::Stale { .. } => "old template",
-                    InstallerPod::Current { ready: true } => "ready",
-                    InstallerPod::Current { ready: false } => "not ready",
-                }),
+            installer_summary(obs),
             retry_hint(&want.policy)
         );
         let why = if obs.ready {
