@@ -75,11 +75,13 @@ pub fn go_ahead_for(node: &str, record: &NodeRecord) -> Option<GoAhead> {
 }
 
 /// The driver labels the agent writes, removed when a node is vacated.
-pub const DRIVER_LABELS: [&str; 4] = [
+pub const DRIVER_LABELS: [&str; 6] = [
     labels::KMD_VERSION,
     labels::KMD_BOOT_ID,
     labels::INSTALL_MODE,
     labels::TT_SMI_VERSION,
+    labels::KMD_PREPARED,
+    labels::KMD_NEXT_KERNEL_FAILED,
 ];
 
 /// The end of a vacate cycle: no record, no go-ahead, none of our driver

@@ -201,6 +201,7 @@ impl Agent<'_> {
             self.device_access(&root);
             let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
             step("label-node", || self.label_container(&root, &target, smi))?;
+            self.prepare_next_kernels(&root, &kver, &target);
             return Ok(Outcome::AlreadyCurrent { version: target });
         }
 
@@ -220,6 +221,12 @@ impl Agent<'_> {
         // comes the swap itself is quick.
         let (module, source) = self.obtain_module(&root, &kver, &target)?;
         let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
+        // The prepare step is done: say so before waiting, so the controller
+        // may start this node's disruptive cycle knowing the swap is a load
+        // from the cache.
+        if state.is_some() {
+            self.report_prepared(&target);
+        }
 
         // The second key: a loaded module of another version is unloaded only
         // with the controller's go-ahead, read again right before the swap.
@@ -230,6 +237,7 @@ impl Agent<'_> {
         if version_matches(state.as_ref().and_then(|s| s.version.as_deref()), &target) {
             self.device_access(&root);
             step("label-node", || self.label_container(&root, &target, smi))?;
+            self.prepare_next_kernels(&root, &kver, &target);
             return Ok(Outcome::AlreadyCurrent { version: target });
         }
 
@@ -276,6 +284,9 @@ impl Agent<'_> {
         for gone in Cache::new(&root).prune(&kver, &keep) {
             tracing::info!(path = %gone, "pruned from the module cache");
         }
+        // After the swap, with the node serving again: the next kernels'
+        // builds stay out of the disruptive window.
+        self.prepare_next_kernels(&root, &kver, &target);
         Ok(Outcome::Installed {
             version: target,
             previous: previous.flatten(),
@@ -418,12 +429,81 @@ impl Agent<'_> {
         }
         tracing::info!(path = %cache.path(kver, target).display(), "cache miss: building from source");
         Ok((
-            self.build_and_store(root, kver, target)?,
+            self.build_and_store(root, kver, target, Priority::Low)?,
             ModuleSource::Build,
         ))
     }
 
-    fn build_and_store(&self, root: &HostRoot, kver: &str, target: &str) -> Result<Verified> {
+    /// Labels the node [`labels::KMD_PREPARED`]`=target`. Best effort: the
+    /// swap does not depend on it, only the controller's scheduling does.
+    fn report_prepared(&self, target: &str) {
+        let changes = LabelChanges::from([(
+            labels::KMD_PREPARED.to_string(),
+            Some(target)
+                .filter(|v| valid_label_value(v))
+                .map(str::to_string),
+        )]);
+        if let Err(e) = self.apply_labels(&changes) {
+            tracing::warn!(error = %e, "cannot report the prepared module");
+        }
+    }
+
+    /// Next-kernel preflight: builds and caches `target` for every installed
+    /// kernel with a build tree besides the running one, so that a reboot into
+    /// it loads from the cache. A failure is a warning (label
+    /// [`labels::KMD_NEXT_KERNEL_FAILED`]), never an error of this run.
+    /// Returns the kernels that failed.
+    pub(crate) fn prepare_next_kernels(
+        &self,
+        root: &HostRoot,
+        running: &str,
+        target: &str,
+    ) -> Vec<String> {
+        let kernels = next_kernels(root, running);
+        if kernels.is_empty() {
+            // label_container removed the warning label with its own patch.
+            return Vec::new();
+        }
+        let cache = Cache::new(root);
+        let mut failed = Vec::new();
+        for kver in kernels {
+            let r = step("prepare-next-kernel", || {
+                match cache.lookup(&kver, target)? {
+                    Some(hit) => Ok(hit),
+                    None => self.build_and_store(root, &kver, target, Priority::Low),
+                }
+            });
+            match r {
+                Ok(m) => {
+                    tracing::info!(kernel = %kver, version = target, sha256 = %m.sha256, "next kernel prepared")
+                }
+                Err(e) => {
+                    tracing::warn!(kernel = %kver, version = target, error = %e, "the target version does not build for an installed kernel: a reboot into it would find no module");
+                    failed.push(kver);
+                }
+            }
+        }
+        let value = failed.first().map(|k| {
+            if valid_label_value(k) {
+                k.clone()
+            } else {
+                labels::NEXT_KERNEL_UNNAMED.to_string()
+            }
+        });
+        let changes = LabelChanges::from([(labels::KMD_NEXT_KERNEL_FAILED.to_string(), value)]);
+        if let Err(e) = self.apply_labels(&changes) {
+            tracing::warn!(error = %e, "cannot report the next-kernel preflight");
+        }
+        failed
+    }
+
+    fn build_and_store(
+        &self,
+        root: &HostRoot,
+        kver: &str,
+        target: &str,
+        priority: Priority,
+    ) -> Result<Verified> {
         let cache = Cache::new(root);
         let headers_host = format!("/lib/modules/{kver}/build");
         // Follow the build link as the host would (absolute targets under the
@@ -451,13 +531,15 @@ impl Agent<'_> {
             .map_err(|e| {
                 AgentError::io("creating a build directory in", std::env::temp_dir(), e)
             })?;
-        let built = step("build", || {
-            self.builder.build(&BuildRequest {
-                version: target,
-                kernel_release: kver,
-                headers: &headers,
-                workdir: workdir.path(),
-            })
+        let req = BuildRequest {
+            version: target,
+            kernel_release: kver,
+            headers: &headers,
+            workdir: workdir.path(),
+        };
+        let built = step("build", || match priority {
+            Priority::Low => build_low_priority(self.builder, &req),
+            Priority::Normal => self.builder.build(&req),
         })?;
         let found = crate::modinfo::module_version(&built)?;
         if found.as_deref() != Some(target) {
@@ -536,7 +618,10 @@ impl Agent<'_> {
                     "the kernel refused the cached module; evicting it and building once more"
                 );
                 Cache::new(root).evict(kver, target)?;
-                module = step("rebuild", || self.build_and_store(root, kver, target))?;
+                // Inside the disruptive window: at normal priority.
+                module = step("rebuild", || {
+                    self.build_and_store(root, kver, target, Priority::Normal)
+                })?;
                 source = ModuleSource::Build;
                 match self.kernel.load(&module.file) {
                     Ok(()) => return Ok(source),
@@ -642,6 +727,11 @@ impl Agent<'_> {
         tt_smi_installed: bool,
     ) -> Result<()> {
         let mut changes = host_labels(false, Some(version), self.boot_id(root).as_deref());
+        // No other kernel to prepare: no next-kernel warning either, said in
+        // this patch rather than one more (prepare_next_kernels reports otherwise).
+        if next_kernels(root, &root.kernel_release()?).is_empty() {
+            changes.insert(labels::KMD_NEXT_KERNEL_FAILED.into(), None);
+        }
         if tt_smi_installed {
             match &self.config.tt_smi_version {
                 Some(v) if valid_label_value(v) => {
@@ -664,6 +754,63 @@ impl Agent<'_> {
                 reason,
             })
     }
+}
+
+/// The CPU priority of a build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Priority {
+    /// [`BUILD_NICE`]: a build that runs while the node serves workloads.
+    Low,
+    /// A build inside the disruptive window (the node waits for it).
+    Normal,
+}
+
+/// The nice value of a build that runs while the node serves workloads: the
+/// lowest CPU priority. The block layer derives a best-effort I/O priority
+/// from it too (BFQ/CFQ: `(nice + 20) / 5`, the lowest), so no ionice is needed.
+pub const BUILD_NICE: i32 = 19;
+
+/// Runs the build on a thread of its own at [`BUILD_NICE`]: on Linux the nice
+/// value is per thread and inherited by the git and make it spawns, so the
+/// agent's other work (polling for the go-ahead, the load) keeps its priority
+/// and nothing needs restoring. A failure to lower it is only logged.
+fn build_low_priority(builder: &dyn Builder, req: &BuildRequest<'_>) -> Result<PathBuf> {
+    let dispatch = tracing::dispatcher::get_default(|d| d.clone());
+    std::thread::scope(|s| {
+        let worker = s.spawn(|| {
+            tracing::dispatcher::with_default(&dispatch, || {
+                // `None`: the calling thread (Linux keeps nice per thread).
+                if let Err(e) = rustix::process::setpriority_process(None, BUILD_NICE) {
+                    tracing::warn!(error = %e, "cannot lower the build's CPU priority; building at normal priority");
+                }
+                builder.build(req)
+            })
+        });
+        worker.join().unwrap_or_else(|_| {
+            Err(AgentError::BuildPanicked {
+                version: req.version.to_string(),
+            })
+        })
+    })
+}
+
+/// The installed kernels with a build tree (`/lib/modules/<kver>/build`)
+/// other than `running`, sorted. An unreadable `/lib/modules` gives none.
+pub fn next_kernels(root: &HostRoot, running: &str) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(root.path("/lib/modules")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|k| k != running && !k.starts_with('.'))
+        .filter(|k| {
+            let build = format!("/lib/modules/{k}/build");
+            root.resolve(&build).is_dir() || root.path(&build).is_dir()
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// The second key (pure): whether the module loaded now (`state`) may be

@@ -29,7 +29,7 @@ pub struct BuildRequest<'a> {
 
 /// Produces `tenstorrent.ko` for a version; returns the path of the built file
 /// (inside the request's workdir).
-pub trait Builder {
+pub trait Builder: Sync {
     fn build(&self, req: &BuildRequest<'_>) -> Result<PathBuf>;
 }
 

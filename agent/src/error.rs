@@ -180,6 +180,9 @@ pub enum AgentError {
     #[error("the build of tenstorrent {version} produced no module at {}", path.display())]
     BuildOutputMissing { version: String, path: PathBuf },
 
+    #[error("the build of tenstorrent {version} panicked")]
+    BuildPanicked { version: String },
+
     #[error("cannot write the module cache at {}: {source}", path.display())]
     CacheWrite {
         path: PathBuf,
@@ -292,6 +295,7 @@ impl AgentError {
             | AgentError::Spawn { .. }
             | AgentError::Make { .. }
             | AgentError::BuildOutputMissing { .. }
+            | AgentError::BuildPanicked { .. }
             | AgentError::BuiltWrongVersion { .. }
             | AgentError::BuiltForOtherKernel { .. }
             | AgentError::SourceCommitMismatch { .. }

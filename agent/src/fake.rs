@@ -154,11 +154,20 @@ pub struct FakeBuilder {
     pub wrong_version: Option<String>,
     /// If set, the built file's vermagic names this kernel instead.
     pub wrong_kernel: Option<String>,
+    /// Kernels whose build fails (make error), as an old module does against
+    /// a newer kernel's API.
+    pub failing_kernels: Vec<String>,
+    /// `(kernel release, nice value of the building thread)` of each build.
+    pub runs: Mutex<Vec<(String, i32)>>,
 }
 
 impl FakeBuilder {
     pub fn builds(&self) -> Vec<String> {
         self.builds.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+    /// `(kernel release, nice value)` of each build, in order.
+    pub fn runs(&self) -> Vec<(String, i32)> {
+        self.runs.lock().map(|b| b.clone()).unwrap_or_default()
     }
 }
 
@@ -166,6 +175,19 @@ impl Builder for FakeBuilder {
     fn build(&self, req: &BuildRequest<'_>) -> Result<PathBuf> {
         if let Ok(mut b) = self.builds.lock() {
             b.push(req.version.to_string());
+        }
+        if let Ok(mut r) = self.runs.lock() {
+            let nice = rustix::process::getpriority_process(None).unwrap_or(i32::MIN);
+            r.push((req.kernel_release.to_string(), nice));
+        }
+        if self.failing_kernels.iter().any(|k| k == req.kernel_release) {
+            return Err(crate::error::AgentError::Make {
+                version: req.version.to_string(),
+                headers: req.headers.to_path_buf(),
+                status: "exit status: 2".to_string(),
+                output: "error: implicit declaration of function 'pci_enable_pcie_error_reporting'"
+                    .to_string(),
+            });
         }
         let ko = req.workdir.join(format!("{MODULE_NAME}.ko"));
         let v = self.wrong_version.as_deref().unwrap_or(req.version);

@@ -13,6 +13,17 @@ pub const KMD_VERSION: &str = "driver.tenstorrent.com/kmd-version";
 /// After a reboot the node's `status.nodeInfo.bootID` differs, so the
 /// controller treats the module as not loaded until the agent reports again.
 pub const KMD_BOOT_ID: &str = "driver.tenstorrent.com/kmd-boot-id";
+/// The version whose verified module the agent holds in the node's cache for
+/// the running kernel, built (at low priority) before any go-ahead: the swap
+/// after the go-ahead loads it from the cache. Set by the agent.
+pub const KMD_PREPARED: &str = "driver.tenstorrent.com/kmd-prepared";
+/// The first installed, not running kernel (`/lib/modules/<kver>/build`
+/// present) the agent could not build the target version for; absent when
+/// every such kernel built. A warning: a reboot into it would find no module.
+/// The value is the kernel release, or [`NEXT_KERNEL_UNNAMED`] when the
+/// release is no label value.
+pub const KMD_NEXT_KERNEL_FAILED: &str = "driver.tenstorrent.com/kmd-next-kernel-failed";
+pub const NEXT_KERNEL_UNNAMED: &str = "unnamed";
 /// Version of the tt-smi binary the agent copied to the host.
 pub const TT_SMI_VERSION: &str = "tt-smi.driver.tenstorrent.com/version";
 /// `container` when the operator manages the module, `host` when DKMS does.
