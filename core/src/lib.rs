@@ -11,6 +11,7 @@
 //! | [`drain`] | which pods a drain evicts, in which pass, and what blocks it |
 //! | [`installer`] | what an installer pod's status says: unhealthy, or failed for good and why |
 //! | [`go_ahead`] | whether the agent may swap the loaded module now (the second key) |
+//! | [`prepare`] | which installer pods are replaced ahead of their cycle to build the target, and whether a cycle may start |
 //! | [`rollout`] | which waiting nodes may start now under `maxUnavailable` |
 //! | [`trust`] | which installer images and source repositories a policy may name, and the commit a version is built from |
 
@@ -19,6 +20,7 @@ pub mod go_ahead;
 pub mod installer;
 pub mod machine;
 pub mod node;
+pub mod prepare;
 pub mod reason;
 pub mod rollout;
 pub mod selection;

@@ -1,0 +1,268 @@
+//! Build ahead (issue 22): which nodes' installer pods may be replaced ahead
+//! of their disruptive cycle, so that each new agent builds and verifies the
+//! target into the node's cache while the node keeps serving, and whether a
+//! node's cycle may start. What the agent reports is read here too.
+//!
+//! Replacing an installer pod ahead of its cycle is safe because a new agent
+//! never swaps a loaded module without the controller's go-ahead
+//! ([`crate::go_ahead`]): until then it only builds (at nice 19), caches,
+//! labels [`labels::KMD_PREPARED`] and waits, not Ready.
+//!
+//! The bound is a count of nodes preparing at once (`maxConcurrent`), not the
+//! DaemonSet's `rollingUpdate.maxUnavailable`: the DaemonSet stays OnDelete so
+//! the controller alone decides when a pod is replaced (the machine's
+//! Upgrading step deletes it too), and what the bound protects is not node
+//! availability (a preparing node serves) but the shared sources a build
+//! pulls from at once: the registry (image pulls) and the git host (clones).
+
+use k8s_openapi::api::core::v1::Node;
+use ttdrv_api::labels;
+
+use crate::node::{driver_labels_stale, label, loaded_version};
+
+/// Default of `upgradePolicy.prepare.maxConcurrent`: nodes building at once.
+pub const DEFAULT_MAX_CONCURRENT: usize = 10;
+
+/// The policy condition that counts prepared nodes.
+pub const CONDITION_PREPARED: &str = "Prepared";
+
+/// Condition and Event reason: an installed, not running kernel of a node
+/// cannot build the target version (the agent's
+/// [`labels::KMD_NEXT_KERNEL_FAILED`]). A warning; the node is not failed.
+pub const NEXT_KERNEL_BUILD_FAILED: &str = "NextKernelBuildFailed";
+
+/// The version the agent reports built, verified and cached for the running
+/// kernel; None when it reported none at this boot (a reboot may have changed
+/// the kernel, so an earlier boot's report does not count).
+pub fn prepared_version(node: &Node) -> Option<&str> {
+    if driver_labels_stale(node) {
+        return None;
+    }
+    label(node, labels::KMD_PREPARED)
+}
+
+/// The node can take `target` without building inside its disruptive window:
+/// its agent prepared it, or it is loaded already.
+pub fn is_prepared(node: &Node, target: &str) -> bool {
+    let t = target.trim();
+    prepared_version(node).is_some_and(|v| v == t) || loaded_version(node).is_some_and(|v| v == t)
+}
+
+/// The installed kernel the target does not build for, if the agent said so.
+pub fn next_kernel_failed(node: &Node) -> Option<&str> {
+    label(node, labels::KMD_NEXT_KERNEL_FAILED)
+}
+
+/// A node as the prepare plan sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub name: String,
+    /// Its installer pod runs an older template (it prepares nothing new).
+    pub stale_pod: bool,
+    /// [`is_prepared`] for the policy's target.
+    pub prepared: bool,
+    /// Its agent gave up with BuildFailed.
+    pub build_failed: bool,
+    /// In a disruptive cycle (Cordoning..Uncordoning): the machine replaces
+    /// its pod, not the prepare plan.
+    pub in_cycle: bool,
+}
+
+impl Candidate {
+    /// A current pod still building: holds one of the `maxConcurrent` places.
+    fn preparing(&self) -> bool {
+        !self.stale_pod && !self.prepared && !self.build_failed && !self.in_cycle
+    }
+}
+
+/// What the prepare plan decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Replace these nodes' installer pods now (sorted by name).
+    pub replace: Vec<String>,
+    /// Nodes preparing now (before `replace`).
+    pub preparing: usize,
+    /// Nodes prepared (the summary count in status).
+    pub prepared: usize,
+    /// Nodes whose build failed before any cordon, sorted.
+    pub build_failed: Vec<String>,
+}
+
+/// Which stale installer pods to replace now so that at most `max_concurrent`
+/// nodes prepare at once. A node whose build failed is not retried here (the
+/// rollout policy decides what a failure does); a node in a cycle is left to
+/// the machine. `max_concurrent` 0 is read as 1: a bound of nothing would
+/// stop every rollout.
+pub fn plan<'a>(
+    candidates: impl IntoIterator<Item = &'a Candidate>,
+    max_concurrent: usize,
+) -> Plan {
+    let mut all: Vec<&Candidate> = candidates.into_iter().collect();
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    let preparing = all.iter().filter(|c| c.preparing()).count();
+    let free = max_concurrent.max(1).saturating_sub(preparing);
+    Plan {
+        replace: all
+            .iter()
+            .filter(|c| c.stale_pod && !c.in_cycle && !c.build_failed && !c.prepared)
+            .take(free)
+            .map(|c| c.name.clone())
+            .collect(),
+        preparing,
+        prepared: all.iter().filter(|c| c.prepared).count(),
+        build_failed: all
+            .iter()
+            .filter(|c| c.build_failed)
+            .map(|c| c.name.clone())
+            .collect(),
+    }
+}
+
+/// Whether a node waiting for a slot may start its disruptive cycle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gate {
+    Start,
+    /// Not yet: why (for the node's message).
+    Wait(String),
+}
+
+/// With build-ahead on, a node's cycle starts only once the target is in its
+/// cache, so the cordon window holds a load, not a build. Off (the opt-out),
+/// or for a node with no module loaded (nothing to disrupt), it starts as
+/// before.
+pub fn gate(enabled: bool, node: &Node, target: &str) -> Gate {
+    if !enabled || loaded_version(node).is_none() || is_prepared(node, target) {
+        return Gate::Start;
+    }
+    Gate::Wait(format!(
+        "waiting for the installer to prepare {} (build and verify into the node's cache) before cordoning",
+        target.trim()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn node(l: &[(&str, &str)]) -> Node {
+        let mut n = Node::default();
+        n.metadata.labels = Some(
+            l.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        );
+        n
+    }
+
+    fn c(name: &str, stale: bool, prepared: bool, failed: bool, in_cycle: bool) -> Candidate {
+        Candidate {
+            name: name.into(),
+            stale_pod: stale,
+            prepared,
+            build_failed: failed,
+            in_cycle,
+        }
+    }
+
+    #[test]
+    fn prepared_means_the_target_cached_or_loaded_at_this_boot() {
+        let n = node(&[
+            (labels::KMD_VERSION, "2.7.0"),
+            (labels::KMD_PREPARED, "2.8.0"),
+        ]);
+        assert!(is_prepared(&n, "2.8.0"));
+        assert!(is_prepared(&n, " 2.8.0 "));
+        assert!(!is_prepared(&n, "2.9.0"));
+        assert!(is_prepared(
+            &node(&[(labels::KMD_VERSION, "2.9.0")]),
+            "2.9.0"
+        ));
+        // Reported at an earlier boot: does not count.
+        let mut stale = node(&[
+            (labels::KMD_BOOT_ID, "boot-1"),
+            (labels::KMD_PREPARED, "2.8.0"),
+        ]);
+        stale.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            node_info: Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+                boot_id: "boot-2".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert_eq!(prepared_version(&stale), None);
+        assert!(!is_prepared(&stale, "2.8.0"));
+    }
+
+    #[test]
+    fn the_next_kernel_warning_is_read_from_its_label() {
+        assert_eq!(
+            next_kernel_failed(&node(&[(labels::KMD_NEXT_KERNEL_FAILED, "6.12.0-1-amd64")])),
+            Some("6.12.0-1-amd64")
+        );
+        assert_eq!(next_kernel_failed(&node(&[])), None);
+    }
+
+    #[test]
+    fn at_most_max_concurrent_nodes_prepare_at_once() {
+        let nodes: Vec<Candidate> = (0..5)
+            .map(|i| c(&format!("n{i}"), true, false, false, false))
+            .collect();
+        let p = plan(&nodes, 2);
+        assert_eq!(p.replace, vec!["n0", "n1"]);
+        assert_eq!(p.preparing, 0);
+
+        // Two replaced and building: nothing more until one is prepared.
+        let mut nodes = nodes;
+        nodes[0].stale_pod = false;
+        nodes[1].stale_pod = false;
+        let p = plan(&nodes, 2);
+        assert_eq!(p.preparing, 2);
+        assert!(p.replace.is_empty(), "{p:?}");
+
+        nodes[0].prepared = true;
+        let p = plan(&nodes, 2);
+        assert_eq!(p.replace, vec!["n2"]);
+        assert_eq!(p.prepared, 1);
+    }
+
+    #[test]
+    fn failed_nodes_and_nodes_in_a_cycle_are_not_replaced_ahead() {
+        let nodes = vec![
+            c("a", true, false, true, false),
+            c("b", true, false, false, true),
+            c("c", true, false, false, false),
+            // A current pod whose build failed holds no place.
+            c("d", false, false, true, false),
+        ];
+        let p = plan(&nodes, 1);
+        assert_eq!(p.replace, vec!["c"]);
+        assert_eq!(p.preparing, 0);
+        assert_eq!(p.build_failed, vec!["a", "d"]);
+    }
+
+    #[test]
+    fn a_bound_of_zero_still_lets_one_node_prepare() {
+        let nodes = vec![
+            c("a", true, false, false, false),
+            c("b", true, false, false, false),
+        ];
+        assert_eq!(plan(&nodes, 0).replace, vec!["a"]);
+    }
+
+    #[test]
+    fn the_cycle_waits_for_the_prepared_module_unless_opted_out() {
+        let building = node(&[(labels::KMD_VERSION, "2.7.0")]);
+        assert!(
+            matches!(gate(true, &building, "2.8.0"), Gate::Wait(w) if w.contains("prepare 2.8.0"))
+        );
+        assert_eq!(gate(false, &building, "2.8.0"), Gate::Start);
+        let ready = node(&[
+            (labels::KMD_VERSION, "2.7.0"),
+            (labels::KMD_PREPARED, "2.8.0"),
+        ]);
+        assert_eq!(gate(true, &ready, "2.8.0"), Gate::Start);
+        // Nothing loaded: nothing to disrupt, nothing to wait for.
+        assert_eq!(gate(true, &node(&[]), "2.8.0"), Gate::Start);
+    }
+}
