@@ -19,6 +19,10 @@ use ttdrv_core::reason;
 pub struct Reported {
     pub version: Option<String>,
     pub install_mode: Option<String>,
+    /// [`ttdrv_core::prepare::prepared_version`].
+    pub prepared_version: Option<String>,
+    /// [`ttdrv_core::prepare::next_kernel_failed`].
+    pub next_kernel_build_failed: Option<String>,
 }
 
 /// Everything the status is made of besides the records.
@@ -187,6 +191,8 @@ pub fn build(
                 state: r.state,
                 current_version: now.version,
                 install_mode: now.install_mode,
+                prepared_version: now.prepared_version,
+                next_kernel_build_failed: now.next_kernel_build_failed,
                 reason: r.reason.clone(),
                 go_reason: r
                     .reason

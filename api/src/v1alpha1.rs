@@ -538,6 +538,15 @@ pub struct NodeStatus {
     /// does (the node is left alone), as its agent reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub install_mode: Option<String>,
+    /// tt-kmd version the agent built and verified into the node's cache for
+    /// the running kernel before its go-ahead (the swap loads it from the
+    /// cache), as its agent reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepared_version: Option<String>,
+    /// An installed, not yet running kernel the target does not build for, as
+    /// its agent reports it: a reboot into it would find no module. A warning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_kernel_build_failed: Option<String>,
     /// Why the node is in its state, one CamelCase word (docs/crd-reference.md lists them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -804,6 +813,8 @@ mod tests {
                 state: NodeState::Done,
                 current_version: Some("2.8.0".into()),
                 install_mode: None,
+                prepared_version: None,
+                next_kernel_build_failed: None,
                 reason: None,
                 go_reason: None,
                 message: None,

@@ -555,6 +555,14 @@ impl PolicySupervisor {
                     .and_then(ttdrv_core::node::loaded_version)
                     .map(String::from),
                 install_mode: l(labels::INSTALL_MODE),
+                prepared_version: node
+                    .as_deref()
+                    .and_then(ttdrv_core::prepare::prepared_version)
+                    .map(String::from),
+                next_kernel_build_failed: node
+                    .as_deref()
+                    .and_then(ttdrv_core::prepare::next_kernel_failed)
+                    .map(String::from),
             }
         });
         if prev.as_ref() == Some(&status) {

@@ -54,7 +54,32 @@ fn status_of(
     build(&input, |n| Reported {
         version: Some(format!("v-{n}")),
         install_mode: None,
+        prepared_version: (n == "prepared").then(|| "2.8.0".to_string()),
+        next_kernel_build_failed: (n == "prepared").then(|| "6.12.0-1-amd64".to_string()),
     })
+}
+
+#[test]
+fn what_the_agent_prepared_and_its_next_kernel_warning_are_per_node() {
+    let p = policy(false, 1);
+    let recs = records(&[
+        ("prepared", rec(NodeState::Pending, None, None)),
+        ("other", rec(NodeState::Pending, None, None)),
+    ]);
+    let s = status_of(&p, &recs, &HashSet::new(), &[], None, 100);
+    let node = |name: &str| {
+        s.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("{name} in {:?}", s.nodes))
+    };
+    assert_eq!(node("prepared").prepared_version.as_deref(), Some("2.8.0"));
+    assert_eq!(
+        node("prepared").next_kernel_build_failed.as_deref(),
+        Some("6.12.0-1-amd64")
+    );
+    assert_eq!(node("other").prepared_version, None);
+    assert_eq!(node("other").next_kernel_build_failed, None);
 }
 
 fn conditions(s: &TenstorrentDriverPolicyStatus) -> Vec<(String, String, String)> {

@@ -93,6 +93,8 @@ fn entry(
             }
             .into(),
         ),
+        prepared_version: None,
+        next_kernel_build_failed: None,
         reason: reason.map(String::from),
         go_reason: None,
         message: msg.map(String::from),
