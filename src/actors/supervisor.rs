@@ -377,6 +377,28 @@ impl PolicySupervisor {
             plan.not_ready as i64,
         );
         m.set_policy_paused(cr, self.paused());
+        let version = self
+            .ctx
+            .stores
+            .policies
+            .get(&ObjectRef::new(&self.name))
+            .map(|p| p.spec.version.clone());
+        let (mut prepared, mut next_failed) = (0, 0);
+        for n in self.records.keys() {
+            let Some(node) = self.ctx.stores.nodes.get(&ObjectRef::new(n)) else {
+                continue;
+            };
+            if version
+                .as_deref()
+                .is_some_and(|v| ttdrv_core::prepare::is_prepared(&node, v))
+            {
+                prepared += 1;
+            }
+            if ttdrv_core::prepare::next_kernel_failed(&node).is_some() {
+                next_failed += 1;
+            }
+        }
+        m.set_policy_prepare(cr, prepared, next_failed);
     }
 
     /// Keeps the policy's refusal in step with the pass: a refused attempt

@@ -23,6 +23,8 @@ pub(super) struct PolicyMetrics {
     rollout_in_progress: Arc<Family>,
     rollout_braked: Arc<Family>,
     rollout_not_ready: Arc<Family>,
+    prepared: Arc<Family>,
+    next_kernel_failed: Arc<Family>,
 }
 
 impl PolicyMetrics {
@@ -67,6 +69,16 @@ impl PolicyMetrics {
             rollout_not_ready: families.gauge(
                 "ttdriver_rollout_not_ready_nodes",
                 "Nodes of the policy whose Ready condition is not True.",
+                &["cr"],
+            ),
+            prepared: families.gauge(
+                "ttdriver_policy_prepared_nodes",
+                "Nodes of the policy whose agent reports the policy's version built and verified into the node's cache (kmd-prepared) or loaded, at the current boot.",
+                &["cr"],
+            ),
+            next_kernel_failed: families.gauge(
+                "ttdriver_policy_next_kernel_build_failed_nodes",
+                "Nodes of the policy with an installed, not running kernel the policy's version does not build for (kmd-next-kernel-failed).",
                 &["cr"],
             ),
         }
@@ -131,6 +143,16 @@ impl Metrics {
             .set(&[cr], in_progress as f64);
         self.policy.rollout_braked.set(&[cr], bool_value(braked));
         self.policy.rollout_not_ready.set(&[cr], not_ready as f64);
+    }
+
+    /// `ttdriver_policy_prepared_nodes{cr}` and
+    /// `ttdriver_policy_next_kernel_build_failed_nodes{cr}`.
+    pub fn set_policy_prepare(&self, cr: &str, prepared: i64, next_kernel_failed: i64) {
+        self.ensure_cr(cr);
+        self.policy.prepared.set(&[cr], prepared as f64);
+        self.policy
+            .next_kernel_failed
+            .set(&[cr], next_kernel_failed as f64);
     }
 
     /// `ttdriver_rollout_max_unavailable{cr}` and `ttdriver_rollout_unavailable_nodes{cr}`.

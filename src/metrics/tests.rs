@@ -90,6 +90,7 @@ fn golden_metrics_text() {
         &[(Done, 3), (Pending, 1), (Pending, 1), (Upgrading, 1)],
     );
     m.set_policy_host_managed("fleet", 2);
+    m.set_policy_prepare("fleet", 4, 1);
     m.set_policy_nodes("gone", &[(Draining, 1)]);
     m.set_policy_paused("fleet", false);
     m.set_policy_paused("paused", true);
@@ -262,6 +263,7 @@ fn forget_policy_removes_every_series_of_the_cr() {
         m.inc_failure(cr, "DrainTimeout");
         m.set_policy_nodes(cr, &[(NodeState::Upgrading, 1)]);
         m.set_policy_host_managed(cr, 3);
+        m.set_policy_prepare(cr, 2, 0);
         m.set_policy_paused(cr, false);
         m.set_desired_version(cr, "2.8.0");
         m.inc_evicted(cr, "pass1");
