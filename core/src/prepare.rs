@@ -15,6 +15,8 @@
 //! availability (a preparing node serves) but the shared sources a build
 //! pulls from at once: the registry (image pulls) and the git host (clones).
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Node;
 use ttdrv_api::labels;
 
@@ -51,6 +53,19 @@ pub fn is_prepared(node: &Node, target: &str) -> bool {
 /// The installed kernel the target does not build for, if the agent said so.
 pub fn next_kernel_failed(node: &Node) -> Option<&str> {
     label(node, labels::KMD_NEXT_KERNEL_FAILED)
+}
+
+/// The next-kernel warnings to announce (one Event each): nodes whose
+/// warning (node -> kernel) is new in `now` or names another kernel than in
+/// `before`, sorted by node. A warning that stays is announced once.
+pub fn new_next_kernel_warnings(
+    before: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    now.iter()
+        .filter(|(n, k)| before.get(*n) != Some(*k))
+        .map(|(n, k)| (n.clone(), k.clone()))
+        .collect()
 }
 
 /// A node as the prepare plan sees it.
@@ -143,7 +158,6 @@ pub fn gate(enabled: bool, node: &Node, target: &str) -> Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
     fn node(l: &[(&str, &str)]) -> Node {
         let mut n = Node::default();
@@ -201,6 +215,27 @@ mod tests {
             Some("6.12.0-1-amd64")
         );
         assert_eq!(next_kernel_failed(&node(&[])), None);
+    }
+
+    #[test]
+    fn a_next_kernel_warning_is_announced_once_and_again_for_another_kernel() {
+        let m = |l: &[(&str, &str)]| -> BTreeMap<String, String> {
+            l.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        let before = m(&[("a", "6.12.0-1"), ("b", "6.12.0-1")]);
+        let now = m(&[("a", "6.12.0-1"), ("b", "6.13.0-1"), ("c", "6.12.0-1")]);
+        assert_eq!(
+            new_next_kernel_warnings(&before, &now),
+            vec![
+                ("b".to_string(), "6.13.0-1".to_string()),
+                ("c".to_string(), "6.12.0-1".to_string())
+            ]
+        );
+        assert!(new_next_kernel_warnings(&now, &now).is_empty());
+        // Gone and back: announced again.
+        assert_eq!(new_next_kernel_warnings(&BTreeMap::new(), &now).len(), 3);
     }
 
     #[test]

@@ -92,6 +92,8 @@ pub struct PolicySupervisor {
     /// What the cluster refuses about this policy, while it does.
     refusal: Option<Refusal>,
     last_conflicts: Vec<(String, String)>,
+    /// Next-kernel warnings announced with an Event (node -> kernel).
+    next_kernel_warned: BTreeMap<String, String>,
 }
 
 impl PolicySupervisor {
@@ -113,6 +115,7 @@ impl PolicySupervisor {
             braked: false,
             refusal: None,
             last_conflicts: vec![],
+            next_kernel_warned: BTreeMap::new(),
         }
     }
 }
@@ -242,6 +245,7 @@ impl Handler<Reconcile> for PolicySupervisor {
                     let plan = out.plan;
                     act.export_metrics(&out.stepped, full, &plan);
                     act.report_brake(&policy, &plan);
+                    act.report_next_kernels(&policy);
                     act.absorb_refusal(&policy, out.refused.as_ref());
                     act.write_status_if_due(&policy, &conflicts, &plan, actx);
                     out.err
@@ -470,6 +474,43 @@ impl PolicySupervisor {
                 self.refusal = Some(next);
             }
         }
+    }
+
+    /// A Warning Event (NextKernelBuildFailed) for each node whose agent
+    /// newly reports an installed kernel the policy's version does not build
+    /// for: before anyone reboots into it.
+    fn report_next_kernels(&mut self, policy: &TenstorrentDriverPolicy) {
+        let now: BTreeMap<String, String> = self
+            .records
+            .keys()
+            .filter_map(|n| {
+                let node = self.ctx.stores.nodes.get(&ObjectRef::new(n))?;
+                let kver = ttdrv_core::prepare::next_kernel_failed(&node)?;
+                Some((n.clone(), kver.to_string()))
+            })
+            .collect();
+        for (node, kver) in
+            ttdrv_core::prepare::new_next_kernel_warnings(&self.next_kernel_warned, &now)
+        {
+            let note = format!(
+                "node {node}: tt-kmd {} does not build for its installed kernel {kver}; a reboot into that kernel would find no module (the installer's log has the build error)",
+                policy.spec.version
+            );
+            tracing::warn!(
+                policy = self.name,
+                node,
+                kernel = kver,
+                "next-kernel build failed"
+            );
+            self.ctx.event(
+                policy,
+                true,
+                ttdrv_core::prepare::NEXT_KERNEL_BUILD_FAILED,
+                "Prepare",
+                note,
+            );
+        }
+        self.next_kernel_warned = now;
     }
 
     /// An Event when the fleet-health brake engages or lets go.
