@@ -94,7 +94,7 @@ pub fn status(views: &[PolicyView], pal: Palette) -> String {
 fn nodes_table(v: &PolicyView, pal: Palette, indent: usize, mode_col: bool) -> String {
     let header: &[&str] = if mode_col {
         &[
-            "NODE", "STATE", "CURRENT", "TARGET", "MODE", "IN STATE", "REASON",
+            "NODE", "STATE", "CURRENT", "TARGET", "PREPARED", "MODE", "IN STATE", "REASON",
         ]
     } else {
         &["NODE", "STATE", "CURRENT", "TARGET", "IN STATE", "REASON"]
@@ -114,6 +114,7 @@ fn nodes_table(v: &PolicyView, pal: Palette, indent: usize, mode_col: bool) -> S
             (n.target_version.clone(), plain),
         ];
         if mode_col {
+            row.push(prepared_cell(n));
             row.push((opt(&n.install_mode), plain));
         }
         row.push((
@@ -126,8 +127,29 @@ fn nodes_table(v: &PolicyView, pal: Palette, indent: usize, mode_col: bool) -> S
     t.render(pal, indent)
 }
 
+/// `yes` when the target is loaded or built and verified in the node's cache
+/// (its swap is a load), else `-`.
+fn prepared_cell(n: &NodeRow) -> (String, anstyle::Style) {
+    let target = Some(n.target_version.as_str());
+    if n.current_version.as_deref() == target || n.prepared_version.as_deref() == target {
+        ("yes".into(), anstyle::Style::new())
+    } else {
+        ("-".into(), DIM)
+    }
+}
+
 fn failures(v: &PolicyView, pal: Palette) -> String {
     let mut out = String::new();
+    for n in &v.nodes {
+        if let Some(kver) = &n.next_kernel_build_failed {
+            out.push_str(&format!(
+                "{} {}: tt-kmd {} does not build for its installed kernel {kver}; a reboot into it would find no module\n",
+                pal.paint("WARN", YELLOW),
+                n.name,
+                n.target_version
+            ));
+        }
+    }
     for n in v.nodes.iter().filter(|n| n.state.is_failed()) {
         out.push_str(&format!(
             "{} {}: {}\n",

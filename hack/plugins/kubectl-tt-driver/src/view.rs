@@ -50,6 +50,13 @@ pub struct NodeRow {
     pub target_version: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub install_mode: Option<String>,
+    /// The version its agent built and verified into the node's cache ahead
+    /// of the go-ahead (status.nodes[].preparedVersion).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prepared_version: Option<String>,
+    /// An installed kernel the target does not build for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_kernel_build_failed: Option<String>,
     /// RFC 3339 time the node entered its state.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub since: Option<String>,
@@ -136,6 +143,8 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
                     .map(|r| r.target.clone())
                     .unwrap_or_else(|| p.spec.version.clone()),
                 install_mode: n.install_mode.clone(),
+                prepared_version: n.prepared_version.clone(),
+                next_kernel_build_failed: n.next_kernel_build_failed.clone(),
                 since: n.last_transition_time.as_ref().map(|t| t.0.to_string()),
                 seconds_in_state: since.map(|s| (now - s).max(0)),
                 cycle_started: rec.and_then(|r| r.started),

@@ -253,7 +253,19 @@ fn rolling() -> (TenstorrentDriverPolicy, Vec<Node>) {
                 Some("waiting for a maxUnavailable slot to upgrade 2.7.0 -> 2.8.0"),
                 start,
             ),
-        ],
+        ]
+        .into_iter()
+        .map(|mut e| {
+            // gpu-d built 2.8.0 ahead; gpu-e's next kernel cannot build it.
+            if e.name == "gpu-d" {
+                e.prepared_version = Some("2.8.0".into());
+            }
+            if e.name == "gpu-e" {
+                e.next_kernel_build_failed = Some("6.12.0-1-amd64".into());
+            }
+            e
+        })
+        .collect(),
         unreadable: None,
     });
     let nodes = vec![
