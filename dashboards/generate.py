@@ -258,9 +258,13 @@ def rollout():
         targets((f'sum(ttdriver_policy_nodes{{{CR},state="Done"}})', "Done"),
                 (f'sum(ttdriver_policy_nodes{{{CR},state!="HostManaged"}})', "Matched"),
                 (f'sum(ttdriver_policy_nodes{{{CR},state="HostManaged"}})', "Host-managed"),
+                (f'sum(ttdriver_policy_prepared_nodes{{{CR}}})', "Prepared"),
+                (f'sum(ttdriver_policy_next_kernel_build_failed_nodes{{{CR}}})', "Next kernel fails"),
                 instant=True),
         description="Nodes upgraded (Done), matched by the policies (every state but host-managed), "
-                    "and host-managed (DKMS install, left alone).",
+                    "host-managed (DKMS install, left alone), prepared (the target built and verified "
+                    "into the node's cache ahead of its cycle, or loaded), and with an installed kernel "
+                    "the target does not build for (a reboot into it would find no module).",
         options=stat_options(color_mode="none"),
         unit="short",
     ))
