@@ -577,6 +577,13 @@ cluster_checks() {
     as_agent "$a" label node "$a" driver.tenstorrent.com/kmd-version=2.8.0 driver.tenstorrent.com/install-mode=container \
     tt-smi.driver.tenstorrent.com/version=6.8.0 --overwrite
   allowed "agent removes a driver label of its own node" as_agent "$a" label node "$a" driver.tenstorrent.com/kmd-version-
+  allowed "agent reports a prepared module and a next-kernel failure on its own node" \
+    as_agent "$a" label node "$a" driver.tenstorrent.com/kmd-prepared=2.9.0 \
+    driver.tenstorrent.com/kmd-next-kernel-failed=6.12.0-1-amd64 --overwrite
+  allowed "agent removes the next-kernel warning of its own node" \
+    as_agent "$a" label node "$a" driver.tenstorrent.com/kmd-next-kernel-failed-
+  denied "agent reports a prepared module on another node" "may not modify node $b" \
+    as_agent "$a" label node "$b" driver.tenstorrent.com/kmd-prepared=2.9.0 --overwrite
   allowed "agent reads nodes" as_agent "$a" get node "$b"
   denied "agent labels another node" "may not modify node $b" \
     as_agent "$a" label node "$b" driver.tenstorrent.com/kmd-version=2.8.0 --overwrite
