@@ -729,7 +729,10 @@ impl Agent<'_> {
         let mut changes = host_labels(false, Some(version), self.boot_id(root).as_deref());
         // No other kernel to prepare: no next-kernel warning either, said in
         // this patch rather than one more (prepare_next_kernels reports otherwise).
-        if next_kernels(root, &root.kernel_release()?).is_empty() {
+        if root
+            .kernel_release()
+            .is_ok_and(|k| next_kernels(root, &k).is_empty())
+        {
             changes.insert(labels::KMD_NEXT_KERNEL_FAILED.into(), None);
         }
         if tt_smi_installed {
