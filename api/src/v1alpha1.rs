@@ -263,6 +263,13 @@ pub struct UpgradePolicy {
         "message": "maxUnavailable must be an integer >= 1 or a percentage between 1% and 100%"
     }]))]
     pub max_unavailable: IntOrString,
+
+    /// Build ahead: each node's installer builds and verifies the target
+    /// version into the node's cache while the node keeps serving, before its
+    /// cordon, so the disruptive window holds a load from the cache, not a
+    /// build.
+    #[serde(default)]
+    pub prepare: PreparePolicy,
 }
 
 impl Default for UpgradePolicy {
@@ -271,8 +278,43 @@ impl Default for UpgradePolicy {
             drain: DrainPolicy::default(),
             force_unload: false,
             max_unavailable: default_max_unavailable(),
+            prepare: PreparePolicy::default(),
         }
     }
+}
+
+/// `upgradePolicy.prepare`: build the target ahead of each node's cordon.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparePolicy {
+    /// Replace installer pods ahead of their node's cycle so each builds the
+    /// target at low priority (nice 19) while the node serves; a node is
+    /// cordoned only once its cache holds the verified module, and a build
+    /// that fails fails the node before any cordon. False builds inside the
+    /// cordon window, as before.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Nodes building ahead at once (each pulls the installer image and
+    /// clones the source): bounds the load on the registry and the git host.
+    #[serde(default = "default_prepare_max_concurrent")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_concurrent: i32,
+}
+
+impl Default for PreparePolicy {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_concurrent: default_prepare_max_concurrent(),
+        }
+    }
+}
+
+/// Default of `upgradePolicy.prepare.maxConcurrent`.
+pub const DEFAULT_PREPARE_MAX_CONCURRENT: i32 = 10;
+
+fn default_prepare_max_concurrent() -> i32 {
+    DEFAULT_PREPARE_MAX_CONCURRENT
 }
 
 fn default_max_unavailable() -> IntOrString {

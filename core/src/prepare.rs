@@ -22,9 +22,6 @@ use ttdrv_api::labels;
 
 use crate::node::{driver_labels_stale, label, loaded_version};
 
-/// Default of `upgradePolicy.prepare.maxConcurrent`: nodes building at once.
-pub const DEFAULT_MAX_CONCURRENT: usize = 10;
-
 /// The policy condition that counts prepared nodes.
 pub const CONDITION_PREPARED: &str = "Prepared";
 
