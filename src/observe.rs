@@ -14,9 +14,10 @@ use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
 use ttdrv_core::drain::{self, DrainPass, PodRef};
 use ttdrv_core::machine::{InstallerPod, NodeRecord, Observation};
 use ttdrv_core::rollout::Candidate;
-use ttdrv_core::{installer, node};
+use ttdrv_core::{installer, node, prepare};
 
 use crate::context::Stores;
+use crate::pod_index::NodePods;
 
 /// Everything a pass knows before it looks at its nodes.
 pub struct ObserveInput<'a> {
@@ -35,6 +36,11 @@ pub struct ObserveInput<'a> {
     pub records: &'a HashMap<String, NodeRecord>,
     /// PDBs, read once per pass and only if a node drains.
     pub pdbs: OnceCell<Vec<Arc<PodDisruptionBudget>>>,
+    /// `upgradePolicy.prepare.enabled`.
+    pub prepare: bool,
+    /// After this long without preparing, a current installer pod no longer
+    /// holds its node's cycle back (see [`ttdrv_core::prepare::gate`]).
+    pub prepare_deadline_seconds: i64,
 }
 
 /// One node as a pass sees it.
@@ -59,7 +65,8 @@ impl NodeView {
         let state = rec.map_or(NodeState::Pending, |r| r.state);
         Candidate {
             name: name.to_string(),
-            wants_slot: state == NodeState::Pending,
+            // A node still building ahead would hold a slot it cannot use.
+            wants_slot: state == NodeState::Pending && self.obs.prepared,
             in_progress: rec.is_some_and(NodeRecord::occupies_slot),
             ready: self.obs.ready,
             unavailable: self.externally_unavailable,
@@ -83,15 +90,7 @@ impl<'a> ObserveInput<'a> {
         let node = self.stores.nodes.get(&ObjectRef::new(name))?;
         let pods = self.stores.pods.on_node(name);
         let policy_name = self.policy_name();
-        let installer = pods.installers.iter().map(Arc::as_ref).find(|p| {
-            p.metadata.namespace.as_deref() == Some(self.namespace)
-                && p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(labels::CLAIM))
-                    .map(String::as_str)
-                    == Some(policy_name)
-        });
+        let installer = self.installer_of(&pods);
         let on_node = persisted_record(&node);
         // Another policy's cycle cut short (the node moved here): its cordon
         // was ours, and stays ours to undo.
@@ -128,24 +127,35 @@ impl<'a> ObserveInput<'a> {
             (None, vec![], vec![])
         };
         let label = |k: &str| node::label(&node, k);
+        let installer_state = installer_state(installer, self.template_hash);
+        let installer_failure = installer.and_then(installer::failure);
+        let installer_created = installer.and_then(installer::created);
+        let prepared = self.prepared(
+            &node,
+            &installer_state,
+            &installer_failure,
+            installer_created,
+        );
         let obs = Observation {
             now: self.now,
             ready: node::ready(&node),
             unschedulable: node::unschedulable(&node),
             loaded: node::loaded_version(&node).map(String::from),
             host_managed: node::host_managed(&node),
-            installer: installer_state(installer, self.template_hash),
+            installer: installer_state,
             gates_closed: self.gates.iter().all(|g| label(g) == Some("false")),
             gates_present: self.gates.iter().any(|g| label(g).is_some()),
             drain: progress,
             retry_token: node::retry_token(&node).map(String::from),
             slot: false,
             installer_problem: installer.and_then(installer::problem),
-            installer_failure: installer.and_then(installer::failure),
+            installer_failure,
             inherited_cordon,
             vacated: label(labels::UNMANAGED) == Some(policy_name),
             nothing_loaded: node::reported_nothing_loaded(&node),
-            installer_created: installer.and_then(installer::created),
+            installer_created,
+            prepared,
+            prepare_turn: false,
         };
         // A cordon of ours on a node still waiting in Pending (adopted from
         // the Go operator or another policy, or kept across a retry) puts it
@@ -166,6 +176,87 @@ impl<'a> ObserveInput<'a> {
             ),
             externally_unavailable,
         })
+    }
+}
+
+impl ObserveInput<'_> {
+    /// The policy's installer pod among the node's pods.
+    fn installer_of<'p>(&self, pods: &'p NodePods) -> Option<&'p Pod> {
+        let policy_name = self.policy_name();
+        pods.installers.iter().map(Arc::as_ref).find(|p| {
+            p.metadata.namespace.as_deref() == Some(self.namespace)
+                && p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(labels::CLAIM))
+                    .map(String::as_str)
+                    == Some(policy_name)
+        })
+    }
+
+    /// Whether the node may start its cycle as far as build-ahead goes. A
+    /// current installer that neither prepared nor failed within the deadline
+    /// (an agent from before build-ahead) holds nothing back.
+    fn prepared(
+        &self,
+        node: &Node,
+        installer: &InstallerPod,
+        failure: &Option<installer::Failure>,
+        created: Option<i64>,
+    ) -> bool {
+        let overdue = matches!(installer, InstallerPod::Current { .. })
+            && failure.is_none()
+            && created.is_some_and(|c| self.now - c > self.prepare_deadline_seconds);
+        prepare::gate(self.prepare, node, &self.policy.spec.version, overdue)
+            == prepare::Gate::Start
+    }
+
+    /// The node's build-ahead facts from the caches alone (no drain plan),
+    /// cheap enough to read for every owned node in a pass, with its place
+    /// in the rollout's order (nodes without device users first). None when
+    /// it has nothing to build ahead.
+    pub fn prepare_candidate(&self, name: &str) -> Option<((bool, String), prepare::Candidate)> {
+        let node = self.stores.nodes.get(&ObjectRef::new(name))?;
+        let pods = self.stores.pods.on_node(name);
+        let installer = self.installer_of(&pods);
+        let state = installer_state(installer, self.template_hash);
+        let failure = installer.and_then(installer::failure);
+        let prepared = self.prepared(
+            &node,
+            &state,
+            &failure,
+            installer.and_then(installer::created),
+        );
+        let obs = Observation {
+            now: self.now,
+            ready: node::ready(&node),
+            unschedulable: node::unschedulable(&node),
+            loaded: node::loaded_version(&node).map(String::from),
+            host_managed: node::host_managed(&node),
+            installer: state,
+            gates_closed: false,
+            gates_present: false,
+            drain: None,
+            retry_token: None,
+            slot: false,
+            installer_problem: None,
+            installer_failure: failure,
+            inherited_cordon: false,
+            installer_created: None,
+            nothing_loaded: false,
+            vacated: node::label(&node, labels::UNMANAGED) == Some(self.policy_name()),
+            prepared,
+            prepare_turn: false,
+        };
+        let rec = self
+            .records
+            .get(name)
+            .cloned()
+            .or_else(|| persisted_record(&node).filter(|r| r.policy == self.policy_name()));
+        let state = rec.map_or(NodeState::Pending, |r| r.state);
+        let c = prepare::candidate(name, &obs, state, &self.policy.spec.version)?;
+        let device = pods.facts.iter().any(|p| p.device);
+        Some(((device, name.to_string()), c))
     }
 }
 

@@ -29,6 +29,19 @@ pub struct Failure {
     /// node's cycle is about to be replaced, and its failures are not the
     /// cycle's.
     pub pod_created: Option<i64>,
+    /// When the container terminated with the failure (Unix seconds, the
+    /// kubelet's clock), if it did: a pod kept across the start of a cycle
+    /// (built ahead) carries failures from before it that are not the
+    /// cycle's.
+    pub terminated_at: Option<i64>,
+}
+
+impl Failure {
+    /// When the failure happened, as far as the pod says: its termination,
+    /// else the pod's creation.
+    pub fn at(&self) -> Option<i64> {
+        self.terminated_at.or(self.pod_created)
+    }
 }
 
 /// When the pod was created (Unix seconds).
@@ -89,12 +102,16 @@ pub fn failure(pod: &Pod) -> Option<Failure> {
                     w.message.as_deref().unwrap_or("")
                 ),
                 pod_created,
+                terminated_at: None,
             });
         }
         // The agent's own words, from its current or last termination.
         let terminated = state
             .and_then(|s| s.terminated.as_ref())
             .or_else(|| cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()));
+        let terminated_at = terminated
+            .and_then(|t| t.finished_at.as_ref())
+            .map(|t| t.0.as_second());
         if let Some((why, words)) = terminated
             .and_then(|t| t.message.as_deref())
             .and_then(reason::from_termination_message)
@@ -103,6 +120,7 @@ pub fn failure(pod: &Pod) -> Option<Failure> {
                 reason: why,
                 message: format!("the agent gave up: {words}"),
                 pod_created,
+                terminated_at,
             });
         }
         if cs.restart_count >= CRASH_LOOP_RESTARTS {
@@ -114,6 +132,7 @@ pub fn failure(pod: &Pod) -> Option<Failure> {
                     problem(pod).unwrap_or_default()
                 ),
                 pod_created,
+                terminated_at,
             });
         }
     }

@@ -210,6 +210,15 @@ pub struct Observation {
     /// The node carries this policy's `unmanaged` label: vacated earlier
     /// (`spec.unmanage`), left alone.
     pub vacated: bool,
+    /// The node may start its disruptive cycle as far as build-ahead goes
+    /// ([`crate::prepare::gate`]): the target is in its cache or loaded, or
+    /// nothing is loaded, or its current installer pod outlived the upgrade
+    /// timeout without preparing (an agent that does not prepare: the cycle
+    /// then builds inside the window, as without build-ahead).
+    pub prepared: bool,
+    /// The prepare plan chose this node: replace its stale installer pod now
+    /// so the new agent builds ahead ([`crate::prepare::plan`]).
+    pub prepare_turn: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -226,6 +235,9 @@ pub struct Desired {
     /// `spec.unmanage`: vacate the nodes for DKMS instead of installing
     /// (see [`vacate`]).
     pub unmanage: bool,
+    /// `upgradePolicy.prepare.enabled`: a node's cycle starts only once its
+    /// agent has built the target ahead ([`prepare_ahead`]).
+    pub prepare: bool,
 }
 
 /// Side effects a transition asks for. Node patches (cordon, gates) are applied
@@ -463,6 +475,9 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     commands: cmds,
                 };
             }
+            if want.prepare && !obs.prepared {
+                return prepare_ahead(&rec, obs, want);
+            }
             if !obs.slot {
                 let why = format!("waiting for a maxUnavailable slot to upgrade {}", upgrade());
                 return wait(&rec, why, now);
@@ -475,7 +490,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 r.started = Some(now);
                 Step {
                     record: r,
-                    commands: vec![Command::DeleteInstallerPod],
+                    commands: replace_installer(obs, want),
                 }
             }
         }
@@ -537,7 +552,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 }
                 return Step {
                     record: enter(&rec, Upgrading, reason::REPLACE_INSTALLER, None, now),
-                    commands: vec![Command::DeleteInstallerPod],
+                    commands: replace_installer(obs, want),
                 };
             }
             if now - rec.since > want.drain_timeout_seconds {
@@ -597,10 +612,9 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 };
             }
             // The new installer failed for good: fail now, with its cause. (A
-            // drained cycle replaces the pod it found; that pod's failures are
-            // not this cycle's.)
-            let this_cycles =
-                |f: &Failure| rec.no_drain || f.pod_created.is_none_or(|c| c >= rec.since);
+            // drained cycle replaces the pod it found, or keeps the one that
+            // built ahead; failures from before the cycle are not its own.)
+            let this_cycles = |f: &Failure| rec.no_drain || f.at().is_none_or(|c| c >= rec.since);
             if let (Some(f), InstallerPod::Current { .. }) =
                 (&obs.installer_failure, &obs.installer)
                 && this_cycles(f)
@@ -696,6 +710,70 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             stay(&rec, vec![])
         }
     }
+}
+
+/// The installer pod a cycle needs once the node is drained: a new one, unless
+/// the current one built the target ahead and waits for the go-ahead
+/// (replacing it would put the pod's start back inside the window).
+fn replace_installer(obs: &Observation, want: &Desired) -> Vec<Command> {
+    if want.prepare && matches!(obs.installer, InstallerPod::Current { .. }) {
+        vec![]
+    } else {
+        vec![Command::DeleteInstallerPod]
+    }
+}
+
+/// Pending, build-ahead on, the target not yet in the node's cache: the
+/// node serves on while its installer builds. Its stale installer pod is
+/// replaced when the prepare plan gives it a place (`prepare_turn`); a build
+/// that fails fails the node here, before any cordon (the rollout then halts
+/// as for any Failed node); a failure left from before this wait (a retry)
+/// gets a new pod and a new build.
+fn prepare_ahead(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
+    let now = obs.now;
+    let target = want.version.as_str();
+    if let (Some(f), InstallerPod::Current { .. }) = (&obs.installer_failure, &obs.installer) {
+        if f.at().is_none_or(|t| t >= rec.since) {
+            let msg = format!(
+                "{} (while building {target} ahead; the node was not cordoned and kept serving). \
+                 The rollout of {policy} is halted; after fixing the cause, retry with \
+                 `kubectl tt driver retry {policy} <node>`",
+                f.message,
+                policy = want.policy
+            );
+            return stay(
+                &enter(rec, NodeState::Failed, f.reason, Some(msg), now),
+                vec![],
+            );
+        }
+        let why = format!("building {target} again in a new installer pod (the last one failed)");
+        return stay(
+            &enter(rec, NodeState::Pending, reason::PREPARING, Some(why), now),
+            vec![Command::DeleteInstallerPod],
+        );
+    }
+    let (why, cmds) = match obs.installer {
+        InstallerPod::Stale { deleting: false } if obs.prepare_turn => (
+            format!("replacing the installer pod to build {target} ahead of the cordon"),
+            vec![Command::DeleteInstallerPod],
+        ),
+        InstallerPod::Stale { deleting: false } => (
+            format!(
+                "waiting for a place to build {target} ahead (upgradePolicy.prepare.maxConcurrent)"
+            ),
+            vec![],
+        ),
+        _ => (
+            format!(
+                "the installer builds {target} into the node's cache ahead of the cordon; the node serves meanwhile"
+            ),
+            vec![],
+        ),
+    };
+    stay(
+        &enter(rec, NodeState::Pending, reason::PREPARING, Some(why), now),
+        cmds,
+    )
 }
 
 /// Pending → Cordoning: the cycle starts (with its slot). A node someone

@@ -20,6 +20,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use ttdrv_api::labels;
 
+use ttdrv_api::NodeState;
+
+use crate::machine::{InstallerPod, Observation};
 use crate::node::{driver_labels_stale, label, loaded_version};
 
 /// The policy condition that counts prepared nodes.
@@ -100,17 +103,40 @@ pub struct Plan {
     pub build_failed: Vec<String>,
 }
 
+/// The node as the prepare plan sees it, or None when it has nothing to
+/// build ahead: not Ready (a pod replaced there may never start, and would
+/// hold a place), nothing loaded (a first install disrupts nothing), the
+/// target loaded already, or a DKMS host.
+pub fn candidate(
+    name: &str,
+    obs: &Observation,
+    state: NodeState,
+    target: &str,
+) -> Option<Candidate> {
+    let loaded = obs.loaded.as_deref()?;
+    if !obs.ready || obs.host_managed || loaded == target.trim() || obs.vacated {
+        return None;
+    }
+    Some(Candidate {
+        name: name.to_string(),
+        stale_pod: obs.installer == (InstallerPod::Stale { deleting: false }),
+        prepared: obs.prepared,
+        build_failed: state.is_failed(),
+        in_cycle: state.is_in_progress(),
+    })
+}
+
 /// Which stale installer pods to replace now so that at most `max_concurrent`
-/// nodes prepare at once. A node whose build failed is not retried here (the
-/// rollout policy decides what a failure does); a node in a cycle is left to
-/// the machine. `max_concurrent` 0 is read as 1: a bound of nothing would
-/// stop every rollout.
+/// nodes prepare at once, taken in the order given (the rollout's, so the
+/// first nodes to cycle are the first prepared). A Failed node is not
+/// replaced here (the rollout policy decides what a failure does); a node in
+/// a cycle is left to the machine. `max_concurrent` 0 is read as 1: a bound
+/// of nothing would stop every rollout.
 pub fn plan<'a>(
     candidates: impl IntoIterator<Item = &'a Candidate>,
     max_concurrent: usize,
 ) -> Plan {
-    let mut all: Vec<&Candidate> = candidates.into_iter().collect();
-    all.sort_by(|a, b| a.name.cmp(&b.name));
+    let all: Vec<&Candidate> = candidates.into_iter().collect();
     let preparing = all.iter().filter(|c| c.preparing()).count();
     let free = max_concurrent.max(1).saturating_sub(preparing);
     Plan {
@@ -141,9 +167,13 @@ pub enum Gate {
 /// With build-ahead on, a node's cycle starts only once the target is in its
 /// cache, so the cordon window holds a load, not a build. Off (the opt-out),
 /// or for a node with no module loaded (nothing to disrupt), it starts as
-/// before.
-pub fn gate(enabled: bool, node: &Node, target: &str) -> Gate {
-    if !enabled || loaded_version(node).is_none() || is_prepared(node, target) {
+/// before; and so it does when the node's current installer pod is
+/// `overdue`: it has run past the upgrade timeout without preparing (an
+/// agent image from before build-ahead never says it prepared; waiting for
+/// it would stall the rollout for good, while a cycle that builds inside
+/// its window is still cordoned and drained first).
+pub fn gate(enabled: bool, node: &Node, target: &str, overdue: bool) -> Gate {
+    if !enabled || overdue || loaded_version(node).is_none() || is_prepared(node, target) {
         return Gate::Start;
     }
     Gate::Wait(format!(
@@ -286,15 +316,18 @@ mod tests {
     fn the_cycle_waits_for_the_prepared_module_unless_opted_out() {
         let building = node(&[(labels::KMD_VERSION, "2.7.0")]);
         assert!(
-            matches!(gate(true, &building, "2.8.0"), Gate::Wait(w) if w.contains("prepare 2.8.0"))
+            matches!(gate(true, &building, "2.8.0", false), Gate::Wait(w) if w.contains("prepare 2.8.0"))
         );
-        assert_eq!(gate(false, &building, "2.8.0"), Gate::Start);
+        assert_eq!(gate(false, &building, "2.8.0", false), Gate::Start);
         let ready = node(&[
             (labels::KMD_VERSION, "2.7.0"),
             (labels::KMD_PREPARED, "2.8.0"),
         ]);
-        assert_eq!(gate(true, &ready, "2.8.0"), Gate::Start);
+        assert_eq!(gate(true, &ready, "2.8.0", false), Gate::Start);
+        // An installer that never says it prepared: after the upgrade
+        // timeout the cycle starts and builds inside its window.
+        assert_eq!(gate(true, &building, "2.8.0", true), Gate::Start);
         // Nothing loaded: nothing to disrupt, nothing to wait for.
-        assert_eq!(gate(true, &node(&[]), "2.8.0"), Gate::Start);
+        assert_eq!(gate(true, &node(&[]), "2.8.0", false), Gate::Start);
     }
 }

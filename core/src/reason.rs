@@ -5,6 +5,9 @@
 
 /// Pending: another node holds the slot.
 pub const WAITING: &str = "WaitingForSlot";
+/// Pending: the installer builds the target into the node's cache ahead of
+/// the cordon (`upgradePolicy.prepare`), or waits for a place to.
+pub const PREPARING: &str = "Preparing";
 /// Pending: `spec.paused`.
 pub const PAUSED: &str = "Paused";
 /// Done: the module and installer were already current.

@@ -208,6 +208,8 @@ fn observe(
         now: 100,
         records,
         pdbs: Default::default(),
+        prepare: false,
+        prepare_deadline_seconds: 900,
     };
     input.node(name, starting)
 }

@@ -15,6 +15,7 @@ fn want() -> Desired {
         paused: false,
         refused: false,
         unmanage: false,
+        prepare: false,
     }
 }
 
@@ -37,6 +38,8 @@ fn obs() -> Observation {
         vacated: false,
         nothing_loaded: false,
         installer_created: None,
+        prepared: true,
+        prepare_turn: false,
     }
 }
 
@@ -471,7 +474,7 @@ fn safety_properties_over_the_cross_product() {
                     r.no_drain = no_drain;
                     for installer in &installers {
                         for loaded in [None, Some("2.7.0"), Some("2.8.0")] {
-                            for bits in 0..128u32 {
+                            for bits in 0..256u32 {
                                 let b = |i: u32| bits & (1 << i) != 0;
                                 let o = Observation {
                                     now: if b(5) { 100_000 } else { 1000 },
@@ -494,6 +497,9 @@ fn safety_properties_over_the_cross_product() {
                                     vacated: b(1) && b(3),
                                     nothing_loaded: loaded.is_none() && b(5),
                                     installer_created: b(6).then_some(100),
+                                    prepared: !b(7),
+                                    // The turn matters only while not prepared.
+                                    prepare_turn: b(7) && !b(2),
                                 };
                                 for (paused, drain_enabled, refused, unmanage) in [
                                     (false, true, false),
@@ -506,11 +512,16 @@ fn safety_properties_over_the_cross_product() {
                                 .into_iter()
                                 .flat_map(|(p, d, r)| [(p, d, r, false), (p, d, r, true)])
                                 {
+                                    // Build-ahead on or off: one of the two per
+                                    // observation keeps the product's size.
+                                    // (Vacating builds nothing: never both.)
+                                    let prepare = (b(7) ^ b(3) ^ b(4)) && !unmanage;
                                     let w = Desired {
                                         paused,
                                         drain_enabled,
                                         refused,
                                         unmanage,
+                                        prepare,
                                         ..want()
                                     };
                                     let s = step(&r, &o, &w);
@@ -602,6 +613,7 @@ fn safety_properties_over_the_cross_product() {
                                         );
                                     }
                                     vacate_properties(&r, &o, &w, &s, &ctx);
+                                    prepare_properties(&r, &o, &w, &s, &ctx);
                                     if refused && r.state == Pending {
                                         assert!(
                                             !matches!(
@@ -778,6 +790,7 @@ fn installer_failure_fails_the_node_at_once_with_its_cause() {
             reason: reason::DEVICE_BUSY,
             message: "the agent gave up: pid 42 (python) in pod ml/train-0".into(),
             pod_created: Some(950),
+            terminated_at: None,
         }),
         ..obs()
     };
@@ -1157,6 +1170,7 @@ fn a_failed_unload_halts_as_unload_failed_until_retried() {
             reason: reason::DEVICE_BUSY,
             message: "pid 42 (python) holds /dev/tenstorrent/0".into(),
             pod_created: Some(950),
+            terminated_at: None,
         }),
         ..obs()
     };
@@ -1294,6 +1308,7 @@ fn the_pod_that_unloads_is_this_cycles() {
             reason: reason::DEVICE_BUSY,
             message: "an earlier cycle".into(),
             pod_created: Some(850),
+            terminated_at: None,
         }),
         ..obs()
     };
@@ -1309,8 +1324,171 @@ fn the_pod_that_unloads_is_this_cycles() {
             reason: reason::DEVICE_BUSY,
             message: "pid 7".into(),
             pod_created: Some(950),
+            terminated_at: None,
         }),
         ..old
     };
     assert_eq!(step(&r, &new, &unmanage()).record.state, UnloadFailed);
+}
+
+/// Build-ahead's safety properties, over the cross product.
+fn prepare_properties(r: &NodeRecord, o: &Observation, w: &Desired, s: &Step, ctx: &str) {
+    if !w.prepare || r.state != Pending || o.prepared {
+        if w.prepare
+            && r.state == Draining
+            && s.record.state == Upgrading
+            && matches!(o.installer, InstallerPod::Current { .. })
+        {
+            assert!(
+                !s.commands.contains(&Command::DeleteInstallerPod),
+                "the pod that built ahead is kept into the window: {ctx}"
+            );
+        }
+        return;
+    }
+    // Not prepared: nothing disruptive starts.
+    assert!(
+        !matches!(s.record.state, Cordoning | Draining | Unloading)
+            && !(s.record.state == Upgrading && !s.record.no_drain),
+        "a node is cordoned only once its target is built ahead: {ctx}"
+    );
+    assert!(
+        !s.commands
+            .iter()
+            .any(|c| matches!(c, Command::Cordon | Command::Evict | Command::CloseGates)),
+        "no cordon, gate or eviction before the build is done: {ctx}"
+    );
+    if s.commands.contains(&Command::DeleteInstallerPod) && !s.record.no_drain {
+        assert!(
+            o.prepare_turn && o.installer == (InstallerPod::Stale { deleting: false }),
+            "a pod is replaced ahead only in its turn: {ctx}"
+        );
+    }
+}
+
+fn prepare_on() -> Desired {
+    Desired {
+        prepare: true,
+        ..want()
+    }
+}
+
+#[test]
+fn build_ahead_replaces_the_pod_in_its_turn_and_holds_the_cycle_until_prepared() {
+    let pending = NodeRecord::new("fleet", "2.8.0", 900);
+    let waiting = Observation {
+        prepared: false,
+        ..obs()
+    };
+    // A slot is no use yet: no place to build, no cordon.
+    let s = step(&pending, &waiting, &prepare_on());
+    assert_eq!(s.record.state, Pending);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::PREPARING));
+    assert!(s.commands.is_empty(), "{s:?}");
+    // Its turn: the stale pod is replaced, the node keeps serving.
+    let s = step(
+        &pending,
+        &Observation {
+            prepare_turn: true,
+            ..waiting.clone()
+        },
+        &prepare_on(),
+    );
+    assert_eq!(s.record.state, Pending);
+    assert_eq!(s.commands, vec![Command::DeleteInstallerPod]);
+    assert_eq!(s.record.cordon, Cordon::None);
+    // The new agent builds: still nothing.
+    let building = Observation {
+        installer: InstallerPod::Current { ready: false },
+        ..waiting.clone()
+    };
+    let s = step(&s.record, &building, &prepare_on());
+    assert!(s.commands.is_empty() && s.record.state == Pending, "{s:?}");
+    // Prepared, with a slot: the cycle starts.
+    let prepared = Observation {
+        prepared: true,
+        ..building.clone()
+    };
+    let s = step(&s.record, &prepared, &prepare_on());
+    assert_eq!(s.record.state, Cordoning);
+    // Drained: Upgrading keeps the pod that built ahead (it waits for the
+    // go-ahead, which comes with this record).
+    let drained = Observation {
+        unschedulable: true,
+        gates_closed: true,
+        ..prepared.clone()
+    };
+    let s = step(&s.record, &drained, &prepare_on());
+    assert_eq!(s.record.state, Draining);
+    let s = step(&s.record, &drained, &prepare_on());
+    assert_eq!(s.record.state, Upgrading);
+    assert!(s.commands.is_empty(), "{s:?}");
+    // Off: the pod is replaced after the drain, as before.
+    let mut off = s.record.clone();
+    off.state = Draining;
+    let s = step(&off, &drained, &want());
+    assert_eq!(s.commands, vec![Command::DeleteInstallerPod]);
+}
+
+#[test]
+fn a_build_that_fails_ahead_fails_the_node_uncordoned_and_a_retry_builds_again() {
+    let pending = NodeRecord::new("fleet", "2.8.0", 900);
+    let failed_build = |at: i64| Observation {
+        prepared: false,
+        installer: InstallerPod::Current { ready: false },
+        installer_failure: Some(Failure {
+            reason: reason::BUILD_FAILED,
+            message: "the agent gave up: make exited 2".into(),
+            pod_created: Some(950),
+            terminated_at: Some(at),
+        }),
+        ..obs()
+    };
+    let s = step(&pending, &failed_build(990), &prepare_on());
+    assert_eq!(s.record.state, Failed);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::BUILD_FAILED));
+    assert_eq!(s.record.cordon, Cordon::None);
+    assert!(s.commands.is_empty(), "{s:?}");
+    let msg = s.record.message.clone().unwrap_or_default();
+    assert!(
+        msg.contains("not cordoned") && msg.contains("make exited 2"),
+        "{msg}"
+    );
+    // Retried: the failure is older than the retry, so a new pod builds.
+    let retried = step(
+        &s.record,
+        &Observation {
+            now: 2000,
+            retry_token: Some("t1".into()),
+            ..failed_build(990)
+        },
+        &prepare_on(),
+    );
+    assert_eq!(retried.record.state, Pending);
+    assert_eq!(retried.commands, vec![Command::DeleteInstallerPod]);
+}
+
+#[test]
+fn failures_of_the_pod_kept_from_build_ahead_count_only_after_the_cycle_started() {
+    let mut up = rec(Upgrading);
+    up.since = 1000;
+    let failed = |at: i64| Observation {
+        installer: InstallerPod::Current { ready: false },
+        unschedulable: true,
+        installer_failure: Some(Failure {
+            reason: reason::LOAD_FAILED,
+            message: "the kernel refused it".into(),
+            // Created ahead, long before the cycle.
+            pod_created: Some(100),
+            terminated_at: Some(at),
+        }),
+        now: 1010,
+        ..obs()
+    };
+    let s = step(&up, &failed(1005), &prepare_on());
+    assert_eq!(s.record.state, Failed);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::LOAD_FAILED));
+    // A failure from its build-ahead, already over: not this cycle's.
+    let s = step(&up, &failed(500), &prepare_on());
+    assert_eq!(s.record.state, Upgrading);
 }

@@ -139,7 +139,7 @@ fn unloading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     if obs.installer == (InstallerPod::Current { ready: true }) && obs.loaded.is_none() {
         return vacated(rec, reason::VACATED, now);
     }
-    let this_cycles = |f: &Failure| f.pod_created.is_none_or(|c| c >= rec.since);
+    let this_cycles = |f: &Failure| f.at().is_none_or(|c| c >= rec.since);
     if let (Some(f), InstallerPod::Current { .. }) = (&obs.installer_failure, &obs.installer)
         && this_cycles(f)
     {

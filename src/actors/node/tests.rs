@@ -136,6 +136,7 @@ fn desired() -> Desired {
         paused: false,
         refused: false,
         unmanage: false,
+        prepare: false,
     }
 }
 
@@ -158,6 +159,8 @@ fn obs(loaded: &str) -> Observation {
         vacated: false,
         nothing_loaded: false,
         installer_created: None,
+        prepared: true,
+        prepare_turn: false,
     }
 }
 

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::{PodSelector, TenstorrentDriverPolicy, labels};
 use ttdrv_core::machine::{Desired, NodeRecord};
+use ttdrv_core::prepare;
 use ttdrv_core::rollout::{Limits, Plan};
 
 use crate::refusal::{Apply, Refusal};
@@ -126,6 +127,8 @@ impl ReconcilePass {
             paused: spec.paused,
             refused: refused.is_some(),
             unmanage: spec.unmanage,
+            // Vacating builds nothing.
+            prepare: spec.upgrade_policy.prepare.enabled && !spec.unmanage,
         };
         // A refused policy starts no node (its installer would never come);
         // nodes mid-cycle go on, deadlines included.
@@ -147,6 +150,8 @@ impl ReconcilePass {
             now: now_secs(),
             records: &self.records,
             pdbs: Default::default(),
+            prepare: desired.prepare,
+            prepare_deadline_seconds: ctx.config.upgrade_timeout_seconds,
         };
         let observe = |nodes: &[String], starting: &HashSet<&str>| -> Vec<(String, NodeView)> {
             nodes
@@ -163,6 +168,18 @@ impl ReconcilePass {
             .iter()
             .map(|(n, v)| v.candidate(n, self.records.get(n).or(v.persisted.as_ref())))
             .collect();
+        if desired.prepare && !desired.paused && !desired.refused {
+            let turn = self.plan_prepare(&input);
+            let unseen: Vec<String> = turn
+                .iter()
+                .filter(|n| !views.iter().any(|(v, _)| v == *n))
+                .cloned()
+                .collect();
+            views.extend(observe(&unseen, &HashSet::new()));
+            for (n, v) in views.iter_mut() {
+                v.obs.prepare_turn = turn.contains(n);
+            }
+        }
         let mut replace = self.full;
         let mut stepped: HashSet<String> = HashSet::new();
         let mut plan;
@@ -247,6 +264,36 @@ impl ReconcilePass {
             refused,
             err: first_err,
         })
+    }
+
+    /// Build-ahead: the nodes whose stale installer pod is replaced in this
+    /// pass, at most `prepare.maxConcurrent` nodes building at once, in the
+    /// rollout's order. Counted over every owned node (a pass may look at a
+    /// few only), from the caches. A halted rollout (a node Failed) starts no
+    /// new build.
+    fn plan_prepare(&self, input: &ObserveInput<'_>) -> HashSet<String> {
+        if self.records.values().any(|r| r.state.is_failed()) {
+            return HashSet::new();
+        }
+        let spec = &self.policy.spec;
+        let mut order: Vec<_> = self
+            .owned()
+            .iter()
+            .filter_map(|n| input.prepare_candidate(n))
+            .collect();
+        order.sort_by(|a, b| a.0.cmp(&b.0));
+        let max = usize::try_from(spec.upgrade_policy.prepare.max_concurrent).unwrap_or(1);
+        let plan = prepare::plan(order.iter().map(|(_, c)| c), max);
+        if !plan.replace.is_empty() {
+            tracing::info!(
+                policy = self.name(),
+                nodes = ?plan.replace,
+                building = plan.preparing,
+                "replacing installer pods to build {} ahead of the cordons",
+                spec.version
+            );
+        }
+        plan.replace.into_iter().collect()
     }
 
     fn report_policy_events(

@@ -191,13 +191,31 @@ fn context() -> Arc<Context> {
     context_with(true)
 }
 
+/// Nodes whose agents built 2.8.0 ahead (build-ahead is on by default).
 fn context_with(claimed: bool) -> Arc<Context> {
+    context_of(claimed, Some("2.8.0"), policy())
+}
+
+fn context_of(
+    claimed: bool,
+    prepared: Option<&str>,
+    policy: TenstorrentDriverPolicy,
+) -> Arc<Context> {
     let url = "http://127.0.0.1:9".parse().expect("url");
     let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
     let pods: Vec<Pod> = NODES.iter().map(|n| installer(n)).collect();
     let stores = Stores {
-        policies: fed(vec![policy()]),
-        nodes: fed(NODES.iter().map(|n| node_claimed(n, claimed)).collect()),
+        policies: fed(vec![policy]),
+        nodes: fed(NODES
+            .iter()
+            .map(|n| {
+                let mut nd = node_claimed(n, claimed);
+                if let (Some(v), Some(l)) = (prepared, nd.metadata.labels.as_mut()) {
+                    l.insert(labels::KMD_PREPARED.into(), v.into());
+                }
+                nd
+            })
+            .collect()),
         pods: Arc::new(PodCache::listed(labels::DEFAULT_NAMESPACE, pods)),
         daemonsets: fed(vec![]),
         pdbs: fed(vec![]),
@@ -278,6 +296,58 @@ async fn a_pass_starts_one_node_and_the_next_pass_keeps_the_budget() {
     assert!(
         log.contains(&("n1".to_string(), "record Draining".to_string())),
         "n1 drains on the API server's reply to its cordon: {log:?}"
+    );
+}
+
+#[actix::test]
+async fn build_ahead_replaces_at_most_max_concurrent_pods_and_cordons_nothing_unprepared() {
+    let log: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let fake = Fake {
+        nodes: NODES
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    serde_json::to_value(node(n)).expect("node json"),
+                )
+            })
+            .collect(),
+        log: log.clone(),
+        refuse: false,
+    }
+    .start();
+    let ports = SupervisorPorts {
+        patch: fake.clone().recipient(),
+        evict: fake.clone().recipient(),
+        ensure: fake.clone().recipient(),
+        replace_pod: fake.clone().recipient(),
+        refusals: fake.recipient(),
+    };
+    let mut p = policy();
+    p.spec.upgrade_policy.prepare.max_concurrent = 2;
+    let sup = PolicySupervisor::new(context_of(true, None, p), "fleet".into(), ports).start();
+    // Twice: the cache still shows the old pods after the first pass (it
+    // lags behind the deletions); the bound must hold all the same.
+    for full in [true, false] {
+        sup.send(reconcile(full, &["n3"]))
+            .await
+            .expect("mailbox")
+            .expect("pass");
+    }
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let replaced: Vec<&str> = log
+        .iter()
+        .filter(|(_, what)| what == "replace")
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(
+        replaced,
+        ["ttdrv-fleet-n1", "ttdrv-fleet-n2"],
+        "two places to build ahead, in the rollout's order, each pod once: {log:?}"
+    );
+    assert!(
+        !log.iter().any(|(_, what)| what == "cordon"),
+        "nothing is cordoned before its build is done: {log:?}"
     );
 }
 
