@@ -1348,8 +1348,8 @@ fn prepare_properties(r: &NodeRecord, o: &Observation, w: &Desired, s: &Step, ct
     }
     // Not prepared: nothing disruptive starts.
     assert!(
-        !matches!(s.record.state, Cordoning | Draining | Unloading)
-            && !(s.record.state == Upgrading && !s.record.no_drain),
+        !(matches!(s.record.state, Cordoning | Draining | Unloading)
+            || (s.record.state == Upgrading && !s.record.no_drain)),
         "a node is cordoned only once its target is built ahead: {ctx}"
     );
     assert!(
