@@ -128,12 +128,26 @@ pub fn condition_flags(
     ]
 }
 
+/// The conditions [`condition_flags`] covers, in its order. (Prepared moves
+/// with each node's build: written with the node progress, not at once.)
+const FLAGGED: [&str; 5] = [
+    condition::READY,
+    condition::PROGRESSING,
+    condition::DEGRADED,
+    condition::PAUSED,
+    condition::CONFLICT,
+];
+
 /// The flags of a written status, in the same order.
 pub fn flags_of(status: &TenstorrentDriverPolicyStatus) -> Vec<bool> {
-    status
-        .conditions
+    FLAGGED
         .iter()
-        .map(|c| c.status == "True")
+        .map(|t| {
+            status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == *t && c.status == "True")
+        })
         .collect()
 }
 
@@ -180,12 +194,24 @@ pub fn build(
     // The rollout's order: nodes without device users first, then by name.
     let mut names: Vec<&String> = input.records.keys().collect();
     names.sort_by(|a, b| (device.contains(*a), a).cmp(&(device.contains(*b), b)));
-    let (summary, failed) = summarize(input.records);
+    let (mut summary, failed) = summarize(input.records);
+    let target = policy.spec.version.trim();
+    // Build ahead: who holds the target, and who is still to build it.
+    let mut unprepared = Vec::new();
     let nodes = names
         .into_iter()
         .map(|n| {
             let r = &input.records[n];
             let now = reported(n);
+            let holds = now.version.as_deref() == Some(target)
+                || now.prepared_version.as_deref() == Some(target);
+            let settled_elsewhere = r.reason.as_deref() == Some(reason::HOST_MANAGED)
+                || r.state == NodeState::Unmanaged;
+            if holds {
+                summary.prepared += 1;
+            } else if !settled_elsewhere {
+                unprepared.push(n.as_str());
+            }
             NodeStatus {
                 name: n.clone(),
                 state: r.state,
@@ -244,6 +270,7 @@ pub fn build(
         .iter()
         .map(|(n, o)| format!("{n} (owned by {o})"))
         .collect();
+    let prepared = prepared_condition(policy, &summary, &unprepared);
     let conditions = vec![
         cond(
             condition::READY,
@@ -321,6 +348,13 @@ pub fn build(
             },
             input,
         ),
+        cond(
+            condition::PREPARED,
+            prepared.0,
+            prepared.1,
+            prepared.2,
+            input,
+        ),
     ];
     TenstorrentDriverPolicyStatus {
         observed_generation: policy.metadata.generation,
@@ -339,6 +373,60 @@ pub fn build(
         nodes,
         unreadable: None,
     }
+}
+
+/// The Prepared condition (status, reason, message): True once every node
+/// that will load the target holds it (loaded, or built ahead into its
+/// cache); host-managed and vacated nodes build nothing.
+fn prepared_condition(
+    policy: &TenstorrentDriverPolicy,
+    summary: &Summary,
+    unprepared: &[&str],
+) -> (bool, &'static str, String) {
+    let version = &policy.spec.version;
+    if policy.spec.unmanage {
+        return (
+            false,
+            "Unmanage",
+            "spec.unmanage: the policy vacates its nodes and builds nothing".into(),
+        );
+    }
+    if !policy.spec.upgrade_policy.prepare.enabled {
+        return (
+            false,
+            "Disabled",
+            "upgradePolicy.prepare.enabled is false: each node builds inside its cordon window"
+                .into(),
+        );
+    }
+    if unprepared.is_empty() {
+        return (
+            true,
+            "AllPrepared",
+            format!(
+                "{} node(s) hold {version}, loaded or built ahead",
+                summary.prepared
+            ),
+        );
+    }
+    const SHOWN: usize = 10;
+    let mut list = unprepared
+        .iter()
+        .take(SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if unprepared.len() > SHOWN {
+        list.push_str(&format!(" and {} more", unprepared.len() - SHOWN));
+    }
+    (
+        false,
+        "Preparing",
+        format!(
+            "{} of {} node(s) hold {version}, loaded or built ahead; still to build: {list}",
+            summary.prepared, summary.matched
+        ),
+    )
 }
 
 /// How the message of a DaemonSet takeover in progress starts (see

@@ -564,6 +564,10 @@ pub struct Summary {
     /// Nodes Done because DKMS manages the module there.
     #[serde(default)]
     pub host_managed: i32,
+    /// Nodes holding the target: loaded, or built and verified ahead into
+    /// their cache (`upgradePolicy.prepare`).
+    #[serde(default)]
+    pub prepared: i32,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -679,6 +683,9 @@ pub mod condition {
     pub const DEGRADED: &str = "Degraded";
     pub const PAUSED: &str = "Paused";
     pub const CONFLICT: &str = "Conflict";
+    /// Build ahead (`upgradePolicy.prepare`): every node that will load the
+    /// target holds it, loaded or built into its cache.
+    pub const PREPARED: &str = "Prepared";
 }
 
 #[cfg(test)]

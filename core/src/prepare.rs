@@ -25,9 +25,6 @@ use ttdrv_api::NodeState;
 use crate::machine::{InstallerPod, Observation};
 use crate::node::{driver_labels_stale, label, loaded_version};
 
-/// The policy condition that counts prepared nodes.
-pub const CONDITION_PREPARED: &str = "Prepared";
-
 /// Condition and Event reason: an installed, not running kernel of a node
 /// cannot build the target version (the agent's
 /// [`labels::KMD_NEXT_KERNEL_FAILED`]). A warning; the node is not failed.

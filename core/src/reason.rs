@@ -112,6 +112,7 @@ pub const FAILURES: &[&str] = &[
 /// Every reason the state machine can write.
 pub const ALL: &[&str] = &[
     WAITING,
+    PREPARING,
     PAUSED,
     UP_TO_DATE,
     UPGRADED,

@@ -51,8 +51,18 @@ fn status_of(
         previous,
         now: Timestamp::from_second(now).expect("time"),
     };
+    // A Done node (not host-managed) has the target loaded; others report
+    // a version of their own.
     build(&input, |n| Reported {
-        version: Some(format!("v-{n}")),
+        version: Some(
+            if records[n].state == NodeState::Done
+                && records[n].reason.as_deref() != Some(reason::HOST_MANAGED)
+            {
+                "2.8.0".to_string()
+            } else {
+                format!("v-{n}")
+            },
+        ),
         install_mode: None,
         prepared_version: (n == "prepared").then(|| "2.8.0".to_string()),
         next_kernel_build_failed: (n == "prepared").then(|| "6.12.0-1-amd64".to_string()),
@@ -126,6 +136,7 @@ fn conditions_table() {
                 c("Degraded", "False", "AsExpected"),
                 c("Paused", "False", "Running"),
                 c("Conflict", "False", "NoOverlap"),
+                c("Prepared", "True", "AllPrepared"),
             ],
         ),
         (
@@ -143,6 +154,7 @@ fn conditions_table() {
                 c("Degraded", "False", "AsExpected"),
                 c("Paused", "False", "Running"),
                 c("Conflict", "False", "NoOverlap"),
+                c("Prepared", "False", "Preparing"),
             ],
         ),
         (
@@ -156,6 +168,7 @@ fn conditions_table() {
                 c("Degraded", "True", "NodeFailed"),
                 c("Paused", "False", "Running"),
                 c("Conflict", "False", "NoOverlap"),
+                c("Prepared", "False", "Preparing"),
             ],
         ),
         (
@@ -169,6 +182,7 @@ fn conditions_table() {
                 c("Degraded", "False", "AsExpected"),
                 c("Paused", "True", "PausedBySpec"),
                 c("Conflict", "False", "NoOverlap"),
+                c("Prepared", "True", "AllPrepared"),
             ],
         ),
         (
@@ -182,6 +196,7 @@ fn conditions_table() {
                 c("Degraded", "False", "AsExpected"),
                 c("Paused", "False", "Running"),
                 c("Conflict", "True", "SelectorOverlap"),
+                c("Prepared", "True", "AllPrepared"),
             ],
         ),
     ];
@@ -244,6 +259,48 @@ fn summary_counts_and_messages() {
     let st = status_of(&p, &recs, &HashSet::new(), &[], None, 100);
     let degraded = &st.conditions[2];
     assert_eq!(degraded.message, "c: late");
+}
+
+#[test]
+fn prepared_counts_nodes_holding_the_target_and_names_the_rest() {
+    let recs = records(&[
+        ("a", rec(NodeState::Done, Some(reason::UPGRADED), None)),
+        (
+            "host",
+            rec(NodeState::Done, Some(reason::HOST_MANAGED), None),
+        ),
+        ("prepared", rec(NodeState::Pending, None, None)),
+        ("z", rec(NodeState::Pending, Some(reason::PREPARING), None)),
+    ]);
+    let p = policy(false, 1);
+    let s = status_of(&p, &recs, &HashSet::new(), &[], None, 100);
+    assert_eq!(s.summary.prepared, 2, "a loads it, prepared built it");
+    let c = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Prepared")
+        .expect("Prepared condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "Preparing")
+    );
+    assert!(
+        c.message.contains("2 of 4") && c.message.ends_with("still to build: z"),
+        "the host-managed node builds nothing: {}",
+        c.message
+    );
+    let mut off = policy(false, 1);
+    off.spec.upgrade_policy.prepare.enabled = false;
+    let s = status_of(&off, &recs, &HashSet::new(), &[], None, 100);
+    let c = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Prepared")
+        .expect("Prepared condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "Disabled")
+    );
 }
 
 #[test]
