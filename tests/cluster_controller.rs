@@ -27,6 +27,7 @@ fn agent(env: &TestEnv, ns: &str) -> SimAgent {
         SimAgentConfig {
             namespace: ns.to_string(),
             work: Duration::from_millis(200),
+            ..Default::default()
         },
     )
 }

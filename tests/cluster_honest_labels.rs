@@ -62,6 +62,7 @@ async fn a_reboot_clears_kmd_version_until_the_agent_reports_again() {
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     );
     let _ctl = controller(&env, &ns);

@@ -164,6 +164,7 @@ async fn foreign_statuses_never_stop_the_controller() {
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     );
     let safety = SafetyWatcher::start(&env);
@@ -421,6 +422,7 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     );
     // The Degraded reasons the policy shows on the way (polled).

@@ -62,6 +62,7 @@ async fn setup(name: &str, n: usize) -> (TestEnv, String, Vec<String>, SimAgent)
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     );
     (env, ns, nodes, agent)

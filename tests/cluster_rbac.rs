@@ -179,6 +179,7 @@ async fn controller_runs_a_rollout_with_the_charts_service_account() {
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(200),
+            ..Default::default()
         },
     );
     // The controller process gets the ServiceAccount's credentials only.

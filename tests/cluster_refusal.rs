@@ -67,6 +67,7 @@ async fn refused_policy_is_degraded_backs_off_and_captures_nothing() {
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     );
     let broken = env.name("broken");
@@ -251,6 +252,7 @@ async fn policy_outside_the_allow_list_is_refused_and_not_deployed() {
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     );
     let _ctl = controller_with(

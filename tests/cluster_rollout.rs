@@ -28,6 +28,7 @@ async fn setup(
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     );
     (env, ns, nodes, agent)

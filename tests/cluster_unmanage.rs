@@ -32,6 +32,7 @@ async fn setup(name: &str, suffixes: &[&str]) -> (TestEnv, String, Vec<String>, 
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     );
     (env, ns, nodes, agent)

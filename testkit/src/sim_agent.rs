@@ -19,6 +19,19 @@
 //!
 //! - `sim.ttdrv.io/unload-fail: "true"`: an unload (`spec.unmanage`) fails
 //!   with an `UnloadError` termination message.
+//! - `sim.ttdrv.io/cached: "<version>,<version>,..."`: the node's module cache
+//!   (the agent adds each version it builds). A cached target is not built.
+//! - `sim.ttdrv.io/build-fail: "<version>"`: building that version fails: after
+//!   the build time the agent gives up with a `BuildFailed` termination message
+//!   (and tries again, as after a restart); the loaded module is not touched.
+//!
+//! Build ahead (issue 22), as the real agent: a target that is not cached is
+//! built first ([`SimAgentConfig::build`]), before the go-ahead is asked for,
+//! and when a module is loaded the node is then labelled
+//! [`labels::KMD_PREPARED`]`=<target>`. Only then does it wait for the
+//! go-ahead (watching its own Node, re-reading its pod every few seconds, so
+//! that a hundred waiting pods cost the API server little), and with it it
+//! loads ([`SimAgentConfig::load`]), labels `kmd-version` and becomes Ready.
 //!
 //! The installer of a `spec.unmanage` policy (env `TTDRV_UNMANAGE=true`)
 //! installs nothing: with the controller's unload go-ahead
@@ -51,16 +64,30 @@ pub const CRASH_ANNOTATION: &str = "sim.ttdrv.io/crash";
 pub const LOADED_ANNOTATION: &str = "sim.ttdrv.io/loaded";
 /// Unloading fails (`spec.unmanage`).
 pub const UNLOAD_FAIL_ANNOTATION: &str = "sim.ttdrv.io/unload-fail";
+/// The node's simulated module cache: versions, comma-separated.
+pub const CACHED_ANNOTATION: &str = "sim.ttdrv.io/cached";
+/// Building this version fails (`BuildFailed`).
+pub const BUILD_FAIL_ANNOTATION: &str = "sim.ttdrv.io/build-fail";
+/// While waiting for the go-ahead the pod is read again at least this often
+/// (the Node is watched): a deleted pod stops waiting.
+const GO_AHEAD_RECHECK: Duration = Duration::from_secs(5);
 /// An installer image whose name contains this is never pulled.
 pub const UNPULLABLE: &str = "unpullable";
 pub const SIM_TT_SMI_VERSION: &str = "3.0.0-sim";
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct SimAgentConfig {
     /// Namespace of the installer DaemonSets.
     pub namespace: String,
-    /// Simulated time to unload/build/load the module.
+    /// Simulated time before the agent does anything (its start); with
+    /// `build` and `load` zero, all the simulated work of a swap.
     pub work: Duration,
+    /// Simulated time to build a target that is not in the node's cache
+    /// ([`CACHED_ANNOTATION`]), spent before the go-ahead is asked for.
+    pub build: Duration,
+    /// Simulated time to unload the old module and load the target, spent
+    /// after the go-ahead.
+    pub load: Duration,
 }
 
 /// Handle to the running simulated agent; dropping it stops it.
@@ -216,6 +243,7 @@ async fn play_agent(
     let target = target_version(pod).unwrap_or_default();
     let mut restarts = 0;
     let mut waiting: Option<String> = None;
+    let mut node_changes = None;
     tokio::time::sleep(config.work).await;
     loop {
         // The pod may have been deleted meanwhile (node drained again, CR changed).
@@ -274,6 +302,52 @@ async fn play_agent(
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
+        let swapping = mode == labels::INSTALL_MODE_CONTAINER
+            && !target.is_empty()
+            && loaded.map(String::as_str) != Some(target.as_str());
+        if swapping {
+            // The prepare step, before any go-ahead: build what the cache
+            // lacks, then say the node is prepared (the controller starts
+            // the disruptive cycle only then).
+            let mut cached = cached_versions(&ann);
+            let mut changes = serde_json::Map::new();
+            if !cached.contains(&target) {
+                tokio::time::sleep(config.build).await;
+                if ann.get(BUILD_FAIL_ANNOTATION) == Some(&target) {
+                    // As the real agent: it exits, the loaded module untouched,
+                    // and the kubelet restarts it (which builds again).
+                    restarts += 1;
+                    let msg = reason::termination_message(
+                        reason::BUILD_FAILED,
+                        &format!(
+                            "make -C /lib/modules/sim/build: Error 2 (simulated build of {target})"
+                        ),
+                    );
+                    set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                cached.push(target.clone());
+                let mut ann_set = serde_json::Map::new();
+                ann_set.insert(CACHED_ANNOTATION.into(), cached.join(",").into());
+                changes.insert("annotations".into(), ann_set.into());
+            }
+            if loaded.is_some()
+                && node_labels.get(labels::KMD_PREPARED).map(String::as_str) != Some(&target)
+            {
+                let mut l = serde_json::Map::new();
+                l.insert(labels::KMD_PREPARED.into(), target.clone().into());
+                changes.insert("labels".into(), l.into());
+            }
+            if !changes.is_empty() {
+                let patch = serde_json::json!({ "metadata": changes });
+                nodes
+                    .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                // Decide on the Node as it is now.
+                continue;
+            }
+        }
         if mode == labels::INSTALL_MODE_CONTAINER && loaded.is_some_and(|l| *l != target) {
             // A swap: only with the controller's go-ahead, decided as the
             // real agent decides.
@@ -296,7 +370,17 @@ async fn play_agent(
                     tracing::info!(node = node_name, why, "sim-agent waiting");
                     waiting = Some(why);
                 }
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                // Until the Node changes (its own watch), or a while passes
+                // and the pod is read again.
+                let changes = node_changes.get_or_insert_with(|| {
+                    let wc =
+                        watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+                    watcher(nodes.clone(), wc)
+                        .default_backoff()
+                        .applied_objects()
+                        .boxed()
+                });
+                let _ = tokio::time::timeout(GO_AHEAD_RECHECK, changes.try_next()).await;
                 continue;
             }
             // Refuse while any pod on the node still holds the device, as the
@@ -319,10 +403,17 @@ async fn play_agent(
             set.insert(labels::TT_SMI_VERSION.into(), SIM_TT_SMI_VERSION.into());
         }
         // Written on the Node version the decision was made on: if the
-        // controller changed it meanwhile (took the go-ahead back), decide again.
+        // controller changed it meanwhile (took the go-ahead back), decide
+        // again. A load that takes time has happened once it is over, whatever
+        // changed meanwhile: then the labels say so unconditionally.
+        let mut resource_version = node.metadata.resource_version.clone();
+        if swapping && !config.load.is_zero() {
+            tokio::time::sleep(config.load).await;
+            resource_version = None;
+        }
         let mut patch = serde_json::json!({ "metadata": {
             "labels": set,
-            "resourceVersion": node.metadata.resource_version,
+            "resourceVersion": resource_version,
         } });
         if hidden.is_some() {
             // The module loaded now is the one the labels say.
@@ -339,6 +430,19 @@ async fn play_agent(
         }
         return set_ready(&pods_ns, &name, pod).await;
     }
+}
+
+/// The versions in the node's simulated module cache.
+fn cached_versions(ann: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    ann.get(CACHED_ANNOTATION)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Plays the kubelet once the agent is done: the pod is Ready.

@@ -188,6 +188,7 @@ async fn chaos_rollouts() {
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     );
     let policy = env.name("fleet");
@@ -455,6 +456,7 @@ async fn status_write_conflicts_do_not_skip_drains() {
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     );
     let status_p409: Arc<Mutex<f64>> = Arc::default();
@@ -566,6 +568,7 @@ async fn throttled_events_are_retried() {
         SimAgentConfig {
             namespace: ns.clone(),
             work: Duration::from_millis(200),
+            ..Default::default()
         },
     );
     let throttle = Arc::new(AtomicUsize::new(0));

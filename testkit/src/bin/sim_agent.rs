@@ -9,9 +9,17 @@ struct Args {
     /// Namespace of the installer DaemonSets.
     #[arg(long, default_value = ttdrv_api::labels::DEFAULT_NAMESPACE)]
     namespace: String,
-    /// Simulated per-node work (unload + build + load), in milliseconds.
+    /// Simulated time before the agent acts on a new pod (with no build or
+    /// load time given, the whole swap), in milliseconds.
     #[arg(long, default_value_t = 1000)]
     work_ms: u64,
+    /// Simulated build of a target the node has not cached, before the
+    /// go-ahead is asked for, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    build_ms: u64,
+    /// Simulated unload + load after the go-ahead, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    load_ms: u64,
 }
 
 #[tokio::main]
@@ -24,6 +32,8 @@ async fn main() {
         ttdrv_testkit::SimAgentConfig {
             namespace: args.namespace,
             work: Duration::from_millis(args.work_ms),
+            build: Duration::from_millis(args.build_ms),
+            load: Duration::from_millis(args.load_ms),
         },
     )
     .await;

@@ -28,6 +28,7 @@ fn agent(env: &TestEnv, ns: &str) -> SimAgent {
         SimAgentConfig {
             namespace: ns.to_string(),
             work: Duration::from_millis(300),
+            ..Default::default()
         },
     )
 }
