@@ -60,15 +60,17 @@ impl Mode {
 pub struct Scenario {
     pub nodes: usize,
     pub mode: Mode,
+    /// `prepare.maxConcurrent` (None: the API's default).
+    pub max_concurrent: Option<u32>,
 }
 
-/// `N:on|off|kubectl`.
+/// `N:on|off|kubectl[:maxConcurrent]`.
 pub fn parse(s: &str) -> anyhow::Result<Scenario> {
-    let (n, m) = s
-        .trim()
-        .split_once(':')
-        .with_context(|| format!("prepare scenario {s:?}: want N:on|off|kubectl"))?;
-    let mode = match m {
+    let parts: Vec<&str> = s.trim().split(':').collect();
+    let (Some(n), Some(m)) = (parts.first(), parts.get(1)) else {
+        bail!("prepare scenario {s:?}: want N:on|off|kubectl[:maxConcurrent]");
+    };
+    let mode = match *m {
         "on" => Mode::On,
         "off" => Mode::Off,
         "kubectl" => Mode::Kubectl,
@@ -77,6 +79,11 @@ pub fn parse(s: &str) -> anyhow::Result<Scenario> {
     Ok(Scenario {
         nodes: n.parse().context("N")?,
         mode,
+        max_concurrent: parts
+            .get(2)
+            .map(|c| c.parse())
+            .transpose()
+            .context("maxConcurrent")?,
     })
 }
 
@@ -101,6 +108,9 @@ impl NodeTimes {
 pub struct PrepResult {
     pub nodes: usize,
     pub mode: String,
+    /// `prepare.maxConcurrent` when set (else the default, 10).
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
     pub build_s: f64,
     pub load_s: f64,
     /// Every node finished; otherwise the figures are those of `nodes_done`.
@@ -291,6 +301,7 @@ impl Recorder {
         PrepResult {
             nodes: sc.nodes,
             mode: sc.mode.name().into(),
+            max_concurrent: sc.max_concurrent,
             build_s,
             load_s,
             complete: done.len() >= sc.nodes,
@@ -386,7 +397,10 @@ fn start_agent(
 
 async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<PrepResult> {
     let n = sc.nodes;
-    let tag = format!("{n}-{}", sc.mode.name());
+    let tag = match sc.max_concurrent {
+        Some(c) => format!("{n}-{}-{c}", sc.mode.name()),
+        None => format!("{n}-{}", sc.mode.name()),
+    };
     let out = |f: &str| args.out_dir.join(f);
     let env = TestEnv::new(&format!("prep-{tag}")).await;
     let ns = env.namespace().await;
@@ -417,10 +431,13 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<PrepResult> {
         ttdrv_testkit::ensure_crd(&env.client).await;
         let spec: ttdrv_api::TenstorrentDriverPolicySpec = serde_yaml::from_str(&format!(
             "version: \"{FROM}\"\nnodeAffinity: {{matchLabels: {{{}: {}}}}}\n\
-             upgradePolicy: {{maxUnavailable: 1, prepare: {{enabled: {}}}}}",
+             upgradePolicy: {{maxUnavailable: 1, prepare: {{enabled: {}{}}}}}",
             ttdrv_testkit::TEST_LABEL,
             env.id,
-            sc.mode == Mode::On
+            sc.mode == Mode::On,
+            sc.max_concurrent
+                .map(|c| format!(", maxConcurrent: {c}"))
+                .unwrap_or_default()
         ))?;
         let mut p = TenstorrentDriverPolicy::new(&policy, spec);
         p.metadata.labels = Some(env.labels());
@@ -606,10 +623,11 @@ pub fn table(results: &[PrepResult]) -> String {
     );
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} s"));
     for r in results {
-        let how = match r.mode.as_str() {
-            "on" => "controller, prepare on",
-            "off" => "controller, prepare off",
-            _ => "serial kubectl loop",
+        let how = match (r.mode.as_str(), r.max_concurrent) {
+            ("on", Some(c)) => format!("controller, prepare on (maxConcurrent {c})"),
+            ("on", None) => "controller, prepare on (maxConcurrent 10)".to_string(),
+            ("off", _) => "controller, prepare off".to_string(),
+            _ => "serial kubectl loop".to_string(),
         };
         let rollout = if r.complete {
             format!("{:.1} s", r.rollout_s)
