@@ -4,6 +4,9 @@
 #
 #   bash hack/bench.sh                 # the full run (about 20 minutes on 2 cores)
 #   TTDRV_BENCH_SCENARIOS=10:0:1,10:2000:1 bash hack/bench.sh    # a quick one
+#   bash hack/bench.sh prepare         # build ahead (issue 22): TTDRV_BENCH_PREPARE=100:off,100:kubectl
+#                                      #   TTDRV_BENCH_PARALLEL=1 (at once), TTDRV_BENCH_BUILD_MS, TTDRV_BENCH_LOAD_MS
+#   TTDRV_BENCH_CONTROLLER_BIN=/path/ttdrv-controller  # measure that build instead of building one
 #   bash hack/bench.sh pods            # pod density (issue 23): 1000 nodes, 10,000 pods
 #   TTDRV_BENCH_PODS=10000 TTDRV_BENCH_DENSITY_BINS=before=/path/old,after=/path/new \
 #     TTDRV_BENCH_SCENARIOS=100:0:1:1 bash hack/bench.sh     # density of two builds, then a rollout among the pods
@@ -29,6 +32,14 @@ out=${TTDRV_BENCH_OUT:-/tmp/ttdrv-bench}
 # 10 nodes, extrapolated.
 scenarios=${TTDRV_BENCH_SCENARIOS:-10:0:1,10:2000:1,100:0:1,100:2000:1,1000:0:1:10,1000:0:10%:10,1000:2000:10%:10,1000:2000:1:10:60}
 pods=${TTDRV_BENCH_PODS:-0}
+prepare=
+if [ "${1:-}" = prepare ]; then
+  # Build ahead (issue 22): cache-cold 2.7.0 -> 2.8.0, 60 s build and 2 s
+  # load per node, one node at a time: the controller with prepare on, off,
+  # and the kubectl loop. TTDRV_BENCH_PARALLEL=1 runs them at once, each on
+  # its own nodes.
+  prepare=${TTDRV_BENCH_PREPARE:-10:on,10:off,10:kubectl,100:on}
+fi
 if [ "${1:-}" = pods ]; then
   # Pod density: 1000 Tenstorrent nodes and 10,000 ordinary pods, then a
   # rollout among them (maxUnavailable 10%).
@@ -56,7 +67,11 @@ bin=$CARGO_TARGET_DIR/$tools_profile
 # (rustup target add x86_64-unknown-linux-musl) the glibc build stands in, and
 # the results say so.
 musl=x86_64-unknown-linux-musl
-if rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
+if [ -n "${TTDRV_BENCH_CONTROLLER_BIN:-}" ]; then
+  # A controller built earlier (e.g. of another commit), measured as given.
+  controller_bin=$TTDRV_BENCH_CONTROLLER_BIN
+  controller_build="given: $controller_bin"
+elif rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
   (cd "$root" && cargo build --release -q -p ttdrv-controller --bin ttdrv-controller --target "$musl")
   controller_bin=$CARGO_TARGET_DIR/$musl/release/ttdrv-controller
   controller_build="$musl (static, as in the image)"
@@ -96,10 +111,23 @@ kubectl config --kubeconfig="$ctl_kubeconfig" use-context bench >/dev/null
 {
   echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "commit: $(cd "$root" && git rev-parse --short HEAD)$(cd "$root" && git diff --quiet HEAD -- src api testkit || echo ' (+ uncommitted changes)')"
-  echo "scenarios: $scenarios"
+  if [ -n "$prepare" ]; then echo "prepare: $prepare (build ${TTDRV_BENCH_BUILD_MS:-60000} ms, load ${TTDRV_BENCH_LOAD_MS:-2000} ms)"; else echo "scenarios: $scenarios"; fi
   echo "controller build: $controller_build"
 } | tee "$out/machine.txt" >&2
 
+if [ -n "$prepare" ]; then
+  log "running prepare scenarios $prepare"
+  "$bin/ttdrv-bench" \
+    --prepare "$prepare" \
+    ${TTDRV_BENCH_PARALLEL:+--parallel} \
+    --build-ms "${TTDRV_BENCH_BUILD_MS:-60000}" --load-ms "${TTDRV_BENCH_LOAD_MS:-2000}" \
+    --controller-bin "$controller_bin" \
+    --sim-agent-bin "$bin/ttdrv-sim-agent" \
+    --baseline-script "$root/bench/baseline.sh" \
+    --out-dir "$out" | tee "$out/prepare-table.md"
+  log "done; results in $out (prepare-*.json, prepare-*.jsonl, prepare.md, logs)"
+  exit 0
+fi
 log "running scenarios $scenarios"
 "$bin/ttdrv-bench" \
   --scenarios "$scenarios" \

@@ -32,7 +32,7 @@ use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
 const T: Duration = Duration::from_secs(60);
 /// How long a replacement installer pod of the new version is left on a node
 /// that waits, before the rollout is let go on: the simulated agent re-decides
-/// every 500 ms, so it has several chances to swap without a go-ahead.
+/// on every change of its Node, so it has its chances to swap without a go-ahead.
 const WINDOW: Duration = Duration::from_secs(3);
 const POOL: &str = "ttdrv-pool";
 
@@ -56,6 +56,7 @@ async fn setup(
         SimAgentConfig {
             namespace: ns.clone(),
             work,
+            ..Default::default()
         },
     );
     (env, ns, nodes, agent)

@@ -35,6 +35,7 @@ use ttdrv_api::{TenstorrentDriverPolicy, labels};
 use ttdrv_testkit::TestEnv;
 
 mod density;
+mod prepare;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Benchmark the tt-kmd rollout controller on the simulated cluster")]
@@ -82,6 +83,23 @@ struct Args {
     /// comma-separated (default: `--controller-bin` as "this build").
     #[arg(long, value_delimiter = ',')]
     density_bins: Vec<String>,
+    /// Build ahead (issue 22): scenarios `N:on|off|kubectl` (prepare on, off,
+    /// the kubectl loop), cache-cold 2.7.0 -> 2.8.0, one node at a time,
+    /// instead of the rollout scenarios. See bench/src/prepare.rs.
+    #[arg(long, value_delimiter = ',')]
+    prepare: Vec<String>,
+    /// Print the table of `--prepare` summaries (prepare-*.json) and exit.
+    #[arg(long, value_delimiter = ',')]
+    render_prepare: Vec<PathBuf>,
+    /// Run the `--prepare` scenarios at once (each on its own nodes).
+    #[arg(long)]
+    parallel: bool,
+    /// The simulated agent's build time in the `--prepare` scenarios, ms.
+    #[arg(long, default_value_t = 60_000)]
+    build_ms: u64,
+    /// The simulated agent's load time in the `--prepare` scenarios, ms.
+    #[arg(long, default_value_t = 2_000)]
+    load_ms: u64,
     /// Directory for logs and results.
     #[arg(long, default_value = "/tmp/ttdrv-bench")]
     out_dir: PathBuf,
@@ -1234,12 +1252,31 @@ fn breakdown(results: &[Result_]) -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if !args.render_prepare.is_empty() {
+        println!(
+            "{}",
+            prepare::table(&prepare::read_summaries(&args.render_prepare)?)
+        );
+        return Ok(());
+    }
     if let Some(path) = &args.render {
         let results: Vec<Result_> = serde_json::from_str(&std::fs::read_to_string(path)?)?;
         print_tables(&results);
         return Ok(());
     }
     std::fs::create_dir_all(&args.out_dir)?;
+    if !args.prepare.is_empty() {
+        let scenarios: Vec<prepare::Scenario> = args
+            .prepare
+            .iter()
+            .map(|s| prepare::parse(s))
+            .collect::<anyhow::Result<_>>()?;
+        let (results, failure) = prepare::run_all(&args, &scenarios).await;
+        let t = prepare::table(&results);
+        std::fs::write(args.out_dir.join("prepare.md"), &t)?;
+        println!("{t}");
+        return failure.map_or(Ok(()), Err);
+    }
     let scenarios: Vec<Scenario> = args
         .scenarios
         .iter()
