@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::eta;
 use crate::style::ColorChoice;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -99,12 +100,27 @@ pub enum Command {
         timeout: Option<f64>,
     },
     /// Dry run, read-only: the order nodes would be upgraded in, what each drain
-    /// would evict, what would block, nodes skipped, estimated duration.
+    /// would evict, what would block, nodes skipped, which nodes hold the target
+    /// built ahead, estimated duration with and without build-ahead.
     Plan {
         policy: String,
         /// Plan for this version instead of spec.version.
         #[arg(long)]
         version: Option<String>,
+        /// Prediction: seconds of a cache-miss module build (the spec's 30-90 s).
+        #[arg(long, value_name = "S", default_value_t = eta::DEFAULT_BUILD_SECONDS)]
+        build_seconds: u32,
+        /// Prediction: seconds of a load from the cache (the spec's ~5 s cache hit).
+        #[arg(long, value_name = "S", default_value_t = eta::DEFAULT_LOAD_SECONDS)]
+        load_seconds: u32,
+        /// Prediction: seconds of an installer pod's replacement.
+        #[arg(long, value_name = "S", default_value_t = eta::DEFAULT_POD_SECONDS)]
+        pod_seconds: u32,
+        /// Prediction: seconds of a node's cordon, drain and uncordon (default:
+        /// the 90 s per-node default less the default build, load and pod
+        /// replacement).
+        #[arg(long, value_name = "S", default_value_t = eta::DEFAULT_DRAIN_SECONDS)]
+        drain_seconds: u32,
     },
     /// Set spec.paused=true: nothing new starts.
     Pause { policy: String },
@@ -158,6 +174,45 @@ mod tests {
         assert_eq!(
             default_namespace(|_| Some(String::new())),
             "tt-k8s-driver-manager-system"
+        );
+    }
+
+    #[test]
+    fn plan_costs_default_and_parse() {
+        let cli = Cli::try_parse_from(["kubectl-tt-driver", "plan", "fleet"]).expect("parses");
+        match cli.command {
+            Some(Command::Plan {
+                build_seconds,
+                load_seconds,
+                pod_seconds,
+                drain_seconds,
+                ..
+            }) => assert_eq!(
+                (build_seconds, load_seconds, pod_seconds, drain_seconds),
+                (60, 5, 5, 20)
+            ),
+            other => panic!("{other:?}"),
+        }
+        let cli = Cli::try_parse_from([
+            "kubectl-tt-driver",
+            "plan",
+            "fleet",
+            "--build-seconds",
+            "90",
+            "--load-seconds=2",
+        ])
+        .expect("parses");
+        assert!(matches!(
+            cli.command,
+            Some(Command::Plan {
+                build_seconds: 90,
+                load_seconds: 2,
+                ..
+            })
+        ));
+        assert!(
+            Cli::try_parse_from(["kubectl-tt-driver", "plan", "fleet", "--build-seconds=-1"])
+                .is_err()
         );
     }
 

@@ -157,7 +157,22 @@ pub async fn run(cli: Cli) -> Result<i32> {
             interval,
             timeout,
         } => watch(&ctx, policy.as_deref(), interval, timeout).await,
-        Command::Plan { policy, version } => plan_cmd(&ctx, &policy, version.as_deref()).await,
+        Command::Plan {
+            policy,
+            version,
+            build_seconds,
+            load_seconds,
+            pod_seconds,
+            drain_seconds,
+        } => {
+            let costs = crate::eta::Costs {
+                build: build_seconds.into(),
+                load: load_seconds.into(),
+                pod_replacement: pod_seconds.into(),
+                drain: drain_seconds.into(),
+            };
+            plan_cmd(&ctx, &policy, version.as_deref(), costs).await
+        }
         Command::Pause { policy } => set_paused(&ctx, &policy, true).await,
         Command::Resume { policy } => set_paused(&ctx, &policy, false).await,
         Command::Retry { policy, node } => retry(&ctx, &policy, &node).await,
@@ -393,7 +408,12 @@ async fn watch(ctx: &Ctx, name: Option<&str>, interval: f64, timeout: Option<f64
     }
 }
 
-async fn plan_cmd(ctx: &Ctx, name: &str, version: Option<&str>) -> Result<i32> {
+async fn plan_cmd(
+    ctx: &Ctx,
+    name: &str,
+    version: Option<&str>,
+    costs: crate::eta::Costs,
+) -> Result<i32> {
     if let Some(v) = version
         && !ttdrv_api::validation::is_valid_version(v)
     {
@@ -426,6 +446,7 @@ async fn plan_cmd(ctx: &Ctx, name: &str, version: Option<&str>) -> Result<i32> {
         pods: &pods,
         pdbs: &pdbs,
         version,
+        costs,
     });
     emit(ctx, &rp, || render::plan(&rp, ctx.pal))?;
     Ok(0)

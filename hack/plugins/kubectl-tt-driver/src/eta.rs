@@ -134,6 +134,113 @@ pub fn rollout_seconds(per_node: i64, nodes: usize, slots: usize) -> i64 {
     nodes.div_ceil(slots) as i64 * per_node
 }
 
+/// Build-ahead prediction defaults (`plan --build-seconds` etc.). A cache-miss
+/// build of the module: the spec's 30–90 s, its middle.
+pub const DEFAULT_BUILD_SECONDS: u32 = 60;
+/// A load from the cache (rmmod, insmod, device check): the spec's ~5 s cache hit.
+pub const DEFAULT_LOAD_SECONDS: u32 = 5;
+/// The installer pod's replacement: 0.13 s measured on the simulated cluster
+/// (docs/benchmarks.md), plus a container start and, at worst, an image pull.
+pub const DEFAULT_POD_SECONDS: u32 = 5;
+/// Cordon, both eviction passes and uncordon: what is left of the per-node
+/// default ([`DEFAULT_PER_NODE_SECONDS`], a cache-cold cycle) once the default
+/// build, load and pod replacement are taken out, so that the figure without
+/// build-ahead matches the plain estimate when nothing has been observed.
+pub const DEFAULT_DRAIN_SECONDS: u32 = DEFAULT_PER_NODE_SECONDS as u32
+    - DEFAULT_BUILD_SECONDS
+    - DEFAULT_LOAD_SECONDS
+    - DEFAULT_POD_SECONDS;
+
+/// What one node's upgrade costs, by part, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Costs {
+    pub build: i64,
+    pub load: i64,
+    pub pod_replacement: i64,
+    pub drain: i64,
+}
+
+impl Default for Costs {
+    fn default() -> Self {
+        Self {
+            build: DEFAULT_BUILD_SECONDS.into(),
+            load: DEFAULT_LOAD_SECONDS.into(),
+            pod_replacement: DEFAULT_POD_SECONDS.into(),
+            drain: DEFAULT_DRAIN_SECONDS.into(),
+        }
+    }
+}
+
+/// A rollout's predicted duration with and without build-ahead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Prediction {
+    /// Build-ahead on: builds run ahead, `max_concurrent` at once, in rollout
+    /// order; a wave cordons once all its nodes are prepared and holds drain +
+    /// load.
+    pub with_build_ahead: i64,
+    /// Build-ahead on: seconds before the first cordon (the first wave's
+    /// pod replacements and builds; 0 when its nodes are prepared).
+    pub first_build: i64,
+    /// Build-ahead on: builds, not cycles, set the pace (a wave waits for its
+    /// build after the first): `max_concurrent` too low for the build time.
+    pub build_bound: bool,
+    /// Build-ahead off: each wave holds drain + pod replacement + build + load,
+    /// without the build when all its nodes are prepared (a cache hit).
+    pub without_build_ahead: i64,
+    /// Build-ahead off: waves whose nodes are all prepared (no build inside).
+    pub prepared_waves: usize,
+}
+
+/// The rollout's duration with and without build-ahead. `waves` holds, per
+/// wave in order, whether each of its nodes is prepared (the target cached or
+/// loaded). Nodes of one wave run at the same time, waves one after another.
+pub fn predict(waves: &[Vec<bool>], c: Costs, max_concurrent: usize) -> Prediction {
+    let (build, load, pod, drain) = (
+        c.build.max(0),
+        c.load.max(0),
+        c.pod_replacement.max(0),
+        c.drain.max(0),
+    );
+    let prepared_waves = waves.iter().filter(|w| w.iter().all(|p| *p)).count();
+    let without_build_ahead =
+        waves.len() as i64 * (drain + pod + load) + (waves.len() - prepared_waves) as i64 * build;
+
+    // With: `max_concurrent` build slots; each unprepared node, in rollout
+    // order, takes the slot that frees first (its pod is replaced, then it
+    // builds); a wave starts when the previous one ended and its own nodes are
+    // ready.
+    let mut slots = vec![0i64; max_concurrent.max(1)];
+    let mut end = 0i64;
+    let mut first_build = 0;
+    for (i, wave) in waves.iter().enumerate() {
+        let mut ready = 0i64;
+        for _ in wave.iter().filter(|p| !**p) {
+            let (k, t) = slots
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, t)| **t)
+                .map(|(k, t)| (k, *t))
+                .unwrap_or((0, 0));
+            slots[k] = t + pod + build;
+            ready = ready.max(slots[k]);
+        }
+        let start = end.max(ready);
+        if i == 0 {
+            first_build = start;
+        }
+        end = start + drain + load;
+    }
+    Prediction {
+        with_build_ahead: end,
+        first_build,
+        build_bound: end > first_build + waves.len() as i64 * (drain + load),
+        without_build_ahead,
+        prepared_waves,
+    }
+}
+
 /// `45s`, `3m05s`, `2h04m`, `3d04h`.
 pub fn human(seconds: i64) -> String {
     let s = seconds.max(0);
@@ -201,5 +308,86 @@ mod tests {
         assert_eq!(human(185), "3m05s");
         assert_eq!(human(7440), "2h04m");
         assert_eq!(human(3 * 86400 + 4 * 3600), "3d04h");
+    }
+
+    fn costs(build: i64, load: i64, pod: i64, drain: i64) -> Costs {
+        Costs {
+            build,
+            load,
+            pod_replacement: pod,
+            drain,
+        }
+    }
+
+    #[test]
+    fn default_costs_add_up_to_the_default_per_node_cycle() {
+        let c = Costs::default();
+        assert_eq!(
+            c.drain + c.build + c.load + c.pod_replacement,
+            DEFAULT_PER_NODE_SECONDS
+        );
+        assert_eq!((c.build, c.load, c.drain), (60, 5, 20));
+    }
+
+    #[test]
+    fn build_ahead_pays_one_build_then_drain_and_load_per_wave() {
+        // 100 nodes one at a time, nothing prepared, 60 s build, 2 s load,
+        // 10 s drain, 1 s pod replacement, 10 building at once.
+        let waves = vec![vec![false]; 100];
+        let p = predict(&waves, costs(60, 2, 1, 10), 10);
+        assert_eq!(p.without_build_ahead, 100 * (10 + 60 + 2 + 1));
+        // First wave waits for its pod replacement and build (61 s); the
+        // builds of nodes 2-10 finish with it, each later batch of 10 is done
+        // long before its turn (every 12 s a node, 120 s a batch).
+        assert_eq!(p.first_build, 61);
+        assert_eq!(p.with_build_ahead, 61 + 100 * 12);
+        assert!(!p.build_bound);
+        assert_eq!(p.prepared_waves, 0);
+    }
+
+    #[test]
+    fn prepared_nodes_skip_the_build_both_ways() {
+        // Wave 1 prepared, wave 2 not: without, only wave 2 builds; with, wave
+        // 2's build runs during wave 1's cycle and is waited for after it.
+        let waves = vec![vec![true, true], vec![false, true]];
+        let p = predict(&waves, costs(60, 5, 5, 20), 10);
+        assert_eq!(p.without_build_ahead, 2 * 30 + 60);
+        assert_eq!(p.prepared_waves, 1);
+        assert_eq!(p.first_build, 0);
+        // Wave 1: 0..25; wave 2 waits for its node ready at 65: 65..90.
+        assert_eq!(p.with_build_ahead, 90);
+        assert!(p.build_bound, "the second wave waited for its build");
+        // Everything prepared: no build anywhere; with build-ahead the pod
+        // replacement is not in the window either.
+        let all = vec![vec![true]; 3];
+        let p = predict(&all, costs(60, 5, 5, 20), 10);
+        assert_eq!(p.without_build_ahead, 3 * 30);
+        assert_eq!(p.with_build_ahead, 3 * 25);
+        assert_eq!(p.first_build, 0);
+    }
+
+    #[test]
+    fn too_few_concurrent_builds_make_the_builds_the_pace() {
+        // One build at a time, 60 s each (+0 pod), cycles of 10 s: node k is
+        // ready at 60k, so the rollout ends at the last build + one cycle.
+        let waves = vec![vec![false]; 5];
+        let p = predict(&waves, costs(60, 2, 0, 8), 1);
+        assert_eq!(p.first_build, 60);
+        assert_eq!(p.with_build_ahead, 5 * 60 + 10);
+        assert!(p.build_bound);
+        // maxConcurrent 0 is read as 1 (as the controller does).
+        assert_eq!(predict(&waves, costs(60, 2, 0, 8), 0), p);
+        // Two nodes per wave, 2 builds at once: the same as one at a time.
+        let pairs = vec![vec![false, false]; 3];
+        let p = predict(&pairs, costs(60, 2, 0, 8), 2);
+        assert_eq!(p.with_build_ahead, 3 * 60 + 10);
+        assert_eq!(p.without_build_ahead, 3 * 70);
+    }
+
+    #[test]
+    fn no_waves_take_no_time() {
+        let p = predict(&[], Costs::default(), 10);
+        assert_eq!((p.with_build_ahead, p.without_build_ahead), (0, 0));
+        assert!(!p.build_bound);
     }
 }

@@ -7,7 +7,10 @@
 //! - per node, what each drain pass would evict ([`plan_drain`]), the pods left
 //!   in place, and what would block: PodDisruptionBudgets that allow no disruption
 //!   ([`blocking_pdbs`]) and device users the drain does not remove;
-//! - an estimated duration: waves × per-node estimate.
+//! - an estimated duration: waves × per-node estimate;
+//! - build-ahead (`upgradePolicy.prepare`): which nodes hold the target in their
+//!   cache already, and the duration predicted with and without build-ahead
+//!   ([`eta::predict`]) from the given per-part costs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,6 +36,8 @@ pub struct Inputs<'a> {
     pub pdbs: &'a [PodDisruptionBudget],
     /// Version to plan for; default the policy's `spec.version`.
     pub version: Option<&'a str>,
+    /// Per-part costs for the build-ahead prediction (`--build-seconds` etc.).
+    pub costs: eta::Costs,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -63,6 +68,9 @@ pub struct PlannedNode {
     pub already_unavailable: bool,
     /// Pods on the node use the device: such nodes go last.
     pub has_device_pods: bool,
+    /// The target is loaded, or its agent built and verified it into the
+    /// node's cache ahead (the cycle loads it, no build inside).
+    pub prepared: bool,
     /// Pass 1: device users evicted.
     pub evict_device: Vec<String>,
     /// Pass 2: other pods evicted (`drain.fullNode`).
@@ -91,6 +99,25 @@ pub struct Estimate {
     pub seconds: i64,
 }
 
+/// Build-ahead: what is prepared and what it saves.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildAhead {
+    /// `upgradePolicy.prepare.enabled`: with it off, `withoutBuildAhead` applies.
+    pub enabled: bool,
+    /// `upgradePolicy.prepare.maxConcurrent`.
+    pub max_concurrent: usize,
+    /// The version the agents prepare now (`status.desiredVersion`); a plan for
+    /// another finds nothing prepared but what is loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preparing_version: Option<String>,
+    /// Nodes with a cycle that are prepared for the target.
+    pub prepared: usize,
+    pub costs: eta::Costs,
+    #[serde(flatten)]
+    pub prediction: eta::Prediction,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutPlan {
@@ -110,6 +137,7 @@ pub struct RolloutPlan {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub halted: Option<String>,
     pub estimate: Estimate,
+    pub build_ahead: BuildAhead,
 }
 
 use ttdrv_core::node::label;
@@ -152,6 +180,19 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     let spec = &policy.spec;
     let target = inp.version.unwrap_or(&spec.version).to_string();
     let drain = &spec.upgrade_policy.drain;
+    // Agents build ahead the version the controller acts on; a plan for another
+    // version can count on nothing but what is loaded.
+    let preparing_version = policy
+        .status
+        .as_ref()
+        .and_then(|s| s.desired_version.clone());
+    let ahead_for_target = preparing_version.as_deref() == Some(target.as_str());
+    let status_prepared: BTreeMap<&str, &str> = policy
+        .status
+        .iter()
+        .flat_map(|s| s.nodes.iter())
+        .filter_map(|n| Some((n.name.as_str(), n.prepared_version.as_deref()?)))
+        .collect();
     let selector = PodSelector::parse(&drain.pod_selector_label).unwrap_or_default();
 
     let assignment = selection::assign(
@@ -229,6 +270,10 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             .filter(|r| r.state.is_in_progress() && r.occupies_slot())
             .map(|r| r.state);
         let is_failed = rec.as_ref().is_some_and(|r| r.state.is_failed());
+        let prepared = loaded.as_deref() == Some(target.as_str())
+            || (ahead_for_target
+                && (ttdrv_core::prepare::is_prepared(node, &target)
+                    || status_prepared.get(n.as_str()) == Some(&target.as_str())));
         let cordoned_by_us = rec.as_ref().is_some_and(NodeRecord::cordoned_by_us);
         let unavailable = ttdrv_core::node::externally_unavailable(node, cordoned_by_us);
         // Nodes without a cycle still count against maxUnavailable when they
@@ -388,6 +433,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
                 in_state: in_flight.or(is_failed.then_some(NodeState::Failed)),
                 already_unavailable: unavailable,
                 has_device_pods,
+                prepared,
                 evict_device,
                 evict_other,
                 left,
@@ -471,6 +517,23 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         seconds = per_node.seconds;
     }
     skipped.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
+    let prepare = &spec.upgrade_policy.prepare;
+    let max_concurrent = prepare.max_concurrent.max(1) as usize;
+    let mut by_wave: BTreeMap<usize, Vec<bool>> = BTreeMap::new();
+    for n in &nodes {
+        if let Some(w) = n.wave {
+            by_wave.entry(w).or_default().push(n.prepared);
+        }
+    }
+    let waves_prepared: Vec<Vec<bool>> = by_wave.into_values().collect();
+    let build_ahead = BuildAhead {
+        enabled: prepare.enabled,
+        max_concurrent,
+        preparing_version,
+        prepared: nodes.iter().filter(|n| n.prepared).count(),
+        costs: inp.costs,
+        prediction: eta::predict(&waves_prepared, inp.costs, max_concurrent),
+    };
     RolloutPlan {
         policy: name,
         target_version: target,
@@ -489,5 +552,6 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         without_drain,
         skipped,
         halted,
+        build_ahead,
     }
 }

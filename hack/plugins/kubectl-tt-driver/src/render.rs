@@ -65,6 +65,20 @@ pub fn status(views: &[PolicyView], pal: Palette) -> String {
             v.max_unavailable
         ));
         out.push_str(&format!("  nodes: {}\n", summary_line(v)));
+        let pc = &v.prepared;
+        if pc.nodes > pc.at_target {
+            out.push_str(&format!(
+                "  prepared {}/{}: {} loaded or built ahead into the node's cache{}\n",
+                pc.prepared,
+                pc.nodes,
+                v.version,
+                if v.prepare_enabled {
+                    ""
+                } else {
+                    " (build-ahead is off: upgradePolicy.prepare.enabled false)"
+                }
+            ));
+        }
         for (ty, c) in &v.conditions {
             let show = match ty.as_str() {
                 "Progressing" => c.status == "True" && !c.message.is_empty(),
@@ -130,8 +144,7 @@ fn nodes_table(v: &PolicyView, pal: Palette, indent: usize, mode_col: bool) -> S
 /// `yes` when the target is loaded or built and verified in the node's cache
 /// (its swap is a load), else `-`.
 fn prepared_cell(n: &NodeRow) -> (String, anstyle::Style) {
-    let target = Some(n.target_version.as_str());
-    if n.current_version.as_deref() == target || n.prepared_version.as_deref() == target {
+    if n.is_prepared() {
         ("yes".into(), anstyle::Style::new())
     } else {
         ("-".into(), DIM)
@@ -348,7 +361,7 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
         out.push_str("No node needs a cordon/drain/upgrade cycle.\n");
     } else {
         let mut t = Table::new(&[
-            "ORDER", "WAVE", "NODE", "VERSION", "PASS 1", "PASS 2", "LEFT", "BLOCKERS",
+            "ORDER", "WAVE", "NODE", "VERSION", "PREPARED", "PASS 1", "PASS 2", "LEFT", "BLOCKERS",
         ]);
         let plain = anstyle::Style::new();
         for n in &p.nodes {
@@ -364,6 +377,11 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
                 ),
                 (name, plain),
                 (opt(&n.current_version), plain),
+                if n.prepared {
+                    ("yes".into(), plain)
+                } else {
+                    ("-".into(), DIM)
+                },
                 (n.evict_device.len().to_string(), plain),
                 (n.evict_other.len().to_string(), plain),
                 (n.left.len().to_string(), plain),
@@ -480,5 +498,129 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
             per_node_text(&e.per_node),
         ));
     }
+    out.push_str(&build_ahead(p, stalls, pal));
+    out
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The build-ahead part of `plan`: what is prepared, and the duration with and
+/// without build-ahead under the stated model.
+fn build_ahead(p: &RolloutPlan, stalls: bool, pal: Palette) -> String {
+    let b = &p.build_ahead;
+    let mut out = format!(
+        "\nBuild ahead: {}",
+        if b.enabled {
+            format!(
+                "on (upgradePolicy.prepare, {} at once)",
+                plural(b.max_concurrent, "node", "nodes")
+            )
+        } else {
+            "off (upgradePolicy.prepare.enabled: false): each build happens inside its node's cordon"
+                .into()
+        }
+    );
+    if !p.nodes.is_empty() {
+        out.push_str(&format!(
+            " · prepared for {}: {} of {}",
+            p.target_version,
+            b.prepared,
+            plural(p.nodes.len(), "node", "nodes"),
+        ));
+    }
+    out.push('\n');
+    if b.preparing_version.as_deref() != Some(p.target_version.as_str()) && !p.nodes.is_empty() {
+        out.push_str(&format!(
+            "  ({} is not the version the controller acts on ({}): nothing is built ahead for it)\n",
+            p.target_version,
+            b.preparing_version.as_deref().unwrap_or("none yet")
+        ));
+    }
+    let waves = p.estimate.waves;
+    if waves == 0 {
+        return out;
+    }
+    let c = &b.costs;
+    let x = &b.prediction;
+    let h = |s: i64| human(s);
+    out.push_str(&format!(
+        "Predicted duration{} (per node: build {}, load {}, pod replacement {}, drain {}):\n",
+        if stalls {
+            " until the rollout stalls"
+        } else {
+            ""
+        },
+        h(c.build),
+        h(c.load),
+        h(c.pod_replacement),
+        h(c.drain),
+    ));
+    let n_waves = plural(waves, "wave", "waves");
+    let cycle = format!("{} drain + {} load", h(c.drain), h(c.load));
+    let with = if x.build_bound {
+        format!(
+            "{n_waves} × ({cycle}) + {} waiting for builds ({} at once, {} each with the pod replacement)",
+            h(x.with_build_ahead - waves as i64 * (c.drain + c.load)),
+            b.max_concurrent,
+            h(c.pod_replacement + c.build),
+        )
+    } else if x.first_build > 0 {
+        format!(
+            "{} first build (with the pod replacement) + {n_waves} × ({cycle})",
+            h(x.first_build)
+        )
+    } else {
+        format!("{n_waves} × ({cycle}), the first wave prepared")
+    };
+    let without = if x.prepared_waves == 0 {
+        format!(
+            "{n_waves} × ({} drain + {} pod replacement + {} build + {} load)",
+            h(c.drain),
+            h(c.pod_replacement),
+            h(c.build),
+            h(c.load)
+        )
+    } else {
+        format!(
+            "{n_waves} × ({} drain + {} pod replacement + {} load) + {} × {} build ({} prepared)",
+            h(c.drain),
+            h(c.pod_replacement),
+            h(c.load),
+            waves - x.prepared_waves,
+            h(c.build),
+            plural(x.prepared_waves, "wave", "waves")
+        )
+    };
+    let applies = |on: bool| {
+        if on != b.enabled {
+            String::new()
+        } else if b.enabled {
+            format!("  {}", pal.paint("← applies", BOLD))
+        } else {
+            format!("  {}", pal.paint("← applies (build-ahead is off)", BOLD))
+        }
+    };
+    let (w, wo) = (h(x.with_build_ahead), h(x.without_build_ahead));
+    let width = w.len().max(wo.len());
+    out.push_str(&format!(
+        "  with build-ahead     {w:>width$} = {with}{}\n",
+        applies(true)
+    ));
+    out.push_str(&format!(
+        "  without build-ahead  {wo:>width$} = {without}{}\n",
+        applies(false)
+    ));
+    out.push_str(&format!(
+        "  Model: waves of at most {} one after another. Without build-ahead, a cordon holds\n  \
+         the drain, the installer pod's replacement, the build and the load. With it, the pods\n  \
+         are replaced and the builds run before the cordons, {} at once; a wave is cordoned\n  \
+         once its nodes are prepared and holds the drain and a load from the cache. Prepared\n  \
+         nodes skip the build either way. Figures: --build-seconds, --load-seconds,\n  \
+         --pod-seconds, --drain-seconds.\n",
+        plural(p.max_unavailable, "node", "nodes"),
+        b.max_concurrent
+    ));
     out
 }

@@ -74,6 +74,32 @@ pub struct NodeRow {
     pub message: Option<String>,
 }
 
+impl NodeRow {
+    /// The target is loaded, or built and verified into the node's cache
+    /// ahead (its swap is a load, no build).
+    pub fn is_prepared(&self) -> bool {
+        let target = Some(self.target_version.as_str());
+        self.current_version.as_deref() == target || self.prepared_version.as_deref() == target
+    }
+
+    /// The operator installs the module here (not host-managed, not vacated).
+    fn managed(&self) -> bool {
+        !self.host_managed && self.state != NodeState::Unmanaged
+    }
+}
+
+/// Build-ahead progress over the nodes the operator installs on (host-managed
+/// and vacated nodes are left out).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedCount {
+    /// Nodes with the target loaded or in their cache.
+    pub prepared: usize,
+    /// Nodes with the target loaded.
+    pub at_target: usize,
+    pub nodes: usize,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyView {
@@ -91,6 +117,9 @@ pub struct PolicyView {
     pub conflict: Option<String>,
     pub conditions: BTreeMap<String, ConditionView>,
     pub summary: Summary,
+    /// `upgradePolicy.prepare.enabled`.
+    pub prepare_enabled: bool,
+    pub prepared: PreparedCount,
     pub nodes: Vec<NodeRow>,
 }
 
@@ -124,7 +153,7 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
         .get(condition::CONFLICT)
         .filter(|c| c.status == "True")
         .map(|c| c.message.clone());
-    let rows = status
+    let rows: Vec<NodeRow> = status
         .nodes
         .iter()
         .map(|n| {
@@ -162,8 +191,19 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
             }
         })
         .collect();
+    let managed: Vec<&NodeRow> = rows.iter().filter(|n| n.managed()).collect();
+    let prepared = PreparedCount {
+        prepared: managed.iter().filter(|n| n.is_prepared()).count(),
+        at_target: managed
+            .iter()
+            .filter(|n| n.current_version.as_deref() == Some(n.target_version.as_str()))
+            .count(),
+        nodes: managed.len(),
+    };
     PolicyView {
         version: p.spec.version.clone(),
+        prepare_enabled: p.spec.upgrade_policy.prepare.enabled,
+        prepared,
         desired_version: status.desired_version.clone(),
         paused: p.spec.paused,
         max_unavailable: p

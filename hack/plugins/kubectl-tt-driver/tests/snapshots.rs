@@ -573,6 +573,7 @@ fn plan_of_an_upgrade() {
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        costs: Default::default(),
         version: Some("2.8.0"),
     });
     let order: Vec<&str> = rp.nodes.iter().map(|n| n.name.as_str()).collect();
@@ -602,6 +603,7 @@ fn plan_at_the_current_version_cycles_only_nodes_off_it() {
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        costs: Default::default(),
         version: None,
     });
     // Only the node running another version (a downgrade) gets a cycle.
@@ -628,6 +630,7 @@ fn plan_predicts_the_stall_of_an_admin_cordoned_node_with_one_slot() {
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        costs: Default::default(),
         version: Some("2.8.0"),
     });
     let waves: Vec<(&str, Option<usize>)> =
@@ -687,6 +690,7 @@ fn an_unavailable_node_without_a_cycle_still_uses_a_slot() {
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        costs: Default::default(),
         version: Some("2.8.0"),
     });
     assert!(rp.nodes.iter().all(|n| n.wave.is_none()), "{:?}", rp.nodes);
@@ -717,6 +721,7 @@ fn many_ordinary_nodes_are_summarized_in_text_but_all_in_json() {
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        costs: Default::default(),
         version: Some("2.8.0"),
     });
     assert_eq!(
@@ -788,4 +793,196 @@ fn a_vacated_fleet_ends_the_watch_and_an_unload_failure_halts_it() {
         "{:?}",
         w.outcome
     );
+}
+
+/// The fleet once the controller acts on 2.8.0: w-5 and w-1 hold it built
+/// ahead (the agent's label), w-3 as its status says; w-4 prepared another
+/// version; w-2 has nothing yet.
+fn fleet_preparing() -> (
+    Vec<TenstorrentDriverPolicy>,
+    Vec<Node>,
+    Vec<Pod>,
+    Vec<PodDisruptionBudget>,
+) {
+    let (mut policies, mut nodes, pods, pdbs) = fleet_before_upgrade();
+    let fleet = &mut policies[1];
+    fleet.spec.version = "2.8.0".into();
+    let status_entry = |name: &str, prepared: Option<&str>| {
+        let mut e = entry(
+            name,
+            NodeState::Pending,
+            "2.7.0",
+            Some("WaitingForPrepare"),
+            None,
+            NOW - 30,
+        );
+        e.prepared_version = prepared.map(String::from);
+        e
+    };
+    fleet.status = Some(TenstorrentDriverPolicyStatus {
+        observed_generation: Some(2),
+        desired_version: Some("2.8.0".into()),
+        nodes: vec![
+            status_entry("w-1", None),
+            status_entry("w-2", None),
+            status_entry("w-3", Some("2.8.0")),
+            status_entry("w-4", Some("2.7.1")),
+            status_entry("w-5", None),
+        ],
+        ..Default::default()
+    });
+    for n in nodes.iter_mut() {
+        if matches!(n.metadata.name.as_deref(), Some("w-1" | "w-5"))
+            && let Some(l) = n.metadata.labels.as_mut()
+        {
+            l.insert(labels::KMD_PREPARED.into(), "2.8.0".into());
+        }
+    }
+    (policies, nodes, pods, pdbs)
+}
+
+fn plan_of(
+    (policies, nodes, pods, pdbs): &(
+        Vec<TenstorrentDriverPolicy>,
+        Vec<Node>,
+        Vec<Pod>,
+        Vec<PodDisruptionBudget>,
+    ),
+    version: Option<&str>,
+) -> plan::RolloutPlan {
+    plan::build(&Inputs {
+        policy: &policies[1],
+        policies,
+        nodes,
+        pods,
+        pdbs,
+        version,
+        costs: Default::default(),
+    })
+}
+
+#[test]
+fn plan_shows_prepared_nodes_and_the_duration_with_and_without_build_ahead() {
+    let fixture = fleet_preparing();
+    let rp = plan_of(&fixture, None);
+    let prepared: Vec<(&str, Option<usize>, bool)> = rp
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n.wave, n.prepared))
+        .collect();
+    assert_eq!(
+        prepared,
+        [
+            ("w-5", Some(1), true),
+            ("w-1", Some(1), true),
+            ("w-3", Some(2), true),
+            ("w-2", Some(3), false),
+            ("w-4", Some(4), false),
+        ]
+    );
+    let b = &rp.build_ahead;
+    assert!(b.enabled);
+    assert_eq!((b.prepared, b.max_concurrent), (3, 10));
+    // Without: 4 waves × (20 drain + 5 pod + 5 load) + 2 builds of 60 (waves 1
+    // and 2 prepared). With: waves 1 and 2 cordon at once (0..50); w-2 and
+    // w-4 build from the start, ready at 65: wave 3 65..90, wave 4 90..115.
+    assert_eq!(b.prediction.without_build_ahead, 4 * 30 + 2 * 60);
+    assert_eq!(b.prediction.with_build_ahead, 115);
+    assert_eq!(b.prediction.first_build, 0);
+    let text = render::plan(&rp, Palette::PLAIN);
+    check("plan-prepared", &text);
+    // The table marks exactly the three prepared nodes.
+    let yes = text
+        .lines()
+        .filter(|l| l.starts_with(char::is_numeric))
+        .filter(|l| l.split_whitespace().nth(4) == Some("yes"))
+        .count();
+    assert_eq!(yes, 3, "{text}");
+}
+
+#[test]
+fn a_version_the_controller_does_not_act_on_counts_only_what_is_loaded() {
+    let mut fixture = fleet_preparing();
+    // Even a node whose agent reported 2.9.0 prepared: the agents build ahead
+    // 2.8.0 (status.desiredVersion), so 2.9.0 would be built inside cordons.
+    for n in fixture.1.iter_mut() {
+        if n.metadata.name.as_deref() == Some("w-1")
+            && let Some(l) = n.metadata.labels.as_mut()
+        {
+            l.insert(labels::KMD_PREPARED.into(), "2.9.0".into());
+        }
+    }
+    let rp = plan_of(&fixture, Some("2.9.0"));
+    assert!(rp.nodes.iter().all(|n| !n.prepared), "{:?}", rp.nodes);
+    assert_eq!(rp.build_ahead.prepared, 0);
+    // w-done runs 2.8.0 and gets a cycle too now: 6 nodes, nothing prepared.
+    assert_eq!(rp.build_ahead.prediction.prepared_waves, 0);
+    let text = render::plan(&rp, Palette::PLAIN);
+    assert!(
+        text.contains(
+            "(2.9.0 is not the version the controller acts on (2.8.0): nothing is built ahead for it)"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn with_build_ahead_off_the_figure_without_it_applies() {
+    let mut fixture = fleet_preparing();
+    fixture.0[1].spec.upgrade_policy.prepare.enabled = false;
+    let rp = plan_of(&fixture, None);
+    assert!(!rp.build_ahead.enabled);
+    let text = render::plan(&rp, Palette::PLAIN);
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line("without build-ahead").ends_with("← applies (build-ahead is off)"),
+        "{text}"
+    );
+    assert!(!line("with build-ahead").contains("applies"), "{text}");
+    assert!(text.contains("Build ahead: off (upgradePolicy.prepare.enabled: false)"));
+    // On, the other line applies.
+    let rp = plan_of(&fleet_preparing(), None);
+    let text = render::plan(&rp, Palette::PLAIN);
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("with build-ahead") && l.ends_with("← applies")),
+        "{text}"
+    );
+}
+
+#[test]
+fn status_counts_prepared_nodes_until_the_target_is_everywhere() {
+    let (p, nodes) = rolling();
+    let v = view::policy_view(&p, &nodes, NOW);
+    // gpu-a, gpu-b run 2.8.0, gpu-d has it cached; gpu-c and gpu-e do not;
+    // gpu-h (host-managed) is not counted.
+    assert_eq!(
+        v.prepared,
+        view::PreparedCount {
+            prepared: 3,
+            at_target: 2,
+            nodes: 5
+        }
+    );
+    let text = render::status(std::slice::from_ref(&v), Palette::PLAIN);
+    assert!(
+        text.contains("  prepared 3/5: 2.8.0 loaded or built ahead"),
+        "{text}"
+    );
+    // Everywhere: no line.
+    let (mut p, nodes) = rolling();
+    if let Some(st) = p.status.as_mut() {
+        for n in st.nodes.iter_mut().filter(|n| n.name != "gpu-h") {
+            n.state = NodeState::Done;
+            n.current_version = Some("2.8.0".into());
+        }
+    }
+    let v = view::policy_view(&p, &nodes, NOW);
+    assert_eq!((v.prepared.prepared, v.prepared.nodes), (5, 5));
+    assert!(!render::status(&[v], Palette::PLAIN).contains("prepared"));
 }
