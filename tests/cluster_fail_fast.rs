@@ -184,21 +184,23 @@ async fn unpullable_installer_image_fails_the_node_fast() {
     env.cleanup().await;
 }
 
+async fn crash_annotate(env: &TestEnv, node: &str) {
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let patch = serde_json::json!({ "metadata": { "annotations": { CRASH_ANNOTATION: "true" } } });
+    api.patch(node, &Default::default(), &kube::api::Patch::Merge(&patch))
+        .await
+        .expect("annotate");
+}
+
+/// Without build-ahead the crash loop comes inside the cycle: the node
+/// fails cordoned and the rollout halts.
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn crash_looping_installer_fails_the_node_fast() {
     let (env, ns, nodes, _agent) = setup("failfast-crash", 2).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "").await;
-    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
-    let patch = serde_json::json!({ "metadata": { "annotations": { CRASH_ANNOTATION: "true" } } });
-    api.patch(
-        &nodes[0],
-        &Default::default(),
-        &kube::api::Patch::Merge(&patch),
-    )
-    .await
-    .expect("annotate");
+    let policy = installed(&env, &nodes, "upgradePolicy: {prepare: {enabled: false}}").await;
+    crash_annotate(&env, &nodes[0]).await;
     let (took, failed) = time_to_failed(
         &env,
         &policy,
@@ -215,6 +217,41 @@ async fn crash_looping_installer_fails_the_node_fast() {
     );
     let other = state_of(&env, &policy, &nodes[1]).await.map(|s| s.state);
     assert_eq!(other, Some(NodeState::Pending), "the rollout halts");
+    delete_policies(&env).await;
+    env.cleanup().await;
+}
+
+/// With build-ahead (the default) the new installer crash-loops while the
+/// node still serves: the node fails without ever being cordoned.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn crash_looping_installer_fails_its_node_ahead_of_the_cordon() {
+    let (env, ns, nodes, _agent) = setup("failfast-crash-ahead", 1).await;
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "").await;
+    crash_annotate(&env, &nodes[0]).await;
+    let cordons = CordonWatcher::start(&env);
+    let (took, failed) = time_to_failed(
+        &env,
+        &policy,
+        &nodes[0],
+        serde_json::json!({ "version": "2.8.0" }),
+    )
+    .await;
+    eprintln!("crash loop ahead: {} Failed after {took:?}", nodes[0]);
+    assert_eq!(failed.reason.as_deref(), Some("InstallerCrashLoop"));
+    assert!(
+        failed
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("not cordoned")),
+        "{failed:?}"
+    );
+    assert!(cordons.ever().is_empty(), "cordoned: {:?}", cordons.ever());
+    assert_eq!(
+        kmd(&env.get_node(&nodes[0]).await).as_deref(),
+        Some("2.7.0")
+    );
     delete_policies(&env).await;
     env.cleanup().await;
 }

@@ -419,3 +419,16 @@ pub fn vacated(node: &Node, policy: &str) -> Result<(), String> {
         Err(wrong.join("; "))
     }
 }
+
+/// Sets (or with `None` removes) an annotation on a node.
+pub async fn annotate_node(env: &TestEnv, node: &str, key: &str, value: Option<&str>) {
+    let api: Api<Node> = Api::all(env.client.clone());
+    let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
+    api.patch(
+        node,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("annotating {node} {key}: {e}"));
+}
