@@ -694,6 +694,9 @@ pub mod condition {
     /// Build ahead (`upgradePolicy.prepare`): every node that will load the
     /// target holds it, loaded or built into its cache.
     pub const PREPARED: &str = "Prepared";
+    /// A warning: some node has an installed, not running kernel the target
+    /// does not build for (`status.nodes[].nextKernelBuildFailed`).
+    pub const NEXT_KERNEL_BUILD_FAILED: &str = "NextKernelBuildFailed";
 }
 
 #[cfg(test)]
