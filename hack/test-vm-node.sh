@@ -361,8 +361,17 @@ phase "kubelet started -> node $vnode registered and Ready"
 timeline="$vmdir/timeline"
 : >"$timeline"
 watch_cluster() {
-  local last="" now
+  local last="" now p_inst p_wl ok
   while :; do
+    # the pods in parallel with the Node and the record: a loaded machine makes
+    # each kubectl slow, and the sample period is the figures' resolution
+    # (the installer pod(s) on the node: which pod builds, and whether one is
+    # replaced inside the cordon window, hack/vm-node/cycle.py)
+    rn kubectl -n "$ns" get pods -l app.kubernetes.io/name=tt-driver-installer \
+      --field-selector "spec.nodeName=$vnode" -o name >"$timeline.inst" 2>/dev/null &
+    p_inst=$!
+    rn kubectl -n ml get pods -l app=hold --field-selector=status.phase=Running -o name >"$timeline.wl" 2>/dev/null &
+    p_wl=$!
     now=$(rn kubectl get "node/$vnode" "ttdp/$policy" -o json 2>/dev/null | python3 -c '
 import json, sys
 items = json.load(sys.stdin).get("items", [])
@@ -375,11 +384,13 @@ print("state=%s reason=%s cordoned=%s go-ahead=%s kmd-version=%s prepared=%s" % 
       "yes" if "driver.tenstorrent.com/go-ahead" in m.get("annotations", {}) else "no",
       m.get("labels", {}).get("driver.tenstorrent.com/kmd-version", "-"),
       m.get("labels", {}).get("driver.tenstorrent.com/kmd-prepared", "-")))' "$vnode" 2>/dev/null) || now=""
-    # the installer pod(s) on the node: which pod builds, and whether one is
-    # replaced inside the cordon window (hack/vm-node/cycle.py)
-    now="$now installer=$(rn kubectl -n "$ns" get pods -l app.kubernetes.io/name=tt-driver-installer \
-      --field-selector "spec.nodeName=$vnode" -o name 2>/dev/null | sed 's#pod/##' | paste -sd, -)"
-    now="$now workload=$(rn kubectl -n ml get pods -l app=hold --field-selector=status.phase=Running -o name 2>/dev/null | sed 's#pod/##' | paste -sd, -)"
+    # a failed query is no sample (an empty pod list would read as gone)
+    ok=1
+    wait "$p_inst" || ok=0
+    wait "$p_wl" || ok=0
+    if [ $ok = 0 ] || [ -z "$now" ]; then sleep 0.5; continue; fi
+    now="$now installer=$(sed 's#pod/##' "$timeline.inst" | paste -sd, -)"
+    now="$now workload=$(sed 's#pod/##' "$timeline.wl" | paste -sd, -)"
     [ "$now" = "$last" ] || { echo "$(date +%s.%N | cut -c1-14) $now" >>"$timeline"; last=$now; }
     sleep 0.5
   done
