@@ -452,14 +452,14 @@ cycle_table() {
     "$(agent_at "$t0" "summary: result=installed version=$v" "$pod")|agent: summary (installed)"
     "$(tl_time "$t0" "kmd-version=$v ")|Node label kmd-version=$v"
     "$(tl_time "$t0" 'state=Uncordoning')|record Uncordoning"
-    "$([ -n "$t_cord" ] && tl_time "$t_cord" 'cordoned=false')|node uncordoned"
-    "$([ -n "$t_upg" ] && tl_time "$t_upg" 'state=Done')|record Done"
+    "$([ -z "$t_cord" ] || tl_time "$t_cord" 'cordoned=false')|node uncordoned"
+    "$([ -z "$t_upg" ] || tl_time "$t_upg" 'state=Done')|record Done"
   )
   # without a workload these rows say nothing
   [ -z "$wl" ] || rows+=(
     "$(tl_time "$t0" 'workload= *$')|workload pod object gone (evicted)"
     "$(mod_at "$t0" 'refcnt=0')|device released in the guest (refcnt 0)"
-    "$([ -n "$t_load" ] && mod_at "$t_load" "module=$v refcnt=1")|workload holds the device again (refcnt 1, guest)")
+    "$([ -z "$t_load" ] || mod_at "$t_load" "module=$v refcnt=1")|workload holds the device again (refcnt 1, guest)")
   out=$(printf '[test-vm-node] %s (times after the policy change, in order)\n' "$1"
     for row in "${rows[@]}"; do
       when=${row%%|*} what=${row#*|}
