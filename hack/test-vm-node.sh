@@ -101,7 +101,7 @@ report() {
   printf '[test-vm-node]   %-62s %7.1fs\n' total "$(since "$t_start")" >&2
   [ ${#cycles[@]} -eq 0 ] || { printf '[test-vm-node] rollout cycles (from the node record and the guest console):\n' >&2; printf '%s\n' "${cycles[@]}" >&2; }
   [ ${#figures[@]} -eq 0 ] || {
-    printf '[test-vm-node] cordon windows (out_of_service: cordon to uncordon; phase: version change to record Done; host clock. build_*_vs_cordon: agent clock against host clock):\n' >&2
+    printf '[test-vm-node] cordon windows (out_of_service: cordon to uncordon; phase: version change to record Done; cordon_to_go_ahead: the drain; host clock. go_ahead_to_load, load_to_uncordon, build_*_vs_cordon: agent clock against host clock):\n' >&2
     printf '%s\n' "${figures[@]}" >&2
   }
 }

@@ -151,6 +151,12 @@ def check(path, t0, version, mode):
         "phase_s": "%.1f" % (t_done - t0) if t_done else "-",
         "cordon_after_change_s": "%.1f" % (t_cord - t0),
     }
+    # the window's parts: the drain (host clock), then the agent's side
+    t_go = next((s["t"] for s in window if s.get("go-ahead") == "yes"), None)
+    if t_go is not None:
+        fig["cordon_to_go_ahead_s"] = "%.1f" % (t_go - t_cord)
+        fig["go_ahead_to_load_s"] = "%.1f" % (log[load][1] - t_go)
+    fig["load_to_uncordon_s"] = "%.1f" % (t_uncord - log[load][1])
     if build is not None:
         m = re.search(r"duration_ms=(\d+)", log[build][2])
         fig["build_s"] = "%.1f" % (int(m.group(1)) / 1000) if m else "-"
