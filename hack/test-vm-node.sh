@@ -17,18 +17,32 @@
 #      (through /host), builds the module with the image's gcc and make against
 #      the guest's headers, and loads it (first install: no go-ahead needed)
 #   2. a workload pod keeps /dev/tenstorrent/0 open (refcnt 1)
-#   3. the policy moves to 2.8.0: cordon, eviction of the workload through the
-#      Eviction API, the go-ahead, the agent's real build of 2.8.0,
-#      finit_module, readiness, uncordon, labels; the workload comes back
+#   3. the policy moves to 2.8.0, build ahead (upgradePolicy.prepare, on by
+#      default): the installer pod is replaced at once and its agent builds
+#      2.8.0 (cache-cold, real build) while the node serves and labels it
+#      kmd-prepared=2.8.0; only then the cordon, the eviction of the workload
+#      through the Eviction API, the go-ahead, the same pod's finit_module of
+#      the prepared module, readiness, uncordon, labels; the workload comes back
 #   4. back to 2.7.0: the same cycle, the module served from the agent's cache
+#   4b. (VMNODE_COMPARE=1, the default) 2.7.0 -> 2.9.0 with prepare off: the
+#      pod replaced after the drain, the cache-cold build inside the window
 #   5. the deliberate break: the controller stopped, the installer DaemonSet
-#      edited by hand to 2.8.0 and the pod replaced, with the workload holding
-#      the device: the agent waits for a go-ahead that never comes and the
-#      loaded 2.7.0 stays (module, refcnt and holder unchanged)
+#      edited by hand to another cached version and the pod replaced, with the
+#      workload holding the device: the agent waits for a go-ahead that never
+#      comes and the loaded module stays (module, refcnt and holder unchanged)
 #
 # The guest reports the loaded module, its refcnt and the agent's summaries on
 # its console (hack/vm-node/init); the node's record (policy status) and the
-# Events give the controller's side. Every phase is timed and printed.
+# Events give the controller's side. Every phase is timed and printed, and
+# each cycle's steps in the order they happened. hack/vm-node/cycle.py checks
+# each cordon window from the order of API snapshots and of the agent's log
+# lines (never from durations): with build-ahead the node carried
+# kmd-prepared at its cordon, no installer pod was created inside the window
+# and the pod that loaded had built (or found in its cache) before it began to
+# wait for the go-ahead, with no build after; with prepare off the loading
+# pod came after the cordon and built. It prints each window's figures: node
+# out of service (cordon to uncordon), the whole phase (version change to
+# Done) and the build's duration and place relative to the cordon.
 # Everything is taken down afterwards, whatever the outcome: QEMU by its
 # recorded PID (hack/procs.sh), then hack/realnode.sh down.
 #
@@ -36,7 +50,8 @@
 # hack/realnode.sh does), KWOK_WORKDIR (default ~/.kwok-vmnode), TIMEOUT
 # (seconds per wait, default 900: a source build under TCG takes minutes), VM_MEM (MiB, default 3584),
 # VM_SMP (default 2), KEEP_VMNODE=1 (leave everything up; stop it with
-# hack/test-vm-node.sh down), VMNODE_STOP_AFTER=boot|ready|install (end early).
+# hack/test-vm-node.sh down), VMNODE_STOP_AFTER=boot|ready|install (end early),
+# VMNODE_COMPARE=0 (skip the prepare-off upgrade to 2.9.0).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -85,8 +100,13 @@ report() {
   for p in "${phases[@]}"; do printf '[test-vm-node]   %s\n' "$p" >&2; done
   printf '[test-vm-node]   %-62s %7.1fs\n' total "$(since "$t_start")" >&2
   [ ${#cycles[@]} -eq 0 ] || { printf '[test-vm-node] rollout cycles (from the node record and the guest console):\n' >&2; printf '%s\n' "${cycles[@]}" >&2; }
+  [ ${#figures[@]} -eq 0 ] || {
+    printf '[test-vm-node] cordon windows (out_of_service: cordon to uncordon; phase: version change to record Done; cordon_to_go_ahead: the drain; host clock. go_ahead_to_load, load_to_uncordon, build_*_vs_cordon: agent clock against host clock):\n' >&2
+    printf '%s\n' "${figures[@]}" >&2
+  }
 }
 cycles=()
+figures=()
 fail() {
   printf '[test-vm-node] FAIL: %s\n' "$*" >&2
   diagnose || true
@@ -221,7 +241,7 @@ ln -sfn "/usr/src/linux-headers-$kver" "$mods/build"
 
 # The tt-kmd sources the agent clones: the stub module's repository, read
 # through the installer pod's /host mount.
-"$root/tests/fixtures/stub-module/make-repo.sh" "$groot/opt/tt-kmd.git" 2.7.0 2.8.0
+"$root/tests/fixtures/stub-module/make-repo.sh" "$groot/opt/tt-kmd.git" 2.7.0 2.8.0 2.9.0
 mkdir -p "$groot/opt/images"
 cp "$agent_tar" "$groot/opt/images/agent.tar"
 cp "$pause_tar" "$groot/opt/images/pause.tar"
@@ -341,8 +361,17 @@ phase "kubelet started -> node $vnode registered and Ready"
 timeline="$vmdir/timeline"
 : >"$timeline"
 watch_cluster() {
-  local last="" now
+  local last="" now p_inst p_wl ok
   while :; do
+    # the pods in parallel with the Node and the record: a loaded machine makes
+    # each kubectl slow, and the sample period is the figures' resolution
+    # (the installer pod(s) on the node: which pod builds, and whether one is
+    # replaced inside the cordon window, hack/vm-node/cycle.py)
+    rn kubectl -n "$ns" get pods -l app.kubernetes.io/name=tt-driver-installer \
+      --field-selector "spec.nodeName=$vnode" -o name >"$timeline.inst" 2>/dev/null &
+    p_inst=$!
+    rn kubectl -n ml get pods -l app=hold --field-selector=status.phase=Running -o name >"$timeline.wl" 2>/dev/null &
+    p_wl=$!
     now=$(rn kubectl get "node/$vnode" "ttdp/$policy" -o json 2>/dev/null | python3 -c '
 import json, sys
 items = json.load(sys.stdin).get("items", [])
@@ -350,11 +379,18 @@ node = next((i for i in items if i["kind"] == "Node"), {})
 pol = next((i for i in items if i["kind"] != "Node"), {})
 rec = next((n for n in pol.get("status", {}).get("nodes", []) if n["name"] == sys.argv[1]), {})
 m = node.get("metadata", {})
-print("state=%s reason=%s cordoned=%s go-ahead=%s kmd-version=%s" % (rec.get("state", "-"), rec.get("reason", "-"),
+print("state=%s reason=%s cordoned=%s go-ahead=%s kmd-version=%s prepared=%s" % (rec.get("state", "-"), rec.get("reason", "-"),
       str(node.get("spec", {}).get("unschedulable", False)).lower(),
       "yes" if "driver.tenstorrent.com/go-ahead" in m.get("annotations", {}) else "no",
-      m.get("labels", {}).get("driver.tenstorrent.com/kmd-version", "-")))' "$vnode" 2>/dev/null) || now=""
-    now="$now workload=$(rn kubectl -n ml get pods -l app=hold --field-selector=status.phase=Running -o name 2>/dev/null | sed 's#pod/##' | paste -sd, -)"
+      m.get("labels", {}).get("driver.tenstorrent.com/kmd-version", "-"),
+      m.get("labels", {}).get("driver.tenstorrent.com/kmd-prepared", "-")))' "$vnode" 2>/dev/null) || now=""
+    # a failed query is no sample (an empty pod list would read as gone)
+    ok=1
+    wait "$p_inst" || ok=0
+    wait "$p_wl" || ok=0
+    if [ $ok = 0 ] || [ -z "$now" ]; then sleep 0.5; continue; fi
+    now="$now installer=$(sed 's#pod/##' "$timeline.inst" | paste -sd, -)"
+    now="$now workload=$(sed 's#pod/##' "$timeline.wl" | paste -sd, -)"
     [ "$now" = "$last" ] || { echo "$(date +%s.%N | cut -c1-14) $now" >>"$timeline"; last=$now; }
     sleep 0.5
   done
@@ -370,51 +406,78 @@ tl_time() { awk -v t0="$1" -v re="$2" '$1 >= t0 && $0 ~ re {print $1; exit}' "$t
 con_at() { con | awk -v t0="$1" -v re="$2" '$1 == "VMNODE" && $2 >= t0 && $0 ~ re {print $2; exit}'; }
 # the same, for the module reports only ("module=V refcnt=N dev=...")
 mod_at() { con | awk -v t0="$1" -v re="$2" '$1 == "VMNODE" && $2 >= t0 && $3 ~ /^module=/ && $0 ~ re {print $2; exit}'; }
-# first time an agent log line (by its own timestamp) at or after T0 matches REGEX
+# first time an agent log line (by its own timestamp) at or after T0 matches
+# REGEX [of installer pod POD only]
 agent_at() {
   con | python3 -c '
 import re, sys, datetime
-t0, pat = float(sys.argv[1]), re.compile(sys.argv[2])
+t0, pat, pod = float(sys.argv[1]), re.compile(sys.argv[2]), sys.argv[3]
 for l in sys.stdin:
-    m = re.match(r"VMNODE \S+ agent \S+ (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", l)
-    if not m:
+    m = re.match(r"VMNODE \S+ agent (\S+) (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", l)
+    if not m or (pod and "_%s_" % pod not in m.group(1)):
         continue
-    t = datetime.datetime.fromisoformat(m.group(1)[:26]).replace(tzinfo=datetime.timezone.utc).timestamp()
+    t = datetime.datetime.fromisoformat(m.group(2)[:26]).replace(tzinfo=datetime.timezone.utc).timestamp()
     if t >= t0 and pat.search(l):
         print("%.3f" % t)
-        break' "$1" "$2"
+        break' "$1" "$2" "${3:-}"
 }
 rel() { if [ -n "$2" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%+7.1fs", b - a }'; else printf '%8s' "-"; fi; }
-# cycle_table TITLE T0 VERSION [workload]: what happened after the policy moved to VERSION at T0
+# cycle_table TITLE T0 VERSION [workload]: what happened after the policy moved
+# to VERSION at T0, in the order it happened (API rows: host clock; agent and
+# console rows: the guest's clock, within about a second of it)
 cycle_table() {
-  local t0=$2 v=$3 out t_cord t_load
-  # without a workload its rows say nothing
-  wl() { if [ "${4:-}" = workload ]; then rel "$@"; else printf '%8s' -; fi; }
+  local t0=$2 v=$3 wl=${4:-} t_cord t_load t_upg pod rows row when what out unseen
   t_cord=$(tl_time "$t0" 'cordoned=true')
   t_load=$(mod_at "$t0" "module=$v ")
-  out=$(printf '[test-vm-node] %s (times after the policy change)\n' "$1"
-    printf '[test-vm-node]   %-58s %s\n' \
-      "node cordoned (controller)" "$(rel "$t0" "$t_cord")" \
-      "record Draining" "$(rel "$t0" "$(tl_time "$t0" 'state=Draining')")" \
-      "workload pod object gone (evicted)" "$(wl "$t0" "$(tl_time "$t0" 'workload= *$')" "" "${4:-}")" \
-      "device released in the guest (refcnt 0)" "$(wl "$t0" "$(mod_at "$t0" 'refcnt=0')" "" "${4:-}")" \
-      "go-ahead on the Node" "$(rel "$t0" "$(tl_time "$t0" 'go-ahead=yes')")" \
-      "record Upgrading" "$(rel "$t0" "$(tl_time "$t0" 'state=Upgrading')")" \
-      "agent: started (its first log line)" "$(rel "$t0" "$(agent_at "$t0" "ttdrv-agent starting")")" \
-      "agent: waiting for the go-ahead" "$(rel "$t0" "$(agent_at "$t0" "waiting for the controller")")" \
-      "agent: build started (cache miss)" "$(rel "$t0" "$(agent_at "$t0" "cache miss")")" \
-      "agent: build done" "$(rel "$t0" "$(agent_at "$t0" 'step="build"')")" \
-      "agent: old module unloaded" "$(rel "$t0" "$(agent_at "$t0" 'step="unload"')")" \
-      "agent: new module loaded (finit_module)" "$(rel "$t0" "$(agent_at "$t0" 'step="load"')")" \
-      "guest console: $v loaded" "$(rel "$t0" "$t_load")" \
-      "agent: summary (installed)" "$(rel "$t0" "$(agent_at "$t0" "summary: result=installed version=$v")")" \
-      "Node label kmd-version=$v" "$(rel "$t0" "$(tl_time "$t0" "kmd-version=$v")")" \
-      "record Uncordoning" "$(rel "$t0" "$(tl_time "$t0" 'state=Uncordoning')")" \
-      "node uncordoned" "$(rel "$t0" "$( [ -n "$t_cord" ] && tl_time "$t_cord" 'cordoned=false')")" \
-      "record Done" "$(rel "$t0" "$(tl_time "$(tl_time "$t0" 'state=Upgrading')" 'state=Done')")" \
-      "workload holds the device again (refcnt 1, guest)" "$(wl "$t0" "$( [ -n "$t_load" ] && mod_at "$t_load" "module=$v refcnt=1")" "" "${4:-}")")
+  t_upg=$(tl_time "$t0" 'state=Upgrading')
+  # the installer pod that loaded VERSION: its agent's lines only
+  pod=$(con | python3 "$here/vm-node/cycle.py" loader "$timeline" "$t0" "$v")
+  rows=(
+    "$(tl_time "$t0" "installer=[^ ]*$pod")|installer pod $pod in the API"
+    "$(tl_time "$t0" 'reason=Preparing')|record Pending (Preparing: building ahead)"
+    "$(agent_at "$t0" "ttdrv-agent starting" "$pod")|agent: started (its first log line)"
+    "$(agent_at "$t0" 'cache hit \(verified\)' "$pod")|agent: cache hit (verified)"
+    "$(agent_at "$t0" "cache miss" "$pod")|agent: build started (cache miss)"
+    "$(agent_at "$t0" 'step="build"' "$pod")|agent: build done"
+    "$(tl_time "$t0" "prepared=$v ")|Node label kmd-prepared=$v"
+    "$(agent_at "$t0" "waiting for the controller" "$pod")|agent: waiting for the go-ahead"
+    "$t_cord|node cordoned (controller)"
+    "$(tl_time "$t0" 'state=Draining')|record Draining"
+    "$(tl_time "$t0" 'go-ahead=yes')|go-ahead on the Node"
+    "$t_upg|record Upgrading"
+    "$(agent_at "$t0" "go-ahead is on the node" "$pod")|agent: go-ahead seen"
+    "$(agent_at "$t0" 'step="unload"' "$pod")|agent: old module unloaded"
+    "$(agent_at "$t0" 'step="load"' "$pod")|agent: new module loaded (finit_module)"
+    "$t_load|guest console: $v loaded"
+    "$(agent_at "$t0" "summary: result=installed version=$v" "$pod")|agent: summary (installed)"
+    "$(tl_time "$t0" "kmd-version=$v ")|Node label kmd-version=$v"
+    "$(tl_time "$t0" 'state=Uncordoning')|record Uncordoning"
+    "$([ -z "$t_cord" ] || tl_time "$t_cord" 'cordoned=false')|node uncordoned"
+    "$([ -z "$t_upg" ] || tl_time "$t_upg" 'state=Done')|record Done"
+  )
+  # without a workload these rows say nothing
+  [ -z "$wl" ] || rows+=(
+    "$(tl_time "$t0" 'workload= *$')|workload pod object gone (evicted)"
+    "$(mod_at "$t0" 'refcnt=0')|device released in the guest (refcnt 0)"
+    "$([ -z "$t_load" ] || mod_at "$t_load" "module=$v refcnt=1")|workload holds the device again (refcnt 1, guest)")
+  out=$(printf '[test-vm-node] %s (times after the policy change, in order)\n' "$1"
+    for row in "${rows[@]}"; do
+      when=${row%%|*} what=${row#*|}
+      if [ -n "$when" ]; then printf '%s\t[test-vm-node]   %-58s %s\n' "$when" "$what" "$(rel "$t0" "$when")"; fi
+    done | sort -g -k1,1 | cut -f2-
+    unseen=""
+    for row in "${rows[@]}"; do if [ -z "${row%%|*}" ]; then unseen="$unseen [${row#*|}]"; fi; done
+    if [ -n "$unseen" ]; then printf '[test-vm-node]   not seen:%s\n' "$unseen"; fi)
   cycles+=("$out")
   printf '%s\n' "$out" >&2
+}
+# window_check TITLE T0 VERSION ahead|inside: the structural checks of the
+# cordon window (hack/vm-node/cycle.py) and its figures
+window_check() {
+  local f
+  f=$(con | python3 "$here/vm-node/cycle.py" check "$timeline" "$2" "$3" "$4") || fail "$1: cordon window check failed (above)"
+  figures+=("$(printf '[test-vm-node]   %-44s %s' "$1:" "$f")")
+  log "$1: $f"
 }
 summary_of() { con | grep -o "summary: result=installed version=$1 .*" | tail -n1; }
 # The console lags the API: wait for the agent's summary line of VERSION naming PREVIOUS.
@@ -503,9 +566,27 @@ wait_until "the workload holding /dev/tenstorrent/0 (refcnt 1)" last_module_is '
 hold1=$(rn kubectl -n ml get pods -l app=hold -o jsonpath='{.items[0].metadata.name}')
 phase "workload $hold1 holds /dev/tenstorrent/0 (refcnt 1)"
 
-# --- 7. the upgrade 2.7.0 -> 2.8.0 under the workload ----------------------------------------
+# The order: the module changed only after the eviction and the go-ahead.
+# (the agent's own time of the unload; the console's reports lag)
+swap_after_drain() { # T0 VERSION
+  local t_gone t_go t_swap pod
+  pod=$(con | python3 "$here/vm-node/cycle.py" loader "$timeline" "$1" "$2")
+  t_gone=$(tl_time "$1" 'workload= *$'); t_go=$(tl_time "$1" 'go-ahead=yes'); t_swap=$(agent_at "$1" 'step="unload"' "$pod")
+  [ -n "$t_gone" ] && [ -n "$t_go" ] && [ -n "$t_swap" ] || fail "timeline incomplete: evicted=$t_gone go-ahead=$t_go swap=$t_swap"
+  awk -v a="$t_gone" -v b="$t_go" -v c="$t_swap" 'BEGIN { exit !(a <= c + 1 && b <= c + 1) }' \
+    || fail "module swapped at $t_swap before the eviction ($t_gone) or the go-ahead ($t_go)"
+}
+prepared_is() { [ "$(node_label driver.tenstorrent.com/kmd-prepared)" = "$1" ]; }
+
+# --- 7. the upgrade 2.7.0 -> 2.8.0 under the workload, built ahead ---------------------------
+# Build ahead (upgradePolicy.prepare, on by default): the installer pod is
+# replaced at once and its agent builds 2.8.0 (cache-cold) while the node
+# serves; the controller cordons only once the node carries
+# kmd-prepared=2.8.0, and keeps that pod through the window.
 t0=$(date +%s.%N)
 rn kubectl patch ttdp "$policy" --type merge -p '{"spec":{"version":"2.8.0"}}' >/dev/null
+wait_until "2.8.0 built ahead (kmd-prepared=2.8.0 on the node)" prepared_is 2.8.0
+phase "upgrade to 2.8.0: installer pod replaced ahead, real build while the node serves"
 wait_until "the node cordoned" is_cordoned
 # Until the drain and the go-ahead, the module and its holder stay.
 last_module_is 'module=2.7.0 refcnt=1 ' || fail "module touched before the drain: $(module_now)"
@@ -514,16 +595,13 @@ evicted_by_controller "$hold1" || fail "no eviction of ml/$hold1 by the controll
 wait_until "2.8.0 loaded in the guest" con_has "VMNODE [0-9.]* module=2.8.0 "
 wait_until "the node Done at 2.8.0" done_at 2.8.0
 wait_until "the agent's summary for 2.8.0 (previous 2.7.0)" has_summary 2.8.0 2.7.0
+# source=build: this pod built it, ahead of the cordon (window_check)
 summary_of 2.8.0 | grep -q 'previous=2.7.0 source=build' || fail "2.8.0 was not a source build replacing 2.7.0: $(summary_of 2.8.0)"
 wait_until "the workload back, holding the 2.8.0 device" last_module_is 'module=2.8.0 refcnt=1 '
-# The order: the module changed only after the eviction and the go-ahead.
-# (the agent's own time of the unload; the console's reports lag)
-t_gone=$(tl_time "$t0" 'workload= *$'); t_go=$(tl_time "$t0" 'go-ahead=yes'); t_swap=$(agent_at "$t0" 'step="unload"')
-[ -n "$t_gone" ] && [ -n "$t_go" ] && [ -n "$t_swap" ] || fail "timeline incomplete: evicted=$t_gone go-ahead=$t_go swap=$t_swap"
-awk -v a="$t_gone" -v b="$t_go" -v c="$t_swap" 'BEGIN { exit !(a <= c + 1 && b <= c + 1) }' \
-  || fail "module swapped at $t_swap before the eviction ($t_gone) or the go-ahead ($t_go)"
-cycle_table "upgrade 2.7.0 -> 2.8.0 under the workload (real build)" "$t0" 2.8.0 workload
-phase "upgrade to 2.8.0: cordon, eviction, go-ahead, build, load, uncordon"
+swap_after_drain "$t0" 2.8.0
+window_check "upgrade 2.7.0 -> 2.8.0 (cache-cold, built ahead)" "$t0" 2.8.0 ahead
+cycle_table "upgrade 2.7.0 -> 2.8.0 under the workload (real build, ahead)" "$t0" 2.8.0 workload
+phase "upgrade to 2.8.0: cordon, eviction, go-ahead, load of the prepared module, uncordon"
 hold2=$(rn kubectl -n ml get pods -l app=hold -o jsonpath='{.items[0].metadata.name}')
 
 # --- 8. the downgrade back to 2.7.0, from the agent's cache ------------------------------------
@@ -534,8 +612,33 @@ wait_until "the node Done at 2.7.0 again" done_at 2.7.0
 wait_until "the agent's summary for 2.7.0 (previous 2.8.0)" has_summary 2.7.0 2.8.0
 summary_of 2.7.0 | grep -q 'previous=2.8.0 source=cache' || fail "the downgrade did not come from the cache: $(summary_of 2.7.0)"
 wait_until "the workload back, holding the 2.7.0 device" last_module_is 'module=2.7.0 refcnt=1 '
+swap_after_drain "$t0" 2.7.0
+window_check "downgrade 2.8.0 -> 2.7.0 (cache hit)" "$t0" 2.7.0 ahead
 cycle_table "downgrade 2.8.0 -> 2.7.0 (from the agent's cache)" "$t0" 2.7.0 workload
 phase "downgrade to 2.7.0 from the cache"
+
+# --- 8b. without build-ahead: 2.7.0 -> 2.9.0, cache-cold, prepare off ---------------------------
+# The comparison: the pod is replaced after the cordon and the drain, and the
+# build falls inside the window. VMNODE_COMPARE=0 skips it (one more real build).
+cur=2.7.0 other=2.8.0
+if [ "${VMNODE_COMPARE:-1}" = 1 ]; then
+  hold3=$(rn kubectl -n ml get pods -l app=hold -o jsonpath='{.items[0].metadata.name}')
+  t0=$(date +%s.%N)
+  rn kubectl patch ttdp "$policy" --type merge \
+    -p '{"spec":{"version":"2.9.0","upgradePolicy":{"prepare":{"enabled":false}}}}' >/dev/null
+  wait_until "the node cordoned (prepare off)" is_cordoned
+  wait_until "the workload evicted (prepare off)" pod_gone ml "$hold3"
+  wait_until "the node Done at 2.9.0" done_at 2.9.0
+  wait_until "the agent's summary for 2.9.0 (previous 2.7.0)" has_summary 2.9.0 2.7.0
+  summary_of 2.9.0 | grep -q 'previous=2.7.0 source=build' || fail "2.9.0 was not a source build replacing 2.7.0: $(summary_of 2.9.0)"
+  wait_until "the workload back, holding the 2.9.0 device" last_module_is 'module=2.9.0 refcnt=1 '
+  swap_after_drain "$t0" 2.9.0
+  window_check "upgrade 2.7.0 -> 2.9.0 (cache-cold, prepare off)" "$t0" 2.9.0 inside
+  cycle_table "upgrade 2.7.0 -> 2.9.0 under the workload (real build, prepare off)" "$t0" 2.9.0 workload
+  phase "upgrade to 2.9.0, prepare off: cordon, eviction, pod replaced, build, load, uncordon"
+  # the cache keeps the target and the previous version
+  cur=2.9.0 other=2.7.0
+fi
 
 # --- 9. the break: no go-ahead, the module stays -------------------------------------------------
 [ -z "$(rn kubectl get node "$vnode" -o jsonpath='{.metadata.annotations.driver\.tenstorrent\.com/go-ahead}')" ] \
@@ -543,12 +646,13 @@ phase "downgrade to 2.7.0 from the cache"
 rn kubectl -n "$ns" scale deploy "$rel-controller" --replicas=0 >/dev/null
 no_controller() { [ -z "$(rn kubectl -n "$ns" get pods -l app.kubernetes.io/component=controller -o name)" ]; }
 wait_until "no controller pod" no_controller
-hold3=$(rn kubectl -n ml get pods -l app=hold -o jsonpath='{.items[0].metadata.name}')
+holdb=$(rn kubectl -n ml get pods -l app=hold -o jsonpath='{.items[0].metadata.name}')
 before=$(module_now)
 t0=$(date +%s.%N)
 # A pod that starts for another reason (here: the DaemonSet edited by hand and
-# the pod deleted) with another target, while the workload holds the device.
-rn kubectl -n "$ns" set env "ds/ttdrv-$policy" TT_KMD_VERSION=2.8.0 >/dev/null
+# the pod deleted) with another target (one still cached: no build to wait
+# for), while the workload holds the device.
+rn kubectl -n "$ns" set env "ds/ttdrv-$policy" "TT_KMD_VERSION=$other" >/dev/null
 old=$(inst)
 rn kubectl -n "$ns" delete pod "$old" --wait=false >/dev/null
 new_inst() { local p; p=$(inst); [ -n "$p" ] && [ "$p" != "$old" ]; }
@@ -558,13 +662,13 @@ wait_until "the agent waiting for the go-ahead" agent_waits
 # three of the agent's go-ahead polls (every 5 s) later
 sleep 16
 after=$(module_now)
-[ "$before" = "module=2.7.0 refcnt=1 dev=0," ] || fail "unexpected state before the break: $before"
+[ "$before" = "module=$cur refcnt=1 dev=0," ] || fail "unexpected state before the break: $before"
 [ "$after" = "$before" ] || fail "without the go-ahead the module changed: before '$before', after '$after'"
-[ "$(rn kubectl -n ml get pod "$hold3" -o jsonpath='{.status.phase}')" = Running ] || fail "the workload pod $hold3 is not Running"
+[ "$(rn kubectl -n ml get pod "$holdb" -o jsonpath='{.status.phase}')" = Running ] || fail "the workload pod $holdb is not Running"
 is_cordoned && fail "node cordoned without a controller"
-[ "$(node_label driver.tenstorrent.com/kmd-version)" = 2.7.0 ] || fail "kmd-version label changed without a go-ahead"
-log "no go-ahead: $after, workload $hold3 Running, agent: $(con | grep -o "waiting for the controller.s go-ahead.*" | tail -n1 | cut -c1-200)"
-phase "break: no controller, pod replaced with target 2.8.0: 2.7.0 untouched"
+[ "$(node_label driver.tenstorrent.com/kmd-version)" = "$cur" ] || fail "kmd-version label changed without a go-ahead"
+log "no go-ahead: $after, workload $holdb Running, agent: $(con | grep -o "waiting for the controller.s go-ahead.*" | tail -n1 | cut -c1-200)"
+phase "break: no controller, pod replaced with target $other: $cur untouched"
 
 stop_watch
 log "--- the policy's Events (the controller's side)"
