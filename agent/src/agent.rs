@@ -222,7 +222,24 @@ impl Agent<'_> {
         // failed build (missing headers, missing tag, unwritable cache)
         // leaves the node with the driver it had, and once the go-ahead
         // comes the swap itself is quick.
-        let (module, source) = self.obtain_module(&root, &kver, &target)?;
+        // Already inside the node's disruptive window (its cycle's go-ahead is
+        // on the node: build-ahead is off, or this pod came after the
+        // cordon): the node waits for this build, so it runs at normal
+        // priority. Otherwise the node still serves: nice 19.
+        let in_window = state.is_some()
+            && !self.config.swap_without_go_ahead
+            && matches!(
+                swap_decision(self.config.policy.as_deref(), &target, state.as_ref(), || {
+                    self.node.get()
+                }),
+                Swap::GoAhead(_)
+            );
+        let priority = if in_window {
+            Priority::Normal
+        } else {
+            Priority::Low
+        };
+        let (module, source) = self.obtain_module(&root, &kver, &target, priority)?;
         let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
         // The prepare step is done: say so before waiting, so the controller
         // may start this node's disruptive cycle knowing the swap is a load
@@ -424,15 +441,16 @@ impl Agent<'_> {
         root: &HostRoot,
         kver: &str,
         target: &str,
+        priority: Priority,
     ) -> Result<(Verified, ModuleSource)> {
         let cache = Cache::new(root);
         if let Some(hit) = step("cache-lookup", || cache.lookup(kver, target))? {
             tracing::info!(path = %hit.path.display(), sha256 = %hit.sha256, "cache hit (verified)");
             return Ok((hit, ModuleSource::Cache));
         }
-        tracing::info!(path = %cache.path(kver, target).display(), "cache miss: building from source");
+        tracing::info!(path = %cache.path(kver, target).display(), ?priority, "cache miss: building from source");
         Ok((
-            self.build_and_store(root, kver, target, Priority::Low)?,
+            self.build_and_store(root, kver, target, priority)?,
             ModuleSource::Build,
         ))
     }

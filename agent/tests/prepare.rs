@@ -231,9 +231,10 @@ fn a_build_failure_is_reported_before_any_go_ahead_is_asked_for() {
     assert_eq!(err.reason(), Some(BUILD_FAILED), "{err:?}");
     let message = err.termination_message().expect("a termination message");
     assert!(message.starts_with("BuildFailed: "), "{message}");
-    // Failed before waiting: the controller was never asked for the
-    // go-ahead (so it has no reason to cordon), nothing was prepared.
-    assert_eq!(node.gets(), 0, "read the Node for a go-ahead");
+    // Failed before waiting: the Node was read once (is the node's cycle
+    // open already? it sets the build's priority), never waited on; nothing
+    // was prepared.
+    assert!(node.gets() <= 1, "read the Node {} times", node.gets());
     assert!(pause.pauses().is_empty(), "waited: {:?}", pause.pauses());
     assert_eq!(label(&node, labels::KMD_PREPARED), None);
     assert!(!h.cached(KVER, "2.8.0"));
@@ -368,4 +369,30 @@ fn the_next_kernel_preflight_can_be_turned_off() {
     assert!(!h.cached(NEXT, "2.8.0"));
     // An earlier warning goes: it no longer says anything true.
     assert_eq!(label(&node, labels::KMD_NEXT_KERNEL_FAILED), Some(None));
+}
+
+#[test]
+fn a_build_inside_the_window_runs_at_normal_priority() {
+    // The go-ahead is on the node when the pod starts (build-ahead off, or
+    // the pod came after the cordon): the node waits for this build.
+    let h = Host::with_2_7_loaded();
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let go = FakeNode::with(go_ahead_node(FAKE_POLICY, "2.8.0"));
+    let r = run(
+        &h.config("2.8.0"),
+        &kernel,
+        &builder,
+        &go,
+        &FakePause::stopping_after(3),
+    );
+    assert!(
+        matches!(&r.result, Ok(Outcome::Installed { source: ModuleSource::Build, .. })),
+        "{:?}\n{}",
+        r.result,
+        r.log
+    );
+    let runs = builder.runs();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_ne!(runs[0].1, BUILD_NICE, "built at nice 19 inside the window");
 }
