@@ -226,12 +226,16 @@ impl Agent<'_> {
         // on the node: build-ahead is off, or this pod came after the
         // cordon): the node waits for this build, so it runs at normal
         // priority. Otherwise the node still serves: nice 19.
+        let node_now = || self.node.get();
         let in_window = state.is_some()
             && !self.config.swap_without_go_ahead
             && matches!(
-                swap_decision(self.config.policy.as_deref(), &target, state.as_ref(), || {
-                    self.node.get()
-                }),
+                swap_decision(
+                    self.config.policy.as_deref(),
+                    &target,
+                    state.as_ref(),
+                    node_now
+                ),
                 Swap::GoAhead(_)
             );
         let priority = if in_window {

@@ -387,7 +387,13 @@ fn a_build_inside_the_window_runs_at_normal_priority() {
         &FakePause::stopping_after(3),
     );
     assert!(
-        matches!(&r.result, Ok(Outcome::Installed { source: ModuleSource::Build, .. })),
+        matches!(
+            &r.result,
+            Ok(Outcome::Installed {
+                source: ModuleSource::Build,
+                ..
+            })
+        ),
         "{:?}\n{}",
         r.result,
         r.log
