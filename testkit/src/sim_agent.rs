@@ -313,7 +313,13 @@ async fn play_agent(
             let mut changes = serde_json::Map::new();
             if !cached.contains(&target) {
                 tokio::time::sleep(config.build).await;
-                if ann.get(BUILD_FAIL_ANNOTATION) == Some(&target) {
+                // Whether it fails is up to the node as it is when the build
+                // ends: a fix made meanwhile (and a retry after it) is not
+                // answered by one more failure.
+                let after = nodes.get(node_name).await?;
+                if ttdrv_core::node::annotation(&after, BUILD_FAIL_ANNOTATION)
+                    == Some(target.as_str())
+                {
                     // As the real agent: it exits, the loaded module untouched,
                     // and the kubelet restarts it (which builds again).
                     restarts += 1;
