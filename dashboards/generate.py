@@ -271,8 +271,8 @@ def rollout():
     P.append(panel(
         L, "stat", "Failed nodes", 3, 5,
         targets(f'sum(ttdriver_policy_nodes{{{CR},state=~"Failed|UnloadFailed"}})', instant=True),
-        description="Nodes in state Failed or UnloadFailed. Such a node stays cordoned and holds its rollout; "
-                    "see the runbook (TTDriverNodeFailed).",
+        description="Nodes in state Failed or UnloadFailed. Such a node stays as it is (cordoned if its "
+                    "cycle had started) and holds its rollout; see the runbook (TTDriverNodeFailed).",
         defaults={"color": {"mode": "thresholds"},
                   "thresholds": thresholds((None, "green"), (1, "red"))},
         options=stat_options(color_mode="background"),
@@ -315,6 +315,23 @@ def rollout():
                  "orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
                  "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
                  "minVizWidth": 8, "maxVizHeight": 300},
+        unit="short",
+    ))
+
+    P.append(panel(
+        L, "timeseries", "Build ahead: prepared nodes", 24, 7,
+        targets((f'sum(ttdriver_policy_prepared_nodes{{{CR}}})', "prepared"),
+                (f'sum(ttdriver_policy_nodes{{{CR},state!="HostManaged"}})', "matched"),
+                (f'sum(ttdriver_policy_nodes{{{CR},state="Done"}})', "done"),
+                (f'sum(ttdriver_policy_next_kernel_build_failed_nodes{{{CR}}})',
+                 "next kernel fails")),
+        description="Nodes that hold the target version (built and verified ahead into their cache "
+                    "while they serve, or loaded) against the matched and the Done nodes: with "
+                    "build-ahead (upgradePolicy.prepare) the prepared line runs ahead of Done, and a "
+                    "node is cordoned only once prepared. 'next kernel fails': nodes with an "
+                    "installed kernel the target does not build for.",
+        defaults={"decimals": 0, "min": 0},
+        options=ts_options(["lastNotNull"]),
         unit="short",
     ))
 

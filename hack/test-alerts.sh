@@ -132,7 +132,8 @@ for f in files:
 rules_text = Path(rules_path).read_text()
 EXPECTED = ["TTDriverNodeFailed", "TTDriverNodeStuckInPhase", "TTDriverRolloutStalled",
             "TTDriverTooManyUnavailable", "TTDriverControllerDown", "TTDriverReconcileErrors",
-            "TTDriverDeployGateLeftClosed", "TTDriverRolloutBraked"]
+            "TTDriverDeployGateLeftClosed", "TTDriverRolloutBraked",
+            "TTDriverNextKernelBuildFailed"]
 blocks = re.split(r"\n(?=[ \t]*- alert: )", rules_text)[1:]
 alerts = {}
 for b in blocks:

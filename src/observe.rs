@@ -65,13 +65,13 @@ impl NodeView {
         let state = rec.map_or(NodeState::Pending, |r| r.state);
         Candidate {
             name: name.to_string(),
-            // A node still building ahead would hold a slot it cannot use.
-            wants_slot: state == NodeState::Pending && self.obs.prepared,
+            wants_slot: state == NodeState::Pending,
             in_progress: rec.is_some_and(NodeRecord::occupies_slot),
             ready: self.obs.ready,
             unavailable: self.externally_unavailable,
             failed: state.is_failed(),
             has_device_pods: self.has_device_pods,
+            prepared: self.obs.prepared,
         }
     }
 }

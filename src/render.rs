@@ -222,6 +222,11 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
         // The agent installs nothing, and unloads only with the go-ahead.
         envs.push(env_var(env::UNMANAGE, "true"));
     }
+    // Only when off: the default leaves the template (and so the pods of
+    // existing policies) as it was.
+    if !spec.upgrade_policy.prepare.next_kernels {
+        envs.push(env_var(env::NEXT_KERNELS, "false"));
+    }
     // Empty means "the version baked into the installer image".
     if !ctx.tt_smi_version.is_empty() {
         envs.push(env_var(env::TT_SMI_VERSION, &ctx.tt_smi_version));
@@ -742,5 +747,24 @@ mod tests {
         };
         assert_eq!(env_of(&p).as_deref(), Some("true"));
         assert_eq!(env_of(&managed), None);
+    }
+
+    #[test]
+    fn the_next_kernel_preflight_is_turned_off_by_env_and_on_leaves_the_template() {
+        let env_of = |p: &TenstorrentDriverPolicy| {
+            pod_template(p, &ctx())
+                .spec
+                .into_iter()
+                .flat_map(|s| s.containers)
+                .flat_map(|c| c.env.unwrap_or_default())
+                .find(|e| e.name == env::NEXT_KERNELS)
+                .and_then(|e| e.value)
+        };
+        let on = policy("version: \"2.8.0\"\nnodeAffinity: {}\n");
+        let off = policy(
+            "version: \"2.8.0\"\nnodeAffinity: {}\nupgradePolicy: {prepare: {nextKernels: false}}\n",
+        );
+        assert_eq!(env_of(&on), None);
+        assert_eq!(env_of(&off).as_deref(), Some("false"));
     }
 }

@@ -198,6 +198,7 @@ pub fn build(
     let target = policy.spec.version.trim();
     // Build ahead: who holds the target, and who is still to build it.
     let mut unprepared = Vec::new();
+    let mut next_kernel_failures: Vec<String> = Vec::new();
     let nodes = names
         .into_iter()
         .map(|n| {
@@ -211,6 +212,9 @@ pub fn build(
                 summary.prepared += 1;
             } else if !settled_elsewhere {
                 unprepared.push(n.as_str());
+            }
+            if let Some(k) = &now.next_kernel_build_failed {
+                next_kernel_failures.push(format!("{n} ({k})"));
             }
             NodeStatus {
                 name: n.clone(),
@@ -355,6 +359,7 @@ pub fn build(
             prepared.2,
             input,
         ),
+        next_kernel_condition(policy, &next_kernel_failures, input),
     ];
     TenstorrentDriverPolicyStatus {
         observed_generation: policy.metadata.generation,
@@ -426,6 +431,39 @@ fn prepared_condition(
             "{} of {} node(s) hold {version}, loaded or built ahead; still to build: {list}",
             summary.prepared, summary.matched
         ),
+    )
+}
+
+/// The NextKernelBuildFailed condition, a warning: True while some node has
+/// an installed kernel, not yet running, that the target does not build for
+/// (a reboot into it would find no module), naming node and kernel.
+fn next_kernel_condition(
+    policy: &TenstorrentDriverPolicy,
+    failures: &[String],
+    input: &StatusInput<'_>,
+) -> Condition {
+    if failures.is_empty() {
+        return cond(
+            condition::NEXT_KERNEL_BUILD_FAILED,
+            false,
+            "NoneReported",
+            String::new(),
+            input,
+        );
+    }
+    let mut sorted = failures.to_vec();
+    sorted.sort();
+    cond(
+        condition::NEXT_KERNEL_BUILD_FAILED,
+        true,
+        ttdrv_core::prepare::NEXT_KERNEL_BUILD_FAILED,
+        format!(
+            "{} does not build for a kernel installed on {} node(s); a reboot into it would find no module: {}",
+            policy.spec.version,
+            sorted.len(),
+            sorted.join(", ")
+        ),
+        input,
     )
 }
 

@@ -11,7 +11,7 @@ use kube::Api;
 use kube::api::PostParams;
 use ttdrv_api::NodeState;
 use ttdrv_testkit::sim_agent::CRASH_ANNOTATION;
-use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv};
+use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -105,6 +105,22 @@ async fn pause_during_a_blocked_drain_holds_and_resume_continues() {
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
     patch_policy(&env, &policy, serde_json::json!({ "paused": true })).await;
+    // The controller has seen the pause once it says so (an eviction retry
+    // it sent before that could otherwise meet the PDB gone).
+    wait_for("the Paused condition", T, || async {
+        let p = ttdrv_testkit::policy::get_policy(&env, &policy).await;
+        let paused = p.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Paused" && c.status == "True")
+        });
+        if paused {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
+    })
+    .await;
     // The PDB goes away while paused: nothing may be evicted until resume.
     let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
         Api::namespaced(env.client.clone(), &ns);

@@ -62,10 +62,14 @@ async fn setup(
     (env, ns, nodes, agent)
 }
 
+/// Build-ahead off: these tests put an installer pod of the new version on
+/// a waiting node themselves, in a fixed order (node 0 drains first). With
+/// it on, the controller does the same to every node, in the order builds
+/// finish; tests/cluster_prepare.rs checks the go-ahead on that path.
 fn spec(env: &TestEnv, version: &str, pool: Option<&str>) -> String {
     let pool = pool.map(|p| format!(", {POOL}: {p}")).unwrap_or_default();
     format!(
-        "version: \"{version}\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}{pool}}}}}\nupgradePolicy: {{maxUnavailable: 1}}",
+        "version: \"{version}\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}{pool}}}}}\nupgradePolicy: {{maxUnavailable: 1, prepare: {{enabled: false}}}}",
         env.id
     )
 }

@@ -365,3 +365,37 @@ async fn prepare_disabled_builds_inside_the_cordon_window() {
     delete_policies(&env).await;
     env.cleanup().await;
 }
+
+/// A host that moved to a DKMS install while its labels still say the
+/// container's module: its installer pod, replaced ahead, reports the DKMS
+/// install while the node serves, and the node ends HostManaged without ever
+/// being cordoned (before build-ahead it was cordoned and drained first).
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_dkms_host_is_recognized_ahead_and_never_cordoned() {
+    let (env, ns, nodes, _agent) = setup("prep-dkms", 2, Duration::from_secs(1)).await;
+    let _ctl = controller(&env, &ns);
+    let policy = env.name("fleet");
+    create_policy(&env, &policy, &spec(&env, "2.7.0", "{}")).await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
+    let dkms = &nodes[0];
+    annotate_node(
+        &env,
+        dkms,
+        ttdrv_testkit::sim_agent::HOST_MANAGED_ANNOTATION,
+        Some("2.6.1"),
+    )
+    .await;
+    let cordons = CordonWatcher::start(&env);
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_nodes_state(&env, &policy, &nodes[1..], NodeState::Done, "2.8.0", T).await;
+    let entry = wait_node(&env, &policy, dkms, NodeState::Done, T).await;
+    assert_eq!(entry.reason.as_deref(), Some("HostManaged"), "{entry:?}");
+    assert!(
+        !cordons.ever().contains(dkms),
+        "the DKMS host was cordoned: {:?}",
+        cordons.ever()
+    );
+    delete_policies(&env).await;
+    env.cleanup().await;
+}

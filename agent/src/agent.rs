@@ -56,6 +56,9 @@ pub struct Config {
     /// Where the agent notes why it waits (a path in its own filesystem, read
     /// by `ready` and `status`); None: nowhere.
     pub status_file: Option<PathBuf>,
+    /// TT_KMD_NEXT_KERNELS: build and cache the target for the node's other
+    /// installed kernels too (the next-kernel preflight).
+    pub next_kernels: bool,
 }
 
 /// Where the loaded module came from.
@@ -459,7 +462,11 @@ impl Agent<'_> {
         running: &str,
         target: &str,
     ) -> Vec<String> {
-        let kernels = next_kernels(root, running);
+        let kernels = if self.config.next_kernels {
+            next_kernels(root, running)
+        } else {
+            Vec::new()
+        };
         if kernels.is_empty() {
             // label_container removed the warning label with its own patch.
             return Vec::new();
@@ -729,9 +736,10 @@ impl Agent<'_> {
         let mut changes = host_labels(false, Some(version), self.boot_id(root).as_deref());
         // No other kernel to prepare: no next-kernel warning either, said in
         // this patch rather than one more (prepare_next_kernels reports otherwise).
-        if root
-            .kernel_release()
-            .is_ok_and(|k| next_kernels(root, &k).is_empty())
+        if !self.config.next_kernels
+            || root
+                .kernel_release()
+                .is_ok_and(|k| next_kernels(root, &k).is_empty())
         {
             changes.insert(labels::KMD_NEXT_KERNEL_FAILED.into(), None);
         }

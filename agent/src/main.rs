@@ -76,6 +76,12 @@ struct RunArgs {
           value_parser = parse_bool)]
     force_unload: bool,
 
+    /// Next-kernel preflight: also build and cache the target for every other
+    /// installed kernel with headers (true/false; unset means true).
+    #[arg(long, env = env::NEXT_KERNELS, default_value_t = true,
+          action = clap::ArgAction::Set, value_parser = parse_bool)]
+    next_kernels: bool,
+
     /// Seconds to wait for refcnt 0 after killing holders (at most a day).
     #[arg(long, env = "TTDRV_UNLOAD_TIMEOUT_SECONDS", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
@@ -250,6 +256,7 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         go_ahead_poll: Duration::from_millis(args.go_ahead_poll_ms),
         swap_without_go_ahead: args.swap_without_go_ahead,
         status_file,
+        next_kernels: args.next_kernels,
     };
     tracing::info!(
         host_root = %host_root.display(),

@@ -67,6 +67,7 @@ impl Host {
             policy: Some(FAKE_POLICY.to_string()),
             go_ahead_poll: Duration::from_millis(1),
             swap_without_go_ahead: false,
+            next_kernels: true,
             status_file: None,
         }
     }

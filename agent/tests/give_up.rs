@@ -206,6 +206,7 @@ fn a_refused_load_gives_load_failed_with_the_kernels_error() {
         policy: Some(FAKE_POLICY.into()),
         go_ahead_poll: Duration::from_millis(1),
         swap_without_go_ahead: false,
+        next_kernels: true,
         status_file: None,
     };
     let err = Agent {

@@ -65,6 +65,7 @@ impl Planted {
             policy: Some(FAKE_POLICY.into()),
             go_ahead_poll: Duration::from_millis(1),
             swap_without_go_ahead: false,
+            next_kernels: true,
             status_file: Some(self.pod.path().join("waiting")),
         }
     }

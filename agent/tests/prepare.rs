@@ -74,6 +74,7 @@ impl Host {
             policy: Some(FAKE_POLICY.to_string()),
             go_ahead_poll: Duration::from_millis(3),
             swap_without_go_ahead: false,
+            next_kernels: true,
             status_file: Some(self.pod.path().join("waiting")),
         }
     }
@@ -333,4 +334,38 @@ fn a_next_kernel_that_does_not_build_only_warns() {
         "{}",
         r.log
     );
+}
+
+#[test]
+fn the_next_kernel_preflight_can_be_turned_off() {
+    let h = Host::empty();
+    h.install_kernel(NEXT, true);
+    let kernel = FakeKernel::new(h.root());
+    // It would fail for the next kernel: off, nothing is tried or reported.
+    let builder = FakeBuilder {
+        failing_kernels: vec![NEXT.to_string()],
+        ..FakeBuilder::default()
+    };
+    let node = FakeNode::default();
+    let config = Config {
+        next_kernels: false,
+        ..h.config("2.8.0")
+    };
+    let r = run(
+        &config,
+        &kernel,
+        &builder,
+        &node,
+        &FakePause::stopping_after(3),
+    );
+    assert!(
+        matches!(&r.result, Ok(Outcome::Installed { .. })),
+        "{:?}\n{}",
+        r.result,
+        r.log
+    );
+    assert_eq!(builder.runs(), vec![(KVER.to_string(), BUILD_NICE)]);
+    assert!(!h.cached(NEXT, "2.8.0"));
+    // An earlier warning goes: it no longer says anything true.
+    assert_eq!(label(&node, labels::KMD_NEXT_KERNEL_FAILED), Some(None));
 }

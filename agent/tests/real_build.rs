@@ -82,6 +82,7 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
         policy: Some(FAKE_POLICY.to_string()),
         go_ahead_poll: Duration::from_millis(1),
         swap_without_go_ahead: false,
+        next_kernels: true,
         status_file: None,
     };
     let builder = GitMakeBuilder::new(repo.path().display().to_string());

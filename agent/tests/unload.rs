@@ -51,6 +51,7 @@ impl Host {
             policy: Some(FAKE_POLICY.into()),
             go_ahead_poll: Duration::from_millis(7),
             swap_without_go_ahead: false,
+            next_kernels: true,
             status_file: Some(self.note()),
         }
     }

@@ -78,6 +78,9 @@ pub mod env {
     pub const TT_KMD_VERSION: &str = "TT_KMD_VERSION";
     pub const NODE_NAME: &str = "NODE_NAME";
     pub const FORCE_UNLOAD: &str = "TT_FORCE_UNLOAD";
+    /// "false" turns the agent's next-kernel preflight off
+    /// (`upgradePolicy.prepare.nextKernels`); unset means on.
+    pub const NEXT_KERNELS: &str = "TT_KMD_NEXT_KERNELS";
     pub const SOURCE_REPOSITORY: &str = "TT_KMD_SOURCE_REPOSITORY";
     /// The commit the version's tag must name (a tag that moved is refused).
     pub const SOURCE_COMMIT: &str = "TT_KMD_SOURCE_COMMIT";

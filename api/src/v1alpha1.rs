@@ -299,6 +299,13 @@ pub struct PreparePolicy {
     #[serde(default = "default_prepare_max_concurrent")]
     #[schemars(range(min = 1, max = 1000))]
     pub max_concurrent: i32,
+    /// Next-kernel preflight: the installer also builds and caches the target
+    /// for every other kernel installed with headers on its node, so a reboot
+    /// into it loads from the cache; a kernel the target does not build for
+    /// is reported (label `kmd-next-kernel-failed`, Event
+    /// NextKernelBuildFailed) before anyone reboots into it.
+    #[serde(default = "yes")]
+    pub next_kernels: bool,
 }
 
 impl Default for PreparePolicy {
@@ -306,6 +313,7 @@ impl Default for PreparePolicy {
         Self {
             enabled: true,
             max_concurrent: default_prepare_max_concurrent(),
+            next_kernels: true,
         }
     }
 }
@@ -686,6 +694,9 @@ pub mod condition {
     /// Build ahead (`upgradePolicy.prepare`): every node that will load the
     /// target holds it, loaded or built into its cache.
     pub const PREPARED: &str = "Prepared";
+    /// A warning: some node has an installed, not running kernel the target
+    /// does not build for (`status.nodes[].nextKernelBuildFailed`).
+    pub const NEXT_KERNEL_BUILD_FAILED: &str = "NextKernelBuildFailed";
 }
 
 #[cfg(test)]

@@ -727,13 +727,16 @@ fn replace_installer(obs: &Observation, want: &Desired) -> Vec<Command> {
 /// node serves on while its installer builds. Its stale installer pod is
 /// replaced when the prepare plan gives it a place (`prepare_turn`); a build
 /// that fails fails the node here, before any cordon (the rollout then halts
-/// as for any Failed node); a failure left from before this wait (a retry)
-/// gets a new pod and a new build.
+/// as for any Failed node); a pod older than this wait (a retry) that has
+/// failed is replaced for a new build.
 fn prepare_ahead(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     let now = obs.now;
     let target = want.version.as_str();
+    // A pod started since the node began to wait is this wait's: its failure
+    // fails the node. One from before (the wait is a retry) may still be
+    // failing on the cause just fixed: a new pod builds again.
     if let (Some(f), InstallerPod::Current { .. }) = (&obs.installer_failure, &obs.installer) {
-        if f.at().is_none_or(|t| t >= rec.since) {
+        if f.pod_created.is_none_or(|t| t >= rec.since) {
             let msg = format!(
                 "{} (while building {target} ahead; the node was not cordoned and kept serving). \
                  The rollout of {policy} is halted; after fixing the cause, retry with \

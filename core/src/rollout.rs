@@ -14,6 +14,11 @@
 //! - **Fleet-health brake.** When more than `brake_percent` of the policy's
 //!   nodes are NotReady, nothing starts until enough are back.
 //! - **Failure budget.** A Failed node halts the rollout.
+//! - **Order.** Nodes start in the rollout's order. With build-ahead a node
+//!   starts only once prepared, and one still building holds back the nodes
+//!   after it (builds start in the same order, so this costs at most the
+//!   spread of build times), so the order `kubectl tt driver plan` shows is
+//!   the order nodes are cordoned in.
 
 use std::collections::BTreeSet;
 
@@ -31,6 +36,9 @@ pub struct Candidate {
     pub failed: bool,
     /// Non-installer pods on the node use the device (drained last).
     pub has_device_pods: bool,
+    /// Build-ahead lets it start ([`crate::prepare::gate`]; always true with
+    /// build-ahead off).
+    pub prepared: bool,
 }
 
 /// The limits a plan keeps.
@@ -148,6 +156,13 @@ pub fn plan<'a>(
             skipped_not_ready.push(c.name.as_str());
             continue;
         }
+        if !c.prepared {
+            plan.blocked = Some(format!(
+                "next in order: {} is still building the target ahead of its cordon",
+                c.name
+            ));
+            break;
+        }
         let fits = ours < max && (c.unavailable || ours + others < max);
         if !fits {
             plan.blocked = Some(format!(
@@ -197,7 +212,33 @@ mod tests {
             unavailable: false,
             failed: false,
             has_device_pods: false,
+            prepared: true,
         }
+    }
+
+    #[test]
+    fn a_node_still_building_ahead_holds_back_those_after_it() {
+        let mut a = c("a");
+        a.prepared = false;
+        let (b, cc) = (c("b"), c("c"));
+        let p = plan([&a, &b, &cc], 2);
+        assert!(p.granted.is_empty(), "{p:?}");
+        assert!(
+            p.blocked
+                .as_deref()
+                .is_some_and(|m| m.contains("a is still building")),
+            "{p:?}"
+        );
+        // Prepared: a and b start, in order.
+        a.prepared = true;
+        assert_eq!(plan([&a, &b, &cc], 2).granted, ["a", "b"]);
+        // A NotReady node still building is skipped, as any NotReady node
+        // (one of five: under the fleet brake).
+        let mut down = c("a");
+        down.prepared = false;
+        down.ready = false;
+        let (d, e) = (c("d"), c("e"));
+        assert_eq!(plan([&down, &b, &cc, &d, &e], 1).granted, ["b"]);
     }
 
     #[test]

@@ -54,6 +54,7 @@ proptest! {
                 unavailable: false,
                 failed: false,
                 has_device_pods: i % 3 == 0,
+                prepared: true,
             })
             .collect();
         let mut admin = vec![false; n];

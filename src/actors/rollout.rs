@@ -152,6 +152,7 @@ mod tests {
             unavailable: false,
             failed: false,
             has_device_pods: false,
+            prepared: true,
         }
     }
 

@@ -137,6 +137,7 @@ fn conditions_table() {
                 c("Paused", "False", "Running"),
                 c("Conflict", "False", "NoOverlap"),
                 c("Prepared", "True", "AllPrepared"),
+                c("NextKernelBuildFailed", "False", "NoneReported"),
             ],
         ),
         (
@@ -155,6 +156,7 @@ fn conditions_table() {
                 c("Paused", "False", "Running"),
                 c("Conflict", "False", "NoOverlap"),
                 c("Prepared", "False", "Preparing"),
+                c("NextKernelBuildFailed", "False", "NoneReported"),
             ],
         ),
         (
@@ -169,6 +171,7 @@ fn conditions_table() {
                 c("Paused", "False", "Running"),
                 c("Conflict", "False", "NoOverlap"),
                 c("Prepared", "False", "Preparing"),
+                c("NextKernelBuildFailed", "False", "NoneReported"),
             ],
         ),
         (
@@ -183,6 +186,7 @@ fn conditions_table() {
                 c("Paused", "True", "PausedBySpec"),
                 c("Conflict", "False", "NoOverlap"),
                 c("Prepared", "True", "AllPrepared"),
+                c("NextKernelBuildFailed", "False", "NoneReported"),
             ],
         ),
         (
@@ -197,6 +201,7 @@ fn conditions_table() {
                 c("Paused", "False", "Running"),
                 c("Conflict", "True", "SelectorOverlap"),
                 c("Prepared", "True", "AllPrepared"),
+                c("NextKernelBuildFailed", "False", "NoneReported"),
             ],
         ),
     ];

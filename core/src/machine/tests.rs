@@ -1444,6 +1444,15 @@ fn a_build_that_fails_ahead_fails_the_node_uncordoned_and_a_retry_builds_again()
         }),
         ..obs()
     };
+    // A pod from before the wait began, failing: replaced, not failed.
+    let old_pod = step(&pending, &failed_build(990), &prepare_on());
+    let mut late = pending.clone();
+    late.since = 960;
+    assert_eq!(
+        step(&late, &failed_build(990), &prepare_on()).commands,
+        vec![Command::DeleteInstallerPod]
+    );
+    assert_eq!(old_pod.record.state, Failed, "{old_pod:?}");
     let s = step(&pending, &failed_build(990), &prepare_on());
     assert_eq!(s.record.state, Failed);
     assert_eq!(s.record.reason.as_deref(), Some(reason::BUILD_FAILED));
@@ -1454,13 +1463,14 @@ fn a_build_that_fails_ahead_fails_the_node_uncordoned_and_a_retry_builds_again()
         msg.contains("not cordoned") && msg.contains("make exited 2"),
         "{msg}"
     );
-    // Retried: the failure is older than the retry, so a new pod builds.
+    // Retried: the pod is older than the retry, so a new pod builds, even
+    // if it failed once more meanwhile (on the cause just fixed).
     let retried = step(
         &s.record,
         &Observation {
             now: 2000,
             retry_token: Some("t1".into()),
-            ..failed_build(990)
+            ..failed_build(2000)
         },
         &prepare_on(),
     );

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
+use ttdrv_api::NodeState;
 use ttdrv_api::{PodSelector, TenstorrentDriverPolicy, labels};
 use ttdrv_core::machine::{Desired, NodeRecord};
 use ttdrv_core::prepare;
@@ -272,7 +273,15 @@ impl ReconcilePass {
     /// few only), from the caches. A halted rollout (a node Failed) starts no
     /// new build.
     fn plan_prepare(&self, input: &ObserveInput<'_>) -> HashSet<String> {
-        if self.records.values().any(|r| r.state.is_failed()) {
+        // Settled (no node Pending, none new): nothing to build; skips the
+        // walk over every node on the passes of a fleet at rest.
+        let version = &self.policy.spec.version;
+        let waiting = self.records.len() < self.owned().len()
+            || self
+                .records
+                .values()
+                .any(|r| r.state == NodeState::Pending || r.target != *version);
+        if !waiting || self.records.values().any(|r| r.state.is_failed()) {
             return HashSet::new();
         }
         let spec = &self.policy.spec;

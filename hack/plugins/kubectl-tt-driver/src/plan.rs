@@ -286,6 +286,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             unavailable,
             failed: false,
             has_device_pods: false,
+            prepared: true,
         };
         if in_flight.is_none() && !is_failed {
             if label(node, labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST) {
@@ -422,6 +423,9 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             unavailable,
             failed: false,
             has_device_pods,
+            // Waves and order as once built: the time builds take is in the
+            // duration model (eta), and the order does not change with them.
+            prepared: true,
         });
         cycles.insert(
             n.clone(),
