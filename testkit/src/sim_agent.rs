@@ -23,7 +23,8 @@
 //!   (the agent adds each version it builds). A cached target is not built.
 //! - `sim.ttdrv.io/build-fail: "<version>"`: building that version fails: after
 //!   the build time the agent gives up with a `BuildFailed` termination message
-//!   (and tries again, as after a restart); the loaded module is not touched.
+//!   (and tries again after the kubelet's back-off, 10 s doubling); the
+//!   loaded module is not touched.
 //!
 //! Build ahead (issue 22), as the real agent: a target that is not cached is
 //! built first ([`SimAgentConfig::build`]), before the go-ahead is asked for,
@@ -211,9 +212,7 @@ async fn set_terminated(
         .and_then(|s| s.containers.first())
         .map(|c| c.name.clone())
         .unwrap_or_default();
-    let now = k8s_openapi::jiff::Timestamp::now()
-        .round(k8s_openapi::jiff::Unit::Second)?
-        .to_string();
+    let now = now_seconds()?;
     let status = serde_json::json!({ "status": { "containerStatuses": [{
         "name": c, "image": pod_image(pod).unwrap_or_default(), "imageID": "", "ready": false,
         "restartCount": restarts,
@@ -313,7 +312,13 @@ async fn play_agent(
             let mut changes = serde_json::Map::new();
             if !cached.contains(&target) {
                 tokio::time::sleep(config.build).await;
-                if ann.get(BUILD_FAIL_ANNOTATION) == Some(&target) {
+                // Whether it fails is up to the node as it is when the build
+                // ends: a fix made meanwhile (and a retry after it) is not
+                // answered by one more failure.
+                let after = nodes.get(node_name).await?;
+                if ttdrv_core::node::annotation(&after, BUILD_FAIL_ANNOTATION)
+                    == Some(target.as_str())
+                {
                     // As the real agent: it exits, the loaded module untouched,
                     // and the kubelet restarts it (which builds again).
                     restarts += 1;
@@ -324,7 +329,9 @@ async fn play_agent(
                         ),
                     );
                     set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    // The kubelet's CrashLoopBackOff before the next attempt:
+                    // a retry made meanwhile finds this failure seconds old.
+                    tokio::time::sleep(crash_loop_backoff(restarts)).await;
                     continue;
                 }
                 cached.push(target.clone());
@@ -432,6 +439,28 @@ async fn play_agent(
     }
 }
 
+/// The kubelet's wait before restarting a container that exited for the
+/// `restarts`-th time: 10 s, doubling, at most 5 minutes.
+fn crash_loop_backoff(restarts: i32) -> Duration {
+    let doublings = u32::try_from(restarts.saturating_sub(1))
+        .unwrap_or(0)
+        .min(5);
+    Duration::from_secs(10 * 2u64.pow(doublings)).min(Duration::from_secs(300))
+}
+
+/// Now, to the second, as the kubelet writes container times (truncated:
+/// never later than the event).
+fn now_seconds() -> anyhow::Result<String> {
+    use k8s_openapi::jiff::{RoundMode, TimestampRound, Unit};
+    Ok(k8s_openapi::jiff::Timestamp::now()
+        .round(
+            TimestampRound::new()
+                .smallest(Unit::Second)
+                .mode(RoundMode::Trunc),
+        )?
+        .to_string())
+}
+
 /// The versions in the node's simulated module cache.
 fn cached_versions(ann: &std::collections::BTreeMap<String, String>) -> Vec<String> {
     ann.get(CACHED_ANNOTATION)
@@ -447,9 +476,7 @@ fn cached_versions(ann: &std::collections::BTreeMap<String, String>) -> Vec<Stri
 
 /// Plays the kubelet once the agent is done: the pod is Ready.
 async fn set_ready(pods_ns: &Api<Pod>, name: &str, pod: &Pod) -> anyhow::Result<()> {
-    let now = k8s_openapi::jiff::Timestamp::now()
-        .round(k8s_openapi::jiff::Unit::Second)?
-        .to_string();
+    let now = now_seconds()?;
     let containers: Vec<_> = pod
         .spec
         .iter()
