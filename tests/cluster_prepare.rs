@@ -179,6 +179,19 @@ impl BuildLog {
     fn seen(&self) -> Seen {
         self.seen.lock().map(|s| s.clone()).unwrap_or_default()
     }
+
+    /// Waits until the watch has listed every one of `nodes`.
+    async fn synced(&self, nodes: &[String]) {
+        wait_for("the build log to list the nodes", T, || async {
+            let s = self.seen();
+            if nodes.iter().all(|n| s.order.contains_key(n)) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", s.order.keys()))
+            }
+        })
+        .await
+    }
 }
 
 impl Drop for BuildLog {
@@ -211,15 +224,7 @@ async fn nodes_build_ahead_within_max_concurrent_and_are_cordoned_only_once_prep
 
     let safety = SafetyWatcher::start(&env);
     let log = BuildLog::start(&env, &ns, "2.8.0");
-    wait_for("the build log to list the nodes", T, || async {
-        let s = log.seen();
-        if nodes.iter().all(|n| s.order.contains_key(n)) {
-            Ok(())
-        } else {
-            Err(format!("{:?}", s.order.keys()))
-        }
-    })
-    .await;
+    log.synced(&nodes).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
 
@@ -338,15 +343,7 @@ async fn prepare_disabled_builds_inside_the_cordon_window() {
     create_policy(&env, &policy, &spec(&env, "2.7.0", "{enabled: false}")).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
     let log = BuildLog::start(&env, &ns, "2.8.0");
-    wait_for("the build log to list the nodes", T, || async {
-        let s = log.seen();
-        if nodes.iter().all(|n| s.order.contains_key(n)) {
-            Ok(())
-        } else {
-            Err(format!("{:?}", s.order.keys()))
-        }
-    })
-    .await;
+    log.synced(&nodes).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
     let seen = log.seen();

@@ -246,9 +246,13 @@ fn reconcile(full: bool, nodes: &[&str]) -> Reconcile {
     }
 }
 
-#[actix::test]
-async fn a_pass_starts_one_node_and_the_next_pass_keeps_the_budget() {
-    let log: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+/// What the fake recorded: (node or pod, what was written).
+type WriteLog = Arc<Mutex<Vec<(String, String)>>>;
+
+/// A recording fake of the shared actors over the claimed NODES, and the
+/// ports a PolicySupervisor sends to.
+fn fake_ports() -> (WriteLog, SupervisorPorts) {
+    let log: WriteLog = Arc::default();
     let fake = Fake {
         nodes: NODES
             .iter()
@@ -270,6 +274,12 @@ async fn a_pass_starts_one_node_and_the_next_pass_keeps_the_budget() {
         replace_pod: fake.clone().recipient(),
         refusals: fake.recipient(),
     };
+    (log, ports)
+}
+
+#[actix::test]
+async fn a_pass_starts_one_node_and_the_next_pass_keeps_the_budget() {
+    let (log, ports) = fake_ports();
     let sup = PolicySupervisor::new(context(), "fleet".into(), ports).start();
     sup.send(reconcile(true, &[]))
         .await
@@ -301,28 +311,7 @@ async fn a_pass_starts_one_node_and_the_next_pass_keeps_the_budget() {
 
 #[actix::test]
 async fn build_ahead_replaces_at_most_max_concurrent_pods_and_cordons_nothing_unprepared() {
-    let log: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let fake = Fake {
-        nodes: NODES
-            .iter()
-            .map(|n| {
-                (
-                    n.to_string(),
-                    serde_json::to_value(node(n)).expect("node json"),
-                )
-            })
-            .collect(),
-        log: log.clone(),
-        refuse: false,
-    }
-    .start();
-    let ports = SupervisorPorts {
-        patch: fake.clone().recipient(),
-        evict: fake.clone().recipient(),
-        ensure: fake.clone().recipient(),
-        replace_pod: fake.clone().recipient(),
-        refusals: fake.recipient(),
-    };
+    let (log, ports) = fake_ports();
     let mut p = policy();
     p.spec.upgrade_policy.prepare.max_concurrent = 2;
     let sup = PolicySupervisor::new(context_of(true, None, p), "fleet".into(), ports).start();
