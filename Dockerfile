@@ -22,7 +22,7 @@ COPY core core
 COPY src src
 COPY agent agent
 COPY testkit testkit
-COPY hack/plugins/kubectl-tt-driver hack/plugins/kubectl-tt-driver
+COPY plugin plugin
 COPY bench bench
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

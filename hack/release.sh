@@ -89,9 +89,9 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 install -m 0755 "$target_dir/$musl/$profile/kubectl-tt-driver" "$stage/kubectl-tt-driver"
 strip --strip-debug "$stage/kubectl-tt-driver"
-install -m 0755 hack/plugins/kubectl-tt-driver/kubectl_complete-tt-driver "$stage/kubectl_complete-tt-driver"
+install -m 0755 plugin/kubectl_complete-tt-driver "$stage/kubectl_complete-tt-driver"
 # krew installs the plugin as kubectl-tt: the shim under that name too.
-install -m 0755 hack/plugins/kubectl-tt-driver/kubectl_complete-tt-driver "$stage/kubectl_complete-tt"
+install -m 0755 plugin/kubectl_complete-tt-driver "$stage/kubectl_complete-tt"
 plugin_tgz="kubectl-tt-driver-$version-linux-amd64.tar.gz"
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$stage" -cf - . | gzip -n >"$out/$plugin_tgz"
 plugin_sha=$(sha256sum "$out/$plugin_tgz" | cut -d' ' -f1)

@@ -99,7 +99,7 @@ pub fn controller_bin() -> PathBuf {
     if let Some(p) = built.as_ref() {
         return p.clone();
     }
-    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../..");
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let target = target_profile_dir()
         .parent()
         .map(|t| t.join("plugin-tests"))
