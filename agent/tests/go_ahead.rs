@@ -9,89 +9,32 @@ mod common;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
-use ttdrv_agent::fake::{FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded};
+use ttdrv_agent::fake::{FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, set_loaded};
 use ttdrv_agent::node::{
     FAKE_CYCLE, FAKE_NODE, FAKE_POLICY, FakeNode, go_ahead_node, node_with, upgrading_record,
 };
 use ttdrv_agent::pod::{self, FakePause};
-use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome};
+use ttdrv_agent::{AgentError, Config, ModuleSource, Outcome};
 use ttdrv_api::{NodeState, labels};
 use ttdrv_core::go_ahead::GoAhead;
 
-const KVER: &str = "6.1.0-99-amd64";
-const WAITING: &str = "waiting for the controller's go-ahead";
+use common::host::{KVER, Run, TestHost as Host, WAITING};
 
-struct Host {
-    dir: tempfile::TempDir,
-    /// The agent's own filesystem: bundled tt-smi, waiting note.
-    pod: tempfile::TempDir,
-}
-
-impl Host {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        fake_host(dir.path(), KVER).expect("fake host");
-        let pod = tempfile::tempdir().expect("tempdir");
-        fs::write(pod.path().join("tt-smi"), b"#!/bin/sh\n").expect("tt-smi");
-        Host { dir, pod }
-    }
-    fn root(&self) -> &Path {
-        self.dir.path()
-    }
-    fn hr(&self) -> HostRoot {
-        HostRoot::new(self.root())
-    }
-    fn p(&self, host_path: &str) -> PathBuf {
-        self.hr().path(host_path)
-    }
-    fn note(&self) -> PathBuf {
-        self.pod.path().join("waiting")
-    }
-    fn config(&self, target: &str) -> Config {
-        Config {
-            host_root: self.root().to_path_buf(),
-            target_version: target.to_string(),
-            force_unload: false,
-            unload_timeout: Duration::from_secs(2),
-            source_repository: "unused".to_string(),
-            tt_smi_path: self.pod.path().join("tt-smi"),
-            tt_smi_version: Some("3.0.0".to_string()),
-            kbuild_link_dir: None,
-            policy: Some(FAKE_POLICY.to_string()),
-            go_ahead_poll: Duration::from_millis(7),
-            swap_without_go_ahead: false,
-            next_kernels: true,
-            status_file: Some(self.note()),
-        }
-    }
-    fn cache(&self, version: &str) {
-        ttdrv_agent::fake::plant_cached(self.root(), KVER, version, version).expect("cache module");
-    }
-    fn loaded(&self) -> Option<String> {
-        self.hr().loaded_version().expect("sysfs")
-    }
-    /// What the readiness probe answers for `target`.
-    fn ready(&self, target: &str) -> Result<String, String> {
-        pod::readiness(&self.hr(), target, Some(&self.note()))
-    }
+/// What the readiness probe answers for `target`.
+fn ready(h: &Host, target: &str) -> Result<String, String> {
+    pod::readiness(&h.hr(), target, Some(&h.note()))
 }
 
 /// A host with 2.7.0 loaded (refcnt 0) and 2.8.0 in the cache.
 fn host_with_2_7_loaded() -> Host {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     h.cache("2.8.0");
     h
-}
-
-struct Run {
-    result: Result<Outcome, AgentError>,
-    log: String,
 }
 
 /// Runs the agent and returns its result and log.
@@ -102,39 +45,7 @@ fn run(
     node: &FakeNode,
     pause: &FakePause,
 ) -> Run {
-    let buf = Arc::new(Mutex::new(Vec::<u8>::new()));
-    let sink = Arc::clone(&buf);
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || LogSink(Arc::clone(&sink)))
-        .finish();
-    let result = tracing::subscriber::with_default(subscriber, || {
-        Agent {
-            config,
-            kernel,
-            killer: kernel,
-            builder,
-            node,
-            pause,
-        }
-        .run()
-    });
-    let log = String::from_utf8_lossy(&buf.lock().expect("log")).into_owned();
-    Run { result, log }
-}
-
-struct LogSink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogSink {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut v) = self.0.lock() {
-            v.extend_from_slice(b);
-        }
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    common::host::run_logged(config, kernel, builder, node, pause)
 }
 
 fn assert_untouched(h: &Host, kernel: &FakeKernel) {
@@ -176,13 +87,13 @@ fn no_go_ahead_leaves_the_loaded_module_alone_and_the_pod_not_ready() {
     assert_untouched(&h, &kernel);
     assert!(h.p("/proc/4242").exists(), "the holder is alive");
     // Waited: polled every go_ahead_poll, reading the Node each time.
-    assert_eq!(pause.pauses(), vec![Duration::from_millis(7); 5]);
+    assert_eq!(pause.pauses(), vec![config.go_ahead_poll; 5]);
     assert!(node.gets() >= 5, "gets: {}", node.gets());
     // Said why, once for the one reason, not at every poll.
     assert_eq!(r.log.matches(WAITING).count(), 1, "{}", r.log);
     assert!(r.log.contains("none on the node yet"), "{}", r.log);
     // Not Ready, and the probe says why.
-    let not_ready = h.ready("2.8.0").expect_err("not ready while waiting");
+    let not_ready = ready(&h, "2.8.0").expect_err("not ready while waiting");
     assert!(not_ready.contains(WAITING), "{not_ready}");
     assert_eq!(pod::waiting(&h.note()).as_deref(), Some(why.as_str()));
 }
@@ -217,7 +128,7 @@ fn a_valid_go_ahead_swaps() {
     assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
     assert!(pause.pauses().is_empty(), "no waiting with a go-ahead");
     assert!(!r.log.contains(WAITING), "{}", r.log);
-    assert!(h.ready("2.8.0").is_ok(), "{:?}", h.ready("2.8.0"));
+    assert!(ready(&h, "2.8.0").is_ok(), "{:?}", ready(&h, "2.8.0"));
 }
 
 #[test]
@@ -258,7 +169,7 @@ fn a_go_ahead_arriving_while_waiting_swaps_then() {
         .expect("go-ahead logged");
     assert!(go < kill, "the kill came before the go-ahead:\n{}", r.log);
     assert_eq!(pod::waiting(&h.note()), None, "the waiting note is gone");
-    assert!(h.ready("2.8.0").is_ok());
+    assert!(ready(&h, "2.8.0").is_ok());
 }
 
 #[test]
@@ -327,7 +238,7 @@ fn a_go_ahead_for_another_node_policy_target_or_cycle_opens_nothing() {
         let why = stopped_waiting(&r);
         assert!(why.contains(WAITING), "{name}: {why}");
         assert_untouched(&h, &kernel);
-        assert!(h.ready("2.8.0").is_err(), "{name}: ready");
+        assert!(ready(&h, "2.8.0").is_err(), "{name}: ready");
     }
 }
 
@@ -635,7 +546,7 @@ fn the_agent_binary_waits_not_ready_and_sigterm_ends_the_wait_at_once() {
         .arg("--host-root")
         .arg(h.root())
         .args(["run", "--version", "2.8.0", "--tt-smi-path"])
-        .arg(h.pod.path().join("tt-smi"))
+        .arg(h.tt_smi())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn ttdrv-agent");

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod host;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
