@@ -1,93 +1,22 @@
 //! The agent's run sequence on a fake host root, one test per branch.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ttdrv_agent::build::{Builder, GitMakeBuilder};
-use ttdrv_agent::fake::{
-    FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, fake_host, plant_cached, set_loaded,
-};
-use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
-use ttdrv_agent::pod::FakePause;
-use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome, Rollback};
+use ttdrv_agent::build::GitMakeBuilder;
+use ttdrv_agent::fake::{FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, set_loaded};
+use ttdrv_agent::node::FakeNode;
+use ttdrv_agent::{AgentError, ModuleSource, Outcome, Rollback};
 use ttdrv_api::labels;
 
-const KVER: &str = "6.1.0-99-amd64";
 const POD_UID: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
 
-struct Host {
-    dir: tempfile::TempDir,
-    /// A bundled tt-smi outside the host root.
-    smi: tempfile::TempDir,
-}
-
-impl Host {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        fake_host(dir.path(), KVER).expect("fake host");
-        let smi = tempfile::tempdir().expect("tempdir");
-        fs::write(smi.path().join("tt-smi"), b"#!/bin/sh\necho tt-smi\n").expect("write tt-smi");
-        Host { dir, smi }
-    }
-    fn root(&self) -> &Path {
-        self.dir.path()
-    }
-    fn hr(&self) -> HostRoot {
-        HostRoot::new(self.root())
-    }
-    fn p(&self, host_path: &str) -> PathBuf {
-        self.hr().path(host_path)
-    }
-    fn config(&self, target: &str) -> Config {
-        Config {
-            host_root: self.root().to_path_buf(),
-            target_version: target.to_string(),
-            force_unload: false,
-            unload_timeout: Duration::from_secs(2),
-            source_repository: "unused".to_string(),
-            tt_smi_path: self.smi.path().join("tt-smi"),
-            tt_smi_version: Some("3.0.27".to_string()),
-            kbuild_link_dir: None,
-            policy: Some(FAKE_POLICY.to_string()),
-            go_ahead_poll: Duration::from_millis(1),
-            swap_without_go_ahead: false,
-            next_kernels: true,
-            status_file: Some(self.smi.path().join("waiting")),
-        }
-    }
-    fn cache_module(&self, version: &str, module_version: &str) {
-        plant_cached(self.root(), KVER, version, module_version).expect("cache module");
-    }
-    fn loaded(&self) -> Option<String> {
-        self.hr().loaded_version().expect("sysfs")
-    }
-}
-
-fn run(
-    config: &Config,
-    kernel: &FakeKernel,
-    builder: &dyn Builder,
-    node: &FakeNode,
-) -> Result<Outcome, AgentError> {
-    Agent {
-        config,
-        kernel,
-        killer: kernel,
-        builder,
-        node,
-        // A swap without a go-ahead ends (Outcome::Stopped) instead of waiting forever.
-        pause: &FakePause::stopping_after(3),
-    }
-    .run()
-}
-
-/// A node with the controller's go-ahead to swap to `target`.
-fn go_ahead(target: &str) -> FakeNode {
-    FakeNode::with(go_ahead_node(FAKE_POLICY, target))
-}
+use common::host::{KVER, TT_SMI, TT_SMI_VERSION, TestHost as Host, go_ahead, run};
 
 /// The node's labels after every patch of the run.
 fn labels_of(node: &FakeNode) -> BTreeMap<String, Option<String>> {
@@ -187,7 +116,7 @@ fn matching_version_only_installs_tt_smi_and_labels() {
     assert!(kernel.loads().is_empty() && kernel.unloads() == 0);
     assert!(builder.builds().is_empty());
     let smi = h.p("/usr/local/bin/tt-smi");
-    assert_eq!(fs::read(&smi).expect("tt-smi"), b"#!/bin/sh\necho tt-smi\n");
+    assert_eq!(fs::read(&smi).expect("tt-smi"), TT_SMI);
     assert_eq!(
         fs::metadata(&smi).expect("meta").permissions().mode() & 0o777,
         0o755
@@ -196,7 +125,7 @@ fn matching_version_only_installs_tt_smi_and_labels() {
     assert_eq!(l.get(labels::INSTALL_MODE), Some(&label("container")));
     assert_eq!(l.get(labels::KMD_VERSION), Some(&label("2.8.0")));
     assert_eq!(l.get(labels::KMD_BOOT_ID), Some(&label(FAKE_BOOT_ID)));
-    assert_eq!(l.get(labels::TT_SMI_VERSION), Some(&label("3.0.27")));
+    assert_eq!(l.get(labels::TT_SMI_VERSION), Some(&label(TT_SMI_VERSION)));
 }
 
 #[test]
@@ -638,7 +567,7 @@ fn missing_tt_smi_is_skipped_without_label() {
     let h = Host::new();
     set_loaded(h.root(), "2.8.0", 0).expect("loaded");
     let mut config = h.config("2.8.0");
-    config.tt_smi_path = h.smi.path().join("absent");
+    config.tt_smi_path = h.pod().join("absent");
     let node = FakeNode::default();
     run(
         &config,
@@ -688,10 +617,10 @@ fn agent_bin(h: &Host, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
         .env_remove("TT_KMD_VERSION")
         .env_remove("NODE_NAME")
-        .env("TTDRV_STATUS_FILE", h.smi.path().join("waiting"))
+        .env("TTDRV_STATUS_FILE", h.pod().join("waiting"))
         .env(
             "TTDRV_TERMINATION_LOG",
-            h.smi.path().join("termination-log"),
+            h.pod().join("termination-log"),
         )
         .arg("--host-root")
         .arg(h.root())
@@ -769,16 +698,16 @@ fn run_idles_until_sigterm() {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
         .env_remove("NODE_NAME")
         .env_remove("TT_FORCE_UNLOAD")
-        .env("TTDRV_STATUS_FILE", h.smi.path().join("waiting"))
+        .env("TTDRV_STATUS_FILE", h.pod().join("waiting"))
         .env(
             "TTDRV_TERMINATION_LOG",
-            h.smi.path().join("termination-log"),
+            h.pod().join("termination-log"),
         )
         .env("RUST_LOG", "info")
         .arg("--host-root")
         .arg(h.root())
         .args(["run", "--version", "2.8.0", "--tt-smi-path"])
-        .arg(h.smi.path().join("tt-smi"))
+        .arg(h.pod().join("tt-smi"))
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn ttdrv-agent");
@@ -835,10 +764,10 @@ fn force_unload_env_accepts_booleans_and_empty_means_off() {
             .env_remove("NODE_NAME")
             .env("TT_FORCE_UNLOAD", value)
             .env("TT_KMD_VERSION", "2.8.0")
-            .env("TTDRV_STATUS_FILE", h.smi.path().join("waiting"))
+            .env("TTDRV_STATUS_FILE", h.pod().join("waiting"))
             .env(
                 "TTDRV_TERMINATION_LOG",
-                h.smi.path().join("termination-log"),
+                h.pod().join("termination-log"),
             )
             .arg("--host-root")
             .arg(h.root())

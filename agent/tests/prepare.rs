@@ -6,92 +6,48 @@
 //! for. And the next-kernel preflight: every other installed kernel with a
 //! build tree gets the target built and cached too; a failure only warns.
 
+mod common;
+
 use std::fs;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use ttdrv_agent::agent::{BUILD_NICE, next_kernels};
 use ttdrv_agent::cache::Cache;
-use ttdrv_agent::fake::{FakeBuilder, FakeKernel, fake_host, set_loaded};
+use ttdrv_agent::fake::{FakeBuilder, FakeKernel};
 use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node, node_with, upgrading_record};
 use ttdrv_agent::pod::FakePause;
-use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome};
+use ttdrv_agent::{Config, ModuleSource, Outcome};
 use ttdrv_api::labels;
 use ttdrv_core::reason::BUILD_FAILED;
 
-const KVER: &str = "6.1.0-99-amd64";
+use common::host::{KVER, Run, TestHost as Host, WAITING};
+
 const NEXT: &str = "6.12.0-1-amd64";
-const WAITING: &str = "waiting for the controller's go-ahead";
 
-struct Host {
-    dir: tempfile::TempDir,
-    pod: tempfile::TempDir,
+/// 2.7.0 loaded (refcnt 0), nothing cached.
+fn with_2_7_loaded() -> Host {
+    Host::with_loaded("2.7.0", 0)
 }
 
-impl Host {
-    /// 2.7.0 loaded (refcnt 0), nothing cached.
-    fn with_2_7_loaded() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        fake_host(dir.path(), KVER).expect("fake host");
-        set_loaded(dir.path(), "2.7.0", 0).expect("loaded");
-        let pod = tempfile::tempdir().expect("tempdir");
-        fs::write(pod.path().join("tt-smi"), b"#!/bin/sh\n").expect("tt-smi");
-        Host { dir, pod }
-    }
-    /// Nothing loaded, nothing cached.
-    fn empty() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        fake_host(dir.path(), KVER).expect("fake host");
-        let pod = tempfile::tempdir().expect("tempdir");
-        Host { dir, pod }
-    }
-    fn root(&self) -> &Path {
-        self.dir.path()
-    }
-    fn hr(&self) -> HostRoot {
-        HostRoot::new(self.root())
-    }
-    /// Installs another kernel's build tree (a kernel not yet booted).
-    fn install_kernel(&self, kver: &str, with_headers: bool) {
-        let dir = if with_headers {
-            format!("/lib/modules/{kver}/build")
-        } else {
-            format!("/lib/modules/{kver}/kernel")
-        };
-        fs::create_dir_all(self.hr().path(dir)).expect("kernel dir");
-    }
-    fn config(&self, target: &str) -> Config {
-        Config {
-            host_root: self.root().to_path_buf(),
-            target_version: target.to_string(),
-            force_unload: false,
-            unload_timeout: Duration::from_secs(2),
-            source_repository: "unused".to_string(),
-            tt_smi_path: self.pod.path().join("tt-smi"),
-            tt_smi_version: Some("3.0.0".to_string()),
-            kbuild_link_dir: None,
-            policy: Some(FAKE_POLICY.to_string()),
-            go_ahead_poll: Duration::from_millis(3),
-            swap_without_go_ahead: false,
-            next_kernels: true,
-            status_file: Some(self.pod.path().join("waiting")),
-        }
-    }
-    fn cached(&self, kver: &str, version: &str) -> bool {
-        Cache::new(&self.hr())
-            .lookup(kver, version)
-            .expect("cache readable")
-            .is_some()
-    }
-    fn loaded(&self) -> Option<String> {
-        self.hr().loaded_version().expect("sysfs")
-    }
+/// Nothing loaded, nothing cached, no bundled tt-smi.
+fn empty() -> Host {
+    Host::without_tt_smi()
 }
 
-struct Run {
-    result: Result<Outcome, AgentError>,
-    log: String,
+/// Installs another kernel's build tree (a kernel not yet booted).
+fn install_kernel(h: &Host, kver: &str, with_headers: bool) {
+    let dir = if with_headers {
+        format!("/lib/modules/{kver}/build")
+    } else {
+        format!("/lib/modules/{kver}/kernel")
+    };
+    fs::create_dir_all(h.p(&dir)).expect("kernel dir");
+}
+
+fn cached(h: &Host, kver: &str, version: &str) -> bool {
+    Cache::new(&h.hr())
+        .lookup(kver, version)
+        .expect("cache readable")
+        .is_some()
 }
 
 fn run(
@@ -101,39 +57,7 @@ fn run(
     node: &FakeNode,
     pause: &FakePause,
 ) -> Run {
-    let buf = Arc::new(Mutex::new(Vec::<u8>::new()));
-    let sink = Arc::clone(&buf);
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || LogSink(Arc::clone(&sink)))
-        .finish();
-    let result = tracing::subscriber::with_default(subscriber, || {
-        Agent {
-            config,
-            kernel,
-            killer: kernel,
-            builder,
-            node,
-            pause,
-        }
-        .run()
-    });
-    let log = String::from_utf8_lossy(&buf.lock().expect("log")).into_owned();
-    Run { result, log }
-}
-
-struct LogSink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogSink {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut v) = self.0.lock() {
-            v.extend_from_slice(b);
-        }
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    common::host::run_logged(config, kernel, builder, node, pause)
 }
 
 fn label(node: &FakeNode, key: &str) -> Option<Option<String>> {
@@ -152,7 +76,7 @@ fn assert_untouched(h: &Host, kernel: &FakeKernel) {
 
 #[test]
 fn the_target_is_prepared_before_the_go_ahead_and_the_swap_is_a_cache_hit() {
-    let h = Host::with_2_7_loaded();
+    let h = with_2_7_loaded();
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
     let waiting = FakeNode::with(node_with(
@@ -175,7 +99,7 @@ fn the_target_is_prepared_before_the_go_ahead_and_the_swap_is_a_cache_hit() {
     // Built once, for the running kernel, at the lowest CPU priority.
     assert_eq!(builder.runs(), vec![(KVER.to_string(), BUILD_NICE)]);
     assert!(
-        h.cached(KVER, "2.8.0"),
+        cached(&h, KVER, "2.8.0"),
         "the verified module is in the cache"
     );
     assert_eq!(
@@ -218,7 +142,7 @@ fn the_target_is_prepared_before_the_go_ahead_and_the_swap_is_a_cache_hit() {
 
 #[test]
 fn a_build_failure_is_reported_before_any_go_ahead_is_asked_for() {
-    let h = Host::with_2_7_loaded();
+    let h = with_2_7_loaded();
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder {
         failing_kernels: vec![KVER.to_string()],
@@ -237,7 +161,7 @@ fn a_build_failure_is_reported_before_any_go_ahead_is_asked_for() {
     assert!(node.gets() <= 1, "read the Node {} times", node.gets());
     assert!(pause.pauses().is_empty(), "waited: {:?}", pause.pauses());
     assert_eq!(label(&node, labels::KMD_PREPARED), None);
-    assert!(!h.cached(KVER, "2.8.0"));
+    assert!(!cached(&h, KVER, "2.8.0"));
     assert_untouched(&h, &kernel);
     // The loaded module is still reported as it is.
     assert_eq!(
@@ -248,10 +172,10 @@ fn a_build_failure_is_reported_before_any_go_ahead_is_asked_for() {
 
 #[test]
 fn the_next_kernel_is_built_and_cached_and_only_the_running_one_loaded() {
-    let h = Host::empty();
-    h.install_kernel(NEXT, true);
+    let h = empty();
+    install_kernel(&h, NEXT, true);
     // A kernel directory without a build tree is not a build target.
-    h.install_kernel("6.0.0-0-amd64", false);
+    install_kernel(&h, "6.0.0-0-amd64", false);
     assert_eq!(next_kernels(&h.hr(), KVER), vec![NEXT.to_string()]);
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
@@ -276,9 +200,9 @@ fn the_next_kernel_is_built_and_cached_and_only_the_running_one_loaded() {
             (NEXT.to_string(), BUILD_NICE)
         ]
     );
-    assert!(h.cached(KVER, "2.8.0"));
+    assert!(cached(&h, KVER, "2.8.0"));
     assert!(
-        h.cached(NEXT, "2.8.0"),
+        cached(&h, NEXT, "2.8.0"),
         "the next kernel's module is cached"
     );
     assert_eq!(kernel.loads(), vec!["2.8.0".to_string()]);
@@ -303,8 +227,8 @@ fn the_next_kernel_is_built_and_cached_and_only_the_running_one_loaded() {
 
 #[test]
 fn a_next_kernel_that_does_not_build_only_warns() {
-    let h = Host::empty();
-    h.install_kernel(NEXT, true);
+    let h = empty();
+    install_kernel(&h, NEXT, true);
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder {
         failing_kernels: vec![NEXT.to_string()],
@@ -325,7 +249,7 @@ fn a_next_kernel_that_does_not_build_only_warns() {
         r.log
     );
     assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
-    assert!(!h.cached(NEXT, "2.8.0"));
+    assert!(!cached(&h, NEXT, "2.8.0"));
     assert_eq!(
         label(&node, labels::KMD_NEXT_KERNEL_FAILED),
         Some(Some(NEXT.to_string()))
@@ -339,8 +263,8 @@ fn a_next_kernel_that_does_not_build_only_warns() {
 
 #[test]
 fn the_next_kernel_preflight_can_be_turned_off() {
-    let h = Host::empty();
-    h.install_kernel(NEXT, true);
+    let h = empty();
+    install_kernel(&h, NEXT, true);
     let kernel = FakeKernel::new(h.root());
     // It would fail for the next kernel: off, nothing is tried or reported.
     let builder = FakeBuilder {
@@ -366,7 +290,7 @@ fn the_next_kernel_preflight_can_be_turned_off() {
         r.log
     );
     assert_eq!(builder.runs(), vec![(KVER.to_string(), BUILD_NICE)]);
-    assert!(!h.cached(NEXT, "2.8.0"));
+    assert!(!cached(&h, NEXT, "2.8.0"));
     // An earlier warning goes: it no longer says anything true.
     assert_eq!(label(&node, labels::KMD_NEXT_KERNEL_FAILED), Some(None));
 }
@@ -375,7 +299,7 @@ fn the_next_kernel_preflight_can_be_turned_off() {
 fn a_build_inside_the_window_runs_at_normal_priority() {
     // The go-ahead is on the node when the pod starts (build-ahead off, or
     // the pod came after the cordon): the node waits for this build.
-    let h = Host::with_2_7_loaded();
+    let h = with_2_7_loaded();
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
     let go = FakeNode::with(go_ahead_node(FAKE_POLICY, "2.8.0"));
