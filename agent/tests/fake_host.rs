@@ -618,10 +618,7 @@ fn agent_bin(h: &Host, args: &[&str]) -> std::process::Output {
         .env_remove("TT_KMD_VERSION")
         .env_remove("NODE_NAME")
         .env("TTDRV_STATUS_FILE", h.pod().join("waiting"))
-        .env(
-            "TTDRV_TERMINATION_LOG",
-            h.pod().join("termination-log"),
-        )
+        .env("TTDRV_TERMINATION_LOG", h.pod().join("termination-log"))
         .arg("--host-root")
         .arg(h.root())
         .args(args)
@@ -699,10 +696,7 @@ fn run_idles_until_sigterm() {
         .env_remove("NODE_NAME")
         .env_remove("TT_FORCE_UNLOAD")
         .env("TTDRV_STATUS_FILE", h.pod().join("waiting"))
-        .env(
-            "TTDRV_TERMINATION_LOG",
-            h.pod().join("termination-log"),
-        )
+        .env("TTDRV_TERMINATION_LOG", h.pod().join("termination-log"))
         .env("RUST_LOG", "info")
         .arg("--host-root")
         .arg(h.root())
@@ -765,10 +759,7 @@ fn force_unload_env_accepts_booleans_and_empty_means_off() {
             .env("TT_FORCE_UNLOAD", value)
             .env("TT_KMD_VERSION", "2.8.0")
             .env("TTDRV_STATUS_FILE", h.pod().join("waiting"))
-            .env(
-                "TTDRV_TERMINATION_LOG",
-                h.pod().join("termination-log"),
-            )
+            .env("TTDRV_TERMINATION_LOG", h.pod().join("termination-log"))
             .arg("--host-root")
             .arg(h.root())
             .args(["run", "--once", "--swap-without-go-ahead"])

@@ -10,42 +10,39 @@
 //! re-runs itself inside a user and mount namespace (`unshare -rm`), and fails
 //! with an explanation when neither is possible.
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use ttdrv_agent::build::{BuildRequest, Builder};
-use ttdrv_agent::fake::{
-    FakeBuilder, FakeKernel, fake_host, plant_cached, set_loaded, write_fake_module,
-};
+use ttdrv_agent::fake::{FakeBuilder, FakeKernel, plant_cached, set_loaded, write_fake_module};
 use ttdrv_agent::modinfo::{fake_module_bytes, module_version};
 use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
-use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome};
+use ttdrv_agent::{Agent, AgentError, Config, ModuleSource, Outcome};
 
-const KVER: &str = "6.1.0-99-amd64";
+use common::host::{KVER, TestHost as Host};
+
 const IN_NS: &str = "TTDRV_FAULTS_IN_NAMESPACE";
 
-struct Host {
-    dir: tempfile::TempDir,
-    smi: tempfile::TempDir,
+/// What these tests add to the shared fake host: the cache's paths, a run
+/// with the go-ahead on the node, and the cache invariant.
+trait CacheFaults {
+    fn cache_dir(&self) -> PathBuf;
+    fn entry(&self, version: &str) -> PathBuf;
+    fn run(
+        &self,
+        target: &str,
+        kernel: &FakeKernel,
+        builder: &dyn Builder,
+    ) -> Result<Outcome, AgentError>;
+    fn assert_cache_consistent(&self);
 }
 
-impl Host {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        fake_host(dir.path(), KVER).expect("fake host");
-        let smi = tempfile::tempdir().expect("tempdir");
-        fs::write(smi.path().join("tt-smi"), b"#!/bin/sh\n").expect("tt-smi");
-        Host { dir, smi }
-    }
-    fn root(&self) -> &Path {
-        self.dir.path()
-    }
-    fn p(&self, host_path: &str) -> PathBuf {
-        HostRoot::new(self.root()).path(host_path)
-    }
+impl CacheFaults for Host {
     fn cache_dir(&self) -> PathBuf {
         self.p("/var/cache/tt-kmd")
     }
@@ -54,33 +51,18 @@ impl Host {
             "/var/cache/tt-kmd/{KVER}/{version}/tenstorrent.ko"
         ))
     }
-    fn config(&self, target: &str) -> Config {
-        Config {
-            host_root: self.root().to_path_buf(),
-            target_version: target.to_string(),
-            force_unload: false,
-            unload_timeout: Duration::from_secs(1),
-            source_repository: "unused".to_string(),
-            tt_smi_path: self.smi.path().join("tt-smi"),
-            tt_smi_version: Some("3.0.0".to_string()),
-            kbuild_link_dir: None,
-            policy: Some(FAKE_POLICY.to_string()),
-            go_ahead_poll: Duration::from_millis(1),
-            swap_without_go_ahead: false,
-            next_kernels: true,
-            status_file: None,
-        }
-    }
-    fn loaded(&self) -> Option<String> {
-        HostRoot::new(self.root()).loaded_version().expect("sysfs")
-    }
     fn run(
         &self,
         target: &str,
         kernel: &FakeKernel,
         builder: &dyn Builder,
     ) -> Result<Outcome, AgentError> {
-        let config = self.config(target);
+        let config = Config {
+            unload_timeout: Duration::from_secs(1),
+            go_ahead_poll: Duration::from_millis(1),
+            status_file: None,
+            ..self.config(target)
+        };
         Agent {
             config: &config,
             kernel,
