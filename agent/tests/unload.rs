@@ -3,57 +3,33 @@
 //! Unloading cycle, then unloads it (holder rules as for a swap), removes the
 //! driver labels and is Ready; a DKMS host is reported and not touched.
 
-use std::path::PathBuf;
-use std::time::Duration;
+mod common;
 
-use ttdrv_agent::fake::{FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded};
+use ttdrv_agent::fake::{FakeBuilder, FakeKernel, add_holder, set_loaded};
 use ttdrv_agent::node::{FAKE_CYCLE, FAKE_NODE, FAKE_POLICY, FakeNode, node_with};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::unload::{self, Unloaded};
-use ttdrv_agent::{Agent, AgentError, Config, HostRoot};
+use ttdrv_agent::{Agent, AgentError, Config};
 use ttdrv_api::{NodeState, labels};
 use ttdrv_core::go_ahead::GoAhead;
 use ttdrv_core::machine::{Cordon, NodeRecord};
 
-const KVER: &str = "6.1.0-99-amd64";
+use common::host::TestHost as Host;
 
-struct Host {
-    dir: tempfile::TempDir,
-    pod: tempfile::TempDir,
+/// A fake host with `loaded` loaded (no users), nothing cached, no tt-smi.
+fn host(loaded: Option<&str>) -> Host {
+    let h = Host::without_tt_smi();
+    if let Some(v) = loaded {
+        set_loaded(h.root(), v, 0).expect("loaded");
+    }
+    h
 }
 
-impl Host {
-    fn new(loaded: Option<&str>) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        fake_host(dir.path(), KVER).expect("fake host");
-        if let Some(v) = loaded {
-            set_loaded(dir.path(), v, 0).expect("loaded");
-        }
-        let pod = tempfile::tempdir().expect("tempdir");
-        Host { dir, pod }
-    }
-    fn hr(&self) -> HostRoot {
-        HostRoot::new(self.dir.path())
-    }
-    fn note(&self) -> PathBuf {
-        self.pod.path().join("waiting")
-    }
-    fn config(&self) -> Config {
-        Config {
-            host_root: self.dir.path().to_path_buf(),
-            target_version: "2.8.0".into(),
-            force_unload: false,
-            unload_timeout: Duration::from_secs(2),
-            source_repository: "unused".into(),
-            tt_smi_path: self.pod.path().join("tt-smi"),
-            tt_smi_version: None,
-            kbuild_link_dir: None,
-            policy: Some(FAKE_POLICY.into()),
-            go_ahead_poll: Duration::from_millis(7),
-            swap_without_go_ahead: false,
-            next_kernels: true,
-            status_file: Some(self.note()),
-        }
+/// The unload step's agent: target 2.8.0, no tt-smi to install.
+fn config(h: &Host) -> Config {
+    Config {
+        tt_smi_version: None,
+        ..h.config("2.8.0")
     }
 }
 
@@ -89,8 +65,8 @@ fn run(
 
 #[test]
 fn without_the_unload_go_ahead_nothing_is_touched() {
-    let h = Host::new(Some("2.8.0"));
-    let kernel = FakeKernel::new(h.dir.path());
+    let h = host(Some("2.8.0"));
+    let kernel = FakeKernel::new(h.root());
     // Still draining; and a swap go-ahead opens no unload.
     let draining = record(NodeState::Draining);
     let upgrading = record(NodeState::Upgrading);
@@ -102,7 +78,7 @@ fn without_the_unload_go_ahead_nothing_is_touched() {
         ),
     ] {
         let n = FakeNode::with(node);
-        let r = run(&h.config(), &kernel, &n, &FakePause::stopping_after(3));
+        let r = run(&config(&h), &kernel, &n, &FakePause::stopping_after(3));
         assert!(matches!(r, Ok(Unloaded::Stopped { .. })), "{r:?}");
         assert_eq!(kernel.unloads(), 0);
         assert_eq!(
@@ -118,10 +94,10 @@ fn without_the_unload_go_ahead_nothing_is_touched() {
 
 #[test]
 fn with_the_go_ahead_it_unloads_and_removes_the_labels() {
-    let h = Host::new(Some("2.8.0"));
-    let kernel = FakeKernel::new(h.dir.path());
+    let h = host(Some("2.8.0"));
+    let kernel = FakeKernel::new(h.root());
     let n = FakeNode::with(unloading_node());
-    let r = run(&h.config(), &kernel, &n, &FakePause::stopping_after(3));
+    let r = run(&config(&h), &kernel, &n, &FakePause::stopping_after(3));
     assert_eq!(
         r.expect("unloaded"),
         Unloaded::Done {
@@ -145,12 +121,12 @@ fn with_the_go_ahead_it_unloads_and_removes_the_labels() {
 
 #[test]
 fn a_holder_stops_the_unload_with_device_busy() {
-    let h = Host::new(None);
-    set_loaded(h.dir.path(), "2.8.0", 1).expect("loaded");
-    add_holder(h.dir.path(), 4242, "python3", "0::/\n").expect("holder");
-    let kernel = FakeKernel::new(h.dir.path());
+    let h = host(None);
+    set_loaded(h.root(), "2.8.0", 1).expect("loaded");
+    add_holder(h.root(), 4242, "python3", "0::/\n").expect("holder");
+    let kernel = FakeKernel::new(h.root());
     let n = FakeNode::with(unloading_node());
-    let e = run(&h.config(), &kernel, &n, &FakePause::stopping_after(3)).expect_err("busy");
+    let e = run(&config(&h), &kernel, &n, &FakePause::stopping_after(3)).expect_err("busy");
     let msg = unload::termination_message(&e);
     assert!(msg.starts_with("DeviceBusy:"), "{msg}");
     assert_eq!(kernel.unloads(), 0);
@@ -160,11 +136,11 @@ fn a_holder_stops_the_unload_with_device_busy() {
 
 #[test]
 fn a_dkms_host_is_reported_and_left_alone() {
-    let h = Host::new(Some("2.6.0"));
+    let h = host(Some("2.6.0"));
     std::fs::create_dir_all(h.hr().path("/var/lib/dkms/tenstorrent")).expect("dkms");
-    let kernel = FakeKernel::new(h.dir.path());
+    let kernel = FakeKernel::new(h.root());
     let n = FakeNode::with(unloading_node());
-    let r = run(&h.config(), &kernel, &n, &FakePause::stopping_after(3));
+    let r = run(&config(&h), &kernel, &n, &FakePause::stopping_after(3));
     assert_eq!(r.expect("host"), Unloaded::HostManaged);
     assert_eq!(kernel.unloads(), 0);
     assert_eq!(
@@ -175,10 +151,10 @@ fn a_dkms_host_is_reported_and_left_alone() {
 
 #[test]
 fn nothing_loaded_is_ready_at_once_after_the_go_ahead() {
-    let h = Host::new(None);
-    let kernel = FakeKernel::new(h.dir.path());
+    let h = host(None);
+    let kernel = FakeKernel::new(h.root());
     let n = FakeNode::with(unloading_node());
-    let r = run(&h.config(), &kernel, &n, &FakePause::stopping_after(3));
+    let r = run(&config(&h), &kernel, &n, &FakePause::stopping_after(3));
     assert_eq!(
         r.expect("done"),
         Unloaded::Done {
