@@ -3,6 +3,8 @@
 //! eviction and rebuild) and a whole-tree hash, of the host root and of a
 //! directory outside it, showing nothing changed beyond the expected files.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
@@ -13,72 +15,44 @@ use sha2::Digest;
 use ttdrv_agent::build::Builder;
 use ttdrv_agent::cache::{Cache, RECORD_FILE};
 use ttdrv_agent::fake::{
-    FakeBuilder, FakeKernel, REFUSED_FIELD, fake_host, plant_cached, plant_cached_bytes, set_loaded,
+    FakeBuilder, FakeKernel, REFUSED_FIELD, plant_cached, plant_cached_bytes, set_loaded,
 };
 use ttdrv_agent::modinfo::fake_module_bytes;
-use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
-use ttdrv_agent::pod::FakePause;
-use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome};
+use ttdrv_agent::{AgentError, Config, HostRoot, ModuleSource, Outcome};
 
-const KVER: &str = "6.1.0-99-amd64";
+use common::host::{KVER, TestHost, go_ahead};
 
 struct Planted {
-    root: tempfile::TempDir,
+    host: TestHost,
     /// A directory outside the host root that links point into.
     outside: tempfile::TempDir,
-    /// The agent's own files (bundled tt-smi, notes).
-    pod: tempfile::TempDir,
 }
 
 impl Planted {
     fn new() -> Self {
-        let root = tempfile::tempdir().expect("tempdir");
-        fake_host(root.path(), KVER).expect("fake host");
-        fs::create_dir_all(root.path().join("etc")).expect("etc");
-        fs::write(
-            root.path().join("etc/passwd"),
-            "root:x:0:0::/root:/bin/sh\n",
-        )
-        .expect("passwd");
+        let host = TestHost::new();
+        let root = host.root();
+        fs::create_dir_all(root.join("etc")).expect("etc");
+        fs::write(root.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").expect("passwd");
         let outside = tempfile::tempdir().expect("tempdir");
         fs::write(outside.path().join("precious"), "outside the host root\n").expect("file");
-        let pod = tempfile::tempdir().expect("tempdir");
-        fs::write(pod.path().join("tt-smi"), b"#!/bin/sh\necho tt-smi\n").expect("tt-smi");
-        Planted { root, outside, pod }
+        Planted { host, outside }
     }
     fn r(&self) -> &Path {
-        self.root.path()
+        self.host.root()
     }
     fn p(&self, host_path: &str) -> PathBuf {
-        HostRoot::new(self.r()).path(host_path)
+        self.host.p(host_path)
     }
     fn config(&self) -> Config {
         Config {
-            host_root: self.r().to_path_buf(),
-            target_version: "2.8.0".into(),
-            force_unload: false,
             unload_timeout: Duration::from_secs(1),
-            source_repository: "unused".into(),
-            tt_smi_path: self.pod.path().join("tt-smi"),
-            tt_smi_version: Some("3.0.0".into()),
-            kbuild_link_dir: None,
-            policy: Some(FAKE_POLICY.into()),
             go_ahead_poll: Duration::from_millis(1),
-            swap_without_go_ahead: false,
-            next_kernels: true,
-            status_file: Some(self.pod.path().join("waiting")),
+            ..self.host.config("2.8.0")
         }
     }
     fn run(&self, kernel: &FakeKernel, builder: &dyn Builder) -> Result<Outcome, AgentError> {
-        Agent {
-            config: &self.config(),
-            kernel,
-            killer: kernel,
-            builder,
-            node: &FakeNode::with(go_ahead_node(FAKE_POLICY, "2.8.0")),
-            pause: &FakePause::stopping_after(3),
-        }
-        .run()
+        common::host::run(&self.config(), kernel, builder, &go_ahead("2.8.0"))
     }
     /// Both trees: the host root and the directory outside it.
     fn trees(&self) -> (Tree, Tree) {
