@@ -19,11 +19,11 @@ use ttdrv_agent::node::{
     FAKE_CYCLE, FAKE_NODE, FAKE_POLICY, FakeNode, go_ahead_node, node_with, upgrading_record,
 };
 use ttdrv_agent::pod::{self, FakePause};
-use ttdrv_agent::{AgentError, Config, ModuleSource, Outcome};
+use ttdrv_agent::{AgentError, ModuleSource, Outcome};
 use ttdrv_api::{NodeState, labels};
 use ttdrv_core::go_ahead::GoAhead;
 
-use common::host::{KVER, Run, TestHost as Host, WAITING};
+use common::host::{KVER, Run, TestHost as Host, WAITING, run_logged as run};
 
 /// What the readiness probe answers for `target`.
 fn ready(h: &Host, target: &str) -> Result<String, String> {
@@ -35,17 +35,6 @@ fn host_with_2_7_loaded() -> Host {
     let h = Host::with_loaded("2.7.0", 0);
     h.cache("2.8.0");
     h
-}
-
-/// Runs the agent and returns its result and log.
-fn run(
-    config: &Config,
-    kernel: &FakeKernel,
-    builder: &FakeBuilder,
-    node: &FakeNode,
-    pause: &FakePause,
-) -> Run {
-    common::host::run_logged(config, kernel, builder, node, pause)
 }
 
 fn assert_untouched(h: &Host, kernel: &FakeKernel) {

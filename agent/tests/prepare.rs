@@ -19,7 +19,7 @@ use ttdrv_agent::{Config, ModuleSource, Outcome};
 use ttdrv_api::labels;
 use ttdrv_core::reason::BUILD_FAILED;
 
-use common::host::{KVER, Run, TestHost as Host, WAITING};
+use common::host::{KVER, TestHost as Host, WAITING, run_logged as run};
 
 const NEXT: &str = "6.12.0-1-amd64";
 
@@ -48,16 +48,6 @@ fn cached(h: &Host, kver: &str, version: &str) -> bool {
         .lookup(kver, version)
         .expect("cache readable")
         .is_some()
-}
-
-fn run(
-    config: &Config,
-    kernel: &FakeKernel,
-    builder: &FakeBuilder,
-    node: &FakeNode,
-    pause: &FakePause,
-) -> Run {
-    common::host::run_logged(config, kernel, builder, node, pause)
 }
 
 fn label(node: &FakeNode, key: &str) -> Option<Option<String>> {
