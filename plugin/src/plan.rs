@@ -20,7 +20,7 @@ use serde::Serialize;
 use ttdrv_api::DrainPolicy;
 use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
 use ttdrv_core::drain::{self, PodFacts, PodRef, SkipReason, plan_drain};
-use ttdrv_core::machine::{self, Desired, InstallerPod, NodeRecord, Observation};
+use ttdrv_core::machine::{self, Desired, NodeRecord, Observation};
 use ttdrv_core::rollout::{self, Candidate};
 use ttdrv_core::{node, reason, selection};
 
@@ -173,7 +173,6 @@ fn follows_deploy_gate(pod: &Pod) -> bool {
 /// waits for a slot, i.e. goes through a cordon/drain/upgrade cycle.
 fn without_cycle(node: &Node, policy: &str, target: &str, drain: &DrainPolicy) -> Option<NodeNote> {
     let obs = Observation {
-        now: 0,
         // Readiness and build-ahead decide when a node starts, not whether it
         // needs a cycle: rollout::plan and eta account for them.
         ready: true,
@@ -183,20 +182,10 @@ fn without_cycle(node: &Node, policy: &str, target: &str, drain: &DrainPolicy) -
         host_managed: node::host_managed(node),
         nothing_loaded: node::reported_nothing_loaded(node),
         // The plugin does not render the installer template, so it cannot
-        // tell a current pod from a stale one; with the target loaded either
-        // way needs no drain, and with another loaded neither changes the cycle.
-        installer: InstallerPod::Missing,
-        gates_closed: false,
-        gates_present: false,
-        drain: None,
-        retry_token: None,
-        slot: false,
-        installer_problem: None,
-        installer_failure: None,
-        inherited_cordon: false,
-        installer_created: None,
-        vacated: false,
-        prepare_turn: false,
+        // tell a current pod from a stale one (`Missing`, the default): with
+        // the target loaded either way needs no drain, and with another loaded
+        // neither changes the cycle.
+        ..Default::default()
     };
     let want = Desired {
         policy: policy.into(),
@@ -212,7 +201,10 @@ fn without_cycle(node: &Node, policy: &str, target: &str, drain: &DrainPolicy) -
         prepare: false,
     };
     let loaded = obs.loaded.clone();
-    let of = loaded.as_deref().map(|v| format!(" of {v}")).unwrap_or_default();
+    let of = loaded
+        .as_deref()
+        .map(|v| format!(" of {v}"))
+        .unwrap_or_default();
     let next = machine::step(&NodeRecord::new(policy, target, 0), &obs, &want).record;
     let (kind, detail) = match (next.state, next.no_drain, next.reason.as_deref()) {
         (NodeState::Done, _, Some(reason::HOST_MANAGED)) => (
@@ -533,7 +525,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     } else {
         eta::rollout_seconds(per_node.seconds, nodes.len(), max)
     };
-    if seconds == 0 && without_drain.iter().any(|n| n.kind == "FirstInstall") {
+    if seconds == 0 && without_drain.iter().any(|n| n.kind == reason::INSTALL) {
         seconds = per_node.seconds;
     }
     skipped.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
