@@ -2,11 +2,14 @@
 //! computed with the controller's own decision functions and changing nothing.
 //!
 //! - which nodes the policy owns ([`selection::assign`]) and which it would skip;
+//! - which of them need a cordon/drain/upgrade cycle: those the state machine
+//!   ([`machine::step`]) keeps in Pending waiting for a slot;
 //! - the order and waves of node cycles ([`rollout::plan`] applied until every
 //!   node had its turn, as the controller's RolloutActor does over time);
 //! - per node, what each drain pass would evict ([`plan_drain`]), the pods left
 //!   in place, and what would block: PodDisruptionBudgets that allow no disruption
-//!   ([`blocking_pdbs`]) and device users the drain does not remove;
+//!   (named as the drain names them, [`drain::sequence`]) and device users the
+//!   drain does not remove;
 //! - an estimated duration: waves × per-node estimate;
 //! - build-ahead (`upgradePolicy.prepare`): which nodes hold the target in their
 //!   cache already, and the duration predicted with and without build-ahead
@@ -17,12 +20,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
-use ttdrv_api::DrainPolicy;
-use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
+use ttdrv_api::{DrainPolicy, NodeState, PodSelector, TenstorrentDriverPolicy, labels};
 use ttdrv_core::drain::{self, PodFacts, PodRef, SkipReason, plan_drain};
 use ttdrv_core::machine::{self, Desired, NodeRecord, Observation};
+use ttdrv_core::node::{self, label};
 use ttdrv_core::rollout::{self, Candidate};
-use ttdrv_core::{node, reason, selection};
+use ttdrv_core::{reason, selection};
 
 use crate::eta::{self, PerNode};
 
@@ -141,8 +144,6 @@ pub struct RolloutPlan {
     pub build_ahead: BuildAhead,
 }
 
-use ttdrv_core::node::label;
-
 /// True when the pod's node affinity requires a deploy-gate label not to be
 /// "false": the DaemonSet controller removes it when the gate closes.
 fn follows_deploy_gate(pod: &Pod) -> bool {
@@ -200,8 +201,8 @@ fn without_cycle(node: &Node, policy: &str, target: &str, drain: &DrainPolicy) -
         unmanage: false,
         prepare: false,
     };
-    let loaded = obs.loaded.clone();
-    let of = loaded
+    let of = obs
+        .loaded
         .as_deref()
         .map(|v| format!(" of {v}"))
         .unwrap_or_default();
