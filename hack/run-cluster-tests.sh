@@ -5,7 +5,7 @@
 #
 # The cluster tests are #[ignore]d so that plain `cargo test` passes without a
 # cluster; they are the test targets named cluster* (tests/cluster_*.rs, the
-# plugin's tests/cluster.rs) and run here with --ignored. The chaos tests
+# plugin's tests/cluster*.rs) and run here with --ignored. The chaos tests
 # (tests/chaos*.rs, also ignored) are not run here: hack/chaos.sh runs them on a
 # cluster of their own, through its fault-injecting proxy.
 set -euo pipefail

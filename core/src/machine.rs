@@ -159,8 +159,9 @@ impl NodeRecord {
 }
 
 /// The node's installer pod as seen in the cache.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum InstallerPod {
+    #[default]
     Missing,
     /// Rendered from an older template; `deleting` once deletion has begun.
     Stale {
@@ -171,7 +172,9 @@ pub enum InstallerPod {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `Default`: nothing seen (not Ready, nothing loaded, no installer pod, no
+/// slot), for callers that know only part of it, such as the plugin's plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observation {
     pub now: i64,
     /// The node's Ready condition is True.

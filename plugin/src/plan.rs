@@ -2,11 +2,14 @@
 //! computed with the controller's own decision functions and changing nothing.
 //!
 //! - which nodes the policy owns ([`selection::assign`]) and which it would skip;
+//! - which of them need a cordon/drain/upgrade cycle: those the state machine
+//!   ([`machine::step`]) keeps in Pending waiting for a slot;
 //! - the order and waves of node cycles ([`rollout::plan`] applied until every
 //!   node had its turn, as the controller's RolloutActor does over time);
 //! - per node, what each drain pass would evict ([`plan_drain`]), the pods left
 //!   in place, and what would block: PodDisruptionBudgets that allow no disruption
-//!   ([`blocking_pdbs`]) and device users the drain does not remove;
+//!   (named as the drain names them, [`drain::sequence`]) and device users the
+//!   drain does not remove;
 //! - an estimated duration: waves × per-node estimate;
 //! - build-ahead (`upgradePolicy.prepare`): which nodes hold the target in their
 //!   cache already, and the duration predicted with and without build-ahead
@@ -17,13 +20,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
-use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
-use ttdrv_core::drain::{PodFacts, PodRef, SkipReason, blocking_pdbs, plan_drain, uses_device};
+use ttdrv_api::{DrainPolicy, NodeState, PodSelector, TenstorrentDriverPolicy, labels};
+use ttdrv_core::drain::{self, PodFacts, PodRef, SkipReason, plan_drain};
+use ttdrv_core::machine::{self, Desired, NodeRecord, Observation};
+use ttdrv_core::node::{self, label};
 use ttdrv_core::rollout::{self, Candidate};
-use ttdrv_core::selection;
+use ttdrv_core::{reason, selection};
 
 use crate::eta::{self, PerNode};
-use ttdrv_core::machine::NodeRecord;
 
 use crate::view::record_of;
 
@@ -140,8 +144,6 @@ pub struct RolloutPlan {
     pub build_ahead: BuildAhead,
 }
 
-use ttdrv_core::node::label;
-
 /// True when the pod's node affinity requires a deploy-gate label not to be
 /// "false": the DaemonSet controller removes it when the gate closes.
 fn follows_deploy_gate(pod: &Pod) -> bool {
@@ -166,12 +168,66 @@ fn follows_deploy_gate(pod: &Pod) -> bool {
         })
 }
 
-fn pdb_name(p: &PodDisruptionBudget) -> String {
-    format!(
-        "{}/{}",
-        p.metadata.namespace.as_deref().unwrap_or(""),
-        p.metadata.name.as_deref().unwrap_or("")
-    )
+/// A node the controller's state machine ([`machine::step`]) takes from
+/// Pending without a maxUnavailable slot: left alone (`HostManaged`), or
+/// installed without cordon or drain (`UpToDate`, `FirstInstall`). `None`: it
+/// waits for a slot, i.e. goes through a cordon/drain/upgrade cycle.
+fn without_cycle(node: &Node, policy: &str, target: &str, drain: &DrainPolicy) -> Option<NodeNote> {
+    let obs = Observation {
+        // Readiness and build-ahead decide when a node starts, not whether it
+        // needs a cycle: rollout::plan and eta account for them.
+        ready: true,
+        prepared: true,
+        unschedulable: node::unschedulable(node),
+        loaded: node::loaded_version(node).map(String::from),
+        host_managed: node::host_managed(node),
+        nothing_loaded: node::reported_nothing_loaded(node),
+        // The plugin does not render the installer template, so it cannot
+        // tell a current pod from a stale one (`Missing`, the default): with
+        // the target loaded either way needs no drain, and with another loaded
+        // neither changes the cycle.
+        ..Default::default()
+    };
+    let want = Desired {
+        policy: policy.into(),
+        version: target.into(),
+        drain_enabled: drain.enable,
+        drain_timeout_seconds: drain.timeout_seconds,
+        // Deadlines play no part in leaving Pending.
+        upgrade_timeout_seconds: 0,
+        // What the rollout does once it runs.
+        paused: false,
+        refused: false,
+        unmanage: false,
+        prepare: false,
+    };
+    let of = obs
+        .loaded
+        .as_deref()
+        .map(|v| format!(" of {v}"))
+        .unwrap_or_default();
+    let next = machine::step(&NodeRecord::new(policy, target, 0), &obs, &want).record;
+    let (kind, detail) = match (next.state, next.no_drain, next.reason.as_deref()) {
+        (NodeState::Done, _, Some(reason::HOST_MANAGED)) => (
+            reason::HOST_MANAGED,
+            format!("host (DKMS) install{of}; left alone"),
+        ),
+        (NodeState::Done, _, Some(reason::UP_TO_DATE))
+        | (NodeState::Upgrading, true, Some(reason::RESTART)) => (
+            reason::UP_TO_DATE,
+            format!("already runs {target} (at most an in-place installer restart)"),
+        ),
+        (NodeState::Upgrading, true, Some(reason::INSTALL)) => (
+            reason::INSTALL,
+            "no module loaded yet: installed without cordon or drain".to_string(),
+        ),
+        _ => return None,
+    };
+    Some(NodeNote {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        kind: kind.into(),
+        detail,
+    })
 }
 
 pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
@@ -257,6 +313,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         }
     }
 
+    let pdbs: Vec<&PodDisruptionBudget> = inp.pdbs.iter().collect();
     let mut without_drain = Vec::new();
     let mut cycles: BTreeMap<String, PlannedNode> = BTreeMap::new();
     let mut candidates = Vec::new();
@@ -275,56 +332,32 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
                 && (ttdrv_core::prepare::is_prepared(node, &target)
                     || status_prepared.get(n.as_str()) == Some(&target.as_str())));
         let cordoned_by_us = rec.as_ref().is_some_and(NodeRecord::cordoned_by_us);
-        let unavailable = ttdrv_core::node::externally_unavailable(node, cordoned_by_us);
+        let unavailable = node::externally_unavailable(node, cordoned_by_us);
         // Nodes without a cycle still count against maxUnavailable when they
         // are unavailable, as in the controller.
         let bystander = Candidate {
             name: n.clone(),
             wants_slot: false,
             in_progress: false,
-            ready: ttdrv_core::node::ready(node),
+            ready: node::ready(node),
             unavailable,
             failed: false,
             has_device_pods: false,
+            // Waves and order as once built: the time builds take is in the
+            // duration model (eta), and the order does not change with them.
             prepared: true,
         };
-        if in_flight.is_none() && !is_failed {
-            if label(node, labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST) {
-                skipped.push(NodeNote {
-                    name: n.clone(),
-                    kind: "HostManaged".into(),
-                    detail: format!(
-                        "host (DKMS) install{}; left alone",
-                        loaded
-                            .as_deref()
-                            .map(|v| format!(" of {v}"))
-                            .unwrap_or_default()
-                    ),
-                });
-                candidates.push(bystander);
-                continue;
+        if in_flight.is_none()
+            && !is_failed
+            && let Some(note) = without_cycle(node, &name, &target, drain)
+        {
+            if note.kind == reason::HOST_MANAGED {
+                skipped.push(note);
+            } else {
+                without_drain.push(note);
             }
-            match loaded.as_deref() {
-                Some(v) if v == target => {
-                    without_drain.push(NodeNote {
-                        name: n.clone(),
-                        kind: "UpToDate".into(),
-                        detail: format!("already runs {v} (at most an in-place installer restart)"),
-                    });
-                    candidates.push(bystander);
-                    continue;
-                }
-                None => {
-                    without_drain.push(NodeNote {
-                        name: n.clone(),
-                        kind: "FirstInstall".into(),
-                        detail: "no module loaded yet: installed without cordon or drain".into(),
-                    });
-                    candidates.push(bystander);
-                    continue;
-                }
-                Some(_) => {}
-            }
+            candidates.push(bystander);
+            continue;
         }
         if is_failed {
             failed.push(n.clone());
@@ -335,37 +368,23 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         let by_ref: BTreeMap<PodRef, &Pod> = pods.iter().map(|p| (PodRef::of(p), p)).collect();
         let facts_by_ref: BTreeMap<&PodRef, &PodFacts> =
             facts.iter().map(|f| (&f.pod, f)).collect();
-        let has_device_pods = dp
-            .device
-            .iter()
-            .chain(dp.skipped_device_users())
-            .next()
-            .is_some();
-        let mut blockers = Vec::new();
-        let mut left = Vec::new();
-        let (evict_device, evict_other) = if drain.enable {
-            (
-                dp.device.iter().map(ToString::to_string).collect(),
-                dp.full.iter().map(ToString::to_string).collect(),
-            )
-        } else {
-            (vec![], vec![])
-        };
+        let has_device_pods = dp.has_device_users();
+        let (mut evict_device, mut evict_other) = (vec![], vec![]);
+        let (mut left, mut blockers) = (vec![], vec![]);
         if drain.enable {
-            let mut seen = BTreeSet::new();
+            evict_device = dp.device.iter().map(ToString::to_string).collect();
+            evict_other = dp.full.iter().map(ToString::to_string).collect();
             for (r, _) in dp.remaining() {
                 let Some(pod) = facts_by_ref.get(r) else {
                     continue;
                 };
-                for pdb in blocking_pdbs(pod, inp.pdbs) {
-                    if seen.insert((pdb_name(pdb), r.clone())) {
-                        blockers.push(format!(
-                            "PodDisruptionBudget {} allows no disruption: evicting {r} is refused, so the node \
-                             fails when the drain times out ({}s)",
-                            pdb_name(pdb),
-                            drain.timeout_seconds
-                        ));
-                    }
+                // The PDBs the controller's drain names when it meets this pod.
+                for pdb in drain::sequence(&dp, [*pod], &pdbs).progress.blocking_pdbs {
+                    blockers.push(format!(
+                        "PodDisruptionBudget {pdb} allows no disruption: evicting {r} is refused, so the node \
+                         fails when the drain times out ({}s)",
+                        drain.timeout_seconds
+                    ));
                 }
             }
             for (r, why, device) in &dp.skipped {
@@ -395,37 +414,27 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
                 }
             }
         } else {
-            for pod in &pods {
-                let is_installer = pod
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .is_some_and(|l| l.contains_key(labels::CLAIM));
-                if !is_installer && uses_device(pod) {
-                    let r = PodRef::of(pod);
-                    left.push(LeftPod {
-                        pod: r.to_string(),
-                        why: "drain.enable is off".into(),
-                        uses_device: true,
-                    });
-                    blockers.push(format!(
-                        "drain is disabled and {r} uses the device: the module swap waits for it"
-                    ));
-                }
+            for r in facts
+                .iter()
+                .filter(|f| f.device && !f.installer)
+                .map(|f| &f.pod)
+            {
+                left.push(LeftPod {
+                    pod: r.to_string(),
+                    why: "drain.enable is off".into(),
+                    uses_device: true,
+                });
+                blockers.push(format!(
+                    "drain is disabled and {r} uses the device: the module swap waits for it"
+                ));
             }
         }
         candidates.push(Candidate {
-            name: n.clone(),
             // A Failed node is planned as if retried.
             wants_slot: in_flight.is_none(),
             in_progress: in_flight.is_some(),
-            ready: ttdrv_core::node::ready(node),
-            unavailable,
-            failed: false,
             has_device_pods,
-            // Waves and order as once built: the time builds take is in the
-            // duration model (eta), and the order does not change with them.
-            prepared: true,
+            ..bystander
         });
         cycles.insert(
             n.clone(),
@@ -517,7 +526,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     } else {
         eta::rollout_seconds(per_node.seconds, nodes.len(), max)
     };
-    if seconds == 0 && without_drain.iter().any(|n| n.kind == "FirstInstall") {
+    if seconds == 0 && without_drain.iter().any(|n| n.kind == reason::INSTALL) {
         seconds = per_node.seconds;
     }
     skipped.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
