@@ -15,8 +15,8 @@
 # them outlived that — never a process found by name or pattern.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=procs.sh
-source "$here/procs.sh"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 name=${TTDRV_CLUSTER_NAME:-ttdrv}
 # shellcheck source=versions.env
 source "$here/versions.env"

@@ -9,8 +9,8 @@
 #   hack/demo.sh down   stop the controller, the agent and the cluster
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=procs.sh
-source hack/procs.sh
+# shellcheck source=lib.sh
+source hack/lib.sh
 export TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv-demo}
 state=${TMPDIR:-/tmp}/ttdrv-demo
 mkdir -p "$state"

@@ -30,7 +30,7 @@
 # failCgroupV1: false.
 #
 # Processes: the namespace anchor, containerd, kubelet and kube-proxy are
-# started here and recorded with their start times (hack/procs.sh); the
+# started here and recorded with their start times (hack/lib.sh); the
 # control plane is hack/cluster.sh's (kwokctl's pid files). Containers are
 # stopped through containerd; their shims are found by the shim.pid files in
 # containerd's state directory (checked to be this node's), pods' processes by
@@ -44,8 +44,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
-# shellcheck source=procs.sh
-source "$here/procs.sh"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 # shellcheck source=versions.env
 source "$here/versions.env"
 # A cluster and a kwok work directory of its own, never another test's: the

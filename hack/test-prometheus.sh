@@ -11,12 +11,12 @@
 #
 # Everything it starts (controller, simulated agent, prometheus) listens on a
 # free port of its own and is stopped at the end by the PIDs recorded at start
-# (hack/procs.sh). A prometheus service of the machine is left alone.
+# (hack/lib.sh). A prometheus service of the machine is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${KUBECONFIG:?run from make test, or export KUBECONFIG=\$(hack/cluster.sh kubeconfig)}"
-# shellcheck source=procs.sh
-source hack/procs.sh
+# shellcheck source=lib.sh
+source hack/lib.sh
 bash hack/install-prometheus.sh
 bin=$(bash hack/build-testbin.sh etcd kwok kubernetes 2>/dev/null | tail -n1)
 export PATH="$bin:$PWD/target/debug:$PATH"

@@ -44,7 +44,7 @@
 # out of service (cordon to uncordon), the whole phase (version change to
 # Done) and the build's duration and place relative to the cordon.
 # Everything is taken down afterwards, whatever the outcome: QEMU by its
-# recorded PID (hack/procs.sh), then hack/realnode.sh down.
+# recorded PID (hack/lib.sh), then hack/realnode.sh down.
 #
 # Env: TTDRV_CLUSTER_NAME (default ttdrv-vmnode; "-realnode" appended as
 # hack/realnode.sh does), KWOK_WORKDIR (default ~/.kwok-vmnode), TIMEOUT
@@ -56,8 +56,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 cd "$root"
-# shellcheck source=procs.sh
-source "$here/procs.sh"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 # shellcheck source=versions.env
 source "$here/versions.env"
 TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv-vmnode}

