@@ -72,24 +72,9 @@ async fn wait_installers(env: &TestEnv, ns: &str, policy: &str, want: &[String])
 async fn minimum_policy_places_pods_only_on_eligible_tenstorrent_nodes_and_skip_removes() {
     let env = TestEnv::new("core-place").await;
     let ns = env.namespace().await;
-    let a = env
-        .tt_node("a", &[])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
-    let b = env
-        .tt_node("b", &[])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
-    let skipped = env
-        .tt_node("s", &[(labels::SKIP, "true")])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
+    let a = tt_node_name(&env, "a", &[]).await;
+    let b = tt_node_name(&env, "b", &[]).await;
+    let skipped = tt_node_name(&env, "s", &[(labels::SKIP, "true")]).await;
     let _plain = env.node("plain", &[]).await;
     let _agent = agent(&env, &ns);
     let _ctl = controller(&env, &ns);
@@ -265,18 +250,8 @@ async fn disjoint_pools_and_overlap_conflict() {
     let env = TestEnv::new("core-pools").await;
     let ns = env.namespace().await;
     let pool = "tt.tenstorrent.com/pool";
-    let p1 = env
-        .tt_node("p1", &[(pool, "prod")])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
-    let c1 = env
-        .tt_node("c1", &[(pool, "canary")])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
+    let p1 = tt_node_name(&env, "p1", &[(pool, "prod")]).await;
+    let c1 = tt_node_name(&env, "c1", &[(pool, "canary")]).await;
     let _agent = agent(&env, &ns);
     let _ctl = controller(&env, &ns);
     let (prod, canary, all) = (env.name("prod"), env.name("canary"), env.name("all"));
@@ -359,12 +334,7 @@ async fn disjoint_pools_and_overlap_conflict() {
 async fn deprecated_node_selector_works_with_a_warning() {
     let env = TestEnv::new("core-alias").await;
     let ns = env.namespace().await;
-    let a = env
-        .tt_node("a", &[])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
+    let a = tt_node_name(&env, "a", &[]).await;
     let _agent = agent(&env, &ns);
     let _ctl = controller(&env, &ns);
     let policy = env.name("alias");
@@ -404,12 +374,7 @@ async fn deprecated_node_selector_works_with_a_warning() {
 async fn restart_does_not_touch_the_daemonset_and_admin_endpoints_work() {
     let env = TestEnv::new("core-restart").await;
     let ns = env.namespace().await;
-    let a = env
-        .tt_node("a", &[])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
+    let a = tt_node_name(&env, "a", &[]).await;
     let _agent = agent(&env, &ns);
     let mut ctl = controller(&env, &ns);
     let policy = env.name("r");
@@ -489,12 +454,7 @@ async fn restart_does_not_touch_the_daemonset_and_admin_endpoints_work() {
 async fn only_the_leader_acts_and_a_killed_leader_hands_over() {
     let env = TestEnv::new("core-leader").await;
     let ns = env.namespace().await;
-    let a = env
-        .tt_node("a", &[])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
+    let a = tt_node_name(&env, "a", &[]).await;
     let _agent = agent(&env, &ns);
     let lease = format!("lease-{}", env.id);
     let opts = |id: &str| ControllerOptions {

@@ -11,43 +11,9 @@ use kube::Api;
 use kube::api::PostParams;
 use ttdrv_api::NodeState;
 use ttdrv_testkit::sim_agent::CRASH_ANNOTATION;
-use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
+use ttdrv_testkit::{TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(90);
-
-async fn setup(name: &str, n: usize) -> (TestEnv, String, Vec<String>, SimAgent) {
-    let env = TestEnv::new(name).await;
-    let ns = env.namespace().await;
-    let mut nodes = vec![];
-    for i in 0..n {
-        let node = env.tt_node(&format!("n{i}"), &[]).await;
-        nodes.push(node.metadata.name.clone().unwrap_or_default());
-    }
-    let agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    );
-    (env, ns, nodes, agent)
-}
-
-async fn installed(env: &TestEnv, nodes: &[String], extra_spec: &str) -> String {
-    let policy = env.name("fleet");
-    create_policy(
-        env,
-        &policy,
-        &format!(
-            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\n{extra_spec}",
-            env.id
-        ),
-    )
-    .await;
-    wait_nodes_state(env, &policy, nodes, NodeState::Done, "2.7.0", T).await;
-    policy
-}
 
 /// A bare pod holding the device (hostPath /dev/tenstorrent) on `node`: the
 /// drain leaves it (no controller, `drain.force` off), so the agent finds
@@ -91,9 +57,15 @@ async fn state_of(env: &TestEnv, policy: &str, node: &str) -> Option<ttdrv_api::
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pause_during_a_blocked_drain_holds_and_resume_continues() {
-    let (env, ns, nodes, _agent) = setup("failfast-pause", 2).await;
+    let (env, ns, nodes, _agent) = sim_fleet("failfast-pause", 2).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "upgradePolicy: {drain: {timeoutSeconds: 6}}").await;
+    let policy = installed(
+        &env,
+        &nodes,
+        "upgradePolicy: {drain: {timeoutSeconds: 6}}",
+        T,
+    )
+    .await;
     pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
     pdb(&env, &ns, "guarded").await;
     let guarded = app_pods(&env, &ns, "guarded")
@@ -180,9 +152,9 @@ async fn time_to_failed(
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn unpullable_installer_image_fails_the_node_fast() {
-    let (env, ns, nodes, _agent) = setup("failfast-image", 2).await;
+    let (env, ns, nodes, _agent) = sim_fleet("failfast-image", 2).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "").await;
+    let policy = installed(&env, &nodes, "", T).await;
     let (took, failed) = time_to_failed(
         &env,
         &policy,
@@ -213,9 +185,15 @@ async fn crash_annotate(env: &TestEnv, node: &str) {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn crash_looping_installer_fails_the_node_fast() {
-    let (env, ns, nodes, _agent) = setup("failfast-crash", 2).await;
+    let (env, ns, nodes, _agent) = sim_fleet("failfast-crash", 2).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "upgradePolicy: {prepare: {enabled: false}}").await;
+    let policy = installed(
+        &env,
+        &nodes,
+        "upgradePolicy: {prepare: {enabled: false}}",
+        T,
+    )
+    .await;
     crash_annotate(&env, &nodes[0]).await;
     let (took, failed) = time_to_failed(
         &env,
@@ -242,9 +220,9 @@ async fn crash_looping_installer_fails_the_node_fast() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn crash_looping_installer_fails_its_node_ahead_of_the_cordon() {
-    let (env, ns, nodes, _agent) = setup("failfast-crash-ahead", 1).await;
+    let (env, ns, nodes, _agent) = sim_fleet("failfast-crash-ahead", 1).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "").await;
+    let policy = installed(&env, &nodes, "", T).await;
     crash_annotate(&env, &nodes[0]).await;
     let cordons = CordonWatcher::start(&env);
     let (took, failed) = time_to_failed(
@@ -275,9 +253,9 @@ async fn crash_looping_installer_fails_its_node_ahead_of_the_cordon() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn device_busy_fails_the_node_with_the_holders() {
-    let (env, ns, nodes, _agent) = setup("failfast-busy", 1).await;
+    let (env, ns, nodes, _agent) = sim_fleet("failfast-busy", 1).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "").await;
+    let policy = installed(&env, &nodes, "", T).await;
     device_holder(&env, &ns, "holder", &nodes[0]).await;
     let (took, failed) = time_to_failed(
         &env,

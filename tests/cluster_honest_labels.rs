@@ -51,12 +51,7 @@ async fn report(env: &TestEnv, node: &str, version: &str, boot_id: &str) {
 async fn a_reboot_clears_kmd_version_until_the_agent_reports_again() {
     let env = TestEnv::new("honest-reboot").await;
     let ns = env.namespace().await;
-    let node = env
-        .tt_node("n0", &[])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
+    let node = tt_node_name(&env, "n0", &[]).await;
     let _agent = SimAgent::spawn(
         env.client.clone(),
         SimAgentConfig {

@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use ttdrv_api::{NodeState, NodeStatus, TenstorrentDriverPolicyStatus, condition};
-use ttdrv_testkit::{
-    ControllerOptions, ControllerProcess, SimAgent, SimAgentConfig, TestEnv, wait_for,
-};
+use ttdrv_testkit::{ControllerOptions, ControllerProcess, TestEnv, wait_for};
 
 /// Bound of every single wait; each test takes well under a minute normally.
 const T: Duration = Duration::from_secs(60);
@@ -47,41 +45,6 @@ fn start_controller(env: &TestEnv, ns: &str, extra_args: &[&str]) -> ControllerP
         ),
         None => controller_with(env, ns, opts),
     }
-}
-
-async fn setup(name: &str, n: usize) -> (TestEnv, String, Vec<String>, SimAgent) {
-    let env = TestEnv::new(name).await;
-    let ns = env.namespace().await;
-    let mut nodes = vec![];
-    for i in 0..n {
-        let node = env.tt_node(&format!("n{i}"), &[]).await;
-        nodes.push(node.metadata.name.clone().unwrap_or_default());
-    }
-    let agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    );
-    (env, ns, nodes, agent)
-}
-
-/// Installs 2.7.0 on `nodes` under `upgrade_policy` and waits until they are Done.
-async fn installed(env: &TestEnv, nodes: &[String], upgrade_policy: &str) -> String {
-    let policy = env.name("fleet");
-    create_policy(
-        env,
-        &policy,
-        &format!(
-            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\nupgradePolicy: {upgrade_policy}",
-            env.id
-        ),
-    )
-    .await;
-    wait_nodes_state(env, &policy, nodes, NodeState::Done, "2.7.0", T).await;
-    policy
 }
 
 async fn status(env: &TestEnv, policy: &str) -> TenstorrentDriverPolicyStatus {
@@ -233,9 +196,9 @@ async fn assert_done_uncordoned(env: &TestEnv, nodes: &[String], version: &str) 
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn fleet_wide_not_ready_starts_nothing_and_resumes() {
     let started = Instant::now();
-    let (env, ns, nodes, _agent) = setup("notready-fleet", 6).await;
+    let (env, ns, nodes, _agent) = sim_fleet("notready-fleet", 6).await;
     let _ctl = start_controller(&env, &ns, &[]);
-    let policy = installed(&env, &nodes, "{maxUnavailable: 1}").await;
+    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 1}", T).await;
     // nodes[0] goes first (no device users anywhere; name order).
     pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
     pdb(&env, &ns, "guarded").await;
@@ -343,9 +306,9 @@ async fn fleet_wide_not_ready_starts_nothing_and_resumes() {
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn node_not_ready_mid_cycle_keeps_its_slot() {
     let started = Instant::now();
-    let (env, ns, nodes, _agent) = setup("notready-mid", 3).await;
+    let (env, ns, nodes, _agent) = sim_fleet("notready-mid", 3).await;
     let ctl = start_controller(&env, &ns, &["--not-ready-brake-percent", "50"]);
-    let policy = installed(&env, &nodes, "{maxUnavailable: 1}").await;
+    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 1}", T).await;
     // nodes[0] goes first; its drain waits for the PodDisruptionBudget.
     pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
     pdb(&env, &ns, "guarded").await;
@@ -463,9 +426,9 @@ async fn node_not_ready_mid_cycle_keeps_its_slot() {
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn not_ready_node_is_never_started() {
     let started = Instant::now();
-    let (env, ns, nodes, _agent) = setup("notready-never", 3).await;
+    let (env, ns, nodes, _agent) = sim_fleet("notready-never", 3).await;
     let ctl = start_controller(&env, &ns, &["--not-ready-brake-percent", "50"]);
-    let policy = installed(&env, &nodes, "{maxUnavailable: 2}").await;
+    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}", T).await;
     // nodes[0] would go first (name order): NotReady, it must be skipped.
     let down = &nodes[0];
     env.set_node_ready(down, Some("False")).await;

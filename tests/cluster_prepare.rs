@@ -24,29 +24,21 @@ use kube::runtime::{WatchStreamExt, watcher};
 use ttdrv_api::{NodeState, labels};
 use ttdrv_testkit::policy::get_policy;
 use ttdrv_testkit::sim_agent::BUILD_FAIL_ANNOTATION;
-use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
+use ttdrv_testkit::{SimAgentConfig, TestEnv, wait_for};
 
 /// Bound of each wait.
 const T: Duration = Duration::from_secs(90);
 
-async fn setup(name: &str, n: usize, build: Duration) -> (TestEnv, String, Vec<String>, SimAgent) {
-    let env = TestEnv::new(name).await;
-    let ns = env.namespace().await;
-    let mut nodes = vec![];
-    for i in 0..n {
-        let node = env.tt_node(&format!("n{i}"), &[]).await;
-        nodes.push(node.metadata.name.clone().unwrap_or_default());
-    }
-    let agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(200),
-            build,
-            load: Duration::from_millis(200),
-        },
-    );
-    (env, ns, nodes, agent)
+/// This test's `n` nodes and an agent that takes `build` to build a target and 200 ms
+/// for each of the rest.
+async fn setup(name: &str, n: usize, build: Duration) -> SimFleet {
+    let agent = SimAgentConfig {
+        namespace: String::new(),
+        work: Duration::from_millis(200),
+        build,
+        load: Duration::from_millis(200),
+    };
+    sim_fleet_with(name, &numbered_nodes(n), &[], agent).await
 }
 
 fn spec(env: &TestEnv, version: &str, prepare: &str) -> String {

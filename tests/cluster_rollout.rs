@@ -7,50 +7,16 @@ use std::time::Duration;
 
 use common::*;
 use ttdrv_api::NodeState;
-use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv};
+use ttdrv_testkit::TestEnv;
 
 const T: Duration = Duration::from_secs(90);
-
-async fn setup(
-    name: &str,
-    n: usize,
-    extra: &[(&str, &str)],
-) -> (TestEnv, String, Vec<String>, SimAgent) {
-    let env = TestEnv::new(name).await;
-    let ns = env.namespace().await;
-    let mut nodes = vec![];
-    for i in 0..n {
-        let node = env.tt_node(&format!("n{i}"), extra).await;
-        nodes.push(node.metadata.name.clone().unwrap_or_default());
-    }
-    let agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    );
-    (env, ns, nodes, agent)
-}
-
-fn selector(env: &TestEnv) -> String {
-    format!("{{matchLabels: {{ttdrv-test: {}}}}}", env.id)
-}
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn three_node_upgrade_one_at_a_time() {
-    let (env, ns, nodes, _agent) = setup("rollout-3", 3, &[]).await;
+    let (env, ns, nodes, _agent) = sim_fleet("rollout-3", 3).await;
     let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
-    create_policy(
-        &env,
-        &policy,
-        &format!("version: \"2.7.0\"\nnodeAffinity: {}", selector(&env)),
-    )
-    .await;
-    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
+    let policy = installed(&env, &nodes, "", T).await;
 
     let watcher = CordonWatcher::start(&env);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -93,28 +59,12 @@ async fn three_node_upgrade_one_at_a_time() {
     env.cleanup().await;
 }
 
-/// Installs 2.7.0 on `nodes` and waits until they are Done.
-async fn installed(env: &TestEnv, nodes: &[String], extra_spec: &str) -> String {
-    let policy = env.name("fleet");
-    create_policy(
-        env,
-        &policy,
-        &format!(
-            "version: \"2.7.0\"\nnodeAffinity: {}\n{extra_spec}",
-            selector(env)
-        ),
-    )
-    .await;
-    wait_nodes_state(env, &policy, nodes, NodeState::Done, "2.7.0", T).await;
-    policy
-}
-
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn admin_cordoned_node_stays_cordoned() {
-    let (env, ns, nodes, _agent) = setup("rollout-admin", 3, &[]).await;
+    let (env, ns, nodes, _agent) = sim_fleet("rollout-admin", 3).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}").await;
+    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}", T).await;
     env.set_unschedulable(&nodes[1], true).await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
@@ -137,9 +87,15 @@ async fn admin_cordoned_node_stays_cordoned() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pdb_blocked_drain_fails_after_timeout_and_halts_until_retry() {
-    let (env, ns, nodes, _agent) = setup("rollout-pdb", 2, &[]).await;
+    let (env, ns, nodes, _agent) = sim_fleet("rollout-pdb", 2).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "upgradePolicy: {drain: {timeoutSeconds: 3}}").await;
+    let policy = installed(
+        &env,
+        &nodes,
+        "upgradePolicy: {drain: {timeoutSeconds: 3}}",
+        T,
+    )
+    .await;
     pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
     pdb(&env, &ns, "guarded").await;
     let pod = app_pods(&env, &ns, "guarded")
@@ -218,9 +174,9 @@ async fn pdb_blocked_drain_fails_after_timeout_and_halts_until_retry() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn bare_pod_is_left_and_reported_without_force() {
-    let (env, ns, nodes, _agent) = setup("rollout-bare", 1, &[]).await;
+    let (env, ns, nodes, _agent) = sim_fleet("rollout-bare", 1).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "").await;
+    let policy = installed(&env, &nodes, "", T).await;
     bare_pod(&env, &ns, "lonely", &nodes[0]).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
@@ -245,12 +201,13 @@ async fn bare_pod_is_left_and_reported_without_force() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pod_selector_limits_the_full_node_pass() {
-    let (env, ns, nodes, _agent) = setup("rollout-sel", 1, &[]).await;
+    let (env, ns, nodes, _agent) = sim_fleet("rollout-sel", 1).await;
     let _ctl = controller(&env, &ns);
     let policy = installed(
         &env,
         &nodes,
         "upgradePolicy: {drain: {podSelectorLabel: \"app=evictme\"}}",
+        T,
     )
     .await;
     pinned_deployment(&env, &ns, "evictme", &nodes[0]).await;
@@ -287,9 +244,9 @@ async fn pod_selector_limits_the_full_node_pass() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn drain_disabled_never_cordons() {
-    let (env, ns, nodes, _agent) = setup("rollout-nodrain", 2, &[]).await;
+    let (env, ns, nodes, _agent) = sim_fleet("rollout-nodrain", 2).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "upgradePolicy: {drain: {enable: false}}").await;
+    let policy = installed(&env, &nodes, "upgradePolicy: {drain: {enable: false}}", T).await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
@@ -305,9 +262,9 @@ async fn drain_disabled_never_cordons() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn installer_image_change_restarts_pods_without_cordon() {
-    let (env, ns, nodes, _agent) = setup("rollout-image", 2, &[]).await;
+    let (env, ns, nodes, _agent) = sim_fleet("rollout-image", 2).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "").await;
+    let policy = installed(&env, &nodes, "", T).await;
     let before: Vec<String> = ds_pods(&env, &ns).await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(
@@ -356,9 +313,9 @@ async fn ds_pods(env: &TestEnv, ns: &str) -> Vec<String> {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn controller_killed_during_draining_resumes() {
-    let (env, ns, nodes, _agent) = setup("rollout-kill", 2, &[]).await;
+    let (env, ns, nodes, _agent) = sim_fleet("rollout-kill", 2).await;
     let mut ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "").await;
+    let policy = installed(&env, &nodes, "", T).await;
     pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
     pdb(&env, &ns, "guarded").await;
     let watcher = CordonWatcher::start(&env);
@@ -388,9 +345,9 @@ async fn controller_killed_during_draining_resumes() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn max_unavailable_two_over_five_nodes() {
-    let (env, ns, nodes, _agent) = setup("rollout-max2", 5, &[]).await;
+    let (env, ns, nodes, _agent) = sim_fleet("rollout-max2", 5).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}").await;
+    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}", T).await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
@@ -407,9 +364,9 @@ async fn max_unavailable_two_over_five_nodes() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn downgrade_uses_the_same_flow() {
-    let (env, ns, nodes, _agent) = setup("rollout-down", 2, &[]).await;
+    let (env, ns, nodes, _agent) = sim_fleet("rollout-down", 2).await;
     let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "").await;
+    let policy = installed(&env, &nodes, "", T).await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.6.1" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.6.1", T).await;

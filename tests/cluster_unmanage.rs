@@ -15,28 +15,9 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use ttdrv_api::{NodeState, labels};
 use ttdrv_testkit::sim_agent::{HOST_MANAGED_ANNOTATION, UNLOAD_FAIL_ANNOTATION};
-use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
+use ttdrv_testkit::{TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(120);
-
-async fn setup(name: &str, suffixes: &[&str]) -> (TestEnv, String, Vec<String>, SimAgent) {
-    let env = TestEnv::new(name).await;
-    let ns = env.namespace().await;
-    let mut nodes = vec![];
-    for s in suffixes {
-        let node = env.tt_node(s, &[(labels::KMD_VERSION, "2.7.0")]).await;
-        nodes.push(node.metadata.name.unwrap_or_default());
-    }
-    let agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    );
-    (env, ns, nodes, agent)
-}
 
 fn spec(env: &TestEnv) -> String {
     format!(
@@ -59,7 +40,13 @@ async fn annotate(env: &TestEnv, node: &str, key: &str, value: Option<&str>) {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn unmanage_vacates_every_node_one_at_a_time_and_leaves_them_alone() {
-    let (env, ns, nodes, _agent) = setup("unmanage", &["n0", "n1", "n2", "dkms"]).await;
+    let (env, ns, nodes, _agent) = sim_fleet_with(
+        "unmanage",
+        &["n0", "n1", "n2", "dkms"],
+        &[(labels::KMD_VERSION, "2.7.0")],
+        sim_agent_300ms(),
+    )
+    .await;
     let dkms = nodes[3].clone();
     annotate(&env, &dkms, HOST_MANAGED_ANNOTATION, Some("2.6.0")).await;
     let _ctl = controller(&env, &ns);
@@ -187,7 +174,13 @@ async fn unmanage_vacates_every_node_one_at_a_time_and_leaves_them_alone() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn a_failed_unload_halts_the_other_nodes_until_retried() {
-    let (env, ns, nodes, _agent) = setup("unmanage-fail", &["a-fails", "b", "c"]).await;
+    let (env, ns, nodes, _agent) = sim_fleet_with(
+        "unmanage-fail",
+        &["a-fails", "b", "c"],
+        &[(labels::KMD_VERSION, "2.7.0")],
+        sim_agent_300ms(),
+    )
+    .await;
     annotate(&env, &nodes[0], UNLOAD_FAIL_ANNOTATION, Some("true")).await;
     let _ctl = controller(&env, &ns);
     let policy = env.name("fleet");

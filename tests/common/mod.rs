@@ -432,3 +432,88 @@ pub async fn annotate_node(env: &TestEnv, node: &str, key: &str, value: Option<&
     .await
     .unwrap_or_else(|e| panic!("annotating {node} {key}: {e}"));
 }
+
+/// What [`sim_fleet`] set up: the test's environment, its namespace, its tt nodes'
+/// names and the simulated agent working them (dropping it stops the agent).
+pub type SimFleet = (TestEnv, String, Vec<String>, ttdrv_testkit::SimAgent);
+
+/// A test's environment and namespace, one tt node per suffix carrying `node_labels`,
+/// and a simulated agent over that namespace with `agent`'s timings (its namespace is
+/// set here).
+pub async fn sim_fleet_with<S: AsRef<str>>(
+    name: &str,
+    suffixes: &[S],
+    node_labels: &[(&str, &str)],
+    agent: ttdrv_testkit::SimAgentConfig,
+) -> SimFleet {
+    let env = TestEnv::new(name).await;
+    let ns = env.namespace().await;
+    let mut nodes = vec![];
+    for s in suffixes {
+        let node = env.tt_node(s.as_ref(), node_labels).await;
+        nodes.push(node.metadata.name.unwrap_or_default());
+    }
+    let agent = ttdrv_testkit::SimAgent::spawn(
+        env.client.clone(),
+        ttdrv_testkit::SimAgentConfig {
+            namespace: ns.clone(),
+            ..agent
+        },
+    );
+    (env, ns, nodes, agent)
+}
+
+/// [`sim_fleet_with`] over `n` unlabelled nodes `n0`, `n1`, ... and an agent whose
+/// every swap takes 300 ms.
+pub async fn sim_fleet(name: &str, n: usize) -> SimFleet {
+    sim_fleet_with(name, &numbered_nodes(n), &[], sim_agent_300ms()).await
+}
+
+/// Node suffixes `n0`, `n1`, ... `n{n-1}`.
+pub fn numbered_nodes(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("n{i}")).collect()
+}
+
+/// The simulated agent's timings most cluster tests use: 300 ms a swap, nothing to build.
+pub fn sim_agent_300ms() -> ttdrv_testkit::SimAgentConfig {
+    ttdrv_testkit::SimAgentConfig {
+        work: Duration::from_millis(300),
+        ..Default::default()
+    }
+}
+
+/// The policy spec's `nodeAffinity` that selects exactly this test's nodes.
+pub fn test_nodes_selector(env: &TestEnv) -> String {
+    format!("{{matchLabels: {{ttdrv-test: {}}}}}", env.id)
+}
+
+/// Creates policy `fleet` installing 2.7.0 on this test's nodes, with `extra_spec`
+/// (more spec lines), and waits up to `timeout` until all `nodes` are Done at 2.7.0.
+pub async fn installed(
+    env: &TestEnv,
+    nodes: &[String],
+    extra_spec: &str,
+    timeout: Duration,
+) -> String {
+    let policy = env.name("fleet");
+    create_policy(
+        env,
+        &policy,
+        &format!(
+            "version: \"2.7.0\"\nnodeAffinity: {}\n{extra_spec}",
+            test_nodes_selector(env)
+        ),
+    )
+    .await;
+    wait_nodes_state(env, &policy, nodes, NodeState::Done, "2.7.0", timeout).await;
+    policy
+}
+
+/// Creates this test's tt node `suffix` carrying `extra` labels; returns its name.
+pub async fn tt_node_name(env: &TestEnv, suffix: &str, extra: &[(&str, &str)]) -> String {
+    env.tt_node(suffix, extra)
+        .await
+        .metadata
+        .name
+        .unwrap_or_default()
+}
