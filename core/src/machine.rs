@@ -420,7 +420,7 @@ fn deadline_reason(obs: &Observation, timeout: &'static str) -> &'static str {
 fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     use NodeState::*;
     let now = obs.now;
-    let module_ok = obs.loaded.as_deref() == Some(want.version.as_str());
+    let module_ok = crate::node::is_loaded(obs.loaded.as_deref(), &want.version);
     let up_to_date = module_ok && obs.installer == InstallerPod::Current { ready: true };
     let mut rec = rec.clone();
     if let Some(s) = vacate::transition(&rec, obs, want) {
