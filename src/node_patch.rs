@@ -3,8 +3,7 @@
 //! are written together or not at all.
 
 use k8s_openapi::api::core::v1::Node;
-use ttdrv_api::{NodeState, labels};
-use ttdrv_core::go_ahead::GoAhead;
+use ttdrv_api::labels;
 use ttdrv_core::machine::{Command, NodeRecord};
 
 use crate::observe::persisted_record;
@@ -27,7 +26,7 @@ pub fn record_patch(
         what: "node record",
         source,
     })?;
-    let go_ahead = go_ahead_for(node, record)
+    let go_ahead = ttdrv_core::go_ahead::for_record(node, record)
         .map(|g| {
             serde_json::to_string(&g).map_err(|source| Error::Serialize {
                 what: "go-ahead",
@@ -63,15 +62,6 @@ pub fn record_patch(
         patch["metadata"]["labels"] = serde_json::Value::Object(labels_patch);
     }
     Ok(patch)
-}
-
-/// The go-ahead a record carries, if its state allows a module swap (or,
-/// in a vacate cycle, an unload).
-pub fn go_ahead_for(node: &str, record: &NodeRecord) -> Option<GoAhead> {
-    let swap = record.state == NodeState::Upgrading && !record.no_drain;
-    (swap || record.state == NodeState::Unloading)
-        .then(|| GoAhead::for_cycle(node, record))
-        .flatten()
 }
 
 /// The driver labels the agent writes, removed when a node is vacated.
@@ -150,6 +140,8 @@ pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ttdrv_api::NodeState;
+    use ttdrv_core::go_ahead::GoAhead;
     use ttdrv_core::machine::Cordon;
 
     const GATE: &str = "tenstorrent.com/deploy.tt-telemetry";

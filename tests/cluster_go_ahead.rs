@@ -472,7 +472,7 @@ impl NodeLog {
             );
             assert!(
                 matches!(
-                    go_ahead::decide(at, &rec.policy, &to, Some(&from), |a, b| a == b),
+                    go_ahead::decide(at, &rec.policy, &to, Some(&from)),
                     Swap::GoAhead(_)
                 ),
                 "the agent's decision at the swap was not a go-ahead: {}",

@@ -876,9 +876,7 @@ pub fn swap_decision(
         ));
     };
     match node() {
-        Ok(n) => go_ahead::decide(&n, policy, target, Some(&loaded), |l, t| {
-            version_matches(Some(l), t)
-        }),
+        Ok(n) => go_ahead::decide(&n, policy, target, Some(&loaded)),
         Err(e) => wait(e),
     }
 }
@@ -916,13 +914,8 @@ fn loaded_name(s: &ModuleState) -> String {
         .unwrap_or_else(|| "(unversioned)".to_string())
 }
 
-/// A Kubernetes label value: at most 63 characters of `[A-Za-z0-9._-]`,
-/// beginning and ending with an alphanumeric.
+/// A label value the agent writes: present (an empty value would say
+/// nothing) and valid ([`ttdrv_api::validation::is_label_value`]).
 pub fn valid_label_value(v: &str) -> bool {
-    v.len() <= 63
-        && !v.is_empty()
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        && v.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && v.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+    !v.is_empty() && ttdrv_api::validation::is_label_value(v)
 }

@@ -213,11 +213,9 @@ pub struct ModuleState {
     pub refcnt: u32,
 }
 
-/// Whether the loaded version is the target: exact equality after trimming
-/// whitespace. `2.10.0-rc1` does not satisfy `2.10.0`.
-pub fn version_matches(loaded: Option<&str>, target: &str) -> bool {
-    matches!(loaded, Some(v) if v.trim() == target.trim())
-}
+/// Whether the loaded version is the target (trimmed, exact): the one
+/// definition, [`ttdrv_core::node::is_loaded`].
+pub use ttdrv_core::node::is_loaded as version_matches;
 
 /// Validates a target version (surrounding whitespace trimmed): `MAJOR.MINOR.PATCH`,
 /// 1 to 9 digits per part. The rule is `ttdrv_api::validation::is_valid_version`,

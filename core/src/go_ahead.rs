@@ -42,6 +42,16 @@ impl GoAhead {
     }
 }
 
+/// The go-ahead the controller writes with `record` on `node` (annotation
+/// [`labels::GO_AHEAD`]), if its state allows a module swap (or, in a vacate
+/// cycle, an unload); none otherwise, and the annotation is removed.
+pub fn for_record(node: &str, record: &NodeRecord) -> Option<GoAhead> {
+    let swap = record.state == NodeState::Upgrading && !record.no_drain;
+    (swap || record.state == NodeState::Unloading)
+        .then(|| GoAhead::for_cycle(node, record))
+        .flatten()
+}
+
 /// What the agent may do with the module loaded on its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Swap {
@@ -62,17 +72,11 @@ impl Swap {
 }
 
 /// The agent's decision, from the Node as the API server has it now.
-pub fn decide(
-    node: &Node,
-    policy: &str,
-    target: &str,
-    loaded: Option<&str>,
-    version_matches: impl Fn(&str, &str) -> bool,
-) -> Swap {
+pub fn decide(node: &Node, policy: &str, target: &str, loaded: Option<&str>) -> Swap {
     let Some(loaded) = loaded else {
         return Swap::FirstInstall;
     };
-    if version_matches(loaded, target) {
+    if node::is_loaded(Some(loaded), target) {
         return Swap::AlreadyLoaded;
     }
     let name = node.metadata.name.as_deref().unwrap_or_default();
@@ -167,10 +171,6 @@ mod tests {
     use super::*;
     use crate::machine::Cordon;
 
-    fn eq(a: &str, b: &str) -> bool {
-        a == b
-    }
-
     fn record(state: NodeState, started: i64) -> NodeRecord {
         let mut r = NodeRecord::new("fleet", "2.8.0", started);
         r.state = state;
@@ -202,9 +202,9 @@ mod tests {
     #[test]
     fn no_go_ahead_needed_when_nothing_is_swapped() {
         let n = node(None, None);
-        assert_eq!(decide(&n, "fleet", "2.8.0", None, eq), Swap::FirstInstall);
+        assert_eq!(decide(&n, "fleet", "2.8.0", None), Swap::FirstInstall);
         assert_eq!(
-            decide(&n, "fleet", "2.8.0", Some("2.8.0"), eq),
+            decide(&n, "fleet", "2.8.0", Some("2.8.0")),
             Swap::AlreadyLoaded
         );
     }
@@ -215,7 +215,7 @@ mod tests {
         let go = GoAhead::for_cycle("n1", &r).expect("cycle");
         let n = node(Some(&r), Some(&go));
         assert_eq!(
-            decide(&n, "fleet", "2.8.0", Some("2.7.0"), eq),
+            decide(&n, "fleet", "2.8.0", Some("2.7.0")),
             Swap::GoAhead(go)
         );
     }
@@ -257,7 +257,7 @@ mod tests {
             ),
         ];
         for (name, n) in cases {
-            let d = decide(&n, "fleet", "2.8.0", Some("2.7.0"), eq);
+            let d = decide(&n, "fleet", "2.8.0", Some("2.7.0"));
             assert!(
                 matches!(&d, Swap::Wait(why) if why.contains("go-ahead")),
                 "{name}: {d:?}"
@@ -272,7 +272,6 @@ mod tests {
                 "fleet",
                 "2.8.0",
                 Some("2.7.0"),
-                eq
             )
             .allowed(),
             "a cycle without drain never swaps a loaded module"
@@ -337,6 +336,78 @@ mod tests {
         }
         // An unload go-ahead never opens a swap.
         let n = node(Some(&r), Some(&go));
-        assert!(!decide(&n, "fleet", "2.8.0", Some("2.7.0"), eq).allowed());
+        assert!(!decide(&n, "fleet", "2.8.0", Some("2.7.0")).allowed());
+    }
+
+    mod written_go_aheads {
+        use super::*;
+        use proptest::prelude::*;
+
+        const POLICIES: [&str; 2] = ["fleet", "other"];
+        const TARGETS: [&str; 2] = ["2.8.0", "2.9.0"];
+        const NODES: [&str; 2] = ["n1", "n2"];
+
+        fn any_record() -> impl Strategy<Value = NodeRecord> {
+            (
+                0..NodeState::ALL.len(),
+                0..2usize,
+                0..2usize,
+                any::<bool>(),
+                proptest::option::of(0..3i64),
+            )
+                .prop_map(|(s, p, t, no_drain, started)| {
+                    let mut r = NodeRecord::new(POLICIES[p], TARGETS[t], 0);
+                    r.state = NodeState::ALL[s];
+                    r.no_drain = no_drain;
+                    r.started = started;
+                    r.cordon = Cordon::Ours;
+                    r
+                })
+        }
+
+        /// A go-ahead on the Node: the one the controller writes with the
+        /// record (`None`: whatever it writes, possibly none), or any other.
+        fn any_go_ahead() -> impl Strategy<Value = Option<GoAhead>> {
+            proptest::option::of(
+                (0..2usize, 0..2usize, 0..2usize, 0..3i64, any::<bool>()).prop_map(
+                    |(p, n, t, cycle, unload)| GoAhead {
+                        policy: POLICIES[p].into(),
+                        node: NODES[n].into(),
+                        target: TARGETS[t].into(),
+                        cycle,
+                        unload,
+                    },
+                ),
+            )
+        }
+
+        proptest! {
+            /// The agent of policy `fleet` on `n1`, with 2.7.0 loaded and
+            /// 2.8.0 its target, swaps exactly when the go-ahead on the Node
+            /// is the one the controller writes with the record there, for
+            /// that policy and target; likewise for an unload.
+            #[test]
+            fn decide_accepts_exactly_the_go_ahead_written_with_the_record(
+                rec in any_record(),
+                other in any_go_ahead(),
+            ) {
+                let written = for_record("n1", &rec);
+                let go = other.or_else(|| written.clone());
+                let n = node(Some(&rec), go.as_ref());
+                let ours = rec.policy == "fleet" && written.is_some() && go == written;
+                let swap = decide(&n, "fleet", "2.8.0", Some("2.7.0"));
+                prop_assert_eq!(
+                    swap.allowed(),
+                    ours && rec.target == "2.8.0" && rec.state == NodeState::Upgrading,
+                    "{:?} with {:?}: {:?}", rec, go, swap
+                );
+                let unload = decide_unload(&n, "fleet");
+                prop_assert_eq!(
+                    matches!(unload, Unload::GoAhead(_)),
+                    ours && rec.state == NodeState::Unloading,
+                    "{:?} with {:?}: {:?}", rec, go, unload
+                );
+            }
+        }
     }
 }

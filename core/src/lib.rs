@@ -7,6 +7,7 @@
 //! | [`node`] | what a Node says: ready, available, its labels, its persisted record, a retry request |
 //! | [`selection`] | which policy owns which node (oldest wins on overlap) |
 //! | [`machine`] | one node's next upgrade state and the commands that get it there |
+//! | [`observe`] | one node as a policy sees it, from plain Node and pod facts: its observation, next evictions and slot facts |
 //! | [`reason`] | the bounded set of reasons a node's state carries |
 //! | [`drain`] | which pods a drain evicts, in which pass, and what blocks it |
 //! | [`installer`] | what an installer pod's status says: unhealthy, or failed for good and why |
@@ -20,6 +21,7 @@ pub mod go_ahead;
 pub mod installer;
 pub mod machine;
 pub mod node;
+pub mod observe;
 pub mod prepare;
 pub mod reason;
 pub mod rollout;

@@ -243,6 +243,27 @@ pub struct Desired {
     pub prepare: bool,
 }
 
+impl Desired {
+    /// What `policy` asks of its nodes: the one reading of its spec for the
+    /// machine. `refused` starts false: only the controller knows whether the
+    /// cluster accepts the policy's DaemonSet.
+    pub fn of(policy: &ttdrv_api::TenstorrentDriverPolicy, upgrade_timeout_seconds: i64) -> Self {
+        let spec = &policy.spec;
+        Self {
+            policy: policy.metadata.name.clone().unwrap_or_default(),
+            version: spec.version.clone(),
+            drain_enabled: spec.upgrade_policy.drain.enable,
+            drain_timeout_seconds: spec.upgrade_policy.drain.timeout_seconds,
+            upgrade_timeout_seconds,
+            paused: spec.paused,
+            refused: false,
+            unmanage: spec.unmanage,
+            // Vacating builds nothing.
+            prepare: spec.upgrade_policy.prepare.enabled && !spec.unmanage,
+        }
+    }
+}
+
 /// Side effects a transition asks for. Node patches (cordon, gates) are applied
 /// together with the record in one patch; the others after it is persisted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -263,6 +284,10 @@ pub enum Command {
 pub struct Step {
     pub record: NodeRecord,
     pub commands: Vec<Command>,
+    /// The node waits for a rollout slot only: with one, this step would
+    /// start a disruptive cycle. The caller asks for a slot exactly then and,
+    /// if granted, steps again with [`Observation::slot`] set.
+    pub needs_slot: bool,
 }
 
 fn enter(
@@ -290,10 +315,37 @@ fn wait(rec: &NodeRecord, why: String, now: i64) -> Step {
     )
 }
 
+/// Pending until a slot is granted (see [`Step::needs_slot`]).
+fn wait_for_slot(rec: &NodeRecord, why: String, now: i64) -> Step {
+    Step {
+        needs_slot: true,
+        ..wait(rec, why, now)
+    }
+}
+
+/// The step from `rec`, a record just sent back to Pending within this
+/// step: never with a slot (slots are granted to Pending nodes only, after
+/// this step is seen), so it does not ask for one either.
+fn again_without_slot(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
+    let next = step(
+        rec,
+        &Observation {
+            slot: false,
+            ..obs.clone()
+        },
+        want,
+    );
+    Step {
+        needs_slot: false,
+        ..next
+    }
+}
+
 fn stay(rec: &NodeRecord, commands: Vec<Command>) -> Step {
     Step {
         record: rec.clone(),
         commands,
+        needs_slot: false,
     }
 }
 
@@ -371,7 +423,7 @@ fn deadline_reason(obs: &Observation, timeout: &'static str) -> &'static str {
 fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     use NodeState::*;
     let now = obs.now;
-    let module_ok = obs.loaded.as_deref() == Some(want.version.as_str());
+    let module_ok = crate::node::is_loaded(obs.loaded.as_deref(), &want.version);
     let up_to_date = module_ok && obs.installer == InstallerPod::Current { ready: true };
     let mut rec = rec.clone();
     if let Some(s) = vacate::transition(&rec, obs, want) {
@@ -383,14 +435,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         rec.target = want.version.clone();
         if matches!(rec.state, Done | Failed) {
             let r = enter(&rec, Pending, reason::RETARGET, None, now);
-            return step(
-                &r,
-                &Observation {
-                    slot: false,
-                    ..obs.clone()
-                },
-                want,
-            );
+            return again_without_slot(&r, obs, want);
         }
     }
     match rec.state {
@@ -439,6 +484,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 return Step {
                     record: enter(&rec, Uncordoning, reason::UNCORDON, None, now),
                     commands: cmds,
+                    needs_slot: false,
                 };
             }
             let upgrade = || {
@@ -476,6 +522,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 return Step {
                     record: r,
                     commands: cmds,
+                    needs_slot: false,
                 };
             }
             if want.prepare && !obs.prepared {
@@ -483,7 +530,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             }
             if !obs.slot {
                 let why = format!("waiting for a maxUnavailable slot to upgrade {}", upgrade());
-                return wait(&rec, why, now);
+                return wait_for_slot(&rec, why, now);
             }
             if want.drain_enabled {
                 start_cordon(&rec, obs)
@@ -494,6 +541,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 Step {
                     record: r,
                     commands: replace_installer(obs, want),
+                    needs_slot: false,
                 }
             }
         }
@@ -503,6 +551,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 return Step {
                     record: enter(&rec, Draining, reason::DRAIN, None, now),
                     commands: vec![Command::Evict],
+                    needs_slot: false,
                 };
             }
             let mut cmds = vec![];
@@ -556,6 +605,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 return Step {
                     record: enter(&rec, Upgrading, reason::REPLACE_INSTALLER, None, now),
                     commands: replace_installer(obs, want),
+                    needs_slot: false,
                 };
             }
             if now - rec.since > want.drain_timeout_seconds {
@@ -587,6 +637,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     return Step {
                         record: enter(&rec, Uncordoning, reason::HOST_MANAGED, None, now),
                         commands: cmds,
+                        needs_slot: false,
                     };
                 }
                 let mut r = enter(
@@ -612,6 +663,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 return Step {
                     record: enter(&rec, Uncordoning, reason::UNCORDON, None, now),
                     commands: cmds,
+                    needs_slot: false,
                 };
             }
             // The new installer failed for good: fail now, with its cause. (A
@@ -685,14 +737,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             };
             if changed {
                 let r = enter(&rec, Pending, reason::RETARGET, None, now);
-                return step(
-                    &r,
-                    &Observation {
-                        slot: false,
-                        ..obs.clone()
-                    },
-                    want,
-                );
+                return again_without_slot(&r, obs, want);
             }
             stay(&rec, vec![])
         }
@@ -701,14 +746,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             if obs.retry_token.is_some() && obs.retry_token != rec.retry_token {
                 let mut r = enter(&rec, Pending, reason::RETRY, None, now);
                 r.retry_token = obs.retry_token.clone();
-                return step(
-                    &r,
-                    &Observation {
-                        slot: false,
-                        ..obs.clone()
-                    },
-                    want,
-                );
+                return again_without_slot(&r, obs, want);
             }
             stay(&rec, vec![])
         }
@@ -802,6 +840,7 @@ fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
     Step {
         record: r,
         commands: cmds,
+        needs_slot: false,
     }
 }
 

@@ -81,6 +81,13 @@ pub fn ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// Whether `loaded` (the version a Node reports, or the agent reads from
+/// sysfs) is `target`: the one definition of "the target is loaded", exact
+/// equality after trimming whitespace. `2.10.0-rc1` does not satisfy `2.10.0`.
+pub fn is_loaded(loaded: Option<&str>, target: &str) -> bool {
+    loaded.is_some_and(|v| v.trim() == target.trim())
+}
+
 /// `spec.unschedulable`: cordoned, by anyone.
 pub fn unschedulable(node: &Node) -> bool {
     node.spec

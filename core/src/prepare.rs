@@ -23,7 +23,7 @@ use ttdrv_api::labels;
 use ttdrv_api::NodeState;
 
 use crate::machine::{InstallerPod, Observation};
-use crate::node::{driver_labels_stale, label, loaded_version};
+use crate::node::{driver_labels_stale, is_loaded, label, loaded_version};
 
 /// Condition and Event reason: an installed, not running kernel of a node
 /// cannot build the target version (the agent's
@@ -43,8 +43,7 @@ pub fn prepared_version(node: &Node) -> Option<&str> {
 /// The node can take `target` without building inside its disruptive window:
 /// its agent prepared it, or it is loaded already.
 pub fn is_prepared(node: &Node, target: &str) -> bool {
-    let t = target.trim();
-    prepared_version(node).is_some_and(|v| v == t) || loaded_version(node).is_some_and(|v| v == t)
+    is_loaded(prepared_version(node), target) || is_loaded(loaded_version(node), target)
 }
 
 /// The installed kernel the target does not build for, if the agent said so.
@@ -111,7 +110,7 @@ pub fn candidate(
     target: &str,
 ) -> Option<Candidate> {
     let loaded = obs.loaded.as_deref()?;
-    if !obs.ready || obs.host_managed || loaded == target.trim() || obs.vacated {
+    if !obs.ready || obs.host_managed || is_loaded(Some(loaded), target) || obs.vacated {
         return None;
     }
     Some(Candidate {

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use k8s_openapi::api::core::v1::Node;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
 use ttdrv_core::drain::{DrainPass, PodRef};
 use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, Step, step};
@@ -99,7 +98,7 @@ pub struct Observe {
 }
 
 /// The step from `prev`, with a rollout slot only if the RolloutActor hands one
-/// out: asked for exactly when the step would start a disruptive cycle.
+/// out: asked for exactly when the machine says the step needs one.
 async fn step_with_slot(
     prev: &NodeRecord,
     obs: &mut Observation,
@@ -109,11 +108,7 @@ async fn step_with_slot(
 ) -> Result<Step> {
     obs.slot = false;
     let without = step(prev, obs, want);
-    let mut offered = obs.clone();
-    offered.slot = true;
-    let with = step(prev, &offered, want);
-    let starts = with.record.occupies_slot() && !prev.occupies_slot();
-    if with == without || !starts {
+    if !without.needs_slot {
         return Ok(without);
     }
     obs.slot = acquire
@@ -121,7 +116,11 @@ async fn step_with_slot(
             node: node.to_string(),
         })
         .await?;
-    Ok(if obs.slot { with } else { without })
+    Ok(if obs.slot {
+        step(prev, obs, want)
+    } else {
+        without
+    })
 }
 
 impl Handler<Observe> for NodeActor {
@@ -270,7 +269,7 @@ impl Handler<Observe> for NodeActor {
                 if !waits_on_own_write || hop == MAX_HOPS {
                     break;
                 }
-                obs = observe_stored(obs, &stored, &msg.gates);
+                obs = ttdrv_core::observe::restate(obs, &stored, &msg.gates);
                 let after = step(&next.record, &obs, &msg.desired);
                 if after.record == next.record && after.commands.is_empty() {
                     break;
@@ -306,28 +305,6 @@ impl Handler<Observe> for NodeActor {
 
 /// Steps chained on the API server's replies within one observation.
 const MAX_HOPS: usize = 2;
-
-/// The observation with what a Node as stored by the API server says.
-fn observe_stored(mut obs: Observation, node: &Node, gates: &[String]) -> Observation {
-    let label = |k: &str| {
-        node.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(k))
-            .map(String::as_str)
-    };
-    obs.unschedulable = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false);
-    obs.gates_closed = gates.iter().all(|g| label(g) == Some("false"));
-    obs.gates_present = gates.iter().any(|g| label(g).is_some());
-    obs.loaded = ttdrv_core::node::loaded_version(node).map(String::from);
-    obs.host_managed = ttdrv_core::node::host_managed(node);
-    obs.nothing_loaded = ttdrv_core::node::reported_nothing_loaded(node);
-    obs
-}
 
 async fn report_transition(
     ctx: &Context,

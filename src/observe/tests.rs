@@ -12,8 +12,11 @@ use k8s_openapi::api::policy::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::runtime::{reflector, watcher};
-use ttdrv_api::{PodSelector, TenstorrentDriverPolicy, TenstorrentDriverPolicySpec, labels};
-use ttdrv_core::machine::{Cordon, InstallerPod, NodeRecord};
+use ttdrv_api::{
+    NodeState, PodSelector, TenstorrentDriverPolicy, TenstorrentDriverPolicySpec, labels,
+};
+use ttdrv_core::drain::DrainPass;
+use ttdrv_core::machine::{Cordon, Desired, InstallerPod, NodeRecord};
 
 use super::*;
 use crate::context::Stores;
@@ -198,18 +201,24 @@ fn observe(
     let policy = policy();
     let selector = PodSelector::parse("").expect("empty selector");
     let gates = vec![GATE.to_string()];
+    let desired = Desired {
+        prepare: false,
+        ..Desired::of(&policy, 600)
+    };
     let input = ObserveInput {
         stores: s,
-        namespace: NS,
-        policy: &policy,
-        template_hash: HASH,
-        selector: Some(&selector),
-        gates: &gates,
-        now: 100,
+        policy: PolicyFacts {
+            desired: &desired,
+            drain: &policy.spec.upgrade_policy.drain,
+            namespace: NS,
+            template_hash: HASH,
+            selector: Some(&selector),
+            gates: &gates,
+            now: 100,
+            prepare_deadline_seconds: 900,
+        },
         records,
         pdbs: Default::default(),
-        prepare: false,
-        prepare_deadline_seconds: 900,
     };
     input.node(name, starting)
 }

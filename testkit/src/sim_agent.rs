@@ -355,7 +355,9 @@ async fn play_agent(
                 continue;
             }
         }
-        if mode == labels::INSTALL_MODE_CONTAINER && loaded.is_some_and(|l| *l != target) {
+        if mode == labels::INSTALL_MODE_CONTAINER
+            && loaded.is_some_and(|l| !ttdrv_core::node::is_loaded(Some(l), &target))
+        {
             // A swap: only with the controller's go-ahead, decided as the
             // real agent decides.
             let policy = pod
@@ -365,13 +367,7 @@ async fn play_agent(
                 .and_then(|l| l.get(labels::CLAIM))
                 .cloned()
                 .unwrap_or_default();
-            let swap = go_ahead::decide(
-                &node,
-                &policy,
-                &target,
-                loaded.map(String::as_str),
-                |a, b| a == b,
-            );
+            let swap = go_ahead::decide(&node, &policy, &target, loaded.map(String::as_str));
             if let go_ahead::Swap::Wait(why) = swap {
                 if waiting.as_deref() != Some(why.as_str()) {
                     tracing::info!(node = node_name, why, "sim-agent waiting");

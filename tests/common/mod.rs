@@ -343,8 +343,7 @@ impl SafetyWatcher {
                         .flatten()
                         .map(|r| r.policy)
                         .unwrap_or_default();
-                    let swap =
-                        ttdrv_core::go_ahead::decide(&n, &policy, &b, Some(&a), |x, y| x == y);
+                    let swap = ttdrv_core::go_ahead::decide(&n, &policy, &b, Some(&a));
                     if !matches!(swap, ttdrv_core::go_ahead::Swap::GoAhead(_)) {
                         s.swaps_without_go_ahead
                             .push(format!("{name}: {a} -> {b}: {swap:?}"));

@@ -528,6 +528,27 @@ fn safety_properties_over_the_cross_product() {
                                     checked += 1;
                                     let ctx = format!("{r:?}\n{o:?}\n{w:?}\n-> {s:?}");
                                     let cordons = s.commands.contains(&Command::Cordon);
+                                    // The machine asks for a slot exactly when one
+                                    // would start a disruptive cycle (what the
+                                    // NodeActor once found out by stepping twice).
+                                    let other = Observation {
+                                        slot: !o.slot,
+                                        ..o.clone()
+                                    };
+                                    let other = step(&r, &other, &w);
+                                    let (without, with) =
+                                        if o.slot { (&other, &s) } else { (&s, &other) };
+                                    assert_eq!(
+                                        without.needs_slot,
+                                        with != without
+                                            && with.record.occupies_slot()
+                                            && !r.occupies_slot(),
+                                        "needs_slot: {ctx}\nwith a slot: {with:?}"
+                                    );
+                                    assert!(
+                                        !with.needs_slot,
+                                        "a granted slot is not asked for again: {ctx}"
+                                    );
                                     if cordons {
                                         assert!(
                                             matches!(r.state, Pending | Cordoning | Draining),

@@ -12,7 +12,7 @@ use ttdrv_api::NodeState::{self, *};
 
 use super::{
     Command, Desired, Failure, InstallerPod, NodeRecord, Observation, Step, enter,
-    installer_summary, retry_hint, start_cordon, stay, wait,
+    installer_summary, retry_hint, start_cordon, stay, wait, wait_for_slot,
 };
 use crate::reason;
 
@@ -25,14 +25,7 @@ pub(super) fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) ->
     let now = obs.now;
     let again = |r: &NodeRecord, why: &str| {
         let r = enter(r, Pending, why, None, now);
-        super::step(
-            &r,
-            &Observation {
-                slot: false,
-                ..obs.clone()
-            },
-            want,
-        )
+        super::again_without_slot(&r, obs, want)
     };
     Some(match rec.state {
         Pending => pending(rec, obs, want),
@@ -104,7 +97,7 @@ fn pending(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         return wait(&rec, why.into(), now);
     }
     if !obs.slot {
-        return wait(
+        return wait_for_slot(
             &rec,
             format!("waiting for a maxUnavailable slot to {what}"),
             now,
@@ -126,6 +119,7 @@ pub(super) fn start_unload(rec: &NodeRecord, now: i64) -> Step {
     Step {
         record: r,
         commands: vec![Command::DeleteInstallerPod],
+        needs_slot: false,
     }
 }
 
@@ -187,6 +181,7 @@ fn vacated(rec: &NodeRecord, why: &str, now: i64) -> Step {
     Step {
         record: r,
         commands: cmds,
+        needs_slot: false,
     }
 }
 
@@ -204,6 +199,7 @@ pub(super) fn manage_again(rec: &NodeRecord, obs: &Observation, want: &Desired) 
                 now,
             ),
             commands: vec![Command::DeleteInstallerPod],
+            needs_slot: false,
         },
         // Still halted: the retry goes through Failed.
         UnloadFailed => stay(
@@ -218,14 +214,7 @@ pub(super) fn manage_again(rec: &NodeRecord, obs: &Observation, want: &Desired) 
         ),
         _ => {
             let r = enter(rec, Pending, reason::RETARGET, None, now);
-            super::step(
-                &r,
-                &Observation {
-                    slot: false,
-                    ..obs.clone()
-                },
-                want,
-            )
+            super::again_without_slot(&r, obs, want)
         }
     }
 }

@@ -22,7 +22,7 @@ use super::{SupervisorPorts, node_label, now_secs, owns};
 use crate::actors::{Ensure, NodeActor, Observe, PatchNode, PlanRollout, RolloutActor};
 use crate::context::Context;
 use crate::node_patch::{claim_patch, release_patch};
-use crate::observe::{NodeView, ObserveInput};
+use crate::observe::{NodeView, ObserveInput, PolicyFacts};
 use crate::render::daemonset_name;
 use crate::{Error, Result};
 
@@ -120,16 +120,8 @@ impl ReconcilePass {
         self.clear_unmanaged_marks(&targets).await;
         let gates = ctx.config.gates();
         let desired = Desired {
-            policy: name.clone(),
-            version: spec.version.clone(),
-            drain_enabled: spec.upgrade_policy.drain.enable,
-            drain_timeout_seconds: spec.upgrade_policy.drain.timeout_seconds,
-            upgrade_timeout_seconds: ctx.config.upgrade_timeout_seconds,
-            paused: spec.paused,
             refused: refused.is_some(),
-            unmanage: spec.unmanage,
-            // Vacating builds nothing.
-            prepare: spec.upgrade_policy.prepare.enabled && !spec.unmanage,
+            ..Desired::of(policy, ctx.config.upgrade_timeout_seconds)
         };
         // A refused policy starts no node (its installer would never come);
         // nodes mid-cycle go on, deadlines included.
@@ -143,16 +135,18 @@ impl ReconcilePass {
         };
         let input = ObserveInput {
             stores: &ctx.stores,
-            namespace: &ctx.config.namespace,
-            policy,
-            template_hash: &hash,
-            selector: selector.as_ref(),
-            gates: &gates,
-            now: now_secs(),
+            policy: PolicyFacts {
+                desired: &desired,
+                drain: &spec.upgrade_policy.drain,
+                namespace: &ctx.config.namespace,
+                template_hash: &hash,
+                selector: selector.as_ref(),
+                gates: &gates,
+                now: now_secs(),
+                prepare_deadline_seconds: ctx.config.upgrade_timeout_seconds,
+            },
             records: &self.records,
             pdbs: Default::default(),
-            prepare: desired.prepare,
-            prepare_deadline_seconds: ctx.config.upgrade_timeout_seconds,
         };
         let observe = |nodes: &[String], starting: &HashSet<&str>| -> Vec<(String, NodeView)> {
             nodes

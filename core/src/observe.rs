@@ -1,0 +1,297 @@
+//! One node as a policy sees it, from plain facts (the Node, its pods, its
+//! installer pods, the PDBs): the [`Observation`] the state machine steps on,
+//! the drain's next evictions and the node's slot facts. Shared by the
+//! controller's pass, the NodeActor and the kubectl plugin, each feeding it
+//! from where it reads the cluster (reflector stores, API replies, a list).
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use ttdrv_api::{DrainPolicy, NodeState, PodSelector, labels};
+
+use crate::drain::{self, DrainPass, PodFacts, PodRef};
+use crate::machine::{Desired, InstallerPod, NodeRecord, Observation};
+use crate::rollout::Candidate;
+use crate::{installer, node, prepare};
+
+/// What is known of the policy before any of its nodes is looked at.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyFacts<'a> {
+    /// Policy name, target version and `prepare` ([`Desired::of`]).
+    pub desired: &'a Desired,
+    /// `spec.upgradePolicy.drain`.
+    pub drain: &'a DrainPolicy,
+    /// Namespace of the installer pods.
+    pub namespace: &'a str,
+    /// Template hash a current installer pod carries (empty: unknown yet).
+    pub template_hash: &'a str,
+    /// `podSelectorLabel` parsed; `None` when it does not parse (no drain
+    /// can be planned then).
+    pub selector: Option<&'a PodSelector>,
+    pub gates: &'a [String],
+    pub now: i64,
+    /// After this long without preparing, a current installer pod no longer
+    /// holds its node's cycle back (see [`prepare::gate`]).
+    pub prepare_deadline_seconds: i64,
+}
+
+/// What is known of one node.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeFacts<'a> {
+    pub node: &'a Node,
+    /// The record persisted on the Node, whichever policy wrote it (`None`
+    /// when absent or unreadable: [`node::record`]).
+    pub on_node: Option<&'a NodeRecord>,
+    /// Every pod bound to the node (installer pods included).
+    pub pods: &'a [&'a PodFacts],
+    /// Installer pods bound to the node, whole (any policy's: the policy's
+    /// own is picked by namespace and claim label).
+    pub installers: &'a [&'a Pod],
+    /// The record the node's actor holds: fresher than `on_node`.
+    pub live: Option<&'a NodeRecord>,
+}
+
+/// One node as a pass sees it.
+#[derive(Clone, Debug)]
+pub struct NodeView {
+    pub obs: Observation,
+    /// The record persisted on the Node for this policy, if readable.
+    pub persisted: Option<NodeRecord>,
+    /// Pods to evict now (pass 1 first); empty unless a drain was planned.
+    pub evictions: Vec<(PodRef, DrainPass)>,
+    pub installer_pod: Option<PodRef>,
+    /// Pods the drain leaves in place, with why (reported when it ends).
+    pub skipped: Vec<String>,
+    pub has_device_pods: bool,
+    /// NotReady, or cordoned by someone else.
+    pub externally_unavailable: bool,
+}
+
+impl NodeView {
+    /// The node's slot facts for the rollout planner; `rec` is the node's
+    /// current record (the live one, else the persisted one).
+    pub fn candidate(&self, name: &str, rec: Option<&NodeRecord>) -> Candidate {
+        let state = rec.map_or(NodeState::Pending, |r| r.state);
+        Candidate {
+            name: name.to_string(),
+            wants_slot: state == NodeState::Pending,
+            in_progress: rec.is_some_and(NodeRecord::occupies_slot),
+            ready: self.obs.ready,
+            unavailable: self.externally_unavailable,
+            failed: state.is_failed(),
+            has_device_pods: self.has_device_pods,
+            prepared: self.obs.prepared,
+        }
+    }
+}
+
+/// Observes one node. The drain is planned when `starting` (the node was just
+/// granted a slot and may cordon and enter Draining within one step) or when
+/// either the live or the persisted record is in Cordoning or Draining: the
+/// plan must never be missing when a node could leave Draining. `pdbs` is
+/// called only then (a pass reads them once, and only if a node drains).
+pub fn observe<'p>(
+    p: &PolicyFacts<'_>,
+    n: &NodeFacts<'_>,
+    starting: bool,
+    pdbs: impl FnOnce() -> Vec<&'p PodDisruptionBudget>,
+) -> NodeView {
+    let node = n.node;
+    let policy_name = p.desired.policy.as_str();
+    let installer = installer_of(p, n.installers);
+    // Another policy's cycle cut short (the node moved here): its cordon
+    // was ours, and stays ours to undo.
+    let inherited_cordon = n.on_node.is_some_and(|r| {
+        r.policy != policy_name
+            && r.cordoned_by_us()
+            && (r.state.is_in_progress() || r.state.is_failed())
+    }) && node::unschedulable(node)
+        // The Go operator's cordon for this policy (it annotated whom it
+        // cordoned for): ours now, undone when the node is Done.
+        || (node::annotation(node, labels::GO_CORDONED_BY) == Some(policy_name)
+            && node::unschedulable(node));
+    let persisted = n.on_node.filter(|r| r.policy == policy_name).cloned();
+    let live = n.live;
+    let rec = live.or(persisted.as_ref());
+    let pods = || n.pods.iter().copied();
+    let plan = p
+        .selector
+        .map(|sel| drain::plan_drain(pods(), p.drain, sel));
+    let draining = starting
+        || [live, persisted.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|r| matches!(r.state, NodeState::Draining | NodeState::Cordoning));
+    let (progress, evictions, skipped) = if let (true, Some(plan)) = (draining, &plan) {
+        let pdbs = pdbs();
+        let step = drain::sequence(plan, pods(), &pdbs);
+        (Some(step.progress), step.evict, plan.reportable_skips())
+    } else {
+        (None, vec![], vec![])
+    };
+    let label = |k: &str| node::label(node, k);
+    let installer_state = installer_state(installer, p.template_hash);
+    let installer_failure = installer.and_then(installer::failure);
+    let installer_created = installer.and_then(installer::created);
+    let prepared = prepared(
+        p,
+        node,
+        &installer_state,
+        &installer_failure,
+        installer_created,
+    );
+    let obs = Observation {
+        now: p.now,
+        ready: node::ready(node),
+        unschedulable: node::unschedulable(node),
+        loaded: node::loaded_version(node).map(String::from),
+        host_managed: node::host_managed(node),
+        installer: installer_state,
+        gates_closed: p.gates.iter().all(|g| label(g) == Some("false")),
+        gates_present: p.gates.iter().any(|g| label(g).is_some()),
+        drain: progress,
+        retry_token: node::retry_token(node).map(String::from),
+        slot: false,
+        installer_problem: installer.and_then(installer::problem),
+        installer_failure,
+        inherited_cordon,
+        vacated: label(labels::UNMANAGED) == Some(policy_name),
+        nothing_loaded: node::reported_nothing_loaded(node),
+        installer_created,
+        prepared,
+        prepare_turn: false,
+    };
+    // A cordon of ours on a node still waiting in Pending (adopted from
+    // the Go operator or another policy, or kept across a retry) puts it
+    // out of service all the same: it counts, and goes first.
+    let externally_unavailable = node::externally_unavailable(
+        node,
+        rec.is_some_and(|r| r.cordoned_by_us() && r.state != NodeState::Pending),
+    );
+    NodeView {
+        obs,
+        persisted,
+        evictions,
+        installer_pod: installer.map(PodRef::of),
+        skipped,
+        has_device_pods: plan.as_ref().map_or_else(
+            || pods().any(|p| p.device),
+            drain::DrainPlan::has_device_users,
+        ),
+        externally_unavailable,
+    }
+}
+
+/// The node's build-ahead facts (no drain plan), cheap enough to read for
+/// every owned node in a pass, with its place in the rollout's order (nodes
+/// without device users first). `None` when it has nothing to build ahead.
+pub fn prepare_candidate(
+    p: &PolicyFacts<'_>,
+    n: &NodeFacts<'_>,
+) -> Option<((bool, String), prepare::Candidate)> {
+    let node = n.node;
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let policy_name = p.desired.policy.as_str();
+    let installer = installer_of(p, n.installers);
+    let state = installer_state(installer, p.template_hash);
+    let failure = installer.and_then(installer::failure);
+    let prepared = prepared(
+        p,
+        node,
+        &state,
+        &failure,
+        installer.and_then(installer::created),
+    );
+    let obs = Observation {
+        now: p.now,
+        ready: node::ready(node),
+        unschedulable: node::unschedulable(node),
+        loaded: node::loaded_version(node).map(String::from),
+        host_managed: node::host_managed(node),
+        installer: state,
+        gates_closed: false,
+        gates_present: false,
+        drain: None,
+        retry_token: None,
+        slot: false,
+        installer_problem: None,
+        installer_failure: failure,
+        inherited_cordon: false,
+        installer_created: None,
+        nothing_loaded: false,
+        vacated: node::label(node, labels::UNMANAGED) == Some(policy_name),
+        prepared,
+        prepare_turn: false,
+    };
+    let rec = n.live.or(n.on_node.filter(|r| r.policy == policy_name));
+    let state = rec.map_or(NodeState::Pending, |r| r.state);
+    let c = prepare::candidate(name, &obs, state, &p.desired.version)?;
+    let device = n.pods.iter().any(|p| p.device);
+    Some(((device, name.to_string()), c))
+}
+
+/// The policy's installer pod among the node's installer pods.
+pub fn installer_of<'p>(p: &PolicyFacts<'_>, installers: &[&'p Pod]) -> Option<&'p Pod> {
+    installers.iter().copied().find(|pod| {
+        pod.metadata.namespace.as_deref() == Some(p.namespace)
+            && pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::CLAIM))
+                .map(String::as_str)
+                == Some(p.desired.policy.as_str())
+    })
+}
+
+/// Whether the node may start its cycle as far as build-ahead goes. A current
+/// installer that neither prepared nor failed within the deadline (an agent
+/// from before build-ahead) holds nothing back.
+fn prepared(
+    p: &PolicyFacts<'_>,
+    node: &Node,
+    installer: &InstallerPod,
+    failure: &Option<installer::Failure>,
+    created: Option<i64>,
+) -> bool {
+    let overdue = matches!(installer, InstallerPod::Current { .. })
+        && failure.is_none()
+        && created.is_some_and(|c| p.now - c > p.prepare_deadline_seconds);
+    prepare::gate(p.desired.prepare, node, &p.desired.version, overdue) == prepare::Gate::Start
+}
+
+/// What the installer pod is to the current template (`hash`, empty when not
+/// known yet: then no pod is current).
+pub fn installer_state(pod: Option<&Pod>, hash: &str) -> InstallerPod {
+    let Some(p) = pod else {
+        return InstallerPod::Missing;
+    };
+    let pod_hash = p
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(labels::TEMPLATE_HASH))
+        .map(String::as_str);
+    if pod_hash == Some(hash) && !hash.is_empty() {
+        InstallerPod::Current {
+            ready: p.metadata.deletion_timestamp.is_none() && node::pod_ready(p),
+        }
+    } else {
+        InstallerPod::Stale {
+            deleting: p.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// The facts of a Node as stored by the API server (a patch's reply) laid
+/// over an observation: what a NodeActor steps on again before the cache
+/// shows its own write.
+pub fn restate(mut obs: Observation, node: &Node, gates: &[String]) -> Observation {
+    let label = |k: &str| node::label(node, k);
+    obs.unschedulable = node::unschedulable(node);
+    obs.gates_closed = gates.iter().all(|g| label(g) == Some("false"));
+    obs.gates_present = gates.iter().any(|g| label(g).is_some());
+    obs.loaded = node::loaded_version(node).map(String::from);
+    obs.host_managed = node::host_managed(node);
+    obs.nothing_loaded = node::reported_nothing_loaded(node);
+    obs
+}
