@@ -15,7 +15,8 @@ use ttdrv_core::machine::{Desired, NodeRecord};
 use ttdrv_core::prepare;
 use ttdrv_core::rollout::{Limits, Plan};
 
-use crate::refusal::{Apply, Refusal};
+use crate::policy_decisions::Refused;
+use crate::refusal::{Apply, Refusal, RefusalKind};
 use ttdrv_core::selection::Assignment;
 
 use super::{SupervisorPorts, node_label, now_secs, owns};
@@ -58,14 +59,6 @@ pub(super) struct ReconcilePass {
     pub(super) refusal: Option<Refusal>,
 }
 
-/// The cluster's refusal of a policy's DaemonSet apply or drain selector.
-#[derive(Clone, Debug)]
-pub(super) struct Refused {
-    pub(super) message: String,
-    /// The API server was asked (and said no) in this pass.
-    pub(super) attempted: bool,
-}
-
 /// Rounds of slot hand-over within one pass: a node reaching Done frees a
 /// slot, and the next node starts in the same pass instead of waiting for the
 /// watch to echo the Done back.
@@ -83,25 +76,18 @@ impl ReconcilePass {
             .map_or(&[], Vec::as_slice)
     }
 
-    pub(super) async fn run(
-        &self,
-        targets: Vec<String>,
-        strays: Vec<String>,
-        conflicts: &[(String, String)],
-        warn_deprecated: bool,
-        conflicts_changed: bool,
-    ) -> Result<PassOut> {
+    pub(super) async fn run(&self, targets: Vec<String>, strays: Vec<String>) -> Result<PassOut> {
         let (ctx, policy) = (&self.ctx, &self.policy);
         let name = self.name().to_string();
         let spec = &policy.spec;
         ctx.metrics.set_desired_version(&name, &spec.version);
-        self.report_policy_events(conflicts, warn_deprecated, conflicts_changed);
         let (hash, mut refused) = self.ensure_daemonset().await?;
         // A selector the controller cannot parse: no drain can be planned.
         let selector = match PodSelector::parse(&spec.upgrade_policy.drain.pod_selector_label) {
             Ok(s) => Some(s),
             Err(e) => {
                 refused = refused.or(Some(Refused {
+                    kind: RefusalKind::Refused,
                     message: format!("spec.upgradePolicy.drain.podSelectorLabel: {e}"),
                     attempted: false,
                 }));
@@ -305,41 +291,6 @@ impl ReconcilePass {
         plan.replace.into_iter().collect()
     }
 
-    fn report_policy_events(
-        &self,
-        conflicts: &[(String, String)],
-        warn_deprecated: bool,
-        conflicts_changed: bool,
-    ) {
-        let policy = self.policy.as_ref();
-        if warn_deprecated {
-            self.ctx.event(
-                policy,
-                true,
-                "DeprecatedField",
-                "Validate",
-                "spec.nodeSelector is deprecated: rename it to spec.nodeAffinity (same shape)"
-                    .into(),
-            );
-        }
-        if conflicts_changed && !conflicts.is_empty() {
-            let list: Vec<String> = conflicts
-                .iter()
-                .map(|(n, o)| format!("{n} (owned by {o})"))
-                .collect();
-            self.ctx.event(
-                policy,
-                true,
-                "SelectorConflict",
-                "Select",
-                format!(
-                    "nodes also matched by older policies are left to them: {}",
-                    list.join(", ")
-                ),
-            );
-        }
-    }
-
     /// Claims the owned nodes so the DaemonSet (which requires the claim) lands
     /// there.
     async fn claim(&self, targets: &[String]) -> Result<()> {
@@ -507,6 +458,7 @@ impl ReconcilePass {
             return Ok((
                 self.cached_hash(),
                 Some(Refused {
+                    kind: RefusalKind::Refused,
                     message: crate::refusal::shorten(&message),
                     attempted: false,
                 }),
@@ -514,6 +466,7 @@ impl ReconcilePass {
         }
         if self.apply == Apply::Wait {
             let standing = self.refusal.as_ref().map(|r| Refused {
+                kind: r.kind,
                 message: r.message.clone(),
                 attempted: false,
             });
@@ -532,6 +485,11 @@ impl ReconcilePass {
             Err(e) if !e.is_transient() => Ok((
                 self.cached_hash(),
                 Some(Refused {
+                    kind: if matches!(e, Error::TakingOver { .. }) {
+                        RefusalKind::Takeover
+                    } else {
+                        RefusalKind::Refused
+                    },
                     message: e.refusal_message(),
                     attempted: true,
                 }),

@@ -12,7 +12,7 @@ use ttdrv_api::TenstorrentDriverPolicySpec;
 
 use super::*;
 use crate::Error;
-use crate::actors::EvictOutcome;
+use crate::actors::{EvictOutcome, PassScope};
 use crate::config::Config;
 use crate::context::Stores;
 use crate::metrics::Metrics;
