@@ -196,7 +196,8 @@ fn conflicts_and_deprecation_warned_once() {
     ];
     let none: Vec<(String, String)> = vec![];
     // (generation, deprecated selector, conflicts, Events)
-    let rows: Vec<(i64, bool, &[(String, String)], Vec<EventReason>)> = vec![
+    type Row<'a> = (i64, bool, &'a [(String, String)], Vec<EventReason>);
+    let rows: Vec<Row<'_>> = vec![
         (1, false, &none, vec![]),
         (1, true, &a, vec![DeprecatedField, SelectorConflict]),
         (1, true, &a, vec![]),
@@ -285,15 +286,16 @@ fn status_written_urgently_or_at_most_once_a_second() {
     let same = [true, false, false, false, false];
     let flipped = [false, true, false, false, false];
     // (memo, previous flags, flags, previous generation, replacing, now, due)
-    let rows: Vec<(
-        &PolicyMemo,
-        Option<&[bool]>,
-        &[bool],
+    type Row<'a> = (
+        &'a PolicyMemo,
+        Option<&'a [bool]>,
+        &'a [bool],
         Option<Option<i64>>,
         bool,
         Instant,
         bool,
-    )> = vec![
+    );
+    let rows: Vec<Row<'_>> = vec![
         (
             &written,
             Some(&same),
