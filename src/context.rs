@@ -13,6 +13,7 @@ use kube::Resource;
 use kube::runtime::events::{Event, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use ttdrv_api::TenstorrentDriverPolicy;
+use ttdrv_core::event::EventReason;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -92,7 +93,7 @@ impl Context {
         &self,
         obj: &K,
         warning: bool,
-        reason: &str,
+        reason: EventReason,
         action: &str,
         note: String,
     ) {

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod node_patch;
 pub mod observe;
 pub mod pod_index;
+pub mod policy_decisions;
 pub mod refusal;
 pub mod render;
 pub mod status;

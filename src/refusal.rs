@@ -15,11 +15,23 @@ pub const MAX_WAIT: Duration = Duration::from_secs(300);
 /// Longest message kept from the API server (the field it names comes first).
 pub const MAX_MESSAGE: usize = 512;
 
+/// What holds a policy back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// The cluster refuses it: an apply answered with a 4xx, a selector that
+    /// does not parse, an installer outside the allow-lists.
+    Refused,
+    /// A foreign DaemonSet of the same name is being deleted to be re-created
+    /// as ours: held like a refusal, reported as a takeover.
+    Takeover,
+}
+
 /// A policy's standing refusal.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
     /// `metadata.generation` of the spec that was refused.
     pub generation: Option<i64>,
+    pub kind: RefusalKind,
     pub message: String,
     /// Refused attempts of this spec so far.
     pub attempts: u32,
@@ -48,6 +60,7 @@ impl Refusal {
     pub fn refused(
         current: Option<&Refusal>,
         generation: Option<i64>,
+        kind: RefusalKind,
         message: &str,
         now: Instant,
     ) -> Refusal {
@@ -60,6 +73,7 @@ impl Refusal {
             .min(MAX_WAIT);
         Refusal {
             generation,
+            kind,
             message: shorten(message),
             attempts,
             retry_at: now + wait,
@@ -97,7 +111,7 @@ mod tests {
     #[test]
     fn backs_off_exponentially_per_spec_and_retries_a_new_spec_at_once() {
         let t0 = Instant::now();
-        let r1 = Refusal::refused(None, Some(1), "bad key", t0);
+        let r1 = Refusal::refused(None, Some(1), RefusalKind::Refused, "bad key", t0);
         assert_eq!(r1.attempts, 1);
         assert_eq!(r1.retry_at - t0, FIRST_WAIT);
         assert_eq!(Refusal::next(Some(&r1), Some(1), t0), Apply::Wait);
@@ -110,7 +124,13 @@ mod tests {
         let mut r = r1.clone();
         let mut waits = vec![];
         for _ in 0..10 {
-            let next = Refusal::refused(Some(&r), Some(1), "bad key", r.retry_at);
+            let next = Refusal::refused(
+                Some(&r),
+                Some(1),
+                RefusalKind::Refused,
+                "bad key",
+                r.retry_at,
+            );
             waits.push((next.retry_at - r.retry_at).as_secs());
             r = next;
         }
@@ -120,13 +140,13 @@ mod tests {
     #[test]
     fn news_only_for_a_new_error() {
         let t0 = Instant::now();
-        let r1 = Refusal::refused(None, Some(1), "bad key", t0);
+        let r1 = Refusal::refused(None, Some(1), RefusalKind::Refused, "bad key", t0);
         assert!(r1.is_news(None));
-        let r2 = Refusal::refused(Some(&r1), Some(1), "bad key", t0);
+        let r2 = Refusal::refused(Some(&r1), Some(1), RefusalKind::Refused, "bad key", t0);
         assert!(!r2.is_news(Some(&r1)), "the same error again is not news");
-        let r3 = Refusal::refused(Some(&r2), Some(1), "another", t0);
+        let r3 = Refusal::refused(Some(&r2), Some(1), RefusalKind::Refused, "another", t0);
         assert!(r3.is_news(Some(&r2)));
-        let r4 = Refusal::refused(Some(&r3), Some(2), "another", t0);
+        let r4 = Refusal::refused(Some(&r3), Some(2), RefusalKind::Refused, "another", t0);
         assert!(r4.is_news(Some(&r3)), "a new spec refused again is news");
     }
 

@@ -14,6 +14,8 @@ use ttdrv_api::{
 use ttdrv_core::machine::NodeRecord;
 use ttdrv_core::reason;
 
+use crate::refusal::RefusalKind;
+
 /// What the agent reported on a node (its labels), for `status.nodes[]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reported {
@@ -38,8 +40,8 @@ pub struct StatusInput<'a> {
     /// The fleet-health brake is on: the policy's NotReady nodes.
     pub braked: Option<&'a [String]>,
     /// The cluster refuses the policy (its DaemonSet apply, its drain
-    /// selector): the API server's words.
-    pub refused: Option<&'a str>,
+    /// selector) or a takeover holds it: which, and the API server's words.
+    pub refused: Option<(RefusalKind, &'a str)>,
     pub daemonset: &'a str,
     pub previous: Option<&'a TenstorrentDriverPolicyStatus>,
     pub now: Timestamp,
@@ -244,12 +246,12 @@ pub fn build(
     );
     let (degraded_reason, degraded_message) = if summary.failed_nodes > 0 {
         ("NodeFailed", failed.join("; "))
-    } else if let Some(why) = input.refused.filter(|w| w.starts_with(TAKEOVER)) {
+    } else if let Some((RefusalKind::Takeover, why)) = input.refused {
         (
             "DaemonSetTakeover",
             format!("{why} (nothing new starts until it is ours)"),
         )
-    } else if let Some(why) = input.refused {
+    } else if let Some((RefusalKind::Refused, why)) = input.refused {
         (
             "PolicyRefused",
             format!(
@@ -299,7 +301,7 @@ pub fn build(
                 "Idle"
             } else if summary.failed_nodes > 0 {
                 "Halted"
-            } else if input.refused.is_some_and(|w| w.starts_with(TAKEOVER)) {
+            } else if matches!(input.refused, Some((RefusalKind::Takeover, _))) {
                 "TakingOver"
             } else if input.refused.is_some() {
                 "Refused"
@@ -468,8 +470,8 @@ fn next_kernel_condition(
 }
 
 /// How the message of a DaemonSet takeover in progress starts (see
-/// `actors::renderer`): the policy is held as a refused one meanwhile, under
-/// its own reason.
+/// `actors::renderer`); words for people only, the decisions go by
+/// [`RefusalKind::Takeover`].
 pub const TAKEOVER: &str = "taking over DaemonSet ";
 
 #[cfg(test)]

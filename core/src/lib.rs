@@ -9,6 +9,7 @@
 //! | [`machine`] | one node's next upgrade state and the commands that get it there |
 //! | [`observe`] | one node as a policy sees it, from plain Node and pod facts: its observation, next evictions and slot facts |
 //! | [`reason`] | the bounded set of reasons a node's state carries |
+//! | [`event`] | the closed set of Event reasons the controller emits |
 //! | [`drain`] | which pods a drain evicts, in which pass, and what blocks it |
 //! | [`installer`] | what an installer pod's status says: unhealthy, or failed for good and why |
 //! | [`go_ahead`] | whether the agent may swap the loaded module now (the second key) |
@@ -17,6 +18,7 @@
 //! | [`trust`] | which installer images and source repositories a policy may name, and the commit a version is built from |
 
 pub mod drain;
+pub mod event;
 pub mod go_ahead;
 pub mod installer;
 pub mod machine;

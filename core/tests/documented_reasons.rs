@@ -1,10 +1,12 @@
 //! The reasons the state machine writes and the reasons the docs promise are
 //! the same set: a reason documented but never produced, or produced but not
-//! documented, fails here.
+//! documented, fails here. The same for the reasons of the Events the
+//! controller emits.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use ttdrv_core::event::EventReason;
 use ttdrv_core::reason;
 
 fn doc(name: &str) -> String {
@@ -144,4 +146,20 @@ fn go_reason_codes_in_the_crd_reference() {
         expected.insert(go.to_string());
     }
     assert_eq!(documented, expected);
+}
+
+/// The Events table of the troubleshooting guide lists every Event reason,
+/// and nothing else.
+#[test]
+fn event_reasons_in_the_troubleshooting_table() {
+    let table: String = section(&doc("troubleshooting.md"), "Events")
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| l.split('|').nth(1).unwrap_or_default().to_string())
+        .collect();
+    let produced: BTreeSet<String> = EventReason::ALL
+        .iter()
+        .map(|r| r.as_str().to_string())
+        .collect();
+    assert_eq!(reasons_in(&table), produced);
 }

@@ -17,43 +17,15 @@ use actix::prelude::*;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::labels;
 
+use super::messages::{PassScope, Reconcile, RefusalChanged};
 use super::supervisor::SupervisorPorts;
-use super::{DaemonSetRenderer, Evictor, Labeler, PatchNode, PolicySupervisor, Reconcile};
+use super::{DaemonSetRenderer, Evictor, Labeler, PatchNode, PolicySupervisor};
 use crate::context::Context;
 use ttdrv_core::selection::{Assignment, Refused, assign, claim_of};
 
 /// Coalescing window for watch events: long enough to batch a burst, short
 /// enough to add nothing visible to a node's cycle.
 const DEBOUNCE: Duration = Duration::from_millis(5);
-
-/// What a pass must look at.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct PassScope {
-    /// Every node of the policy (and the policy-level work).
-    pub full: bool,
-    /// The periodic tick: nodes in the middle of a cycle are due for their
-    /// deadlines and eviction retries.
-    pub tick: bool,
-    /// Nodes whose Node or pods changed.
-    pub nodes: HashSet<String>,
-}
-
-impl PassScope {
-    fn is_empty(&self) -> bool {
-        !self.full && !self.tick && self.nodes.is_empty()
-    }
-
-    fn merge(&mut self, other: &PassScope) {
-        self.full |= other.full;
-        self.tick |= other.tick;
-        if !self.full {
-            self.nodes.extend(other.nodes.iter().cloned());
-        }
-        if self.full {
-            self.nodes.clear();
-        }
-    }
-}
 
 pub struct PolicyManager {
     ctx: Arc<Context>,
@@ -351,15 +323,6 @@ impl Handler<Kick> for PolicyManager {
     }
 }
 
-/// A supervisor's policy is now refused by the cluster (or accepted again):
-/// a refused policy keeps only the nodes it is mid-cycle on.
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct RefusalChanged {
-    pub policy: String,
-    pub refused: bool,
-}
-
 impl Handler<RefusalChanged> for PolicyManager {
     type Result = ();
 
@@ -374,36 +337,5 @@ impl Handler<RefusalChanged> for PolicyManager {
             self.changed.nodes.clear();
             self.schedule(actx, DEBOUNCE);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn nodes(n: &[&str]) -> PassScope {
-        PassScope {
-            nodes: n.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn scopes_merge_and_full_absorbs_nodes() {
-        let mut s = PassScope::default();
-        assert!(s.is_empty());
-        s.merge(&nodes(&["a"]));
-        s.merge(&nodes(&["b", "a"]));
-        assert_eq!(s, nodes(&["a", "b"]));
-        s.merge(&PassScope {
-            full: true,
-            ..Default::default()
-        });
-        assert!(s.full && s.nodes.is_empty(), "{s:?}");
-        s.merge(&nodes(&["c"]));
-        assert!(
-            s.full && s.nodes.is_empty(),
-            "a full pass covers every node: {s:?}"
-        );
     }
 }

@@ -17,6 +17,7 @@
 pub mod evictor;
 pub mod labeler;
 pub mod manager;
+pub mod messages;
 pub mod node;
 pub mod renderer;
 pub mod rollout;
@@ -24,8 +25,9 @@ pub mod supervisor;
 
 pub use evictor::{Evict, EvictOutcome, Evictor};
 pub use labeler::{Labeler, PatchNode};
-pub use manager::{Kick, PassScope, PolicyManager, Scope};
+pub use manager::{Kick, PolicyManager, Scope};
+pub use messages::{PassScope, Reconcile, RefusalChanged};
 pub use node::{NodeActor, Observe};
 pub use renderer::{DaemonSetRenderer, Ensure, ReplaceInstallerPod};
 pub use rollout::{AcquireSlot, PlanRollout, ReleaseSlot, RolloutActor};
-pub use supervisor::{PolicySupervisor, Reconcile};
+pub use supervisor::PolicySupervisor;

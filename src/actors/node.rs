@@ -10,6 +10,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
 use ttdrv_core::drain::{DrainPass, PodRef};
+use ttdrv_core::event::EventReason;
 use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, Step, step};
 
 use super::{AcquireSlot, Evict, PatchNode, ReleaseSlot, ReplaceInstallerPod};
@@ -240,7 +241,7 @@ impl Handler<Observe> for NodeActor {
                     ctx.event(
                         msg.policy.as_ref(),
                         true,
-                        ttdrv_core::reason::NODE_NOT_READY,
+                        EventReason::NodeNotReady,
                         "Upgrade",
                         format!(
                             "node {node}: not Ready while {}; it keeps its slot and the cycle goes on when it is back",
@@ -255,7 +256,13 @@ impl Handler<Observe> for NodeActor {
                             "node {node}: drain left these pods in place: {}",
                             msg.skipped.join(", ")
                         );
-                        ctx.event(msg.policy.as_ref(), true, "PodsNotEvicted", "Drain", note);
+                        ctx.event(
+                            msg.policy.as_ref(),
+                            true,
+                            EventReason::PodsNotEvicted,
+                            "Drain",
+                            note,
+                        );
                     }
                 }
                 // Cordoning and Uncordoning wait only for our own write to show.
@@ -334,7 +341,7 @@ async fn report_transition(
             ctx.event(
                 policy,
                 false,
-                "NodeUpgradeStarted",
+                EventReason::NodeUpgradeStarted,
                 "Cordon",
                 format!("node {node}: cordoned to upgrade tt-kmd to {}", next.target),
             );
@@ -346,7 +353,7 @@ async fn report_transition(
             ctx.event(
                 policy,
                 false,
-                "NodeUpgraded",
+                EventReason::NodeUpgraded,
                 "Upgrade",
                 format!(
                     "node {node}: tt-kmd {} loaded and node back in service",
@@ -360,7 +367,7 @@ async fn report_transition(
             ctx.event(
                 policy,
                 true,
-                "NodeUpgradeFailed",
+                EventReason::NodeUpgradeFailed,
                 "Upgrade",
                 format!("node {node}: {}", next.message.as_deref().unwrap_or(reason)),
             );
@@ -379,19 +386,19 @@ fn report_vacate(ctx: &Context, policy: &TenstorrentDriverPolicy, node: &str, ne
     let (warning, event, note) = match next.state {
         NodeState::Unloading => (
             false,
-            "NodeUnloading",
+            EventReason::NodeUnloading,
             format!("node {node}: drained; the installer unloads tt-kmd"),
         ),
         NodeState::Unmanaged => (
             false,
-            "NodeUnmanaged",
+            EventReason::NodeUnmanaged,
             format!("node {node}: vacated ({reason}); left alone from now on"),
         ),
         _ => {
             ctx.metrics.inc_failure(&cr, reason);
             (
                 true,
-                "NodeUnloadFailed",
+                EventReason::NodeUnloadFailed,
                 format!("node {node}: {}", next.message.as_deref().unwrap_or(reason)),
             )
         }

@@ -13,6 +13,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy};
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
+use ttdrv_core::event::EventReason;
 
 use crate::context::Context;
 use crate::render::{daemonset_name, pod_labels, render_daemonset};
@@ -99,9 +100,9 @@ impl Handler<Ensure> for DaemonSetRenderer {
                     .unwrap_or(e));
             }
             let (reason, verb) = if existing.is_some() {
-                ("DaemonSetUpdated", "updated")
+                (EventReason::DaemonSetUpdated, "updated")
             } else {
-                ("DaemonSetCreated", "created")
+                (EventReason::DaemonSetCreated, "created")
             };
             tracing::info!(daemonset = name, hash, verb, "installer DaemonSet applied");
             ctx.event(
@@ -151,7 +152,7 @@ async fn retire(ctx: &Context, policy: &TenstorrentDriverPolicy) -> Result<()> {
             ctx.event(
                 policy,
                 false,
-                "DaemonSetDeleted",
+                EventReason::DaemonSetDeleted,
                 "Unmanage",
                 format!("every node vacated: installer DaemonSet {name} deleted"),
             );
@@ -272,7 +273,13 @@ async fn take_over(
         selector = foreign,
         "taking over a foreign installer DaemonSet"
     );
-    ctx.event(policy, true, "DaemonSetTakeover", "Render", note.clone());
+    ctx.event(
+        policy,
+        true,
+        EventReason::DaemonSetTakeover,
+        "Render",
+        note.clone(),
+    );
     Ok(Some(Error::TakingOver {
         daemonset: name.to_string(),
         message: format!("{TAKEOVER}{name}: {note}"),

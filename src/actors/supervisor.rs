@@ -14,26 +14,22 @@ use std::time::Instant;
 use actix::prelude::*;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::Api;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
-use ttdrv_api::{NodeState, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus, labels};
+use ttdrv_api::{NodeState, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 use ttdrv_core::machine::NodeRecord;
 use ttdrv_core::reason;
 use ttdrv_core::rollout::Plan;
 use ttdrv_core::selection::Assignment;
 
-use super::manager::RefusalChanged;
+use super::messages::{Reconcile, RefusalChanged};
 use super::node::{NodePorts, StopNode};
 use super::{
-    DaemonSetRenderer, Ensure, Evict, Evictor, Labeler, NodeActor, PassScope, PatchNode,
-    ReplaceInstallerPod, RolloutActor,
+    DaemonSetRenderer, Ensure, Evict, Evictor, Labeler, NodeActor, PatchNode, ReplaceInstallerPod,
+    RolloutActor,
 };
 use crate::Result;
 use crate::context::Context;
-use crate::refusal::Refusal;
-use crate::render::daemonset_name;
-use crate::status::{self, Reported, StatusInput};
+use crate::policy_decisions::{Effect, Facts, Log, PolicyMemo, Refused, decide};
 
 /// Where a PolicySupervisor (and the NodeActors it starts) send their work:
 /// the shared Labeler, Evictor and DaemonSetRenderer. Recipients, so tests
@@ -78,22 +74,12 @@ pub struct PolicySupervisor {
     rollout: Addr<RolloutActor>,
     ports: SupervisorPorts,
     last_status: Option<TenstorrentDriverPolicyStatus>,
-    last_status_write: Option<Instant>,
-    /// `resourceVersion` of the policy whose unreadable status (not ours:
-    /// the Go operator's, or garbage) was last replaced by ours.
-    replaced_unreadable: Option<String>,
     status_in_flight: bool,
     /// A full pass has rebuilt the records and the rollout's view of every
     /// node; until then every pass is a full one.
     primed: bool,
-    warned_generation: Option<i64>,
-    /// The fleet-health brake held the last pass.
-    braked: bool,
-    /// What the cluster refuses about this policy, while it does.
-    refusal: Option<Refusal>,
-    last_conflicts: Vec<(String, String)>,
-    /// Next-kernel warnings announced with an Event (node -> kernel).
-    next_kernel_warned: BTreeMap<String, String>,
+    /// The policy-level decisions' memory of earlier passes.
+    memo: PolicyMemo,
 }
 
 impl PolicySupervisor {
@@ -107,15 +93,9 @@ impl PolicySupervisor {
             rollout: RolloutActor::default().start(),
             ports,
             last_status: None,
-            last_status_write: None,
-            replaced_unreadable: None,
             status_in_flight: false,
             primed: false,
-            warned_generation: None,
-            braked: false,
-            refusal: None,
-            last_conflicts: vec![],
-            next_kernel_warned: BTreeMap::new(),
+            memo: PolicyMemo::default(),
         }
     }
 }
@@ -138,25 +118,12 @@ impl Supervised for PolicySupervisor {
         self.last_status = None;
         self.status_in_flight = false;
         self.primed = false;
-        if self.refusal.take().is_some() {
-            // Found again by the next pass if it still stands.
-            self.ports.refusals.do_send(RefusalChanged {
-                policy: self.name.clone(),
-                refused: false,
-            });
-        }
+        // A refusal is found again by the next pass if it still stands.
+        let (memo, effects) = decide(&self.memo, &Facts::Restarted);
+        self.memo = memo;
+        self.carry_out(None, effects);
         self.ctx.metrics.inc_actor_restart("policy_supervisor");
     }
-}
-
-/// Re-evaluate the policy against the current caches: every node it owns
-/// (`scope.full`), or only the nodes named in `scope.nodes` plus, on the
-/// periodic tick, those in the middle of a cycle.
-#[derive(Message, Clone)]
-#[rtype(result = "Result<()>")]
-pub struct Reconcile {
-    pub assignment: Arc<Assignment>,
-    pub scope: PassScope,
 }
 
 fn now_secs() -> i64 {
@@ -211,42 +178,28 @@ impl Handler<Reconcile> for PolicySupervisor {
             records: self.records.clone(),
             rollout: self.rollout.clone(),
             ports: self.ports.clone(),
-            apply: Refusal::next(
-                self.refusal.as_ref(),
-                policy.metadata.generation,
-                Instant::now(),
-            ),
-            refusal: self.refusal.clone(),
+            apply: self.memo.apply(policy.metadata.generation, Instant::now()),
+            refusal: self.memo.refusal.clone(),
         };
-        let warn_deprecated = policy.spec.uses_deprecated_node_selector()
-            && self.warned_generation != policy.metadata.generation;
-        let conflicts_changed = conflicts != self.last_conflicts;
+        let (memo, effects) = decide(
+            &self.memo,
+            &Facts::PassStarts {
+                generation: policy.metadata.generation,
+                uses_deprecated_node_selector: policy.spec.uses_deprecated_node_selector(),
+                conflicts: &conflicts,
+            },
+        );
+        self.memo = memo;
+        self.carry_out(Some(&policy), effects);
 
-        let fut = async move {
-            let res = pass
-                .run(
-                    targets,
-                    strays,
-                    &conflicts,
-                    warn_deprecated,
-                    conflicts_changed,
-                )
-                .await;
-            (res, conflicts, warn_deprecated)
-        };
+        let fut = async move { pass.run(targets, strays).await };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(
-            move |(res, conflicts, warned), act, actx| {
-                act.last_conflicts = conflicts.clone();
-                if warned {
-                    act.warned_generation = policy.metadata.generation;
-                }
+            move |res, act, actx| {
                 let res = res.map(|out| {
                     act.absorb(&out, full, &assignment);
                     let plan = out.plan;
                     act.export_metrics(&out.stepped, full, &plan);
-                    act.report_brake(&policy, &plan);
-                    act.report_next_kernels(&policy);
-                    act.absorb_refusal(&policy, out.refused.as_ref());
+                    act.policy_decisions(&policy, &plan, out.refused.as_ref());
                     act.write_status_if_due(&policy, &conflicts, &plan, actx);
                     out.err
                 });
@@ -405,82 +358,14 @@ impl PolicySupervisor {
         m.set_policy_prepare(cr, prepared, next_failed);
     }
 
-    /// Keeps the policy's refusal in step with the pass: a refused attempt
-    /// moves the backoff on (Event and log line only for a new error), an
-    /// accepted apply ends it.
-    fn absorb_refusal(&mut self, policy: &TenstorrentDriverPolicy, refused: Option<&Refused>) {
-        let generation = policy.metadata.generation;
-        match refused {
-            None => {
-                if let Some(ended) = self.refusal.take() {
-                    self.ports.refusals.do_send(RefusalChanged {
-                        policy: self.name.clone(),
-                        refused: false,
-                    });
-                    tracing::info!(policy = self.name, "the cluster accepts the policy again");
-                    let (reason, note) = if ended.message.starts_with(status::TAKEOVER) {
-                        (
-                            "DaemonSetTakenOver",
-                            "the installer DaemonSet was re-created as this controller's: the takeover is over",
-                        )
-                    } else {
-                        (
-                            "PolicyApplied",
-                            "the installer DaemonSet was applied: the refusal is over",
-                        )
-                    };
-                    self.ctx.event(policy, false, reason, "Apply", note.into());
-                }
-            }
-            Some(r)
-                if !r.attempted
-                    && self
-                        .refusal
-                        .as_ref()
-                        .is_some_and(|s| s.message == r.message && s.generation == generation) => {}
-            Some(r) => {
-                let next = Refusal::refused(
-                    self.refusal.as_ref(),
-                    generation,
-                    &r.message,
-                    Instant::now(),
-                );
-                // A takeover has its own Event (DaemonSetTakeover, from the
-                // renderer): it is not a refusal to report.
-                let takeover = next.message.starts_with(status::TAKEOVER);
-                if next.is_news(self.refusal.as_ref()) && !takeover {
-                    self.ctx
-                        .event(policy, true, "PolicyRefused", "Apply", next.message.clone());
-                }
-                if r.attempted || next.is_news(self.refusal.as_ref()) {
-                    let wait = next.retry_at.saturating_duration_since(Instant::now());
-                    tracing::warn!(
-                        policy = self.name,
-                        attempts = next.attempts,
-                        retry_in_s = wait.as_secs(),
-                        message = next.message,
-                        "the cluster refuses the policy; backing off"
-                    );
-                }
-                if !takeover {
-                    self.ctx.metrics.inc_error(&self.name, "refused");
-                }
-                if self.refusal.is_none() {
-                    self.ports.refusals.do_send(RefusalChanged {
-                        policy: self.name.clone(),
-                        refused: true,
-                    });
-                }
-                self.refusal = Some(next);
-            }
-        }
-    }
-
-    /// A Warning Event (NextKernelBuildFailed) for each node whose agent
-    /// newly reports an installed kernel the policy's version does not build
-    /// for: before anyone reboots into it.
-    fn report_next_kernels(&mut self, policy: &TenstorrentDriverPolicy) {
-        let now: BTreeMap<String, String> = self
+    /// The policy-level decisions on what the pass found, carried out.
+    fn policy_decisions(
+        &mut self,
+        policy: &TenstorrentDriverPolicy,
+        plan: &Plan,
+        refused: Option<&Refused>,
+    ) {
+        let next_kernel_failed = self
             .records
             .keys()
             .filter_map(|n| {
@@ -489,56 +374,64 @@ impl PolicySupervisor {
                 Some((n.clone(), kver.to_string()))
             })
             .collect();
-        for (node, kver) in
-            ttdrv_core::prepare::new_next_kernel_warnings(&self.next_kernel_warned, &now)
-        {
-            let note = format!(
-                "node {node}: tt-kmd {} does not build for its installed kernel {kver}; a reboot into that kernel would find no module (the installer's log has the build error)",
-                policy.spec.version
-            );
-            tracing::warn!(
-                policy = self.name,
-                node,
-                kernel = kver,
-                "next-kernel build failed"
-            );
-            self.ctx.event(
-                policy,
-                true,
-                ttdrv_core::prepare::NEXT_KERNEL_BUILD_FAILED,
-                "Prepare",
-                note,
-            );
-        }
-        self.next_kernel_warned = now;
+        let facts = Facts::PassEnded {
+            generation: policy.metadata.generation,
+            refused,
+            braked: plan.braked.as_deref(),
+            brake_percent: self.ctx.config.not_ready_brake_percent,
+            version: &policy.spec.version,
+            next_kernel_failed,
+            now: Instant::now(),
+        };
+        let (memo, effects) = decide(&self.memo, &facts);
+        self.memo = memo;
+        self.carry_out(Some(policy), effects);
     }
 
-    /// An Event when the fleet-health brake engages or lets go.
-    fn report_brake(&mut self, policy: &TenstorrentDriverPolicy, plan: &Plan) {
-        let braked = plan.braked.is_some();
-        if braked == self.braked {
-            return;
-        }
-        self.braked = braked;
-        let (warning, reason, note) = match &plan.braked {
-            Some(nodes) => (
-                true,
-                "FleetNotReady",
-                format!(
-                    "rollout held: {} node(s) NotReady (more than {}% of the policy's nodes): {}",
-                    nodes.len(),
-                    self.ctx.config.not_ready_brake_percent,
-                    nodes.join(", ")
+    /// Events (about `policy`), log lines and messages the decisions ask for.
+    fn carry_out(&self, policy: Option<&TenstorrentDriverPolicy>, effects: Vec<Effect>) {
+        let name = self.name.as_str();
+        for effect in effects {
+            match effect {
+                Effect::Event {
+                    warning,
+                    reason,
+                    action,
+                    note,
+                } => {
+                    if let Some(p) = policy {
+                        self.ctx.event(p, warning, reason, action, note);
+                    }
+                }
+                Effect::RefusalChanged { refused } => {
+                    self.ports.refusals.do_send(RefusalChanged {
+                        policy: name.to_string(),
+                        refused,
+                    });
+                }
+                Effect::CountRefused => self.ctx.metrics.inc_error(name, "refused"),
+                Effect::Log(Log::Accepted) => {
+                    tracing::info!(policy = name, "the cluster accepts the policy again");
+                }
+                Effect::Log(Log::BackingOff {
+                    attempts,
+                    retry_in_s,
+                    message,
+                }) => tracing::warn!(
+                    policy = name,
+                    attempts,
+                    retry_in_s,
+                    message,
+                    "the cluster refuses the policy; backing off"
                 ),
-            ),
-            None => (
-                false,
-                "FleetReady",
-                "enough nodes are Ready again: the rollout goes on".to_string(),
-            ),
-        };
-        tracing::warn!(policy = self.name, braked, note, "fleet-health brake");
-        self.ctx.event(policy, warning, reason, "Rollout", note);
+                Effect::Log(Log::Brake { braked, note }) => {
+                    tracing::warn!(policy = name, braked, note, "fleet-health brake");
+                }
+                Effect::Log(Log::NextKernelFailed { node, kernel }) => {
+                    tracing::warn!(policy = name, node, kernel, "next-kernel build failed");
+                }
+            }
+        }
     }
 
     fn paused(&self) -> bool {
@@ -548,154 +441,12 @@ impl PolicySupervisor {
             .get(&ObjectRef::new(&self.name))
             .is_some_and(|p| p.spec.paused)
     }
-
-    /// Writes the status in the background, off every node's path: condition
-    /// flips (Ready, Degraded, Paused, Conflict…) and a new generation at once,
-    /// per-node progress at most once per STATUS_INTERVAL (the periodic full
-    /// pass flushes the last of it). One write at a time.
-    fn write_status_if_due(
-        &mut self,
-        policy: &Arc<TenstorrentDriverPolicy>,
-        conflicts: &[(String, String)],
-        plan: &Plan,
-        actx: &mut actix::Context<Self>,
-    ) {
-        if self.status_in_flight {
-            return;
-        }
-        // A status we cannot read (another operator's, garbage) is replaced
-        // as a whole by ours, at once, with an Event; once per version of the
-        // policy, so a watch that lags behind our write does not repeat it.
-        let unreadable = policy
-            .status
-            .as_ref()
-            .and_then(|s| s.unreadable.clone())
-            .filter(|_| self.replaced_unreadable != policy.metadata.resource_version);
-        let prev = if unreadable.is_some() {
-            None
-        } else {
-            self.last_status.clone().or_else(|| policy.status.clone())
-        };
-        let (summary, _) = status::summarize(&self.records);
-        let flags = status::condition_flags(
-            &summary,
-            policy.spec.paused,
-            !conflicts.is_empty(),
-            plan.braked.is_some() || self.refusal.is_some(),
-        );
-        let urgent = prev.as_ref().map(status::flags_of).as_deref() != Some(flags.as_slice())
-            || prev.as_ref().map(|p| p.observed_generation) != Some(policy.metadata.generation);
-        let due = self
-            .last_status_write
-            .is_none_or(|t| t.elapsed() >= STATUS_INTERVAL);
-        if !(urgent || due || unreadable.is_some()) {
-            return;
-        }
-        let ds_name = daemonset_name(&self.name);
-        let input = StatusInput {
-            policy,
-            records: &self.records,
-            device_users: &self.device_users,
-            conflicts,
-            blocked: plan.blocked.as_deref(),
-            braked: plan.braked.as_deref(),
-            refused: self.refusal.as_ref().map(|r| r.message.as_str()),
-            daemonset: &ds_name,
-            previous: prev.as_ref(),
-            now: Timestamp::now(),
-        };
-        let nodes = &self.ctx.stores.nodes;
-        let status = status::build(&input, |n| {
-            let node = nodes.get(&ObjectRef::new(n));
-            let l = |k: &str| {
-                node.as_deref()
-                    .and_then(|nd| node_label(nd, k))
-                    .map(String::from)
-            };
-            Reported {
-                version: node
-                    .as_deref()
-                    .and_then(ttdrv_core::node::loaded_version)
-                    .map(String::from),
-                install_mode: l(labels::INSTALL_MODE),
-                prepared_version: node
-                    .as_deref()
-                    .and_then(ttdrv_core::prepare::prepared_version)
-                    .map(String::from),
-                next_kernel_build_failed: node
-                    .as_deref()
-                    .and_then(ttdrv_core::prepare::next_kernel_failed)
-                    .map(String::from),
-            }
-        });
-        if prev.as_ref() == Some(&status) {
-            return;
-        }
-        self.status_in_flight = true;
-        let api: Api<TenstorrentDriverPolicy> = Api::all(self.ctx.client.clone());
-        let name = self.name.clone();
-        let replacing = unreadable
-            .as_ref()
-            .map(|_| policy.metadata.resource_version.clone());
-        if let Some(why) = &unreadable {
-            tracing::warn!(
-                policy = name,
-                why,
-                "replacing a status this controller cannot read"
-            );
-            self.ctx.event(
-                policy.as_ref(),
-                true,
-                "UnreadableStatusReplaced",
-                "Status",
-                format!(
-                    "the policy's status was not written by this controller and does not parse ({}): replaced by ours",
-                    crate::refusal::shorten(why)
-                ),
-            );
-        }
-        let fut = async move {
-            let res = if replacing.is_some() {
-                // A merge patch would keep the foreign fields: replace the
-                // whole status (JSON patch: `add` replaces an existing member).
-                let ops: json_patch::Patch = serde_json::from_value(serde_json::json!([
-                    { "op": "add", "path": "/status", "value": status }
-                ]))
-                .expect("a JSON patch");
-                api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(ops))
-                    .await
-            } else {
-                let patch = serde_json::json!({ "status": status });
-                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-            };
-            (res, status, replacing)
-        };
-        actx.spawn(fut.into_actor(self).map(|(res, status, replacing), act, _| {
-            act.status_in_flight = false;
-            match res {
-                Ok(_) => {
-                    if let Some(rv) = replacing {
-                        act.replaced_unreadable = rv;
-                    }
-                    act.last_status = Some(status);
-                    act.last_status_write = Some(Instant::now());
-                }
-                Err(e) => {
-                    // Retried by the next pass (at the latest the periodic one).
-                    act.ctx.metrics.inc_error(&act.name, "kube_api");
-                    tracing::warn!(policy = act.name, error = %e, "writing status failed; will retry");
-                }
-            }
-        }));
-    }
 }
 
-/// Least time between two status writes that only carry per-node progress.
-const STATUS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
+mod marks;
 mod pass;
+mod status_write;
 #[cfg(test)]
 mod tests;
 
-use pass::{PassOut, ReconcilePass, Refused};
+use pass::{PassOut, ReconcilePass};

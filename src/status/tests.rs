@@ -516,7 +516,7 @@ fn a_daemonset_takeover_is_degraded_under_its_own_reason() {
         conflicts: &[],
         blocked: None,
         braked: None,
-        refused: Some(&why),
+        refused: Some((RefusalKind::Takeover, &why)),
         daemonset: "ttdrv-fleet",
         previous: None,
         now: Timestamp::from_second(100).expect("time"),
@@ -530,7 +530,7 @@ fn a_daemonset_takeover_is_degraded_under_its_own_reason() {
         ]
     );
     assert!(s.conditions[2].message.contains("ttdrv-fleet"));
-    input.refused = Some("field is immutable");
+    input.refused = Some((RefusalKind::Refused, "field is immutable"));
     let s = build(&input, |_| Reported::default());
     assert_eq!(conditions(&s)[2], c("Degraded", "True", "PolicyRefused"));
 }

@@ -7,7 +7,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
-use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::NodeState;
 use ttdrv_api::{PodSelector, TenstorrentDriverPolicy, labels};
@@ -15,13 +14,13 @@ use ttdrv_core::machine::{Desired, NodeRecord};
 use ttdrv_core::prepare;
 use ttdrv_core::rollout::{Limits, Plan};
 
-use crate::refusal::{Apply, Refusal};
+use crate::policy_decisions::Refused;
+use crate::refusal::{Apply, Refusal, RefusalKind};
 use ttdrv_core::selection::Assignment;
 
-use super::{SupervisorPorts, node_label, now_secs, owns};
-use crate::actors::{Ensure, NodeActor, Observe, PatchNode, PlanRollout, RolloutActor};
+use super::{SupervisorPorts, node_label, now_secs};
+use crate::actors::{Ensure, NodeActor, Observe, PlanRollout, RolloutActor};
 use crate::context::Context;
-use crate::node_patch::{claim_patch, release_patch};
 use crate::observe::{NodeView, ObserveInput, PolicyFacts};
 use crate::render::daemonset_name;
 use crate::{Error, Result};
@@ -58,14 +57,6 @@ pub(super) struct ReconcilePass {
     pub(super) refusal: Option<Refusal>,
 }
 
-/// The cluster's refusal of a policy's DaemonSet apply or drain selector.
-#[derive(Clone, Debug)]
-pub(super) struct Refused {
-    pub(super) message: String,
-    /// The API server was asked (and said no) in this pass.
-    pub(super) attempted: bool,
-}
-
 /// Rounds of slot hand-over within one pass: a node reaching Done frees a
 /// slot, and the next node starts in the same pass instead of waiting for the
 /// watch to echo the Done back.
@@ -76,32 +67,25 @@ impl ReconcilePass {
         self.policy.metadata.name.as_deref().unwrap_or_default()
     }
 
-    fn owned(&self) -> &[String] {
+    pub(super) fn owned(&self) -> &[String] {
         self.assignment
             .owned
             .get(self.name())
             .map_or(&[], Vec::as_slice)
     }
 
-    pub(super) async fn run(
-        &self,
-        targets: Vec<String>,
-        strays: Vec<String>,
-        conflicts: &[(String, String)],
-        warn_deprecated: bool,
-        conflicts_changed: bool,
-    ) -> Result<PassOut> {
+    pub(super) async fn run(&self, targets: Vec<String>, strays: Vec<String>) -> Result<PassOut> {
         let (ctx, policy) = (&self.ctx, &self.policy);
         let name = self.name().to_string();
         let spec = &policy.spec;
         ctx.metrics.set_desired_version(&name, &spec.version);
-        self.report_policy_events(conflicts, warn_deprecated, conflicts_changed);
         let (hash, mut refused) = self.ensure_daemonset().await?;
         // A selector the controller cannot parse: no drain can be planned.
         let selector = match PodSelector::parse(&spec.upgrade_policy.drain.pod_selector_label) {
             Ok(s) => Some(s),
             Err(e) => {
                 refused = refused.or(Some(Refused {
+                    kind: RefusalKind::Refused,
                     message: format!("spec.upgradePolicy.drain.podSelectorLabel: {e}"),
                     attempted: false,
                 }));
@@ -299,186 +283,6 @@ impl ReconcilePass {
         plan.replace.into_iter().collect()
     }
 
-    fn report_policy_events(
-        &self,
-        conflicts: &[(String, String)],
-        warn_deprecated: bool,
-        conflicts_changed: bool,
-    ) {
-        let policy = self.policy.as_ref();
-        if warn_deprecated {
-            self.ctx.event(
-                policy,
-                true,
-                "DeprecatedField",
-                "Validate",
-                "spec.nodeSelector is deprecated: rename it to spec.nodeAffinity (same shape)"
-                    .into(),
-            );
-        }
-        if conflicts_changed && !conflicts.is_empty() {
-            let list: Vec<String> = conflicts
-                .iter()
-                .map(|(n, o)| format!("{n} (owned by {o})"))
-                .collect();
-            self.ctx.event(
-                policy,
-                true,
-                "SelectorConflict",
-                "Select",
-                format!(
-                    "nodes also matched by older policies are left to them: {}",
-                    list.join(", ")
-                ),
-            );
-        }
-    }
-
-    /// Claims the owned nodes so the DaemonSet (which requires the claim) lands
-    /// there.
-    async fn claim(&self, targets: &[String]) -> Result<()> {
-        let name = self.name();
-        let calls = targets.iter().filter_map(|n| {
-            let node = self.ctx.stores.nodes.get(&ObjectRef::new(n));
-            if node.as_deref().and_then(|nd| node_label(nd, labels::CLAIM)) == Some(name) {
-                return None;
-            }
-            Some(self.ports.patch.send(PatchNode {
-                node: n.clone(),
-                patch: claim_patch(name),
-                action: "claiming node",
-            }))
-        });
-        for res in futures::future::join_all(calls).await {
-            res??;
-        }
-        Ok(())
-    }
-
-    /// Removes driver labels that describe an earlier boot (the host rebooted
-    /// since the agent reported), so workloads selecting on `kmd-version` do
-    /// not land before the agent has loaded the module again.
-    async fn clear_stale_labels(&self, targets: &[String]) {
-        for n in targets {
-            let stale = self
-                .ctx
-                .stores
-                .nodes
-                .get(&ObjectRef::new(n))
-                .is_some_and(|nd| ttdrv_core::node::driver_labels_stale(&nd));
-            if !stale {
-                continue;
-            }
-            let res = self
-                .ports
-                .patch
-                .send(PatchNode {
-                    node: n.clone(),
-                    patch: ttdrv_core::node::stale_labels_patch(),
-                    action: "removing driver labels of an earlier boot",
-                })
-                .await;
-            match res {
-                Ok(Ok(_)) => tracing::info!(
-                    node = n,
-                    "node rebooted: kmd-version removed until the agent reports again"
-                ),
-                Ok(Err(e)) => {
-                    tracing::warn!(node = n, error = %e, "could not remove stale driver labels; will retry")
-                }
-                Err(e) => {
-                    tracing::warn!(node = n, error = %e, "could not remove stale driver labels; will retry")
-                }
-            }
-        }
-    }
-
-    /// Removes the Go operator's cordon marks (`cordoned-by` this policy,
-    /// `cordoned-at`) from a node that is not cordoned any more (someone
-    /// uncordoned it): they mean nothing then. A cordoned node keeps them
-    /// until our cycle undoes the cordon, which removes them with it. The
-    /// patch carries the Node's `resourceVersion`: a node cordoned meanwhile
-    /// is decided again on the next pass.
-    async fn clear_stale_go_marks(&self, targets: &[String]) {
-        for n in targets {
-            let Some(node) = self.ctx.stores.nodes.get(&ObjectRef::new(n)) else {
-                continue;
-            };
-            let ours =
-                ttdrv_core::node::annotation(&node, labels::GO_CORDONED_BY) == Some(self.name());
-            if !ours || ttdrv_core::node::unschedulable(&node) {
-                continue;
-            }
-            let patch = serde_json::json!({ "metadata": {
-                "resourceVersion": node.metadata.resource_version,
-                "annotations": { labels::GO_CORDONED_BY: null, labels::GO_CORDONED_AT: null },
-            } });
-            let res = self
-                .ports
-                .patch
-                .send(PatchNode {
-                    node: n.clone(),
-                    patch,
-                    action: "removing the Go operator's marks of a cordon that is gone",
-                })
-                .await;
-            if !matches!(res, Ok(Ok(_))) {
-                tracing::debug!(
-                    node = n,
-                    "could not remove stale Go cordon marks; next pass retries"
-                );
-            }
-        }
-    }
-
-    /// Releases nodes that carry our claim but are no longer ours (all such
-    /// nodes on a full pass, else the changed ones); never strands a cordon.
-    async fn release(&self, strays: &[String]) -> Result<()> {
-        let name = self.name();
-        let ours = |nd: &Node| node_label(nd, labels::CLAIM) == Some(name);
-        let nodes: Vec<Arc<Node>> = if self.full {
-            self.ctx.stores.nodes.state_filter(|nd| {
-                ours(nd)
-                    && !owns(
-                        self.owned(),
-                        nd.metadata.name.as_deref().unwrap_or_default(),
-                    )
-            })
-        } else {
-            strays
-                .iter()
-                .filter_map(|n| self.ctx.stores.nodes.get(&ObjectRef::new(n)))
-                .filter(|nd| ours(nd))
-                .collect()
-        };
-        let gates = self.ctx.config.gates();
-        for node in nodes {
-            let res = self
-                .ports
-                .patch
-                .send(PatchNode {
-                    node: node.metadata.name.clone().unwrap_or_default(),
-                    patch: release_patch(&node, name, &gates),
-                    action: "releasing node",
-                })
-                .await?;
-            match res {
-                Ok(_) => {}
-                // The node changed since the release was decided (another
-                // policy may have claimed it): decided again next pass.
-                Err(e) if e.is_conflict() => {
-                    tracing::debug!(
-                        policy = name,
-                        node = node.metadata.name.as_deref().unwrap_or(""),
-                        "release deferred: the node changed"
-                    );
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
     /// The DaemonSet: rendered and applied unless paused (a paused policy leaves
     /// it as is) or backing off from a refusal. Returns the template hash
     /// installer pods must carry, and the refusal if the API server refused
@@ -501,6 +305,7 @@ impl ReconcilePass {
             return Ok((
                 self.cached_hash(),
                 Some(Refused {
+                    kind: RefusalKind::Refused,
                     message: crate::refusal::shorten(&message),
                     attempted: false,
                 }),
@@ -508,6 +313,7 @@ impl ReconcilePass {
         }
         if self.apply == Apply::Wait {
             let standing = self.refusal.as_ref().map(|r| Refused {
+                kind: r.kind,
                 message: r.message.clone(),
                 attempted: false,
             });
@@ -526,6 +332,11 @@ impl ReconcilePass {
             Err(e) if !e.is_transient() => Ok((
                 self.cached_hash(),
                 Some(Refused {
+                    kind: if matches!(e, Error::TakingOver { .. }) {
+                        RefusalKind::Takeover
+                    } else {
+                        RefusalKind::Refused
+                    },
                     message: e.refusal_message(),
                     attempted: true,
                 }),
@@ -545,40 +356,6 @@ impl ReconcilePass {
                     .get(&ObjectRef::new(n))
                     .is_some_and(|nd| node_label(&nd, labels::UNMANAGED) == Some(self.name()))
             })
-    }
-
-    /// A policy that manages its nodes again (`unmanage` set back to false)
-    /// removes its `unmanaged` mark from them; they start from Pending.
-    async fn clear_unmanaged_marks(&self, targets: &[String]) {
-        if self.policy.spec.unmanage {
-            return;
-        }
-        for n in targets {
-            let marked = self
-                .ctx
-                .stores
-                .nodes
-                .get(&ObjectRef::new(n))
-                .is_some_and(|nd| node_label(&nd, labels::UNMANAGED) == Some(self.name()));
-            if !marked {
-                continue;
-            }
-            let res = self
-                .ports
-                .patch
-                .send(PatchNode {
-                    node: n.clone(),
-                    patch: crate::node_patch::unmark_patch(),
-                    action: "removing the unmanaged mark of a policy that manages the node again",
-                })
-                .await;
-            if !matches!(res, Ok(Ok(_))) {
-                tracing::debug!(
-                    node = n,
-                    "could not remove the unmanaged mark; next pass retries"
-                );
-            }
-        }
     }
 
     /// The template hash of the DaemonSet as the cache has it.

@@ -8,11 +8,11 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::{reflector, watcher};
-use ttdrv_api::TenstorrentDriverPolicySpec;
+use ttdrv_api::{TenstorrentDriverPolicySpec, labels};
 
 use super::*;
 use crate::Error;
-use crate::actors::EvictOutcome;
+use crate::actors::{EvictOutcome, PassScope};
 use crate::config::Config;
 use crate::context::Stores;
 use crate::metrics::Metrics;

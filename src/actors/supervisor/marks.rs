@@ -1,0 +1,196 @@
+//! The node marks a reconcile pass writes besides the NodeActors' cycles:
+//! claims and releases, and the clean-up of labels and annotations that no
+//! longer mean anything.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::ObjectRef;
+use ttdrv_api::labels;
+
+use super::pass::ReconcilePass;
+use super::{node_label, owns};
+use crate::Result;
+use crate::actors::PatchNode;
+use crate::node_patch::{claim_patch, release_patch};
+
+impl ReconcilePass {
+    /// Claims the owned nodes so the DaemonSet (which requires the claim) lands
+    /// there.
+    pub(super) async fn claim(&self, targets: &[String]) -> Result<()> {
+        let name = self.name();
+        let calls = targets.iter().filter_map(|n| {
+            let node = self.ctx.stores.nodes.get(&ObjectRef::new(n));
+            if node.as_deref().and_then(|nd| node_label(nd, labels::CLAIM)) == Some(name) {
+                return None;
+            }
+            Some(self.ports.patch.send(PatchNode {
+                node: n.clone(),
+                patch: claim_patch(name),
+                action: "claiming node",
+            }))
+        });
+        for res in futures::future::join_all(calls).await {
+            res??;
+        }
+        Ok(())
+    }
+
+    /// Removes driver labels that describe an earlier boot (the host rebooted
+    /// since the agent reported), so workloads selecting on `kmd-version` do
+    /// not land before the agent has loaded the module again.
+    pub(super) async fn clear_stale_labels(&self, targets: &[String]) {
+        for n in targets {
+            let stale = self
+                .ctx
+                .stores
+                .nodes
+                .get(&ObjectRef::new(n))
+                .is_some_and(|nd| ttdrv_core::node::driver_labels_stale(&nd));
+            if !stale {
+                continue;
+            }
+            let res = self
+                .ports
+                .patch
+                .send(PatchNode {
+                    node: n.clone(),
+                    patch: ttdrv_core::node::stale_labels_patch(),
+                    action: "removing driver labels of an earlier boot",
+                })
+                .await;
+            match res {
+                Ok(Ok(_)) => tracing::info!(
+                    node = n,
+                    "node rebooted: kmd-version removed until the agent reports again"
+                ),
+                Ok(Err(e)) => {
+                    tracing::warn!(node = n, error = %e, "could not remove stale driver labels; will retry")
+                }
+                Err(e) => {
+                    tracing::warn!(node = n, error = %e, "could not remove stale driver labels; will retry")
+                }
+            }
+        }
+    }
+
+    /// Removes the Go operator's cordon marks (`cordoned-by` this policy,
+    /// `cordoned-at`) from a node that is not cordoned any more (someone
+    /// uncordoned it): they mean nothing then. A cordoned node keeps them
+    /// until our cycle undoes the cordon, which removes them with it. The
+    /// patch carries the Node's `resourceVersion`: a node cordoned meanwhile
+    /// is decided again on the next pass.
+    pub(super) async fn clear_stale_go_marks(&self, targets: &[String]) {
+        for n in targets {
+            let Some(node) = self.ctx.stores.nodes.get(&ObjectRef::new(n)) else {
+                continue;
+            };
+            let ours =
+                ttdrv_core::node::annotation(&node, labels::GO_CORDONED_BY) == Some(self.name());
+            if !ours || ttdrv_core::node::unschedulable(&node) {
+                continue;
+            }
+            let patch = serde_json::json!({ "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": { labels::GO_CORDONED_BY: null, labels::GO_CORDONED_AT: null },
+            } });
+            let res = self
+                .ports
+                .patch
+                .send(PatchNode {
+                    node: n.clone(),
+                    patch,
+                    action: "removing the Go operator's marks of a cordon that is gone",
+                })
+                .await;
+            if !matches!(res, Ok(Ok(_))) {
+                tracing::debug!(
+                    node = n,
+                    "could not remove stale Go cordon marks; next pass retries"
+                );
+            }
+        }
+    }
+
+    /// Releases nodes that carry our claim but are no longer ours (all such
+    /// nodes on a full pass, else the changed ones); never strands a cordon.
+    pub(super) async fn release(&self, strays: &[String]) -> Result<()> {
+        let name = self.name();
+        let ours = |nd: &Node| node_label(nd, labels::CLAIM) == Some(name);
+        let nodes: Vec<Arc<Node>> = if self.full {
+            self.ctx.stores.nodes.state_filter(|nd| {
+                ours(nd)
+                    && !owns(
+                        self.owned(),
+                        nd.metadata.name.as_deref().unwrap_or_default(),
+                    )
+            })
+        } else {
+            strays
+                .iter()
+                .filter_map(|n| self.ctx.stores.nodes.get(&ObjectRef::new(n)))
+                .filter(|nd| ours(nd))
+                .collect()
+        };
+        let gates = self.ctx.config.gates();
+        for node in nodes {
+            let res = self
+                .ports
+                .patch
+                .send(PatchNode {
+                    node: node.metadata.name.clone().unwrap_or_default(),
+                    patch: release_patch(&node, name, &gates),
+                    action: "releasing node",
+                })
+                .await?;
+            match res {
+                Ok(_) => {}
+                // The node changed since the release was decided (another
+                // policy may have claimed it): decided again next pass.
+                Err(e) if e.is_conflict() => {
+                    tracing::debug!(
+                        policy = name,
+                        node = node.metadata.name.as_deref().unwrap_or(""),
+                        "release deferred: the node changed"
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// A policy that manages its nodes again (`unmanage` set back to false)
+    /// removes its `unmanaged` mark from them; they start from Pending.
+    pub(super) async fn clear_unmanaged_marks(&self, targets: &[String]) {
+        if self.policy.spec.unmanage {
+            return;
+        }
+        for n in targets {
+            let marked = self
+                .ctx
+                .stores
+                .nodes
+                .get(&ObjectRef::new(n))
+                .is_some_and(|nd| node_label(&nd, labels::UNMANAGED) == Some(self.name()));
+            if !marked {
+                continue;
+            }
+            let res = self
+                .ports
+                .patch
+                .send(PatchNode {
+                    node: n.clone(),
+                    patch: crate::node_patch::unmark_patch(),
+                    action: "removing the unmanaged mark of a policy that manages the node again",
+                })
+                .await;
+            if !matches!(res, Ok(Ok(_))) {
+                tracing::debug!(
+                    node = n,
+                    "could not remove the unmanaged mark; next pass retries"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The policy's status, written in the background off every node's path.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::*;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use ttdrv_api::{TenstorrentDriverPolicy, labels};
+use ttdrv_core::event::EventReason;
+use ttdrv_core::rollout::Plan;
+
+use super::{PolicySupervisor, node_label};
+use crate::policy_decisions::{Facts, StatusFacts, decide};
+use crate::render::daemonset_name;
+use crate::status::{self, Reported, StatusInput};
+
+impl PolicySupervisor {
+    /// Writes the status in the background, off every node's path: condition
+    /// flips (Ready, Degraded, Paused, Conflict…) and a new generation at once,
+    /// per-node progress at most once per STATUS_INTERVAL (the periodic full
+    /// pass flushes the last of it). One write at a time.
+    pub(super) fn write_status_if_due(
+        &mut self,
+        policy: &Arc<TenstorrentDriverPolicy>,
+        conflicts: &[(String, String)],
+        plan: &Plan,
+        actx: &mut actix::Context<Self>,
+    ) {
+        if self.status_in_flight {
+            return;
+        }
+        // A status we cannot read (another operator's, garbage) is replaced
+        // as a whole by ours, at once, with an Event.
+        let rv = policy.metadata.resource_version.as_deref();
+        let unreadable = policy
+            .status
+            .as_ref()
+            .and_then(|s| s.unreadable.clone())
+            .filter(|_| self.memo.replaces_unreadable(true, rv));
+        let prev = if unreadable.is_some() {
+            None
+        } else {
+            self.last_status.clone().or_else(|| policy.status.clone())
+        };
+        let (summary, _) = status::summarize(&self.records);
+        let flags = status::condition_flags(
+            &summary,
+            policy.spec.paused,
+            !conflicts.is_empty(),
+            plan.braked.is_some() || self.memo.refusal.is_some(),
+        );
+        let previous_flags = prev.as_ref().map(status::flags_of);
+        let due = self.memo.status_due(&StatusFacts {
+            previous_flags: previous_flags.as_deref(),
+            flags: &flags,
+            previous_generation: prev.as_ref().map(|p| p.observed_generation),
+            generation: policy.metadata.generation,
+            replacing: unreadable.is_some(),
+            now: Instant::now(),
+        });
+        if !due {
+            return;
+        }
+        let ds_name = daemonset_name(&self.name);
+        let input = StatusInput {
+            policy,
+            records: &self.records,
+            device_users: &self.device_users,
+            conflicts,
+            blocked: plan.blocked.as_deref(),
+            braked: plan.braked.as_deref(),
+            refused: self
+                .memo
+                .refusal
+                .as_ref()
+                .map(|r| (r.kind, r.message.as_str())),
+            daemonset: &ds_name,
+            previous: prev.as_ref(),
+            now: Timestamp::now(),
+        };
+        let nodes = &self.ctx.stores.nodes;
+        let status = status::build(&input, |n| {
+            let node = nodes.get(&ObjectRef::new(n));
+            let l = |k: &str| {
+                node.as_deref()
+                    .and_then(|nd| node_label(nd, k))
+                    .map(String::from)
+            };
+            Reported {
+                version: node
+                    .as_deref()
+                    .and_then(ttdrv_core::node::loaded_version)
+                    .map(String::from),
+                install_mode: l(labels::INSTALL_MODE),
+                prepared_version: node
+                    .as_deref()
+                    .and_then(ttdrv_core::prepare::prepared_version)
+                    .map(String::from),
+                next_kernel_build_failed: node
+                    .as_deref()
+                    .and_then(ttdrv_core::prepare::next_kernel_failed)
+                    .map(String::from),
+            }
+        });
+        if prev.as_ref() == Some(&status) {
+            return;
+        }
+        self.status_in_flight = true;
+        let api: Api<TenstorrentDriverPolicy> = Api::all(self.ctx.client.clone());
+        let name = self.name.clone();
+        let replacing = unreadable
+            .as_ref()
+            .map(|_| policy.metadata.resource_version.clone());
+        if let Some(why) = &unreadable {
+            tracing::warn!(
+                policy = name,
+                why,
+                "replacing a status this controller cannot read"
+            );
+            self.ctx.event(
+                policy.as_ref(),
+                true,
+                EventReason::UnreadableStatusReplaced,
+                "Status",
+                format!(
+                    "the policy's status was not written by this controller and does not parse ({}): replaced by ours",
+                    crate::refusal::shorten(why)
+                ),
+            );
+        }
+        let fut = async move {
+            let res = if replacing.is_some() {
+                // A merge patch would keep the foreign fields: replace the
+                // whole status (JSON patch: `add` replaces an existing member).
+                let ops: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                    { "op": "add", "path": "/status", "value": status }
+                ]))
+                .expect("a JSON patch");
+                api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(ops))
+                    .await
+            } else {
+                let patch = serde_json::json!({ "status": status });
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            };
+            (res, status, replacing)
+        };
+        actx.spawn(fut.into_actor(self).map(|(res, status, replacing), act, _| {
+            act.status_in_flight = false;
+            match res {
+                Ok(_) => {
+                    let facts = Facts::StatusWritten {
+                        replaced: replacing,
+                        now: Instant::now(),
+                    };
+                    act.memo = decide(&act.memo, &facts).0;
+                    act.last_status = Some(status);
+                }
+                Err(e) => {
+                    // Retried by the next pass (at the latest the periodic one).
+                    act.ctx.metrics.inc_error(&act.name, "kube_api");
+                    tracing::warn!(policy = act.name, error = %e, "writing status failed; will retry");
+                }
+            }
+        }));
+    }
+}
