@@ -1,5 +1,5 @@
 //! What every actor shares: the client, the settings, the watch caches, the
-//! metrics and the event recorder.
+//! metrics, the event recorder and the per-object write backoff.
 
 use std::sync::Arc;
 
@@ -18,6 +18,8 @@ use ttdrv_core::event::EventReason;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::render::RenderContext;
+use crate::write_backoff::{WriteBackoff, WriteTarget};
+use crate::{Error, Result};
 
 /// Read-only caches fed by one watch per resource kind.
 #[derive(Clone)]
@@ -40,6 +42,8 @@ pub struct Context {
     event_slots: Arc<tokio::sync::Semaphore>,
     /// Bounds concurrent node patches (each is a connection under HTTP/1.1).
     pub patch_slots: Arc<tokio::sync::Semaphore>,
+    /// Objects whose last write failed, shared by every writer.
+    write_backoff: Arc<std::sync::Mutex<WriteBackoff>>,
 }
 
 impl Context {
@@ -56,7 +60,48 @@ impl Context {
             reporter,
             event_slots: Arc::new(tokio::sync::Semaphore::new(4)),
             patch_slots: Arc::new(tokio::sync::Semaphore::new(16)),
+            write_backoff: Arc::default(),
         }
+    }
+
+    /// Runs `write` for `target` unless the object's writes are held back
+    /// after a failure (then `Error::WriteHeld`, without a call). An error for
+    /// which `counts` says yes starts or lengthens the object's backoff; a
+    /// success ends it.
+    pub async fn guarded_write<T>(
+        &self,
+        target: WriteTarget,
+        counts: impl FnOnce(&Error) -> bool,
+        write: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let now = std::time::Instant::now();
+        if let Some(h) = self.backoff().check(&target, now) {
+            return Err(Error::WriteHeld {
+                target: target.to_string(),
+                retry_in: h.retry_at.saturating_duration_since(now),
+                failures: h.failures,
+                error: h.error.clone(),
+            });
+        }
+        let res = write.await;
+        let mut backoff = self.backoff();
+        match &res {
+            Ok(_) => backoff.succeeded(&target),
+            Err(e) if counts(e) => {
+                let wait = backoff.failed(target.clone(), std::time::Instant::now(), e.to_string());
+                tracing::warn!(%target, error = %e, retry_in = ?wait, "write failed; this object's writes wait for their backoff");
+            }
+            Err(_) => {}
+        }
+        self.metrics.set_writes_failing(&backoff.failing());
+        res
+    }
+
+    fn backoff(&self) -> std::sync::MutexGuard<'_, WriteBackoff> {
+        // A panic while holding it leaves a map that is still consistent.
+        self.write_backoff
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn render_context(&self) -> RenderContext {

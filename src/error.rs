@@ -14,6 +14,17 @@ pub enum Error {
     /// being replaced by ours.
     #[error("{message}")]
     TakingOver { daemonset: String, message: String },
+    /// Not sent: the object's last write failed and its backoff has not
+    /// passed (see `write_backoff`).
+    #[error(
+        "write to {target} held back for {retry_in:?} after {failures} failure(s); last: {error}"
+    )]
+    WriteHeld {
+        target: String,
+        retry_in: std::time::Duration,
+        failures: u32,
+        error: String,
+    },
     #[error("actor mailbox unavailable: {0}")]
     Mailbox(String),
     #[error("serializing {what}: {source}")]
@@ -36,6 +47,7 @@ impl Error {
             Error::Kube { .. } => "kube_api",
             Error::InvalidPolicy { .. } => "invalid_policy",
             Error::TakingOver { .. } => "takeover",
+            Error::WriteHeld { .. } => "write_backoff",
             Error::Mailbox(_) => "mailbox",
             Error::Serialize { .. } => "serialize",
         }
@@ -60,6 +72,8 @@ impl Error {
                 ..
             } => matches!(s.code, 409 | 429 | 500..=599),
             Error::Kube { .. } => true,
+            // Tried again once the object's backoff has passed.
+            Error::WriteHeld { .. } => true,
             _ => false,
         }
     }

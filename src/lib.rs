@@ -22,5 +22,6 @@ pub mod refusal;
 pub mod render;
 pub mod status;
 pub mod watch;
+pub mod write_backoff;
 
 pub use error::{Error, Result};

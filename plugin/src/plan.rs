@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
-use ttdrv_api::{DrainPolicy, NodeState, PodSelector, TenstorrentDriverPolicy, labels};
+use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
 use ttdrv_core::drain::{self, PodFacts, PodRef, SkipReason, plan_drain};
 use ttdrv_core::machine::{self, Desired, NodeRecord, Observation};
 use ttdrv_core::node::{self, label};
@@ -172,7 +172,8 @@ fn follows_deploy_gate(pod: &Pod) -> bool {
 /// Pending without a maxUnavailable slot: left alone (`HostManaged`), or
 /// installed without cordon or drain (`UpToDate`, `FirstInstall`). `None`: it
 /// waits for a slot, i.e. goes through a cordon/drain/upgrade cycle.
-fn without_cycle(node: &Node, policy: &str, target: &str, drain: &DrainPolicy) -> Option<NodeNote> {
+fn without_cycle(node: &Node, want: &Desired) -> Option<NodeNote> {
+    let (policy, target) = (want.policy.as_str(), want.version.as_str());
     let obs = Observation {
         // Readiness and build-ahead decide when a node starts, not whether it
         // needs a cycle: rollout::plan and eta account for them.
@@ -188,25 +189,12 @@ fn without_cycle(node: &Node, policy: &str, target: &str, drain: &DrainPolicy) -
         // neither changes the cycle.
         ..Default::default()
     };
-    let want = Desired {
-        policy: policy.into(),
-        version: target.into(),
-        drain_enabled: drain.enable,
-        drain_timeout_seconds: drain.timeout_seconds,
-        // Deadlines play no part in leaving Pending.
-        upgrade_timeout_seconds: 0,
-        // What the rollout does once it runs.
-        paused: false,
-        refused: false,
-        unmanage: false,
-        prepare: false,
-    };
     let of = obs
         .loaded
         .as_deref()
         .map(|v| format!(" of {v}"))
         .unwrap_or_default();
-    let next = machine::step(&NodeRecord::new(policy, target, 0), &obs, &want).record;
+    let next = machine::step(&NodeRecord::new(policy, target, 0), &obs, want).record;
     let (kind, detail) = match (next.state, next.no_drain, next.reason.as_deref()) {
         (NodeState::Done, _, Some(reason::HOST_MANAGED)) => (
             reason::HOST_MANAGED,
@@ -250,6 +238,17 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         .filter_map(|n| Some((n.name.as_str(), n.prepared_version.as_deref()?)))
         .collect();
     let selector = PodSelector::parse(&drain.pod_selector_label).unwrap_or_default();
+    // The policy as the machine reads it, for the version planned and as the
+    // rollout runs (not paused, its DaemonSet accepted); deadlines play no
+    // part in leaving Pending.
+    let want = Desired {
+        version: target.clone(),
+        paused: false,
+        refused: false,
+        unmanage: false,
+        prepare: false,
+        ..Desired::of(policy, 0)
+    };
 
     let assignment = selection::assign(
         inp.policies.iter(),
@@ -349,7 +348,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         };
         if in_flight.is_none()
             && !is_failed
-            && let Some(note) = without_cycle(node, &name, &target, drain)
+            && let Some(note) = without_cycle(node, &want)
         {
             if note.kind == reason::HOST_MANAGED {
                 skipped.push(note);

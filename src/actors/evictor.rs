@@ -1,6 +1,8 @@
 //! Evictor: evicts pods through the Eviction API, so PodDisruptionBudgets are
 //! honoured. A 429 means a PDB refuses for now: reported as blocked and tried
-//! again on the next pass (the NodeActor re-asks every resync).
+//! again on the next pass (the NodeActor re-asks every resync). Any other
+//! failure starts the pod's write backoff (`write_backoff`): it is not evicted
+//! again until that has passed.
 
 use std::sync::Arc;
 
@@ -10,6 +12,8 @@ use kube::Api;
 use kube::api::EvictParams;
 
 use crate::context::Context;
+use crate::write_backoff::WriteTarget;
+use crate::{Error, Result};
 use ttdrv_core::drain::{DrainPass, PodRef};
 
 pub struct Evictor {
@@ -39,6 +43,19 @@ pub struct EvictOutcome {
     /// Refused by a PodDisruptionBudget (429).
     pub blocked: Vec<PodRef>,
     pub errors: Vec<String>,
+    /// Not tried: their last eviction failed and their backoff has not passed.
+    pub held: Vec<PodRef>,
+}
+
+/// The API server's status code of an eviction's failure.
+fn code(e: &Error) -> Option<u16> {
+    match e {
+        Error::Kube {
+            source: kube::Error::Api(s),
+            ..
+        } => Some(s.code),
+        _ => None,
+    }
 }
 
 impl Handler<Evict> for Evictor {
@@ -49,12 +66,22 @@ impl Handler<Evict> for Evictor {
         Box::pin(async move {
             let calls = msg.pods.iter().map(|(pod, pass)| {
                 let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
+                let target = WriteTarget::Pod {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                };
+                let ctx = ctx.clone();
                 async move {
-                    (
-                        pod.clone(),
-                        *pass,
-                        api.evict(&pod.name, &EvictParams::default()).await,
-                    )
+                    let evict = async {
+                        api.evict(&pod.name, &EvictParams::default())
+                            .await
+                            .map_err(Error::kube(format!("evicting {pod}")))
+                    };
+                    // Gone (404) is what an eviction is for; a PDB's 429 is
+                    // the drain's "not yet", retried every pass.
+                    let counts = |e: &Error| !matches!(code(e), Some(404 | 429));
+                    let res: Result<_> = ctx.guarded_write(target, counts, evict).await;
+                    (pod.clone(), *pass, res)
                 }
             });
             let mut out = EvictOutcome::default();
@@ -66,14 +93,15 @@ impl Handler<Evict> for Evictor {
                         tracing::info!(policy = msg.policy, pod = %pod, pass = pass.as_str(), "evicted");
                         out.evicted.push(pod);
                     }
-                    Err(kube::Error::Api(s)) if s.code == 404 => out.evicted.push(pod),
-                    Err(kube::Error::Api(s)) if s.code == 429 => {
+                    Err(e) if code(&e) == Some(404) => out.evicted.push(pod),
+                    Err(e) if code(&e) == Some(429) => {
                         ctx.metrics
                             .inc_drain_blocked(&msg.policy, crate::metrics::pass_label(pass));
                         tracing::info!(policy = msg.policy, pod = %pod, "eviction refused by a PodDisruptionBudget; will retry");
                         out.blocked.push(pod);
                     }
-                    Err(e) => out.errors.push(format!("evicting {pod}: {e}")),
+                    Err(Error::WriteHeld { .. }) => out.held.push(pod),
+                    Err(e) => out.errors.push(e.to_string()),
                 }
             }
             out

@@ -1,6 +1,8 @@
 //! Labeler: every write to a Node (cordon, uncordon, deploy gates, claim label,
 //! persisted upgrade record) goes through here as one merge patch, retried with
-//! backoff on conflicts, throttling and server errors.
+//! backoff on conflicts, throttling and server errors; a node whose patch still
+//! failed is not patched again until its per-object backoff has passed
+//! (`write_backoff`).
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 
 use crate::context::Context;
+use crate::write_backoff::WriteTarget;
 use crate::{Error, Result};
 
 pub struct Labeler {
@@ -43,9 +46,9 @@ impl Handler<PatchNode> for Labeler {
 
     fn handle(&mut self, msg: PatchNode, _: &mut Self::Context) -> Self::Result {
         let api: Api<Node> = Api::all(self.ctx.client.clone());
-        let slots = self.ctx.patch_slots.clone();
+        let ctx = self.ctx.clone();
         Box::pin(async move {
-            let _permit = slots.acquire().await;
+            let _permit = ctx.patch_slots.acquire().await;
             let call = || async {
                 api.patch(
                     &msg.node,
@@ -59,10 +62,198 @@ impl Handler<PatchNode> for Labeler {
             // version of the Node: a conflict means the decision is stale, and
             // the next pass makes a fresh one (retrying it cannot succeed).
             let precondition = msg.patch["metadata"]["resourceVersion"].is_string();
-            call.retry(crate::error::backoff())
-                .when(|e| e.is_transient() && !(precondition && e.is_conflict()))
-                .adjust(crate::error::honor_retry_after)
+            let stale = move |e: &Error| precondition && e.is_conflict();
+            let retried = call
+                .retry(crate::error::backoff())
+                .when(|e| e.is_transient() && !stale(e))
+                .adjust(crate::error::honor_retry_after);
+            ctx.guarded_write(WriteTarget::Node(msg.node.clone()), |e| !stale(e), retried)
                 .await
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The Labeler against a loopback HTTP server standing in for the API
+    //! server: it counts the PATCH requests that reach it.
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use axum::Router;
+    use axum::extract::{Path, State};
+    use axum::http::{StatusCode, header};
+    use axum::routing::patch;
+    use clap::Parser;
+    use kube::runtime::reflector;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::context::Stores;
+    use crate::metrics::Metrics;
+
+    /// Node name -> status code the server answers with; counts per node.
+    #[derive(Clone, Default)]
+    struct Server {
+        answers: Arc<HashMap<&'static str, u16>>,
+        calls: Arc<Mutex<HashMap<String, usize>>>,
+    }
+
+    impl Server {
+        fn calls(&self, node: &str) -> usize {
+            let calls = self.calls.lock().expect("calls");
+            calls.get(node).copied().unwrap_or(0)
+        }
+    }
+
+    async fn answer(
+        State(s): State<Server>,
+        Path(node): Path<String>,
+    ) -> (StatusCode, [(header::HeaderName, &'static str); 1], String) {
+        *s.calls
+            .lock()
+            .expect("calls")
+            .entry(node.clone())
+            .or_insert(0) += 1;
+        let code = s.answers.get(node.as_str()).copied().unwrap_or(200);
+        let body = if code == 200 {
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+        } else {
+            serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                "message": format!("refused by the test server ({code})"), "reason": "Invalid", "code": code})
+        };
+        (
+            StatusCode::from_u16(code).expect("code"),
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+    }
+
+    async fn labeler(answers: &[(&'static str, u16)]) -> (Addr<Labeler>, Server, Arc<Context>) {
+        let server = Server {
+            answers: Arc::new(answers.iter().copied().collect()),
+            ..Server::default()
+        };
+        let app = Router::new()
+            .route("/api/v1/nodes/{node}", patch(answer))
+            .with_state(server.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client =
+            kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+        let stores = Stores {
+            policies: reflector::store().0,
+            nodes: reflector::store().0,
+            pods: Arc::new(crate::pod_index::PodCache::new("tt")),
+            daemonsets: reflector::store().0,
+            pdbs: reflector::store().0,
+        };
+        let ctx = Arc::new(Context::new(
+            client,
+            Config::parse_from(["ttdrv-controller"]),
+            stores,
+            Arc::new(Metrics::new("test")),
+        ));
+        (Labeler::new(ctx.clone()).start(), server, ctx)
+    }
+
+    fn patch_of(node: &str, patch: serde_json::Value) -> PatchNode {
+        PatchNode {
+            node: node.into(),
+            patch,
+            action: "testing",
+        }
+    }
+
+    fn failing_nodes(ctx: &Context) -> String {
+        let (_, text) = ctx.metrics.encode();
+        String::from_utf8_lossy(&text)
+            .lines()
+            .find(|l| l.starts_with("ttdriver_api_writes_failing{kind=\"node\"}"))
+            .unwrap_or("missing")
+            .to_string()
+    }
+
+    #[actix::test]
+    async fn a_refused_node_is_not_patched_again_until_its_backoff_passes() {
+        let (labeler, server, ctx) = labeler(&[("denied", 422)]).await;
+        let label = || {
+            patch_of(
+                "denied",
+                serde_json::json!({"metadata": {"labels": {"a": "b"}}}),
+            )
+        };
+
+        let first = labeler.send(label()).await.expect("mailbox");
+        assert!(matches!(first, Err(Error::Kube { .. })), "{first:?}");
+        assert_eq!(
+            server.calls("denied"),
+            1,
+            "a 422 is not retried in the call"
+        );
+        assert_eq!(
+            failing_nodes(&ctx),
+            "ttdriver_api_writes_failing{kind=\"node\"} 1"
+        );
+
+        // Within the backoff: refused here, without a request.
+        match labeler.send(label()).await.expect("mailbox") {
+            Err(Error::WriteHeld {
+                failures, error, ..
+            }) => {
+                assert_eq!(failures, 1);
+                assert!(
+                    error.contains("refused by the test server (422)"),
+                    "{error}"
+                );
+            }
+            other => panic!("expected the write held back, got {other:?}"),
+        }
+        assert_eq!(server.calls("denied"), 1);
+
+        // Another node is not held back by this one's failures.
+        let ok = labeler.send(patch_of("ok", serde_json::json!({}))).await;
+        assert!(matches!(ok, Ok(Ok(_))), "{ok:?}");
+        assert_eq!(server.calls("ok"), 1);
+
+        // After the first backoff (1 s) it is tried again; the next one is 2 s.
+        tokio::time::sleep(crate::write_backoff::FIRST).await;
+        assert!(matches!(
+            labeler.send(label()).await,
+            Ok(Err(Error::Kube { .. }))
+        ));
+        assert_eq!(server.calls("denied"), 2);
+        match labeler.send(label()).await.expect("mailbox") {
+            Err(Error::WriteHeld {
+                failures, retry_in, ..
+            }) => {
+                assert_eq!(failures, 2);
+                assert!(retry_in > crate::write_backoff::FIRST, "{retry_in:?}");
+            }
+            other => panic!("expected the write held back, got {other:?}"),
+        }
+    }
+
+    #[actix::test]
+    async fn a_stale_precondition_is_not_a_failure_to_back_off_from() {
+        let (labeler, server, ctx) = labeler(&[("moved", 409)]).await;
+        let guarded = || {
+            patch_of(
+                "moved",
+                serde_json::json!({"metadata": {"resourceVersion": "7", "labels": {"a": "b"}}}),
+            )
+        };
+        for attempt in 1..=2 {
+            let res = labeler.send(guarded()).await.expect("mailbox");
+            assert!(res.as_ref().is_err_and(Error::is_conflict), "{res:?}");
+            assert_eq!(server.calls("moved"), attempt, "sent each time, once");
+        }
+        assert_eq!(
+            failing_nodes(&ctx),
+            "ttdriver_api_writes_failing{kind=\"node\"} 0"
+        );
     }
 }

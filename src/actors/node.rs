@@ -202,6 +202,9 @@ impl Handler<Observe> for NodeActor {
                                     pods: msg.evictions.clone(),
                                 })
                                 .await?;
+                            if !out.held.is_empty() {
+                                tracing::debug!(node, pods = ?out.held, "evictions held back by their backoff");
+                            }
                             for e in &out.errors {
                                 tracing::warn!(node, error = e, "eviction failed; will retry");
                                 ctx.metrics.inc_error(&policy_name, "evict");

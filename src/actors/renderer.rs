@@ -313,15 +313,23 @@ impl Handler<ReplaceInstallerPod> for DaemonSetRenderer {
 
     fn handle(&mut self, msg: ReplaceInstallerPod, _: &mut Self::Context) -> Self::Result {
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &msg.namespace);
+        let ctx = self.ctx.clone();
         Box::pin(async move {
-            match api.delete(&msg.name, &DeleteParams::default()).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                Err(e) => Err(Error::Kube {
-                    action: format!("deleting installer pod {}/{}", msg.namespace, msg.name),
-                    source: e,
-                }),
-            }
+            let delete = async {
+                match api.delete(&msg.name, &DeleteParams::default()).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(e) => Err(Error::Kube {
+                        action: format!("deleting installer pod {}/{}", msg.namespace, msg.name),
+                        source: e,
+                    }),
+                }
+            };
+            let target = crate::write_backoff::WriteTarget::Pod {
+                namespace: msg.namespace.clone(),
+                name: msg.name.clone(),
+            };
+            ctx.guarded_write(target, |_| true, delete).await
         })
     }
 }

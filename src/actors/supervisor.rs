@@ -211,6 +211,12 @@ impl Handler<Reconcile> for PolicySupervisor {
                 m.observe_reconcile(&act.name, started.elapsed().as_secs_f64(), err.is_none());
                 match err {
                     None => m.set_last_successful_reconcile(&act.name),
+                    // Logged at warn when the write failed; each pass it
+                    // stays held back is only counted.
+                    Some(e @ crate::Error::WriteHeld { .. }) => {
+                        m.inc_error(&act.name, e.metric_label());
+                        tracing::debug!(policy = act.name, error = %e, full, "reconcile waits for a write's backoff");
+                    }
                     Some(e) => {
                         m.inc_error(&act.name, e.metric_label());
                         tracing::warn!(policy = act.name, error = %e, full, "reconcile failed; will retry");

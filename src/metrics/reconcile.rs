@@ -21,6 +21,7 @@ pub const ERROR_STAGES: &[&str] = &[
     "takeover",
     "mailbox",
     "serialize",
+    "write_backoff",
     "refused",
     "evict",
 ];

@@ -11,11 +11,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::family::{Families, Family};
 use super::{Metrics, bool_value};
 
-/// `ttdriver_build_info`, `ttdriver_leader` and `ttdriver_cache_objects`, and whether this replica leads.
+/// `ttdriver_build_info`, `ttdriver_leader`, `ttdriver_cache_objects` and
+/// `ttdriver_api_writes_failing`, and whether this replica leads.
 pub(super) struct ReplicaMetrics {
     build_info: Arc<Family>,
     leader: Arc<Family>,
     cache_objects: Arc<Family>,
+    writes_failing: Arc<Family>,
     is_leader: AtomicBool,
 }
 
@@ -38,10 +40,18 @@ impl ReplicaMetrics {
                 "Objects this replica keeps in its watch caches, by kind (Pod: the drain facts of every bound pod; InstallerPod: our installer pods, kept whole).",
                 &["kind"],
             ),
+            writes_failing: families.gauge(
+                "ttdriver_api_writes_failing",
+                "Objects whose last write by this replica failed and whose writes are held back by their backoff (1 s doubling to 2 min), by kind (node, pod, policy_status).",
+                &["kind"],
+            ),
             is_leader: AtomicBool::new(false),
         };
         group.build_info.set(&[build_version], 1.0);
         group.leader.set(&[], 0.0);
+        for kind in crate::write_backoff::KINDS {
+            group.writes_failing.set(&[kind], 0.0);
+        }
         group
     }
 }
@@ -66,6 +76,14 @@ impl Metrics {
     /// `ttdriver_cache_objects{kind}`.
     pub fn set_cache_objects(&self, kind: &str, n: usize) {
         self.replica.cache_objects.set(&[kind], n as f64);
+    }
+
+    /// `ttdriver_api_writes_failing{kind}`: every kind, 0 where none fails.
+    pub fn set_writes_failing(&self, failing: &std::collections::HashMap<&'static str, usize>) {
+        for kind in crate::write_backoff::KINDS {
+            let n = failing.get(kind).copied().unwrap_or(0);
+            self.replica.writes_failing.set(&[kind], n as f64);
+        }
     }
 
     /// The build version this instance was created with.

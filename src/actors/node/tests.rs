@@ -128,15 +128,8 @@ fn policy() -> Arc<TenstorrentDriverPolicy> {
 
 fn desired() -> Desired {
     Desired {
-        policy: "fleet".into(),
-        version: "2.8.0".into(),
-        drain_enabled: true,
-        drain_timeout_seconds: 600,
-        upgrade_timeout_seconds: 900,
-        paused: false,
-        refused: false,
-        unmanage: false,
         prepare: false,
+        ..Desired::of(&policy(), 900)
     }
 }
 

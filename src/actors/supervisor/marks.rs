@@ -10,30 +10,36 @@ use ttdrv_api::labels;
 
 use super::pass::ReconcilePass;
 use super::{node_label, owns};
-use crate::Result;
 use crate::actors::PatchNode;
 use crate::node_patch::{claim_patch, release_patch};
+use crate::{Error, Result};
 
 impl ReconcilePass {
     /// Claims the owned nodes so the DaemonSet (which requires the claim) lands
-    /// there.
-    pub(super) async fn claim(&self, targets: &[String]) -> Result<()> {
+    /// there. Returns the nodes whose claim failed, with the error: the pass
+    /// leaves them out and goes on with the others (one node's failing write
+    /// must not stall the fleet); the node's write backoff paces the retries.
+    pub(super) async fn claim(&self, targets: &[String]) -> Result<Vec<(String, Error)>> {
         let name = self.name();
         let calls = targets.iter().filter_map(|n| {
             let node = self.ctx.stores.nodes.get(&ObjectRef::new(n));
             if node.as_deref().and_then(|nd| node_label(nd, labels::CLAIM)) == Some(name) {
                 return None;
             }
-            Some(self.ports.patch.send(PatchNode {
+            let send = self.ports.patch.send(PatchNode {
                 node: n.clone(),
                 patch: claim_patch(name),
                 action: "claiming node",
-            }))
+            });
+            Some(async move { (n.clone(), send.await) })
         });
-        for res in futures::future::join_all(calls).await {
-            res??;
+        let mut failed = Vec::new();
+        for (n, res) in futures::future::join_all(calls).await {
+            if let Err(e) = res? {
+                failed.push((n, e));
+            }
         }
-        Ok(())
+        Ok(failed)
     }
 
     /// Removes driver labels that describe an earlier boot (the host rebooted
@@ -114,7 +120,9 @@ impl ReconcilePass {
 
     /// Releases nodes that carry our claim but are no longer ours (all such
     /// nodes on a full pass, else the changed ones); never strands a cordon.
-    pub(super) async fn release(&self, strays: &[String]) -> Result<()> {
+    /// A failed release is retried by a later pass (after the node's write
+    /// backoff); the first such error is returned, after every node was tried.
+    pub(super) async fn release(&self, strays: &[String]) -> Result<Option<Error>> {
         let name = self.name();
         let ours = |nd: &Node| node_label(nd, labels::CLAIM) == Some(name);
         let nodes: Vec<Arc<Node>> = if self.full {
@@ -133,6 +141,7 @@ impl ReconcilePass {
                 .collect()
         };
         let gates = self.ctx.config.gates();
+        let mut first = None;
         for node in nodes {
             let res = self
                 .ports
@@ -154,10 +163,10 @@ impl ReconcilePass {
                         "release deferred: the node changed"
                     );
                 }
-                Err(e) => return Err(e),
+                Err(e) => first = first.or(Some(e)),
             }
         }
-        Ok(())
+        Ok(first)
     }
 
     /// A policy that manages its nodes again (`unmanage` set back to false)

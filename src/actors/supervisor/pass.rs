@@ -95,10 +95,27 @@ impl ReconcilePass {
         // A paused policy claims nothing new (its DaemonSet would land there),
         // and neither does one the cluster refuses (it must not capture nodes
         // from a policy that works).
+        let mut first_err = None;
+        let mut targets = targets;
         if !spec.paused && refused.is_none() {
-            self.claim(&targets).await?;
+            for (n, e) in self.claim(&targets).await? {
+                // Its installer cannot land unclaimed: a node not yet in a
+                // cycle is not started; one mid-cycle (its claim label
+                // removed by hand) goes on, deadlines included.
+                let mid_cycle = self
+                    .records
+                    .get(&n)
+                    .is_some_and(|r| r.state.is_in_progress());
+                if !mid_cycle {
+                    targets.retain(|t| *t != n);
+                }
+                tracing::warn!(policy = name, node = n, error = %e, mid_cycle, "claim failed; retried by a later pass");
+                first_err = first_err.or(Some(e));
+            }
         }
-        self.release(&strays).await?;
+        if let Some(e) = self.release(&strays).await? {
+            first_err = first_err.or(Some(e));
+        }
         self.clear_stale_labels(&targets).await;
         self.clear_stale_go_marks(&targets).await;
         self.clear_unmanaged_marks(&targets).await;
@@ -141,7 +158,6 @@ impl ReconcilePass {
 
         let mut updates: HashMap<String, NodeRecord> = HashMap::new();
         let mut device_users = Vec::new();
-        let mut first_err = None;
         let mut views = observe(&targets, &HashSet::new());
         let mut candidates: Vec<_> = views
             .iter()

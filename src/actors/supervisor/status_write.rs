@@ -131,21 +131,29 @@ impl PolicySupervisor {
                 ),
             );
         }
+        let ctx = self.ctx.clone();
+        let target = crate::write_backoff::WriteTarget::PolicyStatus(name.clone());
         let fut = async move {
-            let res = if replacing.is_some() {
-                // A merge patch would keep the foreign fields: replace the
-                // whole status (JSON patch: `add` replaces an existing member).
-                let ops: json_patch::Patch = serde_json::from_value(serde_json::json!([
-                    { "op": "add", "path": "/status", "value": status }
-                ]))
-                .expect("a JSON patch");
-                api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(ops))
-                    .await
-            } else {
-                let patch = serde_json::json!({ "status": status });
-                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
+            let write = async {
+                if replacing.is_some() {
+                    // A merge patch would keep the foreign fields: replace the
+                    // whole status (JSON patch: `add` replaces an existing member).
+                    let ops: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                        { "op": "add", "path": "/status", "value": status }
+                    ]))
+                    .expect("a JSON patch");
+                    api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(ops))
+                        .await
+                } else {
+                    let patch = serde_json::json!({ "status": status });
+                    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                }
+                .map_err(crate::Error::kube(format!(
+                    "writing the status of policy {name}"
+                )))
             };
+            let res = ctx.guarded_write(target, |_| true, write).await;
             (res, status, replacing)
         };
         actx.spawn(fut.into_actor(self).map(|(res, status, replacing), act, _| {
@@ -159,8 +167,12 @@ impl PolicySupervisor {
                     act.memo = decide(&act.memo, &facts).0;
                     act.last_status = Some(status);
                 }
+                Err(e @ crate::Error::WriteHeld { .. }) => {
+                    tracing::debug!(policy = act.name, error = %e, "status write held back");
+                }
                 Err(e) => {
-                    // Retried by the next pass (at the latest the periodic one).
+                    // Retried by the next pass (at the latest the periodic one)
+                    // once its backoff has passed.
                     act.ctx.metrics.inc_error(&act.name, "kube_api");
                     tracing::warn!(policy = act.name, error = %e, "writing status failed; will retry");
                 }
