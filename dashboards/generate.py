@@ -116,6 +116,28 @@ def panel(L, kind, title, w, h, tgts, *, unit, description="", defaults=None,
     return p
 
 
+def increase_bars(L, title, w, h, tgts, *, description):
+    """A counter's increase per window as stacked bars: whole numbers, summed in the legend."""
+    return panel(L, "timeseries", title, w, h, tgts, description=description,
+                 defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
+                 options=ts_options(["sum"]), unit="short")
+
+
+def bargauge_options(display_mode):
+    """A horizontal bar gauge of each series' last value."""
+    return {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "orientation": "horizontal", "displayMode": display_mode, "showUnfilled": True,
+            "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
+            "minVizWidth": 8, "maxVizHeight": 300}
+
+
+def dashboard_link(title, uid):
+    """A link to the dashboard `uid`, keeping the time range and variables."""
+    return {"title": title, "type": "link", "url": f"/d/{uid}",
+            "icon": "dashboard", "keepTime": True, "includeVars": True, "asDropdown": False,
+            "targetBlank": False, "tags": [], "tooltip": ""}
+
+
 def text_panel(L, title, content, w, h):
     return {
         "id": L.id(), "type": "text", "title": title, "gridPos": L.place(w, h),
@@ -311,10 +333,7 @@ def rollout():
         description="All Tenstorrent nodes of the cluster by the tt-kmd version they report "
                     "(node label driver.tenstorrent.com/kmd-version) and install mode.",
         defaults={"decimals": 0, "min": 0, "color": {"mode": "palette-classic"}},
-        options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                 "orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
-                 "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
-                 "minVizWidth": 8, "maxVizHeight": 300},
+        options=bargauge_options("basic"),
         unit="short",
     ))
 
@@ -395,10 +414,7 @@ def rollout():
                     "over the dashboard's time range. Quantiles are estimated from histogram buckets.",
         unit="s",
         defaults={"min": 0, "color": {"mode": "continuous-GrYlRd"}},
-        options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                 "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True,
-                 "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
-                 "minVizWidth": 8, "maxVizHeight": 300},
+        options=bargauge_options("gradient"),
     ))
     P.append(panel(
         L, "timeseries", "Phase duration p50 / p95 over time", 24, 8,
@@ -421,47 +437,33 @@ def rollout():
                     "(see docs/troubleshooting.md, \"A node is Failed\").",
         defaults={"decimals": 0, "min": 0, "color": {"mode": "thresholds"},
                   "thresholds": thresholds((None, "green"), (0.5, "red"))},
-        options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                 "orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
-                 "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
-                 "minVizWidth": 8, "maxVizHeight": 300},
+        options=bargauge_options("basic"),
         unit="short",
     ))
-    P.append(panel(
-        L, "timeseries", "Pods evicted", 8, 8,
+    P.append(increase_bars(
+        L, "Pods evicted", 8, 8,
         targets((f'sum by (pass) (increase(ttdriver_pods_evicted_total{{{CR}}}[$__rate_interval]))', "{{pass}}")),
         description="Pods evicted while draining nodes; pass=pass1: pods using /dev/tenstorrent (hostPath, "
                     "device plugin or DRA), pass=pass2: the other pods of the node.",
-        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
-        options=ts_options(["sum"]),
-        unit="short",
     ))
-    P.append(panel(
-        L, "timeseries", "Drain blocked", 8, 8,
+    P.append(increase_bars(
+        L, "Drain blocked", 8, 8,
         targets((f'sum by (pass) (increase(ttdriver_drain_blocked_total{{{CR}}}[$__rate_interval]))', "{{pass}}")),
         description="Evictions refused while draining (a PodDisruptionBudget or an error). Persistent blocks end "
                     "in a DrainTimeout failure.",
-        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
-        options=ts_options(["sum"]),
-        unit="short",
     ))
-    P.append(panel(
-        L, "timeseries", "State transitions", 24, 8,
+    P.append(increase_bars(
+        L, "State transitions", 24, 8,
         targets((f'sum by (from, to) (increase(ttdriver_node_transitions_total{{{CR}}}[$__rate_interval]))',
                  "{{from}} → {{to}}")),
         description="Node state transitions per window (ttdriver_node_transitions_total).",
-        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
-        options=ts_options(["sum"]),
-        unit="short",
     ))
     return dashboard(
         "ttdriver-rollout", "Tenstorrent driver rollout",
         "Progress of tt-kmd rollouts driven by TenstorrentDriverPolicy resources: target version, nodes per "
         "state, per-node timeline, phase durations, failures and drains.",
         P, ["rollout"],
-        links=[{"title": "Driver manager controller", "type": "link", "url": "/d/ttdriver-controller",
-                "icon": "dashboard", "keepTime": True, "includeVars": True, "asDropdown": False,
-                "targetBlank": False, "tags": [], "tooltip": ""}],
+        links=[dashboard_link("Driver manager controller", "ttdriver-controller")],
     )
 
 
@@ -537,24 +539,18 @@ def controller():
         defaults={"custom": ts_custom(fill=0)},
         options=ts_options(),
     ))
-    P.append(panel(
-        L, "timeseries", "Errors by stage", 24, 8,
+    P.append(increase_bars(
+        L, "Errors by stage", 24, 8,
         targets((f'sum by (cr, stage) (increase(ttdriver_errors_total{{{CR}}}[$__rate_interval]))', "{{cr}} {{stage}}")),
         description="Controller errors by policy and stage (ttdriver_errors_total).",
-        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
-        options=ts_options(["sum"]),
-        unit="short",
     ))
 
     P.append(row(L, "Actors"))
-    P.append(panel(
-        L, "timeseries", "Actor restarts", 12, 8,
+    P.append(increase_bars(
+        L, "Actor restarts", 12, 8,
         targets((f'sum by (actor) (increase(ttdriver_actor_restarts_total{{{SCRAPE}}}[$__rate_interval]))', "{{actor}}")),
         description="Supervised actors restarted after a failure, by actor kind. A restarted actor reloads its "
                     "state from the cluster; frequent restarts point at a bug or an unreachable API server.",
-        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
-        options=ts_options(["sum"]),
-        unit="short",
     ))
     P.append(panel(
         L, "timeseries", "Mailbox saturation", 12, 8,
@@ -581,9 +577,7 @@ def controller():
         "Health of the tt-kmd driver manager controller: replicas, leader, reconcile rate, errors and "
         "duration, actor restarts and mailbox saturation, cached objects.",
         P, ["controller"],
-        links=[{"title": "Driver rollout", "type": "link", "url": "/d/ttdriver-rollout",
-                "icon": "dashboard", "keepTime": True, "includeVars": True, "asDropdown": False,
-                "targetBlank": False, "tags": [], "tooltip": ""}],
+        links=[dashboard_link("Driver rollout", "ttdriver-rollout")],
     )
 
 
