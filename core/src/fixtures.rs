@@ -32,23 +32,12 @@ pub fn observation() -> Observation {
     Observation {
         now: 1000,
         ready: true,
-        unschedulable: false,
         loaded: Some("2.7.0".into()),
-        host_managed: false,
         installer: InstallerPod::Stale { deleting: false },
-        gates_closed: false,
-        gates_present: false,
         drain: Some(DrainProgress::default()),
-        retry_token: None,
         slot: true,
-        installer_problem: None,
-        installer_failure: None,
-        inherited_cordon: false,
-        vacated: false,
-        nothing_loaded: false,
-        installer_created: None,
         prepared: true,
-        prepare_turn: false,
+        ..Observation::default()
     }
 }
 
@@ -77,5 +66,14 @@ pub fn node(name: &str, ready: &str, unschedulable: bool, labels: &[(&str, &str)
             }]),
             ..Default::default()
         }),
+    }
+}
+
+/// The metadata of an object `name` in `namespace`, nothing else set.
+pub fn meta(name: &str, namespace: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(namespace.into()),
+        ..Default::default()
     }
 }

@@ -217,19 +217,10 @@ fn node_observation(
         loaded: node::loaded_version(node).map(String::from),
         host_managed: node::host_managed(node),
         installer,
-        gates_closed: false,
-        gates_present: false,
-        drain: None,
-        retry_token: None,
-        slot: false,
-        installer_problem: None,
         installer_failure,
-        inherited_cordon: false,
-        installer_created: None,
-        nothing_loaded: false,
         vacated: node::label(node, labels::UNMANAGED) == Some(p.desired.policy.as_str()),
         prepared,
-        prepare_turn: false,
+        ..Observation::default()
     }
 }
 
