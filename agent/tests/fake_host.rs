@@ -15,8 +15,8 @@ use ttdrv_agent::{AgentError, ModuleSource, Outcome, Rollback};
 use ttdrv_api::labels;
 
 use common::host::{
-    KVER, POD_UID, TT_SMI, TT_SMI_VERSION, TestHost as Host, add_busy_holders, assert_matches,
-    go_ahead, run,
+    KVER, POD_UID, TT_SMI, TT_SMI_VERSION, TestHost as Host, add_busy_holders,
+    assert_installed_over_nothing, assert_matches, go_ahead, run,
 };
 
 /// The node's labels after every patch of the run.
@@ -173,16 +173,7 @@ fn fresh_node_without_module_loads_target() {
     let builder = FakeBuilder::default();
     let outcome =
         run(&h.config("2.7.0"), &kernel, &builder, &FakeNode::default()).expect("install");
-    assert_matches!(
-        outcome,
-        Outcome::Installed {
-            previous: None,
-            source: ModuleSource::Build,
-            ..
-        }
-    );
-    assert_eq!(kernel.unloads(), 0);
-    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    assert_installed_over_nothing(&h, &kernel, &outcome, ModuleSource::Build, "2.7.0", 0);
 }
 
 #[test]
@@ -549,25 +540,16 @@ fn agent_bin(h: &Host, args: &[&str]) -> std::process::Output {
 #[test]
 fn ready_requires_exact_version() {
     let h = Host::new();
-    assert!(
-        !agent_bin(&h, &["ready", "--version", "2.8.0"])
-            .status
-            .success(),
-        "nothing loaded"
-    );
-    set_loaded(h.root(), "2.8.0-rc1", 0).expect("loaded");
-    assert!(
-        !agent_bin(&h, &["ready", "--version", "2.8.0"])
-            .status
-            .success(),
-        "suffix"
-    );
-    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
-    assert!(
+    let ready = || {
         agent_bin(&h, &["ready", "--version", "2.8.0"])
             .status
             .success()
-    );
+    };
+    assert!(!ready(), "nothing loaded");
+    set_loaded(h.root(), "2.8.0-rc1", 0).expect("loaded");
+    assert!(!ready(), "suffix");
+    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    assert!(ready());
     assert!(
         !agent_bin(&h, &["ready", "--version", "2.7.0"])
             .status
@@ -924,11 +906,7 @@ fn tags_must_be_signed_by_a_configured_key() {
         ])
         .output()
         .expect("git tag -s");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::stdout_of("git tag -s", out);
     let repo_url = repo.path().display().to_string();
     let kernel = FakeKernel::new(h.root());
     let build = |key: &str, version: &str| {

@@ -24,7 +24,7 @@ use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, AgentError, Config, ModuleSource, Outcome};
 
-use common::host::{KVER, TestHost as Host, assert_matches};
+use common::host::{KVER, TestHost as Host, assert_installed_over_nothing, assert_matches};
 
 const IN_NS: &str = "TTDRV_FAULTS_IN_NAMESPACE";
 
@@ -184,6 +184,16 @@ fn can_mount() -> bool {
 
 /// Runs `body` where tmpfs can be mounted: here if possible, else by re-running
 /// this very test inside a new user and mount namespace.
+/// [`with_mounts`] on a host with 2.7.0 loaded whose cache directory is a
+/// tmpfs mounted with `options` for the duration of `body`.
+fn with_cache_tmpfs(test: &str, options: &str, body: impl FnOnce(&Host, &Tmpfs)) {
+    with_mounts(test, || {
+        let h = Host::with_loaded("2.7.0", 0);
+        let disk = Tmpfs::mount(&h.cache_dir(), options).expect("mount tmpfs");
+        body(&h, &disk);
+    });
+}
+
 fn with_mounts(test: &str, body: impl FnOnce()) {
     if can_mount() {
         body();
@@ -225,12 +235,11 @@ fn with_mounts(test: &str, body: impl FnOnce()) {
 
 #[test]
 fn disk_full_while_caching_leaves_no_partial_module_and_recovers() {
-    with_mounts(
+    // 64 KiB of disk for a 200 KiB module: the copy fails part-way (ENOSPC).
+    with_cache_tmpfs(
         "disk_full_while_caching_leaves_no_partial_module_and_recovers",
-        || {
-            let h = Host::with_loaded("2.7.0", 0);
-            // 64 KiB of disk for a 200 KiB module: the copy fails part-way (ENOSPC).
-            let disk = Tmpfs::mount(&h.cache_dir(), "size=64k").expect("mount tmpfs");
+        "size=64k",
+        |h, disk| {
             let kernel = FakeKernel::new(h.root());
             let builder = BigBuilder { size: 200 * 1024 };
             let err = h.run("2.8.0", &kernel, &builder).expect_err("disk full");
@@ -269,11 +278,10 @@ fn disk_full_while_caching_leaves_no_partial_module_and_recovers() {
 
 #[test]
 fn disk_full_with_a_previously_cached_version_keeps_that_entry_whole() {
-    with_mounts(
+    with_cache_tmpfs(
         "disk_full_with_a_previously_cached_version_keeps_that_entry_whole",
-        || {
-            let h = Host::with_loaded("2.7.0", 0);
-            let _disk = Tmpfs::mount(&h.cache_dir(), "size=64k").expect("mount tmpfs");
+        "size=64k",
+        |h, _| {
             write_fake_module(&h.entry("2.7.0"), "2.7.0").expect("cache 2.7.0");
             let kernel = FakeKernel::new(h.root());
             let err = h
@@ -295,31 +303,32 @@ fn disk_full_with_a_previously_cached_version_keeps_that_entry_whole() {
 
 #[test]
 fn read_only_cache_fails_clearly_before_unloading() {
-    with_mounts("read_only_cache_fails_clearly_before_unloading", || {
-        let h = Host::with_loaded("2.7.0", 0);
-        let _disk = Tmpfs::mount(&h.cache_dir(), "size=1m,ro").expect("mount tmpfs");
-        let kernel = FakeKernel::new(h.root());
-        let err = h
-            .run("2.8.0", &kernel, &FakeBuilder::default())
-            .expect_err("read-only");
-        assert_matches!(err, AgentError::CacheWrite { .. });
-        let msg = err.to_string();
-        assert!(
-            msg.contains("Read-only file system") && msg.contains("var/cache/tt-kmd"),
-            "{msg}"
-        );
-        assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
-        assert_eq!(kernel.unloads(), 0);
-    });
+    with_cache_tmpfs(
+        "read_only_cache_fails_clearly_before_unloading",
+        "size=1m,ro",
+        |h, _| {
+            let kernel = FakeKernel::new(h.root());
+            let err = h
+                .run("2.8.0", &kernel, &FakeBuilder::default())
+                .expect_err("read-only");
+            assert_matches!(err, AgentError::CacheWrite { .. });
+            let msg = err.to_string();
+            assert!(
+                msg.contains("Read-only file system") && msg.contains("var/cache/tt-kmd"),
+                "{msg}"
+            );
+            assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+            assert_eq!(kernel.unloads(), 0);
+        },
+    );
 }
 
 #[test]
 fn wrong_version_in_a_read_only_cache_is_reported_not_loaded() {
-    with_mounts(
+    with_cache_tmpfs(
         "wrong_version_in_a_read_only_cache_is_reported_not_loaded",
-        || {
-            let h = Host::with_loaded("2.7.0", 0);
-            let disk = Tmpfs::mount(&h.cache_dir(), "size=1m").expect("mount tmpfs");
+        "size=1m",
+        |h, disk| {
             write_fake_module(&h.entry("2.8.0"), "2.6.0").expect("bad entry");
             disk.remount("ro");
             let kernel = FakeKernel::new(h.root());
@@ -467,16 +476,7 @@ fn module_directory_without_version_file_is_replaced() {
     let outcome = h
         .run("2.8.0", &kernel, &FakeBuilder::default())
         .expect("replaced");
-    assert_matches!(
-        &outcome,
-        Outcome::Installed {
-            previous: None,
-            source: ModuleSource::Cache,
-            ..
-        }
-    );
-    assert_eq!(kernel.unloads(), 1);
-    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+    assert_installed_over_nothing(&h, &kernel, &outcome, ModuleSource::Cache, "2.8.0", 1);
 }
 
 /// Fail closed: no refcnt (or one that is no number) means the module may be

@@ -14,7 +14,7 @@ use ttdrv_agent::fake::{FakeBuilder, FakeKernel, add_holder, fake_host, plant_ca
 use ttdrv_agent::node::NodeApi;
 use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::{FakePause, Pause};
-use ttdrv_agent::{Agent, AgentError, Config, HostRoot, Outcome};
+use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome};
 
 /// The running kernel of every fake host.
 pub const KVER: &str = "6.1.0-99-amd64";
@@ -151,6 +151,24 @@ pub fn assert_untouched(h: &TestHost, kernel: &FakeKernel) {
     assert_eq!(kernel.unloads(), 0, "unloaded");
     assert!(kernel.loads().is_empty(), "loaded: {:?}", kernel.loads());
     assert!(kernel.killed().is_empty(), "killed: {:?}", kernel.killed());
+}
+
+/// `outcome` installed `version` from `source` with no previous version
+/// reported, after `unloads` unloads, and `version` is loaded now.
+pub fn assert_installed_over_nothing(
+    h: &TestHost,
+    kernel: &FakeKernel,
+    outcome: &Outcome,
+    source: ModuleSource,
+    version: &str,
+    unloads: u32,
+) {
+    assert!(
+        matches!(outcome, Outcome::Installed { previous: None, source: s, .. } if *s == source),
+        "{outcome:?}"
+    );
+    assert_eq!(kernel.unloads(), unloads);
+    assert_eq!(h.loaded().as_deref(), Some(version));
 }
 
 /// A node with the controller's go-ahead to swap to `target`.
