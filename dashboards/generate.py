@@ -116,6 +116,32 @@ def panel(L, kind, title, w, h, tgts, *, unit, description="", defaults=None,
     return p
 
 
+def increase_bars(L, title, w, h, metric, by, legend, sel=None, *, description):
+    """The increase of the counter `metric` per window, summed by `by` (of the
+    policies the dashboard selects, or the series `sel` matches), as stacked
+    bars: whole numbers, summed in the legend."""
+    sel = CR if sel is None else sel
+    tgts = targets((f"sum by ({by}) (increase({metric}{{{sel}}}[$__rate_interval]))", legend))
+    return panel(L, "timeseries", title, w, h, tgts, description=description,
+                 defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
+                 options=ts_options(["sum"]), unit="short")
+
+
+def bargauge_options(display_mode):
+    """A horizontal bar gauge of each series' last value."""
+    return {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "orientation": "horizontal", "displayMode": display_mode, "showUnfilled": True,
+            "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
+            "minVizWidth": 8, "maxVizHeight": 300}
+
+
+def dashboard_link(title, uid):
+    """A link to the dashboard `uid`, keeping the time range and variables."""
+    return {"title": title, "type": "link", "url": f"/d/{uid}",
+            "icon": "dashboard", "keepTime": True, "includeVars": True, "asDropdown": False,
+            "targetBlank": False, "tags": [], "tooltip": ""}
+
+
 def text_panel(L, title, content, w, h):
     return {
         "id": L.id(), "type": "text", "title": title, "gridPos": L.place(w, h),
@@ -139,6 +165,13 @@ def stat_options(text_mode="auto", calc="lastNotNull", color_mode="value", graph
         "graphMode": graph, "justifyMode": "auto", "wideLayout": True,
         "showPercentChange": False,
     }
+
+
+def stat_panel(L, title, w, h, tgts, *, description, unit="short", text_mode="auto",
+               color_mode="value", **kw):
+    """A stat panel of counts unless `unit` says otherwise (see stat_options)."""
+    return panel(L, "stat", title, w, h, tgts, description=description, unit=unit,
+                 options=stat_options(text_mode=text_mode, color_mode=color_mode), **kw)
 
 
 def ts_options(legend_calcs=None, mode="multi"):
@@ -233,12 +266,12 @@ def rollout():
     L = Layout()
     P = []
     P.append(row(L, "Progress"))
-    P.append(panel(
-        L, "stat", "Target version", 4, 5,
+    P.append(stat_panel(
+        L, "Target version", 4, 5,
         targets((f'max by (cr, version) (ttdriver_policy_desired_version{{{CR}}})', "{{cr}}: {{version}}"),
                 instant=True),
         description="spec.version of the selected policies (ttdriver_policy_desired_version).",
-        options=stat_options(text_mode="name", color_mode="none"),
+        text_mode="name", color_mode="none",
         unit="none",
     ))
     P.append(panel(
@@ -253,8 +286,8 @@ def rollout():
         options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
                  "showThresholdLabels": False, "showThresholdMarkers": True, "orientation": "auto"},
     ))
-    P.append(panel(
-        L, "stat", "Nodes", 6, 5,
+    P.append(stat_panel(
+        L, "Nodes", 6, 5,
         targets((f'sum(ttdriver_policy_nodes{{{CR},state="Done"}})', "Done"),
                 (f'sum(ttdriver_policy_nodes{{{CR},state!="HostManaged"}})', "Matched"),
                 (f'sum(ttdriver_policy_nodes{{{CR},state="HostManaged"}})', "Host-managed"),
@@ -265,35 +298,31 @@ def rollout():
                     "host-managed (DKMS install, left alone), prepared (the target built and verified "
                     "into the node's cache ahead of its cycle, or loaded), and with an installed kernel "
                     "the target does not build for (a reboot into it would find no module).",
-        options=stat_options(color_mode="none"),
-        unit="short",
+        color_mode="none",
     ))
-    P.append(panel(
-        L, "stat", "Failed nodes", 3, 5,
+    P.append(stat_panel(
+        L, "Failed nodes", 3, 5,
         targets(f'sum(ttdriver_policy_nodes{{{CR},state=~"Failed|UnloadFailed"}})', instant=True),
         description="Nodes in state Failed or UnloadFailed. Such a node stays as it is (cordoned if its "
                     "cycle had started) and holds its rollout; see the runbook (TTDriverNodeFailed).",
         defaults={"color": {"mode": "thresholds"},
                   "thresholds": thresholds((None, "green"), (1, "red"))},
-        options=stat_options(color_mode="background"),
-        unit="short",
+        color_mode="background",
     ))
-    P.append(panel(
-        L, "stat", "Unavailable / maxUnavailable", 4, 5,
+    P.append(stat_panel(
+        L, "Unavailable / maxUnavailable", 4, 5,
         targets((f'sum(ttdriver_rollout_unavailable_nodes{{{CR}}})', "unavailable"),
                 (f'sum(ttdriver_rollout_max_unavailable{{{CR}}})', "maxUnavailable"),
                 instant=True),
         description="Nodes the rollout currently holds out of service, against the policies' maxUnavailable budget.",
-        options=stat_options(color_mode="none"),
-        unit="short",
+        color_mode="none",
     ))
-    P.append(panel(
-        L, "stat", "Nodes in progress", 3, 5,
+    P.append(stat_panel(
+        L, "Nodes in progress", 3, 5,
         targets(f'sum(ttdriver_policy_nodes{{{CR},state=~"Cordoning|Draining|Upgrading|Uncordoning|Unloading"}})',
                 instant=True),
         description="Nodes in Cordoning, Draining, Upgrading, Uncordoning or Unloading.",
-        options=stat_options(color_mode="none"),
-        unit="short",
+        color_mode="none",
     ))
     P.append(panel(
         L, "timeseries", "Nodes per state", 12, 8,
@@ -311,10 +340,7 @@ def rollout():
         description="All Tenstorrent nodes of the cluster by the tt-kmd version they report "
                     "(node label driver.tenstorrent.com/kmd-version) and install mode.",
         defaults={"decimals": 0, "min": 0, "color": {"mode": "palette-classic"}},
-        options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                 "orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
-                 "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
-                 "minVizWidth": 8, "maxVizHeight": 300},
+        options=bargauge_options("basic"),
         unit="short",
     ))
 
@@ -395,10 +421,7 @@ def rollout():
                     "over the dashboard's time range. Quantiles are estimated from histogram buckets.",
         unit="s",
         defaults={"min": 0, "color": {"mode": "continuous-GrYlRd"}},
-        options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                 "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True,
-                 "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
-                 "minVizWidth": 8, "maxVizHeight": 300},
+        options=bargauge_options("gradient"),
     ))
     P.append(panel(
         L, "timeseries", "Phase duration p50 / p95 over time", 24, 8,
@@ -421,47 +444,29 @@ def rollout():
                     "(see docs/troubleshooting.md, \"A node is Failed\").",
         defaults={"decimals": 0, "min": 0, "color": {"mode": "thresholds"},
                   "thresholds": thresholds((None, "green"), (0.5, "red"))},
-        options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                 "orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
-                 "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
-                 "minVizWidth": 8, "maxVizHeight": 300},
+        options=bargauge_options("basic"),
         unit="short",
     ))
-    P.append(panel(
-        L, "timeseries", "Pods evicted", 8, 8,
-        targets((f'sum by (pass) (increase(ttdriver_pods_evicted_total{{{CR}}}[$__rate_interval]))', "{{pass}}")),
+    P.append(increase_bars(
+        L, "Pods evicted", 8, 8, "ttdriver_pods_evicted_total", "pass", "{{pass}}",
         description="Pods evicted while draining nodes; pass=pass1: pods using /dev/tenstorrent (hostPath, "
                     "device plugin or DRA), pass=pass2: the other pods of the node.",
-        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
-        options=ts_options(["sum"]),
-        unit="short",
     ))
-    P.append(panel(
-        L, "timeseries", "Drain blocked", 8, 8,
-        targets((f'sum by (pass) (increase(ttdriver_drain_blocked_total{{{CR}}}[$__rate_interval]))', "{{pass}}")),
+    P.append(increase_bars(
+        L, "Drain blocked", 8, 8, "ttdriver_drain_blocked_total", "pass", "{{pass}}",
         description="Evictions refused while draining (a PodDisruptionBudget or an error). Persistent blocks end "
                     "in a DrainTimeout failure.",
-        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
-        options=ts_options(["sum"]),
-        unit="short",
     ))
-    P.append(panel(
-        L, "timeseries", "State transitions", 24, 8,
-        targets((f'sum by (from, to) (increase(ttdriver_node_transitions_total{{{CR}}}[$__rate_interval]))',
-                 "{{from}} → {{to}}")),
+    P.append(increase_bars(
+        L, "State transitions", 24, 8, "ttdriver_node_transitions_total", "from, to", "{{from}} → {{to}}",
         description="Node state transitions per window (ttdriver_node_transitions_total).",
-        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
-        options=ts_options(["sum"]),
-        unit="short",
     ))
     return dashboard(
         "ttdriver-rollout", "Tenstorrent driver rollout",
         "Progress of tt-kmd rollouts driven by TenstorrentDriverPolicy resources: target version, nodes per "
         "state, per-node timeline, phase durations, failures and drains.",
         P, ["rollout"],
-        links=[{"title": "Driver manager controller", "type": "link", "url": "/d/ttdriver-controller",
-                "icon": "dashboard", "keepTime": True, "includeVars": True, "asDropdown": False,
-                "targetBlank": False, "tags": [], "tooltip": ""}],
+        links=[dashboard_link("Driver manager controller", "ttdriver-controller")],
     )
 
 
@@ -469,41 +474,37 @@ def controller():
     L = Layout()
     P = []
     P.append(row(L, "Controller"))
-    P.append(panel(
-        L, "stat", "Replicas up", 3, 5,
+    P.append(stat_panel(
+        L, "Replicas up", 3, 5,
         targets(f"count(ttdriver_build_info{{{SCRAPE}}})", instant=True),
         description="Controller replicas Prometheus scrapes (series of ttdriver_build_info). "
                     "None for 5 minutes raises TTDriverControllerDown.",
         defaults={"color": {"mode": "thresholds"}, "thresholds": thresholds((None, "red"), (1, "green"))},
-        options=stat_options(color_mode="background"),
-        unit="short",
+        color_mode="background",
     ))
-    P.append(panel(
-        L, "stat", "Leader", 5, 5,
+    P.append(stat_panel(
+        L, "Leader", 5, 5,
         targets((f"max by (instance) (ttdriver_leader{{{SCRAPE}}})", "{{instance}}"), instant=True),
         description="ttdriver_leader per replica: the leader drives rollouts and exports the per-policy series.",
         defaults={"color": {"mode": "thresholds"}, "thresholds": thresholds((None, "text"), (1, "green")),
                   "mappings": [{"type": "value", "options": {"0": {"text": "follower", "index": 0},
                                                              "1": {"text": "leader", "index": 1}}}]},
-        options=stat_options(color_mode="value"),
         unit="none",
     ))
-    P.append(panel(
-        L, "stat", "Build", 6, 5,
+    P.append(stat_panel(
+        L, "Build", 6, 5,
         targets((f"count by (version) (ttdriver_build_info{{{SCRAPE}}})", "{{version}}"), instant=True),
         description="Controller build version (ttdriver_build_info); the value is the number of replicas running it.",
-        options=stat_options(text_mode="name", color_mode="none"),
-        unit="short",
+        text_mode="name", color_mode="none",
     ))
-    P.append(panel(
-        L, "stat", "Last successful reconcile", 10, 5,
+    P.append(stat_panel(
+        L, "Last successful reconcile", 10, 5,
         targets((f'time() - max by (cr) (ttdriver_last_successful_reconcile_timestamp_seconds{{{CR}}})', "{{cr}}"),
                 instant=True),
         description="Time since the last reconcile of each policy that ended without error.",
         unit="s",
         defaults={"color": {"mode": "thresholds"},
                   "thresholds": thresholds((None, "green"), (900, "orange"), (3600, "red"))},
-        options=stat_options(color_mode="value"),
     ))
 
     P.append(row(L, "Reconcile"))
@@ -537,24 +538,16 @@ def controller():
         defaults={"custom": ts_custom(fill=0)},
         options=ts_options(),
     ))
-    P.append(panel(
-        L, "timeseries", "Errors by stage", 24, 8,
-        targets((f'sum by (cr, stage) (increase(ttdriver_errors_total{{{CR}}}[$__rate_interval]))', "{{cr}} {{stage}}")),
+    P.append(increase_bars(
+        L, "Errors by stage", 24, 8, "ttdriver_errors_total", "cr, stage", "{{cr}} {{stage}}",
         description="Controller errors by policy and stage (ttdriver_errors_total).",
-        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
-        options=ts_options(["sum"]),
-        unit="short",
     ))
 
     P.append(row(L, "Actors"))
-    P.append(panel(
-        L, "timeseries", "Actor restarts", 12, 8,
-        targets((f'sum by (actor) (increase(ttdriver_actor_restarts_total{{{SCRAPE}}}[$__rate_interval]))', "{{actor}}")),
+    P.append(increase_bars(
+        L, "Actor restarts", 12, 8, "ttdriver_actor_restarts_total", "actor", "{{actor}}", sel=SCRAPE,
         description="Supervised actors restarted after a failure, by actor kind. A restarted actor reloads its "
                     "state from the cluster; frequent restarts point at a bug or an unreachable API server.",
-        defaults={"custom": ts_custom(draw="bars", fill=80, stack=True), "decimals": 0},
-        options=ts_options(["sum"]),
-        unit="short",
     ))
     P.append(panel(
         L, "timeseries", "Mailbox saturation", 12, 8,
@@ -581,9 +574,7 @@ def controller():
         "Health of the tt-kmd driver manager controller: replicas, leader, reconcile rate, errors and "
         "duration, actor restarts and mailbox saturation, cached objects.",
         P, ["controller"],
-        links=[{"title": "Driver rollout", "type": "link", "url": "/d/ttdriver-rollout",
-                "icon": "dashboard", "keepTime": True, "includeVars": True, "asDropdown": False,
-                "targetBlank": False, "tags": [], "tooltip": ""}],
+        links=[dashboard_link("Driver rollout", "ttdriver-rollout")],
     )
 
 

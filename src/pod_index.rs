@@ -235,16 +235,11 @@ pub enum Changed {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use std::collections::BTreeMap;
 
     fn pod(name: &str, node: Option<&str>) -> Pod {
         Pod {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("ns".into()),
-                ..Default::default()
-            },
+            metadata: ttdrv_core::fixtures::meta(name, "ns"),
             spec: Some(PodSpec {
                 node_name: node.map(String::from),
                 ..Default::default()

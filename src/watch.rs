@@ -350,15 +350,7 @@ fn policy_key(p: &TenstorrentDriverPolicy) -> Option<u64> {
 /// readiness, and the boot ID (a reboot makes the driver labels stale).
 fn node_key(n: &Node) -> Option<u64> {
     let m = &n.metadata;
-    let ready = n
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| {
-            cs.iter()
-                .find(|c| c.type_ == "Ready")
-                .map(|c| c.status.clone())
-        });
+    let ready = ttdrv_core::node::ready_status(n).map(String::from);
     let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable);
     let boot_id = n
         .status

@@ -205,16 +205,7 @@ fn main() -> ExitCode {
             status_file.as_deref(),
         )),
         Command::Ready { target, .. } => {
-            match pod::readiness(&root, &target, status_file.as_deref()) {
-                Ok(msg) => {
-                    println!("{msg}");
-                    ExitCode::SUCCESS
-                }
-                Err(msg) => {
-                    eprintln!("{msg}");
-                    ExitCode::FAILURE
-                }
-            }
+            report(pod::readiness(&root, &target, status_file.as_deref()))
         }
         Command::Status { target } => {
             let waiting = status_file.as_deref().and_then(pod::waiting);

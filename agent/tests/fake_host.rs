@@ -14,9 +14,10 @@ use ttdrv_agent::node::FakeNode;
 use ttdrv_agent::{AgentError, ModuleSource, Outcome, Rollback};
 use ttdrv_api::labels;
 
-const POD_UID: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
-
-use common::host::{KVER, TT_SMI, TT_SMI_VERSION, TestHost as Host, go_ahead, run};
+use common::host::{
+    KVER, POD_UID, TT_SMI, TT_SMI_VERSION, TestHost as Host, add_busy_holders,
+    assert_installed_over_nothing, assert_matches, go_ahead, run,
+};
 
 /// The node's labels after every patch of the run.
 fn labels_of(node: &FakeNode) -> BTreeMap<String, Option<String>> {
@@ -83,10 +84,7 @@ fn host_mode_labels_and_leaves_the_host_byte_for_byte_unchanged() {
         config.force_unload = true;
         let outcome = run(&config, &kernel, &builder, &node).expect("host mode succeeds");
 
-        assert!(
-            matches!(&outcome, Outcome::HostManaged { loaded: Some(v), .. } if v == "2.7.0"),
-            "{outcome:?}"
-        );
+        assert_matches!(&outcome, Outcome::HostManaged { loaded: Some(v), .. } if v == "2.7.0");
         assert_eq!(snapshot(h.root()), before, "{signal}: host tree changed");
         assert!(kernel.loads().is_empty() && kernel.unloads() == 0 && kernel.killed().is_empty());
         assert!(builder.builds().is_empty());
@@ -101,8 +99,7 @@ fn host_mode_labels_and_leaves_the_host_byte_for_byte_unchanged() {
 
 #[test]
 fn matching_version_only_installs_tt_smi_and_labels() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.8.0", 3).expect("loaded");
+    let h = Host::with_loaded("2.8.0", 3);
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
     let node = FakeNode::default();
@@ -130,17 +127,12 @@ fn matching_version_only_installs_tt_smi_and_labels() {
 
 #[test]
 fn suffixed_version_does_not_match() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.8.0-rc1", 0).expect("loaded");
+    let h = Host::with_loaded("2.8.0-rc1", 0);
     h.cache_module("2.8.0", "2.8.0");
     let kernel = FakeKernel::new(h.root());
-    let outcome = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &FakeBuilder::default(),
-        &go_ahead("2.8.0"),
-    )
-    .expect("upgrade");
+    let outcome = h
+        .run_with("2.8.0", &kernel, &go_ahead("2.8.0"))
+        .expect("upgrade");
     assert!(
         matches!(outcome, Outcome::Installed { ref previous, .. } if previous.as_deref() == Some("2.8.0-rc1"))
     );
@@ -149,8 +141,7 @@ fn suffixed_version_does_not_match() {
 
 #[test]
 fn mismatch_with_refcnt_zero_unloads_and_loads_from_cache() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     h.cache_module("2.8.0", "2.8.0");
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
@@ -182,31 +173,13 @@ fn fresh_node_without_module_loads_target() {
     let builder = FakeBuilder::default();
     let outcome =
         run(&h.config("2.7.0"), &kernel, &builder, &FakeNode::default()).expect("install");
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Installed {
-                previous: None,
-                source: ModuleSource::Build,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
-    assert_eq!(kernel.unloads(), 0);
-    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    assert_installed_over_nothing(&h, &kernel, &outcome, ModuleSource::Build, "2.7.0", 0);
 }
 
 #[test]
 fn busy_device_without_force_fails_listing_holders_and_touches_nothing() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
-    let cgroup = format!(
-        "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-0123456789abcdef0123.scope\n",
-        POD_UID.replace('-', "_")
-    );
-    add_holder(h.root(), 4242, "python3", &cgroup).expect("holder");
-    add_holder(h.root(), 4343, "tt-smi", "0::/user.slice/session-1.scope\n").expect("holder");
+    let h = Host::with_loaded("2.7.0", 0);
+    add_busy_holders(h.root());
     h.cache_module("2.8.0", "2.8.0");
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
@@ -216,10 +189,7 @@ fn busy_device_without_force_fails_listing_holders_and_touches_nothing() {
     };
     let err = run(&h.config("2.8.0"), &kernel, &builder, &node).expect_err("busy");
     let msg = err.to_string();
-    assert!(
-        matches!(&err, AgentError::Busy { refcnt: 2, holders, .. } if holders.len() == 2),
-        "{err:?}"
-    );
+    assert_matches!(&err, AgentError::Busy { refcnt: 2, holders, .. } if holders.len() == 2);
     for needle in [
         "pid 4242 (python3) in pod ml/train-0",
         "container 0123456789ab",
@@ -247,8 +217,7 @@ fn busy_device_without_force_fails_listing_holders_and_touches_nothing() {
 
 #[test]
 fn force_unload_kills_holders_then_upgrades() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     add_holder(h.root(), 4242, "python3", "0::/\n").expect("holder");
     add_holder(h.root(), 4343, "tt-smi", "0::/\n").expect("holder");
     let kernel = FakeKernel::new(h.root());
@@ -274,8 +243,7 @@ fn force_unload_kills_holders_then_upgrades() {
 
 #[test]
 fn force_unload_gives_up_after_the_timeout() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     add_holder(h.root(), 4242, "stubborn", "0::/\n").expect("holder");
     let mut kernel = FakeKernel::new(h.root());
     kernel.unkillable = true;
@@ -289,30 +257,23 @@ fn force_unload_gives_up_after_the_timeout() {
         &go_ahead("2.8.0"),
     )
     .expect_err("timeout");
-    assert!(
-        matches!(err, AgentError::UnloadTimeout { refcnt: 1, .. }),
-        "{err:?}"
-    );
+    assert_matches!(err, AgentError::UnloadTimeout { refcnt: 1, .. });
     assert!(err.to_string().contains("pid 4242 (stubborn)"), "{err}");
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
 }
 
 #[test]
 fn cache_miss_builds_and_stores_atomically() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
     let outcome = run(&h.config("2.8.0"), &kernel, &builder, &go_ahead("2.8.0")).expect("build");
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Installed {
-                source: ModuleSource::Build,
-                ..
-            }
-        ),
-        "{outcome:?}"
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
     );
     assert_eq!(builder.builds(), vec!["2.8.0".to_string()]);
     let dir = h.p(&format!("/var/cache/tt-kmd/{KVER}/2.8.0"));
@@ -340,15 +301,12 @@ fn cache_miss_builds_and_stores_atomically() {
     fs::remove_dir_all(h.p("/sys/module/tenstorrent")).expect("simulate reboot");
     let builder2 = FakeBuilder::default();
     let again = run(&h.config("2.8.0"), &kernel, &builder2, &FakeNode::default()).expect("cached");
-    assert!(
-        matches!(
-            again,
-            Outcome::Installed {
-                source: ModuleSource::Cache,
-                ..
-            }
-        ),
-        "{again:?}"
+    assert_matches!(
+        again,
+        Outcome::Installed {
+            source: ModuleSource::Cache,
+            ..
+        }
     );
     assert!(builder2.builds().is_empty());
 }
@@ -361,15 +319,12 @@ fn cached_module_of_wrong_version_is_discarded_and_rebuilt() {
     let builder = FakeBuilder::default();
     let outcome =
         run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default()).expect("rebuild");
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Installed {
-                source: ModuleSource::Build,
-                ..
-            }
-        ),
-        "{outcome:?}"
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
     );
     assert_eq!(builder.builds(), vec!["2.8.0".to_string()]);
     assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
@@ -385,10 +340,7 @@ fn build_of_wrong_version_is_refused() {
     };
     let err =
         run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default()).expect_err("wrong build");
-    assert!(
-        matches!(err, AgentError::BuiltWrongVersion { .. }),
-        "{err:?}"
-    );
+    assert_matches!(err, AgentError::BuiltWrongVersion { .. });
     assert!(
         !h.p(&format!("/var/cache/tt-kmd/{KVER}/2.8.0/tenstorrent.ko"))
             .exists()
@@ -403,12 +355,8 @@ fn readback_mismatch_fails() {
     let mut kernel = FakeKernel::new(h.root());
     kernel.report_version = Some("2.8.1".into());
     let node = FakeNode::default();
-    let err =
-        run(&h.config("2.8.0"), &kernel, &FakeBuilder::default(), &node).expect_err("mismatch");
-    assert!(
-        matches!(&err, AgentError::ReadbackMismatch { expected, found: Some(f) } if expected == "2.8.0" && f == "2.8.1"),
-        "{err:?}"
-    );
+    let err = h.run_with("2.8.0", &kernel, &node).expect_err("mismatch");
+    assert_matches!(&err, AgentError::ReadbackMismatch { expected, found: Some(f) } if expected == "2.8.0" && f == "2.8.1");
     assert!(err.to_string().contains("2.8.1"));
     assert_eq!(
         labels_of(&node).get(labels::KMD_VERSION),
@@ -419,22 +367,14 @@ fn readback_mismatch_fails() {
 
 #[test]
 fn failed_load_rolls_back_to_the_cached_previous_version() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     h.cache_module("2.7.0", "2.7.0");
     h.cache_module("2.8.0", "2.8.0");
     let kernel = FakeKernel::new(h.root()).failing("2.8.0");
-    let err = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &FakeBuilder::default(),
-        &go_ahead("2.8.0"),
-    )
-    .expect_err("load fails");
-    assert!(
-        matches!(&err, AgentError::LoadFailed { rollback, .. } if matches!(rollback.as_ref(), Rollback::Restored { previous } if previous == "2.7.0")),
-        "{err:?}"
-    );
+    let err = h
+        .run_with("2.8.0", &kernel, &go_ahead("2.8.0"))
+        .expect_err("load fails");
+    assert_matches!(&err, AgentError::LoadFailed { rollback, .. } if matches!(rollback.as_ref(), Rollback::Restored { previous } if previous == "2.7.0"));
     let msg = err.to_string();
     assert!(
         msg.contains("loading tenstorrent 2.8.0")
@@ -457,24 +397,13 @@ fn failed_load_rolls_back_to_the_cached_previous_version() {
 
 #[test]
 fn failed_load_without_cached_previous_says_so() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     h.cache_module("2.8.0", "2.8.0");
     let kernel = FakeKernel::new(h.root()).failing("2.8.0");
-    let err = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &FakeBuilder::default(),
-        &go_ahead("2.8.0"),
-    )
-    .expect_err("load fails");
-    assert!(
-        matches!(
-            &err,
-            AgentError::LoadFailed { rollback, .. } if matches!(rollback.as_ref(), Rollback::NotCached { .. })
-        ),
-        "{err:?}"
-    );
+    let err = h
+        .run_with("2.8.0", &kernel, &go_ahead("2.8.0"))
+        .expect_err("load fails");
+    assert_matches!(&err, AgentError::LoadFailed { rollback, .. } if matches!(rollback.as_ref(), Rollback::NotCached { .. }));
     assert!(
         err.to_string().contains("could not roll back to 2.7.0"),
         "{err}"
@@ -488,19 +417,14 @@ fn failed_load_without_cached_previous_says_so() {
 
 #[test]
 fn missing_headers_name_the_directory_and_package() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     fs::remove_dir_all(h.p(&format!("/lib/modules/{KVER}"))).expect("rm headers");
     let kernel = FakeKernel::new(h.root());
-    let err = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &FakeBuilder::default(),
-        &FakeNode::default(),
-    )
-    .expect_err("no headers");
+    let err = h
+        .run_with("2.8.0", &kernel, &FakeNode::default())
+        .expect_err("no headers");
     let msg = err.to_string();
-    assert!(matches!(err, AgentError::HeadersMissing { .. }), "{err:?}");
+    assert_matches!(err, AgentError::HeadersMissing { .. });
     assert!(msg.contains(&format!("lib/modules/{KVER}/build")), "{msg}");
     assert!(msg.contains(&format!("linux-headers-{KVER}")), "{msg}");
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"), "old module kept");
@@ -527,10 +451,7 @@ fn missing_tag_names_tag_and_repository() {
     let builder = GitMakeBuilder::new(&repo_url);
     let kernel = FakeKernel::new(h.root());
     let err = run(&h.config("9.9.9"), &kernel, &builder, &FakeNode::default()).expect_err("no tag");
-    assert!(
-        matches!(&err, AgentError::MissingTag { tag, repo } if tag == "ttkmd-9.9.9" && *repo == repo_url),
-        "{err:?}"
-    );
+    assert_matches!(&err, AgentError::MissingTag { tag, repo } if tag == "ttkmd-9.9.9" && *repo == repo_url);
     let msg = err.to_string();
     assert!(
         msg.contains("ttkmd-9.9.9") && msg.contains(&repo_url),
@@ -540,23 +461,15 @@ fn missing_tag_names_tag_and_repository() {
 
 #[test]
 fn unwritable_cache_fails_before_unloading() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     // A file where the cache directory should be: not writable even for root.
     fs::create_dir_all(h.p("/var/cache")).expect("mkdir");
     fs::write(h.p("/var/cache/tt-kmd"), b"not a directory").expect("write");
     let kernel = FakeKernel::new(h.root());
-    let err = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &FakeBuilder::default(),
-        &FakeNode::default(),
-    )
-    .expect_err("cache");
-    assert!(
-        matches!(err, AgentError::CacheWrite { .. } | AgentError::HostFs(_)),
-        "{err:?}"
-    );
+    let err = h
+        .run_with("2.8.0", &kernel, &FakeNode::default())
+        .expect_err("cache");
+    assert_matches!(err, AgentError::CacheWrite { .. } | AgentError::HostFs(_));
     assert!(err.to_string().contains("var/cache/tt-kmd"), "{err}");
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
     assert_eq!(kernel.unloads(), 0);
@@ -564,8 +477,7 @@ fn unwritable_cache_fails_before_unloading() {
 
 #[test]
 fn missing_tt_smi_is_skipped_without_label() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.8.0", 0);
     let mut config = h.config("2.8.0");
     config.tt_smi_path = h.pod().join("absent");
     let node = FakeNode::default();
@@ -584,8 +496,7 @@ fn missing_tt_smi_is_skipped_without_label() {
 
 #[test]
 fn label_failure_is_an_error() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.8.0", 0);
     let node = FakeNode {
         fail: true,
         ..FakeNode::default()
@@ -597,7 +508,7 @@ fn label_failure_is_an_error() {
         &node,
     )
     .expect_err("label");
-    assert!(matches!(err, AgentError::Label { .. }), "{err:?}");
+    assert_matches!(err, AgentError::Label { .. });
 }
 
 #[test]
@@ -610,7 +521,7 @@ fn invalid_target_version_is_rejected() {
         &FakeNode::default(),
     )
     .expect_err("invalid");
-    assert!(matches!(err, AgentError::InvalidVersion(_)), "{err:?}");
+    assert_matches!(err, AgentError::InvalidVersion(_));
 }
 
 fn agent_bin(h: &Host, args: &[&str]) -> std::process::Output {
@@ -629,25 +540,16 @@ fn agent_bin(h: &Host, args: &[&str]) -> std::process::Output {
 #[test]
 fn ready_requires_exact_version() {
     let h = Host::new();
-    assert!(
-        !agent_bin(&h, &["ready", "--version", "2.8.0"])
-            .status
-            .success(),
-        "nothing loaded"
-    );
-    set_loaded(h.root(), "2.8.0-rc1", 0).expect("loaded");
-    assert!(
-        !agent_bin(&h, &["ready", "--version", "2.8.0"])
-            .status
-            .success(),
-        "suffix"
-    );
-    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
-    assert!(
+    let ready = || {
         agent_bin(&h, &["ready", "--version", "2.8.0"])
             .status
             .success()
-    );
+    };
+    assert!(!ready(), "nothing loaded");
+    set_loaded(h.root(), "2.8.0-rc1", 0).expect("loaded");
+    assert!(!ready(), "suffix");
+    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    assert!(ready());
     assert!(
         !agent_bin(&h, &["ready", "--version", "2.7.0"])
             .status
@@ -657,8 +559,7 @@ fn ready_requires_exact_version() {
 
 #[test]
 fn status_reports_what_it_sees() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     add_holder(h.root(), 4242, "python3", "0::/\n").expect("holder");
     h.cache_module("2.7.0", "2.7.0");
     h.cache_module("2.8.0", "2.8.0");
@@ -690,8 +591,7 @@ fn status_reports_what_it_sees() {
 #[test]
 fn run_idles_until_sigterm() {
     use std::io::{BufRead, BufReader};
-    let h = Host::new();
-    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.8.0", 0);
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
         .env_remove("NODE_NAME")
         .env_remove("TT_FORCE_UNLOAD")
@@ -742,8 +642,7 @@ fn run_idles_until_sigterm() {
 
 #[test]
 fn force_unload_env_accepts_booleans_and_empty_means_off() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 1).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 1);
     fs::remove_dir_all(h.p(&format!("/lib/modules/{KVER}"))).expect("rm headers");
     // Busy means force was off; missing headers means it went on past the check.
     // Run by hand (no NODE_NAME), so the operator is the second key.
@@ -811,8 +710,7 @@ fn container_install_opens_the_devices_and_removes_the_old_venv() {
 /// refused by the argument parser; timeouts are bounded, not overflowed.
 #[test]
 fn empty_kbuild_link_dir_skips_and_timeouts_are_bounded() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.8.0", 0);
     let out = agent_bin(
         &h,
         &[
@@ -861,12 +759,7 @@ fn git(repo: &Path, args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("git");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    common::stdout_of(&format!("git {args:?}"), out)
 }
 
 /// A real repository whose tag is moved after the pin was taken: the clone
@@ -875,8 +768,7 @@ fn git(repo: &Path, args: &[&str]) -> String {
 /// the empty fake headers).
 #[test]
 fn a_moved_tag_is_refused_against_the_pinned_commit() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     let repo = tempfile::tempdir().expect("tempdir");
     fixture_repo(repo.path());
     let repo_url = repo.path().display().to_string();
@@ -901,10 +793,7 @@ fn a_moved_tag_is_refused_against_the_pinned_commit() {
     let before = snapshot(h.root());
     let err =
         run(&h.config("2.8.0"), &kernel, &builder, &FakeNode::default()).expect_err("moved tag");
-    assert!(
-        matches!(&err, AgentError::SourceCommitMismatch { expected, found, .. } if *expected == pinned && *found == moved),
-        "{err:?}"
-    );
+    assert_matches!(&err, AgentError::SourceCommitMismatch { expected, found, .. } if *expected == pinned && *found == moved);
     assert_eq!(err.reason(), Some("BuildFailed"));
     let msg = err.to_string();
     assert!(
@@ -1017,11 +906,7 @@ fn tags_must_be_signed_by_a_configured_key() {
         ])
         .output()
         .expect("git tag -s");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::stdout_of("git tag -s", out);
     let repo_url = repo.path().display().to_string();
     let kernel = FakeKernel::new(h.root());
     let build = |key: &str, version: &str| {
@@ -1037,11 +922,11 @@ fn tags_must_be_signed_by_a_configured_key() {
 
     let before = snapshot(h.root());
     let err = build("other.asc", "2.8.0").expect_err("another key");
-    assert!(matches!(err, AgentError::TagSignature { .. }), "{err:?}");
+    assert_matches!(err, AgentError::TagSignature { .. });
     assert_eq!(err.reason(), Some("BuildFailed"));
     assert!(err.to_string().contains("ttkmd-2.8.0"), "{err}");
     let err = build("release.asc", "2.7.0").expect_err("unsigned tag");
-    assert!(matches!(err, AgentError::TagSignature { .. }), "{err:?}");
+    assert_matches!(err, AgentError::TagSignature { .. });
     assert_eq!(snapshot(h.root()), before, "nothing written to the host");
     assert!(kernel.loads().is_empty());
 }

@@ -24,7 +24,7 @@ use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, AgentError, Config, ModuleSource, Outcome};
 
-use common::host::{KVER, TestHost as Host};
+use common::host::{KVER, TestHost as Host, assert_installed_over_nothing, assert_matches};
 
 const IN_NS: &str = "TTDRV_FAULTS_IN_NAMESPACE";
 
@@ -184,6 +184,16 @@ fn can_mount() -> bool {
 
 /// Runs `body` where tmpfs can be mounted: here if possible, else by re-running
 /// this very test inside a new user and mount namespace.
+/// [`with_mounts`] on a host with 2.7.0 loaded whose cache directory is a
+/// tmpfs mounted with `options` for the duration of `body`.
+fn with_cache_tmpfs(test: &str, options: &str, body: impl FnOnce(&Host, &Tmpfs)) {
+    with_mounts(test, || {
+        let h = Host::with_loaded("2.7.0", 0);
+        let disk = Tmpfs::mount(&h.cache_dir(), options).expect("mount tmpfs");
+        body(&h, &disk);
+    });
+}
+
 fn with_mounts(test: &str, body: impl FnOnce()) {
     if can_mount() {
         body();
@@ -225,17 +235,15 @@ fn with_mounts(test: &str, body: impl FnOnce()) {
 
 #[test]
 fn disk_full_while_caching_leaves_no_partial_module_and_recovers() {
-    with_mounts(
+    // 64 KiB of disk for a 200 KiB module: the copy fails part-way (ENOSPC).
+    with_cache_tmpfs(
         "disk_full_while_caching_leaves_no_partial_module_and_recovers",
-        || {
-            let h = Host::new();
-            set_loaded(h.root(), "2.7.0", 0).expect("loaded");
-            // 64 KiB of disk for a 200 KiB module: the copy fails part-way (ENOSPC).
-            let disk = Tmpfs::mount(&h.cache_dir(), "size=64k").expect("mount tmpfs");
+        "size=64k",
+        |h, disk| {
             let kernel = FakeKernel::new(h.root());
             let builder = BigBuilder { size: 200 * 1024 };
             let err = h.run("2.8.0", &kernel, &builder).expect_err("disk full");
-            assert!(matches!(err, AgentError::CacheWrite { .. }), "{err:?}");
+            assert_matches!(err, AgentError::CacheWrite { .. });
             let msg = err.to_string();
             assert!(
                 msg.contains("No space left on device") && msg.contains("var/cache/tt-kmd"),
@@ -254,15 +262,12 @@ fn disk_full_while_caching_leaves_no_partial_module_and_recovers() {
             // Space is freed (disk grown): the next run builds, caches and loads.
             disk.remount("size=1m");
             let outcome = h.run("2.8.0", &kernel, &builder).expect("recovers");
-            assert!(
-                matches!(
-                    outcome,
-                    Outcome::Installed {
-                        source: ModuleSource::Build,
-                        ..
-                    }
-                ),
-                "{outcome:?}"
+            assert_matches!(
+                outcome,
+                Outcome::Installed {
+                    source: ModuleSource::Build,
+                    ..
+                }
             );
             assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
             h.assert_cache_consistent();
@@ -273,18 +278,16 @@ fn disk_full_while_caching_leaves_no_partial_module_and_recovers() {
 
 #[test]
 fn disk_full_with_a_previously_cached_version_keeps_that_entry_whole() {
-    with_mounts(
+    with_cache_tmpfs(
         "disk_full_with_a_previously_cached_version_keeps_that_entry_whole",
-        || {
-            let h = Host::new();
-            set_loaded(h.root(), "2.7.0", 0).expect("loaded");
-            let _disk = Tmpfs::mount(&h.cache_dir(), "size=64k").expect("mount tmpfs");
+        "size=64k",
+        |h, _| {
             write_fake_module(&h.entry("2.7.0"), "2.7.0").expect("cache 2.7.0");
             let kernel = FakeKernel::new(h.root());
             let err = h
                 .run("2.8.0", &kernel, &BigBuilder { size: 100 * 1024 })
                 .expect_err("disk full");
-            assert!(matches!(err, AgentError::CacheWrite { .. }), "{err:?}");
+            assert_matches!(err, AgentError::CacheWrite { .. });
             assert!(!h.entry("2.8.0").exists());
             assert_eq!(
                 module_version(&h.entry("2.7.0"))
@@ -300,33 +303,32 @@ fn disk_full_with_a_previously_cached_version_keeps_that_entry_whole() {
 
 #[test]
 fn read_only_cache_fails_clearly_before_unloading() {
-    with_mounts("read_only_cache_fails_clearly_before_unloading", || {
-        let h = Host::new();
-        set_loaded(h.root(), "2.7.0", 0).expect("loaded");
-        let _disk = Tmpfs::mount(&h.cache_dir(), "size=1m,ro").expect("mount tmpfs");
-        let kernel = FakeKernel::new(h.root());
-        let err = h
-            .run("2.8.0", &kernel, &FakeBuilder::default())
-            .expect_err("read-only");
-        assert!(matches!(err, AgentError::CacheWrite { .. }), "{err:?}");
-        let msg = err.to_string();
-        assert!(
-            msg.contains("Read-only file system") && msg.contains("var/cache/tt-kmd"),
-            "{msg}"
-        );
-        assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
-        assert_eq!(kernel.unloads(), 0);
-    });
+    with_cache_tmpfs(
+        "read_only_cache_fails_clearly_before_unloading",
+        "size=1m,ro",
+        |h, _| {
+            let kernel = FakeKernel::new(h.root());
+            let err = h
+                .run("2.8.0", &kernel, &FakeBuilder::default())
+                .expect_err("read-only");
+            assert_matches!(err, AgentError::CacheWrite { .. });
+            let msg = err.to_string();
+            assert!(
+                msg.contains("Read-only file system") && msg.contains("var/cache/tt-kmd"),
+                "{msg}"
+            );
+            assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+            assert_eq!(kernel.unloads(), 0);
+        },
+    );
 }
 
 #[test]
 fn wrong_version_in_a_read_only_cache_is_reported_not_loaded() {
-    with_mounts(
+    with_cache_tmpfs(
         "wrong_version_in_a_read_only_cache_is_reported_not_loaded",
-        || {
-            let h = Host::new();
-            set_loaded(h.root(), "2.7.0", 0).expect("loaded");
-            let disk = Tmpfs::mount(&h.cache_dir(), "size=1m").expect("mount tmpfs");
+        "size=1m",
+        |h, disk| {
             write_fake_module(&h.entry("2.8.0"), "2.6.0").expect("bad entry");
             disk.remount("ro");
             let kernel = FakeKernel::new(h.root());
@@ -334,7 +336,7 @@ fn wrong_version_in_a_read_only_cache_is_reported_not_loaded() {
             let err = h
                 .run("2.8.0", &kernel, &builder)
                 .expect_err("cannot discard");
-            assert!(matches!(err, AgentError::CacheWrite { .. }), "{err:?}");
+            assert_matches!(err, AgentError::CacheWrite { .. });
             assert!(err.to_string().contains("2.8.0/tenstorrent.ko"), "{err}");
             assert!(
                 kernel.loads().is_empty(),
@@ -348,8 +350,7 @@ fn wrong_version_in_a_read_only_cache_is_reported_not_loaded() {
 
 #[test]
 fn cache_path_blocked_by_a_file_is_a_clear_error() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     // A regular file where the kernel-release directory should be.
     fs::create_dir_all(h.cache_dir()).expect("mkdir");
     fs::write(h.p(&format!("/var/cache/tt-kmd/{KVER}")), b"oops").expect("file");
@@ -357,7 +358,7 @@ fn cache_path_blocked_by_a_file_is_a_clear_error() {
     let err = h
         .run("2.8.0", &kernel, &FakeBuilder::default())
         .expect_err("blocked");
-    assert!(matches!(err, AgentError::CacheWrite { .. }), "{err:?}");
+    assert_matches!(err, AgentError::CacheWrite { .. });
     assert!(err.to_string().contains(KVER), "{err}");
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
     assert_eq!(kernel.unloads(), 0);
@@ -368,15 +369,12 @@ fn cache_path_blocked_by_a_file_is_a_clear_error() {
 // ---------------------------------------------------------------------------
 
 fn assert_rebuilt(h: &Host, kernel: &FakeKernel, builder: &FakeBuilder, outcome: Outcome) {
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Installed {
-                source: ModuleSource::Build,
-                ..
-            }
-        ),
-        "{outcome:?}"
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
     );
     assert_eq!(builder.builds(), vec!["2.8.0".to_string()]);
     assert_eq!(kernel.loads(), vec!["2.8.0".to_string()]);
@@ -387,8 +385,7 @@ fn assert_rebuilt(h: &Host, kernel: &FakeKernel, builder: &FakeBuilder, outcome:
 #[test]
 fn cached_module_of_another_version_is_rebuilt() {
     for found in ["2.7.0", "2.8.0-rc1", "2.8.1", ""] {
-        let h = Host::new();
-        set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+        let h = Host::with_loaded("2.7.0", 0);
         write_fake_module(&h.entry("2.8.0"), found).expect("entry");
         let kernel = FakeKernel::new(h.root());
         let builder = FakeBuilder::default();
@@ -412,8 +409,7 @@ fn truncated_or_garbage_cached_module_is_rebuilt() {
         }),
     ];
     for (what, bytes) in cases {
-        let h = Host::new();
-        set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+        let h = Host::with_loaded("2.7.0", 0);
         fs::create_dir_all(h.entry("2.8.0").parent().expect("dir")).expect("mkdir");
         fs::write(h.entry("2.8.0"), &bytes).expect("entry");
         let kernel = FakeKernel::new(h.root());
@@ -427,8 +423,7 @@ fn truncated_or_garbage_cached_module_is_rebuilt() {
 
 #[test]
 fn leftover_temporary_file_of_a_crashed_copy_is_ignored() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     let dir = h.entry("2.8.0").parent().expect("dir").to_path_buf();
     fs::create_dir_all(&dir).expect("mkdir");
     // What a copy interrupted by a crash (or power loss) leaves behind.
@@ -437,15 +432,12 @@ fn leftover_temporary_file_of_a_crashed_copy_is_ignored() {
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
     let outcome = h.run("2.8.0", &kernel, &builder).expect("build");
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Installed {
-                source: ModuleSource::Build,
-                ..
-            }
-        ),
-        "{outcome:?}"
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
     );
     assert_eq!(
         module_version(&h.entry("2.8.0"))
@@ -458,14 +450,13 @@ fn leftover_temporary_file_of_a_crashed_copy_is_ignored() {
 
 #[test]
 fn cache_entry_that_is_a_directory_is_a_clear_error_or_rebuilt() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     fs::create_dir_all(h.entry("2.8.0")).expect("dir where the module should be");
     let kernel = FakeKernel::new(h.root());
     let err = h
         .run("2.8.0", &kernel, &FakeBuilder::default())
         .expect_err("cannot replace a directory");
-    assert!(matches!(err, AgentError::CacheWrite { .. }), "{err:?}");
+    assert_matches!(err, AgentError::CacheWrite { .. });
     assert!(err.to_string().contains("tenstorrent.ko"), "{err}");
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
     assert_eq!(kernel.unloads(), 0);
@@ -485,19 +476,7 @@ fn module_directory_without_version_file_is_replaced() {
     let outcome = h
         .run("2.8.0", &kernel, &FakeBuilder::default())
         .expect("replaced");
-    assert!(
-        matches!(
-            &outcome,
-            Outcome::Installed {
-                previous: None,
-                source: ModuleSource::Cache,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
-    assert_eq!(kernel.unloads(), 1);
-    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+    assert_installed_over_nothing(&h, &kernel, &outcome, ModuleSource::Cache, "2.8.0", 1);
 }
 
 /// Fail closed: no refcnt (or one that is no number) means the module may be
@@ -580,7 +559,7 @@ fn busy_module_without_proc_names_no_holder_but_refuses() {
     let err = h
         .run("2.8.0", &kernel, &FakeBuilder::default())
         .expect_err("busy");
-    assert!(matches!(err, AgentError::Busy { refcnt: 2, .. }), "{err:?}");
+    assert_matches!(err, AgentError::Busy { refcnt: 2, .. });
     assert!(
         err.to_string().contains("no process under /proc holds"),
         "{err}"
@@ -590,8 +569,7 @@ fn busy_module_without_proc_names_no_holder_but_refuses() {
 
 #[test]
 fn holder_with_unreadable_comm_and_cgroup_is_still_listed() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 1).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 1);
     let pid_dir = h.p("/proc/4321");
     fs::create_dir_all(pid_dir.join("fd")).expect("mkdir");
     std::os::unix::fs::symlink("/dev/tenstorrent/1", pid_dir.join("fd/7")).expect("link");
@@ -609,16 +587,13 @@ fn missing_sysfs_module_directory_is_a_fresh_install() {
     let outcome = h
         .run("2.8.0", &kernel, &FakeBuilder::default())
         .expect("fresh");
-    assert!(
-        matches!(
-            &outcome,
-            Outcome::Installed {
-                previous: None,
-                source: ModuleSource::Build,
-                ..
-            }
-        ),
-        "{outcome:?}"
+    assert_matches!(
+        &outcome,
+        Outcome::Installed {
+            previous: None,
+            source: ModuleSource::Build,
+            ..
+        }
     );
     assert_eq!(kernel.unloads(), 0);
     h.assert_cache_consistent();

@@ -11,14 +11,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ttdrv_agent::error::TERMINATION_MESSAGE_MAX;
-use ttdrv_agent::fake::{FakeBuilder, FakeKernel, add_holder, fake_host, set_loaded};
+use ttdrv_agent::fake::{FakeBuilder, FakeKernel, fake_host, set_loaded};
 use ttdrv_agent::node::{FAKE_NODE, FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, AgentError, Config, HostRoot};
 use ttdrv_core::reason;
 
+use common::host::{POD_UID, add_busy_holders, assert_matches};
+
 const KVER: &str = "6.1.0-99-amd64";
-const POD_UID: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
@@ -63,12 +64,7 @@ impl Host {
 fn a_busy_device_writes_device_busy_with_the_holders() {
     let h = Host::new();
     set_loaded(h.root(), "2.7.0", 0).expect("loaded");
-    let cgroup = format!(
-        "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-0123456789abcdef0123.scope\n",
-        POD_UID.replace('-', "_")
-    );
-    add_holder(h.root(), 4242, "python3", &cgroup).expect("holder");
-    add_holder(h.root(), 4343, "tt-smi", "0::/user.slice/session-1.scope\n").expect("holder");
+    add_busy_holders(h.root());
     // The controller gave the go-ahead (drained), yet the device is held.
     let api = common::FakeApi::start(&go_ahead_node(FAKE_POLICY, "2.8.0"));
     api.add_pod(POD_UID, "ml", "train-0");
@@ -219,7 +215,7 @@ fn a_refused_load_gives_load_failed_with_the_kernels_error() {
     }
     .run()
     .expect_err("load refused");
-    assert!(matches!(err, AgentError::LoadFailed { .. }), "{err:?}");
+    assert_matches!(err, AgentError::LoadFailed { .. });
     let msg = err.termination_message().expect("a reason");
     assert!(
         msg.starts_with("LoadFailed: loading tenstorrent 2.8.0"),

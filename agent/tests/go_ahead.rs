@@ -14,16 +14,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
-use ttdrv_agent::fake::{FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, set_loaded};
+use ttdrv_agent::fake::{FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder};
 use ttdrv_agent::node::{
     FAKE_CYCLE, FAKE_NODE, FAKE_POLICY, FakeNode, go_ahead_node, node_with, upgrading_record,
 };
 use ttdrv_agent::pod::{self, FakePause};
-use ttdrv_agent::{AgentError, ModuleSource, Outcome};
+use ttdrv_agent::{AgentError, Config, ModuleSource, Outcome};
 use ttdrv_api::{NodeState, labels};
 use ttdrv_core::go_ahead::GoAhead;
 
-use common::host::{KVER, Run, TestHost as Host, WAITING, run_logged as run};
+use common::host::{
+    KVER, Run, TestHost as Host, WAITING, assert_matches, assert_outcome, assert_untouched,
+    run_logged as run, run_polls,
+};
 
 /// What the readiness probe answers for `target`.
 fn ready(h: &Host, target: &str) -> Result<String, String> {
@@ -37,17 +40,6 @@ fn host_with_2_7_loaded() -> Host {
     h
 }
 
-fn assert_untouched(h: &Host, kernel: &FakeKernel) {
-    assert_eq!(
-        h.loaded().as_deref(),
-        Some("2.7.0"),
-        "the module was swapped"
-    );
-    assert_eq!(kernel.unloads(), 0, "unloaded");
-    assert!(kernel.loads().is_empty(), "loaded: {:?}", kernel.loads());
-    assert!(kernel.killed().is_empty(), "killed: {:?}", kernel.killed());
-}
-
 fn stopped_waiting(r: &Run) -> String {
     match &r.result {
         Ok(Outcome::Stopped { waiting }) => waiting.clone(),
@@ -55,13 +47,20 @@ fn stopped_waiting(r: &Run) -> String {
     }
 }
 
+/// A holder (pid 4242) on `h`, and an agent configuration with force-unload.
+fn held_with_force_unload(h: &Host) -> Config {
+    add_holder(h.root(), 4242, "python3", "0::/\n").expect("holder");
+    Config {
+        force_unload: true,
+        ..h.config("2.8.0")
+    }
+}
+
 #[test]
 fn no_go_ahead_leaves_the_loaded_module_alone_and_the_pod_not_ready() {
     let h = host_with_2_7_loaded();
     // A holder and force-unload: still nobody is killed without the go-ahead.
-    add_holder(h.root(), 4242, "python3", "0::/\n").expect("holder");
-    let mut config = h.config("2.8.0");
-    config.force_unload = true;
+    let config = held_with_force_unload(&h);
     let kernel = FakeKernel::new(h.root());
     // The controller's record says Upgrading, but it wrote no go-ahead (yet).
     let node = FakeNode::with(node_with(
@@ -123,9 +122,7 @@ fn a_valid_go_ahead_swaps() {
 #[test]
 fn a_go_ahead_arriving_while_waiting_swaps_then() {
     let h = host_with_2_7_loaded();
-    add_holder(h.root(), 4242, "python3", "0::/\n").expect("holder");
-    let mut config = h.config("2.8.0");
-    config.force_unload = true;
+    let config = held_with_force_unload(&h);
     let kernel = FakeKernel::new(h.root());
     let record = upgrading_record(FAKE_POLICY, "2.8.0");
     let none = node_with(Some(&record), None);
@@ -137,12 +134,7 @@ fn a_go_ahead_arriving_while_waiting_swaps_then() {
     ]);
     let pause = FakePause::stopping_after(100);
     let r = run(&config, &kernel, &FakeBuilder::default(), &node, &pause);
-    assert!(
-        matches!(&r.result, Ok(Outcome::Installed { killed, .. }) if killed.len() == 1),
-        "{:?}\n{}",
-        r.result,
-        r.log
-    );
+    assert_outcome!(r, Ok(Outcome::Installed { killed, .. }) if killed.len() == 1);
     // The wait lasted until the 4th read of the Node: one before the build
     // (its priority), then two polls without.
     assert_eq!(node.gets(), 4);
@@ -217,12 +209,12 @@ fn a_go_ahead_for_another_node_policy_target_or_cycle_opens_nothing() {
     for (name, n) in cases {
         let h = host_with_2_7_loaded();
         let kernel = FakeKernel::new(h.root());
-        let r = run(
+        let r = run_polls(
             &h.config("2.8.0"),
             &kernel,
             &FakeBuilder::default(),
             &FakeNode::with(n),
-            &FakePause::stopping_after(2),
+            2,
         );
         let why = stopped_waiting(&r);
         assert!(why.contains(WAITING), "{name}: {why}");
@@ -238,13 +230,7 @@ fn without_a_policy_a_loaded_module_is_never_swapped() {
     config.policy = None;
     let kernel = FakeKernel::new(h.root());
     let node = FakeNode::with(go_ahead_node(FAKE_POLICY, "2.8.0"));
-    let r = run(
-        &config,
-        &kernel,
-        &FakeBuilder::default(),
-        &node,
-        &FakePause::stopping_after(2),
-    );
+    let r = run_polls(&config, &kernel, &FakeBuilder::default(), &node, 2);
     let why = stopped_waiting(&r);
     assert!(why.contains("TTDRV_POLICY is not set"), "{why}");
     assert_untouched(&h, &kernel);
@@ -255,30 +241,22 @@ fn without_a_policy_a_loaded_module_is_never_swapped() {
     let mut config = h.config("2.8.0");
     config.policy = None;
     let kernel = FakeKernel::new(h.root());
-    let r = run(
+    let r = run_polls(
         &config,
         &kernel,
         &FakeBuilder::default(),
         &FakeNode::default(),
-        &FakePause::stopping_after(2),
+        2,
     );
-    assert!(
-        matches!(r.result, Ok(Outcome::Installed { previous: None, .. })),
-        "{:?}",
-        r.result
-    );
-    let r = run(
+    assert_outcome!(r, Ok(Outcome::Installed { previous: None, .. }));
+    let r = run_polls(
         &config,
         &kernel,
         &FakeBuilder::default(),
         &FakeNode::default(),
-        &FakePause::stopping_after(2),
+        2,
     );
-    assert!(
-        matches!(r.result, Ok(Outcome::AlreadyCurrent { .. })),
-        "{:?}",
-        r.result
-    );
+    assert_outcome!(r, Ok(Outcome::AlreadyCurrent { .. }));
 }
 
 #[test]
@@ -290,18 +268,13 @@ fn nothing_loaded_installs_without_asking_for_a_go_ahead() {
     let node = FakeNode::default();
     let pause = FakePause::stopping_after(1);
     let r = run(&h.config("2.8.0"), &kernel, &builder, &node, &pause);
-    assert!(
-        matches!(
-            r.result,
-            Ok(Outcome::Installed {
-                previous: None,
-                source: ModuleSource::Build,
-                ..
-            })
-        ),
-        "{:?}\n{}",
-        r.result,
-        r.log
+    assert_outcome!(
+        r,
+        Ok(Outcome::Installed {
+            previous: None,
+            source: ModuleSource::Build,
+            ..
+        })
     );
     assert_eq!(node.gets(), 0, "asked the API server for a go-ahead");
     assert!(pause.pauses().is_empty());
@@ -317,28 +290,16 @@ fn a_busy_device_without_a_go_ahead_waits_and_with_one_fails_before_building() {
     let builder = FakeBuilder::default();
     // Workloads still run before the drain: waiting is expected, no failure.
     let node = FakeNode::with(node_with(None, None));
-    let r = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &builder,
-        &node,
-        &FakePause::stopping_after(2),
-    );
+    let r = run_polls(&h.config("2.8.0"), &kernel, &builder, &node, 2);
     stopped_waiting(&r);
     assert_untouched(&h, &kernel);
     // With the go-ahead a holder left after the drain is a failure, found
     // before any build.
     let builder = FakeBuilder::default();
     let node = FakeNode::with(go_ahead_node(FAKE_POLICY, "2.8.0"));
-    let r = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &builder,
-        &node,
-        &FakePause::stopping_after(2),
-    );
+    let r = run_polls(&h.config("2.8.0"), &kernel, &builder, &node, 2);
     let err = r.result.expect_err("busy");
-    assert!(matches!(err, AgentError::Busy { .. }), "{err:?}");
+    assert_matches!(err, AgentError::Busy { .. });
     assert!(builder.builds().is_empty(), "built before refusing");
     assert_untouched(&h, &kernel);
     let msg = err.termination_message().expect("a reason");
@@ -358,23 +319,18 @@ fn label(v: &str) -> Option<String> {
 
 #[test]
 fn a_removed_dkms_install_is_reported_as_container_even_when_the_run_fails() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = Host::with_loaded("2.7.0", 0);
     fs::create_dir_all(h.p("/var/lib/dkms/tenstorrent/2.7.0")).expect("dkms");
     let kernel = FakeKernel::new(h.root());
     let node = FakeNode::default();
-    let r = run(
+    let r = run_polls(
         &h.config("2.8.0"),
         &kernel,
         &FakeBuilder::default(),
         &node,
-        &FakePause::stopping_after(1),
+        1,
     );
-    assert!(
-        matches!(r.result, Ok(Outcome::HostManaged { .. })),
-        "{:?}",
-        r.result
-    );
+    assert_outcome!(r, Ok(Outcome::HostManaged { .. }));
     assert_eq!(
         node.labels().get(labels::INSTALL_MODE),
         Some(&label("host"))
@@ -384,15 +340,15 @@ fn a_removed_dkms_install_is_reported_as_container_even_when_the_run_fails() {
     // to build with), yet the node is no longer reported host-managed.
     fs::remove_dir_all(h.p("/var/lib/dkms")).expect("remove dkms");
     fs::remove_dir_all(h.p(&format!("/lib/modules/{KVER}"))).expect("rm headers");
-    let r = run(
+    let r = run_polls(
         &h.config("2.8.0"),
         &kernel,
         &FakeBuilder::default(),
         &node,
-        &FakePause::stopping_after(1),
+        1,
     );
     let err = r.result.expect_err("no headers");
-    assert!(matches!(err, AgentError::HeadersMissing { .. }), "{err:?}");
+    assert_matches!(err, AgentError::HeadersMissing { .. });
     let l = node.labels();
     assert_eq!(l.get(labels::INSTALL_MODE), Some(&label("container")));
     assert_eq!(l.get(labels::KMD_VERSION), Some(&label("2.7.0")));
@@ -406,13 +362,7 @@ fn every_report_of_the_version_carries_the_boot_id() {
     let h = Host::new();
     fs::remove_dir_all(h.p(&format!("/lib/modules/{KVER}"))).expect("rm headers");
     let node = FakeNode::default();
-    let r = run(
-        &h.config("2.8.0"),
-        &FakeKernel::new(h.root()),
-        &FakeBuilder::default(),
-        &node,
-        &FakePause::stopping_after(1),
-    );
+    let r = h.run_fresh("2.8.0", &node, 1);
     assert!(r.result.is_err());
     let calls = node.calls();
     assert_eq!(calls.len(), 1, "{calls:?}");
@@ -425,13 +375,7 @@ fn every_report_of_the_version_carries_the_boot_id() {
     // A successful install: each patch that names kmd-version names the boot ID.
     let h = Host::new();
     let node = FakeNode::default();
-    let r = run(
-        &h.config("2.8.0"),
-        &FakeKernel::new(h.root()),
-        &FakeBuilder::default(),
-        &node,
-        &FakePause::stopping_after(1),
-    );
+    let r = h.run_fresh("2.8.0", &node, 1);
     assert!(r.result.is_ok(), "{:?}", r.result);
     let calls = node.calls();
     assert_eq!(calls.len(), 2, "the report, then the result: {calls:?}");
@@ -452,15 +396,7 @@ fn every_report_of_the_version_carries_the_boot_id() {
     )
     .expect("boot id");
     fs::remove_dir_all(h.p("/sys/module/tenstorrent")).expect("reboot unloads");
-    run(
-        &h.config("2.8.0"),
-        &FakeKernel::new(h.root()),
-        &FakeBuilder::default(),
-        &node,
-        &FakePause::stopping_after(1),
-    )
-    .result
-    .expect("reinstall");
+    h.run_fresh("2.8.0", &node, 1).result.expect("reinstall");
     assert_eq!(
         node.labels().get(labels::KMD_BOOT_ID),
         Some(&label("0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"))
@@ -548,21 +484,19 @@ fn the_agent_binary_waits_not_ready_and_sigterm_ends_the_wait_at_once() {
     assert!(child.try_wait().expect("try_wait").is_none(), "exited");
 
     // Not Ready, with the reason; `status` says it too.
-    let ready = common::agent_command(bin, None, scratch.path())
-        .arg("--host-root")
-        .arg(h.root())
-        .args(["ready", "--version", "2.8.0"])
-        .output()
-        .expect("ready");
+    let agent = |command: &str| {
+        common::agent_command(bin, None, scratch.path())
+            .arg("--host-root")
+            .arg(h.root())
+            .args([command, "--version", "2.8.0"])
+            .output()
+            .unwrap_or_else(|e| panic!("{command}: {e}"))
+    };
+    let ready = agent("ready");
     assert!(!ready.status.success(), "Ready while waiting");
     let said = String::from_utf8_lossy(&ready.stderr);
     assert!(said.contains(WAITING), "{said}");
-    let status = common::agent_command(bin, None, scratch.path())
-        .arg("--host-root")
-        .arg(h.root())
-        .args(["status", "--version", "2.8.0"])
-        .output()
-        .expect("status");
+    let status = agent("status");
     let v: serde_json::Value = serde_json::from_slice(&status.stdout).expect("json");
     assert!(
         v["waiting"].as_str().is_some_and(|w| w.contains(WAITING)),

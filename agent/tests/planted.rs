@@ -20,7 +20,7 @@ use ttdrv_agent::fake::{
 use ttdrv_agent::modinfo::fake_module_bytes;
 use ttdrv_agent::{AgentError, Config, HostRoot, ModuleSource, Outcome};
 
-use common::host::{KVER, TestHost, go_ahead};
+use common::host::{KVER, TestHost, assert_matches, go_ahead};
 
 struct Planted {
     host: TestHost,
@@ -38,6 +38,12 @@ impl Planted {
         fs::write(outside.path().join("precious"), "outside the host root\n").expect("file");
         Planted { host, outside }
     }
+    /// As [`Planted::new`], with `version` loaded by `refcnt` users.
+    fn with_loaded(version: &str, refcnt: u32) -> Self {
+        let h = Self::new();
+        set_loaded(h.r(), version, refcnt).expect("loaded");
+        h
+    }
     fn r(&self) -> &Path {
         self.host.root()
     }
@@ -53,6 +59,36 @@ impl Planted {
     }
     fn run(&self, kernel: &FakeKernel, builder: &dyn Builder) -> Result<Outcome, AgentError> {
         common::host::run(&self.config(), kernel, builder, &go_ahead("2.8.0"))
+    }
+    /// A run with a fresh fake kernel and builder.
+    fn run_fresh(&self) -> Result<Outcome, AgentError> {
+        self.run(&FakeKernel::new(self.r()), &FakeBuilder::default())
+    }
+    /// A run with a fresh fake kernel and builder that must be refused: the
+    /// trees before it, the kernel, and the error.
+    fn run_refused(&self) -> ((Tree, Tree), FakeKernel, AgentError) {
+        let before = self.trees();
+        let kernel = FakeKernel::new(self.r());
+        let err = self
+            .run(&kernel, &FakeBuilder::default())
+            .expect_err("refused");
+        (before, kernel, err)
+    }
+    /// A run with a fresh fake kernel (returned) that must build 2.8.0
+    /// exactly once and install it.
+    fn run_rebuilding(&self) -> FakeKernel {
+        let kernel = FakeKernel::new(self.r());
+        let builder = FakeBuilder::default();
+        let outcome = self.run(&kernel, &builder).expect("rebuilt");
+        assert_matches!(
+            outcome,
+            Outcome::Installed {
+                source: ModuleSource::Build,
+                ..
+            }
+        );
+        assert_eq!(builder.builds(), ["2.8.0"], "rebuilt exactly once");
+        kernel
     }
     /// Both trees: the host root and the directory outside it.
     fn trees(&self) -> (Tree, Tree) {
@@ -153,6 +189,14 @@ fn assert_refused_link(err: &AgentError, link: &str) {
     );
 }
 
+/// The run is refused naming `link`, loads nothing and changes nothing.
+fn assert_link_refused_nothing_loaded_or_changed(h: &Planted, link: &str) {
+    let (before, kernel, err) = h.run_refused();
+    assert_refused_link(&err, link);
+    assert!(kernel.loads().is_empty());
+    assert_unchanged(&before, &h.trees(), &[]);
+}
+
 // ---------------------------------------------------------------------------
 // Links in the cache.
 // ---------------------------------------------------------------------------
@@ -163,14 +207,7 @@ fn cache_kernel_dir_linked_to_etc_is_refused() {
     let h = Planted::new();
     fs::create_dir_all(h.p("/var/cache/tt-kmd")).expect("mkdir");
     symlink("/etc", h.p(&format!("/var/cache/tt-kmd/{KVER}"))).expect("link");
-    let before = h.trees();
-    let kernel = FakeKernel::new(h.r());
-    let err = h
-        .run(&kernel, &FakeBuilder::default())
-        .expect_err("refused");
-    assert_refused_link(&err, &format!("/var/cache/tt-kmd/{KVER}"));
-    assert!(kernel.loads().is_empty());
-    assert_unchanged(&before, &h.trees(), &[]);
+    assert_link_refused_nothing_loaded_or_changed(&h, &format!("/var/cache/tt-kmd/{KVER}"));
 }
 
 /// An absolute link to a directory outside the host root.
@@ -179,14 +216,7 @@ fn cache_dir_linked_outside_the_root_by_absolute_path_is_refused() {
     let h = Planted::new();
     fs::create_dir_all(h.p("/var/cache")).expect("mkdir");
     symlink(h.outside.path(), h.p("/var/cache/tt-kmd")).expect("link");
-    let before = h.trees();
-    let kernel = FakeKernel::new(h.r());
-    let err = h
-        .run(&kernel, &FakeBuilder::default())
-        .expect_err("refused");
-    assert_refused_link(&err, "/var/cache/tt-kmd");
-    assert!(kernel.loads().is_empty());
-    assert_unchanged(&before, &h.trees(), &[]);
+    assert_link_refused_nothing_loaded_or_changed(&h, "/var/cache/tt-kmd");
 }
 
 /// A relative link climbing out of the root with `..`.
@@ -200,11 +230,7 @@ fn cache_dir_linked_outside_the_root_by_dotdot_is_refused() {
         h.p(&format!("/var/cache/tt-kmd/{KVER}")),
     )
     .expect("link");
-    let before = h.trees();
-    let kernel = FakeKernel::new(h.r());
-    let err = h
-        .run(&kernel, &FakeBuilder::default())
-        .expect_err("refused");
+    let (before, _, err) = h.run_refused();
     assert_refused_link(&err, &format!("/var/cache/tt-kmd/{KVER}"));
     assert_unchanged(&before, &h.trees(), &[]);
 }
@@ -227,11 +253,7 @@ fn linked_version_dir_is_refused_and_its_target_kept() {
         h.p(&format!("/var/cache/tt-kmd/{KVER}/2.8.0")),
     )
     .expect("link");
-    let before = h.trees();
-    let kernel = FakeKernel::new(h.r());
-    let err = h
-        .run(&kernel, &FakeBuilder::default())
-        .expect_err("refused");
+    let (before, _, err) = h.run_refused();
     assert_refused_link(&err, &format!("/var/cache/tt-kmd/{KVER}/2.8.0"));
     assert!(
         victim.join("tenstorrent.ko").is_file(),
@@ -247,11 +269,7 @@ fn cached_module_that_is_a_link_is_refused() {
     let ko = plant_cached(h.r(), KVER, "2.8.0", "2.8.0").expect("plant");
     fs::rename(&ko, h.p("/srv-module.ko")).expect("move");
     symlink("/srv-module.ko", &ko).expect("link");
-    let before = h.trees();
-    let kernel = FakeKernel::new(h.r());
-    let err = h
-        .run(&kernel, &FakeBuilder::default())
-        .expect_err("refused");
+    let (before, kernel, err) = h.run_refused();
     assert_refused_link(
         &err,
         &format!("/var/cache/tt-kmd/{KVER}/2.8.0/tenstorrent.ko"),
@@ -267,14 +285,10 @@ fn cached_module_that_is_a_link_is_refused() {
 /// `/usr/local/bin/tt-smi -> /dev/zero`: refused at once, nothing read from it.
 #[test]
 fn tt_smi_path_linked_to_dev_zero_is_refused() {
-    let h = Planted::new();
-    set_loaded(h.r(), "2.8.0", 0).expect("loaded");
+    let h = Planted::with_loaded("2.8.0", 0);
     fs::create_dir_all(h.p("/usr/local/bin")).expect("mkdir");
     symlink("/dev/zero", h.p("/usr/local/bin/tt-smi")).expect("link");
-    let before = h.trees();
-    let err = h
-        .run(&FakeKernel::new(h.r()), &FakeBuilder::default())
-        .expect_err("refused");
+    let (before, _, err) = h.run_refused();
     assert_refused_link(&err, "/usr/local/bin/tt-smi");
     // The udev rule is written on this path before tt-smi (expected).
     assert_unchanged(&before, &h.trees(), &["/etc/udev"]);
@@ -283,14 +297,10 @@ fn tt_smi_path_linked_to_dev_zero_is_refused() {
 /// A FIFO at the tt-smi path: refused without waiting on it.
 #[test]
 fn tt_smi_path_that_is_a_fifo_is_refused_without_blocking() {
-    let h = Planted::new();
-    set_loaded(h.r(), "2.8.0", 0).expect("loaded");
+    let h = Planted::with_loaded("2.8.0", 0);
     fs::create_dir_all(h.p("/usr/local/bin")).expect("mkdir");
     mkfifo(&h.p("/usr/local/bin/tt-smi"));
-    let before = h.trees();
-    let err = h
-        .run(&FakeKernel::new(h.r()), &FakeBuilder::default())
-        .expect_err("refused");
+    let (before, _, err) = h.run_refused();
     let msg = err.to_string();
     assert!(
         msg.contains("/usr/local/bin/tt-smi") && msg.contains("FIFO"),
@@ -302,14 +312,10 @@ fn tt_smi_path_that_is_a_fifo_is_refused_without_blocking() {
 /// `/usr/local/bin -> <outside>`: the copy must not land outside the root.
 #[test]
 fn tt_smi_directory_linked_outside_is_refused() {
-    let h = Planted::new();
-    set_loaded(h.r(), "2.8.0", 0).expect("loaded");
+    let h = Planted::with_loaded("2.8.0", 0);
     fs::create_dir_all(h.p("/usr/local")).expect("mkdir");
     symlink(h.outside.path(), h.p("/usr/local/bin")).expect("link");
-    let before = h.trees();
-    let err = h
-        .run(&FakeKernel::new(h.r()), &FakeBuilder::default())
-        .expect_err("refused");
+    let (before, _, err) = h.run_refused();
     assert_refused_link(&err, "/usr/local/bin");
     assert!(!h.outside.path().join("tt-smi").exists());
     assert_unchanged(&before, &h.trees(), &["/etc/udev"]);
@@ -320,8 +326,7 @@ fn tt_smi_directory_linked_outside_is_refused() {
 /// stands), passwd and the outside venv are kept.
 #[test]
 fn udev_rule_and_old_venv_links_are_not_followed() {
-    let h = Planted::new();
-    set_loaded(h.r(), "2.8.0", 0).expect("loaded");
+    let h = Planted::with_loaded("2.8.0", 0);
     fs::create_dir_all(h.p("/etc/udev/rules.d")).expect("mkdir");
     symlink("/etc/passwd", h.p("/etc/udev/rules.d/50-tenstorrent.rules")).expect("link");
     fs::write(h.outside.path().join("pyvenv.cfg"), "home = /usr/bin\n").expect("venv");
@@ -340,13 +345,8 @@ fn udev_rule_and_old_venv_links_are_not_followed() {
         got.warnings
     );
     // The whole run still succeeds: device access is best effort.
-    let outcome = h
-        .run(&FakeKernel::new(h.r()), &FakeBuilder::default())
-        .expect("already current");
-    assert!(
-        matches!(outcome, Outcome::AlreadyCurrent { .. }),
-        "{outcome:?}"
-    );
+    let outcome = h.run_fresh().expect("already current");
+    assert_matches!(outcome, Outcome::AlreadyCurrent { .. });
     assert_unchanged(&before, &h.trees(), &["/usr/local/bin"]);
 }
 
@@ -372,8 +372,7 @@ fn kbuild_tree_that_is_a_link_is_not_linked() {
 /// FIFOs at sysfs refcnt and at a holder's comm: errors or "?", never a hang.
 #[test]
 fn fifos_in_sysfs_and_proc_never_block() {
-    let h = Planted::new();
-    set_loaded(h.r(), "2.7.0", 0).expect("loaded");
+    let h = Planted::with_loaded("2.7.0", 0);
     fs::remove_file(h.p("/sys/module/tenstorrent/refcnt")).expect("rm");
     mkfifo(&h.p("/sys/module/tenstorrent/refcnt"));
     fs::create_dir_all(h.p("/proc/4242/fd")).expect("mkdir");
@@ -389,9 +388,7 @@ fn fifos_in_sysfs_and_proc_never_block() {
     let holders = ttdrv_agent::holders::find_holders(&root);
     assert_eq!(holders.len(), 1);
     assert_eq!(holders[0].comm, "?");
-    let err = h
-        .run(&FakeKernel::new(h.r()), &FakeBuilder::default())
-        .expect_err("refused");
+    let err = h.run_fresh().expect_err("refused");
     assert!(err.to_string().contains("FIFO"), "{err}");
     assert_unchanged(&before, &h.trees(), &[]);
 }
@@ -400,8 +397,7 @@ fn fifos_in_sysfs_and_proc_never_block() {
 /// with its size cap, not read whole.
 #[test]
 fn oversized_sysfs_file_is_refused() {
-    let h = Planted::new();
-    set_loaded(h.r(), "2.7.0", 0).expect("loaded");
+    let h = Planted::with_loaded("2.7.0", 0);
     fs::write(h.p("/sys/module/tenstorrent/version"), vec![b'7'; 1 << 20]).expect("big");
     let err = HostRoot::new(h.r()).module_state().expect_err("too large");
     assert!(err.to_string().contains("larger than"), "{err}");
@@ -410,8 +406,7 @@ fn oversized_sysfs_file_is_refused() {
 /// `/sys/module/tenstorrent/version -> /dev/zero`.
 #[test]
 fn sysfs_file_linked_to_dev_zero_is_refused() {
-    let h = Planted::new();
-    set_loaded(h.r(), "2.7.0", 0).expect("loaded");
+    let h = Planted::with_loaded("2.7.0", 0);
     fs::remove_file(h.p("/sys/module/tenstorrent/version")).expect("rm");
     symlink("/dev/zero", h.p("/sys/module/tenstorrent/version")).expect("link");
     let err = HostRoot::new(h.r()).module_state().expect_err("refused");
@@ -444,20 +439,7 @@ fn assert_evicted_and_rebuilt(h: &Planted) {
     set_loaded(h.r(), "2.7.0", 0).expect("loaded");
     // tt-smi and the udev rule are written by a successful run (expected).
     let before = h.trees();
-    let kernel = FakeKernel::new(h.r());
-    let builder = FakeBuilder::default();
-    let outcome = h.run(&kernel, &builder).expect("rebuilt");
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Installed {
-                source: ModuleSource::Build,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
-    assert_eq!(builder.builds(), ["2.8.0"]);
+    let kernel = h.run_rebuilding();
     assert_eq!(
         kernel.loads(),
         ["2.8.0"],
@@ -541,20 +523,7 @@ fn cached_module_the_kernel_refuses_is_evicted_and_rebuilt_once() {
     let refused = format!("{REFUSED_FIELD}=1");
     plant_cached_bytes(h.r(), KVER, "2.8.0", &module("2.8.0", KVER, &[&refused])).expect("plant");
     set_loaded(h.r(), "2.7.0", 0).expect("loaded");
-    let kernel = FakeKernel::new(h.r());
-    let builder = FakeBuilder::default();
-    let outcome = h.run(&kernel, &builder).expect("rebuilt");
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Installed {
-                source: ModuleSource::Build,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
-    assert_eq!(builder.builds(), ["2.8.0"], "rebuilt exactly once");
+    let kernel = h.run_rebuilding();
     assert_eq!(kernel.loads(), ["2.8.0", "2.8.0"]);
     assert_eq!(
         HostRoot::new(h.r())
@@ -591,10 +560,7 @@ fn module_built_for_another_kernel_is_refused() {
     let err = h
         .run(&FakeKernel::new(h.r()), &builder)
         .expect_err("refused");
-    assert!(
-        matches!(err, AgentError::BuiltForOtherKernel { .. }),
-        "{err:?}"
-    );
+    assert_matches!(err, AgentError::BuiltForOtherKernel { .. });
     assert_eq!(err.reason(), Some("BuildFailed"));
     assert!(!cache_file(&h, "tenstorrent.ko").exists());
 }
@@ -611,8 +577,7 @@ fn cache_keeps_a_few_versions_and_prunes_removed_kernels() {
     fs::create_dir_all(h.p("/lib/modules/6.0.0-1-amd64")).expect("installed");
     plant_cached(h.r(), "6.0.0-1-amd64", "2.7.0", "2.7.0").expect("other installed kernel");
     set_loaded(h.r(), "2.1.0", 0).expect("loaded");
-    h.run(&FakeKernel::new(h.r()), &FakeBuilder::default())
-        .expect("installed");
+    h.run_fresh().expect("installed");
     let left = |k: &str| -> Vec<String> {
         let mut v: Vec<String> = fs::read_dir(h.p(&format!("/var/cache/tt-kmd/{k}")))
             .map(|d| {

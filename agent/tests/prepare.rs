@@ -19,7 +19,9 @@ use ttdrv_agent::{Config, ModuleSource, Outcome};
 use ttdrv_api::labels;
 use ttdrv_core::reason::BUILD_FAILED;
 
-use common::host::{KVER, TestHost as Host, WAITING, run_logged as run};
+use common::host::{
+    KVER, TestHost as Host, WAITING, assert_outcome, assert_untouched, run_logged as run, run_polls,
+};
 
 const NEXT: &str = "6.12.0-1-amd64";
 
@@ -43,6 +45,18 @@ fn install_kernel(h: &Host, kver: &str, with_headers: bool) {
     fs::create_dir_all(h.p(&dir)).expect("kernel dir");
 }
 
+/// Nothing loaded, the next kernel installed, and a builder failing for it.
+fn next_kernel_failing() -> (Host, FakeKernel, FakeBuilder) {
+    let h = empty();
+    install_kernel(&h, NEXT, true);
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder {
+        failing_kernels: vec![NEXT.to_string()],
+        ..FakeBuilder::default()
+    };
+    (h, kernel, builder)
+}
+
 fn cached(h: &Host, kver: &str, version: &str) -> bool {
     Cache::new(&h.hr())
         .lookup(kver, version)
@@ -54,16 +68,6 @@ fn label(node: &FakeNode, key: &str) -> Option<Option<String>> {
     node.labels().get(key).cloned()
 }
 
-fn assert_untouched(h: &Host, kernel: &FakeKernel) {
-    assert_eq!(
-        h.loaded().as_deref(),
-        Some("2.7.0"),
-        "the module was swapped"
-    );
-    assert_eq!(kernel.unloads(), 0, "unloaded");
-    assert!(kernel.loads().is_empty(), "loaded: {:?}", kernel.loads());
-}
-
 #[test]
 fn the_target_is_prepared_before_the_go_ahead_and_the_swap_is_a_cache_hit() {
     let h = with_2_7_loaded();
@@ -73,19 +77,8 @@ fn the_target_is_prepared_before_the_go_ahead_and_the_swap_is_a_cache_hit() {
         Some(&upgrading_record(FAKE_POLICY, "2.8.0")),
         None,
     ));
-    let r = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &builder,
-        &waiting,
-        &FakePause::stopping_after(3),
-    );
-    assert!(
-        matches!(&r.result, Ok(Outcome::Stopped { waiting }) if waiting.contains(WAITING)),
-        "{:?}\n{}",
-        r.result,
-        r.log
-    );
+    let r = run_polls(&h.config("2.8.0"), &kernel, &builder, &waiting, 3);
+    assert_outcome!(r, Ok(Outcome::Stopped { waiting }) if waiting.contains(WAITING));
     // Built once, for the running kernel, at the lowest CPU priority.
     assert_eq!(builder.runs(), vec![(KVER.to_string(), BUILD_NICE)]);
     assert!(
@@ -109,22 +102,8 @@ fn the_target_is_prepared_before_the_go_ahead_and_the_swap_is_a_cache_hit() {
     // The pod is replaced, and the go-ahead comes: the swap loads from the
     // cache without building again.
     let go = FakeNode::with(go_ahead_node(FAKE_POLICY, "2.8.0"));
-    let r = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &builder,
-        &go,
-        &FakePause::stopping_after(3),
-    );
-    assert!(
-        matches!(
-            &r.result,
-            Ok(Outcome::Installed { source: ModuleSource::Cache, previous: Some(p), .. }) if p == "2.7.0"
-        ),
-        "{:?}\n{}",
-        r.result,
-        r.log
-    );
+    let r = run_polls(&h.config("2.8.0"), &kernel, &builder, &go, 3);
+    assert_outcome!(r, Ok(Outcome::Installed { source: ModuleSource::Cache, previous: Some(p), .. }) if p == "2.7.0");
     assert_eq!(builder.builds(), vec!["2.8.0".to_string()], "built again");
     assert_eq!(kernel.loads(), vec!["2.8.0".to_string()]);
     assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
@@ -170,19 +149,8 @@ fn the_next_kernel_is_built_and_cached_and_only_the_running_one_loaded() {
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
     let node = FakeNode::default();
-    let r = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &builder,
-        &node,
-        &FakePause::stopping_after(3),
-    );
-    assert!(
-        matches!(&r.result, Ok(Outcome::Installed { .. })),
-        "{:?}\n{}",
-        r.result,
-        r.log
-    );
+    let r = run_polls(&h.config("2.8.0"), &kernel, &builder, &node, 3);
+    assert_outcome!(r, Ok(Outcome::Installed { .. }));
     assert_eq!(
         builder.runs(),
         vec![
@@ -200,44 +168,17 @@ fn the_next_kernel_is_built_and_cached_and_only_the_running_one_loaded() {
     assert_eq!(label(&node, labels::KMD_NEXT_KERNEL_FAILED), Some(None));
 
     // Run again (pod restart): both are cache hits, nothing is built.
-    let r = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &builder,
-        &node,
-        &FakePause::stopping_after(3),
-    );
-    assert!(
-        matches!(&r.result, Ok(Outcome::AlreadyCurrent { .. })),
-        "{:?}",
-        r.result
-    );
+    let r = run_polls(&h.config("2.8.0"), &kernel, &builder, &node, 3);
+    assert_outcome!(r, Ok(Outcome::AlreadyCurrent { .. }));
     assert_eq!(builder.runs().len(), 2, "{:?}", builder.runs());
 }
 
 #[test]
 fn a_next_kernel_that_does_not_build_only_warns() {
-    let h = empty();
-    install_kernel(&h, NEXT, true);
-    let kernel = FakeKernel::new(h.root());
-    let builder = FakeBuilder {
-        failing_kernels: vec![NEXT.to_string()],
-        ..FakeBuilder::default()
-    };
+    let (h, kernel, builder) = next_kernel_failing();
     let node = FakeNode::default();
-    let r = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &builder,
-        &node,
-        &FakePause::stopping_after(3),
-    );
-    assert!(
-        matches!(&r.result, Ok(Outcome::Installed { version, .. }) if version == "2.8.0"),
-        "{:?}\n{}",
-        r.result,
-        r.log
-    );
+    let r = run_polls(&h.config("2.8.0"), &kernel, &builder, &node, 3);
+    assert_outcome!(r, Ok(Outcome::Installed { version, .. }) if version == "2.8.0");
     assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
     assert!(!cached(&h, NEXT, "2.8.0"));
     assert_eq!(
@@ -253,32 +194,15 @@ fn a_next_kernel_that_does_not_build_only_warns() {
 
 #[test]
 fn the_next_kernel_preflight_can_be_turned_off() {
-    let h = empty();
-    install_kernel(&h, NEXT, true);
-    let kernel = FakeKernel::new(h.root());
     // It would fail for the next kernel: off, nothing is tried or reported.
-    let builder = FakeBuilder {
-        failing_kernels: vec![NEXT.to_string()],
-        ..FakeBuilder::default()
-    };
+    let (h, kernel, builder) = next_kernel_failing();
     let node = FakeNode::default();
     let config = Config {
         next_kernels: false,
         ..h.config("2.8.0")
     };
-    let r = run(
-        &config,
-        &kernel,
-        &builder,
-        &node,
-        &FakePause::stopping_after(3),
-    );
-    assert!(
-        matches!(&r.result, Ok(Outcome::Installed { .. })),
-        "{:?}\n{}",
-        r.result,
-        r.log
-    );
+    let r = run_polls(&config, &kernel, &builder, &node, 3);
+    assert_outcome!(r, Ok(Outcome::Installed { .. }));
     assert_eq!(builder.runs(), vec![(KVER.to_string(), BUILD_NICE)]);
     assert!(!cached(&h, NEXT, "2.8.0"));
     // An earlier warning goes: it no longer says anything true.
@@ -293,24 +217,13 @@ fn a_build_inside_the_window_runs_at_normal_priority() {
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
     let go = FakeNode::with(go_ahead_node(FAKE_POLICY, "2.8.0"));
-    let r = run(
-        &h.config("2.8.0"),
-        &kernel,
-        &builder,
-        &go,
-        &FakePause::stopping_after(3),
-    );
-    assert!(
-        matches!(
-            &r.result,
-            Ok(Outcome::Installed {
-                source: ModuleSource::Build,
-                ..
-            })
-        ),
-        "{:?}\n{}",
-        r.result,
-        r.log
+    let r = run_polls(&h.config("2.8.0"), &kernel, &builder, &go, 3);
+    assert_outcome!(
+        r,
+        Ok(Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        })
     );
     let runs = builder.runs();
     assert_eq!(runs.len(), 1, "{runs:?}");

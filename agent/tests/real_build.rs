@@ -2,6 +2,8 @@
 //! and real make builds it against Debian's kernel headers. Fails (never
 //! skips) when the headers or tools are missing: run hack/agent-deps.sh.
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,6 +14,8 @@ use ttdrv_agent::fake::{FakeKernel, set_loaded};
 use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, Config, HostRoot, ModuleSource, Outcome};
+
+use common::host::assert_matches;
 
 const HINT: &str = "run hack/agent-deps.sh (installs git, make, gcc, kmod, linux-headers-amd64)";
 
@@ -40,12 +44,7 @@ fn modinfo_version(ko: &Path) -> String {
         .arg(ko)
         .output()
         .unwrap_or_else(|e| panic!("cannot run modinfo ({e}): {HINT}"));
-    assert!(
-        out.status.success(),
-        "modinfo failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    common::stdout_of("modinfo", out)
 }
 
 #[test]
@@ -108,15 +107,12 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
     let start = Instant::now();
     let outcome = run("2.8.0").unwrap_or_else(|e| panic!("real build failed: {e}\n{HINT}"));
     eprintln!("real build of 2.8.0 took {:?}", start.elapsed());
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Installed {
-                source: ModuleSource::Build,
-                ..
-            }
-        ),
-        "{outcome:?}"
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
     );
 
     let cached = hr.path(format!("/var/cache/tt-kmd/{kver}/2.8.0/tenstorrent.ko"));
@@ -137,29 +133,23 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
 
     // Downgrade builds 2.7.0; going back to 2.8.0 comes from the cache.
     let outcome = run("2.7.0").unwrap_or_else(|e| panic!("real build of 2.7.0 failed: {e}"));
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Installed {
-                source: ModuleSource::Build,
-                ..
-            }
-        ),
-        "{outcome:?}"
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
     );
     assert_eq!(
         modinfo_version(&hr.path(format!("/var/cache/tt-kmd/{kver}/2.7.0/tenstorrent.ko"))),
         "2.7.0"
     );
     let outcome = run("2.8.0").expect("cache hit");
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Installed {
-                source: ModuleSource::Cache,
-                ..
-            }
-        ),
-        "{outcome:?}"
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Cache,
+            ..
+        }
     );
 }

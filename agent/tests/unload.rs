@@ -14,7 +14,7 @@ use ttdrv_api::{NodeState, labels};
 use ttdrv_core::go_ahead::GoAhead;
 use ttdrv_core::machine::{Cordon, NodeRecord};
 
-use common::host::TestHost as Host;
+use common::host::{TestHost as Host, assert_matches};
 
 /// A fake host with `loaded` loaded (no users), nothing cached, no tt-smi.
 fn host(loaded: Option<&str>) -> Host {
@@ -63,6 +63,13 @@ fn run(
     .run_unload()
 }
 
+/// Runs the unload step on `h` with the unload go-ahead on its node.
+fn run_with_go_ahead(h: &Host, kernel: &FakeKernel) -> (FakeNode, Result<Unloaded, AgentError>) {
+    let n = FakeNode::with(unloading_node());
+    let r = run(&config(h), kernel, &n, &FakePause::stopping_after(3));
+    (n, r)
+}
+
 #[test]
 fn without_the_unload_go_ahead_nothing_is_touched() {
     let h = host(Some("2.8.0"));
@@ -79,7 +86,7 @@ fn without_the_unload_go_ahead_nothing_is_touched() {
     ] {
         let n = FakeNode::with(node);
         let r = run(&config(&h), &kernel, &n, &FakePause::stopping_after(3));
-        assert!(matches!(r, Ok(Unloaded::Stopped { .. })), "{r:?}");
+        assert_matches!(r, Ok(Unloaded::Stopped { .. }));
         assert_eq!(kernel.unloads(), 0);
         assert_eq!(
             h.hr().loaded_version().expect("sysfs").as_deref(),
@@ -96,8 +103,7 @@ fn without_the_unload_go_ahead_nothing_is_touched() {
 fn with_the_go_ahead_it_unloads_and_removes_the_labels() {
     let h = host(Some("2.8.0"));
     let kernel = FakeKernel::new(h.root());
-    let n = FakeNode::with(unloading_node());
-    let r = run(&config(&h), &kernel, &n, &FakePause::stopping_after(3));
+    let (n, r) = run_with_go_ahead(&h, &kernel);
     assert_eq!(
         r.expect("unloaded"),
         Unloaded::Done {
@@ -125,8 +131,8 @@ fn a_holder_stops_the_unload_with_device_busy() {
     set_loaded(h.root(), "2.8.0", 1).expect("loaded");
     add_holder(h.root(), 4242, "python3", "0::/\n").expect("holder");
     let kernel = FakeKernel::new(h.root());
-    let n = FakeNode::with(unloading_node());
-    let e = run(&config(&h), &kernel, &n, &FakePause::stopping_after(3)).expect_err("busy");
+    let (_, r) = run_with_go_ahead(&h, &kernel);
+    let e = r.expect_err("busy");
     let msg = unload::termination_message(&e);
     assert!(msg.starts_with("DeviceBusy:"), "{msg}");
     assert_eq!(kernel.unloads(), 0);
@@ -139,8 +145,7 @@ fn a_dkms_host_is_reported_and_left_alone() {
     let h = host(Some("2.6.0"));
     std::fs::create_dir_all(h.hr().path("/var/lib/dkms/tenstorrent")).expect("dkms");
     let kernel = FakeKernel::new(h.root());
-    let n = FakeNode::with(unloading_node());
-    let r = run(&config(&h), &kernel, &n, &FakePause::stopping_after(3));
+    let (n, r) = run_with_go_ahead(&h, &kernel);
     assert_eq!(r.expect("host"), Unloaded::HostManaged);
     assert_eq!(kernel.unloads(), 0);
     assert_eq!(
@@ -153,8 +158,7 @@ fn a_dkms_host_is_reported_and_left_alone() {
 fn nothing_loaded_is_ready_at_once_after_the_go_ahead() {
     let h = host(None);
     let kernel = FakeKernel::new(h.root());
-    let n = FakeNode::with(unloading_node());
-    let r = run(&config(&h), &kernel, &n, &FakePause::stopping_after(3));
+    let (_, r) = run_with_go_ahead(&h, &kernel);
     assert_eq!(
         r.expect("done"),
         Unloaded::Done {

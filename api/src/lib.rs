@@ -12,5 +12,8 @@ pub mod labels;
 pub mod podselector;
 pub mod v1alpha1;
 
+#[cfg(test)]
+mod test_support;
+
 pub use podselector::{PodSelector, PodSelectorError};
 pub use v1alpha1::*;

@@ -291,13 +291,7 @@ impl Parser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::test_support::labels;
 
     #[test]
     fn parses_every_form_of_the_grammar() {

@@ -702,14 +702,8 @@ pub mod condition {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::labels;
     use kube::CustomResourceExt;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     #[test]
     fn minimum_cr_gets_documented_defaults() {

@@ -224,36 +224,47 @@ pub fn policy_name_rule() -> kube::core::Rule {
     .optional_old_self(true)
 }
 
+/// Versions [`is_valid_version`] accepts: the examples both this crate's
+/// tests and the CRD pattern's tests (`api/tests/proptest_version.rs`) check,
+/// so that the two definitions are held to one list.
+#[doc(hidden)]
+pub const VALID_VERSION_EXAMPLES: &[&str] = &[
+    "2.8.0",
+    "0.0.0",
+    "10.20.30",
+    "02.8.0",
+    "999999999.0.123456789",
+];
+
+/// Versions [`is_valid_version`] refuses (see [`VALID_VERSION_EXAMPLES`]).
+#[doc(hidden)]
+pub const INVALID_VERSION_EXAMPLES: &[&str] = &[
+    "",
+    "2.8",
+    "2.8.0.1",
+    "v2.8.0",
+    "2.8.0-rc1",
+    " 2.8.0",
+    "2.8.0\n",
+    "2..0",
+    "٣.1.1",
+    "2.8.x",
+    "1234567890.0.0",
+    "0.1234567890.0",
+    "0.0.1234567890",
+    "2.8.0000000000",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn version_rule_is_the_agents() {
-        for ok in [
-            "2.8.0",
-            "0.0.0",
-            "10.20.30",
-            "02.8.0",
-            "999999999.0.123456789",
-        ] {
+        for ok in VALID_VERSION_EXAMPLES {
             assert!(is_valid_version(ok), "{ok}");
         }
-        for bad in [
-            "",
-            "2.8",
-            "2.8.0.1",
-            "v2.8.0",
-            "2.8.0-rc1",
-            " 2.8.0",
-            "2.8.0\n",
-            "2..0",
-            "٣.1.1",
-            "2.8.x",
-            "1234567890.0.0",
-            "0.1234567890.0",
-            "0.0.1234567890",
-        ] {
+        for bad in INVALID_VERSION_EXAMPLES {
             assert!(!is_valid_version(bad), "{bad:?}");
         }
         assert_eq!(version_pattern(), r"^[0-9]{1,9}\.[0-9]{1,9}\.[0-9]{1,9}$");

@@ -26,7 +26,7 @@ use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 use ttdrv_testkit::TestEnv;
 
-use crate::{Args, ProcStats, proc_stats, start_controller, wait_policy_done, wait_ready};
+use crate::{Args, ProcStats, proc_stats, start_ready_controller, wait_policy_done};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Density {
@@ -94,6 +94,16 @@ impl PodCounter {
     }
 
     /// Waits until exactly `n` pods are present and all Running.
+    /// Waits for `n` pods Running (`what` names the phase), then for the
+    /// controller (`pid`) to take the last events, which come a moment after:
+    /// the events so far, and the controller's stats then.
+    async fn settled(&self, n: usize, what: &str, pid: u32) -> anyhow::Result<(u64, ProcStats)> {
+        self.wait_running(n, what).await?;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (events, _, _) = self.get();
+        Ok((events, proc_stats(pid)?))
+    }
+
     async fn wait_running(&self, n: usize, what: &str) -> anyhow::Result<()> {
         let t = Instant::now();
         loop {
@@ -212,20 +222,7 @@ impl PodPlace {
         let env = TestEnv::new(&format!("bench-{group}-pods")).await;
         let ns = env.namespace().await;
         let plain = m.div_ceil(100).saturating_sub(tt_nodes.len()).max(1);
-        let mut nodes: Vec<String> = futures::stream::iter(0..plain)
-            .map(|i| {
-                let env = &env;
-                async move {
-                    env.node(&format!("p{i:04}"), &[])
-                        .await
-                        .metadata
-                        .name
-                        .unwrap_or_default()
-                }
-            })
-            .buffer_unordered(16)
-            .collect()
-            .await;
+        let mut nodes = crate::create_named_nodes(&env, plain, "p", false).await;
         nodes.extend(tt_nodes.iter().cloned());
         // The namespace's default ServiceAccount (the API server's admission
         // mounts its token in every pod) is created by the controller manager.
@@ -257,14 +254,7 @@ pub async fn run(
     let tag = format!("density-{tt_nodes}-{label}");
     let mut a = args.clone();
     a.controller_bin = bin.to_path_buf();
-    let mut ctl = start_controller(
-        &a,
-        env,
-        ns,
-        &args.out_dir.join(format!("controller-{tag}.log")),
-        false,
-    )?;
-    wait_ready(&mut ctl).await?;
+    let ctl = start_ready_controller(&a, env, ns, &tag, false).await?;
     wait_policy_done(&papi, policy, "1.0.0", tt_nodes, Duration::from_secs(300)).await?;
     let rest = Duration::from_secs(20);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -277,11 +267,7 @@ pub async fn run(
     eprintln!("[bench] {tag}: creating {m} pods");
     let t = Instant::now();
     create_pods(&client, &place.ns, &place.nodes, m, "web-a").await?;
-    counter.wait_running(m, "creation").await?;
-    // The controller takes the last events a moment after the benchmark.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let (create_events, _, _) = counter.get();
-    let s2 = proc_stats(ctl.proc.pid())?;
+    let (create_events, s2) = counter.settled(m, "creation", ctl.proc.pid()).await?;
     eprintln!(
         "[bench] {tag}: {m} pods Running in {:.0}s ({create_events} events)",
         t.elapsed().as_secs_f64()
@@ -314,10 +300,7 @@ pub async fn run(
     );
     deleted?;
     created?;
-    counter.wait_running(m, "churn").await?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let (all_events, _, _) = counter.get();
-    let s4 = proc_stats(ctl.proc.pid())?;
+    let (all_events, s4) = counter.settled(m, "churn", ctl.proc.pid()).await?;
     eprintln!(
         "[bench] {tag}: churn done in {:.0}s ({} events)",
         t.elapsed().as_secs_f64(),

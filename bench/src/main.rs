@@ -180,14 +180,8 @@ impl NodeWatcher {
         let task = tokio::spawn(async move {
             let mut stream = watcher(api, cfg).boxed();
             loop {
-                let ev = match stream.try_next().await {
-                    Ok(Some(ev)) => ev,
-                    Ok(None) => break,
-                    Err(e) => {
-                        eprintln!("[bench] node watch error: {e}");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
+                let Some(ev) = next_node_event(&mut stream).await else {
+                    break;
                 };
                 let at = Instant::now();
                 let Ok(mut s) = st.lock() else { break };
@@ -421,6 +415,21 @@ fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// Starts the controller, logging to `<out_dir>/controller-<name>.log`, and
+/// waits until it is ready.
+async fn start_ready_controller(
+    args: &Args,
+    env: &TestEnv,
+    ns: &str,
+    name: &str,
+    audited: bool,
+) -> anyhow::Result<Controller> {
+    let log = args.out_dir.join(format!("controller-{name}.log"));
+    let mut ctl = start_controller(args, env, ns, &log, audited)?;
+    wait_ready(&mut ctl).await?;
+    Ok(ctl)
+}
+
 async fn wait_ready(c: &mut Controller) -> anyhow::Result<()> {
     let t = Instant::now();
     loop {
@@ -437,14 +446,54 @@ async fn wait_ready(c: &mut Controller) -> anyhow::Result<()> {
     }
 }
 
+/// The next event of a node watch, waiting out (and logging) errors; `None`
+/// when the watch ends.
+pub(crate) async fn next_node_event<S>(stream: &mut S) -> Option<watcher::Event<Node>>
+where
+    S: futures::Stream<Item = Result<watcher::Event<Node>, watcher::Error>> + Unpin,
+{
+    loop {
+        match stream.try_next().await {
+            Ok(Some(ev)) => return Some(ev),
+            Ok(None) => return None,
+            Err(e) => {
+                eprintln!("[bench] node watch error: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// `n` Tenstorrent nodes, created and Ready: their names, and the seconds
+/// that took.
+async fn create_ready_nodes(env: &TestEnv, n: usize) -> anyhow::Result<(Vec<String>, f64)> {
+    let t = Instant::now();
+    let nodes = create_nodes(env, n).await;
+    wait_nodes_ready(env, n).await?;
+    Ok((nodes, t.elapsed().as_secs_f64()))
+}
+
 async fn create_nodes(env: &TestEnv, n: usize) -> Vec<String> {
+    create_named_nodes(env, n, "n", true).await
+}
+
+/// `n` nodes named `<prefix>NNNN`, Tenstorrent nodes when `tt` (plain ones
+/// otherwise), created 16 at a time; their names, sorted.
+pub(crate) async fn create_named_nodes(
+    env: &TestEnv,
+    n: usize,
+    prefix: &str,
+    tt: bool,
+) -> Vec<String> {
     let names: Vec<String> = futures::stream::iter(0..n)
         .map(|i| async move {
-            env.tt_node(&format!("n{i:04}"), &[])
-                .await
-                .metadata
-                .name
-                .unwrap_or_default()
+            let name = format!("{prefix}{i:04}");
+            let node = if tt {
+                env.tt_node(&name, &[]).await
+            } else {
+                env.node(&name, &[]).await
+            };
+            node.metadata.name.unwrap_or_default()
         })
         .buffer_unordered(16)
         .collect()
@@ -661,14 +710,7 @@ async fn run_scenario(
         sc.work_ms,
         &args.out_dir.join(format!("sim-agent-{tag}.log")),
     )?;
-    let mut ctl = start_controller(
-        args,
-        env,
-        ns,
-        &args.out_dir.join(format!("controller-{tag}.log")),
-        true,
-    )?;
-    wait_ready(&mut ctl).await?;
+    let mut ctl = start_ready_controller(args, env, ns, tag, true).await?;
     // Let it take stock (every node already Done at the old version) and go idle.
     wait_policy_done(&papi, policy, from_version, n, Duration::from_secs(120)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -950,12 +992,9 @@ async fn run_group(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(&format!("bench-{n}")).await;
     let ns = env.namespace().await;
-    let t = Instant::now();
-    let nodes = create_nodes(&env, n).await;
-    wait_nodes_ready(&env, n).await?;
+    let (nodes, took) = create_ready_nodes(&env, n).await?;
     eprintln!(
-        "[bench] {n} nodes created and Ready in {:.1}s (group {})",
-        t.elapsed().as_secs_f64(),
+        "[bench] {n} nodes created and Ready in {took:.1}s (group {})",
         env.id
     );
     let benv = TestEnv::new(&format!("bench-{n}-baseline")).await;
@@ -985,14 +1024,7 @@ async fn run_group(
             0,
             &args.out_dir.join(format!("sim-agent-{n}-install.log")),
         )?;
-        let mut ctl = start_controller(
-            args,
-            &env,
-            &ns,
-            &args.out_dir.join(format!("controller-{n}-install.log")),
-            false,
-        )?;
-        wait_ready(&mut ctl).await?;
+        let _ctl = start_ready_controller(args, &env, &ns, &format!("{n}-install"), false).await?;
         wait_policy_done(&papi, &policy, "1.0.0", n, Duration::from_secs(600)).await?;
         baseline.wait_ready(&env.client, &ns).await?;
         eprintln!(
@@ -1072,6 +1104,40 @@ async fn run_group(
     Ok(())
 }
 
+/// The kubectl baseline's installer DaemonSet `name` in `ns` on the run's
+/// nodes (claim label `name`), its pods reporting `version`; shared with
+/// the prepare scenario.
+async fn create_baseline_daemonset(
+    env: &TestEnv,
+    ns: &str,
+    name: &str,
+    version: &str,
+) -> anyhow::Result<()> {
+    let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": { "name": name, "namespace": ns, "labels": env.labels() },
+        "spec": {
+            "selector": { "matchLabels": { labels::CLAIM: name } },
+            "updateStrategy": { "type": "OnDelete" },
+            "template": {
+                "metadata": { "labels": { labels::CLAIM: name } },
+                "spec": {
+                    "nodeSelector": { ttdrv_testkit::TEST_LABEL: env.id },
+                    "containers": [{
+                        "name": "agent",
+                        "image": "example.invalid/tt-driver-agent:bench",
+                        "env": [{ "name": labels::env::TT_KMD_VERSION, "value": version }]
+                    }]
+                }
+            }
+        }
+    }))?;
+    let api: Api<DaemonSet> = Api::namespaced(env.client.clone(), ns);
+    api.create(&PostParams::default(), &ds).await?;
+    Ok(())
+}
+
 /// The baseline's own nodes and installer DaemonSet: not matched by the policy,
 /// so the controller never touches them; the simulated agent plays their pods
 /// (it serves every pod carrying the claim label in the namespace).
@@ -1090,28 +1156,7 @@ impl Baseline {
         }
         let daemonset = benv.name("kubectl");
         let claim = daemonset.clone();
-        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
-            "apiVersion": "apps/v1",
-            "kind": "DaemonSet",
-            "metadata": { "name": daemonset, "namespace": ns, "labels": benv.labels() },
-            "spec": {
-                "selector": { "matchLabels": { labels::CLAIM: claim } },
-                "updateStrategy": { "type": "OnDelete" },
-                "template": {
-                    "metadata": { "labels": { labels::CLAIM: claim } },
-                    "spec": {
-                        "nodeSelector": { ttdrv_testkit::TEST_LABEL: benv.id },
-                        "containers": [{
-                            "name": "agent",
-                            "image": "example.invalid/tt-driver-agent:bench",
-                            "env": [{ "name": labels::env::TT_KMD_VERSION, "value": "1.0.0" }]
-                        }]
-                    }
-                }
-            }
-        }))?;
-        let api: Api<DaemonSet> = Api::namespaced(benv.client.clone(), ns);
-        api.create(&PostParams::default(), &ds).await?;
+        create_baseline_daemonset(benv, ns, &daemonset, "1.0.0").await?;
         Ok(Self {
             nodes,
             daemonset,

@@ -24,8 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::DaemonSet;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -34,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
 use ttdrv_testkit::TestEnv;
 
-use crate::{Args, Proc, create_nodes, start_controller, wait_nodes_ready, wait_ready};
+use crate::{Args, Proc, create_ready_nodes, next_node_event, start_ready_controller};
 
 const FROM: &str = "2.7.0";
 const TO: &str = "2.8.0";
@@ -188,14 +187,8 @@ impl Recorder {
             let mut stream = watcher(api, cfg).boxed();
             let done_state = format!("Done@{TO}");
             loop {
-                let ev = match stream.try_next().await {
-                    Ok(Some(ev)) => ev,
-                    Ok(None) => break,
-                    Err(e) => {
-                        eprintln!("[bench] node watch error: {e}");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
+                let Some(ev) = next_node_event(&mut stream).await else {
+                    break;
                 };
                 let at = Instant::now();
                 let Ok(mut s) = r.lock() else { break };
@@ -405,12 +398,8 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<PrepResult> {
     let env = TestEnv::new(&format!("prep-{tag}")).await;
     let ns = env.namespace().await;
     let t = Instant::now();
-    let nodes = create_nodes(&env, n).await;
-    wait_nodes_ready(&env, n).await?;
-    eprintln!(
-        "[bench] {tag}: {n} nodes Ready in {:.1}s",
-        t.elapsed().as_secs_f64()
-    );
+    let (nodes, took) = create_ready_nodes(&env, n).await?;
+    eprintln!("[bench] {tag}: {n} nodes Ready in {took:.1}s");
 
     // Set-up, not measured: every node gets 2.7.0 loaded (and cached) by a
     // quick agent.
@@ -442,14 +431,7 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<PrepResult> {
         let mut p = TenstorrentDriverPolicy::new(&policy, spec);
         p.metadata.labels = Some(env.labels());
         papi.create(&PostParams::default(), &p).await?;
-        let mut ctl = start_controller(
-            args,
-            &env,
-            &ns,
-            &out(&format!("controller-prepare-{tag}.log")),
-            false,
-        )?;
-        wait_ready(&mut ctl).await?;
+        let ctl = start_ready_controller(args, &env, &ns, &format!("prepare-{tag}"), false).await?;
         controller = Some(ctl);
     }
     wait_loaded(&env, &ns, n, FROM, Duration::from_secs(600)).await?;
@@ -552,29 +534,7 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<PrepResult> {
 
 /// The kubectl baseline's installer DaemonSet on the scenario's nodes.
 async fn create_daemonset(env: &TestEnv, ns: &str, name: &str) -> anyhow::Result<()> {
-    let ds: DaemonSet = serde_json::from_value(serde_json::json!({
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": { "name": name, "namespace": ns, "labels": env.labels() },
-        "spec": {
-            "selector": { "matchLabels": { labels::CLAIM: name } },
-            "updateStrategy": { "type": "OnDelete" },
-            "template": {
-                "metadata": { "labels": { labels::CLAIM: name } },
-                "spec": {
-                    "nodeSelector": { ttdrv_testkit::TEST_LABEL: env.id },
-                    "containers": [{
-                        "name": "agent",
-                        "image": "example.invalid/tt-driver-agent:bench",
-                        "env": [{ "name": labels::env::TT_KMD_VERSION, "value": FROM }]
-                    }]
-                }
-            }
-        }
-    }))?;
-    let api: Api<DaemonSet> = Api::namespaced(env.client.clone(), ns);
-    api.create(&PostParams::default(), &ds).await?;
-    Ok(())
+    crate::create_baseline_daemonset(env, ns, name, FROM).await
 }
 
 /// Every node of the group reports `version` loaded and the installer pods

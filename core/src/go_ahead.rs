@@ -71,6 +71,24 @@ impl Swap {
     }
 }
 
+/// The go-ahead annotation on `node`, or why there is none to act on.
+fn annotated(node: &Node) -> Result<GoAhead, String> {
+    let Some(raw) = node::annotation(node, labels::GO_AHEAD) else {
+        return Err("none on the node yet (it comes after cordon and drain)".into());
+    };
+    serde_json::from_str::<GoAhead>(raw)
+        .map_err(|_| format!("{} is not readable", labels::GO_AHEAD))
+}
+
+/// The node's record (`what` names it in the reason when there is none).
+fn record_of(node: &Node, what: &str) -> Result<NodeRecord, String> {
+    match node::record(node) {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => Err(format!("no {what} on the node")),
+        Err(e) => Err(format!("unreadable {what}: {e}")),
+    }
+}
+
 /// The agent's decision, from the Node as the API server has it now.
 pub fn decide(node: &Node, policy: &str, target: &str, loaded: Option<&str>) -> Swap {
     let Some(loaded) = loaded else {
@@ -79,43 +97,40 @@ pub fn decide(node: &Node, policy: &str, target: &str, loaded: Option<&str>) -> 
     if node::is_loaded(Some(loaded), target) {
         return Swap::AlreadyLoaded;
     }
-    let name = node.metadata.name.as_deref().unwrap_or_default();
-    let wait = |why: String| {
-        Swap::Wait(format!(
+    match swap_go_ahead(node, policy, target) {
+        Ok(go) => Swap::GoAhead(go),
+        Err(why) => Swap::Wait(format!(
             "waiting for the controller's go-ahead to replace tt-kmd {loaded} with {target}: {why}"
-        ))
-    };
-    let Some(raw) = node::annotation(node, labels::GO_AHEAD) else {
-        return wait("none on the node yet (it comes after cordon and drain)".into());
-    };
-    let Ok(go) = serde_json::from_str::<GoAhead>(raw) else {
-        return wait(format!("{} is not readable", labels::GO_AHEAD));
-    };
+        )),
+    }
+}
+
+/// The go-ahead for swapping to `target` in this node's current Upgrading
+/// cycle, or why there is none.
+fn swap_go_ahead(node: &Node, policy: &str, target: &str) -> Result<GoAhead, String> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let go = annotated(node)?;
     if go.policy != policy || go.node != name || go.target != target || go.unload {
-        return wait(format!(
+        return Err(format!(
             "the go-ahead is for policy {:?}, node {:?}, version {:?}",
             go.policy, go.node, go.target
         ));
     }
-    let rec = match node::record(node) {
-        Ok(Some(r)) => r,
-        Ok(None) => return wait("no upgrade record on the node".into()),
-        Err(e) => return wait(format!("unreadable upgrade record: {e}")),
-    };
+    let rec = record_of(node, "upgrade record")?;
     let current = rec.policy == policy
         && rec.target == target
         && rec.state == NodeState::Upgrading
         && rec.started == Some(go.cycle)
         && !rec.no_drain;
     if !current {
-        return wait(format!(
+        return Err(format!(
             "the go-ahead is not for the current cycle (record: {} {} for {})",
             rec.policy,
             rec.state.as_str(),
             rec.target
         ));
     }
-    Swap::GoAhead(go)
+    Ok(go)
 }
 
 /// What the agent of a `spec.unmanage` policy may do: unload the module
@@ -129,41 +144,38 @@ pub enum Unload {
 
 /// The unload decision, from the Node as the API server has it now.
 pub fn decide_unload(node: &Node, policy: &str) -> Unload {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
-    let wait = |why: String| {
-        Unload::Wait(format!(
+    match unload_go_ahead(node, policy) {
+        Ok(go) => Unload::GoAhead(go),
+        Err(why) => Unload::Wait(format!(
             "waiting for the controller's go-ahead to unload tt-kmd: {why}"
-        ))
-    };
-    let Some(raw) = node::annotation(node, labels::GO_AHEAD) else {
-        return wait("none on the node yet (it comes after cordon and drain)".into());
-    };
-    let Ok(go) = serde_json::from_str::<GoAhead>(raw) else {
-        return wait(format!("{} is not readable", labels::GO_AHEAD));
-    };
+        )),
+    }
+}
+
+/// The go-ahead for unloading in this node's current Unloading cycle, or why
+/// there is none.
+fn unload_go_ahead(node: &Node, policy: &str) -> Result<GoAhead, String> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let go = annotated(node)?;
     if !go.unload || go.policy != policy || go.node != name {
-        return wait(format!(
+        return Err(format!(
             "the go-ahead is for policy {:?}, node {:?}, unload {}",
             go.policy, go.node, go.unload
         ));
     }
-    let rec = match node::record(node) {
-        Ok(Some(r)) => r,
-        Ok(None) => return wait("no record on the node".into()),
-        Err(e) => return wait(format!("unreadable record: {e}")),
-    };
+    let rec = record_of(node, "record")?;
     let current = rec.policy == policy
         && rec.state == NodeState::Unloading
         && rec.started == Some(go.cycle)
         && rec.target == go.target;
     if !current {
-        return wait(format!(
+        return Err(format!(
             "the go-ahead is not for the current cycle (record: {} {})",
             rec.policy,
             rec.state.as_str()
         ));
     }
-    Unload::GoAhead(go)
+    Ok(go)
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@
 
 pub mod drain;
 pub mod event;
+#[doc(hidden)]
+pub mod fixtures;
 pub mod go_ahead;
 pub mod installer;
 pub mod machine;

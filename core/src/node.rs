@@ -73,6 +73,16 @@ pub fn stale_labels_patch() -> serde_json::Value {
     } } })
 }
 
+/// The status of the node's (first) Ready condition: "True", "False",
+/// "Unknown", or `None` without one.
+pub fn ready_status(node: &Node) -> Option<&str> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.as_str())
+}
+
 /// The kubelet reports the node Ready (`Unknown` and a missing condition are not).
 pub fn ready(node: &Node) -> bool {
     node.status
@@ -130,24 +140,9 @@ pub fn pod_ready(pod: &Pod) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
 
     fn node(ready: &str, unschedulable: bool) -> Node {
-        Node {
-            spec: Some(NodeSpec {
-                unschedulable: Some(unschedulable),
-                ..Default::default()
-            }),
-            status: Some(NodeStatus {
-                conditions: Some(vec![NodeCondition {
-                    type_: "Ready".into(),
-                    status: ready.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        crate::fixtures::node("n", ready, unschedulable, &[])
     }
 
     #[test]
@@ -164,6 +159,13 @@ mod tests {
             "our own cordon is not someone else's"
         );
         assert!(!ready(&Node::default()), "no condition is not Ready");
+    }
+
+    #[test]
+    fn ready_status_is_the_ready_conditions() {
+        assert_eq!(ready_status(&node("Unknown", false)), Some("Unknown"));
+        assert_eq!(ready_status(&node("True", true)), Some("True"));
+        assert_eq!(ready_status(&Node::default()), None);
     }
 
     #[test]

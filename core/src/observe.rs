@@ -140,25 +140,15 @@ pub fn observe<'p>(
         installer_created,
     );
     let obs = Observation {
-        now: p.now,
-        ready: node::ready(node),
-        unschedulable: node::unschedulable(node),
-        loaded: node::loaded_version(node).map(String::from),
-        host_managed: node::host_managed(node),
-        installer: installer_state,
         gates_closed: p.gates.iter().all(|g| label(g) == Some("false")),
         gates_present: p.gates.iter().any(|g| label(g).is_some()),
         drain: progress,
         retry_token: node::retry_token(node).map(String::from),
-        slot: false,
         installer_problem: installer.and_then(installer::problem),
-        installer_failure,
         inherited_cordon,
-        vacated: label(labels::UNMANAGED) == Some(policy_name),
         nothing_loaded: node::reported_nothing_loaded(node),
         installer_created,
-        prepared,
-        prepare_turn: false,
+        ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from
     // the Go operator or another policy, or kept across a retry) puts it
@@ -201,32 +191,37 @@ pub fn prepare_candidate(
         &failure,
         installer.and_then(installer::created),
     );
-    let obs = Observation {
-        now: p.now,
-        ready: node::ready(node),
-        unschedulable: node::unschedulable(node),
-        loaded: node::loaded_version(node).map(String::from),
-        host_managed: node::host_managed(node),
-        installer: state,
-        gates_closed: false,
-        gates_present: false,
-        drain: None,
-        retry_token: None,
-        slot: false,
-        installer_problem: None,
-        installer_failure: failure,
-        inherited_cordon: false,
-        installer_created: None,
-        nothing_loaded: false,
-        vacated: node::label(node, labels::UNMANAGED) == Some(policy_name),
-        prepared,
-        prepare_turn: false,
-    };
+    let obs = node_observation(p, node, state, failure, prepared);
     let rec = n.live.or(n.on_node.filter(|r| r.policy == policy_name));
     let state = rec.map_or(NodeState::Pending, |r| r.state);
     let c = prepare::candidate(name, &obs, state, &p.desired.version)?;
     let device = n.pods.iter().any(|p| p.device);
     Some(((device, name.to_string()), c))
+}
+
+/// What the node and its installer pod alone say (`installer`, its failure,
+/// `prepared`); the rest as for a node with nothing else known: no drain
+/// plan, gates, retry token, slot, installer problem, inherited cordon or
+/// prepare turn. [`observe`] fills in the rest for the machine.
+fn node_observation(
+    p: &PolicyFacts<'_>,
+    node: &Node,
+    installer: InstallerPod,
+    installer_failure: Option<installer::Failure>,
+    prepared: bool,
+) -> Observation {
+    Observation {
+        now: p.now,
+        ready: node::ready(node),
+        unschedulable: node::unschedulable(node),
+        loaded: node::loaded_version(node).map(String::from),
+        host_managed: node::host_managed(node),
+        installer,
+        installer_failure,
+        vacated: node::label(node, labels::UNMANAGED) == Some(p.desired.policy.as_str()),
+        prepared,
+        ..Observation::default()
+    }
 }
 
 /// The policy's installer pod among the node's installer pods.

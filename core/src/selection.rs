@@ -230,7 +230,8 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use ttdrv_api::TenstorrentDriverPolicySpec;
 
-    fn node(name: &str, l: &[(&str, &str)]) -> Node {
+    /// A node named `name` with labels `l` (also for `eligibility_tests`).
+    pub(super) fn node(name: &str, l: &[(&str, &str)]) -> Node {
         Node {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -406,21 +407,9 @@ mod tests {
 #[cfg(test)]
 mod eligibility_tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn node(l: &[(&str, &str)]) -> Node {
-        Node {
-            metadata: ObjectMeta {
-                name: Some("n".into()),
-                labels: Some(
-                    l.iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
+        super::tests::node("n", l)
     }
 
     #[test]

@@ -52,17 +52,22 @@ fn section(text: &str, start: &str) -> String {
     out
 }
 
+/// The first column of the table in troubleshooting.md's section `title`.
+fn troubleshooting_first_column(title: &str) -> String {
+    section(&doc("troubleshooting.md"), title)
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| l.split('|').nth(1).unwrap_or_default().to_string())
+        .collect()
+}
+
 fn set(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
 #[test]
 fn failure_reasons_in_the_troubleshooting_table() {
-    let table: String = section(&doc("troubleshooting.md"), "A node is Failed")
-        .lines()
-        .filter(|l| l.starts_with("| `"))
-        .map(|l| l.split('|').nth(1).unwrap_or_default().to_string())
-        .collect();
+    let table = troubleshooting_first_column("A node is Failed");
     assert_eq!(reasons_in(&table), set(reason::FAILURES));
 }
 
@@ -101,13 +106,20 @@ fn failure_reasons_of_the_failed_state() {
     assert_eq!(documented, set(reason::FAILURES));
 }
 
+/// The row of docs/crd-reference.md's status table for `field` (empty when
+/// there is none: the checks against it then fail).
+fn crd_reference_row(field: &str) -> String {
+    let start = format!("| `{field}` |");
+    doc("crd-reference.md")
+        .lines()
+        .find(|l| l.starts_with(&start))
+        .map(String::from)
+        .unwrap_or_default()
+}
+
 #[test]
 fn every_reason_in_the_crd_reference() {
-    let row = doc("crd-reference.md")
-        .lines()
-        .find(|l| l.starts_with("| `reason` |"))
-        .map(String::from)
-        .unwrap_or_default();
+    let row = crd_reference_row("reason");
     let mut documented = reasons_in(&row);
     documented.remove("Failed");
     documented.remove("UnloadFailed");
@@ -133,11 +145,7 @@ fn failures_are_reasons() {
 
 #[test]
 fn go_reason_codes_in_the_crd_reference() {
-    let row = doc("crd-reference.md")
-        .lines()
-        .find(|l| l.starts_with("| `goReason` |"))
-        .map(String::from)
-        .unwrap_or_default();
+    let row = crd_reference_row("goReason");
     let mut documented = reasons_in(&row);
     documented.remove("Failed");
     let mut expected = BTreeSet::new();
@@ -152,11 +160,7 @@ fn go_reason_codes_in_the_crd_reference() {
 /// and nothing else.
 #[test]
 fn event_reasons_in_the_troubleshooting_table() {
-    let table: String = section(&doc("troubleshooting.md"), "Events")
-        .lines()
-        .filter(|l| l.starts_with("| `"))
-        .map(|l| l.split('|').nth(1).unwrap_or_default().to_string())
-        .collect();
+    let table = troubleshooting_first_column("Events");
     let produced: BTreeSet<String> = EventReason::ALL
         .iter()
         .map(|r| r.as_str().to_string())

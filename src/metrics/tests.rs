@@ -10,6 +10,11 @@ use ttdrv_api::NodeState;
 use super::text_parser::{Sample, parse, select, value};
 use super::*;
 
+/// The one sample `name{labels}` of the scrape `s` has the value `want`.
+fn assert_value(s: &[Sample], name: &str, labels: &[(&str, &str)], want: f64) {
+    assert_eq!(value(s, name, labels), Some(want), "{name} {labels:?}");
+}
+
 fn scrape(m: &Metrics) -> Vec<Sample> {
     let (ct, body) = m.encode();
     assert_eq!(ct, "text/plain; version=0.0.4; charset=utf-8");
@@ -161,11 +166,8 @@ fn content_type_is_text_format_0_0_4_utf8() {
 fn build_info_and_leader() {
     let m = Metrics::new("0.1.0-abc");
     let s = scrape(&m);
-    assert_eq!(
-        value(&s, "ttdriver_build_info", &[("version", "0.1.0-abc")]),
-        Some(1.0)
-    );
-    assert_eq!(value(&s, "ttdriver_leader", &[]), Some(0.0));
+    assert_value(&s, "ttdriver_build_info", &[("version", "0.1.0-abc")], 1.0);
+    assert_value(&s, "ttdriver_leader", &[], 0.0);
     assert_eq!(m.build_version(), "0.1.0-abc");
     m.set_leader(true);
     assert_eq!(value(&scrape(&m), "ttdriver_leader", &[]), Some(1.0));
@@ -200,13 +202,11 @@ fn every_state_is_emitted_with_exactly_one_set() {
         assert_eq!(ones.len(), 1);
         assert_eq!(ones[0].labels["state"], current.as_str());
         // node-2 is unaffected.
-        assert_eq!(
-            value(
-                &s,
-                "ttdriver_node_state",
-                &[("cr", "fleet"), ("node", "node-2"), ("state", "Pending")]
-            ),
-            Some(1.0)
+        assert_value(
+            &s,
+            "ttdriver_node_state",
+            &[("cr", "fleet"), ("node", "node-2"), ("state", "Pending")],
+            1.0,
         );
     }
 }
@@ -241,13 +241,11 @@ fn forget_node_removes_only_that_nodes_series() {
         );
     }
     // Per-policy series stay.
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_policy_nodes",
-            &[("cr", "a"), ("state", "Draining")]
-        ),
-        Some(2.0)
+    assert_value(
+        &s,
+        "ttdriver_policy_nodes",
+        &[("cr", "a"), ("state", "Draining")],
+        2.0,
     );
 }
 
@@ -288,29 +286,27 @@ fn forget_policy_removes_every_series_of_the_cr() {
         .map(|x| x.name.clone())
         .collect();
     assert!(kept.len() >= 18, "kept policy lost series: {kept:?}");
-    assert_eq!(
-        value(&s, "ttdriver_actor_restarts_total", &[("actor", "node")]),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_actor_restarts_total",
+        &[("actor", "node")],
+        1.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_nodes_by_kmd_version",
-            &[("version", "2.8.0"), ("install_mode", "container")]
-        ),
-        Some(2.0)
+    assert_value(
+        &s,
+        "ttdriver_nodes_by_kmd_version",
+        &[("version", "2.8.0"), ("install_mode", "container")],
+        2.0,
     );
 
     // The policy comes back: its zeroed counters come back too.
     m.set_policy_nodes("gone", &[]);
     let s = scrape(&m);
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_node_failures_total",
-            &[("cr", "gone"), ("reason", "DrainTimeout")]
-        ),
-        Some(0.0)
+    assert_value(
+        &s,
+        "ttdriver_node_failures_total",
+        &[("cr", "gone"), ("reason", "DrainTimeout")],
+        0.0,
     );
 }
 
@@ -368,53 +364,41 @@ fn legacy_metric_names_and_labels() {
         select(&s, "ttdriver_policy_nodes", &[("cr", "p")]).len(),
         NodeState::ALL.len() + 1
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_policy_nodes",
-            &[("cr", "p"), ("state", "Done")]
-        ),
-        Some(3.0)
+    assert_value(
+        &s,
+        "ttdriver_policy_nodes",
+        &[("cr", "p"), ("state", "Done")],
+        3.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_policy_nodes",
-            &[("cr", "p"), ("state", "Failed")]
-        ),
-        Some(0.0)
+    assert_value(
+        &s,
+        "ttdriver_policy_nodes",
+        &[("cr", "p"), ("state", "Failed")],
+        0.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_policy_nodes",
-            &[("cr", "p"), ("state", "HostManaged")]
-        ),
-        Some(2.0)
+    assert_value(
+        &s,
+        "ttdriver_policy_nodes",
+        &[("cr", "p"), ("state", "HostManaged")],
+        2.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_pods_evicted_total",
-            &[("cr", "p"), ("pass", "pass1")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_pods_evicted_total",
+        &[("cr", "p"), ("pass", "pass1")],
+        1.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_pods_evicted_total",
-            &[("cr", "p"), ("pass", "pass2")]
-        ),
-        Some(0.0)
+    assert_value(
+        &s,
+        "ttdriver_pods_evicted_total",
+        &[("cr", "p"), ("pass", "pass2")],
+        0.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_drain_blocked_total",
-            &[("cr", "p"), ("pass", "pass2")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_drain_blocked_total",
+        &[("cr", "p"), ("pass", "pass2")],
+        1.0,
     );
     // The Go operator's pass values only.
     assert!(
@@ -422,21 +406,17 @@ fn legacy_metric_names_and_labels() {
             .iter()
             .all(|f| ["pass1", "pass2"].contains(&f.labels["pass"].as_str()))
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_daemonset_operations_total",
-            &[("cr", "p"), ("operation", "create"), ("result", "success")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_daemonset_operations_total",
+        &[("cr", "p"), ("operation", "create"), ("result", "success")],
+        1.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_daemonset_operations_total",
-            &[("cr", "p"), ("operation", "update"), ("result", "error")]
-        ),
-        Some(0.0)
+    assert_value(
+        &s,
+        "ttdriver_daemonset_operations_total",
+        &[("cr", "p"), ("operation", "update"), ("result", "error")],
+        0.0,
     );
     let ts = value(
         &s,
@@ -456,21 +436,17 @@ fn desired_version_keeps_one_series_per_policy() {
     let s = scrape(&m);
     let series = select(&s, "ttdriver_policy_desired_version", &[]);
     assert_eq!(series.len(), 2, "{series:?}");
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_policy_desired_version",
-            &[("cr", "prod"), ("version", "2.7.0")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_policy_desired_version",
+        &[("cr", "prod"), ("version", "2.7.0")],
+        1.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_policy_desired_version",
-            &[("cr", "prod1"), ("version", "2.8.0")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_policy_desired_version",
+        &[("cr", "prod1"), ("version", "2.8.0")],
+        1.0,
     );
 }
 
@@ -480,21 +456,17 @@ fn label_values_that_concatenate_alike_stay_apart() {
     m.set_node_state_since("ab", "c", 1.0);
     m.set_node_state_since("a", "bc", 2.0);
     let s = scrape(&m);
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_node_state_since_timestamp_seconds",
-            &[("cr", "ab"), ("node", "c")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_node_state_since_timestamp_seconds",
+        &[("cr", "ab"), ("node", "c")],
+        1.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_node_state_since_timestamp_seconds",
-            &[("cr", "a"), ("node", "bc")]
-        ),
-        Some(2.0)
+    assert_value(
+        &s,
+        "ttdriver_node_state_since_timestamp_seconds",
+        &[("cr", "a"), ("node", "bc")],
+        2.0,
     );
 }
 
@@ -504,9 +476,11 @@ fn label_values_are_escaped() {
     let odd = "we\"ird\\name\nx";
     m.inc_error("p", odd);
     let s = scrape(&m);
-    assert_eq!(
-        value(&s, "ttdriver_errors_total", &[("cr", "p"), ("stage", odd)]),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_errors_total",
+        &[("cr", "p"), ("stage", odd)],
+        1.0,
     );
 }
 
@@ -524,13 +498,11 @@ fn kmd_versions_replace_the_whole_set() {
         value(&s, "ttdriver_nodes_by_kmd_version", &[("version", "2.7.0")]),
         None
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_nodes_by_kmd_version",
-            &[("version", "2.8.0"), ("install_mode", "host")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_nodes_by_kmd_version",
+        &[("version", "2.8.0"), ("install_mode", "host")],
+        1.0,
     );
     m.set_nodes_by_kmd_version(&[("2.8.0".into(), String::new(), 4)]);
     assert_eq!(
@@ -559,21 +531,17 @@ fn failure_reasons_are_bounded() {
         FAILURE_REASONS.len() + 1,
         "the documented reasons, and Other for anything else"
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_node_failures_total",
-            &[("cr", "p"), ("reason", "DrainTimeout")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_node_failures_total",
+        &[("cr", "p"), ("reason", "DrainTimeout")],
+        1.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_node_failures_total",
-            &[("cr", "p"), ("reason", "Other")]
-        ),
-        Some(2.0)
+    assert_value(
+        &s,
+        "ttdriver_node_failures_total",
+        &[("cr", "p"), ("reason", "Other")],
+        2.0,
     );
     assert_eq!(
         value(
@@ -607,13 +575,11 @@ fn transitions_and_histograms() {
     let s = body;
     assert_eq!(types["ttdriver_node_transitions_total"], "counter");
     assert_eq!(types["ttdriver_phase_duration_seconds"], "histogram");
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_node_transitions_total",
-            &[("cr", "p"), ("from", "Draining"), ("to", "Upgrading")]
-        ),
-        Some(2.0)
+    assert_value(
+        &s,
+        "ttdriver_node_transitions_total",
+        &[("cr", "p"), ("from", "Draining"), ("to", "Upgrading")],
+        2.0,
     );
     assert_eq!(
         value(
@@ -648,13 +614,11 @@ fn transitions_and_histograms() {
         select(&s, "ttdriver_phase_duration_seconds_bucket", &drain).len(),
         PHASE_BUCKETS.len() + 1
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_phase_duration_seconds_count",
-            &[("cr", "p"), ("phase", "Upgrading")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_phase_duration_seconds_count",
+        &[("cr", "p"), ("phase", "Upgrading")],
+        1.0,
     );
     assert_eq!(
         value(
@@ -665,45 +629,35 @@ fn transitions_and_histograms() {
         None,
         "NaN is not observed"
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_node_upgrade_duration_seconds_count",
-            &[("cr", "p")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_node_upgrade_duration_seconds_count",
+        &[("cr", "p")],
+        1.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_reconcile_total",
-            &[("cr", "p"), ("result", "ok")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_reconcile_total",
+        &[("cr", "p"), ("result", "ok")],
+        1.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_reconcile_total",
-            &[("cr", "p"), ("result", "error")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_reconcile_total",
+        &[("cr", "p"), ("result", "error")],
+        1.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_reconcile_duration_seconds_count",
-            &[("cr", "p")]
-        ),
-        Some(2.0)
+    assert_value(
+        &s,
+        "ttdriver_reconcile_duration_seconds_count",
+        &[("cr", "p")],
+        2.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_reconcile_duration_seconds_bucket",
-            &[("cr", "p"), ("le", "0.05")]
-        ),
-        Some(1.0)
+    assert_value(
+        &s,
+        "ttdriver_reconcile_duration_seconds_bucket",
+        &[("cr", "p"), ("le", "0.05")],
+        1.0,
     );
 }
 
@@ -718,38 +672,32 @@ fn budget_gates_actors() {
     m.inc_mailbox_full("evictor");
     m.set_policy_paused("p", true);
     let s = scrape(&m);
-    assert_eq!(
-        value(&s, "ttdriver_rollout_max_unavailable", &[("cr", "p")]),
-        Some(1.0)
+    assert_value(&s, "ttdriver_rollout_max_unavailable", &[("cr", "p")], 1.0);
+    assert_value(
+        &s,
+        "ttdriver_rollout_unavailable_nodes",
+        &[("cr", "p")],
+        2.0,
     );
-    assert_eq!(
-        value(&s, "ttdriver_rollout_unavailable_nodes", &[("cr", "p")]),
-        Some(2.0)
+    assert_value(
+        &s,
+        "ttdriver_node_deploy_gate_closed",
+        &[("cr", "p"), ("node", "n"), ("gate", "g")],
+        0.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_node_deploy_gate_closed",
-            &[("cr", "p"), ("node", "n"), ("gate", "g")]
-        ),
-        Some(0.0)
+    assert_value(
+        &s,
+        "ttdriver_actor_restarts_total",
+        &[("actor", "node")],
+        2.0,
     );
-    assert_eq!(
-        value(&s, "ttdriver_actor_restarts_total", &[("actor", "node")]),
-        Some(2.0)
+    assert_value(
+        &s,
+        "ttdriver_actor_mailbox_full_total",
+        &[("actor", "evictor")],
+        1.0,
     );
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_actor_mailbox_full_total",
-            &[("actor", "evictor")]
-        ),
-        Some(1.0)
-    );
-    assert_eq!(
-        value(&s, "ttdriver_policy_paused", &[("cr", "p")]),
-        Some(1.0)
-    );
+    assert_value(&s, "ttdriver_policy_paused", &[("cr", "p")], 1.0);
 }
 
 #[test]
@@ -763,15 +711,14 @@ fn losing_the_lease_drops_policy_series() {
     let s = scrape(&m);
     assert!(s.iter().all(|x| !x.labels.contains_key("cr")), "{s:?}");
     assert!(select(&s, "ttdriver_nodes_by_kmd_version", &[]).is_empty());
-    assert_eq!(value(&s, "ttdriver_leader", &[]), Some(0.0));
-    assert_eq!(
-        value(&s, "ttdriver_actor_restarts_total", &[("actor", "node")]),
-        Some(1.0)
+    assert_value(&s, "ttdriver_leader", &[], 0.0);
+    assert_value(
+        &s,
+        "ttdriver_actor_restarts_total",
+        &[("actor", "node")],
+        1.0,
     );
-    assert_eq!(
-        value(&s, "ttdriver_build_info", &[("version", "t")]),
-        Some(1.0)
-    );
+    assert_value(&s, "ttdriver_build_info", &[("version", "t")], 1.0);
     // Starting as a follower drops nothing.
     let m = Metrics::new("t");
     m.set_node_state("p", "n", NodeState::Done);
@@ -797,13 +744,11 @@ fn shared_across_threads() {
         h.join().expect("thread");
     }
     let s = scrape(&m);
-    assert_eq!(
-        value(
-            &s,
-            "ttdriver_pods_evicted_total",
-            &[("cr", "p"), ("pass", "device")]
-        ),
-        Some(400.0)
+    assert_value(
+        &s,
+        "ttdriver_pods_evicted_total",
+        &[("cr", "p"), ("pass", "device")],
+        400.0,
     );
     assert_eq!(
         select(&s, "ttdriver_node_state", &[("state", "Upgrading")]).len(),

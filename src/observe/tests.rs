@@ -1,11 +1,10 @@
 //! The observation of one node, built from reflector stores fed by hand.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    Container, HostPathVolumeSource, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodCondition,
-    PodSpec, PodStatus, Volume,
+    Container, HostPathVolumeSource, Node, Pod, PodCondition, PodSpec, PodStatus, Volume,
 };
 use k8s_openapi::api::policy::v1::{
     PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus,
@@ -64,30 +63,11 @@ fn policy() -> TenstorrentDriverPolicy {
     p
 }
 
-fn node(name: &str, ready: &str, unschedulable: bool, extra: &[(&str, &str)]) -> Node {
-    let mut labels: BTreeMap<String, String> = BTreeMap::new();
-    for (k, v) in extra {
-        labels.insert(k.to_string(), v.to_string());
-    }
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec {
-            unschedulable: Some(unschedulable),
-            ..Default::default()
-        }),
-        status: Some(NodeStatus {
-            conditions: Some(vec![NodeCondition {
-                type_: "Ready".into(),
-                status: ready.into(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-    }
+use ttdrv_core::fixtures::{meta, node};
+
+/// The Ready, cordoned node n1 carrying the record `record(state, cordon)`.
+fn cordoned_n1(state: NodeState, cordon: Cordon) -> Node {
+    with_record(node("n1", "True", true, &[]), &record(state, cordon))
 }
 
 fn with_record(mut n: Node, r: &NodeRecord) -> Node {
@@ -165,11 +145,7 @@ fn installer(node: &str, hash: &str, ready: bool) -> Pod {
 
 fn pdb(name: &str, app: &str, allowed: i32) -> PodDisruptionBudget {
     PodDisruptionBudget {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("ml".into()),
-            ..Default::default()
-        },
+        metadata: meta(name, "ml"),
         spec: Some(PodDisruptionBudgetSpec {
             selector: Some(LabelSelector {
                 match_labels: Some([("app".to_string(), app.to_string())].into()),
@@ -291,10 +267,7 @@ fn availability_rules() {
 #[test]
 fn the_actors_record_wins_over_a_lagging_annotation() {
     // The cache still shows Pending; the actor already moved to Draining.
-    let n = with_record(
-        node("n1", "True", true, &[]),
-        &record(NodeState::Pending, Cordon::None),
-    );
+    let n = cordoned_n1(NodeState::Pending, Cordon::None);
     let s = stores(vec![n], vec![pod("w", "n1", true, "w")], vec![]);
     let records: HashMap<String, NodeRecord> =
         [("n1".to_string(), record(NodeState::Draining, Cordon::Ours))].into();
@@ -308,7 +281,7 @@ fn the_actors_record_wins_over_a_lagging_annotation() {
 
 #[test]
 fn drain_plan_for_granted_or_draining_nodes_only() {
-    let mk = |state| with_record(node("n1", "True", true, &[]), &record(state, Cordon::Ours));
+    let mk = |state| cordoned_n1(state, Cordon::Ours);
     for (state, starting, planned) in [
         (NodeState::Pending, false, false),
         (NodeState::Pending, true, true),
@@ -333,10 +306,7 @@ fn drain_plan_for_granted_or_draining_nodes_only() {
 
 #[test]
 fn pass_two_waits_for_pass_one_and_pdbs_are_named_once() {
-    let n = with_record(
-        node("n1", "True", true, &[]),
-        &record(NodeState::Draining, Cordon::Ours),
-    );
+    let n = cordoned_n1(NodeState::Draining, Cordon::Ours);
     let pods = vec![
         pod("dev", "n1", true, "train"),
         pod("web-1", "n1", false, "web"),
@@ -430,10 +400,7 @@ fn a_go_operator_cordon_for_this_policy_is_inherited() {
 
 #[test]
 fn a_pending_node_cordoned_by_us_counts_as_unavailable() {
-    let n = with_record(
-        node("n1", "True", true, &[]),
-        &record(NodeState::Pending, Cordon::Ours),
-    );
+    let n = cordoned_n1(NodeState::Pending, Cordon::Ours);
     let s = stores(vec![n], vec![], vec![]);
     let v = observe(&s, &HashMap::new(), "n1", false).expect("node");
     assert!(v.externally_unavailable);

@@ -30,6 +30,13 @@ fn told(effects: &[Effect]) -> Vec<bool> {
         .collect()
 }
 
+/// A fresh policy's first pass ending at `t0` with its DaemonSet refused
+/// (`spec.x: invalid`, attempted).
+fn refused_at(t0: Instant) -> (PolicyMemo, Vec<Effect>) {
+    let bad = refused(RefusalKind::Refused, "spec.x: invalid", true);
+    decide(&PolicyMemo::default(), &ended(Some(&bad), None, t0))
+}
+
 fn ended<'a>(
     refused: Option<&'a Refused>,
     braked: Option<&'a [String]>,
@@ -151,8 +158,7 @@ fn refusal_and_takeover_over_passes() {
 #[test]
 fn a_refusal_backs_off_and_logs_it() {
     let t0 = Instant::now();
-    let bad = refused(RefusalKind::Refused, "spec.x: invalid", true);
-    let (memo, effects) = decide(&PolicyMemo::default(), &ended(Some(&bad), None, t0));
+    let (memo, effects) = refused_at(t0);
     assert!(effects.contains(&Effect::Log(Log::BackingOff {
         attempts: 1,
         retry_in_s: 5,
@@ -266,8 +272,7 @@ fn next_kernel_warnings_for_new_kernels_only() {
 #[test]
 fn restart_forgets_the_refusal_and_says_so() {
     let t0 = Instant::now();
-    let bad = refused(RefusalKind::Refused, "spec.x: invalid", true);
-    let (memo, _) = decide(&PolicyMemo::default(), &ended(Some(&bad), None, t0));
+    let (memo, _) = refused_at(t0);
     let (memo, effects) = decide(&memo, &Facts::Restarted);
     assert_eq!(memo.refusal, None);
     assert_eq!(told(&effects), vec![false]);

@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ttdrv_agent::build::Builder;
-use ttdrv_agent::fake::{FakeKernel, fake_host, plant_cached, set_loaded};
+use ttdrv_agent::fake::{FakeBuilder, FakeKernel, add_holder, fake_host, plant_cached, set_loaded};
 use ttdrv_agent::node::NodeApi;
 use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::{FakePause, Pause};
-use ttdrv_agent::{Agent, AgentError, Config, HostRoot, Outcome};
+use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome};
 
 /// The running kernel of every fake host.
 pub const KVER: &str = "6.1.0-99-amd64";
@@ -99,10 +99,76 @@ impl TestHost {
     pub fn cache(&self, version: &str) {
         self.cache_module(version, version);
     }
+    /// Runs an agent installing `target` here with `kernel` and a fake
+    /// builder (see [`run`]).
+    pub fn run_with(
+        &self,
+        target: &str,
+        kernel: &FakeKernel,
+        node: &dyn NodeApi,
+    ) -> Result<Outcome, AgentError> {
+        run(&self.config(target), kernel, &FakeBuilder::default(), node)
+    }
+    /// Runs an agent installing `target` here with a fresh fake kernel and
+    /// builder (see [`run_polls`]).
+    pub fn run_fresh(&self, target: &str, node: &dyn NodeApi, polls: u32) -> Run {
+        let kernel = FakeKernel::new(self.root());
+        run_polls(
+            &self.config(target),
+            &kernel,
+            &FakeBuilder::default(),
+            node,
+            polls,
+        )
+    }
     /// The module version sysfs reports loaded.
     pub fn loaded(&self) -> Option<String> {
         self.hr().loaded_version().expect("sysfs")
     }
+}
+
+/// The UID of the workload pod holding the device in the busy-device tests.
+pub const POD_UID: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
+
+/// Two holders of the device on the host at `root`: pid 4242 (python3) in a
+/// container of pod [`POD_UID`], pid 4343 (tt-smi) outside any pod.
+pub fn add_busy_holders(root: &Path) {
+    let cgroup = format!(
+        "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-0123456789abcdef0123.scope\n",
+        POD_UID.replace('-', "_")
+    );
+    add_holder(root, 4242, "python3", &cgroup).expect("holder");
+    add_holder(root, 4343, "tt-smi", "0::/user.slice/session-1.scope\n").expect("holder");
+}
+
+/// The loaded 2.7.0 was left alone: not unloaded, nothing loaded, nobody killed.
+pub fn assert_untouched(h: &TestHost, kernel: &FakeKernel) {
+    assert_eq!(
+        h.loaded().as_deref(),
+        Some("2.7.0"),
+        "the module was swapped"
+    );
+    assert_eq!(kernel.unloads(), 0, "unloaded");
+    assert!(kernel.loads().is_empty(), "loaded: {:?}", kernel.loads());
+    assert!(kernel.killed().is_empty(), "killed: {:?}", kernel.killed());
+}
+
+/// `outcome` installed `version` from `source` with no previous version
+/// reported, after `unloads` unloads, and `version` is loaded now.
+pub fn assert_installed_over_nothing(
+    h: &TestHost,
+    kernel: &FakeKernel,
+    outcome: &Outcome,
+    source: ModuleSource,
+    version: &str,
+    unloads: u32,
+) {
+    assert!(
+        matches!(outcome, Outcome::Installed { previous: None, source: s, .. } if *s == source),
+        "{outcome:?}"
+    );
+    assert_eq!(kernel.unloads(), unloads);
+    assert_eq!(h.loaded().as_deref(), Some(version));
 }
 
 /// A node with the controller's go-ahead to swap to `target`.
@@ -125,6 +191,24 @@ pub struct Run {
     pub result: Result<Outcome, AgentError>,
     /// What the agent logged (plain text).
     pub log: String,
+}
+
+/// Runs the agent in-process, capturing its log; a wait for a go-ahead ends
+/// (`Outcome::Stopped`) after `polls` polls.
+pub fn run_polls(
+    config: &Config,
+    kernel: &FakeKernel,
+    builder: &dyn Builder,
+    node: &dyn NodeApi,
+    polls: u32,
+) -> Run {
+    run_logged(
+        config,
+        kernel,
+        builder,
+        node,
+        &FakePause::stopping_after(polls),
+    )
 }
 
 /// Runs the agent in-process with `pause`, capturing its log.
@@ -169,3 +253,30 @@ impl std::io::Write for LogSink {
         Ok(())
     }
 }
+
+/// `assert!(matches!(value, pattern))` that shows the value when it fails.
+#[allow(unused_macros)]
+macro_rules! assert_matches {
+    ($value:expr, $($pattern:tt)+) => {
+        assert!(matches!($value, $($pattern)+), "{:?}", $value)
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use assert_matches;
+
+/// Asserts that a [`Run`]'s result matches `pattern` (matched by reference),
+/// showing the result and the agent's log when it does not.
+#[allow(unused_macros)]
+macro_rules! assert_outcome {
+    ($run:expr, $($pattern:tt)+) => {{
+        let run: &$crate::common::host::Run = &$run;
+        assert!(
+            matches!(&run.result, $($pattern)+),
+            "{:?}\n{}",
+            run.result,
+            run.log
+        )
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use assert_outcome;

@@ -201,3 +201,14 @@ pub fn agent_command(bin: &Path, api: Option<&FakeApi>, scratch: &Path) -> std::
     }
     c
 }
+
+/// The trimmed standard output of a finished command, which must have
+/// succeeded; `what` names it in the failure, with its standard error.
+pub fn stdout_of(what: &str, out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

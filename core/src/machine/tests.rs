@@ -5,43 +5,7 @@
 use super::*;
 use NodeState::*;
 
-fn want() -> Desired {
-    Desired {
-        policy: "fleet".into(),
-        version: "2.8.0".into(),
-        drain_enabled: true,
-        drain_timeout_seconds: 600,
-        upgrade_timeout_seconds: 900,
-        paused: false,
-        refused: false,
-        unmanage: false,
-        prepare: false,
-    }
-}
-
-fn obs() -> Observation {
-    Observation {
-        now: 1000,
-        ready: true,
-        unschedulable: false,
-        loaded: Some("2.7.0".into()),
-        host_managed: false,
-        installer: InstallerPod::Stale { deleting: false },
-        gates_closed: false,
-        gates_present: false,
-        drain: Some(DrainProgress::default()),
-        retry_token: None,
-        slot: true,
-        installer_problem: None,
-        installer_failure: None,
-        inherited_cordon: false,
-        vacated: false,
-        nothing_loaded: false,
-        installer_created: None,
-        prepared: true,
-        prepare_turn: false,
-    }
-}
+use crate::fixtures::{desired as want, observation as obs};
 
 fn rec(state: NodeState) -> NodeRecord {
     let mut r = NodeRecord::new("fleet", "2.8.0", 900);

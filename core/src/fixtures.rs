@@ -1,0 +1,79 @@
+//! Fixtures shared by the tests of this crate and of the controller: the
+//! `fleet` policy's desired state, and nodes carrying only what the machine
+//! reads (name, labels, cordon, Ready). Not used by shipped code.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::machine::{Desired, DrainProgress, InstallerPod, Observation};
+
+/// What the policy `fleet` asks: 2.8.0, drain on (600 s), upgrade timeout
+/// 900 s, not paused, refused, unmanaged or building ahead.
+pub fn desired() -> Desired {
+    Desired {
+        policy: "fleet".into(),
+        version: "2.8.0".into(),
+        drain_enabled: true,
+        drain_timeout_seconds: 600,
+        upgrade_timeout_seconds: 900,
+        paused: false,
+        refused: false,
+        unmanage: false,
+        prepare: false,
+    }
+}
+
+/// What the machine's table tests start from: a Ready, uncordoned node at
+/// t=1000 with 2.7.0 loaded, a stale installer pod, a finished (empty) drain,
+/// a slot, and the target prepared.
+pub fn observation() -> Observation {
+    Observation {
+        now: 1000,
+        ready: true,
+        loaded: Some("2.7.0".into()),
+        installer: InstallerPod::Stale { deleting: false },
+        drain: Some(DrainProgress::default()),
+        slot: true,
+        prepared: true,
+        ..Observation::default()
+    }
+}
+
+/// A node `name` with `labels`, cordoned when `unschedulable`, its Ready
+/// condition `ready` ("True", "False", "Unknown").
+pub fn node(name: &str, ready: &str, unschedulable: bool, labels: &[(&str, &str)]) -> Node {
+    let labels: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            unschedulable: Some(unschedulable),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The metadata of an object `name` in `namespace`, nothing else set.
+pub fn meta(name: &str, namespace: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(namespace.into()),
+        ..Default::default()
+    }
+}
