@@ -21,6 +21,8 @@ pub mod policy_decisions;
 pub mod refusal;
 pub mod render;
 pub mod status;
+#[cfg(test)]
+mod test_support;
 pub mod watch;
 pub mod write_backoff;
 

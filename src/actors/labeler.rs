@@ -80,17 +80,11 @@ mod tests {
     use std::collections::HashMap;
     use std::sync::Mutex;
 
+    use super::*;
     use axum::Router;
     use axum::extract::{Path, State};
     use axum::http::{StatusCode, header};
     use axum::routing::patch;
-    use clap::Parser;
-    use kube::runtime::reflector;
-
-    use super::*;
-    use crate::config::Config;
-    use crate::context::Stores;
-    use crate::metrics::Metrics;
 
     /// Node name -> status code the server answers with; counts per node.
     #[derive(Clone, Default)]
@@ -142,21 +136,7 @@ mod tests {
             .expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let client =
-            kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
-        let stores = Stores {
-            policies: reflector::store().0,
-            nodes: reflector::store().0,
-            pods: Arc::new(crate::pod_index::PodCache::new("tt")),
-            daemonsets: reflector::store().0,
-            pdbs: reflector::store().0,
-        };
-        let ctx = Arc::new(Context::new(
-            client,
-            Config::parse_from(["ttdrv-controller"]),
-            stores,
-            Arc::new(Metrics::new("test")),
-        ));
+        let ctx = crate::test_support::context(&url, crate::test_support::empty_stores());
         (Labeler::new(ctx.clone()).start(), server, ctx)
     }
 

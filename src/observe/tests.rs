@@ -10,7 +10,6 @@ use k8s_openapi::api::policy::v1::{
     PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
-use kube::runtime::{reflector, watcher};
 use ttdrv_api::{
     NodeState, PodSelector, TenstorrentDriverPolicy, TenstorrentDriverPolicySpec, labels,
 };
@@ -25,19 +24,7 @@ const NS: &str = "tt-system";
 const HASH: &str = "h1";
 const GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
 
-fn fed<K>(objs: Vec<K>) -> reflector::Store<K>
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let (store, mut writer) = reflector::store::<K>();
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for o in objs {
-        writer.apply_watcher_event(&watcher::Event::InitApply(o));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    store
-}
+use crate::test_support::fed;
 
 fn stores(nodes: Vec<Node>, pods: Vec<Pod>, pdbs: Vec<PodDisruptionBudget>) -> Stores {
     Stores {

@@ -3,18 +3,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use clap::Parser;
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::reflector;
 use ttdrv_api::{TenstorrentDriverPolicySpec, labels};
 use ttdrv_core::drain::DrainProgress;
 use ttdrv_core::machine::{Cordon, InstallerPod};
 use ttdrv_core::reason;
 
 use super::*;
-use crate::config::Config;
-use crate::context::Stores;
-use crate::metrics::Metrics;
 
 const GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
 
@@ -96,23 +91,10 @@ impl Handler<ReleaseSlot> for Fake {
 }
 
 fn context() -> Arc<Context> {
-    // Never connected to: Events fail to publish in the background.
-    let url = "http://127.0.0.1:9".parse().expect("url");
-    let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
-    let stores = Stores {
-        policies: reflector::store().0,
-        nodes: reflector::store().0,
-        pods: Arc::new(crate::pod_index::PodCache::new("tt")),
-        daemonsets: reflector::store().0,
-        pdbs: reflector::store().0,
-    };
-    let config = Config::parse_from(["ttdrv-controller"]);
-    Arc::new(Context::new(
-        client,
-        config,
-        stores,
-        Arc::new(Metrics::new("test")),
-    ))
+    crate::test_support::context(
+        crate::test_support::NOWHERE,
+        crate::test_support::empty_stores(),
+    )
 }
 
 fn policy() -> Arc<TenstorrentDriverPolicy> {
@@ -135,25 +117,10 @@ fn desired() -> Desired {
 
 fn obs(loaded: &str) -> Observation {
     Observation {
-        now: 1000,
-        ready: true,
-        unschedulable: false,
         loaded: Some(loaded.into()),
-        host_managed: false,
-        installer: InstallerPod::Stale { deleting: false },
-        gates_closed: false,
-        gates_present: false,
         drain: None,
-        retry_token: None,
         slot: false,
-        installer_problem: None,
-        installer_failure: None,
-        inherited_cordon: false,
-        vacated: false,
-        nothing_loaded: false,
-        installer_created: None,
-        prepared: true,
-        prepare_turn: false,
+        ..ttdrv_core::fixtures::observation()
     }
 }
 

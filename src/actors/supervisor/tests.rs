@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use clap::Parser;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::{reflector, watcher};
@@ -13,9 +12,7 @@ use ttdrv_api::{TenstorrentDriverPolicySpec, labels};
 use super::*;
 use crate::Error;
 use crate::actors::{EvictOutcome, PassScope};
-use crate::config::Config;
 use crate::context::Stores;
-use crate::metrics::Metrics;
 use crate::pod_index::PodCache;
 
 /// Plays the shared actors; records node writes per node.
@@ -106,19 +103,7 @@ impl Handler<ReplaceInstallerPod> for Fake {
     }
 }
 
-fn fed<K>(objs: Vec<K>) -> reflector::Store<K>
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let (store, mut writer) = reflector::store::<K>();
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for o in objs {
-        writer.apply_watcher_event(&watcher::Event::InitApply(o));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    store
-}
+use crate::test_support::fed;
 
 fn node(name: &str) -> Node {
     node_claimed(name, true)
@@ -201,8 +186,6 @@ fn context_of(
     prepared: Option<&str>,
     policy: TenstorrentDriverPolicy,
 ) -> Arc<Context> {
-    let url = "http://127.0.0.1:9".parse().expect("url");
-    let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
     let pods: Vec<Pod> = NODES.iter().map(|n| installer(n)).collect();
     let stores = Stores {
         policies: fed(vec![policy]),
@@ -220,12 +203,7 @@ fn context_of(
         daemonsets: fed(vec![]),
         pdbs: fed(vec![]),
     };
-    Arc::new(Context::new(
-        client,
-        Config::parse_from(["ttdrv-controller"]),
-        stores,
-        Arc::new(Metrics::new("test")),
-    ))
+    crate::test_support::context(crate::test_support::NOWHERE, stores)
 }
 
 fn reconcile(full: bool, nodes: &[&str]) -> Reconcile {

@@ -1,0 +1,54 @@
+//! Fixtures of the controller's unit tests: reflector stores fed by hand and
+//! a [`Context`] over them whose client points at `url` (a loopback test
+//! server, or a port nothing listens on).
+
+use std::sync::Arc;
+
+use clap::Parser;
+use kube::runtime::{reflector, watcher};
+
+use crate::config::Config;
+use crate::context::{Context, Stores};
+use crate::metrics::Metrics;
+use crate::pod_index::PodCache;
+
+/// A store holding `objs`, as a watch's initial list leaves it.
+pub fn fed<K>(objs: Vec<K>) -> reflector::Store<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, mut writer) = reflector::store::<K>();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objs {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    store
+}
+
+/// Empty stores (pods of namespace `tt`).
+pub fn empty_stores() -> Stores {
+    Stores {
+        policies: fed(vec![]),
+        nodes: fed(vec![]),
+        pods: Arc::new(PodCache::new("tt")),
+        daemonsets: fed(vec![]),
+        pdbs: fed(vec![]),
+    }
+}
+
+/// Nothing listens on port 9: Events fail to publish in the background.
+pub const NOWHERE: &str = "http://127.0.0.1:9";
+
+/// The controller's default settings over `stores`, its client at `url`.
+pub fn context(url: &str, stores: Stores) -> Arc<Context> {
+    let client =
+        kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+    Arc::new(Context::new(
+        client,
+        Config::parse_from(["ttdrv-controller"]),
+        stores,
+        Arc::new(Metrics::new("test")),
+    ))
+}
