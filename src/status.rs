@@ -8,8 +8,8 @@ use std::collections::{HashMap, HashSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use ttdrv_api::{
-    NodeState, NodeStatus, Summary, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus,
-    condition,
+    ConditionType, NodeState, NodeStatus, Summary, TenstorrentDriverPolicy,
+    TenstorrentDriverPolicyStatus,
 };
 use ttdrv_core::machine::NodeRecord;
 use ttdrv_core::reason;
@@ -132,12 +132,12 @@ pub fn condition_flags(
 
 /// The conditions [`condition_flags`] covers, in its order. (Prepared moves
 /// with each node's build: written with the node progress, not at once.)
-const FLAGGED: [&str; 5] = [
-    condition::READY,
-    condition::PROGRESSING,
-    condition::DEGRADED,
-    condition::PAUSED,
-    condition::CONFLICT,
+const FLAGGED: [ConditionType; 5] = [
+    ConditionType::Ready,
+    ConditionType::Progressing,
+    ConditionType::Degraded,
+    ConditionType::Paused,
+    ConditionType::Conflict,
 ];
 
 /// The flags of a written status, in the same order.
@@ -148,7 +148,7 @@ pub fn flags_of(status: &TenstorrentDriverPolicyStatus) -> Vec<bool> {
             status
                 .conditions
                 .iter()
-                .any(|c| c.type_ == *t && c.status == "True")
+                .any(|c| c.type_ == t.as_str() && c.status == "True")
         })
         .collect()
 }
@@ -156,7 +156,7 @@ pub fn flags_of(status: &TenstorrentDriverPolicyStatus) -> Vec<bool> {
 /// One condition; `lastTransitionTime` is kept while its status is unchanged,
 /// so the status is only rewritten when something actually changed.
 fn cond(
-    type_: &str,
+    type_: ConditionType,
     ok: bool,
     reason: &str,
     message: String,
@@ -165,7 +165,7 @@ fn cond(
     let status = if ok { "True" } else { "False" };
     let last = input
         .previous
-        .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
+        .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_.as_str()))
         .filter(|c| c.status == status)
         .map(|c| c.last_transition_time.clone())
         .unwrap_or_else(|| {
@@ -177,7 +177,7 @@ fn cond(
             )
         });
     Condition {
-        type_: type_.into(),
+        type_: type_.as_str().into(),
         status: status.into(),
         reason: reason.into(),
         message,
@@ -279,7 +279,7 @@ pub fn build(
     let prepared = prepared_condition(policy, &summary, &unprepared);
     let conditions = vec![
         cond(
-            condition::READY,
+            ConditionType::Ready,
             ready,
             if settled {
                 "RolloutComplete"
@@ -293,7 +293,7 @@ pub fn build(
             input,
         ),
         cond(
-            condition::PROGRESSING,
+            ConditionType::Progressing,
             progressing,
             if paused {
                 "Paused"
@@ -319,14 +319,14 @@ pub fn build(
             input,
         ),
         cond(
-            condition::DEGRADED,
+            ConditionType::Degraded,
             degraded,
             degraded_reason,
             degraded_message,
             input,
         ),
         cond(
-            condition::PAUSED,
+            ConditionType::Paused,
             paused,
             if paused { "PausedBySpec" } else { "Running" },
             if paused {
@@ -337,7 +337,7 @@ pub fn build(
             input,
         ),
         cond(
-            condition::CONFLICT,
+            ConditionType::Conflict,
             conflicted,
             if conflicts.is_empty() {
                 "NoOverlap"
@@ -355,7 +355,7 @@ pub fn build(
             input,
         ),
         cond(
-            condition::PREPARED,
+            ConditionType::Prepared,
             prepared.0,
             prepared.1,
             prepared.2,
@@ -446,7 +446,7 @@ fn next_kernel_condition(
 ) -> Condition {
     if failures.is_empty() {
         return cond(
-            condition::NEXT_KERNEL_BUILD_FAILED,
+            ConditionType::NextKernelBuildFailed,
             false,
             "NoneReported",
             String::new(),
@@ -456,7 +456,7 @@ fn next_kernel_condition(
     let mut sorted = failures.to_vec();
     sorted.sort();
     cond(
-        condition::NEXT_KERNEL_BUILD_FAILED,
+        ConditionType::NextKernelBuildFailed,
         true,
         ttdrv_core::prepare::NEXT_KERNEL_BUILD_FAILED,
         format!(

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use ttdrv_api::{NodeState, NodeStatus, TenstorrentDriverPolicyStatus, condition};
+use ttdrv_api::{ConditionType, NodeState, NodeStatus, TenstorrentDriverPolicyStatus};
 use ttdrv_testkit::{ControllerOptions, ControllerProcess, TestEnv, wait_for};
 
 /// Bound of every single wait; each test takes well under a minute normally.
@@ -217,7 +217,7 @@ async fn fleet_wide_not_ready_starts_nothing_and_resumes() {
     let mut during = String::from("(status not read)");
     while outage.elapsed() < OUTAGE {
         let st = status(&env, &policy).await;
-        if let Some(c) = cond(&st, condition::DEGRADED)
+        if let Some(c) = cond(&st, ConditionType::Degraded.as_str())
             && c.status == "True"
             && c.reason == "FleetNotReady"
             && nodes.iter().all(|n| c.message.contains(n.as_str()))
@@ -282,7 +282,10 @@ async fn fleet_wide_not_ready_starts_nothing_and_resumes() {
             seen.swaps
         );
     }
-    let degraded_now = cond(&status(&env, &policy).await, condition::DEGRADED);
+    let degraded_now = cond(
+        &status(&env, &policy).await,
+        ConditionType::Degraded.as_str(),
+    );
     assert_eq!(
         degraded_now.as_ref().map(|c| c.status.as_str()),
         Some("False"),

@@ -684,19 +684,52 @@ impl NodeState {
     }
 }
 
-/// Condition types on the policy.
-pub mod condition {
-    pub const READY: &str = "Ready";
-    pub const PROGRESSING: &str = "Progressing";
-    pub const DEGRADED: &str = "Degraded";
-    pub const PAUSED: &str = "Paused";
-    pub const CONFLICT: &str = "Conflict";
+/// The condition types of a policy's `status.conditions[]` (each listed in
+/// docs/crd-reference.md, checked by core/tests/documented_reasons.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ConditionType {
+    Ready,
+    Progressing,
+    Degraded,
+    Paused,
+    Conflict,
     /// Build ahead (`upgradePolicy.prepare`): every node that will load the
     /// target holds it, loaded or built into its cache.
-    pub const PREPARED: &str = "Prepared";
+    Prepared,
     /// A warning: some node has an installed, not running kernel the target
     /// does not build for (`status.nodes[].nextKernelBuildFailed`).
-    pub const NEXT_KERNEL_BUILD_FAILED: &str = "NextKernelBuildFailed";
+    NextKernelBuildFailed,
+}
+
+impl ConditionType {
+    pub const ALL: [ConditionType; 7] = [
+        ConditionType::Ready,
+        ConditionType::Progressing,
+        ConditionType::Degraded,
+        ConditionType::Paused,
+        ConditionType::Conflict,
+        ConditionType::Prepared,
+        ConditionType::NextKernelBuildFailed,
+    ];
+
+    /// The `type` as written in the status.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::Ready => "Ready",
+            ConditionType::Progressing => "Progressing",
+            ConditionType::Degraded => "Degraded",
+            ConditionType::Paused => "Paused",
+            ConditionType::Conflict => "Conflict",
+            ConditionType::Prepared => "Prepared",
+            ConditionType::NextKernelBuildFailed => "NextKernelBuildFailed",
+        }
+    }
+}
+
+impl std::fmt::Display for ConditionType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[cfg(test)]

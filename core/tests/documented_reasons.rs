@@ -167,3 +167,29 @@ fn event_reasons_in_the_troubleshooting_table() {
         .collect();
     assert_eq!(reasons_in(&table), produced);
 }
+
+/// Every condition type a policy's status carries has a row in
+/// docs/crd-reference.md's Conditions table, is in the `conditions[]` row's
+/// list, and the table lists no other.
+#[test]
+fn condition_types_in_the_crd_reference() {
+    use ttdrv_api::ConditionType;
+    let text = doc("crd-reference.md");
+    let documented: BTreeSet<String> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("| type | status True when | reasons |"))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+        .map(String::from)
+        .collect();
+    let produced: BTreeSet<String> = ConditionType::ALL
+        .iter()
+        .map(|c| c.as_str().to_string())
+        .collect();
+    assert_eq!(
+        documented, produced,
+        "the Conditions table of crd-reference.md"
+    );
+    let listed = reasons_in(&crd_reference_row("conditions[]"));
+    assert_eq!(listed, produced, "the conditions[] row of crd-reference.md");
+}

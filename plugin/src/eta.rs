@@ -7,7 +7,7 @@
 //! node Done, spread over the nodes done so far. With neither, a documented
 //! default is used.
 
-use ttdrv_api::{NodeState, TenstorrentDriverPolicyStatus, condition};
+use ttdrv_api::{ConditionType, NodeState, TenstorrentDriverPolicyStatus};
 use ttdrv_core::machine::NodeRecord;
 use ttdrv_core::reason;
 
@@ -60,7 +60,7 @@ pub fn status_per_node(status: &TenstorrentDriverPolicyStatus, slots: usize) -> 
     let start = status
         .conditions
         .iter()
-        .find(|c| c.type_ == condition::PROGRESSING && c.status == "True")?
+        .find(|c| c.type_ == ConditionType::Progressing.as_str() && c.status == "True")?
         .last_transition_time
         .0
         .as_second();

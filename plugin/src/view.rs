@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
-use ttdrv_api::{NodeState, Summary, TenstorrentDriverPolicy, condition};
+use ttdrv_api::{ConditionType, NodeState, Summary, TenstorrentDriverPolicy};
 use ttdrv_core::machine::NodeRecord;
 use ttdrv_core::reason;
 
@@ -150,7 +150,7 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
         })
         .collect();
     let conflict = conditions
-        .get(condition::CONFLICT)
+        .get(ConditionType::Conflict.as_str())
         .filter(|c| c.status == "True")
         .map(|c| c.message.clone());
     let rows: Vec<NodeRow> = status
