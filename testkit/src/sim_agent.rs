@@ -107,6 +107,19 @@ impl SimAgent {
         let task = tokio::spawn(run(client, config));
         Self { task }
     }
+
+    /// The agent most cluster tests run: over `namespace`, every swap taking
+    /// `work`, nothing to build.
+    pub fn working(client: Client, namespace: &str, work: Duration) -> Self {
+        Self::spawn(
+            client,
+            SimAgentConfig {
+                namespace: namespace.to_string(),
+                work,
+                ..Default::default()
+            },
+        )
+    }
 }
 
 /// Runs until the process ends (used by the `ttdrv-sim-agent` binary).
