@@ -11,21 +11,24 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use ttdrv_api::{NodeState, labels};
-use ttdrv_testkit::{ControllerOptions, SimAgent, TestEnv, wait_for};
+use ttdrv_testkit::{ControllerOptions, SimAgent, SimAgentConfig, TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(90);
 
-fn agent(env: &TestEnv, ns: &str) -> SimAgent {
-    SimAgent::working(env.client.clone(), ns, Duration::from_millis(200))
+/// This test's environment and namespace, one tt node per suffix, and the
+/// simulated agent (200 ms a swap) over the namespace.
+async fn fleet(name: &str, suffixes: &[&str]) -> SimFleet {
+    let agent = SimAgentConfig {
+        work: Duration::from_millis(200),
+        ..Default::default()
+    };
+    sim_fleet_with(name, suffixes, &[], agent).await
 }
 
-/// This test's environment and namespace, one tt node `a`, and the [`agent`].
+/// [`fleet`] of the one node `a`.
 async fn one_node(name: &str) -> (TestEnv, String, String, SimAgent) {
-    let env = TestEnv::new(name).await;
-    let ns = env.namespace().await;
-    let a = env.tt_node_name("a", &[]).await;
-    let agent = agent(&env, &ns);
-    (env, ns, a, agent)
+    let (env, ns, mut nodes, agent) = fleet(name, &["a"]).await;
+    (env, ns, nodes.remove(0), agent)
 }
 
 /// Nodes that currently run a (non-terminating) installer pod of `policy`.
@@ -88,13 +91,10 @@ async fn wait_installers(env: &TestEnv, ns: &str, policy: &str, want: &[String])
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn minimum_policy_places_pods_only_on_eligible_tenstorrent_nodes_and_skip_removes() {
-    let env = TestEnv::new("core-place").await;
-    let ns = env.namespace().await;
-    let a = env.tt_node_name("a", &[]).await;
-    let b = env.tt_node_name("b", &[]).await;
+    let (env, ns, nodes, _agent) = fleet("core-place", &["a", "b"]).await;
+    let (a, b) = (nodes[0].clone(), nodes[1].clone());
     let skipped = env.tt_node_name("s", &[(labels::SKIP, "true")]).await;
     let _plain = env.node("plain", &[]).await;
-    let _agent = agent(&env, &ns);
     let _ctl = controller(&env, &ns);
     let policy = env.name("min");
     create_policy(&env, &policy, &fleet_spec(&env, "2.8.0", "")).await;
@@ -170,10 +170,7 @@ async fn minimum_policy_places_pods_only_on_eligible_tenstorrent_nodes_and_skip_
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pause_leaves_everything_untouched_and_unpause_resumes() {
-    let env = TestEnv::new("core-pause").await;
-    let ns = env.namespace().await;
-    let nodes = env.tt_node_names(&["a", "b"]).await;
-    let _agent = agent(&env, &ns);
+    let (env, ns, nodes, _agent) = fleet("core-pause", &["a", "b"]).await;
     let _ctl = controller(&env, &ns);
     let policy = installed(&env, &nodes, "", T).await;
     let gen_before = daemonset(&env, &ns, &policy).await.metadata.generation;
@@ -213,7 +210,7 @@ async fn disjoint_pools_and_overlap_conflict() {
     let pool = "tt.tenstorrent.com/pool";
     let p1 = env.tt_node_name("p1", &[(pool, "prod")]).await;
     let c1 = env.tt_node_name("c1", &[(pool, "canary")]).await;
-    let _agent = agent(&env, &ns);
+    let _agent = SimAgent::working(env.client.clone(), &ns, Duration::from_millis(200));
     let _ctl = controller(&env, &ns);
     let (prod, canary, all) = (env.name("prod"), env.name("canary"), env.name("all"));
     let pool_sel = |p: &str| format!("{{matchLabels: {{ttdrv-test: {}, {pool}: {p}}}}}", env.id);

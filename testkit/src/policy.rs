@@ -42,6 +42,37 @@ pub async fn installed(env: &TestEnv, nodes: &[String], extra: &str, timeout: Du
     policy
 }
 
+/// The policies as untyped objects, so that a test can send what the typed
+/// API would refuse to build.
+pub fn dynamic_api(env: &TestEnv) -> Api<kube::api::DynamicObject> {
+    let gvk = kube::core::GroupVersionKind::gvk(
+        "driver.tenstorrent.com",
+        "v1alpha1",
+        "TenstorrentDriverPolicy",
+    );
+    Api::all_with(
+        env.client.clone(),
+        &kube::discovery::ApiResource::from_gvk_with_plural(&gvk, "tenstorrentdriverpolicies"),
+    )
+}
+
+/// Creates a policy `name` (labelled for this test) with `spec` as written (raw
+/// JSON, so malformed values reach the API server); returns its answer.
+pub async fn create_raw_policy(
+    env: &TestEnv,
+    name: &str,
+    spec: &serde_json::Value,
+) -> Result<kube::api::DynamicObject, kube::Error> {
+    let obj: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "driver.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentDriverPolicy",
+        "metadata": { "name": name, "labels": env.labels() },
+        "spec": spec,
+    }))
+    .unwrap_or_else(|e| panic!("policy object {name}: {e}"));
+    dynamic_api(env).create(&PostParams::default(), &obj).await
+}
+
 /// Merge-patches the policy's spec.
 pub async fn patch_policy(env: &TestEnv, name: &str, spec_patch: serde_json::Value) {
     let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
