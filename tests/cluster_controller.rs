@@ -9,44 +9,65 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::ListParams;
 use ttdrv_api::{NodeState, labels};
 use ttdrv_testkit::{ControllerOptions, SimAgent, SimAgentConfig, TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(90);
 
-fn sel(env: &TestEnv) -> String {
-    format!("{{matchLabels: {{ttdrv-test: {}}}}}", env.id)
+/// This test's environment and namespace, one tt node per suffix, and the
+/// simulated agent (200 ms a swap) over the namespace.
+async fn fleet(name: &str, suffixes: &[&str]) -> SimFleet {
+    let agent = SimAgentConfig {
+        work: Duration::from_millis(200),
+        ..Default::default()
+    };
+    sim_fleet_with(name, suffixes, &[], agent).await
 }
 
-fn agent(env: &TestEnv, ns: &str) -> SimAgent {
-    SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.to_string(),
-            work: Duration::from_millis(200),
-            ..Default::default()
-        },
-    )
+/// [`fleet`] of the one node `a`.
+async fn one_node(name: &str) -> (TestEnv, String, String, SimAgent) {
+    let (env, ns, mut nodes, agent) = fleet(name, &["a"]).await;
+    (env, ns, nodes.remove(0), agent)
 }
 
 /// Nodes that currently run a (non-terminating) installer pod of `policy`.
-async fn installer_nodes(env: &TestEnv, ns: &str, policy: &str) -> Vec<String> {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), ns);
-    let lp = ListParams::default().labels(&format!("{}={policy}", labels::CLAIM));
-    let mut v: Vec<String> = pods
-        .list(&lp)
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
+async fn installer_nodes(env: &TestEnv, ns: &str, policy: &str) -> Result<Vec<String>, String> {
+    let mut v: Vec<String> = env
+        .installer_pods(ns, Some(policy))
+        .await?
         .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| p.spec.and_then(|s| s.node_name))
         .collect();
     v.sort();
-    v
+    Ok(v)
+}
+
+/// The DaemonSet `ttdrv-<policy>`, which must exist.
+async fn daemonset(env: &TestEnv, ns: &str, policy: &str) -> DaemonSet {
+    Api::<DaemonSet>::namespaced(env.client.clone(), ns)
+        .get(&format!("ttdrv-{policy}"))
+        .await
+        .unwrap_or_else(|e| panic!("DaemonSet ttdrv-{policy}: {e}"))
+}
+
+/// Waits until the Lease `lease` is held by `holder`.
+async fn wait_lease_holder(env: &TestEnv, ns: &str, lease: &str, holder: &str, timeout: Duration) {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), ns);
+    wait_for(
+        &format!("{holder} controller holds the lease"),
+        timeout,
+        || async {
+            let l = leases.get(lease).await.map_err(|e| e.to_string())?;
+            let h = l.spec.and_then(|s| s.holder_identity);
+            if h.as_deref() == Some(holder) {
+                Ok(())
+            } else {
+                Err(format!("{h:?}"))
+            }
+        },
+    )
+    .await;
 }
 
 async fn wait_installers(env: &TestEnv, ns: &str, policy: &str, want: &[String]) {
@@ -56,7 +77,7 @@ async fn wait_installers(env: &TestEnv, ns: &str, policy: &str, want: &[String])
         &format!("installer pods of {policy} exactly on {want:?}"),
         T,
         || async {
-            let got = installer_nodes(env, ns, policy).await;
+            let got = installer_nodes(env, ns, policy).await?;
             if got == want {
                 Ok(())
             } else {
@@ -70,28 +91,16 @@ async fn wait_installers(env: &TestEnv, ns: &str, policy: &str, want: &[String])
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn minimum_policy_places_pods_only_on_eligible_tenstorrent_nodes_and_skip_removes() {
-    let env = TestEnv::new("core-place").await;
-    let ns = env.namespace().await;
-    let a = tt_node_name(&env, "a", &[]).await;
-    let b = tt_node_name(&env, "b", &[]).await;
-    let skipped = tt_node_name(&env, "s", &[(labels::SKIP, "true")]).await;
+    let (env, ns, nodes, _agent) = fleet("core-place", &["a", "b"]).await;
+    let (a, b) = (nodes[0].clone(), nodes[1].clone());
+    let skipped = env.tt_node_name("s", &[(labels::SKIP, "true")]).await;
     let _plain = env.node("plain", &[]).await;
-    let _agent = agent(&env, &ns);
     let _ctl = controller(&env, &ns);
     let policy = env.name("min");
-    create_policy(
-        &env,
-        &policy,
-        &format!("version: \"2.8.0\"\nnodeAffinity: {}", sel(&env)),
-    )
-    .await;
+    create_policy(&env, &policy, &fleet_spec(&env, "2.8.0", "")).await;
     wait_installers(&env, &ns, &policy, &[a.clone(), b.clone()]).await;
 
-    let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &ns);
-    let ds = dss
-        .get(&format!("ttdrv-{policy}"))
-        .await
-        .expect("DaemonSet ttdrv-<cr> exists");
+    let ds = daemonset(&env, &ns, &policy).await;
     let spec = ds.spec.clone().expect("spec");
     assert_eq!(
         spec.update_strategy.and_then(|u| u.type_).as_deref(),
@@ -137,7 +146,7 @@ async fn minimum_policy_places_pods_only_on_eligible_tenstorrent_nodes_and_skip_
         T,
     )
     .await;
-    let st = get_policy(&env, &policy).await.status.unwrap_or_default();
+    let st = status(&env, &policy).await;
     assert_eq!(
         st.summary.matched, 2,
         "the skipped and the plain node are not matched"
@@ -153,75 +162,25 @@ async fn minimum_policy_places_pods_only_on_eligible_tenstorrent_nodes_and_skip_
 
     // Deleting the policy removes its DaemonSet (owner reference, garbage collector).
     delete_policies(&env).await;
-    wait_for("DaemonSet deleted with its policy", T, || async {
-        match dss.get_opt(&format!("ttdrv-{policy}")).await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{:?}", other.map(|d| d.map(|d| d.metadata.name)))),
-        }
-    })
-    .await;
+    env.wait_daemonset_gone(&ns, &format!("ttdrv-{policy}"), T)
+        .await;
     env.cleanup().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pause_leaves_everything_untouched_and_unpause_resumes() {
-    let env = TestEnv::new("core-pause").await;
-    let ns = env.namespace().await;
-    let nodes: Vec<String> = vec![
-        env.tt_node("a", &[])
-            .await
-            .metadata
-            .name
-            .unwrap_or_default(),
-        env.tt_node("b", &[])
-            .await
-            .metadata
-            .name
-            .unwrap_or_default(),
-    ];
-    let _agent = agent(&env, &ns);
+    let (env, ns, nodes, _agent) = fleet("core-pause", &["a", "b"]).await;
     let _ctl = controller(&env, &ns);
-    let policy = env.name("p");
-    create_policy(
-        &env,
-        &policy,
-        &format!("version: \"2.7.0\"\nnodeAffinity: {}", sel(&env)),
-    )
-    .await;
-    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
-    let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &ns);
-    let gen_before = dss
-        .get(&format!("ttdrv-{policy}"))
-        .await
-        .expect("ds")
-        .metadata
-        .generation;
+    let policy = installed(&env, &nodes, "", T).await;
+    let gen_before = daemonset(&env, &ns, &policy).await.metadata.generation;
 
     patch_policy(&env, &policy, serde_json::json!({ "paused": true })).await;
-    wait_for("Paused=True", T, || async {
-        let st = get_policy(&env, &policy).await.status.unwrap_or_default();
-        let c = st
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Paused")
-            .map(|c| c.status.clone());
-        if c.as_deref() == Some("True") {
-            Ok(())
-        } else {
-            Err(format!("{c:?}"))
-        }
-    })
-    .await;
+    wait_condition(&env, &policy, "Paused", "True", T, |c| c.status == "True").await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let gen_paused = dss
-        .get(&format!("ttdrv-{policy}"))
-        .await
-        .expect("ds")
-        .metadata
-        .generation;
+    let gen_paused = daemonset(&env, &ns, &policy).await.metadata.generation;
     assert_eq!(
         gen_paused, gen_before,
         "a paused policy leaves its DaemonSet exactly as it was"
@@ -240,8 +199,7 @@ async fn pause_leaves_everything_untouched_and_unpause_resumes() {
     patch_policy(&env, &policy, serde_json::json!({ "paused": false })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
     assert_eq!(watcher.max(), 1);
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
@@ -250,9 +208,9 @@ async fn disjoint_pools_and_overlap_conflict() {
     let env = TestEnv::new("core-pools").await;
     let ns = env.namespace().await;
     let pool = "tt.tenstorrent.com/pool";
-    let p1 = tt_node_name(&env, "p1", &[(pool, "prod")]).await;
-    let c1 = tt_node_name(&env, "c1", &[(pool, "canary")]).await;
-    let _agent = agent(&env, &ns);
+    let p1 = env.tt_node_name("p1", &[(pool, "prod")]).await;
+    let c1 = env.tt_node_name("c1", &[(pool, "canary")]).await;
+    let _agent = SimAgent::working(env.client.clone(), &ns, Duration::from_millis(200));
     let _ctl = controller(&env, &ns);
     let (prod, canary, all) = (env.name("prod"), env.name("canary"), env.name("all"));
     let pool_sel = |p: &str| format!("{{matchLabels: {{ttdrv-test: {}, {pool}: {p}}}}}", env.id);
@@ -268,52 +226,41 @@ async fn disjoint_pools_and_overlap_conflict() {
         &format!("version: \"2.8.0\"\nnodeAffinity: {}", pool_sel("canary")),
     )
     .await;
-    wait_nodes_state(
-        &env,
-        &prod,
-        std::slice::from_ref(&p1),
-        NodeState::Done,
-        "2.7.0",
-        T,
-    )
-    .await;
-    wait_nodes_state(
-        &env,
-        &canary,
-        std::slice::from_ref(&c1),
-        NodeState::Done,
-        "2.8.0",
-        T,
-    )
-    .await;
+    wait_node_at(&env, &prod, &p1, NodeState::Done, Some("2.7.0"), T).await;
+    wait_node_at(&env, &canary, &c1, NodeState::Done, Some("2.8.0"), T).await;
 
     // A newer policy matching both pools: Conflict, and no second pod anywhere.
     tokio::time::sleep(Duration::from_millis(1100)).await; // distinct creationTimestamp
-    create_policy(
-        &env,
-        &all,
-        &format!("version: \"2.9.0\"\nnodeAffinity: {}", sel(&env)),
-    )
-    .await;
-    let conflict = wait_for("Conflict=True on the newer policy", T, || async {
-        let st = get_policy(&env, &all).await.status.unwrap_or_default();
-        match st.conditions.iter().find(|c| c.type_ == "Conflict") {
-            Some(c) if c.status == "True" => Ok(c.message.clone()),
-            other => Err(format!("{other:?}")),
-        }
+    create_policy(&env, &all, &fleet_spec(&env, "2.9.0", "")).await;
+    let conflict = wait_condition(&env, &all, "Conflict", "True on the newer policy", T, |c| {
+        c.status == "True"
     })
-    .await;
+    .await
+    .message;
     assert!(
         conflict.contains(&p1) && conflict.contains(&c1),
         "conflict names the nodes: {conflict}"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        installer_nodes(&env, &ns, &all).await.is_empty(),
+        installer_nodes(&env, &ns, &all)
+            .await
+            .expect("installer pods")
+            .is_empty(),
         "the newer policy lands no pod on owned nodes"
     );
-    assert_eq!(installer_nodes(&env, &ns, &prod).await, vec![p1.clone()]);
-    assert_eq!(installer_nodes(&env, &ns, &canary).await, vec![c1.clone()]);
+    assert_eq!(
+        installer_nodes(&env, &ns, &prod)
+            .await
+            .expect("installer pods"),
+        vec![p1.clone()]
+    );
+    assert_eq!(
+        installer_nodes(&env, &ns, &canary)
+            .await
+            .expect("installer pods"),
+        vec![c1.clone()]
+    );
     assert_eq!(
         kmd(&env.get_node(&p1).await).as_deref(),
         Some("2.7.0"),
@@ -325,74 +272,37 @@ async fn disjoint_pools_and_overlap_conflict() {
             .iter()
             .any(|(r, _)| r == "SelectorConflict")
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn deprecated_node_selector_works_with_a_warning() {
-    let env = TestEnv::new("core-alias").await;
-    let ns = env.namespace().await;
-    let a = tt_node_name(&env, "a", &[]).await;
-    let _agent = agent(&env, &ns);
+    let (env, ns, a, _agent) = one_node("core-alias").await;
     let _ctl = controller(&env, &ns);
     let policy = env.name("alias");
     create_policy(
         &env,
         &policy,
-        &format!("version: \"2.8.0\"\nnodeSelector: {}", sel(&env)),
+        &format!("version: \"2.8.0\"\nnodeSelector: {}", env.nodes_selector()),
     )
     .await;
-    wait_nodes_state(
-        &env,
-        &policy,
-        std::slice::from_ref(&a),
-        NodeState::Done,
-        "2.8.0",
-        T,
-    )
-    .await;
-    wait_for("a DeprecatedField warning event", T, || async {
-        let ev = policy_events(&env, &policy).await;
-        if ev
-            .iter()
-            .any(|(r, n)| r == "DeprecatedField" && n.contains("nodeAffinity"))
-        {
-            Ok(())
-        } else {
-            Err(format!("{ev:?}"))
-        }
+    wait_node_at(&env, &policy, &a, NodeState::Done, Some("2.8.0"), T).await;
+    wait_event(&env, &policy, "DeprecatedField", T, |n| {
+        n.contains("nodeAffinity")
     })
     .await;
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn restart_does_not_touch_the_daemonset_and_admin_endpoints_work() {
-    let env = TestEnv::new("core-restart").await;
-    let ns = env.namespace().await;
-    let a = tt_node_name(&env, "a", &[]).await;
-    let _agent = agent(&env, &ns);
+    let (env, ns, a, _agent) = one_node("core-restart").await;
     let mut ctl = controller(&env, &ns);
     let policy = env.name("r");
-    create_policy(
-        &env,
-        &policy,
-        &format!("version: \"2.8.0\"\nnodeAffinity: {}", sel(&env)),
-    )
-    .await;
-    wait_nodes_state(
-        &env,
-        &policy,
-        std::slice::from_ref(&a),
-        NodeState::Done,
-        "2.8.0",
-        T,
-    )
-    .await;
+    create_policy(&env, &policy, &fleet_spec(&env, "2.8.0", "")).await;
+    wait_node_at(&env, &policy, &a, NodeState::Done, Some("2.8.0"), T).await;
 
     let (code, ctype, body) = ctl
         .admin_get("/metrics")
@@ -412,11 +322,8 @@ async fn restart_does_not_touch_the_daemonset_and_admin_endpoints_work() {
     assert_eq!(ctl.admin_get("/readyz").await.map(|r| r.0), Some(200));
     assert_eq!(ctl.admin_get("/healthz").await.map(|r| r.0), Some(200));
 
-    let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &ns);
-    let before = dss
-        .get(&format!("ttdrv-{policy}"))
+    let before = daemonset(&env, &ns, &policy)
         .await
-        .expect("ds")
         .metadata
         .resource_version;
     let status_before = get_policy(&env, &policy).await.metadata.resource_version;
@@ -430,10 +337,8 @@ async fn restart_does_not_touch_the_daemonset_and_admin_endpoints_work() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = dss
-        .get(&format!("ttdrv-{policy}"))
+    let after = daemonset(&env, &ns, &policy)
         .await
-        .expect("ds")
         .metadata
         .resource_version;
     assert_eq!(
@@ -445,17 +350,13 @@ async fn restart_does_not_touch_the_daemonset_and_admin_endpoints_work() {
         status_before, status_after,
         "nor rewrite an unchanged status"
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn only_the_leader_acts_and_a_killed_leader_hands_over() {
-    let env = TestEnv::new("core-leader").await;
-    let ns = env.namespace().await;
-    let a = tt_node_name(&env, "a", &[]).await;
-    let _agent = agent(&env, &ns);
+    let (env, ns, a, _agent) = one_node("core-leader").await;
     let lease = format!("lease-{}", env.id);
     let opts = |id: &str| ControllerOptions {
         leader_elect: true,
@@ -464,34 +365,11 @@ async fn only_the_leader_acts_and_a_killed_leader_hands_over() {
         ..Default::default()
     };
     let mut first = controller_with(&env, &ns, opts("first"));
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &ns);
-    wait_for("first controller holds the lease", T, || async {
-        let l = leases.get(&lease).await.map_err(|e| e.to_string())?;
-        let h = l.spec.and_then(|s| s.holder_identity);
-        if h.as_deref() == Some("first") {
-            Ok(())
-        } else {
-            Err(format!("{h:?}"))
-        }
-    })
-    .await;
+    wait_lease_holder(&env, &ns, &lease, "first", T).await;
     let second = controller_with(&env, &ns, opts("second"));
     let policy = env.name("l");
-    create_policy(
-        &env,
-        &policy,
-        &format!("version: \"2.7.0\"\nnodeAffinity: {}", sel(&env)),
-    )
-    .await;
-    wait_nodes_state(
-        &env,
-        &policy,
-        std::slice::from_ref(&a),
-        NodeState::Done,
-        "2.7.0",
-        T,
-    )
-    .await;
+    create_policy(&env, &policy, &fleet_spec(&env, "2.7.0", "")).await;
+    wait_node_at(&env, &policy, &a, NodeState::Done, Some("2.7.0"), T).await;
     let leader_metric = |body: &str| {
         body.lines()
             .find(|l| l.starts_with("ttdriver_leader "))
@@ -514,37 +392,15 @@ async fn only_the_leader_acts_and_a_killed_leader_hands_over() {
 
     first.kill();
     let killed = std::time::Instant::now();
-    wait_for(
-        "second controller takes the lease",
-        Duration::from_secs(30),
-        || async {
-            let l = leases.get(&lease).await.map_err(|e| e.to_string())?;
-            let h = l.spec.and_then(|s| s.holder_identity);
-            if h.as_deref() == Some("second") {
-                Ok(())
-            } else {
-                Err(format!("{h:?}"))
-            }
-        },
-    )
-    .await;
+    wait_lease_holder(&env, &ns, &lease, "second", Duration::from_secs(30)).await;
     let handover = killed.elapsed();
     assert!(
         handover <= Duration::from_secs(6 + 3),
         "handover within the lease duration (+1 retry): {handover:?}"
     );
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    wait_nodes_state(
-        &env,
-        &policy,
-        std::slice::from_ref(&a),
-        NodeState::Done,
-        "2.8.0",
-        T,
-    )
-    .await;
+    wait_node_at(&env, &policy, &a, NodeState::Done, Some("2.8.0"), T).await;
     eprintln!("leader handover took {handover:?}");
     drop(second);
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }

@@ -2,23 +2,9 @@
 //! with the documented defaults; invalid objects are refused naming the field.
 
 use kube::Api;
-use kube::api::{DynamicObject, PostParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::ApiResource;
 use ttdrv_api::{PullPolicy, TenstorrentDriverPolicy};
+use ttdrv_testkit::policy::{create_raw_policy, delete_policies, dynamic_api};
 use ttdrv_testkit::{TestEnv, ensure_crd};
-
-fn dynamic_api(env: &TestEnv) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk(
-        "driver.tenstorrent.com",
-        "v1alpha1",
-        "TenstorrentDriverPolicy",
-    );
-    Api::all_with(
-        env.client.clone(),
-        &ApiResource::from_gvk_with_plural(&gvk, "tenstorrentdriverpolicies"),
-    )
-}
 
 /// Creates `spec` (YAML) under a unique name; returns the API server's answer.
 async fn create(
@@ -27,25 +13,10 @@ async fn create(
     spec_yaml: &str,
 ) -> Result<TenstorrentDriverPolicy, kube::Error> {
     let spec: serde_json::Value = serde_yaml::from_str(spec_yaml).expect("test YAML parses");
-    let obj: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "driver.tenstorrent.com/v1alpha1",
-        "kind": "TenstorrentDriverPolicy",
-        "metadata": { "name": env.name(suffix), "labels": env.labels() },
-        "spec": spec,
-    }))
-    .expect("object");
-    let created = dynamic_api(env)
-        .create(&PostParams::default(), &obj)
-        .await?;
+    let created = create_raw_policy(env, &env.name(suffix), &spec).await?;
     let typed: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
     let name = created.metadata.name.unwrap_or_default();
     typed.get(&name).await
-}
-
-async fn cleanup(env: &TestEnv) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    let lp = kube::api::ListParams::default().labels(&env.selector());
-    let _ = api.delete_collection(&Default::default(), &lp).await;
 }
 
 #[tokio::test]
@@ -144,7 +115,7 @@ async fn spec_examples_apply_with_documented_defaults() {
         pct.spec.upgrade_policy.drain.timeout_seconds, 600,
         "sibling defaults still filled"
     );
-    cleanup(&env).await;
+    delete_policies(&env).await;
 }
 
 #[tokio::test]
@@ -233,5 +204,5 @@ async fn invalid_objects_are_rejected_naming_the_field() {
             Err(e) => panic!("{suffix}: unexpected error {e}"),
         }
     }
-    cleanup(&env).await;
+    delete_policies(&env).await;
 }

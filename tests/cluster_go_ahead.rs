@@ -19,14 +19,13 @@ use std::time::Duration;
 use common::*;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
 use ttdrv_core::go_ahead::{self, GoAhead, Swap};
 use ttdrv_core::machine::{Cordon, NodeRecord};
-use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
+use ttdrv_testkit::{SimAgent, TestEnv, wait_for};
 
 /// Bound of each wait; every test stays well under two minutes.
 const T: Duration = Duration::from_secs(60);
@@ -48,18 +47,44 @@ async fn setup(
     let ns = env.namespace().await;
     let mut nodes = vec![];
     for (i, pool) in pools.iter().enumerate() {
-        let node = env.tt_node(&format!("n{i}"), &[(POOL, pool)]).await;
-        nodes.push(node.metadata.name.clone().unwrap_or_default());
+        nodes.push(env.tt_node_name(&format!("n{i}"), &[(POOL, pool)]).await);
     }
-    let agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work,
-            ..Default::default()
-        },
-    );
+    let agent = SimAgent::working(env.client.clone(), &ns, work);
     (env, ns, nodes, agent)
+}
+
+/// A rollout held at its first node: three nodes of pool `a` at 2.7.0 (an
+/// agent taking `work` a swap), the watchers listening, the version changed to
+/// 2.8.0, nodes[0] held in Draining by [`hold_drain`], the others Pending
+/// waiting for its slot. Returns the environment, namespace, nodes, policy,
+/// the watchers, and the agent and controller (they stop when dropped).
+type Held = (
+    TestEnv,
+    String,
+    Vec<String>,
+    String,
+    SafetyWatcher,
+    NodeLog,
+    (SimAgent, ttdrv_testkit::ControllerProcess),
+);
+
+async fn held_rollout(name: &str, work: Duration) -> Held {
+    let (env, ns, nodes, agent) = setup(name, &["a", "a", "a"], work).await;
+    let ctl = controller(&env, &ns);
+    let policy = env.name("fleet");
+    create_policy(&env, &policy, &spec(&env, "2.7.0", None)).await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
+    hold_drain(&env, &ns, &nodes[0]).await;
+
+    let safety = SafetyWatcher::start(&env);
+    let log = NodeLog::start(&env);
+    log.synced(&nodes).await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
+    for n in &nodes[1..] {
+        wait_waiting_for_slot(&env, &policy, n).await;
+    }
+    (env, ns, nodes, policy, safety, log, (agent, ctl))
 }
 
 /// Build-ahead off: these tests put an installer pod of the new version on
@@ -72,20 +97,6 @@ fn spec(env: &TestEnv, version: &str, pool: Option<&str>) -> String {
         "version: \"{version}\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}{pool}}}}}\nupgradePolicy: {{maxUnavailable: 1, prepare: {{enabled: false}}}}",
         env.id
     )
-}
-
-/// A Deployment pod on `node` under a PodDisruptionBudget that forbids its
-/// eviction: the node's drain holds in Draining until [`release_pdb`].
-async fn hold_drain(env: &TestEnv, ns: &str, node: &str) {
-    pinned_deployment(env, ns, "guarded", node).await;
-    pdb(env, ns, "guarded").await;
-}
-
-async fn release_pdb(env: &TestEnv, ns: &str) {
-    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), ns)
-        .delete("guarded", &Default::default())
-        .await
-        .unwrap_or_else(|e| panic!("deleting PDB guarded: {e}"));
 }
 
 // ---------------------------------------------------------------------------
@@ -103,18 +114,6 @@ async fn installer_pod(env: &TestEnv, ns: &str, node: &str) -> Option<Pod> {
         .unwrap_or_default()
         .into_iter()
         .find(|p| p.metadata.deletion_timestamp.is_none())
-}
-
-/// The tt-kmd version an installer pod is told to load.
-fn pod_version(pod: &Pod) -> Option<String> {
-    pod.spec.as_ref()?.containers.iter().find_map(|c| {
-        c.env
-            .as_ref()?
-            .iter()
-            .find(|e| e.name == labels::env::TT_KMD_VERSION)?
-            .value
-            .clone()
-    })
 }
 
 fn pod_brief(pod: &Option<Pod>) -> String {
@@ -222,7 +221,6 @@ async fn new_installer(env: &TestEnv, ns: &str, node: &str, policy: &str, versio
 
 /// Waits until `node` waits for a slot in `policy`'s status.
 async fn wait_waiting_for_slot(env: &TestEnv, policy: &str, node: &str) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
     wait_for(
         &format!(
             "{node} Pending ({}) in {policy}",
@@ -230,14 +228,7 @@ async fn wait_waiting_for_slot(env: &TestEnv, policy: &str, node: &str) {
         ),
         T,
         || async {
-            let p = api.get(policy).await.map_err(|e| e.to_string())?;
-            let entry = p
-                .status
-                .unwrap_or_default()
-                .nodes
-                .into_iter()
-                .find(|n| n.name == node);
-            match entry {
+            match node_entry(env, policy, node).await {
                 Some(e)
                     if e.state == NodeState::Pending
                         && e.reason.as_deref() == Some(ttdrv_core::reason::WAITING) =>
@@ -254,10 +245,11 @@ async fn wait_waiting_for_slot(env: &TestEnv, policy: &str, node: &str) {
 /// Asserts, at this instant, that `node` is still Pending (waiting for a slot)
 /// in `policy` and still runs `loaded`.
 async fn assert_still_waiting(env: &TestEnv, policy: &str, node: &str, loaded: &str) {
-    let st = get_policy(env, policy).await.status.unwrap_or_default();
-    let entry = st.nodes.iter().find(|n| n.name == node);
+    let entry = node_entry(env, policy, node).await;
     assert!(
-        entry.is_some_and(|e| e.state == NodeState::Pending),
+        entry
+            .as_ref()
+            .is_some_and(|e| e.state == NodeState::Pending),
         "{node} should still wait for its slot in {policy}: {entry:?}"
     );
     let n = env.get_node(node).await;
@@ -281,14 +273,6 @@ async fn delete_policy(env: &TestEnv, name: &str) {
         }
     })
     .await;
-}
-
-async fn annotate(env: &TestEnv, node: &str, key: &str, value: &str) {
-    let api: Api<Node> = Api::all(env.client.clone());
-    let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
-    api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("annotating {node} {key}: {e}"));
 }
 
 fn record(n: &Node) -> Option<NodeRecord> {
@@ -585,18 +569,7 @@ async fn assert_settled(
         "safety: max Ready cordoned by us {}, max in cycle {}, swaps {:?}",
         seen.max_ready_cordoned_by_us, seen.max_in_cycle, seen.swaps
     );
-    assert!(
-        seen.swaps_without_go_ahead.is_empty(),
-        "module swaps without a valid go-ahead: {:?} (all swaps: {:?})",
-        seen.swaps_without_go_ahead,
-        seen.swaps
-    );
-    assert!(
-        seen.max_ready_cordoned_by_us <= max_unavailable,
-        "{} Ready nodes cordoned by us at once (maxUnavailable {max_unavailable}); swaps {:?}",
-        seen.max_ready_cordoned_by_us,
-        seen.swaps
-    );
+    safety.assert_safe(max_unavailable, None, "at the end (maxUnavailable)");
     for n in nodes {
         let node = env.get_node(n).await;
         assert_eq!(
@@ -622,6 +595,28 @@ async fn assert_settled(
     seen
 }
 
+/// [`assert_settled`] at `to` with maxUnavailable 1, and every node swapped
+/// exactly once, `from` -> `to`, in its own cycle.
+async fn assert_each_swapped_once(
+    env: &TestEnv,
+    policy: &str,
+    nodes: &[String],
+    (from, to): (&str, &str),
+    safety: &SafetyWatcher,
+    log: &NodeLog,
+) {
+    let seen = assert_settled(env, policy, nodes, to, safety, log, 1).await;
+    for n in nodes {
+        log.assert_one_swap_in_own_cycle(n, policy, from, to);
+    }
+    assert_eq!(
+        seen.swaps.len(),
+        nodes.len(),
+        "one swap per node: {:?}",
+        seen.swaps
+    );
+}
+
 // ---------------------------------------------------------------------------
 // The tests
 
@@ -630,21 +625,9 @@ async fn assert_settled(
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn replaced_installer_pod_of_a_waiting_node_waits_for_its_turn() {
-    let (env, ns, nodes, _agent) =
-        setup("ga-replaced", &["a", "a", "a"], Duration::from_millis(300)).await;
-    let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
-    create_policy(&env, &policy, &spec(&env, "2.7.0", None)).await;
-    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
-    hold_drain(&env, &ns, &nodes[0]).await;
-
-    let safety = SafetyWatcher::start(&env);
-    let log = NodeLog::start(&env);
-    log.synced(&nodes).await;
-    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
+    let (env, ns, nodes, policy, safety, log, _running) =
+        held_rollout("ga-replaced", Duration::from_millis(300)).await;
     for n in &nodes[1..] {
-        wait_waiting_for_slot(&env, &policy, n).await;
         let pod = replace_installer_pod(&env, &ns, n, &policy, "2.8.0").await;
         eprintln!("{n}: replacement installer pod {}", pod_brief(&Some(pod)));
     }
@@ -653,15 +636,11 @@ async fn replaced_installer_pod_of_a_waiting_node_waits_for_its_turn() {
     for n in &nodes[1..] {
         assert_still_waiting(&env, &policy, n, "2.7.0").await;
     }
-    release_pdb(&env, &ns).await;
+    release_drain(&env, &ns).await;
 
-    let seen = assert_settled(&env, &policy, &nodes, "2.8.0", &safety, &log, 1).await;
-    for n in &nodes {
-        log.assert_one_swap_in_own_cycle(n, &policy, "2.7.0", "2.8.0");
-    }
-    assert_eq!(seen.swaps.len(), 3, "one swap per node: {:?}", seen.swaps);
-    delete_policies(&env).await;
-    env.cleanup().await;
+    let versions = ("2.7.0", "2.8.0");
+    assert_each_swapped_once(&env, &policy, &nodes, versions, &safety, &log).await;
+    env.teardown().await;
 }
 
 /// A node relabelled from pool A (2.7.0) to pool B (2.8.0) gets B's installer
@@ -702,7 +681,7 @@ async fn node_moved_to_another_pool_is_swapped_only_in_a_cycle() {
         "a go-ahead before the drain ended: {}",
         brief(&n)
     );
-    release_pdb(&env, &ns).await;
+    release_drain(&env, &ns).await;
 
     assert_settled(&env, &b, &nodes, "2.8.0", &safety, &log, 1).await;
     let rec = log.assert_one_swap_in_own_cycle(moved, &b, "2.7.0", "2.8.0");
@@ -719,7 +698,7 @@ async fn node_moved_to_another_pool_is_swapped_only_in_a_cycle() {
     // an empty list is left out of the status merge patch; not asserted here.)
     let t0 = std::time::Instant::now();
     wait_for(&format!("{a}'s status to count no node"), T, || async {
-        let st = get_policy(&env, &a).await.status.unwrap_or_default();
+        let st = status(&env, &a).await;
         if st.summary.matched == 0 {
             Ok(())
         } else {
@@ -728,8 +707,7 @@ async fn node_moved_to_another_pool_is_swapped_only_in_a_cycle() {
     })
     .await;
     eprintln!("{a}'s status counts no node after {:?}", t0.elapsed());
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// A policy deleted mid-rollout and re-created with a newer version: first
@@ -740,22 +718,8 @@ async fn node_moved_to_another_pool_is_swapped_only_in_a_cycle() {
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn policy_recreated_mid_rollout_swaps_nothing_outside_a_cycle() {
     // A slower agent keeps a node in Upgrading long enough to delete the policy there.
-    let (env, ns, nodes, _agent) =
-        setup("ga-recreated", &["a", "a", "a"], Duration::from_secs(2)).await;
-    let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
-    create_policy(&env, &policy, &spec(&env, "2.7.0", None)).await;
-    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
-    hold_drain(&env, &ns, &nodes[0]).await;
-
-    let safety = SafetyWatcher::start(&env);
-    let log = NodeLog::start(&env);
-    log.synced(&nodes).await;
-    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
-    for n in &nodes[1..] {
-        wait_waiting_for_slot(&env, &policy, n).await;
-    }
+    let (env, ns, nodes, policy, safety, log, _running) =
+        held_rollout("ga-recreated", Duration::from_secs(2)).await;
 
     // 1. Deleted while nodes[0] drains, re-created at once with 2.9.0.
     delete_policy(&env, &policy).await;
@@ -774,8 +738,8 @@ async fn policy_recreated_mid_rollout_swaps_nothing_outside_a_cycle() {
     // held back (sim fail annotation) so that the go-ahead is revoked before
     // the agent acts on it.
     let hold = ttdrv_testkit::sim_agent::FAIL_ANNOTATION;
-    annotate(&env, &nodes[0], hold, "true").await;
-    release_pdb(&env, &ns).await;
+    env.annotate_node(&nodes[0], hold, Some("true")).await;
+    release_drain(&env, &ns).await;
     // The record on the Node, not the status (written at most once a second).
     log.wait_record(&nodes[0], &policy, NodeState::Upgrading, "2.9.0")
         .await;
@@ -805,11 +769,7 @@ async fn policy_recreated_mid_rollout_swaps_nothing_outside_a_cycle() {
     }
     // The agent is let go; whatever installer pod of 2.9.0 is still around
     // finds no go-ahead any more.
-    let api: Api<Node> = Api::all(env.client.clone());
-    let patch = serde_json::json!({ "metadata": { "annotations": { hold: null } } });
-    api.patch(&nodes[0], &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("clearing {hold} on {}: {e}", nodes[0]));
+    env.annotate_node(&nodes[0], hold, None).await;
     // The collector and the DaemonSet controller (the claim is gone) usually
     // have removed it by now; if not, it gets its chances to swap.
     let leftover = installer_pod(&env, &ns, &nodes[0]).await;
@@ -832,13 +792,9 @@ async fn policy_recreated_mid_rollout_swaps_nothing_outside_a_cycle() {
     }
     create_policy(&env, &policy, &spec(&env, "2.10.0", None)).await;
 
-    let seen = assert_settled(&env, &policy, &nodes, "2.10.0", &safety, &log, 1).await;
-    for n in &nodes {
-        log.assert_one_swap_in_own_cycle(n, &policy, "2.7.0", "2.10.0");
-    }
-    assert_eq!(seen.swaps.len(), 3, "one swap per node: {:?}", seen.swaps);
-    delete_policies(&env).await;
-    env.cleanup().await;
+    let versions = ("2.7.0", "2.10.0");
+    assert_each_swapped_once(&env, &policy, &nodes, versions, &safety, &log).await;
+    env.teardown().await;
 }
 
 /// A go-ahead copied from another node, and one naming the node but left from
@@ -848,21 +804,9 @@ async fn policy_recreated_mid_rollout_swaps_nothing_outside_a_cycle() {
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn stale_or_copied_go_ahead_opens_nothing() {
     // A slower agent keeps nodes[0] in Upgrading (go-ahead present) a while.
-    let (env, ns, nodes, _agent) =
-        setup("ga-forged", &["a", "a", "a"], Duration::from_secs(2)).await;
-    let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
-    create_policy(&env, &policy, &spec(&env, "2.7.0", None)).await;
-    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
-    hold_drain(&env, &ns, &nodes[0]).await;
-
-    let safety = SafetyWatcher::start(&env);
-    let log = NodeLog::start(&env);
-    log.synced(&nodes).await;
-    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
+    let (env, ns, nodes, policy, safety, log, _running) =
+        held_rollout("ga-forged", Duration::from_secs(2)).await;
     for n in &nodes[1..] {
-        wait_waiting_for_slot(&env, &policy, n).await;
         replace_installer_pod(&env, &ns, n, &policy, "2.8.0").await;
     }
 
@@ -879,12 +823,13 @@ async fn stale_or_copied_go_ahead_opens_nothing() {
         unload: false,
     };
     let stale_raw = serde_json::to_string(&stale).expect("go-ahead");
-    annotate(&env, stale_node, labels::GO_AHEAD, &stale_raw).await;
+    env.annotate_node(stale_node, labels::GO_AHEAD, Some(&stale_raw))
+        .await;
     tokio::time::sleep(WINDOW).await;
     assert_still_waiting(&env, &policy, stale_node, "2.7.0").await;
 
     // nodes[2]: the go-ahead nodes[0] gets when its drain ends, copied over.
-    release_pdb(&env, &ns).await;
+    release_drain(&env, &ns).await;
     let copied = wait_for(&format!("the go-ahead of {}", nodes[0]), T, || async {
         log.of(&nodes[0])
             .iter()
@@ -892,7 +837,8 @@ async fn stale_or_copied_go_ahead_opens_nothing() {
             .ok_or_else(|| log.timeline(&nodes[0]))
     })
     .await;
-    annotate(&env, copy_node, labels::GO_AHEAD, &copied).await;
+    env.annotate_node(copy_node, labels::GO_AHEAD, Some(&copied))
+        .await;
     assert_still_waiting(&env, &policy, copy_node, "2.7.0").await;
     eprintln!("copied onto {copy_node}: {copied}; stale on {stale_node}: {stale_raw}");
 
@@ -921,6 +867,5 @@ async fn stale_or_copied_go_ahead_opens_nothing() {
             "{n}'s own cycle must be a new one: {rec:?}"
         );
     }
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }

@@ -10,9 +10,8 @@ use k8s_openapi::api::core::v1::{
     Affinity, Container, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement,
     NodeSelectorTerm, Pod, PodSpec, PodTemplateSpec,
 };
-use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Api;
 use kube::api::{EvictParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -151,8 +150,7 @@ async fn daemonset_lands_one_ready_pod_per_matching_node_only() {
 async fn eviction_blocked_by_pdb_is_refused_with_429() {
     let env = TestEnv::new("harness-pdb").await;
     let ns = env.namespace().await;
-    let node = env.tt_node("tt", &[]).await;
-    let node_name = node.metadata.name.clone().unwrap_or_default();
+    let node_name = env.tt_node_name("tt", &[]).await;
     env.wait_node_ready(&node_name).await;
     let mut tpl = pod_template("guarded");
     if let Some(spec) = tpl.spec.as_mut() {
@@ -178,25 +176,8 @@ async fn eviction_blocked_by_pdb_is_refused_with_429() {
         .create(&PostParams::default(), &dep)
         .await
         .expect("create Deployment");
-    let pdb = PodDisruptionBudget {
-        metadata: ObjectMeta {
-            name: Some("guard".into()),
-            ..Default::default()
-        },
-        spec: Some(PodDisruptionBudgetSpec {
-            min_available: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector {
-                match_labels: Some(labels(&[("app", "guarded")])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    env.guard_app(&ns, "guard", "guarded").await;
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &ns);
-    pdbs.create(&PostParams::default(), &pdb)
-        .await
-        .expect("create PDB");
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
     let pod_name = wait_for(
         "the guarded pod Ready and the PDB computed",
@@ -241,8 +222,7 @@ async fn eviction_blocked_by_pdb_is_refused_with_429() {
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn node_cordon_is_visible_through_a_watch() {
     let env = TestEnv::new("harness-watch").await;
-    let node = env.tt_node("tt", &[]).await;
-    let name = node.metadata.name.clone().unwrap_or_default();
+    let name = env.tt_node_name("tt", &[]).await;
     let nodes: Api<Node> = Api::all(env.client.clone());
     let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(nodes, cfg).applied_objects().boxed();

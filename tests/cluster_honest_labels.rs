@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use ttdrv_api::{NodeState, labels};
-use ttdrv_testkit::{NOT_READY_LABEL, SimAgent, SimAgentConfig, TestEnv, wait_for};
+use ttdrv_testkit::{NOT_READY_LABEL, TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -49,37 +49,12 @@ async fn report(env: &TestEnv, node: &str, version: &str, boot_id: &str) {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn a_reboot_clears_kmd_version_until_the_agent_reports_again() {
-    let env = TestEnv::new("honest-reboot").await;
-    let ns = env.namespace().await;
-    let node = tt_node_name(&env, "n0", &[]).await;
-    let _agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    );
+    let (env, ns, nodes, _agent) = sim_fleet("honest-reboot", 1).await;
+    let node = nodes[0].clone();
     let _ctl = controller(&env, &ns);
     let policy = env.name("fleet");
-    create_policy(
-        &env,
-        &policy,
-        &format!(
-            "version: \"2.8.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}",
-            env.id
-        ),
-    )
-    .await;
-    wait_nodes_state(
-        &env,
-        &policy,
-        std::slice::from_ref(&node),
-        NodeState::Done,
-        "2.8.0",
-        T,
-    )
-    .await;
+    create_policy(&env, &policy, &fleet_spec(&env, "2.8.0", "")).await;
+    wait_node_at(&env, &policy, &node, NodeState::Done, Some("2.8.0"), T).await;
     // The host as the test plays it from here on (kwok leaves it alone).
     env.label_node(&node, NOT_READY_LABEL, Some("true")).await;
     boot(&env, &node, "boot-1").await;
@@ -111,6 +86,5 @@ async fn a_reboot_clears_kmd_version_until_the_agent_reports_again() {
     );
     assert!(!unschedulable(&env.get_node(&node).await));
     env.label_node(&node, NOT_READY_LABEL, None).await;
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }

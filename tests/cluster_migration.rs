@@ -18,7 +18,7 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
 use ttdrv_testkit::sim_agent::{HOST_MANAGED_ANNOTATION, LOADED_ANNOTATION};
-use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
+use ttdrv_testkit::{SimAgent, TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(120);
 const GATE: &str = labels::DEFAULT_DEPLOY_GATE;
@@ -133,13 +133,8 @@ async fn foreign_statuses_never_stop_the_controller() {
     for pool in ["go", "junk", "live"] {
         let mut names = vec![];
         for i in 0..2 {
-            let n = env
-                .tt_node(
-                    &format!("{pool}{i}"),
-                    &[("pool", pool), (labels::KMD_VERSION, "2.7.0")],
-                )
-                .await;
-            names.push(n.metadata.name.unwrap_or_default());
+            let labels = [("pool", pool), (labels::KMD_VERSION, "2.7.0")];
+            names.push(env.tt_node_name(&format!("{pool}{i}"), &labels).await);
         }
         by_pool.push(names);
     }
@@ -159,14 +154,7 @@ async fn foreign_statuses_never_stop_the_controller() {
         ],
     )
     .await;
-    let _agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    );
+    let _agent = SimAgent::working(env.client.clone(), &ns, Duration::from_millis(300));
     let safety = SafetyWatcher::start(&env);
     let _ctl = controller(&env, &ns);
     create(&env, &live, &spec(&env, "live", "2.8.0")).await;
@@ -282,16 +270,6 @@ async fn go_cordon(env: &TestEnv, node: &str, cr: &str) {
         .expect("Go cordon");
 }
 
-async fn hide_loaded(env: &TestEnv, node: &str, version: &str) {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
-    let patch =
-        serde_json::json!({ "metadata": { "annotations": { LOADED_ANNOTATION: version } } });
-    nodes
-        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("sim loaded");
-}
-
 /// The whole switch: Go-written status, the Go DaemonSet, Go cordons with
 /// gates, a node without `kmd-version`; then our controller, and nothing else.
 #[tokio::test]
@@ -307,11 +285,7 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
             if let Some(v) = kmd {
                 l.push((labels::KMD_VERSION, v));
             }
-            env.tt_node(suffix, &l)
-                .await
-                .metadata
-                .name
-                .unwrap_or_default()
+            env.tt_node_name(suffix, &l).await
         }
     };
     // Cordoned by Go after its install finished: only the cordon is left.
@@ -342,11 +316,7 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
         async move {
             let mut l = vec![("pool", "vacate")];
             l.extend_from_slice(extra);
-            env.tt_node(suffix, &l)
-                .await
-                .metadata
-                .name
-                .unwrap_or_default()
+            env.tt_node_name(suffix, &l).await
         }
     };
     let v_cordoned = vacate_node("v-cordoned", &[(labels::KMD_VERSION, "2.8.0")]).await;
@@ -361,33 +331,13 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
     let v_plain = vacate_node("v-plain", &[(labels::KMD_VERSION, "2.8.0")]).await;
     let vacate_nodes = vec![v_cordoned.clone(), v_dkms.clone(), v_plain.clone()];
     let cr = env.name("fleet");
-    let policy = create(
-        &env,
-        &cr,
-        &format!(
-            "version: \"2.8.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}, pool: fleet}}}}\nupgradePolicy: {{maxUnavailable: 1}}",
-            env.id
-        ),
-    )
-    .await;
+    let policy = create(&env, &cr, &spec(&env, "fleet", "2.8.0")).await;
     let vacate_cr = env.name("vacate");
-    create(
-        &env,
-        &vacate_cr,
-        &format!(
-            "version: \"2.8.0\"\nunmanage: true\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}, pool: vacate}}}}\nupgradePolicy: {{maxUnavailable: 1}}",
-            env.id
-        ),
-    )
-    .await;
+    let vacate_spec = format!("{}\nunmanage: true", spec(&env, "vacate", "2.8.0"));
+    create(&env, &vacate_cr, &vacate_spec).await;
     go_cordon(&env, &v_cordoned, &vacate_cr).await;
-    let nodes_api: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
-    let dkms =
-        serde_json::json!({ "metadata": { "annotations": { HOST_MANAGED_ANNOTATION: "2.6.0" } } });
-    nodes_api
-        .patch(&v_dkms, &PatchParams::default(), &Patch::Merge(&dkms))
-        .await
-        .expect("DKMS host");
+    env.annotate_node(&v_dkms, HOST_MANAGED_ANNOTATION, Some("2.6.0"))
+        .await;
     write_foreign_statuses(&env, &[(cr.as_str(), go_status(&all))]).await;
     for n in [&landed, &old, &unlabelled_cordoned, &marked] {
         go_cordon(&env, n, &cr).await;
@@ -395,7 +345,7 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
     env.set_unschedulable(&marked, false).await;
     env.label_node(&marked, GATE, None).await;
     for n in [&unlabelled_cordoned, &unlabelled] {
-        hide_loaded(&env, n, "2.7.0").await;
+        env.annotate_node(n, LOADED_ANNOTATION, Some("2.7.0")).await;
     }
     go_daemonset(&env, &ns, &policy).await;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
@@ -417,14 +367,7 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
     .await;
 
     let safety = SafetyWatcher::start(&env);
-    let _agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    );
+    let _agent = SimAgent::working(env.client.clone(), &ns, Duration::from_millis(300));
     // The Degraded reasons the policy shows on the way (polled).
     let reasons = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
     let poll = {
@@ -524,14 +467,8 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
         })
         .await;
     }
-    let dss = Api::<DaemonSet>::namespaced(env.client.clone(), &ns);
-    wait_for("the unmanaged policy's DaemonSet deleted", T, || async {
-        match dss.get_opt(&format!("ttdrv-{vacate_cr}")).await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{:?}", other.map(|d| d.is_some()))),
-        }
-    })
-    .await;
+    env.wait_daemonset_gone(&ns, &format!("ttdrv-{vacate_cr}"), T)
+        .await;
     poll.abort();
     let reasons = reasons.lock().map(|r| r.clone()).unwrap_or_default();
     assert!(

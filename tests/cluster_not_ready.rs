@@ -47,10 +47,6 @@ fn start_controller(env: &TestEnv, ns: &str, extra_args: &[&str]) -> ControllerP
     }
 }
 
-async fn status(env: &TestEnv, policy: &str) -> TenstorrentDriverPolicyStatus {
-    get_policy(env, policy).await.status.unwrap_or_default()
-}
-
 fn cond(st: &TenstorrentDriverPolicyStatus, type_: &str) -> Option<Condition> {
     st.conditions.iter().find(|c| c.type_ == type_).cloned()
 }
@@ -85,28 +81,6 @@ fn brief(st: &TenstorrentDriverPolicyStatus) -> String {
     )
 }
 
-/// The safety invariants, as the watcher saw them so far: at most one Ready
-/// node cordoned by us, at most `max_in_cycle` nodes in a cycle, no module
-/// swap without the go-ahead.
-fn assert_safe(safety: &SafetyWatcher, max_in_cycle: usize, when: &str) {
-    let s = safety.seen();
-    assert!(
-        s.max_ready_cordoned_by_us <= 1,
-        "{when}: {} Ready nodes were cordoned by us at once (at most 1 allowed); the watcher saw {s:?}",
-        s.max_ready_cordoned_by_us
-    );
-    assert!(
-        s.max_in_cycle <= max_in_cycle,
-        "{when}: {} nodes were in a cycle at once (at most {max_in_cycle} allowed); the watcher saw {s:?}",
-        s.max_in_cycle
-    );
-    assert!(
-        s.swaps_without_go_ahead.is_empty(),
-        "{when}: module swapped without the controller's go-ahead: {:?}",
-        s.swaps_without_go_ahead
-    );
-}
-
 /// Waits for every node to be Done at `version`, failing at once when a
 /// safety invariant breaks on the way.
 async fn wait_all_done_safely(
@@ -118,7 +92,7 @@ async fn wait_all_done_safely(
     max_in_cycle: usize,
 ) {
     wait_for(&format!("every node Done at {version}"), T, || {
-        assert_safe(safety, max_in_cycle, "while the rollout completes");
+        safety.assert_safe(1, Some(max_in_cycle), "while the rollout completes");
         async {
             let st = status(env, policy).await;
             let done = nodes.iter().all(|n| {
@@ -127,19 +101,6 @@ async fn wait_all_done_safely(
                 })
             });
             if done { Ok(()) } else { Err(brief(&st)) }
-        }
-    })
-    .await;
-}
-
-/// Waits for an Event about the policy with `reason` whose note satisfies `ok`.
-async fn wait_event(env: &TestEnv, policy: &str, reason: &str, ok: impl Fn(&str) -> bool) {
-    wait_for(&format!("an Event {reason} about {policy}"), T, || async {
-        let events = policy_events(env, policy).await;
-        if events.iter().any(|(r, n)| r == reason && ok(n)) {
-            Ok(())
-        } else {
-            Err(format!("{events:?}"))
         }
     })
     .await;
@@ -163,20 +124,32 @@ async fn wait_metric(ctl: &ControllerProcess, line: &str) {
     .await;
 }
 
-async fn assert_done_uncordoned(env: &TestEnv, nodes: &[String], version: &str) {
-    for n in nodes {
-        let node = env.get_node(n).await;
-        assert!(
-            !unschedulable(&node),
-            "{n} must be schedulable after the rollout"
-        );
-        assert!(
-            gate_labels(&node).is_empty(),
-            "{n} still has deploy gates: {:?}",
-            gate_labels(&node)
-        );
-        assert_eq!(kmd(&node).as_deref(), Some(version), "{n}'s loaded module");
-    }
+/// `n` nodes at 2.7.0 (maxUnavailable 1) under a controller with `args`, moving
+/// to 2.8.0 with nodes[0] held in Draining by [`hold_drain`] (it goes first:
+/// name order, no device users), the [`SafetyWatcher`] started before the
+/// version change. Returns the environment, namespace, nodes, policy, the
+/// watcher, the controller and the agent.
+async fn first_node_held_draining(
+    name: &str,
+    n: usize,
+    args: &[&str],
+) -> (
+    TestEnv,
+    String,
+    Vec<String>,
+    String,
+    SafetyWatcher,
+    (ControllerProcess, ttdrv_testkit::SimAgent),
+) {
+    let (env, ns, nodes, agent) = sim_fleet(name, n).await;
+    let ctl = start_controller(&env, &ns, args);
+    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 1}", T).await;
+    hold_drain(&env, &ns, &nodes[0]).await;
+    let safety = SafetyWatcher::start(&env);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
+    (env, ns, nodes, policy, safety, (ctl, agent))
 }
 
 /// The whole fleet turns NotReady while the first node is mid-cycle.
@@ -196,16 +169,8 @@ async fn assert_done_uncordoned(env: &TestEnv, nodes: &[String], version: &str) 
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn fleet_wide_not_ready_starts_nothing_and_resumes() {
     let started = Instant::now();
-    let (env, ns, nodes, _agent) = sim_fleet("notready-fleet", 6).await;
-    let _ctl = start_controller(&env, &ns, &[]);
-    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 1}", T).await;
-    // nodes[0] goes first (no device users anywhere; name order).
-    pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
-    pdb(&env, &ns, "guarded").await;
-    let safety = SafetyWatcher::start(&env);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
+    let (env, ns, nodes, policy, safety, _running) =
+        first_node_held_draining("notready-fleet", 6, &[]).await;
 
     // The outage: every node NotReady, half False, half Unknown.
     let outage = Instant::now();
@@ -236,7 +201,7 @@ async fn fleet_wide_not_ready_starts_nothing_and_resumes() {
     eprintln!("outage over after {:?}: {during}", outage.elapsed());
 
     // At every instant so far: the busy node is the only one of ours.
-    assert_safe(&safety, 1, "during and right after the fleet-wide outage");
+    safety.assert_safe(1, Some(1), "during and right after the fleet-wide outage");
     let degraded = degraded.unwrap_or_else(|| {
         panic!(
             "the policy was never Degraded=True/FleetNotReady naming all nodes {nodes:?} \
@@ -248,7 +213,7 @@ async fn fleet_wide_not_ready_starts_nothing_and_resumes() {
         "the Degraded message says why: {}",
         degraded.message
     );
-    wait_event(&env, &policy, "FleetNotReady", |note| {
+    wait_event(&env, &policy, "FleetNotReady", T, |note| {
         note.contains(nodes[0].as_str()) && note.contains("NotReady")
     })
     .await;
@@ -263,15 +228,11 @@ async fn fleet_wide_not_ready_starts_nothing_and_resumes() {
     }
 
     // The busy node's drain may finish now; the rest follows one at a time.
-    let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        kube::Api::namespaced(env.client.clone(), &ns);
-    pdbs.delete("guarded", &Default::default())
-        .await
-        .expect("delete PDB");
+    release_drain(&env, &ns).await;
     wait_all_done_safely(&env, &policy, &nodes, "2.8.0", &safety, 1).await;
-    wait_event(&env, &policy, "FleetReady", |_| true).await;
+    wait_event(&env, &policy, "FleetReady", T, |_| true).await;
     assert_done_uncordoned(&env, &nodes, "2.8.0").await;
-    assert_safe(&safety, 1, "at the end");
+    safety.assert_safe(1, Some(1), "at the end");
     let seen = safety.seen();
     for n in &nodes {
         assert!(
@@ -297,8 +258,7 @@ async fn fleet_wide_not_ready_starts_nothing_and_resumes() {
         seen.max_ready_cordoned_by_us,
         seen.max_in_cycle
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// A node that turns NotReady while Draining keeps its slot (reason
@@ -309,16 +269,8 @@ async fn fleet_wide_not_ready_starts_nothing_and_resumes() {
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn node_not_ready_mid_cycle_keeps_its_slot() {
     let started = Instant::now();
-    let (env, ns, nodes, _agent) = sim_fleet("notready-mid", 3).await;
-    let ctl = start_controller(&env, &ns, &["--not-ready-brake-percent", "50"]);
-    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 1}", T).await;
-    // nodes[0] goes first; its drain waits for the PodDisruptionBudget.
-    pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
-    pdb(&env, &ns, "guarded").await;
-    let safety = SafetyWatcher::start(&env);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
+    let (env, ns, nodes, policy, safety, (ctl, _agent)) =
+        first_node_held_draining("notready-mid", 3, &["--not-ready-brake-percent", "50"]).await;
 
     env.set_node_ready(&nodes[0], Some("Unknown")).await;
     let busy = wait_for(
@@ -344,7 +296,7 @@ async fn node_not_ready_mid_cycle_keeps_its_slot() {
             .is_some_and(|m| m.contains("keeps its slot")),
         "the entry says the node keeps its slot: {busy:?}"
     );
-    wait_event(&env, &policy, "NodeNotReady", |note| {
+    wait_event(&env, &policy, "NodeNotReady", T, |note| {
         note.contains(nodes[0].as_str()) && note.contains("Draining")
     })
     .await;
@@ -362,7 +314,7 @@ async fn node_not_ready_mid_cycle_keeps_its_slot() {
     // A window in which a controller that lets the NotReady node's slot go
     // would start another node (passes run every 500 ms).
     tokio::time::sleep(HOLD).await;
-    assert_safe(&safety, 1, "while the busy node was NotReady");
+    safety.assert_safe(1, Some(1), "while the busy node was NotReady");
     let st = status(&env, &policy).await;
     for n in &nodes[1..] {
         let e = entry(&st, n);
@@ -400,22 +352,17 @@ async fn node_not_ready_mid_cycle_keeps_its_slot() {
         },
     )
     .await;
-    let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        kube::Api::namespaced(env.client.clone(), &ns);
-    pdbs.delete("guarded", &Default::default())
-        .await
-        .expect("delete PDB");
+    release_drain(&env, &ns).await;
     wait_all_done_safely(&env, &policy, &nodes, "2.8.0", &safety, 1).await;
     assert_done_uncordoned(&env, &nodes, "2.8.0").await;
-    assert_safe(&safety, 1, "at the end");
+    safety.assert_safe(1, Some(1), "at the end");
     let seen = safety.seen();
     assert_eq!(seen.swaps.len(), 3, "one swap per node: {:?}", seen.swaps);
     eprintln!(
         "node_not_ready_mid_cycle_keeps_its_slot: {:?}; watcher: {seen:?}",
         started.elapsed()
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// A node NotReady before the version change never starts (and is never
@@ -469,7 +416,7 @@ async fn not_ready_node_is_never_started() {
     );
     // The NotReady node takes one of the two units of availability: the
     // Ready nodes went one at a time.
-    assert_safe(&safety, 1, "while a node was NotReady");
+    safety.assert_safe(1, Some(1), "while a node was NotReady");
 
     env.set_node_ready(down, None).await;
     env.wait_node_ready(down).await;
@@ -480,12 +427,11 @@ async fn not_ready_node_is_never_started() {
         "{down} went through a drained cycle once Ready: cordoned {:?}",
         cordons.ever()
     );
-    assert_safe(&safety, 1, "at the end");
+    safety.assert_safe(1, Some(1), "at the end");
     eprintln!(
         "not_ready_node_is_never_started: {:?}; watcher: {:?}",
         started.elapsed(),
         safety.seen()
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }

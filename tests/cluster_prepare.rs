@@ -29,38 +29,26 @@ use ttdrv_testkit::{SimAgentConfig, TestEnv, wait_for};
 /// Bound of each wait.
 const T: Duration = Duration::from_secs(90);
 
-/// This test's `n` nodes and an agent that takes `build` to build a target and 200 ms
-/// for each of the rest.
-async fn setup(name: &str, n: usize, build: Duration) -> SimFleet {
+/// This test's `n` nodes at 2.7.0 under policy `fleet` (maxUnavailable 1,
+/// `prepare` its build-ahead settings), the controller, and an agent that takes
+/// `build` to build a target and 200 ms for each of the rest. Returns the
+/// environment, namespace, nodes, policy, and the controller and agent.
+async fn setup(name: &str, n: usize, build: Duration, prepare: &str) -> InstalledFleet {
     let agent = SimAgentConfig {
         namespace: String::new(),
         work: Duration::from_millis(200),
         build,
         load: Duration::from_millis(200),
     };
-    sim_fleet_with(name, &numbered_nodes(n), &[], agent).await
-}
-
-fn spec(env: &TestEnv, version: &str, prepare: &str) -> String {
-    format!(
-        "version: \"{version}\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\nupgradePolicy: {{maxUnavailable: 1, prepare: {prepare}}}",
-        env.id
-    )
+    let (env, ns, nodes, agent) = sim_fleet_with(name, &numbered_nodes(n), &[], agent).await;
+    let ctl = controller(&env, &ns);
+    let extra = format!("upgradePolicy: {{maxUnavailable: 1, prepare: {prepare}}}");
+    let policy = installed(&env, &nodes, &extra, T).await;
+    (env, ns, nodes, policy, (ctl, agent))
 }
 
 fn label(n: &Node, key: &str) -> Option<String> {
     n.metadata.labels.as_ref()?.get(key).cloned()
-}
-
-fn pod_version(pod: &Pod) -> Option<String> {
-    pod.spec.as_ref()?.containers.iter().find_map(|c| {
-        c.env
-            .as_ref()?
-            .iter()
-            .find(|e| e.name == labels::env::TT_KMD_VERSION)?
-            .value
-            .clone()
-    })
 }
 
 /// What the [`BuildLog`] saw.
@@ -207,12 +195,9 @@ fn condition(p: &ttdrv_api::TenstorrentDriverPolicy, type_: &str) -> Option<(Str
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn nodes_build_ahead_within_max_concurrent_and_are_cordoned_only_once_prepared() {
-    let (env, ns, nodes, _agent) = setup("prep-ahead", 4, Duration::from_secs(2)).await;
-    let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
     let prepare = "{maxConcurrent: 2}";
-    create_policy(&env, &policy, &spec(&env, "2.7.0", prepare)).await;
-    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
+    let (env, ns, nodes, policy, _running) =
+        setup("prep-ahead", 4, Duration::from_secs(2), prepare).await;
 
     let safety = SafetyWatcher::start(&env);
     let log = BuildLog::start(&env, &ns, "2.8.0");
@@ -240,17 +225,7 @@ async fn nodes_build_ahead_within_max_concurrent_and_are_cordoned_only_once_prep
         seen.max_building >= 1,
         "the log saw no build at all: {seen:?}"
     );
-    let safe = safety.seen();
-    assert!(
-        safe.swaps_without_go_ahead.is_empty(),
-        "swaps without a go-ahead: {:?}",
-        safe.swaps_without_go_ahead
-    );
-    assert!(
-        safe.max_ready_cordoned_by_us <= 1,
-        "{} nodes cordoned at once",
-        safe.max_ready_cordoned_by_us
-    );
+    safety.assert_safe(1, None, "after the rollout");
     wait_for("Prepared True and the count", T, || async {
         let p = get_policy(&env, &policy).await;
         let prepared = p.status.as_ref().map(|s| s.summary.prepared);
@@ -260,8 +235,7 @@ async fn nodes_build_ahead_within_max_concurrent_and_are_cordoned_only_once_prep
         }
     })
     .await;
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// A node whose build of the target fails is Failed (BuildFailed) without
@@ -270,26 +244,18 @@ async fn nodes_build_ahead_within_max_concurrent_and_are_cordoned_only_once_prep
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn a_build_that_fails_ahead_fails_its_node_uncordoned_and_halts_the_rollout() {
-    let (env, ns, nodes, _agent) = setup("prep-fail", 3, Duration::from_secs(1)).await;
-    let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
-    create_policy(&env, &policy, &spec(&env, "2.7.0", "{}")).await;
-    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
+    let (env, ns, nodes, policy, _running) =
+        setup("prep-fail", 3, Duration::from_secs(1), "{}").await;
     let bad = &nodes[0];
-    annotate_node(&env, bad, BUILD_FAIL_ANNOTATION, Some("2.8.0")).await;
+    env.annotate_node(bad, BUILD_FAIL_ANNOTATION, Some("2.8.0"))
+        .await;
 
     let log = BuildLog::start(&env, &ns, "2.8.0");
     let cordons = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     let entry = wait_node(&env, &policy, bad, NodeState::Failed, T).await;
     assert_eq!(entry.reason.as_deref(), Some("BuildFailed"), "{entry:?}");
-    assert!(
-        entry
-            .message
-            .as_deref()
-            .is_some_and(|m| m.contains("not cordoned")),
-        "{entry:?}"
-    );
+    assert_message(&entry, "not cordoned");
     let p = get_policy(&env, &policy).await;
     assert_eq!(
         condition(&p, "Degraded").map(|c| c.0).as_deref(),
@@ -310,8 +276,9 @@ async fn a_build_that_fails_ahead_fails_its_node_uncordoned_and_halts_the_rollou
         cordons.ever()
     );
 
-    annotate_node(&env, bad, BUILD_FAIL_ANNOTATION, None).await;
-    annotate_node(&env, bad, ttdrv_core::node::RETRY_ANNOTATION, Some("1")).await;
+    env.annotate_node(bad, BUILD_FAIL_ANNOTATION, None).await;
+    env.annotate_node(bad, ttdrv_core::node::RETRY_ANNOTATION, Some("1"))
+        .await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
     let seen = log.seen();
     assert_eq!(
@@ -319,8 +286,7 @@ async fn a_build_that_fails_ahead_fails_its_node_uncordoned_and_halts_the_rollou
         Some(["prepared", "cordon", "loaded"].as_slice()),
         "after the retry {bad} built ahead before its cordon: {seen:?}"
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// `prepare.enabled: false`: the installer pod is replaced after the drain,
@@ -329,11 +295,8 @@ async fn a_build_that_fails_ahead_fails_its_node_uncordoned_and_halts_the_rollou
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn prepare_disabled_builds_inside_the_cordon_window() {
-    let (env, ns, nodes, _agent) = setup("prep-off", 2, Duration::from_secs(1)).await;
-    let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
-    create_policy(&env, &policy, &spec(&env, "2.7.0", "{enabled: false}")).await;
-    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
+    let (env, ns, nodes, policy, _running) =
+        setup("prep-off", 2, Duration::from_secs(1), "{enabled: false}").await;
     let log = BuildLog::start(&env, &ns, "2.8.0");
     log.synced(&nodes).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
@@ -351,8 +314,7 @@ async fn prepare_disabled_builds_inside_the_cordon_window() {
         condition(&p, "Prepared"),
         Some(("False".to_string(), "Disabled".to_string()))
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// A host that moved to a DKMS install while its labels still say the
@@ -362,14 +324,10 @@ async fn prepare_disabled_builds_inside_the_cordon_window() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn a_dkms_host_is_recognized_ahead_and_never_cordoned() {
-    let (env, ns, nodes, _agent) = setup("prep-dkms", 2, Duration::from_secs(1)).await;
-    let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
-    create_policy(&env, &policy, &spec(&env, "2.7.0", "{}")).await;
-    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
+    let (env, _ns, nodes, policy, _running) =
+        setup("prep-dkms", 2, Duration::from_secs(1), "{}").await;
     let dkms = &nodes[0];
-    annotate_node(
-        &env,
+    env.annotate_node(
         dkms,
         ttdrv_testkit::sim_agent::HOST_MANAGED_ANNOTATION,
         Some("2.6.1"),
@@ -385,6 +343,5 @@ async fn a_dkms_host_is_recognized_ahead_and_never_cordoned() {
         "the DKMS host was cordoned: {:?}",
         cordons.ever()
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }

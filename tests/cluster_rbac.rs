@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use common::*;
 use ttdrv_api::NodeState;
-use ttdrv_testkit::{ControllerOptions, SimAgent, SimAgentConfig, TestEnv};
+use ttdrv_testkit::{ControllerOptions, SimAgent, TestEnv};
+
+/// Bound of each wait for the rollout.
+const T: Duration = Duration::from_secs(90);
 
 fn run(cmd: &mut Command, input: Option<&str>) -> String {
     use std::io::Write;
@@ -162,26 +165,8 @@ async fn controller_runs_a_rollout_with_the_charts_service_account() {
     let kc_path = std::env::temp_dir().join(format!("ttdrv-rbac-{}.kubeconfig", env.id));
     std::fs::write(&kc_path, serde_json::to_string(&kc).expect("json")).expect("write kubeconfig");
 
-    let nodes: Vec<String> = vec![
-        env.tt_node("a", &[])
-            .await
-            .metadata
-            .name
-            .unwrap_or_default(),
-        env.tt_node("b", &[])
-            .await
-            .metadata
-            .name
-            .unwrap_or_default(),
-    ];
-    let _agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(200),
-            ..Default::default()
-        },
-    );
+    let nodes = env.tt_node_names(&["a", "b"]).await;
+    let _agent = SimAgent::working(env.client.clone(), &ns, Duration::from_millis(200));
     // The controller process gets the ServiceAccount's credentials only.
     let opts = ControllerOptions {
         leader_elect: true,
@@ -194,35 +179,9 @@ async fn controller_runs_a_rollout_with_the_charts_service_account() {
     };
     let _ctl = controller_with(&env, &ns, opts);
     pinned_deployment(&env, &ns, "workload", &nodes[0]).await;
-    let policy = env.name("fleet");
-    create_policy(
-        &env,
-        &policy,
-        &format!(
-            "version: \"2.7.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}",
-            env.id
-        ),
-    )
-    .await;
-    wait_nodes_state(
-        &env,
-        &policy,
-        &nodes,
-        NodeState::Done,
-        "2.7.0",
-        Duration::from_secs(90),
-    )
-    .await;
+    let policy = installed(&env, &nodes, "", T).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    wait_nodes_state(
-        &env,
-        &policy,
-        &nodes,
-        NodeState::Done,
-        "2.8.0",
-        Duration::from_secs(90),
-    )
-    .await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
 
     // Let the leader renew its Lease at least once (renewal is every duration/3).
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -320,6 +279,5 @@ async fn controller_runs_a_rollout_with_the_charts_service_account() {
         "the chart grants permissions the controller never used: {}",
         show(unused)
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use kube::api::PostParams;
 use ttdrv_api::NodeState;
-use ttdrv_testkit::{ControllerOptions, SimAgent, SimAgentConfig, TestEnv};
+use ttdrv_testkit::{ControllerOptions, ControllerProcess, TestEnv};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -39,6 +40,31 @@ async fn squatting_daemonset(env: &TestEnv, ns: &str, name: &str) {
         .unwrap_or_else(|e| panic!("creating daemonset {name}: {e}"));
 }
 
+/// The policy's `PolicyRefused` Events.
+async fn refusal_events(env: &TestEnv, policy: &str) -> Vec<(String, String)> {
+    policy_events(env, policy)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "PolicyRefused")
+        .collect()
+}
+
+/// Waits until the policy is Degraded because it was refused; returns the condition.
+async fn wait_refused(env: &TestEnv, policy: &str) -> Condition {
+    wait_condition(env, policy, "Degraded", "True/PolicyRefused", T, |c| {
+        c.status == "True" && c.reason == "PolicyRefused"
+    })
+    .await
+}
+
+/// The sum of the controller's samples of counter `name` carrying `labels`.
+async fn counter_of(ctl: &ControllerProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
+    ctl.admin_get("/metrics")
+        .await
+        .map(|(_, _, b)| counter(&b, name, labels))
+        .unwrap_or_default()
+}
+
 fn counter(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     metrics
         .lines()
@@ -55,41 +81,14 @@ fn counter(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn refused_policy_is_degraded_backs_off_and_captures_nothing() {
-    let env = TestEnv::new("refusal").await;
-    let ns = env.namespace().await;
-    let mut nodes = vec![];
-    for i in 0..2 {
-        let node = env.tt_node(&format!("n{i}"), &[]).await;
-        nodes.push(node.metadata.name.clone().unwrap_or_default());
-    }
-    let _agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    );
+    let (env, ns, nodes, _agent) = sim_fleet("refusal", 2).await;
     let broken = env.name("broken");
     squatting_daemonset(&env, &ns, &format!("ttdrv-{broken}")).await;
     let ctl = controller(&env, &ns);
-    let selector = format!("{{matchLabels: {{ttdrv-test: {}}}}}", env.id);
-    create_policy(
-        &env,
-        &broken,
-        &format!("version: \"2.8.0\"\nnodeAffinity: {selector}"),
-    )
-    .await;
+    create_policy(&env, &broken, &fleet_spec(&env, "2.8.0", "")).await;
     let start = Instant::now();
     // Degraded with the server's words, within seconds.
-    let degraded = ttdrv_testkit::wait_for("broken policy Degraded", T, || async {
-        let st = get_policy(&env, &broken).await.status.unwrap_or_default();
-        match st.conditions.iter().find(|c| c.type_ == "Degraded") {
-            Some(c) if c.status == "True" && c.reason == "PolicyRefused" => Ok(c.clone()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let degraded = wait_refused(&env, &broken).await;
     eprintln!(
         "refused: Degraded after {:?}: {}",
         start.elapsed(),
@@ -102,37 +101,13 @@ async fn refused_policy_is_degraded_backs_off_and_captures_nothing() {
     );
     // A newer, valid policy for the same nodes gets them.
     let good = env.name("good");
-    create_policy(
-        &env,
-        &good,
-        &format!("version: \"2.7.0\"\nnodeAffinity: {selector}"),
-    )
-    .await;
+    create_policy(&env, &good, &fleet_spec(&env, "2.7.0", "")).await;
     wait_nodes_state(&env, &good, &nodes, NodeState::Done, "2.7.0", T).await;
     // Over the next 30 s the refused apply is retried with backoff, not every pass.
-    let before = ctl
-        .admin_get("/metrics")
-        .await
-        .map(|(_, _, b)| {
-            counter(
-                &b,
-                "ttdriver_errors_total",
-                &[("cr", &broken), ("stage", "refused")],
-            )
-        })
-        .unwrap_or_default();
+    let refused = [("cr", broken.as_str()), ("stage", "refused")];
+    let before = counter_of(&ctl, "ttdriver_errors_total", &refused).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let after = ctl
-        .admin_get("/metrics")
-        .await
-        .map(|(_, _, b)| {
-            counter(
-                &b,
-                "ttdriver_errors_total",
-                &[("cr", &broken), ("stage", "refused")],
-            )
-        })
-        .unwrap_or_default();
+    let after = counter_of(&ctl, "ttdriver_errors_total", &refused).await;
     eprintln!(
         "refused: {} refused attempts in 30 s (total {after})",
         after - before
@@ -142,16 +117,11 @@ async fn refused_policy_is_degraded_backs_off_and_captures_nothing() {
         "backoff: at most 4 attempts in 30 s, saw {}",
         after - before
     );
-    let events: Vec<_> = policy_events(&env, &broken)
-        .await
-        .into_iter()
-        .filter(|(r, _)| r == "PolicyRefused")
-        .collect();
+    let events = refusal_events(&env, &broken).await;
     assert_eq!(events.len(), 1, "one Event per distinct error: {events:?}");
-    let st = get_policy(&env, &good).await.status.unwrap_or_default();
+    let st = status(&env, &good).await;
     assert_eq!(st.summary.matched, 2, "the valid policy owns both nodes");
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// Lines of the controller's log, and how many of them are warnings.
@@ -208,16 +178,10 @@ async fn three_hundred_refused_policies_stay_quiet() {
         }
     })
     .await;
-    let refused = |body: &str| counter(body, "ttdriver_errors_total", &[("stage", "refused")]);
-    let metrics = || async {
-        ctl.admin_get("/metrics")
-            .await
-            .map(|(_, _, b)| b)
-            .unwrap_or_default()
-    };
-    let (before, (_, warns_before)) = (refused(&metrics().await), log_counts(&log));
+    let refused = || counter_of(&ctl, "ttdriver_errors_total", &[("stage", "refused")]);
+    let (before, (_, warns_before)) = (refused().await, log_counts(&log));
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let (after, (lines, warns_after)) = (refused(&metrics().await), log_counts(&log));
+    let (after, (lines, warns_after)) = (refused().await, log_counts(&log));
     let requests = after - before;
     let warnings = warns_after - warns_before;
     eprintln!(
@@ -232,8 +196,7 @@ async fn three_hundred_refused_policies_stay_quiet() {
         warnings <= N * 4,
         "one warning line per refused attempt at most, saw {warnings}"
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// A policy naming an installer image outside the controller's allow-list is
@@ -243,18 +206,7 @@ async fn three_hundred_refused_policies_stay_quiet() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn policy_outside_the_allow_list_is_refused_and_not_deployed() {
-    let env = TestEnv::new("allowlist").await;
-    let ns = env.namespace().await;
-    let node = env.tt_node("n0", &[]).await;
-    let nodes = vec![node.metadata.name.clone().unwrap_or_default()];
-    let _agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    );
+    let (env, ns, nodes, _agent) = sim_fleet("allowlist", 1).await;
     let _ctl = controller_with(
         &env,
         &ns,
@@ -266,20 +218,14 @@ async fn policy_outside_the_allow_list_is_refused_and_not_deployed() {
             ..Default::default()
         },
     );
-    let selector = format!("{{matchLabels: {{ttdrv-test: {}}}}}", env.id);
     let rogue = env.name("rogue");
-    let spec = |image: &str| {
-        format!("version: \"2.8.0\"\nnodeAffinity: {selector}\ninstaller: {{image: \"{image}\"}}")
-    };
-    create_policy(&env, &rogue, &spec("evil.example/agent:1")).await;
-    let degraded = ttdrv_testkit::wait_for("rogue policy Degraded", T, || async {
-        let st = get_policy(&env, &rogue).await.status.unwrap_or_default();
-        match st.conditions.iter().find(|c| c.type_ == "Degraded") {
-            Some(c) if c.status == "True" && c.reason == "PolicyRefused" => Ok(c.clone()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let spec = fleet_spec(
+        &env,
+        "2.8.0",
+        "installer: {image: \"evil.example/agent:1\"}",
+    );
+    create_policy(&env, &rogue, &spec).await;
+    let degraded = wait_refused(&env, &rogue).await;
     assert!(
         degraded.message.contains("spec.installer.image")
             && degraded.message.contains("evil.example/agent:1"),
@@ -295,24 +241,12 @@ async fn policy_outside_the_allow_list_is_refused_and_not_deployed() {
             .is_none(),
         "a refused image is never deployed"
     );
-    let events: Vec<_> = policy_events(&env, &rogue)
-        .await
-        .into_iter()
-        .filter(|(r, _)| r == "PolicyRefused")
-        .collect();
+    let events = refusal_events(&env, &rogue).await;
     assert_eq!(events.len(), 1, "{events:?}");
 
     // The image fixed: deployed, and the node is driven to the version.
-    let api: Api<ttdrv_api::TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    api.patch(
-        &rogue,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(serde_json::json!({
-            "spec": { "installer": { "image": "ghcr.io/tenstorrent/agent:1" } }
-        })),
-    )
-    .await
-    .expect("patch policy");
+    let fixed = serde_json::json!({ "installer": { "image": "ghcr.io/tenstorrent/agent:1" } });
+    patch_policy(&env, &rogue, fixed).await;
     wait_nodes_state(&env, &rogue, &nodes, NodeState::Done, "2.8.0", T).await;
     let ds = daemonsets
         .get(&format!("ttdrv-{rogue}"))
@@ -323,6 +257,5 @@ async fn policy_outside_the_allow_list_is_refused_and_not_deployed() {
         .and_then(|s| s.template.spec)
         .and_then(|p| p.containers.first().and_then(|c| c.image.clone()));
     assert_eq!(image.as_deref(), Some("ghcr.io/tenstorrent/agent:1"));
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }

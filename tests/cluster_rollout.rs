@@ -14,28 +14,14 @@ const T: Duration = Duration::from_secs(90);
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn three_node_upgrade_one_at_a_time() {
-    let (env, ns, nodes, _agent) = sim_fleet("rollout-3", 3).await;
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "", T).await;
+    let (env, _ns, nodes, policy, _running) = installed_fleet("rollout-3", 3, "", T).await;
 
     let watcher = CordonWatcher::start(&env);
     tokio::time::sleep(Duration::from_millis(500)).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
 
-    for n in &nodes {
-        let node = env.get_node(n).await;
-        assert!(
-            !unschedulable(&node),
-            "{n} must be schedulable after the rollout"
-        );
-        assert!(
-            gate_labels(&node).is_empty(),
-            "{n} still has deploy gates: {:?}",
-            gate_labels(&node)
-        );
-        assert_eq!(kmd(&node).as_deref(), Some("2.8.0"));
-    }
+    assert_done_uncordoned(&env, &nodes, "2.8.0").await;
     assert_eq!(
         watcher.ever(),
         nodes,
@@ -46,7 +32,7 @@ async fn three_node_upgrade_one_at_a_time() {
         1,
         "never more than one node cordoned at once"
     );
-    let st = get_policy(&env, &policy).await.status.unwrap_or_default();
+    let st = status(&env, &policy).await;
     assert_eq!(st.summary.done, 3);
     assert_eq!(st.desired_version.as_deref(), Some("2.8.0"));
     let ready = st
@@ -55,16 +41,14 @@ async fn three_node_upgrade_one_at_a_time() {
         .find(|c| c.type_ == "Ready")
         .map(|c| c.status.clone());
     assert_eq!(ready.as_deref(), Some("True"));
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn admin_cordoned_node_stays_cordoned() {
-    let (env, ns, nodes, _agent) = sim_fleet("rollout-admin", 3).await;
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}", T).await;
+    let (env, _ns, nodes, policy, _running) =
+        installed_fleet("rollout-admin", 3, "upgradePolicy: {maxUnavailable: 2}", T).await;
     env.set_unschedulable(&nodes[1], true).await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
@@ -80,29 +64,15 @@ async fn admin_cordoned_node_stays_cordoned() {
         "admin node + at most one of ours: saw {}",
         watcher.max()
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pdb_blocked_drain_fails_after_timeout_and_halts_until_retry() {
-    let (env, ns, nodes, _agent) = sim_fleet("rollout-pdb", 2).await;
-    let _ctl = controller(&env, &ns);
-    let policy = installed(
-        &env,
-        &nodes,
-        "upgradePolicy: {drain: {timeoutSeconds: 3}}",
-        T,
-    )
-    .await;
-    pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
-    pdb(&env, &ns, "guarded").await;
-    let pod = app_pods(&env, &ns, "guarded")
-        .await
-        .first()
-        .map(|p| p.0.clone())
-        .expect("guarded pod");
+    let extra = "upgradePolicy: {drain: {timeoutSeconds: 3}}";
+    let (env, ns, nodes, policy, _running) = installed_fleet("rollout-pdb", 2, extra, T).await;
+    let pod = hold_drain(&env, &ns, &nodes[0]).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     let failed = wait_node(&env, &policy, &nodes[0], NodeState::Failed, T).await;
     let msg = failed.message.unwrap_or_default();
@@ -115,7 +85,7 @@ async fn pdb_blocked_drain_fails_after_timeout_and_halts_until_retry() {
     assert!(msg.contains("retry"), "failure says how to retry: {msg}");
     // The rollout halts: the other node does not start.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let st = get_policy(&env, &policy).await.status.unwrap_or_default();
+    let st = status(&env, &policy).await;
     let other = st
         .nodes
         .iter()
@@ -145,21 +115,9 @@ async fn pdb_blocked_drain_fails_after_timeout_and_halts_until_retry() {
             .any(|(r, n)| r == "NodeUpgradeFailed" && n.contains(&nodes[0]))
     );
     // Fix the cause, retry: the rollout finishes.
-    let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        kube::Api::namespaced(env.client.clone(), &ns);
-    pdbs.delete("guarded", &Default::default())
-        .await
-        .expect("delete PDB");
-    let nodes_api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(env.client.clone());
-    let patch = serde_json::json!({ "metadata": { "annotations": { "driver.tenstorrent.com/retry": "1" } } });
-    nodes_api
-        .patch(
-            &nodes[0],
-            &Default::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .expect("retry");
+    release_drain(&env, &ns).await;
+    env.annotate_node(&nodes[0], ttdrv_core::node::RETRY_ANNOTATION, Some("1"))
+        .await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
     for n in &nodes {
         assert!(
@@ -167,16 +125,13 @@ async fn pdb_blocked_drain_fails_after_timeout_and_halts_until_retry() {
             "{n} uncordoned after the retry"
         );
     }
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn bare_pod_is_left_and_reported_without_force() {
-    let (env, ns, nodes, _agent) = sim_fleet("rollout-bare", 1).await;
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "", T).await;
+    let (env, ns, nodes, policy, _running) = installed_fleet("rollout-bare", 1, "", T).await;
     bare_pod(&env, &ns, "lonely", &nodes[0]).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
@@ -194,22 +149,14 @@ async fn bare_pod_is_left_and_reported_without_force() {
             .any(|(r, n)| r == "PodsNotEvicted" && n.contains("lonely") && n.contains("bare pod")),
         "the skipped bare pod is reported: {events:?}"
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pod_selector_limits_the_full_node_pass() {
-    let (env, ns, nodes, _agent) = sim_fleet("rollout-sel", 1).await;
-    let _ctl = controller(&env, &ns);
-    let policy = installed(
-        &env,
-        &nodes,
-        "upgradePolicy: {drain: {podSelectorLabel: \"app=evictme\"}}",
-        T,
-    )
-    .await;
+    let extra = "upgradePolicy: {drain: {podSelectorLabel: \"app=evictme\"}}";
+    let (env, ns, nodes, policy, _running) = installed_fleet("rollout-sel", 1, extra, T).await;
     pinned_deployment(&env, &ns, "evictme", &nodes[0]).await;
     pinned_deployment(&env, &ns, "keepme", &nodes[0]).await;
     let uid = |v: Vec<(String, String, String)>| v.first().map(|p| p.1.clone()).unwrap_or_default();
@@ -237,16 +184,14 @@ async fn pod_selector_limits_the_full_node_pass() {
         keep0,
         "the unselected pod was left alone"
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn drain_disabled_never_cordons() {
-    let (env, ns, nodes, _agent) = sim_fleet("rollout-nodrain", 2).await;
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "upgradePolicy: {drain: {enable: false}}", T).await;
+    let extra = "upgradePolicy: {drain: {enable: false}}";
+    let (env, _ns, nodes, policy, _running) = installed_fleet("rollout-nodrain", 2, extra, T).await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
@@ -255,17 +200,14 @@ async fn drain_disabled_never_cordons() {
         "drain.enable=false must not cordon: {:?}",
         watcher.ever()
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn installer_image_change_restarts_pods_without_cordon() {
-    let (env, ns, nodes, _agent) = sim_fleet("rollout-image", 2).await;
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "", T).await;
-    let before: Vec<String> = ds_pods(&env, &ns).await;
+    let (env, ns, nodes, policy, _running) = installed_fleet("rollout-image", 2, "", T).await;
+    let before: Vec<String> = ds_pods(&env, &ns).await.expect("installer pods");
     let watcher = CordonWatcher::start(&env);
     patch_policy(
         &env,
@@ -274,7 +216,7 @@ async fn installer_image_change_restarts_pods_without_cordon() {
     )
     .await;
     ttdrv_testkit::wait_for("installer pods replaced with the new image", T, || async {
-        let now = ds_pods(&env, &ns).await;
+        let now = ds_pods(&env, &ns).await?;
         let replaced = now.len() == nodes.len() && now.iter().all(|p| !before.contains(p));
         if replaced {
             Ok(())
@@ -289,65 +231,45 @@ async fn installer_image_change_restarts_pods_without_cordon() {
         "a restart-only change must not cordon: {:?}",
         watcher.ever()
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
-async fn ds_pods(env: &TestEnv, ns: &str) -> Vec<String> {
-    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-        kube::Api::namespaced(env.client.clone(), ns);
-    let lp = kube::api::ListParams::default().labels(ttdrv_api::labels::CLAIM);
-    let mut v: Vec<String> = pods
-        .list(&lp)
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
+/// Uids of the Ready installer pods, sorted.
+async fn ds_pods(env: &TestEnv, ns: &str) -> Result<Vec<String>, String> {
+    let mut v: Vec<String> = env
+        .installer_pods(ns, None)
+        .await?
         .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && ttdrv_testkit::pod_ready(p))
+        .filter(ttdrv_testkit::pod_ready)
         .filter_map(|p| p.metadata.uid)
         .collect();
     v.sort();
-    v
+    Ok(v)
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn controller_killed_during_draining_resumes() {
-    let (env, ns, nodes, _agent) = sim_fleet("rollout-kill", 2).await;
-    let mut ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "", T).await;
-    pinned_deployment(&env, &ns, "guarded", &nodes[0]).await;
-    pdb(&env, &ns, "guarded").await;
+    let (env, ns, nodes, policy, (mut ctl, _agent)) =
+        installed_fleet("rollout-kill", 2, "", T).await;
+    hold_drain(&env, &ns, &nodes[0]).await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_node(&env, &policy, &nodes[0], NodeState::Draining, T).await;
     ctl.kill();
-    let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        kube::Api::namespaced(env.client.clone(), &ns);
-    pdbs.delete("guarded", &Default::default())
-        .await
-        .expect("delete PDB");
+    release_drain(&env, &ns).await;
     let _ctl2 = controller(&env, &ns);
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
-    for n in &nodes {
-        let node = env.get_node(n).await;
-        assert!(
-            !unschedulable(&node),
-            "{n} schedulable after the resumed rollout"
-        );
-        assert!(gate_labels(&node).is_empty(), "{n} gates removed");
-    }
+    assert_done_uncordoned(&env, &nodes, "2.8.0").await;
     assert_eq!(watcher.max(), 1);
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn max_unavailable_two_over_five_nodes() {
-    let (env, ns, nodes, _agent) = sim_fleet("rollout-max2", 5).await;
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}", T).await;
+    let (env, _ns, nodes, policy, _running) =
+        installed_fleet("rollout-max2", 5, "upgradePolicy: {maxUnavailable: 2}", T).await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
@@ -357,21 +279,17 @@ async fn max_unavailable_two_over_five_nodes() {
         "more than maxUnavailable=2 nodes cordoned at once: {}",
         watcher.max()
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn downgrade_uses_the_same_flow() {
-    let (env, ns, nodes, _agent) = sim_fleet("rollout-down", 2).await;
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "", T).await;
+    let (env, _ns, nodes, policy, _running) = installed_fleet("rollout-down", 2, "", T).await;
     let watcher = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.6.1" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.6.1", T).await;
     assert_eq!(watcher.ever(), nodes);
     assert_eq!(watcher.max(), 1);
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }

@@ -49,6 +49,35 @@ async fn annotate(env: &TestEnv, node: &str, ann: serde_json::Value) {
         .unwrap_or_else(|e| panic!("annotating {node}: {e}"));
 }
 
+/// A test's node `n0` at 2.7.0 carrying the annotation `key=value`, and the
+/// simulated agent with `build` and `load` times over the test's namespace,
+/// handed an installer pod of policy `p` for 2.8.0 on that node. Returns the
+/// environment, namespace, policy, node and the agent.
+async fn handed_2_8_0(
+    name: &str,
+    key: &str,
+    value: &str,
+    build: Duration,
+    load: Duration,
+) -> (TestEnv, String, String, String, SimAgent) {
+    let env = TestEnv::new(name).await;
+    let ns = env.namespace().await;
+    let policy = env.name("p");
+    let node = env
+        .tt_node_name("n0", &[(labels::KMD_VERSION, "2.7.0")])
+        .await;
+    env.annotate_node(&node, key, Some(value)).await;
+    let config = SimAgentConfig {
+        namespace: ns.clone(),
+        build,
+        load,
+        ..Default::default()
+    };
+    let agent = SimAgent::spawn(env.client.clone(), config);
+    installer(&env, &ns, &node, &policy, "2.8.0").await;
+    (env, ns, policy, node, agent)
+}
+
 fn label<'a>(n: &'a Node, k: &str) -> Option<&'a str> {
     ttdrv_core::node::label(n, k)
 }
@@ -64,31 +93,9 @@ fn cached(n: &Node) -> Vec<String> {
 #[tokio::test]
 #[ignore = "needs the local cluster (hack/run-cluster-tests.sh)"]
 async fn sim_agent_builds_and_reports_prepared_before_the_go_ahead() {
-    let env = TestEnv::new("sim-prepare").await;
-    let ns = env.namespace().await;
-    let policy = env.name("p");
-    let node = env
-        .tt_node("n0", &[(labels::KMD_VERSION, "2.7.0")])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
-    annotate(
-        &env,
-        &node,
-        serde_json::json!({ CACHED_ANNOTATION: "2.7.0" }),
-    )
-    .await;
-    let _agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            build: Duration::from_millis(500),
-            load: Duration::from_millis(200),
-            ..Default::default()
-        },
-    );
-    installer(&env, &ns, &node, &policy, "2.8.0").await;
+    let (build, load) = (Duration::from_millis(500), Duration::from_millis(200));
+    let (env, ns, policy, node, _agent) =
+        handed_2_8_0("sim-prepare", CACHED_ANNOTATION, "2.7.0", build, load).await;
 
     // Built and reported prepared, with no go-ahead: 2.7.0 still loaded.
     let n = wait_for("kmd-prepared=2.8.0", T, || async {
@@ -148,30 +155,15 @@ async fn sim_agent_builds_and_reports_prepared_before_the_go_ahead() {
 #[tokio::test]
 #[ignore = "needs the local cluster (hack/run-cluster-tests.sh)"]
 async fn sim_agent_build_failure_gives_up_with_build_failed_and_keeps_the_module() {
-    let env = TestEnv::new("sim-build-fail").await;
-    let ns = env.namespace().await;
-    let policy = env.name("p");
-    let node = env
-        .tt_node("n0", &[(labels::KMD_VERSION, "2.7.0")])
-        .await
-        .metadata
-        .name
-        .unwrap_or_default();
-    annotate(
-        &env,
-        &node,
-        serde_json::json!({ BUILD_FAIL_ANNOTATION: "2.8.0" }),
+    let (build, load) = (Duration::from_millis(200), Duration::ZERO);
+    let (env, ns, _policy, node, _agent) = handed_2_8_0(
+        "sim-build-fail",
+        BUILD_FAIL_ANNOTATION,
+        "2.8.0",
+        build,
+        load,
     )
     .await;
-    let _agent = SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.clone(),
-            build: Duration::from_millis(200),
-            ..Default::default()
-        },
-    );
-    installer(&env, &ns, &node, &policy, "2.8.0").await;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
     let message = wait_for("a termination message", T, || async {
         let p = pods

@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use ttdrv_api::{NodeState, labels};
 use ttdrv_testkit::sim_agent::{HOST_MANAGED_ANNOTATION, UNLOAD_FAIL_ANNOTATION};
 use ttdrv_testkit::{TestEnv, wait_for};
@@ -20,18 +18,19 @@ use ttdrv_testkit::{TestEnv, wait_for};
 const T: Duration = Duration::from_secs(120);
 
 fn spec(env: &TestEnv) -> String {
-    format!(
-        "version: \"2.8.0\"\nnodeAffinity: {{matchLabels: {{ttdrv-test: {}}}}}\nupgradePolicy: {{maxUnavailable: 1}}",
-        env.id
-    )
+    fleet_spec(env, "2.8.0", "upgradePolicy: {maxUnavailable: 1}")
 }
 
-async fn annotate(env: &TestEnv, node: &str, key: &str, value: Option<&str>) {
-    let api: Api<Node> = Api::all(env.client.clone());
-    let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
-    api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("annotating node");
+/// Waits until every one of `nodes` is Unmanaged in the policy's status and
+/// looks [`vacated`].
+async fn wait_vacated(env: &TestEnv, policy: &str, nodes: &[String]) {
+    for n in nodes {
+        wait_node(env, policy, n, NodeState::Unmanaged, T).await;
+        wait_for(&format!("{n} vacated"), T, || async {
+            vacated(&env.get_node(n).await, policy)
+        })
+        .await;
+    }
 }
 
 /// A managed fleet at 2.8.0 (one node a DKMS host, one with a workload on
@@ -48,7 +47,8 @@ async fn unmanage_vacates_every_node_one_at_a_time_and_leaves_them_alone() {
     )
     .await;
     let dkms = nodes[3].clone();
-    annotate(&env, &dkms, HOST_MANAGED_ANNOTATION, Some("2.6.0")).await;
+    env.annotate_node(&dkms, HOST_MANAGED_ANNOTATION, Some("2.6.0"))
+        .await;
     let _ctl = controller(&env, &ns);
     let policy = env.name("fleet");
     create_policy(&env, &policy, &spec(&env)).await;
@@ -70,22 +70,11 @@ async fn unmanage_vacates_every_node_one_at_a_time_and_leaves_them_alone() {
         nodes.len(),
         started.elapsed()
     );
-    for n in &nodes {
-        wait_for(&format!("{n} vacated"), T, || async {
-            vacated(&env.get_node(n).await, &policy)
-        })
-        .await;
-    }
+    wait_vacated(&env, &policy, &nodes).await;
     // No installer pod left, and the DaemonSet goes.
     let ds_name = format!("ttdrv-{policy}");
     let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &ns);
-    wait_for("the DaemonSet deleted", T, || async {
-        match dss.get_opt(&ds_name).await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{:?}", other.map(|d| d.is_some()))),
-        }
-    })
-    .await;
+    env.wait_daemonset_gone(&ns, &ds_name, T).await;
     for n in &nodes {
         wait_for(&format!("no installer pod on {n}"), T, || async {
             let pods = env.pods_on(&ns, n).await;
@@ -108,7 +97,7 @@ async fn unmanage_vacates_every_node_one_at_a_time_and_leaves_them_alone() {
         .await;
     }
     // The workload was drained off its node, and is back somewhere schedulable.
-    let st = get_policy(&env, &policy).await.status.unwrap_or_default();
+    let st = status(&env, &policy).await;
     assert_eq!(st.phase.as_deref(), Some("Unmanaged"), "{st:?}");
     let seen = safety.seen();
     assert!(
@@ -164,8 +153,7 @@ async fn unmanage_vacates_every_node_one_at_a_time_and_leaves_them_alone() {
         dss.get_opt(&ds_name).await.ok().flatten().is_none(),
         "the DaemonSet stays gone"
     );
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// One node's unload fails: it is UnloadFailed, still cordoned, the policy
@@ -181,7 +169,8 @@ async fn a_failed_unload_halts_the_other_nodes_until_retried() {
         sim_agent_300ms(),
     )
     .await;
-    annotate(&env, &nodes[0], UNLOAD_FAIL_ANNOTATION, Some("true")).await;
+    env.annotate_node(&nodes[0], UNLOAD_FAIL_ANNOTATION, Some("true"))
+        .await;
     let _ctl = controller(&env, &ns);
     let policy = env.name("fleet");
     create_policy(&env, &policy, &format!("{}\nunmanage: true", spec(&env))).await;
@@ -191,7 +180,7 @@ async fn a_failed_unload_halts_the_other_nodes_until_retried() {
     assert!(msg.contains("rmmod") && msg.contains("retry"), "{msg}");
     // Halted: the others do not start.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let st = get_policy(&env, &policy).await.status.unwrap_or_default();
+    let st = status(&env, &policy).await;
     for n in &nodes[1..] {
         let state = st.nodes.iter().find(|e| e.name == *n).map(|e| e.state);
         assert_eq!(state, Some(NodeState::Pending), "{n} held: {st:?}");
@@ -215,15 +204,10 @@ async fn a_failed_unload_halts_the_other_nodes_until_retried() {
             .any(|(r, n)| r == "NodeUnloadFailed" && n.contains(&nodes[0]))
     );
     // Fixed and retried: every node ends vacated.
-    annotate(&env, &nodes[0], UNLOAD_FAIL_ANNOTATION, None).await;
-    annotate(&env, &nodes[0], "driver.tenstorrent.com/retry", Some("1")).await;
-    for n in &nodes {
-        wait_node(&env, &policy, n, NodeState::Unmanaged, T).await;
-        wait_for(&format!("{n} vacated"), T, || async {
-            vacated(&env.get_node(n).await, &policy)
-        })
+    env.annotate_node(&nodes[0], UNLOAD_FAIL_ANNOTATION, None)
         .await;
-    }
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.annotate_node(&nodes[0], ttdrv_core::node::RETRY_ANNOTATION, Some("1"))
+        .await;
+    wait_vacated(&env, &policy, &nodes).await;
+    env.teardown().await;
 }

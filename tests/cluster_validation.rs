@@ -10,8 +10,6 @@
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::Api;
 use kube::api::{DynamicObject, PostParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::ApiResource;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use ttdrv_api::TenstorrentDriverPolicy;
@@ -21,37 +19,13 @@ use ttdrv_api::validation::{
     POLICY_NAME_MAX_LENGTH, SELECTOR_VALUES_MAX, SOURCE_REPOSITORY_MAX_LENGTH,
 };
 use ttdrv_controller::render::{RenderContext, render_daemonset};
+use ttdrv_testkit::policy::{create_raw_policy, delete_policies};
 use ttdrv_testkit::{TestEnv, ensure_crd};
-
-fn dynamic_api(env: &TestEnv) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk(
-        "driver.tenstorrent.com",
-        "v1alpha1",
-        "TenstorrentDriverPolicy",
-    );
-    Api::all_with(
-        env.client.clone(),
-        &ApiResource::from_gvk_with_plural(&gvk, "tenstorrentdriverpolicies"),
-    )
-}
 
 /// Creates a policy named `name` with `spec` (raw JSON, so malformed values reach
 /// the API server as written).
 async fn create(env: &TestEnv, name: &str, spec: &Value) -> Result<DynamicObject, kube::Error> {
-    let obj: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "driver.tenstorrent.com/v1alpha1",
-        "kind": "TenstorrentDriverPolicy",
-        "metadata": { "name": name, "labels": env.labels() },
-        "spec": spec,
-    }))
-    .expect("object");
-    dynamic_api(env).create(&PostParams::default(), &obj).await
-}
-
-async fn cleanup(env: &TestEnv) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    let lp = kube::api::ListParams::default().labels(&env.selector());
-    let _ = api.delete_collection(&Default::default(), &lp).await;
+    create_raw_policy(env, name, spec).await
 }
 
 /// A name of this test of exactly `len` characters.
@@ -762,7 +736,7 @@ async fn malformed_policies_are_refused_naming_the_field() {
             Err(e) => failures.push(format!("{}: {e}", r.what)),
         }
     }
-    cleanup(&env).await;
+    delete_policies(&env).await;
     println!(
         "{} malformed policies, {} refused with the field named",
         rows.len(),
@@ -821,6 +795,6 @@ async fn edge_valid_policies_and_docs_examples_are_accepted_and_render_a_valid_d
             )),
         }
     }
-    cleanup(&env).await;
+    delete_policies(&env).await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -10,40 +10,13 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use ttdrv_api::{NodeState, labels};
 use ttdrv_testkit::sim_agent::HOST_MANAGED_ANNOTATION;
-use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
+use ttdrv_testkit::{TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(120);
-
-fn agent(env: &TestEnv, ns: &str) -> SimAgent {
-    SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.to_string(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    )
-}
-
-async fn annotate(env: &TestEnv, node: &str, key: &str, value: &str) {
-    let api: Api<Node> = Api::all(env.client.clone());
-    let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
-    api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("annotating {node}: {e}"));
-}
-
-async fn node_name(n: Node) -> String {
-    n.metadata.name.clone().unwrap_or_default()
-}
 
 /// `plan` predicts order, evictions, pods left and skipped nodes; the rollout
 /// then cordons the nodes in that order and evicts exactly those pods. `watch`
@@ -54,44 +27,23 @@ async fn plan_predicts_what_the_rollout_does() {
     let env = TestEnv::new("plugin-plan").await;
     let _guard = CleanupOnPanic { id: env.id.clone() };
     let ns = env.namespace().await;
-    let mut tt = vec![];
-    for i in 0..4 {
-        tt.push(node_name(env.tt_node(&format!("n{i}"), &[]).await).await);
-    }
+    let tt = env.tt_node_names(&["n0", "n1", "n2", "n3"]).await;
     // A DKMS host, as the agent labelled it on an earlier visit.
-    let host = node_name(
-        env.tt_node(
-            "dkms",
-            &[
-                (labels::INSTALL_MODE, labels::INSTALL_MODE_HOST),
-                (labels::KMD_VERSION, "2.6.0"),
-            ],
-        )
-        .await,
-    )
-    .await;
-    annotate(&env, &host, HOST_MANAGED_ANNOTATION, "2.6.0").await;
-    let skip = node_name(env.tt_node("skip", &[(labels::SKIP, "true")]).await).await;
-    let cpu = node_name(env.node("cpu", &[]).await).await;
+    let host_labels = [
+        (labels::INSTALL_MODE, labels::INSTALL_MODE_HOST),
+        (labels::KMD_VERSION, "2.6.0"),
+    ];
+    let host = env.tt_node_name("dkms", &host_labels).await;
+    env.annotate_node(&host, HOST_MANAGED_ANNOTATION, Some("2.6.0"))
+        .await;
+    let skip = env.tt_node_name("skip", &[(labels::SKIP, "true")]).await;
+    let cpu = env.node("cpu", &[]).await.metadata.name.unwrap_or_default();
     let _agent = agent(&env, &ns);
     let _ctl = controller(&env, &ns);
     let policy = env.name("fleet");
-    create_policy(
-        &env,
-        &policy,
-        &format!("version: \"2.7.0\"\nnodeAffinity: {}", selector(&env)),
-    )
-    .await;
+    create_policy(&env, &policy, &fleet_spec(&env, "2.7.0", "")).await;
     wait_nodes(&env, &policy, &tt, NodeState::Done, Some("2.7.0"), T).await;
-    wait_nodes(
-        &env,
-        &policy,
-        std::slice::from_ref(&host),
-        NodeState::Done,
-        Some("2.6.0"),
-        T,
-    )
-    .await;
+    wait_node_at(&env, &policy, &host, NodeState::Done, Some("2.6.0"), T).await;
 
     // Workloads: a device user on n1 (so n1 goes last), a Deployment on n2, a
     // bare pod on n0 (left in place), nothing on n3.
@@ -178,7 +130,7 @@ async fn plan_predicts_what_the_rollout_does() {
     }
 
     // The rollout, watched by the plugin and, independently, by a node watch.
-    let cordons = CordonOrder::start(&env).await;
+    let cordons = NodeOrder::cordons(&env).await;
     // Bump first, then watch (on a settled policy watch would end at once); the
     // watch waits for the controller to observe the new generation.
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
@@ -244,41 +196,7 @@ async fn plan_predicts_what_the_rollout_does() {
     let parsed: serde_yaml::Value = serde_yaml::from_str(&all.stdout).expect("status yaml");
     assert!(parsed.as_sequence().is_some_and(|s| !s.is_empty()));
 
-    delete_policies(&env).await;
-    env.cleanup().await;
-}
-
-async fn guard_with_pdb(env: &TestEnv, ns: &str, node: &str) -> String {
-    deployment(env, ns, "guarded", node, false).await;
-    let pdb = PodDisruptionBudget {
-        metadata: ObjectMeta {
-            name: Some("guard".into()),
-            ..Default::default()
-        },
-        spec: Some(PodDisruptionBudgetSpec {
-            min_available: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector {
-                match_labels: Some([("app".to_string(), "guarded".to_string())].into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let api: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), ns);
-    api.create(&PostParams::default(), &pdb)
-        .await
-        .expect("creating the PDB");
-    wait_pods_ready(env, ns, 1).await;
-    wait_for("the PDB computed", Duration::from_secs(60), || async {
-        let p = api.get("guard").await.map_err(|e| e.to_string())?;
-        match p.status {
-            Some(s) if s.current_healthy == 1 && s.disruptions_allowed == 0 => Ok(()),
-            s => Err(format!("{s:?}")),
-        }
-    })
-    .await;
-    format!("{ns}/guard")
+    env.teardown().await;
 }
 
 /// A PDB that `plan` names as a blocker does block the rollout: the node fails
@@ -287,26 +205,11 @@ async fn guard_with_pdb(env: &TestEnv, ns: &str, node: &str) -> String {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn plan_blocker_fails_the_node_and_retry_recovers_it() {
-    let env = TestEnv::new("plugin-block").await;
-    let _guard = CleanupOnPanic { id: env.id.clone() };
-    let ns = env.namespace().await;
-    let a = node_name(env.tt_node("a", &[]).await).await;
-    let b = node_name(env.tt_node("b", &[]).await).await;
-    let _agent = agent(&env, &ns);
-    let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
-    create_policy(
-        &env,
-        &policy,
-        &format!(
-            "version: \"2.7.0\"\nnodeAffinity: {}\nupgradePolicy: {{drain: {{timeoutSeconds: 3}}}}",
-            selector(&env)
-        ),
-    )
-    .await;
-    let both = vec![a.clone(), b.clone()];
-    wait_nodes(&env, &policy, &both, NodeState::Done, Some("2.7.0"), T).await;
-    let pdb = guard_with_pdb(&env, &ns, &a).await;
+    let drain = "upgradePolicy: {drain: {timeoutSeconds: 3}}";
+    let (env, ns, both, policy, _running) = fleet("plugin-block", &["a", "b"], drain).await;
+    let (a, b) = (both[0].clone(), both[1].clone());
+    deployment(&env, &ns, "guarded", &a, false).await;
+    let pdb = guard(&env, &ns, 1).await;
 
     let plan = plugin(&["plan", &policy, "--version", "2.8.0", "-o", "json"])
         .await
@@ -329,15 +232,7 @@ async fn plan_blocker_fails_the_node_and_retry_recovers_it() {
         "the failure names the node and the PDB the plan predicted: {}",
         watched.stderr
     );
-    wait_nodes(
-        &env,
-        &policy,
-        std::slice::from_ref(&a),
-        NodeState::Failed,
-        None,
-        T,
-    )
-    .await;
+    wait_node_at(&env, &policy, &a, NodeState::Failed, None, T).await;
 
     // retry: refused for the waiting node, unknown nodes and unknown policies.
     let refused = plugin(&["retry", &policy, &b]).await;
@@ -366,10 +261,7 @@ async fn plan_blocker_fails_the_node_and_retry_recovers_it() {
     assert!(!b_ann.contains_key("driver.tenstorrent.com/retry"));
 
     // Remove the cause, retry the Failed node: the rollout completes.
-    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &ns)
-        .delete("guard", &Default::default())
-        .await
-        .expect("deleting the PDB");
+    env.delete_pdb(&ns, "guard").await;
     let ok = plugin(&["retry", &policy, &a, "-o", "json"]).await;
     assert_eq!(ok.code, 0, "{}", ok.stderr);
     let token = ok.json()["token"].as_str().unwrap_or_default().to_string();
@@ -384,8 +276,7 @@ async fn plan_blocker_fails_the_node_and_retry_recovers_it() {
     assert_eq!(watched.code, 0, "{}", watched.stderr);
     wait_nodes(&env, &policy, &both, NodeState::Done, Some("2.8.0"), T).await;
 
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// pause/resume flip spec.paused; a missing policy or node is named in the error.
@@ -394,14 +285,9 @@ async fn plan_blocker_fails_the_node_and_retry_recovers_it() {
 async fn pause_resume_and_clear_errors() {
     let env = TestEnv::new("plugin-pause").await;
     let _guard = CleanupOnPanic { id: env.id.clone() };
-    let node = node_name(env.tt_node("n", &[]).await).await;
+    let node = env.tt_node_name("n", &[]).await;
     let policy = env.name("fleet");
-    create_policy(
-        &env,
-        &policy,
-        &format!("version: \"2.7.0\"\nnodeAffinity: {}", selector(&env)),
-    )
-    .await;
+    create_policy(&env, &policy, &fleet_spec(&env, "2.7.0", "")).await;
 
     let r = plugin(&["pause", &policy]).await;
     assert_eq!(r.code, 0, "{}", r.stderr);
@@ -454,8 +340,7 @@ async fn pause_resume_and_clear_errors() {
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("not a tt-kmd version"), "{}", r.stderr);
 
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// `logs` finds the installer pod of a node (container "installer") and names
@@ -463,39 +348,10 @@ async fn pause_resume_and_clear_errors() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn logs_of_installer_pods() {
-    let env = TestEnv::new("plugin-logs").await;
-    let _guard = CleanupOnPanic { id: env.id.clone() };
-    let ns = env.namespace().await;
-    let n = node_name(env.tt_node("n", &[]).await).await;
-    let _agent = agent(&env, &ns);
-    let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
-    create_policy(
-        &env,
-        &policy,
-        &format!("version: \"2.7.0\"\nnodeAffinity: {}", selector(&env)),
-    )
-    .await;
-    wait_nodes(
-        &env,
-        &policy,
-        std::slice::from_ref(&n),
-        NodeState::Done,
-        Some("2.7.0"),
-        T,
-    )
-    .await;
-    let pod = env
-        .pods_on(&ns, &n)
+    let (env, ns, nodes, policy, _running) = fleet("plugin-logs", &["n"], "").await;
+    let n = nodes[0].clone();
+    let pod = installer_pod(&env, &ns, &n, &policy)
         .await
-        .into_iter()
-        .find(|p| {
-            p.metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.get(labels::CLAIM) == Some(&policy))
-        })
-        .and_then(|p| p.metadata.name)
         .expect("installer pod on the node");
 
     // kwok's simulated kubelet may or may not serve logs; either way the plugin
@@ -526,8 +382,7 @@ async fn logs_of_installer_pods() {
         r.stderr
     );
 
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// `restart <cr>` deletes the policy's installer pods and the DaemonSet makes
@@ -536,39 +391,11 @@ async fn logs_of_installer_pods() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn restart_replaces_installer_pods() {
-    let env = TestEnv::new("plugin-restart").await;
-    let _guard = CleanupOnPanic { id: env.id.clone() };
-    let ns = env.namespace().await;
-    let n = node_name(env.tt_node("n", &[]).await).await;
-    let _agent = agent(&env, &ns);
-    let _ctl = controller(&env, &ns);
-    let policy = env.name("fleet");
-    create_policy(
-        &env,
-        &policy,
-        &format!("version: \"2.7.0\"\nnodeAffinity: {}", selector(&env)),
-    )
-    .await;
-    wait_nodes(
-        &env,
-        &policy,
-        std::slice::from_ref(&n),
-        NodeState::Done,
-        Some("2.7.0"),
-        T,
-    )
-    .await;
-    let installer = |pods: Vec<Pod>| {
-        pods.into_iter()
-            .find(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .is_some_and(|l| l.get(labels::CLAIM) == Some(&policy))
-            })
-            .and_then(|p| p.metadata.name)
-    };
-    let before = installer(env.pods_on(&ns, &n).await).expect("installer pod on the node");
+    let (env, ns, nodes, policy, _running) = fleet("plugin-restart", &["n"], "").await;
+    let n = nodes[0].clone();
+    let before = installer_pod(&env, &ns, &n, &policy)
+        .await
+        .expect("installer pod on the node");
 
     let r = plugin_env(
         &["restart", &policy],
@@ -578,24 +405,15 @@ async fn restart_replaces_installer_pods() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains(&before), "{}", r.stdout);
     wait_for("a new installer pod", T, || async {
-        match installer(env.pods_on(&ns, &n).await) {
+        match installer_pod(&env, &ns, &n, &policy).await {
             Some(p) if p != before => Ok(()),
             other => Err(format!("{other:?}")),
         }
     })
     .await;
-    wait_nodes(
-        &env,
-        &policy,
-        std::slice::from_ref(&n),
-        NodeState::Done,
-        Some("2.7.0"),
-        T,
-    )
-    .await;
+    wait_node_at(&env, &policy, &n, NodeState::Done, Some("2.7.0"), T).await;
     let r = plugin(&["restart", &policy, "no-such-node-xyz", "-n", &ns]).await;
     assert_eq!(r.code, 1);
 
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }

@@ -10,103 +10,15 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
-use ttdrv_testkit::{SimAgent, SimAgentConfig, TestEnv, wait_for};
+use ttdrv_testkit::wait_for;
 
 const T: Duration = Duration::from_secs(120);
-
-/// Records the order in which this test's nodes first enter a cycle of ours
-/// (Cordoning..Uncordoning in the record the controller keeps on the node).
-/// Unlike `CordonOrder` it sees a node an admin had cordoned already.
-struct CycleOrder {
-    order: Arc<Mutex<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl CycleOrder {
-    async fn start(env: &TestEnv) -> Self {
-        let api: Api<Node> = Api::all(env.client.clone());
-        let cfg = watcher::Config::default().labels(&env.selector());
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let o = order.clone();
-        let task = tokio::spawn(async move {
-            let mut stream = watcher(api, cfg).applied_objects().boxed();
-            while let Ok(Some(n)) = stream.try_next().await {
-                let name = n.metadata.name.clone().unwrap_or_default();
-                let cycling = ttdrv_core::node::record(&n)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|r| r.state.is_in_progress());
-                if cycling
-                    && let Ok(mut v) = o.lock()
-                    && !v.contains(&name)
-                {
-                    v.push(name);
-                }
-            }
-        });
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        Self { order, task }
-    }
-
-    fn order(&self) -> Vec<String> {
-        self.order.lock().map(|v| v.clone()).unwrap_or_default()
-    }
-}
-
-impl Drop for CycleOrder {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn agent(env: &TestEnv, ns: &str) -> SimAgent {
-    SimAgent::spawn(
-        env.client.clone(),
-        SimAgentConfig {
-            namespace: ns.to_string(),
-            work: Duration::from_millis(300),
-            ..Default::default()
-        },
-    )
-}
-
-async fn tt_nodes(env: &TestEnv, names: &[&str]) -> Vec<String> {
-    let mut out = vec![];
-    for n in names {
-        let node = env.tt_node(n, &[]).await;
-        out.push(node.metadata.name.unwrap_or_default());
-    }
-    out
-}
-
-/// Creates the policy at 2.7.0 (first install: no cordon) and waits for it.
-async fn installed(env: &TestEnv, nodes: &[String], upgrade_policy: &str) -> String {
-    let policy = env.name("fleet");
-    create_policy(
-        env,
-        &policy,
-        &format!(
-            "version: \"2.7.0\"\nnodeAffinity: {}\nupgradePolicy: {upgrade_policy}",
-            selector(env)
-        ),
-    )
-    .await;
-    wait_nodes(env, &policy, nodes, NodeState::Done, Some("2.7.0"), T).await;
-    policy
-}
+/// The upgrade policy of these fleets: one node at a time.
+const ONE_SLOT: &str = "upgradePolicy: {maxUnavailable: 1}";
 
 /// The plugin's plan for 2.8.0: (node order, blockers per node in that order, halted).
 struct Predicted {
@@ -137,10 +49,6 @@ async fn predict(policy: &str) -> Predicted {
     }
 }
 
-async fn status_of(env: &TestEnv, policy: &str) -> ttdrv_api::TenstorrentDriverPolicyStatus {
-    get_policy(env, policy).await.status.unwrap_or_default()
-}
-
 fn progressing_message(p: &TenstorrentDriverPolicy) -> String {
     p.status
         .iter()
@@ -154,13 +62,8 @@ fn progressing_message(p: &TenstorrentDriverPolicy) -> String {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn device_users_go_last_as_planned() {
-    let env = TestEnv::new("planvs-dev").await;
-    let _guard = CleanupOnPanic { id: env.id.clone() };
-    let ns = env.namespace().await;
-    let tt = tt_nodes(&env, &["a0", "a1", "a2", "a3"]).await;
-    let _agent = agent(&env, &ns);
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &tt, "{maxUnavailable: 1}").await;
+    let (env, ns, tt, policy, _running) =
+        fleet("planvs-dev", &["a0", "a1", "a2", "a3"], ONE_SLOT).await;
     // Device users on the two nodes that sort first by name.
     deployment(&env, &ns, "dev0", &tt[0], true).await;
     deployment(&env, &ns, "dev1", &tt[1], true).await;
@@ -178,13 +81,13 @@ async fn device_users_go_last_as_planned() {
         assert!(b.is_empty(), "no blockers predicted on {n}: {b:?}");
     }
 
-    let cordons = CordonOrder::start(&env).await;
-    let cycles = CycleOrder::start(&env).await;
+    let cordons = NodeOrder::cordons(&env).await;
+    let cycles = NodeOrder::cycles(&env).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes(&env, &policy, &tt, NodeState::Done, Some("2.8.0"), T).await;
     assert_eq!(cordons.order(), plan.order, "cordon order = plan order");
     assert_eq!(cycles.order(), plan.order, "cycle order = plan order");
-    let st = status_of(&env, &policy).await;
+    let st = status(&env, &policy).await;
     for n in &st.nodes {
         assert!(
             n.state == NodeState::Done,
@@ -192,8 +95,7 @@ async fn device_users_go_last_as_planned() {
         );
     }
 
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// An admin's cordon: the node goes first (it is out of service already), keeps
@@ -202,13 +104,8 @@ async fn device_users_go_last_as_planned() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn admin_cordon_goes_first_and_stalls_as_planned() {
-    let env = TestEnv::new("planvs-admin").await;
-    let _guard = CleanupOnPanic { id: env.id.clone() };
-    let ns = env.namespace().await;
-    let tt = tt_nodes(&env, &["b0", "b1", "b2"]).await;
-    let _agent = agent(&env, &ns);
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &tt, "{maxUnavailable: 1}").await;
+    let (env, _ns, tt, policy, _running) =
+        fleet("planvs-admin", &["b0", "b1", "b2"], ONE_SLOT).await;
     // The node that sorts last by name.
     env.set_unschedulable(&tt[2], true).await;
 
@@ -230,17 +127,9 @@ async fn admin_cordon_goes_first_and_stalls_as_planned() {
         })
         .unwrap_or_else(|| panic!("plan predicts the stall: {:?}", plan.halted));
 
-    let cycles = CycleOrder::start(&env).await;
+    let cycles = NodeOrder::cycles(&env).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    wait_nodes(
-        &env,
-        &policy,
-        std::slice::from_ref(&tt[2]),
-        NodeState::Done,
-        Some("2.8.0"),
-        T,
-    )
-    .await;
+    wait_node_at(&env, &policy, &tt[2], NodeState::Done, Some("2.8.0"), T).await;
     // The controller says why nothing more starts: the reason the plan gave.
     wait_for("the controller's stall reason", T, || async {
         let msg = progressing_message(&get_policy(&env, &policy).await);
@@ -267,8 +156,7 @@ async fn admin_cordon_goes_first_and_stalls_as_planned() {
     wait_nodes(&env, &policy, &tt, NodeState::Done, Some("2.8.0"), T).await;
     assert_eq!(cycles.order(), plan.order, "cycle order = plan order");
 
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }
 
 /// A node whose drain a PodDisruptionBudget blocks: the plan names the PDB; the
@@ -277,45 +165,12 @@ async fn admin_cordon_goes_first_and_stalls_as_planned() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn pdb_blocker_is_the_one_the_controller_meets() {
-    let env = TestEnv::new("planvs-pdb").await;
-    let _guard = CleanupOnPanic { id: env.id.clone() };
-    let ns = env.namespace().await;
-    let tt = tt_nodes(&env, &["c0", "c1", "c2"]).await;
-    let _agent = agent(&env, &ns);
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &tt, "{maxUnavailable: 1, drain: {timeoutSeconds: 3}}").await;
+    let drain = "upgradePolicy: {maxUnavailable: 1, drain: {timeoutSeconds: 3}}";
+    let (env, ns, tt, policy, _running) = fleet("planvs-pdb", &["c0", "c1", "c2"], drain).await;
     // A device user on c0 sends it last; the guarded pod sits on c1.
     deployment(&env, &ns, "dev0", &tt[0], true).await;
     deployment(&env, &ns, "guarded", &tt[1], false).await;
-    let pdb = PodDisruptionBudget {
-        metadata: ObjectMeta {
-            name: Some("guard".into()),
-            ..Default::default()
-        },
-        spec: Some(PodDisruptionBudgetSpec {
-            min_available: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector {
-                match_labels: Some([("app".to_string(), "guarded".to_string())].into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &ns);
-    pdbs.create(&PostParams::default(), &pdb)
-        .await
-        .expect("creating the PDB");
-    wait_pods_ready(&env, &ns, 2).await;
-    wait_for("the PDB computed", Duration::from_secs(60), || async {
-        let p = pdbs.get("guard").await.map_err(|e| e.to_string())?;
-        match p.status {
-            Some(s) if s.current_healthy == 1 && s.disruptions_allowed == 0 => Ok(()),
-            s => Err(format!("{s:?}")),
-        }
-    })
-    .await;
-    let pdb_id = format!("{ns}/guard");
+    let pdb_id = guard(&env, &ns, 2).await;
 
     let plan = predict(&policy).await;
     assert_eq!(plan.order, [tt[1].clone(), tt[2].clone(), tt[0].clone()]);
@@ -331,19 +186,11 @@ async fn pdb_blocker_is_the_one_the_controller_meets() {
     );
     assert!(blocked[0].1[0].contains(&pdb_id), "{blocked:?}");
 
-    let cycles = CycleOrder::start(&env).await;
+    let cycles = NodeOrder::cycles(&env).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    wait_nodes(
-        &env,
-        &policy,
-        std::slice::from_ref(&tt[1]),
-        NodeState::Failed,
-        None,
-        T,
-    )
-    .await;
+    wait_node_at(&env, &policy, &tt[1], NodeState::Failed, None, T).await;
     // The blocker the controller reports is the one the plan named.
-    let st = status_of(&env, &policy).await;
+    let st = status(&env, &policy).await;
     let failed = st
         .nodes
         .iter()
@@ -366,14 +213,11 @@ async fn pdb_blocker_is_the_one_the_controller_meets() {
     }
 
     // The plan's order assumes the Failed node retried: remove the cause, retry.
-    pdbs.delete("guard", &Default::default())
-        .await
-        .expect("deleting the PDB");
+    env.delete_pdb(&ns, "guard").await;
     let ok = plugin(&["retry", &policy, &tt[1]]).await;
     assert_eq!(ok.code, 0, "{}", ok.stderr);
     wait_nodes(&env, &policy, &tt, NodeState::Done, Some("2.8.0"), T).await;
     assert_eq!(cycles.order(), plan.order, "cycle order = plan order");
 
-    delete_policies(&env).await;
-    env.cleanup().await;
+    env.teardown().await;
 }

@@ -104,6 +104,11 @@ impl TestEnv {
         format!("{TEST_LABEL}={}", self.id)
     }
 
+    /// A policy's `nodeAffinity` (YAML flow) selecting exactly this test's nodes.
+    pub fn nodes_selector(&self) -> String {
+        format!("{{matchLabels: {{{TEST_LABEL}: {}}}}}", self.id)
+    }
+
     /// Name of a test object: `<id>-<suffix>`.
     pub fn name(&self, suffix: &str) -> String {
         format!("{}-{suffix}", self.id)
@@ -131,6 +136,24 @@ impl TestEnv {
         let mut labels = vec![(ttdrv_api::labels::TT_PCI_PRESENT, "true")];
         labels.extend_from_slice(extra);
         self.node(suffix, &labels).await
+    }
+
+    /// [`TestEnv::tt_node`], returning only the node's name.
+    pub async fn tt_node_name(&self, suffix: &str, extra: &[(&str, &str)]) -> String {
+        self.tt_node(suffix, extra)
+            .await
+            .metadata
+            .name
+            .unwrap_or_default()
+    }
+
+    /// One tt node per suffix (no extra labels); their names, in that order.
+    pub async fn tt_node_names<S: AsRef<str>>(&self, suffixes: &[S]) -> Vec<String> {
+        let mut names = vec![];
+        for s in suffixes {
+            names.push(self.tt_node_name(s.as_ref(), &[]).await);
+        }
+        names
     }
 
     /// A simulated node with the given labels (plus the test label).
@@ -196,26 +219,38 @@ impl TestEnv {
         .await
     }
 
-    pub async fn label_node(&self, name: &str, key: &str, value: Option<&str>) {
+    /// Merge-patches the node; `what` says what for, in a failure.
+    async fn patch_node(&self, name: &str, patch: serde_json::Value, what: &str) {
         let api: Api<Node> = Api::all(self.client.clone());
-        let patch = serde_json::json!({ "metadata": { "labels": { key: value } } });
         if let Err(e) = api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            panic!("labelling node {name} {key}={value:?}: {e}");
+            panic!("{what} on node {name}: {e}");
         }
     }
 
+    pub async fn label_node(&self, name: &str, key: &str, value: Option<&str>) {
+        let patch = serde_json::json!({ "metadata": { "labels": { key: value } } });
+        self.patch_node(name, patch, &format!("setting label {key}={value:?}"))
+            .await;
+    }
+
+    /// Sets (or with `None` removes) an annotation on a node.
+    pub async fn annotate_node(&self, name: &str, key: &str, value: Option<&str>) {
+        let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
+        self.patch_node(name, patch, &format!("setting annotation {key}={value:?}"))
+            .await;
+    }
+
     pub async fn set_unschedulable(&self, name: &str, unschedulable: bool) {
-        let api: Api<Node> = Api::all(self.client.clone());
         let patch = serde_json::json!({ "spec": { "unschedulable": unschedulable } });
-        if let Err(e) = api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            panic!("setting unschedulable={unschedulable} on {name}: {e}");
-        }
+        self.patch_node(
+            name,
+            patch,
+            &format!("setting unschedulable={unschedulable}"),
+        )
+        .await;
     }
 
     /// Takes the node out of kwok's hands (label [`NOT_READY_LABEL`]: no
@@ -264,6 +299,165 @@ impl TestEnv {
         }
     }
 
+    /// A one-replica Deployment `app` of `namespace` whose pod (labelled
+    /// `app=<app>`) is pinned to `node` by nodeSelector, so an evicted replica
+    /// waits Pending while the node is cordoned; with `device` it mounts
+    /// /dev/tenstorrent (hostPath), a device user.
+    pub async fn pinned_deployment(&self, namespace: &str, app: &str, node: &str, device: bool) {
+        use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+        use k8s_openapi::api::core::v1::PodTemplateSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+        let labels = BTreeMap::from([("app".to_string(), app.to_string())]);
+        let mut spec = workload_pod(device);
+        spec.node_selector = Some(BTreeMap::from([(
+            "kubernetes.io/hostname".to_string(),
+            node.to_string(),
+        )]));
+        let dep = Deployment {
+            metadata: ObjectMeta {
+                name: Some(app.into()),
+                ..Default::default()
+            },
+            spec: Some(DeploymentSpec {
+                replicas: Some(1),
+                selector: LabelSelector {
+                    match_labels: Some(labels.clone()),
+                    ..Default::default()
+                },
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(labels),
+                        ..Default::default()
+                    }),
+                    spec: Some(spec),
+                },
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
+        if let Err(e) = api.create(&PostParams::default(), &dep).await {
+            panic!("creating Deployment {app}: {e}");
+        }
+    }
+
+    /// A bare pod `name` (no controller, labelled `app=<name>`) bound to `node`.
+    pub async fn bare_pod(&self, namespace: &str, name: &str, node: &str) {
+        let mut spec = workload_pod(false);
+        spec.node_name = Some(node.into());
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
+                ..Default::default()
+            },
+            spec: Some(spec),
+            ..Default::default()
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        if let Err(e) = api.create(&PostParams::default(), &pod).await {
+            panic!("creating pod {name}: {e}");
+        }
+    }
+
+    /// A PodDisruptionBudget `name` with minAvailable 1 over the pods `app=<app>`
+    /// of `namespace`; waits until it counts `app`'s pod healthy and allows no
+    /// disruption, so that it refuses every eviction from then on.
+    pub async fn guard_app(&self, namespace: &str, name: &str, app: &str) {
+        use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        let pdb = PodDisruptionBudget {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                min_available: Some(IntOrString::Int(1)),
+                selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
+        if let Err(e) = api.create(&PostParams::default(), &pdb).await {
+            panic!("creating PDB {name}: {e}");
+        }
+        wait_for(
+            &format!("PDB {name} to count the healthy pod of {app} and allow no disruption"),
+            Duration::from_secs(60),
+            || async {
+                let p = api.get(name).await.map_err(|e| e.to_string())?;
+                match p.status {
+                    Some(s) if s.current_healthy >= 1 && s.disruptions_allowed == 0 => Ok(()),
+                    s => Err(format!("{s:?}")),
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Deletes the PodDisruptionBudget `name`: the drains it held may finish.
+    pub async fn delete_pdb(&self, namespace: &str, name: &str) {
+        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
+        if let Err(e) = api.delete(name, &DeleteParams::default()).await {
+            panic!("deleting PDB {name}: {e}");
+        }
+    }
+
+    /// The non-terminating installer pods (label [`ttdrv_api::labels::CLAIM`]) in
+    /// `namespace`: of `policy`, or of any policy with `None`. An error to list is
+    /// returned as text, for [`wait_for`].
+    pub async fn installer_pods(
+        &self,
+        namespace: &str,
+        policy: Option<&str>,
+    ) -> Result<Vec<Pod>, String> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let claim = ttdrv_api::labels::CLAIM;
+        let lp = ListParams::default().labels(&match policy {
+            Some(p) => format!("{claim}={p}"),
+            None => claim.to_string(),
+        });
+        let list = api
+            .list(&lp)
+            .await
+            .map_err(|e| format!("listing installer pods in {namespace}: {e}"))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect())
+    }
+
+    /// Waits until the DaemonSet `name` of `namespace` is gone.
+    pub async fn wait_daemonset_gone(&self, namespace: &str, name: &str, timeout: Duration) {
+        use k8s_openapi::api::apps::v1::DaemonSet;
+        let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), namespace);
+        wait_for(&format!("DaemonSet {name} deleted"), timeout, || async {
+            match api.get_opt(name).await {
+                Ok(None) => Ok(()),
+                Ok(Some(d)) => Err(format!(
+                    "still there (deletionTimestamp {:?})",
+                    d.metadata.deletion_timestamp
+                )),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+    }
+
+    /// The last step of a cluster test: deletes this test's policies, then its
+    /// nodes and namespace.
+    pub async fn teardown(&self) {
+        policy::delete_policies(self).await;
+        self.cleanup().await;
+    }
+
     /// Deletes this test's nodes and namespace. Call at the end of a test.
     pub async fn cleanup(&self) {
         let nodes: Api<Node> = Api::all(self.client.clone());
@@ -271,6 +465,30 @@ impl TestEnv {
         let _ = nodes.delete_collection(&DeleteParams::default(), &lp).await;
         let nss: Api<Namespace> = Api::all(self.client.clone());
         let _ = nss.delete(&self.id, &DeleteParams::default()).await;
+    }
+}
+
+/// The pod of a test workload: one busybox container; with `device` a
+/// hostPath volume /dev/tenstorrent (a device user).
+fn workload_pod(device: bool) -> k8s_openapi::api::core::v1::PodSpec {
+    use k8s_openapi::api::core::v1::{Container, HostPathVolumeSource, PodSpec, Volume};
+    PodSpec {
+        containers: vec![Container {
+            name: "c".into(),
+            image: Some("busybox".into()),
+            ..Default::default()
+        }],
+        volumes: device.then(|| {
+            vec![Volume {
+                name: "dev".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: "/dev/tenstorrent".into(),
+                    type_: None,
+                }),
+                ..Default::default()
+            }]
+        }),
+        ..Default::default()
     }
 }
 

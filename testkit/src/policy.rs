@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
+use ttdrv_api::{NodeState, NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 
 use crate::{TestEnv, wait_for};
 
@@ -23,6 +24,55 @@ pub async fn create_policy(env: &TestEnv, name: &str, spec_yaml: &str) -> Tensto
         .unwrap_or_else(|e| panic!("creating policy {name}: {e}"))
 }
 
+/// The spec (YAML) of a policy installing `version` on exactly this test's
+/// nodes, followed by `extra` (more spec lines, e.g. `upgradePolicy: {...}`).
+pub fn fleet_spec(env: &TestEnv, version: &str, extra: &str) -> String {
+    format!(
+        "version: \"{version}\"\nnodeAffinity: {}\n{extra}",
+        env.nodes_selector()
+    )
+}
+
+/// Creates policy `fleet` installing 2.7.0 on this test's nodes, with `extra`
+/// spec lines, and waits up to `timeout` until all `nodes` are Done at 2.7.0.
+pub async fn installed(env: &TestEnv, nodes: &[String], extra: &str, timeout: Duration) -> String {
+    let policy = env.name("fleet");
+    create_policy(env, &policy, &fleet_spec(env, "2.7.0", extra)).await;
+    wait_nodes(env, &policy, nodes, NodeState::Done, Some("2.7.0"), timeout).await;
+    policy
+}
+
+/// The policies as untyped objects, so that a test can send what the typed
+/// API would refuse to build.
+pub fn dynamic_api(env: &TestEnv) -> Api<kube::api::DynamicObject> {
+    let gvk = kube::core::GroupVersionKind::gvk(
+        "driver.tenstorrent.com",
+        "v1alpha1",
+        "TenstorrentDriverPolicy",
+    );
+    Api::all_with(
+        env.client.clone(),
+        &kube::discovery::ApiResource::from_gvk_with_plural(&gvk, "tenstorrentdriverpolicies"),
+    )
+}
+
+/// Creates a policy `name` (labelled for this test) with `spec` as written (raw
+/// JSON, so malformed values reach the API server); returns its answer.
+pub async fn create_raw_policy(
+    env: &TestEnv,
+    name: &str,
+    spec: &serde_json::Value,
+) -> Result<kube::api::DynamicObject, kube::Error> {
+    let obj: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "driver.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentDriverPolicy",
+        "metadata": { "name": name, "labels": env.labels() },
+        "spec": spec,
+    }))
+    .unwrap_or_else(|e| panic!("policy object {name}: {e}"));
+    dynamic_api(env).create(&PostParams::default(), &obj).await
+}
+
 /// Merge-patches the policy's spec.
 pub async fn patch_policy(env: &TestEnv, name: &str, spec_patch: serde_json::Value) {
     let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
@@ -37,6 +87,57 @@ pub async fn get_policy(env: &TestEnv, name: &str) -> TenstorrentDriverPolicy {
     api.get(name)
         .await
         .unwrap_or_else(|e| panic!("reading policy {name}: {e}"))
+}
+
+/// The policy's status (the default when it has none yet).
+pub async fn status(env: &TestEnv, name: &str) -> TenstorrentDriverPolicyStatus {
+    get_policy(env, name).await.status.unwrap_or_default()
+}
+
+/// The node's entry in the policy's status.
+pub async fn node_entry(env: &TestEnv, policy: &str, node: &str) -> Option<NodeStatus> {
+    status(env, policy)
+        .await
+        .nodes
+        .into_iter()
+        .find(|n| n.name == node)
+}
+
+/// Polls the policy's status until `check` accepts it (it returns what was
+/// wanted, or what it saw instead); `what` names the wait in its timeout.
+pub async fn wait_status<T>(
+    env: &TestEnv,
+    policy: &str,
+    what: &str,
+    timeout: Duration,
+    check: impl Fn(TenstorrentDriverPolicyStatus) -> Result<T, String>,
+) -> T {
+    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    wait_for(what, timeout, || async {
+        let p = api.get(policy).await.map_err(|e| e.to_string())?;
+        check(p.status.unwrap_or_default())
+    })
+    .await
+}
+
+/// Waits until the policy's condition `type_` satisfies `ok` (described by
+/// `what` in the timeout's message); returns it.
+pub async fn wait_condition(
+    env: &TestEnv,
+    policy: &str,
+    type_: &str,
+    what: &str,
+    timeout: Duration,
+    ok: impl Fn(&Condition) -> bool,
+) -> Condition {
+    let what = format!("{policy}'s condition {type_} {what}");
+    wait_status(env, policy, &what, timeout, |st| {
+        match st.conditions.into_iter().find(|c| c.type_ == type_) {
+            Some(c) if ok(&c) => Ok(c),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
 }
 
 /// Deletes every policy of this test.
@@ -60,25 +161,43 @@ pub async fn wait_nodes(
     version: Option<&str>,
     timeout: Duration,
 ) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    wait_for(
-        &format!("nodes {nodes:?} {state:?} at {version:?} in {policy}'s status"),
-        timeout,
-        || async {
-            let p = api.get(policy).await.map_err(|e| e.to_string())?;
-            let st = p.status.unwrap_or_default();
-            let seen: BTreeMap<String, (NodeState, Option<String>)> = st
-                .nodes
-                .iter()
-                .map(|n| (n.name.clone(), (n.state, n.current_version.clone())))
-                .collect();
-            let ok = nodes.iter().all(|n| {
-                seen.get(n).is_some_and(|(s, v)| {
-                    *s == state && version.is_none_or(|want| v.as_deref() == Some(want))
-                })
-            });
-            if ok { Ok(()) } else { Err(format!("{seen:?}")) }
-        },
-    )
+    let what = format!("nodes {nodes:?} {state:?} at {version:?} in {policy}'s status");
+    wait_status(env, policy, &what, timeout, |st| {
+        let seen: BTreeMap<String, (NodeState, Option<String>)> = st
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), (n.state, n.current_version.clone())))
+            .collect();
+        let ok = nodes.iter().all(|n| {
+            seen.get(n).is_some_and(|(s, v)| {
+                *s == state && version.is_none_or(|want| v.as_deref() == Some(want))
+            })
+        });
+        if ok { Ok(()) } else { Err(format!("{seen:?}")) }
+    })
+    .await
+}
+
+/// Waits until `node` is in `state` (at `version`, when given) in the policy's
+/// status; returns its entry.
+pub async fn wait_node_at(
+    env: &TestEnv,
+    policy: &str,
+    node: &str,
+    state: NodeState,
+    version: Option<&str>,
+    timeout: Duration,
+) -> NodeStatus {
+    let what = format!("node {node} {state:?} at {version:?} in {policy}");
+    let wanted = |e: &NodeStatus| {
+        e.state == state && version.is_none_or(|v| e.current_version.as_deref() == Some(v))
+    };
+    wait_status(env, policy, &what, timeout, |st| {
+        let entry = st.nodes.into_iter().find(|n| n.name == node);
+        match entry {
+            Some(e) if wanted(&e) => Ok(e),
+            other => Err(format!("{other:?}")),
+        }
+    })
     .await
 }

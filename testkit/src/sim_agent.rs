@@ -107,6 +107,19 @@ impl SimAgent {
         let task = tokio::spawn(run(client, config));
         Self { task }
     }
+
+    /// The agent most cluster tests run: over `namespace`, every swap taking
+    /// `work`, nothing to build.
+    pub fn working(client: Client, namespace: &str, work: Duration) -> Self {
+        Self::spawn(
+            client,
+            SimAgentConfig {
+                namespace: namespace.to_string(),
+                work,
+                ..Default::default()
+            },
+        )
+    }
 }
 
 /// Runs until the process ends (used by the `ttdrv-sim-agent` binary).
@@ -174,6 +187,25 @@ fn pod_image(pod: &Pod) -> Option<String> {
     pod.spec.as_ref()?.containers.first()?.image.clone()
 }
 
+/// The policy an installer pod belongs to (its claim label).
+fn pod_policy(pod: &Pod) -> String {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::CLAIM))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The name of the installer pod's first container, the agent's.
+fn agent_container(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| c.name.clone())
+        .unwrap_or_default()
+}
+
 /// Plays the kubelet: the container waits (e.g. ImagePullBackOff).
 async fn set_waiting(
     pods: &Api<Pod>,
@@ -182,12 +214,7 @@ async fn set_waiting(
     why: &str,
     image: &str,
 ) -> anyhow::Result<()> {
-    let c = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .map(|c| c.name.clone())
-        .unwrap_or_default();
+    let c = agent_container(pod);
     let status = serde_json::json!({ "status": { "containerStatuses": [{
         "name": c, "image": image, "imageID": "", "ready": false, "restartCount": 0,
         "state": { "waiting": { "reason": why, "message": format!("simulated: {image} not found") } }
@@ -206,12 +233,7 @@ async fn set_terminated(
     restarts: i32,
     message: &str,
 ) -> anyhow::Result<()> {
-    let c = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .map(|c| c.name.clone())
-        .unwrap_or_default();
+    let c = agent_container(pod);
     let now = now_seconds()?;
     let status = serde_json::json!({ "status": { "containerStatuses": [{
         "name": c, "image": pod_image(pod).unwrap_or_default(), "imageID": "", "ready": false,
@@ -360,13 +382,7 @@ async fn play_agent(
         {
             // A swap: only with the controller's go-ahead, decided as the
             // real agent decides.
-            let policy = pod
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(labels::CLAIM))
-                .cloned()
-                .unwrap_or_default();
+            let policy = pod_policy(pod);
             let swap = go_ahead::decide(&node, &policy, &target, loaded.map(String::as_str));
             if let go_ahead::Swap::Wait(why) = swap {
                 if waiting.as_deref() != Some(why.as_str()) {
@@ -549,13 +565,7 @@ async fn play_unload(
     let node_name = node.metadata.name.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ann = node.metadata.annotations.clone().unwrap_or_default();
-    let policy = pod
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(labels::CLAIM))
-        .cloned()
-        .unwrap_or_default();
+    let policy = pod_policy(pod);
     if let go_ahead::Unload::Wait(why) = go_ahead::decide_unload(node, &policy) {
         tracing::debug!(node = node_name, why, "sim-agent waiting to unload");
         return Ok((Unload::Wait, restarts));

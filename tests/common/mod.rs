@@ -8,12 +8,15 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
-use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
+use ttdrv_api::{NodeState, labels};
 // Each test binary uses a different subset of these.
 #[allow(unused_imports)]
-pub use ttdrv_testkit::policy::{create_policy, delete_policies, get_policy, patch_policy};
+pub use ttdrv_testkit::policy::{
+    create_policy, delete_policies, fleet_spec, get_policy, installed, node_entry, patch_policy,
+    status, wait_condition, wait_node_at,
+};
 use ttdrv_testkit::{ControllerOptions, ControllerProcess, TestEnv, wait_for};
 
 pub fn controller(env: &TestEnv, ns: &str) -> ControllerProcess {
@@ -121,115 +124,51 @@ pub fn kmd(node: &Node) -> Option<String> {
         .and_then(|l| l.get(labels::KMD_VERSION).cloned())
 }
 
-/// A one-replica Deployment whose pod is bound to `node` (nodeName), labelled `app=<name>`.
+/// The tt-kmd version an installer pod is told to load (its `TT_KMD_VERSION`).
+pub fn pod_version(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
+    pod.spec.as_ref()?.containers.iter().find_map(|c| {
+        c.env
+            .as_ref()?
+            .iter()
+            .find(|e| e.name == labels::env::TT_KMD_VERSION)?
+            .value
+            .clone()
+    })
+}
+
+/// A one-replica Deployment `name` whose pod (labelled `app=<name>`) is pinned
+/// to `node` (see [`TestEnv::pinned_deployment`]).
 pub async fn pinned_deployment(env: &TestEnv, ns: &str, name: &str, node: &str) {
-    use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-    use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-    let labels = BTreeMap::from([("app".to_string(), name.to_string())]);
-    let dep = Deployment {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: Some(DeploymentSpec {
-            replicas: Some(1),
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..Default::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    node_selector: Some(BTreeMap::from([(
-                        "kubernetes.io/hostname".to_string(),
-                        node.to_string(),
-                    )])),
-                    containers: vec![Container {
-                        name: "c".into(),
-                        image: Some("busybox".into()),
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }),
-            },
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Api::<Deployment>::namespaced(env.client.clone(), ns)
-        .create(&PostParams::default(), &dep)
-        .await
-        .unwrap_or_else(|e| panic!("creating deployment {name}: {e}"));
+    env.pinned_deployment(ns, name, node, false).await;
 }
 
 /// A bare pod (no controller) bound to `node`.
 pub async fn bare_pod(env: &TestEnv, ns: &str, name: &str, node: &str) {
-    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    let pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(node.into()),
-            containers: vec![Container {
-                name: "c".into(),
-                image: Some("busybox".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Api::<Pod>::namespaced(env.client.clone(), ns)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+    env.bare_pod(ns, name, node).await;
 }
 
-/// A PodDisruptionBudget with minAvailable 1 over `app=<app>`.
+/// A PodDisruptionBudget `<app>` with minAvailable 1 over `app=<app>`, counting
+/// its pod (see [`TestEnv::guard_app`]).
 pub async fn pdb(env: &TestEnv, ns: &str, app: &str) {
-    use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-    let pdb = PodDisruptionBudget {
-        metadata: ObjectMeta {
-            name: Some(app.into()),
-            ..Default::default()
-        },
-        spec: Some(PodDisruptionBudgetSpec {
-            min_available: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let api: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), ns);
-    api.create(&PostParams::default(), &pdb)
+    env.guard_app(ns, app, app).await;
+}
+
+/// The pod of Deployment `guarded` on `node` under a PodDisruptionBudget that
+/// refuses its eviction: the node's drain holds until [`release_drain`].
+/// Returns the name of that pod.
+pub async fn hold_drain(env: &TestEnv, ns: &str, node: &str) -> String {
+    pinned_deployment(env, ns, "guarded", node).await;
+    pdb(env, ns, "guarded").await;
+    app_pods(env, ns, "guarded")
         .await
-        .unwrap_or_else(|e| panic!("creating PDB {app}: {e}"));
-    wait_for(
-        &format!("PDB {app} to count its healthy pod"),
-        Duration::from_secs(60),
-        || async {
-            let p = api.get(app).await.map_err(|e| e.to_string())?;
-            let h = p.status.map(|s| s.current_healthy).unwrap_or(0);
-            if h >= 1 {
-                Ok(())
-            } else {
-                Err(format!("currentHealthy {h}"))
-            }
-        },
-    )
-    .await;
+        .first()
+        .map(|p| p.0.clone())
+        .expect("guarded pod")
+}
+
+/// Deletes the PodDisruptionBudget of [`hold_drain`]: the held drain may finish.
+pub async fn release_drain(env: &TestEnv, ns: &str) {
+    env.delete_pdb(ns, "guarded").await;
 }
 
 /// Names (and uids) of the Ready/Running pods with `app=<app>` and the node they run on.
@@ -261,25 +200,7 @@ pub async fn wait_node(
     state: NodeState,
     timeout: Duration,
 ) -> ttdrv_api::NodeStatus {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    wait_for(
-        &format!("node {node} {state:?} in {policy}"),
-        timeout,
-        || async {
-            let p = api.get(policy).await.map_err(|e| e.to_string())?;
-            let entry = p
-                .status
-                .unwrap_or_default()
-                .nodes
-                .into_iter()
-                .find(|n| n.name == node);
-            match entry {
-                Some(e) if e.state == state => Ok(e),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await
+    wait_node_at(env, policy, node, state, None, timeout).await
 }
 
 /// Notes of Events recorded about the policy.
@@ -295,6 +216,29 @@ pub async fn policy_events(env: &TestEnv, policy: &str) -> Vec<(String, String)>
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(policy))
         .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect()
+}
+
+/// Waits for an Event about the policy with `reason` whose note satisfies `ok`.
+pub async fn wait_event(
+    env: &TestEnv,
+    policy: &str,
+    reason: &str,
+    timeout: Duration,
+    ok: impl Fn(&str) -> bool,
+) {
+    wait_for(
+        &format!("an Event {reason} about {policy}"),
+        timeout,
+        || async {
+            let events = policy_events(env, policy).await;
+            if events.iter().any(|(r, n)| r == reason && ok(n)) {
+                Ok(())
+            } else {
+                Err(format!("{events:?}"))
+            }
+        },
+    )
+    .await;
 }
 
 /// What the [`SafetyWatcher`] saw, for assertions and failure messages.
@@ -375,6 +319,32 @@ impl SafetyWatcher {
     pub fn seen(&self) -> SafetySeen {
         self.seen.lock().map(|s| s.clone()).unwrap_or_default()
     }
+
+    /// The safety invariants, as the watcher saw them so far (`when` says at
+    /// which point of the test): at most `max_ready_cordoned` Ready nodes
+    /// cordoned by us at once, at most `max_in_cycle` nodes in a cycle (when
+    /// given), no module swap without the controller's go-ahead.
+    pub fn assert_safe(&self, max_ready_cordoned: usize, max_in_cycle: Option<usize>, when: &str) {
+        let s = self.seen();
+        assert!(
+            s.swaps_without_go_ahead.is_empty(),
+            "{when}: module swapped without the controller's go-ahead: {:?} (all swaps: {:?})",
+            s.swaps_without_go_ahead,
+            s.swaps
+        );
+        assert!(
+            s.max_ready_cordoned_by_us <= max_ready_cordoned,
+            "{when}: {} Ready nodes were cordoned by us at once (at most {max_ready_cordoned} allowed); the watcher saw {s:?}",
+            s.max_ready_cordoned_by_us
+        );
+        if let Some(max) = max_in_cycle {
+            assert!(
+                s.max_in_cycle <= max,
+                "{when}: {} nodes were in a cycle at once (at most {max} allowed); the watcher saw {s:?}",
+                s.max_in_cycle
+            );
+        }
+    }
 }
 
 impl Drop for SafetyWatcher {
@@ -419,17 +389,30 @@ pub fn vacated(node: &Node, policy: &str) -> Result<(), String> {
     }
 }
 
-/// Sets (or with `None` removes) an annotation on a node.
-pub async fn annotate_node(env: &TestEnv, node: &str, key: &str, value: Option<&str>) {
-    let api: Api<Node> = Api::all(env.client.clone());
-    let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
-    api.patch(
-        node,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(&patch),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("annotating {node} {key}: {e}"));
+/// Every node of `nodes` runs `version`, is schedulable and carries no deploy gate.
+pub async fn assert_done_uncordoned(env: &TestEnv, nodes: &[String], version: &str) {
+    for n in nodes {
+        let node = env.get_node(n).await;
+        assert!(
+            !unschedulable(&node),
+            "{n} must be schedulable after the rollout"
+        );
+        assert!(
+            gate_labels(&node).is_empty(),
+            "{n} still has deploy gates: {:?}",
+            gate_labels(&node)
+        );
+        assert_eq!(kmd(&node).as_deref(), Some(version), "{n}'s loaded module");
+    }
+}
+
+/// The node's status entry has a message, and it contains `part`.
+pub fn assert_message(entry: &ttdrv_api::NodeStatus, part: &str) {
+    assert!(
+        entry.message.as_deref().is_some_and(|m| m.contains(part)),
+        "the message of {}'s entry lacks {part:?}: {entry:?}",
+        entry.name
+    );
 }
 
 /// What [`sim_fleet`] set up: the test's environment, its namespace, its tt nodes'
@@ -449,8 +432,7 @@ pub async fn sim_fleet_with<S: AsRef<str>>(
     let ns = env.namespace().await;
     let mut nodes = vec![];
     for s in suffixes {
-        let node = env.tt_node(s.as_ref(), node_labels).await;
-        nodes.push(node.metadata.name.unwrap_or_default());
+        nodes.push(env.tt_node_name(s.as_ref(), node_labels).await);
     }
     let agent = ttdrv_testkit::SimAgent::spawn(
         env.client.clone(),
@@ -468,6 +450,30 @@ pub async fn sim_fleet(name: &str, n: usize) -> SimFleet {
     sim_fleet_with(name, &numbered_nodes(n), &[], sim_agent_300ms()).await
 }
 
+/// What [`installed_fleet`] set up: the environment, namespace, nodes, the
+/// installed policy, and the controller and agent (each stops when dropped).
+pub type InstalledFleet = (
+    TestEnv,
+    String,
+    Vec<String>,
+    String,
+    (ControllerProcess, ttdrv_testkit::SimAgent),
+);
+
+/// The start of most rollout tests: a [`sim_fleet`] of `n` nodes, the
+/// controller, and policy `fleet` [`installed`] at 2.7.0 with `extra` spec lines.
+pub async fn installed_fleet(
+    name: &str,
+    n: usize,
+    extra: &str,
+    timeout: Duration,
+) -> InstalledFleet {
+    let (env, ns, nodes, agent) = sim_fleet(name, n).await;
+    let ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, extra, timeout).await;
+    (env, ns, nodes, policy, (ctl, agent))
+}
+
 /// Node suffixes `n0`, `n1`, ... `n{n-1}`.
 pub fn numbered_nodes(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("n{i}")).collect()
@@ -479,40 +485,4 @@ pub fn sim_agent_300ms() -> ttdrv_testkit::SimAgentConfig {
         work: Duration::from_millis(300),
         ..Default::default()
     }
-}
-
-/// The policy spec's `nodeAffinity` that selects exactly this test's nodes.
-pub fn test_nodes_selector(env: &TestEnv) -> String {
-    format!("{{matchLabels: {{ttdrv-test: {}}}}}", env.id)
-}
-
-/// Creates policy `fleet` installing 2.7.0 on this test's nodes, with `extra_spec`
-/// (more spec lines), and waits up to `timeout` until all `nodes` are Done at 2.7.0.
-pub async fn installed(
-    env: &TestEnv,
-    nodes: &[String],
-    extra_spec: &str,
-    timeout: Duration,
-) -> String {
-    let policy = env.name("fleet");
-    create_policy(
-        env,
-        &policy,
-        &format!(
-            "version: \"2.7.0\"\nnodeAffinity: {}\n{extra_spec}",
-            test_nodes_selector(env)
-        ),
-    )
-    .await;
-    wait_nodes_state(env, &policy, nodes, NodeState::Done, "2.7.0", timeout).await;
-    policy
-}
-
-/// Creates this test's tt node `suffix` carrying `extra` labels; returns its name.
-pub async fn tt_node_name(env: &TestEnv, suffix: &str, extra: &[(&str, &str)]) -> String {
-    env.tt_node(suffix, extra)
-        .await
-        .metadata
-        .name
-        .unwrap_or_default()
 }

@@ -8,21 +8,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{
-    Container, HostPathVolumeSource, Node, Pod, PodSpec, PodTemplateSpec, Volume,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use ttdrv_api::TenstorrentDriverPolicy;
 // Each test binary uses a different subset of these.
 #[allow(unused_imports)]
 pub use ttdrv_testkit::policy::{
-    create_policy, delete_policies, get_policy, patch_policy, wait_nodes,
+    create_policy, delete_policies, fleet_spec, get_policy, installed, patch_policy, status,
+    wait_node_at, wait_nodes,
 };
-use ttdrv_testkit::{ControllerOptions, ControllerProcess, TestEnv, wait_for};
+use ttdrv_testkit::{ControllerOptions, ControllerProcess, SimAgent, TestEnv, wait_for};
 
 /// Output of one plugin run.
 #[derive(Debug)]
@@ -142,20 +139,45 @@ pub fn controller(env: &TestEnv, ns: &str) -> ControllerProcess {
     )
 }
 
-/// Selector YAML matching this test's nodes.
-pub fn selector(env: &TestEnv) -> String {
-    format!("{{matchLabels: {{ttdrv-test: {}}}}}", env.id)
+/// The simulated agent of these tests: 300 ms a swap.
+pub fn agent(env: &TestEnv, ns: &str) -> SimAgent {
+    SimAgent::working(env.client.clone(), ns, Duration::from_millis(300))
 }
 
 /// Records, independently of the controller, the order in which this test's
-/// nodes were first seen cordoned.
-pub struct CordonOrder {
+/// nodes were first seen in some condition: cordoned ([`NodeOrder::cordons`])
+/// or in a cycle of ours ([`NodeOrder::cycles`]).
+pub struct NodeOrder {
     order: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl CordonOrder {
-    pub async fn start(env: &TestEnv) -> Self {
+impl NodeOrder {
+    /// The order in which the nodes were first seen unschedulable.
+    pub async fn cordons(env: &TestEnv) -> Self {
+        Self::start(env, |n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false)
+        })
+        .await
+    }
+
+    /// The order in which the nodes first entered a cycle of ours
+    /// (Cordoning..Uncordoning in the record the controller keeps on the node);
+    /// unlike [`NodeOrder::cordons`] it sees a node an admin had cordoned already.
+    pub async fn cycles(env: &TestEnv) -> Self {
+        Self::start(env, |n| {
+            ttdrv_core::node::record(n)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.state.is_in_progress())
+        })
+        .await
+    }
+
+    async fn start(env: &TestEnv, seen: fn(&Node) -> bool) -> Self {
         let api: Api<Node> = Api::all(env.client.clone());
         let cfg = watcher::Config::default().labels(&env.selector());
         let order = Arc::new(Mutex::new(Vec::new()));
@@ -164,12 +186,7 @@ impl CordonOrder {
             let mut stream = watcher(api, cfg).applied_objects().boxed();
             while let Ok(Some(n)) = stream.try_next().await {
                 let name = n.metadata.name.clone().unwrap_or_default();
-                let cordoned = n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.unschedulable)
-                    .unwrap_or(false);
-                if cordoned
+                if seen(&n)
                     && let Ok(mut v) = o.lock()
                     && !v.contains(&name)
                 {
@@ -187,90 +204,65 @@ impl CordonOrder {
     }
 }
 
-impl Drop for CordonOrder {
+impl Drop for NodeOrder {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+/// What [`fleet`] set up: the environment, namespace, nodes, the policy, and
+/// the agent, the controller and the clean-up guard (each acts when dropped).
+pub type Fleet = (
+    TestEnv,
+    String,
+    Vec<String>,
+    String,
+    (SimAgent, ControllerProcess, CleanupOnPanic),
+);
+
+/// One tt node per suffix, the agent, the controller, and policy `fleet`
+/// installed at 2.7.0 (first install: no cordon) with `extra` spec lines.
+pub async fn fleet(name: &str, suffixes: &[&str], extra: &str) -> Fleet {
+    let env = TestEnv::new(name).await;
+    let guard = CleanupOnPanic { id: env.id.clone() };
+    let ns = env.namespace().await;
+    let tt = env.tt_node_names(suffixes).await;
+    let agent = agent(&env, &ns);
+    let ctl = controller(&env, &ns);
+    let policy = installed(&env, &tt, extra, Duration::from_secs(120)).await;
+    (env, ns, tt, policy, (agent, ctl, guard))
 }
 
-fn pod_spec(node: &str, device: bool) -> PodSpec {
-    PodSpec {
-        node_selector: Some(labels(&[("kubernetes.io/hostname", node)])),
-        containers: vec![Container {
-            name: "c".into(),
-            image: Some("busybox".into()),
-            ..Default::default()
-        }],
-        volumes: device.then(|| {
-            vec![Volume {
-                name: "dev".into(),
-                host_path: Some(HostPathVolumeSource {
-                    path: "/dev/tenstorrent".into(),
-                    type_: None,
-                }),
-                ..Default::default()
-            }]
-        }),
-        ..Default::default()
-    }
-}
-
-/// A one-replica Deployment pinned to `node` (by nodeSelector, so an evicted
-/// replica waits Pending while the node is cordoned).
+/// A one-replica Deployment pinned to `node` (see [`TestEnv::pinned_deployment`]).
 pub async fn deployment(env: &TestEnv, ns: &str, app: &str, node: &str, device: bool) {
-    let dep = Deployment {
-        metadata: ObjectMeta {
-            name: Some(app.into()),
-            ..Default::default()
-        },
-        spec: Some(DeploymentSpec {
-            replicas: Some(1),
-            selector: LabelSelector {
-                match_labels: Some(labels(&[("app", app)])),
-                ..Default::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels(&[("app", app)])),
-                    ..Default::default()
-                }),
-                spec: Some(pod_spec(node, device)),
-            },
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Api::<Deployment>::namespaced(env.client.clone(), ns)
-        .create(&PostParams::default(), &dep)
-        .await
-        .unwrap_or_else(|e| panic!("creating Deployment {app}: {e}"));
+    env.pinned_deployment(ns, app, node, device).await;
 }
 
 /// A pod with no controller on `node`.
 pub async fn bare_pod(env: &TestEnv, ns: &str, name: &str, node: &str) {
-    let mut spec = pod_spec(node, false);
-    spec.node_selector = None;
-    spec.node_name = Some(node.into());
-    let pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(labels(&[("app", name)])),
-            ..Default::default()
-        },
-        spec: Some(spec),
-        ..Default::default()
-    };
-    Api::<Pod>::namespaced(env.client.clone(), ns)
-        .create(&PostParams::default(), &pod)
+    env.bare_pod(ns, name, node).await;
+}
+
+/// PodDisruptionBudget `guard` over the Deployment `guarded` (which must exist):
+/// it refuses the eviction of its pod. Waits until it does and `ready_pods`
+/// workload pods are Ready; returns the budget as `ns/guard`.
+pub async fn guard(env: &TestEnv, ns: &str, ready_pods: usize) -> String {
+    env.guard_app(ns, "guard", "guarded").await;
+    wait_pods_ready(env, ns, ready_pods).await;
+    format!("{ns}/guard")
+}
+
+/// The name of `policy`'s installer pod on `node`, if there is one.
+pub async fn installer_pod(env: &TestEnv, ns: &str, node: &str, policy: &str) -> Option<String> {
+    env.pods_on(ns, node)
         .await
-        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+        .into_iter()
+        .find(|p| {
+            p.metadata.labels.as_ref().is_some_and(|l| {
+                l.get(ttdrv_api::labels::CLAIM).map(String::as_str) == Some(policy)
+            })
+        })
+        .and_then(|p| p.metadata.name)
 }
 
 /// Waits until `count` pods of the namespace are Ready; returns `app -> ns/name`.
