@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use kube::api::PostParams;
 use ttdrv_api::NodeState;
-use ttdrv_testkit::{ControllerOptions, ControllerProcess, TestEnv};
+use ttdrv_testkit::{ControllerOptions, TestEnv};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -57,27 +57,6 @@ async fn wait_refused(env: &TestEnv, policy: &str) -> Condition {
     .await
 }
 
-/// The sum of the controller's samples of counter `name` carrying `labels`.
-async fn counter_of(ctl: &ControllerProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
-    ctl.admin_get("/metrics")
-        .await
-        .map(|(_, _, b)| counter(&b, name, labels))
-        .unwrap_or_default()
-}
-
-fn counter(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn refused_policy_is_degraded_backs_off_and_captures_nothing() {
@@ -105,9 +84,9 @@ async fn refused_policy_is_degraded_backs_off_and_captures_nothing() {
     wait_nodes_state(&env, &good, &nodes, NodeState::Done, "2.7.0", T).await;
     // Over the next 30 s the refused apply is retried with backoff, not every pass.
     let refused = [("cr", broken.as_str()), ("stage", "refused")];
-    let before = counter_of(&ctl, "ttdriver_errors_total", &refused).await;
+    let before = ctl.metric("ttdriver_errors_total", &refused).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let after = counter_of(&ctl, "ttdriver_errors_total", &refused).await;
+    let after = ctl.metric("ttdriver_errors_total", &refused).await;
     eprintln!(
         "refused: {} refused attempts in 30 s (total {after})",
         after - before
@@ -178,7 +157,7 @@ async fn three_hundred_refused_policies_stay_quiet() {
         }
     })
     .await;
-    let refused = || counter_of(&ctl, "ttdriver_errors_total", &[("stage", "refused")]);
+    let refused = || ctl.metric("ttdriver_errors_total", &[("stage", "refused")]);
     let (before, (_, warns_before)) = (refused().await, log_counts(&log));
     tokio::time::sleep(Duration::from_secs(60)).await;
     let (after, (lines, warns_after)) = (refused().await, log_counts(&log));

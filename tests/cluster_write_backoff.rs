@@ -21,20 +21,6 @@ use ttdrv_api::{NodeState, labels};
 const T: Duration = Duration::from_secs(90);
 const REFUSE: &str = "ttdrv-test-refuse-writes";
 
-/// The sum of the samples of `name` whose labels include every one of `labels`.
-fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Refuses every update of a Node labelled `REFUSE=<id>` (status updates,
 /// kwok's heartbeats, are a subresource and pass).
 async fn refuse_writes(env: &ttdrv_testkit::TestEnv, name: &str) {
@@ -76,12 +62,9 @@ async fn refuse_writes(env: &ttdrv_testkit::TestEnv, name: &str) {
 async fn wait_failing_nodes(ctl: &ttdrv_testkit::ControllerProcess, want: f64) {
     let what = format!("ttdriver_api_writes_failing{{kind=\"node\"}} {want}");
     ttdrv_testkit::wait_for(&what, T, || async {
-        let m = ctl
-            .admin_get("/metrics")
-            .await
-            .map(|(_, _, b)| b)
-            .unwrap_or_default();
-        let v = sample(&m, "ttdriver_api_writes_failing", &[("kind", "node")]);
+        let v = ctl
+            .metric("ttdriver_api_writes_failing", &[("kind", "node")])
+            .await;
         if v == want {
             Ok(())
         } else {
@@ -105,8 +88,8 @@ async fn lift(env: &ttdrv_testkit::TestEnv, name: &str) {
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn a_node_whose_writes_are_refused_backs_off_alone_and_recovers() {
     let (env, ns, _, _agent) = sim_fleet("wbackoff", 0).await;
-    let free = tt_node_name(&env, "free", &[]).await;
-    let refused = tt_node_name(&env, "refused", &[(REFUSE, &env.id)]).await;
+    let free = env.tt_node_name("free", &[]).await;
+    let refused = env.tt_node_name("refused", &[(REFUSE, &env.id)]).await;
     let vap = env.name("refuse-writes");
     refuse_writes(&env, &vap).await;
     let nodes: Api<Node> = Api::all(env.client.clone());
@@ -136,10 +119,7 @@ async fn a_node_whose_writes_are_refused_backs_off_alone_and_recovers() {
     create_policy(
         &env,
         &policy,
-        &format!(
-            "version: \"2.8.0\"\nnodeAffinity: {}",
-            test_nodes_selector(&env)
-        ),
+        &format!("version: \"2.8.0\"\nnodeAffinity: {}", env.nodes_selector()),
     )
     .await;
     // One node's refused claim does not hold the other back.
@@ -163,7 +143,7 @@ async fn a_node_whose_writes_are_refused_backs_off_alone_and_recovers() {
     // node's backoff (1, 2, 4, 8, 16 s: at most 6 in any 30 s), the other
     // passes waiting on it.
     let count = |m: &str, stage: &str| {
-        sample(
+        ttdrv_testkit::controller::metric_sum(
             m,
             "ttdriver_errors_total",
             &[("cr", &policy), ("stage", stage)],

@@ -114,6 +114,33 @@ impl ControllerProcess {
     pub async fn admin_get(&self, path: &str) -> Option<(u16, String, String)> {
         admin_get(self.admin_port, path).await
     }
+
+    /// The sum of the `/metrics` samples of `name` carrying every one of
+    /// `labels` (0 when none, or the admin server does not answer).
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.admin_get("/metrics")
+            .await
+            .map(|(_, _, body)| metric_sum(&body, name, labels))
+            .unwrap_or_default()
+    }
+}
+
+/// The sum of the samples of `name` in Prometheus text `metrics` whose
+/// labels include every one of `labels`.
+pub fn metric_sum(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 impl Drop for ControllerProcess {

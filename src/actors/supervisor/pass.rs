@@ -7,18 +7,19 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
+use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::NodeState;
 use ttdrv_api::{PodSelector, TenstorrentDriverPolicy, labels};
 use ttdrv_core::machine::{Desired, NodeRecord};
 use ttdrv_core::prepare;
-use ttdrv_core::rollout::{Limits, Plan};
+use ttdrv_core::rollout::{Candidate, Limits, Plan};
 
 use crate::policy_decisions::Refused;
 use crate::refusal::{Apply, Refusal, RefusalKind};
 use ttdrv_core::selection::Assignment;
 
-use super::{SupervisorPorts, node_label, now_secs};
+use super::{SupervisorPorts, node_label, now_secs, owns};
 use crate::actors::{Ensure, NodeActor, Observe, PlanRollout, RolloutActor};
 use crate::context::Context;
 use crate::observe::{NodeView, ObserveInput, PolicyFacts};
@@ -163,6 +164,7 @@ impl ReconcilePass {
             .iter()
             .map(|(n, v)| v.candidate(n, self.records.get(n).or(v.persisted.as_ref())))
             .collect();
+        candidates.extend(self.held_strays(&strays));
         if desired.prepare && !desired.paused && !desired.refused {
             let turn = self.plan_prepare(&input);
             let unseen: Vec<String> = turn
@@ -259,6 +261,55 @@ impl ReconcilePass {
             refused,
             err: first_err,
         })
+    }
+
+    /// Nodes this policy no longer owns (a skip label, a relabel, another
+    /// policy's claim) that are still out of service because of it: its
+    /// record there holds a slot, or its cordon is still on. Until their
+    /// release lands they count against `maxUnavailable` as a cycle of ours
+    /// (every node on a full pass, which replaces what the budget knows; the
+    /// changed ones otherwise).
+    fn held_strays(&self, strays: &[String]) -> Vec<Candidate> {
+        let name = self.name();
+        let held = |nd: &Node| {
+            let Ok(Some(rec)) = ttdrv_core::node::record(nd) else {
+                return false;
+            };
+            rec.policy == name
+                && (rec.occupies_slot()
+                    || (rec.cordoned_by_us() && ttdrv_core::node::unschedulable(nd)))
+        };
+        let nodes: Vec<Arc<Node>> = if self.full {
+            self.ctx.stores.nodes.state_filter(|nd| {
+                !owns(
+                    self.owned(),
+                    nd.metadata.name.as_deref().unwrap_or_default(),
+                ) && held(nd)
+            })
+        } else {
+            strays
+                .iter()
+                .filter_map(|n| self.ctx.stores.nodes.get(&ObjectRef::new(n)))
+                .collect()
+        };
+        // A changed stray no longer held (released) is sent too, as taking
+        // no slot: the budget forgets its earlier facts at once.
+        nodes
+            .iter()
+            .map(|nd| {
+                let held = held(nd);
+                Candidate {
+                    name: nd.metadata.name.clone().unwrap_or_default(),
+                    wants_slot: false,
+                    in_progress: held,
+                    ready: ttdrv_core::node::ready(nd),
+                    unavailable: held,
+                    failed: false,
+                    has_device_pods: false,
+                    prepared: true,
+                }
+            })
+            .collect()
     }
 
     /// Build-ahead: the nodes whose stale installer pod is replaced in this

@@ -428,3 +428,50 @@ async fn a_refused_policy_still_enforces_deadlines() {
         "the deadline of a cordoned node is enforced while the policy is refused: {log:?}"
     );
 }
+
+/// A node relabelled out of the policy (a skip label) mid-cycle, its cordon
+/// not yet undone: still out of service because of this policy, so it takes
+/// the only slot until its release lands (chaos trial `relabel` found a full
+/// pass forgetting it and cordoning another node).
+#[actix::test]
+async fn a_node_no_longer_owned_but_still_cordoned_by_us_keeps_its_slot() {
+    let (log, ports) = fake_ports();
+    let mut stray = node_claimed("n0", true);
+    if let Some(spec) = stray.spec.as_mut() {
+        spec.unschedulable = Some(true);
+    }
+    let mut rec = NodeRecord::new("fleet", "2.8.0", 1);
+    rec.state = NodeState::Draining;
+    rec.cordon = ttdrv_core::machine::Cordon::Ours;
+    stray.metadata.annotations = Some(
+        [(
+            labels::UPGRADE_STATE.to_string(),
+            serde_json::to_string(&rec).expect("record"),
+        )]
+        .into(),
+    );
+    let ctx = context();
+    let mut nodes: Vec<Node> = ctx
+        .stores
+        .nodes
+        .state()
+        .iter()
+        .map(|n| (**n).clone())
+        .collect();
+    nodes.push(stray);
+    let mut stores = ctx.stores.clone();
+    stores.nodes = fed(nodes);
+    let ctx = crate::test_support::context(crate::test_support::NOWHERE, stores);
+    let sup = PolicySupervisor::new(ctx, "fleet".into(), ports).start();
+    for full in [true, false, true] {
+        sup.send(reconcile(full, &["n1"]))
+            .await
+            .expect("mailbox")
+            .expect("pass");
+    }
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    assert!(
+        !log.iter().any(|(_, what)| what == "cordon"),
+        "n0 holds the only slot (maxUnavailable 1): {log:?}"
+    );
+}
