@@ -171,6 +171,33 @@ pub fn observe<'p>(
     }
 }
 
+/// Whether `node`, which `policy` no longer owns, is still out of service
+/// because of it: its record of `policy` there holds a slot, or its cordon is
+/// still on. Until its release lands it counts against the policy's budget.
+pub fn held_by(policy: &str, node: &Node) -> bool {
+    let Ok(Some(rec)) = node::record(node) else {
+        return false;
+    };
+    rec.policy == policy
+        && (rec.occupies_slot() || (rec.cordoned_by_us() && node::unschedulable(node)))
+}
+
+/// The rollout facts of a node `policy` no longer owns: a cycle of ours while
+/// [`held_by`] it, else nothing (a changed stray the budget must forget).
+pub fn stray_candidate(policy: &str, node: &Node) -> Candidate {
+    let held = held_by(policy, node);
+    Candidate {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        wants_slot: false,
+        in_progress: held,
+        ready: node::ready(node),
+        unavailable: held,
+        failed: false,
+        has_device_pods: false,
+        prepared: true,
+    }
+}
+
 /// The node's build-ahead facts (no drain plan), cheap enough to read for
 /// every owned node in a pass, with its place in the rollout's order (nodes
 /// without device users first). `None` when it has nothing to build ahead.
@@ -289,4 +316,45 @@ pub fn restate(mut obs: Observation, node: &Node, gates: &[String]) -> Observati
     obs.host_managed = node::host_managed(node);
     obs.nothing_loaded = node::reported_nothing_loaded(node);
     obs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::Cordon;
+
+    fn with_record(policy: &str, state: NodeState, cordon: Cordon, cordoned: bool) -> Node {
+        let mut n = crate::fixtures::node("n1", "True", cordoned, &[]);
+        let mut rec = NodeRecord::new(policy, "2.8.0", 1);
+        rec.state = state;
+        rec.cordon = cordon;
+        let json = serde_json::to_string(&rec).expect("record");
+        n.metadata.annotations = Some([(labels::UPGRADE_STATE.to_string(), json)].into());
+        n
+    }
+
+    #[test]
+    fn a_stray_holds_a_slot_while_our_cycle_or_our_cordon_is_on_it() {
+        use NodeState::*;
+        let cases = [
+            (with_record("fleet", Draining, Cordon::Ours, true), true),
+            (with_record("fleet", Upgrading, Cordon::None, false), true),
+            (with_record("fleet", Failed, Cordon::Ours, true), true),
+            // Failed, our cordon already undone: nothing of ours left.
+            (with_record("fleet", Failed, Cordon::Ours, false), false),
+            // Someone else's cordon is not ours to count.
+            (with_record("fleet", Failed, Cordon::Theirs, true), false),
+            (with_record("fleet", Done, Cordon::None, false), false),
+            (with_record("other", Draining, Cordon::Ours, true), false),
+            (crate::fixtures::node("n1", "True", true, &[]), false),
+        ];
+        for (i, (node, held)) in cases.iter().enumerate() {
+            assert_eq!(held_by("fleet", node), *held, "case {i}");
+            let c = stray_candidate("fleet", node);
+            assert_eq!(
+                (c.in_progress, c.unavailable, c.wants_slot),
+                (*held, *held, false)
+            );
+        }
+    }
 }

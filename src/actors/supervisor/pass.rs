@@ -271,20 +271,10 @@ impl ReconcilePass {
     /// changed ones otherwise).
     fn held_strays(&self, strays: &[String]) -> Vec<Candidate> {
         let name = self.name();
-        let held = |nd: &Node| {
-            let Ok(Some(rec)) = ttdrv_core::node::record(nd) else {
-                return false;
-            };
-            rec.policy == name
-                && (rec.occupies_slot()
-                    || (rec.cordoned_by_us() && ttdrv_core::node::unschedulable(nd)))
-        };
         let nodes: Vec<Arc<Node>> = if self.full {
             self.ctx.stores.nodes.state_filter(|nd| {
-                !owns(
-                    self.owned(),
-                    nd.metadata.name.as_deref().unwrap_or_default(),
-                ) && held(nd)
+                let n = nd.metadata.name.as_deref().unwrap_or_default();
+                !owns(self.owned(), n) && ttdrv_core::observe::held_by(name, nd)
             })
         } else {
             strays
@@ -292,24 +282,8 @@ impl ReconcilePass {
                 .filter_map(|n| self.ctx.stores.nodes.get(&ObjectRef::new(n)))
                 .collect()
         };
-        // A changed stray no longer held (released) is sent too, as taking
-        // no slot: the budget forgets its earlier facts at once.
-        nodes
-            .iter()
-            .map(|nd| {
-                let held = held(nd);
-                Candidate {
-                    name: nd.metadata.name.clone().unwrap_or_default(),
-                    wants_slot: false,
-                    in_progress: held,
-                    ready: ttdrv_core::node::ready(nd),
-                    unavailable: held,
-                    failed: false,
-                    has_device_pods: false,
-                    prepared: true,
-                }
-            })
-            .collect()
+        let stray = |nd: &Arc<Node>| ttdrv_core::observe::stray_candidate(name, nd);
+        nodes.iter().map(stray).collect()
     }
 
     /// Build-ahead: the nodes whose stale installer pod is replaced in this
