@@ -104,7 +104,8 @@ pub struct Console {
     pub text: String,
 }
 
-/// Removes carriage returns and ANSI escape sequences (ESC [ params letter).
+/// Removes carriage returns and escape sequences: CSI (ESC [ params letter)
+/// and two-character ones (ESC c, the reset SeaBIOS prints before the kernel).
 fn clean(raw: &str) -> String {
     let mut out = String::with_capacity(raw.len());
     let mut chars = raw.chars().peekable();
@@ -118,6 +119,9 @@ fn clean(raw: &str) -> String {
                         break;
                     }
                 }
+            }
+            '\x1b' => {
+                chars.next();
             }
             c => out.push(c),
         }
@@ -143,8 +147,9 @@ impl Console {
 
     /// The reports: (guest time, what follows it).
     pub fn reports(&self) -> impl Iterator<Item = (f64, &str)> {
+        // (a report may follow what the firmware left on the line)
         self.text.lines().filter_map(|l| {
-            let rest = l.strip_prefix("VMNODE ")?;
+            let rest = &l[l.find("VMNODE ")? + "VMNODE ".len()..];
             let (t, what) = rest.split_once(' ')?;
             Some((t.parse().ok()?, what))
         })
@@ -552,7 +557,8 @@ mod tests {
                 s % 60
             )
         };
-        let mut c = String::from("VMNODE 99.0 module=2.7.0 refcnt=1 dev=0,\n");
+        let mut c = String::from("\x1bc\x1b[?7l\x1b[2JVMNODE 98.0 init kernel=6.1\n");
+        c += "VMNODE 99.0 module=2.7.0 refcnt=1 dev=0,\n";
         c += &a(102, "ttdrv-agent starting");
         c += &a(103, "cache miss");
         c += &a(128, "step=\"build\" duration_ms=25000");
