@@ -1,5 +1,5 @@
 //! Support for the tests that run on a real kubelet inside the namespaces of
-//! `hack/realnode.sh` (tests/real_node.rs): the scripts only
+//! `hack/realnode.sh` (tests/real_node.rs): the script only
 //! bring things up and down; the checks are here and in those tests.
 //!
 //! - [`Phases`]: times each phase and prints the table the docs quote, also
