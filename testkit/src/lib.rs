@@ -9,6 +9,7 @@
 
 pub mod controller;
 pub mod policy;
+pub mod real_node;
 pub mod sim_agent;
 
 use std::collections::BTreeMap;

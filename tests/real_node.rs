@@ -1,0 +1,829 @@
+//! The real-node test (hack/test-realnode.sh, a stage of `make test`): the
+//! shipped chart, controller image and agent image on a real kubelet. The
+//! script brings up the node (hack/realnode.sh) and runs this test inside its
+//! namespaces, passing the facts it needs as REALNODE_* variables; every
+//! check is made here, in the order of docs/development.md ("The real-node
+//! test"):
+//!
+//!   1. helm install of chart/: two controller replicas with leader election,
+//!      the metrics Service scraped through its IP and each endpoint (one leader)
+//!   2. a workload (hostPath /dev/tenstorrent) behind a PDB that first
+//!      refuses, and a DaemonSet behind the deploy gate
+//!   3. a policy (2.8.0): the real agent in the installer pod refuses the
+//!      source build (no kernel headers on this machine)
+//!   4. cordon, gate closed, the eviction refused by the PDB; helm upgrade and
+//!      rollback keep the node Draining with a lease hand-over; the PDB
+//!      relaxed, the controller evicts the pod (audit log)
+//!   5. a DKMS install appears: the agent labels its node install-mode=host
+//!      with its pod-bound token (audit log), its readiness probe runs, the
+//!      node is Done (HostManaged), uncordoned, gate open, workload back
+//!   6. the admission policy on the agent's own token
+//!   7. `kubectl tt driver`
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use ttdrv_api::TenstorrentDriverPolicy;
+use ttdrv_testkit::real_node::{
+    AuditQuery, Diagnostics, Phases, apply_fixture, env, http_get, metric, run,
+};
+use ttdrv_testkit::{client, wait_for};
+
+const POLICY: &str = "realnode";
+const INSTALLER: &str = "app.kubernetes.io/name=tt-driver-installer";
+const PCI: &str = "feature.node.kubernetes.io/pci-1200_1e52.present";
+const GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
+const KMD: &str = "driver.tenstorrent.com/kmd-version";
+const MODE: &str = "driver.tenstorrent.com/install-mode";
+
+struct Rn {
+    c: Client,
+    node: String,
+    ns: String,
+    rel: String,
+    t: Duration,
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/real_node")
+        .join(name)
+}
+
+impl Rn {
+    fn pods(&self, ns: &str) -> Api<Pod> {
+        Api::namespaced(self.c.clone(), ns)
+    }
+
+    async fn node_obj(&self) -> Result<Node, String> {
+        let api: Api<Node> = Api::all(self.c.clone());
+        api.get(&self.node).await.map_err(|e| e.to_string())
+    }
+
+    async fn label(&self, key: &str) -> Result<Option<String>, String> {
+        let n = self.node_obj().await?;
+        Ok(n.metadata.labels.and_then(|l| l.get(key).cloned()))
+    }
+
+    async fn label_is(&self, key: &str, want: &str) -> Result<(), String> {
+        match self.label(key).await? {
+            Some(v) if v == want => Ok(()),
+            v => Err(format!("{key}={v:?}")),
+        }
+    }
+
+    async fn cordoned(&self) -> Result<bool, String> {
+        let n = self.node_obj().await?;
+        Ok(n.spec.and_then(|s| s.unschedulable).unwrap_or(false))
+    }
+
+    /// The node's record in the policy: (state, reason).
+    async fn record(&self) -> Result<(String, Option<String>), String> {
+        let api: Api<TenstorrentDriverPolicy> = Api::all(self.c.clone());
+        let p = api.get(POLICY).await.map_err(|e| e.to_string())?;
+        let st = p.status.unwrap_or_default();
+        let r = st
+            .nodes
+            .iter()
+            .find(|n| n.name == self.node)
+            .ok_or_else(|| format!("no record of {} in {:?}", self.node, st.nodes))?;
+        Ok((r.state.as_str().to_string(), r.reason.clone()))
+    }
+
+    async fn state_is(&self, want: &str) -> Result<(), String> {
+        let (s, r) = self.record().await?;
+        if s == want {
+            Ok(())
+        } else {
+            Err(format!("state {s} ({r:?})"))
+        }
+    }
+
+    async fn running(&self, ns: &str, sel: &str) -> Result<Vec<String>, String> {
+        let lp = ListParams::default()
+            .labels(sel)
+            .fields("status.phase=Running");
+        let l = self.pods(ns).list(&lp).await.map_err(|e| e.to_string())?;
+        Ok(l.items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect())
+    }
+
+    async fn wait_running(&self, what: &str, ns: &str, sel: &str, n: usize) -> Vec<String> {
+        wait_for(what, self.t, || async {
+            let r = self.running(ns, sel).await?;
+            if r.len() == n {
+                Ok(r)
+            } else {
+                Err(format!("Running: {r:?}"))
+            }
+        })
+        .await
+    }
+
+    async fn pod_names(&self, ns: &str, sel: &str, fields: &str) -> Result<Vec<String>, String> {
+        let lp = ListParams::default().labels(sel).fields(fields);
+        let l = self.pods(ns).list(&lp).await.map_err(|e| e.to_string())?;
+        Ok(l.items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect())
+    }
+
+    async fn installers(&self) -> Result<Vec<String>, String> {
+        self.pod_names(&self.ns, INSTALLER, &format!("spec.nodeName={}", self.node))
+            .await
+    }
+
+    async fn pod_exists(&self, ns: &str, name: &str) -> Result<bool, String> {
+        self.pods(ns)
+            .get_opt(name)
+            .await
+            .map(|p| p.is_some())
+            .map_err(|e| e.to_string())
+    }
+
+    async fn lease_holder(&self) -> Result<String, String> {
+        let api: Api<Lease> = Api::namespaced(self.c.clone(), &self.ns);
+        let l = api
+            .get("tt-k8s-driver-manager")
+            .await
+            .map_err(|e| e.to_string())?;
+        l.spec
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| "no holder".to_string())
+    }
+
+    /// Waits until a controller pod other than `not` holds the lease.
+    async fn wait_new_holder(&self, what: &str, not: &str) -> String {
+        wait_for(what, self.t, || async {
+            let h = self.lease_holder().await?;
+            if h != not && self.pod_exists(&self.ns, &h).await? {
+                Ok(h)
+            } else {
+                Err(format!("holder {h}"))
+            }
+        })
+        .await
+    }
+
+    fn svc(&self) -> String {
+        format!("{}-controller-metrics", self.rel)
+    }
+
+    async fn svc_addr(&self) -> String {
+        let api: Api<Service> = Api::namespaced(self.c.clone(), &self.ns);
+        let s = api
+            .get(&self.svc())
+            .await
+            .unwrap_or_else(|e| panic!("Service {}: {e}", self.svc()));
+        let ip = s.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
+        format!("{ip}:8080")
+    }
+
+    /// The first address of each endpoint of the metrics Service.
+    async fn endpoints(&self) -> Result<Vec<String>, String> {
+        let api: Api<EndpointSlice> = Api::namespaced(self.c.clone(), &self.ns);
+        let lp =
+            ListParams::default().labels(&format!("kubernetes.io/service-name={}", self.svc()));
+        let l = api.list(&lp).await.map_err(|e| e.to_string())?;
+        Ok(l.items
+            .iter()
+            .flat_map(|s| s.endpoints.iter())
+            .filter_map(|e| e.addresses.first().map(|a| format!("{a}:8080")))
+            .collect())
+    }
+
+    /// Logs of every container (init containers too) of the pod; `previous`
+    /// for their last terminated run.
+    async fn logs(&self, pod: &str, previous: bool) -> String {
+        let api = self.pods(&self.ns);
+        let Ok(p) = api.get(pod).await else {
+            return String::new();
+        };
+        let spec = p.spec.unwrap_or_default();
+        let names = spec
+            .init_containers
+            .unwrap_or_default()
+            .into_iter()
+            .chain(spec.containers)
+            .map(|c| c.name);
+        let mut out = String::new();
+        for container in names {
+            let lp = LogParams {
+                container: Some(container),
+                previous,
+                ..Default::default()
+            };
+            if let Ok(l) = api.logs(pod, &lp).await {
+                out.push_str(&l);
+            }
+        }
+        out
+    }
+
+    fn helm(&self, args: &[&str]) -> Result<String, String> {
+        run("helm", args)
+    }
+}
+
+/// The agent's summary line of a refused source build (no kernel headers).
+fn refusal(logs: &str) -> Option<&str> {
+    logs.lines().find(|l| {
+        l.find("result=failed")
+            .is_some_and(|i| l[i..].contains("linux-headers"))
+    })
+}
+
+#[tokio::test]
+#[ignore = "runs inside the real node's namespaces: bash hack/test-realnode.sh (make test)"]
+async fn real_node() {
+    let mut ph = Phases::from_env("test-realnode");
+    let secs = std::env::var("TIMEOUT")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(120);
+    let rn = Rn {
+        c: client().await,
+        node: env("REALNODE_NODE"),
+        ns: env("REALNODE_NAMESPACE"),
+        rel: env("REALNODE_RELEASE"),
+        t: Duration::from_secs(secs),
+    };
+    let (node, ns, rel) = (rn.node.clone(), rn.ns.clone(), rn.rel.clone());
+    let audit = env("REALNODE_AUDIT_LOG");
+    let (ctl_ref, agent_ref, pause_ref) = (
+        env("REALNODE_CONTROLLER_IMAGE"),
+        env("REALNODE_AGENT_IMAGE"),
+        env("REALNODE_PAUSE_IMAGE"),
+    );
+    let agent_sa = format!("system:serviceaccount:{ns}:{rel}-agent");
+    let ctl_sa = format!("system:serviceaccount:{ns}:{rel}-controller");
+    let _diag = Diagnostics(vec![
+        "kubectl get nodes -o wide --show-labels".into(),
+        "kubectl get pods -A -o wide".into(),
+        "kubectl get ttdp -o jsonpath='{.items[*].status.nodes}'; echo".into(),
+        format!("kubectl -n {ns} logs -l {INSTALLER} --tail=30 --all-containers"),
+        format!("kubectl -n {ns} logs -l app.kubernetes.io/component=controller --tail=30"),
+        "kubectl get events -A --sort-by=.lastTimestamp | tail -n 30".into(),
+    ]);
+    ph.log(&format!("images: {ctl_ref} {agent_ref} {pause_ref}"));
+
+    // The node as node-feature-discovery and an earlier container install left it.
+    let nodes: Api<Node> = Api::all(rn.c.clone());
+    let labels = serde_json::json!({"metadata": {"labels": {
+        PCI: "true", KMD: "2.7.0", MODE: "container"}}});
+    nodes
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .unwrap_or_else(|e| panic!("labelling {node}: {e}"));
+    apply_fixture(&rn.c, &fixture("other-node.yaml"), &[]).await;
+
+    // --- 1. the chart
+    let split = |r: &str| -> (String, String) {
+        let (repo, tag) = r.rsplit_once(':').unwrap_or((r, "latest"));
+        (repo.to_string(), tag.to_string())
+    };
+    let ((ctl_repo, ctl_tag), (agent_repo, agent_tag)) = (split(&ctl_ref), split(&agent_ref));
+    let timeout = format!("{secs}s");
+    let sets = [
+        format!("controller.image.repository={ctl_repo}"),
+        format!("controller.image.tag={ctl_tag}"),
+        format!("driver.image.repository={agent_repo}"),
+        format!("driver.image.tag={agent_tag}"),
+        "controller.image.pullPolicy=Never".into(),
+        "driver.image.pullPolicy=Never".into(),
+        // The only node is the one being upgraded: the controller's new pods
+        // (helm upgrade, rollback) must schedule on it while it is cordoned.
+        "controller.tolerations[0].key=node.kubernetes.io/unschedulable".into(),
+        "controller.tolerations[0].operator=Exists".into(),
+        "controller.tolerations[0].effect=NoSchedule".into(),
+        // the rollout's own timers, short for a test
+        "controller.extraArgs={--resync-ms=1000}".into(),
+        // No registry here: the CRD upgrade Job's kubectl image cannot be
+        // pulled. The controller pods share the only node with the drained
+        // workload: a PDB of theirs would add its own refusals to the drain
+        // this test counts.
+        "crds.upgradeJob.enabled=false".into(),
+        "controller.podDisruptionBudget.enabled=false".into(),
+    ];
+    let helm_args = |verb: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [verb, rel.as_str(), "chart", "-n", ns.as_str()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for s in &sets {
+            a.push("--set".into());
+            a.push(s.clone());
+        }
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.extend(["--wait".into(), "--timeout".into(), timeout.clone()]);
+        a
+    };
+    let install = helm_args("install", &["--create-namespace"]);
+    let install: Vec<&str> = install.iter().map(String::as_str).collect();
+    rn.helm(&install)
+        .unwrap_or_else(|e| panic!("helm install of chart/: {e}"));
+    ph.phase("helm install (2 controller replicas Ready)");
+    let holder1 = wait_for("a controller replica holds the lease", rn.t, || {
+        rn.lease_holder()
+    })
+    .await;
+    assert!(
+        rn.pod_exists(&ns, &holder1).await.unwrap_or(false),
+        "lease holder {holder1} is not a controller pod"
+    );
+    // The metrics Service: through its ClusterIP (kube-proxy), and each endpoint.
+    let svc_addr = rn.svc_addr().await;
+    let scrape = http_get(&svc_addr, "/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("scrape of Service {} at {svc_addr}: {e}", rn.svc()));
+    assert!(
+        metric(&scrape, "ttdriver_build_info", "").is_some(),
+        "no ttdriver_build_info from {}",
+        rn.svc()
+    );
+    let mut leaders = 0;
+    let eps = rn
+        .endpoints()
+        .await
+        .unwrap_or_else(|e| panic!("endpoints: {e}"));
+    for ep in &eps {
+        let text = http_get(ep, "/metrics")
+            .await
+            .unwrap_or_else(|e| panic!("scrape of endpoint {ep}: {e}"));
+        if metric(&text, "ttdriver_leader", "").as_deref() == Some("1") {
+            leaders += 1;
+        }
+    }
+    assert_eq!(
+        leaders, 1,
+        "expected exactly one replica (of {eps:?}) exporting ttdriver_leader 1"
+    );
+    ph.log(&format!(
+        "leader {holder1}; metrics scraped through {svc_addr} and both endpoints (one leader)"
+    ));
+    ph.phase("leader elected, metrics Service scraped");
+
+    // --- 2. the workload
+    let vars = [
+        ("NODE", node.as_str()),
+        ("AGENT_IMAGE", agent_ref.as_str()),
+        ("PAUSE_IMAGE", pause_ref.as_str()),
+    ];
+    apply_fixture(&rn.c, &fixture("workload.yaml"), &vars).await;
+    let train = rn
+        .wait_running(
+            &format!("the workload pod Running on {node}"),
+            "ml",
+            "app=train",
+            1,
+        )
+        .await;
+    rn.wait_running(
+        "the telemetry DaemonSet pod Running",
+        "ml",
+        "app=telemetry",
+        1,
+    )
+    .await;
+    let train1 = train[0].clone();
+    ph.phase("workload (hostPath /dev/tenstorrent, PDB) and telemetry DaemonSet Running");
+
+    // --- 3. the policy; the real agent
+    apply_fixture(&rn.c, &fixture("policy.yaml"), &[]).await;
+    wait_for("the node cordoned for 2.7.0 -> 2.8.0", rn.t, || async {
+        if rn.cordoned().await? {
+            Ok(())
+        } else {
+            Err("schedulable".into())
+        }
+    })
+    .await;
+    ph.phase("policy applied -> node cordoned");
+    wait_for("deploy gate closed", rn.t, || rn.label_is(GATE, "false")).await;
+    wait_for(
+        "the telemetry pod gone behind the closed gate",
+        rn.t,
+        || async {
+            let p = rn.pod_names("ml", "app=telemetry", "").await?;
+            if p.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{p:?}"))
+            }
+        },
+    )
+    .await;
+    ph.phase("deploy gate closed, telemetry pod left");
+    // The installer pod on the real node: the real agent, refusing a source build here.
+    let inst1 = wait_for(&format!("an installer pod on {node}"), rn.t, || async {
+        rn.installers()
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| "none".to_string())
+    })
+    .await;
+    let kver = run("uname", &["-r"]).unwrap_or_default();
+    let words = wait_for(
+        &format!(
+            "the agent refuses the source build (no kernel headers for {})",
+            kver.trim()
+        ),
+        rn.t,
+        || async {
+            for previous in [false, true] {
+                if let Some(l) = refusal(&rn.logs(&inst1, previous).await) {
+                    return Ok(l.to_string());
+                }
+            }
+            Err(format!("no refusal in the logs of {inst1}"))
+        },
+    )
+    .await;
+    let words = words
+        .find("summary: result=failed")
+        .map_or(&words[..], |i| &words[i..]);
+    ph.log(&format!(
+        "agent on {node}: {}",
+        words.chars().take(240).collect::<String>()
+    ));
+    ph.phase("real agent in the installer pod: refusal (no kernel headers) asserted");
+    // A DKMS install appears on the node while it drains (before the refusing
+    // pod has crash-looped three times: the controller would fail the node on
+    // that pod's restarts at Upgrading); the agent's next start finds it. This
+    // test runs in the node's mount namespace: this is the node's /var/lib.
+    std::fs::create_dir_all("/var/lib/dkms/tenstorrent/2.7.0")
+        .unwrap_or_else(|e| panic!("creating the DKMS tree: {e}"));
+
+    // --- 4. the drain, with helm upgrade and rollback in the middle
+    wait_for("the drain blocked by the PDB", rn.t, || {
+        rn.state_is("Draining")
+    })
+    .await;
+    wait_for(
+        "ttdriver_drain_blocked_total (the PDB refused the eviction)",
+        rn.t,
+        || async {
+            let mut addrs = vec![svc_addr.clone()];
+            addrs.extend(rn.endpoints().await?);
+            for a in &addrs {
+                if let Ok(t) = http_get(a, "/metrics").await
+                    && metric(&t, "ttdriver_drain_blocked_total", "").is_some()
+                {
+                    return Ok(());
+                }
+            }
+            Err(format!("no ttdriver_drain_blocked_total at {addrs:?}"))
+        },
+    )
+    .await;
+    assert!(
+        rn.pod_exists("ml", &train1).await.unwrap_or(false),
+        "the workload pod went although its PDB refuses"
+    );
+    ph.phase("drain: eviction refused by the PDB, pod kept");
+    let upgrade = helm_args("upgrade", &["--set", "controller.logLevel=debug"]);
+    let upgrade: Vec<&str> = upgrade.iter().map(String::as_str).collect();
+    rn.helm(&upgrade)
+        .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
+    let holder2 = rn
+        .wait_new_holder("the lease held by an upgraded replica", &holder1)
+        .await;
+    let still = |when: &str| format!("after {when} the node must still be Draining");
+    assert_eq!(
+        rn.record().await.map(|r| r.0),
+        Ok("Draining".into()),
+        "{}",
+        still("helm upgrade")
+    );
+    assert_eq!(
+        rn.cordoned().await,
+        Ok(true),
+        "helm upgrade uncordoned the node mid-rollout"
+    );
+    ph.phase("helm upgrade: new replicas, lease handed over, still Draining");
+    rn.helm(&["-n", &ns, "rollback", &rel])
+        .unwrap_or_else(|e| panic!("helm rollback: {e}"));
+    let deploy = format!("deploy/{rel}-controller");
+    run(
+        "kubectl",
+        &[
+            "-n",
+            &ns,
+            "rollout",
+            "status",
+            &deploy,
+            &format!("--timeout={timeout}"),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("rollback's controller pods: {e}"));
+    rn.wait_new_holder("the lease held by a rolled-back replica", &holder2)
+        .await;
+    assert_eq!(
+        rn.record().await.map(|r| r.0),
+        Ok("Draining".into()),
+        "{}",
+        still("helm rollback")
+    );
+    let history: serde_json::Value = rn
+        .helm(&["-n", &ns, "history", &rel, "-o", "json"])
+        .and_then(|h| serde_json::from_str(&h).map_err(|e| e.to_string()))
+        .unwrap_or_else(|e| panic!("helm history: {e}"));
+    let last = history
+        .as_array()
+        .and_then(|h| h.last())
+        .map(|h| h["description"].clone());
+    assert_eq!(
+        last,
+        Some(serde_json::json!("Rollback to 1")),
+        "helm history does not end with the rollback"
+    );
+    ph.phase("helm rollback: old replicas, lease handed over, still Draining");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(rn.c.clone(), "ml");
+    let relax = serde_json::json!({"spec": {"minAvailable": 0}});
+    pdbs.patch("train", &PatchParams::default(), &Patch::Merge(&relax))
+        .await
+        .unwrap_or_else(|e| panic!("relaxing the PDB: {e}"));
+    wait_for("the workload pod evicted", rn.t, || async {
+        if rn.pod_exists("ml", &train1).await? {
+            Err(format!("{train1} still there"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    let eviction = AuditQuery {
+        verb: "create",
+        resource: "pods",
+        subresource: "eviction",
+        user: &ctl_sa,
+        name: Some(&train1),
+        node_claim: None,
+    };
+    eviction
+        .find_in(&audit)
+        .unwrap_or_else(|e| panic!("no eviction of ml/{train1} by the controller: {e}"));
+    ph.phase("PDB relaxed -> pod evicted through the Eviction API");
+
+    // --- 5. host path of the agent, uncordon, gate open
+    wait_for("the agent labels its node install-mode=host", rn.t, || {
+        rn.label_is(MODE, "host")
+    })
+    .await;
+    let by_agent = AuditQuery {
+        verb: "patch",
+        resource: "nodes",
+        subresource: "",
+        user: &agent_sa,
+        name: Some(&node),
+        node_claim: Some(&node),
+    }
+    .find_in(&audit)
+    .unwrap_or_else(|e| panic!("no node patch by the agent's own pod-bound token: {e}"));
+    ph.log(&format!(
+        "agent's label patch: {} by {} from {}, code {}",
+        by_agent["verb"],
+        by_agent["user"]["username"],
+        by_agent["sourceIPs"],
+        by_agent["responseStatus"]["code"]
+    ));
+    assert_eq!(
+        rn.label(KMD).await,
+        Ok(None),
+        "kmd-version label kept although no module is loaded"
+    );
+    // The cycle ends (Upgrading replaced the pre-cycle installer pod; the new
+    // agent reports the host first and idles): take the pod that stays.
+    wait_for("the node Done", rn.t, || rn.state_is("Done")).await;
+    let inst2 = wait_for(
+        &format!("one installer pod on {node} (the pre-cycle one gone)"),
+        rn.t,
+        || async {
+            let p = rn.installers().await?;
+            if p.len() == 1 {
+                Ok(p[0].clone())
+            } else {
+                Err(format!("{p:?}"))
+            }
+        },
+    )
+    .await;
+    // The agent idles now: its exec readiness probe runs on the kubelet and
+    // says why the pod is not Ready (nothing loaded; a host-managed node's pod
+    // is Ready only when the host's module is the policy's version).
+    let events: Api<Event> = Api::namespaced(rn.c.clone(), &ns);
+    wait_for(
+        &format!("the readiness probe (ttdrv-agent ready) of {inst2} reported"),
+        rn.t,
+        || async {
+            let lp = ListParams::default()
+                .fields(&format!("involvedObject.name={inst2},reason=Unhealthy"));
+            let l = events.list(&lp).await.map_err(|e| e.to_string())?;
+            let msgs: Vec<String> = l.items.into_iter().filter_map(|e| e.message).collect();
+            if msgs
+                .iter()
+                .any(|m| m.contains("not ready: loaded none, want 2.8.0"))
+            {
+                Ok(())
+            } else {
+                Err(format!("{msgs:?}"))
+            }
+        },
+    )
+    .await;
+    let pod2 = rn
+        .pods(&ns)
+        .get(&inst2)
+        .await
+        .unwrap_or_else(|e| panic!("{inst2}: {e}"));
+    assert!(
+        !ttdrv_testkit::pod_ready(&pod2),
+        "installer pod Ready without a module"
+    );
+    ph.phase("agent's host path: node labelled with its own token, readiness probe ran");
+    let (_, reason) = rn.record().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        reason.as_deref(),
+        Some("HostManaged"),
+        "node Done with the wrong reason"
+    );
+    assert_eq!(
+        rn.cordoned().await,
+        Ok(false),
+        "node still cordoned after Done"
+    );
+    assert_eq!(
+        rn.label(GATE).await,
+        Ok(None),
+        "deploy gate label left on the node"
+    );
+    rn.wait_running("the telemetry pod back", "ml", "app=telemetry", 1)
+        .await;
+    rn.wait_running(
+        &format!("the workload Running again on {node}"),
+        "ml",
+        "app=train",
+        1,
+    )
+    .await;
+    ph.phase("uncordoned, gate open, Done (HostManaged), workload back");
+
+    // --- 6. the admission policy on the agent's pod-bound token
+    let token = run(
+        "kubectl",
+        &[
+            "-n",
+            &ns,
+            "exec",
+            &inst2,
+            "--",
+            "cat",
+            "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("reading the agent pod's token: {e}"));
+    let agent = agent_client(token.trim(), &env("REALNODE_CA")).await;
+    let checks = admission_checks(&agent, &node, &agent_sa, &ph).await;
+    ph.phase(&format!(
+        "admission policy on the agent's pod-bound token ({checks} checks)"
+    ));
+
+    // --- 7. kubectl tt driver
+    let out =
+        run("kubectl", &["tt", "driver"]).unwrap_or_else(|e| panic!("kubectl tt driver: {e}"));
+    for l in out.lines() {
+        eprintln!("[kubectl tt driver] {l}");
+    }
+    assert!(
+        out.contains(POLICY) && out.contains(&node),
+        "kubectl tt driver does not show policy {POLICY} and node {node}"
+    );
+    ph.phase("kubectl tt driver");
+    ph.report();
+}
+
+/// A client with only the token (no admin certificate): the server and CA
+/// of the admin kubeconfig.
+async fn agent_client(token: &str, ca: &str) -> Client {
+    let server = kube::Config::infer()
+        .await
+        .map(|c| c.cluster_url.to_string())
+        .unwrap_or_else(|e| panic!("kubeconfig: {e}"));
+    let yaml = serde_json::json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": "agent", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "agent"}}],
+        "current-context": "c"
+    })
+    .to_string();
+    let kc =
+        kube::config::Kubeconfig::from_yaml(&yaml).unwrap_or_else(|e| panic!("kubeconfig: {e}"));
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("agent's client config: {e}"));
+    Client::try_from(config).unwrap_or_else(|e| panic!("agent's client: {e}"))
+}
+
+/// What the agent's token may and may not do; the number of checks made.
+async fn admission_checks(agent: &Client, node: &str, agent_sa: &str, ph: &Phases) -> usize {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let review = Api::<SelfSubjectReview>::all(agent.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .unwrap_or_else(|e| panic!("auth whoami with the agent's token: {e}"));
+    let who = review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username);
+    assert_eq!(
+        who.as_deref(),
+        Some(agent_sa),
+        "the token is not the agent's"
+    );
+    let nodes: Api<Node> = Api::all(agent.clone());
+    let patch = |name: &str, body: serde_json::Value| {
+        let nodes = nodes.clone();
+        let name = name.to_string();
+        async move {
+            nodes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+    let labels = |k: &str, v: &str| serde_json::json!({"metadata": {"labels": {k: v}}});
+    let go_ahead = format!(r#"{{"policy":"realnode","node":"{node}","target":"2.8.0","cycle":1}}"#);
+    let mut checks = 0;
+    let r = patch(
+        node,
+        labels("tt-smi.driver.tenstorrent.com/version", "6.8.0"),
+    )
+    .await;
+    assert_eq!(
+        r,
+        Ok(()),
+        "agent token refused: label its own node's driver label"
+    );
+    ph.log("allowed as expected: label its own node's driver label");
+    checks += 1;
+    let denied = [
+        (
+            "label another node",
+            "may not modify node other-node",
+            patch("other-node", labels(KMD, "2.8.0")).await,
+        ),
+        (
+            "set another label on its node",
+            "may change only the node labels",
+            patch(node, labels("pool", "stolen")).await,
+        ),
+        (
+            "write the go-ahead annotation",
+            "may not change node annotations",
+            patch(
+                node,
+                serde_json::json!({"metadata": {"annotations": {
+             "driver.tenstorrent.com/go-ahead": go_ahead}}}),
+            )
+            .await,
+        ),
+        (
+            "cordon its node",
+            "may not change the node spec",
+            patch(node, serde_json::json!({"spec": {"unschedulable": true}})).await,
+        ),
+        (
+            "delete its node (RBAC)",
+            "forbidden",
+            nodes
+                .delete(node, &DeleteParams::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        ),
+    ];
+    for (what, want, r) in denied {
+        match r {
+            Ok(()) => panic!("agent token allowed: {what}"),
+            Err(e) => assert!(
+                e.contains(want),
+                "agent token refused for another reason: {what}: {e}"
+            ),
+        }
+        ph.log(&format!("refused as expected: {what}"));
+        checks += 1;
+    }
+    checks
+}
