@@ -1,5 +1,5 @@
 //! Support for the tests that run on a real kubelet inside the namespaces of
-//! `hack/realnode.sh` (tests/real_node.rs): the script only
+//! `hack/realnode.sh` (tests/real_node.rs, tests/vm_node.rs): the scripts only
 //! bring things up and down; the checks are here and in those tests.
 //!
 //! - [`Phases`]: times each phase and prints the table the docs quote, also
@@ -9,7 +9,10 @@
 //! - [`render`], [`apply_fixture`]: manifests from tests/fixtures with
 //!   `${VAR}` placeholders, server-side applied;
 //! - [`run`]: helm, kubectl and the plugin, where the CLI is what is tested or
-//!   its kube-rs equivalent is much bigger.
+//!   its kube-rs equivalent is much bigger;
+//! - [`cycle`]: the VM node's timeline, guest console and cordon-window checks.
+
+pub mod cycle;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,0 +1,805 @@
+//! The VM-node test (hack/test-vm-node.sh, `make test-vm-node`): a real module
+//! swap, driven by the controller, on a node whose kernel loads modules. The
+//! script brings up the namespace and control plane (hack/realnode.sh), builds
+//! the guest's initramfs and boots it under QEMU; this test runs inside the
+//! namespace (VMNODE_* variables) and drives and checks everything else, in
+//! the order of docs/development.md ("The VM node"):
+//!
+//!   1. the chart; the guest's boot, containerd, images, node Ready
+//!   2. a policy at 2.7.0: the agent clones, builds and loads (first install)
+//!   3. a workload keeps /dev/tenstorrent/0 open (refcnt 1)
+//!   4. 2.7.0 -> 2.8.0, built ahead; 2.8.0 -> 2.7.0 from the cache;
+//!      (VMNODE_COMPARE=1, the default) 2.7.0 -> 2.9.0 with prepare off;
+//!      each cordon window checked by ttdrv_testkit::real_node::cycle
+//!   5. the deliberate break: no controller, the installer edited by hand: no
+//!      go-ahead, the loaded module stays
+//!
+//! The API server cannot reach the guest's kubelet: the guest reports the
+//! module and the installer pods' log lines on its console (hack/vm-node/init).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use ttdrv_api::TenstorrentDriverPolicy;
+use ttdrv_testkit::real_node::cycle::{self, Console, Mode, Sample};
+use ttdrv_testkit::real_node::{AuditQuery, Diagnostics, Phases, apply_fixture, env, run};
+use ttdrv_testkit::{client, wait_for};
+
+const POLICY: &str = "vmnode";
+const INSTALLER: &str = "app.kubernetes.io/name=tt-driver-installer";
+const PCI: &str = "feature.node.kubernetes.io/pci-1200_1e52.present";
+const KMD: &str = "driver.tenstorrent.com/kmd-version";
+const PREPARED: &str = "driver.tenstorrent.com/kmd-prepared";
+const GO_AHEAD: &str = "driver.tenstorrent.com/go-ahead";
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vm_node")
+        .join(name)
+}
+
+#[derive(Clone)]
+struct Vm {
+    c: Client,
+    node: String,
+    ns: String,
+    console: String,
+    t: Duration,
+}
+
+impl Vm {
+    fn con(&self) -> Console {
+        Console::read(&self.console)
+    }
+
+    /// Waits for a console report starting with `prefix`.
+    async fn wait_con(&self, what: &str, prefix: &str) {
+        wait_for(what, self.t, || async {
+            if self.con().has(prefix) {
+                Ok(())
+            } else {
+                Err(format!("no report {prefix:?} yet"))
+            }
+        })
+        .await
+    }
+
+    async fn wait_module(&self, what: &str, prefix: &str) {
+        wait_for(what, self.t, || async {
+            match self.con().module_now() {
+                Some(m) if m.starts_with(prefix) => Ok(()),
+                m => Err(format!("module report {m:?}")),
+            }
+        })
+        .await
+    }
+
+    async fn wait_summary(&self, version: &str, previous: &str) -> String {
+        let what = format!("the agent's summary for {version} (previous {previous})");
+        wait_for(&what, self.t, || async {
+            match self.con().summary_of(version) {
+                Some(s) if s.contains(&format!("previous={previous} ")) => Ok(s),
+                s => Err(format!("{s:?}")),
+            }
+        })
+        .await
+    }
+
+    async fn node_obj(&self) -> Result<Node, String> {
+        Api::<Node>::all(self.c.clone())
+            .get(&self.node)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn label(&self, key: &str) -> Option<String> {
+        let n = self.node_obj().await.ok()?;
+        n.metadata.labels.and_then(|l| l.get(key).cloned())
+    }
+
+    async fn cordoned(&self) -> Result<bool, String> {
+        Ok(self
+            .node_obj()
+            .await?
+            .spec
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false))
+    }
+
+    async fn state(&self) -> Result<(String, Option<String>), String> {
+        let api: Api<TenstorrentDriverPolicy> = Api::all(self.c.clone());
+        let p = api.get_opt(POLICY).await.map_err(|e| e.to_string())?;
+        let st = p.and_then(|p| p.status).unwrap_or_default();
+        Ok(st
+            .nodes
+            .iter()
+            .find(|n| n.name == self.node)
+            .map(|r| (r.state.as_str().to_string(), r.reason.clone()))
+            .unwrap_or_else(|| ("-".into(), None)))
+    }
+
+    async fn pods(&self, ns: &str, sel: &str, fields: &str) -> Result<Vec<String>, String> {
+        let lp = ListParams::default().labels(sel).fields(fields);
+        let l = Api::<Pod>::namespaced(self.c.clone(), ns)
+            .list(&lp)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(l.items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect())
+    }
+
+    async fn installers(&self) -> Result<Vec<String>, String> {
+        self.pods(&self.ns, INSTALLER, &format!("spec.nodeName={}", self.node))
+            .await
+    }
+
+    async fn first_installer(&self) -> Result<String, String> {
+        self.installers()
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| "no installer pod".into())
+    }
+
+    async fn hold_pod(&self) -> String {
+        let p = self.pods("ml", "app=hold", "").await.unwrap_or_default();
+        p.into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("no workload pod"))
+    }
+
+    async fn wait_gone(&self, what: &str, ns: &str, name: &str) {
+        let api = Api::<Pod>::namespaced(self.c.clone(), ns);
+        wait_for(what, self.t, || async {
+            match api.get_opt(name).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(_) => Err(format!("{name} still there")),
+            }
+        })
+        .await
+    }
+
+    async fn wait_cordoned(&self, what: &str) {
+        wait_for(what, self.t, || async {
+            if self.cordoned().await? {
+                Ok(())
+            } else {
+                Err("schedulable".into())
+            }
+        })
+        .await
+    }
+
+    /// The record Done, the label at `version`, not cordoned.
+    async fn wait_done(&self, what: &str, version: &str) {
+        wait_for(what, self.t, || async {
+            let (s, r) = self.state().await?;
+            let kmd = self.label(KMD).await;
+            let c = self.cordoned().await?;
+            if s == "Done" && kmd.as_deref() == Some(version) && !c {
+                Ok(())
+            } else {
+                Err(format!(
+                    "state {s} ({r:?}) kmd-version {kmd:?} cordoned {c}"
+                ))
+            }
+        })
+        .await
+    }
+
+    async fn patch_policy(&self, spec: serde_json::Value) {
+        let api: Api<TenstorrentDriverPolicy> = Api::all(self.c.clone());
+        let p = serde_json::json!({ "spec": spec });
+        api.patch(POLICY, &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap_or_else(|e| panic!("patching policy {POLICY}: {e}"));
+    }
+
+    /// One API snapshot of the node, its record, its installer pods and the workload.
+    async fn sample(&self) -> Result<Sample, String> {
+        let (node, state, inst, wl) = futures::join!(
+            self.node_obj(),
+            self.state(),
+            self.installers(),
+            self.pods("ml", "app=hold", "status.phase=Running")
+        );
+        // a failed query is no sample (an empty pod list would read as gone)
+        let (node, (state, reason), inst, wl) = (node?, state?, inst?, wl?);
+        let labels = node.metadata.labels.unwrap_or_default();
+        let annotations = node.metadata.annotations.unwrap_or_default();
+        Ok(Sample {
+            t: now(),
+            state,
+            reason,
+            cordoned: node.spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            go_ahead: annotations.contains_key(GO_AHEAD),
+            kmd: labels.get(KMD).cloned(),
+            prepared: labels.get(PREPARED).cloned(),
+            installer: inst.into_iter().collect(),
+            workload: wl.into_iter().collect(),
+        })
+    }
+}
+
+/// The timeline: a snapshot every 0.5 s, kept when it changed (also written
+/// to VMNODE_TIMELINE for a look afterwards).
+struct Watcher {
+    samples: Arc<Mutex<Vec<Sample>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watcher {
+    fn start(vm: Vm, path: String) -> Self {
+        let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
+        let out = samples.clone();
+        let task = tokio::spawn(async move {
+            let mut last = String::new();
+            loop {
+                if let Ok(s) = vm.sample().await
+                    && s.key() != last
+                {
+                    last = s.key();
+                    let line = s.line();
+                    if let Ok(mut v) = out.lock() {
+                        v.push(s);
+                    }
+                    use std::io::Write;
+                    if let Ok(mut f) = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                    {
+                        let _ = writeln!(f, "{line}");
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        Self { samples, task }
+    }
+
+    fn timeline(&self) -> Vec<Sample> {
+        self.samples.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The module changed only after the eviction and the go-ahead (the agent's
+/// own time of the unload; the console's reports lag).
+fn swap_after_drain(tl: &[Sample], con: &Console, t0: f64, version: &str) {
+    let lines = con.agent_lines();
+    let pod = cycle::loader(&lines, t0, version);
+    let gone = cycle::tl_time(tl, t0, |s| s.workload.is_empty());
+    let go = cycle::tl_time(tl, t0, |s| s.go_ahead);
+    let swap = cycle::agent_at(&lines, t0, "step=\"unload\"", pod.as_deref());
+    let (Some(gone), Some(go), Some(swap)) = (gone, go, swap) else {
+        panic!("timeline incomplete: evicted={gone:?} go-ahead={go:?} swap={swap:?}");
+    };
+    assert!(
+        gone <= swap + 1.0 && go <= swap + 1.0,
+        "module swapped at {swap} before the eviction ({gone}) or the go-ahead ({go})"
+    );
+}
+
+const FIGURES: &str = "cordon windows (out_of_service: cordon to uncordon; phase: version change to record Done; \
+cordon_to_go_ahead: the drain; host clock. go_ahead_to_load, load_to_uncordon, build_*_vs_cordon: agent clock against host clock)";
+const CYCLES: &str = "rollout cycles (from the node record and the guest console)";
+
+#[tokio::test]
+#[ignore = "runs inside the VM node's namespace: bash hack/test-vm-node.sh (make test-vm-node)"]
+async fn vm_node() {
+    let mut ph = Phases::from_env("test-vm-node");
+    let secs = std::env::var("TIMEOUT")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(900);
+    let vm = Vm {
+        c: client().await,
+        node: env("VMNODE_NODE"),
+        ns: env("VMNODE_NAMESPACE"),
+        console: env("VMNODE_CONSOLE"),
+        t: Duration::from_secs(secs),
+    };
+    let (vnode, ns) = (vm.node.clone(), vm.ns.clone());
+    let rel = env("VMNODE_RELEASE");
+    let (ctl_ref, agent_ref) = (env("VMNODE_CONTROLLER_IMAGE"), env("VMNODE_AGENT_IMAGE"));
+    let audit = env("VMNODE_AUDIT_LOG");
+    let stop_after = std::env::var("VMNODE_STOP_AFTER").unwrap_or_default();
+    let _diag = Diagnostics(vec![
+        "kubectl get nodes -o wide".into(),
+        "kubectl get pods -A -o wide".into(),
+        "kubectl get ttdp -o jsonpath='{.items[*].status.nodes}'; echo".into(),
+        format!("kubectl -n {ns} logs -l app.kubernetes.io/component=controller --tail=20"),
+        "kubectl get events -A --sort-by=.lastTimestamp | tail -n 25".into(),
+        format!(
+            "echo '--- guest console (last 40 lines)'; tr -d '\\r' <{} | tail -n 40",
+            vm.console
+        ),
+    ]);
+
+    // --- the chart, while the guest boots: the controller on the host-side
+    // node; the installer DaemonSet it renders (the agent image) on the VM node.
+    let split = |r: &str| -> (String, String) {
+        let (repo, tag) = r.rsplit_once(':').unwrap_or((r, "latest"));
+        (repo.to_string(), tag.to_string())
+    };
+    let ((ctl_repo, ctl_tag), (agent_repo, agent_tag)) = (split(&ctl_ref), split(&agent_ref));
+    let timeout = format!("{secs}s");
+    let mut args: Vec<String> = ["install", &rel, "chart", "--create-namespace", "-n", &ns]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for s in [
+        format!("controller.image.repository={ctl_repo}"),
+        format!("controller.image.tag={ctl_tag}"),
+        format!("driver.image.repository={agent_repo}"),
+        format!("driver.image.tag={agent_tag}"),
+        "controller.image.pullPolicy=Never".into(),
+        "driver.image.pullPolicy=Never".into(),
+        "controller.replicas=1".into(),
+        "controller.nodeSelector.kubernetes\\.io/hostname=real-node-1".into(),
+        // the stub tt-kmd repository in the guest, through the installer pod's /host
+        "controller.extraArgs={--resync-ms=1000,--source-repository=/host/opt/tt-kmd.git}".into(),
+    ] {
+        args.extend(["--set".to_string(), s]);
+    }
+    args.extend(["--wait".into(), "--timeout".into(), timeout]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run("helm", &args).unwrap_or_else(|e| panic!("helm install of chart/: {e}"));
+    ph.log("chart installed: controller Ready on real-node-1");
+    vm.wait_con("the guest's init", "init ").await;
+    ph.phase("guest kernel boot to init");
+    vm.wait_con("containerd in the guest", "containerd up")
+        .await;
+    ph.phase("guest network, containerd up");
+    vm.wait_con("images imported in the guest", "images imported")
+        .await;
+    ph.phase("agent and pause images imported into the guest's containerd");
+    if stop_after == "boot" {
+        return ph.report();
+    }
+    wait_for(&format!("node {vnode} Ready"), vm.t, || async {
+        let n = vm.node_obj().await?;
+        let ready = n.status.and_then(|s| s.conditions).unwrap_or_default();
+        let ready = ready
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status.clone());
+        if ready.as_deref() == Some("True") {
+            Ok(())
+        } else {
+            Err(format!("Ready={ready:?}"))
+        }
+    })
+    .await;
+    ph.phase(&format!(
+        "kubelet started -> node {vnode} registered and Ready"
+    ));
+    if stop_after == "ready" {
+        return ph.report();
+    }
+    let watch = Watcher::start(vm.clone(), env("VMNODE_TIMELINE"));
+    let table = |ph: &mut Phases, title: &str, t0: f64, v: &str, workload: bool| {
+        let out = cycle::cycle_table(title, &watch.timeline(), &vm.con(), t0, v, workload);
+        eprint!("{out}");
+        ph.add_to_report(CYCLES, out);
+    };
+    let window = |ph: &mut Phases, title: &str, t0: f64, v: &str, mode: Mode| {
+        let con = vm.con();
+        let f = cycle::check(&watch.timeline(), &con.agent_lines(), t0, v, mode)
+            .unwrap_or_else(|e| panic!("{title}: cordon window check failed: {e}"));
+        ph.log(&format!("{title}: {f}"));
+        ph.add_to_report(
+            FIGURES,
+            format!("[test-vm-node]   {:<44} {f}", format!("{title}:")),
+        );
+    };
+    let evicted_by_controller = |pod: &str| {
+        let ctl_sa = format!("system:serviceaccount:{ns}:{rel}-controller");
+        AuditQuery {
+            verb: "create",
+            resource: "pods",
+            subresource: "eviction",
+            user: &ctl_sa,
+            name: Some(pod),
+            node_claim: None,
+        }
+        .find_in(&audit)
+        .unwrap_or_else(|e| panic!("no eviction of ml/{pod} by the controller: {e}"));
+    };
+
+    // --- first install of 2.7.0: a real build in the installer pod
+    let nodes: Api<Node> = Api::all(vm.c.clone());
+    let pci = serde_json::json!({"metadata": {"labels": {PCI: "true"}}});
+    nodes
+        .patch(&vnode, &PatchParams::default(), &Patch::Merge(&pci))
+        .await
+        .unwrap_or_else(|e| panic!("labelling {vnode}: {e}"));
+    let t0 = now();
+    apply_fixture(&vm.c, &fixture("policy.yaml"), &[("NODE", &vnode)]).await;
+    wait_for(&format!("an installer pod on {vnode}"), vm.t, || {
+        vm.first_installer()
+    })
+    .await;
+    vm.wait_con(
+        &format!("the installer container running on {vnode}"),
+        "agent ",
+    )
+    .await;
+    ph.phase("policy 2.7.0 -> installer pod scheduled, agent container started");
+    vm.wait_con("2.7.0 loaded in the guest", "module=2.7.0 ")
+        .await;
+    ph.phase("agent: clone, real build, finit_module of 2.7.0");
+    vm.wait_done("the node Done at 2.7.0", "2.7.0").await;
+    let s = vm.wait_summary("2.7.0", "none").await;
+    assert!(
+        s.contains("previous=none source=build"),
+        "2.7.0 was not a source build: {s}"
+    );
+    let p = vm.first_installer().await.unwrap_or_else(|e| panic!("{e}"));
+    if let Ok(pod) = Api::<Pod>::namespaced(vm.c.clone(), &ns).get(&p).await {
+        let st = pod.status.unwrap_or_default();
+        let started = st
+            .container_statuses
+            .unwrap_or_default()
+            .first()
+            .and_then(|c| {
+                c.state
+                    .as_ref()?
+                    .running
+                    .as_ref()?
+                    .started_at
+                    .as_ref()
+                    .map(|t| t.0.to_string())
+            });
+        let ready = st
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Ready");
+        ph.log(&format!(
+            "installer pod {p}: created {:?}, started {started:?}, Ready {:?}",
+            pod.metadata.creation_timestamp.map(|t| t.0.to_string()),
+            ready
+                .and_then(|c| c.last_transition_time)
+                .map(|t| t.0.to_string())
+        ));
+    }
+    table(
+        &mut ph,
+        "first install of 2.7.0 (nothing loaded)",
+        t0,
+        "2.7.0",
+        false,
+    );
+    ph.phase("readiness, labels, node Done at 2.7.0");
+    if stop_after == "install" {
+        return ph.report();
+    }
+
+    // --- the workload: /dev/tenstorrent/0 held open
+    let vars = [
+        ("NODE", vnode.as_str()),
+        ("AGENT_IMAGE", agent_ref.as_str()),
+    ];
+    apply_fixture(&vm.c, &fixture("workload.yaml"), &vars).await;
+    let running = format!("status.phase=Running,spec.nodeName={vnode}");
+    wait_for(
+        &format!("the workload Running on {vnode}"),
+        vm.t,
+        || async {
+            let p = vm.pods("ml", "app=hold", &running).await?;
+            if p.len() == 1 {
+                Ok(())
+            } else {
+                Err(format!("Running: {p:?}"))
+            }
+        },
+    )
+    .await;
+    vm.wait_module(
+        "the workload holding /dev/tenstorrent/0 (refcnt 1)",
+        "module=2.7.0 refcnt=1",
+    )
+    .await;
+    let hold1 = vm.hold_pod().await;
+    ph.phase(&format!(
+        "workload {hold1} holds /dev/tenstorrent/0 (refcnt 1)"
+    ));
+
+    // --- the upgrade 2.7.0 -> 2.8.0 under the workload, built ahead
+    // (upgradePolicy.prepare, on by default): the installer pod is replaced at
+    // once and its agent builds 2.8.0 (cache-cold) while the node serves; the
+    // controller cordons only once the node carries kmd-prepared=2.8.0, and
+    // keeps that pod through the window.
+    let t0 = now();
+    vm.patch_policy(serde_json::json!({"version": "2.8.0"}))
+        .await;
+    wait_for(
+        "2.8.0 built ahead (kmd-prepared=2.8.0 on the node)",
+        vm.t,
+        || async {
+            match vm.label(PREPARED).await {
+                Some(v) if v == "2.8.0" => Ok(()),
+                v => Err(format!("kmd-prepared {v:?}")),
+            }
+        },
+    )
+    .await;
+    ph.phase("upgrade to 2.8.0: installer pod replaced ahead, real build while the node serves");
+    vm.wait_cordoned("the node cordoned").await;
+    // Until the drain and the go-ahead, the module and its holder stay.
+    let m = vm.con().module_now().unwrap_or_default();
+    assert!(
+        m.starts_with("module=2.7.0 refcnt=1 "),
+        "module touched before the drain: {m}"
+    );
+    vm.wait_gone("the workload evicted", "ml", &hold1).await;
+    evicted_by_controller(&hold1);
+    vm.wait_con("2.8.0 loaded in the guest", "module=2.8.0 ")
+        .await;
+    vm.wait_done("the node Done at 2.8.0", "2.8.0").await;
+    let s = vm.wait_summary("2.8.0", "2.7.0").await;
+    // source=build: this pod built it, ahead of the cordon (the window check)
+    assert!(
+        s.contains("previous=2.7.0 source=build"),
+        "2.8.0 was not a source build replacing 2.7.0: {s}"
+    );
+    vm.wait_module(
+        "the workload back, holding the 2.8.0 device",
+        "module=2.8.0 refcnt=1 ",
+    )
+    .await;
+    swap_after_drain(&watch.timeline(), &vm.con(), t0, "2.8.0");
+    window(
+        &mut ph,
+        "upgrade 2.7.0 -> 2.8.0 (cache-cold, built ahead)",
+        t0,
+        "2.8.0",
+        Mode::Ahead,
+    );
+    table(
+        &mut ph,
+        "upgrade 2.7.0 -> 2.8.0 under the workload (real build, ahead)",
+        t0,
+        "2.8.0",
+        true,
+    );
+    ph.phase("upgrade to 2.8.0: cordon, eviction, go-ahead, load of the prepared module, uncordon");
+    let hold2 = vm.hold_pod().await;
+
+    // --- the downgrade back to 2.7.0, from the agent's cache
+    let t0 = now();
+    vm.patch_policy(serde_json::json!({"version": "2.7.0"}))
+        .await;
+    vm.wait_gone("the workload evicted again", "ml", &hold2)
+        .await;
+    vm.wait_done("the node Done at 2.7.0 again", "2.7.0").await;
+    let s = vm.wait_summary("2.7.0", "2.8.0").await;
+    assert!(
+        s.contains("previous=2.8.0 source=cache"),
+        "the downgrade did not come from the cache: {s}"
+    );
+    vm.wait_module(
+        "the workload back, holding the 2.7.0 device",
+        "module=2.7.0 refcnt=1 ",
+    )
+    .await;
+    swap_after_drain(&watch.timeline(), &vm.con(), t0, "2.7.0");
+    window(
+        &mut ph,
+        "downgrade 2.8.0 -> 2.7.0 (cache hit)",
+        t0,
+        "2.7.0",
+        Mode::Ahead,
+    );
+    table(
+        &mut ph,
+        "downgrade 2.8.0 -> 2.7.0 (from the agent's cache)",
+        t0,
+        "2.7.0",
+        true,
+    );
+    ph.phase("downgrade to 2.7.0 from the cache");
+
+    // --- without build-ahead: 2.7.0 -> 2.9.0, cache-cold, prepare off. The
+    // comparison: the pod is replaced after the cordon and the drain, and the
+    // build falls inside the window. VMNODE_COMPARE=0 skips it.
+    let (mut cur, mut other) = ("2.7.0", "2.8.0");
+    if std::env::var("VMNODE_COMPARE").as_deref().unwrap_or("1") == "1" {
+        let hold3 = vm.hold_pod().await;
+        let t0 = now();
+        vm.patch_policy(serde_json::json!({"version": "2.9.0", "upgradePolicy": {"prepare": {"enabled": false}}}))
+            .await;
+        vm.wait_cordoned("the node cordoned (prepare off)").await;
+        vm.wait_gone("the workload evicted (prepare off)", "ml", &hold3)
+            .await;
+        vm.wait_done("the node Done at 2.9.0", "2.9.0").await;
+        let s = vm.wait_summary("2.9.0", "2.7.0").await;
+        assert!(
+            s.contains("previous=2.7.0 source=build"),
+            "2.9.0 was not a source build replacing 2.7.0: {s}"
+        );
+        vm.wait_module(
+            "the workload back, holding the 2.9.0 device",
+            "module=2.9.0 refcnt=1 ",
+        )
+        .await;
+        swap_after_drain(&watch.timeline(), &vm.con(), t0, "2.9.0");
+        window(
+            &mut ph,
+            "upgrade 2.7.0 -> 2.9.0 (cache-cold, prepare off)",
+            t0,
+            "2.9.0",
+            Mode::Inside,
+        );
+        table(
+            &mut ph,
+            "upgrade 2.7.0 -> 2.9.0 under the workload (real build, prepare off)",
+            t0,
+            "2.9.0",
+            true,
+        );
+        ph.phase(
+            "upgrade to 2.9.0, prepare off: cordon, eviction, pod replaced, build, load, uncordon",
+        );
+        // the cache keeps the target and the previous version
+        (cur, other) = ("2.9.0", "2.7.0");
+    }
+
+    // --- the break: no go-ahead, the module stays
+    let n = vm.node_obj().await.unwrap_or_else(|e| panic!("{e}"));
+    let go = n
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get(GO_AHEAD)
+        .cloned();
+    assert_eq!(go, None, "the go-ahead outlived the cycle");
+    let deploys: Api<Deployment> = Api::namespaced(vm.c.clone(), &ns);
+    let zero = serde_json::json!({"spec": {"replicas": 0}});
+    deploys
+        .patch(
+            &format!("{rel}-controller"),
+            &PatchParams::default(),
+            &Patch::Merge(&zero),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("scaling the controller to 0: {e}"));
+    wait_for("no controller pod", vm.t, || async {
+        let p = vm
+            .pods(&ns, "app.kubernetes.io/component=controller", "")
+            .await?;
+        if p.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{p:?}"))
+        }
+    })
+    .await;
+    let holdb = vm.hold_pod().await;
+    let before = vm.con().module_now().unwrap_or_default();
+    let t0 = now();
+    // A pod that starts for another reason (here: the DaemonSet edited by hand
+    // and the pod deleted) with another target (one still cached: no build to
+    // wait for), while the workload holds the device.
+    run(
+        "kubectl",
+        &[
+            "-n",
+            &ns,
+            "set",
+            "env",
+            &format!("ds/ttdrv-{POLICY}"),
+            &format!("TT_KMD_VERSION={other}"),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("editing the installer DaemonSet: {e}"));
+    let old = vm.first_installer().await.unwrap_or_else(|e| panic!("{e}"));
+    Api::<Pod>::namespaced(vm.c.clone(), &ns)
+        .delete(&old, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting {old}: {e}"));
+    wait_for("a replacement installer pod", vm.t, || async {
+        let p = vm.first_installer().await?;
+        if p != old {
+            Ok(())
+        } else {
+            Err(format!("still {p}"))
+        }
+    })
+    .await;
+    let waiting = |w: &str| w.contains("waiting for the controller") && w.contains("go-ahead");
+    wait_for("the agent waiting for the go-ahead", vm.t, || async {
+        if vm.con().reports().any(|(t, w)| t >= t0 && waiting(w)) {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    })
+    .await;
+    // three of the agent's go-ahead polls (every 5 s) later
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let con = vm.con();
+    let after = con.module_now().unwrap_or_default();
+    assert_eq!(
+        before,
+        format!("module={cur} refcnt=1 dev=0,"),
+        "unexpected state before the break"
+    );
+    assert_eq!(after, before, "without the go-ahead the module changed");
+    let phase = Api::<Pod>::namespaced(vm.c.clone(), "ml")
+        .get(&holdb)
+        .await
+        .ok()
+        .and_then(|p| p.status?.phase);
+    assert_eq!(
+        phase.as_deref(),
+        Some("Running"),
+        "the workload pod {holdb} is not Running"
+    );
+    assert_eq!(
+        vm.cordoned().await,
+        Ok(false),
+        "node cordoned without a controller"
+    );
+    assert_eq!(
+        vm.label(KMD).await.as_deref(),
+        Some(cur),
+        "kmd-version label changed without a go-ahead"
+    );
+    let said = con
+        .reports()
+        .filter(|(_, w)| waiting(w))
+        .last()
+        .map(|(_, w)| w.chars().take(200).collect::<String>());
+    ph.log(&format!(
+        "no go-ahead: {after}, workload {holdb} Running, agent: {}",
+        said.unwrap_or_default()
+    ));
+    ph.phase(&format!(
+        "break: no controller, pod replaced with target {other}: {cur} untouched"
+    ));
+    drop(watch);
+
+    for (what, name) in [("the policy's", POLICY), ("the node's", vnode.as_str())] {
+        ph.log(&format!("--- {what} Events"));
+        let out = run(
+            "kubectl",
+            &[
+                "get",
+                "events",
+                "-A",
+                "--field-selector",
+                &format!("involvedObject.name={name}"),
+                "--sort-by=.lastTimestamp",
+                "-o",
+                "custom-columns=TIME:.lastTimestamp,REASON:.reason,MESSAGE:.message",
+            ],
+        )
+        .unwrap_or_default();
+        let lines: Vec<&str> = out.lines().collect();
+        for l in &lines[lines.len().saturating_sub(40)..] {
+            eprintln!("[events] {l}");
+        }
+    }
+    ph.report();
+}
