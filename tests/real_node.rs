@@ -31,9 +31,14 @@ use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostPar
 use kube::{Api, Client};
 use ttdrv_api::TenstorrentDriverPolicy;
 use ttdrv_testkit::real_node::{
-    AuditQuery, Diagnostics, Phases, apply_fixture, env, http_get, metric, run,
+    AuditQuery, Diagnostics, Phases, apply_fixture, env, http_get, run, timeout_from_env,
 };
 use ttdrv_testkit::{client, wait_for};
+
+/// The first sample of `name` in a scrape.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    ttdrv_testkit::controller::metric_samples(text, name, &[]).next()
+}
 
 const POLICY: &str = "realnode";
 const INSTALLER: &str = "app.kubernetes.io/name=tt-driver-installer";
@@ -247,16 +252,12 @@ fn refusal(logs: &str) -> Option<&str> {
 #[ignore = "runs inside the real node's namespaces: bash hack/test-realnode.sh (make test)"]
 async fn real_node() {
     let mut ph = Phases::from_env("test-realnode");
-    let secs = std::env::var("TIMEOUT")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(120);
     let rn = Rn {
         c: client().await,
         node: env("REALNODE_NODE"),
         ns: env("REALNODE_NAMESPACE"),
         rel: env("REALNODE_RELEASE"),
-        t: Duration::from_secs(secs),
+        t: timeout_from_env(120),
     };
     let (node, ns, rel) = (rn.node.clone(), rn.ns.clone(), rn.rel.clone());
     let audit = env("REALNODE_AUDIT_LOG");
@@ -293,7 +294,7 @@ async fn real_node() {
         (repo.to_string(), tag.to_string())
     };
     let ((ctl_repo, ctl_tag), (agent_repo, agent_tag)) = (split(&ctl_ref), split(&agent_ref));
-    let timeout = format!("{secs}s");
+    let timeout = format!("{}s", rn.t.as_secs());
     let sets = [
         format!("controller.image.repository={ctl_repo}"),
         format!("controller.image.tag={ctl_tag}"),
@@ -347,7 +348,7 @@ async fn real_node() {
         .await
         .unwrap_or_else(|e| panic!("scrape of Service {} at {svc_addr}: {e}", rn.svc()));
     assert!(
-        metric(&scrape, "ttdriver_build_info", "").is_some(),
+        metric(&scrape, "ttdriver_build_info").is_some(),
         "no ttdriver_build_info from {}",
         rn.svc()
     );
@@ -360,7 +361,7 @@ async fn real_node() {
         let text = http_get(ep, "/metrics")
             .await
             .unwrap_or_else(|e| panic!("scrape of endpoint {ep}: {e}"));
-        if metric(&text, "ttdriver_leader", "").as_deref() == Some("1") {
+        if metric(&text, "ttdriver_leader") == Some(1.0) {
             leaders += 1;
         }
     }
@@ -478,7 +479,7 @@ async fn real_node() {
             addrs.extend(rn.endpoints().await?);
             for a in &addrs {
                 if let Ok(t) = http_get(a, "/metrics").await
-                    && metric(&t, "ttdriver_drain_blocked_total", "").is_some()
+                    && metric(&t, "ttdriver_drain_blocked_total").is_some()
                 {
                     return Ok(());
                 }

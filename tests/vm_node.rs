@@ -26,7 +26,9 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use ttdrv_api::TenstorrentDriverPolicy;
 use ttdrv_testkit::real_node::cycle::{self, Console, Mode, Sample};
-use ttdrv_testkit::real_node::{AuditQuery, Diagnostics, Phases, apply_fixture, env, run};
+use ttdrv_testkit::real_node::{
+    AuditQuery, Diagnostics, Phases, apply_fixture, env, run, timeout_from_env,
+};
 use ttdrv_testkit::{client, wait_for};
 
 const POLICY: &str = "vmnode";
@@ -307,16 +309,12 @@ const CYCLES: &str = "rollout cycles (from the node record and the guest console
 #[ignore = "runs inside the VM node's namespace: bash hack/test-vm-node.sh (make test-vm-node)"]
 async fn vm_node() {
     let mut ph = Phases::from_env("test-vm-node");
-    let secs = std::env::var("TIMEOUT")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(900);
     let vm = Vm {
         c: client().await,
         node: env("VMNODE_NODE"),
         ns: env("VMNODE_NAMESPACE"),
         console: env("VMNODE_CONSOLE"),
-        t: Duration::from_secs(secs),
+        t: timeout_from_env(900),
     };
     let (vnode, ns) = (vm.node.clone(), vm.ns.clone());
     let rel = env("VMNODE_RELEASE");
@@ -342,7 +340,7 @@ async fn vm_node() {
         (repo.to_string(), tag.to_string())
     };
     let ((ctl_repo, ctl_tag), (agent_repo, agent_tag)) = (split(&ctl_ref), split(&agent_ref));
-    let timeout = format!("{secs}s");
+    let timeout = format!("{}s", vm.t.as_secs());
     let mut args: Vec<String> = ["install", &rel, "chart", "--create-namespace", "-n", &ns]
         .iter()
         .map(|s| s.to_string())

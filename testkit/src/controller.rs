@@ -125,22 +125,30 @@ impl ControllerProcess {
     }
 }
 
-/// The sum of the samples of `name` in Prometheus text `metrics` whose
-/// labels include every one of `labels`.
-pub fn metric_sum(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+/// The sample values of `name` in Prometheus text `metrics` whose labels
+/// include every one of `labels`, in order.
+pub fn metric_samples<'a>(
+    metrics: &'a str,
+    name: &'a str,
+    labels: &'a [(&'a str, &'a str)],
+) -> impl Iterator<Item = f64> + 'a {
     metrics
         .lines()
-        .filter(|l| {
+        .filter(move |l| {
             l.strip_prefix(name)
                 .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
         })
-        .filter(|l| {
+        .filter(move |l| {
             labels
                 .iter()
                 .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+}
+
+/// The sum of [`metric_samples`].
+pub fn metric_sum(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_samples(metrics, name, labels).sum()
 }
 
 impl Drop for ControllerProcess {

@@ -5,7 +5,8 @@
 //! - [`Phases`]: times each phase and prints the table the docs quote, also
 //!   when the test fails (on drop);
 //! - [`AuditQuery`]: finds an event in the API server's audit log (JSON lines);
-//! - [`metric`], [`http_get`]: a Prometheus sample, scraped without curl;
+//! - [`http_get`]: a scrape without curl (read with
+//!   [`crate::controller::metric_samples`]);
 //! - [`render`], [`apply_fixture`]: manifests from tests/fixtures with
 //!   `${VAR}` placeholders, server-side applied;
 //! - [`run`]: helm, kubectl and the plugin, where the CLI is what is tested or
@@ -218,18 +219,13 @@ impl AuditQuery<'_> {
     }
 }
 
-/// The first sample value of metric `name` (whose label text contains
-/// `labels`) in a Prometheus text exposition.
-pub fn metric(text: &str, name: &str, labels: &str) -> Option<String> {
-    text.lines().find_map(|l| {
-        let mut f = l.split_whitespace();
-        let series = f.next()?;
-        let rest = series.strip_prefix(name)?;
-        (rest.is_empty() || rest.starts_with('{'))
-            .then_some(())
-            .filter(|_| series.contains(labels))?;
-        f.next().map(str::to_string)
-    })
+/// The seconds each wait may take: `TIMEOUT` (the scripts' setting), else `default`.
+pub fn timeout_from_env(default: u64) -> std::time::Duration {
+    let secs = std::env::var("TIMEOUT")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(default);
+    std::time::Duration::from_secs(secs)
 }
 
 /// GET http://ADDR/PATH (HTTP/1.0, 5 s); the body of a 200 answer.
@@ -338,15 +334,14 @@ mod tests {
     }
 
     #[test]
-    fn metric_takes_the_first_matching_sample() {
+    fn metric_samples_match_the_name_and_labels_exactly() {
+        use crate::controller::metric_samples;
         let text = "# HELP ttdriver_leader x\nttdriver_leader_x 5\nttdriver_leader 1\n\
                     ttdriver_nodes{state=\"Done\"} 2\nttdriver_nodes{state=\"Failed\"} 0\n";
-        assert_eq!(metric(text, "ttdriver_leader", "").as_deref(), Some("1"));
-        assert_eq!(
-            metric(text, "ttdriver_nodes", "Failed").as_deref(),
-            Some("0")
-        );
-        assert_eq!(metric(text, "ttdriver_drain_blocked_total", ""), None);
+        let first = |name, labels| metric_samples(text, name, labels).next();
+        assert_eq!(first("ttdriver_leader", &[]), Some(1.0));
+        assert_eq!(first("ttdriver_nodes", &[("state", "Failed")]), Some(0.0));
+        assert_eq!(first("ttdriver_drain_blocked_total", &[]), None);
     }
 
     #[test]
