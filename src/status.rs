@@ -91,8 +91,9 @@ pub mod phase {
     pub const PROGRESSING: &str = "Progressing";
     pub const DEGRADED: &str = "Degraded";
     pub const PAUSED: &str = "Paused";
-    /// `spec.unmanage` (the Go operator's): the policy vacates its nodes
-    /// (Degraded instead while one is UnloadFailed).
+    /// `spec.unmanage` (the Go operator's): every node of the policy is
+    /// vacated (Progressing while one is still being vacated, Degraded while
+    /// one is UnloadFailed).
     pub const UNMANAGED: &str = "Unmanaged";
 }
 
@@ -368,8 +369,18 @@ pub fn build(
         conditions,
         desired_version: Some(policy.spec.version.clone()),
         phase: Some(
+            // Unmanaged only once every node is vacated: Go's recipe (wait for
+            // Unmanaged, then install DKMS) must not fire mid-vacate.
             if policy.spec.unmanage && !paused && summary.failed_nodes == 0 {
-                phase::UNMANAGED
+                let vacated = input
+                    .records
+                    .values()
+                    .all(|r| r.state == NodeState::Unmanaged);
+                if vacated {
+                    phase::UNMANAGED
+                } else {
+                    phase::PROGRESSING
+                }
             } else {
                 phase_of(&summary, paused)
             }

@@ -60,11 +60,20 @@ async fn unmanage_vacates_every_node_one_at_a_time_and_leaves_them_alone() {
     let cordons = CordonWatcher::start(&env);
     let started = std::time::Instant::now();
     patch_policy(&env, &policy, serde_json::json!({ "unmanage": true })).await;
+    // Go's recipe "wait for phase=Unmanaged, then install DKMS": the phase
+    // must not say Unmanaged while a node is still being vacated.
+    let mut mid_vacate = 0;
     for n in &nodes {
         let st = wait_node(&env, &policy, n, NodeState::Unmanaged, T).await;
         let want = if *n == dkms { "HostManaged" } else { "Vacated" };
         assert_eq!(st.reason.as_deref(), Some(want), "{n}: {st:?}");
+        let ps = status(&env, &policy).await;
+        if ps.nodes.iter().any(|x| x.state != NodeState::Unmanaged) {
+            mid_vacate += 1;
+            assert_ne!(ps.phase.as_deref(), Some("Unmanaged"), "{ps:?}");
+        }
     }
+    assert!(mid_vacate > 0, "no status seen mid-vacate");
     eprintln!(
         "vacated {} nodes (3 cycles, maxUnavailable 1, sim work 300 ms) in {:?}",
         nodes.len(),

@@ -91,10 +91,11 @@ pub struct TenstorrentDriverPolicySpec {
     #[serde(default)]
     pub installer: Installer,
 
-    /// The Go operator's field: hand the policy's nodes to DKMS. Kept (not
-    /// pruned): while true the policy owns no node, so the controller never
-    /// installs a module on them. The Go operator's drain-and-unload sequence
-    /// is not implemented (docs/migrating-from-go-operator.md).
+    /// The Go operator's field: hand the policy's nodes to DKMS. While true
+    /// the controller installs no module; it vacates each node in turn
+    /// (cordon, drain, the installer unloads the module, uncordon) and marks
+    /// it Unmanaged. `status.phase` is Unmanaged once every node is vacated
+    /// (docs/migrating-from-go-operator.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unmanage: bool,
 }

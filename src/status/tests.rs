@@ -440,6 +440,16 @@ fn phase_from_the_summary() {
     let st = status_of(&p, &vacated, &HashSet::new(), &[], None, 100);
     assert_eq!(st.phase.as_deref(), Some("Unmanaged"));
     assert_eq!((st.summary.done, st.summary.failed_nodes), (2, 0));
+    // Mid-vacate: a node still Done (not yet vacated) or Unloading keeps
+    // the phase off Unmanaged.
+    for st_b in [NodeState::Done, NodeState::Draining, NodeState::Unloading] {
+        let mid = records(&[
+            ("a", rec(NodeState::Unmanaged, Some(reason::VACATED), None)),
+            ("b", rec(st_b, None, None)),
+        ]);
+        let st = status_of(&p, &mid, &HashSet::new(), &[], None, 100);
+        assert_eq!(st.phase.as_deref(), Some("Progressing"), "{st_b:?}");
+    }
     let failed = records(&[
         ("a", rec(NodeState::Unmanaged, Some(reason::VACATED), None)),
         (
