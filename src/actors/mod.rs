@@ -2,10 +2,10 @@
 //!
 //! ```text
 //! watches ──Kick──▶ PolicyManager ──Reconcile──▶ PolicySupervisor (one per policy)
-//!                                                  │  PlanRollout ▶ RolloutActor (per policy)
-//!                                                  │  Observe     ▶ NodeActor (one per owned node)
+//!                                                  │  PlanRollout ▶ RolloutActor (per policy): grants and reserves slots
+//!                                                  │  Observe     ▶ NodeActor (one per owned node), a granted slot in it
 //!                                                  │  Ensure      ▶ DaemonSetRenderer (shared)
-//! NodeActor ── AcquireSlot / ReleaseSlot ▶ RolloutActor (its policy's)
+//! NodeActor ── ReleaseSlot ▶ RolloutActor (its policy's)
 //!           ── PatchNode ▶ Labeler (shared) · Evict ▶ Evictor (shared)
 //!           ── ReplaceInstallerPod ▶ DaemonSetRenderer (shared)
 //! ```
@@ -29,5 +29,5 @@ pub use manager::{Kick, PolicyManager, Scope};
 pub use messages::{PassScope, Reconcile, RefusalChanged};
 pub use node::{NodeActor, Observe};
 pub use renderer::{DaemonSetRenderer, Ensure, ReplaceInstallerPod};
-pub use rollout::{AcquireSlot, PlanRollout, ReleaseSlot, RolloutActor};
+pub use rollout::{PlanRollout, ReleaseSlot, RolloutActor};
 pub use supervisor::PolicySupervisor;

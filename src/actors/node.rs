@@ -1,7 +1,8 @@
 //! NodeActor (one per node a policy owns): owns that node's upgrade record, runs
-//! the state machine on each observation and carries out its commands. Before
-//! a step that starts a disruptive cycle it asks its policy's RolloutActor for
-//! a slot, and gives the slot back when the cycle ends. The record is persisted
+//! the state machine on each observation and carries out its commands. A
+//! disruptive cycle starts only on an observation that carries a slot (granted
+//! by its policy's RolloutActor in the pass's plan); the actor gives the slot
+//! back when the cycle ends, or at once when its step did not use it. The record is persisted
 //! on the Node in the same merge patch as any cordon, uncordon or gate change,
 //! before pods are evicted or replaced.
 
@@ -11,9 +12,9 @@ use actix::prelude::*;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
 use ttdrv_core::drain::{DrainPass, PodRef};
 use ttdrv_core::event::EventReason;
-use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, Step, step};
+use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, step};
 
-use super::{AcquireSlot, Evict, PatchNode, ReleaseSlot, ReplaceInstallerPod};
+use super::{Evict, PatchNode, ReleaseSlot, ReplaceInstallerPod};
 use crate::context::Context;
 use crate::node_patch::record_patch;
 use crate::{Error, Result};
@@ -26,7 +27,6 @@ pub struct NodePorts {
     pub patch: Recipient<PatchNode>,
     pub evict: Recipient<Evict>,
     pub replace_pod: Recipient<ReplaceInstallerPod>,
-    pub acquire: Recipient<AcquireSlot>,
     pub release: Recipient<ReleaseSlot>,
 }
 
@@ -98,32 +98,6 @@ pub struct Observe {
     pub gates: Vec<String>,
 }
 
-/// The step from `prev`, with a rollout slot only if the RolloutActor hands one
-/// out: asked for exactly when the machine says the step needs one.
-async fn step_with_slot(
-    prev: &NodeRecord,
-    obs: &mut Observation,
-    want: &Desired,
-    node: &str,
-    acquire: &Recipient<AcquireSlot>,
-) -> Result<Step> {
-    obs.slot = false;
-    let without = step(prev, obs, want);
-    if !without.needs_slot {
-        return Ok(without);
-    }
-    obs.slot = acquire
-        .send(AcquireSlot {
-            node: node.to_string(),
-        })
-        .await?;
-    Ok(if obs.slot {
-        step(prev, obs, want)
-    } else {
-        without
-    })
-}
-
 impl Handler<Observe> for NodeActor {
     type Result = AtomicResponse<Self, Result<NodeRecord>>;
 
@@ -143,8 +117,7 @@ impl Handler<Observe> for NodeActor {
             let mut obs = msg.obs.clone();
             let first = prev.clone();
             let mut prev = prev;
-            let mut next =
-                step_with_slot(&prev, &mut obs, &msg.desired, &node, &ports.acquire).await?;
+            let mut next = step(&prev, &obs, &msg.desired);
             let mut deleted = None;
             let mut hop = 0;
             loop {
@@ -287,8 +260,9 @@ impl Handler<Observe> for NodeActor {
                 hop += 1;
                 prev = std::mem::replace(&mut next, after).record;
             }
-            // The cycle ended (Done, Failed, back to Pending): the slot goes
-            // back. Idempotent, so also sent when the slot was never held here.
+            // The cycle ended (Done, Failed, back to Pending), or the step did
+            // not use the slot it was granted: the slot goes back. Idempotent,
+            // so also sent when the slot was never held here.
             if !next.record.occupies_slot() && (first.occupies_slot() || obs.slot) {
                 ports.release.do_send(ReleaseSlot { node: node.clone() });
             }

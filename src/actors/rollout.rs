@@ -1,7 +1,9 @@
 //! RolloutActor (one per policy): owns the policy's rollout budget. It keeps
-//! every node's slot facts ([`Candidate`]) and the slots it has handed out; a
-//! NodeActor asks it for a slot (`AcquireSlot`) before it cordons and gives it
-//! back (`ReleaseSlot`) when its cycle ends (Done or Failed). Every decision is
+//! every node's slot facts ([`Candidate`]) and the slots it has handed out.
+//! The budget is asked once: a plan ([`PlanRollout`]) reserves the slots it
+//! grants, the pass hands each granted node its slot with the observation it
+//! steps on, and the NodeActor gives it back (`ReleaseSlot`) when its cycle
+//! ends (Done, Failed, or a step that did not use it). Every decision is
 //! [`ttdrv_core::rollout::plan`]'s; messages are handled one at a time, so two
 //! nodes can never take the last slot together.
 
@@ -13,7 +15,8 @@ use ttdrv_core::rollout::{Candidate, Limits, Plan, plan};
 
 pub struct RolloutActor {
     candidates: HashMap<String, Candidate>,
-    /// Nodes holding a slot handed out by `AcquireSlot`.
+    /// Nodes holding a slot a plan granted, until given back or their facts
+    /// say they neither wait to start nor run a cycle.
     held: BTreeSet<String>,
     limits: Limits,
     last: Plan,
@@ -45,7 +48,10 @@ impl RolloutActor {
 }
 
 /// Fresh facts about some nodes (all of them when `replace`); replies with the
-/// plan over every node known: the nodes that may ask for a slot now.
+/// plan over every node known. Its `granted` nodes hold a slot from now on:
+/// the pass passes it on to them ([`Observation::slot`]).
+///
+/// [`Observation::slot`]: ttdrv_core::machine::Observation::slot
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "Plan")]
 pub struct PlanRollout {
@@ -75,54 +81,33 @@ impl Handler<PlanRollout> for RolloutActor {
                 .is_some_and(|c| (c.wants_slot && c.ready) || c.in_progress)
         });
         let p = self.plan();
-        if p.granted != self.last.granted && !p.granted.is_empty() {
-            tracing::info!(granted = ?p.granted, unavailable = p.unavailable, max = p.max_unavailable, "rollout slots offered");
+        for node in &p.granted {
+            if self.held.insert(node.clone()) {
+                tracing::info!(
+                    node,
+                    held = self.held.len(),
+                    max = self.limits.max_unavailable,
+                    "rollout slot taken"
+                );
+            }
+        }
+        if p.blocked != self.last.blocked
+            && let Some(why) = &p.blocked
+        {
+            tracing::info!(
+                blocked = why,
+                unavailable = p.unavailable,
+                max = p.max_unavailable,
+                "rollout waits"
+            );
         }
         self.last = p.clone();
         MessageResult(p)
     }
 }
 
-/// A NodeActor about to cordon (start a disruptive cycle) asks for a slot;
-/// `true` when it holds one (asking again while holding is a no-op).
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "bool")]
-pub struct AcquireSlot {
-    pub node: String,
-}
-
-impl Handler<AcquireSlot> for RolloutActor {
-    type Result = bool;
-
-    fn handle(&mut self, msg: AcquireSlot, _: &mut Self::Context) -> bool {
-        let plan = self.plan();
-        if self.held.contains(&msg.node) {
-            // Asked again while holding: yes, unless the node turned NotReady
-            // or the brake is on (it must not cordon now).
-            let ready = self.candidates.get(&msg.node).is_none_or(|c| c.ready);
-            return ready && plan.braked.is_none();
-        }
-        let granted = plan.granted.contains(&msg.node);
-        if granted {
-            tracing::info!(
-                node = msg.node,
-                held = self.held.len() + 1,
-                max = self.limits.max_unavailable,
-                "rollout slot taken"
-            );
-            self.held.insert(msg.node.clone());
-            // Until the next facts arrive, the node counts as mid-cycle.
-            if let Some(c) = self.candidates.get_mut(&msg.node) {
-                c.in_progress = true;
-                c.wants_slot = false;
-            }
-        }
-        granted
-    }
-}
-
-/// A NodeActor's cycle ended (Done, Failed, or back to waiting): its slot goes
-/// back to the budget.
+/// A NodeActor's cycle ended (Done, Failed, or back to waiting), or its step
+/// did not use the slot it was granted: the slot goes back to the budget.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct ReleaseSlot {
@@ -149,10 +134,8 @@ mod tests {
             wants_slot,
             in_progress,
             ready: true,
-            unavailable: false,
-            failed: false,
-            has_device_pods: false,
             prepared: true,
+            ..Default::default()
         }
     }
 
@@ -199,64 +182,78 @@ mod tests {
     }
 
     #[actix::test]
-    async fn one_slot_one_holder_until_given_back() {
+    async fn a_granted_slot_is_held_until_given_back() {
+        let actor = RolloutActor::default().start();
+        // Five nodes, so that one NotReady stays under the fleet brake.
+        let all = ["a", "b", "c", "d", "e"].map(|n| c(n, true, false));
+        let p = actor.send(facts(true, all.to_vec())).await.expect("plan");
+        assert_eq!(p.granted, ["a"]);
+        // A second plan before a's step shows: a still holds the only slot,
+        // b gets nothing (the budget is not offered twice).
+        let p = actor
+            .send(facts(false, vec![c("b", true, false)]))
+            .await
+            .expect("plan");
+        assert_eq!(p.granted, ["a"], "the holder is granted again, nobody else");
+        assert_eq!(p.in_progress, 1);
+        // a turns NotReady before it cordons: its hold ends (a NotReady node
+        // never waits on a slot) and it is granted nothing.
+        let mut down = c("a", true, false);
+        down.ready = false;
+        let p = actor.send(facts(false, vec![down])).await.expect("plan");
+        assert!(!p.granted.contains(&"a".to_string()), "{p:?}");
+        // ... and b, next in line, gets the slot a no longer holds.
+        assert_eq!(p.granted, ["b"]);
+        // b cordons (mid-cycle), then gives the slot back at Done.
+        actor
+            .send(facts(false, vec![c("b", false, true)]))
+            .await
+            .expect("plan");
+        let p = actor
+            .send(facts(false, vec![c("a", true, false)]))
+            .await
+            .expect("plan");
+        assert!(p.granted.is_empty(), "b mid-cycle holds the slot: {p:?}");
+        actor
+            .send(ReleaseSlot { node: "b".into() })
+            .await
+            .expect("reply");
+        let p = actor
+            .send(facts(false, vec![c("b", false, false)]))
+            .await
+            .expect("plan");
+        assert_eq!(p.granted, ["a"], "given back: a may go");
+    }
+
+    #[actix::test]
+    async fn a_slot_given_back_unused_goes_to_the_next_node() {
         let actor = RolloutActor::default().start();
         let p = actor
             .send(facts(true, vec![c("a", true, false), c("b", true, false)]))
             .await
             .expect("plan");
         assert_eq!(p.granted, ["a"]);
-        let ask = |n: &str| {
-            actor.send(AcquireSlot {
-                node: n.to_string(),
-            })
-        };
-        assert!(!ask("b").await.expect("reply"), "b is not next");
-        assert!(ask("a").await.expect("reply"));
-        assert!(ask("a").await.expect("reply"), "asking again keeps it");
-        // a turns NotReady before it cordons: it may not cordon now, and its
-        // hold ends (a NotReady node never waits on a slot).
-        let mut down = c("a", true, false);
-        down.ready = false;
-        actor.send(facts(false, vec![down])).await.expect("plan");
-        assert!(!ask("a").await.expect("reply"), "NotReady never cordons");
-        // Back: a is first in line again.
-        actor
-            .send(facts(false, vec![c("a", true, false)]))
-            .await
-            .expect("plan");
-        assert!(ask("a").await.expect("reply"));
-        // Facts from a pass that observed a before it cordoned: still Pending.
-        let p = actor
-            .send(facts(false, vec![c("a", true, false)]))
-            .await
-            .expect("plan");
-        assert_eq!(p.granted, ["a"], "the holder keeps its slot");
-        assert!(!ask("b").await.expect("reply"), "the only slot is taken");
+        // a's step did not cordon (say its module was already the target):
+        // it gives the slot back and its facts no longer ask for one.
         actor
             .send(ReleaseSlot { node: "a".into() })
             .await
             .expect("reply");
-        actor
+        let p = actor
             .send(facts(false, vec![c("a", false, false)]))
             .await
             .expect("plan");
-        assert!(ask("b").await.expect("reply"), "given back: b may go");
+        assert_eq!(p.granted, ["b"]);
     }
 
     #[actix::test]
     async fn a_lost_release_ends_with_the_cycle() {
         let actor = RolloutActor::default().start();
-        actor
+        let p = actor
             .send(facts(true, vec![c("a", true, false), c("b", true, false)]))
             .await
             .expect("plan");
-        assert!(
-            actor
-                .send(AcquireSlot { node: "a".into() })
-                .await
-                .expect("reply")
-        );
+        assert_eq!(p.granted, ["a"]);
         // a finished (Done) but its ReleaseSlot never came.
         let p = actor
             .send(facts(false, vec![c("a", false, false)]))

@@ -249,7 +249,6 @@ impl PolicySupervisor {
             patch: self.ports.patch.clone(),
             evict: self.ports.evict.clone(),
             replace_pod: self.ports.replace_pod.clone(),
-            acquire: self.rollout.clone().recipient(),
             release: self.rollout.clone().recipient(),
         };
         let nodes = Arc::make_mut(&mut self.nodes);
@@ -385,6 +384,7 @@ impl PolicySupervisor {
             refused,
             braked: plan.braked.as_deref(),
             brake_percent: self.ctx.config.not_ready_brake_percent,
+            waiting_on: &plan.waiting_on,
             version: &policy.spec.version,
             next_kernel_failed,
             now: Instant::now(),

@@ -18,7 +18,6 @@ struct Fake {
     log: Arc<Mutex<Vec<String>>>,
     /// The Node as the fake API server stores it (merge patches applied).
     node: serde_json::Value,
-    grant: bool,
 }
 
 impl Actor for Fake {
@@ -72,14 +71,6 @@ impl Handler<ReplaceInstallerPod> for Fake {
     fn handle(&mut self, msg: ReplaceInstallerPod, _: &mut Self::Context) -> Result<()> {
         self.note(format!("replace {}", msg.name));
         Ok(())
-    }
-}
-
-impl Handler<AcquireSlot> for Fake {
-    type Result = bool;
-    fn handle(&mut self, _: AcquireSlot, _: &mut Self::Context) -> bool {
-        self.note(format!("acquire -> {}", self.grant));
-        self.grant
     }
 }
 
@@ -152,19 +143,17 @@ fn observe(obs: Observation, persisted: Option<NodeRecord>, evict: &[&str]) -> O
 }
 
 /// A NodeActor wired to one fake; returns it and the fake's log.
-fn start(grant: bool, node: serde_json::Value) -> (Addr<NodeActor>, Arc<Mutex<Vec<String>>>) {
+fn start(node: serde_json::Value) -> (Addr<NodeActor>, Arc<Mutex<Vec<String>>>) {
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let fake = Fake {
         log: log.clone(),
         node,
-        grant,
     }
     .start();
     let ports = NodePorts {
         patch: fake.clone().recipient(),
         evict: fake.clone().recipient(),
         replace_pod: fake.clone().recipient(),
-        acquire: fake.clone().recipient(),
         release: fake.recipient(),
     };
     let actor = NodeActor::new(context(), "n1".into(), "fleet".into(), ports).start();
@@ -176,8 +165,8 @@ fn entries(log: &Arc<Mutex<Vec<String>>>) -> Vec<String> {
 }
 
 #[actix::test]
-async fn refused_slot_means_no_cordon() {
-    let (actor, log) = start(false, serde_json::json!({}));
+async fn no_slot_means_no_cordon() {
+    let (actor, log) = start(serde_json::json!({}));
     let rec = actor
         .send(observe(obs("2.7.0"), None, &["w"]))
         .await
@@ -187,15 +176,38 @@ async fn refused_slot_means_no_cordon() {
     assert_eq!(rec.reason.as_deref(), Some(reason::WAITING));
     assert_eq!(
         entries(&log),
-        ["acquire -> false", "patch Pending"],
-        "asked, refused, only the waiting record written"
+        ["patch Pending"],
+        "only the waiting record written, no slot given back (none held)"
     );
 }
 
 #[actix::test]
+async fn a_granted_slot_the_step_does_not_use_goes_back() {
+    // Granted a slot, but the target is loaded already: Done without a cycle.
+    let node = serde_json::json!({
+        "metadata": { "labels": { labels::KMD_VERSION: "2.8.0" } }
+    });
+    let (actor, log) = start(node);
+    let mut o = obs("2.8.0");
+    o.slot = true;
+    o.installer = InstallerPod::Current { ready: true };
+    let rec = actor
+        .send(observe(o, None, &[]))
+        .await
+        .expect("mailbox")
+        .expect("step");
+    assert_eq!(rec.state, NodeState::Done, "{rec:?}");
+    actix::clock::sleep(std::time::Duration::from_millis(20)).await;
+    let log = entries(&log);
+    assert!(log.iter().all(|l| !l.contains("cordon")), "{log:?}");
+    assert_eq!(log.last().map(String::as_str), Some("release"), "{log:?}");
+}
+
+#[actix::test]
 async fn granted_slot_cordons_then_drains_on_the_stored_node() {
-    let (actor, log) = start(true, serde_json::json!({}));
+    let (actor, log) = start(serde_json::json!({}));
     let mut o = obs("2.7.0");
+    o.slot = true;
     o.drain = Some(DrainProgress {
         remaining: vec!["ml/w".into()],
         blocking_pdbs: vec![],
@@ -209,13 +221,8 @@ async fn granted_slot_cordons_then_drains_on_the_stored_node() {
     assert_eq!(rec.cordon, Cordon::Ours);
     assert_eq!(
         entries(&log),
-        [
-            "acquire -> true",
-            "patch Cordoning cordon",
-            "patch Draining",
-            "evict ml/w"
-        ],
-        "slot first, cordon with the record, drain only on the API server's reply"
+        ["patch Cordoning cordon", "patch Draining", "evict ml/w"],
+        "cordon with the record, drain only on the API server's reply"
     );
 }
 
@@ -225,7 +232,7 @@ async fn a_node_without_drain_plan_never_leaves_draining() {
     r.state = NodeState::Draining;
     r.cordon = Cordon::Ours;
     r.started = Some(900);
-    let (actor, log) = start(true, serde_json::json!({}));
+    let (actor, log) = start(serde_json::json!({}));
     let mut o = obs("2.7.0");
     o.unschedulable = true;
     o.gates_closed = true;
@@ -249,7 +256,7 @@ async fn done_gives_the_slot_back_after_uncordon() {
         "metadata": { "labels": { GATE: "false", labels::KMD_VERSION: "2.8.0" } },
         "spec": { "unschedulable": true }
     });
-    let (actor, log) = start(true, node);
+    let (actor, log) = start(node);
     let mut o = obs("2.8.0");
     o.installer = InstallerPod::Current { ready: true };
     o.unschedulable = true;
@@ -280,7 +287,7 @@ async fn admins_cordon_is_never_lifted() {
         "metadata": { "labels": { GATE: "false" } },
         "spec": { "unschedulable": true }
     });
-    let (actor, log) = start(true, node);
+    let (actor, log) = start(node);
     let mut o = obs("2.8.0");
     o.installer = InstallerPod::Current { ready: true };
     o.unschedulable = true;

@@ -227,9 +227,13 @@ impl ReconcilePass {
                 stepped.insert(n.clone());
                 device_users.push((n.clone(), v.has_device_pods));
                 let facts = v.clone();
+                // The plan reserved a slot for each node it granted: the node
+                // steps on it (and gives it back if the step does not use it).
+                let mut obs = v.obs;
+                obs.slot = offered.contains(n.as_str());
                 let msg = Observe {
                     policy: policy.clone(),
-                    obs: v.obs,
+                    obs,
                     desired: desired.clone(),
                     persisted: v.persisted,
                     evictions: v.evictions,
