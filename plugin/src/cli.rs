@@ -135,6 +135,27 @@ pub enum Command {
         /// Only the installer pod on this node.
         node: Option<String>,
     },
+    /// Hand the policy back to the Go operator before `helm rollback`: pause
+    /// it, delete our installer DaemonSet (the loaded modules stay loaded),
+    /// undo our cordons (never anyone else's) and remove our node marks.
+    /// Refused while a node is in a cycle, unless --wait or --force.
+    Handback {
+        policy: String,
+        /// Print what would be done; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Wait for the nodes in a cycle to end it instead of refusing.
+        #[arg(long)]
+        wait: bool,
+        /// Seconds --wait waits for cycles, and the hand-back for our
+        /// installer pods to be gone.
+        #[arg(long, value_name = "S", default_value_t = 600)]
+        timeout: u64,
+        /// Hand back even with nodes mid-cycle (the Go operator then finds
+        /// them as they stand).
+        #[arg(long)]
+        force: bool,
+    },
     /// Shell completion. bash, zsh, fish: a script for the `kubectl-tt-driver`
     /// binary itself. `kubectl tt driver <TAB>` is completed by kubectl (1.26+)
     /// through the `kubectl_complete-tt-driver` (krew: `kubectl_complete-tt`)
@@ -214,6 +235,25 @@ mod tests {
             Cli::try_parse_from(["kubectl-tt-driver", "plan", "fleet", "--build-seconds=-1"])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn handback_parses() {
+        let cli = Cli::try_parse_from(["kubectl-tt-driver", "handback", "fleet", "--dry-run"])
+            .expect("parses");
+        match cli.command {
+            Some(Command::Handback {
+                policy,
+                dry_run,
+                wait,
+                force,
+                timeout,
+            }) => assert_eq!(
+                (policy.as_str(), dry_run, wait, force, timeout),
+                ("fleet", true, false, false, 600)
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -8,9 +8,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use futures::AsyncBufReadExt;
 use futures::TryStreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{ListParams, LogParams, Patch, PatchParams};
+use kube::api::{
+    DeleteParams, ListParams, LogParams, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
 use kube::{Api, Client};
 use serde::Serialize;
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
@@ -177,6 +180,21 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Resume { policy } => set_paused(&ctx, &policy, false).await,
         Command::Retry { policy, node } => retry(&ctx, &policy, &node).await,
         Command::Restart { policy, node } => restart(&ctx, &policy, node.as_deref()).await,
+        Command::Handback {
+            policy,
+            dry_run,
+            wait,
+            timeout,
+            force,
+        } => {
+            let opts = HandbackOptions {
+                dry_run,
+                wait,
+                force,
+                timeout: Duration::from_secs(timeout),
+            };
+            handback(&ctx, &policy, opts).await
+        }
         Command::Logs {
             policy,
             node,
@@ -700,4 +718,187 @@ async fn logs(
         bail!("could not read installer logs: {}", errors.join("; "));
     }
     Ok(0)
+}
+
+pub struct HandbackOptions {
+    pub dry_run: bool,
+    pub wait: bool,
+    pub force: bool,
+    pub timeout: Duration,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct HandbackResult<'a> {
+    dry_run: bool,
+    namespace: &'a str,
+    #[serde(flatten)]
+    plan: &'a crate::handback::Plan,
+}
+
+/// Reads what the hand-back decides on: the policy, every node, `ttdrv-<policy>`.
+async fn handback_plan(ctx: &Ctx, name: &str) -> Result<crate::handback::Plan> {
+    let p = get_policy(&ctx.client, name).await?;
+    let nodes = Api::<Node>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing nodes")?
+        .items;
+    let ds_name = format!("ttdrv-{name}");
+    let ds = Api::<DaemonSet>::namespaced(ctx.client.clone(), &ctx.namespace)
+        .get_opt(&ds_name)
+        .await
+        .with_context(|| format!("reading DaemonSet {}/{ds_name}", ctx.namespace))?;
+    Ok(crate::handback::decide(
+        name,
+        p.spec.paused,
+        &nodes,
+        ds.as_ref(),
+    ))
+}
+
+fn in_cycle_names(plan: &crate::handback::Plan) -> String {
+    plan.in_cycle
+        .iter()
+        .map(|c| format!("{} ({})", c.name, c.state))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `handback <policy>`: see [`crate::handback`]. Pauses first, so our
+/// controller neither re-creates the DaemonSet nor starts a node meanwhile
+/// (a paused policy's DaemonSet is not applied); then deletes the DaemonSet,
+/// waits for our installer pods to be gone, and patches the nodes.
+async fn handback(ctx: &Ctx, name: &str, opts: HandbackOptions) -> Result<i32> {
+    let started = Instant::now();
+    let mut plan = handback_plan(ctx, name).await?;
+    while !plan.in_cycle.is_empty() && !opts.force && !opts.dry_run {
+        if !opts.wait {
+            bail!(
+                "refusing to hand back policy {name:?}: nodes in a cycle: {}. Wait for it to end \
+                 (--wait), or --force to hand them back as they stand",
+                in_cycle_names(&plan)
+            );
+        }
+        if started.elapsed() > opts.timeout {
+            bail!(
+                "nodes still in a cycle after {}s (--timeout): {}",
+                opts.timeout.as_secs(),
+                in_cycle_names(&plan)
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        plan = handback_plan(ctx, name).await?;
+    }
+    if opts.dry_run {
+        let res = HandbackResult {
+            dry_run: true,
+            namespace: &ctx.namespace,
+            plan: &plan,
+        };
+        emit(ctx, &res, || {
+            let mut s = String::new();
+            if !plan.in_cycle.is_empty() {
+                s.push_str(&format!(
+                    "refused without --wait or --force: nodes in a cycle: {}\n",
+                    in_cycle_names(&plan)
+                ));
+            }
+            s + &crate::handback::render(&plan, &ctx.namespace, false)
+        })?;
+        return Ok(exit::OK);
+    }
+    let policies: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
+    if plan.pause {
+        let patch = serde_json::json!({ "spec": { "paused": true } });
+        policies
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("setting spec.paused=true on policy {name:?}"))?;
+    }
+    // A cycle that started between the read and the pause holds where it is
+    // (paused); it is reported, and handed back only with --force.
+    let paused_plan = handback_plan(ctx, name).await?;
+    if !paused_plan.in_cycle.is_empty() && !opts.force {
+        bail!(
+            "policy {name:?} paused, but a cycle started before the pause took: {}. \
+             Resume it (kubectl tt driver resume {name}) and hand back again, or --force",
+            in_cycle_names(&paused_plan)
+        );
+    }
+    let plan = crate::handback::Plan {
+        pause: plan.pause,
+        ..paused_plan
+    };
+    if let Some(ds_name) = &plan.delete_daemonset {
+        let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+        let uid = api
+            .get_opt(ds_name)
+            .await
+            .with_context(|| format!("reading DaemonSet {}/{ds_name}", ctx.namespace))?
+            .and_then(|d| d.metadata.uid);
+        // Background: the DaemonSet goes at once (its name is free for the Go
+        // one), its pods are then deleted by the garbage collector.
+        let dp = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: uid.map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(ds_name, &dp).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("deleting DaemonSet {}/{ds_name}", ctx.namespace));
+            }
+        }
+        // Our agents must be gone before the Go builders start beside them.
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+        let sel = format!("{}={name}", labels::CLAIM);
+        loop {
+            let left = pods
+                .list(&ListParams::default().labels(&sel))
+                .await
+                .with_context(|| format!("listing installer pods in {:?}", ctx.namespace))?
+                .items
+                .len();
+            if left == 0 {
+                break;
+            }
+            if started.elapsed() > opts.timeout {
+                bail!(
+                    "DaemonSet {}/{ds_name} deleted, but {left} installer pod(s) of policy {name:?} \
+                     are still there after {}s (--timeout)",
+                    ctx.namespace,
+                    opts.timeout.as_secs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    for a in &plan.nodes {
+        if let Some(patch) = a.patch() {
+            match nodes
+                .patch(&a.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e).with_context(|| format!("patching node {:?}", a.name)),
+            }
+        }
+    }
+    let res = HandbackResult {
+        dry_run: false,
+        namespace: &ctx.namespace,
+        plan: &plan,
+    };
+    emit(ctx, &res, || {
+        crate::handback::render(&plan, &ctx.namespace, true)
+    })?;
+    Ok(exit::OK)
 }

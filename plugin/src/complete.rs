@@ -11,7 +11,7 @@ pub const NO_FILE_COMP: &str = ":4";
 /// Subcommands whose first positional is a policy, and those whose second is
 /// one of its nodes.
 const POLICY_FIRST: &[&str] = &[
-    "status", "nodes", "watch", "plan", "pause", "resume", "retry", "restart", "logs",
+    "status", "nodes", "watch", "plan", "pause", "resume", "retry", "restart", "logs", "handback",
 ];
 const NODE_SECOND: &[&str] = &["retry", "restart", "logs"];
 
