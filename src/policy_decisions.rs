@@ -22,6 +22,9 @@ pub struct PolicyMemo {
     pub warned_generation: Option<i64>,
     /// The fleet-health brake held the last pass.
     pub braked: bool,
+    /// Nodes out of service not by us that held the rollout at the last pass
+    /// (node, why): announced once per change.
+    pub waiting_on: Vec<(String, String)>,
     /// What the cluster refuses about this policy, while it does.
     pub refusal: Option<Refusal>,
     /// Nodes left to older policies (node, owner) at the last pass.
@@ -60,6 +63,9 @@ pub enum Facts<'a> {
         /// The brake's NotReady nodes, when it holds the rollout.
         braked: Option<&'a [String]>,
         brake_percent: u32,
+        /// Nodes out of service not by us, when they are what holds the next
+        /// node back ([`ttdrv_core::rollout::Plan::waiting_on`]).
+        waiting_on: &'a [(String, String)],
         version: &'a str,
         /// Nodes whose installed, not running kernel the target does not
         /// build for (node -> kernel).
@@ -155,11 +161,29 @@ pub fn decide(prev: &PolicyMemo, facts: &Facts<'_>) -> (PolicyMemo, Vec<Effect>)
             refused,
             braked,
             brake_percent,
+            waiting_on,
             version,
             next_kernel_failed,
             now,
         } => {
             brake(&mut next, &mut effects, *braked, *brake_percent);
+            if next.waiting_on != *waiting_on && !waiting_on.is_empty() {
+                let list: Vec<String> = waiting_on
+                    .iter()
+                    .map(|(n, why)| format!("{n} {why}"))
+                    .collect();
+                effects.push(event(
+                    true,
+                    EventReason::RolloutWaitingOnOthers,
+                    "Rollout",
+                    format!(
+                        "rollout waits: maxUnavailable is taken by node(s) out of service, not by this rollout: {}; \
+                         it goes on when they are back in service (or raise upgradePolicy.maxUnavailable)",
+                        list.join(", ")
+                    ),
+                ));
+            }
+            next.waiting_on = waiting_on.to_vec();
             for (node, kernel) in ttdrv_core::prepare::new_next_kernel_warnings(
                 &prev.next_kernel_warned,
                 next_kernel_failed,

@@ -33,6 +33,8 @@ pub const INSTALL_MODE_HOST: &str = "host";
 
 /// Default deploy gate flipped to "false" while a node is upgraded.
 pub const DEFAULT_DEPLOY_GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
+/// What every deploy-gate label's key starts with.
+pub const DEPLOY_GATE_PREFIX: &str = "tenstorrent.com/deploy.";
 
 /// Annotation on the DaemonSet pod template: sha256 of the rendered template.
 pub const TEMPLATE_HASH: &str = "driver.tenstorrent.com/template-hash";
@@ -57,6 +59,11 @@ pub const GO_AHEAD: &str = "driver.tenstorrent.com/go-ahead";
 pub const GO_CORDONED_BY: &str = "driver.tenstorrent.com/cordoned-by";
 /// Node annotation the Go operator set with [`GO_CORDONED_BY`] (RFC 3339).
 pub const GO_CORDONED_AT: &str = "driver.tenstorrent.com/cordoned-at";
+
+/// Node annotation the Go operator's firmware controller sets on a node it
+/// cordoned to flash, naming its TenstorrentFirmwarePolicy. Not ours to undo:
+/// a rollout that waits on such a node names it.
+pub const GO_FIRMWARE_CORDONED_BY: &str = "firmware.tenstorrent.com/cordoned-by";
 
 /// Node label naming the `spec.unmanage` policy that vacated the node: its
 /// module unloaded, our labels, record, cordon and gates gone. The node is

@@ -68,6 +68,9 @@ pub struct PodFacts {
     pub deleting: bool,
     /// One of our installer pods (label `driver.tenstorrent.com/policy`).
     pub installer: bool,
+    /// Its node affinity requires a deploy gate not to be "false": the
+    /// DaemonSet controller removes it when the gates close ([`follows_deploy_gate`]).
+    pub follows_gate: bool,
 }
 
 impl PodFacts {
@@ -112,6 +115,7 @@ impl PodFacts {
                 Some("Succeeded") | Some("Failed")
             ),
             deleting: pod.metadata.deletion_timestamp.is_some(),
+            follows_gate: follows_deploy_gate(pod),
         }
     }
 
@@ -264,6 +268,101 @@ pub fn sequence<'a>(
         }
     }
     step
+}
+
+/// True when every required node-affinity term of the pod asks a deploy-gate
+/// label not to be "false": closing the gates removes it from the node.
+pub fn follows_deploy_gate(pod: &Pod) -> bool {
+    let terms = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    !terms.is_empty()
+        && terms.iter().all(|t| {
+            t.match_expressions.iter().flatten().any(|e| {
+                e.key.starts_with(labels::DEPLOY_GATE_PREFIX)
+                    && e.operator == "NotIn"
+                    && e.values.iter().flatten().any(|v| v == "false")
+            })
+        })
+}
+
+/// What would keep a node's cycle from finishing by itself once it drains.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Blocker {
+    /// The PodDisruptionBudget (`ns/name`) allows no disruption: evicting
+    /// `pod` is refused, and the node fails when the drain times out.
+    Pdb { pdb: String, pod: PodRef },
+    /// `pod` uses the device and the drain leaves it in place: the swap
+    /// waits for it until the upgrade timeout.
+    DeviceUserLeft { pod: PodRef },
+    /// The drain is off (`drain.enable: false`) and `pod` uses the device.
+    DrainOff { pod: PodRef },
+}
+
+impl Blocker {
+    /// The blocker as `kubectl tt driver plan` prints it.
+    pub fn describe(&self, drain: &DrainPolicy) -> String {
+        match self {
+            Blocker::Pdb { pdb, pod } => format!(
+                "PodDisruptionBudget {pdb} allows no disruption: evicting {pod} is refused, so the node \
+                 fails when the drain times out ({}s)",
+                drain.timeout_seconds
+            ),
+            Blocker::DeviceUserLeft { pod } => format!(
+                "{pod} uses the device and the drain leaves it in place: the module swap \
+                 waits for it and the node fails at the upgrade timeout"
+            ),
+            Blocker::DrainOff { pod } => {
+                format!("drain is disabled and {pod} uses the device: the module swap waits for it")
+            }
+        }
+    }
+}
+
+/// The blockers of a node's cycle from its drain plan and pods, as the
+/// controller's drain would meet them: each PDB that [`sequence`] names for
+/// a pod still to evict; device users the drain leaves (but not finished pods
+/// or DaemonSet pods that follow the deploy gates, which the gates remove).
+pub fn blockers(
+    plan: &DrainPlan,
+    pods: &[&PodFacts],
+    pdbs: &[&PodDisruptionBudget],
+    drain: &DrainPolicy,
+) -> Vec<Blocker> {
+    if !drain.enable {
+        return pods
+            .iter()
+            .filter(|f| f.device && !f.installer)
+            .map(|f| Blocker::DrainOff { pod: f.pod.clone() })
+            .collect();
+    }
+    let by_ref: std::collections::HashMap<&PodRef, &PodFacts> =
+        pods.iter().map(|f| (&f.pod, *f)).collect();
+    let mut out = vec![];
+    for (r, _) in plan.remaining() {
+        let Some(pod) = by_ref.get(r) else { continue };
+        for pdb in sequence(plan, [*pod], pdbs).progress.blocking_pdbs {
+            out.push(Blocker::Pdb {
+                pdb,
+                pod: r.clone(),
+            });
+        }
+    }
+    for (r, why, device) in &plan.skipped {
+        let gated = *why == SkipReason::DaemonSet && by_ref.get(r).is_some_and(|p| p.follows_gate);
+        if *device && !gated && *why != SkipReason::Finished {
+            out.push(Blocker::DeviceUserLeft { pod: r.clone() });
+        }
+    }
+    out
 }
 
 /// True when the pod uses the Tenstorrent device.

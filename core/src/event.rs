@@ -26,6 +26,7 @@ pub enum EventReason {
     UnreadableStatusReplaced,
     DeprecatedField,
     SelectorConflict,
+    RolloutWaitingOnOthers,
 }
 
 impl EventReason {
@@ -52,6 +53,7 @@ impl EventReason {
         Self::UnreadableStatusReplaced,
         Self::DeprecatedField,
         Self::SelectorConflict,
+        Self::RolloutWaitingOnOthers,
     ];
 
     /// The reason as Kubernetes shows it.
@@ -78,6 +80,7 @@ impl EventReason {
             Self::UnreadableStatusReplaced => "UnreadableStatusReplaced",
             Self::DeprecatedField => "DeprecatedField",
             Self::SelectorConflict => "SelectorConflict",
+            Self::RolloutWaitingOnOthers => "RolloutWaitingOnOthers",
         }
     }
 }

@@ -194,7 +194,8 @@ pub struct Observation {
     pub drain: Option<DrainProgress>,
     /// Value of the node's retry annotation, if any.
     pub retry_token: Option<String>,
-    /// The RolloutActor allows this node to start a disruptive cycle now.
+    /// The node holds a rollout slot: the RolloutActor's plan granted (and
+    /// reserved) it, so this step may start a disruptive cycle.
     pub slot: bool,
     /// Why the installer pod is unhealthy, for failure messages.
     pub installer_problem: Option<String>,
@@ -284,9 +285,9 @@ pub enum Command {
 pub struct Step {
     pub record: NodeRecord,
     pub commands: Vec<Command>,
-    /// The node waits for a rollout slot only: with one, this step would
-    /// start a disruptive cycle. The caller asks for a slot exactly then and,
-    /// if granted, steps again with [`Observation::slot`] set.
+    /// The node waits for a rollout slot only: with one ([`Observation::slot`])
+    /// this step would start a disruptive cycle. A Pending node for which it
+    /// is false goes on without one (left alone, or installed in place).
     pub needs_slot: bool,
 }
 

@@ -109,7 +109,40 @@ pub fn unschedulable(node: &Node) -> bool {
 /// Out of service for a reason that is not our rollout: NotReady, or cordoned
 /// when we did not cordon it.
 pub fn externally_unavailable(node: &Node, cordoned_by_us: bool) -> bool {
-    !ready(node) || (unschedulable(node) && !cordoned_by_us)
+    out_of_service_because(node, cordoned_by_us).is_some()
+}
+
+/// Why the node is out of service for a reason that is not our rollout, as
+/// a rollout that waits on it names it (status, `plan`, an Event); `None`
+/// when it is in service or out of service because of us.
+pub fn out_of_service_because(node: &Node, cordoned_by_us: bool) -> Option<String> {
+    if !ready(node) {
+        return Some(format!(
+            "NotReady (Ready={})",
+            ready_status(node).unwrap_or("missing")
+        ));
+    }
+    if !unschedulable(node) || cordoned_by_us {
+        return None;
+    }
+    Some(foreign_cordon(node))
+}
+
+/// Who holds a cordon that is not ours, as far as the node tells.
+pub fn foreign_cordon(node: &Node) -> String {
+    if let Some(fw) = annotation(node, labels::GO_FIRMWARE_CORDONED_BY) {
+        return format!(
+            "cordoned by the Go firmware controller for TenstorrentFirmwarePolicy {fw} ({}={fw})",
+            labels::GO_FIRMWARE_CORDONED_BY
+        );
+    }
+    if let Some(p) = annotation(node, labels::GO_CORDONED_BY) {
+        return format!(
+            "cordoned by the Go driver operator for policy {p} ({}={p})",
+            labels::GO_CORDONED_BY
+        );
+    }
+    "cordoned by someone else (kubectl cordon or another tool; no annotation names who)".into()
 }
 
 /// The upgrade record persisted on the node, if it has a readable one.
@@ -154,6 +187,30 @@ mod tests {
             "NotReady counts even when the cordon is ours"
         );
         assert!(externally_unavailable(&node("True", true), false));
+        assert_eq!(
+            out_of_service_because(&node("False", false), false).as_deref(),
+            Some("NotReady (Ready=False)")
+        );
+        assert!(
+            out_of_service_because(&node("True", true), false)
+                .is_some_and(|w| w.starts_with("cordoned by someone else"))
+        );
+        let mut fw = node("True", true);
+        fw.metadata.annotations = Some(
+            [(
+                labels::GO_FIRMWARE_CORDONED_BY.to_string(),
+                "fw-a".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            out_of_service_because(&fw, false).as_deref(),
+            Some(
+                "cordoned by the Go firmware controller for TenstorrentFirmwarePolicy fw-a \
+                 (firmware.tenstorrent.com/cordoned-by=fw-a)"
+            )
+        );
+        assert_eq!(out_of_service_because(&fw, true), None, "our own cordon");
         assert!(
             !externally_unavailable(&node("True", true), true),
             "our own cordon is not someone else's"

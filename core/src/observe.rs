@@ -64,6 +64,8 @@ pub struct NodeView {
     pub has_device_pods: bool,
     /// NotReady, or cordoned by someone else.
     pub externally_unavailable: bool,
+    /// Why, when `externally_unavailable`.
+    pub unavailable_because: Option<String>,
 }
 
 impl NodeView {
@@ -77,6 +79,7 @@ impl NodeView {
             in_progress: rec.is_some_and(NodeRecord::occupies_slot),
             ready: self.obs.ready,
             unavailable: self.externally_unavailable,
+            unavailable_because: self.unavailable_because.clone(),
             failed: state.is_failed(),
             has_device_pods: self.has_device_pods,
             prepared: self.obs.prepared,
@@ -153,7 +156,7 @@ pub fn observe<'p>(
     // A cordon of ours on a node still waiting in Pending (adopted from
     // the Go operator or another policy, or kept across a retry) puts it
     // out of service all the same: it counts, and goes first.
-    let externally_unavailable = node::externally_unavailable(
+    let unavailable_because = node::out_of_service_because(
         node,
         rec.is_some_and(|r| r.cordoned_by_us() && r.state != NodeState::Pending),
     );
@@ -167,8 +170,27 @@ pub fn observe<'p>(
             || pods().any(|p| p.device),
             drain::DrainPlan::has_device_users,
         ),
-        externally_unavailable,
+        externally_unavailable: unavailable_because.is_some(),
+        unavailable_because,
     }
+}
+
+/// What a node's cordon and drain would meet if it started now: the drain's
+/// plan over both passes and what would block it ([`drain::blockers`]), from
+/// the same facts [`observe`] reads. For `kubectl tt driver plan`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Forecast {
+    pub plan: drain::DrainPlan,
+    pub blockers: Vec<drain::Blocker>,
+}
+
+pub fn forecast(p: &PolicyFacts<'_>, n: &NodeFacts<'_>, pdbs: &[&PodDisruptionBudget]) -> Forecast {
+    let Some(selector) = p.selector else {
+        return Forecast::default();
+    };
+    let plan = drain::plan_drain(n.pods.iter().copied(), p.drain, selector);
+    let blockers = drain::blockers(&plan, n.pods, pdbs, p.drain);
+    Forecast { plan, blockers }
 }
 
 /// Whether `node`, which `policy` no longer owns, is still out of service
@@ -192,6 +214,8 @@ pub fn stray_candidate(policy: &str, node: &Node) -> Candidate {
         in_progress: held,
         ready: node::ready(node),
         unavailable: held,
+        // Ours: never named as someone else's.
+        unavailable_because: None,
         failed: false,
         has_device_pods: false,
         prepared: true,

@@ -22,7 +22,7 @@
 
 use std::collections::BTreeSet;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Candidate {
     pub name: String,
     /// Waiting in Pending for a module swap.
@@ -33,6 +33,9 @@ pub struct Candidate {
     pub ready: bool,
     /// NotReady or unschedulable, independently of our in-progress states.
     pub unavailable: bool,
+    /// Why, when `unavailable` ([`crate::node::out_of_service_because`]): a
+    /// rollout that waits on the node names it.
+    pub unavailable_because: Option<String>,
     pub failed: bool,
     /// Non-installer pods on the node use the device (drained last).
     pub has_device_pods: bool,
@@ -69,6 +72,10 @@ pub struct Plan {
     pub braked: Option<Vec<String>>,
     /// Why nothing more can start, for the Progressing condition.
     pub blocked: Option<String>,
+    /// When the budget is what holds the next node back: the nodes out of
+    /// service for reasons that are not ours (node, why), sorted. Someone
+    /// else's cordon is named instead of a silent stall.
+    pub waiting_on: Vec<(String, String)>,
 }
 
 /// Deterministic rollout order: nodes without device users first, then by name.
@@ -138,7 +145,8 @@ pub fn plan<'a>(
         .collect();
     plan.granted.sort_unstable();
     let mut waiting: Vec<&Candidate> = candidates
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|c| c.wants_slot && !held.contains(&c.name))
         .collect();
     // Nodes already out of service first (starting them takes no extra node
@@ -165,8 +173,22 @@ pub fn plan<'a>(
         }
         let fits = ours < max && (c.unavailable || ours + others < max);
         if !fits {
+            plan.waiting_on = out_of_service_for_others(&candidates, &ours_of);
+            let named: Vec<String> = plan
+                .waiting_on
+                .iter()
+                .map(|(n, why)| format!("{n} {why}"))
+                .collect();
+            let others_note = if named.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; out of service, not by this rollout: {}",
+                    named.join(", ")
+                )
+            };
             plan.blocked = Some(format!(
-                "{} of at most {max} node(s) upgrading, {} out of service; next waiting: {}",
+                "{} of at most {max} node(s) upgrading, {} out of service; next waiting: {}{others_note}",
                 ours,
                 ours + others,
                 c.name
@@ -188,6 +210,26 @@ pub fn plan<'a>(
     plan
 }
 
+/// The nodes that take the budget for reasons not ours, with why.
+fn out_of_service_for_others(
+    candidates: &[&Candidate],
+    ours_of: &impl Fn(&Candidate) -> bool,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = candidates
+        .iter()
+        .filter(|c| !ours_of(c) && c.unavailable)
+        .map(|c| {
+            let why = c
+                .unavailable_because
+                .clone()
+                .unwrap_or_else(|| "(out of service)".into());
+            (c.name.clone(), why)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,13 +249,41 @@ mod tests {
         Candidate {
             name: name.into(),
             wants_slot: true,
-            in_progress: false,
             ready: true,
-            unavailable: false,
-            failed: false,
-            has_device_pods: false,
             prepared: true,
+            ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_budget_taken_by_someone_elses_cordon_names_it() {
+        let mut fw = c("fw-node");
+        fw.wants_slot = false;
+        fw.unavailable = true;
+        fw.unavailable_because = Some("cordoned by the Go firmware controller".into());
+        let p = plan([&fw, &c("a")], 1);
+        assert!(p.granted.is_empty(), "{p:?}");
+        assert_eq!(
+            p.waiting_on,
+            [(
+                "fw-node".to_string(),
+                "cordoned by the Go firmware controller".to_string()
+            )]
+        );
+        assert!(
+            p.blocked
+                .as_deref()
+                .is_some_and(|b| b.contains("fw-node cordoned by the Go firmware controller")),
+            "{p:?}"
+        );
+        // Our own cycle taking the slot names nobody else.
+        let mut ours = c("b");
+        ours.wants_slot = false;
+        ours.in_progress = true;
+        let p = plan([&ours, &c("a")], 1);
+        assert!(p.waiting_on.is_empty(), "{p:?}");
+        // Room for both: nothing waits, nothing named.
+        assert!(plan([&fw, &c("a")], 2).waiting_on.is_empty());
     }
 
     #[test]

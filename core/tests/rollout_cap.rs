@@ -51,10 +51,9 @@ proptest! {
                 wants_slot: true,
                 in_progress: false,
                 ready: true,
-                unavailable: false,
-                failed: false,
                 has_device_pods: i % 3 == 0,
                 prepared: true,
+                ..Default::default()
             })
             .collect();
         let mut admin = vec![false; n];

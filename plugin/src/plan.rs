@@ -21,9 +21,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
 use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
-use ttdrv_core::drain::{self, PodFacts, PodRef, SkipReason, plan_drain};
+use ttdrv_core::drain::{PodFacts, SkipReason};
 use ttdrv_core::machine::{self, Desired, NodeRecord, Observation};
 use ttdrv_core::node::{self, label};
+use ttdrv_core::observe::{self, NodeFacts, PolicyFacts};
 use ttdrv_core::rollout::{self, Candidate};
 use ttdrv_core::{reason, selection};
 
@@ -70,6 +71,9 @@ pub struct PlannedNode {
     /// NotReady, or cordoned by someone else: starts first, costs no extra slot,
     /// and stays cordoned afterwards.
     pub already_unavailable: bool,
+    /// Why, when `already_unavailable` (who cordoned it, as far as the node tells).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unavailable_because: Option<String>,
     /// Pods on the node use the device: such nodes go last.
     pub has_device_pods: bool,
     /// The target is loaded, or its agent built and verified it into the
@@ -144,57 +148,31 @@ pub struct RolloutPlan {
     pub build_ahead: BuildAhead,
 }
 
-/// True when the pod's node affinity requires a deploy-gate label not to be
-/// "false": the DaemonSet controller removes it when the gate closes.
-fn follows_deploy_gate(pod: &Pod) -> bool {
-    let terms = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .map(|r| r.node_selector_terms.clone())
-        .unwrap_or_default();
-    !terms.is_empty()
-        && terms.iter().all(|t| {
-            t.match_expressions.iter().flatten().any(|e| {
-                e.key.starts_with("tenstorrent.com/deploy.")
-                    && e.operator == "NotIn"
-                    && e.values.iter().flatten().any(|v| v == "false")
-            })
-        })
-}
-
 /// A node the controller's state machine ([`machine::step`]) takes from
-/// Pending without a maxUnavailable slot: left alone (`HostManaged`), or
-/// installed without cordon or drain (`UpToDate`, `FirstInstall`). `None`: it
-/// waits for a slot, i.e. goes through a cordon/drain/upgrade cycle.
-fn without_cycle(node: &Node, want: &Desired) -> Option<NodeNote> {
+/// Pending without a maxUnavailable slot ([`machine::Step::needs_slot`]
+/// false): left alone (`HostManaged`), or installed without cordon or drain
+/// (`UpToDate`, `FirstInstall`). `None`: it waits for a slot, i.e. goes
+/// through a cordon/drain/upgrade cycle.
+fn without_cycle(node: &Node, observed: &Observation, want: &Desired) -> Option<NodeNote> {
     let (policy, target) = (want.policy.as_str(), want.version.as_str());
     let obs = Observation {
         // Readiness and build-ahead decide when a node starts, not whether it
         // needs a cycle: rollout::plan and eta account for them.
         ready: true,
         prepared: true,
-        unschedulable: node::unschedulable(node),
-        loaded: node::loaded_version(node).map(String::from),
-        host_managed: node::host_managed(node),
-        nothing_loaded: node::reported_nothing_loaded(node),
-        // The plugin does not render the installer template, so it cannot
-        // tell a current pod from a stale one (`Missing`, the default): with
-        // the target loaded either way needs no drain, and with another loaded
-        // neither changes the cycle.
-        ..Default::default()
+        slot: false,
+        ..observed.clone()
     };
     let of = obs
         .loaded
         .as_deref()
         .map(|v| format!(" of {v}"))
         .unwrap_or_default();
-    let next = machine::step(&NodeRecord::new(policy, target, 0), &obs, want).record;
+    let next = machine::step(&NodeRecord::new(policy, target, 0), &obs, want);
+    if next.needs_slot {
+        return None;
+    }
+    let next = next.record;
     let (kind, detail) = match (next.state, next.no_drain, next.reason.as_deref()) {
         (NodeState::Done, _, Some(reason::HOST_MANAGED)) => (
             reason::HOST_MANAGED,
@@ -303,137 +281,128 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         });
     }
 
-    let mut pods_by_node: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();
+    let mut pods_by_node: BTreeMap<&str, Vec<PodFacts>> = BTreeMap::new();
     for pod in inp.pods {
         if let Some(n) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
             && owned.contains(n)
         {
-            pods_by_node.entry(n).or_default().push(pod.clone());
+            pods_by_node.entry(n).or_default().push(PodFacts::of(pod));
         }
     }
 
     let pdbs: Vec<&PodDisruptionBudget> = inp.pdbs.iter().collect();
+    // The policy as the controller's pass observes it. The plugin does not
+    // render the installer template, so it cannot tell a current installer
+    // pod from a stale one: none is looked at (`Missing`); with the target
+    // loaded either needs no drain, and with another loaded neither changes
+    // the cycle.
+    let policy_facts = PolicyFacts {
+        desired: &want,
+        drain,
+        namespace: "",
+        template_hash: "",
+        selector: Some(&selector),
+        gates: &[],
+        now: 0,
+        prepare_deadline_seconds: i64::MAX,
+    };
     let mut without_drain = Vec::new();
     let mut cycles: BTreeMap<String, PlannedNode> = BTreeMap::new();
     let mut candidates = Vec::new();
     let mut failed = Vec::new();
     for n in &owned {
         let Some(node) = by_name.get(n) else { continue };
-        let rec = record_of(node).filter(|r| r.policy == name);
-        let loaded = label(node, labels::KMD_VERSION).map(String::from);
+        let facts = pods_by_node.get(n.as_str()).map_or(&[][..], Vec::as_slice);
+        let pods: Vec<&PodFacts> = facts.iter().collect();
+        let on_node = node::record(node).ok().flatten();
+        let node_facts = NodeFacts {
+            node,
+            on_node: on_node.as_ref(),
+            pods: &pods,
+            installers: &[],
+            live: None,
+        };
+        // As if the node were granted a slot now: its drain is planned.
+        let view = observe::observe(&policy_facts, &node_facts, true, || pdbs.clone());
+        let rec = view.persisted.as_ref();
+        let loaded = view.obs.loaded.clone();
         let in_flight = rec
-            .as_ref()
             .filter(|r| r.state.is_in_progress() && r.occupies_slot())
             .map(|r| r.state);
-        let is_failed = rec.as_ref().is_some_and(|r| r.state.is_failed());
-        let prepared = loaded.as_deref() == Some(target.as_str())
+        let is_failed = rec.is_some_and(|r| r.state.is_failed());
+        let prepared = node::is_loaded(loaded.as_deref(), &target)
             || (ahead_for_target
                 && (ttdrv_core::prepare::is_prepared(node, &target)
                     || status_prepared.get(n.as_str()) == Some(&target.as_str())));
-        let cordoned_by_us = rec.as_ref().is_some_and(NodeRecord::cordoned_by_us);
-        let unavailable = node::externally_unavailable(node, cordoned_by_us);
-        // Nodes without a cycle still count against maxUnavailable when they
-        // are unavailable, as in the controller.
+        // The controller's slot facts; a Failed node is planned as if retried.
+        let facts = view.candidate(n, rec);
         let bystander = Candidate {
-            name: n.clone(),
             wants_slot: false,
             in_progress: false,
-            ready: node::ready(node),
-            unavailable,
             failed: false,
             has_device_pods: false,
             // Waves and order as once built: the time builds take is in the
             // duration model (eta), and the order does not change with them.
             prepared: true,
+            ..facts.clone()
         };
         if in_flight.is_none()
             && !is_failed
-            && let Some(note) = without_cycle(node, &want)
+            && let Some(note) = without_cycle(node, &view.obs, &want)
         {
             if note.kind == reason::HOST_MANAGED {
                 skipped.push(note);
             } else {
                 without_drain.push(note);
             }
+            // Nodes without a cycle still count against maxUnavailable when
+            // they are unavailable, as in the controller.
             candidates.push(bystander);
             continue;
         }
         if is_failed {
             failed.push(n.clone());
         }
-        let pods = pods_by_node.get(n.as_str()).cloned().unwrap_or_default();
-        let facts: Vec<PodFacts> = pods.iter().map(PodFacts::of).collect();
-        let dp = plan_drain(&facts, drain, &selector);
-        let by_ref: BTreeMap<PodRef, &Pod> = pods.iter().map(|p| (PodRef::of(p), p)).collect();
-        let facts_by_ref: BTreeMap<&PodRef, &PodFacts> =
-            facts.iter().map(|f| (&f.pod, f)).collect();
-        let has_device_pods = dp.has_device_users();
-        let (mut evict_device, mut evict_other) = (vec![], vec![]);
-        let (mut left, mut blockers) = (vec![], vec![]);
+        let forecast = observe::forecast(&policy_facts, &node_facts, &pdbs);
+        let dp = &forecast.plan;
+        let blockers = forecast
+            .blockers
+            .iter()
+            .map(|b| b.describe(drain))
+            .collect();
+        let (mut evict_device, mut evict_other, mut left) = (vec![], vec![], vec![]);
         if drain.enable {
             evict_device = dp.device.iter().map(ToString::to_string).collect();
             evict_other = dp.full.iter().map(ToString::to_string).collect();
-            for (r, _) in dp.remaining() {
-                let Some(pod) = facts_by_ref.get(r) else {
-                    continue;
-                };
-                // The PDBs the controller's drain names when it meets this pod.
-                for pdb in drain::sequence(&dp, [*pod], &pdbs).progress.blocking_pdbs {
-                    blockers.push(format!(
-                        "PodDisruptionBudget {pdb} allows no disruption: evicting {r} is refused, so the node \
-                         fails when the drain times out ({}s)",
-                        drain.timeout_seconds
-                    ));
-                }
-            }
             for (r, why, device) in &dp.skipped {
-                let pod = by_ref.get(r);
                 let interesting = *device
                     || !matches!(
                         why,
                         SkipReason::DaemonSet | SkipReason::Mirror | SkipReason::Finished
                     );
-                if !interesting {
-                    continue;
-                }
-                left.push(LeftPod {
-                    pod: r.to_string(),
-                    why: why.as_str().into(),
-                    uses_device: *device,
-                });
-                if *device {
-                    let gated = *why == SkipReason::DaemonSet
-                        && pod.is_some_and(|p| follows_deploy_gate(p));
-                    if !gated && *why != SkipReason::Finished {
-                        blockers.push(format!(
-                            "{r} uses the device and the drain leaves it in place: the module swap \
-                             waits for it and the node fails at the upgrade timeout"
-                        ));
-                    }
+                if interesting {
+                    left.push(LeftPod {
+                        pod: r.to_string(),
+                        why: why.as_str().into(),
+                        uses_device: *device,
+                    });
                 }
             }
         } else {
-            for r in facts
-                .iter()
-                .filter(|f| f.device && !f.installer)
-                .map(|f| &f.pod)
-            {
+            for f in pods.iter().filter(|f| f.device && !f.installer) {
                 left.push(LeftPod {
-                    pod: r.to_string(),
+                    pod: f.pod.to_string(),
                     why: "drain.enable is off".into(),
                     uses_device: true,
                 });
-                blockers.push(format!(
-                    "drain is disabled and {r} uses the device: the module swap waits for it"
-                ));
             }
         }
         candidates.push(Candidate {
-            // A Failed node is planned as if retried.
             wants_slot: in_flight.is_none(),
             in_progress: in_flight.is_some(),
-            has_device_pods,
-            ..bystander
+            failed: false,
+            prepared: true,
+            ..facts
         });
         cycles.insert(
             n.clone(),
@@ -443,8 +412,9 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
                 name: n.clone(),
                 current_version: loaded,
                 in_state: in_flight.or(is_failed.then_some(NodeState::Failed)),
-                already_unavailable: unavailable,
-                has_device_pods,
+                already_unavailable: view.externally_unavailable,
+                unavailable_because: view.unavailable_because.clone(),
+                has_device_pods: view.has_device_pods,
                 prepared,
                 evict_device,
                 evict_other,

@@ -398,15 +398,20 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
                 && n.evict_other.is_empty()
                 && n.left.is_empty()
                 && n.blockers.is_empty();
-            let mut notes = vec![];
+            let mut notes: Vec<String> = vec![];
             if n.already_unavailable {
-                notes.push("already unavailable: starts first, stays cordoned");
+                notes.push(match &n.unavailable_because {
+                    Some(why) => {
+                        format!("already out of service, {why}: starts first, stays cordoned")
+                    }
+                    None => "already unavailable: starts first, stays cordoned".into(),
+                });
             }
             if n.has_device_pods {
-                notes.push("device users: goes after nodes without");
+                notes.push("device users: goes after nodes without".into());
             }
             if quiet {
-                notes.insert(0, "nothing to evict");
+                notes.insert(0, "nothing to evict".into());
             }
             out.push_str(&format!(
                 "{}{}\n",

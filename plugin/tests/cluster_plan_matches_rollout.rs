@@ -106,8 +106,15 @@ async fn device_users_go_last_as_planned() {
 async fn admin_cordon_goes_first_and_stalls_as_planned() {
     let (env, _ns, tt, policy, _running) =
         fleet("planvs-admin", &["b0", "b1", "b2"], ONE_SLOT).await;
-    // The node that sorts last by name.
+    // The node that sorts last by name, cordoned by another controller (the
+    // Go firmware controller's annotation names its policy).
     env.set_unschedulable(&tt[2], true).await;
+    env.annotate_node(
+        &tt[2],
+        ttdrv_api::labels::GO_FIRMWARE_CORDONED_BY,
+        Some("fw-a"),
+    )
+    .await;
 
     let plan = predict(&policy).await;
     assert_eq!(
@@ -126,6 +133,14 @@ async fn admin_cordon_goes_first_and_stalls_as_planned() {
                 .map(String::from)
         })
         .unwrap_or_else(|| panic!("plan predicts the stall: {:?}", plan.halted));
+    let named = format!(
+        "{} cordoned by the Go firmware controller for TenstorrentFirmwarePolicy fw-a",
+        tt[2]
+    );
+    assert!(
+        stall.contains(&named),
+        "the stall names whose cordon: {stall}"
+    );
 
     let cycles = NodeOrder::cycles(&env).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
@@ -139,6 +154,31 @@ async fn admin_cordon_goes_first_and_stalls_as_planned() {
             Err(format!("Progressing: {msg:?}, plan: {stall:?}"))
         }
     })
+    .await;
+    // ... and says it once in an Event.
+    wait_for(
+        "a RolloutWaitingOnOthers Event naming the cordon",
+        T,
+        || async {
+            use k8s_openapi::api::events::v1::Event;
+            let api: kube::Api<Event> = kube::Api::all(env.client.clone());
+            let events = api
+                .list(&Default::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            let notes: Vec<String> = events
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("RolloutWaitingOnOthers"))
+                .filter_map(|e| e.note)
+                .collect();
+            if notes.iter().any(|n| n.contains(&named)) {
+                Ok(())
+            } else {
+                Err(format!("{notes:?}"))
+            }
+        },
+    )
     .await;
     // Settled in the stall: nothing else started.
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -47,6 +47,7 @@ fn ended<'a>(
         refused,
         braked,
         brake_percent: 30,
+        waiting_on: &[],
         version: "2.1.0",
         next_kernel_failed: BTreeMap::new(),
         now,
@@ -251,6 +252,7 @@ fn next_kernel_warnings_for_new_kernels_only() {
                 refused: None,
                 braked: None,
                 brake_percent: 30,
+                waiting_on: &[],
                 version: "2.1.0",
                 next_kernel_failed: failed,
                 now: t0,
@@ -390,4 +392,56 @@ fn an_unreadable_status_is_replaced_once_per_version() {
     );
     assert_eq!(memo.replaced_unreadable.as_deref(), Some("10"));
     assert_eq!(memo.last_status_write, Some(t0));
+}
+
+#[test]
+fn a_rollout_held_by_someone_elses_cordon_says_so_once_per_change() {
+    let t0 = Instant::now();
+    let fw = [(
+        "n3".to_string(),
+        "cordoned by the Go firmware controller for TenstorrentFirmwarePolicy fw".to_string(),
+    )];
+    let both = [
+        fw[0].clone(),
+        ("n5".to_string(), "NotReady (Ready=Unknown)".to_string()),
+    ];
+    // (what holds the rollout, Events due)
+    let rows: [(&[(String, String)], usize); 5] =
+        [(&fw, 1), (&fw, 0), (&both, 1), (&[], 0), (&fw, 1)];
+    let mut memo = PolicyMemo::default();
+    for (i, (waiting_on, due)) in rows.into_iter().enumerate() {
+        let (next, effects) = decide(
+            &memo,
+            &Facts::PassEnded {
+                generation: Some(1),
+                refused: None,
+                braked: None,
+                brake_percent: 30,
+                waiting_on,
+                version: "2.1.0",
+                next_kernel_failed: BTreeMap::new(),
+                now: t0,
+            },
+        );
+        let notes: Vec<&String> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Event {
+                    reason: EventReason::RolloutWaitingOnOthers,
+                    warning: true,
+                    note,
+                    ..
+                } => Some(note),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(notes.len(), due, "pass {i}: {effects:?}");
+        for note in notes {
+            assert!(
+                note.contains("n3 cordoned by the Go firmware controller"),
+                "{note}"
+            );
+        }
+        memo = next;
+    }
 }
