@@ -20,7 +20,8 @@ pub struct PolicyFacts<'a> {
     pub desired: &'a Desired,
     /// `spec.upgradePolicy.drain`.
     pub drain: &'a DrainPolicy,
-    /// Namespace of the installer pods.
+    /// The operator's namespace: its installer pods run there, and no pod of
+    /// it is drained ([`drain::plan_drain`]).
     pub namespace: &'a str,
     /// Template hash a current installer pod carries (empty: unknown yet).
     pub template_hash: &'a str,
@@ -118,7 +119,7 @@ pub fn observe<'p>(
     let pods = || n.pods.iter().copied();
     let plan = p
         .selector
-        .map(|sel| drain::plan_drain(pods(), p.drain, sel));
+        .map(|sel| drain::plan_drain(pods(), p.drain, sel, p.namespace));
     let draining = starting
         || [live, persisted.as_ref()]
             .into_iter()
@@ -188,7 +189,7 @@ pub fn forecast(p: &PolicyFacts<'_>, n: &NodeFacts<'_>, pdbs: &[&PodDisruptionBu
     let Some(selector) = p.selector else {
         return Forecast::default();
     };
-    let plan = drain::plan_drain(n.pods.iter().copied(), p.drain, selector);
+    let plan = drain::plan_drain(n.pods.iter().copied(), p.drain, selector, p.namespace);
     let blockers = drain::blockers(&plan, n.pods, pdbs, p.drain);
     Forecast { plan, blockers }
 }

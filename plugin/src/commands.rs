@@ -463,6 +463,7 @@ async fn plan_cmd(
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        operator_namespace: &ctx.namespace,
         version,
         costs,
     });

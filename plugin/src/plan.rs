@@ -39,6 +39,8 @@ pub struct Inputs<'a> {
     pub nodes: &'a [Node],
     pub pods: &'a [Pod],
     pub pdbs: &'a [PodDisruptionBudget],
+    /// The operator's namespace (`--namespace`): its pods are never drained.
+    pub operator_namespace: &'a str,
     /// Version to plan for; default the policy's `spec.version`.
     pub version: Option<&'a str>,
     /// Per-part costs for the build-ahead prediction (`--build-seconds` etc.).
@@ -299,7 +301,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     let policy_facts = PolicyFacts {
         desired: &want,
         drain,
-        namespace: "",
+        namespace: inp.operator_namespace,
         template_hash: "",
         selector: Some(&selector),
         gates: &[],

@@ -573,6 +573,7 @@ fn plan_of_an_upgrade() {
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        operator_namespace: "tt-k8s-driver-manager-system",
         costs: Default::default(),
         version: Some("2.8.0"),
     });
@@ -603,6 +604,7 @@ fn plan_at_the_current_version_cycles_only_nodes_off_it() {
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        operator_namespace: "tt-k8s-driver-manager-system",
         costs: Default::default(),
         version: None,
     });
@@ -630,6 +632,7 @@ fn plan_predicts_the_stall_of_an_admin_cordoned_node_with_one_slot() {
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        operator_namespace: "tt-k8s-driver-manager-system",
         costs: Default::default(),
         version: Some("2.8.0"),
     });
@@ -690,6 +693,7 @@ fn an_unavailable_node_without_a_cycle_still_uses_a_slot() {
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        operator_namespace: "tt-k8s-driver-manager-system",
         costs: Default::default(),
         version: Some("2.8.0"),
     });
@@ -721,6 +725,7 @@ fn many_ordinary_nodes_are_summarized_in_text_but_all_in_json() {
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        operator_namespace: "tt-k8s-driver-manager-system",
         costs: Default::default(),
         version: Some("2.8.0"),
     });
@@ -856,6 +861,7 @@ fn plan_of(
         nodes,
         pods,
         pdbs,
+        operator_namespace: "tt-k8s-driver-manager-system",
         version,
         costs: Default::default(),
     })
