@@ -170,6 +170,18 @@ pub fn decide(policy: &str, paused: bool, nodes: &[Node], ds: Option<&DaemonSet>
         if node::label(n, labels::CLAIM) == Some(policy) {
             a.remove_labels.push(labels::CLAIM.to_string());
         }
+        // Deploy gates we closed for a cycle (still closed while it runs or
+        // after it failed) are opened as our uncordon opens them: removed,
+        // which is also how the Go operator opens its own.
+        if record
+            .as_ref()
+            .is_some_and(|r| r.state.is_in_progress() || r.state.is_failed())
+        {
+            let closed = n.metadata.labels.iter().flatten().filter(|(k, v)| {
+                k.starts_with(labels::DEPLOY_GATE_PREFIX) && v.as_str() == "false"
+            });
+            a.remove_labels.extend(closed.map(|(k, _)| k.clone()));
+        }
         if record.is_some() {
             a.remove_annotations.push(labels::UPGRADE_STATE.to_string());
         }
@@ -409,6 +421,34 @@ mod tests {
         assert_eq!(states, [("a", "Draining"), ("b", "GoAhead")]);
         let b = p.nodes.iter().find(|a| a.name == "b").expect("b");
         assert!(b.remove_annotations.iter().any(|a| a == labels::GO_AHEAD));
+    }
+
+    #[test]
+    fn gates_we_closed_are_opened_and_no_others() {
+        let gate = labels::DEFAULT_DEPLOY_GATE;
+        let failed = record("fleet", "Failed", true, false);
+        let done = record("fleet", "Done", false, false);
+        let nodes = [
+            node(
+                "a",
+                true,
+                &[(CLAIM, "fleet"), (gate, "false"), ("app/x", "false")],
+                &[(STATE, &failed)],
+            ),
+            // Done: its gates were opened by us; a closed one is someone else's.
+            node(
+                "b",
+                false,
+                &[(CLAIM, "fleet"), (gate, "false")],
+                &[(STATE, &done)],
+            ),
+        ];
+        let p = decide("fleet", false, &nodes, None);
+        assert_eq!(p.nodes[0].remove_labels, [CLAIM, gate]);
+        assert_eq!(p.nodes[1].remove_labels, [CLAIM]);
+        let patch = p.nodes[0].patch().expect("a patch");
+        assert!(patch["metadata"]["labels"][gate].is_null());
+        assert!(patch["metadata"]["labels"].get("app/x").is_none());
     }
 
     #[test]
