@@ -14,11 +14,14 @@ pub struct Config {
     /// Operator namespace: installer DaemonSets and the leader Lease live here.
     #[arg(long, env = "TTDRV_NAMESPACE", default_value = labels::DEFAULT_NAMESPACE)]
     pub namespace: String,
-    /// Installer (agent) image used when a policy sets no `installer.image`.
+    /// Installer (agent) image used when a policy sets no `installer.image`
+    /// (or names the Go operator's builder). Default: our agent image at this
+    /// controller's version. The Go builder image is refused at start-up.
     #[arg(
         long,
         env = "TTDRV_INSTALLER_IMAGE",
-        default_value = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:latest"
+        default_value = ttdrv_api::images::DEFAULT_AGENT_IMAGE,
+        value_parser = parse_installer_image
     )]
     pub installer_image: String,
     /// Pull policy of the default installer image (a policy's own
@@ -73,6 +76,12 @@ pub struct Config {
     /// Only act on policies matching this label selector (sharding, tests).
     #[arg(long, env = "TTDRV_POLICY_SELECTOR")]
     pub policy_selector: Option<String>,
+    /// Before taking part in leader election, wait until no controller pod
+    /// of the Go operator (label `app.kubernetes.io/component=controller`, a
+    /// `manager` container) runs in the namespace: a `helm upgrade` from the
+    /// Go chart starts this pod before it stops the Go one.
+    #[arg(long, env = "TTDRV_WAIT_FOR_GO_CONTROLLER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub wait_for_go_controller: bool,
     /// Take part in leader election; only the leader acts.
     #[arg(long, env = "TTDRV_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -106,6 +115,19 @@ pub struct Config {
     /// Log format: json or text.
     #[arg(long, env = "TTDRV_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+}
+
+/// The installer image, refused when it is the Go operator's builder (which
+/// does not speak to this controller): its pods would never report.
+fn parse_installer_image(s: &str) -> Result<String, String> {
+    if ttdrv_api::images::is_go_builder(s) {
+        return Err(format!(
+            "{s:?} is the Go operator's builder image, which does not speak to this controller: \
+             set the chart's driver.image.repository to our agent image, {} (or a mirror of it)",
+            ttdrv_api::images::AGENT_REPOSITORY
+        ));
+    }
+    Ok(s.trim().to_string())
 }
 
 /// One `VERSION=COMMIT` entry, checked as the controller starts.
@@ -177,6 +199,27 @@ pub fn proxy_env(env: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_installer_is_our_agent_and_the_go_builder_is_refused() {
+        let c = Config::try_parse_from(["ttdrv-controller"]).expect("defaults");
+        assert_eq!(c.installer_image, ttdrv_api::images::DEFAULT_AGENT_IMAGE);
+        assert!(
+            c.installer_image
+                .starts_with(ttdrv_api::images::AGENT_REPOSITORY)
+        );
+        let e = Config::try_parse_from([
+            "ttdrv-controller",
+            "--installer-image",
+            "registry.local/mirror/tt-k8s-driver-manager-builder:v0.4.2",
+        ])
+        .expect_err("the Go builder");
+        let e = e.to_string();
+        assert!(
+            e.contains("Go operator's builder") && e.contains("driver.image.repository"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn source_commits_and_allow_lists_parse_as_the_chart_passes_them() {

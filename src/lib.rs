@@ -5,13 +5,15 @@
 //! (caches → what a node looks like), [`status`] (records → policy status),
 //! [`node_patch`] and [`render`]; the actors that carry decisions out are in
 //! [`actors`]; the watches that feed them in [`watch`] (and [`pod_index`]);
-//! process plumbing in [`leader`] and [`admin`].
+//! process plumbing in [`leader`], [`handover`] (the Go controller's exit
+//! awaited) and [`admin`].
 
 pub mod actors;
 pub mod admin;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod handover;
 pub mod leader;
 pub mod metrics;
 pub mod node_patch;

@@ -68,6 +68,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
     synced.await;
     ready.store(true, Ordering::Relaxed);
     tracing::info!("watch caches synced");
+    // Ready already (a rolling upgrade from the Go chart waits for that
+    // before it stops the Go pod), but not acting while the Go one runs.
+    if config.wait_for_go_controller {
+        ttdrv_controller::handover::wait_for_go_controller(&client, &config.namespace).await;
+    }
 
     let identity = config
         .identity

@@ -20,6 +20,8 @@ pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 pub struct PolicyMemo {
     /// Generation whose deprecated `spec.nodeSelector` was warned about.
     pub warned_generation: Option<i64>,
+    /// Generation whose Go builder `spec.installer.image` was warned about.
+    pub go_builder_warned_generation: Option<i64>,
     /// The fleet-health brake held the last pass.
     pub braked: bool,
     /// Nodes out of service not by us that held the rollout at the last pass
@@ -54,6 +56,9 @@ pub enum Facts<'a> {
     PassStarts {
         generation: Option<i64>,
         uses_deprecated_node_selector: bool,
+        /// `spec.installer.image` when it names the Go operator's builder,
+        /// and the controller's installer image that runs instead.
+        go_builder_image: Option<(&'a str, &'a str)>,
         conflicts: &'a [(String, String)],
     },
     /// A pass ran.
@@ -127,8 +132,22 @@ pub fn decide(prev: &PolicyMemo, facts: &Facts<'_>) -> (PolicyMemo, Vec<Effect>)
         Facts::PassStarts {
             generation,
             uses_deprecated_node_selector,
+            go_builder_image,
             conflicts,
         } => {
+            if let Some((named, instead)) = go_builder_image
+                && prev.go_builder_warned_generation != *generation
+            {
+                next.go_builder_warned_generation = *generation;
+                effects.push(event(
+                    true,
+                    EventReason::GoBuilderImageReplaced,
+                    "Validate",
+                    format!(
+                        "spec.installer.image {named:?} is the Go operator's builder, which does not speak to this controller: the controller's installer image {instead:?} runs instead; remove spec.installer.image or name an agent image"
+                    ),
+                ));
+            }
             if *uses_deprecated_node_selector && prev.warned_generation != *generation {
                 next.warned_generation = *generation;
                 effects.push(event(

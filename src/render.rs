@@ -71,7 +71,7 @@ pub fn daemonset_name(policy: &str) -> String {
     format!("ttdrv-{policy}")
 }
 
-/// Labels on the DaemonSet's pods; also its selector.
+/// The DaemonSet's selector (immutable: never extended) and labels.
 pub fn pod_labels(policy: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (
@@ -80,6 +80,19 @@ pub fn pod_labels(policy: &str) -> BTreeMap<String, String> {
         ),
         (labels::CLAIM.to_string(), policy.to_string()),
     ])
+}
+
+/// Labels on the installer pods: the selector's, and the Go operator's
+/// `driver.tenstorrent.com/cr` and `app.kubernetes.io/component=driver`
+/// (outside the selector, for tools that select Go-era installer pods).
+pub fn installer_pod_labels(policy: &str) -> BTreeMap<String, String> {
+    let mut l = pod_labels(policy);
+    l.insert(labels::GO_CR.to_string(), policy.to_string());
+    l.insert(
+        labels::COMPONENT.to_string(),
+        labels::COMPONENT_DRIVER.to_string(),
+    );
+    l
 }
 
 fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
@@ -161,11 +174,24 @@ fn env_var(name: &str, value: &str) -> EnvVar {
     }
 }
 
+/// The installer image the policy names itself, if it does: not an empty
+/// one, and not the Go operator's builder (which does not speak to this
+/// controller: the controller's own installer image runs instead, with a
+/// Warning Event, `GoBuilderImageReplaced`).
+pub fn policy_image(policy: &TenstorrentDriverPolicy) -> Option<&str> {
+    policy
+        .spec
+        .installer
+        .image
+        .as_deref()
+        .filter(|i| !i.trim().is_empty() && !ttdrv_api::images::is_go_builder(i))
+}
+
 /// The pod template, without the hash annotation.
 pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> PodTemplateSpec {
     let name = policy.metadata.name.clone().unwrap_or_default();
     let spec = &policy.spec;
-    let own_image = spec.installer.image.clone().filter(|s| !s.is_empty());
+    let own_image = policy_image(policy).map(String::from);
     // A policy's pull policy applies to its own image; for the chart's image it
     // applies only when changed from the default.
     let pull_policy = match (&own_image, spec.installer.image_pull_policy) {
@@ -295,7 +321,7 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
     };
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
-            labels: Some(pod_labels(&name)),
+            labels: Some(installer_pod_labels(&name)),
             ..Default::default()
         }),
         spec: Some(PodSpec {
@@ -617,6 +643,27 @@ mod tests {
         assert_eq!(
             spec.update_strategy.and_then(|u| u.type_).as_deref(),
             Some("OnDelete")
+        );
+        // The Go operator's labels on the pods, outside the (immutable) selector.
+        let pod_labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            pod_labels.get(labels::GO_CR).map(String::as_str),
+            Some("fleet")
+        );
+        assert_eq!(
+            pod_labels.get(labels::COMPONENT).map(String::as_str),
+            Some("driver")
+        );
+        let selector = spec.selector.match_labels.clone().unwrap_or_default();
+        assert!(!selector.contains_key(labels::GO_CR) && !selector.contains_key(labels::COMPONENT));
+        assert!(
+            selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)),
+            "the selector selects the pods"
         );
         let pod = spec.template.spec.expect("pod spec");
         assert_eq!(

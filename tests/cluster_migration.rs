@@ -494,3 +494,144 @@ async fn go_era_cluster_is_taken_over_with_no_manual_step() {
     }
     env.cleanup().await;
 }
+
+/// A `helm upgrade` from the Go chart starts our controller pod while the Go
+/// one still runs. A stand-in for it (the Go Deployment's labels, its
+/// `manager` container) holds ours back: ready, but it claims, renders and
+/// cordons nothing, and its log names the pod; once the pod is gone it acts.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_running_go_controller_pod_holds_ours_back() {
+    let env = TestEnv::new("go-handover").await;
+    let ns = env.namespace().await;
+    let node = env.tt_node_name("a", &[("pool", "fleet")]).await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
+    let stand_in: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "tt-k8s-driver-manager-controller-5f6d7c9b8-go",
+            "labels": {
+                "app.kubernetes.io/name": "tt-k8s-driver-manager",
+                "app.kubernetes.io/instance": "tt",
+                "app.kubernetes.io/component": "controller",
+            },
+        },
+        "spec": {
+            // Never scheduled: it only has to exist, as a running pod would.
+            "nodeSelector": { "ttdrv-test/nowhere": "true" },
+            "containers": [{ "name": "manager", "image": "ghcr.io/tenstorrent/tt-k8s-driver-manager:v0.4.2" }],
+        },
+    }))
+    .unwrap_or_else(|e| panic!("stand-in pod: {e}"));
+    pods.create(&PostParams::default(), &stand_in)
+        .await
+        .unwrap_or_else(|e| panic!("creating the stand-in Go controller pod: {e}"));
+    let _agent = SimAgent::working(env.client.clone(), &ns, Duration::from_millis(300));
+    let ctl = controller(&env, &ns);
+    let log = std::env::temp_dir().join(format!("ttdrv-controller-{}.log", ctl.identity));
+    let policy = env.name("fleet");
+    create(&env, &policy, &spec(&env, "fleet", "2.7.0")).await;
+
+    wait_for(
+        "the controller names the Go pod it waits for",
+        T,
+        || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains(&format!(
+                "{ns}/tt-k8s-driver-manager-controller-5f6d7c9b8-go"
+            )) && text.contains("not acting while the Go operator's controller runs")
+            {
+                Ok(())
+            } else {
+                Err(text.lines().last().unwrap_or("").to_string())
+            }
+        },
+    )
+    .await;
+    // Ready all the while (a rolling upgrade waits for that to stop the Go pod).
+    assert!(
+        ready(ctl.admin_port).await,
+        "/readyz answers 200 while waiting"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let n = env.get_node(&node).await;
+    assert!(
+        n.metadata
+            .labels
+            .as_ref()
+            .is_none_or(|l| !l.contains_key(labels::CLAIM)),
+        "the node claimed while the Go controller runs"
+    );
+    let ds: Api<DaemonSet> = Api::namespaced(env.client.clone(), &ns);
+    assert!(
+        ds.get_opt(&format!("ttdrv-{policy}"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_none(),
+        "a DaemonSet rendered while the Go controller runs"
+    );
+    assert!(
+        get_policy(&env, &policy).await.status.is_none(),
+        "a status written while the Go controller runs"
+    );
+
+    pods.delete(
+        &stand_in.metadata.name.clone().unwrap_or_default(),
+        &Default::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("deleting the stand-in: {e}"));
+    wait_node(&env, &policy, &node, NodeState::Done, T).await;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("the Go operator's controller has stopped"),
+        "the hand-over is logged"
+    );
+    env.teardown().await;
+}
+
+/// GET /readyz on the controller's admin port: whether it answers 200.
+async fn ready(port: u16) -> bool {
+    ttdrv_testkit::real_node::http_get(&format!("127.0.0.1:{port}"), "/readyz")
+        .await
+        .is_ok()
+}
+
+/// A policy naming the Go operator's builder image (the Go spec's own canary
+/// example does) runs the controller's installer image instead, and says so
+/// in a Warning Event.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn the_go_builder_image_is_replaced_with_a_warning() {
+    let env = TestEnv::new("go-builder").await;
+    let ns = env.namespace().await;
+    let node = env.tt_node_name("a", &[("pool", "fleet")]).await;
+    let _agent = SimAgent::working(env.client.clone(), &ns, Duration::from_millis(300));
+    let _ctl = controller(&env, &ns);
+    let policy = env.name("fleet");
+    let go = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:sha-abc1234";
+    let spec = format!(
+        "{}\ninstaller: {{image: \"{go}\"}}",
+        spec(&env, "fleet", "2.7.0")
+    );
+    create(&env, &policy, &spec).await;
+    wait_node(&env, &policy, &node, NodeState::Done, T).await;
+    let ds: Api<DaemonSet> = Api::namespaced(env.client.clone(), &ns);
+    let d = ds
+        .get(&format!("ttdrv-{policy}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let image = d
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|p| p.containers.first().and_then(|c| c.image.clone()));
+    // The test controller's --installer-image (testkit::controller).
+    assert_eq!(
+        image.as_deref(),
+        Some("example.invalid/tt-driver-agent:test")
+    );
+    wait_event(&env, &policy, "GoBuilderImageReplaced", T, |n| {
+        n.contains(go) && n.contains("example.invalid/tt-driver-agent:test")
+    })
+    .await;
+    env.teardown().await;
+}

@@ -60,6 +60,16 @@ pub const GO_CORDONED_BY: &str = "driver.tenstorrent.com/cordoned-by";
 /// Node annotation the Go operator set with [`GO_CORDONED_BY`] (RFC 3339).
 pub const GO_CORDONED_AT: &str = "driver.tenstorrent.com/cordoned-at";
 
+/// The Go operator's label naming the policy of its installer DaemonSet and
+/// pods. Our installer pods carry it too (outside the selector), for the
+/// tools and dashboards that select on it.
+pub const GO_CR: &str = "driver.tenstorrent.com/cr";
+/// `app.kubernetes.io/component`: `driver` on installer pods (as the Go
+/// operator's), `controller` on the controller's.
+pub const COMPONENT: &str = "app.kubernetes.io/component";
+/// [`COMPONENT`] of an installer pod.
+pub const COMPONENT_DRIVER: &str = "driver";
+
 /// Node annotation the Go operator's firmware controller sets on a node it
 /// cordoned to flash, naming its TenstorrentFirmwarePolicy. Not ours to undo:
 /// a rollout that waits on such a node names it.

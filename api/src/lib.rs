@@ -8,6 +8,7 @@
 #[macro_use]
 pub mod validation;
 
+pub mod images;
 pub mod labels;
 pub mod podselector;
 pub mod v1alpha1;

@@ -27,6 +27,7 @@ pub enum EventReason {
     DeprecatedField,
     SelectorConflict,
     RolloutWaitingOnOthers,
+    GoBuilderImageReplaced,
 }
 
 impl EventReason {
@@ -54,6 +55,7 @@ impl EventReason {
         Self::DeprecatedField,
         Self::SelectorConflict,
         Self::RolloutWaitingOnOthers,
+        Self::GoBuilderImageReplaced,
     ];
 
     /// The reason as Kubernetes shows it.
@@ -81,6 +83,7 @@ impl EventReason {
             Self::DeprecatedField => "DeprecatedField",
             Self::SelectorConflict => "SelectorConflict",
             Self::RolloutWaitingOnOthers => "RolloutWaitingOnOthers",
+            Self::GoBuilderImageReplaced => "GoBuilderImageReplaced",
         }
     }
 }

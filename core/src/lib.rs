@@ -12,6 +12,7 @@
 //! | [`event`] | the closed set of Event reasons the controller emits |
 //! | [`drain`] | which pods a drain evicts, in which pass, and what blocks it |
 //! | [`installer`] | what an installer pod's status says: unhealthy, or failed for good and why |
+//! | [`handover`] | whether a Go operator's controller pod still runs, so ours must not act yet |
 //! | [`go_ahead`] | whether the agent may swap the loaded module now (the second key) |
 //! | [`prepare`] | which installer pods are replaced ahead of their cycle to build the target, and whether a cycle may start |
 //! | [`rollout`] | which waiting nodes may start now under `maxUnavailable` |
@@ -22,6 +23,7 @@ pub mod event;
 #[doc(hidden)]
 pub mod fixtures;
 pub mod go_ahead;
+pub mod handover;
 pub mod installer;
 pub mod machine;
 pub mod node;

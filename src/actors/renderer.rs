@@ -198,13 +198,10 @@ pub fn belongs_to(ds: &DaemonSet, policy: &TenstorrentDriverPolicy) -> bool {
         .metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get(GO_CR_LABEL))
+        .and_then(|l| l.get(labels::GO_CR))
         .is_some_and(|cr| cr == name);
     owned || labelled
 }
-
-/// The Go operator's label naming the policy of a DaemonSet and its pods.
-pub const GO_CR_LABEL: &str = "driver.tenstorrent.com/cr";
 
 /// After a refused apply: if `ttdrv-<policy>` exists, belongs to the policy
 /// (see [`belongs_to`]) and is not ours, delete it (foreground cascade: its pods go first) so the next pass creates ours,
@@ -356,7 +353,7 @@ mod tests {
             "app.kubernetes.io/component": "driver",
         });
         if let Some(cr) = cr_label {
-            labels[GO_CR_LABEL] = cr.into();
+            labels[labels::GO_CR] = cr.into();
         }
         let owners: Vec<_> = owner_uid
             .map(|uid| serde_json::json!({

@@ -186,6 +186,13 @@ impl Handler<Reconcile> for PolicySupervisor {
             &Facts::PassStarts {
                 generation: policy.metadata.generation,
                 uses_deprecated_node_selector: policy.spec.uses_deprecated_node_selector(),
+                go_builder_image: policy
+                    .spec
+                    .installer
+                    .image
+                    .as_deref()
+                    .filter(|i| ttdrv_api::images::is_go_builder(i))
+                    .map(|i| (i, self.ctx.config.installer_image.as_str())),
                 conflicts: &conflicts,
             },
         );

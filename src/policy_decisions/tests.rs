@@ -219,6 +219,7 @@ fn conflicts_and_deprecation_warned_once() {
             &Facts::PassStarts {
                 generation: Some(generation),
                 uses_deprecated_node_selector: deprecated,
+                go_builder_image: None,
                 conflicts,
             },
         );
@@ -439,6 +440,42 @@ fn a_rollout_held_by_someone_elses_cordon_says_so_once_per_change() {
         for note in notes {
             assert!(
                 note.contains("n3 cordoned by the Go firmware controller"),
+                "{note}"
+            );
+        }
+        memo = next;
+    }
+}
+
+#[test]
+fn a_go_builder_image_is_warned_once_per_generation() {
+    let go = Some((
+        "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:v0.4.2",
+        "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent:0.1.0",
+    ));
+    // (generation, Go image named, Events)
+    let rows = [
+        (1, go, vec![GoBuilderImageReplaced]),
+        (1, go, vec![]),
+        (2, None, vec![]),
+        (3, go, vec![GoBuilderImageReplaced]),
+    ];
+    let mut memo = PolicyMemo::default();
+    for (i, (generation, image, want)) in rows.into_iter().enumerate() {
+        let (next, effects) = decide(
+            &memo,
+            &Facts::PassStarts {
+                generation: Some(generation),
+                uses_deprecated_node_selector: false,
+                go_builder_image: image,
+                conflicts: &[],
+            },
+        );
+        assert_eq!(events(&effects), want, "pass {i}");
+        if let Some(Effect::Event { note, warning, .. }) = effects.first() {
+            assert!(*warning, "a Warning");
+            assert!(
+                note.contains("agent:0.1.0") && note.contains("builder:v0.4.2"),
                 "{note}"
             );
         }

@@ -340,7 +340,7 @@ impl ReconcilePass {
         // never deployed: refused like an apply the API server refuses.
         let installer = &self.policy.spec.installer;
         if let Err(message) = ttdrv_core::trust::check(
-            installer.image.as_deref().filter(|i| !i.is_empty()),
+            crate::render::policy_image(&self.policy),
             installer
                 .source_repository
                 .as_deref()
