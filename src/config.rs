@@ -62,6 +62,11 @@ pub struct Config {
     /// ServiceAccount of the installer pods.
     #[arg(long, env = "TTDRV_AGENT_SERVICE_ACCOUNT")]
     pub agent_service_account: Option<String>,
+    /// Namespaces whose pods no drain evicts (comma-separated). Default: the
+    /// operator's namespace, as the Go operator's drain: the controller is
+    /// never evicted from the node it drains. An empty value exempts none.
+    #[arg(long, env = "TTDRV_DRAIN_EXEMPT_NAMESPACES", value_delimiter = ',')]
+    pub drain_exempt_namespaces: Option<Vec<String>>,
     /// Node labels set to "false" while a node is upgraded (comma-separated; empty disables).
     #[arg(long, env = "TTDRV_DEPLOY_GATES", default_value = labels::DEFAULT_DEPLOY_GATE, value_delimiter = ',')]
     pub deploy_gates: Vec<String>,
@@ -143,6 +148,14 @@ fn non_empty(list: &[String]) -> Vec<String> {
 }
 
 impl Config {
+    /// The namespaces drains leave alone (see `--drain-exempt-namespaces`).
+    pub fn drain_exempt_namespaces(&self) -> Vec<String> {
+        match &self.drain_exempt_namespaces {
+            None => vec![self.namespace.clone()],
+            Some(list) => non_empty(list),
+        }
+    }
+
     /// The version → commit table (a later entry for a version wins).
     pub fn source_commit_table(&self) -> BTreeMap<String, String> {
         self.source_commits
@@ -199,6 +212,23 @@ pub fn proxy_env(env: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drains_exempt_the_operator_namespace_unless_told_otherwise() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["ttdrv-controller", "--namespace", "tt"];
+            all.extend_from_slice(args);
+            Config::try_parse_from(all)
+                .expect("parses")
+                .drain_exempt_namespaces()
+        };
+        assert_eq!(parse(&[]), ["tt"]);
+        assert_eq!(
+            parse(&["--drain-exempt-namespaces", "tt, monitoring"]),
+            ["tt", "monitoring"]
+        );
+        assert!(parse(&["--drain-exempt-namespaces="]).is_empty());
+    }
 
     #[test]
     fn the_default_installer_is_our_agent_and_the_go_builder_is_refused() {

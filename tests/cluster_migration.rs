@@ -635,3 +635,78 @@ async fn the_go_builder_image_is_replaced_with_a_warning() {
     .await;
     env.teardown().await;
 }
+
+/// The drain leaves the operator's namespace alone, as the Go drain did: a
+/// pod there (the controller's stand-in) stays through a full-node drain of
+/// its node, while the same pod in another namespace is evicted.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn the_operator_namespace_is_never_drained() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let env = TestEnv::new("drain-exempt").await;
+    let ns = env.namespace().await;
+    let other = format!("{}-work", env.id);
+    let nss: Api<Namespace> = Api::all(env.client.clone());
+    let work: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": other, "labels": env.labels() }
+    }))
+    .unwrap_or_else(|e| panic!("{e}"));
+    nss.create(&PostParams::default(), &work)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {other}: {e}"));
+    let node = env.tt_node_name("a", &[("pool", "fleet")]).await;
+    let _agent = SimAgent::working(env.client.clone(), &ns, Duration::from_millis(300));
+    let _ctl = controller_with(
+        &env,
+        &ns,
+        ttdrv_testkit::ControllerOptions {
+            exempt_own_namespace: true,
+            ..Default::default()
+        },
+    );
+    let policy = env.name("fleet");
+    create(&env, &policy, &spec(&env, "fleet", "2.7.0")).await;
+    wait_node(&env, &policy, &node, NodeState::Done, T).await;
+    env.pinned_deployment(&ns, "operator-side", &node, false)
+        .await;
+    env.pinned_deployment(&other, "workload", &node, false)
+        .await;
+    let pod_of = |namespace: String, app: &'static str| {
+        let env = &env;
+        async move {
+            wait_for(&format!("{namespace}/{app} Running"), T, || async {
+                let pods: Api<Pod> = Api::namespaced(env.client.clone(), &namespace);
+                let l = pods
+                    .list(&ListParams::default().labels(&format!("app={app}")))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                l.items
+                    .iter()
+                    .find(|p| {
+                        ttdrv_testkit::pod_ready(p) && p.metadata.deletion_timestamp.is_none()
+                    })
+                    .and_then(|p| p.metadata.uid.clone())
+                    .ok_or_else(|| format!("{} pods, none Ready", l.items.len()))
+            })
+            .await
+        }
+    };
+    let kept = pod_of(ns.clone(), "operator-side").await;
+    let evicted = pod_of(other.clone(), "workload").await;
+
+    // Full-node drain (the default): pass 2 takes every pod not exempt.
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_node_at(&env, &policy, &node, NodeState::Done, Some("2.8.0"), T).await;
+    assert_eq!(
+        pod_of(ns.clone(), "operator-side").await,
+        kept,
+        "the pod in the operator's namespace was evicted"
+    );
+    assert_ne!(
+        pod_of(other.clone(), "workload").await,
+        evicted,
+        "the pod in {other} was not drained"
+    );
+    let _ = nss.delete(&other, &Default::default()).await;
+    env.teardown().await;
+}

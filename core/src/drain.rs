@@ -153,11 +153,12 @@ pub enum SkipReason {
     NotSelected,
     /// `fullNode` is off and the pod does not use the device.
     FullNodeOff,
-    /// In the operator's own namespace (the controller, its webhooks): never
-    /// drained, as the Go operator's drain never did. Evicting the controller
-    /// from the node it drains would stall the rollout on a one-node cluster,
-    /// where its replacement cannot schedule on the cordoned node.
-    OperatorNamespace,
+    /// In a namespace drains leave alone: by default the operator's own (the
+    /// controller among its pods), as the Go operator's drain did. Evicting
+    /// the controller from the node it drains would stall the rollout on a
+    /// one-node cluster, where its replacement cannot schedule on the
+    /// cordoned node.
+    ExemptNamespace,
 }
 
 impl SkipReason {
@@ -170,7 +171,9 @@ impl SkipReason {
             SkipReason::EmptyDir => "uses emptyDir (set drain.deleteEmptyDir to evict)",
             SkipReason::NotSelected => "not matched by podSelectorLabel",
             SkipReason::FullNodeOff => "drain.fullNode is off",
-            SkipReason::OperatorNamespace => "in the operator's namespace (never drained)",
+            SkipReason::ExemptNamespace => {
+                "its namespace is never drained (the operator's; --drain-exempt-namespaces)"
+            }
         }
     }
 }
@@ -215,7 +218,7 @@ impl DrainPlan {
                     SkipReason::DaemonSet
                         | SkipReason::Finished
                         | SkipReason::Mirror
-                        | SkipReason::OperatorNamespace
+                        | SkipReason::ExemptNamespace
                 )
             })
             .map(|(p, why, _)| format!("{p} ({})", why.as_str()))
@@ -403,12 +406,12 @@ pub fn uses_device(pod: &Pod) -> bool {
 
 /// Plans the drain of one node from the pods bound to it. Our own installer pods
 /// (label `driver.tenstorrent.com/policy`) are never part of a drain, and no
-/// pod of `operator_namespace` is evicted by either pass.
+/// pod of an `exempt` namespace is evicted by either pass.
 pub fn plan_drain<'a>(
     pods: impl IntoIterator<Item = &'a PodFacts>,
     drain: &DrainPolicy,
     selector: &PodSelector,
-    operator_namespace: &str,
+    exempt: &[String],
 ) -> DrainPlan {
     let mut plan = DrainPlan::default();
     let mut sorted: Vec<&PodFacts> = pods.into_iter().filter(|p| !p.installer).collect();
@@ -419,8 +422,8 @@ pub fn plan_drain<'a>(
         let skip = |plan: &mut DrainPlan, why| plan.skipped.push((r.clone(), why, device));
         if pod.finished {
             skip(&mut plan, SkipReason::Finished);
-        } else if !operator_namespace.is_empty() && r.namespace == operator_namespace {
-            skip(&mut plan, SkipReason::OperatorNamespace);
+        } else if exempt.contains(&r.namespace) {
+            skip(&mut plan, SkipReason::ExemptNamespace);
         } else if pod.mirror {
             skip(&mut plan, SkipReason::Mirror);
         } else if pod.controller == Controller::DaemonSet {
@@ -680,7 +683,7 @@ mod tests {
             &fixture(),
             &DrainPolicy::default(),
             &PodSelector::default(),
-            "",
+            &[],
         );
         assert_eq!(names(&plan.device), ["infer", "train"]);
         assert_eq!(names(&plan.full), ["cache", "web"]);
@@ -707,26 +710,31 @@ mod tests {
     }
 
     #[test]
-    fn the_operator_namespace_is_never_drained() {
+    fn exempt_namespaces_are_never_drained() {
         let drain = DrainPolicy {
             force: true,
             ..Default::default()
         };
         // The fixture's pods all run in "ml": as the operator's namespace,
         // neither pass evicts any of them, device users included.
-        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), "ml");
+        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &["ml".into()]);
         assert!(plan.is_empty(), "{plan:?}");
         assert!(
             plan.skipped
                 .iter()
-                .all(|(_, r, _)| matches!(r, SkipReason::OperatorNamespace | SkipReason::Finished))
+                .all(|(_, r, _)| matches!(r, SkipReason::ExemptNamespace | SkipReason::Finished))
         );
         assert!(plan.reportable_skips().is_empty(), "not reported");
         // Another operator namespace changes nothing.
-        let other = plan_drain(&fixture(), &drain, &PodSelector::default(), "tt-system");
+        let other = plan_drain(
+            &fixture(),
+            &drain,
+            &PodSelector::default(),
+            &["tt-system".into()],
+        );
         assert_eq!(
             other,
-            plan_drain(&fixture(), &drain, &PodSelector::default(), "")
+            plan_drain(&fixture(), &drain, &PodSelector::default(), &[])
         );
         assert_eq!(names(&other.device), ["bare-dev", "infer", "train"]);
     }
@@ -737,7 +745,7 @@ mod tests {
             force: true,
             ..Default::default()
         };
-        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), "");
+        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &[]);
         assert_eq!(names(&plan.device), ["bare-dev", "infer", "train"]);
         assert_eq!(names(&plan.full), ["bare", "cache", "web"]);
     }
@@ -745,7 +753,7 @@ mod tests {
     #[test]
     fn selector_limits_pass_two_only() {
         let sel = PodSelector::parse("app=web").expect("valid");
-        let plan = plan_drain(&fixture(), &DrainPolicy::default(), &sel, "");
+        let plan = plan_drain(&fixture(), &DrainPolicy::default(), &sel, &[]);
         assert_eq!(
             names(&plan.device),
             ["infer", "train"],
@@ -760,14 +768,14 @@ mod tests {
             full_node: false,
             ..Default::default()
         };
-        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), "");
+        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &[]);
         assert_eq!(names(&plan.device), ["infer", "train"]);
         assert!(plan.full.is_empty());
         let drain = DrainPolicy {
             delete_empty_dir: false,
             ..Default::default()
         };
-        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), "");
+        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &[]);
         assert_eq!(names(&plan.full), ["web"]);
         assert!(
             plan.skipped

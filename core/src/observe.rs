@@ -20,9 +20,11 @@ pub struct PolicyFacts<'a> {
     pub desired: &'a Desired,
     /// `spec.upgradePolicy.drain`.
     pub drain: &'a DrainPolicy,
-    /// The operator's namespace: its installer pods run there, and no pod of
-    /// it is drained ([`drain::plan_drain`]).
+    /// The operator's namespace: its installer pods run there.
     pub namespace: &'a str,
+    /// Namespaces no drain evicts from ([`drain::plan_drain`]): by default
+    /// the operator's.
+    pub drain_exempt: &'a [String],
     /// Template hash a current installer pod carries (empty: unknown yet).
     pub template_hash: &'a str,
     /// `podSelectorLabel` parsed; `None` when it does not parse (no drain
@@ -119,7 +121,7 @@ pub fn observe<'p>(
     let pods = || n.pods.iter().copied();
     let plan = p
         .selector
-        .map(|sel| drain::plan_drain(pods(), p.drain, sel, p.namespace));
+        .map(|sel| drain::plan_drain(pods(), p.drain, sel, p.drain_exempt));
     let draining = starting
         || [live, persisted.as_ref()]
             .into_iter()
@@ -189,7 +191,7 @@ pub fn forecast(p: &PolicyFacts<'_>, n: &NodeFacts<'_>, pdbs: &[&PodDisruptionBu
     let Some(selector) = p.selector else {
         return Forecast::default();
     };
-    let plan = drain::plan_drain(n.pods.iter().copied(), p.drain, selector, p.namespace);
+    let plan = drain::plan_drain(n.pods.iter().copied(), p.drain, selector, p.drain_exempt);
     let blockers = drain::blockers(&plan, n.pods, pdbs, p.drain);
     Forecast { plan, blockers }
 }

@@ -39,7 +39,8 @@ pub struct Inputs<'a> {
     pub nodes: &'a [Node],
     pub pods: &'a [Pod],
     pub pdbs: &'a [PodDisruptionBudget],
-    /// The operator's namespace (`--namespace`): its pods are never drained.
+    /// The operator's namespace (`--namespace`): the controller's default
+    /// drain exemption, so its pods are never drained.
     pub operator_namespace: &'a str,
     /// Version to plan for; default the policy's `spec.version`.
     pub version: Option<&'a str>,
@@ -298,10 +299,12 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     // pod from a stale one: none is looked at (`Missing`); with the target
     // loaded either needs no drain, and with another loaded neither changes
     // the cycle.
+    let exempt = [inp.operator_namespace.to_string()];
     let policy_facts = PolicyFacts {
         desired: &want,
         drain,
-        namespace: inp.operator_namespace,
+        namespace: "",
+        drain_exempt: &exempt,
         template_hash: "",
         selector: Some(&selector),
         gates: &[],

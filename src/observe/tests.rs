@@ -174,6 +174,7 @@ fn observe(
             desired: &desired,
             drain: &policy.spec.upgrade_policy.drain,
             namespace: NS,
+            drain_exempt: &[],
             template_hash: HASH,
             selector: Some(&selector),
             gates: &gates,

@@ -24,6 +24,10 @@ pub struct ControllerOptions {
     pub bin: Option<PathBuf>,
     /// Extra environment for the process (e.g. a KUBECONFIG with other credentials).
     pub env: Vec<(String, String)>,
+    /// Keep the controller's default drain exemption (its own namespace).
+    /// Off by default: the tests run their workloads in the controller's
+    /// namespace, and drain them.
+    pub exempt_own_namespace: bool,
 }
 
 fn free_port() -> u16 {
@@ -76,6 +80,9 @@ impl ControllerProcess {
             "--lease-duration-seconds",
             "6",
         ]);
+        if !opts.exempt_own_namespace {
+            cmd.arg("--drain-exempt-namespaces=");
+        }
         cmd.args(&opts.extra_args);
         cmd.envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let log = std::env::temp_dir().join(format!("ttdrv-controller-{identity}.log"));

@@ -121,6 +121,7 @@ impl ReconcilePass {
         self.clear_stale_go_marks(&targets).await;
         self.clear_unmanaged_marks(&targets).await;
         let gates = ctx.config.gates();
+        let drain_exempt = ctx.config.drain_exempt_namespaces();
         let desired = Desired {
             refused: refused.is_some(),
             ..Desired::of(policy, ctx.config.upgrade_timeout_seconds)
@@ -141,6 +142,7 @@ impl ReconcilePass {
                 desired: &desired,
                 drain: &spec.upgrade_policy.drain,
                 namespace: &ctx.config.namespace,
+                drain_exempt: &drain_exempt,
                 template_hash: &hash,
                 selector: selector.as_ref(),
                 gates: &gates,
