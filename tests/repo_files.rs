@@ -560,3 +560,33 @@ fn dashboards_rules_and_metric_docs_lint() {
     }
     assert_no_errors("dashboards, rules and metric docs", &errors);
 }
+
+/// The chart pins every tt-kmd 2.x release by default: each release tag of
+/// github.com/tenstorrent/tt-kmd from ttkmd-2.0.0 to the newest one known
+/// here (ttkmd-2.10.0) has its full commit in `driver.sourceCommits`.
+#[test]
+fn chart_pins_every_upstream_release() {
+    const RELEASES: [&str; 12] = [
+        "2.0.0", "2.1.0", "2.2.0", "2.3.0", "2.4.0", "2.4.1", "2.5.0", "2.6.0", "2.7.0", "2.8.0",
+        "2.9.0", "2.10.0",
+    ];
+    let values: serde_yaml::Value =
+        serde_yaml::from_str(&read("chart/values.yaml")).expect("values.yaml parses");
+    let table = values["driver"]["sourceCommits"]
+        .as_mapping()
+        .expect("driver.sourceCommits is a map");
+    let mut errors = vec![];
+    for v in RELEASES {
+        match table.get(v).and_then(|c| c.as_str()) {
+            Some(c) if ttdrv_core::trust::validate_commit(c).as_deref() == Ok(c) => {}
+            other => errors.push(format!("{v}: {other:?} (a full, lowercase commit)")),
+        }
+    }
+    for k in table.keys() {
+        let k = k.as_str().unwrap_or_default();
+        if !RELEASES.contains(&k) {
+            errors.push(format!("{k}: not a known release"));
+        }
+    }
+    assert_no_errors("driver.sourceCommits", &errors);
+}
