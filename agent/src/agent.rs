@@ -710,6 +710,7 @@ impl Agent<'_> {
         let d = crate::devices::ensure_device_access(root);
         tracing::info!(
             rule_written = d.rule_written,
+            rule_kept = ?d.rule_kept,
             udev_reloaded = ?d.udev_reloaded,
             chmodded = ?d.chmodded,
             removed = ?d.removed,

@@ -20,21 +20,76 @@ pub const DEV_DIR: &str = "/dev/tenstorrent";
 /// The pre-5.x tt-smi virtualenv.
 pub const OLD_VENV_DIR: &str = "/opt/tt";
 
-/// `udev-50-tenstorrent.rules`: every Tenstorrent device node 0666, and
-/// `/dev/tenstorrent/by-id/<kind>-<pci address>` links for Wormhole (0x401e)
-/// and Blackhole (0xb140).
-pub const UDEV_RULE: &str = r#"# Installed by the tt-kmd installer (tt-driver-manager), as tt-kmd's
+/// The first line of the rule this agent writes: how it knows its own file.
+pub const UDEV_RULE_MARK: &str = "# Installed by the tt-kmd installer (tt-driver-manager)";
+
+/// tt-kmd's `udev-50-tenstorrent.rules` (since ttkmd-2.6.0): every
+/// Tenstorrent device node 0666, and `/dev/tenstorrent/by-id/<kind>-<ASIC id>`
+/// links for Wormhole (0x401e) and Blackhole (0xb140), named from the
+/// driver's `tt_asic_id` attribute once it is readable (the guard: the
+/// driver sends a change uevent when its telemetry comes up).
+pub const UDEV_RULE: &str = concat!(
+    "# Installed by the tt-kmd installer (tt-driver-manager)",
+    r#", as tt-kmd's
 # udev-50-tenstorrent.rules: Tenstorrent devices are usable by every user.
 SUBSYSTEM=="tenstorrent", MODE="0666"
-SUBSYSTEM=="tenstorrent", ATTRS{vendor}=="0x1e52", ATTRS{device}=="0x401e", SYMLINK+="tenstorrent/by-id/wormhole-$attr{pci_addr}"
-SUBSYSTEM=="tenstorrent", ATTRS{vendor}=="0x1e52", ATTRS{device}=="0xb140", SYMLINK+="tenstorrent/by-id/blackhole-$attr{pci_addr}"
-"#;
+SUBSYSTEM=="tenstorrent", ATTRS{device}=="0x401e", ATTR{tt_asic_id}=="?*", SYMLINK+="tenstorrent/by-id/wormhole-%s{tt_asic_id}"
+SUBSYSTEM=="tenstorrent", ATTRS{device}=="0xb140", ATTR{tt_asic_id}=="?*", SYMLINK+="tenstorrent/by-id/blackhole-%s{tt_asic_id}"
+"#
+);
+
+/// What to do with the file at [`UDEV_RULE_PATH`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuleAction {
+    /// Absent, an older rule of ours, or one that names links from
+    /// `pci_addr` (an attribute no tt-kmd version has: every card's link
+    /// would be the same): written.
+    Write,
+    /// Ours, as it should be.
+    Current,
+    /// The host's own rule for the Tenstorrent devices (`make dkms` installs
+    /// tt-kmd's; an admin may restrict the mode): kept as it is, with why.
+    Keep(String),
+}
+
+/// Whether a udev rule line applies to the Tenstorrent device nodes.
+fn matches_devices(line: &str) -> bool {
+    let l: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+    !l.starts_with('#')
+        && (l.contains(r#"SUBSYSTEM=="tenstorrent""#) || l.contains(r#"KERNEL=="tenstorrent"#))
+}
+
+/// What to do with the host's file at [`UDEV_RULE_PATH`], from its text.
+pub fn rule_action(existing: Option<&str>) -> RuleAction {
+    let Some(text) = existing else {
+        return RuleAction::Write;
+    };
+    if text == UDEV_RULE {
+        return RuleAction::Current;
+    }
+    if text.starts_with(UDEV_RULE_MARK) || text.contains("{pci_addr}") {
+        return RuleAction::Write;
+    }
+    if !text.lines().any(matches_devices) {
+        return RuleAction::Write;
+    }
+    let links = if text.contains("tt_asic_id") {
+        "with by-id links"
+    } else {
+        "without by-id links (tt-kmd before 2.6.0 shipped none)"
+    };
+    RuleAction::Keep(format!(
+        "the host's own rule for the Tenstorrent devices, {links}: left as it is"
+    ))
+}
 
 /// What [`ensure_device_access`] did, for the log.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct DeviceAccess {
-    /// The rule file was written (absent or different before).
+    /// The rule file was written (absent, ours but older, or broken before).
     pub rule_written: bool,
+    /// The host's own rule was found and kept, with why.
+    pub rule_kept: Option<String>,
     /// udevadm was found and asked to reload; None when not found.
     pub udev_reloaded: Option<bool>,
     /// Device nodes whose mode was changed to 0666.
@@ -50,7 +105,9 @@ pub struct DeviceAccess {
 pub fn ensure_device_access(root: &HostRoot) -> DeviceAccess {
     let mut out = DeviceAccess::default();
     match install_rule(root) {
-        Ok(written) => out.rule_written = written,
+        Ok(RuleAction::Write) => out.rule_written = true,
+        Ok(RuleAction::Current) => {}
+        Ok(RuleAction::Keep(why)) => out.rule_kept = Some(why),
         Err(e) => out
             .warnings
             .push(format!("installing {UDEV_RULE_PATH}: {e}")),
@@ -75,19 +132,17 @@ pub fn ensure_device_access(root: &HostRoot) -> DeviceAccess {
     out
 }
 
-/// Writes the rule (0644) when it is absent or different; returns whether it
-/// did. A link, FIFO or device at its path is refused ([`crate::hostfs`]).
-fn install_rule(root: &HostRoot) -> Result<bool, HostFsError> {
+/// Writes the rule (0644) when [`rule_action`] says so; returns what it did.
+/// A link, FIFO or device at its path is refused ([`crate::hostfs`]).
+fn install_rule(root: &HostRoot) -> Result<RuleAction, HostFsError> {
     let (dir, name) = hostfs::split(Path::new(UDEV_RULE_PATH))?;
     let dir = root.dir(dir, true)?;
-    if dir
-        .read_optional(name, hostfs::SMALL_FILE_MAX)
-        .is_ok_and(|s| s.as_deref() == Some(UDEV_RULE.as_bytes()))
-    {
-        return Ok(false);
+    let existing = dir.read_optional(name, hostfs::SMALL_FILE_MAX)?;
+    let action = rule_action(existing.as_deref().map(String::from_utf8_lossy).as_deref());
+    if action == RuleAction::Write {
+        dir.write_atomic(name, &mut UDEV_RULE.as_bytes(), 0o644)?;
     }
-    dir.write_atomic(name, &mut UDEV_RULE.as_bytes(), 0o644)?;
-    Ok(true)
+    Ok(action)
 }
 
 /// Runs the host's udevadm (through chroot when the root is not `/`):
@@ -197,6 +252,58 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         fs::symlink_metadata(p).expect("stat").permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn the_rule_is_tt_kmds_and_a_hosts_own_is_kept() {
+        assert!(UDEV_RULE.starts_with(UDEV_RULE_MARK));
+        // tt-kmd's own rule, as `make dkms` installs it (ttkmd-2.6.0 and later).
+        let upstream = r#"SUBSYSTEM=="tenstorrent", MODE="0666"
+SUBSYSTEM=="tenstorrent", ATTRS{device}=="0x401e", ATTR{tt_asic_id}=="?*", SYMLINK+="tenstorrent/by-id/wormhole-%s{tt_asic_id}"
+SUBSYSTEM=="tenstorrent", ATTRS{device}=="0xb140", ATTR{tt_asic_id}=="?*", SYMLINK+="tenstorrent/by-id/blackhole-%s{tt_asic_id}"
+"#;
+        // The rule lines are the upstream ones, verbatim.
+        let ours: Vec<&str> = UDEV_RULE.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(ours, upstream.lines().collect::<Vec<_>>());
+        let older_ours = format!("{UDEV_RULE_MARK}\nSUBSYSTEM==\"tenstorrent\", MODE=\"0666\"\n");
+        let pci_addr = r#"SUBSYSTEM=="tenstorrent", MODE="0666"
+SUBSYSTEM=="tenstorrent", ATTRS{device}=="0x401e", SYMLINK+="tenstorrent/by-id/wormhole-$attr{pci_addr}"
+"#;
+        let kept = |t: &str| matches!(rule_action(Some(t)), RuleAction::Keep(_));
+        assert_eq!(rule_action(None), RuleAction::Write);
+        assert_eq!(rule_action(Some(UDEV_RULE)), RuleAction::Current);
+        assert_eq!(rule_action(Some(&older_ours)), RuleAction::Write);
+        assert_eq!(
+            rule_action(Some(pci_addr)),
+            RuleAction::Write,
+            "links that collide"
+        );
+        assert_eq!(rule_action(Some("# empty\n")), RuleAction::Write);
+        assert!(kept(upstream));
+        // tt-kmd before 2.6.0, and an admin's restriction: never widened.
+        assert!(kept("KERNEL==\"tenstorrent*\", MODE=\"0666\"\n"));
+        assert!(kept(
+            "SUBSYSTEM == \"tenstorrent\", GROUP=\"tt\", MODE=\"0660\"\n"
+        ));
+        let RuleAction::Keep(why) = rule_action(Some("KERNEL==\"tenstorrent*\", MODE=\"0666\""))
+        else {
+            unreachable!()
+        };
+        assert!(why.contains("without by-id links"), "{why}");
+    }
+
+    #[test]
+    fn a_hosts_rule_file_is_left_untouched() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(dir.path());
+        let path = root.path(UDEV_RULE_PATH);
+        fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        let admin = "SUBSYSTEM==\"tenstorrent\", GROUP=\"tt\", MODE=\"0660\"\n";
+        fs::write(&path, admin).expect("rule");
+        let got = ensure_device_access(&root);
+        assert!(!got.rule_written && got.rule_kept.is_some(), "{got:?}");
+        assert_eq!(fs::read_to_string(&path).expect("rule"), admin);
+        assert_eq!(got.udev_reloaded, None, "nothing written, nothing reloaded");
     }
 
     #[test]
