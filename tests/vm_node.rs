@@ -356,6 +356,9 @@ async fn vm_node() {
         "controller.nodeSelector.kubernetes\\.io/hostname=real-node-1".into(),
         // the stub tt-kmd repository in the guest, through the installer pod's /host
         "controller.extraArgs={--resync-ms=1000,--source-repository=/host/opt/tt-kmd.git}".into(),
+        // That repository's tags name the stub's commits, not upstream's:
+        // the chart's pins of the upstream releases go.
+        "driver.sourceCommits=null".into(),
     ] {
         args.extend(["--set".to_string(), s]);
     }
