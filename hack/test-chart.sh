@@ -104,13 +104,47 @@ render() { # case -> stdout
         --set metrics.dashboards.enabled=false --set commonLabels.team=platform ;;
     go-era)
       "$helm_bin" template "$release" chart -n "$ns" "${kv[@]}" -f chart/tests/go-era-values.yaml ;;
+    go-values)
+      "$helm_bin" template "$release" chart -n "$ns" "${kv[@]}" -f chart/tests/go-chart-values.yaml ;;
+    go-upstream)
+      "$helm_bin" template "$release" chart -n "$ns" "${kv[@]}" -f chart/tests/go-chart-upstream-values.yaml ;;
+    # (not a golden case: must equal go-values, whose "false" is a string)
+    go-values-bool)
+      "$helm_bin" template "$release" chart -n "$ns" "${kv[@]}" -f chart/tests/go-chart-values.yaml \
+        --set controller.requireTenstorrentLabel=false ;;
   esac
+}
+
+# NOTES.txt of a case: helm template does not render NOTES, and helm install
+# --dry-run asks a cluster; so a copy of the chart carries NOTES.txt in a
+# ConfigMap template (test only), rendered alone into <case>.notes.yaml.
+notes_chart="$tmp/notes-chart"
+cp -r chart "$notes_chart"
+{ echo '{{- define "ttdm.test.notes" }}'; cat chart/templates/NOTES.txt; echo; echo '{{- end }}'; } \
+  >"$notes_chart/templates/_test_notes.tpl"
+printf '%s\n' 'apiVersion: v1' 'kind: ConfigMap' 'metadata:' '  name: helm-notes' 'data:' '  NOTES.txt: |' \
+  '{{ include "ttdm.test.notes" . | indent 4 }}' >"$notes_chart/templates/test-notes.yaml"
+notes() { # case values-file -> stdout
+  "$helm_bin" template "$release" "$notes_chart" -n "$ns" "${kv[@]}" ${2:+-f "$2"} \
+    --show-only templates/test-notes.yaml 2>/dev/null
 }
 
 renders="$tmp/renders"
 mkdir -p "$renders"
-for c in default monitoring custom go-era; do
+for c in default monitoring custom go-era go-values go-upstream go-values-bool; do
   render "$c" >"$renders/$c.yaml" || failed "helm template ($c)"
+done
+notes default "" >"$renders/default.notes.yaml" || failed "NOTES (default)"
+notes go-values chart/tests/go-chart-values.yaml >"$renders/go-values.notes.yaml" || failed "NOTES (go-values)"
+notes go-upstream chart/tests/go-chart-upstream-values.yaml >"$renders/go-upstream.notes.yaml" || failed "NOTES (go-upstream)"
+# The Go chart's values lint too (their warnings are Helm's table/non-table ones).
+for f in chart/tests/go-chart-values.yaml chart/tests/go-chart-upstream-values.yaml; do
+  if out=$("$helm_bin" lint --strict chart -n "$ns" "${kv[@]}" -f "$f" 2>&1); then
+    log "helm lint --strict -f $f ok"
+  else
+    printf '%s\n' "$out" >&2
+    failed "helm lint --strict -f $f"
+  fi
 done
 if TTDRV_CHART_RENDERS=$renders cargo test -q --test chart -- --ignored >&2; then
   log "renders: golden files and semantic checks ok (tests/chart.rs)"
@@ -140,8 +174,25 @@ refused "misspelled top-level key (values file)" "additional properties 'comonLa
   template "$release" chart -n "$ns" "${kv[@]}" -f <(printf 'comonLabels:\n  team: x\n')
 refused "digest that is not one" "digest" \
   template "$release" chart -n "$ns" "${kv[@]}" --set driver.image.digest=latest
-refused "Kubernetes older than kubeVersion" "requires kubeVersion" \
+refused "Kubernetes older than kubeVersion (1.29)" "requires kubeVersion: >=1.30.0-0 which is incompatible with Kubernetes v1.29.0" \
   template "$release" chart -n "$ns" --kube-version 1.29.0
+"$helm_bin" template "$release" chart -n "$ns" --kube-version 1.30.0 >/dev/null \
+  || failed "Kubernetes 1.30 is refused"
+refused "ServiceMonitor without the metrics Service" "needs metrics.service.enabled=true" \
+  template "$release" chart -n "$ns" "${kv[@]}" --set metrics.serviceMonitor.enabled=true --set metrics.service.enabled=false
+refused "misspelled Go key" "additional properties 'additionalLabel' not allowed" \
+  template "$release" chart -n "$ns" "${kv[@]}" --set metrics.serviceMonitor.additionalLabel.a=b
+refused "requireTenstorrentLabel neither bool nor \"true\"/\"false\"" "requireTenstorrentLabel" \
+  template "$release" chart -n "$ns" "${kv[@]}" --set-string controller.requireTenstorrentLabel=yes
+# A bare Go release tag on our controller repository is replaced, and NOTES says so.
+if out=$(notes bare-tag <(printf 'controller:\n  image:\n    tag: v0.4.2\n')) \
+  && [[ $out == *"controller.image is a Go operator controller image or release tag (ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/controller:v0.4.2)"* ]] \
+  && r=$("$helm_bin" template "$release" chart -n "$ns" "${kv[@]}" --set controller.image.tag=v0.4.2) \
+  && [[ $r == *'image: "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/controller:0.1.0"'* ]]; then
+  log "a bare Go controller tag is replaced, with a NOTES line"
+else
+  failed "a bare Go controller tag (v0.4.2) is not replaced with a NOTES line: $out"
+fi
 # "v1/Pod" is what a cluster's discovery lists and offline capabilities do not.
 refused "a cluster without ValidatingAdmissionPolicy" "agent.restrictNodePatch.enabled=false" \
   template "$release" chart -n "$ns" "${kv[@]}" --api-versions v1/Pod

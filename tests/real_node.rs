@@ -181,7 +181,7 @@ impl Rn {
     }
 
     fn svc(&self) -> String {
-        format!("{}-controller-metrics", self.rel)
+        format!("{}-metrics", self.rel)
     }
 
     async fn svc_addr(&self) -> String {

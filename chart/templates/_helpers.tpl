@@ -78,22 +78,112 @@ app.kubernetes.io/component: controller
 {{- end }}
 {{- end }}
 
-{{- define "ttdm.controller.image" -}}
-{{- include "ttdm.image" (dict "image" .Values.controller.image "appVersion" .Chart.AppVersion) }}
+{{/* An image value as a dict {repository, tag, digest, pullPolicy}: our
+table form, or (Go-era files, the tt-operator umbrella chart) one string
+"repo[:tag][@digest]". A ":" after the last "/" starts the tag, so a registry
+port (host:5000/repo) stays in the repository. */}}
+{{- define "ttdm.imageDict" -}}
+{{- $v := .image }}
+{{- $out := dict "repository" "" "tag" "" "digest" "" "pullPolicy" "" }}
+{{- if kindIs "string" $v }}
+{{- $ref := $v }}
+{{- if contains "@" $ref }}
+{{- $parts := splitn "@" 2 $ref }}
+{{- $ref = $parts._0 }}
+{{- $_ := set $out "digest" $parts._1 }}
+{{- end }}
+{{- $slash := splitList "/" $ref }}
+{{- $last := last $slash }}
+{{- if contains ":" $last }}
+{{- $nt := splitn ":" 2 $last }}
+{{- $_ := set $out "tag" $nt._1 }}
+{{- $ref = join "/" (append (initial $slash) $nt._0) }}
+{{- end }}
+{{- $_ := set $out "repository" $ref }}
+{{- else if $v }}
+{{- range $k, $x := $v }}
+{{- $_ := set $out $k $x }}
+{{- end }}
+{{- end }}
+{{- if not $out.pullPolicy }}
+{{- $_ := set $out "pullPolicy" (.pullPolicy | default "IfNotPresent") }}
+{{- end }}
+{{- toYaml $out }}
 {{- end }}
 
-{{/* The installer (agent) image. A Go-era values file names the Go
-builder image (ghcr.io/tenstorrent/tt-k8s-driver-manager-builder), which does
-not speak to this controller: that repository (and its tag) is replaced by
-this chart's agent image. */}}
-{{- define "ttdm.installer.image" -}}
-{{- $img := deepCopy .Values.driver.image }}
-{{- if eq (trimSuffix "/" $img.repository) "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder" }}
+{{/* The Go operator's controller images: replaced by ours (they do not run
+this chart's flags). */}}
+{{- define "ttdm.goControllerRepos" -}}
+{{- list "ghcr.io/tenstorrent/tt-k8s-driver-manager" "ghcr.io/tenstorrent/tt-k8s-driver-manager-controller" | toJson }}
+{{- end }}
+
+{{/* The controller image as a dict, with "replaced" set to the Go image it
+stands in for ("" when none): a Go controller repository, or a bare Go
+release tag (v<semver>; ours are <semver>) on our repository, becomes our
+image at the chart's appVersion. controller.imagePullPolicy is the Go
+chart's first form of the pull policy. */}}
+{{- define "ttdm.controller.imageDict" -}}
+{{- $img := include "ttdm.imageDict" (dict "image" .Values.controller.image "pullPolicy" .Values.controller.imagePullPolicy) | fromYaml }}
+{{- $ours := "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/controller" }}
+{{- $repo := trimSuffix "/" (toString $img.repository) }}
+{{- $replaced := "" }}
+{{- if has $repo (include "ttdm.goControllerRepos" . | fromJsonArray) }}
+{{- $replaced = (empty $img.tag) | ternary $repo (printf "%s:%s" $repo (toString $img.tag)) }}
+{{- else if and (eq $repo $ours) (regexMatch "^v[0-9]+\\." (toString $img.tag)) }}
+{{- $replaced = printf "%s:%s" $repo $img.tag }}
+{{- end }}
+{{- if $replaced }}
+{{- $_ := set $img "repository" $ours }}
+{{- $_ := set $img "tag" "" }}
+{{- $_ := set $img "digest" "" }}
+{{- end }}
+{{- $_ := set $img "replaced" $replaced }}
+{{- toYaml $img }}
+{{- end }}
+
+{{- define "ttdm.controller.image" -}}
+{{- include "ttdm.image" (dict "image" (include "ttdm.controller.imageDict" . | fromYaml) "appVersion" .Chart.AppVersion) }}
+{{- end }}
+
+{{/* The installer (agent) image as a dict, "replaced" as above. A Go-era
+values file names the Go builder image
+(ghcr.io/tenstorrent/tt-k8s-driver-manager-builder), which does not speak to
+this controller: that repository (and its tag) is replaced by this chart's
+agent image. */}}
+{{- define "ttdm.installer.imageDict" -}}
+{{- $img := include "ttdm.imageDict" (dict "image" .Values.driver.image) | fromYaml }}
+{{- $repo := trimSuffix "/" (toString $img.repository) }}
+{{- $replaced := "" }}
+{{- if eq $repo "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder" }}
+{{- $replaced = (empty $img.tag) | ternary $repo (printf "%s:%s" $repo (toString $img.tag)) }}
 {{- $_ := set $img "repository" "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent" }}
 {{- $_ := set $img "tag" "" }}
 {{- $_ := set $img "digest" "" }}
 {{- end }}
-{{- include "ttdm.image" (dict "image" $img "appVersion" .Chart.AppVersion) }}
+{{- $_ := set $img "replaced" $replaced }}
+{{- toYaml $img }}
+{{- end }}
+
+{{- define "ttdm.installer.image" -}}
+{{- include "ttdm.image" (dict "image" (include "ttdm.installer.imageDict" . | fromYaml) "appVersion" .Chart.AppVersion) }}
+{{- end }}
+
+{{/* controller.requireTenstorrentLabel: a bool, or the Go chart's strings
+"true"/"false"; "true" or "false" out. */}}
+{{- define "ttdm.requireTenstorrentLabel" -}}
+{{- $v := .Values.controller.requireTenstorrentLabel }}
+{{- if kindIs "invalid" $v }}true{{ else }}{{ (ne (lower (toString $v)) "false") | ternary "true" "false" }}{{ end }}
+{{- end }}
+
+{{/* metrics.service.enabled (the Go chart's key): default true. */}}
+{{- define "ttdm.metricsService.enabled" -}}
+{{- $svc := .Values.metrics.service | default dict }}
+{{- if hasKey $svc "enabled" }}{{ $svc.enabled | ternary "true" "false" }}{{ else }}true{{ end }}
+{{- end }}
+
+{{/* Name of the metrics Service: the Go chart's <fullname>-metrics. */}}
+{{- define "ttdm.metricsService.name" -}}
+{{- printf "%s-metrics" (include "ttdm.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- /*
