@@ -81,15 +81,30 @@ fn refcnt_text(refcnt: u32) -> String {
     }
 }
 
-fn list_holders(holders: &[Holder]) -> String {
+fn list_holders(holders: &[Holder], refcnt: u32) -> String {
+    let explained: u32 = holders.iter().map(|h| h.references).sum();
+    let rest = refcnt.saturating_sub(explained);
+    let unexplained = if refcnt == crate::holder::REFCNT_UNKNOWN || rest == 0 {
+        String::new()
+    } else {
+        format!(
+            "{}{rest} reference(s) held by no open file or mapping of a process: a dma-buf the driver exported (ttkmd 2.10 and later), another module or a kernel user",
+            if holders.is_empty() { "" } else { "; " }
+        )
+    };
     if holders.is_empty() {
-        return "no process under /proc holds /dev/tenstorrent (another module or a kernel user may hold it)".to_string();
+        return if unexplained.is_empty() {
+            "no process under /proc holds or maps /dev/tenstorrent (another module or a kernel user may hold it)".to_string()
+        } else {
+            format!("no process under /proc holds or maps /dev/tenstorrent; {unexplained}")
+        };
     }
-    holders
+    let list = holders
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
-        .join("; ")
+        .join("; ");
+    format!("{list}{unexplained}")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -202,7 +217,7 @@ pub enum AgentError {
 
     #[error(
         "tenstorrent {loaded} is in use (refcnt {}) and force-unload is off, so it was left loaded; holders: {}; drain the node's workloads, or set upgradePolicy.forceUnload=true",
-        refcnt_text(*refcnt), list_holders(holders)
+        refcnt_text(*refcnt), list_holders(holders, *refcnt)
     )]
     Busy {
         loaded: String,
@@ -220,7 +235,7 @@ pub enum AgentError {
 
     #[error(
         "tenstorrent still in use {waited_ms} ms after killing its holders (refcnt {refcnt}); remaining holders: {}",
-        list_holders(holders)
+        list_holders(holders, *refcnt)
     )]
     UnloadTimeout {
         refcnt: u32,
@@ -383,6 +398,42 @@ mod tests {
             assert!(cut.ends_with("éEND"), "{cut}");
             assert!(cut.contains("bytes cut"), "{cut}");
         }
+    }
+
+    #[test]
+    fn references_no_process_explains_are_counted() {
+        let h = |pid, references| Holder {
+            pid,
+            comm: "train".into(),
+            devices: vec!["/dev/tenstorrent/0".into()],
+            mapped: vec![],
+            references,
+            pod_uid: None,
+            pod: None,
+            container_id: None,
+        };
+        let busy = |refcnt, holders| {
+            AgentError::Busy {
+                loaded: "2.10.0".into(),
+                refcnt,
+                holders,
+            }
+            .to_string()
+        };
+        let m = busy(3, vec![h(7, 1)]);
+        assert!(
+            m.contains("pid 7 (train); 2 reference(s) held by no open file"),
+            "{m}"
+        );
+        let m = busy(1, vec![h(7, 1)]);
+        assert!(!m.contains("reference(s)"), "all explained: {m}");
+        let m = busy(2, vec![]);
+        assert!(
+            m.contains("no process under /proc holds or maps /dev/tenstorrent; 2 reference(s)"),
+            "{m}"
+        );
+        let m = busy(crate::holder::REFCNT_UNKNOWN, vec![]);
+        assert!(!m.contains("reference(s)"), "{m}");
     }
 
     #[test]

@@ -17,6 +17,14 @@ pub struct Holder {
     pub comm: String,
     /// Device files the process holds open, e.g. `/dev/tenstorrent/0`.
     pub devices: Vec<String>,
+    /// Device files the process has mapped (`/proc/<pid>/maps`): a mapping
+    /// pins the module after the fd is closed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mapped: Vec<String>,
+    /// Module references this process explains: its fds on the device, and
+    /// each mapped device it has no fd on.
+    #[serde(skip)]
+    pub references: u32,
     /// Pod UID from the cgroup path, when the process runs in a pod.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
@@ -39,6 +47,9 @@ impl fmt::Display for Holder {
         if let Some(c) = &self.container_id {
             let short: String = c.chars().take(12).collect();
             write!(f, " container {short}")?;
+        }
+        if !self.mapped.is_empty() && self.devices.is_empty() {
+            write!(f, ", mapping {} (no fd open)", self.mapped.join(", "))?;
         }
         Ok(())
     }

@@ -1,5 +1,7 @@
 //! Processes holding the device: a walk of `<root>/proc/*/fd` for links into
-//! /dev/tenstorrent (fuser misses them across mount namespaces), with each
+//! /dev/tenstorrent (fuser misses them across mount namespaces) and of
+//! `<root>/proc/*/maps` for mappings of it (a mapping pins the module after
+//! its fd is closed), with each
 //! PID's command name and, where its cgroup path tells, pod UID and container.
 //! The [`Holder`] type itself lives in [`crate::holder`] (re-exported here).
 
@@ -27,19 +29,39 @@ pub fn find_holders(root: &HostRoot) -> Vec<Holder> {
     holders
 }
 
+/// The most of `/proc/<pid>/maps` read: a process with more mappings than
+/// this (about 100,000 lines) is read up to here.
+const MAPS_MAX: u64 = 8 << 20;
+
 fn holder_of(root: &HostRoot, pid_dir: &Path, pid: u32) -> Option<Holder> {
-    let fds = fs::read_dir(pid_dir.join("fd")).ok()?;
-    let mut devices: Vec<String> = fds
+    let mut devices: Vec<String> = fs::read_dir(pid_dir.join("fd"))
+        .into_iter()
+        .flatten()
         .filter_map(|fd| fd.ok())
         .filter_map(|fd| fs::read_link(fd.path()).ok())
         .filter_map(|target| target.to_str().map(str::to_string))
         .filter(|t| is_device_path(t))
         .collect();
-    if devices.is_empty() {
+    let fd_count = u32::try_from(devices.len()).unwrap_or(u32::MAX);
+    // Through crate::hostfs: no link followed, no FIFO waited on; a larger
+    // maps file is read up to MAPS_MAX.
+    let mapped = root
+        .dir(format!("/proc/{pid}"), false)
+        .and_then(|d| d.open_file("maps"))
+        .map(|f| {
+            use std::io::Read;
+            let mut bytes = Vec::new();
+            let _ = f.take(MAPS_MAX).read_to_end(&mut bytes);
+            mapped_devices(&String::from_utf8_lossy(&bytes))
+        })
+        .unwrap_or_default();
+    if devices.is_empty() && mapped.is_empty() {
         return None;
     }
     devices.sort();
     devices.dedup();
+    let unopened = mapped.iter().filter(|m| !devices.contains(m)).count();
+    let references = fd_count.saturating_add(u32::try_from(unopened).unwrap_or(u32::MAX));
     // Bounded, non-blocking reads that follow no link (crate::hostfs): a
     // planted FIFO or /dev/zero link there costs nothing.
     let read = |name: &str| {
@@ -57,10 +79,29 @@ fn holder_of(root: &HostRoot, pid_dir: &Path, pid: u32) -> Option<Holder> {
         pid,
         comm,
         devices,
+        mapped,
+        references,
         pod_uid,
         pod: None,
         container_id,
     })
+}
+
+/// The device files mapped in a `/proc/<pid>/maps` text (its sixth field,
+/// the path), sorted and once each.
+pub fn mapped_devices(maps: &str) -> Vec<String> {
+    let mut out: Vec<String> = maps
+        .lines()
+        .filter_map(|l| {
+            let path = l.split_whitespace().skip(5).collect::<Vec<_>>().join(" ");
+            // A node unlinked since (udev re-created it) still pins the module.
+            let path = path.strip_suffix(" (deleted)").unwrap_or(&path).to_string();
+            is_device_path(&path).then_some(path)
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn is_device_path(target: &str) -> bool {
@@ -153,6 +194,55 @@ mod tests {
             (None, None)
         );
         assert_eq!(parse_cgroup(""), (None, None));
+    }
+
+    #[test]
+    fn mappings_of_the_device_are_found() {
+        let maps = "\
+7f0000000000-7f0000100000 rw-s 00000000 00:05 1234                       /dev/tenstorrent/0
+7f0000100000-7f0000200000 rw-s 00100000 00:05 1234                       /dev/tenstorrent/0
+7f0000200000-7f0000300000 r--p 00000000 08:01 99                         /usr/lib/libc.so.6
+7f0000300000-7f0000400000 rw-p 00000000 00:00 0                          [heap]
+7f0000400000-7f0000500000 rw-s 00000000 00:05 1235                       /dev/tenstorrent/1 (deleted)
+";
+        assert_eq!(
+            mapped_devices(maps),
+            ["/dev/tenstorrent/0", "/dev/tenstorrent/1"]
+        );
+        assert!(mapped_devices("").is_empty());
+    }
+
+    #[test]
+    fn a_process_that_only_maps_the_device_holds_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(dir.path());
+        let p = |rel: &str| root.path(rel);
+        for pid in ["100", "200", "300"] {
+            fs::create_dir_all(p(&format!("/proc/{pid}/fd"))).expect("mkdir");
+            fs::write(p(&format!("/proc/{pid}/comm")), format!("p{pid}\n")).expect("comm");
+        }
+        std::os::unix::fs::symlink("/dev/tenstorrent/0", p("/proc/100/fd/3")).expect("fd");
+        std::os::unix::fs::symlink("/dev/tenstorrent/0", p("/proc/100/fd/4")).expect("fd");
+        // pid 200 closed its fd after mmap: only the mapping is left.
+        let line = "7f00-7f10 rw-s 00000000 00:05 1 /dev/tenstorrent/1\n";
+        fs::write(p("/proc/200/maps"), line).expect("maps");
+        fs::write(
+            p("/proc/300/maps"),
+            "7f00-7f10 r--p 0 08:01 9 /usr/lib/x.so\n",
+        )
+        .expect("maps");
+        let got = find_holders(&root);
+        let pids: Vec<u32> = got.iter().map(|h| h.pid).collect();
+        assert_eq!(pids, [100, 200]);
+        assert_eq!(got[0].references, 2, "two fds");
+        assert!(got[1].devices.is_empty());
+        assert_eq!(got[1].mapped, ["/dev/tenstorrent/1"]);
+        assert_eq!(got[1].references, 1);
+        assert!(
+            got[1].to_string().contains("mapping /dev/tenstorrent/1"),
+            "{}",
+            got[1]
+        );
     }
 
     #[test]
