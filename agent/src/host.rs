@@ -162,7 +162,67 @@ impl HostRoot {
                 }
             }
         }
+        found.extend(self.modules_tree_install());
         found
+    }
+
+    /// A `tenstorrent.ko` in the running kernel's module tree
+    /// (`make modules_install`, a DKMS `.ko` left after its state was
+    /// removed, akms, NixOS): tt-kmd has PCI aliases, so the kernel loads it
+    /// at boot before this agent runs, and a swap would not survive a reboot.
+    /// This agent never installs there (it loads from its cache). Found in
+    /// `modules.dep`, else at the places installs put it.
+    pub fn modules_tree_install(&self) -> Vec<String> {
+        let Ok(kver) = self.kernel_release() else {
+            return vec![];
+        };
+        let tree = format!("/lib/modules/{kver}");
+        let is_ours = |file: &str| {
+            let name = file.rsplit('/').next().unwrap_or(file);
+            [".ko", ".ko.xz", ".ko.zst", ".ko.gz"]
+                .iter()
+                .any(|ext| name == format!("{MODULE_NAME}{ext}"))
+        };
+        let dep = self
+            .dir(&tree, false)
+            .and_then(|d| d.read_optional("modules.dep", MODULES_DEP_MAX));
+        let mut found: Vec<String> = match dep {
+            Ok(Some(text)) => String::from_utf8_lossy(&text)
+                .lines()
+                .filter_map(|l| l.split_once(':').map(|(m, _)| m.trim()))
+                .filter(|m| is_ours(m))
+                .map(|m| {
+                    if m.starts_with('/') {
+                        m.to_string()
+                    } else {
+                        format!("{tree}/{m}")
+                    }
+                })
+                .collect(),
+            _ => vec![],
+        };
+        if found.is_empty() {
+            for sub in [
+                "extra",
+                "updates",
+                "updates/dkms",
+                "kernel/drivers/misc",
+                "misc",
+            ] {
+                for ext in [".ko", ".ko.xz", ".ko.zst", ".ko.gz"] {
+                    let p = format!("{tree}/{sub}/{MODULE_NAME}{ext}");
+                    if self.path(&p).is_file() {
+                        found.push(p);
+                    }
+                }
+            }
+        }
+        found.sort();
+        found.dedup();
+        found
+            .into_iter()
+            .map(|p| format!("{p} (in the running kernel's module tree: autoloaded at boot)"))
+            .collect()
     }
 
     /// The state of the tenstorrent module as sysfs shows it.
@@ -230,9 +290,48 @@ pub fn validate_version(v: &str) -> Result<String> {
     }
 }
 
+/// The most of a `modules.dep` read (a distribution kernel's is under 1 MiB).
+const MODULES_DEP_MAX: u64 = 32 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_module_in_the_kernels_tree_makes_the_host_managed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(dir.path());
+        let kver = "6.1.0-1-amd64";
+        fs::create_dir_all(root.path("/proc/sys/kernel")).expect("mkdir");
+        fs::write(root.path("/proc/sys/kernel/osrelease"), format!("{kver}\n")).expect("osrelease");
+        let tree = format!("/lib/modules/{kver}");
+        fs::create_dir_all(root.path(format!("{tree}/extra"))).expect("mkdir");
+        assert!(
+            root.host_install_signals().is_empty(),
+            "nothing installed yet"
+        );
+        // No modules.dep (depmod not run): the usual places are looked at.
+        fs::write(root.path(format!("{tree}/extra/tenstorrent.ko")), "").expect("ko");
+        let s = root.host_install_signals();
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert!(
+            s[0].starts_with(&format!("{tree}/extra/tenstorrent.ko")),
+            "{s:?}"
+        );
+        // modules.dep names it wherever it is (and only modules named tenstorrent).
+        fs::write(
+            root.path(format!("{tree}/modules.dep")),
+            "kernel/drivers/hwmon/hwmon.ko.xz:\nupdates/dkms/tenstorrent.ko.xz: kernel/drivers/hwmon/hwmon.ko.xz\nkernel/x/tenstorrent_other.ko:\n",
+        )
+        .expect("modules.dep");
+        let s = root.modules_tree_install();
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert!(
+            s[0].starts_with(&format!("{tree}/updates/dkms/tenstorrent.ko.xz (")),
+            "{s:?}"
+        );
+        assert!(s[0].contains("autoloaded at boot"), "{s:?}");
+    }
 
     #[test]
     fn version_match_is_exact() {
