@@ -71,12 +71,14 @@ cluster-down:
 # fault kinds, plus the drain and Event regressions); the agent on a real
 # kernel under QEMU.
 # The Go test binaries (cold: over 10 minutes, cached afterwards) build beside
-# lint and cargo-deny: each leaves a core idle at times, so together they take
-# less than one after the other. A failure of either fails the target, once
-# both have ended.
+# lint, cargo-deny, the cargo test binaries and the image archives: the Go
+# build waits on the module proxy and links on one core, the image bases wait
+# on Debian's mirror, so together they take less than one after the other. A
+# failure of either side fails the target, once both have ended.
 test: deps
 	bash hack/build-testbin.sh >/dev/null & testbin=$$!; status=0; \
-	  { $(MAKE) --no-print-directory lint && bash hack/deny.sh; } || status=$$?; \
+	  { $(MAKE) --no-print-directory lint && bash hack/deny.sh && \
+	    $(CARGO) test --workspace --no-run -q && bash hack/images.sh >/dev/null; } || status=$$?; \
 	  wait $$testbin || status=1; exit $$status
 	bash hack/run-cluster-tests.sh
 	bash hack/test-alerts.sh
