@@ -47,8 +47,9 @@ vmdir="$KWOK_WORKDIR/vmnode-$TTDRV_CLUSTER_NAME"
 console="$vmdir/console.log"
 images_cache=${TTDRV_IMAGES_CACHE:-$HOME/.cache/ttdrv-images}
 # Bump when the guest's base rootfs recipe changes (its cache key).
-recipe=1
-guest_pkgs=containerd,runc,containernetworking-plugins,iptables,kmod,iproute2,procps
+recipe=2
+# udev: the agent's rule (tt-kmd's) makes the by-id links, as on a real host.
+guest_pkgs=containerd,runc,containernetworking-plugins,iptables,kmod,iproute2,procps,udev
 
 export TTDRV_PHASE_T0=${TTDRV_PHASE_T0:-$(date +%s.%N)} TTDRV_PHASES=""
 t_phase=$TTDRV_PHASE_T0
@@ -144,7 +145,9 @@ cp /lib/modules/"$kver"/modules.{order,builtin,builtin.modinfo} "$mods/"
 # (the list hack/vm-node/init loads, with what each depends on)
 guest_mods=$(sed -n 's/^guest_modules="\(.*\)"$/\1/p' "$here/vm-node/init")
 [ -n "$guest_mods" ] || fail "no guest_modules list in hack/vm-node/init"
-for m in $guest_mods; do
+# crc7 too, not loaded at boot: the stub module depends on it, and the agent
+# loads it from the guest's /lib/modules (as tt-kmd's hwmon where CONFIG_HWMON=m).
+for m in $guest_mods crc7; do
   modprobe -S "$kver" --show-depends "$m" || fail "module $m not found for $kver"
 done | awk '$1 == "insmod" {print $2}' | sort -u | while read -r f; do
   mkdir -p "$groot$(dirname "$f")" && cp "$f" "$groot$f"

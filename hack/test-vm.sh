@@ -20,6 +20,12 @@
 #   9. a poisoned cache: the 2.7.0 entry replaced by a module whose vermagic
 #      names another kernel (with a record that matches its hash) is evicted
 #      before any load, rebuilt and loaded
+#  10. a process that mapped /dev/tenstorrent/0 and closed its fd pins the
+#      module; the agent names it from /proc/<pid>/maps and refuses
+#  11. --force-unload kills that mapping holder too
+# and, after 2, the interface the stub models on tt-kmd's: the tenstorrent
+# class device with tt_asic_id under a parent with device 0x401e, tt-kmd's
+# parameters, and its dependency (crc7) loaded by the agent first.
 #
 # Inside the VM there is no compiler: `git` and `make` are small shims that
 # serve the trees and modules built here by the real `git clone` and
@@ -108,11 +114,26 @@ for v in 2.7.0 2.8.0 2.9.0; do
     [[ $got == "$v" ]] || die "stub module for $v reports version '$got'"
     dest="$root/opt/prebuilt/ttkmd-$v"
     mkdir -p "$dest"
-    cp "$src"/{tenstorrent.c,Kbuild,Makefile,VERSION} "$dest/"
+    cp "$src"/{tenstorrent.c,Kbuild,Makefile,module.h} "$dest/"
     git -C "$src" rev-parse HEAD >"$dest/.commit"
     cp "$src/tenstorrent.ko" "$dest/.prebuilt.ko"
 done
 say "stub modules 2.7.0, 2.8.0 and 2.9.0 (init fails) built for $kver in $(( $(date +%s) - t0 ))s"
+
+# The module the stub depends on (crc7, as tt-kmd on hwmon where
+# CONFIG_HWMON=m), in a modules tree of its own for the agent to find.
+mods="$root/lib/modules/$kver"
+cp /lib/modules/"$kver"/modules.{order,builtin,builtin.modinfo} "$mods/"
+modprobe -S "$kver" --show-depends crc7 | awk '$1 == "insmod" {print $2}' | while read -r f; do
+    mkdir -p "$root$(dirname "$f")" && cp "$f" "$root$f"
+done
+depmod -b "$root" "$kver"
+grep -q 'crc7' "$mods/modules.dep" || die "crc7 is not in the VM's modules.dep"
+
+# A holder that only maps the device (tests/fixtures/map-hold), static.
+gcc -static -O2 -o "$root/usr/local/bin/map-hold" "$repo/tests/fixtures/map-hold/map-hold.c" \
+    || die "building map-hold (gcc -static; libc6-dev)"
+is_static "$root/usr/local/bin/map-hold" || die "map-hold is dynamically linked"
 
 # The poisoned 2.7.0: its vermagic's kernel release changed (same length, so
 # the ELF stays whole), and a record that matches its hash, as if an attacker
@@ -167,7 +188,7 @@ elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
 tr -d '\r' <"$log" | sed 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | grep -v '^\s*$' | sed 's/^/vm| /'
 say "VM run took ${elapsed}s (qemu exit $qrc)"
 
-expected=10
+expected=13
 passes=$(tr -d '\r' <"$log" | grep -c '^VMTEST PASS' || true)
 fails=$(tr -d '\r' <"$log" | grep -c '^VMTEST FAIL' || true)
 if [[ $qrc -eq 124 ]]; then die "VM timed out after ${timeout_s}s"; fi

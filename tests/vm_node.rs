@@ -284,6 +284,19 @@ impl Drop for Watcher {
     }
 }
 
+/// The by-id link in a module report ("... links=wormhole-<16 hex>,"), as
+/// tt-kmd's rule names it: Wormhole's device id, then tt_asic_id.
+fn by_id_link(report: &str) -> Option<String> {
+    let rest = report.split(" links=").nth(1)?;
+    let first = rest.split(',').next()?;
+    let id = first.strip_prefix("wormhole-")?;
+    (id.len() == 16
+        && id
+            .chars()
+            .all(|c| c.is_ascii_digit() || ('A'..='F').contains(&c)))
+    .then(|| first.to_string())
+}
+
 /// The module changed only after the eviction and the go-ahead (the agent's
 /// own time of the unload; the console's reports lag).
 fn swap_after_drain(tl: &[Sample], con: &Console, t0: f64, version: &str) {
@@ -484,6 +497,21 @@ async fn vm_node() {
                 .map(|t| t.0.to_string())
         ));
     }
+    // tt-kmd's udev rule, written by the agent and run by the guest's udevd:
+    // card 0's by-id link, named from its tt_asic_id (16 hex digits).
+    wait_for("card 0's by-id link (udev)", vm.t, || async {
+        match vm.con().module_now() {
+            Some(m) if by_id_link(&m).is_some() => Ok(()),
+            m => Err(format!("module report {m:?}")),
+        }
+    })
+    .await;
+    let link = vm
+        .con()
+        .module_now()
+        .and_then(|m| by_id_link(&m))
+        .unwrap_or_default();
+    ph.phase(&format!("udev: /dev/tenstorrent/by-id/{link}"));
     table(
         &mut ph,
         "first install of 2.7.0 (nothing loaded)",

@@ -244,6 +244,14 @@ impl Agent<'_> {
             Priority::Low
         };
         let (module, source) = self.obtain_module(&root, &kver, &target, priority)?;
+        // What it depends on, found now: a missing one fails the node before
+        // anything is unloaded.
+        let deps = step("resolve-dependencies", || {
+            crate::deps::resolve(&root, &kver, &module.file, &module.path)
+        })?;
+        if !deps.is_empty() {
+            tracing::info!(dependencies = ?deps.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "tenstorrent needs these modules loaded first");
+        }
         let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
         // The prepare step is done: say so before waiting, so the controller
         // may start this node's disruptive cycle knowing the swap is a load
@@ -283,7 +291,14 @@ impl Agent<'_> {
         };
 
         let source = step("load", || {
-            self.load_with_rollback(&root, &kver, &target, module, source, previous.as_ref())
+            self.load_with_rollback(
+                &root,
+                &kver,
+                &target,
+                (module, source),
+                &deps,
+                previous.as_ref(),
+            )
         })?;
 
         step("readback", || {
@@ -631,40 +646,47 @@ impl Agent<'_> {
         root: &HostRoot,
         kver: &str,
         target: &str,
-        module: Verified,
-        source: ModuleSource,
+        (module, source): (Verified, ModuleSource),
+        deps: &[crate::deps::Dependency],
         previous: Option<&Option<String>>,
     ) -> Result<ModuleSource> {
         let mut module = module;
         let mut source = source;
-        let e = match self.kernel.load(&module.file) {
-            Ok(()) => return Ok(source),
-            Err(e) if source == ModuleSource::Cache => {
-                tracing::error!(
-                    version = target,
-                    path = %module.path.display(),
-                    error = %e,
-                    "the kernel refused the cached module; evicting it and building once more"
-                );
-                Cache::new(root).evict(kver, target)?;
-                // Inside the disruptive window: at normal priority.
-                module = step("rebuild", || {
-                    self.build_and_store(root, kver, target, Priority::Normal)
-                })?;
-                source = ModuleSource::Build;
-                match self.kernel.load(&module.file) {
-                    Ok(()) => return Ok(source),
-                    Err(e2) => {
-                        // Not loaded: never leave it cached for the next run.
-                        let _ = Cache::new(root).evict(kver, target);
-                        e2
+        let loaded = crate::deps::load(root, self.kernel, deps)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .map(|()| self.kernel.load(&module.file));
+        let e = match loaded {
+            // A dependency would not load: the module itself is not at fault.
+            Err(dep) => dep,
+            Ok(loaded) => match loaded {
+                Ok(()) => return Ok(source),
+                Err(e) if source == ModuleSource::Cache => {
+                    tracing::error!(
+                        version = target,
+                        path = %module.path.display(),
+                        error = %e,
+                        "the kernel refused the cached module; evicting it and building once more"
+                    );
+                    Cache::new(root).evict(kver, target)?;
+                    // Inside the disruptive window: at normal priority.
+                    module = step("rebuild", || {
+                        self.build_and_store(root, kver, target, Priority::Normal)
+                    })?;
+                    source = ModuleSource::Build;
+                    match self.kernel.load(&module.file) {
+                        Ok(()) => return Ok(source),
+                        Err(e2) => {
+                            // Not loaded: never leave it cached for the next run.
+                            let _ = Cache::new(root).evict(kver, target);
+                            e2
+                        }
                     }
                 }
-            }
-            Err(e) => {
-                let _ = Cache::new(root).evict(kver, target);
-                e
-            }
+                Err(e) => {
+                    let _ = Cache::new(root).evict(kver, target);
+                    e
+                }
+            },
         };
         tracing::error!(version = target, error = %e, "loading the new module failed; rolling back");
         let now = || root.loaded_version().ok().flatten();

@@ -268,6 +268,24 @@ pub enum AgentError {
         vermagic: String,
     },
 
+    #[error(
+        "tenstorrent needs the module {dependency} (its depends: {needed_by}), which is neither loaded, built into {kver}, nor listed in {tree}/modules.dep; install the kernel's modules package for {kver} (on Debian linux-image-{kver}, on RHEL kernel-modules-{kver}) or load {dependency} by hand"
+    )]
+    DependencyMissing {
+        dependency: String,
+        needed_by: String,
+        kver: String,
+        tree: String,
+    },
+
+    #[error("loading {dependency} from {path}, which tenstorrent needs, failed: {source}")]
+    DependencyLoad {
+        dependency: String,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
     #[error("after loading, sys/module/tenstorrent/version reads {found:?}, expected {expected}")]
     ReadbackMismatch {
         expected: String,
@@ -317,9 +335,11 @@ impl AgentError {
             | AgentError::TagSignature { .. }
             | AgentError::InvalidSourceCommit(_) => Some(BUILD_FAILED),
             // The kernel refused the module, or runs another version after loading it.
-            AgentError::LoadFailed { .. } | AgentError::ReadbackMismatch { .. } => {
-                Some(LOAD_FAILED)
-            }
+            // Or cannot load what it depends on.
+            AgentError::LoadFailed { .. }
+            | AgentError::ReadbackMismatch { .. }
+            | AgentError::DependencyMissing { .. }
+            | AgentError::DependencyLoad { .. } => Some(LOAD_FAILED),
             AgentError::Io { .. }
             | AgentError::KernelRelease { .. }
             | AgentError::InvalidKernelRelease(_)

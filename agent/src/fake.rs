@@ -95,11 +95,41 @@ impl KernelOps for FakeKernel {
         if self.module_dir().exists() {
             return Err(errno(nix::errno::Errno::EEXIST));
         }
+        // As the kernel does: "Unknown symbol" when a dependency is not there.
+        let builtin: Vec<String> = self
+            .root
+            .kernel_release()
+            .ok()
+            .and_then(|k| {
+                let tree = self.root.modules_tree(&k);
+                fs::read_to_string(self.root.path(format!("{tree}/modules.builtin"))).ok()
+            })
+            .map(|t| t.lines().map(crate::deps::module_name).collect())
+            .unwrap_or_default();
+        if let Ok(Some(depends)) = modinfo::field_of_bytes(&bytes, "depends")
+            && crate::deps::parse_depends(Some(&depends)).iter().any(|d| {
+                !builtin.contains(d) && !self.root.path(format!("/sys/module/{d}")).is_dir()
+            })
+        {
+            return Err(errno(nix::errno::Errno::ENOENT));
+        }
         if self.fail_load.lock().is_ok_and(|f| f.contains(&version)) {
             return Err(errno(nix::errno::Errno::ENOEXEC));
         }
         let shown = self.report_version.clone().unwrap_or(version);
         set_loaded(self.root.root(), &shown, 0)
+    }
+
+    fn load_dependency(&self, name: &str, _module: &fs::File, _compressed: bool) -> io::Result<()> {
+        let dir = self.root.path(format!("/sys/module/{name}"));
+        if dir.exists() {
+            return Err(errno(nix::errno::Errno::EEXIST));
+        }
+        if let Ok(mut l) = self.loads.lock() {
+            l.push(format!("dependency:{name}"));
+        }
+        fs::create_dir_all(&dir)?;
+        fs::write(dir.join("initstate"), "live\n")
     }
 
     fn unload(&self, name: &str) -> io::Result<()> {

@@ -166,6 +166,17 @@ impl HostRoot {
         found
     }
 
+    /// The host path of `/lib/modules/<kver>`, its links resolved inside the
+    /// root: on a merged-/usr host `/lib` is a link to `usr/lib`, which the
+    /// link-refusing walk of [`dir`](Self::dir) would not pass.
+    pub fn modules_tree(&self, kver: &str) -> String {
+        let resolved = self.resolve(format!("/lib/modules/{kver}"));
+        match resolved.strip_prefix(&self.root) {
+            Ok(rel) => format!("/{}", rel.display()),
+            Err(_) => format!("/lib/modules/{kver}"),
+        }
+    }
+
     /// A `tenstorrent.ko` in the running kernel's module tree
     /// (`make modules_install`, a DKMS `.ko` left after its state was
     /// removed, akms, NixOS): tt-kmd has PCI aliases, so the kernel loads it
@@ -176,7 +187,7 @@ impl HostRoot {
         let Ok(kver) = self.kernel_release() else {
             return vec![];
         };
-        let tree = format!("/lib/modules/{kver}");
+        let tree = self.modules_tree(&kver);
         let is_ours = |file: &str| {
             let name = file.rsplit('/').next().unwrap_or(file);
             [".ko", ".ko.xz", ".ko.zst", ".ko.gz"]

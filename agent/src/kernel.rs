@@ -10,6 +10,9 @@ pub trait KernelOps {
     /// Loads the module from `module`, a descriptor of the very file that
     /// was verified (never its path again, which could change in between).
     fn load(&self, module: &File) -> io::Result<()>;
+    /// Loads `name`, a module tt-kmd depends on, from `module` (the kernel
+    /// decompresses it when `compressed`); EEXIST when already loaded.
+    fn load_dependency(&self, name: &str, module: &File, compressed: bool) -> io::Result<()>;
     /// Unloads the module `name`; fails (EWOULDBLOCK/EBUSY) while it is in use.
     fn unload(&self, name: &str) -> io::Result<()>;
 }
@@ -27,6 +30,21 @@ impl KernelOps for RealKernel {
     fn load(&self, module: &File) -> io::Result<()> {
         nix::kmod::finit_module(module, c"", nix::kmod::ModuleInitFlags::empty())
             .map_err(io::Error::from)
+    }
+
+    fn load_dependency(&self, name: &str, module: &File, compressed: bool) -> io::Result<()> {
+        let flags = if compressed {
+            nix::kmod::ModuleInitFlags::from_bits_retain(crate::deps::MODULE_INIT_COMPRESSED_FILE)
+        } else {
+            nix::kmod::ModuleInitFlags::empty()
+        };
+        match nix::kmod::finit_module(module, c"", flags) {
+            // A kernel that cannot decompress refuses the flag itself.
+            Err(nix::errno::Errno::EINVAL) if compressed => {
+                Err(crate::deps::compressed_unsupported(name))
+            }
+            r => r.map_err(io::Error::from),
+        }
     }
 
     fn unload(&self, name: &str) -> io::Result<()> {

@@ -23,6 +23,7 @@
 //! - [`holders`]: the /proc walk that finds holders; uses `holder`, `host`.
 //! - [`modinfo`]: a module file's `.modinfo` version; uses `error`.
 //! - [`build`]: building the module with git and make, the source pin; uses `error`, `host`.
+//! - [`deps`]: the modules tt-kmd depends on, found in `modules.dep` and loaded first; uses `error`, `host`, `kernel`, `modinfo`.
 //! - [`cache`]: the verified module cache on the host (record, checks, eviction, pruning); uses `error`, `host`, `hostfs`, `modinfo`.
 //! - [`kbuild`]: linking the host's Debian kbuild trees for a build; uses `error`, `host`.
 //! - [`devices`]: the udev rule, device-node modes and the old /opt/tt venv; uses `host`, `hostfs`.
@@ -34,6 +35,7 @@
 pub mod agent;
 pub mod build;
 pub mod cache;
+pub mod deps;
 pub mod devices;
 pub mod error;
 pub mod fake;

@@ -930,3 +930,83 @@ fn tags_must_be_signed_by_a_configured_key() {
     assert_eq!(snapshot(h.root()), before, "nothing written to the host");
     assert!(kernel.loads().is_empty());
 }
+
+/// A cached 2.8.0 whose `.modinfo` says `depends:crc7`, on a merged-/usr
+/// host (`/lib` a link to `usr/lib`) whose modules.dep lists crc7 when `listed`.
+fn host_with_dependency(listed: bool) -> Host {
+    let h = Host::with_loaded("2.7.0", 0);
+    let root = h.root();
+    // merged /usr: move lib/ to usr/lib and link it
+    fs::create_dir_all(root.join("usr")).expect("mkdir usr");
+    fs::rename(root.join("lib"), root.join("usr/lib")).expect("move lib");
+    std::os::unix::fs::symlink("usr/lib", root.join("lib")).expect("link lib");
+    let tree = root.join(format!("usr/lib/modules/{KVER}"));
+    fs::create_dir_all(tree.join("kernel/lib")).expect("mkdir tree");
+    fs::write(tree.join("kernel/lib/crc7.ko"), b"crc7").expect("crc7.ko");
+    let dep = if listed { "kernel/lib/crc7.ko:\n" } else { "" };
+    fs::write(tree.join("modules.dep"), dep).expect("modules.dep");
+    fs::write(tree.join("modules.builtin"), "kernel/lib/crc16.ko\n").expect("builtin");
+    let bytes = ttdrv_agent::modinfo::fake_module_bytes(&[
+        "version=2.8.0",
+        "depends=crc7,crc16",
+        &format!("vermagic={KVER} SMP preempt mod_unload modversions"),
+    ]);
+    ttdrv_agent::fake::plant_cached_bytes(root, KVER, "2.8.0", &bytes).expect("plant");
+    h
+}
+
+#[test]
+fn a_dependency_is_loaded_from_the_hosts_modules_first() {
+    let h = host_with_dependency(true);
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let node = go_ahead("2.8.0");
+    run(&h.config("2.8.0"), &kernel, &builder, &node).expect("upgrade");
+    // crc16 is built in: only crc7 is loaded, and before tenstorrent.
+    assert_eq!(
+        kernel.loads(),
+        vec!["dependency:crc7".to_string(), "2.8.0".to_string()]
+    );
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+}
+
+#[test]
+fn without_its_dependency_the_module_is_not_loaded_and_the_old_one_stays() {
+    let h = host_with_dependency(false);
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let node = go_ahead("2.8.0");
+    let err = run(&h.config("2.8.0"), &kernel, &builder, &node).expect_err("no crc7 anywhere");
+    let msg = err.to_string();
+    assert!(
+        matches!(err, AgentError::DependencyMissing { ref dependency, .. } if dependency == "crc7"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!("/usr/lib/modules/{KVER}/modules.dep")),
+        "{msg}"
+    );
+    assert_eq!(err.reason(), Some(ttdrv_core::reason::LOAD_FAILED));
+    // Found before the swap: nothing unloaded, nothing loaded.
+    assert_eq!(kernel.unloads(), 0);
+    assert!(kernel.loads().is_empty());
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+}
+
+#[test]
+fn a_kernel_module_tree_behind_a_merged_usr_link_is_still_read() {
+    let h = host_with_dependency(true);
+    let tree = format!("/usr/lib/modules/{KVER}");
+    assert_eq!(h.hr().modules_tree(KVER), tree);
+    fs::write(
+        h.root().join(format!("usr/lib/modules/{KVER}/modules.dep")),
+        "updates/dkms/tenstorrent.ko:\n",
+    )
+    .expect("modules.dep");
+    let found = h.hr().modules_tree_install();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with(&format!("{tree}/updates/dkms/tenstorrent.ko (")),
+        "{found:?}"
+    );
+}

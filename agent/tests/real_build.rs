@@ -57,6 +57,23 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
     fs::create_dir_all(hr.path(format!("/lib/modules/{kver}"))).expect("mkdir");
     std::os::unix::fs::symlink(&headers, hr.path(format!("/lib/modules/{kver}/build")))
         .expect("symlink");
+    // The stub depends on crc7 (as tt-kmd on hwmon where CONFIG_HWMON=m): the
+    // host's real modules.dep and crc7.ko, for the agent to find it there.
+    let host_tree = format!("/lib/modules/{kver}");
+    let dep = fs::read_to_string(format!("{host_tree}/modules.dep")).expect("host modules.dep");
+    let crc7 = dep
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(f, _)| f)
+        .find(|f| {
+            f.ends_with("/crc7.ko") || f.ends_with("/crc7.ko.xz") || f.ends_with("/crc7.ko.zst")
+        })
+        .expect("crc7 in the host's modules.dep (CONFIG_CRC7=m)")
+        .to_string();
+    fs::write(hr.path(format!("{host_tree}/modules.dep")), &dep).expect("modules.dep");
+    let crc7_at = hr.path(format!("{host_tree}/{crc7}"));
+    fs::create_dir_all(crc7_at.parent().expect("parent")).expect("mkdir");
+    fs::copy(format!("{host_tree}/{crc7}"), &crc7_at).expect("copy crc7");
 
     let repo = tempfile::tempdir().expect("tempdir");
     let script =
@@ -115,6 +132,11 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
         }
     );
 
+    assert_eq!(
+        kernel.loads(),
+        vec!["dependency:crc7".to_string(), "2.8.0".to_string()],
+        "crc7 is loaded from the host's tree before the module"
+    );
     let cached = hr.path(format!("/var/cache/tt-kmd/{kver}/2.8.0/tenstorrent.ko"));
     assert_eq!(modinfo_version(&cached), "2.8.0");
     assert_eq!(
