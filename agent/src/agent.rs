@@ -249,6 +249,10 @@ impl Agent<'_> {
         let deps = step("resolve-dependencies", || {
             crate::deps::resolve(&root, &kver, &module.file, &module.path)
         })?;
+        // A host that enforces signatures would refuse it after the unload.
+        step("check-signature", || {
+            crate::signing::check(&root, &target, &module.file, &module.path)
+        })?;
         if !deps.is_empty() {
             tracing::info!(dependencies = ?deps.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "tenstorrent needs these modules loaded first");
         }

@@ -154,9 +154,12 @@ pub fn resolve(
     }
     let tree = root.modules_tree(kver);
     let read = |name: &str| -> Result<String> {
-        let bytes = root
-            .dir(&tree, false)
-            .and_then(|d| d.read_optional(name, MODULES_INDEX_MAX))?;
+        // No tree at all reads as empty: the missing dependency is named.
+        let bytes = match root.dir(&tree, false) {
+            Ok(d) => d.read_optional(name, MODULES_INDEX_MAX)?,
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        };
         Ok(String::from_utf8_lossy(&bytes.unwrap_or_default()).into_owned())
     };
     let index = parse_modules_dep(&read("modules.dep")?);

@@ -278,6 +278,11 @@ pub enum AgentError {
         tree: String,
     },
 
+    #[error(
+        "tenstorrent {version} is unsigned and {why}: the kernel would refuse it (\"Key was rejected by service\"), so nothing was unloaded; sign it with a key the host trusts (a DKMS host signs with its MOK key) or turn enforcement off on this host"
+    )]
+    UnsignedModule { version: String, why: String },
+
     #[error("loading {dependency} from {path}, which tenstorrent needs, failed: {source}")]
     DependencyLoad {
         dependency: String,
@@ -339,7 +344,8 @@ impl AgentError {
             AgentError::LoadFailed { .. }
             | AgentError::ReadbackMismatch { .. }
             | AgentError::DependencyMissing { .. }
-            | AgentError::DependencyLoad { .. } => Some(LOAD_FAILED),
+            | AgentError::DependencyLoad { .. }
+            | AgentError::UnsignedModule { .. } => Some(LOAD_FAILED),
             AgentError::Io { .. }
             | AgentError::KernelRelease { .. }
             | AgentError::InvalidKernelRelease(_)

@@ -24,6 +24,7 @@
 //! - [`modinfo`]: a module file's `.modinfo` version; uses `error`.
 //! - [`build`]: building the module with git and make, the source pin; uses `error`, `host`.
 //! - [`deps`]: the modules tt-kmd depends on, found in `modules.dep` and loaded first; uses `error`, `host`, `kernel`, `modinfo`.
+//! - [`signing`]: module signature enforcement (sig_enforce, lockdown) and whether a module is signed; uses `error`, `host`.
 //! - [`cache`]: the verified module cache on the host (record, checks, eviction, pruning); uses `error`, `host`, `hostfs`, `modinfo`.
 //! - [`kbuild`]: linking the host's Debian kbuild trees for a build; uses `error`, `host`.
 //! - [`devices`]: the udev rule, device-node modes and the old /opt/tt venv; uses `host`, `hostfs`.
@@ -48,6 +49,7 @@ pub mod kernel;
 pub mod modinfo;
 pub mod node;
 pub mod pod;
+pub mod signing;
 pub mod status;
 pub mod unload;
 

@@ -1010,3 +1010,53 @@ fn a_kernel_module_tree_behind_a_merged_usr_link_is_still_read() {
         "{found:?}"
     );
 }
+
+/// A host that enforces module signatures (sig_enforce=Y), 2.7.0 loaded,
+/// 2.8.0 cached: signed when `signed`.
+fn enforcing_host(signed: bool) -> Host {
+    let h = Host::with_loaded("2.7.0", 0);
+    let params = h.p("/sys/module/module/parameters");
+    fs::create_dir_all(&params).expect("mkdir");
+    fs::write(params.join("sig_enforce"), "Y\n").expect("sig_enforce");
+    let mut bytes = ttdrv_agent::modinfo::fake_module_bytes(&[
+        "version=2.8.0",
+        &format!("vermagic={KVER} SMP preempt mod_unload modversions"),
+    ]);
+    if signed {
+        bytes.extend_from_slice(b"PKCS#7 signature stand-in");
+        bytes.extend_from_slice(ttdrv_agent::signing::SIGNATURE_MAGIC);
+    }
+    ttdrv_agent::fake::plant_cached_bytes(h.root(), KVER, "2.8.0", &bytes).expect("plant");
+    h
+}
+
+#[test]
+fn an_unsigned_module_on_an_enforcing_host_fails_before_the_go_ahead() {
+    let h = enforcing_host(false);
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    // No go-ahead on the node: the refusal comes during build-ahead.
+    let node = FakeNode::default();
+    let err = run(&h.config("2.8.0"), &kernel, &builder, &node).expect_err("unsigned");
+    let msg = err.to_string();
+    assert!(matches!(err, AgentError::UnsignedModule { .. }), "{msg}");
+    assert!(
+        msg.contains("sig_enforce=Y") && msg.contains("nothing was unloaded"),
+        "{msg}"
+    );
+    assert_eq!(err.reason(), Some(ttdrv_core::reason::LOAD_FAILED));
+    assert_eq!(kernel.unloads(), 0);
+    assert!(kernel.loads().is_empty());
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+}
+
+#[test]
+fn a_signed_module_on_an_enforcing_host_is_swapped() {
+    let h = enforcing_host(true);
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let node = go_ahead("2.8.0");
+    run(&h.config("2.8.0"), &kernel, &builder, &node).expect("signed module swapped");
+    assert_eq!(kernel.loads(), vec!["2.8.0".to_string()]);
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+}
