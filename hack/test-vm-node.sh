@@ -131,6 +131,9 @@ if [ ! -s "$base" ]; then
   ls -1t "$images_cache/base/vmnode-guest-"*.tar | tail -n +3 | xargs -r rm -f
 fi
 tar -xf "$base" -C "$groot"
+# udev runs for the agent's rule only: init sets up the network, and udev's
+# default link policy would rename eth0 and give bridges and veths new MACs.
+ln -sf /dev/null "$groot/etc/udev/rules.d/80-net-setup-link.rules"
 # iptables: the legacy backend (fewer modules; nothing else in the guest uses nft)
 for t in iptables iptables-save iptables-restore; do ln -sf "/usr/sbin/${t/iptables/iptables-legacy}" "$groot/etc/alternatives/$t"; done
 

@@ -23,6 +23,8 @@
 #  10. a process that mapped /dev/tenstorrent/0 and closed its fd pins the
 #      module; the agent names it from /proc/<pid>/maps and refuses
 #  11. --force-unload kills that mapping holder too
+#  12. with module.sig_enforce turned on, the unsigned module is refused
+#      before anything is unloaded
 # and, after 2, the interface the stub models on tt-kmd's: the tenstorrent
 # class device with tt_asic_id under a parent with device 0x401e, tt-kmd's
 # parameters, and its dependency (crc7) loaded by the agent first.
@@ -100,25 +102,59 @@ fi
 is_static "$agent_bin" || die "$agent_bin is dynamically linked"
 say "agent built in $(( $(date +%s) - t0 ))s"
 
-# --- the stub module at two versions, built for the VM's kernel -------------
+# --- the module at each version, built for the VM's kernel -----------------
+# By default the stub (tests/fixtures/stub-module); with TTDRV_VM_TTKMD_REPO
+# (a clone of github.com/tenstorrent/tt-kmd; not in CI) the real
+# driver at TTDRV_VM_TTKMD_VERSIONS (default "2.8.0 2.10.0", older first),
+# and the scenarios of hack/vm/init-real instead.
 t0=$(date +%s)
-"$repo/tests/fixtures/stub-module/make-repo.sh" "$work/tt-kmd.git" 2.7.0 2.8.0 2.9.0:fail-init
 root="$work/root"
-mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,run,etc,opt/prebuilt,opt/tt-smi,usr/local/bin,var/cache,lib/modules/"$kver"/build}
-for v in 2.7.0 2.8.0 2.9.0; do
+mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,run,etc,lib,opt/prebuilt,opt/tt-smi,usr/local/bin,var/cache,lib/modules/"$kver"/build}
+if [[ -n ${TTDRV_VM_TTKMD_REPO:-} ]]; then
+    kmd_repo=$TTDRV_VM_TTKMD_REPO
+    read -r -a versions <<<"${TTDRV_VM_TTKMD_VERSIONS:-2.8.0 2.10.0}"
+    [[ ${#versions[@]} -eq 2 ]] || die "TTDRV_VM_TTKMD_VERSIONS must name two versions, older first"
+    init_script="$repo/hack/vm/init-real"
+    expected=4
+    what="real tt-kmd"
+else
+    kmd_repo="$work/tt-kmd.git"
+    "$repo/tests/fixtures/stub-module/make-repo.sh" "$kmd_repo" 2.7.0 2.8.0 2.9.0:fail-init
+    versions=(2.7.0 2.8.0 2.9.0)
+    init_script="$repo/hack/vm/init"
+    expected=14
+    what="stub module"
+fi
+# TTDRV_VM_MEASURE=1: each build (the agent's own commands) measured from a
+# dropped page cache in a memory cgroup (v1): its peak charge, the largest
+# process's RSS; for docs/benchmarks.md and the installer pod's limits.
+cg=/sys/fs/cgroup/memory/ttdrv-test-vm-$$
+for v in "${versions[@]}"; do
     src="$work/src-$v"
-    git -c advice.detachedHead=false clone -q --branch "ttkmd-$v" "$work/tt-kmd.git" "$src"
-    make -s -C "/lib/modules/$kver/build" M="$src" modules >"$work/make-$v.log" 2>&1 \
-        || { cat "$work/make-$v.log"; die "building the stub module $v for $kver failed"; }
+    timer=()
+    if [[ ${TTDRV_VM_MEASURE:-0} == 1 ]]; then
+        command -v /usr/bin/time >/dev/null || die "TTDRV_VM_MEASURE=1 needs GNU time (apt-get install time)"
+        timer=(/usr/bin/time -f %M -o "$work/rss-$v")
+        [[ -d /sys/fs/cgroup/memory ]] && mkdir -p "$cg"; sync; echo 3 >/proc/sys/vm/drop_caches
+    fi
+    tb=$(date +%s.%N)
+    ( [[ -d $cg ]] && echo "$BASHPID" >"$cg/tasks"
+      git -c advice.detachedHead=false clone -q --depth 1 --branch "ttkmd-$v" -- "file://$(cd "$kmd_repo" && pwd)" "$src" &&
+      "${timer[@]}" make -s -j2 -C "/lib/modules/$kver/build" M="$src" modules >"$work/make-$v.log" 2>&1 ) \
+        || { cat "$work/make-$v.log"; die "building the $what $v for $kver failed"; }
     got="$(modinfo -F version "$src/tenstorrent.ko")"
-    [[ $got == "$v" ]] || die "stub module for $v reports version '$got'"
+    [[ $got == "$v" ]] || die "$what for $v reports version '$got'"
+    mem=""
+    [[ -d $cg ]] && { mem=", peak cgroup charge $(( $(cat "$cg/memory.max_usage_in_bytes") >> 20 )) MiB, largest RSS $(( $(cat "$work/rss-$v") >> 10 )) MiB"; rmdir "$cg"; }
+    say "$what $v: clone and make -j2 in $(awk -v a="$tb" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')s$mem, tenstorrent.ko $(( $(stat -c %s "$src/tenstorrent.ko") >> 10 )) KiB, depends '$(modinfo -F depends "$src/tenstorrent.ko")'"
     dest="$root/opt/prebuilt/ttkmd-$v"
     mkdir -p "$dest"
-    cp "$src"/{tenstorrent.c,Kbuild,Makefile,module.h} "$dest/"
+    (cd "$src" && tar --exclude=./.git -cf - .) | tar -xf - -C "$dest"
     git -C "$src" rev-parse HEAD >"$dest/.commit"
-    cp "$src/tenstorrent.ko" "$dest/.prebuilt.ko"
+    mv "$dest/tenstorrent.ko" "$dest/.prebuilt.ko"
 done
-say "stub modules 2.7.0, 2.8.0 and 2.9.0 (init fails) built for $kver in $(( $(date +%s) - t0 ))s"
+echo "${versions[*]}" >"$root/opt/versions"
+say "$what ${versions[*]} built for $kver in $(( $(date +%s) - t0 ))s"
 
 # The module the stub depends on (crc7, as tt-kmd on hwmon where
 # CONFIG_HWMON=m), in a modules tree of its own for the agent to find.
@@ -135,6 +171,7 @@ gcc -static -O2 -o "$root/usr/local/bin/map-hold" "$repo/tests/fixtures/map-hold
     || die "building map-hold (gcc -static; libc6-dev)"
 is_static "$root/usr/local/bin/map-hold" || die "map-hold is dynamically linked"
 
+if [[ -z ${TTDRV_VM_TTKMD_REPO:-} ]]; then
 # The poisoned 2.7.0: its vermagic's kernel release changed (same length, so
 # the ELF stays whole), and a record that matches its hash, as if an attacker
 # or a stale host left it; only the vermagic check can catch it.
@@ -149,6 +186,7 @@ printf '{"version":"2.7.0","kernelRelease":"%s","vermagic":"%s","sha256":"%s","s
     "$kver" "$poison_vermagic" "$(sha256sum "$poison/tenstorrent.ko" | cut -d' ' -f1)" \
     "$(stat -c %s "$poison/tenstorrent.ko")" >"$poison/tenstorrent.ko.json"
 poison_sha="$(sha256sum "$poison/tenstorrent.ko" | cut -d' ' -f1)"
+fi
 
 # --- initramfs ---------------------------------------------------------------
 cp "$busybox" "$root/bin/busybox"
@@ -162,8 +200,9 @@ echo "# headers stand-in for the VM test" >"$root/lib/modules/$kver/build/Makefi
 # The shims and the scenarios the guest runs: files of hack/vm/ (busybox sh).
 install -m 0755 "$repo/hack/vm/git" "$repo/hack/vm/make" "$root/usr/local/bin/"
 
-install -m 0755 "$repo/hack/vm/init" "$root/init"
-sed -i "s/@POISON_SHA@/$poison_sha/g" "$root/init"
+install -m 0755 "$init_script" "$root/init"
+install -m 0644 "$repo/hack/vm/lib.sh" "$root/lib/vm.sh"
+sed -i "s/@POISON_SHA@/${poison_sha:-none}/g" "$root/init"
 chmod 0755 "$root/init"
 
 (cd "$root" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$work/initramfs.gz"
@@ -188,7 +227,6 @@ elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
 tr -d '\r' <"$log" | sed 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | grep -v '^\s*$' | sed 's/^/vm| /'
 say "VM run took ${elapsed}s (qemu exit $qrc)"
 
-expected=13
 passes=$(tr -d '\r' <"$log" | grep -c '^VMTEST PASS' || true)
 fails=$(tr -d '\r' <"$log" | grep -c '^VMTEST FAIL' || true)
 if [[ $qrc -eq 124 ]]; then die "VM timed out after ${timeout_s}s"; fi
