@@ -5,7 +5,8 @@
 #                               (real git + make build of the stub module
 #                               against Debian's kernel headers)
 #   hack/agent-deps.sh --vm     additionally the packages for hack/test-vm.sh
-#                               (QEMU, a Debian kernel, busybox, cpio)
+#                               (QEMU, a Debian kernel, busybox, cpio, and
+#                               libc6-dev for the static map-hold helper)
 #
 # Idempotent: packages already installed are not reinstalled, and apt-get
 # update runs only when something is missing. Needs root (or sudo).
@@ -13,7 +14,7 @@ set -euo pipefail
 
 want=(git make gcc kmod linux-headers-amd64 gpg)
 if [[ "${1:-}" == "--vm" ]]; then
-    want+=(qemu-system-x86 linux-image-amd64 busybox-static cpio musl-tools)
+    want+=(qemu-system-x86 linux-image-amd64 busybox-static cpio musl-tools libc6-dev)
 fi
 
 missing=()
