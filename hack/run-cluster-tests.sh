@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cluster stage of `make test`: a fresh local cluster, every cargo test of
 # the workspace (unit, agent, and cluster tests against the real API server),
-# then the script-driven cluster checks. The cluster is stopped whatever happens.
+# then the Prometheus checks. The cluster is stopped whatever happens.
 #
 # The cluster tests are #[ignore]d so that plain `cargo test` passes without a
 # cluster; they are the test targets named cluster* (tests/cluster_*.rs, the
@@ -23,5 +23,4 @@ cargo test --workspace --no-fail-fast || status=1
 # of those targets ran above). Same build as above: nothing is recompiled.
 cargo test --workspace --no-fail-fast --test 'cluster*' -- --ignored || status=1
 bash hack/test-prometheus.sh || status=1
-bash hack/test-chart.sh --cluster || status=1
 exit $status

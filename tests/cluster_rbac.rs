@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -16,30 +16,6 @@ use ttdrv_testkit::{ControllerOptions, SimAgent, TestEnv};
 
 /// Bound of each wait for the rollout.
 const T: Duration = Duration::from_secs(90);
-
-fn run(cmd: &mut Command, input: Option<&str>) -> String {
-    use std::io::Write;
-    cmd.stdin(if input.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap_or_else(|e| {
-        panic!("running {cmd:?}: {e} (helm and kubectl must be on PATH: make test sets it)")
-    });
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin.write_all(text.as_bytes()).expect("stdin");
-    }
-    let out = child.wait_with_output().expect("wait");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
 
 /// (apiGroup, resource, verb) triples granted by the chart's controller roles.
 fn granted(
@@ -90,14 +66,7 @@ async fn controller_runs_a_rollout_with_the_charts_service_account() {
             .collect::<String>()
     );
     let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/chart");
-    // Rendered for this cluster's version: the chart's kubeVersion refuses
-    // helm's offline default (1.20).
-    let server = env
-        .client
-        .apiserver_version()
-        .await
-        .expect("the API server's version");
-    let kube_version = server.git_version.trim_start_matches('v').to_string();
+    let kube_version = kube_version(&env).await;
     let rendered = run(
         Command::new("helm").args([
             "template",
@@ -110,10 +79,7 @@ async fn controller_runs_a_rollout_with_the_charts_service_account() {
         ]),
         None,
     );
-    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&rendered)
-        .filter_map(|d| serde::Deserialize::deserialize(d).ok())
-        .filter(|d: &serde_yaml::Value| !d.is_null())
-        .collect();
+    let docs = yaml_docs(&rendered);
     let wanted = [
         "ServiceAccount",
         "ClusterRole",

@@ -486,3 +486,56 @@ pub fn sim_agent_300ms() -> ttdrv_testkit::SimAgentConfig {
         ..Default::default()
     }
 }
+
+/// Runs a command line tool the test drives (helm, kubectl: `make test` puts
+/// them on PATH), `input` on its stdin: its stdout, or its stderr (and
+/// stdout) as the error.
+pub fn try_run(cmd: &mut std::process::Command, input: Option<&str>) -> Result<String, String> {
+    use std::io::Write;
+    use std::process::Stdio;
+    cmd.stdin(if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| {
+        panic!("running {cmd:?}: {e} (helm and kubectl must be on PATH: make test sets it)")
+    });
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin.write_all(text.as_bytes()).expect("stdin");
+    }
+    let out = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!("{}{stdout}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+/// [`try_run`] that must succeed.
+pub fn run(cmd: &mut std::process::Command, input: Option<&str>) -> String {
+    let what = format!("{cmd:?}");
+    try_run(cmd, input).unwrap_or_else(|e| panic!("{what} failed: {e}"))
+}
+
+/// The YAML documents of a `helm template` output (empty ones dropped).
+pub fn yaml_docs(text: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+        .filter(|d: &serde_yaml::Value| !d.is_null())
+        .collect()
+}
+
+/// The API server's version as helm's `--kube-version` takes it (the chart's
+/// kubeVersion refuses helm's offline default, 1.20).
+pub async fn kube_version(env: &TestEnv) -> String {
+    let server = env
+        .client
+        .apiserver_version()
+        .await
+        .expect("the API server's version");
+    server.git_version.trim_start_matches('v').to_string()
+}
