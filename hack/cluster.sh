@@ -37,26 +37,7 @@ healthy() {
 write_stages() {
   local dir out=$1
   dir=$(cd "$here" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-  python3 - "$dir/kustomize/stage" "$out" <<'PY'
-import sys
-src, out = sys.argv[1], sys.argv[2]
-parts = []
-for f in ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
-          "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml"]:
-    text = open(f"{src}/{f}").read()
-    if f.startswith("node/"):
-        # A node labelled sim.ttdrv.io/not-ready is left alone (no heartbeat,
-        # no re-initialisation to Ready), so tests can make it NotReady.
-        anchor = "  selector:\n    matchExpressions:\n"
-        assert anchor in text, "kwok node stage changed shape"
-        text = text.replace(anchor, anchor + "    - key: '.metadata.labels[\"sim.ttdrv.io/not-ready\"]'\n      operator: 'DoesNotExist'\n", 1)
-    if f.endswith("pod-ready.yaml"):
-        anchor = "    - key: '.metadata.deletionTimestamp'\n      operator: 'DoesNotExist'\n"
-        assert anchor in text, "kwok pod-ready stage changed shape"
-        text = text.replace(anchor, anchor + "    - key: '.metadata.labels[\"driver.tenstorrent.com/policy\"]'\n      operator: 'DoesNotExist'\n", 1)
-    parts.append(text.strip() + "\n")
-open(out, "w").write("---\n".join(parts))
-PY
+  python3 "$here/kwok-stages.py" "$dir/kustomize/stage" "$out"
 }
 
 up() {

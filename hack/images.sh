@@ -43,10 +43,9 @@ df=hack/images/dockerfile.py
 # Bump when the way a base layer is made changes (its cache key).
 recipe=3
 
-t_start=$(date +%s.%N)
-since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
-log() { printf '[images %6.1fs] %s\n' "$(since "$t_start")" "$*" >&2; }
-die() { printf '[images] FAIL: %s\n' "$*" >&2; exit 1; }
+LIB_NAME=images
+# shellcheck source=lib.sh
+source hack/lib.sh
 
 command -v mmdebstrap >/dev/null || die "mmdebstrap not found (bash hack/deps.sh installs it)"
 mkdir -p "$cache/base" "$cache/archives" "$cache/work"
@@ -117,70 +116,22 @@ base_layer() {
 work=$(mktemp -d "$cache/work/build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# The OCI labels of every image: what it is, which commit and version it was
-# built from (created is the commit's time, so a rebuild is byte-identical).
+# The OCI labels of every image say which commit and version it was built
+# from (created is the commit's time, so a rebuild is byte-identical).
 version=$(python3 -c 'import tomllib; print(tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["version"])')
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || revision="$revision-dirty"
 created=$(git log -1 --format=%cI 2>/dev/null || echo 1970-01-01T00:00:00Z)
-oci_labels() { # image stage.json: adds "labels" to the stage
-  python3 - "$1" "$2" "$version" "$revision" "$created" <<'PY'
-import json, sys
-image, path, version, revision, created = sys.argv[1:6]
-stage = json.load(open(path))
-what = {"controller": "Kubernetes controller that rolls tt-kmd out across Tenstorrent nodes",
-        "agent": "Node agent of the tt-kmd driver manager: builds, loads and reports the kernel module"}
-p = "org.opencontainers.image."
-stage["labels"] = {
-    p + "title": f"ttdrv-{image}", p + "description": what[image], p + "version": version,
-    p + "revision": revision, p + "created": created,
-    p + "source": "https://github.com/tenstorrent/tt-k8s-driver-manager-rs",
-    p + "url": "https://github.com/tenstorrent/tt-k8s-driver-manager-rs",
-    p + "licenses": "Apache-2.0", p + "vendor": "Tenstorrent",
-    p + "base.name": stage.get("from") or "",
-}
-json.dump(stage, open(path, "w"))
-PY
-}
 
 # image NAME DOCKERFILE: builds (or finds) the archive, prints "<image> <ref> <archive>"
 image() {
   local image=$1 dockerfile=$2 stage="$work/$1.stage.json" base layer="$work/$1.layer"
   python3 "$df" final-stage "$dockerfile" >"$stage"
-  oci_labels "$image" "$stage"
+  python3 hack/images/stage.py labels "$image" "$stage" "$version" "$revision" "$created"
   base=$(base_layer "$image" "$stage")
   mkdir -p "$layer"
   # The files the final stage copies from its build stages.
-  python3 - "$stage" "$layer" "$bindir" <<'PY'
-import json, os, shutil, stat, subprocess, sys
-stage, layer, bindir = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
-for c in stage["copies"]:
-    if c["from"] is None:
-        # Build-context files of the final stage: only the package list, which
-        # its RUN consumes and deletes (the base layer holds the packages).
-        if c["src"] != ["hack/images/packages.txt"]:
-            sys.exit(f"make images does not know the context COPY {c['src']}")
-        continue
-    for src in c["src"]:
-        dest = os.path.join(layer, c["dest"].lstrip("/"))
-        if c["dest"].endswith("/"):
-            dest = os.path.join(dest, os.path.basename(src))
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        name = os.path.basename(src)
-        if c["from"] == "build" and src.startswith("/out/"):
-            shutil.copyfile(os.path.join(bindir, name), dest)
-            subprocess.run(["strip", "--strip-debug", dest], check=True)
-        elif c["from"] == "tt-smi" and src == "/out/tt-smi":
-            # tt-smi's place: a stand-in that answers like the real one would.
-            env = dict(e.split("=", 1) for e in stage["env"])
-            with open(dest, "w") as f:
-                f.write("#!/bin/sh\n# stand-in for tt-smi (make images; the release image bundles the\n"
-                        "# PyInstaller build of agent/Dockerfile's tt-smi stage)\n"
-                        f"echo \"tt-smi {env.get('TT_SMI_VERSION', '0.0.0')} (stand-in)\"\n")
-        else:
-            sys.exit(f"make images does not know COPY --from={c['from']} {src}")
-        os.chmod(dest, 0o755)
-PY
+  python3 hack/images/stage.py layer "$stage" "$layer" "$bindir"
   local key
   key=$( { basename "$base"; cat "$stage"; (cd "$layer" && find . -type f -print0 | sort -z | xargs -0 sha256sum); } \
     | sha256sum | cut -c1-12)
