@@ -18,6 +18,25 @@ log() { printf '[%s %6.1fs] %s\n' "${LIB_NAME:-hack}" "$(since "$lib_t0")" "$*" 
 die() { printf '[%s] FAIL: %s\n' "${LIB_NAME:-hack}" "$*" >&2; exit 1; }
 # failed MESSAGE: a failed check; the script goes on to report the others.
 failed() { printf '[%s] FAIL: %s\n' "${LIB_NAME:-hack}" "$*" >&2; lib_failures=$((lib_failures + 1)); }
+# The timed phases of a test script: phases_start, then `phase NAME` closes
+# the current one. TTDRV_PHASE_T0 and TTDRV_PHASES are exported for the Rust
+# test, which prints the table.
+phases_start() {
+  export TTDRV_PHASE_T0=${TTDRV_PHASE_T0:-$(date +%s.%N)} TTDRV_PHASES=""
+  lib_t0=$TTDRV_PHASE_T0 lib_phase_t0=$TTDRV_PHASE_T0
+}
+phase() {
+  local d; d=$(since "$lib_phase_t0")
+  TTDRV_PHASES+="$d $1"$'\n'
+  log "phase done: $1 (${d}s)"
+  lib_phase_t0=$(date +%s.%N)
+}
+# fail MESSAGE: a whole test failed, with the summary line CI reads.
+fail() {
+  printf '[%s] FAIL: %s\n' "${LIB_NAME:-hack}" "$*" >&2
+  echo "${LIB_NAME:-hack}: 0 passed, 1 failed"
+  exit 1
+}
 finish() {
   [ "$lib_failures" -eq 0 ] || die "$lib_failures check(s) failed"
   log "all checks passed"

@@ -44,10 +44,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
+LIB_NAME=realnode
 # shellcheck source=lib.sh
 source "$here/lib.sh"
-# shellcheck source=versions.env
-source "$here/versions.env"
 # A cluster and a kwok work directory of its own, never another test's: the
 # names get "-realnode" unless they end with it.
 name=${TTDRV_CLUSTER_NAME:-ttdrv}
@@ -69,10 +68,6 @@ service_ip=10.0.0.1
 # kwok leaves nodes with this label alone; kubelet sets it at registration.
 real_label=ttdrv.io/real-node
 
-t_start=$(date +%s.%N)
-since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
-log() { printf '[realnode %6.1fs] %s\n' "$(since "$t_start")" "$*" >&2; }
-die() { printf '[realnode] FAIL: %s\n' "$*" >&2; exit 1; }
 
 anchor_pid() {
   local pid st boot rest
@@ -351,7 +346,7 @@ up() {
   wait_for 60 "kube-proxy's rules for the kubernetes Service" \
     bash -c "nsenter -t $(anchor_pid) -m -n -- iptables-save -t nat | grep -q 'default/kubernetes:https -> '"
   log "kube-proxy up in $(since "$t0")s"
-  log "real node $node of cluster '$name' up in $(since "$t_start")s (eval \"\$(hack/realnode.sh env)\"; rn kubectl get nodes)"
+  log "real node $node of cluster '$name' up in $(since "$lib_t0")s (eval \"\$(hack/realnode.sh env)\"; rn kubectl get nodes)"
 }
 
 # Processes whose network namespace is this node's.

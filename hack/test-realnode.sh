@@ -20,21 +20,10 @@ TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv}
 KWOK_WORKDIR=${KWOK_WORKDIR:-$HOME/.kwok}
 [[ $KWOK_WORKDIR == *-realnode ]] || KWOK_WORKDIR=$KWOK_WORKDIR-realnode
 export TTDRV_CLUSTER_NAME KWOK_WORKDIR
-export TTDRV_PHASE_T0=${TTDRV_PHASE_T0:-$(date +%s.%N)} TTDRV_PHASES=""
-t_phase=$TTDRV_PHASE_T0
-since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
-log() { printf '[test-realnode %6.1fs] %s\n' "$(since "$TTDRV_PHASE_T0")" "$*" >&2; }
-phase() { # NAME: closes the current phase (the test prints the table)
-  local d; d=$(since "$t_phase")
-  TTDRV_PHASES+="$d $1"$'\n'
-  log "phase done: $1 (${d}s)"
-  t_phase=$(date +%s.%N)
-}
-fail() {
-  printf '[test-realnode] FAIL: %s\n' "$*" >&2
-  echo "test-realnode: 0 passed, 1 failed"
-  exit 1
-}
+LIB_NAME=test-realnode
+# shellcheck source=lib.sh
+source hack/lib.sh
+phases_start
 cleanup() {
   local rc=$?
   if [ "${KEEP_REALNODE:-0}" = 1 ]; then

@@ -28,10 +28,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 cd "$root"
+LIB_NAME=test-vm-node
 # shellcheck source=lib.sh
 source "$here/lib.sh"
-# shellcheck source=versions.env
-source "$here/versions.env"
 TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv-vmnode}
 [[ $TTDRV_CLUSTER_NAME == *-realnode ]] || TTDRV_CLUSTER_NAME=$TTDRV_CLUSTER_NAME-realnode
 KWOK_WORKDIR=${KWOK_WORKDIR:-$HOME/.kwok-vmnode}
@@ -51,20 +50,7 @@ recipe=2
 # udev: the agent's rule (tt-kmd's) makes the by-id links, as on a real host.
 guest_pkgs=containerd,runc,containernetworking-plugins,iptables,kmod,iproute2,procps,udev
 
-export TTDRV_PHASE_T0=${TTDRV_PHASE_T0:-$(date +%s.%N)} TTDRV_PHASES=""
-t_phase=$TTDRV_PHASE_T0
-log() { printf '[test-vm-node %6.1fs] %s\n' "$(since "$TTDRV_PHASE_T0")" "$*" >&2; }
-phase() { # NAME: closes the current phase (the test prints the table)
-  local d; d=$(since "$t_phase")
-  TTDRV_PHASES+="$d $1"$'\n'
-  log "phase done: $1 (${d}s)"
-  t_phase=$(date +%s.%N)
-}
-fail() {
-  printf '[test-vm-node] FAIL: %s\n' "$*" >&2
-  echo "test-vm-node: 0 passed, 1 failed"
-  exit 1
-}
+phases_start
 qemu_down() {
   [ -f "$vmdir/pids/qemu" ] && PROCS_STOP_TIMEOUT=5 procs_stop "$vmdir/pids/qemu"
   return 0
