@@ -41,25 +41,7 @@ bash hack/cluster.sh down >/dev/null 2>&1 || true
 KUBECONFIG=$(bash hack/cluster.sh up)
 export KUBECONFIG
 
-node() { # name pool|"" tenstorrent(yes/no)
-  local labels="type: kwok"
-  [ -n "$2" ] && labels="$labels, tt.tenstorrent.com/pool: $2"
-  [ "$3" = yes ] && labels="$labels, feature.node.kubernetes.io/pci-1200_1e52.present: \"true\""
-  kubectl apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Node
-metadata:
-  name: $1
-  annotations: {kwok.x-k8s.io/node: fake}
-  labels: {kubernetes.io/hostname: $1, $labels}
-status:
-  allocatable: {cpu: "32", memory: 256Gi, pods: "110"}
-  capacity: {cpu: "32", memory: 256Gi, pods: "110"}
-YAML
-}
-for i in 1 2 3; do node "tt-prod-$i" prod yes; done
-for i in 1 2; do node "tt-canary-$i" canary yes; done
-node cpu-1 "" no
+kubectl apply -f hack/demo/nodes.yaml >/dev/null
 kubectl get nodes -L tt.tenstorrent.com/pool,feature.node.kubernetes.io/pci-1200_1e52.present
 
 say "Installing the CRD and the operator namespace; starting the controller and a simulated node agent"
@@ -73,39 +55,12 @@ ttdrv-sim-agent --namespace "$ns" --work-ms 2000 >"$state/sim-agent.log" 2>&1 &
 procs_record "$state/sim-agent.pid" $! ttdrv-sim-agent
 
 say "Two pools at tt-kmd 2.7.0"
-kubectl apply -f - <<'YAML'
-apiVersion: driver.tenstorrent.com/v1alpha1
-kind: TenstorrentDriverPolicy
-metadata: {name: prod}
-spec:
-  version: "2.7.0"
-  nodeAffinity: {matchLabels: {tt.tenstorrent.com/pool: prod}}
----
-apiVersion: driver.tenstorrent.com/v1alpha1
-kind: TenstorrentDriverPolicy
-metadata: {name: canary}
-spec:
-  version: "2.7.0"
-  nodeAffinity: {matchLabels: {tt.tenstorrent.com/pool: canary}}
-YAML
+kubectl apply -f hack/demo/policies.yaml
 kubectl wait --for=condition=Ready ttdp/canary ttdp/prod --timeout=180s
 kubectl get ttdp
 
 say "A workload using the device on tt-prod-1 (the drain will evict it before the module swap)"
-kubectl apply -f - >/dev/null <<'YAML'
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: llm-inference, namespace: default}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: llm-inference}}
-  template:
-    metadata: {labels: {app: llm-inference}}
-    spec:
-      nodeSelector: {kubernetes.io/hostname: tt-prod-1}
-      containers: [{name: model, image: example.invalid/llm:1}]
-      volumes: [{name: dev, hostPath: {path: /dev/tenstorrent}}]
-YAML
+kubectl apply -f hack/demo/workload.yaml >/dev/null
 
 say "Canary first: bump canary to 2.8.0 and watch it roll, one node at a time"
 kubectl patch ttdp canary --type merge -p '{"spec":{"version":"2.8.0"}}'
