@@ -414,27 +414,31 @@ fn renders_mean_what_they_should() {
             .map(|e| e["value"].clone())
             .unwrap_or(Value::Null)
     };
-    c.check(
-        cvalue("TTDRV_DEPLOY_GATES") == "",
-        "empty deployGates renders TTDRV_DEPLOY_GATES=\"\"",
-    );
-    c.check(
-        cvalue("TTDRV_LEADER_ELECT") == "false",
-        "leader election off",
-    );
-    c.check(
-        cvalue("TTDRV_SOURCE_REPOSITORY") == "https://git.example.internal/mirror/tt-kmd.git",
-        "mirror",
-    );
-    c.check(
-        cvalue("TTDRV_AGENT_SERVICE_ACCOUNT") == "existing-agent",
-        "existing agent ServiceAccount",
-    );
-    c.check(
-        cvalue("TTDRV_INSTALLER_IMAGE")
-            == "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent:sha-abc1234",
-        "custom installer image",
-    );
+    for (key, want, what) in [
+        (
+            "TTDRV_DEPLOY_GATES",
+            "",
+            "empty deployGates renders TTDRV_DEPLOY_GATES=\"\"",
+        ),
+        ("TTDRV_LEADER_ELECT", "false", "leader election off"),
+        (
+            "TTDRV_SOURCE_REPOSITORY",
+            "https://git.example.internal/mirror/tt-kmd.git",
+            "mirror",
+        ),
+        (
+            "TTDRV_AGENT_SERVICE_ACCOUNT",
+            "existing-agent",
+            "existing agent ServiceAccount",
+        ),
+        (
+            "TTDRV_INSTALLER_IMAGE",
+            "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent:sha-abc1234",
+            "custom installer image",
+        ),
+    ] {
+        c.check(cvalue(key) == want, what);
+    }
     c.check(
         !custom.iter().any(|d| {
             (d["kind"] == "ServiceAccount" || d["kind"] == "ValidatingAdmissionPolicy") && !hook(d)

@@ -558,6 +558,46 @@ async fn retry(ctx: &Ctx, name: &str, node: &str) -> Result<i32> {
     Ok(0)
 }
 
+/// The installer pods of policy `name` (on `node` only, if given), by node.
+async fn installer_pods(
+    ctx: &Ctx,
+    name: &str,
+    node: Option<&str>,
+) -> Result<BTreeMap<String, Pod>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let sel = format!("{}={name}", labels::CLAIM);
+    let list = pods
+        .list(&ListParams::default().labels(&sel))
+        .await
+        .with_context(|| format!("listing installer pods in namespace {:?}", ctx.namespace))?;
+    let mut by_node = BTreeMap::new();
+    for p in list.items {
+        let n = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        if node.is_none_or(|want| want == n) {
+            by_node.insert(n, p);
+        }
+    }
+    Ok(by_node)
+}
+
+/// What `restart` and `logs` say when there is no installer pod to act on.
+fn no_installer_pods(ctx: &Ctx, name: &str, node: Option<&str>) -> anyhow::Error {
+    match node {
+        Some(n) => anyhow::anyhow!(
+            "no installer pod of policy {name:?} on node {n:?} in namespace {:?}",
+            ctx.namespace
+        ),
+        None => anyhow::anyhow!(
+            "policy {name:?} has no installer pods in namespace {:?} (is --namespace right?)",
+            ctx.namespace
+        ),
+    }
+}
+
 #[derive(Serialize)]
 struct RestartResult<'a> {
     policy: &'a str,
@@ -571,17 +611,8 @@ struct RestartResult<'a> {
 async fn restart(ctx: &Ctx, name: &str, node: Option<&str>) -> Result<i32> {
     get_policy(&ctx.client, name).await?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let sel = format!("{}={name}", labels::CLAIM);
-    let list = pods
-        .list(&ListParams::default().labels(&sel))
-        .await
-        .with_context(|| format!("listing installer pods in namespace {:?}", ctx.namespace))?;
     let mut deleted = vec![];
-    for p in list.items {
-        let on = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
-        if node.is_some_and(|want| on != Some(want)) {
-            continue;
-        }
+    for p in installer_pods(ctx, name, node).await?.into_values() {
         let pod = p.metadata.name.clone().unwrap_or_default();
         match pods.delete(&pod, &Default::default()).await {
             Ok(_) => deleted.push(pod),
@@ -593,16 +624,7 @@ async fn restart(ctx: &Ctx, name: &str, node: Option<&str>) -> Result<i32> {
         }
     }
     if deleted.is_empty() {
-        match node {
-            Some(n) => bail!(
-                "no installer pod of policy {name:?} on node {n:?} in namespace {:?}",
-                ctx.namespace
-            ),
-            None => bail!(
-                "policy {name:?} has no installer pods in namespace {:?} (is --namespace right?)",
-                ctx.namespace
-            ),
-        }
+        return Err(no_installer_pods(ctx, name, node));
     }
     deleted.sort();
     let res = RestartResult {
@@ -645,33 +667,9 @@ async fn logs(
         }
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let sel = format!("{}={name}", labels::CLAIM);
-    let list = pods
-        .list(&ListParams::default().labels(&sel))
-        .await
-        .with_context(|| format!("listing installer pods in namespace {:?}", ctx.namespace))?;
-    let mut by_node: BTreeMap<String, Pod> = BTreeMap::new();
-    for p in list.items {
-        let n = p
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
-        if node.is_none_or(|want| want == n) {
-            by_node.insert(n, p);
-        }
-    }
+    let by_node = installer_pods(ctx, name, node).await?;
     if by_node.is_empty() {
-        match node {
-            Some(n) => bail!(
-                "no installer pod of policy {name:?} on node {n:?} in namespace {:?}",
-                ctx.namespace
-            ),
-            None => bail!(
-                "policy {name:?} has no installer pods in namespace {:?} (is --namespace right?)",
-                ctx.namespace
-            ),
-        }
+        return Err(no_installer_pods(ctx, name, node));
     }
     if follow && by_node.len() > 1 {
         bail!("--follow needs one node: kubectl tt driver logs {name} <node> -f");

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{
-    Container, HostPathVolumeSource, Node, NodeCondition, NodeSpec, NodeStatus as K8sNodeStatus,
-    Pod, PodSpec, PodStatus, Volume,
+    Node, NodeCondition, NodeSpec, NodeStatus as K8sNodeStatus, Pod, PodSpec, PodStatus,
 };
 use k8s_openapi::api::policy::v1::{
     PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus,
@@ -444,21 +443,7 @@ fn pod(ns: &str, name: &str, node: &str, owner: Option<&str>, device: bool, app:
         },
         spec: Some(PodSpec {
             node_name: Some(node.into()),
-            containers: vec![Container {
-                name: "c".into(),
-                ..Default::default()
-            }],
-            volumes: device.then(|| {
-                vec![Volume {
-                    name: "dev".into(),
-                    host_path: Some(HostPathVolumeSource {
-                        path: "/dev/tenstorrent".into(),
-                        type_: None,
-                    }),
-                    ..Default::default()
-                }]
-            }),
-            ..Default::default()
+            ..ttdrv_testkit::workload_pod(device)
         }),
         status: Some(PodStatus {
             phase: Some("Running".into()),

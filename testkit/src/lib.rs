@@ -471,7 +471,7 @@ impl TestEnv {
 
 /// The pod of a test workload: one busybox container; with `device` a
 /// hostPath volume /dev/tenstorrent (a device user).
-fn workload_pod(device: bool) -> k8s_openapi::api::core::v1::PodSpec {
+pub fn workload_pod(device: bool) -> k8s_openapi::api::core::v1::PodSpec {
     use k8s_openapi::api::core::v1::{Container, HostPathVolumeSource, PodSpec, Volume};
     PodSpec {
         containers: vec![Container {
