@@ -204,6 +204,13 @@ fn env_of(container: &Value) -> std::collections::BTreeMap<String, Value> {
         .collect()
 }
 
+/// The `value` of env var `k` (Null when it is absent or comes from elsewhere).
+fn env_value(env: &std::collections::BTreeMap<String, Value>, k: &str) -> Value {
+    env.get(k)
+        .map(|e| e["value"].clone())
+        .unwrap_or(Value::Null)
+}
+
 fn has_arg(container: &Value, arg: &str) -> bool {
     container["args"]
         .as_array()
@@ -328,11 +335,7 @@ fn renders_mean_what_they_should() {
     let pod = &dep["spec"]["template"]["spec"];
     let ctr = &pod["containers"][0];
     let env = env_of(ctr);
-    let value = |k: &str| {
-        env.get(k)
-            .map(|e| e["value"].clone())
-            .unwrap_or(Value::Null)
-    };
+    let value = |k: &str| env_value(&env, k);
     let field_ref = |k: &str| {
         env.get(k)
             .map(|e| e["valueFrom"]["fieldRef"]["fieldPath"].clone())
@@ -409,11 +412,7 @@ fn renders_mean_what_they_should() {
         &[("name", "ttdm-tt-k8s-driver-manager-controller")],
     );
     let cenv = env_of(&cdep["spec"]["template"]["spec"]["containers"][0]);
-    let cvalue = |k: &str| {
-        cenv.get(k)
-            .map(|e| e["value"].clone())
-            .unwrap_or(Value::Null)
-    };
+    let cvalue = |k: &str| env_value(&cenv, k);
     for (key, want, what) in [
         (
             "TTDRV_DEPLOY_GATES",
@@ -499,11 +498,7 @@ fn renders_mean_what_they_should() {
     let gdep = c.one(&go, "Deployment", &[("name", &controller)]);
     let gctr = &gdep["spec"]["template"]["spec"]["containers"][0];
     let genv = env_of(gctr);
-    let gvalue = |k: &str| {
-        genv.get(k)
-            .map(|e| e["value"].clone())
-            .unwrap_or(Value::Null)
-    };
+    let gvalue = |k: &str| env_value(&genv, k);
     c.check(
         gdep["spec"]["replicas"] == 1,
         "go-era: leaderElection false -> one replica",
@@ -794,11 +789,7 @@ fn go_chart_values_render_with_the_go_meaning() {
     let pod = &dep["spec"]["template"]["spec"];
     let ctr = &pod["containers"][0];
     let env = env_of(ctr);
-    let value = |k: &str| {
-        env.get(k)
-            .map(|e| e["value"].clone())
-            .unwrap_or(Value::Null)
-    };
+    let value = |k: &str| env_value(&env, k);
     c.check(
         ctr["image"] == OURS,
         format!(

@@ -43,6 +43,23 @@ fn as_agent(node: Option<&str>, args: &[&str]) -> Command {
     c
 }
 
+/// `helm template` of the test's release for Kubernetes `kv`.
+fn helm_template(kv: &str, extra: &[&str]) -> String {
+    let name = format!("fullnameOverride={RELEASE}");
+    let args = [
+        "template",
+        RELEASE,
+        CHART,
+        "-n",
+        RELEASE,
+        "--kube-version",
+        kv,
+        "--set",
+        &name,
+    ];
+    run(Command::new("helm").args(args).args(extra), None)
+}
+
 enum Expect {
     Allowed,
     /// Refused, and the error says this.
@@ -105,21 +122,7 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {RELEASE}\n"
         )),
     );
-    let manifest = run(
-        Command::new("helm").args([
-            "template",
-            RELEASE,
-            CHART,
-            "-n",
-            RELEASE,
-            "--kube-version",
-            &kv,
-            "--skip-tests",
-            "--set",
-            &format!("fullnameOverride={RELEASE}"),
-        ]),
-        None,
-    );
+    let manifest = helm_template(&kv, &["--skip-tests"]);
     let crds = format!("{CHART}/crds/");
     run(
         &mut kubectl(&["apply", "--dry-run=server", "-f", &crds]),
@@ -405,21 +408,9 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
 /// CRD an older release left, and may not do more than get and patch it.
 async fn crd_upgrade_hook(kv: &str) -> Vec<String> {
     let mut failures = Vec::new();
-    let docs = yaml_docs(&run(
-        Command::new("helm").args([
-            "template",
-            RELEASE,
-            CHART,
-            "-n",
-            RELEASE,
-            "--kube-version",
-            kv,
-            "--set",
-            &format!("fullnameOverride={RELEASE}"),
-            "--show-only",
-            "templates/crd-upgrade-job.yaml",
-        ]),
-        None,
+    let docs = yaml_docs(&helm_template(
+        kv,
+        &["--show-only", "templates/crd-upgrade-job.yaml"],
     ));
     let of_kind = |k: &'static str| docs.iter().filter(move |d| d["kind"].as_str() == Some(k));
     let rbac: Vec<String> = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
