@@ -34,6 +34,9 @@ pub struct FakeKernel {
     pub killed: Mutex<Vec<u32>>,
     /// If true, kill succeeds but the holder survives (for the timeout path).
     pub unkillable: bool,
+    /// If true, every load of tenstorrent fails with EKEYREJECTED, as an
+    /// enforcing kernel refuses a module signed with a key it does not trust.
+    pub reject_key: bool,
 }
 
 impl FakeKernel {
@@ -46,6 +49,7 @@ impl FakeKernel {
             unloads: Mutex::new(0),
             killed: Mutex::new(Vec::new()),
             unkillable: false,
+            reject_key: false,
         }
     }
 
@@ -53,6 +57,12 @@ impl FakeKernel {
         if let Ok(mut f) = self.fail_load.lock() {
             f.insert(version.to_string());
         }
+        self
+    }
+
+    /// Refuses every load of tenstorrent with EKEYREJECTED ([`Self::reject_key`]).
+    pub fn rejecting_keys(mut self) -> Self {
+        self.reject_key = true;
         self
     }
 
@@ -84,6 +94,9 @@ impl KernelOps for FakeKernel {
         // As the kernel refuses a module with bad symbols or signature.
         if let Ok(Some(_)) = modinfo::field_of_bytes(&bytes, REFUSED_FIELD) {
             return Err(errno(nix::errno::Errno::ENOEXEC));
+        }
+        if self.reject_key {
+            return Err(errno(nix::errno::Errno::EKEYREJECTED));
         }
         // As the kernel does: a module built for another kernel is refused.
         if let Ok(Some(vermagic)) = modinfo::field_of_bytes(&bytes, "vermagic")
@@ -313,6 +326,7 @@ pub fn plant_cached_bytes(
             .unwrap_or_default(),
         sha256: crate::cache::sha256_hex(bytes),
         size: bytes.len() as u64,
+        signer: None,
     };
     let json = serde_json::to_vec(&record).map_err(io::Error::other)?;
     fs::write(ko.with_file_name(crate::cache::RECORD_FILE), json)?;
@@ -339,6 +353,7 @@ pub fn plant_cached(
         vermagic: format!("{kver} SMP preempt mod_unload modversions"),
         sha256: crate::cache::sha256_hex(&bytes),
         size: bytes.len() as u64,
+        signer: None,
     };
     let json = serde_json::to_vec(&record).map_err(io::Error::other)?;
     fs::write(ko.with_file_name(crate::cache::RECORD_FILE), json)?;
