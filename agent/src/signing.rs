@@ -160,7 +160,7 @@ pub fn cert_fingerprint(path: &Path) -> std::result::Result<String, String> {
 /// support for; using its own is what `make modules_install` does.
 pub fn sig_hash(headers: &Path) -> String {
     for config in [".config", "include/config/auto.conf"] {
-        let Ok(text) = std::fs::read_to_string(headers.join(config)) else {
+        let Some(text) = read_config(&headers.join(config)) else {
             continue;
         };
         if let Some(hash) = text.lines().find_map(|l| {
@@ -173,6 +173,24 @@ pub fn sig_hash(headers: &Path) -> String {
         }
     }
     DEFAULT_SIG_HASH.to_string()
+}
+
+/// A kernel configuration in the headers tree (followed like make follows
+/// it), read without blocking on a FIFO and capped; None when unusable.
+fn read_config(path: &Path) -> Option<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    /// A distribution kernel's `.config` is about 300 KiB.
+    const CONFIG_MAX: u64 = 8 << 20;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let bytes = crate::hostfs::read_capped(file, CONFIG_MAX, path).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// The kernel's `scripts/sign-file` in the headers tree, or why not: a
@@ -422,6 +440,18 @@ mod tests {
         )
         .expect(".config");
         assert_eq!(sig_hash(dir.path()), "sha384", "not a hash name: ignored");
+        std::fs::remove_file(dir.path().join(".config")).expect("rm");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            dir.path().join(".config"),
+            rustix::fs::Mode::from_raw_mode(0o644),
+        )
+        .expect("mkfifo");
+        assert_eq!(
+            sig_hash(dir.path()),
+            "sha384",
+            "a FIFO is skipped, not read"
+        );
     }
 
     #[test]
