@@ -1232,6 +1232,24 @@ fn the_cache_serves_only_modules_signed_with_the_configured_certificate() {
             .ends_with(ttdrv_agent::signing::SIGNATURE_MAGIC)
     );
     assert_eq!(cached_record(&h).signer, Some(fp(&a)));
+    // `status` says the same of the entry, for the certificate it is given.
+    let entry = |cert: Option<&Path>| {
+        let s = ttdrv_agent::status::collect(&h.hr(), Some("2.8.0"), None, cert);
+        assert!(s.errors.is_empty(), "{:?}", s.errors);
+        let e = s.cache.into_iter().next().expect("one cache entry");
+        (e.signer, e.verified, e.problem.unwrap_or_default())
+    };
+    assert_eq!(entry(Some(&a.cert)), (Some(fp(&a)), true, String::new()));
+    let (_, verified, problem) = entry(Some(&b.cert));
+    assert!(
+        !verified && problem.contains("not the configured certificate"),
+        "{problem}"
+    );
+    let (_, verified, problem) = entry(None);
+    assert!(
+        !verified && problem.contains("signing is not configured"),
+        "{problem}"
+    );
 
     let outcome = install(Some(&a)).expect("from the cache");
     assert_matches!(
