@@ -256,6 +256,14 @@ impl Agent<'_> {
         step("check-signature", || {
             crate::signing::check(&root, &target, &module.file, &module.path)
         })?;
+        // And a key it does not trust: asked of the kernel while the old
+        // module is still loaded (with nothing loaded the load itself tells,
+        // and there is nothing to lose).
+        if state.is_some() {
+            step("check-key", || {
+                crate::signing::check_key(&root, self.kernel, &target, &module.file, &module.path)
+            })?;
+        }
         if !deps.is_empty() {
             tracing::info!(dependencies = ?deps.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "tenstorrent needs these modules loaded first");
         }

@@ -284,6 +284,15 @@ pub enum AgentError {
     UnsignedModule { version: String, why: String },
 
     #[error(
+        "this host does not trust the key tenstorrent {version} is signed with ({error}; {why}), so nothing was unloaded: the key is not enrolled on this host; enrol its certificate as a Machine Owner Key (`mokutil --import cert.der`, confirmed in the MOK manager at the next boot) or sign with a key the host trusts (installer.signingSecret)"
+    )]
+    KeyNotTrusted {
+        version: String,
+        why: String,
+        error: String,
+    },
+
+    #[error(
         "module signing is configured ({origin}) but {problem}; nothing was built or unloaded. The Secret of installer.signingSecret lives in the operator's namespace and holds tls.key (PEM) and tls.crt (PEM or DER), e.g. `kubectl create secret tls <name> --key tls.key --cert tls.crt`"
     )]
     SigningKey { origin: String, problem: String },
@@ -375,7 +384,8 @@ impl AgentError {
             | AgentError::ReadbackMismatch { .. }
             | AgentError::DependencyMissing { .. }
             | AgentError::DependencyLoad { .. }
-            | AgentError::UnsignedModule { .. } => Some(LOAD_FAILED),
+            | AgentError::UnsignedModule { .. }
+            | AgentError::KeyNotTrusted { .. } => Some(LOAD_FAILED),
             AgentError::Io { .. }
             | AgentError::KernelRelease { .. }
             | AgentError::InvalidKernelRelease(_)

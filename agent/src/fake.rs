@@ -34,9 +34,12 @@ pub struct FakeKernel {
     pub killed: Mutex<Vec<u32>>,
     /// If true, kill succeeds but the holder survives (for the timeout path).
     pub unkillable: bool,
-    /// If true, every load of tenstorrent fails with EKEYREJECTED, as an
-    /// enforcing kernel refuses a module signed with a key it does not trust.
+    /// If true, every load (and probe) of tenstorrent fails with
+    /// EKEYREJECTED, as an enforcing kernel refuses a module signed with a
+    /// key it does not trust.
     pub reject_key: bool,
+    /// How many times a module was probed ([`KernelOps::probe`]).
+    pub probes: Mutex<u32>,
 }
 
 impl FakeKernel {
@@ -50,6 +53,7 @@ impl FakeKernel {
             killed: Mutex::new(Vec::new()),
             unkillable: false,
             reject_key: false,
+            probes: Mutex::new(0),
         }
     }
 
@@ -68,6 +72,9 @@ impl FakeKernel {
 
     pub fn loads(&self) -> Vec<String> {
         self.loads.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+    pub fn probes(&self) -> u32 {
+        self.probes.lock().map(|p| *p).unwrap_or_default()
     }
     pub fn unloads(&self) -> u32 {
         self.unloads.lock().map(|u| *u).unwrap_or_default()
@@ -131,6 +138,21 @@ impl KernelOps for FakeKernel {
         }
         let shown = self.report_version.clone().unwrap_or(version);
         set_loaded(self.root.root(), &shown, 0)
+    }
+
+    fn probe(&self, _module: &fs::File) -> io::Result<()> {
+        if let Ok(mut p) = self.probes.lock() {
+            *p += 1;
+        }
+        // The kernel checks the signature first, then finds the name taken.
+        if self.reject_key {
+            return Err(errno(nix::errno::Errno::EKEYREJECTED));
+        }
+        if self.module_dir().exists() {
+            return Err(errno(nix::errno::Errno::EEXIST));
+        }
+        // The agent probes only while a module is loaded.
+        Err(errno(nix::errno::Errno::ENOENT))
     }
 
     fn load_dependency(&self, name: &str, _module: &fs::File, _compressed: bool) -> io::Result<()> {

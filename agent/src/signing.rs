@@ -17,6 +17,7 @@ use base64::Engine;
 
 use crate::error::{AgentError, Result};
 use crate::host::HostRoot;
+use crate::kernel::KernelOps;
 
 /// The most of a key or certificate file read (a certificate chain is a few KiB).
 const KEY_FILE_MAX: u64 = 1 << 20;
@@ -250,6 +251,57 @@ pub fn sign(
         "module signed"
     );
     Ok(())
+}
+
+/// On a host that enforces signatures, with tenstorrent loaded: asks the
+/// kernel whether it trusts `module`'s signature ([`KernelOps::probe`]),
+/// so that a key the host has not enrolled fails the node before the
+/// unload, not after it (when the old module may be nowhere to roll back
+/// to, as after a DKMS hand-over). Only a refusal of the key fails; any
+/// other answer is left to the real load.
+pub fn check_key(
+    root: &HostRoot,
+    kernel: &dyn KernelOps,
+    version: &str,
+    module: &std::fs::File,
+    path: &Path,
+) -> Result<()> {
+    let read = |p: &str| root.read_small(p).ok().flatten();
+    let Some(why) = enforcement(
+        read("/sys/module/module/parameters/sig_enforce").as_deref(),
+        read("/sys/kernel/security/lockdown").as_deref(),
+    ) else {
+        return Ok(());
+    };
+    // An unsigned one was refused already by [`check`].
+    if !is_signed(module, path)? {
+        return Ok(());
+    }
+    match kernel.probe(module) {
+        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EEXIST as i32) => {
+            tracing::info!("the kernel accepts the module's signature");
+            Ok(())
+        }
+        Err(e) if key_rejected(&e) || e.raw_os_error() == Some(nix::errno::Errno::EPERM as i32) => {
+            Err(AgentError::KeyNotTrusted {
+                version: version.to_string(),
+                why,
+                error: e.to_string(),
+            })
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "probing the module's signature gave no answer; the load will tell");
+            Ok(())
+        }
+        // The old module went away meanwhile: the new one is loaded now,
+        // which the wait for the go-ahead reads back (a first install).
+        Ok(()) => {
+            tracing::warn!(
+                "tenstorrent was unloaded by someone else: the probe loaded the new module"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Whether the kernel refused a module for its signature's key

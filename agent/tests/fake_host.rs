@@ -1323,3 +1323,45 @@ fn a_key_the_host_does_not_trust_is_named_and_not_rebuilt_for() {
     assert_eq!(builder.builds().len(), 1, "rebuilt for a rejected key");
     assert_eq!(kernel.loads(), vec!["2.8.0".to_string()]);
 }
+
+#[test]
+fn a_key_the_host_does_not_trust_fails_before_the_unload_when_a_module_is_loaded() {
+    let h = Host::with_loaded("2.7.0", 0);
+    enforce_signatures(&h);
+    plant_sign_file(&h);
+    let config = ttdrv_agent::Config {
+        signing: Some(signing_pair(&h, "signing", &der_cert(1))),
+        ..h.config("2.8.0")
+    };
+    let builder = FakeBuilder::default();
+    // The go-ahead is there: only the probe keeps the old module loaded.
+    let node = go_ahead("2.8.0");
+    let kernel = FakeKernel::new(h.root()).rejecting_keys();
+    let err = run(&config, &kernel, &builder, &node).expect_err("key not trusted");
+    let msg = err.to_string();
+    assert!(matches!(err, AgentError::KeyNotTrusted { .. }), "{msg}");
+    assert_eq!(err.reason(), Some(ttdrv_core::reason::LOAD_FAILED));
+    assert!(
+        msg.contains("nothing was unloaded")
+            && msg.contains("not enrolled on this host")
+            && msg.contains("sig_enforce=Y"),
+        "{msg}"
+    );
+    assert_eq!(kernel.probes(), 1);
+    assert_untouched(&h, &kernel);
+
+    // A kernel that trusts the key: the probe finds the name taken, and the
+    // swap goes on.
+    let kernel = FakeKernel::new(h.root());
+    run(&config, &kernel, &builder, &node).expect("swapped");
+    assert_eq!(kernel.probes(), 1);
+    assert_eq!(kernel.unloads(), 1);
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+
+    // Not enforced: no probe.
+    fs::remove_file(h.p("/sys/module/module/parameters/sig_enforce")).expect("rm");
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let kernel = FakeKernel::new(h.root());
+    run(&config, &kernel, &builder, &node).expect("swapped");
+    assert_eq!(kernel.probes(), 0);
+}
