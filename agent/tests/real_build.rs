@@ -17,7 +17,8 @@ use ttdrv_agent::{Agent, Config, HostRoot, ModuleSource, Outcome};
 
 use common::host::assert_matches;
 
-const HINT: &str = "run hack/agent-deps.sh (installs git, make, gcc, kmod, linux-headers-amd64)";
+const HINT: &str =
+    "run hack/agent-deps.sh (installs git, make, gcc, kmod, linux-headers-amd64, openssl)";
 
 /// A kernel release whose headers are installed: /lib/modules/<kver>/build.
 fn installed_headers() -> (String, PathBuf) {
@@ -231,7 +232,7 @@ fn openssl(args: &[&str]) -> String {
     let out = Command::new("openssl")
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run openssl ({e}): install openssl"));
+        .unwrap_or_else(|e| panic!("cannot run openssl ({e}): {HINT}"));
     common::stdout_of("openssl", out)
 }
 
