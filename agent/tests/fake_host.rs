@@ -1365,3 +1365,55 @@ fn a_key_the_host_does_not_trust_fails_before_the_unload_when_a_module_is_loaded
     run(&config, &kernel, &builder, &node).expect("swapped");
     assert_eq!(kernel.probes(), 0);
 }
+
+#[test]
+fn the_binary_reads_the_signing_env_and_names_a_missing_secret_in_its_termination_message() {
+    let h = Host::with_loaded("2.7.0", 0);
+    // As the controller renders it, with the Secret missing (the optional
+    // volume is an empty directory).
+    let mount = h.pod().join("signing");
+    fs::create_dir_all(&mount).expect("mkdir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
+        .env_remove("NODE_NAME")
+        .env("TTDRV_STATUS_FILE", h.pod().join("waiting"))
+        .env("TTDRV_TERMINATION_LOG", h.pod().join("termination-log"))
+        .env(labels::env::SIGNING_KEY, mount.join("tls.key"))
+        .env(labels::env::SIGNING_CERT, mount.join("tls.crt"))
+        .env(labels::env::SIGNING_SECRET, SIGNING_SECRET)
+        .args(["--host-root"])
+        .arg(h.root())
+        .args(["run", "--once", "--version", "2.8.0"])
+        .output()
+        .expect("run ttdrv-agent");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("signing=\"Secret {SIGNING_SECRET}\"")),
+        "{log}"
+    );
+    let message = fs::read_to_string(h.pod().join("termination-log")).expect("termination log");
+    assert!(
+        message.starts_with(&format!(
+            "BuildFailed: module signing is configured (Secret {SIGNING_SECRET}) but {}",
+            mount.join("tls.key").display()
+        )) && message.contains("does not exist"),
+        "{message}"
+    );
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+
+    // One of the pair alone is a usage error.
+    let out = agent_bin(
+        &h,
+        &[
+            "run",
+            "--once",
+            "--version",
+            "2.8.0",
+            "--signing-key",
+            "/etc/ttdrv/signing/tls.key",
+        ],
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{log}");
+    assert!(log.contains("set both or neither"), "{log}");
+}
