@@ -3,7 +3,8 @@
 #
 #   hack/agent-deps.sh          packages for the agent's host-root tests
 #                               (real git + make build of the stub module
-#                               against Debian's kernel headers)
+#                               against Debian's kernel headers; openssl
+#                               makes the key pair it is signed with)
 #   hack/agent-deps.sh --vm     additionally the packages for hack/test-vm.sh
 #                               (QEMU, a Debian kernel, busybox, cpio, and
 #                               libc6-dev for the static map-hold helper)
@@ -12,7 +13,7 @@
 # update runs only when something is missing. Needs root (or sudo).
 set -euo pipefail
 
-want=(git make gcc kmod linux-headers-amd64 gpg)
+want=(git make gcc kmod linux-headers-amd64 gpg openssl)
 if [[ "${1:-}" == "--vm" ]]; then
     want+=(qemu-system-x86 linux-image-amd64 busybox-static cpio musl-tools libc6-dev)
 fi

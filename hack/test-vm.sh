@@ -23,8 +23,15 @@
 #  10. a process that mapped /dev/tenstorrent/0 and closed its fd pins the
 #      module; the agent names it from /proc/<pid>/maps and refuses
 #  11. --force-unload kills that mapping holder too
-#  12. with module.sig_enforce turned on, the unsigned module is refused
+#  12. module signing (--signing-key/--signing-cert): the unsigned cached
+#      2.7.0 is not served but rebuilt and signed, and the signed module
+#      loads where signatures are not enforced (its key is unknown to the
+#      kernel); back to the unsigned 2.8.0 from the cache
+#  13. with module.sig_enforce turned on, the unsigned module is refused
 #      before anything is unloaded
+#  14. with sig_enforce on, a module signed with a key the kernel does not
+#      trust is refused before anything is unloaded: the agent offers it to
+#      the kernel while 2.8.0 is loaded (EKEYREJECTED, not EEXIST)
 # and, after 2, the interface the stub models on tt-kmd's: the tenstorrent
 # class device with tt_asic_id under a parent with device 0x401e, tt-kmd's
 # parameters, and its dependency (crc7) loaded by the agent first.
@@ -33,7 +40,9 @@
 # serve the trees and modules built here by the real `git clone` and
 # `make -C /lib/modules/<kver>/build M=... modules`, so the agent's own
 # clone/build/cache code path runs unchanged. The build itself is covered
-# for real by `cargo test -p ttdrv-agent` (tests/real_build.rs).
+# for real by `cargo test -p ttdrv-agent` (tests/real_build.rs). So is the
+# signing: the VM's `scripts/sign-file` is a shim serving the module signed
+# here by the headers' real sign-file with the same key pair.
 #
 # Needs: hack/agent-deps.sh --vm (qemu-system-x86, linux-image-amd64,
 # linux-headers-amd64, busybox-static, cpio, musl-tools, git, make, gcc, kmod)
@@ -58,7 +67,7 @@ say() { echo "test-vm: $*"; }
 # No NEEDED entries in the dynamic section: nothing to load from the initramfs.
 is_static() { ! readelf -d "$1" 2>/dev/null | grep -q '(NEEDED)'; }
 
-for tool in qemu-system-x86_64 cpio gzip git make modinfo readelf; do
+for tool in qemu-system-x86_64 cpio gzip git make modinfo readelf openssl; do
     command -v "$tool" >/dev/null || die "$tool not found: $hint"
 done
 busybox=""
@@ -122,7 +131,7 @@ else
     "$repo/tests/fixtures/stub-module/make-repo.sh" "$kmd_repo" 2.7.0 2.8.0 2.9.0:fail-init
     versions=(2.7.0 2.8.0 2.9.0)
     init_script="$repo/hack/vm/init"
-    expected=14
+    expected=16
     what="stub module"
 fi
 # TTDRV_VM_MEASURE=1: each build (the agent's own commands) measured from a
@@ -186,6 +195,23 @@ printf '{"version":"2.7.0","kernelRelease":"%s","vermagic":"%s","sha256":"%s","s
     "$kver" "$poison_vermagic" "$(sha256sum "$poison/tenstorrent.ko" | cut -d' ' -f1)" \
     "$(stat -c %s "$poison/tenstorrent.ko")" >"$poison/tenstorrent.ko.json"
 poison_sha="$(sha256sum "$poison/tenstorrent.ko" | cut -d' ' -f1)"
+
+# The key pair of the signing scenarios, and each module signed with it by
+# the real sign-file of the kernel's headers, for the VM's sign-file shim.
+sign_file="/lib/modules/$kver/build/scripts/sign-file"
+[[ -x $sign_file ]] || die "$sign_file not found: $hint (linux-headers-amd64)"
+mkdir -p "$root/opt/signing" "$root/lib/modules/$kver/build/scripts"
+openssl req -new -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=ttdrv test-vm signing" \
+    -addext extendedKeyUsage=codeSigning -keyout "$root/opt/signing/tls.key" \
+    -outform DER -out "$root/opt/signing/tls.crt" 2>/dev/null || die "making the signing key pair (openssl)"
+for v in "${versions[@]}"; do
+    d="$root/opt/prebuilt/ttkmd-$v"
+    cp "$d/.prebuilt.ko" "$d/.prebuilt.signed.ko"
+    "$sign_file" sha256 "$root/opt/signing/tls.key" "$root/opt/signing/tls.crt" "$d/.prebuilt.signed.ko" \
+        || die "signing the stub $v with $sign_file"
+    [[ $(modinfo -F sig_id "$d/.prebuilt.signed.ko") == "PKCS#7" ]] || die "the stub $v is not signed"
+done
+install -m 0755 "$repo/hack/vm/sign-file" "$root/lib/modules/$kver/build/scripts/sign-file"
 fi
 
 # --- initramfs ---------------------------------------------------------------

@@ -7,8 +7,8 @@ use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrate
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, ExecAction,
     HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext,
-    Toleration, Volume, VolumeMount,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecretVolumeSource,
+    SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -42,6 +42,13 @@ pub struct RenderContext {
 pub const TAG_KEYS_DIR: &str = "/etc/ttdrv/tag-keys";
 /// The key of the keys in the ConfigMap (and the file in [`TAG_KEYS_DIR`]).
 pub const TAG_KEYS_FILE: &str = "keys.asc";
+
+/// Where the installer pod sees the module-signing Secret
+/// (`installer.signingSecret`).
+pub const SIGNING_DIR: &str = "/etc/ttdrv/signing";
+/// The Secret's keys the agent reads: those of a `kubernetes.io/tls` Secret.
+pub const SIGNING_KEY_FILE: &str = "tls.key";
+pub const SIGNING_CERT_FILE: &str = "tls.crt";
 
 /// The installer container's memory request: above the peak cgroup charge
 /// measured for a clone and `make -j2` of the real tt-kmd 2.10.0 (346 MiB,
@@ -245,6 +252,21 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
             &format!("{TAG_KEYS_DIR}/{TAG_KEYS_FILE}"),
         ));
     }
+    let signing_secret = signing_secret(policy);
+    if let Some(secret) = signing_secret {
+        envs.push(env_var(
+            env::SIGNING_KEY,
+            &format!("{SIGNING_DIR}/{SIGNING_KEY_FILE}"),
+        ));
+        envs.push(env_var(
+            env::SIGNING_CERT,
+            &format!("{SIGNING_DIR}/{SIGNING_CERT_FILE}"),
+        ));
+        envs.push(env_var(
+            env::SIGNING_SECRET,
+            &format!("{}/{secret}", ctx.namespace),
+        ));
+    }
     if spec.unmanage {
         // The agent installs nothing, and unloads only with the go-ahead.
         envs.push(env_var(env::UNMANAGE, "true"));
@@ -316,6 +338,7 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
                     .as_ref()
                     .map(|_| mount("tag-keys", TAG_KEYS_DIR, true)),
             )
+            .chain(signing_secret.map(|_| mount("signing-key", SIGNING_DIR, true)))
             .collect(),
         ),
         ..Default::default()
@@ -360,11 +383,38 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
                     }),
                     ..Default::default()
                 }))
+                .chain(signing_secret.map(|secret| Volume {
+                    name: "signing-key".into(),
+                    secret: Some(SecretVolumeSource {
+                        secret_name: Some(secret.to_string()),
+                        // Optional: a missing Secret would hold the pod in
+                        // ContainerCreating, its cause only in an Event. This
+                        // way the agent starts, finds no key and fails the
+                        // node (BuildFailed) naming the Secret; the kubelet
+                        // fills the volume in once the Secret exists.
+                        optional: Some(true),
+                        // The private key: for root (the agent) only.
+                        default_mode: Some(0o400),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }))
                 .collect(),
             ),
             ..Default::default()
         }),
     }
+}
+
+/// The policy's `installer.signingSecret`, when it names one.
+pub fn signing_secret(policy: &TenstorrentDriverPolicy) -> Option<&str> {
+    policy
+        .spec
+        .installer
+        .signing_secret
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
 }
 
 /// sha256 of the rendered pod template (serde_json output is deterministic).
@@ -506,6 +556,7 @@ mod tests {
             "version: \"2.8.0\"\nnodeAffinity: {}\nupgradePolicy: {forceUnload: true}",
             "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {sourceRepository: \"https://mirror/tt-kmd.git\"}",
             "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {sourceCommit: \"0123456789abcdef0123456789abcdef01234567\"}",
+            "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {signingSecret: module-signing}",
         ] {
             let (_, h) = render_daemonset(&policy(other), &ctx());
             assert_ne!(h, h1, "hash must change for {other}");
@@ -587,6 +638,74 @@ mod tests {
         let (_, h1) = render_daemonset(&p, &ctx());
         let (_, h2) = render_daemonset(&p, &with);
         assert_ne!(h1, h2, "configuring keys rolls the installer out");
+    }
+
+    #[test]
+    fn the_signing_secret_is_mounted_and_named_only_when_set() {
+        let signing = [env::SIGNING_KEY, env::SIGNING_CERT, env::SIGNING_SECRET];
+        for unset in [
+            "version: \"2.8.0\"\nnodeAffinity: {}",
+            "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {signingSecret: \"\"}",
+        ] {
+            let p = policy(unset);
+            let (c, pod) = container(&p, &ctx());
+            for e in signing {
+                assert_eq!(env_of(&c, e), None, "{e} for {unset}");
+            }
+            assert!(pod.volumes.iter().flatten().all(|v| v.secret.is_none()));
+            assert!(
+                c.volume_mounts
+                    .iter()
+                    .flatten()
+                    .all(|m| m.mount_path != SIGNING_DIR)
+            );
+            // Nothing rendered: existing installers keep their template hash.
+            let (_, h) = render_daemonset(&p, &ctx());
+            let (_, plain) =
+                render_daemonset(&policy("version: \"2.8.0\"\nnodeAffinity: {}"), &ctx());
+            assert_eq!(h, plain, "{unset}");
+        }
+        let p = policy(
+            "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: {signingSecret: module-signing}",
+        );
+        let (c, pod) = container(&p, &ctx());
+        assert_eq!(
+            env_of(&c, env::SIGNING_KEY).as_deref(),
+            Some("/etc/ttdrv/signing/tls.key")
+        );
+        assert_eq!(
+            env_of(&c, env::SIGNING_CERT).as_deref(),
+            Some("/etc/ttdrv/signing/tls.crt")
+        );
+        assert_eq!(
+            env_of(&c, env::SIGNING_SECRET).as_deref(),
+            Some("tt-k8s-driver-manager-system/module-signing"),
+            "the Secret is looked up in the operator's namespace"
+        );
+        let v = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "signing-key")
+            .and_then(|v| v.secret.as_ref())
+            .expect("secret volume");
+        assert_eq!(v.secret_name.as_deref(), Some("module-signing"));
+        assert_eq!(
+            v.optional,
+            Some(true),
+            "a missing Secret must not stall the pod"
+        );
+        assert_eq!(v.default_mode, Some(0o400));
+        let m = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "signing-key")
+            .expect("mount");
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only),
+            (SIGNING_DIR, Some(true))
+        );
     }
 
     #[test]

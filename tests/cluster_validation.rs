@@ -436,6 +436,22 @@ fn malformed_policies(env: &TestEnv) -> Vec<Row> {
             spec(json!({ "installer": { "sourceCommit": "a".repeat(41) } })),
             "spec.installer.sourceCommit",
         ),
+        // installer.signingSecret: a Secret's name
+        row(
+            "signingSecret in upper case",
+            spec(json!({ "installer": { "signingSecret": "Module-Signing" } })),
+            "spec.installer.signingSecret",
+        ),
+        row(
+            "signingSecret given as namespace/name",
+            spec(json!({ "installer": { "signingSecret": "kube-system/module-signing" } })),
+            "spec.installer.signingSecret",
+        ),
+        row(
+            "signingSecret of 254 characters",
+            spec(json!({ "installer": { "signingSecret": "s".repeat(254) } })),
+            "spec.installer.signingSecret",
+        ),
         // installer.sourceRepository: https or ssh only, no control characters
         row(
             "sourceRepository over http://",
@@ -590,6 +606,11 @@ fn edge_valid_policies(env: &TestEnv) -> Vec<(String, String, Value)> {
             spec(
                 json!({ "installer": { "sourceCommit": "0123456789ABCDEF0123456789abcdef01234567" } }),
             ),
+        ),
+        (
+            "signingSecret, a DNS subdomain of 253 characters".into(),
+            env.name("sign"),
+            spec(json!({ "installer": { "signingSecret": format!("mok.{}", "s".repeat(249)) } })),
         ),
         (
             "sourceCommit of 64 hex digits (SHA-256 repository)".into(),

@@ -13,7 +13,7 @@ use ttdrv_api::labels::{self, env};
 use ttdrv_core::go_ahead::{self, Swap};
 
 use crate::build::{BuildRequest, Builder};
-use crate::cache::{self, Cache, Verified};
+use crate::cache::{self, Cache, SignedBy, Verified};
 use crate::error::{AgentError, Result, Rollback};
 use crate::holder::Holder;
 use crate::holders::find_holders;
@@ -59,6 +59,9 @@ pub struct Config {
     /// TT_KMD_NEXT_KERNELS: build and cache the target for the node's other
     /// installed kernels too (the next-kernel preflight).
     pub next_kernels: bool,
+    /// TT_KMD_SIGNING_KEY and TT_KMD_SIGNING_CERT (`installer.signingSecret`):
+    /// sign every module built with this key pair; None: built unsigned.
+    pub signing: Option<crate::signing::SigningKey>,
 }
 
 /// Where the loaded module came from.
@@ -253,6 +256,14 @@ impl Agent<'_> {
         step("check-signature", || {
             crate::signing::check(&root, &target, &module.file, &module.path)
         })?;
+        // And a key it does not trust: asked of the kernel while the old
+        // module is still loaded (with nothing loaded the load itself tells,
+        // and there is nothing to lose).
+        if state.is_some() {
+            step("check-key", || {
+                crate::signing::check_key(&root, self.kernel, &target, &module.file, &module.path)
+            })?;
+        }
         if !deps.is_empty() {
             tracing::info!(dependencies = ?deps.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "tenstorrent needs these modules loaded first");
         }
@@ -467,7 +478,12 @@ impl Agent<'_> {
         priority: Priority,
     ) -> Result<(Verified, ModuleSource)> {
         let cache = Cache::new(root);
-        if let Some(hit) = step("cache-lookup", || cache.lookup(kver, target))? {
+        // Checked before the cache and any build: a broken Secret fails the
+        // node while it still serves, whatever is cached.
+        let signer = self.signer()?;
+        if let Some(hit) = step("cache-lookup", || {
+            cache.lookup(kver, target, SignedBy::of(signer.as_ref()))
+        })? {
             tracing::info!(path = %hit.path.display(), sha256 = %hit.sha256, "cache hit (verified)");
             return Ok((hit, ModuleSource::Cache));
         }
@@ -476,6 +492,15 @@ impl Agent<'_> {
             self.build_and_store(root, kver, target, priority)?,
             ModuleSource::Build,
         ))
+    }
+
+    /// The signing key pair checked for use, when signing is configured.
+    fn signer(&self) -> Result<Option<crate::signing::Signer>> {
+        self.config
+            .signing
+            .as_ref()
+            .map(crate::signing::SigningKey::load)
+            .transpose()
     }
 
     /// Labels the node [`labels::KMD_PREPARED`]`=target`. Best effort: the
@@ -516,7 +541,8 @@ impl Agent<'_> {
         let mut failed = Vec::new();
         for kver in kernels {
             let r = step("prepare-next-kernel", || {
-                match cache.lookup(&kver, target)? {
+                let signer = self.signer()?;
+                match cache.lookup(&kver, target, SignedBy::of(signer.as_ref()))? {
                     Some(hit) => Ok(hit),
                     None => self.build_and_store(root, &kver, target, Priority::Low),
                 }
@@ -573,6 +599,13 @@ impl Agent<'_> {
                 tracing::info!(link = %link.display(), "host kbuild tree linked for the build");
             }
         }
+        // The key pair and the kernel's sign-file, before the clone and the
+        // build: a signing that cannot happen fails at once (BuildFailed).
+        let signer = self.signer()?;
+        let sign_tool = signer
+            .as_ref()
+            .map(|s| crate::signing::sign_file(s, &headers, kver))
+            .transpose()?;
         let workdir = tempfile::Builder::new()
             .prefix("ttdrv-build-")
             .tempdir()
@@ -597,7 +630,17 @@ impl Agent<'_> {
                 found,
             });
         }
-        step("cache-store", || cache.store(kver, target, &built))
+        // Signed before it goes into the cache: the record names the
+        // certificate, and only that certificate's modules are loaded.
+        if let (Some(signer), Some(tool)) = (&signer, &sign_tool) {
+            step("sign", || {
+                crate::signing::sign(signer, tool, &headers, target, &built)
+            })?;
+        }
+        let fingerprint = signer.as_ref().map(|s| s.fingerprint.as_str());
+        step("cache-store", || {
+            cache.store(kver, target, &built, fingerprint)
+        })
     }
 
     /// With force-unload, SIGKILLs every holder and waits (bounded) for refcnt
@@ -664,7 +707,9 @@ impl Agent<'_> {
             Err(dep) => dep,
             Ok(loaded) => match loaded {
                 Ok(()) => return Ok(source),
-                Err(e) if source == ModuleSource::Cache => {
+                // A rebuild would be signed with the same key (or none) and
+                // refused the same way: not worth the node's wait.
+                Err(e) if source == ModuleSource::Cache && !crate::signing::key_rejected(&e) => {
                     tracing::error!(
                         version = target,
                         path = %module.path.display(),
@@ -701,10 +746,13 @@ impl Agent<'_> {
                 path: PathBuf::from(cache::CACHE_DIR),
                 now_loaded: now(),
             },
-            Some(Some(prev)) => match validate_version(prev)
-                .ok()
-                .and_then(|p| Cache::new(root).lookup(kver, &p).ok().flatten())
-            {
+            // What ran before is put back as it was, whatever signed it.
+            Some(Some(prev)) => match validate_version(prev).ok().and_then(|p| {
+                Cache::new(root)
+                    .lookup(kver, &p, SignedBy::Anyone)
+                    .ok()
+                    .flatten()
+            }) {
                 None => Rollback::NotCached {
                     previous: prev.clone(),
                     path: PathBuf::from(Cache::host_path(kver, prev)),
@@ -722,10 +770,11 @@ impl Agent<'_> {
                 },
             },
         };
+        let signed = crate::signing::is_signed(&module.file, &module.path).unwrap_or(false);
         Err(AgentError::LoadFailed {
             version: target.to_string(),
             path: module.path,
-            error: e.to_string(),
+            error: crate::signing::explain_load_error(&e, signed),
             rollback: Box::new(rollback),
         })
     }

@@ -123,7 +123,7 @@ pub fn validate_commit(commit: &str) -> Result<String> {
         .map_err(|_| AgentError::InvalidSourceCommit(commit.to_string()))
 }
 
-fn run(program: &str, cmd: &mut Command) -> Result<Output> {
+pub(crate) fn run(program: &str, cmd: &mut Command) -> Result<Output> {
     cmd.stdin(Stdio::null())
         .output()
         .map_err(|source| AgentError::Spawn {
@@ -133,7 +133,7 @@ fn run(program: &str, cmd: &mut Command) -> Result<Output> {
 }
 
 /// The last `n` non-empty lines of a command's combined output.
-fn tail(out: &Output, n: usize) -> String {
+pub(crate) fn tail(out: &Output, n: usize) -> String {
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -38,6 +38,33 @@ pub struct Record {
     pub vermagic: String,
     pub sha256: String,
     pub size: u64,
+    /// The fingerprint of the certificate the module was signed with
+    /// ([`crate::signing::Signer::fingerprint`]); absent when unsigned, so
+    /// the records of unsigned modules read and write as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
+}
+
+/// Which signature a cached module must carry to be loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignedBy<'a> {
+    /// Signing is not configured: a module the agent signed is rebuilt.
+    Nobody,
+    /// Signed with the certificate of this fingerprint: a module signed with
+    /// another one, or unsigned, is rebuilt.
+    Cert(&'a str),
+    /// Whatever signed it (the rollback source: what ran before, put back).
+    Anyone,
+}
+
+impl<'a> SignedBy<'a> {
+    /// What the signing configuration asks of a cached module.
+    pub fn of(signer: Option<&'a crate::signing::Signer>) -> Self {
+        match signer {
+            Some(s) => SignedBy::Cert(&s.fingerprint),
+            None => SignedBy::Nobody,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -49,6 +76,9 @@ pub struct CacheEntry {
     pub size: u64,
     /// Version in the file's `.modinfo`; differs from `version` if corrupt.
     pub module_version: Option<String>,
+    /// The certificate it was signed with (its record's), when signed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
     /// Whether the entry passes the checks made before loading it; why not.
     pub verified: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -96,13 +126,14 @@ impl Ownership {
 }
 
 /// Why the module `bytes` (with `record` and `owner`) may not be loaded as
-/// `version` on kernel `kver`; None when it may. Pure.
+/// `version` on kernel `kver`, signed as `signed_by` asks; None when it may. Pure.
 pub fn check(
     bytes: &[u8],
     record: Option<&Record>,
     owner: Ownership,
     kver: &str,
     version: &str,
+    signed_by: SignedBy<'_>,
 ) -> Option<String> {
     let Ownership { uid, mode, euid } = owner;
     if uid != euid {
@@ -140,7 +171,24 @@ pub fn check(
             record.vermagic
         ));
     }
-    None
+    let signer = record.signer.as_deref();
+    match signed_by {
+        SignedBy::Anyone => None,
+        // Only the record's word: a build that signs on its own (a kernel
+        // whose `make modules` signs) is not this agent's signature.
+        SignedBy::Nobody => signer
+            .map(|s| format!("signed with certificate {s}, but module signing is not configured")),
+        SignedBy::Cert(want) if signer != Some(want) => Some(format!(
+            "signed with {}, not the configured certificate {want}",
+            signer.map_or("no certificate (unsigned)".to_string(), |s| format!(
+                "certificate {s}"
+            ))
+        )),
+        SignedBy::Cert(_) if !bytes.ends_with(crate::signing::SIGNATURE_MAGIC) => {
+            Some("its record names a signer but the file carries no signature".to_string())
+        }
+        SignedBy::Cert(_) => None,
+    }
 }
 
 fn not_found_is_none<T>(r: FsResult<T>) -> FsResult<Option<T>> {
@@ -169,14 +217,20 @@ impl<'a> Cache<'a> {
         self.root.path(Self::host_path(kver, version))
     }
 
-    /// The cached module, if present and verified ([`check`]). An entry that
-    /// fails a check is evicted and None returned; a planted link, FIFO or
-    /// device in the cache is an error naming it.
-    pub fn lookup(&self, kver: &str, version: &str) -> Result<Option<Verified>> {
-        self.lookup_inner(kver, version).map_err(|e| match e {
-            AgentError::HostFs(e) => self.unusable(kver, version, e),
-            other => other,
-        })
+    /// The cached module, if present and verified ([`check`], signed as
+    /// `signed_by` asks). An entry that fails a check is evicted and None
+    /// returned; a planted link, FIFO or device in the cache is an error naming it.
+    pub fn lookup(
+        &self,
+        kver: &str,
+        version: &str,
+        signed_by: SignedBy<'_>,
+    ) -> Result<Option<Verified>> {
+        self.lookup_inner(kver, version, signed_by)
+            .map_err(|e| match e {
+                AgentError::HostFs(e) => self.unusable(kver, version, e),
+                other => other,
+            })
     }
 
     /// A cache path that cannot be used, as a cache error naming the entry
@@ -195,7 +249,12 @@ impl<'a> Cache<'a> {
         }
     }
 
-    fn lookup_inner(&self, kver: &str, version: &str) -> Result<Option<Verified>> {
+    fn lookup_inner(
+        &self,
+        kver: &str,
+        version: &str,
+        signed_by: SignedBy<'_>,
+    ) -> Result<Option<Verified>> {
         let Some(dir) =
             not_found_is_none(self.root.dir(Self::version_dir_path(kver, version), false))?
         else {
@@ -219,7 +278,14 @@ impl<'a> Cache<'a> {
             .ok()
             .flatten()
             .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
-        if let Some(why) = check(&bytes, record.as_ref(), Ownership::of(&st), kver, version) {
+        if let Some(why) = check(
+            &bytes,
+            record.as_ref(),
+            Ownership::of(&st),
+            kver,
+            version,
+            signed_by,
+        ) {
             tracing::warn!(
                 path = %Self::host_path(kver, version),
                 problem = %why,
@@ -257,9 +323,16 @@ impl<'a> Cache<'a> {
     }
 
     /// Copies `built` (a file in the agent's own filesystem) into the cache
-    /// with its record, atomically, and returns it verified. A module built
-    /// for another kernel (vermagic) is refused.
-    pub fn store(&self, kver: &str, version: &str, built: &Path) -> Result<Verified> {
+    /// with its record (naming `signer`, the fingerprint of the certificate
+    /// it was signed with), atomically, and returns it verified. A module
+    /// built for another kernel (vermagic) is refused.
+    pub fn store(
+        &self,
+        kver: &str,
+        version: &str,
+        built: &Path,
+        signer: Option<&str>,
+    ) -> Result<Verified> {
         let dest = self.path(kver, version);
         let bytes = fs::read(built).map_err(|e| AgentError::io("reading", built, e))?;
         let vermagic = modinfo::field_of_bytes(&bytes, "vermagic")
@@ -281,6 +354,7 @@ impl<'a> Cache<'a> {
             vermagic,
             sha256: sha256_hex(&bytes),
             size: bytes.len() as u64,
+            signer: signer.map(str::to_string),
         };
         let json = serde_json::to_vec_pretty(&record).map_err(|e| {
             AgentError::io("encoding the record of", &dest, std::io::Error::other(e))
@@ -296,7 +370,11 @@ impl<'a> Cache<'a> {
             .map_err(cache_write)?;
         dir.write_atomic(RECORD_FILE, &mut json.as_slice(), 0o644)
             .map_err(cache_write)?;
-        self.lookup(kver, version)?
+        let signed_by = match signer {
+            Some(s) => SignedBy::Cert(s),
+            None => SignedBy::Nobody,
+        };
+        self.lookup(kver, version, signed_by)?
             .ok_or_else(|| AgentError::CacheWrite {
                 path: dest.clone(),
                 source: std::io::Error::other("the module just stored fails its checks"),
@@ -359,8 +437,9 @@ impl<'a> Cache<'a> {
     }
 
     /// Every `<kver>/<version>/tenstorrent.ko` in the cache, sorted, with
-    /// whether it would pass the checks made before loading it.
-    pub fn entries(&self) -> Vec<CacheEntry> {
+    /// whether it would pass the checks made before loading it (signed as
+    /// `signed_by` asks).
+    pub fn entries(&self, signed_by: SignedBy<'_>) -> Vec<CacheEntry> {
         let mut out = Vec::new();
         let Ok(base) = self.root.dir(CACHE_DIR, false) else {
             return out;
@@ -398,8 +477,16 @@ impl<'a> Cache<'a> {
                     .ok()
                     .flatten()
                     .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
-                let problem = check(&bytes, record.as_ref(), Ownership::of(&st), &kver, &version);
+                let problem = check(
+                    &bytes,
+                    record.as_ref(),
+                    Ownership::of(&st),
+                    &kver,
+                    &version,
+                    signed_by,
+                );
                 out.push(CacheEntry {
+                    signer: record.and_then(|r| r.signer),
                     module_version: modinfo::field_of_bytes(&bytes, "version").ok().flatten(),
                     path: Self::host_path(&kver, &version),
                     size: st.st_size as u64,
@@ -433,6 +520,7 @@ mod tests {
             vermagic: format!("{kver} SMP mod_unload"),
             sha256: sha256_hex(bytes),
             size: bytes.len() as u64,
+            signer: None,
         }
     }
 
@@ -446,9 +534,12 @@ mod tests {
     fn each_check_names_what_failed() {
         let good = module("2.8.0", KVER);
         let rec = record(&good, "2.8.0", KVER);
-        assert_eq!(check(&good, Some(&rec), OK, KVER, "2.8.0"), None);
+        assert_eq!(
+            check(&good, Some(&rec), OK, KVER, "2.8.0", SignedBy::Nobody),
+            None
+        );
         let why = |bytes: &[u8], rec: Option<&Record>, owner: Ownership| {
-            check(bytes, rec, owner, KVER, "2.8.0").unwrap_or_default()
+            check(bytes, rec, owner, KVER, "2.8.0", SignedBy::Nobody).unwrap_or_default()
         };
         assert!(why(&good, Some(&rec), Ownership { uid: 1000, ..OK }).contains("uid 1000"));
         assert!(
@@ -496,6 +587,56 @@ mod tests {
                 OK
             )
             .contains(".modinfo")
+        );
+    }
+
+    #[test]
+    fn the_signature_must_be_the_configured_ones() {
+        let unsigned = module("2.8.0", KVER);
+        let mut signed = unsigned.clone();
+        signed.extend_from_slice(b"PKCS#7 stand-in");
+        signed.extend_from_slice(crate::signing::SIGNATURE_MAGIC);
+        let by = |bytes: &[u8], signer: Option<&str>| Record {
+            signer: signer.map(str::to_string),
+            ..record(bytes, "2.8.0", KVER)
+        };
+        let why = |bytes: &[u8], rec: &Record, want: SignedBy<'_>| {
+            check(bytes, Some(rec), OK, KVER, "2.8.0", want)
+        };
+        let a = "sha256:aa";
+        let ours = by(&signed, Some(a));
+        assert_eq!(why(&signed, &ours, SignedBy::Cert(a)), None);
+        assert_eq!(why(&signed, &ours, SignedBy::Anyone), None);
+        let other = why(&signed, &ours, SignedBy::Cert("sha256:bb")).unwrap_or_default();
+        assert!(
+            other.contains("certificate sha256:aa")
+                && other.contains("configured certificate sha256:bb"),
+            "{other}"
+        );
+        let plain = why(&unsigned, &by(&unsigned, None), SignedBy::Cert(a)).unwrap_or_default();
+        assert!(plain.contains("unsigned"), "{plain}");
+        let off = why(&signed, &ours, SignedBy::Nobody).unwrap_or_default();
+        assert!(off.contains("not configured"), "{off}");
+        // A record that claims a signer for a file without a signature.
+        let liar = by(&unsigned, Some(a));
+        assert!(
+            why(&unsigned, &liar, SignedBy::Cert(a))
+                .is_some_and(|w| w.contains("carries no signature"))
+        );
+        // A module signed by its build, recorded unsigned, is the build's
+        // business: never rebuilt for it (that would loop).
+        assert_eq!(why(&signed, &by(&signed, None), SignedBy::Nobody), None);
+        // Records from before signing read as unsigned.
+        let old: Record = serde_json::from_str(
+            r#"{"version":"2.8.0","kernelRelease":"k","vermagic":"v","sha256":"s","size":1}"#,
+        )
+        .expect("old record");
+        assert_eq!(old.signer, None);
+        assert!(
+            !serde_json::to_string(&old)
+                .expect("json")
+                .contains("signer"),
+            "an unsigned record is written as before"
         );
     }
 }

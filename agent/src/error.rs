@@ -279,9 +279,44 @@ pub enum AgentError {
     },
 
     #[error(
-        "tenstorrent {version} is unsigned and {why}: the kernel would refuse it (\"Key was rejected by service\"), so nothing was unloaded; sign it with a key the host trusts (a DKMS host signs with its MOK key) or turn enforcement off on this host"
+        "tenstorrent {version} is unsigned and {why}: the kernel would refuse it (\"Key was rejected by service\"), so nothing was unloaded; set the policy's installer.signingSecret to a key pair whose certificate the host trusts (enrolled with mokutil, as a DKMS host's MOK key is) or turn enforcement off on this host"
     )]
     UnsignedModule { version: String, why: String },
+
+    #[error(
+        "this host does not trust the key tenstorrent {version} is signed with ({error}; {why}), so nothing was unloaded: the key is not enrolled on this host; enrol its certificate as a Machine Owner Key (`mokutil --import cert.der`, confirmed in the MOK manager at the next boot) or sign with a key the host trusts (installer.signingSecret)"
+    )]
+    KeyNotTrusted {
+        version: String,
+        why: String,
+        error: String,
+    },
+
+    #[error(
+        "module signing is configured ({origin}) but {problem}; nothing was built or unloaded. The Secret of installer.signingSecret lives in the operator's namespace and holds tls.key (PEM) and tls.crt (PEM or DER), e.g. `kubectl create secret tls <name> --key tls.key --cert tls.crt`"
+    )]
+    SigningKey { origin: String, problem: String },
+
+    #[error(
+        "module signing is configured ({origin}) but the kernel headers for {kver} have no {}: install the package that ships the kernel's build tools with the headers (Debian: linux-kbuild-<major.minor>; Ubuntu and RHEL have it in the headers package); nothing was built or unloaded",
+        path.display()
+    )]
+    SignFileMissing {
+        origin: String,
+        kver: String,
+        path: PathBuf,
+    },
+
+    #[error(
+        "signing tenstorrent {version} with {origin} ({}) failed: {output}; check that tls.key is the unencrypted private key of tls.crt",
+        tool.display()
+    )]
+    Sign {
+        version: String,
+        origin: String,
+        tool: PathBuf,
+        output: String,
+    },
 
     #[error("loading {dependency} from {path}, which tenstorrent needs, failed: {source}")]
     DependencyLoad {
@@ -338,14 +373,19 @@ impl AgentError {
             | AgentError::BuiltForOtherKernel { .. }
             | AgentError::SourceCommitMismatch { .. }
             | AgentError::TagSignature { .. }
-            | AgentError::InvalidSourceCommit(_) => Some(BUILD_FAILED),
+            | AgentError::InvalidSourceCommit(_)
+            // The module cannot be signed as configured: no key, no sign-file.
+            | AgentError::SigningKey { .. }
+            | AgentError::SignFileMissing { .. }
+            | AgentError::Sign { .. } => Some(BUILD_FAILED),
             // The kernel refused the module, or runs another version after loading it.
             // Or cannot load what it depends on.
             AgentError::LoadFailed { .. }
             | AgentError::ReadbackMismatch { .. }
             | AgentError::DependencyMissing { .. }
             | AgentError::DependencyLoad { .. }
-            | AgentError::UnsignedModule { .. } => Some(LOAD_FAILED),
+            | AgentError::UnsignedModule { .. }
+            | AgentError::KeyNotTrusted { .. } => Some(LOAD_FAILED),
             AgentError::Io { .. }
             | AgentError::KernelRelease { .. }
             | AgentError::InvalidKernelRelease(_)

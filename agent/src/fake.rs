@@ -34,6 +34,12 @@ pub struct FakeKernel {
     pub killed: Mutex<Vec<u32>>,
     /// If true, kill succeeds but the holder survives (for the timeout path).
     pub unkillable: bool,
+    /// If true, every load (and probe) of tenstorrent fails with
+    /// EKEYREJECTED, as an enforcing kernel refuses a module signed with a
+    /// key it does not trust.
+    pub reject_key: bool,
+    /// How many times a module was probed ([`KernelOps::probe`]).
+    pub probes: Mutex<u32>,
 }
 
 impl FakeKernel {
@@ -46,6 +52,8 @@ impl FakeKernel {
             unloads: Mutex::new(0),
             killed: Mutex::new(Vec::new()),
             unkillable: false,
+            reject_key: false,
+            probes: Mutex::new(0),
         }
     }
 
@@ -56,8 +64,17 @@ impl FakeKernel {
         self
     }
 
+    /// Refuses every load of tenstorrent with EKEYREJECTED ([`Self::reject_key`]).
+    pub fn rejecting_keys(mut self) -> Self {
+        self.reject_key = true;
+        self
+    }
+
     pub fn loads(&self) -> Vec<String> {
         self.loads.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+    pub fn probes(&self) -> u32 {
+        self.probes.lock().map(|p| *p).unwrap_or_default()
     }
     pub fn unloads(&self) -> u32 {
         self.unloads.lock().map(|u| *u).unwrap_or_default()
@@ -84,6 +101,9 @@ impl KernelOps for FakeKernel {
         // As the kernel refuses a module with bad symbols or signature.
         if let Ok(Some(_)) = modinfo::field_of_bytes(&bytes, REFUSED_FIELD) {
             return Err(errno(nix::errno::Errno::ENOEXEC));
+        }
+        if self.reject_key {
+            return Err(errno(nix::errno::Errno::EKEYREJECTED));
         }
         // As the kernel does: a module built for another kernel is refused.
         if let Ok(Some(vermagic)) = modinfo::field_of_bytes(&bytes, "vermagic")
@@ -118,6 +138,21 @@ impl KernelOps for FakeKernel {
         }
         let shown = self.report_version.clone().unwrap_or(version);
         set_loaded(self.root.root(), &shown, 0)
+    }
+
+    fn probe(&self, _module: &fs::File) -> io::Result<()> {
+        if let Ok(mut p) = self.probes.lock() {
+            *p += 1;
+        }
+        // The kernel checks the signature first, then finds the name taken.
+        if self.reject_key {
+            return Err(errno(nix::errno::Errno::EKEYREJECTED));
+        }
+        if self.module_dir().exists() {
+            return Err(errno(nix::errno::Errno::EEXIST));
+        }
+        // The agent probes only while a module is loaded.
+        Err(errno(nix::errno::Errno::ENOENT))
     }
 
     fn load_dependency(&self, name: &str, _module: &fs::File, _compressed: bool) -> io::Result<()> {
@@ -313,6 +348,7 @@ pub fn plant_cached_bytes(
             .unwrap_or_default(),
         sha256: crate::cache::sha256_hex(bytes),
         size: bytes.len() as u64,
+        signer: None,
     };
     let json = serde_json::to_vec(&record).map_err(io::Error::other)?;
     fs::write(ko.with_file_name(crate::cache::RECORD_FILE), json)?;
@@ -339,6 +375,7 @@ pub fn plant_cached(
         vermagic: format!("{kver} SMP preempt mod_unload modversions"),
         sha256: crate::cache::sha256_hex(&bytes),
         size: bytes.len() as u64,
+        signer: None,
     };
     let json = serde_json::to_vec(&record).map_err(io::Error::other)?;
     fs::write(ko.with_file_name(crate::cache::RECORD_FILE), json)?;

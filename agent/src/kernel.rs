@@ -10,6 +10,12 @@ pub trait KernelOps {
     /// Loads the module from `module`, a descriptor of the very file that
     /// was verified (never its path again, which could change in between).
     fn load(&self, module: &File) -> io::Result<()>;
+    /// Offers `module` to the kernel while a module of its name is loaded,
+    /// to learn whether the kernel trusts its signature: the kernel checks
+    /// the signature before anything else and then, the name being taken,
+    /// loads nothing (EEXIST). A refusal of the key is EKEYREJECTED (EPERM
+    /// under lockdown alone).
+    fn probe(&self, module: &File) -> io::Result<()>;
     /// Loads `name`, a module tt-kmd depends on, from `module` (the kernel
     /// decompresses it when `compressed`); EEXIST when already loaded.
     fn load_dependency(&self, name: &str, module: &File, compressed: bool) -> io::Result<()>;
@@ -30,6 +36,11 @@ impl KernelOps for RealKernel {
     fn load(&self, module: &File) -> io::Result<()> {
         nix::kmod::finit_module(module, c"", nix::kmod::ModuleInitFlags::empty())
             .map_err(io::Error::from)
+    }
+
+    fn probe(&self, module: &File) -> io::Result<()> {
+        // The same system call: only the module already loaded makes it a probe.
+        self.load(module)
     }
 
     fn load_dependency(&self, name: &str, module: &File, compressed: bool) -> io::Result<()> {

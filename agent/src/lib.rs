@@ -24,13 +24,13 @@
 //! - [`modinfo`]: a module file's `.modinfo` version; uses `error`.
 //! - [`build`]: building the module with git and make, the source pin; uses `error`, `host`.
 //! - [`deps`]: the modules tt-kmd depends on, found in `modules.dep` and loaded first; uses `error`, `host`, `kernel`, `modinfo`.
-//! - [`signing`]: module signature enforcement (sig_enforce, lockdown) and whether a module is signed; uses `error`, `host`.
-//! - [`cache`]: the verified module cache on the host (record, checks, eviction, pruning); uses `error`, `host`, `hostfs`, `modinfo`.
+//! - [`signing`]: module signatures: enforcement (sig_enforce, lockdown), whether a module is signed, whether the kernel trusts its key (a probe while the old module is loaded), signing it with the configured key pair and the kernel's sign-file; uses `error`, `host`, `hostfs`, `kernel`, `build`.
+//! - [`cache`]: the verified module cache on the host (record, checks, eviction, pruning); uses `error`, `host`, `hostfs`, `modinfo`, `signing`.
 //! - [`kbuild`]: linking the host's Debian kbuild trees for a build; uses `error`, `host`.
 //! - [`devices`]: the udev rule, device-node modes and the old /opt/tt venv; uses `host`, `hostfs`.
 //! - [`agent`]: the run sequence and its decisions (labels, the second key); uses all of the above.
 //! - [`unload`]: `spec.unmanage`: unload only, with the unload go-ahead; uses `agent`, `pod`.
-//! - [`status`]: the `status` subcommand's report; uses `agent`, `cache`, `holders`, `host`.
+//! - [`status`]: the `status` subcommand's report; uses `agent`, `cache`, `holders`, `host`, `signing`.
 //! - [`fake`]: fake kernel, builder and host for tests; uses `build`, `error`, `host`, `kernel`, `modinfo`.
 
 pub mod agent;

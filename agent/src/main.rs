@@ -60,6 +60,10 @@ enum Command {
         /// Target tt-kmd version (optional; fills in `ready`).
         #[arg(long = "version", env = env::TT_KMD_VERSION)]
         target: Option<String>,
+        /// The certificate `run` signs modules with: cache entries signed
+        /// with another one (or unsigned) are reported as not verified.
+        #[arg(long, env = env::SIGNING_CERT)]
+        signing_cert: Option<PathBuf>,
     },
 }
 
@@ -101,6 +105,20 @@ struct RunArgs {
     /// Unset: signatures are not checked.
     #[arg(long, env = env::TAG_KEYS)]
     tag_keys: Option<PathBuf>,
+
+    /// The private key (PEM) to sign the built module with, with the kernel's
+    /// scripts/sign-file; needs --signing-cert. Unset: built unsigned.
+    #[arg(long, env = env::SIGNING_KEY)]
+    signing_key: Option<PathBuf>,
+
+    /// The certificate (PEM or DER) of --signing-key.
+    #[arg(long, env = env::SIGNING_CERT)]
+    signing_cert: Option<PathBuf>,
+
+    /// `<namespace>/<name>` of the Secret the signing key pair comes from
+    /// (for messages only).
+    #[arg(long, env = env::SIGNING_SECRET)]
+    signing_secret: Option<String>,
 
     /// The bundled tt-smi binary (a path in the agent's own filesystem).
     #[arg(long, env = "TT_SMI_PATH", default_value = "/opt/tt-smi/tt-smi")]
@@ -207,9 +225,13 @@ fn main() -> ExitCode {
         Command::Ready { target, .. } => {
             report(pod::readiness(&root, &target, status_file.as_deref()))
         }
-        Command::Status { target } => {
+        Command::Status {
+            target,
+            signing_cert,
+        } => {
             let waiting = status_file.as_deref().and_then(pod::waiting);
-            let s = status::collect(&root, target.as_deref(), waiting);
+            let cert = signing_cert.filter(|c| !c.as_os_str().is_empty());
+            let s = status::collect(&root, target.as_deref(), waiting, cert.as_deref());
             match serde_json::to_string_pretty(&s) {
                 Ok(json) => {
                     println!("{json}");
@@ -233,6 +255,23 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         );
         return ExitCode::from(2);
     }
+    let nonempty = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let signing = match (nonempty(&args.signing_key), nonempty(&args.signing_cert)) {
+        (None, None) => None,
+        (Some(key), Some(cert)) => Some(ttdrv_agent::signing::SigningKey::new(
+            key,
+            cert,
+            args.signing_secret.as_deref(),
+        )),
+        _ => {
+            tracing::error!(
+                "{} and {} (--signing-key, --signing-cert) go together: set both or neither",
+                env::SIGNING_KEY,
+                env::SIGNING_CERT
+            );
+            return ExitCode::from(2);
+        }
+    };
     let config = Config {
         host_root: host_root.to_path_buf(),
         target_version: args.target.clone(),
@@ -248,6 +287,7 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         swap_without_go_ahead: args.swap_without_go_ahead,
         status_file,
         next_kernels: args.next_kernels,
+        signing,
     };
     tracing::info!(
         host_root = %host_root.display(),
@@ -256,6 +296,7 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         source_repository = %config.source_repository,
         node = node_name.as_deref().unwrap_or("(unset)"),
         policy = config.policy.as_deref().unwrap_or("(unset)"),
+        signing = config.signing.as_ref().map_or("(off)", |s| s.origin.as_str()),
         kbuild_link_dir = %config
             .kbuild_link_dir
             .as_deref()

@@ -1,11 +1,11 @@
 //! `ttdrv-agent status`: what the agent sees on this host, as JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use crate::agent::TT_SMI_HOST_PATH;
-use crate::cache::{Cache, CacheEntry};
+use crate::cache::{Cache, CacheEntry, SignedBy};
 use crate::holder::Holder;
 use crate::holders::find_holders;
 use crate::host::{HostRoot, ModuleState, version_matches};
@@ -40,8 +40,26 @@ pub struct TtSmi {
     pub installed: bool,
 }
 
-pub fn collect(root: &HostRoot, target: Option<&str>, waiting: Option<String>) -> Status {
+/// `signing_cert`: the certificate `run` signs with (TT_KMD_SIGNING_CERT),
+/// so that `verified` says what `run` would load.
+pub fn collect(
+    root: &HostRoot,
+    target: Option<&str>,
+    waiting: Option<String>,
+    signing_cert: Option<&Path>,
+) -> Status {
     let mut errors = Vec::new();
+    let fingerprint = signing_cert.and_then(|c| {
+        crate::signing::cert_fingerprint(c)
+            .map_err(|e| errors.push(format!("signing certificate: {e}")))
+            .ok()
+    });
+    let signed_by = match (signing_cert, &fingerprint) {
+        (None, _) => SignedBy::Nobody,
+        (Some(_), Some(f)) => SignedBy::Cert(f),
+        // Configured but unreadable: `run` would fail before the cache.
+        (Some(_), None) => SignedBy::Anyone,
+    };
     let kernel_release = root
         .kernel_release()
         .map_err(|e| errors.push(e.to_string()))
@@ -69,7 +87,7 @@ pub fn collect(root: &HostRoot, target: Option<&str>, waiting: Option<String>) -
         ready,
         waiting,
         holders: find_holders(root),
-        cache: Cache::new(root).entries(),
+        cache: Cache::new(root).entries(signed_by),
         tt_smi: TtSmi {
             path: TT_SMI_HOST_PATH,
             installed: root.path(TT_SMI_HOST_PATH).is_file(),

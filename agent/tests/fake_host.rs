@@ -1056,3 +1056,364 @@ fn a_signed_module_on_an_enforcing_host_is_swapped() {
     assert_eq!(kernel.loads(), vec!["2.8.0".to_string()]);
     assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
 }
+
+/// The Secret of the signing tests, as the controller names it.
+const SIGNING_SECRET: &str = "tt-k8s-driver-manager-system/module-signing";
+
+/// A signing key pair in the agent pod's filesystem (where the Secret is
+/// mounted): a PEM key stand-in and a DER-shaped certificate `cert`. Only
+/// the agent reads them (for the fingerprint); the fake sign-file does not.
+fn signing_pair(h: &Host, name: &str, cert: &[u8]) -> ttdrv_agent::signing::SigningKey {
+    let dir = h.pod().join(name);
+    fs::create_dir_all(&dir).expect("mkdir");
+    fs::write(
+        dir.join("tls.key"),
+        "-----BEGIN PRIVATE KEY-----\nstand-in\n-----END PRIVATE KEY-----\n",
+    )
+    .expect("key");
+    fs::write(dir.join("tls.crt"), cert).expect("cert");
+    ttdrv_agent::signing::SigningKey::new(
+        dir.join("tls.key"),
+        dir.join("tls.crt"),
+        Some(SIGNING_SECRET),
+    )
+}
+
+/// A DER-shaped certificate stand-in (a SEQUENCE with a long-form length).
+fn der_cert(fill: u8) -> Vec<u8> {
+    let mut c = vec![0x30, 0x82, 0x00, 0x10];
+    c.extend_from_slice(&[fill; 16]);
+    c
+}
+
+/// The kernel's sign-file in the fake headers: records its arguments and
+/// appends a signature stand-in to the module, as the real one does. The
+/// headers' configuration names sha512, which the agent must pass.
+fn plant_sign_file(h: &Host) -> PathBuf {
+    let build = h.p(&format!("/lib/modules/{KVER}/build"));
+    fs::create_dir_all(build.join("scripts")).expect("mkdir");
+    fs::write(
+        build.join(".config"),
+        "CONFIG_MODULE_SIG=y\nCONFIG_MODULE_SIG_HASH=\"sha512\"\n",
+    )
+    .expect(".config");
+    let tool = build.join("scripts/sign-file");
+    fs::write(
+        &tool,
+        "#!/bin/sh\necho \"$@\" >> \"$(dirname \"$0\")/sign-file.args\"\nprintf 'PKCS#7 stand-in~Module signature appended~\\n' >> \"$4\"\n",
+    )
+    .expect("sign-file");
+    fs::set_permissions(&tool, fs::Permissions::from_mode(0o755)).expect("chmod");
+    build.join("scripts/sign-file.args")
+}
+
+fn enforce_signatures(h: &Host) {
+    let params = h.p("/sys/module/module/parameters");
+    fs::create_dir_all(&params).expect("mkdir");
+    fs::write(params.join("sig_enforce"), "Y\n").expect("sig_enforce");
+}
+
+/// The record of the cached 2.8.0.
+fn cached_record(h: &Host) -> ttdrv_agent::cache::Record {
+    let rec = h.p(&format!(
+        "/var/cache/tt-kmd/{KVER}/2.8.0/tenstorrent.ko.json"
+    ));
+    serde_json::from_slice(&fs::read(rec).expect("record")).expect("record json")
+}
+
+#[test]
+fn signing_without_its_key_fails_before_the_build_and_the_unload() {
+    let h = Host::with_loaded("2.7.0", 0);
+    plant_sign_file(&h);
+    // The optional Secret volume of a missing Secret: an empty directory.
+    let missing = ttdrv_agent::signing::SigningKey::new(
+        h.pod().join("signing/tls.key"),
+        h.pod().join("signing/tls.crt"),
+        Some(SIGNING_SECRET),
+    );
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    // Even with the go-ahead there: nothing is unloaded.
+    let node = go_ahead("2.8.0");
+    let config = ttdrv_agent::Config {
+        signing: Some(missing),
+        ..h.config("2.8.0")
+    };
+    let err = run(&config, &kernel, &builder, &node).expect_err("no key");
+    let msg = err.to_string();
+    assert!(matches!(err, AgentError::SigningKey { .. }), "{msg}");
+    assert_eq!(err.reason(), Some(ttdrv_core::reason::BUILD_FAILED));
+    assert!(
+        msg.contains(&format!("Secret {SIGNING_SECRET}"))
+            && msg.contains("signing/tls.key does not exist"),
+        "{msg}"
+    );
+    assert!(builder.builds().is_empty(), "built without a key");
+    assert!(!h.p("/var/cache/tt-kmd").exists(), "cached");
+    assert_untouched(&h, &kernel);
+
+    // A key that is not PEM (sign-file reads no other form) is refused too.
+    let pair = signing_pair(&h, "der-key", &der_cert(1));
+    fs::write(&pair.key, [0x30, 0x82, 0x01, 0x02]).expect("DER key");
+    let config = ttdrv_agent::Config {
+        signing: Some(pair),
+        ..h.config("2.8.0")
+    };
+    let msg = run(&config, &kernel, &builder, &node)
+        .expect_err("DER key")
+        .to_string();
+    assert!(msg.contains("is not PEM"), "{msg}");
+    assert!(builder.builds().is_empty());
+    assert_untouched(&h, &kernel);
+}
+
+#[test]
+fn signing_without_the_kernels_sign_file_fails_before_the_build_and_the_unload() {
+    let h = Host::with_loaded("2.7.0", 0);
+    let kernel = FakeKernel::new(h.root());
+    let builder = FakeBuilder::default();
+    let node = go_ahead("2.8.0");
+    let config = ttdrv_agent::Config {
+        signing: Some(signing_pair(&h, "signing", &der_cert(1))),
+        ..h.config("2.8.0")
+    };
+    let err = run(&config, &kernel, &builder, &node).expect_err("no sign-file");
+    let msg = err.to_string();
+    assert!(matches!(err, AgentError::SignFileMissing { .. }), "{msg}");
+    assert_eq!(err.reason(), Some(ttdrv_core::reason::BUILD_FAILED));
+    assert!(
+        msg.contains(&format!("headers for {KVER}")) && msg.contains("scripts/sign-file"),
+        "{msg}"
+    );
+    assert!(builder.builds().is_empty(), "built without a sign-file");
+    assert!(!h.p("/var/cache/tt-kmd").exists(), "cached");
+    assert_untouched(&h, &kernel);
+}
+
+#[test]
+fn the_cache_serves_only_modules_signed_with_the_configured_certificate() {
+    let h = Host::new();
+    enforce_signatures(&h);
+    let args = plant_sign_file(&h);
+    let a = signing_pair(&h, "a", &der_cert(0xa));
+    let b = signing_pair(&h, "b", &der_cert(0xb));
+    let fp = |k: &ttdrv_agent::signing::SigningKey| k.load().expect("pair").fingerprint;
+    let builder = FakeBuilder::default();
+    let node = FakeNode::default();
+    let install = |signing: Option<&ttdrv_agent::signing::SigningKey>| {
+        // Nothing loaded each time: a first install, no go-ahead needed.
+        let _ = fs::remove_dir_all(h.p("/sys/module/tenstorrent"));
+        let kernel = FakeKernel::new(h.root());
+        let config = ttdrv_agent::Config {
+            signing: signing.cloned(),
+            ..h.config("2.8.0")
+        };
+        run(&config, &kernel, &builder, &node)
+    };
+
+    let outcome = install(Some(&a)).expect("signed with A, loaded where enforced");
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
+    );
+    let ko = h.p(&format!("/var/cache/tt-kmd/{KVER}/2.8.0/tenstorrent.ko"));
+    let built = format!("sha512 {} {} ", a.key.display(), a.cert.display());
+    let calls = fs::read_to_string(&args).expect("sign-file ran");
+    assert!(
+        calls.starts_with(&built) && calls.trim_end().ends_with("/tenstorrent.ko"),
+        "the headers' hash, key, certificate, the built module: {calls}"
+    );
+    assert!(
+        fs::read(&ko)
+            .expect("cached")
+            .ends_with(ttdrv_agent::signing::SIGNATURE_MAGIC)
+    );
+    assert_eq!(cached_record(&h).signer, Some(fp(&a)));
+    // `status` says the same of the entry, for the certificate it is given.
+    let entry = |cert: Option<&Path>| {
+        let s = ttdrv_agent::status::collect(&h.hr(), Some("2.8.0"), None, cert);
+        assert!(s.errors.is_empty(), "{:?}", s.errors);
+        let e = s.cache.into_iter().next().expect("one cache entry");
+        (e.signer, e.verified, e.problem.unwrap_or_default())
+    };
+    assert_eq!(entry(Some(&a.cert)), (Some(fp(&a)), true, String::new()));
+    let (_, verified, problem) = entry(Some(&b.cert));
+    assert!(
+        !verified && problem.contains("not the configured certificate"),
+        "{problem}"
+    );
+    let (_, verified, problem) = entry(None);
+    assert!(
+        !verified && problem.contains("signing is not configured"),
+        "{problem}"
+    );
+
+    let outcome = install(Some(&a)).expect("from the cache");
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Cache,
+            ..
+        }
+    );
+    assert_eq!(builder.builds().len(), 1);
+
+    // Another certificate: the module signed with A is not loaded, but
+    // rebuilt and signed with B.
+    let outcome = install(Some(&b)).expect("signed with B");
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
+    );
+    assert_eq!(builder.builds().len(), 2);
+    assert_eq!(cached_record(&h).signer, Some(fp(&b)));
+
+    // Signing off: built unsigned (nothing appended), which this host refuses.
+    let err = install(None).expect_err("unsigned on an enforcing host");
+    assert!(matches!(err, AgentError::UnsignedModule { .. }), "{err}");
+    assert_eq!(builder.builds().len(), 3);
+    assert_eq!(cached_record(&h).signer, None);
+    assert!(
+        !fs::read(&ko)
+            .expect("cached")
+            .ends_with(ttdrv_agent::signing::SIGNATURE_MAGIC),
+        "signed without signing configured"
+    );
+    assert_eq!(fs::read_to_string(&args).expect("args").lines().count(), 2);
+
+    // Signing on again: the unsigned module is not served.
+    install(Some(&a)).expect("signed with A again");
+    assert_eq!(builder.builds().len(), 4);
+    assert_eq!(cached_record(&h).signer, Some(fp(&a)));
+}
+
+#[test]
+fn a_key_the_host_does_not_trust_is_named_and_not_rebuilt_for() {
+    let h = Host::new();
+    enforce_signatures(&h);
+    plant_sign_file(&h);
+    let config = ttdrv_agent::Config {
+        signing: Some(signing_pair(&h, "signing", &der_cert(1))),
+        ..h.config("2.8.0")
+    };
+    let builder = FakeBuilder::default();
+    let node = FakeNode::default();
+    run(&config, &FakeKernel::new(h.root()), &builder, &node).expect("installed");
+    fs::remove_dir_all(h.p("/sys/module/tenstorrent")).expect("unloaded");
+
+    // A host whose MOK list lacks the certificate: the cached module is
+    // refused, and a rebuild (same key) would be too.
+    let kernel = FakeKernel::new(h.root()).rejecting_keys();
+    let err = run(&config, &kernel, &builder, &node).expect_err("key rejected");
+    let msg = err.to_string();
+    assert!(matches!(err, AgentError::LoadFailed { .. }), "{msg}");
+    assert_eq!(err.reason(), Some(ttdrv_core::reason::LOAD_FAILED));
+    assert!(
+        msg.contains("Key was rejected by service")
+            && msg.contains("not enrolled on this host")
+            && msg.contains("mokutil --import"),
+        "{msg}"
+    );
+    assert_eq!(builder.builds().len(), 1, "rebuilt for a rejected key");
+    assert_eq!(kernel.loads(), vec!["2.8.0".to_string()]);
+}
+
+#[test]
+fn a_key_the_host_does_not_trust_fails_before_the_unload_when_a_module_is_loaded() {
+    let h = Host::with_loaded("2.7.0", 0);
+    enforce_signatures(&h);
+    plant_sign_file(&h);
+    let config = ttdrv_agent::Config {
+        signing: Some(signing_pair(&h, "signing", &der_cert(1))),
+        ..h.config("2.8.0")
+    };
+    let builder = FakeBuilder::default();
+    // The go-ahead is there: only the probe keeps the old module loaded.
+    let node = go_ahead("2.8.0");
+    let kernel = FakeKernel::new(h.root()).rejecting_keys();
+    let err = run(&config, &kernel, &builder, &node).expect_err("key not trusted");
+    let msg = err.to_string();
+    assert!(matches!(err, AgentError::KeyNotTrusted { .. }), "{msg}");
+    assert_eq!(err.reason(), Some(ttdrv_core::reason::LOAD_FAILED));
+    assert!(
+        msg.contains("nothing was unloaded")
+            && msg.contains("not enrolled on this host")
+            && msg.contains("sig_enforce=Y"),
+        "{msg}"
+    );
+    assert_eq!(kernel.probes(), 1);
+    assert_untouched(&h, &kernel);
+
+    // A kernel that trusts the key: the probe finds the name taken, and the
+    // swap goes on.
+    let kernel = FakeKernel::new(h.root());
+    run(&config, &kernel, &builder, &node).expect("swapped");
+    assert_eq!(kernel.probes(), 1);
+    assert_eq!(kernel.unloads(), 1);
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+
+    // Not enforced: no probe.
+    fs::remove_file(h.p("/sys/module/module/parameters/sig_enforce")).expect("rm");
+    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let kernel = FakeKernel::new(h.root());
+    run(&config, &kernel, &builder, &node).expect("swapped");
+    assert_eq!(kernel.probes(), 0);
+}
+
+#[test]
+fn the_binary_reads_the_signing_env_and_names_a_missing_secret_in_its_termination_message() {
+    let h = Host::with_loaded("2.7.0", 0);
+    // As the controller renders it, with the Secret missing (the optional
+    // volume is an empty directory).
+    let mount = h.pod().join("signing");
+    fs::create_dir_all(&mount).expect("mkdir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ttdrv-agent"))
+        .env_remove("NODE_NAME")
+        .env("TTDRV_STATUS_FILE", h.pod().join("waiting"))
+        .env("TTDRV_TERMINATION_LOG", h.pod().join("termination-log"))
+        .env(labels::env::SIGNING_KEY, mount.join("tls.key"))
+        .env(labels::env::SIGNING_CERT, mount.join("tls.crt"))
+        .env(labels::env::SIGNING_SECRET, SIGNING_SECRET)
+        .args(["--host-root"])
+        .arg(h.root())
+        .args(["run", "--once", "--version", "2.8.0"])
+        .output()
+        .expect("run ttdrv-agent");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("signing=\"Secret {SIGNING_SECRET}\"")),
+        "{log}"
+    );
+    let message = fs::read_to_string(h.pod().join("termination-log")).expect("termination log");
+    assert!(
+        message.starts_with(&format!(
+            "BuildFailed: module signing is configured (Secret {SIGNING_SECRET}) but {}",
+            mount.join("tls.key").display()
+        )) && message.contains("does not exist"),
+        "{message}"
+    );
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+
+    // One of the pair alone is a usage error.
+    let out = agent_bin(
+        &h,
+        &[
+            "run",
+            "--once",
+            "--version",
+            "2.8.0",
+            "--signing-key",
+            "/etc/ttdrv/signing/tls.key",
+        ],
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{log}");
+    assert!(log.contains("set both or neither"), "{log}");
+}

@@ -447,7 +447,7 @@ fn assert_evicted_and_rebuilt(h: &Planted) {
     );
     assert!(
         Cache::new(&HostRoot::new(h.r()))
-            .lookup(KVER, "2.8.0")
+            .lookup(KVER, "2.8.0", ttdrv_agent::cache::SignedBy::Nobody)
             .expect("lookup")
             .is_some(),
         "the rebuilt entry verifies"

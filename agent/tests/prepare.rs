@@ -59,7 +59,7 @@ fn next_kernel_failing() -> (Host, FakeKernel, FakeBuilder) {
 
 fn cached(h: &Host, kver: &str, version: &str) -> bool {
     Cache::new(&h.hr())
-        .lookup(kver, version)
+        .lookup(kver, version, ttdrv_agent::cache::SignedBy::Nobody)
         .expect("cache readable")
         .is_some()
 }
@@ -199,6 +199,7 @@ fn the_next_kernel_preflight_can_be_turned_off() {
     let node = FakeNode::default();
     let config = Config {
         next_kernels: false,
+        signing: None,
         ..h.config("2.8.0")
     };
     let r = run_polls(&config, &kernel, &builder, &node, 3);

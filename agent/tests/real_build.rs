@@ -17,7 +17,8 @@ use ttdrv_agent::{Agent, Config, HostRoot, ModuleSource, Outcome};
 
 use common::host::assert_matches;
 
-const HINT: &str = "run hack/agent-deps.sh (installs git, make, gcc, kmod, linux-headers-amd64)";
+const HINT: &str =
+    "run hack/agent-deps.sh (installs git, make, gcc, kmod, linux-headers-amd64, openssl)";
 
 /// A kernel release whose headers are installed: /lib/modules/<kver>/build.
 fn installed_headers() -> (String, PathBuf) {
@@ -38,17 +39,66 @@ fn installed_headers() -> (String, PathBuf) {
     }
 }
 
-fn modinfo_version(ko: &Path) -> String {
+/// `modinfo -F <field>` of a module file (empty when it has no such field).
+fn modinfo(ko: &Path, field: &str) -> String {
     let out = Command::new("modinfo")
-        .args(["-F", "version"])
+        .args(["-F", field])
         .arg(ko)
         .output()
         .unwrap_or_else(|e| panic!("cannot run modinfo ({e}): {HINT}"));
     common::stdout_of("modinfo", out)
 }
 
-#[test]
-fn real_git_and_make_build_the_stub_module_into_the_cache() {
+fn modinfo_version(ko: &Path) -> String {
+    modinfo(ko, "version")
+}
+
+/// A host root whose running kernel is this machine's (its real headers,
+/// modules.dep and crc7), and the stub module's fixture repository.
+struct RealHost {
+    kver: String,
+    root: tempfile::TempDir,
+    repo: tempfile::TempDir,
+    smi: tempfile::TempDir,
+}
+
+impl RealHost {
+    fn hr(&self) -> HostRoot {
+        HostRoot::new(self.root.path())
+    }
+
+    fn config(&self, target: &str) -> Config {
+        Config {
+            host_root: self.root.path().to_path_buf(),
+            target_version: target.to_string(),
+            force_unload: false,
+            unload_timeout: Duration::from_secs(2),
+            source_repository: self.repo.path().display().to_string(),
+            tt_smi_path: self.smi.path().join("absent"),
+            tt_smi_version: None,
+            kbuild_link_dir: None,
+            policy: Some(FAKE_POLICY.to_string()),
+            go_ahead_poll: Duration::from_millis(1),
+            swap_without_go_ahead: false,
+            next_kernels: true,
+            signing: None,
+            status_file: None,
+        }
+    }
+
+    fn builder(&self) -> GitMakeBuilder {
+        GitMakeBuilder::new(self.repo.path().display().to_string())
+    }
+
+    fn cached(&self, version: &str) -> PathBuf {
+        self.hr().path(format!(
+            "/var/cache/tt-kmd/{}/{version}/tenstorrent.ko",
+            self.kver
+        ))
+    }
+}
+
+fn real_host() -> RealHost {
     let (kver, headers) = installed_headers();
     let root = tempfile::tempdir().expect("tempdir");
     let hr = HostRoot::new(root.path());
@@ -84,24 +134,20 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
         .status()
         .expect("make-repo.sh");
     assert!(st.success(), "make-repo.sh failed: {HINT}");
+    RealHost {
+        kver,
+        root,
+        repo,
+        smi: tempfile::tempdir().expect("tempdir"),
+    }
+}
 
-    let smi = tempfile::tempdir().expect("tempdir");
-    let config = |target: &str| Config {
-        host_root: root.path().to_path_buf(),
-        target_version: target.to_string(),
-        force_unload: false,
-        unload_timeout: Duration::from_secs(2),
-        source_repository: repo.path().display().to_string(),
-        tt_smi_path: smi.path().join("absent"),
-        tt_smi_version: None,
-        kbuild_link_dir: None,
-        policy: Some(FAKE_POLICY.to_string()),
-        go_ahead_poll: Duration::from_millis(1),
-        swap_without_go_ahead: false,
-        next_kernels: true,
-        status_file: None,
-    };
-    let builder = GitMakeBuilder::new(repo.path().display().to_string());
+#[test]
+fn real_git_and_make_build_the_stub_module_into_the_cache() {
+    let host = real_host();
+    let (kver, root, hr) = (&host.kver, &host.root, host.hr());
+    let config = |target: &str| host.config(target);
+    let builder = host.builder();
     let kernel = FakeKernel::new(root.path());
     let node = FakeNode::default();
     let pause = FakePause::stopping_after(3);
@@ -139,6 +185,11 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
     );
     let cached = hr.path(format!("/var/cache/tt-kmd/{kver}/2.8.0/tenstorrent.ko"));
     assert_eq!(modinfo_version(&cached), "2.8.0");
+    // Without signing configured nothing is appended (`make modules` does
+    // not sign; only modules_install would, under CONFIG_MODULE_SIG_ALL).
+    assert_eq!(modinfo(&cached, "sig_id"), "", "signed without a key");
+    let file = fs::File::open(&cached).expect("open");
+    assert!(!ttdrv_agent::signing::is_signed(&file, &cached).expect("read"));
     assert_eq!(
         ttdrv_agent::modinfo::module_version(&cached)
             .expect("parse")
@@ -173,5 +224,163 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
             source: ModuleSource::Cache,
             ..
         }
+    );
+}
+
+/// `openssl` with `args`; its stdout.
+fn openssl(args: &[&str]) -> String {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run openssl ({e}): {HINT}"));
+    common::stdout_of("openssl", out)
+}
+
+#[test]
+fn the_built_module_is_signed_with_the_configured_key_pair() {
+    let host = real_host();
+    let keys = tempfile::tempdir().expect("tempdir");
+    let (key, cert) = (keys.path().join("tls.key"), keys.path().join("tls.crt"));
+    const CN: &str = "ttdrv test module signing";
+    // As docs/security.md says to make one (a MOK key pair, the
+    // certificate in DER as mokutil wants it).
+    openssl(&[
+        "req",
+        "-new",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        &format!("/CN={CN}"),
+        "-addext",
+        "extendedKeyUsage=codeSigning",
+        "-outform",
+        "DER",
+        "-keyout",
+        &key.display().to_string(),
+        "-out",
+        &cert.display().to_string(),
+    ]);
+    let signing = ttdrv_agent::signing::SigningKey::new(key.clone(), cert.clone(), None);
+    let config = Config {
+        signing: Some(signing.clone()),
+        ..host.config("2.8.0")
+    };
+    let kernel = FakeKernel::new(host.root.path());
+    let node = FakeNode::default();
+    let pause = FakePause::stopping_after(3);
+    let agent = |config: &Config| {
+        let _ = fs::remove_dir_all(host.hr().path("/sys/module/tenstorrent"));
+        Agent {
+            config,
+            kernel: &kernel,
+            killer: &kernel,
+            builder: &host.builder(),
+            node: &node,
+            pause: &pause,
+        }
+        .run()
+    };
+    let outcome = agent(&config).unwrap_or_else(|e| panic!("signed build failed: {e}\n{HINT}"));
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
+    );
+    let cached = host.cached("2.8.0");
+    assert_eq!(modinfo_version(&cached), "2.8.0");
+    assert_eq!(modinfo(&cached, "sig_id"), "PKCS#7");
+    assert_eq!(modinfo(&cached, "signer"), CN);
+    // The hash the headers were configured with (Debian: sha256).
+    let config_text = fs::read_to_string(format!("/lib/modules/{}/build/.config", host.kver))
+        .expect("the headers' .config");
+    let want_hash = config_text
+        .lines()
+        .find_map(|l| l.strip_prefix("CONFIG_MODULE_SIG_HASH="))
+        .map_or("sha256", |h| h.trim_matches('"'))
+        .to_string();
+    assert_eq!(modinfo(&cached, "sig_hashalgo"), want_hash);
+    // Our reader sees it too, and the enforcement check would pass it.
+    let file = fs::File::open(&cached).expect("open");
+    assert!(ttdrv_agent::signing::is_signed(&file, &cached).expect("read"));
+
+    // The record names the certificate by the fingerprint openssl gives.
+    let record: ttdrv_agent::cache::Record = serde_json::from_slice(
+        &fs::read(cached.with_file_name("tenstorrent.ko.json")).expect("record"),
+    )
+    .expect("record json");
+    let openssl_fp = openssl(&[
+        "x509",
+        "-inform",
+        "DER",
+        "-in",
+        &cert.display().to_string(),
+        "-noout",
+        "-fingerprint",
+        "-sha256",
+    ]);
+    let hex: String = openssl_fp
+        .rsplit('=')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| *c != ':')
+        .collect::<String>()
+        .to_lowercase();
+    assert_eq!(record.signer, Some(format!("sha256:{hex}")));
+
+    // The same certificate in PEM (as `kubectl create secret tls` wants
+    // it): the same fingerprint, so the cached module is served as it is.
+    let pem = keys.path().join("tls.pem");
+    openssl(&[
+        "x509",
+        "-inform",
+        "DER",
+        "-in",
+        &cert.display().to_string(),
+        "-out",
+        &pem.display().to_string(),
+    ]);
+    let config = Config {
+        signing: Some(ttdrv_agent::signing::SigningKey::new(
+            key.clone(),
+            pem,
+            None,
+        )),
+        ..host.config("2.8.0")
+    };
+    let outcome = agent(&config).expect("from the cache");
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Cache,
+            ..
+        }
+    );
+
+    // A key that is not the certificate's: the kernel's sign-file refuses it.
+    let other = keys.path().join("other.key");
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-out",
+        &other.display().to_string(),
+    ]);
+    let config = Config {
+        signing: Some(ttdrv_agent::signing::SigningKey::new(other, cert, None)),
+        ..host.config("2.7.0")
+    };
+    let err = agent(&config).expect_err("mismatched key");
+    assert!(matches!(err, ttdrv_agent::AgentError::Sign { .. }), "{err}");
+    assert_eq!(err.reason(), Some(ttdrv_core::reason::BUILD_FAILED));
+    assert!(
+        !host.cached("2.7.0").exists(),
+        "an unsigned module was cached"
     );
 }

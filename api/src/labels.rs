@@ -103,6 +103,14 @@ pub mod env {
     pub const SOURCE_COMMIT: &str = "TT_KMD_SOURCE_COMMIT";
     /// Public keys one of which must have signed the version's tag.
     pub const TAG_KEYS: &str = "TT_KMD_TAG_KEYS";
+    /// The private key (PEM) the agent signs the built module with
+    /// (`installer.signingSecret`'s `tls.key`); set with [`SIGNING_CERT`].
+    pub const SIGNING_KEY: &str = "TT_KMD_SIGNING_KEY";
+    /// The certificate (PEM or DER) of [`SIGNING_KEY`] (`tls.crt`).
+    pub const SIGNING_CERT: &str = "TT_KMD_SIGNING_CERT";
+    /// `<namespace>/<name>` of the Secret the signing key pair comes from,
+    /// for the agent's messages.
+    pub const SIGNING_SECRET: &str = "TT_KMD_SIGNING_SECRET";
     pub const TT_SMI_VERSION: &str = "TT_SMI_VERSION";
     pub const HOST_ROOT: &str = "TTDRV_HOST_ROOT";
     /// Name of the policy whose DaemonSet runs the agent (its go-ahead must name it).

@@ -19,9 +19,9 @@ use crate::podselector::{POD_SELECTOR_PATTERN, token_length_rule};
 use crate::validation::{
     IMAGE_MAX_LENGTH, IMAGE_PATTERN, LABEL_KEY_HELP, LABEL_KEY_MAX_LENGTH, LABEL_VALUE_HELP,
     LABEL_VALUE_MAX_LENGTH, MATCH_EXPRESSIONS_MAX, MATCH_LABELS_MAX, POD_SELECTOR_MAX_LENGTH,
-    SELECTOR_VALUES_MAX, SOURCE_REPOSITORY_MAX_LENGTH, SOURCE_REPOSITORY_PATTERN,
-    VERSION_MAX_LENGTH, cel_string, invalid_message, label_key_rule, label_value_rule,
-    version_pattern,
+    SECRET_NAME_MAX_LENGTH, SECRET_NAME_PATTERN, SELECTOR_VALUES_MAX, SOURCE_REPOSITORY_MAX_LENGTH,
+    SOURCE_REPOSITORY_PATTERN, VERSION_MAX_LENGTH, cel_string, invalid_message, label_key_rule,
+    label_value_rule, version_pattern,
 };
 
 /// Desired tt-kmd version and rollout policy for the Tenstorrent nodes it selects.
@@ -432,6 +432,20 @@ pub struct Installer {
         "message": "sourceCommit must be a full git commit: 40 or 64 hex digits"
     }]))]
     pub source_commit: Option<String>,
+    /// A Secret in the operator's namespace (beside the installer DaemonSet)
+    /// holding the key pair the installer signs the built module with, for
+    /// hosts that enforce module signatures (Secure Boot): `tls.key` (the
+    /// private key, PEM) and `tls.crt` (its X.509 certificate, PEM or DER),
+    /// as `kubectl create secret tls` makes it. Each host must trust the
+    /// certificate (enrolled with `mokutil --import`). Empty means the module
+    /// is not signed. See docs/security.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = SECRET_NAME_MAX_LENGTH))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": format!("self == '' || self.matches({})", cel_string(SECRET_NAME_PATTERN)),
+        "message": "signingSecret must be the name of a Secret: a lowercase DNS subdomain (a-z, 0-9, '-' and '.', starting and ending alphanumeric, at most 253 characters)"
+    }]))]
+    pub signing_secret: Option<String>,
 }
 
 impl Default for Installer {
@@ -441,6 +455,7 @@ impl Default for Installer {
             image_pull_policy: PullPolicy::IfNotPresent,
             source_repository: None,
             source_commit: None,
+            signing_secret: None,
         }
     }
 }

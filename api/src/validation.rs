@@ -54,6 +54,12 @@ pub const POD_SELECTOR_MAX_LENGTH: usize = 1024;
 pub const IMAGE_MAX_LENGTH: usize = 512;
 /// Longest `installer.sourceRepository`.
 pub const SOURCE_REPOSITORY_MAX_LENGTH: usize = 2048;
+/// Longest `installer.signingSecret` (a Secret's name: a DNS subdomain).
+pub const SECRET_NAME_MAX_LENGTH: usize = 253;
+/// `installer.signingSecret`: a Secret's name, a lowercase DNS subdomain
+/// (RFC 1123), as the API server requires of it.
+pub const SECRET_NAME_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 
 /// Unanchored structure of a label key (`metav1` qualified name): an optional
 /// lowercase DNS-subdomain prefix and `/`, then a name of alphanumerics, `-`,

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use regex::Regex;
 use ttdrv_api::validation::{
     IMAGE_PATTERN, LABEL_KEY_MAX_LENGTH, LABEL_KEY_PATTERN, LABEL_NAME_MAX_LENGTH,
-    LABEL_PREFIX_MAX_LENGTH, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN,
+    LABEL_PREFIX_MAX_LENGTH, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN, SECRET_NAME_PATTERN,
     SOURCE_REPOSITORY_PATTERN, cel_string, is_label_key, is_label_value, label_key_rule,
     label_value_rule,
 };
@@ -216,5 +216,27 @@ fn source_repositories() {
         "HTTPS://github.com/x",
     ] {
         assert!(!REPO.is_match(bad), "{bad:?}");
+    }
+}
+
+#[test]
+fn signing_secret_names() {
+    let name = re(SECRET_NAME_PATTERN);
+    for ok in ["module-signing", "mok", "a", "mok.fleet-1", "0key"] {
+        assert!(name.is_match(ok), "{ok} refused");
+    }
+    for bad in [
+        "",
+        "Module-Signing",
+        "-mok",
+        "mok-",
+        "mok..a",
+        ".mok",
+        "mok/key",
+        "mok key",
+        "mok_key",
+        "mok\n",
+    ] {
+        assert!(!name.is_match(bad), "{bad:?} accepted");
     }
 }
