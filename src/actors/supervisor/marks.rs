@@ -22,7 +22,7 @@ impl ReconcilePass {
     pub(super) async fn claim(&self, targets: &[String]) -> Result<Vec<(String, Error)>> {
         let name = self.name();
         let calls = targets.iter().filter_map(|n| {
-            let node = self.ctx.stores.nodes.get(&ObjectRef::new(n));
+            let node = self.stored(n);
             if node.as_deref().and_then(|nd| node_label(nd, labels::CLAIM)) == Some(name) {
                 return None;
             }
@@ -48,31 +48,20 @@ impl ReconcilePass {
     pub(super) async fn clear_stale_labels(&self, targets: &[String]) {
         for n in targets {
             let stale = self
-                .ctx
-                .stores
-                .nodes
-                .get(&ObjectRef::new(n))
+                .stored(n)
                 .is_some_and(|nd| ttdrv_core::node::driver_labels_stale(&nd));
             if !stale {
                 continue;
             }
-            let res = self
-                .ports
-                .patch
-                .send(PatchNode {
-                    node: n.clone(),
-                    patch: ttdrv_core::node::stale_labels_patch(),
-                    action: "removing driver labels of an earlier boot",
-                })
-                .await;
-            match res {
-                Ok(Ok(_)) => tracing::info!(
+            let patch = ttdrv_core::node::stale_labels_patch();
+            match self
+                .mark(n, patch, "removing driver labels of an earlier boot")
+                .await
+            {
+                Ok(()) => tracing::info!(
                     node = n,
                     "node rebooted: kmd-version removed until the agent reports again"
                 ),
-                Ok(Err(e)) => {
-                    tracing::warn!(node = n, error = %e, "could not remove stale driver labels; will retry")
-                }
                 Err(e) => {
                     tracing::warn!(node = n, error = %e, "could not remove stale driver labels; will retry")
                 }
@@ -88,7 +77,7 @@ impl ReconcilePass {
     /// is decided again on the next pass.
     pub(super) async fn clear_stale_go_marks(&self, targets: &[String]) {
         for n in targets {
-            let Some(node) = self.ctx.stores.nodes.get(&ObjectRef::new(n)) else {
+            let Some(node) = self.stored(n) else {
                 continue;
             };
             let ours =
@@ -100,16 +89,8 @@ impl ReconcilePass {
                 "resourceVersion": node.metadata.resource_version,
                 "annotations": { labels::GO_CORDONED_BY: null, labels::GO_CORDONED_AT: null },
             } });
-            let res = self
-                .ports
-                .patch
-                .send(PatchNode {
-                    node: n.clone(),
-                    patch,
-                    action: "removing the Go operator's marks of a cordon that is gone",
-                })
-                .await;
-            if !matches!(res, Ok(Ok(_))) {
+            let action = "removing the Go operator's marks of a cordon that is gone";
+            if self.mark(n, patch, action).await.is_err() {
                 tracing::debug!(
                     node = n,
                     "could not remove stale Go cordon marks; next pass retries"
@@ -136,7 +117,7 @@ impl ReconcilePass {
         } else {
             strays
                 .iter()
-                .filter_map(|n| self.ctx.stores.nodes.get(&ObjectRef::new(n)))
+                .filter_map(|n| self.stored(n))
                 .filter(|nd| ours(nd))
                 .collect()
         };
@@ -177,29 +158,44 @@ impl ReconcilePass {
         }
         for n in targets {
             let marked = self
-                .ctx
-                .stores
-                .nodes
-                .get(&ObjectRef::new(n))
+                .stored(n)
                 .is_some_and(|nd| node_label(&nd, labels::UNMANAGED) == Some(self.name()));
             if !marked {
                 continue;
             }
-            let res = self
-                .ports
-                .patch
-                .send(PatchNode {
-                    node: n.clone(),
-                    patch: crate::node_patch::unmark_patch(),
-                    action: "removing the unmanaged mark of a policy that manages the node again",
-                })
-                .await;
-            if !matches!(res, Ok(Ok(_))) {
+            let patch = crate::node_patch::unmark_patch();
+            let action = "removing the unmanaged mark of a policy that manages the node again";
+            if self.mark(n, patch, action).await.is_err() {
                 tracing::debug!(
                     node = n,
                     "could not remove the unmanaged mark; next pass retries"
                 );
             }
+        }
+    }
+
+    /// Node `n` as the cache has it.
+    fn stored(&self, n: &str) -> Option<Arc<Node>> {
+        self.ctx.stores.nodes.get(&ObjectRef::new(n))
+    }
+
+    /// Writes one housekeeping mark through the Labeler; the error (the
+    /// write's or the Labeler's mailbox's) as text for the log.
+    async fn mark(
+        &self,
+        n: &str,
+        patch: serde_json::Value,
+        action: &'static str,
+    ) -> std::result::Result<(), String> {
+        let msg = PatchNode {
+            node: n.to_string(),
+            patch,
+            action,
+        };
+        match self.ports.patch.send(msg).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
         }
     }
 }
