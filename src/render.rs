@@ -604,6 +604,16 @@ mod tests {
         assert_eq!(env_of(&c, env::SOURCE_COMMIT), None, "unpinned version");
     }
 
+    fn volume<'a>(pod: &'a PodSpec, name: &str) -> Option<&'a Volume> {
+        pod.volumes.iter().flatten().find(|v| v.name == name)
+    }
+
+    fn mount<'a>(c: &'a Container, name: &str) -> &'a VolumeMount {
+        let mounts = c.volume_mounts.iter().flatten();
+        let found = mounts.clone().find(|m| m.name == name);
+        found.unwrap_or_else(|| panic!("no mount {name}: {:?}", mounts.collect::<Vec<_>>()))
+    }
+
     #[test]
     fn tag_keys_are_mounted_from_the_configmap_when_configured() {
         let p = policy("version: \"2.8.0\"\nnodeAffinity: {}");
@@ -617,20 +627,11 @@ mod tests {
             env_of(&c, env::TAG_KEYS).as_deref(),
             Some("/etc/ttdrv/tag-keys/keys.asc")
         );
-        let v = pod
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == "tag-keys")
+        let v = volume(&pod, "tag-keys")
             .and_then(|v| v.config_map.as_ref())
             .expect("configMap volume");
         assert_eq!(v.name, "ttdm-tag-keys");
-        let m = c
-            .volume_mounts
-            .iter()
-            .flatten()
-            .find(|m| m.name == "tag-keys")
-            .expect("mount");
+        let m = mount(&c, "tag-keys");
         assert_eq!(
             (m.mount_path.as_str(), m.read_only),
             (TAG_KEYS_DIR, Some(true))
@@ -682,11 +683,7 @@ mod tests {
             Some("tt-k8s-driver-manager-system/module-signing"),
             "the Secret is looked up in the operator's namespace"
         );
-        let v = pod
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == "signing-key")
+        let v = volume(&pod, "signing-key")
             .and_then(|v| v.secret.as_ref())
             .expect("secret volume");
         assert_eq!(v.secret_name.as_deref(), Some("module-signing"));
@@ -696,12 +693,7 @@ mod tests {
             "a missing Secret must not stall the pod"
         );
         assert_eq!(v.default_mode, Some(0o400));
-        let m = c
-            .volume_mounts
-            .iter()
-            .flatten()
-            .find(|m| m.name == "signing-key")
-            .expect("mount");
+        let m = mount(&c, "signing-key");
         assert_eq!(
             (m.mount_path.as_str(), m.read_only),
             (SIGNING_DIR, Some(true))

@@ -266,11 +266,7 @@ pub fn check_key(
     module: &std::fs::File,
     path: &Path,
 ) -> Result<()> {
-    let read = |p: &str| root.read_small(p).ok().flatten();
-    let Some(why) = enforcement(
-        read("/sys/module/module/parameters/sig_enforce").as_deref(),
-        read("/sys/kernel/security/lockdown").as_deref(),
-    ) else {
+    let Some(why) = host_enforcement(root) else {
         return Ok(());
     };
     // An unsigned one was refused already by [`check`].
@@ -370,13 +366,19 @@ pub fn is_signed(module: &std::fs::File, path: &Path) -> Result<bool> {
     Ok(tail == SIGNATURE_MAGIC)
 }
 
-/// Fails when the host enforces signatures and `module` carries none.
-pub fn check(root: &HostRoot, version: &str, module: &std::fs::File, path: &Path) -> Result<()> {
+/// Why this host enforces module signatures ([`enforcement`] of its sysfs),
+/// or None.
+fn host_enforcement(root: &HostRoot) -> Option<String> {
     let read = |p: &str| root.read_small(p).ok().flatten();
-    let Some(why) = enforcement(
+    enforcement(
         read("/sys/module/module/parameters/sig_enforce").as_deref(),
         read("/sys/kernel/security/lockdown").as_deref(),
-    ) else {
+    )
+}
+
+/// Fails when the host enforces signatures and `module` carries none.
+pub fn check(root: &HostRoot, version: &str, module: &std::fs::File, path: &Path) -> Result<()> {
+    let Some(why) = host_enforcement(root) else {
         return Ok(());
     };
     if is_signed(module, path)? {

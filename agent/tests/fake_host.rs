@@ -1107,6 +1107,21 @@ fn plant_sign_file(h: &Host) -> PathBuf {
     build.join("scripts/sign-file.args")
 }
 
+/// The agent's configuration for 2.8.0, signing with key pair 1.
+fn signed_config(h: &Host) -> ttdrv_agent::Config {
+    ttdrv_agent::Config {
+        signing: Some(signing_pair(h, "signing", &der_cert(1))),
+        ..h.config("2.8.0")
+    }
+}
+
+/// A host that enforces signatures and has sign-file; [`signed_config`].
+fn enforcing_with_key(h: &Host) -> ttdrv_agent::Config {
+    enforce_signatures(h);
+    plant_sign_file(h);
+    signed_config(h)
+}
+
 fn enforce_signatures(h: &Host) {
     let params = h.p("/sys/module/module/parameters");
     fs::create_dir_all(&params).expect("mkdir");
@@ -1173,10 +1188,7 @@ fn signing_without_the_kernels_sign_file_fails_before_the_build_and_the_unload()
     let kernel = FakeKernel::new(h.root());
     let builder = FakeBuilder::default();
     let node = go_ahead("2.8.0");
-    let config = ttdrv_agent::Config {
-        signing: Some(signing_pair(&h, "signing", &der_cert(1))),
-        ..h.config("2.8.0")
-    };
+    let config = signed_config(&h);
     let err = run(&config, &kernel, &builder, &node).expect_err("no sign-file");
     let msg = err.to_string();
     assert!(matches!(err, AgentError::SignFileMissing { .. }), "{msg}");
@@ -1296,12 +1308,7 @@ fn the_cache_serves_only_modules_signed_with_the_configured_certificate() {
 #[test]
 fn a_key_the_host_does_not_trust_is_named_and_not_rebuilt_for() {
     let h = Host::new();
-    enforce_signatures(&h);
-    plant_sign_file(&h);
-    let config = ttdrv_agent::Config {
-        signing: Some(signing_pair(&h, "signing", &der_cert(1))),
-        ..h.config("2.8.0")
-    };
+    let config = enforcing_with_key(&h);
     let builder = FakeBuilder::default();
     let node = FakeNode::default();
     run(&config, &FakeKernel::new(h.root()), &builder, &node).expect("installed");
@@ -1327,12 +1334,7 @@ fn a_key_the_host_does_not_trust_is_named_and_not_rebuilt_for() {
 #[test]
 fn a_key_the_host_does_not_trust_fails_before_the_unload_when_a_module_is_loaded() {
     let h = Host::with_loaded("2.7.0", 0);
-    enforce_signatures(&h);
-    plant_sign_file(&h);
-    let config = ttdrv_agent::Config {
-        signing: Some(signing_pair(&h, "signing", &der_cert(1))),
-        ..h.config("2.8.0")
-    };
+    let config = enforcing_with_key(&h);
     let builder = FakeBuilder::default();
     // The go-ahead is there: only the probe keeps the old module loaded.
     let node = go_ahead("2.8.0");
