@@ -153,7 +153,10 @@ impl PolicySupervisor {
                     "writing the status of policy {name}"
                 )))
             };
-            let res = ctx.guarded_write(target, |_| true, write).await;
+            // A conflict is a write to retry with the next pass's view, not
+            // a refusal to back off from (write_backoff's rule): counted, a
+            // few in a row held the status back for minutes.
+            let res = ctx.guarded_write(target, |e| !e.is_conflict(), write).await;
             (res, status, replacing)
         };
         actx.spawn(fut.into_actor(self).map(|(res, status, replacing), act, _| {
