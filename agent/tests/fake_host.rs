@@ -15,7 +15,7 @@ use ttdrv_agent::{AgentError, ModuleSource, Outcome, Rollback};
 use ttdrv_api::labels;
 
 use common::host::{
-    KVER, POD_UID, TT_SMI, TT_SMI_VERSION, TestHost as Host, add_busy_holders,
+    KVER, POD_UID, TT_SMI, TT_SMI_VERSION, TestHost as Host, add_busy_holders, assert_failure,
     assert_installed_over_nothing, assert_matches, assert_untouched, go_ahead, run,
 };
 
@@ -977,16 +977,9 @@ fn without_its_dependency_the_module_is_not_loaded_and_the_old_one_stays() {
     let builder = FakeBuilder::default();
     let node = go_ahead("2.8.0");
     let err = run(&h.config("2.8.0"), &kernel, &builder, &node).expect_err("no crc7 anywhere");
-    let msg = err.to_string();
-    assert!(
-        matches!(err, AgentError::DependencyMissing { ref dependency, .. } if dependency == "crc7"),
-        "{msg}"
-    );
-    assert!(
-        msg.contains(&format!("/usr/lib/modules/{KVER}/modules.dep")),
-        "{msg}"
-    );
-    assert_eq!(err.reason(), Some(ttdrv_core::reason::LOAD_FAILED));
+    assert_matches!(&err, AgentError::DependencyMissing { dependency, .. } if dependency == "crc7");
+    let dep = format!("/usr/lib/modules/{KVER}/modules.dep");
+    assert_failure(&err, ttdrv_core::reason::LOAD_FAILED, &[&dep]);
     // Found before the swap: nothing unloaded, nothing loaded.
     assert_untouched(&h, &kernel);
 }
@@ -1036,13 +1029,9 @@ fn an_unsigned_module_on_an_enforcing_host_fails_before_the_go_ahead() {
     // No go-ahead on the node: the refusal comes during build-ahead.
     let node = FakeNode::default();
     let err = run(&h.config("2.8.0"), &kernel, &builder, &node).expect_err("unsigned");
-    let msg = err.to_string();
-    assert!(matches!(err, AgentError::UnsignedModule { .. }), "{msg}");
-    assert!(
-        msg.contains("sig_enforce=Y") && msg.contains("nothing was unloaded"),
-        "{msg}"
-    );
-    assert_eq!(err.reason(), Some(ttdrv_core::reason::LOAD_FAILED));
+    assert_matches!(err, AgentError::UnsignedModule { .. });
+    let parts = ["sig_enforce=Y", "nothing was unloaded"];
+    assert_failure(&err, ttdrv_core::reason::LOAD_FAILED, &parts);
     assert_untouched(&h, &kernel);
 }
 
@@ -1155,13 +1144,14 @@ fn signing_without_its_key_fails_before_the_build_and_the_unload() {
         ..h.config("2.8.0")
     };
     let err = run(&config, &kernel, &builder, &node).expect_err("no key");
-    let msg = err.to_string();
-    assert!(matches!(err, AgentError::SigningKey { .. }), "{msg}");
-    assert_eq!(err.reason(), Some(ttdrv_core::reason::BUILD_FAILED));
-    assert!(
-        msg.contains(&format!("Secret {SIGNING_SECRET}"))
-            && msg.contains("signing/tls.key does not exist"),
-        "{msg}"
+    assert_matches!(err, AgentError::SigningKey { .. });
+    assert_failure(
+        &err,
+        ttdrv_core::reason::BUILD_FAILED,
+        &[
+            &format!("Secret {SIGNING_SECRET}"),
+            "signing/tls.key does not exist",
+        ],
     );
     assert!(builder.builds().is_empty(), "built without a key");
     assert!(!h.p("/var/cache/tt-kmd").exists(), "cached");
@@ -1190,12 +1180,11 @@ fn signing_without_the_kernels_sign_file_fails_before_the_build_and_the_unload()
     let node = go_ahead("2.8.0");
     let config = signed_config(&h);
     let err = run(&config, &kernel, &builder, &node).expect_err("no sign-file");
-    let msg = err.to_string();
-    assert!(matches!(err, AgentError::SignFileMissing { .. }), "{msg}");
-    assert_eq!(err.reason(), Some(ttdrv_core::reason::BUILD_FAILED));
-    assert!(
-        msg.contains(&format!("headers for {KVER}")) && msg.contains("scripts/sign-file"),
-        "{msg}"
+    assert_matches!(err, AgentError::SignFileMissing { .. });
+    assert_failure(
+        &err,
+        ttdrv_core::reason::BUILD_FAILED,
+        &[&format!("headers for {KVER}"), "scripts/sign-file"],
     );
     assert!(builder.builds().is_empty(), "built without a sign-file");
     assert!(!h.p("/var/cache/tt-kmd").exists(), "cached");
@@ -1318,14 +1307,15 @@ fn a_key_the_host_does_not_trust_is_named_and_not_rebuilt_for() {
     // refused, and a rebuild (same key) would be too.
     let kernel = FakeKernel::new(h.root()).rejecting_keys();
     let err = run(&config, &kernel, &builder, &node).expect_err("key rejected");
-    let msg = err.to_string();
-    assert!(matches!(err, AgentError::LoadFailed { .. }), "{msg}");
-    assert_eq!(err.reason(), Some(ttdrv_core::reason::LOAD_FAILED));
-    assert!(
-        msg.contains("Key was rejected by service")
-            && msg.contains("not enrolled on this host")
-            && msg.contains("mokutil --import"),
-        "{msg}"
+    assert_matches!(err, AgentError::LoadFailed { .. });
+    assert_failure(
+        &err,
+        ttdrv_core::reason::LOAD_FAILED,
+        &[
+            "Key was rejected by service",
+            "not enrolled on this host",
+            "mokutil --import",
+        ],
     );
     assert_eq!(builder.builds().len(), 1, "rebuilt for a rejected key");
     assert_eq!(kernel.loads(), vec!["2.8.0".to_string()]);
@@ -1340,14 +1330,15 @@ fn a_key_the_host_does_not_trust_fails_before_the_unload_when_a_module_is_loaded
     let node = go_ahead("2.8.0");
     let kernel = FakeKernel::new(h.root()).rejecting_keys();
     let err = run(&config, &kernel, &builder, &node).expect_err("key not trusted");
-    let msg = err.to_string();
-    assert!(matches!(err, AgentError::KeyNotTrusted { .. }), "{msg}");
-    assert_eq!(err.reason(), Some(ttdrv_core::reason::LOAD_FAILED));
-    assert!(
-        msg.contains("nothing was unloaded")
-            && msg.contains("not enrolled on this host")
-            && msg.contains("sig_enforce=Y"),
-        "{msg}"
+    assert_matches!(err, AgentError::KeyNotTrusted { .. });
+    assert_failure(
+        &err,
+        ttdrv_core::reason::LOAD_FAILED,
+        &[
+            "nothing was unloaded",
+            "not enrolled on this host",
+            "sig_enforce=Y",
+        ],
     );
     assert_eq!(kernel.probes(), 1);
     assert_untouched(&h, &kernel);

@@ -143,6 +143,15 @@ pub fn add_busy_holders(root: &Path) {
 }
 
 /// The loaded 2.7.0 was left alone: not unloaded, nothing loaded, nobody killed.
+/// `err` fails the node with `reason` and its message says each of `parts`.
+pub fn assert_failure(err: &AgentError, reason: &str, parts: &[&str]) {
+    let msg = err.to_string();
+    assert_eq!(err.reason(), Some(reason), "{msg}");
+    for p in parts {
+        assert!(msg.contains(p), "{p:?} not in: {msg}");
+    }
+}
+
 pub fn assert_untouched(h: &TestHost, kernel: &FakeKernel) {
     assert_eq!(
         h.loaded().as_deref(),
