@@ -1211,15 +1211,16 @@ fn the_cache_serves_only_modules_signed_with_the_configured_certificate() {
         };
         run(&config, &kernel, &builder, &node)
     };
+    // Installs signing with `key`: the module comes from `from`, after
+    // `builds` builds in all.
+    let installs = |key, from: ModuleSource, builds: usize| {
+        let outcome = install(key).expect("installed");
+        assert_matches!(&outcome, Outcome::Installed { source, .. } if *source == from);
+        assert_eq!(builder.builds().len(), builds);
+    };
 
-    let outcome = install(Some(&a)).expect("signed with A, loaded where enforced");
-    assert_matches!(
-        outcome,
-        Outcome::Installed {
-            source: ModuleSource::Build,
-            ..
-        }
-    );
+    // Signed with A, loaded where signatures are enforced.
+    installs(Some(&a), ModuleSource::Build, 1);
     let ko = h.p(&format!("/var/cache/tt-kmd/{KVER}/2.8.0/tenstorrent.ko"));
     let built = format!("sha512 {} {} ", a.key.display(), a.cert.display());
     let calls = fs::read_to_string(&args).expect("sign-file ran");
@@ -1252,27 +1253,11 @@ fn the_cache_serves_only_modules_signed_with_the_configured_certificate() {
         "{problem}"
     );
 
-    let outcome = install(Some(&a)).expect("from the cache");
-    assert_matches!(
-        outcome,
-        Outcome::Installed {
-            source: ModuleSource::Cache,
-            ..
-        }
-    );
-    assert_eq!(builder.builds().len(), 1);
+    installs(Some(&a), ModuleSource::Cache, 1);
 
     // Another certificate: the module signed with A is not loaded, but
     // rebuilt and signed with B.
-    let outcome = install(Some(&b)).expect("signed with B");
-    assert_matches!(
-        outcome,
-        Outcome::Installed {
-            source: ModuleSource::Build,
-            ..
-        }
-    );
-    assert_eq!(builder.builds().len(), 2);
+    installs(Some(&b), ModuleSource::Build, 2);
     assert_eq!(cached_record(&h).signer, Some(fp(&b)));
 
     // Signing off: built unsigned (nothing appended), which this host refuses.
@@ -1289,8 +1274,7 @@ fn the_cache_serves_only_modules_signed_with_the_configured_certificate() {
     assert_eq!(fs::read_to_string(&args).expect("args").lines().count(), 2);
 
     // Signing on again: the unsigned module is not served.
-    install(Some(&a)).expect("signed with A again");
-    assert_eq!(builder.builds().len(), 4);
+    installs(Some(&a), ModuleSource::Build, 4);
     assert_eq!(cached_record(&h).signer, Some(fp(&a)));
 }
 
