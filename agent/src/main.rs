@@ -82,6 +82,11 @@ struct RunArgs {
           action = clap::ArgAction::Set, value_parser = parse_bool)]
     next_kernels: bool,
 
+    /// The tt-kmd module parameters to load with, `name=value` separated by
+    /// spaces (the canonical string of the policy's spec.moduleParameters).
+    #[arg(long, env = env::MODULE_PARAMETERS, default_value = "")]
+    module_parameters: String,
+
     /// Seconds to wait for refcnt 0 after killing holders (at most a day).
     #[arg(long, env = "TTDRV_UNLOAD_TIMEOUT_SECONDS", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
@@ -233,7 +238,23 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         );
         return ExitCode::from(2);
     }
+    let module_parameters = match ttdrv_api::module_params::parse(&args.module_parameters) {
+        Ok(v) => v,
+        Err(reason) => {
+            let e = AgentError::InvalidParameters {
+                value: args.module_parameters.clone(),
+                reason,
+            };
+            tracing::error!(
+                summary = true,
+                duration_ms = start.elapsed().as_millis() as u64,
+                "summary: result=failed error={e}"
+            );
+            return ExitCode::from(2);
+        }
+    };
     let config = Config {
+        module_parameters,
         host_root: host_root.to_path_buf(),
         target_version: args.target.clone(),
         force_unload: args.force_unload,

@@ -203,6 +203,7 @@ fn a_refused_load_gives_load_failed_with_the_kernels_error() {
         go_ahead_poll: Duration::from_millis(1),
         swap_without_go_ahead: false,
         next_kernels: true,
+        module_parameters: Default::default(),
         status_file: None,
     };
     let err = Agent {

@@ -99,6 +99,7 @@ fn real_git_and_make_build_the_stub_module_into_the_cache() {
         go_ahead_poll: Duration::from_millis(1),
         swap_without_go_ahead: false,
         next_kernels: true,
+        module_parameters: Default::default(),
         status_file: None,
     };
     let builder = GitMakeBuilder::new(repo.path().display().to_string());

@@ -88,6 +88,7 @@ impl TestHost {
             go_ahead_poll: Duration::from_millis(3),
             swap_without_go_ahead: false,
             next_kernels: true,
+            module_parameters: Default::default(),
             status_file: Some(self.note()),
         }
     }

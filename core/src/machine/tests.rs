@@ -437,7 +437,15 @@ fn safety_properties_over_the_cross_product() {
                     r.cordon = cordon;
                     r.no_drain = no_drain;
                     for installer in &installers {
-                        for loaded in [None, Some("2.7.0"), Some("2.8.0")] {
+                        // The policy sets max_devices=4: 2.8.0 loaded with
+                        // it is the target, with 32 it is not (a reload).
+                        for (loaded, parameters) in [
+                            (None, None),
+                            (Some("2.7.0"), None),
+                            (Some("2.8.0"), Some("4")),
+                            (Some("2.8.0"), Some("32")),
+                        ] {
+                            let wrong_parameters = parameters == Some("32");
                             for bits in 0..256u32 {
                                 let b = |i: u32| bits & (1 << i) != 0;
                                 let o = Observation {
@@ -445,6 +453,9 @@ fn safety_properties_over_the_cross_product() {
                                     ready: !b(6),
                                     unschedulable: b(0),
                                     loaded: loaded.map(String::from),
+                                    parameters: parameters.map(|v| {
+                                        [("max_devices".to_string(), v.to_string())].into()
+                                    }),
                                     host_managed: b(1),
                                     installer: installer.clone(),
                                     gates_closed: b(2),
@@ -486,6 +497,8 @@ fn safety_properties_over_the_cross_product() {
                                         refused,
                                         unmanage,
                                         prepare,
+                                        parameters: [("max_devices".to_string(), "4".to_string())]
+                                            .into(),
                                         ..want()
                                     };
                                     let s = step(&r, &o, &w);
@@ -596,6 +609,26 @@ fn safety_properties_over_the_cross_product() {
                                                 || (r.state == Unloading && !unmanage),
                                             "a drained cycle reaches Upgrading only from Draining (or from Unloading when the policy manages again): {ctx}"
                                         );
+                                    }
+                                    if wrong_parameters && !unmanage {
+                                        // Other parameters are a swap like
+                                        // another version: never in place,
+                                        // never Done without the reload.
+                                        assert!(
+                                            !(s.record.state == Upgrading
+                                                && r.state == Pending
+                                                && s.record.no_drain),
+                                            "a parameter change is never a restart in place: {ctx}"
+                                        );
+                                        if matches!(r.state, Pending | Upgrading)
+                                            && s.record.state == Done
+                                        {
+                                            assert_eq!(
+                                                s.record.reason.as_deref(),
+                                                Some(reason::HOST_MANAGED),
+                                                "Done without the parameters in effect: {ctx}"
+                                            );
+                                        }
                                     }
                                     vacate_properties(&r, &o, &w, &s, &ctx);
                                     prepare_properties(&r, &o, &w, &s, &ctx);
