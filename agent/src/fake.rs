@@ -37,6 +37,9 @@ pub struct FakeKernel {
     pub killed: Mutex<Vec<u32>>,
     /// If true, kill succeeds but the holder survives (for the timeout path).
     pub unkillable: bool,
+    /// If true, a load succeeds but its parameters do not take (sysfs shows
+    /// the defaults), as for a parameter the kernel ignored.
+    pub drop_parameters: bool,
 }
 
 impl FakeKernel {
@@ -50,6 +53,7 @@ impl FakeKernel {
             unloads: Mutex::new(0),
             killed: Mutex::new(Vec::new()),
             unkillable: false,
+            drop_parameters: false,
         }
     }
 
@@ -140,7 +144,7 @@ impl KernelOps for FakeKernel {
             .collect();
         for w in parameters.split_whitespace() {
             let (k, v) = w.split_once('=').unwrap_or((w, "Y"));
-            if !declared.contains(k) {
+            if !declared.contains(k) || self.drop_parameters {
                 continue;
             }
             let v = ttdrv_api::module_params::normalize(k, v)
