@@ -300,6 +300,15 @@ cluster_checks() {
     as_agent "$a" label node "$a" driver.tenstorrent.com/skip=true
   denied "agent annotates its node" "may not change node annotations" \
     as_agent "$a" annotate node "$a" note=changed --overwrite
+  allowed "agent reports the module parameters of its node" \
+    as_agent "$a" annotate node "$a" driver.tenstorrent.com/kmd-parameters="max_devices=4 power_policy=Y" \
+    driver.tenstorrent.com/kmd-host-options=max_devices=4 --overwrite
+  allowed "agent removes its parameter reports" \
+    as_agent "$a" annotate node "$a" driver.tenstorrent.com/kmd-parameters- driver.tenstorrent.com/kmd-host-options-
+  denied "agent reports module parameters on another node" "may not modify node $b" \
+    as_agent "$a" annotate node "$b" driver.tenstorrent.com/kmd-parameters=max_devices=4 --overwrite
+  denied "agent writes the go-ahead" "may not change node annotations" \
+    as_agent "$a" annotate node "$a" driver.tenstorrent.com/go-ahead='{"policy":"p"}' --overwrite
   # (`kubectl cordon` exits 0 even when the patch is refused: patch directly.)
   denied "agent cordons its node" "may not change the node spec" \
     as_agent "$a" patch node "$a" --type merge -p '{"spec":{"unschedulable":true}}'
