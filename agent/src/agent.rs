@@ -324,10 +324,9 @@ impl Agent<'_> {
                 &root,
                 &kver,
                 &target,
-                (module, source),
+                (module, source, &load_string),
                 &deps,
-                previous.as_ref(),
-                (&load_string, &previous_parameters),
+                previous.as_ref().map(|v| (v, previous_parameters.as_str())),
             )
         })?;
 
@@ -702,18 +701,19 @@ impl Agent<'_> {
         }
     }
 
-    /// Loads `module`; when the kernel refuses a module that came from the
-    /// cache, evicts it, rebuilds once and loads that. When the load still
-    /// fails, puts the previous version back from the cache if it can.
+    /// Loads `module` (from `source`) with `parameters`; when the kernel
+    /// refuses a module that came from the cache, evicts it, rebuilds once
+    /// and loads that. When the load still fails, puts the previous version
+    /// back from the cache, with the parameters it had, if it can.
     fn load_with_rollback(
         &self,
         root: &HostRoot,
         kver: &str,
         target: &str,
-        (module, source): (Verified, ModuleSource),
+        (module, source, parameters): (Verified, ModuleSource, &str),
         deps: &[crate::deps::Dependency],
-        previous: Option<&Option<String>>,
-        (parameters, previous_parameters): (&str, &str),
+        // The module loaded before: its version, the parameters it had.
+        previous: Option<(&Option<String>, &str)>,
     ) -> Result<ModuleSource> {
         let mut module = module;
         let mut source = source;
@@ -755,7 +755,8 @@ impl Agent<'_> {
         };
         tracing::error!(version = target, error = %e, "loading the new module failed; rolling back");
         let now = || root.loaded_version().ok().flatten();
-        let rollback = match previous {
+        let previous_parameters = previous.map_or("", |(_, p)| p);
+        let rollback = match previous.map(|(v, _)| v) {
             None => Rollback::NothingLoadedBefore,
             Some(None) => Rollback::NotCached {
                 previous: "(unversioned)".into(),

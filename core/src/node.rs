@@ -313,6 +313,52 @@ mod tests {
     }
 
     #[test]
+    fn the_target_is_its_version_and_its_parameters_in_effect() {
+        let four: Values = [("max_devices".to_string(), "4".to_string())].into();
+        let t = Target::new("2.8.0", &four);
+        let sysfs = |v: &str| -> Values { module_params::parse(v).expect("values") };
+        assert!(is_loaded(
+            Some("2.8.0"),
+            Some(&sysfs("max_devices=4 power_policy=Y")),
+            t
+        ));
+        assert!(!is_loaded(Some("2.8.0"), Some(&sysfs("max_devices=32")), t));
+        assert!(
+            !is_loaded(Some("2.8.0"), None, t),
+            "not reported is not in effect"
+        );
+        assert!(!is_loaded(Some("2.7.0"), Some(&sysfs("max_devices=4")), t));
+        assert!(is_loaded(Some(" 2.8.0\n"), None, Target::version("2.8.0")));
+        assert!(!is_loaded(
+            Some("2.8.0-rc1"),
+            None,
+            Target::version("2.8.0")
+        ));
+        assert!(!is_loaded(None, None, Target::version("2.8.0")));
+        // The agent's annotation, stale after a reboot like its labels.
+        let mut n = node("True", false);
+        n.metadata.annotations = Some(
+            [(
+                labels::KMD_PARAMETERS.to_string(),
+                "max_devices=4 power_policy=Y".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            loaded_parameters(&n),
+            Some(sysfs("max_devices=4 power_policy=Y"))
+        );
+        n.metadata.labels = Some([(labels::KMD_BOOT_ID.to_string(), "boot-1".to_string())].into());
+        if let Some(st) = n.status.as_mut() {
+            st.node_info = Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+                boot_id: "boot-2".into(),
+                ..Default::default()
+            });
+        }
+        assert_eq!(loaded_parameters(&n), None);
+    }
+
+    #[test]
     fn unreadable_record_is_an_error_not_a_default() {
         let mut n = Node::default();
         assert!(matches!(record(&n), Ok(None)));

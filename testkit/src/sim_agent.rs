@@ -39,6 +39,12 @@
 //! ([`ttdrv_core::go_ahead::decide_unload`]) and no pod holding the device it
 //! removes the node's driver labels and becomes Ready.
 //!
+//! Module parameters (`TT_KMD_MODULE_PARAMETERS` of the pod) are part of the
+//! target, as for the real agent: the node's `kmd-parameters` annotation
+//! stands for sysfs (the defaults with the pod's parameters over them are
+//! written with every load), and a node at the target version with other
+//! values is swapped (reloaded) like one of another version.
+//!
 //! Like the real agent it swaps a loaded module only with the controller's
 //! go-ahead ([`ttdrv_core::go_ahead::decide`], the real agent's decision), and
 //! when a pod still holds the device it gives up with a `DeviceBusy`

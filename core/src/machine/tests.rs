@@ -670,6 +670,62 @@ fn safety_properties_over_the_cross_product() {
 }
 
 #[test]
+fn a_parameter_change_sends_a_done_node_through_a_drained_cycle() {
+    let w = Desired {
+        parameters: [("max_devices".to_string(), "4".to_string())].into(),
+        ..want()
+    };
+    let mut done = rec(Done);
+    done.reason = Some(reason::UPGRADED.into());
+    let at = |v: &str| Observation {
+        loaded: Some("2.8.0".into()),
+        parameters: Some([("max_devices".to_string(), v.to_string())].into()),
+        installer: InstallerPod::Stale { deleting: false },
+        ..obs()
+    };
+    // Loaded with 32: back to Pending and, with its slot, cordoned.
+    let s = step(&done, &at("32"), &w);
+    assert_eq!(s.record.state, Pending, "{s:?}");
+    let s = step(&s.record, &at("32"), &w);
+    assert_eq!(s.record.state, Cordoning, "{s:?}");
+    assert_eq!(s.commands, vec![Command::Cordon, Command::CloseGates]);
+    // Without a slot it waits, saying what changes.
+    let s = step(
+        &NodeRecord::new("fleet", "2.8.0", 900),
+        &Observation {
+            slot: false,
+            ..at("32")
+        },
+        &w,
+    );
+    assert!(
+        s.record.message.as_deref().is_some_and(
+            |m| m.contains("2.8.0 -> 2.8.0 (module parameters: max_devices=32 (wanted 4))")
+        ),
+        "{s:?}"
+    );
+    // Loaded with 4 and a stale pod: a restart in place, no cordon.
+    let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &at("4"), &w);
+    assert_eq!(
+        (s.record.state, s.record.no_drain),
+        (Upgrading, true),
+        "{s:?}"
+    );
+    // Upgrading ends only once the parameters are in effect.
+    let mut upgrading = rec(Upgrading);
+    upgrading.cordon = Cordon::Ours;
+    let current = |v: &str| Observation {
+        installer: InstallerPod::Current { ready: true },
+        ..at(v)
+    };
+    assert_eq!(step(&upgrading, &current("32"), &w).record.state, Upgrading);
+    assert_eq!(
+        step(&upgrading, &current("4"), &w).record.state,
+        Uncordoning
+    );
+}
+
+#[test]
 fn draining_never_ends_without_a_drain_plan() {
     let o = Observation {
         unschedulable: true,
