@@ -180,7 +180,6 @@ impl Agent<'_> {
         let state = root.module_state();
         let loaded_now = state.as_ref().ok().and_then(|s| s.as_ref());
         let host_options = crate::modprobe::host_options(&root);
-        log_host_options(&host_options);
         step("report-host", || {
             self.report_host(&root, !signals.is_empty(), loaded_now)?;
             self.report_host_options(&host_options);
@@ -196,6 +195,8 @@ impl Agent<'_> {
             return Ok(Outcome::HostManaged { signals, loaded });
         }
 
+        // Said only where the agent loads: DKMS applies them on its own.
+        log_host_options(&host_options);
         let target = validate_version(&self.config.target_version)?;
         let want = Target::new(&target, &self.config.module_parameters);
         let kver = step("kernel-release", || root.kernel_release())?;

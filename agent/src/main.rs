@@ -54,6 +54,9 @@ enum Command {
         /// The installer of a `spec.unmanage` policy: ready once nothing is loaded.
         #[arg(long, env = env::UNMANAGE, action = clap::ArgAction::SetTrue, value_parser = parse_bool)]
         unmanage: bool,
+        /// The module parameters that must be in effect too (as for `run`).
+        #[arg(long, env = env::MODULE_PARAMETERS, default_value = "")]
+        module_parameters: String,
     },
     /// Print what the agent sees on this host as JSON.
     Status {
@@ -209,9 +212,15 @@ fn main() -> ExitCode {
             &root,
             status_file.as_deref(),
         )),
-        Command::Ready { target, .. } => {
-            report(pod::readiness(&root, &target, status_file.as_deref()))
-        }
+        Command::Ready {
+            target,
+            module_parameters,
+            ..
+        } => report(
+            ttdrv_api::module_params::parse(&module_parameters)
+                .map_err(|e| format!("not ready: {}: {e}", env::MODULE_PARAMETERS))
+                .and_then(|p| pod::readiness(&root, &target, &p, status_file.as_deref())),
+        ),
         Command::Status { target } => {
             let waiting = status_file.as_deref().and_then(pod::waiting);
             let s = status::collect(&root, target.as_deref(), waiting);

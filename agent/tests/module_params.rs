@@ -149,6 +149,15 @@ fn a_same_version_parameter_change_reloads_only_with_the_go_ahead() {
     // The target is loaded: nothing is prepared for a swap any more.
     assert_eq!(node.labels().get(labels::KMD_PREPARED), Some(&None));
 
+    // Ready only with the parameters in effect.
+    let ready = |p: &str| ttdrv_agent::pod::readiness(&h.hr(), "2.8.0", &values(p), None);
+    assert!(ready("max_devices=4").is_ok());
+    let e = ready("max_devices=8").expect_err("other parameters");
+    assert!(
+        e.contains("with module parameters max_devices=4 (wanted 8)"),
+        "{e}"
+    );
+
     // A restart finds the target in effect: nothing to do, no go-ahead read.
     let kernel = FakeKernel::new(h.root());
     let node = FakeNode::default();
