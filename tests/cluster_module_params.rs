@@ -50,9 +50,17 @@ async fn a_parameter_change_on_a_done_fleet_is_a_drained_cycle_within_max_unavai
                     if !off.is_empty() {
                         return Err(format!("{n}: {}", module_params::describe(&off)));
                     }
-                    let state = st.nodes.iter().find(|e| &e.name == n).map(|e| e.state);
+                    let entry = st.nodes.iter().find(|e| &e.name == n);
+                    let state = entry.map(|e| e.state);
                     if state != Some(NodeState::Done) {
                         return Err(format!("{n}: {state:?}"));
+                    }
+                    // The status shows what is in effect too.
+                    let shown = entry
+                        .and_then(|e| e.module_parameters.as_deref())
+                        .and_then(|s| module_params::parse(s).ok());
+                    if !module_params::mismatches(wanted, shown.as_ref()).is_empty() {
+                        return Err(format!("{n}: status.nodes[].moduleParameters {shown:?}"));
                     }
                 }
                 Ok(())

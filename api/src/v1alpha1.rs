@@ -619,6 +619,11 @@ pub struct NodeStatus {
     /// its agent reports it: a reboot into it would find no module. A warning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_kernel_build_failed: Option<String>,
+    /// The tt-kmd module parameters in effect on the node, as its agent
+    /// reports them (annotation `driver.tenstorrent.com/kmd-parameters`,
+    /// `name=value` sorted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_parameters: Option<String>,
     /// Why the node is in its state, one CamelCase word (docs/crd-reference.md lists them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -920,6 +925,7 @@ mod tests {
                 install_mode: None,
                 prepared_version: None,
                 next_kernel_build_failed: None,
+                module_parameters: None,
                 reason: None,
                 go_reason: None,
                 message: None,
