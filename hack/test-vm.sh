@@ -131,7 +131,7 @@ else
     "$repo/tests/fixtures/stub-module/make-repo.sh" "$kmd_repo" 2.7.0 2.8.0 2.9.0:fail-init
     versions=(2.7.0 2.8.0 2.9.0)
     init_script="$repo/hack/vm/init"
-    expected=16
+    expected=18
     what="stub module"
 fi
 # TTDRV_VM_MEASURE=1: each build (the agent's own commands) measured from a

@@ -74,6 +74,9 @@ pub const DRIVER_LABELS: [&str; 6] = [
     labels::KMD_NEXT_KERNEL_FAILED,
 ];
 
+/// The driver annotations the agent writes, removed when a node is vacated.
+pub const DRIVER_ANNOTATIONS: [&str; 2] = [labels::KMD_PARAMETERS, labels::KMD_HOST_OPTIONS];
+
 /// The end of a vacate cycle: no record, no go-ahead, none of our driver
 /// labels; the `unmanaged` label keeps the node out of the policy's
 /// DaemonSet and tells a restarted controller to leave it alone. (The claim
@@ -86,6 +89,10 @@ fn vacate(
     let ann = &mut patch["metadata"]["annotations"];
     ann[labels::UPGRADE_STATE] = serde_json::Value::Null;
     ann[labels::GO_AHEAD] = serde_json::Value::Null;
+    // The agent's reports go with its labels.
+    for a in DRIVER_ANNOTATIONS {
+        ann[a] = serde_json::Value::Null;
+    }
     for l in DRIVER_LABELS {
         labels_patch.insert(l.to_string(), serde_json::Value::Null);
     }
@@ -258,8 +265,11 @@ mod tests {
         let ann = p["metadata"]["annotations"]
             .as_object()
             .expect("annotations");
-        for k in [labels::UPGRADE_STATE, labels::GO_AHEAD] {
-            assert!(ann.get(k).is_some_and(serde_json::Value::is_null), "{k}");
+        for k in [labels::UPGRADE_STATE, labels::GO_AHEAD]
+            .iter()
+            .chain(DRIVER_ANNOTATIONS.iter())
+        {
+            assert!(ann.get(*k).is_some_and(serde_json::Value::is_null), "{k}");
         }
         let l = p["metadata"]["labels"].as_object().expect("labels");
         for k in DRIVER_LABELS.iter().chain([&GATE]) {

@@ -276,6 +276,12 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
     if !spec.upgrade_policy.prepare.next_kernels {
         envs.push(env_var(env::NEXT_KERNELS, "false"));
     }
+    // Only when set: a policy without module parameters keeps its template
+    // (and so its pods) as it was.
+    let parameters = ttdrv_api::module_params::canonical(&spec.parameter_values());
+    if !parameters.is_empty() {
+        envs.push(env_var(env::MODULE_PARAMETERS, &parameters));
+    }
     // Empty means "the version baked into the installer image".
     if !ctx.tt_smi_version.is_empty() {
         envs.push(env_var(env::TT_SMI_VERSION, &ctx.tt_smi_version));
@@ -925,5 +931,34 @@ mod tests {
         );
         assert_eq!(env_of(&on), None);
         assert_eq!(env_of(&off).as_deref(), Some("false"));
+    }
+
+    #[test]
+    fn module_parameters_are_in_the_template_only_when_set() {
+        let env_of = |p: &TenstorrentDriverPolicy| {
+            pod_template(p, &ctx())
+                .spec
+                .into_iter()
+                .flat_map(|s| s.containers)
+                .flat_map(|c| c.env.unwrap_or_default())
+                .find(|e| e.name == env::MODULE_PARAMETERS)
+                .and_then(|e| e.value)
+        };
+        let none = policy("version: \"2.8.0\"\nnodeAffinity: {}\n");
+        let empty = policy("version: \"2.8.0\"\nnodeAffinity: {}\nmoduleParameters: {}\n");
+        let set = policy(
+            "version: \"2.8.0\"\nnodeAffinity: {}\nmoduleParameters: {powerPolicy: false, maxDevices: 4}\n",
+        );
+        assert_eq!(env_of(&none), None);
+        assert_eq!(env_of(&empty), None);
+        assert_eq!(
+            template_hash(&pod_template(&none, &ctx())),
+            template_hash(&pod_template(&empty, &ctx())),
+            "an empty moduleParameters keeps the template"
+        );
+        assert_eq!(
+            env_of(&set).as_deref(),
+            Some("max_devices=4 power_policy=N")
+        );
     }
 }

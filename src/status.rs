@@ -25,6 +25,8 @@ pub struct Reported {
     pub prepared_version: Option<String>,
     /// [`ttdrv_core::prepare::next_kernel_failed`].
     pub next_kernel_build_failed: Option<String>,
+    /// The module parameters in effect ([`ttdrv_core::node::loaded_parameters`]).
+    pub parameters: Option<ttdrv_api::module_params::Values>,
 }
 
 /// Everything the status is made of besides the records.
@@ -199,6 +201,7 @@ pub fn build(
     names.sort_by(|a, b| (device.contains(*a), a).cmp(&(device.contains(*b), b)));
     let (mut summary, failed) = summarize(input.records);
     let target = policy.spec.version.trim();
+    let wanted = policy.spec.parameter_values();
     // Build ahead: who holds the target, and who is still to build it.
     let mut unprepared = Vec::new();
     let mut next_kernel_failures: Vec<String> = Vec::new();
@@ -207,8 +210,12 @@ pub fn build(
         .map(|n| {
             let r = &input.records[n];
             let now = reported(n);
-            let holds = now.version.as_deref() == Some(target)
-                || now.prepared_version.as_deref() == Some(target);
+            // Loaded counts with the policy's module parameters in effect.
+            let holds = ttdrv_core::node::is_loaded(
+                now.version.as_deref(),
+                now.parameters.as_ref(),
+                ttdrv_core::node::Target::new(target, &wanted),
+            ) || now.prepared_version.as_deref() == Some(target);
             let settled_elsewhere = r.reason.as_deref() == Some(reason::HOST_MANAGED)
                 || r.state == NodeState::Unmanaged;
             if holds {
@@ -226,6 +233,10 @@ pub fn build(
                 install_mode: now.install_mode,
                 prepared_version: now.prepared_version,
                 next_kernel_build_failed: now.next_kernel_build_failed,
+                module_parameters: now
+                    .parameters
+                    .as_ref()
+                    .map(ttdrv_api::module_params::canonical),
                 reason: r.reason.clone(),
                 go_reason: r
                     .reason

@@ -331,6 +331,63 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
             ),
             Refused("may not change node annotations"),
         ),
+        (
+            "agent reports the module parameters of its node",
+            as_agent(
+                a,
+                &[
+                    "annotate",
+                    "node",
+                    NODE_A,
+                    "driver.tenstorrent.com/kmd-parameters=max_devices=4 power_policy=Y",
+                    "driver.tenstorrent.com/kmd-host-options=max_devices=4",
+                    "--overwrite",
+                ],
+            ),
+            Allowed,
+        ),
+        (
+            "agent removes its parameter reports",
+            as_agent(
+                a,
+                &[
+                    "annotate",
+                    "node",
+                    NODE_A,
+                    "driver.tenstorrent.com/kmd-parameters-",
+                    "driver.tenstorrent.com/kmd-host-options-",
+                ],
+            ),
+            Allowed,
+        ),
+        (
+            "agent reports module parameters on another node",
+            as_agent(
+                a,
+                &[
+                    "annotate",
+                    "node",
+                    NODE_B,
+                    "driver.tenstorrent.com/kmd-parameters=max_devices=4",
+                    "--overwrite",
+                ],
+            ),
+            Refused(not_b),
+        ),
+        (
+            "agent writes the go-ahead",
+            as_agent(
+                a,
+                &[
+                    "annotate",
+                    "node",
+                    NODE_A,
+                    r#"driver.tenstorrent.com/go-ahead={"policy":"p"}"#,
+                    "--overwrite",
+                ],
+            ),
+            Refused("may not change node annotations"),
+        ),
         // (`kubectl cordon` exits 0 even when the patch is refused: patch.)
         (
             "agent cordons its node",

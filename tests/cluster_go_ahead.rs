@@ -456,7 +456,13 @@ impl NodeLog {
             );
             assert!(
                 matches!(
-                    go_ahead::decide(at, &rec.policy, &to, Some(&from)),
+                    go_ahead::decide(
+                        at,
+                        &rec.policy,
+                        ttdrv_core::node::Target::version(&to),
+                        Some(&from),
+                        None
+                    ),
                     Swap::GoAhead(_)
                 ),
                 "the agent's decision at the swap was not a go-ahead: {}",

@@ -638,13 +638,14 @@ fn edge_valid_policies(env: &TestEnv) -> Vec<(String, String, Value)> {
 /// Every policy (or `spec:` fragment) in the docs' YAML blocks, completed with
 /// a version and `nodeAffinity: {}` where the fragment leaves them out.
 fn docs_examples() -> Vec<(String, Value)> {
-    const FIELDS: [&str; 6] = [
+    const FIELDS: [&str; 7] = [
         "version",
         "nodeAffinity",
         "nodeSelector",
         "paused",
         "upgradePolicy",
         "installer",
+        "moduleParameters",
     ];
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/docs");
     let mut files: Vec<_> = std::fs::read_dir(dir)

@@ -17,10 +17,13 @@ use crate::cache::{self, Cache, SignedBy, Verified};
 use crate::error::{AgentError, Result, Rollback};
 use crate::holder::Holder;
 use crate::holders::find_holders;
-use crate::host::{HostRoot, MODULE_NAME, ModuleState, validate_version, version_matches};
+use crate::host::{HostRoot, MODULE_NAME, ModuleState, is_loaded, validate_version};
 use crate::kernel::{KernelOps, ProcessKiller};
+use crate::modprobe::HostOptions;
 use crate::node::{LabelChanges, NodeApi};
 use crate::pod::{self, Pause};
+use ttdrv_api::module_params::{self, Values};
+use ttdrv_core::node::Target;
 
 /// Where tt-smi is installed on the host.
 pub const TT_SMI_HOST_PATH: &str = "/usr/local/bin/tt-smi";
@@ -62,6 +65,9 @@ pub struct Config {
     /// TT_KMD_SIGNING_KEY and TT_KMD_SIGNING_CERT (`installer.signingSecret`):
     /// sign every module built with this key pair; None: built unsigned.
     pub signing: Option<crate::signing::SigningKey>,
+    /// TT_KMD_MODULE_PARAMETERS: the policy's module parameters (canonical
+    /// values, [`ttdrv_api::module_params`]); part of the target.
+    pub module_parameters: Values,
 }
 
 /// Where the loaded module came from.
@@ -175,13 +181,12 @@ impl Agent<'_> {
         // being reported host-managed, and kmd-version is what sysfs shows.
         let signals = step("detect-host-install", || Ok(root.host_install_signals()))?;
         let state = root.module_state();
-        let loaded_now = state
-            .as_ref()
-            .ok()
-            .and_then(|s| s.as_ref())
-            .and_then(|s| s.version.clone());
+        let loaded_now = state.as_ref().ok().and_then(|s| s.as_ref());
+        let host_options = crate::modprobe::host_options(&root);
         step("report-host", || {
-            self.report_host(&root, !signals.is_empty(), loaded_now.as_deref())
+            self.report_host(&root, !signals.is_empty(), loaded_now)?;
+            self.report_host_options(&host_options);
+            Ok(())
         })?;
         let state = step("read-module-state", || state)?;
         if !signals.is_empty() {
@@ -193,7 +198,10 @@ impl Agent<'_> {
             return Ok(Outcome::HostManaged { signals, loaded });
         }
 
+        // Said only where the agent loads: DKMS applies them on its own.
+        log_host_options(&host_options);
         let target = validate_version(&self.config.target_version)?;
+        let want = Target::new(&target, &self.config.module_parameters);
         let kver = step("kernel-release", || root.kernel_release())?;
         tracing::info!(
             kernel = %kver,
@@ -203,7 +211,7 @@ impl Agent<'_> {
             "host state"
         );
 
-        if version_matches(state.as_ref().and_then(|s| s.version.as_deref()), &target) {
+        if at_target(state.as_ref(), want) {
             self.device_access(&root);
             let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
             step("label-node", || self.label_container(&root, &target, smi))?;
@@ -216,7 +224,7 @@ impl Agent<'_> {
         if let Some(s) = &state
             && s.refcnt > 0
             && !self.config.force_unload
-            && self.may_swap(&target, Some(s)).is_none()
+            && self.may_swap(want, Some(s)).is_none()
         {
             return Err(self.busy_error(&root, s));
         }
@@ -235,7 +243,7 @@ impl Agent<'_> {
             && matches!(
                 swap_decision(
                     self.config.policy.as_deref(),
-                    &target,
+                    want,
                     state.as_ref(),
                     node_now
                 ),
@@ -267,6 +275,19 @@ impl Agent<'_> {
         if !deps.is_empty() {
             tracing::info!(dependencies = ?deps.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "tenstorrent needs these modules loaded first");
         }
+        // A parameter the module does not have would be ignored by the
+        // kernel (the load succeeds without it): refused here, before the
+        // go-ahead and the unload.
+        let load_values = step("check-parameters", || {
+            load_parameters(
+                &target,
+                &module,
+                &self.config.module_parameters,
+                &host_options,
+            )
+        })?;
+        let load_string = module_params::canonical(&load_values);
+        tracing::info!(parameters = %load_string, "module parameters to load with");
         let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
         // The prepare step is done: say so before waiting, so the controller
         // may start this node's disruptive cycle knowing the swap is a load
@@ -277,11 +298,11 @@ impl Agent<'_> {
 
         // The second key: a loaded module of another version is unloaded only
         // with the controller's go-ahead, read again right before the swap.
-        let state = match self.await_second_key(&root, &target)? {
+        let state = match self.await_second_key(&root, want)? {
             Keyed::Open(state) => state,
             Keyed::Stopped(waiting) => return Ok(Outcome::Stopped { waiting }),
         };
-        if version_matches(state.as_ref().and_then(|s| s.version.as_deref()), &target) {
+        if at_target(state.as_ref(), want) {
             self.device_access(&root);
             step("label-node", || self.label_container(&root, &target, smi))?;
             self.prepare_next_kernels(&root, &kver, &target);
@@ -305,27 +326,40 @@ impl Agent<'_> {
             None => None,
         };
 
+        // The rollback puts the previous module back as it was.
+        let previous_parameters = state
+            .as_ref()
+            .map(|s| module_params::canonical(&s.parameters))
+            .unwrap_or_default();
         let source = step("load", || {
             self.load_with_rollback(
                 &root,
                 &kver,
                 &target,
-                (module, source),
+                (module, source, &load_string),
                 &deps,
-                previous.as_ref(),
+                previous.as_ref().map(|v| (v, previous_parameters.as_str())),
             )
         })?;
 
         step("readback", || {
-            let found = root.loaded_version()?;
-            if version_matches(found.as_deref(), &target) {
-                Ok(())
-            } else {
-                Err(AgentError::ReadbackMismatch {
+            let now = root.module_state()?;
+            let found = now.as_ref().and_then(|s| s.version.clone());
+            if !ttdrv_core::node::same_version(found.as_deref(), &target) {
+                return Err(AgentError::ReadbackMismatch {
                     expected: target.clone(),
                     found,
-                })
+                });
             }
+            let off = module_params::mismatches(&load_values, now.as_ref().map(|s| &s.parameters));
+            if !off.is_empty() {
+                return Err(AgentError::ParametersNotInEffect {
+                    version: target.clone(),
+                    passed: load_string.clone(),
+                    mismatches: module_params::describe(&off),
+                });
+            }
+            Ok(())
         })?;
 
         self.device_access(&root);
@@ -350,8 +384,8 @@ impl Agent<'_> {
     }
 
     /// None when the module may be swapped now, else why not. Asks the API
-    /// server only when a loaded module of another version would be swapped.
-    fn may_swap(&self, target: &str, state: Option<&ModuleState>) -> Option<String> {
+    /// server only when a loaded module other than the target would be swapped.
+    fn may_swap(&self, target: Target<'_>, state: Option<&ModuleState>) -> Option<String> {
         if self.config.swap_without_go_ahead {
             return None;
         }
@@ -376,7 +410,7 @@ impl Agent<'_> {
     /// Waits until the loaded module may be swapped (or there is nothing to
     /// swap), reading the module and the Node again every poll. Logs and
     /// notes each distinct reason once; ends early when the pod is stopped.
-    fn await_second_key(&self, root: &HostRoot, target: &str) -> Result<Keyed> {
+    fn await_second_key(&self, root: &HostRoot, target: Target<'_>) -> Result<Keyed> {
         if self.config.swap_without_go_ahead {
             tracing::warn!(
                 "--swap-without-go-ahead: a loaded module is swapped without the controller's go-ahead (run by hand)"
@@ -422,15 +456,40 @@ impl Agent<'_> {
         }
     }
 
-    /// Labels the node with what the host runs now.
+    /// Labels the node with what the host runs now, and annotates the
+    /// module parameters in effect.
     pub(crate) fn report_host(
         &self,
         root: &HostRoot,
         host_managed: bool,
-        loaded: Option<&str>,
+        loaded: Option<&ModuleState>,
     ) -> Result<()> {
-        let changes = host_labels(host_managed, loaded, self.boot_id(root).as_deref());
-        self.apply_labels(&changes)
+        let version = loaded.and_then(|s| s.version.as_deref());
+        let changes = host_labels(host_managed, version, self.boot_id(root).as_deref());
+        self.apply_labels(&changes)?;
+        self.report_parameters(loaded)
+    }
+
+    /// Annotates [`labels::KMD_PARAMETERS`] with the parameters of the
+    /// module loaded now (removed when nothing is loaded or it shows none).
+    pub(crate) fn report_parameters(&self, loaded: Option<&ModuleState>) -> Result<()> {
+        let value = loaded
+            .map(|s| module_params::canonical(&s.parameters))
+            .filter(|v| !v.is_empty());
+        self.apply_annotations(&LabelChanges::from([(
+            labels::KMD_PARAMETERS.to_string(),
+            value,
+        )]))
+    }
+
+    /// Annotates [`labels::KMD_HOST_OPTIONS`] with the host's own options
+    /// (removed when it has none). Best effort: only people read it.
+    fn report_host_options(&self, host: &HostOptions) {
+        let value = Some(module_params::canonical(&host.values)).filter(|v| !v.is_empty());
+        let changes = LabelChanges::from([(labels::KMD_HOST_OPTIONS.to_string(), value)]);
+        if let Err(e) = self.apply_annotations(&changes) {
+            tracing::warn!(error = %e, "cannot report the host's module options");
+        }
     }
 
     /// The boot ID to label; None (label removed) when unreadable.
@@ -660,6 +719,7 @@ impl Agent<'_> {
                 let state = root.module_state()?.unwrap_or(ModuleState {
                     version: None,
                     refcnt,
+                    parameters: Values::new(),
                 });
                 return Err(self.busy_error(root, &state));
             }
@@ -685,23 +745,25 @@ impl Agent<'_> {
         }
     }
 
-    /// Loads `module`; when the kernel refuses a module that came from the
-    /// cache, evicts it, rebuilds once and loads that. When the load still
-    /// fails, puts the previous version back from the cache if it can.
+    /// Loads `module` (from `source`) with `parameters`; when the kernel
+    /// refuses a module that came from the cache, evicts it, rebuilds once
+    /// and loads that. When the load still fails, puts the previous version
+    /// back from the cache, with the parameters it had, if it can.
     fn load_with_rollback(
         &self,
         root: &HostRoot,
         kver: &str,
         target: &str,
-        (module, source): (Verified, ModuleSource),
+        (module, source, parameters): (Verified, ModuleSource, &str),
         deps: &[crate::deps::Dependency],
-        previous: Option<&Option<String>>,
+        // The module loaded before: its version, the parameters it had.
+        previous: Option<(&Option<String>, &str)>,
     ) -> Result<ModuleSource> {
         let mut module = module;
         let mut source = source;
         let loaded = crate::deps::load(root, self.kernel, deps)
             .map_err(|e| std::io::Error::other(e.to_string()))
-            .map(|()| self.kernel.load(&module.file));
+            .map(|()| self.kernel.load(&module.file, parameters));
         let e = match loaded {
             // A dependency would not load: the module itself is not at fault.
             Err(dep) => dep,
@@ -722,7 +784,7 @@ impl Agent<'_> {
                         self.build_and_store(root, kver, target, Priority::Normal)
                     })?;
                     source = ModuleSource::Build;
-                    match self.kernel.load(&module.file) {
+                    match self.kernel.load(&module.file, parameters) {
                         Ok(()) => return Ok(source),
                         Err(e2) => {
                             // Not loaded: never leave it cached for the next run.
@@ -739,7 +801,8 @@ impl Agent<'_> {
         };
         tracing::error!(version = target, error = %e, "loading the new module failed; rolling back");
         let now = || root.loaded_version().ok().flatten();
-        let rollback = match previous {
+        let previous_parameters = previous.map_or("", |(_, p)| p);
+        let rollback = match previous.map(|(v, _)| v) {
             None => Rollback::NothingLoadedBefore,
             Some(None) => Rollback::NotCached {
                 previous: "(unversioned)".into(),
@@ -758,7 +821,8 @@ impl Agent<'_> {
                     path: PathBuf::from(Cache::host_path(kver, prev)),
                     now_loaded: now(),
                 },
-                Some(prev_module) => match self.kernel.load(&prev_module.file) {
+                Some(prev_module) => match self.kernel.load(&prev_module.file, previous_parameters)
+                {
                     Ok(()) => Rollback::Restored {
                         previous: prev.clone(),
                     },
@@ -832,6 +896,10 @@ impl Agent<'_> {
         tt_smi_installed: bool,
     ) -> Result<()> {
         let mut changes = host_labels(false, Some(version), self.boot_id(root).as_deref());
+        // The target is loaded: no swap is ahead, so nothing is prepared for
+        // one (a label left from the last swap would let a later cycle of
+        // the same version start before its agent checked anything).
+        changes.insert(labels::KMD_PREPARED.into(), None);
         // No other kernel to prepare: no next-kernel warning either, said in
         // this patch rather than one more (prepare_next_kernels reports otherwise).
         if !self.config.next_kernels
@@ -852,7 +920,17 @@ impl Agent<'_> {
                 None => tracing::warn!("TT_SMI_VERSION not set; not labelling the tt-smi version"),
             }
         }
-        self.apply_labels(&changes)
+        self.apply_labels(&changes)?;
+        self.report_parameters(root.module_state()?.as_ref())
+    }
+
+    pub(crate) fn apply_annotations(&self, changes: &LabelChanges) -> Result<()> {
+        self.node
+            .annotate(changes)
+            .map_err(|reason| AgentError::Label {
+                node: self.node.node_name().to_string(),
+                reason,
+            })
     }
 
     pub(crate) fn apply_labels(&self, changes: &LabelChanges) -> Result<()> {
@@ -930,19 +1008,21 @@ pub fn next_kernels(root: &HostRoot, running: &str) -> Vec<String> {
 /// Node, it waits: fail closed.
 pub fn swap_decision(
     policy: Option<&str>,
-    target: &str,
+    target: Target<'_>,
     state: Option<&ModuleState>,
     node: impl FnOnce() -> std::result::Result<Node, String>,
 ) -> Swap {
-    let Some(loaded) = state.map(loaded_name) else {
+    let Some(s) = state else {
         return Swap::FirstInstall;
     };
-    if version_matches(Some(&loaded), target) {
+    let loaded = loaded_name(s);
+    if at_target(Some(s), target) {
         return Swap::AlreadyLoaded;
     }
     let wait = |why: String| {
         Swap::Wait(format!(
-            "waiting for the controller's go-ahead to replace tt-kmd {loaded} with {target}: {why}"
+            "waiting for the controller's go-ahead to {}: {why}",
+            go_ahead::swap_description(&loaded, Some(&s.parameters), target)
         ))
     };
     let Some(policy) = policy.filter(|p| !p.trim().is_empty()) else {
@@ -952,7 +1032,7 @@ pub fn swap_decision(
         ));
     };
     match node() {
-        Ok(n) => go_ahead::decide(&n, policy, target, Some(&loaded)),
+        Ok(n) => go_ahead::decide(&n, policy, target, Some(&loaded), Some(&s.parameters)),
         Err(e) => wait(e),
     }
 }
@@ -982,6 +1062,80 @@ pub fn host_labels(
             boot_id.filter(|v| valid_label_value(v)).map(str::to_string),
         ),
     ])
+}
+
+/// The module loaded now is the target: its version, and the policy's
+/// module parameters in effect ([`is_loaded`], the one definition).
+fn at_target(state: Option<&ModuleState>, target: Target<'_>) -> bool {
+    state.is_some_and(|s| is_loaded(s.version.as_deref(), Some(&s.parameters), target))
+}
+
+/// Logs what the host's modprobe.d says about tenstorrent, once per run.
+fn log_host_options(host: &HostOptions) {
+    if !host.values.is_empty() {
+        tracing::info!(
+            options = %module_params::canonical(&host.values),
+            files = ?host.files,
+            "the host's options tenstorrent lines are adopted at every load (spec.moduleParameters win per name)"
+        );
+    }
+    for why in &host.ignored {
+        tracing::warn!(why = %why, "a host modprobe.d option for tenstorrent is not adopted");
+    }
+}
+
+/// What to load the module with: the host's options, the policy's over
+/// them, each checked against the parameters `module` declares (`parm:`).
+/// A parameter of the policy the module lacks fails the node (the kernel
+/// would load it without the setting); one of the host's is dropped with a
+/// warning (its DKMS era may have had parameters this version has not).
+pub fn load_parameters(
+    version: &str,
+    module: &Verified,
+    policy: &Values,
+    host: &HostOptions,
+) -> Result<Values> {
+    if policy.is_empty() && host.values.is_empty() {
+        return Ok(Values::new());
+    }
+    let bytes = read_module(module)?;
+    let declared =
+        crate::modinfo::declared_parameters(&bytes).map_err(|reason| AgentError::ModInfo {
+            path: module.path.clone(),
+            reason,
+        })?;
+    if let Some((name, value)) = policy.iter().find(|(k, _)| !declared.contains(*k)) {
+        let since = module_params::parameter(name).map_or_else(
+            || "tt-kmd has no such parameter".to_string(),
+            |p| format!("it exists since tt-kmd {}", p.since),
+        );
+        return Err(AgentError::ParameterNotDeclared {
+            version: version.to_string(),
+            parameter: name.clone(),
+            value: value.clone(),
+            since,
+        });
+    }
+    let mut adopted = Values::new();
+    for (k, v) in &host.values {
+        if declared.contains(k) {
+            adopted.insert(k.clone(), v.clone());
+        } else {
+            tracing::warn!(parameter = %k, version, "the host's option {k}={v} is not adopted: tenstorrent {version} has no such parameter");
+        }
+    }
+    Ok(crate::modprobe::merged(&adopted, policy))
+}
+
+/// The verified module's bytes, read from its descriptor (the file that is
+/// loaded), not its path.
+fn read_module(module: &Verified) -> Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let io = |e| AgentError::io("reading", &module.path, e);
+    let len = module.file.metadata().map_err(io)?.len();
+    let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    module.file.read_exact_at(&mut bytes, 0).map_err(io)?;
+    Ok(bytes)
 }
 
 fn loaded_name(s: &ModuleState) -> String {

@@ -332,6 +332,32 @@ pub enum AgentError {
         found: Option<String>,
     },
 
+    #[error(
+        "tenstorrent {version} has no module parameter {parameter} (spec.moduleParameters asks for {parameter}={value}; {since}), so nothing was unloaded; set a version that has it or remove it from spec.moduleParameters"
+    )]
+    ParameterNotDeclared {
+        version: String,
+        parameter: String,
+        value: String,
+        /// Since which tt-kmd version the parameter exists, in words.
+        since: String,
+    },
+
+    #[error(
+        "after loading tenstorrent {version} with \"{passed}\", /sys/module/tenstorrent/parameters shows other values: {mismatches}"
+    )]
+    ParametersNotInEffect {
+        version: String,
+        passed: String,
+        mismatches: String,
+    },
+
+    #[error(
+        "invalid module parameters {value:?} ({}): {reason}",
+        ttdrv_api::labels::env::MODULE_PARAMETERS
+    )]
+    InvalidParameters { value: String, reason: String },
+
     #[error("labelling node {node} failed: {reason}")]
     Label { node: String, reason: String },
 
@@ -385,12 +411,15 @@ impl AgentError {
             | AgentError::DependencyMissing { .. }
             | AgentError::DependencyLoad { .. }
             | AgentError::UnsignedModule { .. }
-            | AgentError::KeyNotTrusted { .. } => Some(LOAD_FAILED),
+            | AgentError::KeyNotTrusted { .. }
+            | AgentError::ParameterNotDeclared { .. }
+            | AgentError::ParametersNotInEffect { .. } => Some(LOAD_FAILED),
             AgentError::Io { .. }
             | AgentError::KernelRelease { .. }
             | AgentError::InvalidKernelRelease(_)
             | AgentError::InvalidVersion(_)
             | AgentError::NoTargetVersion
+            | AgentError::InvalidParameters { .. }
             | AgentError::GitClone { .. }
             | AgentError::CacheWrite { .. }
             | AgentError::ModInfo { .. }

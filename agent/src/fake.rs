@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::host::{HostRoot, MODULE_NAME};
 use crate::kernel::{KernelOps, ProcessKiller};
 use crate::modinfo;
+use ttdrv_api::module_params::Values;
 
 fn errno(e: nix::errno::Errno) -> io::Error {
     io::Error::from(e)
@@ -29,6 +30,8 @@ pub struct FakeKernel {
     pub report_version: Option<String>,
     /// Every load attempted, by module version.
     pub loads: Mutex<Vec<String>>,
+    /// The parameter string of every load of tenstorrent attempted, in order.
+    pub load_parameters: Mutex<Vec<String>>,
     pub unloads: Mutex<u32>,
     /// Every PID killed.
     pub killed: Mutex<Vec<u32>>,
@@ -40,6 +43,9 @@ pub struct FakeKernel {
     pub reject_key: bool,
     /// How many times a module was probed ([`KernelOps::probe`]).
     pub probes: Mutex<u32>,
+    /// If true, a load succeeds but its parameters do not take (sysfs shows
+    /// the defaults), as for a parameter the kernel ignored.
+    pub drop_parameters: bool,
 }
 
 impl FakeKernel {
@@ -49,11 +55,13 @@ impl FakeKernel {
             fail_load: Mutex::new(HashSet::new()),
             report_version: None,
             loads: Mutex::new(Vec::new()),
+            load_parameters: Mutex::new(Vec::new()),
             unloads: Mutex::new(0),
             killed: Mutex::new(Vec::new()),
             unkillable: false,
             reject_key: false,
             probes: Mutex::new(0),
+            drop_parameters: false,
         }
     }
 
@@ -76,6 +84,13 @@ impl FakeKernel {
     pub fn probes(&self) -> u32 {
         self.probes.lock().map(|p| *p).unwrap_or_default()
     }
+    /// The parameter string of every load of tenstorrent, in order.
+    pub fn load_parameters(&self) -> Vec<String> {
+        self.load_parameters
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_default()
+    }
     pub fn unloads(&self) -> u32 {
         self.unloads.lock().map(|u| *u).unwrap_or_default()
     }
@@ -89,7 +104,7 @@ impl FakeKernel {
 }
 
 impl KernelOps for FakeKernel {
-    fn load(&self, module: &fs::File) -> io::Result<()> {
+    fn load(&self, module: &fs::File, parameters: &str) -> io::Result<()> {
         let mut bytes = Vec::new();
         io::Read::read_to_end(&mut &*module, &mut bytes)?;
         let version = modinfo::field_of_bytes(&bytes, "version")
@@ -97,6 +112,9 @@ impl KernelOps for FakeKernel {
             .unwrap_or_default();
         if let Ok(mut l) = self.loads.lock() {
             l.push(version.clone());
+        }
+        if let Ok(mut l) = self.load_parameters.lock() {
+            l.push(parameters.to_string());
         }
         // As the kernel refuses a module with bad symbols or signature.
         if let Ok(Some(_)) = modinfo::field_of_bytes(&bytes, REFUSED_FIELD) {
@@ -136,8 +154,26 @@ impl KernelOps for FakeKernel {
         if self.fail_load.lock().is_ok_and(|f| f.contains(&version)) {
             return Err(errno(nix::errno::Errno::ENOEXEC));
         }
+        // As the kernel does: the declared parameters at their defaults,
+        // then those given (an unknown name is ignored with a warning, a bad
+        // value refuses the load).
+        let declared = modinfo::declared_parameters(&bytes).unwrap_or_default();
+        let mut values: Values = ttdrv_api::module_params::defaults()
+            .into_iter()
+            .filter(|(k, _)| declared.contains(k))
+            .collect();
+        for w in parameters.split_whitespace() {
+            let (k, v) = w.split_once('=').unwrap_or((w, "Y"));
+            if !declared.contains(k) || self.drop_parameters {
+                continue;
+            }
+            let v = ttdrv_api::module_params::normalize(k, v)
+                .map_err(|_| errno(nix::errno::Errno::EINVAL))?;
+            values.insert(k.to_string(), v);
+        }
         let shown = self.report_version.clone().unwrap_or(version);
-        set_loaded(self.root.root(), &shown, 0)
+        set_loaded(self.root.root(), &shown, 0)?;
+        set_parameters(self.root.root(), &values)
     }
 
     fn probe(&self, _module: &fs::File) -> io::Result<()> {
@@ -289,6 +325,20 @@ pub fn set_loaded(root: &Path, version: &str, refcnt: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Makes sysfs show the loaded module's parameters as `values` (only
+/// those; a module loaded by hand or by DKMS in the tests).
+pub fn set_parameters(root: &Path, values: &Values) -> io::Result<()> {
+    let dir = HostRoot::new(root).path(format!("/sys/module/{MODULE_NAME}/parameters"));
+    if dir.exists() {
+        fs::remove_dir_all(&dir)?;
+    }
+    fs::create_dir_all(&dir)?;
+    for (k, v) in values {
+        fs::write(dir.join(k), format!("{v}\n"))?;
+    }
+    Ok(())
+}
+
 /// Adds a process `pid` holding /dev/tenstorrent/0 open, and raises refcnt.
 pub fn add_holder(root: &Path, pid: u32, comm: &str, cgroup: &str) -> io::Result<()> {
     let r = HostRoot::new(root);
@@ -314,10 +364,27 @@ pub fn write_fake_module_for(path: &Path, version: &str, kver: &str) -> io::Resu
     }
     let v = format!("version={version}");
     let m = format!("vermagic={kver} SMP preempt mod_unload modversions ");
-    fs::write(
-        path,
-        modinfo::fake_module_bytes(&["license=GPL", &v, "name=tenstorrent", &m]),
-    )
+    let mut entries = vec!["license=GPL".to_string(), v, "name=tenstorrent".into(), m];
+    entries.extend(parameter_entries(version));
+    let entries: Vec<&str> = entries.iter().map(String::as_str).collect();
+    fs::write(path, modinfo::fake_module_bytes(&entries))
+}
+
+/// The `parmtype=` entries of tt-kmd `version`: the parameters it has
+/// ([`ttdrv_api::module_params::Parameter::in_version`]).
+pub fn parameter_entries(version: &str) -> Vec<String> {
+    ttdrv_api::module_params::PARAMETERS
+        .iter()
+        .filter(|p| p.in_version(version).unwrap_or(false))
+        .map(|p| {
+            let ty = match p.kind {
+                ttdrv_api::module_params::Kind::Uint => "uint",
+                ttdrv_api::module_params::Kind::Byte => "byte",
+                ttdrv_api::module_params::Kind::Bool => "bool",
+            };
+            format!("parmtype={}:{ty}", p.name)
+        })
+        .collect()
 }
 
 /// A `.modinfo` field that makes [`FakeKernel`] refuse the module (ENOEXEC),

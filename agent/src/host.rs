@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::error::{AgentError, Result};
 use crate::hostfs::{self, FsResult, HostDir, SMALL_FILE_MAX};
+use ttdrv_api::module_params::{self, Values};
 
 /// Module name of tt-kmd.
 pub const MODULE_NAME: &str = "tenstorrent";
@@ -261,7 +262,29 @@ impl HostRoot {
                 "sys/module/{MODULE_NAME}/refcnt is missing or unparsable: treating the module as in use"
             );
         }
-        Ok(Some(ModuleState { version, refcnt }))
+        let parameters = self.module_parameters(&dir);
+        Ok(Some(ModuleState {
+            version,
+            refcnt,
+            parameters,
+        }))
+    }
+
+    /// The values of tt-kmd's known parameters the loaded module shows in
+    /// `parameters/` (normalized; one it does not have, or unreadable, is
+    /// left out).
+    fn module_parameters(&self, module: &HostDir) -> Values {
+        let Ok(dir) = module.open_dir("parameters", false) else {
+            return Values::new();
+        };
+        module_params::PARAMETERS
+            .iter()
+            .filter_map(|p| {
+                let raw = dir.read_optional(p.name, SMALL_FILE_MAX).ok()??;
+                let v = module_params::normalize(p.name, &String::from_utf8_lossy(&raw)).ok()?;
+                Some((p.name.to_string(), v))
+            })
+            .collect()
     }
 
     /// The loaded module's version, if a module is loaded and has one.
@@ -282,11 +305,16 @@ pub struct ModuleState {
     pub version: Option<String>,
     /// [`REFCNT_UNKNOWN`] when sysfs gives no number (fail closed: busy).
     pub refcnt: u32,
+    /// tt-kmd's parameters as `parameters/<name>` shows them (canonical).
+    pub parameters: Values,
 }
 
-/// Whether the loaded version is the target (trimmed, exact): the one
+/// Whether the loaded version and parameters are the target's: the one
 /// definition, [`ttdrv_core::node::is_loaded`].
-pub use ttdrv_core::node::is_loaded as version_matches;
+pub use ttdrv_core::node::is_loaded;
+/// Whether the loaded version is the target's (trimmed, exact): its version
+/// part, [`ttdrv_core::node::same_version`].
+pub use ttdrv_core::node::same_version as version_matches;
 
 /// Validates a target version (surrounding whitespace trimmed): `MAJOR.MINOR.PATCH`,
 /// 1 to 9 digits per part. The rule is `ttdrv_api::validation::is_valid_version`,

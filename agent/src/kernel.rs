@@ -8,8 +8,10 @@ use std::io;
 /// Loads and unloads kernel modules.
 pub trait KernelOps {
     /// Loads the module from `module`, a descriptor of the very file that
-    /// was verified (never its path again, which could change in between).
-    fn load(&self, module: &File) -> io::Result<()>;
+    /// was verified (never its path again, which could change in between),
+    /// with the module parameters `parameters` (`name=value ...`, as
+    /// modprobe passes its `options`).
+    fn load(&self, module: &File, parameters: &str) -> io::Result<()>;
     /// Offers `module` to the kernel while a module of its name is loaded,
     /// to learn whether the kernel trusts its signature: the kernel checks
     /// the signature before anything else and then, the name being taken,
@@ -33,14 +35,17 @@ pub trait ProcessKiller {
 pub struct RealKernel;
 
 impl KernelOps for RealKernel {
-    fn load(&self, module: &File) -> io::Result<()> {
-        nix::kmod::finit_module(module, c"", nix::kmod::ModuleInitFlags::empty())
+    fn load(&self, module: &File, parameters: &str) -> io::Result<()> {
+        let parameters =
+            CString::new(parameters).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        nix::kmod::finit_module(module, &parameters, nix::kmod::ModuleInitFlags::empty())
             .map_err(io::Error::from)
     }
 
     fn probe(&self, module: &File) -> io::Result<()> {
-        // The same system call: only the module already loaded makes it a probe.
-        self.load(module)
+        // The same system call: only the module already loaded makes it a
+        // probe (the signature is checked before the parameters are read).
+        self.load(module, "")
     }
 
     fn load_dependency(&self, name: &str, module: &File, compressed: bool) -> io::Result<()> {

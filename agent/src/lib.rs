@@ -47,6 +47,7 @@ pub mod hostfs;
 pub mod kbuild;
 pub mod kernel;
 pub mod modinfo;
+pub mod modprobe;
 pub mod node;
 pub mod pod;
 pub mod signing;

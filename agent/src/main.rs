@@ -54,6 +54,9 @@ enum Command {
         /// The installer of a `spec.unmanage` policy: ready once nothing is loaded.
         #[arg(long, env = env::UNMANAGE, action = clap::ArgAction::SetTrue, value_parser = parse_bool)]
         unmanage: bool,
+        /// The module parameters that must be in effect too (as for `run`).
+        #[arg(long, env = env::MODULE_PARAMETERS, default_value = "")]
+        module_parameters: String,
     },
     /// Print what the agent sees on this host as JSON.
     Status {
@@ -85,6 +88,11 @@ struct RunArgs {
     #[arg(long, env = env::NEXT_KERNELS, default_value_t = true,
           action = clap::ArgAction::Set, value_parser = parse_bool)]
     next_kernels: bool,
+
+    /// The tt-kmd module parameters to load with, `name=value` separated by
+    /// spaces (the canonical string of the policy's spec.moduleParameters).
+    #[arg(long, env = env::MODULE_PARAMETERS, default_value = "")]
+    module_parameters: String,
 
     /// Seconds to wait for refcnt 0 after killing holders (at most a day).
     #[arg(long, env = "TTDRV_UNLOAD_TIMEOUT_SECONDS", default_value_t = 30,
@@ -222,9 +230,15 @@ fn main() -> ExitCode {
             &root,
             status_file.as_deref(),
         )),
-        Command::Ready { target, .. } => {
-            report(pod::readiness(&root, &target, status_file.as_deref()))
-        }
+        Command::Ready {
+            target,
+            module_parameters,
+            ..
+        } => report(
+            ttdrv_api::module_params::parse(&module_parameters)
+                .map_err(|e| format!("not ready: {}: {e}", env::MODULE_PARAMETERS))
+                .and_then(|p| pod::readiness(&root, &target, &p, status_file.as_deref())),
+        ),
         Command::Status {
             target,
             signing_cert,
@@ -272,7 +286,23 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
             return ExitCode::from(2);
         }
     };
+    let module_parameters = match ttdrv_api::module_params::parse(&args.module_parameters) {
+        Ok(v) => v,
+        Err(reason) => {
+            let e = AgentError::InvalidParameters {
+                value: args.module_parameters.clone(),
+                reason,
+            };
+            tracing::error!(
+                summary = true,
+                duration_ms = start.elapsed().as_millis() as u64,
+                "summary: result=failed error={e}"
+            );
+            return ExitCode::from(2);
+        }
+    };
     let config = Config {
+        module_parameters,
         host_root: host_root.to_path_buf(),
         target_version: args.target.clone(),
         force_unload: args.force_unload,

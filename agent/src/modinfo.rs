@@ -36,6 +36,25 @@ pub fn module_version(ko: &Path) -> Result<Option<String>> {
     modinfo_field(ko, "version")
 }
 
+/// The module parameters a module declares: the names of its `parmtype=`
+/// entries (every `module_param` has one) and `parm=` entries (its
+/// description), what `modinfo` prints as `parm:`.
+pub fn declared_parameters(
+    bytes: &[u8],
+) -> std::result::Result<std::collections::BTreeSet<String>, String> {
+    let section = modinfo_section(bytes)?;
+    Ok(section
+        .split(|b| *b == 0)
+        .filter_map(|entry| {
+            let rest = entry
+                .strip_prefix(b"parmtype=")
+                .or_else(|| entry.strip_prefix(b"parm="))?;
+            let name = rest.split(|b| *b == b':').next()?;
+            (!name.is_empty()).then(|| String::from_utf8_lossy(name).into_owned())
+        })
+        .collect())
+}
+
 fn field_in(section: &[u8], field: &str) -> Option<String> {
     let prefix = format!("{field}=");
     section
@@ -166,6 +185,27 @@ mod tests {
         assert_eq!(field_in(section, "version").as_deref(), Some("2.8.0"));
         assert_eq!(field_in(section, "name").as_deref(), Some("tenstorrent"));
         assert_eq!(field_in(section, "license"), None);
+    }
+
+    #[test]
+    fn declared_parameters_are_the_parm_and_parmtype_entries() {
+        let bytes = fake_module_bytes(&[
+            "version=2.10.0",
+            "parm=max_devices:Maximum number of tenstorrent devices (chips) to support.",
+            "parmtype=max_devices:uint",
+            "parmtype=power_policy:bool",
+            "parm=idle_power_down_grace_ms:Delay in ms",
+            "depends=",
+        ]);
+        let names: Vec<String> = declared_parameters(&bytes)
+            .expect("module")
+            .into_iter()
+            .collect();
+        assert_eq!(
+            names,
+            ["idle_power_down_grace_ms", "max_devices", "power_policy"]
+        );
+        assert!(declared_parameters(b"nope").is_err());
     }
 
     #[test]

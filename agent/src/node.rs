@@ -23,6 +23,9 @@ pub trait NodeApi {
     fn get(&self) -> Result<Node, String>;
     /// Merge-patches the labels of this node only.
     fn label(&self, labels: &LabelChanges) -> Result<(), String>;
+    /// Merge-patches the annotations of this node only (the agent's own:
+    /// [`labels::KMD_PARAMETERS`], [`labels::KMD_HOST_OPTIONS`]).
+    fn annotate(&self, annotations: &LabelChanges) -> Result<(), String>;
     /// `uid -> namespace/name` of the pods on this node; best effort.
     fn pod_names(&self) -> HashMap<String, String>;
 }
@@ -41,6 +44,10 @@ impl NodeApi for NoNode {
     }
     fn label(&self, labels: &LabelChanges) -> Result<(), String> {
         tracing::warn!(?labels, "NODE_NAME not set: not labelling any node");
+        Ok(())
+    }
+    fn annotate(&self, annotations: &LabelChanges) -> Result<(), String> {
+        tracing::warn!(?annotations, "NODE_NAME not set: not annotating any node");
         Ok(())
     }
     fn pod_names(&self) -> HashMap<String, String> {
@@ -90,8 +97,22 @@ impl NodeApi for KubeNode {
     }
 
     fn label(&self, labels: &LabelChanges) -> Result<(), String> {
+        self.patch(serde_json::json!({ "metadata": { "labels": labels } }))
+    }
+
+    fn annotate(&self, annotations: &LabelChanges) -> Result<(), String> {
+        self.patch(serde_json::json!({ "metadata": { "annotations": annotations } }))
+    }
+
+    fn pod_names(&self) -> HashMap<String, String> {
+        self.list_pod_names()
+    }
+}
+
+impl KubeNode {
+    /// Merge-patches this node, with retries.
+    fn patch(&self, patch: serde_json::Value) -> Result<(), String> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let patch = serde_json::json!({ "metadata": { "labels": labels } });
         let node = self.node.as_str();
         let attempt = || async {
             nodes
@@ -105,13 +126,13 @@ impl NodeApi for KubeNode {
                     .retry(Self::backoff())
                     .sleep(tokio::time::sleep)
                     .notify(|e, after| {
-                        tracing::warn!(error = %e, retry_in_ms = after.as_millis() as u64, "patching node labels failed; retrying");
+                        tracing::warn!(error = %e, retry_in_ms = after.as_millis() as u64, "patching the node failed; retrying");
                     }),
             )
             .map_err(|e| e.to_string())
     }
 
-    fn pod_names(&self) -> HashMap<String, String> {
+    fn list_pod_names(&self) -> HashMap<String, String> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let params = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
         match self.rt.block_on(pods.list(&params)) {
@@ -141,6 +162,8 @@ pub const FAKE_NODE: &str = "fake-node";
 #[derive(Debug, Default)]
 pub struct FakeNode {
     pub calls: Mutex<Vec<LabelChanges>>,
+    /// Every annotation patch, in order.
+    pub annotation_calls: Mutex<Vec<LabelChanges>>,
     pub pods: HashMap<String, String>,
     pub fail: bool,
     /// What successive GETs return, one each; the last one stays. Empty: the
@@ -176,6 +199,19 @@ impl FakeNode {
     pub fn gets(&self) -> u32 {
         self.gets.lock().map(|g| *g).unwrap_or_default()
     }
+    /// The annotations after every patch so far (a removal leaves `None`).
+    pub fn annotations(&self) -> LabelChanges {
+        let mut out = LabelChanges::new();
+        for call in self
+            .annotation_calls
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_default()
+        {
+            out.extend(call);
+        }
+        out
+    }
     /// The labels after every patch so far, applied in order to no labels
     /// (a removal leaves `None`, so a test sees it was removed).
     pub fn labels(&self) -> LabelChanges {
@@ -208,6 +244,15 @@ impl NodeApi for FakeNode {
     fn label(&self, labels: &LabelChanges) -> Result<(), String> {
         if let Ok(mut c) = self.calls.lock() {
             c.push(labels.clone());
+        }
+        if self.fail {
+            return Err("simulated API failure".to_string());
+        }
+        Ok(())
+    }
+    fn annotate(&self, annotations: &LabelChanges) -> Result<(), String> {
+        if let Ok(mut c) = self.annotation_calls.lock() {
+            c.push(annotations.clone());
         }
         if self.fail {
             return Err("simulated API failure".to_string());

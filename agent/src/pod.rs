@@ -9,7 +9,8 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::host::{HostRoot, version_matches};
+use crate::host::{HostRoot, is_loaded, version_matches};
+use ttdrv_api::module_params::{self, Values};
 
 /// Default path of the note written while the agent waits for a go-ahead.
 pub const DEFAULT_STATUS_FILE: &str = "/tmp/ttdrv-agent.waiting";
@@ -168,17 +169,20 @@ pub fn waiting(path: &Path) -> Option<String> {
 }
 
 /// The readiness probe's answer: ready only when the loaded module is the
-/// target exactly and the agent is not waiting for a go-ahead.
+/// target exactly (its version, and `parameters` in effect) and the agent is
+/// not waiting for a go-ahead.
 pub fn readiness(
     root: &HostRoot,
     target: &str,
+    parameters: &Values,
     status_file: Option<&Path>,
 ) -> Result<String, String> {
-    let loaded = root
-        .loaded_version()
-        .map_err(|e| format!("not ready: {e}"))?;
+    let state = root.module_state().map_err(|e| format!("not ready: {e}"))?;
+    let loaded = state.as_ref().and_then(|s| s.version.clone());
+    let in_effect = state.as_ref().map(|s| &s.parameters);
     let waiting = status_file.and_then(waiting);
-    if version_matches(loaded.as_deref(), target) && waiting.is_none() {
+    let want = ttdrv_core::node::Target::new(target, parameters);
+    if is_loaded(loaded.as_deref(), in_effect, want) && waiting.is_none() {
         return Ok(format!("ready: tenstorrent {} loaded", target.trim()));
     }
     let mut msg = format!(
@@ -186,6 +190,13 @@ pub fn readiness(
         loaded.as_deref().unwrap_or("none"),
         target.trim()
     );
+    let off = module_params::mismatches(parameters, in_effect);
+    if version_matches(loaded.as_deref(), target) && !off.is_empty() {
+        msg.push_str(&format!(
+            " with module parameters {}",
+            module_params::describe(&off)
+        ));
+    }
     if let Some(w) = waiting {
         msg.push_str("; ");
         msg.push_str(&w);

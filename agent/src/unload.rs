@@ -92,7 +92,7 @@ impl Agent<'_> {
         if !signals.is_empty() {
             tracing::info!(?signals, "host-managed tt-kmd install: nothing to unload");
             step("report-host", || {
-                self.report_host(&root, true, previous.as_deref())
+                self.report_host(&root, true, state.as_ref())
             })?;
             return Ok(Unloaded::HostManaged);
         }
@@ -119,7 +119,11 @@ impl Agent<'_> {
             changes.insert(l.to_string(), None);
         }
         changes.insert(labels::KMD_BOOT_ID.to_string(), self.boot_id(&root));
-        step("unlabel-node", || self.apply_labels(&changes))?;
+        step("unlabel-node", || {
+            self.apply_labels(&changes)?;
+            // Nothing loaded: no parameters in effect.
+            self.report_parameters(None)
+        })?;
         self.note_waiting(None);
         Ok(Unloaded::Done { previous, killed })
     }

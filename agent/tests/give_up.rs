@@ -204,6 +204,7 @@ fn a_refused_load_gives_load_failed_with_the_kernels_error() {
         swap_without_go_ahead: false,
         next_kernels: true,
         signing: None,
+        module_parameters: Default::default(),
         status_file: None,
     };
     let err = Agent {

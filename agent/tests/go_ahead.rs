@@ -30,7 +30,7 @@ use common::host::{
 
 /// What the readiness probe answers for `target`.
 fn ready(h: &Host, target: &str) -> Result<String, String> {
-    pod::readiness(&h.hr(), target, Some(&h.note()))
+    pod::readiness(&h.hr(), target, &Default::default(), Some(&h.note()))
 }
 
 /// A host with 2.7.0 loaded (refcnt 0) and 2.8.0 in the cache.

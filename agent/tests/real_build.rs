@@ -82,6 +82,7 @@ impl RealHost {
             swap_without_go_ahead: false,
             next_kernels: true,
             signing: None,
+            module_parameters: Default::default(),
             status_file: None,
         }
     }

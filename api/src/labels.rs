@@ -24,6 +24,17 @@ pub const KMD_PREPARED: &str = "driver.tenstorrent.com/kmd-prepared";
 /// release is no label value.
 pub const KMD_NEXT_KERNEL_FAILED: &str = "driver.tenstorrent.com/kmd-next-kernel-failed";
 pub const NEXT_KERNEL_UNNAMED: &str = "unnamed";
+/// Node annotation set by the agent: the tt-kmd module parameters in effect
+/// (sysfs `/sys/module/tenstorrent/parameters/<name>` of every parameter
+/// [`crate::module_params::PARAMETERS`] names that the loaded module has),
+/// canonical (`name=value` sorted, booleans Y/N). Set and removed with
+/// [`KMD_VERSION`]; the controller compares `spec.moduleParameters` with it.
+pub const KMD_PARAMETERS: &str = "driver.tenstorrent.com/kmd-parameters";
+/// Node annotation set by the agent: the host's own `options tenstorrent`
+/// values (`/etc/modprobe.d` and the other modprobe.d directories) it
+/// found, canonical, which it adopts at every load where the policy sets no
+/// value; removed when the host has none.
+pub const KMD_HOST_OPTIONS: &str = "driver.tenstorrent.com/kmd-host-options";
 /// Version of the tt-smi binary the agent copied to the host.
 pub const TT_SMI_VERSION: &str = "tt-smi.driver.tenstorrent.com/version";
 /// `container` when the operator manages the module, `host` when DKMS does.
@@ -98,6 +109,9 @@ pub mod env {
     /// "false" turns the agent's next-kernel preflight off
     /// (`upgradePolicy.prepare.nextKernels`); unset means on.
     pub const NEXT_KERNELS: &str = "TT_KMD_NEXT_KERNELS";
+    /// `spec.moduleParameters` as the canonical parameter string
+    /// (`ttdrv_api::module_params::canonical`); unset when empty.
+    pub const MODULE_PARAMETERS: &str = "TT_KMD_MODULE_PARAMETERS";
     pub const SOURCE_REPOSITORY: &str = "TT_KMD_SOURCE_REPOSITORY";
     /// The commit the version's tag must name (a tag that moved is refused).
     pub const SOURCE_COMMIT: &str = "TT_KMD_SOURCE_COMMIT";

@@ -10,11 +10,13 @@ pub mod validation;
 
 pub mod images;
 pub mod labels;
+pub mod module_params;
 pub mod podselector;
 pub mod v1alpha1;
 
 #[cfg(test)]
 mod test_support;
 
+pub use module_params::ModuleParameters;
 pub use podselector::{PodSelector, PodSelectorError};
 pub use v1alpha1::*;

@@ -98,12 +98,29 @@ pub struct TenstorrentDriverPolicySpec {
     /// (docs/migrating-from-go-operator.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unmanage: bool,
+
+    /// tt-kmd module parameters the installer loads the module with
+    /// (modprobe's `options tenstorrent ...`). Absent fields keep the
+    /// module's default, or the host's own `options tenstorrent` line. A
+    /// change reloads the module on every node, one drained cycle per node
+    /// as for a version change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_parameters: Option<crate::module_params::ModuleParameters>,
 }
 
 impl TenstorrentDriverPolicySpec {
     /// The selector in effect (`nodeAffinity`, else the deprecated `nodeSelector`).
     pub fn selector(&self) -> Option<&NodeSelectorTerm> {
         self.node_affinity.as_ref().or(self.node_selector.as_ref())
+    }
+
+    /// The module parameters asked for, by module name, canonical
+    /// ([`crate::module_params`]); empty when none.
+    pub fn parameter_values(&self) -> crate::module_params::Values {
+        self.module_parameters
+            .as_ref()
+            .map(crate::module_params::ModuleParameters::values)
+            .unwrap_or_default()
     }
 
     /// True when the object relies on the deprecated alias.
@@ -617,6 +634,11 @@ pub struct NodeStatus {
     /// its agent reports it: a reboot into it would find no module. A warning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_kernel_build_failed: Option<String>,
+    /// The tt-kmd module parameters in effect on the node, as its agent
+    /// reports them (annotation `driver.tenstorrent.com/kmd-parameters`,
+    /// `name=value` sorted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_parameters: Option<String>,
     /// Why the node is in its state, one CamelCase word (docs/crd-reference.md lists them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -918,6 +940,7 @@ mod tests {
                 install_mode: None,
                 prepared_version: None,
                 next_kernel_build_failed: None,
+                module_parameters: None,
                 reason: None,
                 go_reason: None,
                 message: None,

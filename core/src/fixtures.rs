@@ -22,6 +22,7 @@ pub fn desired() -> Desired {
         refused: false,
         unmanage: false,
         prepare: false,
+        parameters: Default::default(),
     }
 }
 

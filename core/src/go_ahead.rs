@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use ttdrv_api::{NodeState, labels};
 
 use crate::machine::NodeRecord;
-use crate::node;
+use crate::node::{self, Target};
+use ttdrv_api::module_params::{self, Values};
 
 /// The go-ahead as written on the Node (annotation [`labels::GO_AHEAD`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,19 +90,44 @@ fn record_of(node: &Node, what: &str) -> Result<NodeRecord, String> {
     }
 }
 
-/// The agent's decision, from the Node as the API server has it now.
-pub fn decide(node: &Node, policy: &str, target: &str, loaded: Option<&str>) -> Swap {
+/// The agent's decision, from the Node as the API server has it now, for
+/// the module loaded now: version `loaded`, parameters `in_effect` (sysfs).
+/// The same version loaded with other module parameters than the target's
+/// is a swap too (a reload), with the same go-ahead.
+pub fn decide(
+    node: &Node,
+    policy: &str,
+    target: Target<'_>,
+    loaded: Option<&str>,
+    in_effect: Option<&Values>,
+) -> Swap {
     let Some(loaded) = loaded else {
         return Swap::FirstInstall;
     };
-    if node::is_loaded(Some(loaded), target) {
+    if node::is_loaded(Some(loaded), in_effect, target) {
         return Swap::AlreadyLoaded;
     }
-    match swap_go_ahead(node, policy, target) {
+    match swap_go_ahead(node, policy, target.version) {
         Ok(go) => Swap::GoAhead(go),
         Err(why) => Swap::Wait(format!(
-            "waiting for the controller's go-ahead to replace tt-kmd {loaded} with {target}: {why}"
+            "waiting for the controller's go-ahead to {}: {why}",
+            swap_description(loaded, in_effect, target)
         )),
+    }
+}
+
+/// What a swap does, in words: `replace tt-kmd 2.7.0 with 2.8.0`, or for
+/// the same version with other parameters `reload tt-kmd 2.8.0 with module
+/// parameters max_devices=4 (now: max_devices=32 (wanted 4))`.
+pub fn swap_description(loaded: &str, in_effect: Option<&Values>, target: Target<'_>) -> String {
+    if node::same_version(Some(loaded), target.version) {
+        format!(
+            "reload tt-kmd {loaded} with module parameters {} (now: {})",
+            module_params::canonical(target.parameters),
+            module_params::describe(&module_params::mismatches(target.parameters, in_effect))
+        )
+    } else {
+        format!("replace tt-kmd {loaded} with {}", target.version)
     }
 }
 
@@ -214,9 +240,39 @@ mod tests {
     #[test]
     fn no_go_ahead_needed_when_nothing_is_swapped() {
         let n = node(None, None);
-        assert_eq!(decide(&n, "fleet", "2.8.0", None), Swap::FirstInstall);
         assert_eq!(
-            decide(&n, "fleet", "2.8.0", Some("2.8.0")),
+            decide(&n, "fleet", Target::version("2.8.0"), None, None),
+            Swap::FirstInstall
+        );
+        assert_eq!(
+            decide(&n, "fleet", Target::version("2.8.0"), Some("2.8.0"), None),
+            Swap::AlreadyLoaded
+        );
+    }
+
+    #[test]
+    fn other_module_parameters_are_a_swap_with_the_same_go_ahead() {
+        let four: Values = [("max_devices".to_string(), "4".to_string())].into();
+        let sysfs: Values = [("max_devices".to_string(), "32".to_string())].into();
+        let target = Target::new("2.8.0", &four);
+        let n = node(None, None);
+        let d = decide(&n, "fleet", target, Some("2.8.0"), Some(&sysfs));
+        assert!(
+            matches!(&d, Swap::Wait(why) if why.contains(
+                "reload tt-kmd 2.8.0 with module parameters max_devices=4 (now: max_devices=32 (wanted 4))"
+            )),
+            "{d:?}"
+        );
+        let r = record(NodeState::Upgrading, 100);
+        let go = GoAhead::for_cycle("n1", &r).expect("cycle");
+        let n = node(Some(&r), Some(&go));
+        assert_eq!(
+            decide(&n, "fleet", target, Some("2.8.0"), Some(&sysfs)),
+            Swap::GoAhead(go)
+        );
+        let now: Values = [("max_devices".to_string(), "4".to_string())].into();
+        assert_eq!(
+            decide(&n, "fleet", target, Some("2.8.0"), Some(&now)),
             Swap::AlreadyLoaded
         );
     }
@@ -227,7 +283,7 @@ mod tests {
         let go = GoAhead::for_cycle("n1", &r).expect("cycle");
         let n = node(Some(&r), Some(&go));
         assert_eq!(
-            decide(&n, "fleet", "2.8.0", Some("2.7.0")),
+            decide(&n, "fleet", Target::version("2.8.0"), Some("2.7.0"), None),
             Swap::GoAhead(go)
         );
     }
@@ -269,7 +325,7 @@ mod tests {
             ),
         ];
         for (name, n) in cases {
-            let d = decide(&n, "fleet", "2.8.0", Some("2.7.0"));
+            let d = decide(&n, "fleet", Target::version("2.8.0"), Some("2.7.0"), None);
             assert!(
                 matches!(&d, Swap::Wait(why) if why.contains("go-ahead")),
                 "{name}: {d:?}"
@@ -282,8 +338,9 @@ mod tests {
             !decide(
                 &node(Some(&restart), Some(&go)),
                 "fleet",
-                "2.8.0",
+                Target::version("2.8.0"),
                 Some("2.7.0"),
+                None,
             )
             .allowed(),
             "a cycle without drain never swaps a loaded module"
@@ -348,7 +405,7 @@ mod tests {
         }
         // An unload go-ahead never opens a swap.
         let n = node(Some(&r), Some(&go));
-        assert!(!decide(&n, "fleet", "2.8.0", Some("2.7.0")).allowed());
+        assert!(!decide(&n, "fleet", Target::version("2.8.0"), Some("2.7.0"), None).allowed());
     }
 
     mod written_go_aheads {
@@ -407,7 +464,7 @@ mod tests {
                 let go = other.or_else(|| written.clone());
                 let n = node(Some(&rec), go.as_ref());
                 let ours = rec.policy == "fleet" && written.is_some() && go == written;
-                let swap = decide(&n, "fleet", "2.8.0", Some("2.7.0"));
+                let swap = decide(&n, "fleet", Target::version("2.8.0"), Some("2.7.0"), None);
                 prop_assert_eq!(
                     swap.allowed(),
                     ours && rec.target == "2.8.0" && rec.state == NodeState::Upgrading,

@@ -12,7 +12,9 @@ use ttdrv_api::NodeState;
 
 pub use crate::drain::DrainProgress;
 pub use crate::installer::Failure;
+use crate::node::Target;
 use crate::reason;
+use ttdrv_api::module_params::{self, Values};
 
 /// Who cordoned the node, as far as this rollout is concerned.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -182,6 +184,9 @@ pub struct Observation {
     pub unschedulable: bool,
     /// `driver.tenstorrent.com/kmd-version` as the agent reported it.
     pub loaded: Option<String>,
+    /// The module parameters in effect as the agent reported them
+    /// ([`crate::node::loaded_parameters`]); None when not reported.
+    pub parameters: Option<Values>,
     /// The agent found a DKMS install (`install-mode=host`).
     pub host_managed: bool,
     pub installer: InstallerPod,
@@ -242,6 +247,9 @@ pub struct Desired {
     /// `upgradePolicy.prepare.enabled`: a node's cycle starts only once its
     /// agent has built the target ahead ([`prepare_ahead`]).
     pub prepare: bool,
+    /// `spec.moduleParameters`, canonical values: part of the target (a
+    /// node loaded with other values is reloaded in a drained cycle).
+    pub parameters: Values,
 }
 
 impl Desired {
@@ -261,7 +269,13 @@ impl Desired {
             unmanage: spec.unmanage,
             // Vacating builds nothing.
             prepare: spec.upgrade_policy.prepare.enabled && !spec.unmanage,
+            parameters: spec.parameter_values(),
         }
+    }
+
+    /// What the policy wants loaded, for [`crate::node::is_loaded`].
+    pub fn target(&self) -> Target<'_> {
+        Target::new(&self.version, &self.parameters)
     }
 }
 
@@ -424,7 +438,11 @@ fn deadline_reason(obs: &Observation, timeout: &'static str) -> &'static str {
 fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     use NodeState::*;
     let now = obs.now;
-    let module_ok = crate::node::is_loaded(obs.loaded.as_deref(), &want.version);
+    let module_ok = crate::node::is_loaded(
+        obs.loaded.as_deref(),
+        obs.parameters.as_ref(),
+        want.target(),
+    );
     let up_to_date = module_ok && obs.installer == InstallerPod::Current { ready: true };
     let mut rec = rec.clone();
     if let Some(s) = vacate::transition(&rec, obs, want) {
@@ -488,13 +506,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     needs_slot: false,
                 };
             }
-            let upgrade = || {
-                format!(
-                    "{} -> {}",
-                    obs.loaded.as_deref().unwrap_or("none"),
-                    want.version
-                )
-            };
+            let upgrade = || change(obs, want);
             if !obs.ready {
                 let why = format!("waiting for the node to be Ready to upgrade {}", upgrade());
                 return wait(&rec, why, now);
@@ -691,8 +703,16 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             }
             if now - rec.since > want.upgrade_timeout_seconds {
                 let msg = format!(
-                    "installer did not report {} within {}s (loaded: {}; installer pod: {}){}",
+                    "installer did not report {}{} within {}s (loaded: {}; installer pod: {}){}",
                     want.version,
+                    if want.parameters.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " with module parameters {}",
+                            module_params::canonical(&want.parameters)
+                        )
+                    },
                     want.upgrade_timeout_seconds,
                     obs.loaded.as_deref().unwrap_or("none"),
                     installer_summary(obs),
@@ -842,6 +862,23 @@ fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
         record: r,
         commands: cmds,
         needs_slot: false,
+    }
+}
+
+/// The change a node waits for, for its message: `2.7.0 -> 2.8.0`, or for
+/// the same version loaded with other module parameters `2.8.0 -> 2.8.0
+/// (module parameters: max_devices=32 (wanted 4))`.
+fn change(obs: &Observation, want: &Desired) -> String {
+    let loaded = obs.loaded.as_deref().unwrap_or("none");
+    let off = module_params::mismatches(&want.parameters, obs.parameters.as_ref());
+    if crate::node::same_version(obs.loaded.as_deref(), &want.version) && !off.is_empty() {
+        format!(
+            "{loaded} -> {} (module parameters: {})",
+            want.version,
+            module_params::describe(&off)
+        )
+    } else {
+        format!("{loaded} -> {}", want.version)
     }
 }
 

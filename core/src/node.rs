@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use ttdrv_api::labels;
+use ttdrv_api::module_params::{self, Values};
 
 use crate::machine::NodeRecord;
 
@@ -91,11 +92,59 @@ pub fn ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Whether `loaded` (the version a Node reports, or the agent reads from
-/// sysfs) is `target`: the one definition of "the target is loaded", exact
-/// equality after trimming whitespace. `2.10.0-rc1` does not satisfy `2.10.0`.
-pub fn is_loaded(loaded: Option<&str>, target: &str) -> bool {
+/// What a policy wants loaded on its nodes: a tt-kmd version and the module
+/// parameters it sets (`spec.moduleParameters`, canonical values).
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    pub version: &'a str,
+    pub parameters: &'a Values,
+}
+
+static NO_PARAMETERS: Values = Values::new();
+
+impl<'a> Target<'a> {
+    /// `version` with no module parameters asked for.
+    pub fn version(version: &'a str) -> Self {
+        Self {
+            version,
+            parameters: &NO_PARAMETERS,
+        }
+    }
+
+    pub fn new(version: &'a str, parameters: &'a Values) -> Self {
+        Self {
+            version,
+            parameters,
+        }
+    }
+}
+
+/// Whether `loaded` is the version `target`: exact equality after trimming
+/// whitespace. `2.10.0-rc1` does not satisfy `2.10.0`.
+pub fn same_version(loaded: Option<&str>, target: &str) -> bool {
     loaded.is_some_and(|v| v.trim() == target.trim())
+}
+
+/// The one definition of "the target is loaded": the version loaded
+/// (`loaded`, as a Node reports it or the agent reads it from sysfs) is the
+/// target's ([`same_version`]), and every module parameter the target sets
+/// is in effect in `in_effect` (the node's [`labels::KMD_PARAMETERS`]
+/// annotation, or sysfs; [`module_params::mismatches`]). A node loaded with
+/// other parameters is not at the target: its module is reloaded in a
+/// drained cycle like a version change.
+pub fn is_loaded(loaded: Option<&str>, in_effect: Option<&Values>, target: Target<'_>) -> bool {
+    same_version(loaded, target.version)
+        && module_params::mismatches(target.parameters, in_effect).is_empty()
+}
+
+/// The module parameters in effect as the agent reported them (annotation
+/// [`labels::KMD_PARAMETERS`]), unless that describes an earlier boot; None
+/// when not reported or unreadable.
+pub fn loaded_parameters(node: &Node) -> Option<Values> {
+    if driver_labels_stale(node) {
+        return None;
+    }
+    module_params::parse(annotation(node, labels::KMD_PARAMETERS)?).ok()
 }
 
 /// `spec.unschedulable`: cordoned, by anyone.
@@ -261,6 +310,52 @@ mod tests {
         assert!(driver_labels_stale(&n));
         assert_eq!(loaded_version(&n), None, "rebooted: nothing known loaded");
         assert!(!host_managed(&n));
+    }
+
+    #[test]
+    fn the_target_is_its_version_and_its_parameters_in_effect() {
+        let four: Values = [("max_devices".to_string(), "4".to_string())].into();
+        let t = Target::new("2.8.0", &four);
+        let sysfs = |v: &str| -> Values { module_params::parse(v).expect("values") };
+        assert!(is_loaded(
+            Some("2.8.0"),
+            Some(&sysfs("max_devices=4 power_policy=Y")),
+            t
+        ));
+        assert!(!is_loaded(Some("2.8.0"), Some(&sysfs("max_devices=32")), t));
+        assert!(
+            !is_loaded(Some("2.8.0"), None, t),
+            "not reported is not in effect"
+        );
+        assert!(!is_loaded(Some("2.7.0"), Some(&sysfs("max_devices=4")), t));
+        assert!(is_loaded(Some(" 2.8.0\n"), None, Target::version("2.8.0")));
+        assert!(!is_loaded(
+            Some("2.8.0-rc1"),
+            None,
+            Target::version("2.8.0")
+        ));
+        assert!(!is_loaded(None, None, Target::version("2.8.0")));
+        // The agent's annotation, stale after a reboot like its labels.
+        let mut n = node("True", false);
+        n.metadata.annotations = Some(
+            [(
+                labels::KMD_PARAMETERS.to_string(),
+                "max_devices=4 power_policy=Y".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            loaded_parameters(&n),
+            Some(sysfs("max_devices=4 power_policy=Y"))
+        );
+        n.metadata.labels = Some([(labels::KMD_BOOT_ID.to_string(), "boot-1".to_string())].into());
+        if let Some(st) = n.status.as_mut() {
+            st.node_info = Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+                boot_id: "boot-2".into(),
+                ..Default::default()
+            });
+        }
+        assert_eq!(loaded_parameters(&n), None);
     }
 
     #[test]

@@ -248,7 +248,7 @@ pub fn prepare_candidate(
     let obs = node_observation(p, node, state, failure, prepared);
     let rec = n.live.or(n.on_node.filter(|r| r.policy == policy_name));
     let state = rec.map_or(NodeState::Pending, |r| r.state);
-    let c = prepare::candidate(name, &obs, state, &p.desired.version)?;
+    let c = prepare::candidate(name, &obs, state, p.desired.target())?;
     let device = n.pods.iter().any(|p| p.device);
     Some(((device, name.to_string()), c))
 }
@@ -269,6 +269,7 @@ fn node_observation(
         ready: node::ready(node),
         unschedulable: node::unschedulable(node),
         loaded: node::loaded_version(node).map(String::from),
+        parameters: node::loaded_parameters(node),
         host_managed: node::host_managed(node),
         installer,
         installer_failure,
@@ -305,7 +306,7 @@ fn prepared(
     let overdue = matches!(installer, InstallerPod::Current { .. })
         && failure.is_none()
         && created.is_some_and(|c| p.now - c > p.prepare_deadline_seconds);
-    prepare::gate(p.desired.prepare, node, &p.desired.version, overdue) == prepare::Gate::Start
+    prepare::gate(p.desired.prepare, node, p.desired.target(), overdue) == prepare::Gate::Start
 }
 
 /// What the installer pod is to the current template (`hash`, empty when not
@@ -340,6 +341,7 @@ pub fn restate(mut obs: Observation, node: &Node, gates: &[String]) -> Observati
     obs.gates_closed = gates.iter().all(|g| label(g) == Some("false"));
     obs.gates_present = gates.iter().any(|g| label(g).is_some());
     obs.loaded = node::loaded_version(node).map(String::from);
+    obs.parameters = node::loaded_parameters(node);
     obs.host_managed = node::host_managed(node);
     obs.nothing_loaded = node::reported_nothing_loaded(node);
     obs

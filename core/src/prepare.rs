@@ -23,7 +23,9 @@ use ttdrv_api::labels;
 use ttdrv_api::NodeState;
 
 use crate::machine::{InstallerPod, Observation};
-use crate::node::{driver_labels_stale, is_loaded, label, loaded_version};
+use crate::node::{
+    Target, driver_labels_stale, is_loaded, label, loaded_parameters, loaded_version, same_version,
+};
 
 /// Condition and Event reason: an installed, not running kernel of a node
 /// cannot build the target version (the agent's
@@ -41,9 +43,15 @@ pub fn prepared_version(node: &Node) -> Option<&str> {
 }
 
 /// The node can take `target` without building inside its disruptive window:
-/// its agent prepared it, or it is loaded already.
-pub fn is_prepared(node: &Node, target: &str) -> bool {
-    is_loaded(prepared_version(node), target) || is_loaded(loaded_version(node), target)
+/// its agent prepared it (the version in its cache, the parameters checked
+/// against the module), or it is loaded already with those parameters.
+pub fn is_prepared(node: &Node, target: Target<'_>) -> bool {
+    same_version(prepared_version(node), target.version)
+        || is_loaded(
+            loaded_version(node),
+            loaded_parameters(node).as_ref(),
+            target,
+        )
 }
 
 /// The installed kernel the target does not build for, if the agent said so.
@@ -107,10 +115,14 @@ pub fn candidate(
     name: &str,
     obs: &Observation,
     state: NodeState,
-    target: &str,
+    target: Target<'_>,
 ) -> Option<Candidate> {
     let loaded = obs.loaded.as_deref()?;
-    if !obs.ready || obs.host_managed || is_loaded(Some(loaded), target) || obs.vacated {
+    if !obs.ready
+        || obs.host_managed
+        || is_loaded(Some(loaded), obs.parameters.as_ref(), target)
+        || obs.vacated
+    {
         return None;
     }
     Some(Candidate {
@@ -168,13 +180,13 @@ pub enum Gate {
 /// agent image from before build-ahead never says it prepared; waiting for
 /// it would stall the rollout for good, while a cycle that builds inside
 /// its window is still cordoned and drained first).
-pub fn gate(enabled: bool, node: &Node, target: &str, overdue: bool) -> Gate {
+pub fn gate(enabled: bool, node: &Node, target: Target<'_>, overdue: bool) -> Gate {
     if !enabled || overdue || loaded_version(node).is_none() || is_prepared(node, target) {
         return Gate::Start;
     }
     Gate::Wait(format!(
         "waiting for the installer to prepare {} (build and verify into the node's cache) before cordoning",
-        target.trim()
+        target.version.trim()
     ))
 }
 
@@ -208,13 +220,30 @@ mod tests {
             (labels::KMD_VERSION, "2.7.0"),
             (labels::KMD_PREPARED, "2.8.0"),
         ]);
-        assert!(is_prepared(&n, "2.8.0"));
-        assert!(is_prepared(&n, " 2.8.0 "));
-        assert!(!is_prepared(&n, "2.9.0"));
+        let t = Target::version;
+        assert!(is_prepared(&n, t("2.8.0")));
+        assert!(is_prepared(&n, t(" 2.8.0 ")));
+        assert!(!is_prepared(&n, t("2.9.0")));
         assert!(is_prepared(
             &node(&[(labels::KMD_VERSION, "2.9.0")]),
-            "2.9.0"
+            t("2.9.0")
         ));
+        // Loaded, but with other module parameters than the target's: not
+        // prepared until the agent says so.
+        let mut loaded = node(&[(labels::KMD_VERSION, "2.9.0")]);
+        loaded.metadata.annotations = Some(
+            [(
+                labels::KMD_PARAMETERS.to_string(),
+                "max_devices=32 power_policy=Y".to_string(),
+            )]
+            .into(),
+        );
+        let four: ttdrv_api::module_params::Values =
+            [("max_devices".to_string(), "4".to_string())].into();
+        let thirty_two: ttdrv_api::module_params::Values =
+            [("max_devices".to_string(), "32".to_string())].into();
+        assert!(!is_prepared(&loaded, Target::new("2.9.0", &four)));
+        assert!(is_prepared(&loaded, Target::new("2.9.0", &thirty_two)));
         // Reported at an earlier boot: does not count.
         let mut stale = node(&[
             (labels::KMD_BOOT_ID, "boot-1"),
@@ -228,7 +257,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(prepared_version(&stale), None);
-        assert!(!is_prepared(&stale, "2.8.0"));
+        assert!(!is_prepared(&stale, t("2.8.0")));
     }
 
     #[test]
@@ -312,18 +341,30 @@ mod tests {
     fn the_cycle_waits_for_the_prepared_module_unless_opted_out() {
         let building = node(&[(labels::KMD_VERSION, "2.7.0")]);
         assert!(
-            matches!(gate(true, &building, "2.8.0", false), Gate::Wait(w) if w.contains("prepare 2.8.0"))
+            matches!(gate(true, &building, Target::version("2.8.0"), false), Gate::Wait(w) if w.contains("prepare 2.8.0"))
         );
-        assert_eq!(gate(false, &building, "2.8.0", false), Gate::Start);
+        assert_eq!(
+            gate(false, &building, Target::version("2.8.0"), false),
+            Gate::Start
+        );
         let ready = node(&[
             (labels::KMD_VERSION, "2.7.0"),
             (labels::KMD_PREPARED, "2.8.0"),
         ]);
-        assert_eq!(gate(true, &ready, "2.8.0", false), Gate::Start);
+        assert_eq!(
+            gate(true, &ready, Target::version("2.8.0"), false),
+            Gate::Start
+        );
         // An installer that never says it prepared: after the upgrade
         // timeout the cycle starts and builds inside its window.
-        assert_eq!(gate(true, &building, "2.8.0", true), Gate::Start);
+        assert_eq!(
+            gate(true, &building, Target::version("2.8.0"), true),
+            Gate::Start
+        );
         // Nothing loaded: nothing to disrupt, nothing to wait for.
-        assert_eq!(gate(true, &node(&[]), "2.8.0", false), Gate::Start);
+        assert_eq!(
+            gate(true, &node(&[]), Target::version("2.8.0"), false),
+            Gate::Start
+        );
     }
 }

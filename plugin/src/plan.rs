@@ -335,10 +335,13 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             .filter(|r| r.state.is_in_progress() && r.occupies_slot())
             .map(|r| r.state);
         let is_failed = rec.is_some_and(|r| r.state.is_failed());
-        let prepared = node::is_loaded(loaded.as_deref(), &target)
-            || (ahead_for_target
-                && (ttdrv_core::prepare::is_prepared(node, &target)
-                    || status_prepared.get(n.as_str()) == Some(&target.as_str())));
+        let prepared = node::is_loaded(
+            loaded.as_deref(),
+            view.obs.parameters.as_ref(),
+            want.target(),
+        ) || (ahead_for_target
+            && (ttdrv_core::prepare::is_prepared(node, want.target())
+                || status_prepared.get(n.as_str()) == Some(&target.as_str())));
         // The controller's slot facts; a Failed node is planned as if retried.
         let facts = view.candidate(n, rec);
         let bystander = Candidate {

@@ -94,6 +94,7 @@ fn entry(
         ),
         prepared_version: None,
         next_kernel_build_failed: None,
+        module_parameters: None,
         reason: reason.map(String::from),
         go_reason: None,
         message: msg.map(String::from),

@@ -351,16 +351,15 @@ impl PolicySupervisor {
             .stores
             .policies
             .get(&ObjectRef::new(&self.name))
-            .map(|p| p.spec.version.clone());
+            .map(|p| (p.spec.version.clone(), p.spec.parameter_values()));
         let (mut prepared, mut next_failed) = (0, 0);
         for n in self.records.keys() {
             let Some(node) = self.ctx.stores.nodes.get(&ObjectRef::new(n)) else {
                 continue;
             };
-            if version
-                .as_deref()
-                .is_some_and(|v| ttdrv_core::prepare::is_prepared(&node, v))
-            {
+            if version.as_ref().is_some_and(|(v, params)| {
+                ttdrv_core::prepare::is_prepared(&node, ttdrv_core::node::Target::new(v, params))
+            }) {
                 prepared += 1;
             }
             if ttdrv_core::prepare::next_kernel_failed(&node).is_some() {

@@ -66,6 +66,7 @@ fn status_of(
         install_mode: None,
         prepared_version: (n == "prepared").then(|| "2.8.0".to_string()),
         next_kernel_build_failed: (n == "prepared").then(|| "6.12.0-1-amd64".to_string()),
+        parameters: None,
     })
 }
 
@@ -90,6 +91,57 @@ fn what_the_agent_prepared_and_its_next_kernel_warning_are_per_node() {
     );
     assert_eq!(node("other").prepared_version, None);
     assert_eq!(node("other").next_kernel_build_failed, None);
+}
+
+#[test]
+fn module_parameters_are_reported_and_a_node_without_them_holds_nothing() {
+    let mut p = policy(false, 1);
+    p.spec.module_parameters = Some(ttdrv_api::ModuleParameters {
+        max_devices: Some(4),
+        ..Default::default()
+    });
+    let recs = records(&[
+        ("at", rec(NodeState::Done, Some(reason::UPGRADED), None)),
+        ("off", rec(NodeState::Pending, None, None)),
+    ]);
+    let input = StatusInput {
+        policy: &p,
+        records: &recs,
+        device_users: &HashSet::new(),
+        conflicts: &[],
+        blocked: None,
+        braked: None,
+        refused: None,
+        daemonset: "ttdrv-fleet",
+        previous: None,
+        now: Timestamp::from_second(100).expect("time"),
+    };
+    let s = build(&input, |n| Reported {
+        version: Some("2.8.0".into()),
+        parameters: Some(
+            ttdrv_api::module_params::parse(if n == "at" {
+                "max_devices=4 power_policy=Y"
+            } else {
+                "max_devices=32 power_policy=Y"
+            })
+            .expect("values"),
+        ),
+        ..Default::default()
+    });
+    let node = |name: &str| {
+        s.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("{name} in {:?}", s.nodes))
+    };
+    assert_eq!(
+        node("off").module_parameters.as_deref(),
+        Some("max_devices=32 power_policy=Y")
+    );
+    assert_eq!(
+        s.summary.prepared, 1,
+        "2.8.0 with max_devices=32 is not the target"
+    );
 }
 
 fn conditions(s: &TenstorrentDriverPolicyStatus) -> Vec<(String, String, String)> {

@@ -39,6 +39,12 @@
 //! ([`ttdrv_core::go_ahead::decide_unload`]) and no pod holding the device it
 //! removes the node's driver labels and becomes Ready.
 //!
+//! Module parameters (`TT_KMD_MODULE_PARAMETERS` of the pod) are part of the
+//! target, as for the real agent: the node's `kmd-parameters` annotation
+//! stands for sysfs (the defaults with the pod's parameters over them are
+//! written with every load), and a node at the target version with other
+//! values is swapped (reloaded) like one of another version.
+//!
 //! Like the real agent it swaps a loaded module only with the controller's
 //! go-ahead ([`ttdrv_core::go_ahead::decide`], the real agent's decision), and
 //! when a pod still holds the device it gives up with a `DeviceBusy`
@@ -54,7 +60,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use ttdrv_api::labels;
+use ttdrv_api::{labels, module_params};
 use ttdrv_core::{go_ahead, reason};
 
 pub const HOST_MANAGED_ANNOTATION: &str = "sim.ttdrv.io/host-managed";
@@ -323,9 +329,16 @@ async fn play_agent(
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
-        let swapping = mode == labels::INSTALL_MODE_CONTAINER
-            && !target.is_empty()
-            && loaded.map(String::as_str) != Some(target.as_str());
+        // The module parameters: the pod's, and those in effect as the
+        // node's annotation reports them (the real agent reads sysfs).
+        let wanted = env_of(pod, labels::env::MODULE_PARAMETERS)
+            .and_then(|s| module_params::parse(&s).ok())
+            .unwrap_or_default();
+        let in_effect = ttdrv_core::node::loaded_parameters(&node);
+        let want = ttdrv_core::node::Target::new(&target, &wanted);
+        let at_target =
+            ttdrv_core::node::is_loaded(loaded.map(String::as_str), in_effect.as_ref(), want);
+        let swapping = mode == labels::INSTALL_MODE_CONTAINER && !target.is_empty() && !at_target;
         if swapping {
             // The prepare step, before any go-ahead: build what the cache
             // lacks, then say the node is prepared (the controller starts
@@ -377,13 +390,17 @@ async fn play_agent(
                 continue;
             }
         }
-        if mode == labels::INSTALL_MODE_CONTAINER
-            && loaded.is_some_and(|l| !ttdrv_core::node::is_loaded(Some(l), &target))
-        {
+        if mode == labels::INSTALL_MODE_CONTAINER && loaded.is_some() && !at_target {
             // A swap: only with the controller's go-ahead, decided as the
             // real agent decides.
             let policy = pod_policy(pod);
-            let swap = go_ahead::decide(&node, &policy, &target, loaded.map(String::as_str));
+            let swap = go_ahead::decide(
+                &node,
+                &policy,
+                want,
+                loaded.map(String::as_str),
+                in_effect.as_ref(),
+            );
             if let go_ahead::Swap::Wait(why) = swap {
                 if waiting.as_deref() != Some(why.as_str()) {
                     tracing::info!(node = node_name, why, "sim-agent waiting");
@@ -434,10 +451,23 @@ async fn play_agent(
             "labels": set,
             "resourceVersion": resource_version,
         } });
+        let mut annotations = serde_json::Map::new();
         if hidden.is_some() {
             // The module loaded now is the one the labels say.
-            patch["metadata"]["annotations"] =
-                serde_json::json!({ LOADED_ANNOTATION: serde_json::Value::Null });
+            annotations.insert(LOADED_ANNOTATION.into(), serde_json::Value::Null);
+        }
+        if mode == labels::INSTALL_MODE_CONTAINER {
+            // What the real agent reads back from sysfs after its load: the
+            // defaults, with the pod's parameters in effect.
+            let mut now = module_params::defaults();
+            now.extend(wanted.clone());
+            annotations.insert(
+                labels::KMD_PARAMETERS.into(),
+                module_params::canonical(&now).into(),
+            );
+        }
+        if !annotations.is_empty() {
+            patch["metadata"]["annotations"] = annotations.into();
         }
         match nodes
             .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))

@@ -266,7 +266,13 @@ impl Invariants {
     /// ([`ttdrv_core::go_ahead::decide`]) must be `GoAhead`.
     fn check_swap(&self, n: &Node, from: &str, to: &str, rv: &str) {
         self.lock().swaps += 1;
-        let swap = ttdrv_core::go_ahead::decide(n, &self.policy, to, Some(from));
+        let swap = ttdrv_core::go_ahead::decide(
+            n,
+            &self.policy,
+            ttdrv_core::node::Target::version(to),
+            Some(from),
+            None,
+        );
         if !matches!(swap, ttdrv_core::go_ahead::Swap::GoAhead(_)) {
             let name = n.metadata.name.as_deref().unwrap_or_default();
             self.violation(format!(

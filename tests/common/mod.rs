@@ -287,7 +287,13 @@ impl SafetyWatcher {
                         .flatten()
                         .map(|r| r.policy)
                         .unwrap_or_default();
-                    let swap = ttdrv_core::go_ahead::decide(&n, &policy, &b, Some(&a));
+                    let swap = ttdrv_core::go_ahead::decide(
+                        &n,
+                        &policy,
+                        ttdrv_core::node::Target::version(&b),
+                        Some(&a),
+                        None,
+                    );
                     if !matches!(swap, ttdrv_core::go_ahead::Swap::GoAhead(_)) {
                         s.swaps_without_go_ahead
                             .push(format!("{name}: {a} -> {b}: {swap:?}"));

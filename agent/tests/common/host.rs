@@ -89,6 +89,7 @@ impl TestHost {
             swap_without_go_ahead: false,
             next_kernels: true,
             signing: None,
+            module_parameters: Default::default(),
             status_file: Some(self.note()),
         }
     }

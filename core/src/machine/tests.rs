@@ -437,7 +437,15 @@ fn safety_properties_over_the_cross_product() {
                     r.cordon = cordon;
                     r.no_drain = no_drain;
                     for installer in &installers {
-                        for loaded in [None, Some("2.7.0"), Some("2.8.0")] {
+                        // The policy sets max_devices=4: 2.8.0 loaded with
+                        // it is the target, with 32 it is not (a reload).
+                        for (loaded, parameters) in [
+                            (None, None),
+                            (Some("2.7.0"), None),
+                            (Some("2.8.0"), Some("4")),
+                            (Some("2.8.0"), Some("32")),
+                        ] {
+                            let wrong_parameters = parameters == Some("32");
                             for bits in 0..256u32 {
                                 let b = |i: u32| bits & (1 << i) != 0;
                                 let o = Observation {
@@ -445,6 +453,9 @@ fn safety_properties_over_the_cross_product() {
                                     ready: !b(6),
                                     unschedulable: b(0),
                                     loaded: loaded.map(String::from),
+                                    parameters: parameters.map(|v| {
+                                        [("max_devices".to_string(), v.to_string())].into()
+                                    }),
                                     host_managed: b(1),
                                     installer: installer.clone(),
                                     gates_closed: b(2),
@@ -486,6 +497,8 @@ fn safety_properties_over_the_cross_product() {
                                         refused,
                                         unmanage,
                                         prepare,
+                                        parameters: [("max_devices".to_string(), "4".to_string())]
+                                            .into(),
                                         ..want()
                                     };
                                     let s = step(&r, &o, &w);
@@ -597,6 +610,26 @@ fn safety_properties_over_the_cross_product() {
                                             "a drained cycle reaches Upgrading only from Draining (or from Unloading when the policy manages again): {ctx}"
                                         );
                                     }
+                                    if wrong_parameters && !unmanage {
+                                        // Other parameters are a swap like
+                                        // another version: never in place,
+                                        // never Done without the reload.
+                                        assert!(
+                                            !(s.record.state == Upgrading
+                                                && r.state == Pending
+                                                && s.record.no_drain),
+                                            "a parameter change is never a restart in place: {ctx}"
+                                        );
+                                        if matches!(r.state, Pending | Upgrading)
+                                            && s.record.state == Done
+                                        {
+                                            assert_eq!(
+                                                s.record.reason.as_deref(),
+                                                Some(reason::HOST_MANAGED),
+                                                "Done without the parameters in effect: {ctx}"
+                                            );
+                                        }
+                                    }
                                     vacate_properties(&r, &o, &w, &s, &ctx);
                                     prepare_properties(&r, &o, &w, &s, &ctx);
                                     if refused && r.state == Pending {
@@ -634,6 +667,62 @@ fn safety_properties_over_the_cross_product() {
         }
     }
     assert!(checked > 50_000, "cross product too small: {checked}");
+}
+
+#[test]
+fn a_parameter_change_sends_a_done_node_through_a_drained_cycle() {
+    let w = Desired {
+        parameters: [("max_devices".to_string(), "4".to_string())].into(),
+        ..want()
+    };
+    let mut done = rec(Done);
+    done.reason = Some(reason::UPGRADED.into());
+    let at = |v: &str| Observation {
+        loaded: Some("2.8.0".into()),
+        parameters: Some([("max_devices".to_string(), v.to_string())].into()),
+        installer: InstallerPod::Stale { deleting: false },
+        ..obs()
+    };
+    // Loaded with 32: back to Pending and, with its slot, cordoned.
+    let s = step(&done, &at("32"), &w);
+    assert_eq!(s.record.state, Pending, "{s:?}");
+    let s = step(&s.record, &at("32"), &w);
+    assert_eq!(s.record.state, Cordoning, "{s:?}");
+    assert_eq!(s.commands, vec![Command::Cordon, Command::CloseGates]);
+    // Without a slot it waits, saying what changes.
+    let s = step(
+        &NodeRecord::new("fleet", "2.8.0", 900),
+        &Observation {
+            slot: false,
+            ..at("32")
+        },
+        &w,
+    );
+    assert!(
+        s.record.message.as_deref().is_some_and(
+            |m| m.contains("2.8.0 -> 2.8.0 (module parameters: max_devices=32 (wanted 4))")
+        ),
+        "{s:?}"
+    );
+    // Loaded with 4 and a stale pod: a restart in place, no cordon.
+    let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &at("4"), &w);
+    assert_eq!(
+        (s.record.state, s.record.no_drain),
+        (Upgrading, true),
+        "{s:?}"
+    );
+    // Upgrading ends only once the parameters are in effect.
+    let mut upgrading = rec(Upgrading);
+    upgrading.cordon = Cordon::Ours;
+    let current = |v: &str| Observation {
+        installer: InstallerPod::Current { ready: true },
+        ..at(v)
+    };
+    assert_eq!(step(&upgrading, &current("32"), &w).record.state, Upgrading);
+    assert_eq!(
+        step(&upgrading, &current("4"), &w).record.state,
+        Uncordoning
+    );
 }
 
 #[test]

@@ -103,6 +103,9 @@ impl PolicySupervisor {
                     .as_deref()
                     .and_then(ttdrv_core::prepare::next_kernel_failed)
                     .map(String::from),
+                parameters: node
+                    .as_deref()
+                    .and_then(ttdrv_core::node::loaded_parameters),
             }
         });
         if prev.as_ref() == Some(&status) {
