@@ -583,6 +583,11 @@ mod tests {
         (pod.containers[0].clone(), pod)
     }
 
+    /// The value of env var `name` of the installer container `p` renders.
+    fn template_env(p: &TenstorrentDriverPolicy, name: &str) -> Option<String> {
+        env_of(&container(p, &ctx()).0, name)
+    }
+
     fn env_of(c: &Container, name: &str) -> Option<String> {
         c.env
             .iter()
@@ -901,30 +906,14 @@ mod tests {
             !has_unmanaged_rule(&managed),
             "a managed policy's template (and hash) is unchanged"
         );
-        let env_of = |p: &TenstorrentDriverPolicy| {
-            let t = pod_template(p, &ctx());
-            t.spec
-                .into_iter()
-                .flat_map(|s| s.containers)
-                .flat_map(|c| c.env.unwrap_or_default())
-                .find(|e| e.name == env::UNMANAGE)
-                .and_then(|e| e.value)
-        };
+        let env_of = |p: &TenstorrentDriverPolicy| template_env(p, env::UNMANAGE);
         assert_eq!(env_of(&p).as_deref(), Some("true"));
         assert_eq!(env_of(&managed), None);
     }
 
     #[test]
     fn the_next_kernel_preflight_is_turned_off_by_env_and_on_leaves_the_template() {
-        let env_of = |p: &TenstorrentDriverPolicy| {
-            pod_template(p, &ctx())
-                .spec
-                .into_iter()
-                .flat_map(|s| s.containers)
-                .flat_map(|c| c.env.unwrap_or_default())
-                .find(|e| e.name == env::NEXT_KERNELS)
-                .and_then(|e| e.value)
-        };
+        let env_of = |p: &TenstorrentDriverPolicy| template_env(p, env::NEXT_KERNELS);
         let on = policy("version: \"2.8.0\"\nnodeAffinity: {}\n");
         let off = policy(
             "version: \"2.8.0\"\nnodeAffinity: {}\nupgradePolicy: {prepare: {nextKernels: false}}\n",
@@ -935,15 +924,7 @@ mod tests {
 
     #[test]
     fn module_parameters_are_in_the_template_only_when_set() {
-        let env_of = |p: &TenstorrentDriverPolicy| {
-            pod_template(p, &ctx())
-                .spec
-                .into_iter()
-                .flat_map(|s| s.containers)
-                .flat_map(|c| c.env.unwrap_or_default())
-                .find(|e| e.name == env::MODULE_PARAMETERS)
-                .and_then(|e| e.value)
-        };
+        let env_of = |p: &TenstorrentDriverPolicy| template_env(p, env::MODULE_PARAMETERS);
         let none = policy("version: \"2.8.0\"\nnodeAffinity: {}\n");
         let empty = policy("version: \"2.8.0\"\nnodeAffinity: {}\nmoduleParameters: {}\n");
         let set = policy(

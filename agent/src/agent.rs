@@ -925,21 +925,19 @@ impl Agent<'_> {
     }
 
     pub(crate) fn apply_annotations(&self, changes: &LabelChanges) -> Result<()> {
-        self.node
-            .annotate(changes)
-            .map_err(|reason| AgentError::Label {
-                node: self.node.node_name().to_string(),
-                reason,
-            })
+        self.node.annotate(changes).map_err(|r| self.node_error(r))
     }
 
     pub(crate) fn apply_labels(&self, changes: &LabelChanges) -> Result<()> {
-        self.node
-            .label(changes)
-            .map_err(|reason| AgentError::Label {
-                node: self.node.node_name().to_string(),
-                reason,
-            })
+        self.node.label(changes).map_err(|r| self.node_error(r))
+    }
+
+    /// A failed write of this node's labels or annotations.
+    fn node_error(&self, reason: String) -> AgentError {
+        AgentError::Label {
+            node: self.node.node_name().to_string(),
+            reason,
+        }
     }
 }
 

@@ -173,6 +173,21 @@ pub struct FakeNode {
 }
 
 impl FakeNode {
+    /// Records a write in `calls`; fails it when the fake API fails.
+    fn record(
+        &self,
+        calls: &Mutex<Vec<LabelChanges>>,
+        changes: &LabelChanges,
+    ) -> Result<(), String> {
+        if let Ok(mut c) = calls.lock() {
+            c.push(changes.clone());
+        }
+        if self.fail {
+            return Err("simulated API failure".to_string());
+        }
+        Ok(())
+    }
+
     /// A node whose GETs return `node`.
     pub fn with(node: Node) -> Self {
         FakeNode {
@@ -242,22 +257,10 @@ impl NodeApi for FakeNode {
         }
     }
     fn label(&self, labels: &LabelChanges) -> Result<(), String> {
-        if let Ok(mut c) = self.calls.lock() {
-            c.push(labels.clone());
-        }
-        if self.fail {
-            return Err("simulated API failure".to_string());
-        }
-        Ok(())
+        self.record(&self.calls, labels)
     }
     fn annotate(&self, annotations: &LabelChanges) -> Result<(), String> {
-        if let Ok(mut c) = self.annotation_calls.lock() {
-            c.push(annotations.clone());
-        }
-        if self.fail {
-            return Err("simulated API failure".to_string());
-        }
-        Ok(())
+        self.record(&self.annotation_calls, annotations)
     }
     fn pod_names(&self) -> HashMap<String, String> {
         self.pods.clone()

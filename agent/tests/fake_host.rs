@@ -481,13 +481,7 @@ fn missing_tt_smi_is_skipped_without_label() {
     let mut config = h.config("2.8.0");
     config.tt_smi_path = h.pod().join("absent");
     let node = FakeNode::default();
-    run(
-        &config,
-        &FakeKernel::new(h.root()),
-        &FakeBuilder::default(),
-        &node,
-    )
-    .expect("ok");
+    h.run_config(&config, &node).expect("ok");
     assert!(!h.p("/usr/local/bin/tt-smi").exists());
     let l = labels_of(&node);
     assert!(!l.contains_key(labels::TT_SMI_VERSION));

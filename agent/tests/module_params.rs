@@ -247,13 +247,7 @@ fn a_dkms_hosts_options_are_adopted_at_the_hand_over_under_the_policys() {
     // Without options on the host the annotation goes.
     fs::remove_file(h.p("/etc/modprobe.d/tenstorrent.conf")).expect("rm");
     let node = FakeNode::default();
-    run(
-        &config,
-        &FakeKernel::new(h.root()),
-        &FakeBuilder::default(),
-        &node,
-    )
-    .expect("current");
+    h.run_config(&config, &node).expect("current");
     assert_eq!(
         node.annotations().get(labels::KMD_HOST_OPTIONS),
         Some(&None)

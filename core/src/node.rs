@@ -227,6 +227,10 @@ mod tests {
         crate::fixtures::node("n", ready, unschedulable, &[])
     }
 
+    fn annotate(n: &mut Node, key: &str, value: &str) {
+        n.metadata.annotations = Some([(key.to_string(), value.to_string())].into());
+    }
+
     #[test]
     fn availability() {
         assert!(!externally_unavailable(&node("True", false), false));
@@ -245,13 +249,7 @@ mod tests {
                 .is_some_and(|w| w.starts_with("cordoned by someone else"))
         );
         let mut fw = node("True", true);
-        fw.metadata.annotations = Some(
-            [(
-                labels::GO_FIRMWARE_CORDONED_BY.to_string(),
-                "fw-a".to_string(),
-            )]
-            .into(),
-        );
+        annotate(&mut fw, labels::GO_FIRMWARE_CORDONED_BY, "fw-a");
         assert_eq!(
             out_of_service_because(&fw, false).as_deref(),
             Some(
@@ -337,12 +335,10 @@ mod tests {
         assert!(!is_loaded(None, None, Target::version("2.8.0")));
         // The agent's annotation, stale after a reboot like its labels.
         let mut n = node("True", false);
-        n.metadata.annotations = Some(
-            [(
-                labels::KMD_PARAMETERS.to_string(),
-                "max_devices=4 power_policy=Y".to_string(),
-            )]
-            .into(),
+        annotate(
+            &mut n,
+            labels::KMD_PARAMETERS,
+            "max_devices=4 power_policy=Y",
         );
         assert_eq!(
             loaded_parameters(&n),

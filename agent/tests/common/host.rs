@@ -111,6 +111,15 @@ impl TestHost {
     ) -> Result<Outcome, AgentError> {
         run(&self.config(target), kernel, &FakeBuilder::default(), node)
     }
+    /// Runs an agent with `config` here, with a fresh fake kernel and builder.
+    pub fn run_config(&self, config: &Config, node: &dyn NodeApi) -> Result<Outcome, AgentError> {
+        run(
+            config,
+            &FakeKernel::new(self.root()),
+            &FakeBuilder::default(),
+            node,
+        )
+    }
     /// Runs an agent installing `target` here with a fresh fake kernel and
     /// builder (see [`run_polls`]).
     pub fn run_fresh(&self, target: &str, node: &dyn NodeApi, polls: u32) -> Run {
