@@ -24,6 +24,7 @@ async fn a_parameter_change_on_a_done_fleet_is_a_drained_cycle_within_max_unavai
     let (env, _ns, nodes, policy, _running) =
         installed_fleet("params", 4, "upgradePolicy: {maxUnavailable: 2}", T).await;
     let watcher = CordonWatcher::start(&env);
+    let safety = SafetyWatcher::start(&env);
     tokio::time::sleep(Duration::from_millis(500)).await;
     patch_policy(
         &env,
@@ -81,6 +82,19 @@ async fn a_parameter_change_on_a_done_fleet_is_a_drained_cycle_within_max_unavai
         watcher.max()
     );
     assert_done_uncordoned(&env, &nodes, "2.7.0").await;
+    // Every reload happened under the controller's go-ahead for its cycle.
+    safety.assert_safe(2, Some(2), "after the parameter change");
+    let reloads = safety.seen().swaps;
+    assert_eq!(
+        reloads.len(),
+        nodes.len(),
+        "one reload per node: {reloads:?}"
+    );
+    assert!(
+        reloads.iter().all(|r| r.contains("reloaded")
+            && r.ends_with("max_devices=4 power_policy=N reset_limit=10")),
+        "{reloads:?}"
+    );
     for n in &nodes {
         let node = env.get_node(n).await;
         let a = ttdrv_core::node::annotation(&node, labels::KMD_PARAMETERS).unwrap_or_default();

@@ -66,12 +66,16 @@ pub fn host_managed(node: &Node) -> bool {
 
 /// Merge patch removing driver labels that describe an earlier boot, so
 /// workloads selecting on `kmd-version` do not land on a node whose module is
-/// not loaded yet.
+/// not loaded yet; the parameters reported with them go too (without the
+/// boot-ID label nothing would mark them stale any more).
 pub fn stale_labels_patch() -> serde_json::Value {
-    serde_json::json!({ "metadata": { "labels": {
-        labels::KMD_VERSION: null,
-        labels::KMD_BOOT_ID: null,
-    } } })
+    serde_json::json!({ "metadata": {
+        "labels": {
+            labels::KMD_VERSION: null,
+            labels::KMD_BOOT_ID: null,
+        },
+        "annotations": { labels::KMD_PARAMETERS: null },
+    } })
 }
 
 /// The status of the node's (first) Ready condition: "True", "False",

@@ -250,8 +250,9 @@ pub struct SafetySeen {
     /// Most nodes in our disruptive states (Cordoning..Uncordoning, with a
     /// drain) at one instant, by the records on the nodes.
     pub max_in_cycle: usize,
-    /// Module swaps (kmd-version a -> b, both set) seen without a valid
-    /// go-ahead on the node at that instant.
+    /// Module swaps (kmd-version a -> b, both set; or the same version with
+    /// other module parameters reported) seen without a valid go-ahead on
+    /// the node at that instant.
     pub swaps_without_go_ahead: Vec<String>,
     /// Every module swap seen, as `node: a -> b`.
     pub swaps: Vec<String>,
@@ -297,6 +298,39 @@ impl SafetyWatcher {
                     if !matches!(swap, ttdrv_core::go_ahead::Swap::GoAhead(_)) {
                         s.swaps_without_go_ahead
                             .push(format!("{name}: {a} -> {b}: {swap:?}"));
+                    }
+                }
+                // A reload: the same version, other module parameters in
+                // effect (both reported) needs the go-ahead as much.
+                let params = |n: &Node| {
+                    ttdrv_core::node::annotation(n, ttdrv_api::labels::KMD_PARAMETERS)
+                        .and_then(|p| ttdrv_api::module_params::parse(p).ok())
+                };
+                if let (Some(a), Some(b)) = (before.as_ref().and_then(kmd), kmd(&n))
+                    && a == b
+                    && let (Some(pa), Some(pb)) = (before.as_ref().and_then(params), params(&n))
+                    && pa != pb
+                {
+                    let (ca, cb) = (
+                        ttdrv_api::module_params::canonical(&pa),
+                        ttdrv_api::module_params::canonical(&pb),
+                    );
+                    s.swaps.push(format!("{name}: {a} reloaded, {ca} -> {cb}"));
+                    let policy = ttdrv_core::node::record(&n)
+                        .ok()
+                        .flatten()
+                        .map(|r| r.policy)
+                        .unwrap_or_default();
+                    let swap = ttdrv_core::go_ahead::decide(
+                        &n,
+                        &policy,
+                        ttdrv_core::node::Target::new(&b, &pb),
+                        Some(&a),
+                        Some(&pa),
+                    );
+                    if !matches!(swap, ttdrv_core::go_ahead::Swap::GoAhead(_)) {
+                        s.swaps_without_go_ahead
+                            .push(format!("{name}: {a} reloaded, {ca} -> {cb}: {swap:?}"));
                     }
                 }
                 let records: Vec<_> = nodes
