@@ -3,6 +3,28 @@
 use super::*;
 use ttdrv_api::TenstorrentDriverPolicySpec;
 
+/// The status input of policy `p` over `recs` at t=100 s: no device users,
+/// conflicts, brake, refusal or previous status.
+fn input<'a>(
+    p: &'a TenstorrentDriverPolicy,
+    recs: &'a HashMap<String, NodeRecord>,
+) -> StatusInput<'a> {
+    static NO_DEVICE_USERS: std::sync::LazyLock<HashSet<String>> =
+        std::sync::LazyLock::new(HashSet::new);
+    StatusInput {
+        policy: p,
+        records: recs,
+        device_users: &NO_DEVICE_USERS,
+        conflicts: &[],
+        blocked: None,
+        braked: None,
+        refused: None,
+        daemonset: "ttdrv-fleet",
+        previous: None,
+        now: Timestamp::from_second(100).expect("time"),
+    }
+}
+
 fn policy(paused: bool, generation: i64) -> TenstorrentDriverPolicy {
     let mut p = TenstorrentDriverPolicy::new(
         "fleet",
@@ -104,18 +126,7 @@ fn module_parameters_are_reported_and_a_node_without_them_holds_nothing() {
         ("at", rec(NodeState::Done, Some(reason::UPGRADED), None)),
         ("off", rec(NodeState::Pending, None, None)),
     ]);
-    let input = StatusInput {
-        policy: &p,
-        records: &recs,
-        device_users: &HashSet::new(),
-        conflicts: &[],
-        blocked: None,
-        braked: None,
-        refused: None,
-        daemonset: "ttdrv-fleet",
-        previous: None,
-        now: Timestamp::from_second(100).expect("time"),
-    };
+    let input = StatusInput { ..input(&p, &recs) };
     let s = build(&input, |n| Reported {
         version: Some("2.8.0".into()),
         parameters: Some(
@@ -410,16 +421,9 @@ fn fleet_not_ready_brake_is_degraded_and_names_the_nodes() {
     let p = policy(false, 1);
     let braked = vec!["a".to_string(), "b".to_string()];
     let input = StatusInput {
-        policy: &p,
-        records: &recs,
-        device_users: &HashSet::new(),
-        conflicts: &[],
         blocked: Some("braked"),
         braked: Some(&braked),
-        refused: None,
-        daemonset: "ttdrv-fleet",
-        previous: None,
-        now: Timestamp::from_second(100).expect("time"),
+        ..input(&p, &recs)
     };
     let s = build(&input, |_| Reported::default());
     assert_eq!(
@@ -568,16 +572,8 @@ fn a_daemonset_takeover_is_degraded_under_its_own_reason() {
     let p = policy(false, 1);
     let why = format!("{TAKEOVER}ttdrv-fleet: deleting it");
     let mut input = StatusInput {
-        policy: &p,
-        records: &recs,
-        device_users: &HashSet::new(),
-        conflicts: &[],
-        blocked: None,
-        braked: None,
         refused: Some((RefusalKind::Takeover, &why)),
-        daemonset: "ttdrv-fleet",
-        previous: None,
-        now: Timestamp::from_second(100).expect("time"),
+        ..input(&p, &recs)
     };
     let s = build(&input, |_| Reported::default());
     assert_eq!(

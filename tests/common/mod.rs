@@ -279,58 +279,56 @@ impl SafetyWatcher {
                 let name = n.metadata.name.clone().unwrap_or_default();
                 let before = nodes.insert(name.clone(), n.clone());
                 let Ok(mut s) = out.lock() else { return };
-                if let (Some(a), Some(b)) = (before.as_ref().and_then(kmd), kmd(&n))
-                    && a != b
-                {
-                    s.swaps.push(format!("{name}: {a} -> {b}"));
-                    let policy = ttdrv_core::node::record(&n)
-                        .ok()
-                        .flatten()
-                        .map(|r| r.policy)
-                        .unwrap_or_default();
-                    let swap = ttdrv_core::go_ahead::decide(
-                        &n,
-                        &policy,
-                        ttdrv_core::node::Target::version(&b),
-                        Some(&a),
-                        None,
-                    );
-                    if !matches!(swap, ttdrv_core::go_ahead::Swap::GoAhead(_)) {
-                        s.swaps_without_go_ahead
-                            .push(format!("{name}: {a} -> {b}: {swap:?}"));
-                    }
-                }
-                // A reload: the same version, other module parameters in
-                // effect (both reported) needs the go-ahead as much.
+                // A swap (another version), or a reload: the same version with
+                // other module parameters in effect (both reported). Either
+                // needs the go-ahead.
                 let params = |n: &Node| {
                     ttdrv_core::node::annotation(n, ttdrv_api::labels::KMD_PARAMETERS)
                         .and_then(|p| ttdrv_api::module_params::parse(p).ok())
                 };
-                if let (Some(a), Some(b)) = (before.as_ref().and_then(kmd), kmd(&n))
-                    && a == b
-                    && let (Some(pa), Some(pb)) = (before.as_ref().and_then(params), params(&n))
-                    && pa != pb
-                {
-                    let (ca, cb) = (
-                        ttdrv_api::module_params::canonical(&pa),
-                        ttdrv_api::module_params::canonical(&pb),
-                    );
-                    s.swaps.push(format!("{name}: {a} reloaded, {ca} -> {cb}"));
-                    let policy = ttdrv_core::node::record(&n)
-                        .ok()
-                        .flatten()
-                        .map(|r| r.policy)
-                        .unwrap_or_default();
-                    let swap = ttdrv_core::go_ahead::decide(
-                        &n,
-                        &policy,
-                        ttdrv_core::node::Target::new(&b, &pb),
-                        Some(&a),
-                        Some(&pa),
-                    );
-                    if !matches!(swap, ttdrv_core::go_ahead::Swap::GoAhead(_)) {
-                        s.swaps_without_go_ahead
-                            .push(format!("{name}: {a} reloaded, {ca} -> {cb}: {swap:?}"));
+                if let (Some(a), Some(b)) = (before.as_ref().and_then(kmd), kmd(&n)) {
+                    let (pa, pb) = (before.as_ref().and_then(params), params(&n));
+                    let reload = match (&pa, &pb) {
+                        (Some(pa), Some(pb)) if a == b && pa != pb => Some((pa, pb)),
+                        _ => None,
+                    };
+                    if a != b || reload.is_some() {
+                        let policy = ttdrv_core::node::record(&n)
+                            .ok()
+                            .flatten()
+                            .map(|r| r.policy)
+                            .unwrap_or_default();
+                        let (what, swap) = match reload {
+                            Some((pa, pb)) => (
+                                format!(
+                                    "{a} reloaded, {} -> {}",
+                                    ttdrv_api::module_params::canonical(pa),
+                                    ttdrv_api::module_params::canonical(pb)
+                                ),
+                                ttdrv_core::go_ahead::decide(
+                                    &n,
+                                    &policy,
+                                    ttdrv_core::node::Target::new(&b, pb),
+                                    Some(&a),
+                                    Some(pa),
+                                ),
+                            ),
+                            None => (
+                                format!("{a} -> {b}"),
+                                ttdrv_core::go_ahead::decide(
+                                    &n,
+                                    &policy,
+                                    ttdrv_core::node::Target::version(&b),
+                                    Some(&a),
+                                    None,
+                                ),
+                            ),
+                        };
+                        s.swaps.push(format!("{name}: {what}"));
+                        if !matches!(swap, ttdrv_core::go_ahead::Swap::GoAhead(_)) {
+                            s.swaps_without_go_ahead
+                                .push(format!("{name}: {what}: {swap:?}"));
+                        }
                     }
                 }
                 let records: Vec<_> = nodes
