@@ -38,6 +38,26 @@ pub struct RenderContext {
     pub tag_keys_configmap: Option<String>,
 }
 
+impl RenderContext {
+    /// What the controller renders with none of its flags set, in
+    /// `namespace` (the controller itself builds its context from its
+    /// configuration: `Context::render_context`).
+    pub fn defaults(namespace: &str) -> Self {
+        Self {
+            namespace: namespace.into(),
+            default_image: ttdrv_api::images::DEFAULT_AGENT_IMAGE.into(),
+            default_pull_policy: "IfNotPresent".into(),
+            default_source_repository: labels::DEFAULT_SOURCE_REPOSITORY.into(),
+            tt_smi_version: String::new(),
+            service_account: None,
+            eligibility: Default::default(),
+            proxy_env: vec![],
+            source_commits: Default::default(),
+            tag_keys_configmap: None,
+        }
+    }
+}
+
 /// Where the installer pod sees the tag-signing keys.
 pub const TAG_KEYS_DIR: &str = "/etc/ttdrv/tag-keys";
 /// The key of the keys in the ConfigMap (and the file in [`TAG_KEYS_DIR`]).

@@ -701,18 +701,7 @@ fn docs_examples() -> Vec<(String, Value)> {
 }
 
 fn render_context() -> RenderContext {
-    RenderContext {
-        namespace: "default".into(),
-        default_image: "ghcr.io/tenstorrent/tt-driver-agent:0.1.0".into(),
-        default_pull_policy: "IfNotPresent".into(),
-        default_source_repository: ttdrv_api::labels::DEFAULT_SOURCE_REPOSITORY.into(),
-        tt_smi_version: "3.0.0".into(),
-        service_account: None,
-        eligibility: Default::default(),
-        proxy_env: vec![],
-        source_commits: Default::default(),
-        tag_keys_configmap: None,
-    }
+    RenderContext::defaults("default")
 }
 
 fn shorten(s: &str) -> String {

@@ -8,7 +8,6 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use ttdrv_agent::error::TERMINATION_MESSAGE_MAX;
 use ttdrv_agent::fake::{FakeBuilder, FakeKernel, fake_host, set_loaded};
@@ -184,28 +183,14 @@ fn other_errors_write_no_termination_message() {
 
 #[test]
 fn a_refused_load_gives_load_failed_with_the_kernels_error() {
-    let h = Host::new();
-    set_loaded(h.root(), "2.7.0", 0).expect("loaded");
+    let h = common::host::TestHost::with_loaded("2.7.0", 0);
     for v in ["2.7.0", "2.8.0"] {
-        ttdrv_agent::fake::plant_cached(h.root(), KVER, v, v).expect("cache");
+        h.cache_module(v, v);
     }
     let kernel = FakeKernel::new(h.root()).failing("2.8.0");
     let config = Config {
-        host_root: h.root().to_path_buf(),
-        target_version: "2.8.0".into(),
-        force_unload: false,
-        unload_timeout: Duration::from_secs(1),
-        source_repository: "unused".into(),
-        tt_smi_path: h.scratch.path().join("no-tt-smi"),
-        tt_smi_version: None,
-        kbuild_link_dir: None,
-        policy: Some(FAKE_POLICY.into()),
-        go_ahead_poll: Duration::from_millis(1),
-        swap_without_go_ahead: false,
-        next_kernels: true,
-        signing: None,
-        module_parameters: Default::default(),
         status_file: None,
+        ..h.config("2.8.0")
     };
     let err = Agent {
         config: &config,

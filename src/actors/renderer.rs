@@ -384,18 +384,7 @@ mod tests {
         assert!(!belongs_to(&go_daemonset(None, None), &p));
         assert!(!belongs_to(&go_daemonset(Some("uid-2"), Some("other")), &p));
         // Ours, as rendered, is ours.
-        let rctx = RenderContext {
-            namespace: "ns".into(),
-            default_image: "agent:1".into(),
-            default_pull_policy: "IfNotPresent".into(),
-            default_source_repository: labels::DEFAULT_SOURCE_REPOSITORY.into(),
-            tt_smi_version: "3.0.0".into(),
-            service_account: None,
-            eligibility: Default::default(),
-            proxy_env: vec![],
-            source_commits: Default::default(),
-            tag_keys_configmap: None,
-        };
+        let rctx = RenderContext::defaults("ns");
         let (ours, _) = render_daemonset(&p, &rctx);
         assert!(made_by_us(&ours, "fleet"));
         assert!(!made_by_us(&ours, "other"));

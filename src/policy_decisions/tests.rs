@@ -42,14 +42,25 @@ fn ended<'a>(
     braked: Option<&'a [String]>,
     now: Instant,
 ) -> Facts<'a> {
+    ended_with(refused, braked, &[], BTreeMap::new(), now)
+}
+
+/// A pass of generation 1 at 2.1.0 that ended with these facts.
+fn ended_with<'a>(
+    refused: Option<&'a Refused>,
+    braked: Option<&'a [String]>,
+    waiting_on: &'a [(String, String)],
+    next_kernel_failed: BTreeMap<String, String>,
+    now: Instant,
+) -> Facts<'a> {
     Facts::PassEnded {
         generation: Some(1),
         refused,
         braked,
         brake_percent: 30,
-        waiting_on: &[],
+        waiting_on,
         version: "2.1.0",
-        next_kernel_failed: BTreeMap::new(),
+        next_kernel_failed,
         now,
     }
 }
@@ -246,19 +257,7 @@ fn next_kernel_warnings_for_new_kernels_only() {
     ];
     let mut memo = PolicyMemo::default();
     for (i, (failed, want)) in rows.into_iter().enumerate() {
-        let (next, effects) = decide(
-            &memo,
-            &Facts::PassEnded {
-                generation: Some(1),
-                refused: None,
-                braked: None,
-                brake_percent: 30,
-                waiting_on: &[],
-                version: "2.1.0",
-                next_kernel_failed: failed,
-                now: t0,
-            },
-        );
+        let (next, effects) = decide(&memo, &ended_with(None, None, &[], failed, t0));
         let warned: Vec<String> = effects
             .iter()
             .filter_map(|e| match e {
@@ -413,16 +412,7 @@ fn a_rollout_held_by_someone_elses_cordon_says_so_once_per_change() {
     for (i, (waiting_on, due)) in rows.into_iter().enumerate() {
         let (next, effects) = decide(
             &memo,
-            &Facts::PassEnded {
-                generation: Some(1),
-                refused: None,
-                braked: None,
-                brake_percent: 30,
-                waiting_on,
-                version: "2.1.0",
-                next_kernel_failed: BTreeMap::new(),
-                now: t0,
-            },
+            &ended_with(None, None, waiting_on, BTreeMap::new(), t0),
         );
         let notes: Vec<&String> = effects
             .iter()
