@@ -13,6 +13,7 @@ pub mod labels;
 pub mod module_params;
 pub mod podselector;
 pub mod v1alpha1;
+pub mod vfio;
 
 #[cfg(test)]
 mod test_support;
