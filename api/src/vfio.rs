@@ -43,9 +43,10 @@ pub struct PciFunctions {
 }
 
 /// How a node's Tenstorrent functions are split between tt-kmd and vfio-pci.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Passthrough {
     /// No function on vfio-pci (or no report from this boot).
+    #[default]
     None,
     /// Some functions on vfio-pci, others not: tt-kmd serves the others.
     Some { vfio: u32, total: u32 },
@@ -128,7 +129,10 @@ mod tests {
     #[test]
     fn passthrough_is_read_by_function() {
         assert_eq!(report(&[]).passthrough(), Passthrough::None);
-        assert_eq!(report(&[("tenstorrent", 2)]).passthrough(), Passthrough::None);
+        assert_eq!(
+            report(&[("tenstorrent", 2)]).passthrough(),
+            Passthrough::None
+        );
         assert_eq!(
             report(&[("vfio-pci", 4)]).passthrough(),
             Passthrough::All { vfio: 4 }

@@ -59,6 +59,11 @@ pub struct PodFacts {
     pub controller: Controller,
     /// Uses the Tenstorrent device ([`uses_device`]).
     pub device: bool,
+    /// Uses it through /dev/tenstorrent or a DRA claim, not only through
+    /// extended resources.
+    pub device_direct: bool,
+    /// The `tenstorrent.com/*` extended resources it asks for, sorted.
+    pub resources: Box<[String]>,
     pub empty_dir: bool,
     /// A static pod's mirror.
     pub mirror: bool,
@@ -95,12 +100,15 @@ impl PodFacts {
                     Controller::Other
                 }
             });
+        let use_ = device_use(pod);
         Self {
             pod: PodRef::of(pod),
             installer: labels.iter().any(|(k, _)| k == labels::CLAIM),
             labels,
             controller,
-            device: uses_device(pod),
+            device: use_.direct || !use_.resources.is_empty(),
+            device_direct: use_.direct,
+            resources: use_.resources.into_boxed_slice(),
             empty_dir: pod
                 .spec
                 .as_ref()
@@ -117,6 +125,15 @@ impl PodFacts {
             deleting: pod.metadata.deletion_timestamp.is_some(),
             follows_gate: follows_deploy_gate(pod),
         }
+    }
+
+    /// Runs on the node's passthrough functions only (a VM): every device
+    /// resource it asks for is one of `vfio_resources` (the binder's, on its
+    /// node), and it opens nothing of tt-kmd's directly.
+    pub fn passthrough_only(&self, vfio_resources: &[String]) -> bool {
+        !self.device_direct
+            && !self.resources.is_empty()
+            && self.resources.iter().all(|r| vfio_resources.contains(r))
     }
 
     /// The labels as selectors read them.
@@ -159,6 +176,9 @@ pub enum SkipReason {
     /// one-node cluster, where its replacement cannot schedule on the
     /// cordoned node.
     ExemptNamespace,
+    /// Runs on vfio-pci functions only (VM passthrough): tt-kmd does not
+    /// serve them, and its swap does not touch them.
+    Passthrough,
 }
 
 impl SkipReason {
@@ -173,6 +193,9 @@ impl SkipReason {
             SkipReason::FullNodeOff => "drain.fullNode is off",
             SkipReason::ExemptNamespace => {
                 "its namespace is never drained (the operator's; --drain-exempt-namespaces)"
+            }
+            SkipReason::Passthrough => {
+                "uses only vfio-pci (passthrough) functions, which tt-kmd does not serve"
             }
         }
     }
@@ -350,9 +373,14 @@ pub fn blockers(
     drain: &DrainPolicy,
 ) -> Vec<Blocker> {
     if !drain.enable {
+        let passthrough = |f: &PodFacts| {
+            plan.skipped
+                .iter()
+                .any(|(r, why, _)| *why == SkipReason::Passthrough && *r == f.pod)
+        };
         return pods
             .iter()
-            .filter(|f| f.device && !f.installer)
+            .filter(|f| f.device && !f.installer && !passthrough(f))
             .map(|f| Blocker::DrainOff { pod: f.pod.clone() })
             .collect();
     }
@@ -379,8 +407,22 @@ pub fn blockers(
 
 /// True when the pod uses the Tenstorrent device.
 pub fn uses_device(pod: &Pod) -> bool {
+    let u = device_use(pod);
+    u.direct || !u.resources.is_empty()
+}
+
+/// How a pod uses the Tenstorrent device.
+#[derive(Debug, Default)]
+pub struct DeviceUse {
+    /// A hostPath under /dev/tenstorrent, or a DRA claim.
+    pub direct: bool,
+    /// `tenstorrent.com/*` extended resources, sorted, once each.
+    pub resources: Vec<String>,
+}
+
+pub fn device_use(pod: &Pod) -> DeviceUse {
     let Some(spec) = pod.spec.as_ref() else {
-        return false;
+        return DeviceUse::default();
     };
     let host_path = spec.volumes.iter().flatten().any(|v| {
         v.host_path
@@ -391,37 +433,43 @@ pub fn uses_device(pod: &Pod) -> bool {
         .containers
         .iter()
         .chain(spec.init_containers.iter().flatten());
-    let resource = containers.clone().any(|c| {
-        c.resources.as_ref().is_some_and(|r| {
-            r.limits
-                .iter()
-                .chain(r.requests.iter())
-                .flatten()
-                .any(|(k, _)| k.starts_with(labels::RESOURCE_PREFIX))
-        })
-    });
+    let resources: std::collections::BTreeSet<&String> = containers
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| r.limits.iter().chain(r.requests.iter()).flatten())
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with(labels::RESOURCE_PREFIX))
+        .collect();
     let dra = spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty());
-    host_path || resource || dra
+    DeviceUse {
+        direct: host_path || dra,
+        resources: resources.into_iter().cloned().collect(),
+    }
 }
 
 /// Plans the drain of one node from the pods bound to it. Our own installer pods
-/// (label `driver.tenstorrent.com/policy`) are never part of a drain, and no
-/// pod of an `exempt` namespace is evicted by either pass.
+/// (label `driver.tenstorrent.com/policy`) are never part of a drain, no
+/// pod of an `exempt` namespace is evicted by either pass, and neither is a
+/// pod that runs only on the node's passthrough functions (`vfio_resources`,
+/// [`crate::node::vfio_resources`]): the swap does not touch them.
 pub fn plan_drain<'a>(
     pods: impl IntoIterator<Item = &'a PodFacts>,
     drain: &DrainPolicy,
     selector: &PodSelector,
     exempt: &[String],
+    vfio_resources: &[String],
 ) -> DrainPlan {
     let mut plan = DrainPlan::default();
     let mut sorted: Vec<&PodFacts> = pods.into_iter().filter(|p| !p.installer).collect();
     sorted.sort_by(|a, b| a.pod.cmp(&b.pod));
     for pod in sorted {
         let r = pod.pod.clone();
-        let device = pod.device;
+        let passthrough = pod.passthrough_only(vfio_resources);
+        let device = pod.device && !passthrough;
         let skip = |plan: &mut DrainPlan, why| plan.skipped.push((r.clone(), why, device));
         if pod.finished {
             skip(&mut plan, SkipReason::Finished);
+        } else if passthrough {
+            skip(&mut plan, SkipReason::Passthrough);
         } else if exempt.contains(&r.namespace) {
             skip(&mut plan, SkipReason::ExemptNamespace);
         } else if pod.mirror {
@@ -684,6 +732,7 @@ mod tests {
             &DrainPolicy::default(),
             &PodSelector::default(),
             &[],
+            &[],
         );
         assert_eq!(names(&plan.device), ["infer", "train"]);
         assert_eq!(names(&plan.full), ["cache", "web"]);
@@ -717,7 +766,13 @@ mod tests {
         };
         // The fixture's pods all run in "ml": as the operator's namespace,
         // neither pass evicts any of them, device users included.
-        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &["ml".into()]);
+        let plan = plan_drain(
+            &fixture(),
+            &drain,
+            &PodSelector::default(),
+            &["ml".into()],
+            &[],
+        );
         assert!(plan.is_empty(), "{plan:?}");
         assert!(
             plan.skipped
@@ -731,12 +786,92 @@ mod tests {
             &drain,
             &PodSelector::default(),
             &["tt-system".into()],
+            &[],
         );
         assert_eq!(
             other,
-            plan_drain(&fixture(), &drain, &PodSelector::default(), &[])
+            plan_drain(&fixture(), &drain, &PodSelector::default(), &[], &[])
         );
         assert_eq!(names(&other.device), ["bare-dev", "infer", "train"]);
+    }
+
+    #[test]
+    fn pods_on_passthrough_functions_only_are_never_drained() {
+        // A VM on the node's vfio-pci functions, a job on tt-kmd's, one on
+        // both, and one that opens /dev/tenstorrent beside a vfio resource.
+        let with = |name: &'static str, resources: &[&str], host_dev: bool| {
+            let mut p = pod(P {
+                name,
+                owner: Some("ReplicaSet"),
+                resource: true,
+                host_dev,
+                ..Default::default()
+            });
+            let limits = resources
+                .iter()
+                .map(|r| (r.to_string(), Quantity("1".into())))
+                .collect();
+            if let Some(spec) = p.spec.as_mut() {
+                spec.containers[0].resources = Some(ResourceRequirements {
+                    limits: Some(limits),
+                    ..Default::default()
+                });
+            }
+            PodFacts::of(&p)
+        };
+        let pods = [
+            with("vm", &["tenstorrent.com/wh-vfio"], false),
+            with("job", &["tenstorrent.com/n150"], false),
+            with(
+                "both",
+                &["tenstorrent.com/n150", "tenstorrent.com/wh-vfio"],
+                false,
+            ),
+            with("dev", &["tenstorrent.com/wh-vfio"], true),
+        ];
+        let vfio = ["tenstorrent.com/wh-vfio".to_string()];
+        let full = DrainPolicy {
+            full_node: true,
+            ..Default::default()
+        };
+        let plan = plan_drain(&pods, &full, &PodSelector::default(), &[], &vfio);
+        assert_eq!(names(&plan.device), ["both", "dev", "job"]);
+        assert!(
+            plan.full.is_empty(),
+            "not even a full-node drain evicts the VM"
+        );
+        assert_eq!(
+            plan.skipped,
+            [(
+                PodRef::of(&pod(P {
+                    name: "vm",
+                    ..Default::default()
+                })),
+                SkipReason::Passthrough,
+                false
+            )]
+        );
+        assert!(
+            plan.reportable_skips()[0].contains("vfio-pci"),
+            "{:?}",
+            plan.reportable_skips()
+        );
+        // Without the binder's report on the node, the same pod is a device user.
+        let plan = plan_drain(&pods, &full, &PodSelector::default(), &[], &[]);
+        assert_eq!(names(&plan.device), ["both", "dev", "job", "vm"]);
+        // Drain off: the VM blocks nothing.
+        let off = DrainPolicy {
+            enable: false,
+            ..Default::default()
+        };
+        let plan = plan_drain(&pods, &off, &PodSelector::default(), &[], &vfio);
+        let refs: Vec<&PodFacts> = pods.iter().collect();
+        let blocked: Vec<String> = blockers(&plan, &refs, &[], &off)
+            .iter()
+            .map(|b| b.describe(&off))
+            .collect();
+        assert_eq!(blocked.len(), 3, "{blocked:?}");
+        assert!(blocked.iter().all(|b| !b.contains("/vm ")), "{blocked:?}");
     }
 
     #[test]
@@ -745,7 +880,7 @@ mod tests {
             force: true,
             ..Default::default()
         };
-        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &[]);
+        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &[], &[]);
         assert_eq!(names(&plan.device), ["bare-dev", "infer", "train"]);
         assert_eq!(names(&plan.full), ["bare", "cache", "web"]);
     }
@@ -753,7 +888,7 @@ mod tests {
     #[test]
     fn selector_limits_pass_two_only() {
         let sel = PodSelector::parse("app=web").expect("valid");
-        let plan = plan_drain(&fixture(), &DrainPolicy::default(), &sel, &[]);
+        let plan = plan_drain(&fixture(), &DrainPolicy::default(), &sel, &[], &[]);
         assert_eq!(
             names(&plan.device),
             ["infer", "train"],
@@ -768,14 +903,14 @@ mod tests {
             full_node: false,
             ..Default::default()
         };
-        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &[]);
+        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &[], &[]);
         assert_eq!(names(&plan.device), ["infer", "train"]);
         assert!(plan.full.is_empty());
         let drain = DrainPolicy {
             delete_empty_dir: false,
             ..Default::default()
         };
-        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &[]);
+        let plan = plan_drain(&fixture(), &drain, &PodSelector::default(), &[], &[]);
         assert_eq!(names(&plan.full), ["web"]);
         assert!(
             plan.skipped

@@ -28,6 +28,7 @@ pub enum EventReason {
     SelectorConflict,
     RolloutWaitingOnOthers,
     GoBuilderImageReplaced,
+    NodePassthrough,
 }
 
 impl EventReason {
@@ -56,6 +57,7 @@ impl EventReason {
         Self::SelectorConflict,
         Self::RolloutWaitingOnOthers,
         Self::GoBuilderImageReplaced,
+        Self::NodePassthrough,
     ];
 
     /// The reason as Kubernetes shows it.
@@ -84,6 +86,7 @@ impl EventReason {
             Self::SelectorConflict => "SelectorConflict",
             Self::RolloutWaitingOnOthers => "RolloutWaitingOnOthers",
             Self::GoBuilderImageReplaced => "GoBuilderImageReplaced",
+            Self::NodePassthrough => "NodePassthrough",
         }
     }
 }

@@ -15,6 +15,7 @@ pub use crate::installer::Failure;
 use crate::node::Target;
 use crate::reason;
 use ttdrv_api::module_params::{self, Values};
+use ttdrv_api::vfio::Passthrough;
 
 /// Who cordoned the node, as far as this rollout is concerned.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -189,6 +190,9 @@ pub struct Observation {
     pub parameters: Option<Values>,
     /// The agent found a DKMS install (`install-mode=host`).
     pub host_managed: bool,
+    /// How the node's Tenstorrent functions are split between tt-kmd and
+    /// vfio-pci, as the VFIO binder reported at this boot.
+    pub passthrough: Passthrough,
     pub installer: InstallerPod,
     /// Every configured deploy gate is "false".
     pub gates_closed: bool,
@@ -489,6 +493,18 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     vec![],
                 );
             }
+            if let Passthrough::All { vfio } = obs.passthrough
+                && !rec.cordoned_by_us()
+            {
+                let msg = format!(
+                    "all {vfio} Tenstorrent PCI functions are bound to vfio-pci (VM passthrough): \
+                     tt-kmd serves none of them, so the node is not cordoned, drained or swapped"
+                );
+                return stay(
+                    &enter(&rec, Done, reason::VFIO_PASSTHROUGH, Some(msg), now),
+                    vec![],
+                );
+            }
             if up_to_date && !rec.cordoned_by_us() && !obs.gates_present {
                 return stay(&enter(&rec, Done, reason::UP_TO_DATE, None, now), vec![]);
             }
@@ -751,8 +767,12 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         }
         Done => {
             let host_done = rec.reason.as_deref() == Some(reason::HOST_MANAGED);
+            let passthrough_done = rec.reason.as_deref() == Some(reason::VFIO_PASSTHROUGH);
             let changed = if host_done {
                 !obs.host_managed
+            } else if passthrough_done {
+                // Some function back on tt-kmd: it needs the target.
+                !matches!(obs.passthrough, Passthrough::All { .. })
             } else {
                 obs.host_managed || !up_to_date
             };

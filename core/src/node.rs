@@ -5,6 +5,7 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use ttdrv_api::labels;
 use ttdrv_api::module_params::{self, Values};
+use ttdrv_api::vfio::{self, Passthrough, PciFunctions};
 
 use crate::machine::NodeRecord;
 
@@ -62,6 +63,37 @@ pub fn reported_nothing_loaded(node: &Node) -> bool {
 pub fn host_managed(node: &Node) -> bool {
     !driver_labels_stale(node)
         && label(node, labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST)
+}
+
+/// What the VFIO binder reported of the node's Tenstorrent functions at this
+/// boot ([`ttdrv_api::vfio::PCI_FUNCTIONS`]); None without a report, with an
+/// unreadable one, or with one from an earlier boot (bindings do not survive
+/// a reboot): a node is never taken for a passthrough node on a guess.
+pub fn pci_functions(node: &Node) -> Option<PciFunctions> {
+    let boot = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.as_str());
+    PciFunctions::at_boot(annotation(node, vfio::PCI_FUNCTIONS)?, boot)
+}
+
+/// How the node's Tenstorrent functions are split between tt-kmd and vfio-pci.
+pub fn passthrough(node: &Node) -> Passthrough {
+    pci_functions(node).map_or(Passthrough::None, |p| p.passthrough())
+}
+
+/// The extended resources of the node's passthrough functions: pods using
+/// only these run on vfio-pci, not on tt-kmd (a VM), and no drain of ours
+/// evicts them.
+pub fn vfio_resources(node: &Node) -> Vec<String> {
+    pci_functions(node).map_or_else(Vec::new, |p| {
+        if p.vfio() > 0 {
+            p.vfio_resources
+        } else {
+            vec![]
+        }
+    })
 }
 
 /// Merge patch removing driver labels that describe an earlier boot, so
@@ -312,6 +344,29 @@ mod tests {
         assert!(driver_labels_stale(&n));
         assert_eq!(loaded_version(&n), None, "rebooted: nothing known loaded");
         assert!(!host_managed(&n));
+    }
+
+    #[test]
+    fn passthrough_is_read_from_this_boots_report_only() {
+        let mut n = node("True", false);
+        assert_eq!(passthrough(&n), Passthrough::None, "no report");
+        annotate(
+            &mut n,
+            vfio::PCI_FUNCTIONS,
+            r#"{"bootId":"boot-1","drivers":{"vfio-pci":2},"vfioResources":["tenstorrent.com/wh-vfio"]}"#,
+        );
+        assert_eq!(passthrough(&n), Passthrough::All { vfio: 2 });
+        assert_eq!(vfio_resources(&n), ["tenstorrent.com/wh-vfio"]);
+        if let Some(s) = n.status.as_mut() {
+            s.node_info = Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+                boot_id: "boot-2".into(),
+                ..Default::default()
+            });
+        }
+        assert_eq!(passthrough(&n), Passthrough::None, "an earlier boot's");
+        assert!(vfio_resources(&n).is_empty());
+        annotate(&mut n, vfio::PCI_FUNCTIONS, "all of them");
+        assert_eq!(passthrough(&n), Passthrough::None, "unreadable: no guess");
     }
 
     #[test]

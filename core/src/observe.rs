@@ -119,9 +119,10 @@ pub fn observe<'p>(
     let live = n.live;
     let rec = live.or(persisted.as_ref());
     let pods = || n.pods.iter().copied();
+    let vfio = node::vfio_resources(node);
     let plan = p
         .selector
-        .map(|sel| drain::plan_drain(pods(), p.drain, sel, p.drain_exempt));
+        .map(|sel| drain::plan_drain(pods(), p.drain, sel, p.drain_exempt, &vfio));
     let draining = starting
         || [live, persisted.as_ref()]
             .into_iter()
@@ -170,7 +171,7 @@ pub fn observe<'p>(
         installer_pod: installer.map(PodRef::of),
         skipped,
         has_device_pods: plan.as_ref().map_or_else(
-            || pods().any(|p| p.device),
+            || pods().any(|p| p.device && !p.passthrough_only(&vfio)),
             drain::DrainPlan::has_device_users,
         ),
         externally_unavailable: unavailable_because.is_some(),
@@ -191,7 +192,14 @@ pub fn forecast(p: &PolicyFacts<'_>, n: &NodeFacts<'_>, pdbs: &[&PodDisruptionBu
     let Some(selector) = p.selector else {
         return Forecast::default();
     };
-    let plan = drain::plan_drain(n.pods.iter().copied(), p.drain, selector, p.drain_exempt);
+    let vfio = node::vfio_resources(n.node);
+    let plan = drain::plan_drain(
+        n.pods.iter().copied(),
+        p.drain,
+        selector,
+        p.drain_exempt,
+        &vfio,
+    );
     let blockers = drain::blockers(&plan, n.pods, pdbs, p.drain);
     Forecast { plan, blockers }
 }
@@ -249,7 +257,11 @@ pub fn prepare_candidate(
     let rec = n.live.or(n.on_node.filter(|r| r.policy == policy_name));
     let state = rec.map_or(NodeState::Pending, |r| r.state);
     let c = prepare::candidate(name, &obs, state, p.desired.target())?;
-    let device = n.pods.iter().any(|p| p.device);
+    let vfio = node::vfio_resources(node);
+    let device = n
+        .pods
+        .iter()
+        .any(|p| p.device && !p.passthrough_only(&vfio));
     Some(((device, name.to_string()), c))
 }
 
@@ -271,6 +283,7 @@ fn node_observation(
         loaded: node::loaded_version(node).map(String::from),
         parameters: node::loaded_parameters(node),
         host_managed: node::host_managed(node),
+        passthrough: node::passthrough(node),
         installer,
         installer_failure,
         vacated: node::label(node, labels::UNMANAGED) == Some(p.desired.policy.as_str()),
@@ -343,6 +356,7 @@ pub fn restate(mut obs: Observation, node: &Node, gates: &[String]) -> Observati
     obs.loaded = node::loaded_version(node).map(String::from);
     obs.parameters = node::loaded_parameters(node);
     obs.host_managed = node::host_managed(node);
+    obs.passthrough = node::passthrough(node);
     obs.nothing_loaded = node::reported_nothing_loaded(node);
     obs
 }

@@ -16,6 +16,9 @@ pub const UP_TO_DATE: &str = "UpToDate";
 pub const UPGRADED: &str = "Upgraded";
 /// Done: DKMS manages the module on this host; left alone.
 pub const HOST_MANAGED: &str = "HostManaged";
+/// Done: every Tenstorrent function of the node is bound to vfio-pci (VM
+/// passthrough): tt-kmd serves none of them, so the node is left alone.
+pub const VFIO_PASSTHROUGH: &str = "VfioPassthrough";
 /// Upgrading without a drain: the module version stays, only the pod changes.
 pub const RESTART: &str = "RestartOnly";
 /// Upgrading without a drain: nothing is loaded yet.
@@ -117,6 +120,7 @@ pub const ALL: &[&str] = &[
     UP_TO_DATE,
     UPGRADED,
     HOST_MANAGED,
+    VFIO_PASSTHROUGH,
     RESTART,
     INSTALL,
     CORDON,

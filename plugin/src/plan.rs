@@ -181,6 +181,10 @@ fn without_cycle(node: &Node, observed: &Observation, want: &Desired) -> Option<
             reason::HOST_MANAGED,
             format!("host (DKMS) install{of}; left alone"),
         ),
+        (NodeState::Done, _, Some(reason::VFIO_PASSTHROUGH)) => (
+            reason::VFIO_PASSTHROUGH,
+            "every Tenstorrent function on vfio-pci (VM passthrough); left alone".to_string(),
+        ),
         (NodeState::Done, _, Some(reason::UP_TO_DATE))
         | (NodeState::Upgrading, true, Some(reason::RESTART)) => (
             reason::UP_TO_DATE,
@@ -358,7 +362,10 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             && !is_failed
             && let Some(note) = without_cycle(node, &view.obs, &want)
         {
-            if note.kind == reason::HOST_MANAGED {
+            if matches!(
+                note.kind.as_str(),
+                reason::HOST_MANAGED | reason::VFIO_PASSTHROUGH
+            ) {
                 skipped.push(note);
             } else {
                 without_drain.push(note);

@@ -13,6 +13,7 @@ use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
 use ttdrv_core::drain::{DrainPass, PodRef};
 use ttdrv_core::event::EventReason;
 use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, step};
+use ttdrv_core::reason;
 
 use super::{Evict, PatchNode, ReleaseSlot, ReplaceInstallerPod};
 use crate::context::Context;
@@ -321,6 +322,21 @@ async fn report_transition(
                 EventReason::NodeUpgradeStarted,
                 "Cordon",
                 format!("node {node}: cordoned to upgrade tt-kmd to {}", next.target),
+            );
+        }
+        NodeState::Done
+            if next.reason.as_deref() == Some(reason::VFIO_PASSTHROUGH)
+                && prev.reason != next.reason =>
+        {
+            ctx.event(
+                policy,
+                false,
+                EventReason::NodePassthrough,
+                "Skip",
+                format!(
+                    "node {node}: {}",
+                    next.message.as_deref().unwrap_or(reason::VFIO_PASSTHROUGH)
+                ),
             );
         }
         NodeState::Done if prev.state.is_in_progress() => {

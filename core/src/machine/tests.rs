@@ -6,6 +6,7 @@ use super::*;
 use NodeState::*;
 
 use crate::fixtures::{desired as want, observation as obs};
+use ttdrv_api::vfio::Passthrough;
 
 fn rec(state: NodeState) -> NodeRecord {
     let mut r = NodeRecord::new("fleet", "2.8.0", 900);
@@ -457,6 +458,12 @@ fn safety_properties_over_the_cross_product() {
                                         [("max_devices".to_string(), v.to_string())].into()
                                     }),
                                     host_managed: b(1),
+                                    // Every function on vfio-pci, or some.
+                                    passthrough: match (b(7) && b(6), b(7) && b(0)) {
+                                        (true, _) => Passthrough::All { vfio: 2 },
+                                        (_, true) => Passthrough::Some { vfio: 1, total: 2 },
+                                        _ => Passthrough::None,
+                                    },
                                     installer: installer.clone(),
                                     gates_closed: b(2),
                                     gates_present: b(2) || b(3),
@@ -567,6 +574,11 @@ fn safety_properties_over_the_cross_product() {
                                             !o.host_managed || r.cordoned_by_us(),
                                             "never start on a host-managed node: {ctx}"
                                         );
+                                        assert!(
+                                            !matches!(o.passthrough, Passthrough::All { .. })
+                                                || r.cordoned_by_us(),
+                                            "never start on a node whose functions are all on vfio-pci: {ctx}"
+                                        );
                                     }
                                     if !drain_enabled && r.state == Pending {
                                         assert!(
@@ -623,9 +635,14 @@ fn safety_properties_over_the_cross_product() {
                                         if matches!(r.state, Pending | Upgrading)
                                             && s.record.state == Done
                                         {
-                                            assert_eq!(
-                                                s.record.reason.as_deref(),
-                                                Some(reason::HOST_MANAGED),
+                                            assert!(
+                                                matches!(
+                                                    s.record.reason.as_deref(),
+                                                    Some(
+                                                        reason::HOST_MANAGED
+                                                            | reason::VFIO_PASSTHROUGH
+                                                    )
+                                                ),
                                                 "Done without the parameters in effect: {ctx}"
                                             );
                                         }
@@ -1575,4 +1592,49 @@ fn failures_of_the_pod_kept_from_build_ahead_count_only_after_the_cycle_started(
     // A failure from its build-ahead, already over: not this cycle's.
     let s = step(&up, &failed(500), &prepare_on());
     assert_eq!(s.record.state, Upgrading);
+}
+
+#[test]
+fn a_passthrough_node_is_left_alone_until_a_function_returns_to_tt_kmd() {
+    // Out of date, a slot offered: with every function on vfio-pci there is
+    // nothing to swap for, so no cordon, no drain, no slot.
+    let all = Observation {
+        loaded: Some("2.7.0".into()),
+        passthrough: Passthrough::All { vfio: 4 },
+        ..obs()
+    };
+    let s = step(&rec(Pending), &all, &want());
+    assert_eq!(s.record.state, Done);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::VFIO_PASSTHROUGH));
+    assert!(s.commands.is_empty() && !s.needs_slot, "{:?}", s.commands);
+    assert!(
+        s.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("all 4")),
+        "{:?}",
+        s.record.message
+    );
+    // Stays so while the binder holds every function.
+    let again = step(&s.record, &all, &want());
+    assert_eq!((again.record.state, again.commands.len()), (Done, 0));
+    // A mixed node is upgraded as any other: tt-kmd serves the rest.
+    let some = Observation {
+        passthrough: Passthrough::Some { vfio: 1, total: 4 },
+        ..all.clone()
+    };
+    assert_eq!(run(&rec(Pending), &some, &want()).0, Cordoning);
+    // A function back on tt-kmd: the node needs the target again.
+    // (Back to Pending: it waits for a slot like any other.)
+    let back = step(&s.record, &some, &want());
+    assert_eq!(back.record.state, Pending, "{:?}", back.record);
+    assert_ne!(
+        back.record.reason.as_deref(),
+        Some(reason::VFIO_PASSTHROUGH)
+    );
+    assert_eq!(run(&back.record, &some, &want()).0, Cordoning);
+    // A cordon of ours (a cycle cut short) is still undone by a cycle.
+    let mut ours = rec(Pending);
+    ours.cordon = Cordon::Ours;
+    assert_ne!(step(&ours, &all, &want()).record.state, Done);
 }
