@@ -145,23 +145,29 @@ chart's first form of the pull policy. */}}
 {{- include "ttdm.image" (dict "image" (include "ttdm.controller.imageDict" . | fromYaml) "appVersion" .Chart.AppVersion) }}
 {{- end }}
 
-{{/* The installer (agent) image as a dict, "replaced" as above. A Go-era
-values file names the Go builder image
-(ghcr.io/tenstorrent/tt-k8s-driver-manager-builder), which does not speak to
-this controller: that repository (and its tag) is replaced by this chart's
-agent image. */}}
-{{- define "ttdm.installer.imageDict" -}}
-{{- $img := include "ttdm.imageDict" (dict "image" .Values.driver.image) | fromYaml }}
+{{/* An image as a dict, a Go project image replaced: when its repository is
+`go` (the Go chart's image for that component, which does not speak to this
+chart's programs), it becomes `ours` at the chart's appVersion, "replaced"
+naming the Go image ("" when nothing was replaced). Arguments: image, go, ours. */}}
+{{- define "ttdm.replacedImageDict" -}}
+{{- $img := include "ttdm.imageDict" (dict "image" .image) | fromYaml }}
 {{- $repo := trimSuffix "/" (toString $img.repository) }}
 {{- $replaced := "" }}
-{{- if eq $repo "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder" }}
+{{- if eq $repo .go }}
 {{- $replaced = (empty $img.tag) | ternary $repo (printf "%s:%s" $repo (toString $img.tag)) }}
-{{- $_ := set $img "repository" "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent" }}
+{{- $_ := set $img "repository" .ours }}
 {{- $_ := set $img "tag" "" }}
 {{- $_ := set $img "digest" "" }}
 {{- end }}
 {{- $_ := set $img "replaced" $replaced }}
 {{- toYaml $img }}
+{{- end }}
+
+{{/* The installer (agent) image as a dict. A Go-era values file names the Go
+builder image (ghcr.io/tenstorrent/tt-k8s-driver-manager-builder): replaced by
+this chart's agent image. */}}
+{{- define "ttdm.installer.imageDict" -}}
+{{- include "ttdm.replacedImageDict" (dict "image" .Values.driver.image "go" "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder" "ours" "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent") }}
 {{- end }}
 
 {{- define "ttdm.installer.image" -}}
@@ -283,4 +289,27 @@ VERSION=COMMIT,... list, sorted by version key.
 {{- $out = append $out (printf "%s=%s" $v $c) }}
 {{- end }}
 {{- join "," $out }}
+{{- end }}
+
+{{/* The VFIO binder's objects: <fullname>-vfio, as the Go chart names them. */}}
+{{- define "ttdm.vfio.name" -}}
+{{- printf "%s-vfio" (include "ttdm.fullname" .) }}
+{{- end }}
+
+{{/* Selector of the VFIO binder's pods: the Go chart's, since a DaemonSet's
+selector is immutable and `helm upgrade` from the Go chart keeps the object. */}}
+{{- define "ttdm.vfio.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ttdm.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: vfio-manage
+{{- end }}
+
+{{/* The binder image; the Go chart's vfio-manage image (which does not take
+this chart's flags) is replaced by ours. */}}
+{{- define "ttdm.vfio.imageDict" -}}
+{{- include "ttdm.replacedImageDict" (dict "image" .Values.vfioManager.image "go" "ghcr.io/tenstorrent/tt-k8s-driver-manager-vfio" "ours" "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/vfio") }}
+{{- end }}
+
+{{- define "ttdm.vfio.image" -}}
+{{- include "ttdm.image" (dict "image" (include "ttdm.vfio.imageDict" . | fromYaml) "appVersion" .Chart.AppVersion) }}
 {{- end }}
