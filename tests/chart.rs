@@ -917,6 +917,92 @@ fn go_chart_values_render_with_the_go_meaning() {
     );
     c.check(udep["spec"]["replicas"] == 1, "upstream: one replica");
 
+    // vfioManager: the Go chart's objects, names, selector and arguments,
+    // with our binder image, identity and node report.
+    let vfio = format!("{FULL}-vfio");
+    let ds = c.one(&gv, "DaemonSet", &[("name", &vfio)]);
+    c.check(
+        ds["spec"]["selector"]["matchLabels"]
+            == json!({"app.kubernetes.io/name": FULL, "app.kubernetes.io/instance": FULL,
+                      "app.kubernetes.io/component": "vfio-manage"}),
+        format!(
+            "the Go chart's (immutable) vfio selector: {}",
+            ds["spec"]["selector"]
+        ),
+    );
+    let vpod = &ds["spec"]["template"]["spec"];
+    let vctr = &vpod["containers"][0];
+    c.check(
+        vctr["image"] == "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/vfio:0.1.0",
+        format!(
+            "the Go vfio-manage image is replaced by ours: {}",
+            vctr["image"]
+        ),
+    );
+    for arg in [
+        "--config=/etc/tt-vfio/config.yaml",
+        "--bind-interval=60s",
+        "--restore-on-exit",
+        "--hotplug-stub-driver=tenstorrent-simple",
+        "--dma-entry-limit=524288",
+        "--metrics-addr=:9402",
+        "--state-dir=/var/lib/tt-vfio",
+        "--verbose",
+    ] {
+        c.check(
+            has_arg(vctr, arg),
+            format!("vfio-manage arg {arg}: {}", vctr["args"]),
+        );
+    }
+    c.check(
+        !has_arg(vctr, "--noiommu"),
+        "no-IOMMU mode is off unless asked",
+    );
+    c.check(
+        vpod["serviceAccountName"] == vfio.as_str()
+            && vpod["nodeSelector"] == json!({"tenstorrent.com/vfio": "true"})
+            && vpod["initContainers"][0]["name"] == "hotplug-stub"
+            && vctr["ports"][0]["containerPort"] == 9402,
+        format!("vfio pod: {vpod}"),
+    );
+    c.check(
+        env_of(vctr)
+            .get("NODE_NAME")
+            .map(|e| &e["valueFrom"]["fieldRef"]["fieldPath"])
+            == Some(&json!("spec.nodeName")),
+        "NODE_NAME from the downward API",
+    );
+    let cm = c.one(&gv, "ConfigMap", &[("name", &vfio)]);
+    let cfg: Value = serde_yaml::from_str(cm["data"]["config.yaml"].as_str().unwrap_or_default())
+        .unwrap_or_default();
+    c.check(
+        cfg == json!({"devices": [{"resourceName": "tenstorrent.com/wormhole", "vendorId": "1e52",
+                                   "deviceId": ["401e"], "locality": "individual"}]}),
+        format!("vfio config.yaml: {cfg}"),
+    );
+    let role = c.one(&gv, "ClusterRole", &[("name", &vfio)]);
+    c.check(
+        rules(role) == expect(&[("", "nodes", &["get", "patch"])]),
+        format!("the binder may get and patch nodes only: {role}"),
+    );
+    let vap = c.one(
+        &gv,
+        "ValidatingAdmissionPolicy",
+        &[("name", &format!("{vfio}-node-patch"))],
+    );
+    let vap_text = vap.to_string();
+    c.check(
+        vap_text.contains(&format!(
+            "system:serviceaccount:tt-k8s-driver-manager-system:{vfio}"
+        )) && vap_text.contains("['vfio.tenstorrent.com/board-types']")
+            && vap_text.contains("['vfio.tenstorrent.com/pci-functions']"),
+        format!("the binder's node-patch policy: {vap_text}"),
+    );
+    c.check(
+        !up.iter().any(|d| d["metadata"]["name"] == vfio.as_str()),
+        "upstream: vfioManager.enabled false renders no vfio object",
+    );
+
     // NOTES: what was replaced, and what is not done and what to do.
     let (n, un, dn) = (notes("go-values"), notes("go-upstream"), notes("default"));
     for (what, text) in [
@@ -933,7 +1019,14 @@ fn go_chart_values_render_with_the_go_meaning() {
             "tools",
             "tools.image (the Go per-node tools image) is not used",
         ),
-        ("vfioManager", "vfioManager.enabled=true is NOT honoured"),
+        (
+            "vfio image",
+            "vfioManager.image names the Go vfio-manage image (ghcr.io/tenstorrent/tt-k8s-driver-manager-vfio:v0.4.2): replaced",
+        ),
+        (
+            "vfio section",
+            "VFIO passthrough: DaemonSet tt-k8s-driver-manager-vfio binds 1 device group(s)",
+        ),
     ] {
         c.check(
             n.contains(text),
@@ -942,7 +1035,7 @@ fn go_chart_values_render_with_the_go_meaning() {
     }
     c.check(
         un.contains("flasher is NOT honoured")
-            && un.contains("vfioManager is ignored")
+            && !un.contains("vfio")
             && un.contains("controller.image is a Go operator controller image or release tag (ghcr.io/tenstorrent/tt-k8s-driver-manager)"),
         format!("upstream NOTES: {un}"),
     );

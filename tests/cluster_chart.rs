@@ -1,7 +1,8 @@
 //! The Helm chart against the real API server, installed as a user would: the
-//! rendered chart passes server-side validation; its agent
-//! ValidatingAdmissionPolicy lets an agent change only the driver labels of
-//! its own node, and its CRD upgrade hook may bring back an older release's
+//! rendered chart passes server-side validation; its node-patch
+//! ValidatingAdmissionPolicies let an agent change only the driver labels of
+//! its own node and the VFIO binder only its report there, and its CRD
+//! upgrade hook may bring back an older release's
 //! CRD and do nothing else. Both are checked by impersonating their
 //! ServiceAccounts with kubectl. (The static checks of the chart: tests/chart.rs
 //! over the renders of hack/test-chart.sh.)
@@ -31,8 +32,17 @@ fn kubectl<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Command {
 /// kubectl as the agent's ServiceAccount, with the node claim its projected
 /// token carries (`None`: a token without one).
 fn as_agent(node: Option<&str>, args: &[&str]) -> Command {
+    as_account("agent", node, args)
+}
+
+/// kubectl as the VFIO binder's ServiceAccount, as [`as_agent`].
+fn as_binder(node: Option<&str>, args: &[&str]) -> Command {
+    as_account("vfio", node, args)
+}
+
+fn as_account(account: &str, node: Option<&str>, args: &[&str]) -> Command {
     let mut c = kubectl(&[format!(
-        "--as=system:serviceaccount:{RELEASE}:{RELEASE}-agent"
+        "--as=system:serviceaccount:{RELEASE}:{RELEASE}-{account}"
     )]);
     if let Some(n) = node {
         c.arg(format!(
@@ -122,7 +132,22 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {RELEASE}\n"
         )),
     );
-    let manifest = helm_template(&kv, &["--skip-tests"]);
+    let manifest = helm_template(
+        &kv,
+        &[
+            "--skip-tests",
+            "--set",
+            "vfioManager.enabled=true",
+            "--set",
+            "vfioManager.hotplugStub.enabled=true",
+            "--set",
+            "vfioManager.devices[0].resourceName=tenstorrent.com/wormhole-vfio",
+            "--set-string",
+            "vfioManager.devices[0].vendorId=1e52",
+            "--set-string",
+            "vfioManager.devices[0].deviceId[0]=401e",
+        ],
+    );
     let crds = format!("{CHART}/crds/");
     run(
         &mut kubectl(&["apply", "--dry-run=server", "-f", &crds]),
@@ -147,6 +172,11 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
             &format!("fullnameOverride={RELEASE}"),
             "--set",
             "controller.replicas=0",
+            // The binder's identity and policy, and no binder pod anywhere.
+            "--set",
+            "vfioManager.enabled=true",
+            "--set",
+            "vfioManager.nodeSelector.ttdrv-chart-test=none",
             "--wait=false",
         ]),
         None,
@@ -427,6 +457,97 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
         (
             "agent may not delete nodes (RBAC)",
             as_agent(a, &["delete", "node", NODE_A, "--wait=false"]),
+            Refused("forbidden"),
+        ),
+        (
+            "binder reports its node's functions and boards",
+            as_binder(
+                a,
+                &[
+                    "annotate",
+                    "node",
+                    NODE_A,
+                    r#"vfio.tenstorrent.com/pci-functions={"bootId":"b","drivers":{"vfio-pci":2}}"#,
+                    "--overwrite",
+                ],
+            ),
+            Allowed,
+        ),
+        (
+            "binder labels its node's board kinds",
+            as_binder(
+                a,
+                &[
+                    "label",
+                    "node",
+                    NODE_A,
+                    "vfio.tenstorrent.com/board-types=n150.n300",
+                    "--overwrite",
+                ],
+            ),
+            Allowed,
+        ),
+        (
+            "binder reports on another node",
+            as_binder(
+                a,
+                &[
+                    "annotate",
+                    "node",
+                    NODE_B,
+                    r#"vfio.tenstorrent.com/pci-functions={"bootId":"b","drivers":{}}"#,
+                    "--overwrite",
+                ],
+            ),
+            Refused(not_b),
+        ),
+        (
+            "binder sets a driver label",
+            as_binder(
+                a,
+                &[
+                    "label",
+                    "node",
+                    NODE_A,
+                    "driver.tenstorrent.com/kmd-version=2.9.0",
+                    "--overwrite",
+                ],
+            ),
+            Refused(only_labels),
+        ),
+        (
+            "binder writes the go-ahead",
+            as_binder(
+                a,
+                &[
+                    "annotate",
+                    "node",
+                    NODE_A,
+                    r#"driver.tenstorrent.com/go-ahead={"policy":"p"}"#,
+                    "--overwrite",
+                ],
+            ),
+            Refused("may not change node annotations"),
+        ),
+        (
+            "binder cordons its node",
+            as_binder(
+                a,
+                &[
+                    "patch",
+                    "node",
+                    NODE_A,
+                    "--type",
+                    "merge",
+                    "-p",
+                    r#"{"spec":{"unschedulable":true}}"#,
+                ],
+            ),
+            Refused(spec),
+        ),
+        (
+            "binder may not delete nodes (RBAC)",
+            as_binder(a, &["delete", "node", NODE_A, "--wait=false"]),
             Refused("forbidden"),
         ),
         (
