@@ -206,39 +206,43 @@ impl HostDir {
         Ok(cur)
     }
 
-    /// The file `name` in this directory, opened read-only without following
-    /// a link or blocking, if it is a regular file.
-    pub fn open_file(&self, name: &str) -> FsResult<std::fs::File> {
+    /// `name` opened with `flags` (and never through a link) if it is a
+    /// regular file. Looked at before opening too: opening a device node can
+    /// itself act (a driver's open), and a FIFO must not be waited on.
+    fn open_regular(&self, name: &str, flags: OFlags) -> FsResult<OwnedFd> {
         let whole = self.child(name.as_ref());
-        // Look before opening: opening a device node can itself act (a
-        // driver's open), and a FIFO must not be waited on.
+        let regular = |t: FileType| {
+            if t == FileType::RegularFile {
+                return Ok(());
+            }
+            Err(HostFsError::NotRegular {
+                path: whole.display().to_string(),
+                kind: kind_name(t),
+            })
+        };
         if let Some(st) = self.stat(name)? {
             let t = FileType::from_raw_mode(st.st_mode);
             if t == FileType::Symlink {
                 return Err(self.refusal(name.as_ref(), &whole, "opening", Errno::LOOP));
             }
-            if t != FileType::RegularFile {
-                return Err(HostFsError::NotRegular {
-                    path: whole.display().to_string(),
-                    kind: kind_name(t),
-                });
-            }
+            regular(t)?;
         }
         let fd = rustix::fs::openat(
             &self.fd,
             name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            flags | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .map_err(|e| self.refusal(name.as_ref(), &whole, "opening", e))?;
         let st = rustix::fs::fstat(&fd).map_err(|e| io_err("inspecting", &whole, e))?;
-        let t = FileType::from_raw_mode(st.st_mode);
-        if t != FileType::RegularFile {
-            return Err(HostFsError::NotRegular {
-                path: whole.display().to_string(),
-                kind: kind_name(t),
-            });
-        }
+        regular(FileType::from_raw_mode(st.st_mode))?;
+        Ok(fd)
+    }
+
+    /// The file `name` in this directory, opened read-only without following
+    /// a link or blocking, if it is a regular file.
+    pub fn open_file(&self, name: &str) -> FsResult<std::fs::File> {
+        let fd = self.open_regular(name, OFlags::RDONLY | OFlags::NONBLOCK)?;
         Ok(std::fs::File::from(fd))
     }
 
@@ -261,29 +265,10 @@ impl HostDir {
     /// attribute takes its whole value from one call): opened write-only
     /// without following a link, never created; truncated as shell
     /// redirection does, which sysfs ignores and which leaves only the last
-    /// value in a planted tree. Anything but a regular file is refused before
-    /// it is opened (opening a device node can itself act).
+    /// value in a planted tree. Anything but a regular file is refused.
     pub fn write_existing(&self, name: &str, content: &[u8]) -> FsResult<()> {
+        let fd = self.open_regular(name, OFlags::WRONLY | OFlags::TRUNC)?;
         let whole = self.child(name.as_ref());
-        if let Some(st) = self.stat(name)? {
-            let t = FileType::from_raw_mode(st.st_mode);
-            if t == FileType::Symlink {
-                return Err(self.refusal(name.as_ref(), &whole, "writing", Errno::LOOP));
-            }
-            if t != FileType::RegularFile {
-                return Err(HostFsError::NotRegular {
-                    path: whole.display().to_string(),
-                    kind: kind_name(t),
-                });
-            }
-        }
-        let fd = rustix::fs::openat(
-            &self.fd,
-            name,
-            OFlags::WRONLY | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| self.refusal(name.as_ref(), &whole, "opening", e))?;
         let n = rustix::io::write(&fd, content).map_err(|e| io_err("writing", &whole, e))?;
         if n != content.len() {
             return Err(io_err("writing", &whole, Errno::IO));
