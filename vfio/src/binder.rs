@@ -34,12 +34,6 @@ pub struct PassOutcome {
     pub board_types: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RestoreOutcome {
-    pub restored: Vec<String>,
-    pub errors: u32,
-}
-
 pub struct Binder {
     sysfs: Sysfs,
     config: Config,
@@ -149,7 +143,7 @@ impl Binder {
         let mut kinds = Vec::new();
         self.metrics.device_info.reset();
         for f in now {
-            let Some(resource) = self.config.resource_of(f.vendor, f.device) else {
+            let Some(resource) = self.config.resource_of(f.ids.vendor, f.ids.device) else {
                 continue;
             };
             let id = plan::identity(f, self.state.functions.get(&f.bdf));
@@ -296,4 +290,11 @@ impl Binder {
         self.sysfs.write(DRIVERS_PROBE, bdf)?;
         Ok("drivers_probe".to_string())
     }
+}
+
+/// What a restore put back, and how many functions it could not.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreOutcome {
+    pub restored: Vec<String>,
+    pub errors: u32,
 }

@@ -199,38 +199,39 @@ mod tests {
     #[test]
     fn invalid_fields_are_named_with_their_index() {
         let ok = "  vendorId: \"1e52\"\n  deviceId: [\"401e\"]\n";
-        let e = err(&format!(
-            "devices:\n- resourceName: Tenstorrent.com/x\n{ok}"
-        ));
-        assert!(
-            e.contains("devices[0].resourceName") && e.contains("Tenstorrent.com/x"),
-            "{e}"
-        );
-        let e = err(&format!("devices:\n- resourceName: tenstorrent.com\n{ok}"));
-        assert!(e.contains("devices[0].resourceName"), "{e}");
-        let e = err(&format!(
-            "devices:\n- resourceName: a/b\n{ok}- resourceName: a/c\n  vendorId: \"0x1e52\"\n  deviceId: [\"401e\"]\n"
-        ));
-        assert!(
-            e.contains("devices[1].vendorId") && e.contains("4 hex digits"),
-            "{e}"
-        );
-        let e = err(
-            "devices:\n- resourceName: a/b\n  vendorId: \"1e52\"\n  deviceId: [\"401e\", \"40g1\"]\n",
-        );
-        assert!(
-            e.contains("devices[0].deviceId[1]") && e.contains("40g1"),
-            "{e}"
-        );
-        let e = err("devices:\n- resourceName: a/b\n  vendorId: \"1e52\"\n");
-        assert!(e.contains("devices[0].deviceId: is empty"), "{e}");
-        let e = err(&format!(
-            "devices:\n- resourceName: a/b\n{ok}  locality: rack\n"
-        ));
-        assert!(
-            e.contains("devices[0].locality") && e.contains("rack"),
-            "{e}"
-        );
+        let cases = [
+            (
+                format!("- resourceName: Tenstorrent.com/x\n{ok}"),
+                ["devices[0].resourceName", "Tenstorrent.com/x"],
+            ),
+            (
+                format!("- resourceName: tenstorrent.com\n{ok}"),
+                ["devices[0].resourceName", "must match"],
+            ),
+            (
+                format!(
+                    "- resourceName: a/b\n{ok}- resourceName: a/c\n  vendorId: \"0x1e52\"\n  deviceId: [\"401e\"]\n"
+                ),
+                ["devices[1].vendorId", "4 hex digits"],
+            ),
+            (
+                "- resourceName: a/b\n  vendorId: \"1e52\"\n  deviceId: [\"401e\", \"40g1\"]\n"
+                    .to_string(),
+                ["devices[0].deviceId[1]", "40g1"],
+            ),
+            (
+                "- resourceName: a/b\n  vendorId: \"1e52\"\n".to_string(),
+                ["devices[0].deviceId", "is empty"],
+            ),
+            (
+                format!("- resourceName: a/b\n{ok}  locality: rack\n"),
+                ["devices[0].locality", "rack"],
+            ),
+        ];
+        for (devices, wants) in cases {
+            let e = err(&format!("devices:\n{devices}"));
+            assert!(wants.iter().all(|w| e.contains(w)), "{wants:?} in {e}");
+        }
         assert!(err("devices: 3").contains("parsing config"));
     }
 }

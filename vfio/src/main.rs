@@ -20,12 +20,9 @@ use ttdrv_vfio::state::StateStore;
 use ttdrv_vfio::sysfs::{DMA_ENTRY_LIMIT, Sysfs};
 use ttdrv_vfio::{Result, VfioError};
 
+/// Binds Tenstorrent PCI functions to vfio-pci for VM passthrough.
 #[derive(Debug, Parser)]
-#[command(
-    name = "ttdrv-vfio-manage",
-    version,
-    about = "Binds Tenstorrent PCI functions to vfio-pci for VM passthrough"
-)]
+#[command(name = "ttdrv-vfio-manage", version)]
 struct Cli {
     /// The device list (YAML: devices: [{resourceName, vendorId, deviceId: [..], locality}]).
     #[arg(long, default_value = "/etc/tt-vfio/config.yaml")]
@@ -107,17 +104,20 @@ fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     Duration::try_from_secs_f64(total).map_err(|_| bad())
 }
 
+/// Logs on stderr at `info` unless RUST_LOG says otherwise (a directive it
+/// cannot read is skipped, not fatal); JSON lines with --log-json.
 fn init_logs(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
+    use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+    let filter = EnvFilter::builder()
+        .with_default_directive(LevelFilter::INFO.into())
+        .from_env_lossy();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
+        .with_ansi(ansi);
+    match json {
+        true => logs.json().with_writer(std::io::stderr).init(),
+        false => logs.with_writer(std::io::stderr).init(),
     }
 }
 

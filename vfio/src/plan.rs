@@ -8,19 +8,28 @@ use ttdrv_api::vfio::{self, NO_DRIVER, PciFunctions, TT_VENDOR_ID, VFIO_PCI_DRIV
 use crate::config::Config;
 use crate::state::{Entry, State};
 
-/// A PCI function as sysfs shows it.
+/// A PCI function as sysfs shows it: its IDs, the driver bound (None when
+/// unbound), whether it has an `iommu_group` link (vfio-pci can take it with
+/// the IOMMU on), and tt-kmd's telemetry (`tt_card_type`, `tt_serial`),
+/// readable only while tt-kmd drives it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Function {
     pub bdf: String,
+    pub ids: PciIds,
+    pub driver: Option<String>,
+    pub iommu_group: bool,
+    pub telemetry: Telemetry,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PciIds {
     pub vendor: u16,
     pub device: u16,
     pub subsystem_device: Option<u16>,
-    /// The bound driver's name, None when unbound.
-    pub driver: Option<String>,
-    /// It has an `iommu_group` link: vfio-pci can take it with the IOMMU on.
-    pub iommu_group: bool,
-    /// tt-kmd's telemetry (`tt_card_type`, `tt_serial`), readable only while
-    /// tt-kmd drives the function.
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Telemetry {
     pub card_type: Option<String>,
     pub serial: Option<String>,
 }
@@ -60,7 +69,7 @@ pub fn plan(functions: &[Function], config: &Config, iommu: Iommu) -> Vec<Action
     let mut noiommu_on = iommu.noiommu_on;
     let mut out = Vec::new();
     for f in functions {
-        let Some(resource) = config.resource_of(f.vendor, f.device) else {
+        let Some(resource) = config.resource_of(f.ids.vendor, f.ids.device) else {
             continue;
         };
         if f.on_vfio() {
@@ -104,6 +113,7 @@ pub const UNKNOWN_BOARD: &str = "unknown";
 /// `unknown`; the serial from telemetry or the record.
 pub fn identity(f: &Function, recorded: Option<&Entry>) -> Identity {
     let from_telemetry = f
+        .telemetry
         .card_type
         .as_deref()
         .map(sanitize_board)
@@ -112,6 +122,7 @@ pub fn identity(f: &Function, recorded: Option<&Entry>) -> Identity {
         .map(|e| e.board_type.clone())
         .filter(|t| t != UNKNOWN_BOARD);
     let board_type = f
+        .ids
         .subsystem_device
         .and_then(vfio::board_type)
         .map(str::to_string)
@@ -119,6 +130,7 @@ pub fn identity(f: &Function, recorded: Option<&Entry>) -> Identity {
         .or(from_record)
         .unwrap_or_else(|| UNKNOWN_BOARD.to_string());
     let serial = f
+        .telemetry
         .serial
         .clone()
         .filter(|s| !s.is_empty())
@@ -209,13 +221,13 @@ pub fn after_pass(functions: &[Function], bound: &BTreeSet<String>) -> Vec<Funct
 pub fn report(functions: &[Function], config: &Config, boot_id: &str) -> PciFunctions {
     let mut drivers = BTreeMap::new();
     let mut vfio_resources = BTreeSet::new();
-    for f in functions.iter().filter(|f| f.vendor == TT_VENDOR_ID) {
+    for f in functions.iter().filter(|f| f.ids.vendor == TT_VENDOR_ID) {
         *drivers
             .entry(f.driver.clone().unwrap_or_else(|| NO_DRIVER.to_string()))
             .or_insert(0) += 1;
     }
     for f in functions.iter().filter(|f| f.on_vfio()) {
-        if let Some(r) = config.resource_of(f.vendor, f.device) {
+        if let Some(r) = config.resource_of(f.ids.vendor, f.ids.device) {
             vfio_resources.insert(r.to_string());
         }
     }
@@ -257,9 +269,11 @@ mod tests {
     fn f(bdf: &str, device: u16, driver: Option<&str>) -> Function {
         Function {
             bdf: bdf.into(),
-            vendor: TT_VENDOR_ID,
-            device,
-            subsystem_device: Some(0x0018),
+            ids: PciIds {
+                vendor: TT_VENDOR_ID,
+                device,
+                subsystem_device: Some(0x0018),
+            },
             driver: driver.map(str::to_string),
             iommu_group: true,
             ..Default::default()
@@ -348,7 +362,7 @@ mod tests {
     #[test]
     fn identity_falls_back_from_subsystem_to_telemetry_to_record() {
         let mut x = f("0000:01:00.0", 0x401e, Some("tenstorrent"));
-        x.serial = Some("S1".into());
+        x.telemetry.serial = Some("S1".into());
         assert_eq!(
             identity(&x, None),
             Identity {
@@ -356,12 +370,12 @@ mod tests {
                 serial: Some("S1".into())
             }
         );
-        x.subsystem_device = Some(0x1234);
-        x.card_type = Some(" N300 \n".into());
+        x.ids.subsystem_device = Some(0x1234);
+        x.telemetry.card_type = Some(" N300 \n".into());
         assert_eq!(identity(&x, None).board_type, "n300");
         // On vfio-pci: no telemetry; the record remembers.
-        x.card_type = None;
-        x.serial = None;
+        x.telemetry.card_type = None;
+        x.telemetry.serial = None;
         let e = Entry {
             original_driver: None,
             board_type: "n300".into(),
@@ -381,7 +395,7 @@ mod tests {
                 serial: None
             }
         );
-        x.card_type = Some("unknown".into());
+        x.telemetry.card_type = Some("unknown".into());
         assert_eq!(identity(&x, None).board_type, "unknown");
     }
 
@@ -422,7 +436,7 @@ mod tests {
     #[test]
     fn the_report_counts_every_tenstorrent_function_by_driver() {
         let mut other = f("0000:05:00.0", 0x401e, Some("e1000"));
-        other.vendor = 0x8086;
+        other.ids.vendor = 0x8086;
         let fs = [
             f("0000:01:00.0", 0x401e, Some("tenstorrent")),
             f("0000:02:00.0", 0x401e, None),

@@ -13,7 +13,7 @@ use ttdrv_agent::HostRoot;
 use ttdrv_agent::hostfs::{HostDir, HostFsError, SMALL_FILE_MAX};
 
 use crate::error::{Result, VfioError};
-use crate::plan::Function;
+use crate::plan::{Function, PciIds, Telemetry};
 
 pub const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 pub const PCI_DRIVERS: &str = "/sys/bus/pci/drivers";
@@ -151,17 +151,20 @@ impl Sysfs {
         let iommu_group = dir.stat("iommu_group")?.is_some();
         let mut f = Function {
             bdf: bdf.to_string(),
-            vendor,
-            device,
-            subsystem_device: attr("subsystem_device")?.as_deref().and_then(parse_hex),
+            ids: PciIds {
+                vendor,
+                device,
+                subsystem_device: attr("subsystem_device")?.as_deref().and_then(parse_hex),
+            },
             driver,
             iommu_group,
-            card_type: None,
-            serial: None,
+            telemetry: Telemetry::default(),
         };
         if vendor == ttdrv_api::vfio::TT_VENDOR_ID {
-            f.card_type = telemetry(&dir, "tt_card_type");
-            f.serial = telemetry(&dir, "tt_serial");
+            f.telemetry = Telemetry {
+                card_type: telemetry(&dir, "tt_card_type"),
+                serial: telemetry(&dir, "tt_serial"),
+            };
         }
         Ok(Some(f))
     }

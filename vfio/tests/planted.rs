@@ -130,6 +130,17 @@ impl Host {
         .expect("binder")
     }
 
+    /// A binder whose first pass moved A from tenstorrent to vfio-pci (the
+    /// kernel's part played), the writes of that pass cleared.
+    fn bound(&self) -> Binder {
+        self.function(A, 0x0018, Some("tenstorrent"), true);
+        let mut b = self.binder(Options::default());
+        assert_eq!(b.pass().expect("first pass").bound, vec![A.to_string()]);
+        self.set_driver(A, Some("vfio-pci"));
+        self.clear_writes();
+        b
+    }
+
     fn override_of(&self, bdf: &str) -> String {
         self.read(&format!("{}/driver_override", Self::dev(bdf)))
     }
@@ -167,11 +178,7 @@ fn a_function_on_tt_kmd_is_moved_to_vfio_pci_and_reported() {
 #[test]
 fn a_second_pass_over_bound_functions_writes_nothing() {
     let h = Host::new();
-    h.function(A, 0x0018, Some("tenstorrent"), true);
-    let mut b = h.binder(Options::default());
-    b.pass().expect("first");
-    h.set_driver(A, Some("vfio-pci"));
-    h.clear_writes();
+    let mut b = h.bound();
     let out = b.pass().expect("second");
     assert!(out.bound.is_empty() && out.errors == 0);
     assert_eq!(out.on_vfio, 1);
@@ -183,12 +190,8 @@ fn a_second_pass_over_bound_functions_writes_nothing() {
 #[test]
 fn restore_puts_recorded_functions_back_and_leaves_the_others() {
     let h = Host::new();
-    h.function(A, 0x0018, Some("tenstorrent"), true);
     h.function(B, 0x0014, Some("vfio-pci"), true); // on vfio-pci before the binder
-    let mut b = h.binder(Options::default());
-    assert_eq!(b.pass().expect("pass").bound, vec![A.to_string()]);
-    h.set_driver(A, Some("vfio-pci"));
-    h.clear_writes();
+    let mut b = h.bound();
     let r = b.restore().expect("restore");
     assert_eq!((r.restored, r.errors), (vec![A.to_string()], 0));
     assert_eq!(
@@ -210,10 +213,7 @@ fn restore_puts_recorded_functions_back_and_leaves_the_others() {
 #[test]
 fn restore_lets_the_kernel_probe_when_the_original_driver_is_gone() {
     let h = Host::new();
-    h.function(A, 0x0018, Some("tenstorrent"), true);
-    let mut b = h.binder(Options::default());
-    b.pass().expect("pass");
-    h.set_driver(A, Some("vfio-pci"));
+    let mut b = h.bound();
     fs::remove_dir_all(h.path("sys/bus/pci/drivers/tenstorrent")).expect("unload tt-kmd");
     assert_eq!(b.restore().expect("restore").errors, 0);
     assert_eq!(h.read("sys/bus/pci/drivers_probe"), A);
