@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# `make images`: the controller, agent and pause images as image archives
+# `make images`: the controller, agent, vfio and pause images as image archives
 # (`docker save` layout, read by `ctr images import` and `docker load`), built
 # without a registry or a container engine:
 #
 #   base layer   the Debian packages of hack/images/packages.txt for the
 #                Dockerfile's base image, bootstrapped with mmdebstrap from the
-#                Debian mirror this machine's apt uses (agent: minbase +
+#                Debian mirror this machine's apt uses (agent, vfio: minbase +
 #                packages, like debian:bookworm-slim + apt-get install;
 #                controller: the packages distroless/static-debian12 is made of,
 #                unpacked, plus its passwd/group, /home/nonroot, /tmp, CA bundle)
@@ -59,9 +59,10 @@ t0=$(date +%s.%N)
 cargo_profile=()
 [ "$profile" = release ] && cargo_profile=(--release)
 CARGO_TARGET_DIR="$target_dir" cargo build -q --locked "${cargo_profile[@]}" --target "$musl" \
-  -p ttdrv-controller --bin ttdrv-controller -p ttdrv-agent --bin ttdrv-agent >&2
+  -p ttdrv-controller --bin ttdrv-controller -p ttdrv-agent --bin ttdrv-agent \
+  -p ttdrv-vfio --bin ttdrv-vfio-manage >&2
 bindir="$target_dir/$musl/$profile"
-for b in ttdrv-controller ttdrv-agent; do
+for b in ttdrv-controller ttdrv-agent ttdrv-vfio-manage; do
   if readelf -d "$bindir/$b" 2>/dev/null | grep -q '(NEEDED)'; then die "$bindir/$b is not statically linked"; fi
 done
 pause_bin="$cache/work/pause"
@@ -163,5 +164,6 @@ pause_image() {
 
 image controller Dockerfile
 image agent agent/Dockerfile
+image vfio vfio/Dockerfile
 pause_image
 log "done"

@@ -2,16 +2,18 @@
 # Checks that the Dockerfiles, the package list and the images of `make images`
 # agree (a stage of `make test`, before the real-node test uses the images):
 #
-#  1. agent/Dockerfile's final stage installs its packages from
-#     hack/images/packages.txt (`agent:` line) and names no package itself;
+#  1. agent/ and vfio/Dockerfile's final stages install their packages from
+#     hack/images/packages.txt (`agent:`, `vfio:`) and name no package itself;
 #     the controller Dockerfile's base is the one `controller:` describes
 #  2. hack/images.sh builds the archives (cached: seconds when nothing changed)
 #  3. each archive's config equals the Dockerfile's final stage (ENTRYPOINT,
 #     CMD, ENV, USER, EXPOSE over the base image's own), the files it copies
 #     from its build stages are there, executable and static
-#  4. the agent image's dpkg database holds every listed package, installed;
-#     the controller image holds the listed packages' files, the distroless
-#     users (nonroot 65532), /tmp, the CA bundle, and no shell
+#  4. the agent and vfio images' dpkg databases hold every listed package,
+#     installed, and the binder runs (--help) in the vfio image's root, as
+#     does its modprobe; the controller image holds the listed packages'
+#     files, the distroless users (nonroot 65532), /tmp, the CA bundle, and
+#     no shell
 #  5. the check of 1 refuses a Dockerfile that lists packages of its own
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,7 +23,7 @@ images=$(mktemp)
 trap 'rm -f "$images"' EXIT
 bash hack/images.sh >"$images"
 python3 - "$images" <<'PY'
-import io, json, os, re, sys, tarfile, tempfile
+import io, json, os, re, subprocess, sys, tarfile, tempfile
 sys.path.insert(0, "hack/images")
 import dockerfile as df
 
@@ -50,6 +52,7 @@ def installs_from_list(path, image):
 
 # 1
 errors += installs_from_list("agent/Dockerfile", "agent")
+errors += installs_from_list("vfio/Dockerfile", "vfio")
 ctl = df.final_stage("Dockerfile")
 check(ctl["base"]["variant"] == "extract" and ctl["from"].startswith("gcr.io/distroless/static-debian12"),
       f"Dockerfile: base {ctl['from']} is not the distroless image hack/images/packages.txt's controller: line describes")
@@ -81,7 +84,19 @@ def read(files, path):
     lt, m = files[path]
     return lt.extractfile(m).read()
 
-for image, dockerfile in (("controller", "Dockerfile"), ("agent", "agent/Dockerfile")):
+def run_in_root(files, *cmd):
+    """cmd's output, run chrooted into the image's files (device nodes left out)."""
+    with tempfile.TemporaryDirectory() as d:
+        for lt, m in files.values():
+            if not m.isdev():
+                lt.extract(m, d, filter="tar")
+        userns = [] if os.geteuid() == 0 else ["unshare", "--user", "--map-root-user"]
+        r = subprocess.run(userns + ["chroot", d, *cmd], capture_output=True, text=True)
+        return r.stdout + r.stderr
+
+TOOLS = {"agent": ("usr/bin/git", "usr/bin/make", "usr/bin/gcc", "usr/bin/kmod", "opt/tt-smi/tt-smi"),
+         "vfio": ("usr/bin/kmod", "usr/sbin/modprobe")}
+for image, dockerfile in (("controller", "Dockerfile"), ("agent", "agent/Dockerfile"), ("vfio", "vfio/Dockerfile")):
     ref, archive = built[image]
     st = df.final_stage(dockerfile)
     manifest, cfg, files = layers(archive)
@@ -108,13 +123,18 @@ for image, dockerfile in (("controller", "Dockerfile"), ("agent", "agent/Dockerf
             if data[:4] == b"\x7fELF":
                 check(b"/lib64/ld-linux" not in data[:4096] and b"ld-musl" not in data[:4096], f"{image}: {cp['dest']} is dynamically linked")
     want = df.packages(image)
-    if image == "agent":
+    if image in TOOLS:
         status = read(files, "var/lib/dpkg/status").decode()
         installed = set(re.findall(r"(?m)^Package: (\S+)\nStatus: install ok installed", status))
         missing = [p for p in want if p not in installed]
-        check(not missing, f"agent: listed packages not installed in the image: {missing}")
-        for tool in ("usr/bin/git", "usr/bin/make", "usr/bin/gcc", "usr/bin/kmod", "opt/tt-smi/tt-smi"):
-            check(tool in files, f"agent: {tool} missing")
+        check(not missing, f"{image}: listed packages not installed in the image: {missing}")
+        for tool in TOOLS[image]:
+            check(tool in files, f"{image}: {tool} missing")
+        if image == "vfio":
+            out = run_in_root(files, st["entrypoint"][0], "--help")
+            check("--hotplug-stub-driver" in out and "--restore-on-exit" in out, f"vfio: --help in the image: {out[-300:]}")
+            out = run_in_root(files, "/usr/sbin/modprobe", "--version")
+            check("kmod version" in out, f"vfio: modprobe --version in the image: {out[-300:]}")
     else:
         passwd = read(files, "etc/passwd").decode()
         check("nonroot:x:65532:65532:" in passwd, "controller: no nonroot (65532) in /etc/passwd")

@@ -34,7 +34,16 @@
 #      the kernel while 2.8.0 is loaded (EKEYREJECTED, not EEXIST)
 # and, after 2, the interface the stub models on tt-kmd's: the tenstorrent
 # class device with tt_asic_id under a parent with device 0x401e, tt-kmd's
-# parameters, and its dependency (crc7) loaded by the agent first.
+# parameters, and its dependency (crc7) loaded by the agent first; then the
+# VFIO binder (ttdrv-vfio-manage --once, also static) on a real emulated PCI
+# function (QEMU's pci-serial, on the kernel's built-in 8250_pci driver):
+#  15. it loads vfio-pci (modprobe) and binds the function: its driver is
+#      vfio-pci and /dev/vfio/<group> appears
+#  16. a second run with --restore-on-exit finds it recorded in the state
+#      file and puts it back on its driver, driver_override cleared
+# The machine is q35 with QEMU's emulated IOMMU (intel-iommu, intel_iommu=on):
+# Debian's kernel has no vfio no-IOMMU mode (CONFIG_VFIO_NOIOMMU is not set),
+# so the no-IOMMU paths are covered by the binder's unit tests only.
 #
 # Inside the VM there is no compiler: `git` and `make` are small shims that
 # serve the trees and modules built here by the real `git clone` and
@@ -99,16 +108,18 @@ fi
 t0=$(date +%s)
 if [[ ${VM_AGENT_LIBC:-musl} == musl ]] && rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
     say "building ttdrv-agent for $musl"
-    CARGO_TARGET_DIR="$target_dir" cargo build -q -p ttdrv-agent --bin ttdrv-agent --target "$musl"
+    CARGO_TARGET_DIR="$target_dir" cargo build -q -p ttdrv-agent --bin ttdrv-agent -p ttdrv-vfio --bin ttdrv-vfio-manage --target "$musl"
     agent_bin="$target_dir/$musl/debug/ttdrv-agent"
 else
     say "building ttdrv-agent statically linked against glibc (+crt-static; VM_AGENT_LIBC=${VM_AGENT_LIBC:-musl}, musl target unavailable or not wanted)"
     gnu=x86_64-unknown-linux-gnu
     CARGO_TARGET_DIR="$target_dir" RUSTFLAGS="-C target-feature=+crt-static" \
-        cargo build -q -p ttdrv-agent --bin ttdrv-agent --target "$gnu"
+        cargo build -q -p ttdrv-agent --bin ttdrv-agent -p ttdrv-vfio --bin ttdrv-vfio-manage --target "$gnu"
     agent_bin="$target_dir/$gnu/debug/ttdrv-agent"
 fi
+vfio_bin="$(dirname "$agent_bin")/ttdrv-vfio-manage"
 is_static "$agent_bin" || die "$agent_bin is dynamically linked"
+is_static "$vfio_bin" || die "$vfio_bin is dynamically linked"
 say "agent built in $(( $(date +%s) - t0 ))s"
 
 # --- the module at each version, built for the VM's kernel -----------------
@@ -131,7 +142,7 @@ else
     "$repo/tests/fixtures/stub-module/make-repo.sh" "$kmd_repo" 2.7.0 2.8.0 2.9.0:fail-init
     versions=(2.7.0 2.8.0 2.9.0)
     init_script="$repo/hack/vm/init"
-    expected=18
+    expected=20
     what="stub module"
 fi
 # TTDRV_VM_MEASURE=1: each build (the agent's own commands) measured from a
@@ -166,10 +177,11 @@ echo "${versions[*]}" >"$root/opt/versions"
 say "$what ${versions[*]} built for $kver in $(( $(date +%s) - t0 ))s"
 
 # The module the stub depends on (crc7, as tt-kmd on hwmon where
-# CONFIG_HWMON=m), in a modules tree of its own for the agent to find.
+# CONFIG_HWMON=m), in a modules tree of its own for the agent to find, and
+# vfio-pci with its dependencies for the binder's modprobe.
 mods="$root/lib/modules/$kver"
 cp /lib/modules/"$kver"/modules.{order,builtin,builtin.modinfo} "$mods/"
-modprobe -S "$kver" --show-depends crc7 | awk '$1 == "insmod" {print $2}' | while read -r f; do
+modprobe -S "$kver" --show-depends -a crc7 vfio-pci | awk '$1 == "insmod" {print $2}' | while read -r f; do
     mkdir -p "$root$(dirname "$f")" && cp "$f" "$root$f"
 done
 depmod -b "$root" "$kver"
@@ -217,7 +229,8 @@ fi
 # --- initramfs ---------------------------------------------------------------
 cp "$busybox" "$root/bin/busybox"
 cp "$agent_bin" "$root/bin/ttdrv-agent"
-strip "$root/bin/ttdrv-agent" 2>/dev/null || true
+cp "$vfio_bin" "$root/bin/ttdrv-vfio-manage"
+strip "$root/bin/ttdrv-agent" "$root/bin/ttdrv-vfio-manage" 2>/dev/null || true
 printf '#!/bin/sh\necho "tt-smi (test stub)"\n' >"$root/opt/tt-smi/tt-smi"
 chmod 0755 "$root/opt/tt-smi/tt-smi"
 # An (empty) header directory: the shimmed make only checks it exists.
@@ -240,9 +253,9 @@ say "booting $kernel_img under qemu (accel=$accel, timeout ${timeout_s}s)"
 start=$(date +%s.%N)
 set +e
 timeout "$timeout_s" qemu-system-x86_64 \
-    -accel "$accel" -m 1024 -smp 1 \
+    -accel "$accel" -m 1024 -smp 1 -machine q35 -device intel-iommu,intremap=off -device pci-serial \
     -kernel "$kernel_img" -initrd "$work/initramfs.gz" \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3" \
+    -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3 intel_iommu=on" \
     -nographic -no-reboot -monitor none -serial stdio -nodefaults \
     </dev/null >"$log" 2>&1
 qrc=$?

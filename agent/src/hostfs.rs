@@ -206,39 +206,43 @@ impl HostDir {
         Ok(cur)
     }
 
-    /// The file `name` in this directory, opened read-only without following
-    /// a link or blocking, if it is a regular file.
-    pub fn open_file(&self, name: &str) -> FsResult<std::fs::File> {
+    /// `name` opened with `flags` (and never through a link) if it is a
+    /// regular file. Looked at before opening too: opening a device node can
+    /// itself act (a driver's open), and a FIFO must not be waited on.
+    fn open_regular(&self, name: &str, flags: OFlags) -> FsResult<OwnedFd> {
         let whole = self.child(name.as_ref());
-        // Look before opening: opening a device node can itself act (a
-        // driver's open), and a FIFO must not be waited on.
+        let regular = |t: FileType| {
+            if t == FileType::RegularFile {
+                return Ok(());
+            }
+            Err(HostFsError::NotRegular {
+                path: whole.display().to_string(),
+                kind: kind_name(t),
+            })
+        };
         if let Some(st) = self.stat(name)? {
             let t = FileType::from_raw_mode(st.st_mode);
             if t == FileType::Symlink {
                 return Err(self.refusal(name.as_ref(), &whole, "opening", Errno::LOOP));
             }
-            if t != FileType::RegularFile {
-                return Err(HostFsError::NotRegular {
-                    path: whole.display().to_string(),
-                    kind: kind_name(t),
-                });
-            }
+            regular(t)?;
         }
         let fd = rustix::fs::openat(
             &self.fd,
             name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            flags | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .map_err(|e| self.refusal(name.as_ref(), &whole, "opening", e))?;
         let st = rustix::fs::fstat(&fd).map_err(|e| io_err("inspecting", &whole, e))?;
-        let t = FileType::from_raw_mode(st.st_mode);
-        if t != FileType::RegularFile {
-            return Err(HostFsError::NotRegular {
-                path: whole.display().to_string(),
-                kind: kind_name(t),
-            });
-        }
+        regular(FileType::from_raw_mode(st.st_mode))?;
+        Ok(fd)
+    }
+
+    /// The file `name` in this directory, opened read-only without following
+    /// a link or blocking, if it is a regular file.
+    pub fn open_file(&self, name: &str) -> FsResult<std::fs::File> {
+        let fd = self.open_regular(name, OFlags::RDONLY | OFlags::NONBLOCK)?;
         Ok(std::fs::File::from(fd))
     }
 
@@ -254,6 +258,32 @@ impl HostDir {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `content` to the existing file `name` in one `write` (a sysfs
+    /// attribute takes its whole value from one call): opened write-only
+    /// without following a link, never created; truncated as shell
+    /// redirection does, which sysfs ignores and which leaves only the last
+    /// value in a planted tree. Anything but a regular file is refused.
+    pub fn write_existing(&self, name: &str, content: &[u8]) -> FsResult<()> {
+        let fd = self.open_regular(name, OFlags::WRONLY | OFlags::TRUNC)?;
+        let whole = self.child(name.as_ref());
+        let n = rustix::io::write(&fd, content).map_err(|e| io_err("writing", &whole, e))?;
+        if n != content.len() {
+            return Err(io_err("writing", &whole, Errno::IO));
+        }
+        Ok(())
+    }
+
+    /// The target of the link `name`, None when it is absent or not a link.
+    pub fn read_link(&self, name: &str) -> FsResult<Option<PathBuf>> {
+        match rustix::fs::readlinkat(&self.fd, name, Vec::new()) {
+            Ok(t) => Ok(Some(PathBuf::from(
+                <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(t.into_bytes()),
+            ))),
+            Err(Errno::NOENT | Errno::INVAL) => Ok(None),
+            Err(e) => Err(io_err("reading the link", &self.child(name.as_ref()), e)),
         }
     }
 
@@ -453,4 +483,45 @@ pub fn split(host_path: &Path) -> FsResult<(&Path, &str)> {
         .parent()
         .ok_or_else(|| invalid("it has no parent"))?;
     Ok((dir, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn write_existing_writes_files_only_and_never_creates_or_follows() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join("bind"), "old value").expect("plant");
+        fs::write(dir.path().join("target"), "kept").expect("plant");
+        std::os::unix::fs::symlink("target", dir.path().join("link")).expect("link");
+        fs::create_dir(dir.path().join("sub")).expect("mkdir");
+        let host = HostDir::open_root(dir.path()).expect("root");
+
+        host.write_existing("bind", b"0000:01:00.0").expect("write");
+        assert_eq!(
+            fs::read_to_string(dir.path().join("bind")).expect("read"),
+            "0000:01:00.0"
+        );
+
+        let e = host.write_existing("link", b"x").expect_err("a link");
+        assert!(matches!(e, HostFsError::Link { .. }), "{e}");
+        assert_eq!(
+            fs::read_to_string(dir.path().join("target")).expect("read"),
+            "kept"
+        );
+        let e = host.write_existing("sub", b"x").expect_err("a directory");
+        assert!(matches!(e, HostFsError::NotRegular { .. }), "{e}");
+        let e = host.write_existing("absent", b"x").expect_err("absent");
+        assert!(e.is_not_found(), "{e}");
+        assert!(!dir.path().join("absent").exists());
+
+        assert_eq!(
+            host.read_link("link").expect("readlink"),
+            Some(PathBuf::from("target"))
+        );
+        assert_eq!(host.read_link("bind").expect("not a link"), None);
+        assert_eq!(host.read_link("absent").expect("absent"), None);
+    }
 }
