@@ -67,6 +67,9 @@ struct Cli {
     /// Log as JSON lines.
     #[arg(long, env = "TTDRV_LOG_JSON")]
     log_json: bool,
+    /// Log at debug level (unless RUST_LOG says otherwise).
+    #[arg(short, long)]
+    verbose: bool,
 }
 
 /// A Go duration: one or more `<number><unit>`, unit ns, us, µs, ms, s, m, h.
@@ -106,10 +109,15 @@ fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 
 /// Logs on stderr at `info` unless RUST_LOG says otherwise (a directive it
 /// cannot read is skipped, not fatal); JSON lines with --log-json.
-fn init_logs(json: bool) {
+fn init_logs(json: bool, verbose: bool) {
     use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+    let level = if verbose {
+        LevelFilter::DEBUG
+    } else {
+        LevelFilter::INFO
+    };
     let filter = EnvFilter::builder()
-        .with_default_directive(LevelFilter::INFO.into())
+        .with_default_directive(level.into())
         .from_env_lossy();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt()
@@ -289,7 +297,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logs(cli.log_json);
+    init_logs(cli.log_json, cli.verbose);
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         "ttdrv-vfio-manage starting"
@@ -306,6 +314,7 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::Deserialize;
 
     #[test]
     fn go_durations_parse() {
@@ -339,8 +348,41 @@ mod tests {
         assert!(cli.restore_on_exit && cli.metrics_addr.is_empty());
         assert_eq!(cli.dma_entry_limit, 524288);
         let d = Cli::try_parse_from(["ttdrv-vfio-manage"]).expect("defaults");
+        assert!(!d.verbose && !d.noiommu);
         assert_eq!(d.metrics_addr, ":9401");
         assert_eq!(d.config, PathBuf::from("/etc/tt-vfio/config.yaml"));
         assert_eq!(d.bind_interval, Duration::from_secs(30));
+    }
+
+    /// The arguments the chart renders from the Go chart's values (its
+    /// golden render) are this binary's.
+    #[test]
+    fn the_charts_args_parse() {
+        let golden = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../chart/tests/golden/go-values.yaml"
+        );
+        let text = std::fs::read_to_string(golden).expect("the go-values render");
+        let args: Vec<String> = serde_yaml::Deserializer::from_str(&text)
+            .filter_map(|d| serde_yaml::Value::deserialize(d).ok())
+            .find(|d| {
+                d["kind"] == "DaemonSet" && d["metadata"]["name"] == "tt-k8s-driver-manager-vfio"
+            })
+            .and_then(|d| {
+                serde_yaml::from_value(
+                    d["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
+                )
+                .ok()
+            })
+            .expect("the vfio-manage DaemonSet's args");
+        assert!(args.len() >= 8, "{args:?}");
+        let cli = Cli::try_parse_from(
+            std::iter::once("ttdrv-vfio-manage".to_string()).chain(args.clone()),
+        )
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        assert_eq!(cli.bind_interval, Duration::from_secs(60));
+        assert_eq!(cli.metrics_addr, ":9402");
+        assert_eq!(cli.state_dir, "/var/lib/tt-vfio");
+        assert!(cli.restore_on_exit && cli.verbose && !cli.noiommu);
     }
 }
