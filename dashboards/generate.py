@@ -461,6 +461,33 @@ def rollout():
         L, "State transitions", 24, 8, "ttdriver_node_transitions_total", "from, to", "{{from}} → {{to}}",
         description="Node state transitions per window (ttdriver_node_transitions_total).",
     ))
+    # The VFIO binder (vfioManager): its own pods, scraped under their own
+    # job (the "Job" variable's All matches it); node is the PodMonitor's label.
+    P.append(row(L, "VFIO passthrough"))
+    P.append(panel(
+        L, "timeseries", "Functions on vfio-pci by resource", 8, 8,
+        targets((f"sum by (resource) (tt_vfio_devices_bound_total{{{SCRAPE}}})", "{{resource}}")),
+        description="PCI functions the VFIO binder holds on vfio-pci (tt_vfio_devices_bound_total), per "
+                    "extended resource. A node whose Tenstorrent functions are all there is left alone by the "
+                    "driver policy (reason VfioPassthrough).",
+        defaults={"custom": ts_custom(stack=True), "decimals": 0, "min": 0},
+        options=ts_options(["lastNotNull"]), unit="short",
+    ))
+    P.append(increase_bars(
+        L, "VFIO bind errors", 8, 8, "tt_vfio_bind_errors_total", "node, action", "{{node}} {{action}}",
+        sel=SCRAPE,
+        description="Failed binds and restores (tt_vfio_bind_errors_total; action=bind|unbind). A function "
+                    "refused for want of an IOMMU counts here; the binder's log names it (docs/vfio.md).",
+    ))
+    P.append(panel(
+        L, "table", "Passthrough functions", 8, 8,
+        targets((f"max by (node, bdf, resource, board_type) (tt_vfio_device_info{{{SCRAPE}}})", ""),
+                instant=True, fmt="table"),
+        description="Every function the binder matched, with its board kind from the PCI subsystem ID "
+                    "(tt_vfio_device_info). No-IOMMU nodes: tt_vfio_noiommu_mode.",
+        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}],
+        unit="none",
+    ))
     return dashboard(
         "ttdriver-rollout", "Tenstorrent driver rollout",
         "Progress of tt-kmd rollouts driven by TenstorrentDriverPolicy resources: target version, nodes per "

@@ -998,6 +998,16 @@ fn go_chart_values_render_with_the_go_meaning() {
             && vap_text.contains("['vfio.tenstorrent.com/pci-functions']"),
         format!("the binder's node-patch policy: {vap_text}"),
     );
+    let pm = c.one(&gv, "PodMonitor", &[("name", &vfio)]);
+    c.check(
+        subset(
+            &pm["spec"]["selector"]["matchLabels"],
+            &ds["spec"]["template"]["metadata"]["labels"],
+        ) && pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+            && pm["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["targetLabel"] == "node"
+            && pm["metadata"]["labels"]["release"] == "kube-prometheus-stack",
+        format!("the PodMonitor scrapes the binder's pods, by node: {pm}"),
+    );
     c.check(
         !up.iter().any(|d| d["metadata"]["name"] == vfio.as_str()),
         "upstream: vfioManager.enabled false renders no vfio object",

@@ -240,7 +240,7 @@ fn normalize(p: &Path) -> String {
 
 const RULES: &str = "dashboards/alerts/ttdriver.rules.yaml";
 const RULE_TESTS: &str = "dashboards/alerts/ttdriver.rules.test.yaml";
-const ALERTS: [&str; 9] = [
+const ALERTS: [&str; 11] = [
     "TTDriverNodeFailed",
     "TTDriverNodeStuckInPhase",
     "TTDriverRolloutStalled",
@@ -250,6 +250,8 @@ const ALERTS: [&str; 9] = [
     "TTDriverDeployGateLeftClosed",
     "TTDriverRolloutBraked",
     "TTDriverNextKernelBuildFailed",
+    "TTVfioBindErrors",
+    "TTVfioNoIommu",
 ];
 
 /// Splits `text` before every match of `start` (the first piece, before any, is dropped).
@@ -384,7 +386,10 @@ fn dashboard_queries(errors: &mut Vec<String>) -> Vec<String> {
                     continue;
                 };
                 for m in [r#"cluster=~"$cluster""#, r#"job=~"$job""#] {
-                    if expr.matches("ttdriver_").count() != expr.matches(m).count() {
+                    // Our metrics: the controller's and the VFIO binder's.
+                    let metrics =
+                        expr.matches("ttdriver_").count() + expr.matches("tt_vfio_").count();
+                    if metrics != expr.matches(m).count() {
                         errors.push(format!(
                             "{f}: panel {title} target {}: a metric without {m}",
                             tg["refId"]
