@@ -127,6 +127,14 @@ def increase_bars(L, title, w, h, metric, by, legend, sel=None, *, description):
                  options=ts_options(["sum"]), unit="short")
 
 
+def count_series(L, title, w, h, expr, legend, *, description, stack=False):
+    """Whole counts over time (a gauge's value per series), from 0, the last
+    value in the legend."""
+    return panel(L, "timeseries", title, w, h, targets((expr, legend)), description=description,
+                 defaults={"custom": ts_custom(stack=stack, fill=10 if stack else 0), "decimals": 0, "min": 0},
+                 options=ts_options(["lastNotNull"]), unit="short")
+
+
 def bargauge_options(display_mode):
     """A horizontal bar gauge of each series' last value."""
     return {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
@@ -464,21 +472,18 @@ def rollout():
     # The VFIO binder (vfioManager): its own pods, scraped under their own
     # job (the "Job" variable's All matches it); node is the PodMonitor's label.
     P.append(row(L, "VFIO passthrough"))
-    P.append(panel(
-        L, "timeseries", "Functions on vfio-pci by resource", 8, 8,
-        targets((f"sum by (resource) (tt_vfio_devices_bound_total{{{SCRAPE}}})", "{{resource}}")),
-        description="PCI functions the VFIO binder holds on vfio-pci (tt_vfio_devices_bound_total), per "
-                    "extended resource. A node whose Tenstorrent functions are all there is left alone by the "
-                    "driver policy (reason VfioPassthrough).",
-        defaults={"custom": ts_custom(stack=True), "decimals": 0, "min": 0},
-        options=ts_options(["lastNotNull"]), unit="short",
-    ))
     P.append(increase_bars(
         L, "VFIO bind errors", 8, 8, "tt_vfio_bind_errors_total", "node, action", "{{node}} {{action}}",
         sel=SCRAPE,
         description="Failed binds and restores (tt_vfio_bind_errors_total; action=bind|unbind). A function "
                     "refused for want of an IOMMU counts here; the binder's log names it (docs/vfio.md).",
     ))
+    bound = ("PCI functions the VFIO binder holds on vfio-pci (tt_vfio_devices_bound_total), per extended "
+             "resource. A node whose Tenstorrent functions are all there is left alone by the driver policy "
+             "(reason VfioPassthrough).")
+    P.append(count_series(L, "Functions on vfio-pci by resource", 8, 8,
+                          f"sum by (resource) (tt_vfio_devices_bound_total{{{SCRAPE}}})", "{{resource}}",
+                          description=bound, stack=True))
     P.append(panel(
         L, "table", "Passthrough functions", 8, 8,
         targets((f"max by (node, bdf, resource, board_type) (tt_vfio_device_info{{{SCRAPE}}})", ""),
@@ -586,15 +591,12 @@ def controller():
         options=ts_options(),
     ))
     P.append(row(L, "Caches"))
-    P.append(panel(
-        L, "timeseries", "Cached objects", 24, 8,
-        targets((f'max by (kind) (ttdriver_cache_objects{{{SCRAPE}}})', "{{kind}}")),
+    P.append(count_series(
+        L, "Cached objects", 24, 8,
+        f'max by (kind) (ttdriver_cache_objects{{{SCRAPE}}})', "{{kind}}",
         description="Objects each replica keeps in its watch caches, by kind (ttdriver_cache_objects). "
                     "Pod counts every bound pod of the cluster (its drain facts, ~0.3 KiB); the controller's "
                     "memory follows nodes and pods: see the sizing rule in docs/operations.md.",
-        unit="short",
-        defaults={"custom": ts_custom(fill=0), "decimals": 0},
-        options=ts_options(["lastNotNull"]),
     ))
     return dashboard(
         "ttdriver-controller", "Tenstorrent driver manager controller",

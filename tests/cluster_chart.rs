@@ -22,6 +22,24 @@ const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/chart");
 const CRD: &str = "tenstorrentdriverpolicies.driver.tenstorrent.com";
 const NODE_A: &str = "ttdrv-chart-vap-a";
 const NODE_B: &str = "ttdrv-chart-vap-b";
+/// A go-ahead written on node A (only the controller may).
+const GO_AHEAD_A: [&str; 5] = [
+    "annotate",
+    "node",
+    NODE_A,
+    r#"driver.tenstorrent.com/go-ahead={"policy":"p"}"#,
+    "--overwrite",
+];
+/// A cordon of node A (`kubectl cordon` exits 0 even when the patch is refused).
+const CORDON_A: [&str; 7] = [
+    "patch",
+    "node",
+    NODE_A,
+    "--type",
+    "merge",
+    "-p",
+    r#"{"spec":{"unschedulable":true}}"#,
+];
 
 fn kubectl<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Command {
     let mut c = Command::new("kubectl");
@@ -405,37 +423,6 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
             Refused(not_b),
         ),
         (
-            "agent writes the go-ahead",
-            as_agent(
-                a,
-                &[
-                    "annotate",
-                    "node",
-                    NODE_A,
-                    r#"driver.tenstorrent.com/go-ahead={"policy":"p"}"#,
-                    "--overwrite",
-                ],
-            ),
-            Refused("may not change node annotations"),
-        ),
-        // (`kubectl cordon` exits 0 even when the patch is refused: patch.)
-        (
-            "agent cordons its node",
-            as_agent(
-                a,
-                &[
-                    "patch",
-                    "node",
-                    NODE_A,
-                    "--type",
-                    "merge",
-                    "-p",
-                    r#"{"spec":{"unschedulable":true}}"#,
-                ],
-            ),
-            Refused(spec),
-        ),
-        (
             "agent taints its node",
             as_agent(a, &["taint", "node", NODE_A, "x=y:NoSchedule"]),
             Refused(spec),
@@ -453,11 +440,6 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
                 ],
             ),
             Refused("no authentication.kubernetes.io/node-name"),
-        ),
-        (
-            "agent may not delete nodes (RBAC)",
-            as_agent(a, &["delete", "node", NODE_A, "--wait=false"]),
-            Refused("forbidden"),
         ),
         (
             "binder reports its node's functions and boards",
@@ -516,41 +498,6 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
             Refused(only_labels),
         ),
         (
-            "binder writes the go-ahead",
-            as_binder(
-                a,
-                &[
-                    "annotate",
-                    "node",
-                    NODE_A,
-                    r#"driver.tenstorrent.com/go-ahead={"policy":"p"}"#,
-                    "--overwrite",
-                ],
-            ),
-            Refused("may not change node annotations"),
-        ),
-        (
-            "binder cordons its node",
-            as_binder(
-                a,
-                &[
-                    "patch",
-                    "node",
-                    NODE_A,
-                    "--type",
-                    "merge",
-                    "-p",
-                    r#"{"spec":{"unschedulable":true}}"#,
-                ],
-            ),
-            Refused(spec),
-        ),
-        (
-            "binder may not delete nodes (RBAC)",
-            as_binder(a, &["delete", "node", NODE_A, "--wait=false"]),
-            Refused("forbidden"),
-        ),
-        (
             "an administrator is not restricted",
             kubectl(&["label", "node", NODE_A, "pool=admin", "--overwrite"]),
             Allowed,
@@ -558,6 +505,26 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
     ];
     for (what, cmd, expect) in table {
         failures.extend(check(what, cmd, expect));
+    }
+    // What neither node identity may do: give itself the go-ahead, cordon its
+    // node, delete a node.
+    type AsAccount = fn(Option<&str>, &[&str]) -> Command;
+    for (who, as_who) in [("agent", as_agent as AsAccount), ("binder", as_binder)] {
+        for (what, args, expect) in [
+            (
+                "writes the go-ahead",
+                &GO_AHEAD_A[..],
+                Refused("may not change node annotations"),
+            ),
+            ("cordons its node", &CORDON_A[..], Refused(spec)),
+            (
+                "may not delete nodes (RBAC)",
+                &["delete", "node", NODE_A, "--wait=false"][..],
+                Refused("forbidden"),
+            ),
+        ] {
+            failures.extend(check(&format!("{who} {what}"), as_who(a, args), expect));
+        }
     }
     let cordoned = run(
         &mut kubectl(&[

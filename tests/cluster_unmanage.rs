@@ -39,13 +39,8 @@ async fn wait_vacated(env: &TestEnv, policy: &str, nodes: &[String]) {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn unmanage_vacates_every_node_one_at_a_time_and_leaves_them_alone() {
-    let (env, ns, nodes, _agent) = sim_fleet_with(
-        "unmanage",
-        &["n0", "n1", "n2", "dkms"],
-        &[(labels::KMD_VERSION, "2.7.0")],
-        sim_agent_300ms(),
-    )
-    .await;
+    let (env, ns, nodes, _agent) =
+        sim_fleet_at("unmanage", &["n0", "n1", "n2", "dkms"], "2.7.0").await;
     let dkms = nodes[3].clone();
     env.annotate_node(&dkms, HOST_MANAGED_ANNOTATION, Some("2.6.0"))
         .await;
@@ -171,13 +166,8 @@ async fn unmanage_vacates_every_node_one_at_a_time_and_leaves_them_alone() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn a_failed_unload_halts_the_other_nodes_until_retried() {
-    let (env, ns, nodes, _agent) = sim_fleet_with(
-        "unmanage-fail",
-        &["a-fails", "b", "c"],
-        &[(labels::KMD_VERSION, "2.7.0")],
-        sim_agent_300ms(),
-    )
-    .await;
+    let (env, ns, nodes, _agent) =
+        sim_fleet_at("unmanage-fail", &["a-fails", "b", "c"], "2.7.0").await;
     env.annotate_node(&nodes[0], UNLOAD_FAIL_ANNOTATION, Some("true"))
         .await;
     let _ctl = controller(&env, &ns);

@@ -13,14 +13,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, ResourceRequirements};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use ttdrv_api::vfio::{PCI_FUNCTIONS, PciFunctions};
-use ttdrv_api::{NodeState, labels};
+use ttdrv_api::NodeState;
 use ttdrv_testkit::{TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(120);
@@ -39,7 +38,6 @@ fn report(drivers: &[(&str, u32)]) -> String {
 /// whose pod asks for the binder's resource, bound to the node directly (as
 /// KubeVirt's launcher is, once scheduled).
 async fn vm(env: &TestEnv, ns: &str, app: &str, node: &str) {
-    let labels = BTreeMap::from([("app".to_string(), app.to_string())]);
     let mut spec = ttdrv_testkit::workload_pod(false);
     spec.node_name = Some(node.into());
     spec.containers[0].resources = Some(ResourceRequirements {
@@ -49,32 +47,7 @@ async fn vm(env: &TestEnv, ns: &str, app: &str, node: &str) {
         )])),
         ..Default::default()
     });
-    let dep = Deployment {
-        metadata: ObjectMeta {
-            name: Some(app.into()),
-            ..Default::default()
-        },
-        spec: Some(DeploymentSpec {
-            replicas: Some(1),
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..Default::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..Default::default()
-                }),
-                spec: Some(spec),
-            },
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let api: Api<Deployment> = Api::namespaced(env.client.clone(), ns);
-    if let Err(e) = api.create(&PostParams::default(), &dep).await {
-        panic!("creating Deployment {app}: {e}");
-    }
+    env.deployment(ns, app, spec).await;
 }
 
 /// The uid of `app`'s one running pod, once there is one.
@@ -100,13 +73,7 @@ async fn pod_uid(env: &TestEnv, ns: &str, app: &str) -> String {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn a_passthrough_node_is_left_alone_and_a_mixed_node_keeps_its_vms() {
-    let (env, ns, nodes, _agent) = sim_fleet_with(
-        "vfio",
-        &["vfio", "mixed", "plain"],
-        &[(labels::KMD_VERSION, "2.7.0")],
-        sim_agent_300ms(),
-    )
-    .await;
+    let (env, ns, nodes, _agent) = sim_fleet_at("vfio", &["vfio", "mixed", "plain"], "2.7.0").await;
     let (all, mixed, plain) = (&nodes[0], &nodes[1], &nodes[2]);
     env.annotate_node(all, PCI_FUNCTIONS, Some(&report(&[("vfio-pci", 2)])))
         .await;
@@ -133,15 +100,8 @@ async fn a_passthrough_node_is_left_alone_and_a_mixed_node_keeps_its_vms() {
         &fleet_spec(&env, "2.8.0", "upgradePolicy: {maxUnavailable: 1}"),
     )
     .await;
-    wait_nodes_state(
-        &env,
-        &policy,
-        &[mixed.clone(), plain.clone()],
-        NodeState::Done,
-        "2.8.0",
-        T,
-    )
-    .await;
+    let upgraded = [mixed.clone(), plain.clone()];
+    wait_nodes_state(&env, &policy, &upgraded, NodeState::Done, "2.8.0", T).await;
     let st = wait_node(&env, &policy, all, NodeState::Done, T).await;
     assert_eq!(st.reason.as_deref(), Some("VfioPassthrough"), "{st:?}");
     assert_message(&st, "all 2 Tenstorrent PCI functions are bound to vfio-pci");

@@ -764,15 +764,18 @@ mod tests {
             force: true,
             ..Default::default()
         };
+        let exempting = |ns: &str| {
+            plan_drain(
+                &fixture(),
+                &drain,
+                &PodSelector::default(),
+                &[ns.into()],
+                &[],
+            )
+        };
         // The fixture's pods all run in "ml": as the operator's namespace,
         // neither pass evicts any of them, device users included.
-        let plan = plan_drain(
-            &fixture(),
-            &drain,
-            &PodSelector::default(),
-            &["ml".into()],
-            &[],
-        );
+        let plan = exempting("ml");
         assert!(plan.is_empty(), "{plan:?}");
         assert!(
             plan.skipped
@@ -781,13 +784,7 @@ mod tests {
         );
         assert!(plan.reportable_skips().is_empty(), "not reported");
         // Another operator namespace changes nothing.
-        let other = plan_drain(
-            &fixture(),
-            &drain,
-            &PodSelector::default(),
-            &["tt-system".into()],
-            &[],
-        );
+        let other = exempting("tt-system");
         assert_eq!(
             other,
             plan_drain(&fixture(), &drain, &PodSelector::default(), &[], &[])

@@ -305,15 +305,25 @@ impl TestEnv {
     /// waits Pending while the node is cordoned; with `device` it mounts
     /// /dev/tenstorrent (hostPath), a device user.
     pub async fn pinned_deployment(&self, namespace: &str, app: &str, node: &str, device: bool) {
-        use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-        use k8s_openapi::api::core::v1::PodTemplateSpec;
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-        let labels = BTreeMap::from([("app".to_string(), app.to_string())]);
         let mut spec = workload_pod(device);
         spec.node_selector = Some(BTreeMap::from([(
             "kubernetes.io/hostname".to_string(),
             node.to_string(),
         )]));
+        self.deployment(namespace, app, spec).await;
+    }
+
+    /// A one-replica Deployment `app` of pods `spec`, labelled `app=<app>`.
+    pub async fn deployment(
+        &self,
+        namespace: &str,
+        app: &str,
+        spec: k8s_openapi::api::core::v1::PodSpec,
+    ) {
+        use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+        use k8s_openapi::api::core::v1::PodTemplateSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+        let labels = BTreeMap::from([("app".to_string(), app.to_string())]);
         let dep = Deployment {
             metadata: ObjectMeta {
                 name: Some(app.into()),

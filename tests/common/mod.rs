@@ -482,6 +482,18 @@ pub async fn sim_fleet_with<S: AsRef<str>>(
     (env, ns, nodes, agent)
 }
 
+/// [`sim_fleet_with`] over nodes `suffixes` that run tt-kmd `loaded` (their
+/// `kmd-version` label), with an agent whose every swap takes 300 ms.
+pub async fn sim_fleet_at(name: &str, suffixes: &[&str], loaded: &str) -> SimFleet {
+    sim_fleet_with(
+        name,
+        suffixes,
+        &[(ttdrv_api::labels::KMD_VERSION, loaded)],
+        sim_agent_300ms(),
+    )
+    .await
+}
+
 /// [`sim_fleet_with`] over `n` unlabelled nodes `n0`, `n1`, ... and an agent whose
 /// every swap takes 300 ms.
 pub async fn sim_fleet(name: &str, n: usize) -> SimFleet {
