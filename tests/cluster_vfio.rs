@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Api;
 use kube::api::ListParams;
-use ttdrv_api::vfio::{PCI_FUNCTIONS, PciFunctions};
 use ttdrv_api::NodeState;
+use ttdrv_api::vfio::{PCI_FUNCTIONS, PciFunctions};
 use ttdrv_testkit::{TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(120);
