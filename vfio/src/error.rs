@@ -61,6 +61,8 @@ pub enum VfioError {
     },
     #[error("reporting on node {node}: {reason}")]
     Node { node: String, reason: String },
+    #[error("installing the SIGTERM handler: {0}")]
+    Signal(#[source] std::io::Error),
 }
 
 pub type Result<T> = std::result::Result<T, VfioError>;

@@ -263,10 +263,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         });
     }
 
-    let mut term = signal(SignalKind::terminate()).map_err(|e| VfioError::Metrics {
-        addr: "SIGTERM".into(),
-        source: e,
-    })?;
+    let mut term = signal(SignalKind::terminate()).map_err(VfioError::Signal)?;
     let mut tick = tokio::time::interval(cli.bind_interval);
     let mut poll = tokio::time::interval(Duration::from_secs(1));
     let mut count = sysfs.device_count().ok();
