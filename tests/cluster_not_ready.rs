@@ -435,3 +435,109 @@ async fn not_ready_node_is_never_started() {
     );
     env.teardown().await;
 }
+
+/// The installer pod of each node (by name), and its uid.
+async fn installer_pods(
+    env: &TestEnv,
+    ns: &str,
+    nodes: &[String],
+) -> Vec<(String, String, String)> {
+    let mut out = vec![];
+    for n in nodes {
+        for p in env.pods_on(ns, n).await {
+            let meta = &p.metadata;
+            if meta
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(ttdrv_api::labels::CLAIM))
+            {
+                out.push((
+                    n.clone(),
+                    meta.name.clone().unwrap_or_default(),
+                    meta.uid.clone().unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Sets a pod's Ready condition, as the node lifecycle controller does for
+/// the pods of an unreachable node ("False") and the kubelet once it reports
+/// again ("True").
+async fn set_pod_ready(env: &TestEnv, ns: &str, pod: &str, status: &str) {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+    let api: kube::Api<Pod> = kube::Api::namespaced(env.client.clone(), ns);
+    let patch = serde_json::json!({ "status": { "conditions": [
+        { "type": "Ready", "status": status },
+        { "type": "ContainersReady", "status": status },
+    ] } });
+    if let Err(e) = api
+        .patch_status(pod, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+    {
+        panic!("setting Ready={status} on pod {pod}: {e}");
+    }
+}
+
+/// Polls the policy's status for `d`; every entry seen outside Done, once.
+async fn not_done_for(env: &TestEnv, policy: &str, d: Duration, seen: &mut Vec<String>) {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        for e in status(env, policy).await.nodes {
+            if e.state != NodeState::Done {
+                let s = format!("{} {:?} {}", e.name, e.state, e.reason.unwrap_or_default());
+                if !seen.contains(&s) {
+                    seen.push(s);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A whole-fleet partition that heals after the rollout finished: every node
+/// Unknown, their installer pods marked NotReady (the node lifecycle
+/// controller's doing), then the nodes back and, a few seconds later, the
+/// pods Ready again (the kubelet reporting once more). Nothing changed on any
+/// node: none may leave Done, no installer pod may be replaced (on 1000 nodes
+/// that would be 1000 restarts and image pulls right after a network
+/// incident), nothing is cordoned.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_partition_that_heals_restarts_nothing() {
+    let (env, ns, nodes, _agent) = sim_fleet("partition", 6).await;
+    let _ctl = start_controller(&env, &ns, &[]);
+    let policy = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 1}", T).await;
+    let before = installer_pods(&env, &ns, &nodes).await;
+    assert_eq!(before.len(), nodes.len(), "{before:?}");
+    let cordons = CordonWatcher::start(&env);
+    let mut left_done = vec![];
+
+    for n in &nodes {
+        env.set_node_ready(n, Some("Unknown")).await;
+    }
+    for (_, pod, _) in &before {
+        set_pod_ready(&env, &ns, pod, "False").await;
+    }
+    not_done_for(&env, &policy, OUTAGE, &mut left_done).await;
+    for n in &nodes {
+        env.set_node_ready(n, None).await;
+    }
+    for n in &nodes {
+        env.wait_node_ready(n).await;
+    }
+    // The kubelets report their pods a moment after their nodes.
+    not_done_for(&env, &policy, Duration::from_secs(3), &mut left_done).await;
+    for (_, pod, _) in &before {
+        set_pod_ready(&env, &ns, pod, "True").await;
+    }
+    not_done_for(&env, &policy, Duration::from_secs(10), &mut left_done).await;
+
+    let after = installer_pods(&env, &ns, &nodes).await;
+    assert_eq!(after, before, "installer pods replaced after the partition");
+    assert!(left_done.is_empty(), "nodes left Done: {left_done:?}");
+    assert!(cordons.ever().is_empty(), "cordoned: {:?}", cordons.ever());
+    env.teardown().await;
+}

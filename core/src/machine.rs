@@ -768,13 +768,20 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         Done => {
             let host_done = rec.reason.as_deref() == Some(reason::HOST_MANAGED);
             let passthrough_done = rec.reason.as_deref() == Some(reason::VFIO_PASSTHROUGH);
+            // Of the installer pod only a new template is a change: a pod
+            // merely not Ready (its node unreachable, the kubelet not
+            // reporting yet after a partition) or missing (the DaemonSet
+            // recreates it) changes nothing on the node, and a cycle for it
+            // would restart every installer of the fleet after a network
+            // incident.
+            let new_installer = matches!(obs.installer, InstallerPod::Stale { .. });
             let changed = if host_done {
                 !obs.host_managed
             } else if passthrough_done {
                 // Some function back on tt-kmd: it needs the target.
                 !matches!(obs.passthrough, Passthrough::All { .. })
             } else {
-                obs.host_managed || !up_to_date
+                obs.host_managed || !module_ok || new_installer
             };
             if changed {
                 let r = enter(&rec, Pending, reason::RETARGET, None, now);

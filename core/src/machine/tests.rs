@@ -1638,3 +1638,48 @@ fn a_passthrough_node_is_left_alone_until_a_function_returns_to_tt_kmd() {
     ours.cordon = Cordon::Ours;
     assert_ne!(step(&ours, &all, &want()).record.state, Done);
 }
+
+#[test]
+fn a_done_node_stays_done_when_its_installer_is_only_not_ready() {
+    let mut done = rec(Done);
+    done.reason = Some(reason::UPGRADED.into());
+    // A partition: the node Unknown, its pods marked NotReady; then back,
+    // the kubelet not reporting the pod yet; or the pod recreated.
+    for (ready, installer) in [
+        (false, InstallerPod::Current { ready: false }),
+        (true, InstallerPod::Current { ready: false }),
+        (true, InstallerPod::Missing),
+        (false, InstallerPod::Missing),
+    ] {
+        let o = Observation {
+            ready,
+            installer: installer.clone(),
+            loaded: Some("2.8.0".into()),
+            slot: true,
+            ..obs()
+        };
+        let s = step(&done, &o, &want());
+        assert_eq!(
+            (s.record.state, s.commands.len()),
+            (Done, 0),
+            "ready {ready}, {installer:?}: {:?}",
+            s.record
+        );
+    }
+    // A new installer template is a change: the pod is replaced in place.
+    let stale = Observation {
+        installer: InstallerPod::Stale { deleting: false },
+        loaded: Some("2.8.0".into()),
+        ..obs()
+    };
+    let s = step(&done, &stale, &want());
+    assert_eq!(s.record.state, Upgrading, "{:?}", s.record);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::RESTART));
+    assert_eq!(s.commands, vec![Command::DeleteInstallerPod]);
+    // And so is a module that is not the target any more.
+    let other = Observation {
+        loaded: Some("2.7.0".into()),
+        ..obs()
+    };
+    assert_ne!(step(&done, &other, &want()).record.state, Done);
+}
