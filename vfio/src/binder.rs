@@ -13,6 +13,9 @@ use crate::plan::{self, Action, Function, Iommu};
 use crate::state::{State, StateStore};
 use crate::sysfs::{self, DRIVERS_PROBE, NOIOMMU_PARAM, Sysfs};
 
+/// Why vfio-pci may still be missing after a modprobe.
+const VFIO_PCI_HINT: &str = " after modprobe vfio-pci: does the host have it for its kernel, is /lib/modules mounted, the container privileged?";
+
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     /// `--noiommu`: turn vfio's no-IOMMU mode on for functions without an IOMMU group.
@@ -108,8 +111,21 @@ impl Binder {
 
         let mut bound = BTreeSet::new();
         let mut errors = 0;
+        // vfio-pci is loaded when there is something to bind, not before: a
+        // node with no matching function (the DaemonSet without a
+        // nodeSelector) runs without it instead of crash-looping.
+        let wants_bind = actions.iter().any(|a| matches!(a, Action::Bind { .. }));
+        let vfio_pci = if wants_bind {
+            self.ensure_vfio_pci().err()
+        } else {
+            None
+        };
         for action in &actions {
             let result = match action {
+                Action::Bind { .. } if vfio_pci.is_some() => Err(VfioError::DriverMissing {
+                    driver: VFIO_PCI_DRIVER.into(),
+                    hint: VFIO_PCI_HINT,
+                }),
                 Action::Bind { bdf, resource, from, enable_noiommu } => {
                     self.bind(bdf, from.as_deref(), *enable_noiommu).map(|()| {
                         let board = self.state.functions.get(bdf).map_or("unknown", |e| e.board_type.as_str());
@@ -174,6 +190,25 @@ impl Binder {
             report: plan::report(now, &self.config, &self.sysfs.boot_id()),
             board_types: plan::board_types(kinds.iter().map(String::as_str)),
         }
+    }
+
+    /// Loads vfio-pci when its driver is not registered.
+    fn ensure_vfio_pci(&self) -> Result<()> {
+        if self.sysfs.driver_exists(VFIO_PCI_DRIVER) {
+            return Ok(());
+        }
+        tracing::info!("vfio-pci is not registered: modprobe vfio-pci");
+        let loaded = self.sysfs.modprobe(VFIO_PCI_DRIVER);
+        if let Err(e) = &loaded {
+            tracing::error!(error = %e, "loading vfio-pci failed");
+        }
+        if self.sysfs.driver_exists(VFIO_PCI_DRIVER) {
+            return Ok(());
+        }
+        loaded.and(Err(VfioError::DriverMissing {
+            driver: VFIO_PCI_DRIVER.into(),
+            hint: VFIO_PCI_HINT,
+        }))
     }
 
     fn bind(&self, bdf: &str, from: Option<&str>, enable_noiommu: bool) -> Result<()> {

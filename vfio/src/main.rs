@@ -129,22 +129,6 @@ fn init_logs(json: bool, verbose: bool) {
     }
 }
 
-/// Loads vfio-pci when its driver is not registered.
-fn ensure_vfio_pci(sysfs: &Sysfs) -> Result<()> {
-    if sysfs.driver_exists(VFIO_PCI_DRIVER) {
-        return Ok(());
-    }
-    tracing::info!("vfio-pci is not registered: modprobe vfio-pci");
-    sysfs.modprobe(VFIO_PCI_DRIVER)?;
-    if !sysfs.driver_exists(VFIO_PCI_DRIVER) {
-        return Err(VfioError::DriverMissing {
-            driver: VFIO_PCI_DRIVER.into(),
-            hint: " after modprobe vfio-pci: is the host's /lib/modules mounted, the container privileged?",
-        });
-    }
-    Ok(())
-}
-
 /// The node reporter, when there is a node to report on.
 async fn reporter(cli: &Cli) -> Option<NodeReporter> {
     if cli.no_node_report {
@@ -209,7 +193,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     }
     let root = HostRoot::new(&cli.host_root);
     let sysfs = Sysfs::new(root.clone());
-    ensure_vfio_pci(&sysfs)?;
+    if !sysfs.driver_exists(VFIO_PCI_DRIVER) {
+        tracing::info!("vfio-pci is not registered: loaded when a function is to be bound");
+    }
     if cli.dma_entry_limit > 0 {
         if root.read_small(DMA_ENTRY_LIMIT)?.is_none() {
             sysfs.modprobe("vfio_iommu_type1")?;

@@ -226,6 +226,22 @@ fn a_failed_bind_clears_the_override() {
 }
 
 #[test]
+fn vfio_pci_is_loaded_only_when_a_function_is_to_be_bound() {
+    let h = Host::new();
+    fs::remove_dir_all(h.path("sys/bus/pci/drivers/vfio-pci")).expect("rm");
+    // Nothing to bind (no Tenstorrent function here): no modprobe, no error.
+    let out = h.binder(Options::default()).pass().expect("pass");
+    assert_eq!((out.errors, out.bound.len()), (0, 0));
+    // A function to bind, and vfio-pci cannot be loaded (the planted host
+    // has no modprobe): a bind error, the function left where it is.
+    h.function(A, 0x0018, Some("tenstorrent"), true);
+    let out = h.binder(Options::default()).pass().expect("pass");
+    assert_eq!(out.errors, 1);
+    assert_eq!(h.read("sys/bus/pci/drivers/tenstorrent/unbind"), "");
+    assert_eq!(h.override_of(A), "(null)\n");
+}
+
+#[test]
 fn the_hotplug_stub_is_offered_each_function_first() {
     let h = Host::new();
     h.function(A, 0x0018, Some("tenstorrent"), true);
