@@ -6,7 +6,9 @@
 //! test"):
 //!
 //!   1. helm install of chart/: two controller replicas with leader election,
-//!      the metrics Service scraped through its IP and each endpoint (one leader)
+//!      the metrics Service scraped through its IP and each endpoint (one
+//!      leader); the VFIO binder (vfioManager) reports this node's functions
+//!      with its pod's token, through its node-patch policy
 //!   2. a workload (hostPath /dev/tenstorrent) behind a PDB that first
 //!      refuses, and a DaemonSet behind the deploy gate
 //!   3. a policy (2.8.0): the real agent in the installer pod refuses the
@@ -30,6 +32,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use ttdrv_api::TenstorrentDriverPolicy;
+use ttdrv_api::vfio::{PCI_FUNCTIONS, Passthrough, PciFunctions};
 use ttdrv_testkit::real_node::{
     AuditQuery, Diagnostics, Phases, apply_fixture, env, http_get, run, timeout_from_env,
 };
@@ -287,10 +290,11 @@ async fn real_node() {
     };
     let (node, ns, rel) = (rn.node.clone(), rn.ns.clone(), rn.rel.clone());
     let audit = env("REALNODE_AUDIT_LOG");
-    let (ctl_ref, agent_ref, pause_ref) = (
+    let (ctl_ref, agent_ref, pause_ref, vfio_ref) = (
         env("REALNODE_CONTROLLER_IMAGE"),
         env("REALNODE_AGENT_IMAGE"),
         env("REALNODE_PAUSE_IMAGE"),
+        env("REALNODE_VFIO_IMAGE"),
     );
     let agent_sa = format!("system:serviceaccount:{ns}:{rel}-agent");
     let ctl_sa = format!("system:serviceaccount:{ns}:{rel}-controller");
@@ -302,7 +306,9 @@ async fn real_node() {
         format!("kubectl -n {ns} logs -l app.kubernetes.io/component=controller --tail=30"),
         "kubectl get events -A --sort-by=.lastTimestamp | tail -n 30".into(),
     ]);
-    ph.log(&format!("images: {ctl_ref} {agent_ref} {pause_ref}"));
+    ph.log(&format!(
+        "images: {ctl_ref} {agent_ref} {pause_ref} {vfio_ref}"
+    ));
 
     // The node as node-feature-discovery and an earlier container install left it.
     let nodes: Api<Node> = Api::all(rn.c.clone());
@@ -320,6 +326,7 @@ async fn real_node() {
         (repo.to_string(), tag.to_string())
     };
     let ((ctl_repo, ctl_tag), (agent_repo, agent_tag)) = (split(&ctl_ref), split(&agent_ref));
+    let (vfio_repo, vfio_tag) = split(&vfio_ref);
     let timeout = format!("{}s", rn.t.as_secs());
     let sets = [
         format!("controller.image.repository={ctl_repo}"),
@@ -341,6 +348,15 @@ async fn real_node() {
         // this test counts.
         "crds.upgradeJob.enabled=false".into(),
         "controller.podDisruptionBudget.enabled=false".into(),
+        // The VFIO binder, for Wormhole functions this machine does not have:
+        // it runs, binds nothing (vfio-pci is not even loadable here) and
+        // reports the node.
+        "vfioManager.enabled=true".into(),
+        format!("vfioManager.image.repository={vfio_repo}"),
+        format!("vfioManager.image.tag={vfio_tag}"),
+        "vfioManager.image.pullPolicy=Never".into(),
+        "vfioManager.devices[0].resourceName=tenstorrent.com/wormhole-vfio".into(),
+        "vfioManager.devices[0].deviceId[0]=401e".into(),
     ];
     let helm_args = |verb: &str, extra: &[&str]| -> Vec<String> {
         let mut a: Vec<String> = [verb, rel.as_str(), "chart", "-n", ns.as_str()]
@@ -351,6 +367,11 @@ async fn real_node() {
             a.push("--set".into());
             a.push(s.clone());
         }
+        // (--set would read 1e52 as a number)
+        a.extend([
+            "--set-string".into(),
+            "vfioManager.devices[0].vendorId=1e52".into(),
+        ]);
         a.extend(extra.iter().map(|s| s.to_string()));
         a.extend(["--wait".into(), "--timeout".into(), timeout.clone()]);
         a
@@ -399,6 +420,33 @@ async fn real_node() {
         "leader {holder1}; metrics scraped through {svc_addr} and both endpoints (one leader)"
     ));
     ph.phase("leader elected, metrics Service scraped");
+
+    // The binder's report, written with its pod's token (the node-patch
+    // policy admits only its own node's two keys): this boot, no function.
+    let report = wait_for("the VFIO binder's report on the node", rn.t, || async {
+        let n = rn.node_obj().await?;
+        let boot = n
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.clone());
+        let value = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PCI_FUNCTIONS).cloned());
+        match value
+            .as_deref()
+            .and_then(|v| PciFunctions::at_boot(v, boot.as_deref()))
+        {
+            Some(p) if !p.boot_id.is_empty() => Ok(p),
+            _ => Err(format!("{value:?} (node boot {boot:?})")),
+        }
+    })
+    .await;
+    assert_eq!(report.total(), 0, "{report:?}");
+    assert_eq!(report.passthrough(), Passthrough::None);
+    ph.phase("VFIO binder: the node reported with its pod token");
 
     // --- 2. the workload
     let vars = [
