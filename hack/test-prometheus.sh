@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Observability acceptance against the real parts: the controller drives a
-# simulated rollout (one node made to fail) on the test cluster while a real
-# Prometheus (Debian package) scrapes it with our alert rules loaded; then every
+# simulated rollout (one node made to fail) on the test cluster, and the VFIO
+# binder runs over a planted host (one Wormhole function on vfio-pci), while a
+# real Prometheus (Debian package) scrapes both with our alert rules loaded; then every
 # PromQL query of the dashboards must parse and return data (0 is data: the
 # controller has seen no error, restart or full mailbox, and those panels must
 # show 0, not "no data"), and the TTDriverNodeFailed expression must return
@@ -20,7 +21,8 @@ source hack/lib.sh
 bash hack/install-prometheus.sh
 bin=$(bash hack/build-testbin.sh etcd kwok kubernetes 2>/dev/null | tail -n1)
 export PATH="$bin:$PWD/target/debug:$PATH"
-cargo build -q --bin ttdrv-controller --bin ttdrv-sim-agent -p ttdrv-controller -p ttdrv-testkit
+cargo build -q --bin ttdrv-controller --bin ttdrv-sim-agent --bin ttdrv-vfio-manage \
+  -p ttdrv-controller -p ttdrv-testkit -p ttdrv-vfio
 
 id=prom-$RANDOM
 work=$(mktemp -d)
@@ -34,7 +36,7 @@ cleanup() {
 }
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-admin=$(free_port); promport=$(free_port)
+admin=$(free_port); promport=$(free_port); vfioport=$(free_port)
 
 kubectl apply -f crds/tenstorrentdriverpolicies.yaml >/dev/null
 kubectl create ns $id >/dev/null
@@ -55,6 +57,17 @@ ttdrv-controller --namespace $id --policy-selector ttdrv-test=$id --leader-elect
 procs_record "$pids" $! ttdrv-controller
 ttdrv-sim-agent --namespace $id --work-ms 500 >"$work/agent.log" 2>&1 &
 procs_record "$pids" $! ttdrv-sim-agent
+# The binder's host: one n150 function already on vfio-pci (nothing to bind).
+h=$work/host; fn=$h/sys/devices/pci0000:00/0000:01:00.0
+mkdir -p "$fn" "$h/sys/bus/pci/devices" "$h/sys/bus/pci/drivers/vfio-pci" "$h/proc/sys/kernel/random"
+printf '%s\n' 0x1e52 >"$fn/vendor"; printf '%s\n' 0x401e >"$fn/device"; printf '%s\n' 0x0018 >"$fn/subsystem_device"
+ln -s ../../../bus/pci/drivers/vfio-pci "$fn/driver"
+ln -s ../../../devices/pci0000:00/0000:01:00.0 "$h/sys/bus/pci/devices/0000:01:00.0"
+echo b0071d >"$h/proc/sys/kernel/random/boot_id"
+printf 'devices:\n- {resourceName: tenstorrent.com/wormhole-vfio, vendorId: "1e52", deviceId: ["401e"]}\n' >"$work/vfio.yaml"
+ttdrv-vfio-manage --host-root "$h" --config "$work/vfio.yaml" --state-dir= --no-node-report \
+  --bind-interval 2s --metrics-addr 127.0.0.1:$vfioport >"$work/vfio.log" 2>&1 &
+procs_record "$pids" $! ttdrv-vfio-manage
 cat > "$work/prometheus.yml" <<YAML
 global: {scrape_interval: 2s, evaluation_interval: 2s}
 rule_files: [$PWD/dashboards/alerts/ttdriver.rules.yaml]
@@ -63,6 +76,9 @@ scrape_configs:
     # cluster: as a Prometheus of several clusters labels them (the
     # dashboards' cluster variable then has a value to offer).
     static_configs: [{targets: ["127.0.0.1:$admin"], labels: {cluster: $id}}]
+  - job_name: tt-vfio
+    # node: as the chart's PodMonitor labels the binder's series.
+    static_configs: [{targets: ["127.0.0.1:$vfioport"], labels: {cluster: $id, node: $id-a}}]
 YAML
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/data" \
   --web.listen-address=127.0.0.1:$promport >"$work/prometheus.log" 2>&1 &
