@@ -446,6 +446,7 @@ async fn real_node() {
     .await;
     assert_eq!(report.total(), 0, "{report:?}");
     assert_eq!(report.passthrough(), Passthrough::None);
+    ph.log(&format!("the binder's report: {}", report.to_annotation()));
     ph.phase("VFIO binder: the node reported with its pod token");
 
     // --- 2. the workload
