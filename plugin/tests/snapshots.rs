@@ -550,19 +550,31 @@ fn fleet_before_upgrade() -> (
     (vec![older, fleet], nodes, pods, pdbs)
 }
 
+/// The plan of the fleet policy of [`fleet_before_upgrade`] (at `version`,
+/// else its own).
+fn plan_fleet(
+    policies: &[TenstorrentDriverPolicy],
+    nodes: &[Node],
+    pods: &[Pod],
+    pdbs: &[PodDisruptionBudget],
+    version: Option<&str>,
+) -> plan::RolloutPlan {
+    plan::build(&Inputs {
+        policy: &policies[1],
+        policies,
+        nodes,
+        pods,
+        pdbs,
+        operator_namespace: "tt-k8s-driver-manager-system",
+        costs: Default::default(),
+        version,
+    })
+}
+
 #[test]
 fn plan_of_an_upgrade() {
     let (policies, nodes, pods, pdbs) = fleet_before_upgrade();
-    let rp = plan::build(&Inputs {
-        policy: &policies[1],
-        policies: &policies,
-        nodes: &nodes,
-        pods: &pods,
-        pdbs: &pdbs,
-        operator_namespace: "tt-k8s-driver-manager-system",
-        costs: Default::default(),
-        version: Some("2.8.0"),
-    });
+    let rp = plan_fleet(&policies, &nodes, &pods, &pdbs, Some("2.8.0"));
     let order: Vec<&str> = rp.nodes.iter().map(|n| n.name.as_str()).collect();
     // The admin-cordoned node first (no extra slot), then nodes without device
     // users by name, device users last.
@@ -584,16 +596,7 @@ fn plan_of_an_upgrade() {
 #[test]
 fn plan_at_the_current_version_cycles_only_nodes_off_it() {
     let (policies, nodes, pods, pdbs) = fleet_before_upgrade();
-    let rp = plan::build(&Inputs {
-        policy: &policies[1],
-        policies: &policies,
-        nodes: &nodes,
-        pods: &pods,
-        pdbs: &pdbs,
-        operator_namespace: "tt-k8s-driver-manager-system",
-        costs: Default::default(),
-        version: None,
-    });
+    let rp = plan_fleet(&policies, &nodes, &pods, &pdbs, None);
     // Only the node running another version (a downgrade) gets a cycle.
     let order: Vec<&str> = rp.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(order, ["w-done"]);
@@ -612,16 +615,7 @@ fn plan_predicts_the_stall_of_an_admin_cordoned_node_with_one_slot() {
     let (mut policies, nodes, pods, pdbs) = fleet_before_upgrade();
     policies[1].spec.upgrade_policy.max_unavailable =
         k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1);
-    let rp = plan::build(&Inputs {
-        policy: &policies[1],
-        policies: &policies,
-        nodes: &nodes,
-        pods: &pods,
-        pdbs: &pdbs,
-        operator_namespace: "tt-k8s-driver-manager-system",
-        costs: Default::default(),
-        version: Some("2.8.0"),
-    });
+    let rp = plan_fleet(&policies, &nodes, &pods, &pdbs, Some("2.8.0"));
     let waves: Vec<(&str, Option<usize>)> =
         rp.nodes.iter().map(|n| (n.name.as_str(), n.wave)).collect();
     assert_eq!(
@@ -673,16 +667,7 @@ fn an_unavailable_node_without_a_cycle_still_uses_a_slot() {
             spec.unschedulable = Some(name == "w-done");
         }
     }
-    let rp = plan::build(&Inputs {
-        policy: &policies[1],
-        policies: &policies,
-        nodes: &nodes,
-        pods: &pods,
-        pdbs: &pdbs,
-        operator_namespace: "tt-k8s-driver-manager-system",
-        costs: Default::default(),
-        version: Some("2.8.0"),
-    });
+    let rp = plan_fleet(&policies, &nodes, &pods, &pdbs, Some("2.8.0"));
     assert!(rp.nodes.iter().all(|n| n.wave.is_none()), "{:?}", rp.nodes);
     assert!(
         rp.halted
@@ -705,16 +690,7 @@ fn many_ordinary_nodes_are_summarized_in_text_but_all_in_json() {
             unschedulable: false,
         }));
     }
-    let rp = plan::build(&Inputs {
-        policy: &policies[1],
-        policies: &policies,
-        nodes: &nodes,
-        pods: &pods,
-        pdbs: &pdbs,
-        operator_namespace: "tt-k8s-driver-manager-system",
-        costs: Default::default(),
-        version: Some("2.8.0"),
-    });
+    let rp = plan_fleet(&policies, &nodes, &pods, &pdbs, Some("2.8.0"));
     assert_eq!(
         rp.skipped
             .iter()
@@ -725,6 +701,47 @@ fn many_ordinary_nodes_are_summarized_in_text_but_all_in_json() {
     let text = render::plan(&rp, Palette::PLAIN);
     assert_eq!(text.matches("NotTenstorrent").count(), 10);
     assert!(text.contains("… and 6 more nodes without a Tenstorrent device"));
+}
+
+/// A node whose Tenstorrent functions are all on vfio-pci (the VFIO
+/// binder's report) is skipped, as the controller skips it; a mixed node is
+/// not.
+#[test]
+fn plan_skips_a_node_whose_functions_are_all_passed_through() {
+    let (policies, mut nodes, pods, pdbs) = fleet_before_upgrade();
+    let report = |drivers: &str| {
+        format!(
+            r#"{{"bootId":"","drivers":{drivers},"vfioResources":["tenstorrent.com/wh-vfio"]}}"#
+        )
+    };
+    for (name, drivers) in [
+        ("w-1", r#"{"vfio-pci":2}"#),
+        ("w-3", r#"{"vfio-pci":1,"tenstorrent":1}"#),
+    ] {
+        let n = nodes
+            .iter_mut()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+            .expect("fixture node");
+        n.metadata.annotations = Some(BTreeMap::from([(
+            ttdrv_api::vfio::PCI_FUNCTIONS.to_string(),
+            report(drivers),
+        )]));
+    }
+    let rp = plan_fleet(&policies, &nodes, &pods, &pdbs, Some("2.8.0"));
+    let skipped: Vec<(&str, &str)> = rp
+        .skipped
+        .iter()
+        .filter(|n| n.kind == "VfioPassthrough")
+        .map(|n| (n.name.as_str(), n.detail.as_str()))
+        .collect();
+    assert_eq!(skipped.len(), 1, "{:?}", rp.skipped);
+    assert_eq!(skipped[0].0, "w-1");
+    assert!(skipped[0].1.contains("vfio-pci"), "{skipped:?}");
+    let order: Vec<&str> = rp.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert!(
+        !order.contains(&"w-1") && order.contains(&"w-3"),
+        "{order:?}"
+    );
 }
 
 /// The controller does not re-write the record of a Done node that a new
