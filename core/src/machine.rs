@@ -48,6 +48,11 @@ pub struct NodeRecord {
     pub cordon: Cordon,
     /// Pod replaced without cordon/drain (module version unchanged, or first install).
     pub no_drain: bool,
+    /// A cycle without drain that holds a `maxUnavailable` slot all the same:
+    /// a restart-only cycle that replaces the installer pod (a new installer
+    /// template), bounded like any other so that a fleet's pods are not all
+    /// replaced (and their images pulled) at once.
+    pub bounded: bool,
     /// Last retry token acted upon (value of the retry annotation).
     pub retry_token: Option<String>,
     /// Unix seconds since when a paused policy holds this node mid-cycle; its
@@ -82,6 +87,8 @@ mod wire {
         was_unschedulable: bool,
         #[serde(default)]
         no_drain: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        bounded: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_token: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -107,6 +114,7 @@ mod wire {
                 started: w.started,
                 cordon,
                 no_drain: w.no_drain,
+                bounded: w.bounded,
                 retry_token: w.retry_token,
                 paused_at: w.paused_at,
             }
@@ -126,6 +134,7 @@ mod wire {
                 cordoned_by_us: r.cordon == Cordon::Ours,
                 was_unschedulable: r.cordon == Cordon::Theirs,
                 no_drain: r.no_drain,
+                bounded: r.bounded,
                 retry_token: r.retry_token,
                 paused_at: r.paused_at,
             }
@@ -145,6 +154,7 @@ impl NodeRecord {
             started: None,
             cordon: Cordon::None,
             no_drain: false,
+            bounded: false,
             retry_token: None,
             paused_at: None,
         }
@@ -155,9 +165,11 @@ impl NodeRecord {
         self.cordon == Cordon::Ours
     }
 
-    /// True while the node is out of service because of this rollout.
+    /// True while the node holds a `maxUnavailable` slot of this rollout:
+    /// in a drained cycle (out of service because of it), or in a bounded
+    /// one without drain.
     pub fn occupies_slot(&self) -> bool {
-        self.state.is_in_progress() && !self.no_drain
+        self.state.is_in_progress() && (!self.no_drain || self.bounded)
     }
 }
 
@@ -319,6 +331,10 @@ fn enter(
     let mut r = rec.clone();
     if r.state != state {
         r.since = now;
+    }
+    if !state.is_in_progress() {
+        // A bounded cycle's slot ends with the cycle.
+        r.bounded = false;
     }
     r.state = state;
     r.reason = Some(reason.to_string());
@@ -540,8 +556,20 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 } else {
                     reason::INSTALL
                 };
+                // Replacing the installer pod of a node that keeps its module
+                // (a new installer template) takes a slot like any cycle: a
+                // fleet's pods are replaced maxUnavailable at a time.
+                let bounded = module_ok && stale;
+                if bounded && !obs.slot {
+                    let why = format!(
+                        "waiting for a maxUnavailable slot to replace the installer pod in place (tt-kmd {} stays loaded)",
+                        want.version
+                    );
+                    return wait_for_slot(&rec, why, now);
+                }
                 let mut r = enter(&rec, Upgrading, why, None, now);
                 r.no_drain = true;
+                r.bounded = bounded;
                 r.started = Some(now);
                 let cmds = if stale {
                     vec![Command::DeleteInstallerPod]

@@ -171,9 +171,15 @@ fn without_cycle(node: &Node, observed: &Observation, want: &Desired) -> Option<
         .as_deref()
         .map(|v| format!(" of {v}"))
         .unwrap_or_default();
-    let next = machine::step(&NodeRecord::new(policy, target, 0), &obs, want);
+    let mut next = machine::step(&NodeRecord::new(policy, target, 0), &obs, want);
     if next.needs_slot {
-        return None;
+        // A slot for a pod replaced in place (a new installer template) is no
+        // cordon or drain; anything else with one is a cycle.
+        let with_slot = Observation { slot: true, ..obs };
+        next = machine::step(&NodeRecord::new(policy, target, 0), &with_slot, want);
+        if !(next.record.no_drain && next.record.bounded) {
+            return None;
+        }
     }
     let next = next.record;
     let (kind, detail) = match (next.state, next.no_drain, next.reason.as_deref()) {
@@ -188,7 +194,9 @@ fn without_cycle(node: &Node, observed: &Observation, want: &Desired) -> Option<
         (NodeState::Done, _, Some(reason::UP_TO_DATE))
         | (NodeState::Upgrading, true, Some(reason::RESTART)) => (
             reason::UP_TO_DATE,
-            format!("already runs {target} (at most an in-place installer restart)"),
+            format!(
+                "already runs {target} (at most an in-place installer restart, maxUnavailable at a time)"
+            ),
         ),
         (NodeState::Upgrading, true, Some(reason::INSTALL)) => (
             reason::INSTALL,

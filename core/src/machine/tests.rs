@@ -106,11 +106,21 @@ fn table() {
             expect: (Done, vec![]),
         },
         Row {
-            name: "pending, restart-only",
+            name: "pending, restart-only: waits for a slot",
             rec: rec(Pending),
             obs: Observation {
                 loaded: Some("2.8.0".into()),
                 slot: false,
+                ..obs()
+            },
+            want: w.clone(),
+            expect: (Pending, vec![]),
+        },
+        Row {
+            name: "pending, restart-only, slot: pod replaced",
+            rec: rec(Pending),
+            obs: Observation {
+                loaded: Some("2.8.0".into()),
                 ..obs()
             },
             want: w.clone(),
@@ -578,6 +588,28 @@ fn safety_properties_over_the_cross_product() {
                                             !matches!(o.passthrough, Passthrough::All { .. })
                                                 || r.cordoned_by_us(),
                                             "never start on a node whose functions are all on vfio-pci: {ctx}"
+                                        );
+                                    }
+                                    if r.state == Pending
+                                        && s.record.reason.as_deref() == Some(reason::RESTART)
+                                        && s.commands.contains(&Command::DeleteInstallerPod)
+                                    {
+                                        assert!(
+                                            o.slot && s.record.bounded,
+                                            "a restart-only cycle replaces the installer pod only with a slot, kept by the cycle: {ctx}"
+                                        );
+                                    }
+                                    if s.record.state.is_in_progress() && s.record.no_drain {
+                                        assert_eq!(
+                                            s.record.occupies_slot(),
+                                            s.record.bounded,
+                                            "a cycle without drain holds a slot exactly when bounded: {ctx}"
+                                        );
+                                    }
+                                    if !s.record.state.is_in_progress() {
+                                        assert!(
+                                            !s.record.bounded,
+                                            "a slot ends with the cycle: {ctx}"
                                         );
                                     }
                                     if !drain_enabled && r.state == Pending {
@@ -1666,20 +1698,88 @@ fn a_done_node_stays_done_when_its_installer_is_only_not_ready() {
             s.record
         );
     }
-    // A new installer template is a change: the pod is replaced in place.
+    // A new installer template is a change: the pod is to be replaced in
+    // place, with a slot (asked for from Pending).
     let stale = Observation {
         installer: InstallerPod::Stale { deleting: false },
         loaded: Some("2.8.0".into()),
         ..obs()
     };
     let s = step(&done, &stale, &want());
-    assert_eq!(s.record.state, Upgrading, "{:?}", s.record);
-    assert_eq!(s.record.reason.as_deref(), Some(reason::RESTART));
-    assert_eq!(s.commands, vec![Command::DeleteInstallerPod]);
+    assert_eq!(s.record.state, Pending, "{:?}", s.record);
+    assert!(s.commands.is_empty());
+    assert_eq!(
+        run(&s.record, &stale, &want()).1,
+        vec![Command::DeleteInstallerPod]
+    );
     // And so is a module that is not the target any more.
     let other = Observation {
         loaded: Some("2.7.0".into()),
         ..obs()
     };
     assert_ne!(step(&done, &other, &want()).record.state, Done);
+}
+
+#[test]
+fn a_new_installer_template_replaces_the_pod_in_place_with_a_slot() {
+    let stale = Observation {
+        loaded: Some("2.8.0".into()),
+        installer: InstallerPod::Stale { deleting: false },
+        ..obs()
+    };
+    // Without a slot: it waits, and asks for one.
+    let wait = step(
+        &rec(Pending),
+        &Observation {
+            slot: false,
+            ..stale.clone()
+        },
+        &want(),
+    );
+    assert_eq!(wait.record.state, Pending);
+    assert!(wait.needs_slot && wait.commands.is_empty(), "{wait:?}");
+    assert!(
+        wait.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("replace the installer pod in place")),
+        "{:?}",
+        wait.record.message
+    );
+    // With one: no cordon, the pod replaced, the slot held until Done.
+    let go = step(&rec(Pending), &stale, &want());
+    assert_eq!(go.record.state, Upgrading);
+    assert_eq!(go.record.reason.as_deref(), Some(reason::RESTART));
+    assert_eq!(go.commands, vec![Command::DeleteInstallerPod]);
+    assert!(go.record.no_drain && go.record.bounded && go.record.occupies_slot());
+    let ready = Observation {
+        installer: InstallerPod::Current { ready: true },
+        ..stale.clone()
+    };
+    let done = step(&go.record, &ready, &want());
+    assert_eq!(done.record.state, Done);
+    assert!(!done.record.bounded && !done.record.occupies_slot());
+    // A first install (nothing loaded) and a pod that is only not Ready
+    // replace nothing, and take no slot.
+    for o in [
+        Observation {
+            loaded: None,
+            slot: false,
+            ..stale.clone()
+        },
+        Observation {
+            installer: InstallerPod::Current { ready: false },
+            slot: false,
+            ..stale.clone()
+        },
+    ] {
+        let s = step(&rec(Pending), &o, &want());
+        assert_eq!(s.record.state, Upgrading, "{o:?}");
+        assert!(!s.record.bounded && !s.record.occupies_slot());
+    }
+    // The record keeps the flag across a controller restart.
+    let json = serde_json::to_string(&go.record).expect("record");
+    assert!(json.contains("\"bounded\":true"), "{json}");
+    let back: NodeRecord = serde_json::from_str(&json).expect("record");
+    assert_eq!(back, go.record);
 }
