@@ -421,7 +421,7 @@ async fn play_agent(
             }
             // Refuse while any pod on the node still holds the device, as the
             // real agent does: it gives up and says why.
-            if let Some(holder) = device_holder(&nodes, &all_pods, node_name).await? {
+            if let Some(holder) = device_holder(&all_pods, &node).await? {
                 restarts += 1;
                 let msg = reason::termination_message(
                     reason::DEVICE_BUSY,
@@ -545,15 +545,12 @@ async fn set_ready(pods_ns: &Api<Pod>, name: &str, pod: &Pod) -> anyhow::Result<
     Ok(())
 }
 
-/// A pod on the node, not an installer, that holds the device: not one on
+/// A pod on `node`, not an installer, that holds the device: not one on
 /// the node's vfio-pci functions only (a VM holds /dev/vfio, not tt-kmd's
-/// device), as the binder reports them on the Node.
-async fn device_holder(
-    nodes: &Api<Node>,
-    all_pods: &Api<Pod>,
-    node_name: &str,
-) -> anyhow::Result<Option<String>> {
-    let vfio = ttdrv_core::node::vfio_resources(&nodes.get(node_name).await?);
+/// device), as the binder reports them on the Node (as just read).
+async fn device_holder(all_pods: &Api<Pod>, node: &Node) -> anyhow::Result<Option<String>> {
+    let node_name = node.metadata.name.as_deref().unwrap_or_default();
+    let vfio = ttdrv_core::node::vfio_resources(node);
     let lp = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
     Ok(all_pods
         .list(&lp)
@@ -620,7 +617,7 @@ async fn play_unload(
         return Ok((Unload::StandDown, restarts));
     }
     let all_pods: Api<Pod> = Api::all(client.clone());
-    let failure = if let Some(holder) = device_holder(&nodes, &all_pods, &node_name).await? {
+    let failure = if let Some(holder) = device_holder(&all_pods, node).await? {
         Some(reason::termination_message(
             reason::DEVICE_BUSY,
             &format!("pid 4242 (sim) in pod {holder} holds /dev/tenstorrent/0"),

@@ -115,14 +115,10 @@ impl Binder {
         // node with no matching function (the DaemonSet without a
         // nodeSelector) runs without it instead of crash-looping.
         let wants_bind = actions.iter().any(|a| matches!(a, Action::Bind { .. }));
-        let vfio_pci = if wants_bind {
-            self.ensure_vfio_pci().err()
-        } else {
-            None
-        };
+        let vfio_pci_missing = wants_bind && self.ensure_vfio_pci().is_err();
         for action in &actions {
             let result = match action {
-                Action::Bind { .. } if vfio_pci.is_some() => Err(VfioError::DriverMissing {
+                Action::Bind { .. } if vfio_pci_missing => Err(VfioError::DriverMissing {
                     driver: VFIO_PCI_DRIVER.into(),
                     hint: VFIO_PCI_HINT,
                 }),
