@@ -209,43 +209,37 @@ async fn installer_image_change_restarts_pods_without_cordon() {
     let (env, ns, nodes, policy, _running) = installed_fleet("rollout-image", 3, "", T).await;
     let before: Vec<String> = ds_pods(&env, &ns).await.expect("installer pods");
     let watcher = CordonWatcher::start(&env);
+    // Restart-only cycles take a maxUnavailable slot (1 here) like any other:
+    // the records on the nodes, seen in the order they were written, never
+    // show two at once.
+    let safety = SafetyWatcher::start(&env);
+    tokio::time::sleep(Duration::from_millis(500)).await;
     patch_policy(
         &env,
         &policy,
         serde_json::json!({ "installer": { "image": "example.invalid/agent:canary" } }),
     )
     .await;
-    // Restart-only cycles take a maxUnavailable slot (1 here) like any other:
-    // the records on the nodes never show two at once.
-    let mut most = 0;
-    let deadline = std::time::Instant::now() + T;
-    loop {
-        let mut restarting = 0;
-        for n in &nodes {
-            let rec = ttdrv_core::node::record(&env.get_node(n).await)
-                .ok()
-                .flatten();
-            if rec.is_some_and(|r| r.state.is_in_progress() && r.no_drain) {
-                restarting += 1;
-            }
+    ttdrv_testkit::wait_for("installer pods replaced with the new image", T, || async {
+        let now = ds_pods(&env, &ns).await?;
+        let replaced = now.len() == nodes.len() && now.iter().all(|p| !before.contains(p));
+        if replaced {
+            Ok(())
+        } else {
+            Err(format!("before {before:?} now {now:?}"))
         }
-        most = most.max(restarting);
-        let now = ds_pods(&env, &ns).await.unwrap_or_default();
-        if now.len() == nodes.len() && now.iter().all(|p| !before.contains(p)) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "installer pods not replaced with the new image: before {before:?} now {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    eprintln!("most restart-only cycles at once: {most}");
-    assert_eq!(
-        most, 1,
-        "one restart-only cycle at a time (maxUnavailable 1)"
-    );
+    })
+    .await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.7.0", T).await;
+    let seen = safety.seen();
+    eprintln!(
+        "most restart-only cycles at once: {}",
+        seen.max_without_drain
+    );
+    assert_eq!(
+        seen.max_without_drain, 1,
+        "one restart-only cycle at a time (maxUnavailable 1): {seen:?}"
+    );
     assert!(
         watcher.ever().is_empty(),
         "a restart-only change must not cordon: {:?}",

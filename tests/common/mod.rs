@@ -247,9 +247,13 @@ pub struct SafetySeen {
     /// Most Ready nodes cordoned by us at one instant (cordoned, and our
     /// record says the cordon is ours).
     pub max_ready_cordoned_by_us: usize,
-    /// Most nodes in our disruptive states (Cordoning..Uncordoning, with a
-    /// drain) at one instant, by the records on the nodes.
+    /// Most nodes holding a slot of ours (Cordoning..Uncordoning with a drain,
+    /// or a bounded restart-only cycle) at one instant, by the records on the
+    /// nodes.
     pub max_in_cycle: usize,
+    /// Most nodes in a cycle without drain (restart-only, first install) at
+    /// one instant, by the records on the nodes.
+    pub max_without_drain: usize,
     /// Module swaps (kmd-version a -> b, both set; or the same version with
     /// other module parameters reported) seen without a valid go-ahead on
     /// the node at that instant.
@@ -349,6 +353,14 @@ impl SafetyWatcher {
                     .count();
                 s.max_ready_cordoned_by_us = s.max_ready_cordoned_by_us.max(ready_ours);
                 s.max_in_cycle = s.max_in_cycle.max(in_cycle);
+                let without_drain = records
+                    .iter()
+                    .filter(|(_, r)| {
+                        r.as_ref()
+                            .is_some_and(|r| r.state.is_in_progress() && r.no_drain)
+                    })
+                    .count();
+                s.max_without_drain = s.max_without_drain.max(without_drain);
             }
         });
         Self { seen, task }
