@@ -55,6 +55,7 @@ lint:
 
 crds:
 	$(CARGO) run -q --bin ttdrv-crdgen > crds/tenstorrentdriverpolicies.yaml
+	$(CARGO) run -q --bin ttdrv-crdgen firmware > crds/tenstorrentfirmwarepolicies.yaml
 
 cluster-up:
 	bash hack/cluster.sh up

@@ -45,7 +45,7 @@ kubectl apply -f hack/demo/nodes.yaml >/dev/null
 kubectl get nodes -L tt.tenstorrent.com/pool,feature.node.kubernetes.io/pci-1200_1e52.present
 
 say "Installing the CRD and the operator namespace; starting the controller and a simulated node agent"
-kubectl apply -f crds/tenstorrentdriverpolicies.yaml >/dev/null
+kubectl apply -f crds/ >/dev/null
 kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl wait --for condition=Established crd/tenstorrentdriverpolicies.driver.tenstorrent.com --timeout=60s >/dev/null
 ttdrv-controller --namespace "$ns" --admin-addr 127.0.0.1:18080 --leader-elect=true \

@@ -38,7 +38,7 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 admin=$(free_port); promport=$(free_port); vfioport=$(free_port)
 
-kubectl apply -f crds/tenstorrentdriverpolicies.yaml >/dev/null
+kubectl apply -f crds/ >/dev/null
 kubectl create ns $id >/dev/null
 for n in a b c; do
   kubectl apply -f - >/dev/null <<YAML

@@ -17,6 +17,22 @@ fn committed_crd_matches_generated() {
     );
 }
 
+#[test]
+fn committed_firmware_crd_matches_generated() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crds/tenstorrentfirmwarepolicies.yaml"
+    );
+    let committed =
+        std::fs::read_to_string(path).expect("crds/tenstorrentfirmwarepolicies.yaml exists");
+    let generated = serde_yaml::to_string(&ttdrv_api::firmware::TenstorrentFirmwarePolicy::crd())
+        .expect("serializes");
+    assert!(
+        committed == generated,
+        "crds/tenstorrentfirmwarepolicies.yaml is stale: run `make crds` and commit the result"
+    );
+}
+
 /// The Go operator's printer columns come first, in its order; ours follow.
 #[test]
 fn printer_columns_start_with_the_go_operators() {

@@ -66,6 +66,11 @@ fn chart_copies_match_their_sources() {
             "cp crds/tenstorrentdriverpolicies.yaml chart/crds/",
         ),
         (
+            "crds/tenstorrentfirmwarepolicies.yaml",
+            "chart/crds/tenstorrentfirmwarepolicies.yaml",
+            "cp crds/tenstorrentfirmwarepolicies.yaml chart/crds/",
+        ),
+        (
             "dashboards/alerts/ttdriver.rules.yaml",
             "chart/files/ttdriver.rules.yaml",
             "cp dashboards/alerts/ttdriver.rules.yaml chart/files/",
@@ -76,7 +81,10 @@ fn chart_copies_match_their_sources() {
     }
     assert_eq!(
         files("chart/crds", ""),
-        ["tenstorrentdriverpolicies.yaml"],
+        [
+            "tenstorrentdriverpolicies.yaml",
+            "tenstorrentfirmwarepolicies.yaml"
+        ],
         "chart/crds/ holds files that crds/ does not"
     );
     let dashboards = files("dashboards", ".json");

@@ -18,8 +18,10 @@
 //! | [`rollout`] | which waiting nodes may start now under `maxUnavailable` |
 //! | [`trust`] | which installer images and source repositories a policy may name, and the commit a version is built from |
 
+pub mod claim;
 pub mod drain;
 pub mod event;
+pub mod firmware;
 #[doc(hidden)]
 pub mod fixtures;
 pub mod go_ahead;

@@ -244,6 +244,9 @@ pub struct Observation {
     /// The prepare plan chose this node: replace its stale installer pod now
     /// so the new agent builds ahead ([`crate::prepare::plan`]).
     pub prepare_turn: bool,
+    /// A firmware cycle has the node ([`crate::claim`]): who, for the
+    /// message. No driver cycle starts on it meanwhile.
+    pub firmware_cycle: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -546,6 +549,16 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             if want.refused {
                 let why = "the cluster refuses this policy's installer DaemonSet (see its Degraded condition)";
                 return wait(&rec, why.into(), now);
+            }
+            if let Some(who) = &obs.firmware_cycle {
+                let why = format!(
+                    "{who} has the node out of service; one disruption at a time: {} waits",
+                    upgrade()
+                );
+                return stay(
+                    &enter(&rec, Pending, reason::WAITING_FOR_FIRMWARE, Some(why), now),
+                    vec![],
+                );
             }
             let stale = matches!(obs.installer, InstallerPod::Stale { .. });
             if !rec.cordoned_by_us() && (module_ok || obs.loaded.is_none()) {

@@ -155,6 +155,7 @@ pub fn observe<'p>(
         inherited_cordon,
         nothing_loaded: node::reported_nothing_loaded(node),
         installer_created,
+        firmware_cycle: crate::claim::firmware_cycle(node).map(|h| h.to_string()),
         ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from

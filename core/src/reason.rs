@@ -10,6 +10,9 @@ pub const WAITING: &str = "WaitingForSlot";
 pub const PREPARING: &str = "Preparing";
 /// Pending: `spec.paused`.
 pub const PAUSED: &str = "Paused";
+/// Pending: a firmware cycle (a TenstorrentFirmwarePolicy's, ours or the Go
+/// operator's) has the node; one disruption at a time.
+pub const WAITING_FOR_FIRMWARE: &str = "WaitingForFirmware";
 /// Done: the module and installer were already current.
 pub const UP_TO_DATE: &str = "UpToDate";
 /// Done (or Uncordoning): the new module is loaded.
@@ -117,6 +120,7 @@ pub const ALL: &[&str] = &[
     WAITING,
     PREPARING,
     PAUSED,
+    WAITING_FOR_FIRMWARE,
     UP_TO_DATE,
     UPGRADED,
     HOST_MANAGED,

@@ -515,14 +515,21 @@ pub fn describe<T: Debug>(items: &[T]) -> String {
     format!("{items:?}")
 }
 
-/// Installs (server-side apply) the committed CRD and waits until it is Established.
+/// Installs (server-side apply) the committed CRDs, the driver's and the
+/// firmware's, and waits until they are Established.
 pub async fn ensure_crd(client: &Client) {
+    for file in [
+        "tenstorrentdriverpolicies.yaml",
+        "tenstorrentfirmwarepolicies.yaml",
+    ] {
+        apply_crd(client, file).await;
+    }
+}
+
+async fn apply_crd(client: &Client, file: &str) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../crds/tenstorrentdriverpolicies.yaml"
-    );
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    let path = format!("{}/../crds/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     let crd: CustomResourceDefinition =
         serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("parsing {path}: {e}"));
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());

@@ -492,6 +492,7 @@ fn safety_properties_over_the_cross_product() {
                                     prepared: !b(7),
                                     // The turn matters only while not prepared.
                                     prepare_turn: b(7) && !b(2),
+                                    firmware_cycle: (b(1) && b(4)).then(|| "fw".into()),
                                 };
                                 for (paused, drain_enabled, refused, unmanage) in [
                                     (false, true, false),
@@ -522,6 +523,15 @@ fn safety_properties_over_the_cross_product() {
                                     checked += 1;
                                     let ctx = format!("{r:?}\n{o:?}\n{w:?}\n-> {s:?}");
                                     let cordons = s.commands.contains(&Command::Cordon);
+                                    assert!(
+                                        o.firmware_cycle.is_none()
+                                            || r.state != Pending
+                                            || !matches!(
+                                                s.record.state,
+                                                Cordoning | Draining | Upgrading | Unloading
+                                            ),
+                                        "no driver cycle starts while a firmware cycle has the node: {ctx}"
+                                    );
                                     // The machine asks for a slot exactly when one
                                     // would start a disruptive cycle (what the
                                     // NodeActor once found out by stepping twice).

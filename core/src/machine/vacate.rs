@@ -96,6 +96,14 @@ fn pending(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             "the cluster refuses this policy's installer DaemonSet (see its Degraded condition)";
         return wait(&rec, why.into(), now);
     }
+    if let Some(who) = &obs.firmware_cycle {
+        let why =
+            format!("{who} has the node out of service; one disruption at a time: {what} waits");
+        return stay(
+            &enter(&rec, Pending, reason::WAITING_FOR_FIRMWARE, Some(why), now),
+            vec![],
+        );
+    }
     if !obs.slot {
         return wait_for_slot(
             &rec,

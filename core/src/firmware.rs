@@ -1,0 +1,591 @@
+//! One node's firmware cycle, free of I/O: [`step`] maps (persisted record,
+//! fresh observation, what the policy wants) to the next record and the
+//! commands that get the node there, as [`crate::machine`] does for the
+//! driver. The record is persisted on the Node (annotation
+//! `firmware.tenstorrent.com/record`) in the same patch as the cordon or
+//! uncordon, so a controller killed at any instant resumes without cordoning
+//! twice, flashing twice, or forgetting whose cordon it is.
+//!
+//! ```text
+//! Pending → Cordoning → Draining → Flashing → Uncordoning → Done
+//!                                          ↘ Failed
+//! ```
+//! (drain disabled: Pending → Flashing → Done).
+//!
+//! One disruption at a time: a node a driver cycle holds ([`Observation::driver_cycle`])
+//! starts no firmware cycle, and the driver machine likewise waits for a
+//! firmware cycle ([`crate::machine::Observation::firmware_cycle`]).
+
+use serde::{Deserialize, Serialize};
+use ttdrv_api::firmware::flasher::Report;
+use ttdrv_api::firmware::{FirmwareNodeState, TenstorrentFirmwarePolicy, reason};
+
+pub use crate::drain::DrainProgress;
+pub use crate::machine::Cordon;
+
+/// What the controller remembers about one node's firmware, persisted on the
+/// Node as JSON (annotation `firmware.tenstorrent.com/record`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FwRecord {
+    pub policy: String,
+    pub state: FirmwareNodeState,
+    /// Firmware version this cycle aims at.
+    pub target: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Unix seconds when `state` was entered.
+    pub since: i64,
+    /// Who cordoned the node for this cycle.
+    #[serde(default, with = "cordon_wire")]
+    pub cordon: Cordon,
+    /// The flash Job of this cycle, once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// What every card read back after the last flash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<String>,
+    /// The last retry token acted upon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_token: Option<String>,
+}
+
+mod cordon_wire {
+    use super::Cordon;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(c: &Cordon, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match c {
+            Cordon::None => "none",
+            Cordon::Ours => "ours",
+            Cordon::Theirs => "theirs",
+        })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Cordon, D::Error> {
+        Ok(match String::deserialize(d)?.as_str() {
+            "ours" => Cordon::Ours,
+            "theirs" => Cordon::Theirs,
+            _ => Cordon::None,
+        })
+    }
+}
+
+impl FwRecord {
+    pub fn new(policy: &str, target: &str, now: i64) -> Self {
+        Self {
+            policy: policy.into(),
+            state: FirmwareNodeState::Pending,
+            target: target.into(),
+            reason: None,
+            message: None,
+            since: now,
+            cordon: Cordon::None,
+            job: None,
+            current: None,
+            retry_token: None,
+        }
+    }
+
+    /// Holds a `maxParallel` slot: in a cycle.
+    pub fn occupies_slot(&self) -> bool {
+        self.state.is_in_progress()
+    }
+}
+
+/// The flash Job of this cycle as the cache shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum FlashJob {
+    #[default]
+    Missing,
+    Running {
+        name: String,
+        /// The flasher's image cannot be pulled (ErrImagePull, ImagePullBackOff).
+        image_pull_failed: bool,
+    },
+    Succeeded {
+        name: String,
+        /// The flasher's report; `None` from a flasher that leaves none (the
+        /// Go operator's: its success meant every card read back the target).
+        report: Option<Report>,
+    },
+    Failed {
+        name: String,
+        report: Option<Report>,
+        /// The Job's deadline (`flashTimeoutSeconds`) passed.
+        deadline: bool,
+    },
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observation {
+    pub now: i64,
+    pub ready: bool,
+    pub unschedulable: bool,
+    /// A driver cycle holds the node (its record mid-cycle, or its go-ahead
+    /// present): who, for the message.
+    pub driver_cycle: Option<String>,
+    /// The Go firmware controller's cordon annotation names this policy: a
+    /// cordon it set for this very policy, ours to finish and undo.
+    pub go_cordon_for_us: bool,
+    /// The Go firmware controller left the node in this state (its
+    /// `upgrade-state` label) with no record of ours.
+    pub go_state: Option<FirmwareNodeState>,
+    /// The firmware every card read back last (`fw-version` label).
+    pub current: Option<String>,
+    pub drain: Option<DrainProgress>,
+    pub job: FlashJob,
+    pub retry_token: Option<String>,
+    /// The rollout granted this node a slot.
+    pub slot: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub policy: String,
+    pub version: String,
+    /// What every card must read back.
+    pub readback: String,
+    pub drain_enabled: bool,
+    pub drain_timeout_seconds: i64,
+    pub paused: bool,
+    pub auto_upgrade: bool,
+    /// `haltOnFailure` and some node of the policy is Failed.
+    pub halted: bool,
+}
+
+impl Desired {
+    pub fn of(p: &TenstorrentFirmwarePolicy) -> Self {
+        let s = &p.spec;
+        Self {
+            policy: p.metadata.name.clone().unwrap_or_default(),
+            version: s.version.clone(),
+            readback: s.readback(),
+            drain_enabled: s.upgrade_policy.drain.enable,
+            drain_timeout_seconds: s.upgrade_policy.drain.timeout_seconds,
+            paused: s.paused,
+            auto_upgrade: s.upgrade_policy.auto_upgrade,
+            halted: false,
+        }
+    }
+}
+
+/// Side effects of a step. Cordon and uncordon go in the record's patch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    Cordon,
+    Evict,
+    /// Create the flash Job (idempotent: its name is fixed by policy, node
+    /// and version).
+    CreateJob,
+    Uncordon,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub record: FwRecord,
+    pub commands: Vec<Command>,
+    /// Waits for a slot only: with one, this step would start a cycle.
+    pub needs_slot: bool,
+}
+
+fn enter(
+    rec: &FwRecord,
+    state: FirmwareNodeState,
+    reason: &str,
+    msg: Option<String>,
+    now: i64,
+) -> FwRecord {
+    let mut r = rec.clone();
+    if r.state != state {
+        r.since = now;
+    }
+    r.state = state;
+    r.reason = Some(reason.into());
+    r.message = msg;
+    r
+}
+
+fn stay(rec: FwRecord, commands: Vec<Command>) -> Step {
+    Step {
+        record: rec,
+        commands,
+        needs_slot: false,
+    }
+}
+
+/// The record a node starts from when it has none of ours: a node the Go
+/// firmware controller left mid-cycle for this policy is taken over where
+/// it was, never flashed twice blindly.
+pub fn takeover(want: &Desired, obs: &Observation) -> FwRecord {
+    use FirmwareNodeState::*;
+    let mut r = FwRecord::new(&want.policy, &want.version, obs.now);
+    r.current = obs.current.clone();
+    if obs.go_cordon_for_us && obs.unschedulable {
+        r.cordon = Cordon::Ours;
+    }
+    match (&obs.job, obs.go_state) {
+        // Go's Job for this very version, found by its name: follow it.
+        (FlashJob::Running { name, .. }, _)
+        | (FlashJob::Succeeded { name, .. }, _)
+        | (FlashJob::Failed { name, .. }, _) => {
+            r = enter(
+                &r,
+                Flashing,
+                reason::TAKEN_OVER,
+                Some(format!(
+                    "taken over from the Go firmware controller with its flash Job {name}"
+                )),
+                obs.now,
+            );
+            r.job = Some(name.clone());
+        }
+        // Go says it was flashing, but its Job is gone: the outcome is unknown.
+        (FlashJob::Missing, Some(Flashing)) => {
+            r = enter(
+                &r,
+                Failed,
+                reason::TAKEN_OVER,
+                Some(
+                    "the Go firmware controller left this node Flashing and its flash Job is gone: \
+                     whether the cards were written is unknown, so nothing is flashed again by itself. \
+                     Check the cards (tt-smi -s), then retry"
+                        .into(),
+                ),
+                obs.now,
+            );
+        }
+        // Cordoned (and maybe drained) by Go for this policy: go on from the cordon.
+        (FlashJob::Missing, _) if r.cordon == Cordon::Ours => {
+            r = enter(
+                &r,
+                Draining,
+                reason::TAKEN_OVER,
+                Some("taken over from the Go firmware controller with its cordon".into()),
+                obs.now,
+            );
+        }
+        _ => {}
+    }
+    r
+}
+
+/// One step. Idempotent: the same observation gives the same record and
+/// (idempotent) commands.
+pub fn step(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
+    use FirmwareNodeState::*;
+    let now = obs.now;
+    let mut rec = rec.clone();
+    if rec.target != want.version && matches!(rec.state, Done | Failed | Pending) {
+        rec.target = want.version.clone();
+        rec.job = None;
+        if rec.state != Pending {
+            rec = enter(&rec, Pending, reason::WAITING_FOR_SLOT, None, now);
+        }
+    }
+    match rec.state {
+        Pending => pending(rec, obs, want),
+        Cordoning => {
+            if want.paused {
+                return stay(rec, vec![]);
+            }
+            if obs.unschedulable {
+                let r = enter(&rec, Draining, reason::DRAINING, None, now);
+                return stay(r, vec![Command::Evict]);
+            }
+            rec.cordon = Cordon::Ours;
+            stay(rec, vec![Command::Cordon])
+        }
+        Draining => draining(rec, obs, want),
+        Flashing => flashing(rec, obs, want),
+        Uncordoning => {
+            if rec.cordon == Cordon::Ours && obs.unschedulable {
+                return stay(rec, vec![Command::Uncordon]);
+            }
+            let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
+            r.cordon = Cordon::None;
+            stay(r, vec![])
+        }
+        Done => stay(rec, vec![]),
+        Failed => {
+            if obs.retry_token.is_some() && obs.retry_token != rec.retry_token {
+                rec.retry_token = obs.retry_token.clone();
+                rec.job = None;
+                let r = enter(
+                    &rec,
+                    Pending,
+                    reason::WAITING_FOR_SLOT,
+                    Some("retry requested".into()),
+                    now,
+                );
+                return pending(r, obs, want);
+            }
+            stay(rec, vec![])
+        }
+    }
+}
+
+fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
+    use FirmwareNodeState::*;
+    let now = obs.now;
+    let wait =
+        |reason: &str, msg: String| stay(enter(&rec, Pending, reason, Some(msg), now), vec![]);
+    let at_target = obs.current.as_deref() == Some(want.readback.as_str());
+    if at_target && rec.cordon != Cordon::Ours {
+        let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
+        r.current = obs.current.clone();
+        return stay(r, vec![]);
+    }
+    if !want.auto_upgrade {
+        return wait(
+            reason::AUTO_UPGRADE_DISABLED,
+            format!(
+                "upgradePolicy.autoUpgrade is false: {} -> {} is reported, not flashed",
+                obs.current.as_deref().unwrap_or("unknown"),
+                want.readback
+            ),
+        );
+    }
+    if want.paused {
+        return wait(reason::PAUSED, "policy is paused".into());
+    }
+    if want.halted {
+        return wait(
+            reason::ROLLOUT_HALTED,
+            "a node of this policy is Failed (haltOnFailure): retry or fix it first".into(),
+        );
+    }
+    if !obs.ready {
+        return wait(
+            reason::NODE_NOT_READY,
+            "waiting for the node to be Ready".into(),
+        );
+    }
+    if let Some(who) = &obs.driver_cycle {
+        return wait(
+            reason::WAITING_FOR_DRIVER,
+            format!("{who} has the node out of service; one disruption at a time"),
+        );
+    }
+    if obs.unschedulable && rec.cordon != Cordon::Ours {
+        return wait(
+            reason::EXTERNAL_CORDON,
+            "node is cordoned but not by this operator: nothing is flashed while someone else has it out"
+                .into(),
+        );
+    }
+    if !obs.slot {
+        return Step {
+            needs_slot: true,
+            ..wait(
+                reason::WAITING_FOR_SLOT,
+                format!(
+                    "waiting for a maxParallel slot to flash {} -> {}",
+                    obs.current.as_deref().unwrap_or("unknown"),
+                    want.readback
+                ),
+            )
+        };
+    }
+    if !want.drain_enabled {
+        let mut r = enter(&rec, Flashing, reason::FLASHING, None, now);
+        r.job = None;
+        return stay(r, vec![Command::CreateJob]);
+    }
+    if rec.cordon == Cordon::Ours && obs.unschedulable {
+        // Kept across a retry or taken over: the cordon is there already.
+        let r = enter(&rec, Draining, reason::DRAINING, None, now);
+        return stay(r, vec![Command::Evict]);
+    }
+    let mut r = enter(&rec, Cordoning, reason::CORDONING, None, now);
+    r.cordon = Cordon::Ours;
+    stay(r, vec![Command::Cordon])
+}
+
+fn draining(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
+    use FirmwareNodeState::*;
+    let now = obs.now;
+    if want.paused {
+        return stay(rec, vec![]);
+    }
+    if !obs.unschedulable {
+        rec.cordon = Cordon::Ours;
+        return stay(rec, vec![Command::Cordon]);
+    }
+    let Some(progress) = &obs.drain else {
+        return stay(rec, vec![]);
+    };
+    if progress.remaining.is_empty() {
+        if let Some(who) = &obs.driver_cycle {
+            // Cannot happen through us (the claim); a driver cycle started by
+            // another controller: never flash under its swap.
+            return stay(
+                enter(
+                    &rec,
+                    Draining,
+                    reason::WAITING_FOR_DRIVER,
+                    Some(format!("{who} has the node: the flash waits")),
+                    now,
+                ),
+                vec![],
+            );
+        }
+        let mut r = enter(&rec, Flashing, reason::FLASHING, None, now);
+        r.job = None;
+        return stay(r, vec![Command::CreateJob]);
+    }
+    if now - rec.since > want.drain_timeout_seconds {
+        // Nothing was written to the cards: the node goes back into service.
+        let mut r = enter(
+            &rec,
+            Failed,
+            reason::DRAIN_TIMEOUT,
+            Some(format!(
+                "drain timeout after {}s; blocking pods: {}",
+                want.drain_timeout_seconds,
+                progress.remaining.join(",")
+            )),
+            now,
+        );
+        let cmds = if r.cordon == Cordon::Ours {
+            r.cordon = Cordon::None;
+            vec![Command::Uncordon]
+        } else {
+            vec![]
+        };
+        return stay(r, cmds);
+    }
+    let (why, msg) = if progress.blocking_pdbs.is_empty() {
+        (
+            reason::DRAINING,
+            format!("waiting for {} pod(s) to evict", progress.remaining.len()),
+        )
+    } else {
+        (
+            reason::EVICTION_BLOCKED,
+            format!(
+                "eviction blocked by PodDisruptionBudget {}; will retry",
+                progress.blocking_pdbs.join(", ")
+            ),
+        )
+    };
+    stay(
+        enter(&rec, Draining, why, Some(msg), now),
+        vec![Command::Evict],
+    )
+}
+
+fn flashing(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
+    use FirmwareNodeState::*;
+    let now = obs.now;
+    let retry = ". The node keeps its cordon (the cards may be half-written) and the rollout halts; \
+                 retry with `kubectl tt fw retry <policy> <node>`";
+    match &obs.job {
+        FlashJob::Missing => match rec.job.clone() {
+            // Created by this step's command, not in the cache yet.
+            None => stay(rec, vec![Command::CreateJob]),
+            Some(name) => stay(
+                enter(
+                    &rec,
+                    Failed,
+                    reason::FLASH_JOB_FAILED,
+                    Some(format!(
+                        "flash Job {name} vanished before it finished: whether the cards were written is unknown{retry}"
+                    )),
+                    now,
+                ),
+                vec![],
+            ),
+        },
+        FlashJob::Running {
+            name,
+            image_pull_failed,
+        } => {
+            rec.job = Some(name.clone());
+            let (why, msg) = if *image_pull_failed {
+                (
+                    reason::FLASHER_IMAGE_PULL_FAILED,
+                    Some("the flasher image cannot be pulled".into()),
+                )
+            } else {
+                (reason::FLASHING, None)
+            };
+            stay(enter(&rec, Flashing, why, msg, now), vec![])
+        }
+        FlashJob::Succeeded { name, report } => {
+            rec.job = Some(name.clone());
+            let after = match report {
+                None => Some(want.readback.clone()),
+                Some(r) => r.uniform_after().map(String::from),
+            };
+            if after.as_deref() != Some(want.readback.as_str()) {
+                let got = report
+                    .as_ref()
+                    .map(|r| r.after.join(", "))
+                    .unwrap_or_default();
+                return stay(
+                    enter(
+                        &rec,
+                        Failed,
+                        reason::READBACK_MISMATCH,
+                        Some(format!(
+                            "readback mismatch after flash Job {name}: wanted {} on every card, got [{got}]{retry}",
+                            want.readback
+                        )),
+                        now,
+                    ),
+                    vec![],
+                );
+            }
+            rec.current = after;
+            if rec.cordon == Cordon::Ours {
+                let r = enter(&rec, Uncordoning, reason::UNCORDONING, None, now);
+                return stay(r, vec![Command::Uncordon]);
+            }
+            let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
+            r.cordon = Cordon::None;
+            stay(r, vec![])
+        }
+        FlashJob::Failed {
+            name,
+            report,
+            deadline,
+        } => {
+            rec.job = Some(name.clone());
+            let (why, what) = match report {
+                Some(Report {
+                    reason: Some(r),
+                    message,
+                    ..
+                }) => (
+                    reason::ALL
+                        .iter()
+                        .find(|k| **k == r.as_str())
+                        .copied()
+                        .unwrap_or(reason::FLASH_JOB_FAILED),
+                    message.clone().unwrap_or_default(),
+                ),
+                _ if *deadline => (
+                    reason::FLASH_TIMEOUT,
+                    "the flash Job passed upgradePolicy.flashTimeoutSeconds".into(),
+                ),
+                _ => (reason::FLASH_JOB_FAILED, "see the Job's logs".into()),
+            };
+            stay(
+                enter(
+                    &rec,
+                    Failed,
+                    why,
+                    Some(format!("flash Job {name} failed: {what}{retry}")),
+                    now,
+                ),
+                vec![],
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,528 @@
+use super::*;
+use FirmwareNodeState::*;
+
+fn want() -> Desired {
+    Desired {
+        policy: "fw".into(),
+        version: "19.8.0".into(),
+        readback: "19.8.0.0".into(),
+        drain_enabled: true,
+        drain_timeout_seconds: 600,
+        paused: false,
+        auto_upgrade: true,
+        halted: false,
+    }
+}
+
+fn obs() -> Observation {
+    Observation {
+        now: 1000,
+        ready: true,
+        current: Some("19.7.0.0".into()),
+        ..Default::default()
+    }
+}
+
+fn drained() -> Option<DrainProgress> {
+    Some(DrainProgress::default())
+}
+
+fn report(after: &[&str]) -> Option<Report> {
+    Some(Report {
+        after: after.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    })
+}
+
+fn new() -> FwRecord {
+    FwRecord::new("fw", "19.8.0", 0)
+}
+
+#[test]
+fn a_full_cycle_cordons_drains_flashes_and_uncordons() {
+    let w = want();
+    let s = step(&new(), &obs(), &w);
+    assert!(s.needs_slot && s.commands.is_empty(), "{s:?}");
+    assert_eq!(s.record.reason.as_deref(), Some(reason::WAITING_FOR_SLOT));
+
+    let s = step(
+        &s.record,
+        &Observation {
+            slot: true,
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Cordoning, &[Command::Cordon][..])
+    );
+    assert_eq!(s.record.cordon, Cordon::Ours);
+
+    let cordoned = Observation {
+        unschedulable: true,
+        ..obs()
+    };
+    let s = step(&s.record, &cordoned, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Draining, &[Command::Evict][..])
+    );
+
+    let busy = Observation {
+        drain: Some(DrainProgress {
+            remaining: vec!["ns/p".into()],
+            blocking_pdbs: vec![],
+        }),
+        ..cordoned.clone()
+    };
+    let s = step(&s.record, &busy, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Draining, &[Command::Evict][..])
+    );
+
+    let s = step(
+        &s.record,
+        &Observation {
+            drain: drained(),
+            ..cordoned.clone()
+        },
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Flashing, &[Command::CreateJob][..])
+    );
+
+    // The Job is not in the cache yet: created again (idempotent), not failed.
+    let s = step(&s.record, &cordoned, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Flashing, &[Command::CreateJob][..])
+    );
+
+    let running = Observation {
+        job: FlashJob::Running {
+            name: "j".into(),
+            image_pull_failed: false,
+        },
+        ..cordoned.clone()
+    };
+    let s = step(&s.record, &running, &w);
+    assert_eq!(
+        (s.record.state, s.record.job.as_deref()),
+        (Flashing, Some("j"))
+    );
+    assert!(s.commands.is_empty());
+
+    let done = Observation {
+        job: FlashJob::Succeeded {
+            name: "j".into(),
+            report: report(&["19.8.0.0", "19.8.0.0"]),
+        },
+        ..cordoned.clone()
+    };
+    let s = step(&s.record, &done, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Uncordoning, &[Command::Uncordon][..])
+    );
+    assert_eq!(s.record.current.as_deref(), Some("19.8.0.0"));
+
+    let s = step(
+        &s.record,
+        &Observation {
+            unschedulable: false,
+            ..done
+        },
+        &w,
+    );
+    assert_eq!((s.record.state, s.record.cordon), (Done, Cordon::None));
+    assert!(s.commands.is_empty());
+}
+
+#[test]
+fn nothing_starts_while_a_driver_cycle_holds_the_node() {
+    let o = Observation {
+        slot: true,
+        driver_cycle: Some("driver policy fleet".into()),
+        ..obs()
+    };
+    let s = step(&new(), &o, &want());
+    assert_eq!(s.record.reason.as_deref(), Some(reason::WAITING_FOR_DRIVER));
+    assert!(s.commands.is_empty() && !s.needs_slot, "{s:?}");
+    // Drained, and a driver cycle shows up: the flash waits.
+    let mut r = new();
+    r.state = Draining;
+    r.cordon = Cordon::Ours;
+    let o = Observation {
+        unschedulable: true,
+        drain: drained(),
+        ..o
+    };
+    let s = step(&r, &o, &want());
+    assert_eq!(s.record.state, Draining);
+    assert!(!s.commands.contains(&Command::CreateJob));
+}
+
+#[test]
+fn someone_elses_cordon_is_left_alone() {
+    let o = Observation {
+        slot: true,
+        unschedulable: true,
+        ..obs()
+    };
+    let s = step(&new(), &o, &want());
+    assert_eq!(
+        (s.record.state, s.record.reason.as_deref()),
+        (Pending, Some(reason::EXTERNAL_CORDON))
+    );
+    assert!(s.commands.is_empty());
+}
+
+#[test]
+fn a_node_at_the_target_is_done_without_a_cycle() {
+    let o = Observation {
+        current: Some("19.8.0.0".into()),
+        ..obs()
+    };
+    let s = step(&new(), &o, &want());
+    assert_eq!(s.record.state, Done);
+    assert!(s.commands.is_empty() && !s.needs_slot);
+}
+
+#[test]
+fn policy_knobs_park_pending_nodes_with_their_own_reason() {
+    for (w, why) in [
+        (
+            Desired {
+                paused: true,
+                ..want()
+            },
+            reason::PAUSED,
+        ),
+        (
+            Desired {
+                halted: true,
+                ..want()
+            },
+            reason::ROLLOUT_HALTED,
+        ),
+        (
+            Desired {
+                auto_upgrade: false,
+                ..want()
+            },
+            reason::AUTO_UPGRADE_DISABLED,
+        ),
+    ] {
+        let s = step(
+            &new(),
+            &Observation {
+                slot: true,
+                ..obs()
+            },
+            &w,
+        );
+        assert_eq!(
+            (s.record.state, s.record.reason.as_deref()),
+            (Pending, Some(why))
+        );
+        assert!(s.commands.is_empty() && !s.needs_slot);
+    }
+    let s = step(
+        &new(),
+        &Observation {
+            slot: true,
+            ready: false,
+            ..obs()
+        },
+        &want(),
+    );
+    assert_eq!(s.record.reason.as_deref(), Some(reason::NODE_NOT_READY));
+    assert!(s.commands.is_empty());
+}
+
+#[test]
+fn a_readback_mismatch_fails_and_keeps_the_cordon() {
+    let mut r = new();
+    r.state = Flashing;
+    r.cordon = Cordon::Ours;
+    r.job = Some("j".into());
+    let o = Observation {
+        unschedulable: true,
+        job: FlashJob::Succeeded {
+            name: "j".into(),
+            report: report(&["19.8.0.0", "19.7.0.0"]),
+        },
+        ..obs()
+    };
+    let s = step(&r, &o, &want());
+    assert_eq!(
+        (s.record.state, s.record.reason.as_deref()),
+        (Failed, Some(reason::READBACK_MISMATCH))
+    );
+    assert_eq!(s.record.cordon, Cordon::Ours);
+    assert!(s.commands.is_empty(), "no uncordon over half-written cards");
+    assert!(
+        s.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("19.7.0.0"))
+    );
+}
+
+#[test]
+fn a_failed_job_says_why() {
+    let mut r = new();
+    r.state = Flashing;
+    let cases = [
+        (
+            FlashJob::Failed {
+                name: "j".into(),
+                report: None,
+                deadline: true,
+            },
+            reason::FLASH_TIMEOUT,
+        ),
+        (
+            FlashJob::Failed {
+                name: "j".into(),
+                report: None,
+                deadline: false,
+            },
+            reason::FLASH_JOB_FAILED,
+        ),
+        (
+            FlashJob::Failed {
+                name: "j".into(),
+                report: Some(Report {
+                    reason: Some(reason::READBACK_MISMATCH.into()),
+                    message: Some("card 1 reads 19.7.0.0".into()),
+                    ..Default::default()
+                }),
+                deadline: false,
+            },
+            reason::READBACK_MISMATCH,
+        ),
+        (
+            FlashJob::Failed {
+                name: "j".into(),
+                report: Some(Report {
+                    reason: Some("Invented".into()),
+                    ..Default::default()
+                }),
+                deadline: false,
+            },
+            reason::FLASH_JOB_FAILED,
+        ),
+    ];
+    for (job, why) in cases {
+        let s = step(&r, &Observation { job, ..obs() }, &want());
+        assert_eq!(
+            (s.record.state, s.record.reason.as_deref()),
+            (Failed, Some(why))
+        );
+    }
+}
+
+#[test]
+fn a_vanished_job_fails_and_is_never_recreated_by_itself() {
+    let mut r = new();
+    r.state = Flashing;
+    r.job = Some("j".into());
+    let s = step(&r, &obs(), &want());
+    assert_eq!(s.record.state, Failed);
+    assert!(s.commands.is_empty());
+    // Stays Failed on later steps.
+    let s2 = step(
+        &s.record,
+        &Observation {
+            slot: true,
+            ..obs()
+        },
+        &want(),
+    );
+    assert_eq!(s2.record.state, Failed);
+    assert!(s2.commands.is_empty());
+}
+
+#[test]
+fn a_drain_timeout_fails_and_gives_the_node_back() {
+    let mut r = new();
+    r.state = Draining;
+    r.cordon = Cordon::Ours;
+    r.since = 0;
+    let o = Observation {
+        now: 601,
+        unschedulable: true,
+        drain: Some(DrainProgress {
+            remaining: vec!["ns/hold".into()],
+            blocking_pdbs: vec![],
+        }),
+        ..obs()
+    };
+    let s = step(&r, &o, &want());
+    assert_eq!(
+        (s.record.state, s.record.reason.as_deref()),
+        (Failed, Some(reason::DRAIN_TIMEOUT))
+    );
+    assert_eq!(s.commands, vec![Command::Uncordon]);
+    assert!(
+        s.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("drain timeout after "))
+    );
+}
+
+#[test]
+fn retry_goes_on_from_the_kept_cordon() {
+    let mut r = new();
+    r.state = Failed;
+    r.cordon = Cordon::Ours;
+    r.job = Some("j".into());
+    let o = Observation {
+        unschedulable: true,
+        retry_token: Some("1".into()),
+        slot: true,
+        ..obs()
+    };
+    let s = step(&r, &o, &want());
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Draining, &[Command::Evict][..])
+    );
+    assert_eq!(s.record.job, None);
+    // The same token again does nothing.
+    let mut failed = s.record.clone();
+    failed.state = Failed;
+    let s = step(&failed, &o, &want());
+    assert_eq!(s.record.state, Failed);
+}
+
+#[test]
+fn a_new_version_restarts_settled_nodes() {
+    let mut r = new();
+    r.state = Done;
+    let w = Desired {
+        version: "19.9.0".into(),
+        readback: "19.9.0.0".into(),
+        ..want()
+    };
+    let s = step(
+        &r,
+        &Observation {
+            current: Some("19.8.0.0".into()),
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, s.record.target.as_str()),
+        (Pending, "19.9.0")
+    );
+    assert!(s.needs_slot);
+}
+
+#[test]
+fn paused_holds_a_cycle_where_it_is_but_never_interrupts_a_flash() {
+    let w = Desired {
+        paused: true,
+        ..want()
+    };
+    let mut r = new();
+    r.state = Draining;
+    r.cordon = Cordon::Ours;
+    let s = step(
+        &r,
+        &Observation {
+            unschedulable: true,
+            drain: drained(),
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(s.record.state, Draining);
+    assert!(s.commands.is_empty());
+    r.state = Flashing;
+    let done = Observation {
+        unschedulable: true,
+        job: FlashJob::Succeeded {
+            name: "j".into(),
+            report: report(&["19.8.0.0"]),
+        },
+        ..obs()
+    };
+    assert_eq!(step(&r, &done, &w).record.state, Uncordoning);
+}
+
+#[test]
+fn takeover_from_the_go_controller() {
+    let w = want();
+    // Cordoned for this policy, its Job running: follow the Job.
+    let o = Observation {
+        unschedulable: true,
+        go_cordon_for_us: true,
+        go_state: Some(Flashing),
+        job: FlashJob::Running {
+            name: "ttfwp-fw-n".into(),
+            image_pull_failed: false,
+        },
+        ..obs()
+    };
+    let r = takeover(&w, &o);
+    assert_eq!(
+        (r.state, r.cordon, r.job.as_deref()),
+        (Flashing, Cordon::Ours, Some("ttfwp-fw-n"))
+    );
+    // Its Job gone: unknown outcome, Failed, nothing flashed.
+    let gone = Observation {
+        job: FlashJob::Missing,
+        ..o.clone()
+    };
+    let r = takeover(&w, &gone);
+    assert_eq!(
+        (r.state, r.reason.as_deref()),
+        (Failed, Some(reason::TAKEN_OVER))
+    );
+    assert!(
+        step(
+            &r,
+            &Observation {
+                slot: true,
+                ..gone.clone()
+            },
+            &w
+        )
+        .commands
+        .is_empty()
+    );
+    // Cordoned and draining: go on draining, the cordon ours to undo.
+    let draining = Observation {
+        go_state: Some(Draining),
+        ..gone.clone()
+    };
+    let r = takeover(&w, &draining);
+    assert_eq!((r.state, r.cordon), (Draining, Cordon::Ours));
+    // Someone else's cordon (not Go's for us) is not taken.
+    let theirs = Observation {
+        go_cordon_for_us: false,
+        go_state: None,
+        ..gone
+    };
+    let r = takeover(&w, &theirs);
+    assert_eq!((r.state, r.cordon), (Pending, Cordon::None));
+}
+
+#[test]
+fn the_record_round_trips() {
+    let mut r = new();
+    r.cordon = Cordon::Ours;
+    r.job = Some("j".into());
+    let text = serde_json::to_string(&r).expect("serializes");
+    assert!(text.contains("\"cordon\":\"ours\""), "{text}");
+    let back: FwRecord = serde_json::from_str(&text).expect("parses");
+    assert_eq!(back, r);
+}
