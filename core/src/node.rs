@@ -215,6 +215,16 @@ pub fn out_of_service_because(node: &Node, cordoned_by_us: bool) -> Option<Strin
 
 /// Who holds a cordon that is not ours, as far as the node tells.
 pub fn foreign_cordon(node: &Node) -> String {
+    if let Some(r) = crate::claim::firmware_record(node)
+        && annotation(node, labels::GO_FIRMWARE_CORDONED_BY) == Some(r.policy.as_str())
+    {
+        return format!(
+            "cordoned by this operator's firmware policy {} ({}={})",
+            r.policy,
+            labels::GO_FIRMWARE_CORDONED_BY,
+            r.policy
+        );
+    }
     if let Some(fw) = annotation(node, labels::GO_FIRMWARE_CORDONED_BY) {
         return format!(
             "cordoned by the Go firmware controller for TenstorrentFirmwarePolicy {fw} ({}={fw})",

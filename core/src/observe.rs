@@ -78,7 +78,9 @@ impl NodeView {
         let state = rec.map_or(NodeState::Pending, |r| r.state);
         Candidate {
             name: name.to_string(),
-            wants_slot: state == NodeState::Pending,
+            // A node a firmware cycle holds waits for it, not for a slot:
+            // it holds back no node after it.
+            wants_slot: state == NodeState::Pending && self.obs.firmware_cycle.is_none(),
             in_progress: rec.is_some_and(NodeRecord::occupies_slot),
             ready: self.obs.ready,
             unavailable: self.externally_unavailable,
@@ -161,10 +163,13 @@ pub fn observe<'p>(
     // A cordon of ours on a node still waiting in Pending (adopted from
     // the Go operator or another policy, or kept across a retry) puts it
     // out of service all the same: it counts, and goes first.
+    // A firmware cycle has the node out of service even without a cordon
+    // (a flash with drain disabled): it counts against maxUnavailable.
     let unavailable_because = node::out_of_service_because(
         node,
         rec.is_some_and(|r| r.cordoned_by_us() && r.state != NodeState::Pending),
-    );
+    )
+    .or_else(|| obs.firmware_cycle.as_ref().map(|h| format!("held by {h}")));
     NodeView {
         obs,
         persisted,
