@@ -4,7 +4,9 @@ changes: a node labelled sim.ttdrv.io/not-ready is left alone (no heartbeat,
 no re-initialisation to Ready), so tests can make it NotReady; and pods of
 our installer DaemonSets (labelled driver.tenstorrent.com/policy) are left
 for the simulated agent to make Ready, as on a real node the agent's
-readiness depends on the loaded module.
+readiness depends on the loaded module; and pods of flash Jobs (labelled
+firmware.tenstorrent.com/cr) are left for the simulated flasher to finish,
+as on a real node their outcome is the flash's.
 
     kwok-stages.py KWOK_STAGE_DIR OUT
 """
@@ -18,9 +20,13 @@ for f in ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-hear
         anchor = "  selector:\n    matchExpressions:\n"
         assert anchor in text, "kwok node stage changed shape"
         text = text.replace(anchor, anchor + "    - key: '.metadata.labels[\"sim.ttdrv.io/not-ready\"]'\n      operator: 'DoesNotExist'\n", 1)
-    if f.endswith("pod-ready.yaml"):
+    if f.endswith("pod-ready.yaml") or f.endswith("pod-complete.yaml"):
         anchor = "    - key: '.metadata.deletionTimestamp'\n      operator: 'DoesNotExist'\n"
-        assert anchor in text, "kwok pod-ready stage changed shape"
-        text = text.replace(anchor, anchor + "    - key: '.metadata.labels[\"driver.tenstorrent.com/policy\"]'\n      operator: 'DoesNotExist'\n", 1)
+        assert anchor in text, f"kwok {f} stage changed shape"
+        keys = ["firmware.tenstorrent.com/cr"]
+        if f.endswith("pod-ready.yaml"):
+            keys.insert(0, "driver.tenstorrent.com/policy")
+        extra = "".join(f"    - key: '.metadata.labels[\"{k}\"]'\n      operator: 'DoesNotExist'\n" for k in keys)
+        text = text.replace(anchor, anchor + extra, 1)
     parts.append(text.strip() + "\n")
 open(out, "w").write("---\n".join(parts))

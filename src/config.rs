@@ -29,6 +29,16 @@ pub struct Config {
     #[arg(long, env = "TTDRV_INSTALLER_PULL_POLICY", default_value = "IfNotPresent",
           value_parser = ["Always", "IfNotPresent", "Never"])]
     pub installer_pull_policy: String,
+    /// Flasher image of the flash Jobs when a firmware policy sets no
+    /// `flasher.image` (the chart's `flasher.image`).
+    #[arg(long, env = "TTDRV_FLASHER_IMAGE", default_value = ttdrv_api::images::DEFAULT_FLASHER_IMAGE)]
+    pub flasher_image: String,
+    #[arg(long, env = "TTDRV_FLASHER_PULL_POLICY", default_value = "IfNotPresent",
+          value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub flasher_pull_policy: String,
+    /// Run the firmware policy controller (TenstorrentFirmwarePolicy).
+    #[arg(long, env = "TTDRV_FIRMWARE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub firmware: bool,
     /// tt-kmd git repository used when a policy sets no `installer.sourceRepository`.
     #[arg(long, env = "TTDRV_SOURCE_REPOSITORY", default_value = "")]
     pub source_repository: String,

@@ -44,6 +44,8 @@ pub struct Context {
     pub patch_slots: Arc<tokio::sync::Semaphore>,
     /// Objects whose last write failed, shared by every writer.
     write_backoff: Arc<std::sync::Mutex<WriteBackoff>>,
+    /// Which cycle (driver or firmware) has each node, in this process.
+    pub claims: crate::claims::Claims,
 }
 
 impl Context {
@@ -61,6 +63,7 @@ impl Context {
             event_slots: Arc::new(tokio::sync::Semaphore::new(4)),
             patch_slots: Arc::new(tokio::sync::Semaphore::new(16)),
             write_backoff: Arc::default(),
+            claims: Default::default(),
         }
     }
 

@@ -10,9 +10,11 @@
 
 pub mod actors;
 pub mod admin;
+pub mod claims;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod firmware;
 pub mod handover;
 pub mod leader;
 pub mod metrics;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use actix::Actor as _;
 use actix::AsyncContext as _;
 use anyhow::Context as _;
 use clap::Parser;
@@ -11,7 +12,7 @@ use ttdrv_controller::config::Config;
 use ttdrv_controller::context::Context;
 use ttdrv_controller::leader::LeaderElector;
 use ttdrv_controller::metrics::Metrics;
-use ttdrv_controller::{admin, watch};
+use ttdrv_controller::{admin, firmware, watch};
 
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
@@ -99,7 +100,22 @@ async fn run(config: Config) -> anyhow::Result<()> {
     metrics.set_leader(true);
 
     let ctx = Arc::new(Context::new(client, config, stores, metrics.clone()));
-    let _manager = manager_ctx.run(PolicyManager::new(ctx));
+    let _manager = manager_ctx.run(PolicyManager::new(ctx.clone()));
+    // The firmware policies: their own watches, the same node and pod caches.
+    let _firmware = if ctx.config.firmware {
+        let (kick, kicks) = tokio::sync::mpsc::channel(1);
+        let (fw_stores, fw_synced) = firmware::start_watches(
+            &ctx.client,
+            &ctx.config.namespace,
+            ctx.config.policy_selector.as_deref(),
+            kick,
+        );
+        fw_synced.await;
+        tracing::info!("firmware watch caches synced");
+        Some(firmware::FirmwareManager::new(ctx.clone(), fw_stores, kicks).start())
+    } else {
+        None
+    };
 
     let lost = async {
         match &elector {

@@ -206,3 +206,360 @@ async fn a_node_a_firmware_cycle_holds_starts_no_driver_cycle() {
     .await;
     env.teardown().await;
 }
+
+/// Watches the test's nodes and records, at every event, how many are in a
+/// firmware cycle (our record mid-cycle) and whether any is in a driver
+/// cycle and a firmware cycle at once: independent of the controller.
+struct FirmwareWatcher {
+    seen: std::sync::Arc<std::sync::Mutex<(usize, Vec<String>)>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FirmwareWatcher {
+    fn start(env: &TestEnv) -> Self {
+        use futures::{StreamExt, TryStreamExt};
+        use kube::runtime::{WatchStreamExt, watcher};
+        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+        let cfg = watcher::Config::default().labels(&env.selector());
+        let seen: std::sync::Arc<std::sync::Mutex<(usize, Vec<String>)>> = Default::default();
+        let out = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut in_fw: std::collections::BTreeSet<String> = Default::default();
+            let mut stream = watcher(api, cfg).applied_objects().boxed();
+            while let Ok(Some(n)) = stream.try_next().await {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let fw = ttdrv_core::claim::firmware_record(&n)
+                    .is_some_and(|r| r.state.is_in_progress());
+                let driver = ttdrv_core::claim::driver_cycle(&n).is_some();
+                if fw {
+                    in_fw.insert(name.clone());
+                } else {
+                    in_fw.remove(&name);
+                }
+                let Ok(mut s) = out.lock() else { return };
+                s.0 = s.0.max(in_fw.len());
+                if fw && driver {
+                    s.1.push(format!("{name}: firmware and driver cycles at once"));
+                }
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// (most nodes in a firmware cycle at once, violations).
+    fn seen(&self) -> (usize, Vec<String>) {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for FirmwareWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Creates firmware policy `name` for this test's nodes, with `extra` spec.
+async fn firmware_policy(env: &TestEnv, name: &str, extra: Value) {
+    let mut spec = json!({
+        "version": "19.8.0",
+        "nodeAffinity": { "matchLabels": env.labels() },
+    });
+    if let (Some(s), Value::Object(e)) = (spec.as_object_mut(), extra) {
+        s.extend(e);
+    }
+    create(env, name, spec)
+        .await
+        .expect("firmware policy created");
+}
+
+async fn fw_status(
+    env: &TestEnv,
+    name: &str,
+) -> ttdrv_api::firmware::TenstorrentFirmwarePolicyStatus {
+    let api: Api<ttdrv_api::firmware::TenstorrentFirmwarePolicy> = Api::all(env.client.clone());
+    api.get(name)
+        .await
+        .expect("firmware policy")
+        .status
+        .unwrap_or_default()
+}
+
+fn brief(st: &ttdrv_api::firmware::TenstorrentFirmwarePolicyStatus) -> String {
+    st.nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "{} {:?} {}",
+                n.name,
+                n.state,
+                n.reason.as_deref().unwrap_or("-")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Waits until every node in `nodes` is in `state` (with `reason`, if given).
+async fn wait_fw(
+    env: &TestEnv,
+    name: &str,
+    nodes: &[String],
+    state: FirmwareNodeState,
+    reason: Option<&str>,
+) {
+    wait_for(
+        &format!("{nodes:?} {state:?} {reason:?} in {name}"),
+        T,
+        || async {
+            let st = fw_status(env, name).await;
+            let ok = nodes.iter().all(|n| {
+                st.nodes.iter().any(|e| {
+                    &e.name == n
+                        && e.state == state
+                        && reason.is_none_or(|r| e.reason.as_deref() == Some(r))
+                })
+            });
+            if ok { Ok(st) } else { Err(brief(&st)) }
+        },
+    )
+    .await;
+}
+
+async fn assert_flashed(env: &TestEnv, nodes: &[String], policy: &str) {
+    for n in nodes {
+        let node = env.get_node(n).await;
+        assert!(!unschedulable(&node), "{n} left cordoned");
+        let l = |k: &str| ttdrv_core::node::label(&node, k).map(String::from);
+        let a = |k: &str| ttdrv_core::node::annotation(&node, k).map(String::from);
+        assert_eq!(l(fw::FW_VERSION).as_deref(), Some("19.8.0.0"), "{n}");
+        assert_eq!(l(fw::UPGRADE_STATE).as_deref(), Some("Done"), "{n}");
+        assert_eq!(l(fw::OWNED_BY).as_deref(), Some(policy), "{n}");
+        assert_eq!(a(fw::CURRENT_VERSION).as_deref(), Some("19.8.0.0"), "{n}");
+        assert_eq!(a(fw::CORDONED_BY), None, "{n}: cordon mark left");
+        assert_eq!(
+            a(ttdrv_testkit::sim_flasher::CARDS_ANNOTATION).as_deref(),
+            Some("19.8.0.0,19.8.0.0"),
+            "{n}: the simulated cards"
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the test cluster: make cluster-up"]
+async fn a_firmware_rollout_flashes_every_node_within_max_parallel() {
+    let (env, ns, nodes, _agent) = sim_fleet("fw-roll", 4).await;
+    ensure_crd(&env.client).await;
+    let _ctl = controller(&env, &ns);
+    let watcher = FirmwareWatcher::start(&env);
+    let cordons = CordonWatcher::start(&env);
+    let policy = env.name("fw");
+    // A device user on one node: drained (pass 1) before its flash.
+    pinned_deployment(&env, &ns, "trainer", &nodes[1]).await;
+    firmware_policy(
+        &env,
+        &policy,
+        json!({ "upgradePolicy": { "maxParallel": 2 } }),
+    )
+    .await;
+    wait_fw(
+        &env,
+        &policy,
+        &nodes,
+        FirmwareNodeState::Done,
+        Some("FlashSucceeded"),
+    )
+    .await;
+    assert_flashed(&env, &nodes, &policy).await;
+    let st = fw_status(&env, &policy).await;
+    assert_eq!(
+        (st.summary.matched, st.summary.up_to_date),
+        (4, 4),
+        "{st:?}"
+    );
+    assert!(
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{:?}",
+        st.conditions
+    );
+    let (max, violations) = watcher.seen();
+    assert!(
+        max <= 2,
+        "{max} nodes in a firmware cycle at once, maxParallel is 2"
+    );
+    assert!(max >= 1, "the watcher saw no cycle");
+    assert!(violations.is_empty(), "{violations:?}");
+    assert_eq!(
+        cordons.ever().len(),
+        4,
+        "every node cordoned once: {:?}",
+        cordons.ever()
+    );
+    // One Job per node, for this version.
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), &ns);
+    let list = jobs
+        .list(&kube::api::ListParams::default().labels(&format!("{}={policy}", fw::JOB_POLICY)))
+        .await
+        .expect("jobs");
+    assert_eq!(list.items.len(), 4);
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test cluster: make cluster-up"]
+async fn a_failed_flash_halts_keeps_its_cordon_and_retry_finishes() {
+    let (env, ns, nodes, _agent) = sim_fleet("fw-halt", 3).await;
+    ensure_crd(&env.client).await;
+    let _ctl = controller(&env, &ns);
+    let policy = env.name("fw");
+    let bad = &nodes[0];
+    env.annotate_node(
+        bad,
+        ttdrv_testkit::sim_flasher::FAULT_ANNOTATION,
+        Some("readback"),
+    )
+    .await;
+    firmware_policy(&env, &policy, json!({})).await;
+    wait_fw(
+        &env,
+        &policy,
+        std::slice::from_ref(bad),
+        FirmwareNodeState::Failed,
+        Some("ReadbackMismatch"),
+    )
+    .await;
+    // Halted: the others wait; the failed node keeps its cordon.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_fw(
+        &env,
+        &policy,
+        &nodes[1..],
+        FirmwareNodeState::Pending,
+        Some("RolloutHalted"),
+    )
+    .await;
+    assert!(
+        unschedulable(&env.get_node(bad).await),
+        "half-written cards back in service"
+    );
+    let st = fw_status(&env, &policy).await;
+    assert!(
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Progressing" && c.reason == "Halted"),
+        "{:?}",
+        st.conditions
+    );
+    // Fixed, retried: the node goes on from its cordon and the rollout finishes.
+    env.annotate_node(bad, ttdrv_testkit::sim_flasher::FAULT_ANNOTATION, None)
+        .await;
+    env.annotate_node(bad, fw::RETRY, Some("1")).await;
+    wait_fw(&env, &policy, &nodes, FirmwareNodeState::Done, None).await;
+    assert_flashed(&env, &nodes, &policy).await;
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test cluster: make cluster-up"]
+async fn a_go_cordoned_mid_flash_node_is_taken_over_safely() {
+    let (env, ns, nodes, _agent) = sim_fleet("fw-take", 3).await;
+    ensure_crd(&env.client).await;
+    let policy = env.name("fw");
+    // What the Go firmware controller left: nodes[0] cordoned for this
+    // policy while draining; nodes[1] cordoned and Flashing, its Job gone
+    // (TTL); nodes[2] flashed to the target by Go.
+    for (n, state) in [(&nodes[0], "Draining"), (&nodes[1], "Flashing")] {
+        env.set_unschedulable(n, true).await;
+        env.annotate_node(n, fw::CORDONED_BY, Some(&policy)).await;
+        env.label_node(n, fw::UPGRADE_STATE, Some(state)).await;
+        env.label_node(n, fw::OWNED_BY, Some(&policy)).await;
+    }
+    env.annotate_node(&nodes[1], fw::LAST_FLASH_JOB, Some("ttfwp-gone"))
+        .await;
+    env.label_node(&nodes[2], fw::FW_VERSION, Some("19.8.0.0"))
+        .await;
+    env.label_node(&nodes[2], fw::UPGRADE_STATE, Some("Done"))
+        .await;
+    let _ctl = controller(&env, &ns);
+    firmware_policy(
+        &env,
+        &policy,
+        json!({ "upgradePolicy": { "haltOnFailure": false } }),
+    )
+    .await;
+    wait_fw(
+        &env,
+        &policy,
+        std::slice::from_ref(&nodes[0]),
+        FirmwareNodeState::Done,
+        None,
+    )
+    .await;
+    wait_fw(
+        &env,
+        &policy,
+        std::slice::from_ref(&nodes[1]),
+        FirmwareNodeState::Failed,
+        Some("TakenOver"),
+    )
+    .await;
+    wait_fw(
+        &env,
+        &policy,
+        std::slice::from_ref(&nodes[2]),
+        FirmwareNodeState::Done,
+        Some("FlashSucceeded"),
+    )
+    .await;
+    assert!(
+        !unschedulable(&env.get_node(&nodes[0]).await),
+        "the Go cordon finished and undone"
+    );
+    assert!(
+        unschedulable(&env.get_node(&nodes[1]).await),
+        "an unknown flash keeps its cordon"
+    );
+    // Never flashed blindly: no Job for nodes[1], none for the Go-flashed nodes[2].
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), &ns);
+    let list = jobs.list(&Default::default()).await.expect("jobs");
+    let on: Vec<String> = list
+        .items
+        .iter()
+        .filter_map(|j| j.metadata.labels.as_ref()?.get(fw::JOB_NODE).cloned())
+        .collect();
+    assert_eq!(on, vec![nodes[0].clone()], "flash Jobs");
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test cluster: make cluster-up"]
+async fn driver_and_firmware_rollouts_at_once_never_share_a_node() {
+    let (env, ns, nodes, _agent) = sim_fleet("fw-both", 4).await;
+    ensure_crd(&env.client).await;
+    let _ctl = controller(&env, &ns);
+    let driver = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}", T).await;
+    let watcher = FirmwareWatcher::start(&env);
+    let safety = SafetyWatcher::start(&env);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fwp = env.name("fw");
+    patch_policy(&env, &driver, json!({ "version": "2.8.0" })).await;
+    firmware_policy(&env, &fwp, json!({ "upgradePolicy": { "maxParallel": 2 } })).await;
+    wait_nodes_state(
+        &env,
+        &driver,
+        &nodes,
+        NodeState::Done,
+        "2.8.0",
+        Duration::from_secs(90),
+    )
+    .await;
+    wait_fw(&env, &fwp, &nodes, FirmwareNodeState::Done, None).await;
+    assert_done_uncordoned(&env, &nodes, "2.8.0").await;
+    assert_flashed(&env, &nodes, &fwp).await;
+    let (max, violations) = watcher.seen();
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!((1..=2).contains(&max), "{max} in a firmware cycle at once");
+    safety.assert_safe(4, Some(2), "driver and firmware at once");
+    env.teardown().await;
+}

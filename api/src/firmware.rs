@@ -599,6 +599,17 @@ pub fn job_name(policy: &str, node: &str, version: &str) -> String {
     format!("{prefix}{tail}").to_lowercase()
 }
 
+/// The Job of a node's `attempt`-th retry of `version`: Go's name for the
+/// first, a name of its own (`<version>-r<attempt>` in place of the version)
+/// for each retry.
+pub fn job_name_for(policy: &str, node: &str, version: &str, attempt: u32) -> String {
+    if attempt == 0 {
+        job_name(policy, node, version)
+    } else {
+        job_name(policy, node, &format!("{version}-r{attempt}"))
+    }
+}
+
 /// The labels of a flash Job and its pod.
 pub fn job_labels(policy: &str, node: &str, version: &str) -> BTreeMap<String, String> {
     BTreeMap::from([

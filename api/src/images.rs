@@ -12,6 +12,16 @@ pub const DEFAULT_AGENT_IMAGE: &str = concat!(
     env!("CARGO_PKG_VERSION")
 );
 
+/// Our flasher image's repository (the chart's `flasher.image.repository`).
+pub const FLASHER_REPOSITORY: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/flasher";
+
+/// The flasher image at this build's version: the flash Jobs' image when
+/// neither the chart nor the firmware policy names one.
+pub const DEFAULT_FLASHER_IMAGE: &str = concat!(
+    "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/flasher:",
+    env!("CARGO_PKG_VERSION")
+);
+
 /// The Go operator's installer image repository.
 pub const GO_BUILDER_REPOSITORY: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder";
 

@@ -29,6 +29,10 @@ pub enum EventReason {
     RolloutWaitingOnOthers,
     GoBuilderImageReplaced,
     NodePassthrough,
+    FirmwareFlashStarted,
+    FirmwareFlashed,
+    FirmwareFlashFailed,
+    FirmwareTakenOver,
 }
 
 impl EventReason {
@@ -58,6 +62,10 @@ impl EventReason {
         Self::RolloutWaitingOnOthers,
         Self::GoBuilderImageReplaced,
         Self::NodePassthrough,
+        Self::FirmwareFlashStarted,
+        Self::FirmwareFlashed,
+        Self::FirmwareFlashFailed,
+        Self::FirmwareTakenOver,
     ];
 
     /// The reason as Kubernetes shows it.
@@ -87,6 +95,10 @@ impl EventReason {
             Self::RolloutWaitingOnOthers => "RolloutWaitingOnOthers",
             Self::GoBuilderImageReplaced => "GoBuilderImageReplaced",
             Self::NodePassthrough => "NodePassthrough",
+            Self::FirmwareFlashStarted => "FirmwareFlashStarted",
+            Self::FirmwareFlashed => "FirmwareFlashed",
+            Self::FirmwareFlashFailed => "FirmwareFlashFailed",
+            Self::FirmwareTakenOver => "FirmwareTakenOver",
         }
     }
 }

@@ -16,6 +16,7 @@ use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, step};
 use ttdrv_core::reason;
 
 use super::{Evict, PatchNode, ReleaseSlot, ReplaceInstallerPod};
+use crate::claims::Holder;
 use crate::context::Context;
 use crate::node_patch::record_patch;
 use crate::{Error, Result};
@@ -119,6 +120,16 @@ impl Handler<Observe> for NodeActor {
             let first = prev.clone();
             let mut prev = prev;
             let mut next = step(&prev, &obs, &msg.desired);
+            // One disruption at a time: a cycle starts only with the node's
+            // claim, taken in the same instant as the decision; a firmware
+            // cycle that took it first makes this step a wait.
+            let holder = Holder::Driver(policy_name.clone());
+            if starts_cycle(&prev, &next.record)
+                && let Err(other) = ctx.claims.take(&node, holder.clone())
+            {
+                obs.firmware_cycle = Some(other.to_string());
+                next = step(&prev, &obs, &msg.desired);
+            }
             let mut deleted = None;
             let mut hop = 0;
             loop {
@@ -267,6 +278,9 @@ impl Handler<Observe> for NodeActor {
             if !next.record.occupies_slot() && (first.occupies_slot() || obs.slot) {
                 ports.release.do_send(ReleaseSlot { node: node.clone() });
             }
+            if !next.record.state.is_in_progress() {
+                ctx.claims.release(&node, &holder);
+            }
             Ok::<_, Error>((next.record, deleted))
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(|res, act, actx| {
@@ -286,6 +300,18 @@ impl Handler<Observe> for NodeActor {
             res
         })))
     }
+}
+
+/// The step takes the node out of service for a cycle of ours.
+fn starts_cycle(prev: &NodeRecord, next: &NodeRecord) -> bool {
+    !prev.state.is_in_progress()
+        && matches!(
+            next.state,
+            NodeState::Cordoning
+                | NodeState::Draining
+                | NodeState::Upgrading
+                | NodeState::Unloading
+        )
 }
 
 /// Steps chained on the API server's replies within one observation.

@@ -11,6 +11,7 @@ pub mod controller;
 pub mod policy;
 pub mod real_node;
 pub mod sim_agent;
+pub mod sim_flasher;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

@@ -129,7 +129,14 @@ impl SimAgent {
 }
 
 /// Runs until the process ends (used by the `ttdrv-sim-agent` binary).
+/// The flash Jobs' pods of the firmware policies are played too
+/// ([`crate::sim_flasher`]), in the same task (stopped with it).
 pub async fn run(client: Client, config: SimAgentConfig) {
+    let flasher = crate::sim_flasher::run(client.clone(), config.namespace.clone(), config.work);
+    futures::join!(flasher, run_agent(client, config));
+}
+
+async fn run_agent(client: Client, config: SimAgentConfig) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
     let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
     let wc = watcher::Config::default().labels(labels::CLAIM);

@@ -50,6 +50,15 @@ pub struct FwRecord {
     /// The last retry token acted upon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_token: Option<String>,
+    /// Retries of this version on this node: each flashes with a Job of its
+    /// own ([`ttdrv_api::firmware::job_name_for`]), so a retry never reads the
+    /// Job that failed before it (kept for its logs).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 mod cordon_wire {
@@ -86,6 +95,7 @@ impl FwRecord {
             job: None,
             current: None,
             retry_token: None,
+            attempt: 0,
         }
     }
 
@@ -281,6 +291,7 @@ pub fn step(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
     if rec.target != want.version && matches!(rec.state, Done | Failed | Pending) {
         rec.target = want.version.clone();
         rec.job = None;
+        rec.attempt = 0;
         if rec.state != Pending {
             rec = enter(&rec, Pending, reason::WAITING_FOR_SLOT, None, now);
         }
@@ -313,6 +324,7 @@ pub fn step(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
             if obs.retry_token.is_some() && obs.retry_token != rec.retry_token {
                 rec.retry_token = obs.retry_token.clone();
                 rec.job = None;
+                rec.attempt += 1;
                 let r = enter(
                     &rec,
                     Pending,
@@ -586,6 +598,9 @@ fn flashing(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
         }
     }
 }
+
+pub mod job;
+pub mod observe;
 
 #[cfg(test)]
 mod tests;

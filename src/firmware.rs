@@ -1,0 +1,752 @@
+//! The firmware policy controller (TenstorrentFirmwarePolicy, `ttfwp`): per
+//! policy, a pass over the nodes it selects that steps each node's firmware
+//! cycle ([`ttdrv_core::firmware`]) and carries out its commands through the
+//! same Labeler (every Node write, record and cordon in one patch) and
+//! Evictor (the Eviction API, PDBs honoured) as the driver policy, under the
+//! same rollout rules ([`ttdrv_core::rollout`]: `maxParallel` as the hard cap,
+//! availability, the NotReady brake, the failure halt). A node's cycle starts
+//! only with its claim ([`crate::claims`]): never while a driver cycle has it.
+//!
+//! Passes run every `--resync-ms` and on every change of a firmware policy or
+//! a flash Job; each waits for the one before.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use ttdrv_api::PodSelector;
+use ttdrv_api::firmware::{
+    FirmwareNodeState, FirmwareNodeStatus, FirmwareSummary, TenstorrentFirmwarePolicy,
+    TenstorrentFirmwarePolicyStatus, job_name_for, labels as fw, reason,
+};
+use ttdrv_core::event::EventReason;
+use ttdrv_core::firmware::job::{JobDefaults, flash_job, state as job_state};
+use ttdrv_core::firmware::observe::{Selected, drain_policy, observe, record_of, selects};
+use ttdrv_core::firmware::{Command, Desired, FwRecord, Step, step, takeover};
+use ttdrv_core::rollout::{Candidate, Limits, plan};
+
+use crate::actors::{Evict, Evictor, Labeler, PatchNode};
+use crate::claims::Holder;
+use crate::context::Context;
+
+/// The firmware policies and the flash Jobs, as their watches keep them.
+#[derive(Clone)]
+pub struct FirmwareStores {
+    pub policies: Store<TenstorrentFirmwarePolicy>,
+    pub jobs: Store<Job>,
+}
+
+/// Starts the two watches; each change asks for a pass (`kick`). Returns the
+/// caches and a future that resolves once both have listed.
+pub fn start_watches(
+    client: &Client,
+    namespace: &str,
+    policy_selector: Option<&str>,
+    kick: tokio::sync::mpsc::Sender<()>,
+) -> (FirmwareStores, impl std::future::Future<Output = ()>) {
+    let (policies, pw) = reflector::store();
+    let (jobs, jw) = reflector::store();
+    let mut pcfg = watcher::Config::default();
+    if let Some(sel) = policy_selector {
+        // As for the driver policies: only those this controller serves.
+        pcfg = pcfg.labels(sel);
+    }
+    let policy_stream = watcher(Api::<TenstorrentFirmwarePolicy>::all(client.clone()), pcfg)
+        .default_backoff()
+        .reflect(pw)
+        .map(|_| ())
+        .boxed();
+    let job_cfg = watcher::Config::default().labels(fw::JOB_POLICY);
+    let job_stream = watcher(Api::<Job>::namespaced(client.clone(), namespace), job_cfg)
+        .default_backoff()
+        .modify(|j| j.metadata.managed_fields = None)
+        .reflect(jw)
+        .map(|_| ())
+        .boxed();
+    tokio::spawn(async move {
+        let mut both = futures::stream::select(policy_stream, job_stream);
+        while both.next().await.is_some() {
+            // A pass is pending already when the channel is full.
+            let _ = kick.try_send(());
+        }
+    });
+    let (p, j) = (policies.clone(), jobs.clone());
+    let ready = async move {
+        let _ = futures::join!(p.wait_until_ready(), j.wait_until_ready());
+    };
+    (FirmwareStores { policies, jobs }, ready)
+}
+
+/// What the passes remember between them.
+#[derive(Default)]
+struct Memory {
+    /// Per policy, the nodes holding a `maxParallel` slot.
+    held: HashMap<String, BTreeSet<String>>,
+    /// (policy, node) → the record last written: fresher than the cache.
+    live: HashMap<(String, String), FwRecord>,
+    /// Per policy, the status last written.
+    written: HashMap<String, TenstorrentFirmwarePolicyStatus>,
+}
+
+pub struct FirmwareManager {
+    ctx: Arc<Context>,
+    stores: FirmwareStores,
+    labeler: Addr<Labeler>,
+    evictor: Addr<Evictor>,
+    memory: Option<Memory>,
+    kicks: Option<tokio::sync::mpsc::Receiver<()>>,
+    again: bool,
+}
+
+impl FirmwareManager {
+    pub fn new(
+        ctx: Arc<Context>,
+        stores: FirmwareStores,
+        kicks: tokio::sync::mpsc::Receiver<()>,
+    ) -> Self {
+        Self {
+            labeler: Labeler::new(ctx.clone()).start(),
+            evictor: Evictor::new(ctx.clone()).start(),
+            ctx,
+            stores,
+            memory: Some(Memory::default()),
+            kicks: Some(kicks),
+            again: false,
+        }
+    }
+
+    fn run_pass(&mut self, actx: &mut actix::Context<Self>) {
+        let Some(memory) = self.memory.take() else {
+            // A pass is running: one more after it.
+            self.again = true;
+            return;
+        };
+        let pass = Pass {
+            ctx: self.ctx.clone(),
+            stores: self.stores.clone(),
+            labeler: self.labeler.clone(),
+            evictor: self.evictor.clone(),
+        };
+        actx.spawn(async move { pass.run(memory).await }.into_actor(self).map(
+            |memory, act, actx| {
+                act.memory = Some(memory);
+                if std::mem::take(&mut act.again) {
+                    act.run_pass(actx);
+                }
+            },
+        ));
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Kick;
+
+impl Handler<Kick> for FirmwareManager {
+    type Result = ();
+    fn handle(&mut self, _: Kick, actx: &mut Self::Context) {
+        self.run_pass(actx);
+    }
+}
+
+impl Actor for FirmwareManager {
+    type Context = actix::Context<Self>;
+
+    fn started(&mut self, actx: &mut Self::Context) {
+        let every = std::time::Duration::from_millis(self.ctx.config.resync_ms.max(200));
+        actx.run_interval(every, |act, actx| act.run_pass(actx));
+        if let Some(mut kicks) = self.kicks.take() {
+            let me = actx.address();
+            tokio::spawn(async move {
+                while kicks.recv().await.is_some() {
+                    me.do_send(Kick);
+                }
+            });
+        }
+    }
+}
+
+struct Pass {
+    ctx: Arc<Context>,
+    stores: FirmwareStores,
+    labeler: Addr<Labeler>,
+    evictor: Addr<Evictor>,
+}
+
+/// One node of a policy, as this pass sees it.
+struct Seen {
+    node: Arc<Node>,
+    prev: FwRecord,
+    persisted: Option<FwRecord>,
+    view: ttdrv_core::firmware::observe::NodeView,
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+fn rfc3339(secs: i64) -> Option<Time> {
+    k8s_openapi::jiff::Timestamp::from_second(secs)
+        .ok()
+        .map(Time)
+}
+
+impl Pass {
+    async fn run(self, mut memory: Memory) -> Memory {
+        let policies = self.stores.policies.state();
+        let names: BTreeSet<String> = policies
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        memory.held.retain(|p, _| names.contains(p));
+        memory.written.retain(|p, _| names.contains(p));
+        memory.live.retain(|(p, _), _| names.contains(p));
+        for p in policies {
+            if p.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            self.policy(&p, &mut memory).await;
+        }
+        memory
+    }
+
+    async fn policy(&self, p: &TenstorrentFirmwarePolicy, memory: &mut Memory) {
+        let ctx = &self.ctx;
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let spec = &p.spec;
+        let now = now_secs();
+        let mut desired = Desired::of(p);
+        let drain = drain_policy(p);
+        let selector = PodSelector::parse(&drain.pod_selector_label).ok();
+        let exempt = ctx.config.drain_exempt_namespaces();
+        let pdbs = ctx.stores.pdbs.state();
+        let mut owned: Vec<Seen> = vec![];
+        let mut conflicts: Vec<(String, String)> = vec![];
+        for node in ctx.stores.nodes.state() {
+            let Some(node_name) = node.metadata.name.clone() else {
+                continue;
+            };
+            match selects(p, &node, ctx.eligibility()) {
+                Selected::No => continue,
+                Selected::Conflict(other) => {
+                    conflicts.push((node_name, other));
+                    continue;
+                }
+                Selected::Owned => {}
+            }
+            let persisted = record_of(&name, &node);
+            let key = (name.clone(), node_name.clone());
+            if persisted.is_some() && memory.live.get(&key) == persisted.as_ref() {
+                memory.live.remove(&key);
+            }
+            let rec = memory.live.get(&key).cloned().or(persisted.clone());
+            let attempt = rec.as_ref().map_or(0, |r| r.attempt);
+            let job = self.job(&name, &node_name, &spec.version, attempt).await;
+            let draining = rec.as_ref().is_some_and(|r| {
+                matches!(
+                    r.state,
+                    FirmwareNodeState::Cordoning | FirmwareNodeState::Draining
+                )
+            });
+            let pods = ctx.stores.pods.on_node(&node_name);
+            let facts: Vec<&ttdrv_core::drain::PodFacts> =
+                pods.facts.iter().map(Arc::as_ref).collect();
+            let view = observe(
+                &name,
+                &node,
+                &facts,
+                &drain,
+                selector.as_ref(),
+                &exempt,
+                draining,
+                || pdbs.iter().map(Arc::as_ref).collect(),
+                job,
+                now,
+            );
+            let prev = rec.unwrap_or_else(|| takeover(&desired, &view.obs));
+            owned.push(Seen {
+                node,
+                prev,
+                persisted,
+                view,
+            });
+        }
+        desired.halted = spec.upgrade_policy.halt_on_failure
+            && owned
+                .iter()
+                .any(|s| s.prev.state == FirmwareNodeState::Failed);
+
+        // The budget: maxParallel, under the driver rollout's rules.
+        let candidates: Vec<Candidate> = owned.iter().map(|s| candidate(s, &desired)).collect();
+        let held = memory.held.entry(name.clone()).or_default();
+        held.retain(|n| {
+            candidates
+                .iter()
+                .any(|c| &c.name == n && ((c.wants_slot && c.ready) || c.in_progress))
+        });
+        let limits = Limits {
+            max_unavailable: usize::try_from(spec.upgrade_policy.max_parallel)
+                .unwrap_or(1)
+                .max(1),
+            brake_percent: ctx.config.not_ready_brake_percent,
+        };
+        let granted: BTreeSet<String> = if desired.paused || !desired.auto_upgrade {
+            BTreeSet::new()
+        } else {
+            plan(candidates.iter(), held, limits)
+                .granted
+                .into_iter()
+                .collect()
+        };
+        held.extend(granted.iter().cloned());
+
+        let mut statuses: Vec<FirmwareNodeStatus> = vec![];
+        for mut s in owned {
+            let node_name = s.node.metadata.name.clone().unwrap_or_default();
+            s.view.obs.slot = granted.contains(&node_name);
+            let next = self.step_node(p, &desired, &mut s, memory).await;
+            if !next.occupies_slot()
+                && let Some(h) = memory.held.get_mut(&name)
+                && !(next.state == FirmwareNodeState::Pending && s.view.obs.slot)
+            {
+                h.remove(&node_name);
+            }
+            statuses.push(node_status(&node_name, &next, &s));
+        }
+        for (n, other) in conflicts {
+            statuses.push(FirmwareNodeStatus {
+                name: n,
+                state: FirmwareNodeState::Pending,
+                reason: Some(reason::NODE_CONFLICT.into()),
+                current_version: None,
+                last_flash_job: None,
+                message: Some(format!(
+                    "Conflict: node owned by a different TenstorrentFirmwarePolicy CR ({other})"
+                )),
+                last_transition_time: None,
+            });
+        }
+        statuses.sort_by(|a, b| a.name.cmp(&b.name));
+        self.write_status(p, statuses, memory).await;
+    }
+
+    /// The node's flash Job for this version, and its pods when it exists.
+    async fn job(
+        &self,
+        policy: &str,
+        node: &str,
+        version: &str,
+        attempt: u32,
+    ) -> ttdrv_core::firmware::FlashJob {
+        let ns = &self.ctx.config.namespace;
+        let name = job_name_for(policy, node, version, attempt);
+        let job = self.stores.jobs.get(&ObjectRef::new(&name).within(ns));
+        let mut pods: Vec<Pod> = vec![];
+        if job.is_some() {
+            let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
+            let lp = ListParams::default().labels(&format!("job-name={name}"));
+            match api.list(&lp).await {
+                Ok(l) => pods = l.items,
+                Err(e) => tracing::warn!(job = name, error = %e, "listing the flash Job's pods"),
+            }
+        }
+        let refs: Vec<&Pod> = pods.iter().collect();
+        job_state(job.as_deref(), &refs)
+    }
+
+    async fn step_node(
+        &self,
+        p: &TenstorrentFirmwarePolicy,
+        desired: &Desired,
+        s: &mut Seen,
+        memory: &mut Memory,
+    ) -> FwRecord {
+        let ctx = &self.ctx;
+        let policy = desired.policy.clone();
+        let node = s.node.metadata.name.clone().unwrap_or_default();
+        let holder = Holder::Firmware(policy.clone());
+        let mut next = step(&s.prev, &s.view.obs, desired);
+        if !s.prev.state.is_in_progress()
+            && next.record.state.is_in_progress()
+            && let Err(other) = ctx.claims.take(&node, holder.clone())
+        {
+            s.view.obs.driver_cycle = Some(other.to_string());
+            next = step(&s.prev, &s.view.obs, desired);
+        }
+        let written = next.record != s.prev
+            || !next.commands.is_empty()
+            || s.persisted.as_ref() != Some(&next.record);
+        if written {
+            let starts = !s.prev.state.is_in_progress() && next.record.state.is_in_progress();
+            let patch = node_patch(&s.node, &next, &desired.version, starts);
+            let sent = self
+                .labeler
+                .send(PatchNode {
+                    node: node.clone(),
+                    patch,
+                    action: "persisting firmware state",
+                })
+                .await;
+            match sent {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(policy, node, error = %e, "firmware record not written; retried next pass");
+                    ctx.claims.release(&node, &holder);
+                    return s.prev.clone();
+                }
+                Err(e) => {
+                    tracing::warn!(policy, node, error = %e, "labeler unavailable");
+                    return s.prev.clone();
+                }
+            }
+            memory
+                .live
+                .insert((policy.clone(), node.clone()), next.record.clone());
+        }
+        if !next.record.state.is_in_progress() {
+            ctx.claims.release(&node, &holder);
+        }
+        for c in &next.commands {
+            match c {
+                Command::Evict if !s.view.evictions.is_empty() => {
+                    let _ = self
+                        .evictor
+                        .send(Evict {
+                            policy: policy.clone(),
+                            pods: s.view.evictions.clone(),
+                        })
+                        .await;
+                }
+                Command::CreateJob => self.create_job(p, &node, next.record.attempt).await,
+                _ => {}
+            }
+        }
+        if next.record.state != s.prev.state {
+            self.report(p, &node, &s.prev, &next.record);
+        }
+        next.record
+    }
+
+    async fn create_job(&self, p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32) {
+        let ctx = &self.ctx;
+        let defaults = JobDefaults {
+            namespace: ctx.config.namespace.clone(),
+            image: ctx.config.flasher_image.clone(),
+            pull_policy: ctx.config.flasher_pull_policy.clone(),
+        };
+        let job = flash_job(p, node, attempt, &defaults);
+        let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+        match api.create(&PostParams::default(), &job).await {
+            Ok(_) => tracing::info!(
+                node,
+                job = job.metadata.name.as_deref().unwrap_or_default(),
+                "flash Job created"
+            ),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => tracing::warn!(node, error = %e, "creating the flash Job; retried next pass"),
+        }
+    }
+
+    fn report(&self, p: &TenstorrentFirmwarePolicy, node: &str, prev: &FwRecord, next: &FwRecord) {
+        use FirmwareNodeState::*;
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        tracing::info!(
+            policy = name,
+            node,
+            from = prev.state.as_str(),
+            to = next.state.as_str(),
+            reason = next.reason.as_deref().unwrap_or(""),
+            "firmware node transition"
+        );
+        let msg = next.message.clone().unwrap_or_default();
+        let (warning, ev, note) = match next.state {
+            _ if next.reason.as_deref() == Some(reason::TAKEN_OVER) => (
+                next.state == Failed,
+                EventReason::FirmwareTakenOver,
+                format!("node {node}: {msg}"),
+            ),
+            Cordoning | Flashing if !prev.state.is_in_progress() => (
+                false,
+                EventReason::FirmwareFlashStarted,
+                format!("node {node}: firmware cycle to {} started", next.target),
+            ),
+            Done if prev.state.is_in_progress() => (
+                false,
+                EventReason::FirmwareFlashed,
+                format!(
+                    "node {node}: every card reads back {} and the node is back in service",
+                    next.current.as_deref().unwrap_or(&next.target)
+                ),
+            ),
+            Failed => (
+                true,
+                EventReason::FirmwareFlashFailed,
+                format!("node {node}: {msg}"),
+            ),
+            _ => return,
+        };
+        self.ctx.event(p, warning, ev, "Flash", note);
+    }
+
+    async fn write_status(
+        &self,
+        p: &TenstorrentFirmwarePolicy,
+        nodes: Vec<FirmwareNodeStatus>,
+        memory: &mut Memory,
+    ) {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let old = p.status.clone().unwrap_or_default();
+        let summary = summary(&nodes);
+        let mut st = TenstorrentFirmwarePolicyStatus {
+            unreadable: None,
+            observed_generation: p.metadata.generation,
+            desired_version: Some(p.spec.version.clone()),
+            conditions: conditions(p, &summary, &old.conditions),
+            summary,
+            nodes,
+        };
+        // Keep each node's transition time while its state stays.
+        for n in &mut st.nodes {
+            if let Some(o) = old
+                .nodes
+                .iter()
+                .find(|o| o.name == n.name && o.state == n.state)
+            {
+                n.last_transition_time = o
+                    .last_transition_time
+                    .clone()
+                    .or(n.last_transition_time.clone());
+            }
+        }
+        if memory.written.get(&name) == Some(&st) && old == st {
+            return;
+        }
+        let api: Api<TenstorrentFirmwarePolicy> = Api::all(self.ctx.client.clone());
+        let patch = serde_json::json!({ "status": st });
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                memory.written.insert(name, st);
+            }
+            Err(e) => tracing::warn!(policy = name, error = %e, "firmware status not written"),
+        }
+    }
+}
+
+/// The node's slot facts for the rollout plan.
+fn candidate(s: &Seen, want: &Desired) -> Candidate {
+    let obs = &s.view.obs;
+    let rec = &s.prev;
+    let ours = rec.cordon == ttdrv_core::machine::Cordon::Ours;
+    let at_target = obs.current.as_deref() == Some(want.readback.as_str());
+    let foreign_cordon = obs.unschedulable && !ours;
+    let name = s.node.metadata.name.clone().unwrap_or_default();
+    Candidate {
+        // A node at the target without our cordon to undo has nothing to do.
+        wants_slot: rec.state == FirmwareNodeState::Pending
+            && (ours || !at_target)
+            && obs.driver_cycle.is_none()
+            && !foreign_cordon,
+        in_progress: rec.occupies_slot(),
+        ready: obs.ready,
+        unavailable: !obs.ready || foreign_cordon || obs.driver_cycle.is_some(),
+        unavailable_because: if !obs.ready {
+            Some("NotReady".into())
+        } else if let Some(d) = &obs.driver_cycle {
+            Some(format!("held by {d}"))
+        } else if foreign_cordon {
+            Some(ttdrv_core::node::foreign_cordon(&s.node))
+        } else {
+            None
+        },
+        failed: want.halted && rec.state == FirmwareNodeState::Failed,
+        has_device_pods: s.view.has_device_pods,
+        prepared: true,
+        name,
+    }
+}
+
+/// The patch of one step: the record, the state label, the owner label, and
+/// the cordon or uncordon with the Go controller's cordon marks; the Go
+/// annotations of a flash and of a verified readback.
+fn node_patch(node: &Node, next: &Step, version: &str, precondition: bool) -> serde_json::Value {
+    let r = &next.record;
+    let mut ann: BTreeMap<&str, serde_json::Value> = BTreeMap::new();
+    ann.insert(
+        fw::RECORD,
+        serde_json::to_string(r).unwrap_or_default().into(),
+    );
+    let mut labels: BTreeMap<&str, serde_json::Value> = BTreeMap::new();
+    labels.insert(fw::UPGRADE_STATE, r.state.as_str().into());
+    labels.insert(fw::OWNED_BY, r.policy.clone().into());
+    let mut patch = serde_json::json!({});
+    for c in &next.commands {
+        match c {
+            Command::Cordon => {
+                patch["spec"] = serde_json::json!({ "unschedulable": true });
+                ann.insert(fw::CORDONED_BY, r.policy.clone().into());
+                ann.insert(
+                    fw::CORDONED_AT,
+                    rfc3339(now_secs())
+                        .map(|t| t.0.to_string())
+                        .unwrap_or_default()
+                        .into(),
+                );
+            }
+            Command::Uncordon => {
+                patch["spec"] = serde_json::json!({ "unschedulable": false });
+                ann.insert(fw::CORDONED_BY, serde_json::Value::Null);
+                ann.insert(fw::CORDONED_AT, serde_json::Value::Null);
+            }
+            Command::CreateJob => {
+                ann.insert(fw::DESIRED_VERSION, version.into());
+                ann.insert(
+                    fw::LAST_FLASH_JOB,
+                    job_name_for(
+                        &r.policy,
+                        node.metadata.name.as_deref().unwrap_or_default(),
+                        version,
+                        r.attempt,
+                    )
+                    .into(),
+                );
+            }
+            Command::Evict => {}
+        }
+    }
+    if r.state == FirmwareNodeState::Done
+        && let Some(v) = &r.current
+    {
+        labels.insert(fw::FW_VERSION, v.clone().into());
+        ann.insert(fw::CURRENT_VERSION, v.clone().into());
+    }
+    patch["metadata"] = serde_json::json!({ "annotations": ann, "labels": labels });
+    if precondition && let Some(rv) = &node.metadata.resource_version {
+        // The cycle was decided on this version of the Node (no driver
+        // cycle on it): a write since then makes the decision stale.
+        patch["metadata"]["resourceVersion"] = rv.clone().into();
+    }
+    patch
+}
+
+fn node_status(name: &str, r: &FwRecord, s: &Seen) -> FirmwareNodeStatus {
+    FirmwareNodeStatus {
+        name: name.to_string(),
+        state: r.state,
+        reason: r.reason.clone(),
+        current_version: r.current.clone().or(s.view.obs.current.clone()),
+        last_flash_job: r.job.clone().or_else(|| {
+            ttdrv_core::node::annotation(&s.node, fw::LAST_FLASH_JOB).map(String::from)
+        }),
+        message: r.message.clone(),
+        last_transition_time: rfc3339(r.since),
+    }
+}
+
+/// The Go operator's counts.
+pub fn summary(nodes: &[FirmwareNodeStatus]) -> FirmwareSummary {
+    let mut s = FirmwareSummary {
+        matched: nodes.len() as i32,
+        ..Default::default()
+    };
+    for n in nodes {
+        match n.state {
+            FirmwareNodeState::Done => s.up_to_date += 1,
+            FirmwareNodeState::Failed => s.failed += 1,
+            st if st.is_in_progress() => s.in_progress += 1,
+            _ => s.pending += 1,
+        }
+    }
+    s
+}
+
+/// Ready and Progressing as the Go operator sets them, and Paused; each
+/// keeps its transition time while its status stays.
+pub fn conditions(
+    p: &TenstorrentFirmwarePolicy,
+    s: &FirmwareSummary,
+    old: &[Condition],
+) -> Vec<Condition> {
+    let halted = p.spec.upgrade_policy.halt_on_failure && s.failed > 0;
+    let (ready, ready_reason, ready_msg) = if s.failed > 0 {
+        (
+            "False",
+            "NodesFailed",
+            format!("{} node(s) failed", s.failed),
+        )
+    } else if s.in_progress > 0 || s.pending > 0 {
+        (
+            "False",
+            "NodesPending",
+            format!("{}/{} up to date", s.up_to_date, s.matched),
+        )
+    } else {
+        (
+            "True",
+            "AllUpToDate",
+            "All matched nodes at desired version".to_string(),
+        )
+    };
+    let (prog, prog_reason, prog_msg) = if halted {
+        (
+            "False",
+            "Halted",
+            "a node is Failed (haltOnFailure): retry it to go on".to_string(),
+        )
+    } else if p.spec.paused {
+        ("False", "Paused", "spec.paused".to_string())
+    } else if s.in_progress > 0 || s.pending > 0 {
+        (
+            "True",
+            "NodesUpgrading",
+            format!("{} in progress", s.in_progress),
+        )
+    } else {
+        ("False", "Idle", String::new())
+    };
+    let paused = if p.spec.paused {
+        (
+            "True",
+            "Paused",
+            "spec.paused: no new firmware cycle starts".to_string(),
+        )
+    } else {
+        ("False", "Running", String::new())
+    };
+    let now = rfc3339(now_secs()).unwrap_or(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    [
+        ("Ready", ready, ready_reason, ready_msg),
+        ("Progressing", prog, prog_reason, prog_msg),
+        ("Paused", paused.0, paused.1, paused.2),
+    ]
+    .into_iter()
+    .map(|(t, status, reason, message)| {
+        let since = old
+            .iter()
+            .find(|c| c.type_ == t && c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now.clone());
+        Condition {
+            type_: t.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            observed_generation: p.metadata.generation,
+            last_transition_time: since,
+        }
+    })
+    .collect()
+}
