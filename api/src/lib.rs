@@ -8,6 +8,7 @@
 #[macro_use]
 pub mod validation;
 
+pub mod firmware;
 pub mod images;
 pub mod labels;
 pub mod module_params;
