@@ -99,6 +99,46 @@ pub fn parse_snapshot(stdout: &str) -> Result<Vec<String>, SnapshotError> {
         .collect()
 }
 
+/// Longest report message: the termination message holds 4096 bytes in all.
+pub const MESSAGE_MAX: usize = 1024;
+
+/// A tool's line for a report: ANSI escape sequences (tt-smi colours its
+/// errors even when not on a terminal) removed, whitespace trimmed.
+pub fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters final-byte; other escapes: ESC + one char.
+            if chars.next_if_eq(&'[').is_some() {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            } else {
+                chars.next();
+            }
+        } else if !c.is_control() || c == '\t' {
+            out.push(c);
+        }
+    }
+    out.trim().to_string()
+}
+
+/// `message` cut to [`MESSAGE_MAX`] bytes (on a character boundary).
+pub fn bounded(mut message: String) -> String {
+    if message.len() > MESSAGE_MAX {
+        let mut cut = MESSAGE_MAX - 3;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str("...");
+    }
+    message
+}
+
 /// Every card reads `target` (and there is at least one card).
 pub fn all_read(versions: &[String], target: &str) -> bool {
     !versions.is_empty() && versions.iter().all(|v| v == target)
@@ -159,7 +199,7 @@ pub fn flash_outcome(exit_ok: bool, exit: &str, output: &str) -> Result<(), Stri
     {
         return Err(format!(
             "tt-flash exited 0 but a card did not come back from its reset: {}",
-            line.trim()
+            plain(line)
         ));
     }
     Ok(())
@@ -259,6 +299,19 @@ trailing"#;
         assert_eq!(heal_for([]), Heal::Reset);
         assert_eq!(Heal::GalaxyReset.tt_smi_args(), ["-glx_reset"]);
         assert_eq!(Heal::Reset.tt_smi_args(), ["-r"]);
+    }
+
+    #[test]
+    fn plain_and_bounded_messages() {
+        assert_eq!(
+            plain("\u{1b}[91m No Tenstorrent driver detected! \u{1b}[0m\r"),
+            "No Tenstorrent driver detected!"
+        );
+        assert_eq!(plain("a\u{1b}Mb"), "ab");
+        let long = "é".repeat(MESSAGE_MAX);
+        let b = bounded(long);
+        assert!(b.len() <= MESSAGE_MAX && b.ends_with("..."), "{}", b.len());
+        assert_eq!(bounded("short".into()), "short");
     }
 
     #[test]

@@ -113,7 +113,7 @@ fn failed(message: String) -> Report {
     tracing::error!("{message}");
     Report {
         reason: Some(reason::FLASH_JOB_FAILED.to_string()),
-        message: Some(message),
+        message: Some(decide::bounded(message)),
         ..Default::default()
     }
 }

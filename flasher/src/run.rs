@@ -39,9 +39,9 @@ pub fn readback(host: &mut dyn Host) -> Result<Vec<String>, String> {
             .stdout
             .lines()
             .chain(o.stderr.lines())
-            .map(str::trim)
+            .map(decide::plain)
             .find(|l| !l.is_empty())
-            .unwrap_or("no output");
+            .unwrap_or_else(|| "no output".to_string());
         return Err(format!("tt-smi -s failed ({}): {first}", o.status));
     }
     decide::parse_snapshot(&o.stdout).map_err(|e| {
@@ -57,7 +57,7 @@ fn failure(before: Vec<String>, after: Vec<String>, why: &str, message: String) 
         after,
         skipped: false,
         reason: Some(why.to_string()),
-        message: Some(message),
+        message: Some(decide::bounded(message)),
     }
 }
 
