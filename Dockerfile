@@ -25,6 +25,7 @@ COPY testkit testkit
 COPY plugin plugin
 COPY bench bench
 COPY vfio vfio
+COPY flasher flasher
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin ttdrv-controller --target x86_64-unknown-linux-musl \

@@ -1,7 +1,7 @@
 # Tenstorrent driver manager: common entry points.
 #   make test     installs what is missing (hack/deps.sh), then fmt + clippy + cargo-deny + unit, agent,
 #                 cluster, alert-rule, chart, image, real-node, chaos and kernel (QEMU) tests
-#   make images   controller, agent, vfio and pause image archives (hack/images.sh)
+#   make images   controller, agent, vfio, flasher and pause image archives (hack/images.sh)
 #   make release  chart, images, plugin, krew manifest and checksums in dist/<version>/
 #   make bench    rollout benchmark at 10/100/1000 simulated nodes
 #   make bench-pods  pod density: 1000 nodes, 10,000 pods

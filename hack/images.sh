@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# `make images`: the controller, agent, vfio and pause images as image archives
+# `make images`: the controller, agent, vfio, flasher and pause images as image archives
 # (`docker save` layout, read by `ctr images import` and `docker load`), built
 # without a registry or a container engine:
 #
 #   base layer   the Debian packages of hack/images/packages.txt for the
 #                Dockerfile's base image, bootstrapped with mmdebstrap from the
-#                Debian mirror this machine's apt uses (agent, vfio: minbase +
-#                packages, like debian:bookworm-slim + apt-get install;
+#                Debian mirror this machine's apt uses (agent, vfio, flasher:
+#                minbase + packages, like debian:bookworm-slim + apt-get install;
+#                flasher: + the final stage's pip RUN, hack/images/pyvenv.sh;
 #                controller: the packages distroless/static-debian12 is made of,
 #                unpacked, plus its passwd/group, /home/nonroot, /tmp, CA bundle)
 #   app layer    the files the Dockerfile's final stage copies from its build
@@ -60,9 +61,9 @@ cargo_profile=()
 [ "$profile" = release ] && cargo_profile=(--release)
 CARGO_TARGET_DIR="$target_dir" cargo build -q --locked "${cargo_profile[@]}" --target "$musl" \
   -p ttdrv-controller --bin ttdrv-controller -p ttdrv-agent --bin ttdrv-agent \
-  -p ttdrv-vfio --bin ttdrv-vfio-manage >&2
+  -p ttdrv-vfio --bin ttdrv-vfio-manage -p ttdrv-flasher --bin ttdrv-flash >&2
 bindir="$target_dir/$musl/$profile"
-for b in ttdrv-controller ttdrv-agent ttdrv-vfio-manage; do
+for b in ttdrv-controller ttdrv-agent ttdrv-vfio-manage ttdrv-flash; do
   if readelf -d "$bindir/$b" 2>/dev/null | grep -q '(NEEDED)'; then die "$bindir/$b is not statically linked"; fi
 done
 pause_bin="$cache/work/pause"
@@ -79,11 +80,14 @@ done
 
 # base_layer IMAGE STAGE_JSON -> path of the cached rootfs tar
 base_layer() {
-  local image=$1 stage=$2 suite variant pkgs key out
+  local image=$1 stage=$2 suite variant pkgs key out pip
   suite=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"]["suite"])' "$stage")
   variant=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"]["variant"])' "$stage")
   pkgs=$(python3 "$df" packages "$image" | paste -sd, -)
-  key=$( { echo "recipe=$recipe suite=$suite variant=$variant packages=$pkgs"; cat "$sources"; mmdebstrap --version; } \
+  # the final stage's pip RUN (pinned versions), for the images that have one
+  pip=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])).get("pip_run"); print(f" pip={r}" if r else "")' "$stage")
+  [ -z "$pip" ] || pip="$pip hook=$(sha256sum <hack/images/pyvenv.sh | cut -c1-16)"
+  key=$( { echo "recipe=$recipe suite=$suite variant=$variant packages=$pkgs$pip"; cat "$sources"; mmdebstrap --version; } \
     | sha256sum | cut -c1-16)
   out="$cache/base/$image-$key.tar"
   if [ -s "$out" ]; then log "base $image: cached ($out)"; echo "$out"; return; fi
@@ -94,6 +98,7 @@ base_layer() {
     --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*'
     --dpkgopt='path-exclude=/usr/share/info/*'
     --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin "$1"/var/log/apt/* "$1"/var/log/dpkg.log')
+  [ -z "$pip" ] || args+=(--customize-hook="bash $root/hack/images/pyvenv.sh \"\$1\" $stage")
   case $variant in
     minbase) args+=(--variant=minbase) ;;
     extract)
@@ -165,5 +170,6 @@ pause_image() {
 image controller Dockerfile
 image agent agent/Dockerfile
 image vfio vfio/Dockerfile
+image flasher flasher/Dockerfile
 pause_image
 log "done"

@@ -6,6 +6,7 @@
 #   ttdrv-controller-<version>-linux-amd64.tar  the images as archives (docker save
 #   ttdrv-agent-<version>-linux-amd64.tar       layout: `docker load`, `ctr images
 #   ttdrv-vfio-<version>-linux-amd64.tar        import`, `skopeo copy docker-archive:`),
+#   ttdrv-flasher-<version>-linux-amd64.tar
 #                                            tagged ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/<image>:<version>,
 #                                            with OCI labels (hack/images.sh)
 #   kubectl-tt-driver-<version>-linux-amd64.tar.gz  the plugin (static binary) and
@@ -61,7 +62,7 @@ log "chart: $(basename "$chart_tgz")"
 
 # --- the images ---------------------------------------------------------------------
 images=$(IMAGES_PROFILE=$profile CARGO_TARGET_DIR=$target_dir bash hack/images.sh)
-for image in controller agent vfio; do
+for image in controller agent vfio flasher; do
   archive=$(awk -v i="$image" '$1 == i { print $3 }' <<<"$images")
   [ -s "$archive" ] || die "hack/images.sh built no $image archive"
   # The same image under its release name: only manifest.json's RepoTags change.
@@ -151,7 +152,7 @@ grep -qx 'tt-k8s-driver-manager/templates/tests/test-controller.yaml' <<<"$listi
 python3 - "$out" "$version" "$registry" "$plugin_sha" <<'PY' || die "artefact checks"
 import json, sys, tarfile
 out, version, registry, sha = sys.argv[1:5]
-for image in ("controller", "agent", "vfio"):
+for image in ("controller", "agent", "vfio", "flasher"):
     with tarfile.open(f"{out}/ttdrv-{image}-{version}-linux-amd64.tar") as t:
         man = json.load(t.extractfile("manifest.json"))
         cfg = json.load(t.extractfile(man[0]["Config"]))

@@ -2,8 +2,8 @@
 # Checks that the Dockerfiles, the package list and the images of `make images`
 # agree (a stage of `make test`, before the real-node test uses the images):
 #
-#  1. agent/ and vfio/Dockerfile's final stages install their packages from
-#     hack/images/packages.txt (`agent:`, `vfio:`) and name no package itself;
+#  1. agent/, vfio/ and flasher/Dockerfile's final stages install their packages
+#     from hack/images/packages.txt (`agent:`, `vfio:`, `flasher:`) and name none;
 #     the controller Dockerfile's base is the one `controller:` describes
 #  2. hack/images.sh builds the archives (cached: seconds when nothing changed)
 #  3. each archive's config equals the Dockerfile's final stage (ENTRYPOINT,
@@ -15,6 +15,8 @@
 #     files, the distroless users (nonroot 65532), /tmp, the CA bundle, and
 #     no shell
 #  5. the check of 1 refuses a Dockerfile that lists packages of its own
+#  6. flasher: in its root the real tt-flash and tt-smi answer, at the pinned
+#     versions, and a simulated flash reports (hack/images/flasher_check.py)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -53,6 +55,7 @@ def installs_from_list(path, image):
 # 1
 errors += installs_from_list("agent/Dockerfile", "agent")
 errors += installs_from_list("vfio/Dockerfile", "vfio")
+errors += installs_from_list("flasher/Dockerfile", "flasher")
 ctl = df.final_stage("Dockerfile")
 check(ctl["base"]["variant"] == "extract" and ctl["from"].startswith("gcr.io/distroless/static-debian12"),
       f"Dockerfile: base {ctl['from']} is not the distroless image hack/images/packages.txt's controller: line describes")
@@ -95,8 +98,10 @@ def run_in_root(files, *cmd):
         return r.stdout + r.stderr
 
 TOOLS = {"agent": ("usr/bin/git", "usr/bin/make", "usr/bin/gcc", "usr/bin/kmod", "opt/tt-smi/tt-smi"),
-         "vfio": ("usr/bin/kmod", "usr/sbin/modprobe")}
-for image, dockerfile in (("controller", "Dockerfile"), ("agent", "agent/Dockerfile"), ("vfio", "vfio/Dockerfile")):
+         "vfio": ("usr/bin/kmod", "usr/sbin/modprobe"),
+         "flasher": ("usr/bin/curl", "usr/bin/lspci", "usr/local/bin/tt-flash", "usr/local/bin/tt-smi", "opt/tt/bin/python3")}
+for image, dockerfile in (("controller", "Dockerfile"), ("agent", "agent/Dockerfile"), ("vfio", "vfio/Dockerfile"),
+                          ("flasher", "flasher/Dockerfile")):
     ref, archive = built[image]
     st = df.final_stage(dockerfile)
     manifest, cfg, files = layers(archive)
@@ -135,6 +140,9 @@ for image, dockerfile in (("controller", "Dockerfile"), ("agent", "agent/Dockerf
             check("--hotplug-stub-driver" in out and "--restore-on-exit" in out, f"vfio: --help in the image: {out[-300:]}")
             out = run_in_root(files, "/usr/sbin/modprobe", "--version")
             check("kmod version" in out, f"vfio: modprobe --version in the image: {out[-300:]}")
+        if image == "flasher":
+            import flasher_check
+            errors += flasher_check.check(files, st)
     else:
         passwd = read(files, "etc/passwd").decode()
         check("nonroot:x:65532:65532:" in passwd, "controller: no nonroot (65532) in /etc/passwd")

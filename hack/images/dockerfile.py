@@ -9,6 +9,11 @@ hack/images/packages.txt and the built archives agree.
     dockerfile.py final-stage DOCKERFILE       JSON of the final stage
     dockerfile.py packages IMAGE               the packages of IMAGE (one a line)
 
+A final stage with a RUN that pip-installs (flasher/Dockerfile's venv) gets
+"pip_run": that command with the stage's ARGs substituted, which make images
+runs in its Debian root (hack/images/pyvenv.sh); stages without one have no
+such key (their JSON, and so their cache keys, stay as they were).
+
 Only the instructions the project's Dockerfiles use are understood; anything
 else in the final stage is an error, so a new instruction cannot be silently
 left out of `make images`.
@@ -143,6 +148,14 @@ def final_stage(path):
             st["shell"] = json.loads(rest)
         else:
             raise SystemExit(f"{path}: final stage: {word} is not understood by hack/images/dockerfile.py")
+    pips = [r for r in st["run"] if "pip install" in r]
+    if len(pips) > 1:
+        raise SystemExit(f"{path}: final stage: {len(pips)} RUNs with pip install, make images runs one")
+    if pips:
+        missing = [n for n in re.findall(r"\$\{(\w+)\}|\$(\w+)", pips[0]) if (n[0] or n[1]) not in args]
+        if missing:
+            raise SystemExit(f"{path}: final stage: the pip RUN uses ARGs without a value: {missing}")
+        st["pip_run"] = subst(pips[0], args)
     if st["from"] not in BASES:
         raise SystemExit(f"{path}: final stage FROM {st['from']}: make images knows only {sorted(BASES)}")
     st["base"] = BASES[st["from"]]

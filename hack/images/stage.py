@@ -19,6 +19,7 @@ WHAT = {
     "controller": "Kubernetes controller that rolls tt-kmd out across Tenstorrent nodes",
     "agent": "Node agent of the tt-kmd driver manager: builds, loads and reports the kernel module",
     "vfio": "VFIO binder of the tt-kmd driver manager: binds Tenstorrent PCI functions to vfio-pci for VM passthrough",
+    "flasher": "Firmware flasher of the tt-kmd driver manager: the firmware policy's flash Job (tt-flash, tt-smi readback)",
 }
 REPO = "https://github.com/tenstorrent/tt-k8s-driver-manager-rs"
 
