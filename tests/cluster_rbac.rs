@@ -51,6 +51,44 @@ fn granted(
     out
 }
 
+/// Creates a firmware policy for the test's nodes and waits until each is Done.
+async fn flash(env: &TestEnv, nodes: &[String]) {
+    use kube::api::{Api, DynamicObject, PostParams};
+    let ar = kube::api::ApiResource::erase::<ttdrv_api::firmware::TenstorrentFirmwarePolicy>(&());
+    let api: Api<DynamicObject> = Api::all_with(env.client.clone(), &ar);
+    let name = env.name("fw");
+    let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentFirmwarePolicy",
+        "metadata": { "name": name, "labels": env.labels() },
+        "spec": { "version": "19.8.0", "nodeAffinity": { "matchLabels": env.labels() } },
+    }))
+    .expect("object");
+    api.create(&PostParams::default(), &obj)
+        .await
+        .expect("firmware policy");
+    let typed: Api<ttdrv_api::firmware::TenstorrentFirmwarePolicy> = Api::all(env.client.clone());
+    ttdrv_testkit::wait_for(&format!("{nodes:?} flashed by {name}"), T, || async {
+        let st = typed
+            .get(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        let done = st
+            .nodes
+            .iter()
+            .filter(|n| n.state == ttdrv_api::firmware::FirmwareNodeState::Done)
+            .count();
+        if done == nodes.len() {
+            Ok(())
+        } else {
+            Err(format!("{:?}", st.nodes))
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn controller_runs_a_rollout_with_the_charts_service_account() {
@@ -148,6 +186,8 @@ async fn controller_runs_a_rollout_with_the_charts_service_account() {
     let policy = installed(&env, &nodes, "", T).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    // A firmware policy flashes the same nodes (flash Jobs, its status).
+    flash(&env, &nodes).await;
 
     // Let the leader renew its Lease at least once (renewal is every duration/3).
     tokio::time::sleep(Duration::from_secs(3)).await;

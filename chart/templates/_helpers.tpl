@@ -313,3 +313,13 @@ this chart's flags) is replaced by ours. */}}
 {{- define "ttdm.vfio.image" -}}
 {{- include "ttdm.image" (dict "image" (include "ttdm.vfio.imageDict" . | fromYaml) "appVersion" .Chart.AppVersion) }}
 {{- end }}
+
+{{/* The flasher image of the flash Jobs; the Go chart's flasher and tools
+images (a shell entrypoint this controller does not drive) are replaced by ours. */}}
+{{- define "ttdm.flasher.imageDict" -}}
+{{- include "ttdm.replacedImageDict" (dict "image" .Values.flasher.image "go" "ghcr.io/tenstorrent/tt-k8s-driver-manager-flasher" "ours" "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/flasher") }}
+{{- end }}
+
+{{- define "ttdm.flasher.image" -}}
+{{- include "ttdm.image" (dict "image" (include "ttdm.flasher.imageDict" . | fromYaml) "appVersion" .Chart.AppVersion) }}
+{{- end }}
