@@ -134,6 +134,7 @@ impl FirmwareManager {
             stores: self.stores.clone(),
             labeler: self.labeler.clone(),
             evictor: self.evictor.clone(),
+            errors: Default::default(),
         };
         actx.spawn(async move { pass.run(memory).await }.into_actor(self).map(
             |memory, act, actx| {
@@ -179,6 +180,8 @@ struct Pass {
     stores: FirmwareStores,
     labeler: Addr<Labeler>,
     evictor: Addr<Evictor>,
+    /// Writes of the current policy's pass that failed.
+    errors: std::cell::Cell<u32>,
 }
 
 /// One node of a policy, as this pass sees it.
@@ -209,13 +212,24 @@ impl Pass {
             .iter()
             .filter_map(|p| p.metadata.name.clone())
             .collect();
+        for gone in memory.written.keys().filter(|p| !names.contains(*p)) {
+            self.ctx.metrics.forget_firmware_policy(gone);
+        }
         memory.held.retain(|p, _| names.contains(p));
         memory.written.retain(|p, _| names.contains(p));
+        let mut by_version: BTreeMap<String, i64> = BTreeMap::new();
+        for n in self.ctx.stores.nodes.state() {
+            if let Some(v) = ttdrv_core::node::label(&n, fw::FW_VERSION) {
+                *by_version.entry(v.to_string()).or_default() += 1;
+            }
+        }
+        self.ctx.metrics.set_nodes_by_fw_version(&by_version);
         memory.live.retain(|(p, _), _| names.contains(p));
         for p in policies {
             if p.metadata.deletion_timestamp.is_some() {
                 continue;
             }
+            self.errors.set(0);
             self.policy(&p, &mut memory).await;
         }
         memory
@@ -338,6 +352,9 @@ impl Pass {
             });
         }
         statuses.sort_by(|a, b| a.name.cmp(&b.name));
+        let states: Vec<FirmwareNodeState> = statuses.iter().map(|n| n.state).collect();
+        ctx.metrics
+            .set_firmware_policy(&name, &spec.version, &states, self.errors.get() == 0);
         self.write_status(p, statuses, memory).await;
     }
 
@@ -402,6 +419,8 @@ impl Pass {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
                     tracing::warn!(policy, node, error = %e, "firmware record not written; retried next pass");
+                    ctx.metrics.inc_fw_error(&policy, "node_patch");
+                    self.errors.set(self.errors.get() + 1);
                     ctx.claims.release(&node, &holder);
                     return s.prev.clone();
                 }
@@ -420,13 +439,23 @@ impl Pass {
         for c in &next.commands {
             match c {
                 Command::Evict if !s.view.evictions.is_empty() => {
-                    let _ = self
+                    let sent = self
                         .evictor
                         .send(Evict {
                             policy: policy.clone(),
                             pods: s.view.evictions.clone(),
+                            firmware: true,
                         })
                         .await;
+                    if let Ok(out) = sent {
+                        ctx.metrics.inc_fw_evicted(&policy, out.evicted.len());
+                        ctx.metrics
+                            .inc_fw_drain_blocked(&policy, "pdb", out.blocked.len());
+                        for e in &out.errors {
+                            tracing::warn!(policy, node, error = e, "eviction failed; will retry");
+                            ctx.metrics.inc_fw_error(&policy, "evict");
+                        }
+                    }
                 }
                 Command::CreateJob => self.create_job(p, &node, next.record.attempt).await,
                 _ => {}
@@ -447,14 +476,23 @@ impl Pass {
         };
         let job = flash_job(p, node, attempt, &defaults);
         let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+        let cr = p.metadata.name.as_deref().unwrap_or_default();
         match api.create(&PostParams::default(), &job).await {
-            Ok(_) => tracing::info!(
-                node,
-                job = job.metadata.name.as_deref().unwrap_or_default(),
-                "flash Job created"
-            ),
+            Ok(_) => {
+                ctx.metrics.inc_flash_job_created(cr, true);
+                tracing::info!(
+                    node,
+                    job = job.metadata.name.as_deref().unwrap_or_default(),
+                    "flash Job created"
+                )
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => tracing::warn!(node, error = %e, "creating the flash Job; retried next pass"),
+            Err(e) => {
+                ctx.metrics.inc_flash_job_created(cr, false);
+                ctx.metrics.inc_fw_error(cr, "job_create");
+                self.errors.set(self.errors.get() + 1);
+                tracing::warn!(node, error = %e, "creating the flash Job; retried next pass")
+            }
         }
     }
 
@@ -469,6 +507,14 @@ impl Pass {
             reason = next.reason.as_deref().unwrap_or(""),
             "firmware node transition"
         );
+        let m = &self.ctx.metrics;
+        if prev.state == Flashing && next.state != Flashing {
+            let ok = matches!(next.state, Uncordoning | Done);
+            m.observe_flash(name, ok, (next.since - prev.since) as f64);
+        }
+        if next.state == Failed && next.reason.as_deref() == Some(reason::DRAIN_TIMEOUT) {
+            m.inc_fw_drain_blocked(name, "drain_timeout", 1);
+        }
         let msg = next.message.clone().unwrap_or_default();
         let (warning, ev, note) = match next.state {
             _ if next.reason.as_deref() == Some(reason::TAKEN_OVER) => (
@@ -541,7 +587,10 @@ impl Pass {
             Ok(_) => {
                 memory.written.insert(name, st);
             }
-            Err(e) => tracing::warn!(policy = name, error = %e, "firmware status not written"),
+            Err(e) => {
+                self.ctx.metrics.inc_fw_error(&name, "status");
+                tracing::warn!(policy = name, error = %e, "firmware status not written")
+            }
         }
     }
 }

@@ -349,12 +349,12 @@ async fn assert_flashed(env: &TestEnv, nodes: &[String], policy: &str) {
 async fn a_firmware_rollout_flashes_every_node_within_max_parallel() {
     let (env, ns, nodes, _agent) = sim_fleet("fw-roll", 4).await;
     ensure_crd(&env.client).await;
-    let _ctl = controller(&env, &ns);
+    let ctl = controller(&env, &ns);
     let watcher = FirmwareWatcher::start(&env);
     let cordons = CordonWatcher::start(&env);
     let policy = env.name("fw");
     // A device user on one node: drained (pass 1) before its flash.
-    pinned_deployment(&env, &ns, "trainer", &nodes[1]).await;
+    env.pinned_deployment(&ns, "trainer", &nodes[1], true).await;
     firmware_policy(
         &env,
         &policy,
@@ -403,6 +403,30 @@ async fn a_firmware_rollout_flashes_every_node_within_max_parallel() {
         .await
         .expect("jobs");
     assert_eq!(list.items.len(), 4);
+    // The Go operator's ttfw_* families say the same.
+    let (_, _, body) = ctl.admin_get("/metrics").await.expect("metrics");
+    for line in [
+        format!("ttfw_flash_jobs_total{{cr=\"{policy}\",result=\"success\"}} 4"),
+        format!("ttfw_flash_jobs_created_total{{cr=\"{policy}\",result=\"success\"}} 4"),
+        format!("ttfw_policy_nodes{{cr=\"{policy}\",state=\"Done\"}} 4"),
+        format!("ttfw_pods_evicted_total{{cr=\"{policy}\"}} 1"),
+        format!("ttfw_flash_jobs_in_flight{{cr=\"{policy}\"}} 0"),
+    ] {
+        assert!(
+            body.lines().any(|l| l == line),
+            "missing `{line}` in:\n{}",
+            body.lines()
+                .filter(|l| l.starts_with("ttfw_"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    assert!(
+        !body
+            .lines()
+            .any(|l| l.starts_with("ttdriver_pods_evicted_total") && l.contains(&policy)),
+        "firmware evictions counted as the driver's"
+    );
     env.teardown().await;
 }
 

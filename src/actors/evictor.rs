@@ -35,6 +35,9 @@ impl Actor for Evictor {
 pub struct Evict {
     pub policy: String,
     pub pods: Vec<(PodRef, DrainPass)>,
+    /// For a firmware policy: its own counters (`ttfw_*`, from the outcome)
+    /// count these evictions, not the driver policies' `ttdriver_*`.
+    pub firmware: bool,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -88,15 +91,19 @@ impl Handler<Evict> for Evictor {
             for (pod, pass, res) in futures::future::join_all(calls).await {
                 match res {
                     Ok(_) => {
-                        ctx.metrics
-                            .inc_evicted(&msg.policy, crate::metrics::pass_label(pass));
+                        if !msg.firmware {
+                            ctx.metrics
+                                .inc_evicted(&msg.policy, crate::metrics::pass_label(pass));
+                        }
                         tracing::info!(policy = msg.policy, pod = %pod, pass = pass.as_str(), "evicted");
                         out.evicted.push(pod);
                     }
                     Err(e) if code(&e) == Some(404) => out.evicted.push(pod),
                     Err(e) if code(&e) == Some(429) => {
-                        ctx.metrics
-                            .inc_drain_blocked(&msg.policy, crate::metrics::pass_label(pass));
+                        if !msg.firmware {
+                            ctx.metrics
+                                .inc_drain_blocked(&msg.policy, crate::metrics::pass_label(pass));
+                        }
                         tracing::info!(policy = msg.policy, pod = %pod, "eviction refused by a PodDisruptionBudget; will retry");
                         out.blocked.push(pod);
                     }

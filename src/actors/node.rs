@@ -185,6 +185,7 @@ impl Handler<Observe> for NodeActor {
                                 .send(Evict {
                                     policy: policy_name.clone(),
                                     pods: msg.evictions.clone(),
+                                    firmware: false,
                                 })
                                 .await?;
                             if !out.held.is_empty() {

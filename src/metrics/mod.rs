@@ -1,6 +1,7 @@
 //! Prometheus metrics of the controller.
 //!
-//! Every metric is named `ttdriver_*`. The names and labels of the Go operator we
+//! Every metric is named `ttdriver_*`, those of the firmware policies `ttfw_*`
+//! (the Go operator's, `firmware`). The names and labels of the Go operator we
 //! replace (`ttdriver_policy_nodes`, `ttdriver_nodes_by_kmd_version`,
 //! `ttdriver_policy_desired_version`, `ttdriver_pods_evicted_total`,
 //! `ttdriver_drain_blocked_total`, `ttdriver_errors_total`,
@@ -38,6 +39,7 @@ mod actors;
 mod daemonset;
 mod drain;
 mod family;
+mod firmware;
 mod fleet;
 mod node;
 mod policy;
@@ -46,6 +48,7 @@ mod replica;
 
 pub use daemonset::{DAEMONSET_OPERATIONS, DAEMONSET_RESULTS};
 pub use drain::{EVICTION_PASSES, pass_label};
+pub use firmware::{FLASH_BUCKETS, FW_RESULTS};
 pub use node::{FAILURE_REASONS, NODE_UPGRADE_BUCKETS, PHASE_BUCKETS, failure_reason};
 pub use policy::HOST_MANAGED;
 pub use reconcile::RECONCILE_BUCKETS;
@@ -54,6 +57,7 @@ use actors::ActorMetrics;
 use daemonset::DaemonSetMetrics;
 use drain::DrainMetrics;
 use family::Families;
+use firmware::FirmwareMetrics;
 use fleet::FleetMetrics;
 use node::NodeMetrics;
 use policy::PolicyMetrics;
@@ -85,6 +89,7 @@ pub struct Metrics {
     daemonset: DaemonSetMetrics,
     reconcile: ReconcileMetrics,
     actors: ActorMetrics,
+    firmware: FirmwareMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -108,6 +113,7 @@ impl Metrics {
         let daemonset = DaemonSetMetrics::register(&mut families);
         let reconcile = ReconcileMetrics::register(&mut families);
         let actors = ActorMetrics::register(&mut families);
+        let firmware = FirmwareMetrics::register(&mut families);
         Metrics {
             families,
             replica,
@@ -118,6 +124,7 @@ impl Metrics {
             daemonset,
             reconcile,
             actors,
+            firmware,
         }
     }
 
