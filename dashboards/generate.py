@@ -493,6 +493,25 @@ def rollout():
         transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}],
         unit="none",
     ))
+    # The firmware policies (TenstorrentFirmwarePolicy): every policy of the
+    # scrape, by its own cr (the $cr variable lists the driver policies).
+    P.append(row(L, "Firmware (TenstorrentFirmwarePolicy)"))
+    P.append(count_series(
+        L, "Firmware nodes by state", 8, 8, f"sum by (cr, state) (ttfw_policy_nodes{{{SCRAPE}}})",
+        "{{cr}} {{state}}", stack=True,
+        description="Nodes of each firmware policy by state (ttfw_policy_nodes): Pending, Cordoning, Draining, "
+                    "Flashing, Uncordoning, Done, Failed (docs/firmware.md).",
+    ))
+    P.append(count_series(
+        L, "Nodes by firmware version", 8, 8, f"sum by (version) (ttfw_nodes_by_fw_version{{{SCRAPE}}})",
+        "{{version}}", stack=True,
+        description="Nodes by the firmware every card read back last (label firmware.tenstorrent.com/fw-version).",
+    ))
+    P.append(increase_bars(
+        L, "Flashes", 8, 8, "ttfw_flash_jobs_total", "cr, result", "{{cr}} {{result}}", sel=SCRAPE,
+        description="Flashes that ended per window: success (every card read back the target) or failed "
+                    "(ttfw_flash_jobs_total; the node's reason says why).",
+    ))
     return dashboard(
         "ttdriver-rollout", "Tenstorrent driver rollout",
         "Progress of tt-kmd rollouts driven by TenstorrentDriverPolicy resources: target version, nodes per "

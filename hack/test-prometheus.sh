@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Observability acceptance against the real parts: the controller drives a
-# simulated rollout (one node made to fail) on the test cluster, and the VFIO
+# simulated rollout (one node made to fail) and a firmware rollout (one flash
+# made to fail) on the test cluster, and the VFIO
 # binder runs over a planted host (one Wormhole function on vfio-pci), while a
 # real Prometheus (Debian package) scrapes both with our alert rules loaded; then every
 # PromQL query of the dashboards must parse and return data (0 is data: the
@@ -29,7 +30,7 @@ work=$(mktemp -d)
 pids=$work/pids
 cleanup() {
   procs_stop "$pids"
-  kubectl delete ttdp -l ttdrv-test=$id --wait=false >/dev/null 2>&1 || true
+  kubectl delete ttdp,ttfwp -l ttdrv-test=$id --wait=false >/dev/null 2>&1 || true
   kubectl delete nodes -l ttdrv-test=$id --wait=false >/dev/null 2>&1 || true
   kubectl delete ns $id --wait=false >/dev/null 2>&1 || true
   rm -rf "$work"
@@ -103,9 +104,24 @@ for _ in $(seq 1 120); do
   sleep 1
 done
 [ "$state" = Failed ] || { echo "node $id-c did not reach Failed (state: $state)"; tail -20 "$work/controller.log"; exit 1; }
-echo "test-prometheus: node $id-c is Failed as arranged; checking dashboards and alerts"
+# A firmware policy over the same nodes: a flashes, b's simulated flash fails
+# (c keeps the driver's cordon of its failed upgrade: not flashed).
+kubectl annotate node $id-b sim.ttdrv.io/fw-fault=flash >/dev/null
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: firmware.tenstorrent.com/v1alpha1
+kind: TenstorrentFirmwarePolicy
+metadata: {name: $id-fw, labels: {ttdrv-test: $id}}
+spec: {version: "19.8.0", nodeAffinity: {matchLabels: {ttdrv-test: $id}}, upgradePolicy: {maxParallel: 2}}
+YAML
+for _ in $(seq 1 60); do
+  fw=$(kubectl get ttfwp $id-fw -o jsonpath="{.status.nodes[?(@.name=='$id-b')].state}")
+  [ "$fw" = Failed ] && break
+  sleep 1
+done
+[ "$fw" = Failed ] || { echo "node $id-b did not fail its flash (state: $fw)"; tail -20 "$work/controller.log"; exit 1; }
+echo "test-prometheus: node $id-c (driver) and $id-b (firmware) are Failed as arranged; checking dashboards and alerts"
 python3 hack/check-dashboard-queries.py "http://127.0.0.1:$promport" --wait 60 \
-  --expect-alert "TTDriverNodeFailed:node=$id-c"
+  --expect-alert "TTDriverNodeFailed:node=$id-c" --expect-alert "TTFirmwareFlashFailed:cr=$id-fw"
 # The answers came from our prometheus only if it still holds its port.
 procs_is $prom_pid "$prom_start" "$(procs_boot_id)" \
   || { echo "test-prometheus: our prometheus (pid $prom_pid) is not running"; tail -20 "$work/prometheus.log"; exit 1; }

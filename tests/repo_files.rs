@@ -248,7 +248,7 @@ fn normalize(p: &Path) -> String {
 
 const RULES: &str = "dashboards/alerts/ttdriver.rules.yaml";
 const RULE_TESTS: &str = "dashboards/alerts/ttdriver.rules.test.yaml";
-const ALERTS: [&str; 11] = [
+const ALERTS: [&str; 13] = [
     "TTDriverNodeFailed",
     "TTDriverNodeStuckInPhase",
     "TTDriverRolloutStalled",
@@ -260,6 +260,8 @@ const ALERTS: [&str; 11] = [
     "TTDriverNextKernelBuildFailed",
     "TTVfioBindErrors",
     "TTVfioNoIommu",
+    "TTFirmwareFlashFailed",
+    "TTFirmwareRolloutHalted",
 ];
 
 /// Splits `text` before every match of `start` (the first piece, before any, is dropped).
@@ -394,9 +396,10 @@ fn dashboard_queries(errors: &mut Vec<String>) -> Vec<String> {
                     continue;
                 };
                 for m in [r#"cluster=~"$cluster""#, r#"job=~"$job""#] {
-                    // Our metrics: the controller's and the VFIO binder's.
-                    let metrics =
-                        expr.matches("ttdriver_").count() + expr.matches("tt_vfio_").count();
+                    // Our metrics: the controller's (driver and firmware) and the VFIO binder's.
+                    let metrics = expr.matches("ttdriver_").count()
+                        + expr.matches("ttfw_").count()
+                        + expr.matches("tt_vfio_").count();
                     if metrics != expr.matches(m).count() {
                         errors.push(format!(
                             "{f}: panel {title} target {}: a metric without {m}",
