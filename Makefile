@@ -93,7 +93,8 @@ install-plugins:
 	$(CARGO) build --release -p kubectl-tt-driver
 	mkdir -p $(HOME)/.local/bin
 	cp target/release/kubectl-tt-driver $(HOME)/.local/bin/
-	@echo "installed kubectl-tt-driver to $(HOME)/.local/bin (make sure it is on PATH): kubectl tt driver"
+	ln -sf kubectl-tt-driver $(HOME)/.local/bin/kubectl-tt-fw
+	@echo "installed kubectl-tt-driver and kubectl-tt-fw to $(HOME)/.local/bin (make sure it is on PATH): kubectl tt driver, kubectl tt fw"
 
 # One-command demo on a local simulated cluster (see hack/demo.sh).
 demo:

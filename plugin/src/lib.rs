@@ -11,6 +11,7 @@ pub mod cli;
 pub mod commands;
 pub mod complete;
 pub mod eta;
+pub mod fw;
 pub mod handback;
 pub mod plan;
 pub mod render;

@@ -8,6 +8,18 @@ use kubectl_tt_driver::cli::{Cli, exit};
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // `kubectl tt fw ...` (krew's kubectl-tt with `fw` first), or the binary
+    // installed as kubectl-tt-fw: the firmware policies.
+    let as_fw = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "kubectl-tt-fw");
+    if as_fw || args.get(1).is_some_and(|a| a == "fw") {
+        if !as_fw {
+            args.remove(1);
+        }
+        std::process::exit(run_fw(args).await);
+    }
     if args.get(1).is_some_and(|a| a == "driver") {
         args.remove(1);
     }
@@ -43,4 +55,27 @@ async fn main() {
         }
     };
     std::process::exit(code);
+}
+
+async fn run_fw(args: Vec<std::ffi::OsString>) -> i32 {
+    use kubectl_tt_driver::fw::{FwCli, run};
+    let cli = match FwCli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+            let _ = e.print();
+            return code;
+        }
+    };
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            exit::ERROR
+        }
+    }
 }
