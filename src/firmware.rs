@@ -94,6 +94,8 @@ struct Memory {
     live: HashMap<(String, String), FwRecord>,
     /// Per policy, the status last written.
     written: HashMap<String, TenstorrentFirmwarePolicyStatus>,
+    /// Nodes whose stray record is kept for a person (logged once).
+    kept: BTreeSet<String>,
 }
 
 pub struct FirmwareManager {
@@ -225,6 +227,7 @@ impl Pass {
         }
         self.ctx.metrics.set_nodes_by_fw_version(&by_version);
         memory.live.retain(|(p, _), _| names.contains(p));
+        self.release_strays(&policies, &mut memory).await;
         for p in policies {
             if p.metadata.deletion_timestamp.is_some() {
                 continue;
@@ -233,6 +236,80 @@ impl Pass {
             self.policy(&p, &mut memory).await;
         }
         memory
+    }
+
+    /// Firmware records whose policy is gone (deleted), or no longer selects
+    /// the node: released where nothing was written to the cards (cordon,
+    /// record and our marks removed), kept with a log line where the cards
+    /// may be half-written ([`ttdrv_core::firmware::stray`]). A policy this
+    /// controller does not serve (`--policy-selector`) is looked up first:
+    /// only a 404 makes its records strays.
+    async fn release_strays(&self, served: &[Arc<TenstorrentFirmwarePolicy>], memory: &mut Memory) {
+        let ctx = &self.ctx;
+        let api: Api<TenstorrentFirmwarePolicy> = Api::all(ctx.client.clone());
+        let mut exists: HashMap<String, bool> = HashMap::new();
+        for node in ctx.stores.nodes.state() {
+            let Some(rec) = ttdrv_core::claim::firmware_record(&node) else {
+                continue;
+            };
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let gone = match served
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(&rec.policy))
+            {
+                Some(p) => selects(p, &node, ctx.eligibility()) == Selected::No,
+                None if ctx.config.policy_selector.is_none() => true,
+                None => {
+                    if !exists.contains_key(&rec.policy) {
+                        let found = match api.get_opt(&rec.policy).await {
+                            Ok(p) => p.is_some(),
+                            // Unknown: not a stray yet.
+                            Err(_) => true,
+                        };
+                        exists.insert(rec.policy.clone(), found);
+                    }
+                    !exists[&rec.policy]
+                }
+            };
+            if !gone {
+                memory.kept.remove(&name);
+                continue;
+            }
+            match ttdrv_core::firmware::stray(&rec, ttdrv_core::node::unschedulable(&node)) {
+                ttdrv_core::firmware::Stray::Keep(why) => {
+                    if memory.kept.insert(name.clone()) {
+                        tracing::warn!(node = name, policy = rec.policy, "{why}");
+                    }
+                }
+                ttdrv_core::firmware::Stray::Release { uncordon } => {
+                    let patch = release_patch(&node, &rec.policy, uncordon);
+                    let sent = self
+                        .labeler
+                        .send(PatchNode {
+                            node: name.clone(),
+                            patch,
+                            action: "releasing a firmware record whose policy is gone",
+                        })
+                        .await;
+                    match sent {
+                        Ok(Ok(_)) => {
+                            ctx.claims
+                                .release(&name, &Holder::Firmware(rec.policy.clone()));
+                            tracing::info!(
+                                node = name,
+                                policy = rec.policy,
+                                uncordon,
+                                "firmware record released: its policy is gone or no longer selects the node"
+                            );
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(node = name, error = %e, "releasing a stray firmware record")
+                        }
+                        Err(e) => tracing::warn!(node = name, error = %e, "labeler unavailable"),
+                    }
+                }
+            }
+        }
     }
 
     async fn policy(&self, p: &TenstorrentFirmwarePolicy, memory: &mut Memory) {
@@ -686,6 +763,31 @@ fn node_patch(node: &Node, next: &Step, version: &str, precondition: bool) -> se
     if precondition && let Some(rv) = &node.metadata.resource_version {
         // The cycle was decided on this version of the Node (no driver
         // cycle on it): a write since then makes the decision stale.
+        patch["metadata"]["resourceVersion"] = rv.clone().into();
+    }
+    patch
+}
+
+/// Removes a firmware policy's record and marks from a node (and its
+/// cordon), decided on this version of the Node.
+fn release_patch(node: &Node, policy: &str, uncordon: bool) -> serde_json::Value {
+    let null = serde_json::Value::Null;
+    let mut patch = serde_json::json!({ "metadata": {
+        "annotations": { fw::RECORD: null },
+        "labels": { fw::UPGRADE_STATE: null },
+    } });
+    let ann = |k: &str| ttdrv_core::node::annotation(node, k);
+    if ttdrv_core::node::label(node, fw::OWNED_BY) == Some(policy) {
+        patch["metadata"]["labels"][fw::OWNED_BY] = null.clone();
+    }
+    if uncordon {
+        patch["spec"] = serde_json::json!({ "unschedulable": false });
+    }
+    if uncordon || ann(fw::CORDONED_BY) == Some(policy) {
+        patch["metadata"]["annotations"][fw::CORDONED_BY] = null.clone();
+        patch["metadata"]["annotations"][fw::CORDONED_AT] = null;
+    }
+    if let Some(rv) = &node.metadata.resource_version {
         patch["metadata"]["resourceVersion"] = rv.clone().into();
     }
     patch

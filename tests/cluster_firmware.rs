@@ -587,3 +587,69 @@ async fn driver_and_firmware_rollouts_at_once_never_share_a_node() {
     safety.assert_safe(4, Some(2), "driver and firmware at once");
     env.teardown().await;
 }
+
+#[tokio::test]
+#[ignore = "needs the test cluster: make cluster-up"]
+async fn deleting_a_firmware_policy_mid_cycle_gives_back_only_untouched_nodes() {
+    let (env, ns, nodes, _agent) = sim_fleet("fw-del", 2).await;
+    ensure_crd(&env.client).await;
+    let _ctl = controller(&env, &ns);
+    let policy = env.name("fw");
+    // nodes[0] flashes forever; nodes[1]'s drain is held by a PDB.
+    env.annotate_node(
+        &nodes[0],
+        ttdrv_testkit::sim_flasher::FAULT_ANNOTATION,
+        Some("hang"),
+    )
+    .await;
+    env.pinned_deployment(&ns, "guarded", &nodes[1], true).await;
+    pdb(&env, &ns, "guarded").await;
+    firmware_policy(
+        &env,
+        &policy,
+        json!({ "upgradePolicy": { "maxParallel": 2 } }),
+    )
+    .await;
+    wait_fw(
+        &env,
+        &policy,
+        std::slice::from_ref(&nodes[0]),
+        FirmwareNodeState::Flashing,
+        None,
+    )
+    .await;
+    wait_fw(
+        &env,
+        &policy,
+        std::slice::from_ref(&nodes[1]),
+        FirmwareNodeState::Draining,
+        None,
+    )
+    .await;
+    firmware_api(&env)
+        .delete(&policy, &DeleteParams::default())
+        .await
+        .expect("deleted");
+    wait_for("the drained node given back", T, || async {
+        let n = env.get_node(&nodes[1]).await;
+        let rec = ttdrv_core::claim::firmware_record(&n);
+        if !unschedulable(&n) && rec.is_none() {
+            Ok(())
+        } else {
+            Err(format!("cordoned {}, record {rec:?}", unschedulable(&n)))
+        }
+    })
+    .await;
+    let n = env.get_node(&nodes[1]).await;
+    assert_eq!(ttdrv_core::node::annotation(&n, fw::CORDONED_BY), None);
+    assert_eq!(ttdrv_core::node::label(&n, fw::OWNED_BY), None);
+    // The one mid-flash keeps its cordon and record: its cards may be half-written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let n = env.get_node(&nodes[0]).await;
+    assert!(unschedulable(&n), "a node mid-flash was uncordoned");
+    assert_eq!(
+        ttdrv_core::claim::firmware_record(&n).map(|r| r.state),
+        Some(FirmwareNodeState::Flashing)
+    );
+    env.teardown().await;
+}

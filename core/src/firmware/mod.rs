@@ -599,6 +599,40 @@ fn flashing(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     }
 }
 
+/// What becomes of a firmware record whose policy is gone, or no longer
+/// selects the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stray {
+    /// Nothing was written to the cards in this cycle (or it ended): the
+    /// record, our marks and our cordon (`uncordon`) go.
+    Release { uncordon: bool },
+    /// The cards may be half-written (Flashing, or Failed after a flash):
+    /// the cordon and the record stay for a person, who says why.
+    Keep(String),
+}
+
+pub fn stray(rec: &FwRecord, unschedulable: bool) -> Stray {
+    use FirmwareNodeState::*;
+    let flashed = rec.job.is_some() || rec.state == Flashing;
+    match rec.state {
+        Flashing => Stray::Keep(format!(
+            "its firmware policy {} is gone while the node was Flashing: whether the cards were written is unknown; \
+             check them (tt-smi -s), then uncordon the node and remove its annotation {}",
+            rec.policy,
+            ttdrv_api::firmware::labels::RECORD
+        )),
+        Failed if flashed && rec.cordon == Cordon::Ours => Stray::Keep(format!(
+            "its firmware policy {} is gone with the node Failed after a flash: the cordon stays; \
+             check the cards, then uncordon the node and remove its annotation {}",
+            rec.policy,
+            ttdrv_api::firmware::labels::RECORD
+        )),
+        _ => Stray::Release {
+            uncordon: rec.cordon == Cordon::Ours && unschedulable,
+        },
+    }
+}
+
 pub mod job;
 pub mod observe;
 

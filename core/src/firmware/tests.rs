@@ -526,3 +526,36 @@ fn the_record_round_trips() {
     let back: FwRecord = serde_json::from_str(&text).expect("parses");
     assert_eq!(back, r);
 }
+
+#[test]
+fn a_stray_record_is_released_unless_the_cards_may_be_half_written() {
+    let mut r = new();
+    r.cordon = Cordon::Ours;
+    for st in [Cordoning, Draining, Uncordoning, Pending] {
+        r.state = st;
+        assert_eq!(stray(&r, true), Stray::Release { uncordon: true }, "{st:?}");
+    }
+    r.state = Draining;
+    assert_eq!(
+        stray(&r, false),
+        Stray::Release { uncordon: false },
+        "already uncordoned"
+    );
+    r.state = Flashing;
+    assert!(matches!(stray(&r, true), Stray::Keep(_)));
+    r.state = Failed;
+    r.job = Some("j".into());
+    assert!(
+        matches!(stray(&r, true), Stray::Keep(_)),
+        "failed after a flash"
+    );
+    r.job = None;
+    assert_eq!(
+        stray(&r, true),
+        Stray::Release { uncordon: true },
+        "a drain timeout wrote nothing"
+    );
+    r.cordon = Cordon::None;
+    r.state = Done;
+    assert_eq!(stray(&r, false), Stray::Release { uncordon: false });
+}
