@@ -109,6 +109,14 @@ pub struct TenstorrentFirmwarePolicySpec {
     /// Flasher image and its switches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flasher: Option<FlasherOverride>,
+
+    /// The tt-kmd version this firmware needs at least: a node is flashed only
+    /// once its loaded module (label `driver.tenstorrent.com/kmd-version`) is
+    /// that version or newer; until then it waits (reason
+    /// WaitingForDriverVersion) and goes on when its driver policy gets there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = VERSION_MAX_LENGTH), extend("pattern" = version_pattern()))]
+    pub min_driver_version: Option<String>,
 }
 
 impl TenstorrentFirmwarePolicySpec {
@@ -452,9 +460,11 @@ pub mod reason {
     pub const READBACK_MISMATCH: &str = "ReadbackMismatch";
     /// Taken over from the Go firmware controller mid-cycle.
     pub const TAKEN_OVER: &str = "TakenOver";
+    /// The node's tt-kmd is older than `spec.minDriverVersion`.
+    pub const WAITING_FOR_DRIVER_VERSION: &str = "WaitingForDriverVersion";
 
     /// Every reason, for the docs drift test.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 22] = [
         FLASHING,
         FLASH_SUCCEEDED,
         FLASH_JOB_FAILED,
@@ -476,6 +486,7 @@ pub mod reason {
         FLASH_TIMEOUT,
         READBACK_MISMATCH,
         TAKEN_OVER,
+        WAITING_FOR_DRIVER_VERSION,
     ];
 }
 
@@ -575,6 +586,23 @@ pub mod flasher {
                 .then_some(first.as_str())
         }
     }
+}
+
+/// Whether the dotted version `have` is `min` or newer, part by part as
+/// numbers (a missing part counts as 0: `19.8.0.0` is at least `19.8.0`).
+/// An unreadable `have` is not.
+pub fn version_at_least(have: &str, min: &str) -> bool {
+    let parts =
+        |v: &str| -> Option<Vec<u64>> { v.trim().split('.').map(|p| p.parse().ok()).collect() };
+    let (Some(h), Some(m)) = (parts(have), parts(min)) else {
+        return false;
+    };
+    let n = h.len().max(m.len());
+    let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
+    (0..n)
+        .map(|i| at(&h, i).cmp(&at(&m, i)))
+        .find(|o| o.is_ne())
+        .is_none_or(|o| o.is_gt())
 }
 
 /// Job names: `ttfwp-<policy>-<node>` cut to 48, the version, and a hash of
@@ -710,6 +738,16 @@ mod tests {
             serde_json::from_value(serde_json::json!({"nodes": [{"name": "a", "state": "Odd"}]}))
                 .expect("parses");
         assert!(bad.unreadable.is_some());
+    }
+
+    #[test]
+    fn versions_compare_by_number() {
+        assert!(version_at_least("19.8.0.0", "19.8.0"));
+        assert!(version_at_least("19.10.0", "19.8.0"));
+        assert!(!version_at_least("19.7.9.9", "19.8.0"));
+        assert!(version_at_least("2.8.0", "2.8.0"));
+        assert!(!version_at_least("2.7.0", "2.8.0"));
+        assert!(!version_at_least("garbage", "2.8.0"));
     }
 
     #[test]

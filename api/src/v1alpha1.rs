@@ -106,6 +106,16 @@ pub struct TenstorrentDriverPolicySpec {
     /// as for a version change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module_parameters: Option<crate::module_params::ModuleParameters>,
+
+    /// The card firmware this tt-kmd version needs at least: a node's module
+    /// is swapped only once every card reads back that version or newer (its
+    /// label `firmware.tenstorrent.com/fw-version`, written by the firmware
+    /// policy); until then it waits (reason WaitingForFirmwareVersion) and
+    /// goes on when its firmware policy gets there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = crate::firmware::READBACK_MAX_LENGTH))]
+    #[schemars(extend("pattern" = crate::firmware::READBACK_PATTERN))]
+    pub min_firmware_version: Option<String>,
 }
 
 impl TenstorrentDriverPolicySpec {

@@ -23,6 +23,7 @@ pub fn desired() -> Desired {
         unmanage: false,
         prepare: false,
         parameters: Default::default(),
+        min_firmware: None,
     }
 }
 

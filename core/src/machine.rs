@@ -247,6 +247,8 @@ pub struct Observation {
     /// A firmware cycle has the node ([`crate::claim`]): who, for the
     /// message. No driver cycle starts on it meanwhile.
     pub firmware_cycle: Option<String>,
+    /// The firmware every card read back last (label `fw-version`).
+    pub firmware_version: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -269,6 +271,8 @@ pub struct Desired {
     /// `spec.moduleParameters`, canonical values: part of the target (a
     /// node loaded with other values is reloaded in a drained cycle).
     pub parameters: Values,
+    /// `spec.minFirmwareVersion`.
+    pub min_firmware: Option<String>,
 }
 
 impl Desired {
@@ -289,6 +293,7 @@ impl Desired {
             // Vacating builds nothing.
             prepare: spec.upgrade_policy.prepare.enabled && !spec.unmanage,
             parameters: spec.parameter_values(),
+            min_firmware: spec.min_firmware_version.clone(),
         }
     }
 
@@ -557,6 +562,25 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 );
                 return stay(
                     &enter(&rec, Pending, reason::WAITING_FOR_FIRMWARE, Some(why), now),
+                    vec![],
+                );
+            }
+            if let Some(min) = firmware_too_old(obs, want) {
+                let why = format!(
+                    "tt-kmd {} needs card firmware {min} or newer (spec.minFirmwareVersion); the cards read back {}: \
+                     {} waits for the firmware policy",
+                    want.version,
+                    obs.firmware_version.as_deref().unwrap_or("unknown"),
+                    upgrade()
+                );
+                return stay(
+                    &enter(
+                        &rec,
+                        Pending,
+                        reason::WAITING_FOR_FIRMWARE_VERSION,
+                        Some(why),
+                        now,
+                    ),
                     vec![],
                 );
             }
@@ -907,6 +931,16 @@ fn prepare_ahead(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         &enter(rec, NodeState::Pending, reason::PREPARING, Some(why), now),
         cmds,
     )
+}
+
+/// `spec.minFirmwareVersion` when the node's cards read back older (or unknown).
+pub fn firmware_too_old<'a>(obs: &Observation, want: &'a Desired) -> Option<&'a str> {
+    let min = want.min_firmware.as_deref()?;
+    let ok = obs
+        .firmware_version
+        .as_deref()
+        .is_some_and(|v| ttdrv_api::firmware::version_at_least(v, min));
+    (!ok).then_some(min)
 }
 
 /// Pending → Cordoning: the cycle starts (with its slot). A node someone

@@ -69,6 +69,9 @@ pub struct NodeView {
     pub externally_unavailable: bool,
     /// Why, when `externally_unavailable`.
     pub unavailable_because: Option<String>,
+    /// Its cards read back older than `spec.minFirmwareVersion`: it waits
+    /// for the firmware policy, not for a slot.
+    pub waits_on_firmware: bool,
 }
 
 impl NodeView {
@@ -80,7 +83,9 @@ impl NodeView {
             name: name.to_string(),
             // A node a firmware cycle holds waits for it, not for a slot:
             // it holds back no node after it.
-            wants_slot: state == NodeState::Pending && self.obs.firmware_cycle.is_none(),
+            wants_slot: state == NodeState::Pending
+                && self.obs.firmware_cycle.is_none()
+                && !self.waits_on_firmware,
             in_progress: rec.is_some_and(NodeRecord::occupies_slot),
             ready: self.obs.ready,
             unavailable: self.externally_unavailable,
@@ -158,6 +163,8 @@ pub fn observe<'p>(
         nothing_loaded: node::reported_nothing_loaded(node),
         installer_created,
         firmware_cycle: crate::claim::firmware_cycle(node).map(|h| h.to_string()),
+        firmware_version: node::label(node, ttdrv_api::firmware::labels::FW_VERSION)
+            .map(String::from),
         ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from
@@ -170,6 +177,7 @@ pub fn observe<'p>(
         rec.is_some_and(|r| r.cordoned_by_us() && r.state != NodeState::Pending),
     )
     .or_else(|| obs.firmware_cycle.as_ref().map(|h| format!("held by {h}")));
+    let waits_on_firmware = crate::machine::firmware_too_old(&obs, p.desired).is_some();
     NodeView {
         obs,
         persisted,
@@ -182,6 +190,7 @@ pub fn observe<'p>(
         ),
         externally_unavailable: unavailable_because.is_some(),
         unavailable_because,
+        waits_on_firmware,
     }
 }
 

@@ -13,6 +13,8 @@ pub const PAUSED: &str = "Paused";
 /// Pending: a firmware cycle (a TenstorrentFirmwarePolicy's, ours or the Go
 /// operator's) has the node; one disruption at a time.
 pub const WAITING_FOR_FIRMWARE: &str = "WaitingForFirmware";
+/// Pending: the cards read back a firmware older than `spec.minFirmwareVersion`.
+pub const WAITING_FOR_FIRMWARE_VERSION: &str = "WaitingForFirmwareVersion";
 /// Done: the module and installer were already current.
 pub const UP_TO_DATE: &str = "UpToDate";
 /// Done (or Uncordoning): the new module is loaded.
@@ -121,6 +123,7 @@ pub const ALL: &[&str] = &[
     PREPARING,
     PAUSED,
     WAITING_FOR_FIRMWARE,
+    WAITING_FOR_FIRMWARE_VERSION,
     UP_TO_DATE,
     UPGRADED,
     HOST_MANAGED,

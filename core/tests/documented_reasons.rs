@@ -193,3 +193,26 @@ fn condition_types_in_the_crd_reference() {
     let listed = reasons_in(&crd_reference_row("conditions[]"));
     assert_eq!(listed, produced, "the conditions[] row of crd-reference.md");
 }
+
+/// The firmware policy's reasons: every one the firmware cycle can write is
+/// in the reason table of docs/firmware.md, and the table names no other.
+#[test]
+fn firmware_reasons_in_the_firmware_doc() {
+    let table = section(&doc("firmware.md"), "Node states");
+    let mut documented = reasons_in(&table);
+    for state in ttdrv_api::firmware::FirmwareNodeState::ALL {
+        documented.remove(state.as_str());
+    }
+    let all = set(&ttdrv_api::firmware::reason::ALL);
+    // The states' own names that are also reasons (Cordoning, ...).
+    let missing: Vec<&String> = all
+        .iter()
+        .filter(|r| !reasons_in(&table).contains(*r))
+        .collect();
+    assert!(missing.is_empty(), "not documented: {missing:?}");
+    let unknown: Vec<&String> = documented.difference(&all).collect();
+    assert!(
+        unknown.is_empty(),
+        "documented, never produced: {unknown:?}"
+    );
+}

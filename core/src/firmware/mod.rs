@@ -145,6 +145,8 @@ pub struct Observation {
     pub go_state: Option<FirmwareNodeState>,
     /// The firmware every card read back last (`fw-version` label).
     pub current: Option<String>,
+    /// The tt-kmd loaded on the node (`kmd-version` label).
+    pub driver_version: Option<String>,
     pub drain: Option<DrainProgress>,
     pub job: FlashJob,
     pub retry_token: Option<String>,
@@ -164,6 +166,8 @@ pub struct Desired {
     pub auto_upgrade: bool,
     /// `haltOnFailure` and some node of the policy is Failed.
     pub halted: bool,
+    /// `spec.minDriverVersion`.
+    pub min_driver: Option<String>,
 }
 
 impl Desired {
@@ -178,6 +182,7 @@ impl Desired {
             paused: s.paused,
             auto_upgrade: s.upgrade_policy.auto_upgrade,
             halted: false,
+            min_driver: s.min_driver_version.clone(),
         }
     }
 }
@@ -381,6 +386,16 @@ fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
             format!("{who} has the node out of service; one disruption at a time"),
         );
     }
+    if let Some(min) = driver_too_old(obs, want) {
+        return wait(
+            reason::WAITING_FOR_DRIVER_VERSION,
+            format!(
+                "this firmware needs tt-kmd {min} or newer (spec.minDriverVersion); the node runs {}: \
+                 it is flashed once its driver policy gets there",
+                obs.driver_version.as_deref().unwrap_or("none")
+            ),
+        );
+    }
     if obs.unschedulable && rec.cordon != Cordon::Ours {
         return wait(
             reason::EXTERNAL_CORDON,
@@ -414,6 +429,16 @@ fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     let mut r = enter(&rec, Cordoning, reason::CORDONING, None, now);
     r.cordon = Cordon::Ours;
     stay(r, vec![Command::Cordon])
+}
+
+/// `spec.minDriverVersion` when the node's tt-kmd is older (or unknown).
+pub fn driver_too_old<'a>(obs: &Observation, want: &'a Desired) -> Option<&'a str> {
+    let min = want.min_driver.as_deref()?;
+    let ok = obs
+        .driver_version
+        .as_deref()
+        .is_some_and(|v| ttdrv_api::firmware::version_at_least(v, min));
+    (!ok).then_some(min)
 }
 
 fn draining(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {

@@ -107,6 +107,7 @@ pub fn observe<'p>(
                 .find(|st| st.as_str() == s)
         }),
         current: label(node, fw::FW_VERSION).map(String::from),
+        driver_version: label(node, ttdrv_api::labels::KMD_VERSION).map(String::from),
         drain: progress,
         job,
         retry_token: annotation(node, fw::RETRY).map(String::from),

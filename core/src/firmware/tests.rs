@@ -11,6 +11,7 @@ fn want() -> Desired {
         paused: false,
         auto_upgrade: true,
         halted: false,
+        min_driver: None,
     }
 }
 
@@ -558,4 +559,39 @@ fn a_stray_record_is_released_unless_the_cards_may_be_half_written() {
     r.cordon = Cordon::None;
     r.state = Done;
     assert_eq!(stray(&r, false), Stray::Release { uncordon: false });
+}
+
+#[test]
+fn a_firmware_that_needs_a_newer_driver_waits_for_it() {
+    let w = Desired {
+        min_driver: Some("2.8.0".into()),
+        ..want()
+    };
+    let old = Observation {
+        slot: true,
+        driver_version: Some("2.7.0".into()),
+        ..obs()
+    };
+    let s = step(&new(), &old, &w);
+    assert_eq!(
+        s.record.reason.as_deref(),
+        Some(reason::WAITING_FOR_DRIVER_VERSION)
+    );
+    assert!(s.commands.is_empty() && !s.needs_slot);
+    assert!(
+        s.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("2.8.0") && m.contains("2.7.0"))
+    );
+    let none = Observation {
+        driver_version: None,
+        ..old.clone()
+    };
+    assert_eq!(step(&new(), &none, &w).record.state, Pending);
+    let there = Observation {
+        driver_version: Some("2.8.1".into()),
+        ..old
+    };
+    assert_eq!(step(&new(), &there, &w).record.state, Cordoning);
 }

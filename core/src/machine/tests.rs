@@ -493,6 +493,7 @@ fn safety_properties_over_the_cross_product() {
                                     // The turn matters only while not prepared.
                                     prepare_turn: b(7) && !b(2),
                                     firmware_cycle: (b(1) && b(4)).then(|| "fw".into()),
+                                    firmware_version: None,
                                 };
                                 for (paused, drain_enabled, refused, unmanage) in [
                                     (false, true, false),
@@ -1792,4 +1793,33 @@ fn a_new_installer_template_replaces_the_pod_in_place_with_a_slot() {
     assert!(json.contains("\"bounded\":true"), "{json}");
     let back: NodeRecord = serde_json::from_str(&json).expect("record");
     assert_eq!(back, go.record);
+}
+
+#[test]
+fn a_module_that_needs_newer_firmware_waits_for_it() {
+    use crate::fixtures::{desired, observation};
+    let want = Desired {
+        min_firmware: Some("19.8.0".into()),
+        ..desired()
+    };
+    let rec = NodeRecord::new("fleet", "2.8.0", 0);
+    let old = Observation {
+        slot: true,
+        firmware_version: Some("19.7.0.0".into()),
+        ..observation()
+    };
+    let s = step(&rec, &old, &want);
+    assert_eq!(
+        (s.record.state, s.record.reason.as_deref()),
+        (
+            NodeState::Pending,
+            Some(reason::WAITING_FOR_FIRMWARE_VERSION)
+        )
+    );
+    assert!(s.commands.is_empty() && !s.needs_slot, "{s:?}");
+    let there = Observation {
+        firmware_version: Some("19.8.0.0".into()),
+        ..old
+    };
+    assert_eq!(step(&rec, &there, &want).record.state, NodeState::Cordoning);
 }
