@@ -52,7 +52,8 @@ if bash hack/realnode.sh exec env REALNODE_NODE="${REALNODE_NAME:-real-node-1}" 
   REALNODE_AUDIT_LOG="$KWOK_WORKDIR/clusters/$TTDRV_CLUSTER_NAME/logs/audit.log" \
   REALNODE_CA="$KWOK_WORKDIR/clusters/$TTDRV_CLUSTER_NAME/pki/ca.crt" \
   REALNODE_CONTROLLER_IMAGE="$(ref controller)" REALNODE_AGENT_IMAGE="$(ref agent)" \
-  REALNODE_PAUSE_IMAGE="$(ref pause)" REALNODE_VFIO_IMAGE="$(ref vfio)" "$bin" --ignored --exact real_node --nocapture --test-threads=1 >&2; then
+  REALNODE_PAUSE_IMAGE="$(ref pause)" REALNODE_VFIO_IMAGE="$(ref vfio)" \
+  REALNODE_FLASHER_IMAGE="$(ref flasher)" REALNODE_FLASH_SIM="$KWOK_WORKDIR/flash-sim" "$bin" --ignored --exact real_node --nocapture --test-threads=1 >&2; then
   echo "test-realnode: 1 passed, 0 failed"
 else
   fail "tests/real_node.rs (its output above)"

@@ -36,6 +36,11 @@ pub struct Config {
     #[arg(long, env = "TTDRV_FLASHER_PULL_POLICY", default_value = "IfNotPresent",
           value_parser = ["Always", "IfNotPresent", "Never"])]
     pub flasher_pull_policy: String,
+    /// Flash nothing: the flash Jobs run the flasher on a simulated host in
+    /// this host directory (`TTDRV_FLASH_SIMULATE`; its `cards.json` are the
+    /// cards). For tests and demos only (the chart's `flasher.simulateDir`).
+    #[arg(long, env = "TTDRV_FLASHER_SIMULATE_DIR")]
+    pub flasher_simulate_dir: Option<String>,
     /// Run the firmware policy controller (TenstorrentFirmwarePolicy).
     #[arg(long, env = "TTDRV_FIRMWARE", default_value_t = true, action = clap::ArgAction::Set)]
     pub firmware: bool,

@@ -550,6 +550,7 @@ impl Pass {
             namespace: ctx.config.namespace.clone(),
             image: ctx.config.flasher_image.clone(),
             pull_policy: ctx.config.flasher_pull_policy.clone(),
+            simulate_dir: ctx.config.flasher_simulate_dir.clone(),
         };
         let job = flash_job(p, node, attempt, &defaults);
         let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);

@@ -11,31 +11,18 @@ use std::time::Duration;
 
 use common::*;
 use kube::Api;
-use kube::api::{DeleteParams, DynamicObject, PostParams};
+use kube::api::DeleteParams;
 use serde_json::{Value, json};
 use ttdrv_api::NodeState;
 use ttdrv_api::firmware::{FirmwareNodeState, labels as fw};
 use ttdrv_core::firmware::FwRecord;
-use ttdrv_testkit::policy::{installed, patch_policy, status};
+use ttdrv_testkit::policy::{
+    create_firmware_policy, create_raw_firmware_policy, firmware_api, firmware_status, installed,
+    patch_policy, status,
+};
 use ttdrv_testkit::{TestEnv, ensure_crd, wait_for};
 
 const T: Duration = Duration::from_secs(60);
-
-fn firmware_api(env: &TestEnv) -> Api<DynamicObject> {
-    let ar = kube::api::ApiResource::erase::<ttdrv_api::firmware::TenstorrentFirmwarePolicy>(&());
-    Api::all_with(env.client.clone(), &ar)
-}
-
-async fn create(env: &TestEnv, name: &str, spec: Value) -> Result<DynamicObject, kube::Error> {
-    let obj: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
-        "kind": "TenstorrentFirmwarePolicy",
-        "metadata": { "name": name, "labels": env.labels() },
-        "spec": spec,
-    }))
-    .expect("object");
-    firmware_api(env).create(&PostParams::default(), &obj).await
-}
 
 #[tokio::test]
 #[ignore = "needs the test cluster: make cluster-up"]
@@ -55,7 +42,7 @@ async fn go_firmware_policies_apply_and_bad_ones_are_refused_naming_the_field() 
                      "continueOnReadbackFailure": false, "homogenizeFirmwareVersions": true },
     });
     let name = env.name("go");
-    let made = create(&env, &name, go)
+    let made = create_raw_firmware_policy(&env, &name, go)
         .await
         .expect("the Go sample applies");
     let back: ttdrv_api::firmware::TenstorrentFirmwarePolicy =
@@ -112,7 +99,7 @@ async fn go_firmware_policies_apply_and_bad_ones_are_refused_naming_the_field() 
         ),
     ];
     for (i, (what, spec, field)) in cases.into_iter().enumerate() {
-        match create(&env, &env.name(&format!("bad{i}")), spec).await {
+        match create_raw_firmware_policy(&env, &env.name(&format!("bad{i}")), spec).await {
             Err(kube::Error::Api(e)) => {
                 assert_eq!(e.code, 422, "{what}: {e:?}");
                 assert!(
@@ -260,32 +247,6 @@ impl Drop for FirmwareWatcher {
     }
 }
 
-/// Creates firmware policy `name` for this test's nodes, with `extra` spec.
-async fn firmware_policy(env: &TestEnv, name: &str, extra: Value) {
-    let mut spec = json!({
-        "version": "19.8.0",
-        "nodeAffinity": { "matchLabels": env.labels() },
-    });
-    if let (Some(s), Value::Object(e)) = (spec.as_object_mut(), extra) {
-        s.extend(e);
-    }
-    create(env, name, spec)
-        .await
-        .expect("firmware policy created");
-}
-
-async fn fw_status(
-    env: &TestEnv,
-    name: &str,
-) -> ttdrv_api::firmware::TenstorrentFirmwarePolicyStatus {
-    let api: Api<ttdrv_api::firmware::TenstorrentFirmwarePolicy> = Api::all(env.client.clone());
-    api.get(name)
-        .await
-        .expect("firmware policy")
-        .status
-        .unwrap_or_default()
-}
-
 fn brief(st: &ttdrv_api::firmware::TenstorrentFirmwarePolicyStatus) -> String {
     st.nodes
         .iter()
@@ -313,7 +274,7 @@ async fn wait_fw(
         &format!("{nodes:?} {state:?} {reason:?} in {name}"),
         T,
         || async {
-            let st = fw_status(env, name).await;
+            let st = firmware_status(env, name).await;
             let ok = nodes.iter().all(|n| {
                 st.nodes.iter().any(|e| {
                     &e.name == n
@@ -357,7 +318,7 @@ async fn a_firmware_rollout_flashes_every_node_within_max_parallel() {
     let policy = env.name("fw");
     // A device user on one node: drained (pass 1) before its flash.
     env.pinned_deployment(&ns, "trainer", &nodes[1], true).await;
-    firmware_policy(
+    create_firmware_policy(
         &env,
         &policy,
         json!({ "upgradePolicy": { "maxParallel": 2 } }),
@@ -372,7 +333,7 @@ async fn a_firmware_rollout_flashes_every_node_within_max_parallel() {
     )
     .await;
     assert_flashed(&env, &nodes, &policy).await;
-    let st = fw_status(&env, &policy).await;
+    let st = firmware_status(&env, &policy).await;
     assert_eq!(
         (st.summary.matched, st.summary.up_to_date),
         (4, 4),
@@ -446,7 +407,7 @@ async fn a_failed_flash_halts_keeps_its_cordon_and_retry_finishes() {
         Some("readback"),
     )
     .await;
-    firmware_policy(&env, &policy, json!({})).await;
+    create_firmware_policy(&env, &policy, json!({})).await;
     wait_fw(
         &env,
         &policy,
@@ -469,7 +430,7 @@ async fn a_failed_flash_halts_keeps_its_cordon_and_retry_finishes() {
         unschedulable(&env.get_node(bad).await),
         "half-written cards back in service"
     );
-    let st = fw_status(&env, &policy).await;
+    let st = firmware_status(&env, &policy).await;
     assert!(
         st.conditions
             .iter()
@@ -508,7 +469,7 @@ async fn a_go_cordoned_mid_flash_node_is_taken_over_safely() {
     env.label_node(&nodes[2], fw::UPGRADE_STATE, Some("Done"))
         .await;
     let _ctl = controller(&env, &ns);
-    firmware_policy(
+    create_firmware_policy(
         &env,
         &policy,
         json!({ "upgradePolicy": { "haltOnFailure": false } }),
@@ -570,7 +531,7 @@ async fn driver_and_firmware_rollouts_at_once_never_share_a_node() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let fwp = env.name("fw");
     patch_policy(&env, &driver, json!({ "version": "2.8.0" })).await;
-    firmware_policy(&env, &fwp, json!({ "upgradePolicy": { "maxParallel": 2 } })).await;
+    create_firmware_policy(&env, &fwp, json!({ "upgradePolicy": { "maxParallel": 2 } })).await;
     wait_nodes_state(
         &env,
         &driver,
@@ -606,7 +567,7 @@ async fn deleting_a_firmware_policy_mid_cycle_gives_back_only_untouched_nodes() 
     .await;
     env.pinned_deployment(&ns, "guarded", &nodes[1], true).await;
     pdb(&env, &ns, "guarded").await;
-    firmware_policy(
+    create_firmware_policy(
         &env,
         &policy,
         json!({ "upgradePolicy": { "maxParallel": 2 } }),
@@ -665,7 +626,7 @@ async fn a_version_that_needs_the_other_policy_waits_for_it_then_goes_on() {
     let driver = installed(&env, &nodes, "upgradePolicy: {maxUnavailable: 2}", T).await;
     // Firmware 19.8.0 needs tt-kmd 2.8.0; the nodes run 2.7.0.
     let fwp = env.name("fw");
-    firmware_policy(
+    create_firmware_policy(
         &env,
         &fwp,
         json!({ "minDriverVersion": "2.8.0", "upgradePolicy": { "maxParallel": 2 } }),
@@ -679,7 +640,7 @@ async fn a_version_that_needs_the_other_policy_waits_for_it_then_goes_on() {
         Some("WaitingForDriverVersion"),
     )
     .await;
-    let st = fw_status(&env, &fwp).await;
+    let st = firmware_status(&env, &fwp).await;
     assert!(
         st.nodes
             .iter()

@@ -53,28 +53,10 @@ fn granted(
 
 /// Creates a firmware policy for the test's nodes and waits until each is Done.
 async fn flash(env: &TestEnv, nodes: &[String]) {
-    use kube::api::{Api, DynamicObject, PostParams};
-    let ar = kube::api::ApiResource::erase::<ttdrv_api::firmware::TenstorrentFirmwarePolicy>(&());
-    let api: Api<DynamicObject> = Api::all_with(env.client.clone(), &ar);
     let name = env.name("fw");
-    let obj: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
-        "kind": "TenstorrentFirmwarePolicy",
-        "metadata": { "name": name, "labels": env.labels() },
-        "spec": { "version": "19.8.0", "nodeAffinity": { "matchLabels": env.labels() } },
-    }))
-    .expect("object");
-    api.create(&PostParams::default(), &obj)
-        .await
-        .expect("firmware policy");
-    let typed: Api<ttdrv_api::firmware::TenstorrentFirmwarePolicy> = Api::all(env.client.clone());
+    ttdrv_testkit::policy::create_firmware_policy(env, &name, serde_json::json!({})).await;
     ttdrv_testkit::wait_for(&format!("{nodes:?} flashed by {name}"), T, || async {
-        let st = typed
-            .get(&name)
-            .await
-            .map_err(|e| e.to_string())?
-            .status
-            .unwrap_or_default();
+        let st = ttdrv_testkit::policy::firmware_status(env, &name).await;
         let done = st
             .nodes
             .iter()

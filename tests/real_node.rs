@@ -296,6 +296,7 @@ async fn real_node() {
         env("REALNODE_PAUSE_IMAGE"),
         env("REALNODE_VFIO_IMAGE"),
     );
+    let (flasher_ref, flash_sim) = (env("REALNODE_FLASHER_IMAGE"), env("REALNODE_FLASH_SIM"));
     let agent_sa = format!("system:serviceaccount:{ns}:{rel}-agent");
     let ctl_sa = format!("system:serviceaccount:{ns}:{rel}-controller");
     let _diag = Diagnostics(vec![
@@ -327,6 +328,7 @@ async fn real_node() {
     };
     let ((ctl_repo, ctl_tag), (agent_repo, agent_tag)) = (split(&ctl_ref), split(&agent_ref));
     let (vfio_repo, vfio_tag) = split(&vfio_ref);
+    let (flasher_repo, flasher_tag) = split(&flasher_ref);
     let timeout = format!("{}s", rn.t.as_secs());
     let sets = [
         format!("controller.image.repository={ctl_repo}"),
@@ -357,6 +359,12 @@ async fn real_node() {
         "vfioManager.image.pullPolicy=Never".into(),
         "vfioManager.devices[0].resourceName=tenstorrent.com/wormhole-vfio".into(),
         "vfioManager.devices[0].deviceId[0]=401e".into(),
+        // The firmware policy's flash Jobs: the real flasher image on the
+        // kubelet, its cards simulated in a host directory.
+        format!("flasher.image.repository={flasher_repo}"),
+        format!("flasher.image.tag={flasher_tag}"),
+        "flasher.image.pullPolicy=Never".into(),
+        format!("flasher.simulateDir={flash_sim}"),
     ];
     let helm_args = |verb: &str, extra: &[&str]| -> Vec<String> {
         let mut a: Vec<String> = [verb, rel.as_str(), "chart", "-n", ns.as_str()]
@@ -797,6 +805,11 @@ async fn real_node() {
         "kubectl tt driver does not show policy {POLICY} and node {node}"
     );
     ph.phase("kubectl tt driver");
+
+    // --- 8. a firmware policy: cordon, drain, a real flash Job on the
+    // kubelet (the flasher image; its cards simulated), readback, uncordon
+    flash_the_node(&rn, &flash_sim).await;
+    ph.phase("firmware: a real flash Job flashed the node (simulated cards), Done, uncordoned, workload back");
     ph.report();
 }
 
@@ -914,4 +927,78 @@ async fn admission_checks(agent: &Client, node: &str, agent_sa: &str, ph: &Phase
         checks += 1;
     }
     checks
+}
+
+/// Phase 8: a TenstorrentFirmwarePolicy flashes the node through a real Job on
+/// the kubelet; the flasher's device step is simulated in `sim` (two cards).
+async fn flash_the_node(rn: &Rn, sim: &str) {
+    use ttdrv_api::firmware::{FirmwareNodeState, TenstorrentFirmwarePolicy, labels as fw};
+    let cards = format!("{sim}/cards.json");
+    std::fs::create_dir_all(sim).unwrap_or_else(|e| panic!("creating {sim}: {e}"));
+    std::fs::write(&cards, r#"["19.7.0.0", "19.7.0.0"]"#)
+        .unwrap_or_else(|e| panic!("writing {cards}: {e}"));
+    let policy: TenstorrentFirmwarePolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentFirmwarePolicy",
+        "metadata": { "name": "realnode-fw" },
+        "spec": { "version": "19.8.0", "nodeAffinity": {} },
+    }))
+    .expect("firmware policy");
+    let api: Api<TenstorrentFirmwarePolicy> = Api::all(rn.c.clone());
+    api.create(&PostParams::default(), &policy)
+        .await
+        .unwrap_or_else(|e| panic!("creating the firmware policy: {e}"));
+    let node = rn.node.clone();
+    wait_for("the firmware policy's node Done", rn.t, || async {
+        let st = api
+            .get("realnode-fw")
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        match st.nodes.iter().find(|n| n.name == node) {
+            Some(n) if n.state == FirmwareNodeState::Done => Ok(n.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let st = api
+        .get("realnode-fw")
+        .await
+        .expect("firmware policy")
+        .status
+        .unwrap_or_default();
+    let entry = st.nodes.iter().find(|n| n.name == node).expect("entry");
+    assert_eq!(
+        entry.current_version.as_deref(),
+        Some("19.8.0.0"),
+        "{entry:?}"
+    );
+    let written = std::fs::read_to_string(&cards).unwrap_or_default();
+    assert_eq!(
+        written.matches("19.8.0.0").count(),
+        2,
+        "the flasher wrote both simulated cards: {written}"
+    );
+    // The Job's pod ran on the kubelet and succeeded.
+    let lp = ListParams::default().labels(&format!("{}=realnode-fw", fw::JOB_POLICY));
+    let pods = rn.pods(&rn.ns).list(&lp).await.expect("flash pods");
+    let phases: Vec<Option<String>> = pods
+        .items
+        .iter()
+        .map(|p| p.status.as_ref().and_then(|s| s.phase.clone()))
+        .collect();
+    assert_eq!(phases, vec![Some("Succeeded".to_string())], "flash pods");
+    assert!(!rn.cordoned().await.expect("node"), "left cordoned");
+    assert_eq!(
+        rn.label(fw::FW_VERSION).await.expect("node").as_deref(),
+        Some("19.8.0.0")
+    );
+    rn.wait_running(
+        &format!("the workload Running again on {node} after the flash"),
+        "ml",
+        "app=train",
+        1,
+    )
+    .await;
 }

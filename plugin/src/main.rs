@@ -33,49 +33,34 @@ async fn main() {
             .unwrap_or(exit::ERROR);
         std::process::exit(code);
     }
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
-        Err(e) => {
-            // --help and --version are not errors; anything else is a usage
-            // error, with its own code (clap's 2 is watch's Failed node).
-            let code = if e.use_stderr() {
-                exit::USAGE
-            } else {
-                exit::OK
-            };
-            let _ = e.print();
-            std::process::exit(code);
-        }
-    };
-    let code = match kubectl_tt_driver::commands::run(cli).await {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            exit::ERROR
-        }
-    };
-    std::process::exit(code);
+    let cli: Cli = parse_or_exit(args);
+    std::process::exit(code_of(kubectl_tt_driver::commands::run(cli).await));
+}
+
+/// The command line parsed, or the process ends: --help and --version are not
+/// errors; anything else is a usage error, with its own code (clap's 2 is
+/// watch's Failed node).
+fn parse_or_exit<T: Parser>(args: Vec<std::ffi::OsString>) -> T {
+    T::try_parse_from(args).unwrap_or_else(|e| {
+        let code = if e.use_stderr() {
+            exit::USAGE
+        } else {
+            exit::OK
+        };
+        let _ = e.print();
+        std::process::exit(code);
+    })
+}
+
+/// The exit code of a run; an error is printed.
+fn code_of(res: anyhow::Result<i32>) -> i32 {
+    res.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        exit::ERROR
+    })
 }
 
 async fn run_fw(args: Vec<std::ffi::OsString>) -> i32 {
-    use kubectl_tt_driver::fw::{FwCli, run};
-    let cli = match FwCli::try_parse_from(args) {
-        Ok(cli) => cli,
-        Err(e) => {
-            let code = if e.use_stderr() {
-                exit::USAGE
-            } else {
-                exit::OK
-            };
-            let _ = e.print();
-            return code;
-        }
-    };
-    match run(cli).await {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            exit::ERROR
-        }
-    }
+    let cli: kubectl_tt_driver::fw::FwCli = parse_or_exit(args);
+    code_of(kubectl_tt_driver::fw::run(cli).await)
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use kube::Api;
-use kube::api::{DynamicObject, PostParams};
 use ttdrv_api::firmware::{TenstorrentFirmwarePolicy, labels as fw};
+use ttdrv_testkit::policy::firmware_status;
 use ttdrv_testkit::sim_flasher::FAULT_ANNOTATION;
 use ttdrv_testkit::{TestEnv, ensure_crd, wait_for};
 
@@ -31,19 +31,8 @@ async fn fw_subcommands_follow_a_firmware_rollout() {
     let _ctl = controller(&env, &ns);
     let name = env.name("fw");
     // Created paused: plan first, then resume.
-    let obj: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
-        "kind": "TenstorrentFirmwarePolicy",
-        "metadata": { "name": name, "labels": env.labels() },
-        "spec": { "version": "19.8.0", "paused": true, "nodeAffinity": { "matchLabels": env.labels() },
-                  "upgradePolicy": { "maxParallel": 2 } },
-    }))
-    .expect("object");
-    let ar = kube::api::ApiResource::erase::<TenstorrentFirmwarePolicy>(&());
-    Api::<DynamicObject>::all_with(env.client.clone(), &ar)
-        .create(&PostParams::default(), &obj)
-        .await
-        .expect("firmware policy");
+    let spec = serde_json::json!({ "paused": true, "upgradePolicy": { "maxParallel": 2 } });
+    ttdrv_testkit::policy::create_firmware_policy(&env, &name, spec).await;
 
     let run = plugin(&["fw", "plan", &name, "-o", "json"]).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -54,12 +43,7 @@ async fn fw_subcommands_follow_a_firmware_rollout() {
 
     let typed: Api<TenstorrentFirmwarePolicy> = Api::all(env.client.clone());
     wait_for("the paused policy's status lists its nodes", T, || async {
-        let st = typed
-            .get(&name)
-            .await
-            .map_err(|e| e.to_string())?
-            .status
-            .unwrap_or_default();
+        let st = firmware_status(&env, &name).await;
         if st.nodes.len() == 3 {
             Ok(())
         } else {
@@ -94,12 +78,7 @@ async fn fw_subcommands_follow_a_firmware_rollout() {
     let node = env.get_node(&nodes[2]).await;
     assert!(ttdrv_core::node::annotation(&node, fw::RETRY).is_some());
     wait_for("the retried node out of Failed", T, || async {
-        let st = typed
-            .get(&name)
-            .await
-            .map_err(|e| e.to_string())?
-            .status
-            .unwrap_or_default();
+        let st = firmware_status(&env, &name).await;
         if st.summary.failed == 0 {
             Ok(())
         } else {

@@ -201,3 +201,54 @@ pub async fn wait_node_at(
     })
     .await
 }
+
+/// The firmware policies as untyped objects (so a test can send what the
+/// typed API would refuse to build).
+pub fn firmware_api(env: &TestEnv) -> Api<kube::api::DynamicObject> {
+    let ar = kube::api::ApiResource::erase::<ttdrv_api::firmware::TenstorrentFirmwarePolicy>(&());
+    Api::all_with(env.client.clone(), &ar)
+}
+
+/// Creates firmware policy `name` (labelled for this test) with `spec` as
+/// written; returns the API server's answer.
+pub async fn create_raw_firmware_policy(
+    env: &TestEnv,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<kube::api::DynamicObject, kube::Error> {
+    let obj: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentFirmwarePolicy",
+        "metadata": { "name": name, "labels": env.labels() },
+        "spec": spec,
+    }))
+    .unwrap_or_else(|e| panic!("firmware policy object {name}: {e}"));
+    firmware_api(env).create(&PostParams::default(), &obj).await
+}
+
+/// Creates firmware policy `name` at 19.8.0 over this test's nodes, with
+/// `extra` spec fields on top.
+pub async fn create_firmware_policy(env: &TestEnv, name: &str, extra: serde_json::Value) {
+    let mut spec = serde_json::json!({
+        "version": "19.8.0",
+        "nodeAffinity": { "matchLabels": env.labels() },
+    });
+    if let (Some(s), serde_json::Value::Object(e)) = (spec.as_object_mut(), extra) {
+        s.extend(e);
+    }
+    if let Err(e) = create_raw_firmware_policy(env, name, spec).await {
+        panic!("creating firmware policy {name}: {e}");
+    }
+}
+
+/// The firmware policy's status (empty while it has none).
+pub async fn firmware_status(
+    env: &TestEnv,
+    name: &str,
+) -> ttdrv_api::firmware::TenstorrentFirmwarePolicyStatus {
+    let api: Api<ttdrv_api::firmware::TenstorrentFirmwarePolicy> = Api::all(env.client.clone());
+    match api.get(name).await {
+        Ok(p) => p.status.unwrap_or_default(),
+        Err(e) => panic!("reading firmware policy {name}: {e}"),
+    }
+}

@@ -25,6 +25,9 @@ pub struct JobDefaults {
     pub namespace: String,
     pub image: String,
     pub pull_policy: String,
+    /// A host directory the flasher simulates its host in (tests and demos):
+    /// mounted at the same path, named in `TTDRV_FLASH_SIMULATE`.
+    pub simulate_dir: Option<String>,
 }
 
 /// Seconds a finished flash Job is kept (its logs with it): the Go operator's day.
@@ -76,6 +79,74 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
         }),
         ..Default::default()
     };
+    let mut fetch_env = vec![
+        env(flasher::ENV_BUNDLE_URL, spec.bundle()),
+        env(flasher::ENV_BUNDLE_PATH, bundle_path),
+    ];
+    let mut flash_env = vec![
+        env(flasher::ENV_BUNDLE_PATH, bundle_path),
+        env(flasher::ENV_VERSION, spec.version.clone()),
+        env(flasher::ENV_READBACK, spec.readback()),
+        env(
+            flasher::ENV_FLASH_ARGS,
+            if f.force_write { "--force" } else { "" },
+        ),
+        env(flasher::ENV_FORCE_WRITE, bool_env(f.force_write)),
+        env(
+            flasher::ENV_CONTINUE_ON_READBACK_FAILURE,
+            bool_env(f.continue_on_readback_failure),
+        ),
+        env(
+            flasher::ENV_HOMOGENIZE,
+            bool_env(f.homogenize_firmware_versions),
+        ),
+    ];
+    let mut fetch_mounts = vec![work.clone()];
+    let mut flash_mounts = vec![
+        VolumeMount {
+            read_only: Some(true),
+            ..work.clone()
+        },
+        VolumeMount {
+            name: "hugepages".into(),
+            mount_path: "/dev/hugepages".into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "sys".into(),
+            mount_path: "/sys".into(),
+            ..Default::default()
+        },
+    ];
+    let mut volumes = vec![
+        Volume {
+            name: "work".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+        host_path("hugepages", "/dev/hugepages"),
+        host_path("sys", "/sys"),
+    ];
+    if let Some(dir) = d.simulate_dir.as_deref().filter(|d| !d.is_empty()) {
+        for e in [&mut fetch_env, &mut flash_env] {
+            e.push(env(flasher::ENV_SIMULATE, dir));
+        }
+        let mount = VolumeMount {
+            name: "simulate".into(),
+            mount_path: dir.into(),
+            ..Default::default()
+        };
+        fetch_mounts.push(mount.clone());
+        flash_mounts.push(mount);
+        volumes.push(Volume {
+            name: "simulate".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: dir.into(),
+                type_: Some("DirectoryOrCreate".into()),
+            }),
+            ..Default::default()
+        });
+    }
     Job {
         metadata: ObjectMeta {
             name: Some(job_name_for(&policy, node, &spec.version, attempt)),
@@ -106,11 +177,8 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
                         image: Some(image.clone()),
                         image_pull_policy: Some(pull.clone()),
                         args: Some(vec!["fetch".into()]),
-                        env: Some(vec![
-                            env(flasher::ENV_BUNDLE_URL, spec.bundle()),
-                            env(flasher::ENV_BUNDLE_PATH, bundle_path),
-                        ]),
-                        volume_mounts: Some(vec![work.clone()]),
+                        env: Some(fetch_env),
+                        volume_mounts: Some(fetch_mounts),
                         ..Default::default()
                     }]),
                     containers: vec![Container {
@@ -118,24 +186,7 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
                         image: Some(image),
                         image_pull_policy: Some(pull),
                         args: Some(vec!["flash".into()]),
-                        env: Some(vec![
-                            env(flasher::ENV_BUNDLE_PATH, bundle_path),
-                            env(flasher::ENV_VERSION, spec.version.clone()),
-                            env(flasher::ENV_READBACK, spec.readback()),
-                            env(
-                                flasher::ENV_FLASH_ARGS,
-                                if f.force_write { "--force" } else { "" },
-                            ),
-                            env(flasher::ENV_FORCE_WRITE, bool_env(f.force_write)),
-                            env(
-                                flasher::ENV_CONTINUE_ON_READBACK_FAILURE,
-                                bool_env(f.continue_on_readback_failure),
-                            ),
-                            env(
-                                flasher::ENV_HOMOGENIZE,
-                                bool_env(f.homogenize_firmware_versions),
-                            ),
-                        ]),
+                        env: Some(flash_env),
                         security_context: Some(SecurityContext {
                             privileged: Some(true),
                             capabilities: Some(Capabilities {
@@ -146,33 +197,10 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
                         }),
                         termination_message_path: Some(flasher::REPORT_PATH.into()),
                         termination_message_policy: Some("FallbackToLogsOnError".into()),
-                        volume_mounts: Some(vec![
-                            VolumeMount {
-                                read_only: Some(true),
-                                ..work
-                            },
-                            VolumeMount {
-                                name: "hugepages".into(),
-                                mount_path: "/dev/hugepages".into(),
-                                ..Default::default()
-                            },
-                            VolumeMount {
-                                name: "sys".into(),
-                                mount_path: "/sys".into(),
-                                ..Default::default()
-                            },
-                        ]),
+                        volume_mounts: Some(flash_mounts),
                         ..Default::default()
                     }],
-                    volumes: Some(vec![
-                        Volume {
-                            name: "work".into(),
-                            empty_dir: Some(EmptyDirVolumeSource::default()),
-                            ..Default::default()
-                        },
-                        host_path("hugepages", "/dev/hugepages"),
-                        host_path("sys", "/sys"),
-                    ]),
+                    volumes: Some(volumes),
                     ..Default::default()
                 }),
             },
@@ -272,6 +300,7 @@ mod tests {
             namespace: "ops".into(),
             image: "flasher:1".into(),
             pull_policy: "IfNotPresent".into(),
+            simulate_dir: None,
         }
     }
 
@@ -284,6 +313,30 @@ mod tests {
         );
         let retry = flash_job(&policy(), "n1", 1, &defaults());
         assert_ne!(retry.metadata.name, j.metadata.name);
+        let sim = flash_job(
+            &policy(),
+            "n1",
+            0,
+            &JobDefaults {
+                simulate_dir: Some("/var/sim".into()),
+                ..defaults()
+            },
+        );
+        let pod = sim.spec.and_then(|s| s.template.spec).expect("pod");
+        for c in pod
+            .containers
+            .iter()
+            .chain(pod.init_containers.iter().flatten())
+        {
+            let env = c.env.as_ref().expect("env");
+            assert!(
+                env.iter()
+                    .any(|e| e.name == flasher::ENV_SIMULATE
+                        && e.value.as_deref() == Some("/var/sim")),
+                "{}",
+                c.name
+            );
+        }
         let spec = j.spec.expect("spec");
         assert_eq!(
             (spec.backoff_limit, spec.active_deadline_seconds),
