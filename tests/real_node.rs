@@ -21,6 +21,8 @@
 //!      node is Done (HostManaged), uncordoned, gate open, workload back
 //!   6. the admission policy on the agent's own token
 //!   7. `kubectl tt driver`
+//!   8. a firmware policy flashes the node: a real flash Job on the kubelet
+//!      (the flasher image, its cards simulated in a host directory)
 
 use std::path::PathBuf;
 use std::time::Duration;
