@@ -650,12 +650,49 @@ fn renders_mean_what_they_should() {
         &[("name", &format!("{FULL}-crd-upgrade"))],
     ));
     c.check(
-        got == expect(&[(
-            "apiextensions.k8s.io",
-            "customresourcedefinitions",
-            &["get", "patch"],
-        )]),
-        "crd-upgrade ClusterRole rules",
+        got == expect(&[
+            (
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                &["create"],
+            ),
+            (
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                &["get", "patch"],
+            ),
+        ]),
+        format!("crd-upgrade ClusterRole rules {got:?}"),
+    );
+    let names: Vec<&Value> = c.one(
+        &default,
+        "ClusterRole",
+        &[("name", &format!("{FULL}-crd-upgrade"))],
+    )["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            r["verbs"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|x| x == "patch"))
+        })
+        .flat_map(|r| r["resourceNames"].as_array().into_iter().flatten())
+        .collect();
+    c.check(
+        names
+            == [
+                &json!("tenstorrentdriverpolicies.driver.tenstorrent.com"),
+                &json!("tenstorrentfirmwarepolicies.firmware.tenstorrent.com"),
+            ],
+        format!("crd-upgrade patches our two CRDs only: {names:?}"),
+    );
+    c.check(
+        cm["data"]["tenstorrentfirmwarepolicies.yaml"]
+            .as_str()
+            .map(str::trim)
+            == Some(read(&root().join("chart/crds/tenstorrentfirmwarepolicies.yaml")).trim()),
+        "the hook ConfigMap carries the firmware CRD unchanged",
     );
     let jctr = &job["spec"]["template"]["spec"]["containers"][0];
     c.check(

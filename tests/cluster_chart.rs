@@ -566,11 +566,15 @@ async fn crd_upgrade_hook(kv: &str) -> Vec<String> {
     let rbac = rbac.join("---\n");
     let dir = std::env::temp_dir().join(format!("ttdrv-crd-hook-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let crd_file = "tenstorrentdriverpolicies.yaml";
-    let crd_text = of_kind("ConfigMap")
-        .find_map(|d| d["data"][crd_file].as_str())
-        .expect("the hook's ConfigMap carries the CRD");
-    std::fs::write(dir.join(crd_file), crd_text).expect("write the CRD");
+    for crd_file in [
+        "tenstorrentdriverpolicies.yaml",
+        "tenstorrentfirmwarepolicies.yaml",
+    ] {
+        let crd_text = of_kind("ConfigMap")
+            .find_map(|d| d["data"][crd_file].as_str())
+            .unwrap_or_else(|| panic!("the hook's ConfigMap carries {crd_file}"));
+        std::fs::write(dir.join(crd_file), crd_text).expect("write the CRD");
+    }
     let args: Vec<String> = of_kind("Job")
         .find_map(|d| d["spec"]["template"]["spec"]["containers"][0]["args"].as_sequence())
         .expect("the hook Job's args")

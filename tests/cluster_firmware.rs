@@ -450,13 +450,18 @@ async fn a_failed_flash_halts_keeps_its_cordon_and_retry_finishes() {
 #[tokio::test]
 #[ignore = "needs the test cluster: make cluster-up"]
 async fn a_go_cordoned_mid_flash_node_is_taken_over_safely() {
-    let (env, ns, nodes, _agent) = sim_fleet("fw-take", 3).await;
+    let (env, ns, nodes, _agent) = sim_fleet("fw-take", 4).await;
     ensure_crd(&env.client).await;
     let policy = env.name("fw");
     // What the Go firmware controller left: nodes[0] cordoned for this
     // policy while draining; nodes[1] cordoned and Flashing, its Job gone
-    // (TTL); nodes[2] flashed to the target by Go.
-    for (n, state) in [(&nodes[0], "Draining"), (&nodes[1], "Flashing")] {
+    // (TTL); nodes[2] flashed to the target by Go; nodes[3] cordoned and
+    // Flashing with Go's flash Job (its name and labels) still there.
+    for (n, state) in [
+        (&nodes[0], "Draining"),
+        (&nodes[1], "Flashing"),
+        (&nodes[3], "Flashing"),
+    ] {
         env.set_unschedulable(n, true).await;
         env.annotate_node(n, fw::CORDONED_BY, Some(&policy)).await;
         env.label_node(n, fw::UPGRADE_STATE, Some(state)).await;
@@ -468,6 +473,31 @@ async fn a_go_cordoned_mid_flash_node_is_taken_over_safely() {
         .await;
     env.label_node(&nodes[2], fw::UPGRADE_STATE, Some("Done"))
         .await;
+    let go_policy: ttdrv_api::firmware::TenstorrentFirmwarePolicy = serde_json::from_value(json!({
+        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentFirmwarePolicy",
+        "metadata": { "name": policy },
+        "spec": { "version": "19.8.0", "nodeAffinity": {} },
+    }))
+    .expect("policy");
+    let go_job = ttdrv_core::firmware::job::flash_job(
+        &go_policy,
+        &nodes[3],
+        0,
+        &ttdrv_core::firmware::job::JobDefaults {
+            namespace: ns.clone(),
+            image: "ghcr.io/tenstorrent/tt-k8s-driver-manager-flasher:v0.4.2".into(),
+            pull_policy: "IfNotPresent".into(),
+            simulate_dir: None,
+        },
+    );
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), &ns);
+    let go_uid = jobs
+        .create(&Default::default(), &go_job)
+        .await
+        .expect("Go's flash Job")
+        .metadata
+        .uid;
     let _ctl = controller(&env, &ns);
     create_firmware_policy(
         &env,
@@ -475,6 +505,18 @@ async fn a_go_cordoned_mid_flash_node_is_taken_over_safely() {
         json!({ "upgradePolicy": { "haltOnFailure": false } }),
     )
     .await;
+    wait_fw(
+        &env,
+        &policy,
+        std::slice::from_ref(&nodes[3]),
+        FirmwareNodeState::Done,
+        None,
+    )
+    .await;
+    assert!(
+        !unschedulable(&env.get_node(&nodes[3]).await),
+        "Go's mid-flash node finished and uncordoned"
+    );
     wait_fw(
         &env,
         &policy,
@@ -515,7 +557,11 @@ async fn a_go_cordoned_mid_flash_node_is_taken_over_safely() {
         .iter()
         .filter_map(|j| j.metadata.labels.as_ref()?.get(fw::JOB_NODE).cloned())
         .collect();
-    assert_eq!(on, vec![nodes[0].clone()], "flash Jobs");
+    assert_eq!(on, vec![nodes[0].clone(), nodes[3].clone()], "flash Jobs");
+    assert!(
+        list.items.iter().any(|j| j.metadata.uid == go_uid),
+        "Go's Job followed, not replaced"
+    );
     env.teardown().await;
 }
 
