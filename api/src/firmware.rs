@@ -550,6 +550,9 @@ pub mod flasher {
 
     /// Where the report goes (the container's terminationMessagePath).
     pub const REPORT_PATH: &str = "/dev/termination-log";
+    /// Names the report's path (else [`REPORT_PATH`], or the simulated
+    /// host's directory when simulating): the Job sets it to [`REPORT_PATH`].
+    pub const ENV_REPORT: &str = "TTDRV_FLASH_REPORT";
 
     /// The flasher's last word, JSON in the termination message, on success
     /// and on failure: what the controller shows as `currentVersion` and

@@ -79,11 +79,15 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
         }),
         ..Default::default()
     };
+    // The report always lands where the kubelet reads termination messages.
     let mut fetch_env = vec![
         env(flasher::ENV_BUNDLE_URL, spec.bundle()),
         env(flasher::ENV_BUNDLE_PATH, bundle_path),
+        env(flasher::ENV_VERSION, spec.version.clone()),
+        env(flasher::ENV_REPORT, flasher::REPORT_PATH),
     ];
     let mut flash_env = vec![
+        env(flasher::ENV_REPORT, flasher::REPORT_PATH),
         env(flasher::ENV_BUNDLE_PATH, bundle_path),
         env(flasher::ENV_VERSION, spec.version.clone()),
         env(flasher::ENV_READBACK, spec.readback()),
@@ -178,6 +182,8 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
                         image_pull_policy: Some(pull.clone()),
                         args: Some(vec!["fetch".into()]),
                         env: Some(fetch_env),
+                        termination_message_path: Some(flasher::REPORT_PATH.into()),
+                        termination_message_policy: Some("FallbackToLogsOnError".into()),
                         volume_mounts: Some(fetch_mounts),
                         ..Default::default()
                     }]),
@@ -210,21 +216,25 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
     }
 }
 
-/// The flasher's report from its pod's termination message, if it left one.
+/// The flasher's report from its pod's termination message, if it left one:
+/// the `flash` container's, else the `fetch-bundle` init container's (a
+/// bundle that could not be fetched).
 pub fn report(pod: &Pod) -> Option<Report> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == "flash")?
-        .state
-        .as_ref()?
-        .terminated
-        .as_ref()?
-        .message
-        .as_deref()
-        .and_then(|m| serde_json::from_str(m.trim()).ok())
+    let status = pod.status.as_ref()?;
+    let of = |name: &str, list: Option<&Vec<k8s_openapi::api::core::v1::ContainerStatus>>| {
+        list?
+            .iter()
+            .find(|c| c.name == name)?
+            .state
+            .as_ref()?
+            .terminated
+            .as_ref()?
+            .message
+            .as_deref()
+            .and_then(|m| serde_json::from_str::<Report>(m.trim()).ok())
+    };
+    of("flash", status.container_statuses.as_ref())
+        .or_else(|| of("fetch-bundle", status.init_container_statuses.as_ref()))
 }
 
 /// A container of the pod waits on its image.
@@ -430,5 +440,18 @@ mod tests {
         );
         // A message that is not a report (logs, FallbackToLogsOnError) is none.
         assert_eq!(report(&pod("tt-flash: error")), None);
+        // A fetch that failed: the init container's report.
+        let fetch: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"initContainerStatuses": [{"name": "fetch-bundle", "image": "", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1,
+                    "message": "{\"reason\": \"FlashJobFailed\", \"message\": \"curl: (6) no host\"}"}}}]}
+        }))
+        .expect("pod");
+        assert_eq!(
+            report(&fetch).and_then(|r| r.message).as_deref(),
+            Some("curl: (6) no host")
+        );
     }
 }
