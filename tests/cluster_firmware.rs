@@ -656,9 +656,15 @@ async fn deleting_a_firmware_policy_mid_cycle_gives_back_only_untouched_nodes() 
     tokio::time::sleep(Duration::from_secs(3)).await;
     let n = env.get_node(&nodes[0]).await;
     assert!(unschedulable(&n), "a node mid-flash was uncordoned");
-    assert_eq!(
-        ttdrv_core::claim::firmware_record(&n).map(|r| r.state),
-        Some(FirmwareNodeState::Flashing)
+    // Flashing, or Failed if a pass saw its Job go with the policy (garbage
+    // collection) first: either way the record and the cordon stay.
+    let state = ttdrv_core::claim::firmware_record(&n).map(|r| r.state);
+    assert!(
+        matches!(
+            state,
+            Some(FirmwareNodeState::Flashing | FirmwareNodeState::Failed)
+        ),
+        "{state:?}"
     );
     env.teardown().await;
 }
