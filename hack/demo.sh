@@ -33,7 +33,9 @@ bin=$(bash hack/build-testbin.sh etcd kwok kubernetes | tail -n1)
 export PATH="$bin:$PATH"
 cargo build -q --bin ttdrv-controller --bin ttdrv-sim-agent -p ttdrv-controller -p ttdrv-testkit
 cargo build -q -p kubectl-tt-driver
-export PATH="$PWD/target/debug:$PATH"   # kubectl finds the plugin as kubectl-tt-driver
+# kubectl finds the plugin as kubectl-tt-driver, and as kubectl-tt-fw (a link)
+mkdir -p "$state/bin" && ln -sf "$PWD/target/debug/kubectl-tt-driver" "$state/bin/kubectl-tt-fw"
+export PATH="$PWD/target/debug:$state/bin:$PATH"
 
 say "Starting a simulated cluster: real kube-apiserver, etcd, controller-manager, scheduler; kwok nodes"
 stop_ours
@@ -49,7 +51,7 @@ kubectl apply -f crds/ >/dev/null
 kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl wait --for condition=Established crd/tenstorrentdriverpolicies.driver.tenstorrent.com --timeout=60s >/dev/null
 ttdrv-controller --namespace "$ns" --admin-addr 127.0.0.1:18080 --leader-elect=true \
-  --installer-image ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:demo >"$state/controller.log" 2>&1 &
+  --installer-image ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent:demo >"$state/controller.log" 2>&1 &
 procs_record "$state/controller.pid" $! ttdrv-controller
 ttdrv-sim-agent --namespace "$ns" --work-ms 2000 >"$state/sim-agent.log" 2>&1 &
 procs_record "$state/sim-agent.pid" $! ttdrv-sim-agent
@@ -73,11 +75,16 @@ say "Now prod"
 kubectl patch ttdp prod --type merge -p '{"spec":{"version":"2.8.0"}}'
 kubectl tt driver watch prod --timeout 300
 
+say "Firmware: flash prod's cards to 19.8.0, two nodes at a time, never on a node in a driver cycle"
+kubectl apply -f hack/demo/firmware.yaml
+kubectl tt fw watch prod-fw --timeout 300
+
 say "Done. The cluster keeps running; look around:"
 cat <<TXT
-  export KUBECONFIG=$KUBECONFIG PATH=$bin:$PWD/target/debug:\$PATH
+  export KUBECONFIG=$KUBECONFIG PATH=$bin:$PWD/target/debug:$state/bin:\$PATH
   kubectl tt driver                       # fleet view
   kubectl get ttdp                        # Version, Matched, UpToDate, InProgress, Failed, Age, Phase, Ready
+  kubectl tt fw                           # firmware policies (kubectl get ttfwp)
   kubectl get nodes -L driver.tenstorrent.com/kmd-version,driver.tenstorrent.com/install-mode
   kubectl get events -A --field-selector involvedObject.kind=TenstorrentDriverPolicy
   curl -s 127.0.0.1:18080/metrics | grep ttdriver_node_state   # Prometheus metrics

@@ -606,3 +606,24 @@ fn chart_pins_every_upstream_release() {
     }
     assert_no_errors("driver.sourceCommits", &errors);
 }
+
+/// The demo (the README's first command) starts the controller with an
+/// installer image the controller accepts: it refuses the Go operator's
+/// builder at start-up, which once left the demo waiting on a controller
+/// that had exited.
+#[test]
+fn the_demo_starts_a_controller_that_accepts_its_arguments() {
+    let demo = read("hack/demo.sh");
+    let image = demo
+        .split("--installer-image")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("hack/demo.sh passes --installer-image");
+    assert!(
+        !ttdrv_api::images::is_go_builder(image),
+        "hack/demo.sh starts the controller with the Go builder image {image}, which it refuses"
+    );
+    for file in ["hack/demo/policies.yaml", "hack/demo/firmware.yaml"] {
+        assert!(root().join(file).exists(), "{file}");
+    }
+}
