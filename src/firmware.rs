@@ -343,7 +343,17 @@ impl Pass {
             }
             let rec = memory.live.get(&key).cloned().or(persisted.clone());
             let attempt = rec.as_ref().map_or(0, |r| r.attempt);
-            let job = self.job(&name, &node_name, &spec.version, attempt).await;
+            // The machine reads the flash Job only while Flashing and on a
+            // takeover: only then is it looked up (its pods are an API list,
+            // and a finished Job is kept a day).
+            let job = if rec
+                .as_ref()
+                .is_none_or(|r| r.state == FirmwareNodeState::Flashing)
+            {
+                self.job(&name, &node_name, &spec.version, attempt).await
+            } else {
+                ttdrv_core::firmware::FlashJob::Missing
+            };
             let draining = rec.as_ref().is_some_and(|r| {
                 matches!(
                     r.state,
