@@ -44,6 +44,13 @@ pub struct Config {
     /// Run the firmware policy controller (TenstorrentFirmwarePolicy).
     #[arg(long, env = "TTDRV_FIRMWARE", default_value_t = true, action = clap::ArgAction::Set)]
     pub firmware: bool,
+    /// When a driver policy and a firmware policy both have work for a
+    /// node, cordon and drain it once for both: the flash goes first and
+    /// hands its cordon to the swap. Off: each cycle cordons and drains on
+    /// its own (one after the other). The chart's
+    /// `controller.combineFirmwareAndDriver`.
+    #[arg(long, env = "TTDRV_COMBINE_FIRMWARE_AND_DRIVER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub combine_firmware_and_driver: bool,
     /// tt-kmd git repository used when a policy sets no `installer.sourceRepository`.
     #[arg(long, env = "TTDRV_SOURCE_REPOSITORY", default_value = "")]
     pub source_repository: String,

@@ -375,7 +375,15 @@ impl Pass {
                 job,
                 now,
             );
+            let mut view = view;
             let prev = rec.unwrap_or_else(|| takeover(&desired, &view.obs));
+            if ctx.config.combine_firmware_and_driver && prev.state == FirmwareNodeState::Flashing {
+                view.obs.driver_waiting = ttdrv_core::claim::handover_to(
+                    &node,
+                    |p| ctx.stores.policies.get(&ObjectRef::new(p)),
+                    &desired.readback,
+                );
+            }
             owned.push(Seen {
                 node,
                 prev,
@@ -493,7 +501,13 @@ impl Pass {
             || s.persisted.as_ref() != Some(&next.record);
         if written {
             let starts = !s.prev.state.is_in_progress() && next.record.state.is_in_progress();
-            let patch = node_patch(&s.node, &next, &desired.version, starts);
+            // A hand-over was decided on this version of the Node too (the
+            // driver's record waiting for it).
+            let hands_over = next
+                .commands
+                .iter()
+                .any(|c| matches!(c, Command::HandOver(_)));
+            let patch = node_patch(&s.node, &next, &desired.version, starts || hands_over);
             let sent = self
                 .labeler
                 .send(PatchNode {
@@ -600,6 +614,9 @@ impl Pass {
             let ok = matches!(next.state, Uncordoning | Done);
             m.observe_flash(name, ok, (next.since - prev.since) as f64);
         }
+        if next.reason.as_deref() == Some(reason::CORDON_HANDED_OVER) && prev.state == Flashing {
+            m.inc_fw_cordon_handed_over(name);
+        }
         if next.state == Failed && next.reason.as_deref() == Some(reason::DRAIN_TIMEOUT) {
             m.inc_fw_drain_blocked(name, "drain_timeout", 1);
         }
@@ -614,6 +631,14 @@ impl Pass {
                 false,
                 EventReason::FirmwareFlashStarted,
                 format!("node {node}: firmware cycle to {} started", next.target),
+            ),
+            Done if next.reason.as_deref() == Some(reason::CORDON_HANDED_OVER) => (
+                false,
+                EventReason::FirmwareFlashed,
+                format!(
+                    "node {node}: every card reads back {}; {msg}",
+                    next.current.as_deref().unwrap_or(&next.target)
+                ),
             ),
             Done if prev.state.is_in_progress() => (
                 false,
@@ -759,6 +784,24 @@ fn node_patch(node: &Node, next: &Step, version: &str, precondition: bool) -> se
                         r.attempt,
                     )
                     .into(),
+                );
+            }
+            Command::HandOver(driver) => {
+                // The cordon stays; its marks now name the driver policy,
+                // whose cycle takes it up and undoes it.
+                ann.insert(fw::CORDONED_BY, serde_json::Value::Null);
+                ann.insert(fw::CORDONED_AT, serde_json::Value::Null);
+                ann.insert(ttdrv_api::labels::GO_CORDONED_BY, driver.clone().into());
+                ann.insert(
+                    ttdrv_api::labels::GO_CORDONED_AT,
+                    rfc3339(now_secs())
+                        .map(|t| t.0.to_string())
+                        .unwrap_or_default()
+                        .into(),
+                );
+                ann.insert(
+                    ttdrv_api::labels::CORDON_HANDED_OVER_BY,
+                    r.policy.clone().into(),
                 );
             }
             Command::Evict => {}
@@ -911,4 +954,37 @@ pub fn conditions(
         }
     })
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ttdrv_core::machine::Cordon;
+
+    #[test]
+    fn a_hand_over_keeps_the_cordon_and_names_the_driver_policy() {
+        let mut rec = FwRecord::new("fw", "19.8.0", 0);
+        rec.state = FirmwareNodeState::Done;
+        rec.cordon = Cordon::None;
+        rec.current = Some("19.8.0.0".into());
+        let mut node = Node::default();
+        node.metadata.resource_version = Some("7".into());
+        let next = Step {
+            record: rec,
+            commands: vec![Command::HandOver("fleet".into())],
+            needs_slot: false,
+        };
+        let p = node_patch(&node, &next, "19.8.0", true);
+        assert!(p.get("spec").is_none(), "the cordon stays: {p}");
+        let ann = &p["metadata"]["annotations"];
+        assert!(ann[fw::CORDONED_BY].is_null() && ann[fw::CORDONED_AT].is_null());
+        assert_eq!(ann[ttdrv_api::labels::GO_CORDONED_BY], "fleet");
+        assert_eq!(ann[ttdrv_api::labels::CORDON_HANDED_OVER_BY], "fw");
+        assert!(ann[ttdrv_api::labels::GO_CORDONED_AT].is_string());
+        assert_eq!(p["metadata"]["labels"][fw::FW_VERSION], "19.8.0.0");
+        assert_eq!(
+            p["metadata"]["resourceVersion"], "7",
+            "decided on this Node"
+        );
+    }
 }

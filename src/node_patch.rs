@@ -44,9 +44,10 @@ pub fn record_patch(
             Command::Cordon => patch["spec"] = serde_json::json!({ "unschedulable": true }),
             Command::Uncordon => {
                 patch["spec"] = serde_json::json!({ "unschedulable": false });
-                // The Go operator's marks of its cordon go with it.
-                patch["metadata"]["annotations"][labels::GO_CORDONED_BY] = serde_json::Value::Null;
-                patch["metadata"]["annotations"][labels::GO_CORDONED_AT] = serde_json::Value::Null;
+                // The marks of an inherited cordon go with it.
+                for k in labels::INHERITED_CORDON_MARKS {
+                    patch["metadata"]["annotations"][k] = serde_json::Value::Null;
+                }
             }
             Command::CloseGates => gates.iter().for_each(|g| {
                 labels_patch.insert(g.clone(), "false".into());
@@ -129,16 +130,22 @@ pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json:
     if ttdrv_core::node::label(node, labels::UNMANAGED) == Some(policy) {
         patch["metadata"]["labels"][labels::UNMANAGED] = serde_json::Value::Null;
     }
-    if let Some(rec) = persisted_record(node).filter(|r| r.policy == policy) {
-        if rec.cordoned_by_us() {
-            patch["spec"] = serde_json::json!({ "unschedulable": false });
-            patch["metadata"]["annotations"][labels::GO_CORDONED_BY] = serde_json::Value::Null;
-            patch["metadata"]["annotations"][labels::GO_CORDONED_AT] = serde_json::Value::Null;
+    // A cordon a firmware policy handed to this one, not yet taken up by
+    // its cycle: ours to undo all the same.
+    let handed_over = ttdrv_core::node::handed_over_to(node) == Some(policy)
+        && ttdrv_core::node::unschedulable(node);
+    let rec = persisted_record(node).filter(|r| r.policy == policy);
+    if handed_over || rec.as_ref().is_some_and(NodeRecord::cordoned_by_us) {
+        patch["spec"] = serde_json::json!({ "unschedulable": false });
+        for k in labels::INHERITED_CORDON_MARKS {
+            patch["metadata"]["annotations"][k] = serde_json::Value::Null;
         }
-        if rec.state.is_in_progress() || rec.state.is_failed() {
-            for g in gates {
-                patch["metadata"]["labels"][g] = serde_json::Value::Null;
-            }
+    }
+    if let Some(rec) = rec
+        && (rec.state.is_in_progress() || rec.state.is_failed())
+    {
+        for g in gates {
+            patch["metadata"]["labels"][g] = serde_json::Value::Null;
         }
     }
     patch
@@ -177,7 +184,7 @@ mod tests {
         let ann = p["metadata"]["annotations"]
             .as_object()
             .expect("annotations");
-        for k in [labels::GO_CORDONED_BY, labels::GO_CORDONED_AT] {
+        for k in labels::INHERITED_CORDON_MARKS {
             assert!(ann.get(k).is_some_and(serde_json::Value::is_null), "{k}");
         }
         let p = record_patch("n1", &r, &[Command::Evict], &gates).expect("patch");
@@ -237,6 +244,26 @@ mod tests {
                 .as_object()
                 .is_some_and(|l| l.contains_key(GATE))
         );
+    }
+
+    #[test]
+    fn release_undoes_a_cordon_handed_over_and_not_yet_taken_up() {
+        let r = NodeRecord::new("fleet", "2.8.0", 1);
+        let mut n = node_with(&r);
+        n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            unschedulable: Some(true),
+            ..Default::default()
+        });
+        let ann = n.metadata.annotations.get_or_insert_with(Default::default);
+        ann.insert(labels::GO_CORDONED_BY.into(), "fleet".into());
+        ann.insert(labels::CORDON_HANDED_OVER_BY.into(), "fw".into());
+        let p = release_patch(&n, "fleet", &[]);
+        assert_eq!(p["spec"]["unschedulable"], false);
+        for k in labels::INHERITED_CORDON_MARKS {
+            assert!(p["metadata"]["annotations"][k].is_null(), "{k}");
+        }
+        // Handed to another policy: not this one's to undo.
+        assert!(release_patch(&n, "other", &[]).get("spec").is_none());
     }
 
     #[test]

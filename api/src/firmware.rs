@@ -462,9 +462,12 @@ pub mod reason {
     pub const TAKEN_OVER: &str = "TakenOver";
     /// The node's tt-kmd is older than `spec.minDriverVersion`.
     pub const WAITING_FOR_DRIVER_VERSION: &str = "WaitingForDriverVersion";
+    /// Flashed, and the cordon handed to the driver policy waiting for the
+    /// node: its swap follows under the same cordon and drain.
+    pub const CORDON_HANDED_OVER: &str = "CordonHandedOver";
 
     /// Every reason, for the docs drift test.
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 23] = [
         FLASHING,
         FLASH_SUCCEEDED,
         FLASH_JOB_FAILED,
@@ -487,6 +490,7 @@ pub mod reason {
         READBACK_MISMATCH,
         TAKEN_OVER,
         WAITING_FOR_DRIVER_VERSION,
+        CORDON_HANDED_OVER,
     ];
 }
 

@@ -71,6 +71,16 @@ pub const GO_CORDONED_BY: &str = "driver.tenstorrent.com/cordoned-by";
 /// Node annotation the Go operator set with [`GO_CORDONED_BY`] (RFC 3339).
 pub const GO_CORDONED_AT: &str = "driver.tenstorrent.com/cordoned-at";
 
+/// Node annotation naming the firmware policy that flashed the node and
+/// handed its cordon to the driver policy [`GO_CORDONED_BY`] names, so both
+/// cycles share one cordon and drain. It goes with that cordon.
+pub const CORDON_HANDED_OVER_BY: &str = "driver.tenstorrent.com/cordon-handed-over-by";
+
+/// The marks of a cordon a driver policy inherited (the Go operator's, or
+/// one handed over by a firmware policy): removed with the cordon.
+pub const INHERITED_CORDON_MARKS: [&str; 3] =
+    [GO_CORDONED_BY, GO_CORDONED_AT, CORDON_HANDED_OVER_BY];
+
 /// The Go operator's label naming the policy of its installer DaemonSet and
 /// pods. Our installer pods carry it too (outside the selector), for the
 /// tools and dashboards that select on it.

@@ -64,6 +64,52 @@ pub fn firmware_cycle(node: &Node) -> Option<Holder> {
         .map(|p| Holder::Firmware(p.to_string()))
 }
 
+/// Better than serial: when both policies have work for a node, the flash
+/// goes first and hands its cordon to the driver's swap, so the node is
+/// cordoned and drained once for both. The driver policy defers to a flash
+/// that only waits for its slot ([`firmware_first`]); the flash, once its
+/// cards read back, hands the cordon over ([`handover_to`]) instead of
+/// uncordoning.
+///
+/// The firmware policy whose flash of this node only waits for its slot
+/// (record Pending, reason WaitingForSlot): a driver swap due on the node
+/// waits for it and takes its cordon after.
+pub fn firmware_first(node: &Node) -> Option<String> {
+    firmware_record(node)
+        .filter(|r| {
+            r.state == ttdrv_api::firmware::FirmwareNodeState::Pending
+                && r.reason.as_deref() == Some(ttdrv_api::firmware::reason::WAITING_FOR_SLOT)
+        })
+        .map(|r| r.policy)
+}
+
+/// The driver policy a flash of this node hands its cordon to once the
+/// cards read back `readback`: the node's driver record is Pending and
+/// waits for the firmware (reason WaitingForFirmware), and its policy
+/// (`driver`, looked up by the caller from the record's policy name) still
+/// claims the node, is not paused and accepts `readback` as its
+/// `spec.minFirmwareVersion`. `None`: the flash uncordons as usual.
+pub fn handover_to(
+    node: &Node,
+    driver: impl FnOnce(&str) -> Option<std::sync::Arc<ttdrv_api::TenstorrentDriverPolicy>>,
+    readback: &str,
+) -> Option<String> {
+    let rec = crate::node::record(node).ok().flatten()?;
+    if rec.state != ttdrv_api::NodeState::Pending
+        || rec.reason.as_deref() != Some(crate::reason::WAITING_FOR_FIRMWARE)
+        || crate::node::label(node, labels::CLAIM) != Some(rec.policy.as_str())
+    {
+        return None;
+    }
+    let policy = driver(&rec.policy)?;
+    let spec = &policy.spec;
+    let firmware_ok = spec
+        .min_firmware_version
+        .as_deref()
+        .is_none_or(|min| ttdrv_api::firmware::version_at_least(readback, min));
+    (!spec.paused && !spec.unmanage && firmware_ok).then_some(rec.policy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +159,95 @@ mod tests {
         );
         assert_eq!(driver_cycle(&n), Some(Holder::Driver("drv".into())));
         assert!(Holder::Driver("drv".into()).to_string().contains("drv"));
+    }
+
+    fn driver_policy(
+        paused: bool,
+        min_fw: Option<&str>,
+    ) -> std::sync::Arc<ttdrv_api::TenstorrentDriverPolicy> {
+        let mut spec = serde_json::json!({"version": "2.8.0", "selector": {"matchLabels": {"pool": "a"}}, "paused": paused});
+        if let Some(m) = min_fw {
+            spec["minFirmwareVersion"] = m.into();
+        }
+        std::sync::Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "driver.tenstorrent.com/v1alpha1",
+                "kind": "TenstorrentDriverPolicy",
+                "metadata": {"name": "drv"},
+                "spec": spec,
+            }))
+            .expect("policy"),
+        )
+    }
+
+    #[test]
+    fn a_flash_due_goes_first_and_hands_its_cordon_to_a_waiting_swap() {
+        let mut n = node("a", "True", true, &[(labels::CLAIM, "drv")]);
+        assert_eq!(firmware_first(&n), None);
+        let mut fw_rec = FwRecord::new("fw", "19.8.0", 0);
+        fw_rec.reason = Some(ttdrv_api::firmware::reason::WAITING_FOR_SLOT.into());
+        annotate(
+            &mut n,
+            fw::RECORD,
+            &serde_json::to_string(&fw_rec).expect("json"),
+        );
+        assert_eq!(firmware_first(&n), Some("fw".into()));
+        fw_rec.reason = Some(ttdrv_api::firmware::reason::PAUSED.into());
+        annotate(
+            &mut n,
+            fw::RECORD,
+            &serde_json::to_string(&fw_rec).expect("json"),
+        );
+        assert_eq!(firmware_first(&n), None, "a paused flash is not waited for");
+
+        let readback = "19.8.0.0";
+        let found = |paused, min: Option<&'static str>| {
+            move |p: &str| (p == "drv").then(|| driver_policy(paused, min))
+        };
+        // No driver record: nobody to hand over to.
+        assert_eq!(handover_to(&n, found(false, None), readback), None);
+        let mut d = crate::machine::NodeRecord::new("drv", "2.8.0", 0);
+        d.reason = Some(crate::reason::WAITING_FOR_FIRMWARE.into());
+        annotate(
+            &mut n,
+            labels::UPGRADE_STATE,
+            &serde_json::to_string(&d).expect("json"),
+        );
+        assert_eq!(
+            handover_to(&n, found(false, None), readback),
+            Some("drv".into())
+        );
+        assert_eq!(
+            handover_to(&n, found(false, Some("19.0.0")), readback),
+            Some("drv".into())
+        );
+        // Not if the swap could not go on under it: paused, or this
+        // firmware is still too old for it, or the policy is gone.
+        assert_eq!(handover_to(&n, found(true, None), readback), None);
+        assert_eq!(
+            handover_to(&n, found(false, Some("20.0.0")), readback),
+            None
+        );
+        assert_eq!(handover_to(&n, |_| None, readback), None);
+        // Not to a record waiting for something else, or a policy that no
+        // longer claims the node.
+        d.reason = Some(crate::reason::WAITING.into());
+        annotate(
+            &mut n,
+            labels::UPGRADE_STATE,
+            &serde_json::to_string(&d).expect("json"),
+        );
+        assert_eq!(handover_to(&n, found(false, None), readback), None);
+        d.reason = Some(crate::reason::WAITING_FOR_FIRMWARE.into());
+        annotate(
+            &mut n,
+            labels::UPGRADE_STATE,
+            &serde_json::to_string(&d).expect("json"),
+        );
+        n.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(labels::CLAIM.into(), "other".into());
+        assert_eq!(handover_to(&n, found(false, None), readback), None);
     }
 }

@@ -24,6 +24,7 @@ pub fn desired() -> Desired {
         prepare: false,
         parameters: Default::default(),
         min_firmware: None,
+        combine_with_firmware: true,
     }
 }
 

@@ -249,6 +249,10 @@ pub struct Observation {
     pub firmware_cycle: Option<String>,
     /// The firmware every card read back last (label `fw-version`).
     pub firmware_version: Option<String>,
+    /// A firmware policy's flash of this node waits only for its slot
+    /// ([`crate::claim::firmware_first`]): a swap goes after it, under the
+    /// cordon it hands over.
+    pub firmware_first: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -273,6 +277,10 @@ pub struct Desired {
     pub parameters: Values,
     /// `spec.minFirmwareVersion`.
     pub min_firmware: Option<String>,
+    /// A node with a flash due waits for it and takes its cordon: one cordon
+    /// and drain for both ([`crate::claim`]). The controller's
+    /// `--combine-firmware-and-driver` (on by default).
+    pub combine_with_firmware: bool,
 }
 
 impl Desired {
@@ -294,6 +302,7 @@ impl Desired {
             prepare: spec.upgrade_policy.prepare.enabled && !spec.unmanage,
             parameters: spec.parameter_values(),
             min_firmware: spec.min_firmware_version.clone(),
+            combine_with_firmware: true,
         }
     }
 
@@ -581,6 +590,21 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                         Some(why),
                         now,
                     ),
+                    vec![],
+                );
+            }
+            if let Some(fw) = defers_to_firmware(rec.cordoned_by_us(), obs, want) {
+                if want.prepare && !obs.prepared {
+                    // The build ahead goes on while the flash goes first.
+                    return prepare_ahead(&rec, obs, want);
+                }
+                let why = format!(
+                    "the firmware policy {fw} flashes this node first and hands its cordon to this upgrade \
+                     (one cordon and drain for both): {} waits",
+                    upgrade()
+                );
+                return stay(
+                    &enter(&rec, Pending, reason::WAITING_FOR_FIRMWARE, Some(why), now),
                     vec![],
                 );
             }
@@ -931,6 +955,29 @@ fn prepare_ahead(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         &enter(rec, NodeState::Pending, reason::PREPARING, Some(why), now),
         cmds,
     )
+}
+
+/// The firmware policy a Pending node's swap waits for, to share its cordon
+/// and drain: a flash of the node waits only for its slot, and what this
+/// policy has to do is a drained swap (a module of another version or
+/// parameters is loaded). A node without tt-kmd gets it first (a flasher
+/// may need the driver), and a change that keeps the module drains nothing.
+/// A node this policy holds cordoned already (a retry, an inherited
+/// cordon) does not wait.
+pub fn defers_to_firmware<'a>(
+    cordoned_by_us: bool,
+    obs: &'a Observation,
+    want: &Desired,
+) -> Option<&'a str> {
+    let fw = obs.firmware_first.as_deref()?;
+    let swap = obs.loaded.is_some()
+        && !crate::node::is_loaded(
+            obs.loaded.as_deref(),
+            obs.parameters.as_ref(),
+            want.target(),
+        );
+    let cordoned = cordoned_by_us || (obs.inherited_cordon && obs.unschedulable);
+    (want.combine_with_firmware && swap && !cordoned && !want.unmanage).then_some(fw)
 }
 
 /// `spec.minFirmwareVersion` when the node's cards read back older (or unknown).

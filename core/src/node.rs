@@ -213,8 +213,25 @@ pub fn out_of_service_because(node: &Node, cordoned_by_us: bool) -> Option<Strin
     Some(foreign_cordon(node))
 }
 
+/// The driver policy a firmware policy handed the node's cordon to
+/// ([`labels::CORDON_HANDED_OVER_BY`]), if it did.
+pub fn handed_over_to(node: &Node) -> Option<&str> {
+    annotation(node, labels::CORDON_HANDED_OVER_BY)?;
+    annotation(node, labels::GO_CORDONED_BY)
+}
+
 /// Who holds a cordon that is not ours, as far as the node tells.
 pub fn foreign_cordon(node: &Node) -> String {
+    if let (Some(fw), Some(p)) = (
+        annotation(node, labels::CORDON_HANDED_OVER_BY),
+        handed_over_to(node),
+    ) {
+        return format!(
+            "cordoned by this operator's firmware policy {fw} and handed to the driver policy {p} for its swap \
+             (one cordon and drain for both; {}={p})",
+            labels::GO_CORDONED_BY
+        );
+    }
     if let Some(r) = crate::claim::firmware_record(node)
         && annotation(node, labels::GO_FIRMWARE_CORDONED_BY) == Some(r.policy.as_str())
     {

@@ -165,6 +165,7 @@ pub fn observe<'p>(
         firmware_cycle: crate::claim::firmware_cycle(node).map(|h| h.to_string()),
         firmware_version: node::label(node, ttdrv_api::firmware::labels::FW_VERSION)
             .map(String::from),
+        firmware_first: crate::claim::firmware_first(node),
         ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from
@@ -177,7 +178,14 @@ pub fn observe<'p>(
         rec.is_some_and(|r| r.cordoned_by_us() && r.state != NodeState::Pending),
     )
     .or_else(|| obs.firmware_cycle.as_ref().map(|h| format!("held by {h}")));
-    let waits_on_firmware = crate::machine::firmware_too_old(&obs, p.desired).is_some();
+    let waits_on_firmware = crate::machine::firmware_too_old(&obs, p.desired).is_some()
+        || (rec.is_none_or(|r| r.state == NodeState::Pending)
+            && crate::machine::defers_to_firmware(
+                rec.is_some_and(NodeRecord::cordoned_by_us),
+                &obs,
+                p.desired,
+            )
+            .is_some());
     NodeView {
         obs,
         persisted,

@@ -24,6 +24,7 @@ pub(super) struct FirmwareMetrics {
     in_flight: Arc<Family>,
     drain_blocked: Arc<Family>,
     pods_evicted: Arc<Family>,
+    handed_over: Arc<Family>,
     errors: Arc<Family>,
     last_reconcile: Arc<Family>,
 }
@@ -77,6 +78,11 @@ impl FirmwareMetrics {
                 "Pods evicted to free a node for firmware flashing.",
                 &["cr"],
             ),
+            handed_over: f.counter(
+                "ttfw_cordons_handed_over_total",
+                "Flashes whose cordon was handed to a driver policy's swap (one cordon and drain for both).",
+                &["cr"],
+            ),
             errors: f.counter(
                 "ttfw_errors_total",
                 "Errors during firmware reconciliation, by reconcile stage.",
@@ -90,7 +96,7 @@ impl FirmwareMetrics {
         }
     }
 
-    fn all(&self) -> [&Arc<Family>; 10] {
+    fn all(&self) -> [&Arc<Family>; 11] {
         [
             &self.policy_nodes,
             &self.desired_version,
@@ -100,6 +106,7 @@ impl FirmwareMetrics {
             &self.in_flight,
             &self.drain_blocked,
             &self.pods_evicted,
+            &self.handed_over,
             &self.errors,
             &self.last_reconcile,
         ]
@@ -158,6 +165,7 @@ impl Metrics {
             fw.drain_blocked.touch(&[cr, r]);
         }
         fw.pods_evicted.touch(&[cr]);
+        fw.handed_over.touch(&[cr]);
         if ok {
             fw.last_reconcile.set(&[cr], super::now_unix_seconds());
         }
@@ -186,6 +194,11 @@ impl Metrics {
 
     pub fn inc_fw_evicted(&self, cr: &str, n: usize) {
         self.firmware.pods_evicted.add(&[cr], n as f64);
+    }
+
+    /// A flash handed its cordon to a driver policy's swap.
+    pub fn inc_fw_cordon_handed_over(&self, cr: &str) {
+        self.firmware.handed_over.add(&[cr], 1.0);
     }
 
     pub fn inc_fw_error(&self, cr: &str, stage: &str) {

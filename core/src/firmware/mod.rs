@@ -152,6 +152,10 @@ pub struct Observation {
     pub retry_token: Option<String>,
     /// The rollout granted this node a slot.
     pub slot: bool,
+    /// A driver policy waits for this node's flash to swap its module, and
+    /// takes a cordon handed over ([`crate::claim::handover_to`]): the
+    /// flash ends with the cordon handed to it instead of an uncordon.
+    pub driver_waiting: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,6 +200,10 @@ pub enum Command {
     /// and version).
     CreateJob,
     Uncordon,
+    /// Keep the cordon and hand it to this driver policy (its marks on the
+    /// node, ours removed): its swap follows under the same cordon and
+    /// drain, and its cycle uncordons.
+    HandOver(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -577,6 +585,22 @@ fn flashing(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
                 );
             }
             rec.current = after;
+            if rec.cordon == Cordon::Ours
+                && let Some(driver) = &obs.driver_waiting
+            {
+                let mut r = enter(
+                    &rec,
+                    Done,
+                    reason::CORDON_HANDED_OVER,
+                    Some(format!(
+                        "flashed; the cordon is handed to the driver policy {driver}, whose swap follows \
+                         under the same cordon and drain (its cycle uncordons the node)"
+                    )),
+                    now,
+                );
+                r.cordon = Cordon::None;
+                return stay(r, vec![Command::HandOver(driver.clone())]);
+            }
             if rec.cordon == Cordon::Ours {
                 let r = enter(&rec, Uncordoning, reason::UNCORDONING, None, now);
                 return stay(r, vec![Command::Uncordon]);

@@ -112,6 +112,8 @@ pub fn observe<'p>(
         job,
         retry_token: annotation(node, fw::RETRY).map(String::from),
         slot: false,
+        // The caller knows the driver policies ([`crate::claim::handover_to`]).
+        driver_waiting: None,
     };
     NodeView {
         obs,

@@ -595,3 +595,70 @@ fn a_firmware_that_needs_a_newer_driver_waits_for_it() {
     };
     assert_eq!(step(&new(), &there, &w).record.state, Cordoning);
 }
+
+#[test]
+fn a_flash_hands_its_cordon_to_a_waiting_driver_swap() {
+    let w = want();
+    let mut flashing = new();
+    flashing.state = Flashing;
+    flashing.cordon = Cordon::Ours;
+    flashing.job = Some("j".into());
+    let flashed = Observation {
+        unschedulable: true,
+        job: FlashJob::Succeeded {
+            name: "j".into(),
+            report: report(&["19.8.0.0", "19.8.0.0"]),
+        },
+        ..obs()
+    };
+    // Nobody waits: the flash uncordons, as always.
+    let s = step(&flashing, &flashed, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Uncordoning, &[Command::Uncordon][..])
+    );
+    // A driver swap waits: the cordon is handed over, never lifted.
+    let waiting = Observation {
+        driver_waiting: Some("fleet".into()),
+        ..flashed.clone()
+    };
+    let s = step(&flashing, &waiting, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Done, &[Command::HandOver("fleet".into())][..])
+    );
+    assert_eq!(s.record.reason.as_deref(), Some(reason::CORDON_HANDED_OVER));
+    assert_eq!(
+        s.record.cordon,
+        Cordon::None,
+        "the cordon is the driver's now"
+    );
+    assert_eq!(s.record.current.as_deref(), Some("19.8.0.0"));
+    assert!(!s.record.state.is_in_progress(), "the claim goes with it");
+    // Done stays Done: nothing is uncordoned behind the driver's back.
+    let again = step(&s.record, &waiting, &w);
+    assert!(again.commands.is_empty(), "{again:?}");
+
+    // A readback that does not match keeps the cordon: nothing to hand over.
+    let bad = Observation {
+        job: FlashJob::Succeeded {
+            name: "j".into(),
+            report: report(&["19.8.0.0", "19.7.0.0"]),
+        },
+        ..waiting.clone()
+    };
+    let s = step(&flashing, &bad, &w);
+    assert_eq!((s.record.state, s.commands.len()), (Failed, 0));
+    // A cordon that was never ours (drain disabled) is not handed over.
+    let mut uncordoned = flashing.clone();
+    uncordoned.cordon = Cordon::None;
+    let s = step(
+        &uncordoned,
+        &Observation {
+            unschedulable: false,
+            ..waiting
+        },
+        &w,
+    );
+    assert_eq!((s.record.state, s.commands.len()), (Done, 0));
+}

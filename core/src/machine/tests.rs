@@ -494,6 +494,7 @@ fn safety_properties_over_the_cross_product() {
                                     prepare_turn: b(7) && !b(2),
                                     firmware_cycle: (b(1) && b(4)).then(|| "fw".into()),
                                     firmware_version: None,
+                                    firmware_first: (b(2) && b(5)).then(|| "fw".into()),
                                 };
                                 for (paused, drain_enabled, refused, unmanage) in [
                                     (false, true, false),
@@ -1113,6 +1114,15 @@ fn vacate_properties(r: &NodeRecord, o: &Observation, w: &Desired, s: &Step, ctx
         if r.state == Draining {
             assert!(o.unschedulable, "unload only a cordoned node: {ctx}");
         }
+    }
+    if r.state == Pending && s.record.state == Cordoning && o.firmware_first.is_some() {
+        assert!(
+            !w.combine_with_firmware
+                || w.unmanage
+                || r.cordoned_by_us()
+                || (o.inherited_cordon && o.unschedulable),
+            "a swap never cordons on its own while a flash of the node waits its turn: {ctx}"
+        );
     }
     if r.state == Pending && o.host_managed && !r.cordoned_by_us() && !o.inherited_cordon {
         assert!(
@@ -1822,4 +1832,87 @@ fn a_module_that_needs_newer_firmware_waits_for_it() {
         ..old
     };
     assert_eq!(step(&rec, &there, &want).record.state, NodeState::Cordoning);
+}
+
+#[test]
+fn a_swap_waits_for_a_flash_due_and_takes_its_cordon() {
+    let due = Observation {
+        firmware_first: Some("fw".into()),
+        ..obs()
+    };
+    // A drained swap with a flash due: it waits (no slot asked), even with one.
+    let s = step(&rec(Pending), &due, &want());
+    assert_eq!((s.record.state, s.needs_slot), (Pending, false), "{s:?}");
+    assert_eq!(
+        s.record.reason.as_deref(),
+        Some(reason::WAITING_FOR_FIRMWARE)
+    );
+    assert!(s.commands.is_empty());
+    assert!(
+        s.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("fw"))
+    );
+    // Build-ahead goes on while it waits.
+    let building = Observation {
+        prepared: false,
+        ..due.clone()
+    };
+    let prep = Desired {
+        prepare: true,
+        ..want()
+    };
+    assert_eq!(
+        step(&rec(Pending), &building, &prep)
+            .record
+            .reason
+            .as_deref(),
+        Some(reason::PREPARING)
+    );
+    // Off (--combine-firmware-and-driver=false): the swap goes on its own.
+    let apart = Desired {
+        combine_with_firmware: false,
+        ..want()
+    };
+    assert_eq!(step(&rec(Pending), &due, &apart).record.state, Cordoning);
+    // Nothing to drain for: a first install and a restart keep going.
+    let first = Observation {
+        loaded: None,
+        ..due.clone()
+    };
+    assert_eq!(step(&rec(Pending), &first, &want()).record.state, Upgrading);
+    let same = Observation {
+        loaded: Some("2.8.0".into()),
+        ..due.clone()
+    };
+    assert_ne!(
+        step(&rec(Pending), &same, &want()).record.reason.as_deref(),
+        Some(reason::WAITING_FOR_FIRMWARE)
+    );
+
+    // The flash handed its cordon over: the swap takes it as its own (the
+    // cordon patch re-asserts it, idempotent), and its cycle ends uncordoned.
+    let handed = Observation {
+        unschedulable: true,
+        inherited_cordon: true,
+        firmware_first: None,
+        ..obs()
+    };
+    let s = step(&rec(Pending), &handed, &want());
+    assert_eq!(s.record.state, Cordoning);
+    assert_eq!(s.record.cordon, Cordon::Ours);
+    assert!(!s.commands.contains(&Command::Uncordon), "{s:?}");
+    let mut r = s.record.clone_with(Uncordoning);
+    r.since = 1000;
+    let s = step(
+        &r,
+        &Observation {
+            loaded: Some("2.8.0".into()),
+            installer: InstallerPod::Current { ready: true },
+            ..handed
+        },
+        &want(),
+    );
+    assert_eq!(s.commands, vec![Command::Uncordon]);
 }

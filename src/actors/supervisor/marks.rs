@@ -87,7 +87,10 @@ impl ReconcilePass {
             }
             let patch = serde_json::json!({ "metadata": {
                 "resourceVersion": node.metadata.resource_version,
-                "annotations": { labels::GO_CORDONED_BY: null, labels::GO_CORDONED_AT: null },
+                "annotations": labels::INHERITED_CORDON_MARKS
+                    .iter()
+                    .map(|k| (k.to_string(), serde_json::Value::Null))
+                    .collect::<serde_json::Map<_, _>>(),
             } });
             let action = "removing the Go operator's marks of a cordon that is gone";
             if self.mark(n, patch, action).await.is_err() {

@@ -124,6 +124,7 @@ impl ReconcilePass {
         let drain_exempt = ctx.config.drain_exempt_namespaces();
         let desired = Desired {
             refused: refused.is_some(),
+            combine_with_firmware: ctx.config.combine_firmware_and_driver,
             ..Desired::of(policy, ctx.config.upgrade_timeout_seconds)
         };
         // A refused policy starts no node (its installer would never come);
