@@ -153,8 +153,13 @@ impl Handler<Observe> for NodeActor {
                 // shows it. At rollout start that saves one patch per node (1000
                 // patches, and seconds before the first cordon, at 1000 nodes);
                 // the record is written with the cordon that starts the cycle.
+                // Except a node waiting for the firmware: the firmware policy
+                // reads that record to hand its cordon over
+                // ([`ttdrv_core::claim::handover_to`]).
                 let derivable = next.commands.is_empty()
                     && next.record.state == NodeState::Pending
+                    && next.record.reason.as_deref()
+                        != Some(ttdrv_core::reason::WAITING_FOR_FIRMWARE)
                     && prev.state == NodeState::Done
                     && msg
                         .persisted

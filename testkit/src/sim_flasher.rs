@@ -9,7 +9,8 @@
 //! [`DEFAULT_CARDS`]); [`FAULT_ANNOTATION`] injects a fault: `flash` (tt-flash
 //! fails, the cards keep their version), `readback` (the first card is
 //! written, the others are not: a readback mismatch), `hang` (never finishes:
-//! the Job's deadline ends it).
+//! the Job's deadline ends it). [`HOLD_ANNOTATION`] holds a flash until it is
+//! removed, so a test can line other things up behind a flash in progress.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -25,6 +26,7 @@ use ttdrv_api::firmware::{labels as fw, reason};
 
 pub const CARDS_ANNOTATION: &str = "sim.ttdrv.io/fw-cards";
 pub const FAULT_ANNOTATION: &str = "sim.ttdrv.io/fw-fault";
+pub const HOLD_ANNOTATION: &str = "sim.ttdrv.io/fw-hold";
 pub const DEFAULT_CARDS: &str = "19.7.0.0,19.7.0.0";
 
 /// Runs until the process ends, beside the simulated agent.
@@ -65,6 +67,14 @@ pub async fn run(client: Client, namespace: String, work: Duration) {
         let client = client.clone();
         tokio::spawn(async move {
             tokio::time::sleep(work).await;
+            let nodes: Api<Node> = Api::all(client.clone());
+            while nodes.get(&node).await.is_ok_and(|n| {
+                n.metadata
+                    .annotations
+                    .is_some_and(|a| a.contains_key(HOLD_ANNOTATION))
+            }) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             if let Err(e) = flash(&client, &pod, &node).await {
                 tracing::warn!(error = %e, node, "sim-flasher gave up on a pod");
             }
