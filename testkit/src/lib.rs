@@ -55,7 +55,24 @@ pub async fn client() -> Client {
 
 /// Polls `check` until it returns `Ok`, or panics after `timeout` with what was
 /// expected and what was last seen.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    match wait_for_result(what, timeout, check).await {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// As [`wait_for`], but a timeout is an `Err` saying what was expected and
+/// what was last seen (for a caller that records it and goes on).
+pub async fn wait_for_result<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut check: F,
+) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
@@ -64,12 +81,14 @@ where
     let mut last = String::from("(not checked yet)");
     while start.elapsed() < timeout {
         match check().await {
-            Ok(v) => return v,
+            Ok(v) => return Ok(v),
             Err(seen) => last = seen,
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    panic!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+    Err(format!(
+        "timed out after {timeout:?} waiting for {what}; last seen: {last}"
+    ))
 }
 
 /// One test's slice of the shared cluster.

@@ -37,6 +37,10 @@ struct NodeSeen {
     kmd: Option<String>,
     /// Matched by the policy: not moved out of its selector, not skip-labelled.
     in_policy: bool,
+    /// A firmware cycle has the node (our firmware record mid-cycle).
+    fw_cycle: bool,
+    /// A driver cycle has the node (its record mid-cycle, or its go-ahead).
+    driver_cycle: bool,
 }
 
 #[derive(Debug, Default)]
@@ -241,7 +245,25 @@ impl Invariants {
                 counted.len()
             ));
         }
+        // One disruption at a time, and the firmware policy's own cap
+        // (`maxParallel` is MAX_UNAVAILABLE in the firmware trials).
+        let in_fw: Vec<&String> = nodes
+            .iter()
+            .filter(|(_, n)| n.fw_cycle)
+            .map(|(k, _)| k)
+            .collect();
+        if in_fw.len() > MAX_UNAVAILABLE {
+            self.violation(format!(
+                "{} nodes in firmware cycles (maxParallel {MAX_UNAVAILABLE}) at rv {rv}: {in_fw:?}",
+                in_fw.len()
+            ));
+        }
         for (name, n) in nodes {
+            if n.fw_cycle && n.driver_cycle {
+                self.violation(format!(
+                    "node {name} is in a firmware cycle and a driver cycle at once at rv {rv}"
+                ));
+            }
             if admin.contains(name) && !n.unschedulable {
                 self.violation(format!(
                     "admin-cordoned node {name} was uncordoned at rv {rv}"
@@ -386,6 +408,8 @@ fn seen(n: &Node) -> NodeSeen {
                 && !l.contains_key(labels::SKIP)
                 && l.get(crate::OUT_LABEL).map(String::as_str) != Some(crate::OUT_VALUE)
         },
+        fw_cycle: ttdrv_core::claim::firmware_record(n).is_some_and(|r| r.state.is_in_progress()),
+        driver_cycle: ttdrv_core::claim::driver_cycle(n).is_some(),
         unschedulable: unschedulable(n),
         gate: n
             .metadata

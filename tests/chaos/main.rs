@@ -29,6 +29,7 @@ mod common;
 mod apiserver;
 mod controller;
 mod faults;
+mod firmware;
 mod fleet;
 mod invariants;
 mod proxy;

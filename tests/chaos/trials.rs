@@ -50,11 +50,15 @@ pub(crate) enum Kind {
     /// Kills, plus a node moved out of the policy (out of its selector, or
     /// skip-labelled) and back, once or twice.
     Relabel,
+    /// Kills, plus a firmware policy created at the version bump (a combined
+    /// wave), one node's flash failing and retried, and a kill as a node is
+    /// Flashing ([`crate::firmware`]).
+    FirmwareWave,
 }
 
 /// The order a run cycles through (new kinds are appended, so the first
 /// trials of a run keep their kinds).
-pub(crate) const KINDS: [Kind; 11] = [
+pub(crate) const KINDS: [Kind; 12] = [
     Kind::Kills,
     Kind::DeleteDraining,
     Kind::VersionChange,
@@ -66,6 +70,7 @@ pub(crate) const KINDS: [Kind; 11] = [
     Kind::FleetNotReady,
     Kind::InstallerPodDeleted,
     Kind::Relabel,
+    Kind::FirmwareWave,
 ];
 
 impl Kind {
@@ -82,6 +87,7 @@ impl Kind {
             Kind::FleetNotReady => "fleet-not-ready",
             Kind::InstallerPodDeleted => "installer-pod-deleted",
             Kind::Relabel => "relabel",
+            Kind::FirmwareWave => "firmware-wave",
         }
     }
 
@@ -90,7 +96,11 @@ impl Kind {
     pub(crate) fn requires_done(self) -> bool {
         matches!(
             self,
-            Kind::NotReadyFlap | Kind::FleetNotReady | Kind::InstallerPodDeleted | Kind::Relabel
+            Kind::NotReadyFlap
+                | Kind::FleetNotReady
+                | Kind::InstallerPodDeleted
+                | Kind::Relabel
+                | Kind::FirmwareWave
         )
     }
     pub(crate) fn parse(s: &str) -> Option<Kind> {
@@ -205,6 +215,15 @@ pub(crate) async fn trial(
     if kind == Kind::LeaderHandover {
         // A leader and a standby sharing one Lease.
         ctl.lock().await.replace_all(env, true, 2);
+    }
+    // Drawn here for every kind (after the older kinds' draws below would
+    // change their seeds' schedules, so it is drawn from its own stream).
+    let fw_faults =
+        crate::firmware::FirmwareFaults::draw(&mut StdRng::seed_from_u64(seed ^ 0xF1A5));
+    let mut fw_victim = None;
+    if kind == Kind::FirmwareWave {
+        let admin = inv.lock().admin.clone();
+        fw_victim = Some(crate::firmware::start(env, index, &admin, &fw_faults).await);
     }
     set_spec(
         env,
@@ -374,6 +393,10 @@ pub(crate) async fn trial(
         Kind::Relabel => {
             faults.extend(crate::faults::relabel(env, &target, &schedule.relabels).await);
         }
+        Kind::FirmwareWave => {
+            let victim = fw_victim.clone().unwrap_or_default();
+            faults.extend(crate::firmware::faults(env, ctl, &victim, &fw_faults).await);
+        }
     }
     let kill_log = kills_task.await.unwrap_or_default();
     faults.extend(kill_log);
@@ -411,6 +434,9 @@ pub(crate) async fn trial(
             );
             if kind == Kind::Relabel {
                 back_in_policy(&nodes, policy, inv);
+            }
+            if kind == Kind::FirmwareWave {
+                faults.extend(crate::firmware::finish(env, index, &admin, inv).await);
             }
         }
         Err(e) => {
