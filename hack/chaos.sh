@@ -11,9 +11,9 @@
 # CHAOS_CLUSTER names another one, KWOK_WORKDIR (read by hack/cluster.sh) moves
 # its kwok work directory: two runs side by side need both.
 #
-#   bash hack/chaos.sh                       # 22 trials, two of each of the 11 kinds (~10 min on 2 cores)
-#   CHAOS_TRIALS=11 bash hack/chaos.sh       # one of each kind (make test)
-#   CHAOS_TRIALS=66 bash hack/chaos.sh       # long variant (six of each kind)
+#   bash hack/chaos.sh                       # 24 trials, two of each of the 12 kinds (~11 min on 2 cores)
+#   CHAOS_TRIALS=12 bash hack/chaos.sh       # one of each kind (make test)
+#   CHAOS_TRIALS=72 bash hack/chaos.sh       # long variant (six of each kind)
 #   CHAOS_SEED=<seed> CHAOS_KIND=<kind> bash hack/chaos.sh   # replay one trial
 #   CHAOS_KIND=<kind>[,<kind>...] CHAOS_TRIALS=<n> bash hack/chaos.sh chaos_rollouts
 #                                            # n trials cycling through these kinds only
@@ -32,7 +32,7 @@ if [ "$TTDRV_CLUSTER_NAME" = "ttdrv" ]; then
   echo "refusing to run chaos on the shared test cluster 'ttdrv'" >&2
   exit 2
 fi
-export CHAOS_TRIALS=${CHAOS_TRIALS:-22}
+export CHAOS_TRIALS=${CHAOS_TRIALS:-24}
 target=${CARGO_TARGET_DIR:-$repo/target}
 export CHAOS_SUMMARY=${CHAOS_SUMMARY:-$target/chaos-summary.txt}
 mkdir -p "$(dirname "$CHAOS_SUMMARY")"

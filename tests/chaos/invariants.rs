@@ -39,6 +39,9 @@ struct NodeSeen {
     in_policy: bool,
     /// A firmware cycle has the node (our firmware record mid-cycle).
     fw_cycle: bool,
+    /// A firmware cycle holds the node: mid-cycle, or its cordon kept (a
+    /// failed flash). Its cordon is not the driver's to undo.
+    fw_holds: bool,
     /// A driver cycle has the node (its record mid-cycle, or its go-ahead).
     driver_cycle: bool,
 }
@@ -275,7 +278,7 @@ impl Invariants {
                         "node {name} is Done with deploy gate {GATE}=false at rv {rv}"
                     ));
                 }
-                if n.unschedulable && !admin.contains(name) {
+                if n.unschedulable && !admin.contains(name) && !n.fw_holds {
                     self.violation(format!("node {name} is Done but unschedulable at rv {rv}"));
                 }
             }
@@ -410,6 +413,7 @@ fn seen(n: &Node) -> NodeSeen {
         },
         fw_cycle: ttdrv_core::claim::firmware_record(n).is_some_and(|r| r.state.is_in_progress()),
         driver_cycle: ttdrv_core::claim::driver_cycle(n).is_some(),
+        fw_holds: ttdrv_core::claim::firmware_cycle(n).is_some(),
         unschedulable: unschedulable(n),
         gate: n
             .metadata
