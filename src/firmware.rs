@@ -34,7 +34,7 @@ use ttdrv_core::firmware::{Command, Desired, FwRecord, Step, step, takeover};
 use ttdrv_core::rollout::{Candidate, Limits, plan};
 
 use crate::actors::{Evict, Evictor, Labeler, PatchNode};
-use crate::claims::Holder;
+use crate::claims::{Budget, Holder, Refused};
 use crate::context::Context;
 
 /// The firmware policies and the flash Jobs, as their watches keep them.
@@ -419,12 +419,21 @@ impl Pass {
                 .collect()
         };
         held.extend(granted.iter().cloned());
+        let budget = Budget {
+            fleet: candidates.iter().map(|c| c.name.clone()).collect(),
+            cap: limits.max_unavailable,
+            out: candidates
+                .iter()
+                .filter(|c| c.in_progress || c.unavailable || c.failed)
+                .map(|c| c.name.clone())
+                .collect(),
+        };
 
         let mut statuses: Vec<FirmwareNodeStatus> = vec![];
         for mut s in owned {
             let node_name = s.node.metadata.name.clone().unwrap_or_default();
             s.view.obs.slot = granted.contains(&node_name);
-            let next = self.step_node(p, &desired, &mut s, memory).await;
+            let next = self.step_node(p, &desired, &mut s, &budget, memory).await;
             if !next.occupies_slot()
                 && let Some(h) = memory.held.get_mut(&name)
                 && !(next.state == FirmwareNodeState::Pending && s.view.obs.slot)
@@ -482,6 +491,7 @@ impl Pass {
         p: &TenstorrentFirmwarePolicy,
         desired: &Desired,
         s: &mut Seen,
+        budget: &Budget,
         memory: &mut Memory,
     ) -> FwRecord {
         let ctx = &self.ctx;
@@ -489,12 +499,25 @@ impl Pass {
         let node = s.node.metadata.name.clone().unwrap_or_default();
         let holder = Holder::Firmware(policy.clone());
         let mut next = step(&s.prev, &s.view.obs, desired);
-        if !s.prev.state.is_in_progress()
-            && next.record.state.is_in_progress()
-            && let Err(other) = ctx.claims.take(&node, holder.clone())
-        {
-            s.view.obs.driver_cycle = Some(other.to_string());
-            next = step(&s.prev, &s.view.obs, desired);
+        if !s.prev.state.is_in_progress() && next.record.state.is_in_progress() {
+            match ctx.claims.take_within(&node, holder.clone(), Some(budget)) {
+                Ok(()) => {}
+                Err(Refused::Held(other)) => {
+                    s.view.obs.driver_cycle = Some(other.to_string());
+                    next = step(&s.prev, &s.view.obs, desired);
+                }
+                Err(Refused::OverBudget { out, cap }) => {
+                    tracing::info!(
+                        policy,
+                        node,
+                        out,
+                        cap,
+                        "flash cycle start deferred: a cycle started since the plan took the last place"
+                    );
+                    s.view.obs.slot = false;
+                    next = step(&s.prev, &s.view.obs, desired);
+                }
+            }
         }
         let written = next.record != s.prev
             || !next.commands.is_empty()

@@ -16,7 +16,7 @@ use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, step};
 use ttdrv_core::reason;
 
 use super::{Evict, PatchNode, ReleaseSlot, ReplaceInstallerPod};
-use crate::claims::Holder;
+use crate::claims::{Holder, Refused};
 use crate::context::Context;
 use crate::node_patch::record_patch;
 use crate::{Error, Result};
@@ -59,6 +59,16 @@ impl NodeActor {
 
 impl Actor for NodeActor {
     type Context = actix::Context<Self>;
+
+    /// The node left the policy (or the policy went) while this actor may
+    /// hold its claim: give it back, or no firmware cycle could start there
+    /// until a restart. A record still mid-cycle on the Node keeps the
+    /// firmware away all the same ([`ttdrv_core::claim::driver_cycle`]).
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.ctx
+            .claims
+            .release(&self.node, &Holder::Driver(self.policy.clone()));
+    }
 }
 
 impl Supervised for NodeActor {
@@ -98,6 +108,9 @@ pub struct Observe {
     /// Pods the drain leaves in place, with why (reported when the drain ends).
     pub skipped: Vec<String>,
     pub gates: Vec<String>,
+    /// The budget a start that takes the node out of service is checked
+    /// against when it takes the node's claim.
+    pub budget: Arc<crate::claims::Budget>,
 }
 
 impl Handler<Observe> for NodeActor {
@@ -123,12 +136,30 @@ impl Handler<Observe> for NodeActor {
             // One disruption at a time: a cycle starts only with the node's
             // claim, taken in the same instant as the decision; a firmware
             // cycle that took it first makes this step a wait.
+            // A start that takes the node out of service is checked against
+            // the budget in the same instant: a firmware cycle started since
+            // the plan may have taken the last place.
             let holder = Holder::Driver(policy_name.clone());
-            if starts_cycle(&prev, &next.record)
-                && let Err(other) = ctx.claims.take(&node, holder.clone())
-            {
-                obs.firmware_cycle = Some(other.to_string());
-                next = step(&prev, &obs, &msg.desired);
+            if starts_cycle(&prev, &next.record) {
+                let budget = Some(msg.budget.as_ref()).filter(|_| next.record.occupies_slot());
+                match ctx.claims.take_within(&node, holder.clone(), budget) {
+                    Ok(()) => {}
+                    Err(Refused::Held(other)) => {
+                        obs.firmware_cycle = Some(other.to_string());
+                        next = step(&prev, &obs, &msg.desired);
+                    }
+                    Err(Refused::OverBudget { out, cap }) => {
+                        tracing::info!(
+                            policy = policy_name,
+                            node,
+                            out,
+                            cap,
+                            "cycle start deferred: a cycle started since the plan took the last place"
+                        );
+                        obs.slot = false;
+                        next = step(&prev, &obs, &msg.desired);
+                    }
+                }
             }
             let mut deleted = None;
             let mut hop = 0;

@@ -53,11 +53,19 @@ impl RolloutActor {
 ///
 /// [`Observation::slot`]: ttdrv_core::machine::Observation::slot
 #[derive(Message, Debug, Clone)]
-#[rtype(result = "Plan")]
+#[rtype(result = "RolloutPlan")]
 pub struct PlanRollout {
     pub replace: bool,
     pub updates: Vec<Candidate>,
     pub limits: Limits,
+}
+
+/// The plan, and the budget a start it granted is checked against at the
+/// instant it takes its claim ([`crate::claims::Budget`]).
+#[derive(Debug, Clone)]
+pub struct RolloutPlan {
+    pub plan: Plan,
+    pub budget: std::sync::Arc<crate::claims::Budget>,
 }
 
 impl Handler<PlanRollout> for RolloutActor {
@@ -102,7 +110,20 @@ impl Handler<PlanRollout> for RolloutActor {
             );
         }
         self.last = p.clone();
-        MessageResult(p)
+        let budget = crate::claims::Budget {
+            fleet: self.candidates.keys().cloned().collect(),
+            cap: self.limits.max_unavailable,
+            out: self
+                .candidates
+                .values()
+                .filter(|c| c.in_progress || c.unavailable || c.failed)
+                .map(|c| c.name.clone())
+                .collect(),
+        };
+        MessageResult(RolloutPlan {
+            plan: p,
+            budget: std::sync::Arc::new(budget),
+        })
     }
 }
 
@@ -158,27 +179,48 @@ mod tests {
             c("b", true, false),
             c("c", true, false),
         ];
-        let p = actor.send(facts(true, all)).await.expect("plan");
+        let p = actor.send(facts(true, all)).await.expect("plan").plan;
         assert!(p.granted.is_empty(), "a holds the only slot: {p:?}");
         // A pass that looked at c only must not forget that a holds the slot.
         let p = actor
             .send(facts(false, vec![c("c", true, false)]))
             .await
-            .expect("plan");
+            .expect("plan")
+            .plan;
         assert!(p.granted.is_empty(), "{p:?}");
         assert_eq!(p.unavailable, 1);
         // a reaches Done: the slot goes to b, in name order.
         let p = actor
             .send(facts(false, vec![c("a", false, false)]))
             .await
-            .expect("plan");
+            .expect("plan")
+            .plan;
         assert_eq!(p.granted, ["b"]);
         // A full pass replaces what was known: a node no longer owned is gone.
         let p = actor
             .send(facts(true, vec![c("c", true, false)]))
             .await
-            .expect("plan");
+            .expect("plan")
+            .plan;
         assert_eq!(p.granted, ["c"]);
+    }
+
+    #[actix::test]
+    async fn the_plan_comes_with_the_budget_its_starts_are_checked_against() {
+        let actor = RolloutActor::default().start();
+        let mut down = c("b", true, false);
+        down.unavailable = true;
+        let p = actor
+            .send(facts(
+                true,
+                vec![c("a", false, true), down, c("c", true, false)],
+            ))
+            .await
+            .expect("plan");
+        assert_eq!(p.budget.cap, 1);
+        assert_eq!(p.budget.fleet.len(), 3);
+        let out: Vec<&str> = p.budget.out.iter().map(String::as_str).collect();
+        assert_eq!(out, ["a", "b"], "ours in a cycle and the unavailable one");
     }
 
     #[actix::test]
@@ -186,21 +228,30 @@ mod tests {
         let actor = RolloutActor::default().start();
         // Five nodes, so that one NotReady stays under the fleet brake.
         let all = ["a", "b", "c", "d", "e"].map(|n| c(n, true, false));
-        let p = actor.send(facts(true, all.to_vec())).await.expect("plan");
+        let p = actor
+            .send(facts(true, all.to_vec()))
+            .await
+            .expect("plan")
+            .plan;
         assert_eq!(p.granted, ["a"]);
         // A second plan before a's step shows: a still holds the only slot,
         // b gets nothing (the budget is not offered twice).
         let p = actor
             .send(facts(false, vec![c("b", true, false)]))
             .await
-            .expect("plan");
+            .expect("plan")
+            .plan;
         assert_eq!(p.granted, ["a"], "the holder is granted again, nobody else");
         assert_eq!(p.in_progress, 1);
         // a turns NotReady before it cordons: its hold ends (a NotReady node
         // never waits on a slot) and it is granted nothing.
         let mut down = c("a", true, false);
         down.ready = false;
-        let p = actor.send(facts(false, vec![down])).await.expect("plan");
+        let p = actor
+            .send(facts(false, vec![down]))
+            .await
+            .expect("plan")
+            .plan;
         assert!(!p.granted.contains(&"a".to_string()), "{p:?}");
         // ... and b, next in line, gets the slot a no longer holds.
         assert_eq!(p.granted, ["b"]);
@@ -212,7 +263,8 @@ mod tests {
         let p = actor
             .send(facts(false, vec![c("a", true, false)]))
             .await
-            .expect("plan");
+            .expect("plan")
+            .plan;
         assert!(p.granted.is_empty(), "b mid-cycle holds the slot: {p:?}");
         actor
             .send(ReleaseSlot { node: "b".into() })
@@ -221,7 +273,8 @@ mod tests {
         let p = actor
             .send(facts(false, vec![c("b", false, false)]))
             .await
-            .expect("plan");
+            .expect("plan")
+            .plan;
         assert_eq!(p.granted, ["a"], "given back: a may go");
     }
 
@@ -231,7 +284,8 @@ mod tests {
         let p = actor
             .send(facts(true, vec![c("a", true, false), c("b", true, false)]))
             .await
-            .expect("plan");
+            .expect("plan")
+            .plan;
         assert_eq!(p.granted, ["a"]);
         // a's step did not cordon (say its module was already the target):
         // it gives the slot back and its facts no longer ask for one.
@@ -242,7 +296,8 @@ mod tests {
         let p = actor
             .send(facts(false, vec![c("a", false, false)]))
             .await
-            .expect("plan");
+            .expect("plan")
+            .plan;
         assert_eq!(p.granted, ["b"]);
     }
 
@@ -252,13 +307,15 @@ mod tests {
         let p = actor
             .send(facts(true, vec![c("a", true, false), c("b", true, false)]))
             .await
-            .expect("plan");
+            .expect("plan")
+            .plan;
         assert_eq!(p.granted, ["a"]);
         // a finished (Done) but its ReleaseSlot never came.
         let p = actor
             .send(facts(false, vec![c("a", false, false)]))
             .await
-            .expect("plan");
+            .expect("plan")
+            .plan;
         assert_eq!(p.granted, ["b"]);
     }
 }

@@ -117,6 +117,11 @@ fn obs(loaded: &str) -> Observation {
 
 fn observe(obs: Observation, persisted: Option<NodeRecord>, evict: &[&str]) -> Observe {
     Observe {
+        // Room for any start: the budget itself is tested in crate::claims.
+        budget: std::sync::Arc::new(crate::claims::Budget {
+            cap: usize::MAX,
+            ..Default::default()
+        }),
         policy: policy(),
         obs,
         desired: desired(),

@@ -183,9 +183,10 @@ impl ReconcilePass {
         let mut replace = self.full;
         let mut stepped: HashSet<String> = HashSet::new();
         let mut plan;
+        let mut budget;
         let mut round = 0;
         loop {
-            plan = self
+            let planned = self
                 .rollout
                 .send(PlanRollout {
                     replace,
@@ -193,6 +194,8 @@ impl ReconcilePass {
                     limits,
                 })
                 .await?;
+            plan = planned.plan;
+            budget = planned.budget;
             replace = false;
             // Nodes the plan lets ask for a slot: observed with their drain plan
             // (they may cordon and enter Draining within one step). Those not
@@ -243,6 +246,7 @@ impl ReconcilePass {
                     installer_pod: v.installer_pod,
                     skipped: v.skipped,
                     gates: gates.clone(),
+                    budget: budget.clone(),
                 };
                 let addr = addr.clone();
                 calls.push(async move { (n, facts, addr.send(msg).await) });
