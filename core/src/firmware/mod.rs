@@ -522,11 +522,23 @@ fn draining(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     )
 }
 
-fn flashing(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
-    use FirmwareNodeState::*;
-    let now = obs.now;
+fn flashing(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     let retry = ". The node keeps its cordon (the cards may be half-written) and the rollout halts; \
                  retry with `kubectl tt fw retry <policy> <node>`";
+    // Uncordoned mid-flash (by hand, or another tool): cordon again at once,
+    // so nothing new lands on a node whose cards are being written. The flash
+    // itself goes on; its outcome is read as usual.
+    let recordon = rec.cordon == Cordon::Ours && !obs.unschedulable;
+    let mut next = flash_outcome(rec, obs, want, retry);
+    if recordon && next.record.cordon == Cordon::Ours && !next.commands.contains(&Command::Uncordon) {
+        next.commands.insert(0, Command::Cordon);
+    }
+    next
+}
+
+fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &str) -> Step {
+    use FirmwareNodeState::*;
+    let now = obs.now;
     match &obs.job {
         FlashJob::Missing => match rec.job.clone() {
             // Created by this step's command, not in the cache yet.

@@ -662,3 +662,54 @@ fn a_flash_hands_its_cordon_to_a_waiting_driver_swap() {
     );
     assert_eq!((s.record.state, s.commands.len()), (Done, 0));
 }
+
+#[test]
+fn a_node_uncordoned_mid_flash_is_cordoned_again() {
+    let w = want();
+    let mut flashing = new();
+    flashing.state = Flashing;
+    flashing.cordon = Cordon::Ours;
+    flashing.job = Some("j".into());
+    let running = Observation {
+        unschedulable: false,
+        job: FlashJob::Running {
+            name: "j".into(),
+            image_pull_failed: false,
+        },
+        ..obs()
+    };
+    let s = step(&flashing, &running, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Flashing, &[Command::Cordon][..])
+    );
+    assert_eq!(s.record.cordon, Cordon::Ours, "still ours to undo");
+    // Cordoned: nothing to do while the flash runs.
+    let s = step(
+        &flashing,
+        &Observation {
+            unschedulable: true,
+            ..running.clone()
+        },
+        &w,
+    );
+    assert!(s.commands.is_empty(), "{s:?}");
+    // A flash that fails while uncordoned: cordoned again, kept for a person.
+    let failed = Observation {
+        job: FlashJob::Failed {
+            name: "j".into(),
+            report: None,
+            deadline: false,
+        },
+        ..running.clone()
+    };
+    let s = step(&flashing, &failed, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Failed, &[Command::Cordon][..])
+    );
+    // Without a cordon of ours (drain disabled) nothing is cordoned.
+    let mut bare = flashing.clone();
+    bare.cordon = Cordon::None;
+    assert!(step(&bare, &running, &w).commands.is_empty());
+}
