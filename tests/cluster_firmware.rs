@@ -960,3 +960,88 @@ async fn with_combining_off_each_policy_cordons_and_drains_on_its_own() {
         "(cordons, pods) per node: {apart:?}"
     );
 }
+
+#[tokio::test]
+#[ignore = "needs the test cluster: make cluster-up"]
+async fn a_policy_recreated_mid_flash_never_flashes_the_node_blindly_again() {
+    let (env, ns, nodes, _agent) = sim_fleet("fw-again", 1).await;
+    ensure_crd(&env.client).await;
+    let _ctl = controller(&env, &ns);
+    let node = &nodes[0];
+    let policy = env.name("fw");
+    env.annotate_node(node, ttdrv_testkit::sim_flasher::FAULT_ANNOTATION, Some("hang"))
+        .await;
+    create_firmware_policy(&env, &policy, json!({})).await;
+    wait_fw(&env, &policy, &nodes, FirmwareNodeState::Flashing, None).await;
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), &ns);
+    let lp = kube::api::ListParams::default().labels(&format!("{}={policy}", fw::JOB_POLICY));
+    let first: Vec<String> = jobs
+        .list(&lp)
+        .await
+        .expect("jobs")
+        .items
+        .into_iter()
+        .filter_map(|j| j.metadata.name)
+        .collect();
+    assert_eq!(first.len(), 1, "{first:?}");
+    // The policy goes mid-flash (its Job with it, garbage-collected), and
+    // comes back under the same name; the cards would now flash fine.
+    firmware_api(&env)
+        .delete(&policy, &DeleteParams::default())
+        .await
+        .expect("deleted");
+    wait_for("the flash Job garbage-collected", T, || async {
+        let left = jobs.list(&lp).await.map_err(|e| e.to_string())?.items;
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} left", left.len()))
+        }
+    })
+    .await;
+    env.annotate_node(node, ttdrv_testkit::sim_flasher::FAULT_ANNOTATION, None)
+        .await;
+    create_firmware_policy(&env, &policy, json!({})).await;
+    // Whether the cards were written is unknown: Failed, cordon kept, and
+    // no Job created by itself.
+    wait_fw(
+        &env,
+        &policy,
+        &nodes,
+        FirmwareNodeState::Failed,
+        Some("FlashJobFailed"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let st = firmware_status(&env, &policy).await;
+    assert_eq!(st.nodes[0].state, FirmwareNodeState::Failed, "{st:?}");
+    assert!(
+        st.nodes[0]
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("vanished")),
+        "{st:?}"
+    );
+    assert!(unschedulable(&env.get_node(node).await), "the cordon was lifted");
+    assert!(
+        jobs.list(&lp).await.expect("jobs").items.is_empty(),
+        "a flash Job was created without a retry"
+    );
+    // A person retries: a Job of its own, and the node is flashed.
+    env.annotate_node(node, fw::RETRY, Some("1")).await;
+    wait_fw(&env, &policy, &nodes, FirmwareNodeState::Done, None).await;
+    assert_flashed(&env, &nodes, &policy).await;
+    let names: Vec<String> = jobs
+        .list(&lp)
+        .await
+        .expect("jobs")
+        .items
+        .into_iter()
+        .filter_map(|j| j.metadata.name)
+        .collect();
+    assert!(
+        names.len() == 1 && !first.contains(&names[0]),
+        "the retry's Job is a new one: {names:?} (first {first:?})"
+    );
+    env.teardown().await;
+}
