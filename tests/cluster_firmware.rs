@@ -969,8 +969,12 @@ async fn a_policy_recreated_mid_flash_never_flashes_the_node_blindly_again() {
     let _ctl = controller(&env, &ns);
     let node = &nodes[0];
     let policy = env.name("fw");
-    env.annotate_node(node, ttdrv_testkit::sim_flasher::FAULT_ANNOTATION, Some("hang"))
-        .await;
+    env.annotate_node(
+        node,
+        ttdrv_testkit::sim_flasher::FAULT_ANNOTATION,
+        Some("hang"),
+    )
+    .await;
     create_firmware_policy(&env, &policy, json!({})).await;
     wait_fw(&env, &policy, &nodes, FirmwareNodeState::Flashing, None).await;
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), &ns);
@@ -1022,7 +1026,10 @@ async fn a_policy_recreated_mid_flash_never_flashes_the_node_blindly_again() {
             .is_some_and(|m| m.contains("vanished")),
         "{st:?}"
     );
-    assert!(unschedulable(&env.get_node(node).await), "the cordon was lifted");
+    assert!(
+        unschedulable(&env.get_node(node).await),
+        "the cordon was lifted"
+    );
     assert!(
         jobs.list(&lp).await.expect("jobs").items.is_empty(),
         "a flash Job was created without a retry"

@@ -87,6 +87,17 @@ pub struct TenstorrentFirmwarePolicySpec {
     }]))]
     pub bundle_url: Option<String>,
 
+    /// The bundle's SHA-256 (64 lowercase hex digits). Set, the flash Job
+    /// refuses a download with any other digest before a card is touched
+    /// (reason BundleChecksumMismatch). Ours; the Go operator had none.
+    #[serde(
+        default,
+        rename = "bundleSHA256",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(extend("pattern" = "^[0-9a-f]{64}$"))]
+    pub bundle_sha256: Option<String>,
+
     /// Nodes this policy flashes (standard LabelSelector; `{}` matches all),
     /// always ANDed with the Tenstorrent PCI label and the absence of
     /// `firmware.tenstorrent.com/skip=true`.
@@ -462,12 +473,15 @@ pub mod reason {
     pub const TAKEN_OVER: &str = "TakenOver";
     /// The node's tt-kmd is older than `spec.minDriverVersion`.
     pub const WAITING_FOR_DRIVER_VERSION: &str = "WaitingForDriverVersion";
+    /// The downloaded bundle's SHA-256 is not `spec.bundleSHA256`: nothing
+    /// was written to the cards.
+    pub const BUNDLE_CHECKSUM_MISMATCH: &str = "BundleChecksumMismatch";
     /// Flashed, and the cordon handed to the driver policy waiting for the
     /// node: its swap follows under the same cordon and drain.
     pub const CORDON_HANDED_OVER: &str = "CordonHandedOver";
 
     /// Every reason, for the docs drift test.
-    pub const ALL: [&str; 23] = [
+    pub const ALL: [&str; 24] = [
         FLASHING,
         FLASH_SUCCEEDED,
         FLASH_JOB_FAILED,
@@ -491,6 +505,7 @@ pub mod reason {
         TAKEN_OVER,
         WAITING_FOR_DRIVER_VERSION,
         CORDON_HANDED_OVER,
+        BUNDLE_CHECKSUM_MISMATCH,
     ];
 }
 
@@ -548,6 +563,8 @@ pub mod flasher {
     pub const ENV_HOMOGENIZE: &str = "TT_HOMOGENIZE_FIRMWARE_VERSIONS";
     /// The bundle URL (the init container's input).
     pub const ENV_BUNDLE_URL: &str = "TT_FW_BUNDLE_URL";
+    /// The SHA-256 the downloaded bundle must have (`spec.bundleSHA256`).
+    pub const ENV_BUNDLE_SHA256: &str = "TT_FW_BUNDLE_SHA256";
     /// Set to a directory: the flasher acts on a simulated host there (the
     /// test module's sysfs and a fake tt-smi/tt-flash), never on hardware.
     pub const ENV_SIMULATE: &str = "TTDRV_FLASH_SIMULATE";

@@ -7,6 +7,33 @@ use serde_json::Value;
 
 const BLOCK: usize = 512;
 
+/// Checks that the file at `path` has the SHA-256 `want` (hex, any case).
+pub fn check_sha256(path: &std::path::Path, want: &str) -> Result<(), String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| format!("cannot read the bundle {}: {e}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| format!("cannot read the bundle {}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let got: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    if got.eq_ignore_ascii_case(want.trim()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the downloaded bundle's SHA-256 is {got}, not spec.bundleSHA256 {want}: refused, nothing was flashed"
+        ))
+    }
+}
+
 fn field(bytes: &[u8]) -> &[u8] {
     let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
     &bytes[..end]
@@ -69,6 +96,21 @@ pub fn with_manifest(version: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bundle_is_checked_against_its_sha256() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("b.fwbundle");
+        std::fs::write(&path, b"abc").expect("write");
+        // sha256("abc")
+        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(check_sha256(&path, abc), Ok(()));
+        assert_eq!(check_sha256(&path, &abc.to_uppercase()), Ok(()));
+        let wrong = "0".repeat(64);
+        let e = check_sha256(&path, &wrong).expect_err("a wrong sum");
+        assert!(e.contains(abc) && e.contains(&wrong), "{e}");
+        assert!(check_sha256(&dir.path().join("missing"), abc).is_err());
+    }
 
     #[test]
     fn round_trip() {

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use ttdrv_api::firmware::flasher::{self, Report};
 use ttdrv_api::firmware::reason;
+use ttdrv_flasher::bundle;
 use ttdrv_flasher::decide::{self, Switches, env_flag};
 use ttdrv_flasher::host::RealHost;
 use ttdrv_flasher::run::{self, FlashConfig};
@@ -84,6 +85,9 @@ struct FetchArgs {
     /// The bundle's version (the simulated download's manifest).
     #[arg(long = "fw-version", env = flasher::ENV_VERSION)]
     version: Option<String>,
+    /// The SHA-256 the download must have (empty: not checked).
+    #[arg(long, env = flasher::ENV_BUNDLE_SHA256)]
+    sha256: Option<String>,
     /// curl to run.
     #[arg(long, env = "TTDRV_CURL", default_value = "curl")]
     curl: PathBuf,
@@ -195,9 +199,22 @@ fn fetch(a: &FetchArgs, simulate: Option<&Path>) -> Report {
         },
         None => run::fetch(&a.curl, url, path),
     };
-    match res {
-        Ok(()) => Report::default(),
-        Err(m) => failed(m),
+    if let Err(m) = res {
+        return failed(m);
+    }
+    match a.sha256.as_deref().filter(|s| !s.is_empty()) {
+        None => Report::default(),
+        Some(want) => match bundle::check_sha256(path, want) {
+            Ok(()) => Report::default(),
+            Err(m) => {
+                // A bundle that is not the one asked for never reaches a card.
+                let _ = std::fs::remove_file(path);
+                Report {
+                    reason: Some(reason::BUNDLE_CHECKSUM_MISMATCH.to_string()),
+                    ..failed(m)
+                }
+            }
+        },
     }
 }
 

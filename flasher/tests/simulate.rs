@@ -226,6 +226,58 @@ fn simulated_fetch_writes_a_bundle_the_flash_reads() {
 }
 
 #[test]
+fn a_bundle_with_another_sha256_is_refused_and_removed() {
+    let s = Sim::new(&["19.7.0.0"]);
+    let bundle = s.path("dl/fw_pack-19.9.1.fwbundle");
+    std::fs::create_dir_all(s.path("dl")).expect("mkdir");
+    let path = bundle.to_str().expect("utf-8");
+    let base = [
+        (
+            "TT_FW_BUNDLE_URL",
+            "https://example.invalid/fw_pack-19.9.1.fwbundle",
+        ),
+        ("TT_FW_BUNDLE_PATH", path),
+        ("TT_FW_VERSION", "19.9.1"),
+    ];
+    // The simulated download's digest, as an operator would pin it.
+    let out = s.cmd("fetch", &base).output().expect("runs");
+    assert!(out.status.success(), "{out:?}");
+    let bytes = std::fs::read(&bundle).expect("bundle");
+    let sum = {
+        use sha2::Digest;
+        sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let pinned = [
+        base[0],
+        base[1],
+        base[2],
+        ("TT_FW_BUNDLE_SHA256", sum.as_str()),
+    ];
+    let out = s.cmd("fetch", &pinned).output().expect("runs");
+    assert!(out.status.success(), "the right digest: {out:?}");
+    assert!(bundle.exists());
+    let wrong = "f".repeat(64);
+    let bad = [
+        base[0],
+        base[1],
+        base[2],
+        ("TT_FW_BUNDLE_SHA256", wrong.as_str()),
+    ];
+    let out = s.cmd("fetch", &bad).output().expect("runs");
+    assert!(!out.status.success());
+    let r = read_report(&s.path("termination-log"));
+    assert_eq!(r.reason.as_deref(), Some("BundleChecksumMismatch"), "{r:?}");
+    assert!(r.message.unwrap_or_default().contains(&sum));
+    assert!(
+        !bundle.exists(),
+        "a refused bundle is not left for the flash"
+    );
+}
+
+#[test]
 fn report_goes_where_told() {
     let s = Sim::new(&["19.8.0.0"]);
     let elsewhere = s.path("elsewhere.json");

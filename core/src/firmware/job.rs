@@ -86,6 +86,9 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
         env(flasher::ENV_VERSION, spec.version.clone()),
         env(flasher::ENV_REPORT, flasher::REPORT_PATH),
     ];
+    if let Some(sum) = spec.bundle_sha256.as_deref().filter(|s| !s.is_empty()) {
+        fetch_env.push(env(flasher::ENV_BUNDLE_SHA256, sum));
+    }
     let mut flash_env = vec![
         env(flasher::ENV_REPORT, flasher::REPORT_PATH),
         env(flasher::ENV_BUNDLE_PATH, bundle_path),

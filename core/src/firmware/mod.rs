@@ -530,7 +530,8 @@ fn flashing(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     // itself goes on; its outcome is read as usual.
     let recordon = rec.cordon == Cordon::Ours && !obs.unschedulable;
     let mut next = flash_outcome(rec, obs, want, retry);
-    if recordon && next.record.cordon == Cordon::Ours && !next.commands.contains(&Command::Uncordon) {
+    if recordon && next.record.cordon == Cordon::Ours && !next.commands.contains(&Command::Uncordon)
+    {
         next.commands.insert(0, Command::Cordon);
     }
     next
@@ -646,6 +647,27 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
                 ),
                 _ => (reason::FLASH_JOB_FAILED, "see the Job's logs".into()),
             };
+            if why == reason::BUNDLE_CHECKSUM_MISMATCH {
+                // Refused before the flash: nothing was written to the cards,
+                // so the node goes back into service (as for a drain timeout).
+                let mut r = enter(
+                    &rec,
+                    Failed,
+                    why,
+                    Some(format!(
+                        "flash Job {name} failed: {what}. The node is back in service and the rollout halts; \
+                         fix spec.bundleSHA256 or the bundle, then retry with `kubectl tt fw retry <policy> <node>`"
+                    )),
+                    now,
+                );
+                let cmds = if r.cordon == Cordon::Ours {
+                    r.cordon = Cordon::None;
+                    vec![Command::Uncordon]
+                } else {
+                    vec![]
+                };
+                return stay(r, cmds);
+            }
             stay(
                 enter(
                     &rec,

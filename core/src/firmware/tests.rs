@@ -713,3 +713,40 @@ fn a_node_uncordoned_mid_flash_is_cordoned_again() {
     bare.cordon = Cordon::None;
     assert!(step(&bare, &running, &w).commands.is_empty());
 }
+
+#[test]
+fn a_bundle_refused_by_its_checksum_gives_the_node_back() {
+    let w = want();
+    let mut flashing = new();
+    flashing.state = Flashing;
+    flashing.cordon = Cordon::Ours;
+    flashing.job = Some("j".into());
+    let refused = Observation {
+        unschedulable: true,
+        job: FlashJob::Failed {
+            name: "j".into(),
+            report: Some(Report {
+                reason: Some(reason::BUNDLE_CHECKSUM_MISMATCH.into()),
+                message: Some("the downloaded bundle's SHA-256 is abc".into()),
+                ..Default::default()
+            }),
+            deadline: false,
+        },
+        ..obs()
+    };
+    let s = step(&flashing, &refused, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Failed, &[Command::Uncordon][..])
+    );
+    assert_eq!(
+        s.record.reason.as_deref(),
+        Some(reason::BUNDLE_CHECKSUM_MISMATCH)
+    );
+    assert_eq!(s.record.cordon, Cordon::None);
+    // Nothing was written: a stray record of it is released, not kept.
+    assert!(matches!(
+        stray(&s.record, false),
+        Stray::Release { uncordon: false }
+    ));
+}
