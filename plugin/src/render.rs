@@ -106,14 +106,20 @@ pub fn status(views: &[PolicyView], pal: Palette) -> String {
 }
 
 fn nodes_table(v: &PolicyView, pal: Palette, indent: usize, mode_col: bool) -> String {
-    let header: &[&str] = if mode_col {
-        &[
+    let mut header: Vec<&str> = if mode_col {
+        vec![
             "NODE", "STATE", "CURRENT", "TARGET", "PREPARED", "MODE", "IN STATE", "REASON",
         ]
     } else {
-        &["NODE", "STATE", "CURRENT", "TARGET", "IN STATE", "REASON"]
+        vec!["NODE", "STATE", "CURRENT", "TARGET", "IN STATE", "REASON"]
     };
-    let mut t = Table::new(header);
+    // Shown when a firmware policy manages some node: what a swap waits for
+    // (WaitingForFirmware) or follows under a cordon handed over.
+    let fw_col = v.nodes.iter().any(|n| n.firmware().is_some());
+    if fw_col {
+        header.insert(header.len() - 2, "FIRMWARE");
+    }
+    let mut t = Table::new(&header);
     let plain = anstyle::Style::new();
     for n in &v.nodes {
         let current_style = if n.current_version.as_deref() == Some(n.target_version.as_str()) {
@@ -130,6 +136,9 @@ fn nodes_table(v: &PolicyView, pal: Palette, indent: usize, mode_col: bool) -> S
         if mode_col {
             row.push(prepared_cell(n));
             row.push((opt(&n.install_mode), plain));
+        }
+        if fw_col {
+            row.push((n.firmware().unwrap_or_else(|| "-".into()), plain));
         }
         row.push((
             n.seconds_in_state.map(human).unwrap_or_else(|| "-".into()),

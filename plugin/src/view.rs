@@ -72,9 +72,27 @@ pub struct NodeRow {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// What every card read back last (`firmware.tenstorrent.com/fw-version`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub firmware_version: Option<String>,
+    /// The node's firmware state (`firmware.tenstorrent.com/upgrade-state`):
+    /// a firmware policy's cycle, which a swap waits for or follows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub firmware_state: Option<String>,
 }
 
 impl NodeRow {
+    /// The FIRMWARE cell: the cards' version, and the firmware state when a
+    /// firmware cycle is not Done (`19.8.0.0 (Flashing)`).
+    pub fn firmware(&self) -> Option<String> {
+        let state = self.firmware_state.as_deref().filter(|s| *s != "Done");
+        match (self.firmware_version.as_deref(), state) {
+            (None, None) => None,
+            (v, None) => v.map(String::from),
+            (v, Some(s)) => Some(format!("{} ({s})", v.unwrap_or("-"))),
+        }
+    }
+
     /// The target is loaded, or built and verified into the node's cache
     /// ahead (its swap is a load, no build).
     pub fn is_prepared(&self) -> bool {
@@ -153,6 +171,16 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
         .get(ConditionType::Conflict.as_str())
         .filter(|c| c.status == "True")
         .map(|c| c.message.clone());
+    let by_name: BTreeMap<&str, &Node> = nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+        .collect();
+    let fw_label = |node: &str, key: &str| {
+        by_name
+            .get(node)
+            .and_then(|n| ttdrv_core::node::label(n, key))
+            .map(String::from)
+    };
     let rows: Vec<NodeRow> = status
         .nodes
         .iter()
@@ -188,6 +216,8 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
                     }),
                 reason: n.reason.clone(),
                 message: n.message.clone(),
+                firmware_version: fw_label(&n.name, ttdrv_api::firmware::labels::FW_VERSION),
+                firmware_state: fw_label(&n.name, ttdrv_api::firmware::labels::UPGRADE_STATE),
             }
         })
         .collect();

@@ -396,6 +396,41 @@ fn nodes_table() {
 }
 
 #[test]
+fn nodes_table_with_a_firmware_policy() {
+    use ttdrv_api::firmware::labels as fw;
+    let (mut p, mut nodes) = rolling();
+    let label = |n: &mut Node, k: &str, v: &str| {
+        n.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(k.into(), v.into());
+    };
+    for n in nodes.iter_mut() {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        let (version, state) = match name.as_str() {
+            "gpu-d" => ("19.7.0.0", "Flashing"),
+            "gpu-e" => ("19.7.0.0", "Pending"),
+            _ => ("19.8.0.0", "Done"),
+        };
+        label(n, fw::FW_VERSION, version);
+        label(n, fw::UPGRADE_STATE, state);
+    }
+    if let Some(st) = p.status.as_mut() {
+        for e in st
+            .nodes
+            .iter_mut()
+            .filter(|e| e.name == "gpu-d" || e.name == "gpu-e")
+        {
+            e.reason = Some("WaitingForFirmware".into());
+        }
+    }
+    check(
+        "nodes-firmware",
+        &render::nodes(&view::policy_view(&p, &nodes, NOW), Palette::PLAIN),
+    );
+}
+
+#[test]
 fn watch_frames() {
     let (p, nodes) = rolling();
     let w = view::watch_view(&p, &nodes, NOW);
