@@ -170,6 +170,22 @@ async fn controller_runs_a_rollout_with_the_charts_service_account() {
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
     // A firmware policy flashes the same nodes (flash Jobs, its status).
     flash(&env, &nodes).await;
+    // A finished firmware record naming a policy this controller does not
+    // serve (--policy-selector): it reads that policy by name and, finding
+    // none, releases the record.
+    let mut gone = ttdrv_core::firmware::FwRecord::new(&format!("{}-gone", env.id), "19.8.0", 0);
+    gone.state = ttdrv_api::firmware::FirmwareNodeState::Done;
+    let gone = serde_json::to_string(&gone).expect("record");
+    env.annotate_node(&nodes[0], ttdrv_api::firmware::labels::RECORD, Some(&gone))
+        .await;
+    ttdrv_testkit::wait_for("the stray firmware record released", T, || async {
+        let n = env.get_node(&nodes[0]).await;
+        match ttdrv_core::claim::firmware_record(&n) {
+            Some(r) if r.policy.ends_with("-gone") => Err(format!("{r:?}")),
+            _ => Ok(()),
+        }
+    })
+    .await;
 
     // Let the leader renew its Lease at least once (renewal is every duration/3).
     tokio::time::sleep(Duration::from_secs(3)).await;

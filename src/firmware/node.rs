@@ -1,0 +1,324 @@
+//! One node's actor under a firmware policy: it steps the node's firmware
+//! cycle (the pure [`ttdrv_core::firmware::step`]) on what the policy's pass
+//! observed, takes the node's claim when a cycle starts (one disruption at a
+//! time, within the budget), persists the record with its cordon, uncordon or
+//! hand-over in one patch, and carries out the rest: evictions, the flash
+//! Job, Events and metrics. Stopping it gives its claim back.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use k8s_openapi::api::batch::v1::Job;
+use kube::Api;
+use kube::api::PostParams;
+use ttdrv_api::firmware::{FirmwareNodeState, TenstorrentFirmwarePolicy, reason};
+use ttdrv_core::event::EventReason;
+use ttdrv_core::firmware::job::{JobDefaults, flash_job};
+use ttdrv_core::firmware::{Command, Desired, FwRecord, step};
+
+use super::policy::Seen;
+use crate::actors::{Evict, Evictor, Labeler, PatchNode};
+use crate::claims::{Budget, Holder, Refused};
+use crate::context::Context;
+
+/// What a node actor writes and evicts through.
+struct Ports {
+    ctx: Arc<Context>,
+    labeler: Addr<Labeler>,
+    evictor: Addr<Evictor>,
+}
+
+pub(crate) struct NodeActor {
+    ports: Arc<Ports>,
+    node: String,
+    policy: String,
+}
+
+impl NodeActor {
+    pub(crate) fn new(
+        ctx: Arc<Context>,
+        labeler: Addr<Labeler>,
+        evictor: Addr<Evictor>,
+        node: &str,
+        policy: &str,
+    ) -> Self {
+        Self {
+            ports: Arc::new(Ports {
+                ctx,
+                labeler,
+                evictor,
+            }),
+            node: node.into(),
+            policy: policy.into(),
+        }
+    }
+}
+
+impl Actor for NodeActor {
+    type Context = actix::Context<Self>;
+
+    /// The node left the policy (or the policy went): its claim goes back.
+    /// A record still mid-cycle on the Node keeps the driver away all the
+    /// same ([`ttdrv_core::claim::firmware_cycle`]).
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.ports
+            .ctx
+            .claims
+            .release(&self.node, &Holder::Firmware(self.policy.clone()));
+    }
+}
+
+/// Step the node on this observation (with its slot, if granted).
+#[derive(Message)]
+#[rtype(result = "Stepped")]
+pub(crate) struct StepNode {
+    pub(crate) policy: Arc<TenstorrentFirmwarePolicy>,
+    pub(crate) desired: Desired,
+    pub(crate) seen: Seen,
+    pub(crate) budget: Arc<Budget>,
+}
+
+pub(crate) struct Stepped {
+    /// The node's record after the step (the one before it if its write failed).
+    pub(crate) record: FwRecord,
+    /// The record written, if one was.
+    pub(crate) written: Option<FwRecord>,
+    /// Writes that failed (the policy's pass is then not a good one).
+    pub(crate) errors: u32,
+    /// The observation, given back for the status entry.
+    pub(crate) seen: Seen,
+}
+
+impl Handler<StepNode> for NodeActor {
+    type Result = AtomicResponse<Self, Stepped>;
+
+    fn handle(&mut self, msg: StepNode, _: &mut Self::Context) -> Self::Result {
+        let ports = self.ports.clone();
+        let fut = async move {
+            let StepNode {
+                policy,
+                desired,
+                mut seen,
+                budget,
+            } = msg;
+            let mut errors = 0;
+            let (record, written) =
+                step_node(&ports, &policy, &desired, &mut seen, &budget, &mut errors).await;
+            Stepped {
+                record,
+                written,
+                errors,
+                seen,
+            }
+        };
+        AtomicResponse::new(Box::pin(fut.into_actor(self)))
+    }
+}
+
+async fn step_node(
+    ports: &Ports,
+    p: &TenstorrentFirmwarePolicy,
+    desired: &Desired,
+    s: &mut Seen,
+    budget: &Budget,
+    errors: &mut u32,
+) -> (FwRecord, Option<FwRecord>) {
+    let ctx = &ports.ctx;
+    let policy = desired.policy.clone();
+    let node = s.node.metadata.name.clone().unwrap_or_default();
+    let holder = Holder::Firmware(policy.clone());
+    let mut next = step(&s.prev, &s.view.obs, desired);
+    if !s.prev.state.is_in_progress() && next.record.state.is_in_progress() {
+        match ctx.claims.take_within(&node, holder.clone(), Some(budget)) {
+            Ok(()) => {}
+            Err(Refused::Held(other)) => {
+                s.view.obs.driver_cycle = Some(other.to_string());
+                next = step(&s.prev, &s.view.obs, desired);
+            }
+            Err(Refused::OverBudget { out, cap }) => {
+                tracing::info!(
+                    policy,
+                    node,
+                    out,
+                    cap,
+                    "flash cycle start deferred: a cycle started since the plan took the last place"
+                );
+                s.view.obs.slot = false;
+                next = step(&s.prev, &s.view.obs, desired);
+            }
+        }
+    }
+    let mut written = None;
+    let write = next.record != s.prev
+        || !next.commands.is_empty()
+        || s.persisted.as_ref() != Some(&next.record);
+    if write {
+        let starts = !s.prev.state.is_in_progress() && next.record.state.is_in_progress();
+        // A hand-over was decided on this version of the Node too (the
+        // driver's record waiting for it).
+        let hands_over = next
+            .commands
+            .iter()
+            .any(|c| matches!(c, Command::HandOver(_)));
+        let patch =
+            super::patch::node_patch(&s.node, &next, &desired.version, starts || hands_over);
+        let sent = ports
+            .labeler
+            .send(PatchNode {
+                node: node.clone(),
+                patch,
+                action: "persisting firmware state",
+            })
+            .await;
+        match sent {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(policy, node, error = %e, "firmware record not written; retried next pass");
+                ctx.metrics.inc_fw_error(&policy, "node_patch");
+                *errors += 1;
+                ctx.claims.release(&node, &holder);
+                return (s.prev.clone(), None);
+            }
+            Err(e) => {
+                tracing::warn!(policy, node, error = %e, "labeler unavailable");
+                *errors += 1;
+                return (s.prev.clone(), None);
+            }
+        }
+        written = Some(next.record.clone());
+    }
+    if !next.record.state.is_in_progress() {
+        ctx.claims.release(&node, &holder);
+    }
+    for c in &next.commands {
+        match c {
+            Command::Evict if !s.view.evictions.is_empty() => {
+                let sent = ports
+                    .evictor
+                    .send(Evict {
+                        policy: policy.clone(),
+                        pods: s.view.evictions.clone(),
+                        firmware: true,
+                    })
+                    .await;
+                if let Ok(out) = sent {
+                    ctx.metrics.inc_fw_evicted(&policy, out.evicted.len());
+                    ctx.metrics
+                        .inc_fw_drain_blocked(&policy, "pdb", out.blocked.len());
+                    for e in &out.errors {
+                        tracing::warn!(policy, node, error = e, "eviction failed; will retry");
+                        ctx.metrics.inc_fw_error(&policy, "evict");
+                    }
+                }
+            }
+            Command::CreateJob => create_job(ports, p, &node, next.record.attempt, errors).await,
+            _ => {}
+        }
+    }
+    if next.record.state != s.prev.state {
+        report(ctx, p, &node, &s.prev, &next.record);
+    }
+    (next.record, written)
+}
+
+async fn create_job(
+    ports: &Ports,
+    p: &TenstorrentFirmwarePolicy,
+    node: &str,
+    attempt: u32,
+    errors: &mut u32,
+) {
+    let ctx = &ports.ctx;
+    let defaults = JobDefaults {
+        namespace: ctx.config.namespace.clone(),
+        image: ctx.config.flasher_image.clone(),
+        pull_policy: ctx.config.flasher_pull_policy.clone(),
+        simulate_dir: ctx.config.flasher_simulate_dir.clone(),
+    };
+    let job = flash_job(p, node, attempt, &defaults);
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    let cr = p.metadata.name.as_deref().unwrap_or_default();
+    match api.create(&PostParams::default(), &job).await {
+        Ok(_) => {
+            ctx.metrics.inc_flash_job_created(cr, true);
+            tracing::info!(
+                node,
+                job = job.metadata.name.as_deref().unwrap_or_default(),
+                "flash Job created"
+            )
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => {
+            ctx.metrics.inc_flash_job_created(cr, false);
+            ctx.metrics.inc_fw_error(cr, "job_create");
+            *errors += 1;
+            tracing::warn!(node, error = %e, "creating the flash Job; retried next pass")
+        }
+    }
+}
+
+fn report(
+    ctx: &Context,
+    p: &TenstorrentFirmwarePolicy,
+    node: &str,
+    prev: &FwRecord,
+    next: &FwRecord,
+) {
+    use FirmwareNodeState::*;
+    let name = p.metadata.name.as_deref().unwrap_or_default();
+    tracing::info!(
+        policy = name,
+        node,
+        from = prev.state.as_str(),
+        to = next.state.as_str(),
+        reason = next.reason.as_deref().unwrap_or(""),
+        "firmware node transition"
+    );
+    let m = &ctx.metrics;
+    if prev.state == Flashing && next.state != Flashing {
+        let ok = matches!(next.state, Uncordoning | Done);
+        m.observe_flash(name, ok, (next.since - prev.since) as f64);
+    }
+    if next.reason.as_deref() == Some(reason::CORDON_HANDED_OVER) && prev.state == Flashing {
+        m.inc_fw_cordon_handed_over(name);
+    }
+    if next.state == Failed && next.reason.as_deref() == Some(reason::DRAIN_TIMEOUT) {
+        m.inc_fw_drain_blocked(name, "drain_timeout", 1);
+    }
+    let msg = next.message.clone().unwrap_or_default();
+    let (warning, ev, note) = match next.state {
+        _ if next.reason.as_deref() == Some(reason::TAKEN_OVER) => (
+            next.state == Failed,
+            EventReason::FirmwareTakenOver,
+            format!("node {node}: {msg}"),
+        ),
+        Cordoning | Flashing if !prev.state.is_in_progress() => (
+            false,
+            EventReason::FirmwareFlashStarted,
+            format!("node {node}: firmware cycle to {} started", next.target),
+        ),
+        Done if next.reason.as_deref() == Some(reason::CORDON_HANDED_OVER) => (
+            false,
+            EventReason::FirmwareFlashed,
+            format!(
+                "node {node}: every card reads back {}; {msg}",
+                next.current.as_deref().unwrap_or(&next.target)
+            ),
+        ),
+        Done if prev.state.is_in_progress() => (
+            false,
+            EventReason::FirmwareFlashed,
+            format!(
+                "node {node}: every card reads back {} and the node is back in service",
+                next.current.as_deref().unwrap_or(&next.target)
+            ),
+        ),
+        Failed => (
+            true,
+            EventReason::FirmwareFlashFailed,
+            format!("node {node}: {msg}"),
+        ),
+        _ => return,
+    };
+    ctx.event(p, warning, ev, "Flash", note);
+}

@@ -1,0 +1,385 @@
+//! One firmware policy's actor (a supervisor under [`super::FirmwareManager`]):
+//! its passes, one at a time. A pass observes the nodes the policy selects
+//! (and those another firmware policy owns, reported as conflicts), plans the
+//! `maxParallel` budget, hands each node its observation and slot to the
+//! node's [`NodeActor`], and writes the policy's status.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use ttdrv_api::PodSelector;
+use ttdrv_api::firmware::{
+    FirmwareNodeState, FirmwareNodeStatus, TenstorrentFirmwarePolicy,
+    TenstorrentFirmwarePolicyStatus, job_name_for, reason,
+};
+use ttdrv_core::firmware::job::state as job_state;
+use ttdrv_core::firmware::observe::{Selected, drain_policy, observe, record_of, selects};
+use ttdrv_core::firmware::{Desired, FwRecord, takeover};
+use ttdrv_core::rollout::{Candidate, Limits, plan};
+
+use super::node::{NodeActor, StepNode};
+use super::status::{candidate, conditions, node_status, summary};
+use super::{Shared, now_secs};
+use crate::claims::Budget;
+
+/// One node of a policy, as a pass sees it.
+pub(crate) struct Seen {
+    pub(crate) node: Arc<Node>,
+    pub(crate) prev: FwRecord,
+    pub(crate) persisted: Option<FwRecord>,
+    pub(crate) view: ttdrv_core::firmware::observe::NodeView,
+}
+
+/// What a policy's passes remember between them.
+#[derive(Default)]
+struct Memory {
+    /// Nodes holding a `maxParallel` slot.
+    held: BTreeSet<String>,
+    /// Node → the record last written: fresher than the cache.
+    live: HashMap<String, FwRecord>,
+    /// The status last written.
+    written: Option<TenstorrentFirmwarePolicyStatus>,
+    /// Node → its actor.
+    nodes: HashMap<String, Addr<NodeActor>>,
+}
+
+pub(crate) struct PolicyActor {
+    shared: Arc<Shared>,
+    name: String,
+    /// Taken while a pass runs.
+    memory: Option<Memory>,
+    again: bool,
+}
+
+impl PolicyActor {
+    pub(crate) fn new(shared: Arc<Shared>, name: String) -> Self {
+        Self {
+            shared,
+            name,
+            memory: Some(Memory::default()),
+            again: false,
+        }
+    }
+}
+
+impl Actor for PolicyActor {
+    type Context = actix::Context<Self>;
+}
+
+/// Run a pass (after the one running, if any).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct RunPass;
+
+impl Handler<RunPass> for PolicyActor {
+    type Result = ();
+
+    fn handle(&mut self, _: RunPass, actx: &mut Self::Context) {
+        let Some(mut memory) = self.memory.take() else {
+            self.again = true;
+            return;
+        };
+        let shared = self.shared.clone();
+        let policy = shared.stores.policies.get(&ObjectRef::new(&self.name));
+        actx.spawn(
+            async move {
+                if let Some(p) = policy.filter(|p| p.metadata.deletion_timestamp.is_none()) {
+                    pass(&shared, p, &mut memory).await;
+                }
+                memory
+            }
+            .into_actor(self)
+            .map(|memory, act, actx| {
+                act.memory = Some(memory);
+                if std::mem::take(&mut act.again) {
+                    actx.notify(RunPass);
+                }
+            }),
+        );
+    }
+}
+
+/// The policy is gone: stop, and the node actors with it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Stop;
+
+impl Handler<Stop> for PolicyActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, actx: &mut Self::Context) {
+        actx.stop();
+    }
+}
+
+async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut Memory) {
+    let ctx = &shared.ctx;
+    let mut errors = 0u32;
+    let name = p.metadata.name.clone().unwrap_or_default();
+    let spec = &p.spec;
+    let now = now_secs();
+    let mut desired = Desired::of(&p);
+    let drain = drain_policy(&p);
+    let selector = PodSelector::parse(&drain.pod_selector_label).ok();
+    let exempt = ctx.config.drain_exempt_namespaces();
+    let pdbs = ctx.stores.pdbs.state();
+    let mut owned: Vec<Seen> = vec![];
+    let mut conflicts: Vec<(String, String)> = vec![];
+    for node in ctx.stores.nodes.state() {
+        let Some(node_name) = node.metadata.name.clone() else {
+            continue;
+        };
+        match selects(&p, &node, ctx.eligibility()) {
+            Selected::No => continue,
+            Selected::Conflict(other) => {
+                conflicts.push((node_name, other));
+                continue;
+            }
+            Selected::Owned => {}
+        }
+        let persisted = record_of(&name, &node);
+        let key = node_name.clone();
+        if persisted.is_some() && memory.live.get(&key) == persisted.as_ref() {
+            memory.live.remove(&key);
+        }
+        let rec = memory.live.get(&key).cloned().or(persisted.clone());
+        let attempt = rec.as_ref().map_or(0, |r| r.attempt);
+        // The machine reads the flash Job only while Flashing and on a
+        // takeover: only then is it looked up (its pods are an API list,
+        // and a finished Job is kept a day).
+        let job = if rec
+            .as_ref()
+            .is_none_or(|r| r.state == FirmwareNodeState::Flashing)
+        {
+            job(shared, &name, &node_name, &spec.version, attempt).await
+        } else {
+            ttdrv_core::firmware::FlashJob::Missing
+        };
+        let draining = rec.as_ref().is_some_and(|r| {
+            matches!(
+                r.state,
+                FirmwareNodeState::Cordoning | FirmwareNodeState::Draining
+            )
+        });
+        let pods = ctx.stores.pods.on_node(&node_name);
+        let facts: Vec<&ttdrv_core::drain::PodFacts> = pods.facts.iter().map(Arc::as_ref).collect();
+        let mut view = observe(
+            &name,
+            &node,
+            &facts,
+            &drain,
+            selector.as_ref(),
+            &exempt,
+            draining,
+            || pdbs.iter().map(Arc::as_ref).collect(),
+            job,
+            now,
+        );
+        let prev = rec.unwrap_or_else(|| takeover(&desired, &view.obs));
+        if ctx.config.combine_firmware_and_driver && prev.state == FirmwareNodeState::Flashing {
+            view.obs.driver_waiting = ttdrv_core::claim::handover_to(
+                &node,
+                |p| ctx.stores.policies.get(&ObjectRef::new(p)),
+                &desired.readback,
+            );
+        }
+        owned.push(Seen {
+            node,
+            prev,
+            persisted,
+            view,
+        });
+    }
+    desired.halted = spec.upgrade_policy.halt_on_failure
+        && owned
+            .iter()
+            .any(|s| s.prev.state == FirmwareNodeState::Failed);
+
+    // The budget: maxParallel, under the driver rollout's rules.
+    let candidates: Vec<Candidate> = owned.iter().map(|s| candidate(s, &desired)).collect();
+    let held = &mut memory.held;
+    held.retain(|n| {
+        candidates
+            .iter()
+            .any(|c| &c.name == n && ((c.wants_slot && c.ready) || c.in_progress))
+    });
+    let limits = Limits {
+        max_unavailable: usize::try_from(spec.upgrade_policy.max_parallel)
+            .unwrap_or(1)
+            .max(1),
+        brake_percent: ctx.config.not_ready_brake_percent,
+    };
+    let granted: BTreeSet<String> = if desired.paused || !desired.auto_upgrade {
+        BTreeSet::new()
+    } else {
+        plan(candidates.iter(), held, limits)
+            .granted
+            .into_iter()
+            .collect()
+    };
+    held.extend(granted.iter().cloned());
+    let budget = Budget {
+        fleet: candidates.iter().map(|c| c.name.clone()).collect(),
+        cap: limits.max_unavailable,
+        out: candidates
+            .iter()
+            .filter(|c| c.in_progress || c.unavailable || c.failed)
+            .map(|c| c.name.clone())
+            .collect(),
+    };
+
+    let budget = Arc::new(budget);
+    let mut statuses: Vec<FirmwareNodeStatus> = vec![];
+    let owned_names: BTreeSet<String> = owned
+        .iter()
+        .filter_map(|s| s.node.metadata.name.clone())
+        .collect();
+    // Node actors of nodes no longer this policy's stop (giving their
+    // claims back); each owned node gets one.
+    memory.nodes.retain(|n, _| owned_names.contains(n));
+    memory.live.retain(|n, _| owned_names.contains(n));
+    for mut s in owned {
+        let node_name = s.node.metadata.name.clone().unwrap_or_default();
+        s.view.obs.slot = granted.contains(&node_name);
+        let addr = memory
+            .nodes
+            .entry(node_name.clone())
+            .or_insert_with(|| {
+                NodeActor::new(
+                    shared.ctx.clone(),
+                    shared.labeler.clone(),
+                    shared.evictor.clone(),
+                    &node_name,
+                    &name,
+                )
+                .start()
+            })
+            .clone();
+        let slot = s.view.obs.slot;
+        let stepped = addr
+            .send(StepNode {
+                policy: p.clone(),
+                desired: desired.clone(),
+                seen: s,
+                budget: budget.clone(),
+            })
+            .await;
+        let Ok(out) = stepped else {
+            tracing::warn!(
+                policy = name,
+                node = node_name,
+                "firmware node actor unavailable"
+            );
+            errors += 1;
+            continue;
+        };
+        errors += out.errors;
+        if let Some(r) = &out.written {
+            memory.live.insert(node_name.clone(), r.clone());
+        }
+        let next = out.record;
+        // The slot goes back when the cycle ends, or the step did not use it
+        // (a node still waiting with its slot keeps it).
+        let keeps_slot = next.occupies_slot() || (next.state == FirmwareNodeState::Pending && slot);
+        if !keeps_slot {
+            memory.held.remove(&node_name);
+        }
+        statuses.push(node_status(&node_name, &next, &out.seen));
+    }
+    for (n, other) in conflicts {
+        statuses.push(FirmwareNodeStatus {
+            name: n,
+            state: FirmwareNodeState::Pending,
+            reason: Some(reason::NODE_CONFLICT.into()),
+            current_version: None,
+            last_flash_job: None,
+            message: Some(format!(
+                "Conflict: node owned by a different TenstorrentFirmwarePolicy CR ({other})"
+            )),
+            last_transition_time: None,
+        });
+    }
+    statuses.sort_by(|a, b| a.name.cmp(&b.name));
+    let states: Vec<FirmwareNodeState> = statuses.iter().map(|n| n.state).collect();
+    ctx.metrics
+        .set_firmware_policy(&name, &spec.version, &states, errors == 0);
+    write_status(shared, &p, statuses, memory).await;
+}
+
+/// The node's flash Job for this version, and its pods when it exists.
+async fn job(
+    shared: &Shared,
+    policy: &str,
+    node: &str,
+    version: &str,
+    attempt: u32,
+) -> ttdrv_core::firmware::FlashJob {
+    let ns = &shared.ctx.config.namespace;
+    let name = job_name_for(policy, node, version, attempt);
+    let job = shared.stores.jobs.get(&ObjectRef::new(&name).within(ns));
+    let mut pods: Vec<Pod> = vec![];
+    if job.is_some() {
+        let api: Api<Pod> = Api::namespaced(shared.ctx.client.clone(), ns);
+        let lp = ListParams::default().labels(&format!("job-name={name}"));
+        match api.list(&lp).await {
+            Ok(l) => pods = l.items,
+            Err(e) => tracing::warn!(job = name, error = %e, "listing the flash Job's pods"),
+        }
+    }
+    let refs: Vec<&Pod> = pods.iter().collect();
+    job_state(job.as_deref(), &refs)
+}
+
+async fn write_status(
+    shared: &Shared,
+    p: &TenstorrentFirmwarePolicy,
+    nodes: Vec<FirmwareNodeStatus>,
+    memory: &mut Memory,
+) {
+    let name = p.metadata.name.clone().unwrap_or_default();
+    let old = p.status.clone().unwrap_or_default();
+    let summary = summary(&nodes);
+    let mut st = TenstorrentFirmwarePolicyStatus {
+        unreadable: None,
+        observed_generation: p.metadata.generation,
+        desired_version: Some(p.spec.version.clone()),
+        conditions: conditions(p, &summary, &old.conditions),
+        summary,
+        nodes,
+    };
+    // Keep each node's transition time while its state stays.
+    for n in &mut st.nodes {
+        if let Some(o) = old
+            .nodes
+            .iter()
+            .find(|o| o.name == n.name && o.state == n.state)
+        {
+            n.last_transition_time = o
+                .last_transition_time
+                .clone()
+                .or(n.last_transition_time.clone());
+        }
+    }
+    if memory.written.as_ref() == Some(&st) && old == st {
+        return;
+    }
+    let api: Api<TenstorrentFirmwarePolicy> = Api::all(shared.ctx.client.clone());
+    let patch = serde_json::json!({ "status": st });
+    match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            memory.written = Some(st);
+        }
+        Err(e) => {
+            shared.ctx.metrics.inc_fw_error(&name, "status");
+            tracing::warn!(policy = name, error = %e, "firmware status not written")
+        }
+    }
+}
