@@ -266,7 +266,7 @@ fn renders_mean_what_they_should() {
         (
             "firmware.tenstorrent.com",
             "tenstorrentfirmwarepolicies",
-            &["list", "watch"],
+            &["get", "list", "watch"],
         ),
         (
             "firmware.tenstorrent.com",
