@@ -288,6 +288,15 @@ async fn wait_fw(
     .await;
 }
 
+/// Both rollouts over: every node swapped to 2.8.0 and flashed, in service.
+async fn both_done(env: &TestEnv, driver: &str, fwp: &str, nodes: &[String]) {
+    let long = Duration::from_secs(90);
+    wait_nodes_state(env, driver, nodes, NodeState::Done, "2.8.0", long).await;
+    wait_fw(env, fwp, nodes, FirmwareNodeState::Done, None).await;
+    assert_done_uncordoned(env, nodes, "2.8.0").await;
+    assert_flashed(env, nodes, fwp).await;
+}
+
 async fn assert_flashed(env: &TestEnv, nodes: &[String], policy: &str) {
     for n in nodes {
         let node = env.get_node(n).await;
@@ -578,18 +587,7 @@ async fn driver_and_firmware_rollouts_at_once_never_share_a_node() {
     let fwp = env.name("fw");
     patch_policy(&env, &driver, json!({ "version": "2.8.0" })).await;
     create_firmware_policy(&env, &fwp, json!({ "upgradePolicy": { "maxParallel": 2 } })).await;
-    wait_nodes_state(
-        &env,
-        &driver,
-        &nodes,
-        NodeState::Done,
-        "2.8.0",
-        Duration::from_secs(90),
-    )
-    .await;
-    wait_fw(&env, &fwp, &nodes, FirmwareNodeState::Done, None).await;
-    assert_done_uncordoned(&env, &nodes, "2.8.0").await;
-    assert_flashed(&env, &nodes, &fwp).await;
+    both_done(&env, &driver, &fwp, &nodes).await;
     let (max, violations) = watcher.seen();
     assert!(violations.is_empty(), "{violations:?}");
     assert!((1..=2).contains(&max), "{max} in a firmware cycle at once");
@@ -896,18 +894,7 @@ async fn combined_wave(name: &str, combine: bool) -> Vec<(usize, usize)> {
         env.annotate_node(n, ttdrv_testkit::sim_flasher::HOLD_ANNOTATION, None)
             .await;
     }
-    wait_nodes_state(
-        &env,
-        &driver,
-        &nodes,
-        NodeState::Done,
-        "2.8.0",
-        Duration::from_secs(90),
-    )
-    .await;
-    wait_fw(&env, &fwp, &nodes, FirmwareNodeState::Done, None).await;
-    assert_done_uncordoned(&env, &nodes, "2.8.0").await;
-    assert_flashed(&env, &nodes, &fwp).await;
+    both_done(&env, &driver, &fwp, &nodes).await;
     for n in &nodes {
         let node = env.get_node(n).await;
         for k in ttdrv_api::labels::INHERITED_CORDON_MARKS {

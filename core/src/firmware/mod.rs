@@ -483,7 +483,7 @@ fn draining(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     }
     if now - rec.since > want.drain_timeout_seconds {
         // Nothing was written to the cards: the node goes back into service.
-        let mut r = enter(
+        let r = enter(
             &rec,
             Failed,
             reason::DRAIN_TIMEOUT,
@@ -494,13 +494,7 @@ fn draining(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
             )),
             now,
         );
-        let cmds = if r.cordon == Cordon::Ours {
-            r.cordon = Cordon::None;
-            vec![Command::Uncordon]
-        } else {
-            vec![]
-        };
-        return stay(r, cmds);
+        return back_in_service(r);
     }
     let (why, msg) = if progress.blocking_pdbs.is_empty() {
         (
@@ -650,7 +644,7 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
             if why == reason::BUNDLE_CHECKSUM_MISMATCH {
                 // Refused before the flash: nothing was written to the cards,
                 // so the node goes back into service (as for a drain timeout).
-                let mut r = enter(
+                let r = enter(
                     &rec,
                     Failed,
                     why,
@@ -660,13 +654,7 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
                     )),
                     now,
                 );
-                let cmds = if r.cordon == Cordon::Ours {
-                    r.cordon = Cordon::None;
-                    vec![Command::Uncordon]
-                } else {
-                    vec![]
-                };
-                return stay(r, cmds);
+                return back_in_service(r);
             }
             stay(
                 enter(
@@ -680,6 +668,18 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
             )
         }
     }
+}
+
+/// A Failed record of a cycle that wrote nothing to the cards: our cordon
+/// goes with it (the node is back in service; the rollout halts all the same).
+fn back_in_service(mut r: FwRecord) -> Step {
+    let cmds = if r.cordon == Cordon::Ours {
+        r.cordon = Cordon::None;
+        vec![Command::Uncordon]
+    } else {
+        vec![]
+    };
+    stay(r, cmds)
 }
 
 /// What becomes of a firmware record whose policy is gone, or no longer
