@@ -508,6 +508,16 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<CombResult> {
     ];
     let mut ctl =
         start_ready_controller(args, &env, &ns, &format!("combined-{tag}"), false, &extra).await?;
+    // /readyz answers once the driver side is ready; the firmware side
+    // starts after its own watches have synced (only its log says so).
+    let log = out(&format!("controller-combined-{tag}.log"));
+    let t_fw = Instant::now();
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("firmware watch caches synced")) {
+        if t_fw.elapsed() > Duration::from_secs(120) {
+            bail!("{tag}: the controller's firmware side not started after 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     crate::wait_policy_done(&dapi, &driver, FROM, n, Duration::from_secs(600)).await?;
     futures::stream::iter(nodes.iter().enumerate())
         .for_each_concurrent(16, |(i, node)| {
