@@ -6,6 +6,8 @@
 #   TTDRV_BENCH_SCENARIOS=10:0:1,10:2000:1 bash hack/bench.sh    # a quick one
 #   bash hack/bench.sh prepare         # build ahead (issue 22): TTDRV_BENCH_PREPARE=100:off,100:kubectl
 #                                      #   TTDRV_BENCH_PARALLEL=1 (at once), TTDRV_BENCH_BUILD_MS, TTDRV_BENCH_LOAD_MS
+#   bash hack/bench.sh combined        # one cordon for firmware + driver (issue 32): TTDRV_BENCH_COMBINED=100:on,100:off
+#                                      #   (N:on|off[:K]), TTDRV_BENCH_FLASH_MS, TTDRV_BENCH_SWAP_MS
 #   TTDRV_BENCH_CONTROLLER_BIN=/path/ttdrv-controller  # measure that build instead of building one
 #   bash hack/bench.sh pods            # pod density (issue 23): 1000 nodes, 10,000 pods
 #   TTDRV_BENCH_PODS=10000 TTDRV_BENCH_DENSITY_BINS=before=/path/old,after=/path/new \
@@ -40,6 +42,8 @@ if [ "${1:-}" = prepare ]; then
   # its own nodes.
   prepare=${TTDRV_BENCH_PREPARE:-10:on,10:off,10:kubectl,100:on}
 fi
+combined=
+[ "${1:-}" = combined ] && combined=${TTDRV_BENCH_COMBINED:-100:on,100:off}
 if [ "${1:-}" = pods ]; then
   # Pod density: 1000 Tenstorrent nodes and 10,000 ordinary pods, then a
   # rollout among them (maxUnavailable 10%).
@@ -111,10 +115,19 @@ kubectl config --kubeconfig="$ctl_kubeconfig" use-context bench >/dev/null
 {
   echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "commit: $(cd "$root" && git rev-parse --short HEAD)$(cd "$root" && git diff --quiet HEAD -- src api testkit || echo ' (+ uncommitted changes)')"
-  if [ -n "$prepare" ]; then echo "prepare: $prepare (build ${TTDRV_BENCH_BUILD_MS:-60000} ms, load ${TTDRV_BENCH_LOAD_MS:-2000} ms)"; else echo "scenarios: $scenarios"; fi
+  [ -z "$combined" ] || echo "combined: $combined (flash ${TTDRV_BENCH_FLASH_MS:-5000} ms, swap ${TTDRV_BENCH_SWAP_MS:-3000} ms)"
+  if [ -n "$prepare" ]; then echo "prepare: $prepare (build ${TTDRV_BENCH_BUILD_MS:-60000} ms, load ${TTDRV_BENCH_LOAD_MS:-2000} ms)"; elif [ -z "$combined" ]; then echo "scenarios: $scenarios"; fi
   echo "controller build: $controller_build"
 } | tee "$out/machine.txt" >&2
 
+if [ -n "$combined" ]; then
+  log "running combined-wave scenarios $combined"
+  "$bin/ttdrv-bench" --combined "$combined" --flash-ms "${TTDRV_BENCH_FLASH_MS:-5000}" \
+    --load-ms "${TTDRV_BENCH_SWAP_MS:-3000}" --controller-bin "$controller_bin" \
+    --sim-agent-bin "$bin/ttdrv-sim-agent" --out-dir "$out" | tee "$out/combined-table.md"
+  log "done; results in $out (combined*.json, combined-*-nodes.jsonl, combined.md, logs)"
+  exit 0
+fi
 if [ -n "$prepare" ]; then
   log "running prepare scenarios $prepare"
   "$bin/ttdrv-bench" \

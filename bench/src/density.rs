@@ -254,7 +254,7 @@ pub async fn run(
     let tag = format!("density-{tt_nodes}-{label}");
     let mut a = args.clone();
     a.controller_bin = bin.to_path_buf();
-    let ctl = start_ready_controller(&a, env, ns, &tag, false).await?;
+    let ctl = start_ready_controller(&a, env, ns, &tag, false, &[]).await?;
     wait_policy_done(&papi, policy, "1.0.0", tt_nodes, Duration::from_secs(300)).await?;
     let rest = Duration::from_secs(20);
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
 use ttdrv_testkit::TestEnv;
 
+mod combined;
 mod density;
 mod prepare;
 
@@ -97,9 +98,22 @@ struct Args {
     /// The simulated agent's build time in the `--prepare` scenarios, ms.
     #[arg(long, default_value_t = 60_000)]
     build_ms: u64,
-    /// The simulated agent's load time in the `--prepare` scenarios, ms.
+    /// The simulated agent's load time in the `--prepare` scenarios (the
+    /// swap in the `--combined` ones), ms.
     #[arg(long, default_value_t = 2_000)]
     load_ms: u64,
+    /// Combined firmware + driver wave (issue 32): scenarios `N:on|off[:K]`
+    /// (`--combine-firmware-and-driver` on or off; K = maxUnavailable =
+    /// maxParallel, default N/10). See bench/src/combined.rs. The swap takes
+    /// `--load-ms`, the flash `--flash-ms`.
+    #[arg(long, value_delimiter = ',')]
+    combined: Vec<String>,
+    /// Print the table of `--combined` summaries (combined-*.json) and exit.
+    #[arg(long, value_delimiter = ',')]
+    render_combined: Vec<PathBuf>,
+    /// The simulated flash in the `--combined` scenarios, ms.
+    #[arg(long, default_value_t = 5_000)]
+    flash_ms: u64,
     /// Directory for logs and results.
     #[arg(long, default_value = "/tmp/ttdrv-bench")]
     out_dir: PathBuf,
@@ -353,6 +367,7 @@ fn start_controller(
     ns: &str,
     log: &Path,
     audited: bool,
+    extra: &[String],
 ) -> anyhow::Result<Controller> {
     let port = free_port();
     let mut cmd = Command::new(&args.controller_bin);
@@ -372,6 +387,7 @@ fn start_controller(
         "--installer-image",
         "example.invalid/tt-driver-agent:bench",
     ]);
+    cmd.args(extra);
     if audited {
         cmd.env("KUBECONFIG", &args.controller_kubeconfig);
     }
@@ -423,9 +439,10 @@ async fn start_ready_controller(
     ns: &str,
     name: &str,
     audited: bool,
+    extra: &[String],
 ) -> anyhow::Result<Controller> {
     let log = args.out_dir.join(format!("controller-{name}.log"));
-    let mut ctl = start_controller(args, env, ns, &log, audited)?;
+    let mut ctl = start_controller(args, env, ns, &log, audited, extra)?;
     wait_ready(&mut ctl).await?;
     Ok(ctl)
 }
@@ -710,7 +727,7 @@ async fn run_scenario(
         sc.work_ms,
         &args.out_dir.join(format!("sim-agent-{tag}.log")),
     )?;
-    let mut ctl = start_ready_controller(args, env, ns, tag, true).await?;
+    let mut ctl = start_ready_controller(args, env, ns, tag, true, &[]).await?;
     // Let it take stock (every node already Done at the old version) and go idle.
     wait_policy_done(&papi, policy, from_version, n, Duration::from_secs(120)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -1024,7 +1041,8 @@ async fn run_group(
             0,
             &args.out_dir.join(format!("sim-agent-{n}-install.log")),
         )?;
-        let _ctl = start_ready_controller(args, &env, &ns, &format!("{n}-install"), false).await?;
+        let _ctl =
+            start_ready_controller(args, &env, &ns, &format!("{n}-install"), false, &[]).await?;
         wait_policy_done(&papi, &policy, "1.0.0", n, Duration::from_secs(600)).await?;
         baseline.wait_ready(&env.client, &ns).await?;
         eprintln!(
@@ -1304,12 +1322,35 @@ async fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    if !args.render_combined.is_empty() {
+        println!(
+            "{}",
+            combined::table(&combined::read_summaries(&args.render_combined)?)
+        );
+        return Ok(());
+    }
     if let Some(path) = &args.render {
         let results: Vec<Result_> = serde_json::from_str(&std::fs::read_to_string(path)?)?;
         print_tables(&results);
         return Ok(());
     }
     std::fs::create_dir_all(&args.out_dir)?;
+    if !args.combined.is_empty() {
+        let scenarios: Vec<combined::Scenario> = args
+            .combined
+            .iter()
+            .map(|s| combined::parse(s))
+            .collect::<anyhow::Result<_>>()?;
+        let (results, failure) = combined::run_all(&args, &scenarios).await;
+        let t = combined::table(&results);
+        std::fs::write(args.out_dir.join("combined.md"), &t)?;
+        std::fs::write(
+            args.out_dir.join("combined.json"),
+            serde_json::to_string_pretty(&results)?,
+        )?;
+        println!("{t}");
+        return failure.map_or(Ok(()), Err);
+    }
     if !args.prepare.is_empty() {
         let scenarios: Vec<prepare::Scenario> = args
             .prepare

@@ -431,7 +431,8 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<PrepResult> {
         let mut p = TenstorrentDriverPolicy::new(&policy, spec);
         p.metadata.labels = Some(env.labels());
         papi.create(&PostParams::default(), &p).await?;
-        let ctl = start_ready_controller(args, &env, &ns, &format!("prepare-{tag}"), false).await?;
+        let ctl =
+            start_ready_controller(args, &env, &ns, &format!("prepare-{tag}"), false, &[]).await?;
         controller = Some(ctl);
     }
     wait_loaded(&env, &ns, n, FROM, Duration::from_secs(600)).await?;

@@ -95,6 +95,9 @@ pub struct SimAgentConfig {
     /// Simulated time to unload the old module and load the target, spent
     /// after the go-ahead.
     pub load: Duration,
+    /// Simulated time of a flash (the flash Job pod's run,
+    /// [`crate::sim_flasher`]); `None`: `work`.
+    pub flash: Option<Duration>,
 }
 
 /// Handle to the running simulated agent; dropping it stops it.
@@ -132,7 +135,8 @@ impl SimAgent {
 /// The flash Jobs' pods of the firmware policies are played too
 /// ([`crate::sim_flasher`]), in the same task (stopped with it).
 pub async fn run(client: Client, config: SimAgentConfig) {
-    let flasher = crate::sim_flasher::run(client.clone(), config.namespace.clone(), config.work);
+    let flash = config.flash.unwrap_or(config.work);
+    let flasher = crate::sim_flasher::run(client.clone(), config.namespace.clone(), flash);
     futures::join!(flasher, run_agent(client, config));
 }
 

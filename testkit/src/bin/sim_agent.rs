@@ -20,6 +20,10 @@ struct Args {
     /// Simulated unload + load after the go-ahead, in milliseconds.
     #[arg(long, default_value_t = 0)]
     load_ms: u64,
+    /// Simulated flash (a firmware policy's flash Job pod), in
+    /// milliseconds; default: `--work-ms`.
+    #[arg(long)]
+    flash_ms: Option<u64>,
 }
 
 #[tokio::main]
@@ -34,6 +38,7 @@ async fn main() {
             work: Duration::from_millis(args.work_ms),
             build: Duration::from_millis(args.build_ms),
             load: Duration::from_millis(args.load_ms),
+            flash: args.flash_ms.map(Duration::from_millis),
         },
     )
     .await;
