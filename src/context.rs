@@ -152,7 +152,7 @@ impl Context {
                 kube::runtime::events::EventType::Normal
             },
             reason: reason.to_string(),
-            note: Some(note),
+            note: Some(event_note(note)),
             action: action.to_string(),
             secondary: None,
         };
@@ -185,5 +185,34 @@ impl Context {
                 tracing::warn!(error = %e, reason = ev.reason, "could not record event");
             }
         });
+    }
+}
+
+/// The API server refuses an Event whose note is longer than 1 KiB (the
+/// whole Event is lost then): a longer note (a rollout waiting on many
+/// nodes names them all) is cut at a character boundary, marked with `…`.
+pub fn event_note(mut note: String) -> String {
+    const MAX: usize = 1024;
+    if note.len() <= MAX {
+        return note;
+    }
+    let mut end = MAX - '…'.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note.push('…');
+    note
+}
+
+#[cfg(test)]
+mod event_note_tests {
+    #[test]
+    fn event_notes_fit_the_api_servers_limit() {
+        assert_eq!(super::event_note("short".into()), "short");
+        let long = "é".repeat(700);
+        let cut = super::event_note(long);
+        assert!(cut.len() <= 1024 && cut.ends_with('…'), "{}", cut.len());
+        assert!(cut.starts_with("éé"));
     }
 }

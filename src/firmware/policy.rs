@@ -243,6 +243,12 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
     // claims back); each owned node gets one.
     memory.nodes.retain(|n, _| owned_names.contains(n));
     memory.live.retain(|n, _| owned_names.contains(n));
+    // Every node steps at once, each in its own actor (a first pass writes a
+    // record on every node: one after the other, that took seconds at 100
+    // nodes, while a driver wave could start on nodes this flash would have
+    // shared its cordon with). Starts stay within the budget: each takes its
+    // claim under the registry's lock.
+    let mut calls = Vec::new();
     for mut s in owned {
         let node_name = s.node.metadata.name.clone().unwrap_or_default();
         s.view.obs.slot = granted.contains(&node_name);
@@ -261,14 +267,15 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
             })
             .clone();
         let slot = s.view.obs.slot;
-        let stepped = addr
-            .send(StepNode {
-                policy: p.clone(),
-                desired: desired.clone(),
-                seen: s,
-                budget: budget.clone(),
-            })
-            .await;
+        let msg = StepNode {
+            policy: p.clone(),
+            desired: desired.clone(),
+            seen: s,
+            budget: budget.clone(),
+        };
+        calls.push(async move { (node_name, slot, addr.send(msg).await) });
+    }
+    for (node_name, slot, stepped) in futures::future::join_all(calls).await {
         let Ok(out) = stepped else {
             tracing::warn!(
                 policy = name,
