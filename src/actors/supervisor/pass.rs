@@ -124,7 +124,10 @@ impl ReconcilePass {
         let drain_exempt = ctx.config.drain_exempt_namespaces();
         let desired = Desired {
             refused: refused.is_some(),
-            combine_with_firmware: ctx.config.combine_firmware_and_driver,
+            // Only while this controller runs the firmware policies: a flash
+            // record left by a firmware controller that is off would hold
+            // the swap for ever.
+            combine_with_firmware: ctx.config.combine_firmware_and_driver && ctx.config.firmware,
             ..Desired::of(policy, ctx.config.upgrade_timeout_seconds)
         };
         // A refused policy starts no node (its installer would never come);
