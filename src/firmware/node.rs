@@ -176,7 +176,10 @@ async fn step_node(
                 tracing::warn!(policy, node, error = %e, "firmware record not written; retried next pass");
                 ctx.metrics.inc_fw_error(&policy, "node_patch");
                 *errors += 1;
-                ctx.claims.release(&node, &holder);
+                if starts {
+                    // The cycle did not start: its claim goes back.
+                    ctx.claims.release(&node, &holder);
+                }
                 return (s.prev.clone(), None);
             }
             Err(e) => {
