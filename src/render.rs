@@ -296,6 +296,18 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
     if !spec.upgrade_policy.prepare.next_kernels {
         envs.push(env_var(env::NEXT_KERNELS, "false"));
     }
+    // Only when not the defaults, as above.
+    let validation = &spec.upgrade_policy.validation;
+    if validation.timeout_seconds != ttdrv_api::v1alpha1::DEFAULT_VALIDATION_TIMEOUT_SECONDS {
+        envs.push(env_var(
+            env::VALIDATION_TIMEOUT,
+            &validation.timeout_seconds.to_string(),
+        ));
+    }
+    let on_failure = spec.upgrade_policy.on_validation_failure;
+    if on_failure != ttdrv_api::v1alpha1::OnValidationFailure::default() {
+        envs.push(env_var(env::ON_VALIDATION_FAILURE, on_failure.as_str()));
+    }
     // Only when set: a policy without module parameters keeps its template
     // (and so its pods) as it was.
     let parameters = ttdrv_api::module_params::canonical(&spec.parameter_values());

@@ -22,6 +22,8 @@ use crate::kernel::{KernelOps, ProcessKiller};
 use crate::modprobe::HostOptions;
 use crate::node::{LabelChanges, NodeApi};
 use crate::pod::{self, Pause};
+use crate::validate::{self, Inventory, SwapOutcome, SwapRecord};
+use ttdrv_api::OnValidationFailure;
 use ttdrv_api::module_params::{self, Values};
 use ttdrv_core::node::Target;
 
@@ -68,6 +70,12 @@ pub struct Config {
     /// TT_KMD_MODULE_PARAMETERS: the policy's module parameters (canonical
     /// values, [`ttdrv_api::module_params`]); part of the target.
     pub module_parameters: Values,
+    /// TT_KMD_VALIDATION_TIMEOUT_SECONDS: how long the new module has to
+    /// serve every card the old one served ([`crate::validate`]).
+    pub validation_timeout: Duration,
+    /// TT_KMD_ON_VALIDATION_FAILURE: roll back to the previous version, or
+    /// hold the new one for a person.
+    pub on_validation_failure: OnValidationFailure,
 }
 
 /// Where the loaded module came from.
@@ -160,8 +168,9 @@ pub struct Agent<'a> {
 
 /// How the wait for the second key ended.
 enum Keyed {
-    /// Go on with the module as it is now (None: nothing loaded).
-    Open(Option<ModuleState>),
+    /// Go on with the module as it is now (None: nothing loaded), under the
+    /// go-ahead of this cycle (None: none was needed).
+    Open(Option<ModuleState>, Option<i64>),
     /// The pod is being stopped; why the agent was still waiting.
     Stopped(String),
 }
@@ -212,6 +221,7 @@ impl Agent<'_> {
         );
 
         if at_target(state.as_ref(), want) {
+            step("validate", || self.revalidate(&root, &target))?;
             self.device_access(&root);
             let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
             step("label-node", || self.label_container(&root, &target, smi))?;
@@ -224,7 +234,7 @@ impl Agent<'_> {
         if let Some(s) = &state
             && s.refcnt > 0
             && !self.config.force_unload
-            && self.may_swap(want, Some(s)).is_none()
+            && self.may_swap(&root, want, Some(s)).is_ok()
         {
             return Err(self.busy_error(&root, s));
         }
@@ -298,11 +308,12 @@ impl Agent<'_> {
 
         // The second key: a loaded module of another version is unloaded only
         // with the controller's go-ahead, read again right before the swap.
-        let state = match self.await_second_key(&root, want)? {
-            Keyed::Open(state) => state,
+        let (state, cycle) = match self.await_second_key(&root, want)? {
+            Keyed::Open(state, cycle) => (state, cycle),
             Keyed::Stopped(waiting) => return Ok(Outcome::Stopped { waiting }),
         };
         if at_target(state.as_ref(), want) {
+            step("validate", || self.revalidate(&root, &target))?;
             self.device_access(&root);
             step("label-node", || self.label_container(&root, &target, smi))?;
             self.prepare_next_kernels(&root, &kver, &target);
@@ -310,6 +321,27 @@ impl Agent<'_> {
         }
 
         let mut killed = Vec::new();
+        // What the old module serves, kept on the host before anything is
+        // unloaded: the new one is validated against it, also by an agent
+        // restarted after the swap.
+        let swap = match &state {
+            Some(s) => {
+                let record = SwapRecord {
+                    target: target.clone(),
+                    previous: s.version.clone(),
+                    cycle,
+                    before: validate::inventory(&root),
+                    outcome: SwapOutcome::Validating,
+                    problems: Vec::new(),
+                };
+                tracing::info!(before = %record.before.describe(), "what the loaded module serves");
+                step("record-swap", || {
+                    validate::write_record(&root, &record).map_err(AgentError::from)
+                })?;
+                Some(record)
+            }
+            None => None,
+        };
         let previous = match &state {
             Some(s) => {
                 killed = step("make-unloadable", || self.make_unloadable(&root))?;
@@ -331,7 +363,7 @@ impl Agent<'_> {
             .as_ref()
             .map(|s| module_params::canonical(&s.parameters))
             .unwrap_or_default();
-        let source = step("load", || {
+        let loaded = step("load", || {
             self.load_with_rollback(
                 &root,
                 &kver,
@@ -340,7 +372,25 @@ impl Agent<'_> {
                 &deps,
                 previous.as_ref().map(|v| (v, previous_parameters.as_str())),
             )
-        })?;
+        });
+        let source = match loaded {
+            Ok(source) => source,
+            Err(e) => {
+                // Put back: this cycle's go-ahead opens no second try.
+                if let (Some(mut record), AgentError::LoadFailed { rollback, .. }) = (swap, &e)
+                    && let Rollback::Restored { previous } = rollback.as_ref()
+                {
+                    record.outcome = SwapOutcome::RolledBack {
+                        to: previous.clone(),
+                    };
+                    record.problems = vec![format!("{target} did not load")];
+                    if let Err(w) = validate::write_record(&root, &record) {
+                        tracing::warn!(error = %w, "cannot keep the swap record");
+                    }
+                }
+                return Err(e);
+            }
+        };
 
         step("readback", || {
             let now = root.module_state()?;
@@ -361,6 +411,13 @@ impl Agent<'_> {
             }
             Ok(())
         })?;
+
+        if let Some(record) = swap {
+            let previous_parameters = previous_parameters.clone();
+            step("validate", || {
+                self.validate_swap(&root, &kver, record, &previous_parameters)
+            })?;
+        }
 
         self.device_access(&root);
         step("label-node", || self.label_container(&root, &target, smi))?;
@@ -383,17 +440,31 @@ impl Agent<'_> {
         })
     }
 
-    /// None when the module may be swapped now, else why not. Asks the API
-    /// server only when a loaded module other than the target would be swapped.
-    fn may_swap(&self, target: Target<'_>, state: Option<&ModuleState>) -> Option<String> {
+    /// Ok when the module may be swapped now (with the go-ahead's cycle,
+    /// if one was needed), else why not. Asks the API server only when a
+    /// loaded module other than the target would be swapped.
+    fn may_swap(
+        &self,
+        root: &HostRoot,
+        target: Target<'_>,
+        state: Option<&ModuleState>,
+    ) -> std::result::Result<Option<i64>, String> {
         if self.config.swap_without_go_ahead {
-            return None;
+            return Ok(None);
         }
         match swap_decision(self.config.policy.as_deref(), target, state, || {
             self.node.get()
         }) {
-            Swap::Wait(why) => Some(why),
+            Swap::Wait(why) => Err(why),
             Swap::GoAhead(go) => {
+                // A swap rolled back in this cycle is not tried again under
+                // its go-ahead: the controller fails the node, and a retry
+                // is a new cycle.
+                if let Some(r) = validate::read_record(root)
+                    && let Some(why) = used_go_ahead(&r, target.version, go.cycle)
+                {
+                    return Err(why);
+                }
                 tracing::info!(
                     policy = %go.policy,
                     node = %go.node,
@@ -401,9 +472,9 @@ impl Agent<'_> {
                     cycle = go.cycle,
                     "the controller's go-ahead is on the node"
                 );
-                None
+                Ok(Some(go.cycle))
             }
-            Swap::FirstInstall | Swap::AlreadyLoaded => None,
+            Swap::FirstInstall | Swap::AlreadyLoaded => Ok(None),
         }
     }
 
@@ -420,15 +491,18 @@ impl Agent<'_> {
         let mut said: Option<String> = None;
         loop {
             let state = root.module_state()?;
-            let Some(why) = self.may_swap(target, state.as_ref()) else {
-                if said.is_some() {
-                    self.note_waiting(None);
-                    tracing::info!(
-                        waited_ms = start.elapsed().as_millis() as u64,
-                        "done waiting: going on with the module"
-                    );
+            let why = match self.may_swap(root, target, state.as_ref()) {
+                Ok(cycle) => {
+                    if said.is_some() {
+                        self.note_waiting(None);
+                        tracing::info!(
+                            waited_ms = start.elapsed().as_millis() as u64,
+                            "done waiting: going on with the module"
+                        );
+                    }
+                    return Ok(Keyed::Open(state, cycle));
                 }
-                return Ok(Keyed::Open(state));
+                Err(why) => why,
             };
             if said.as_deref() != Some(why.as_str()) {
                 tracing::warn!(
@@ -800,16 +874,34 @@ impl Agent<'_> {
             },
         };
         tracing::error!(version = target, error = %e, "loading the new module failed; rolling back");
+        let rollback = self.restore_previous(root, kver, previous);
+        let signed = crate::signing::is_signed(&module.file, &module.path).unwrap_or(false);
+        Err(AgentError::LoadFailed {
+            version: target.to_string(),
+            path: module.path,
+            error: crate::signing::explain_load_error(&e, signed),
+            rollback: Box::new(rollback),
+        })
+    }
+
+    /// Loads the previous version (`(version, parameters)`) again from the
+    /// cache, with the parameters it had, whatever signed it; says what
+    /// became of it. Nothing of tenstorrent may be loaded when called.
+    fn restore_previous(
+        &self,
+        root: &HostRoot,
+        kver: &str,
+        previous: Option<(&Option<String>, &str)>,
+    ) -> Rollback {
         let now = || root.loaded_version().ok().flatten();
         let previous_parameters = previous.map_or("", |(_, p)| p);
-        let rollback = match previous.map(|(v, _)| v) {
+        match previous.map(|(v, _)| v) {
             None => Rollback::NothingLoadedBefore,
             Some(None) => Rollback::NotCached {
                 previous: "(unversioned)".into(),
                 path: PathBuf::from(cache::CACHE_DIR),
                 now_loaded: now(),
             },
-            // What ran before is put back as it was, whatever signed it.
             Some(Some(prev)) => match validate_version(prev).ok().and_then(|p| {
                 Cache::new(root)
                     .lookup(kver, &p, SignedBy::Anyone)
@@ -833,13 +925,212 @@ impl Agent<'_> {
                     },
                 },
             },
+        }
+    }
+
+    /// What is wrong with what the driver serves against `before`, waiting
+    /// up to the validation timeout for it to come right (cards probe and
+    /// device nodes appear asynchronously); empty when it did.
+    fn settle(&self, root: &HostRoot, before: &Inventory) -> Vec<String> {
+        let start = Instant::now();
+        loop {
+            let now = validate::inventory(root);
+            let problems =
+                validate::problems(before, &now, &validate::unreadable_attributes(root));
+            if problems.is_empty() {
+                tracing::info!(
+                    serves = %now.describe(),
+                    waited_ms = start.elapsed().as_millis() as u64,
+                    "validated: the module serves every card served before"
+                );
+                return problems;
+            }
+            let left = self
+                .config
+                .validation_timeout
+                .saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return problems;
+            }
+            // Not cut short by a stop: a stopped pod's swap is validated
+            // to its end (bounded by the timeout), never judged half-way.
+            std::thread::sleep(left.min(VALIDATION_POLL));
+        }
+    }
+
+    /// After a swap: the new module must serve what the old one did. On a
+    /// failure, rolls back or holds as configured, and fails with
+    /// [`AgentError::ValidationFailed`]; the swap record says what became of
+    /// the swap for a restarted agent.
+    fn validate_swap(
+        &self,
+        root: &HostRoot,
+        kver: &str,
+        mut record: SwapRecord,
+        previous_parameters: &str,
+    ) -> Result<()> {
+        let problems = self.settle(root, &record.before);
+        if problems.is_empty() {
+            if let Err(e) = validate::clear_record(root) {
+                tracing::warn!(error = %e, "cannot remove the swap record");
+            }
+            return Ok(());
+        }
+        let version = record.target.clone();
+        tracing::error!(
+            version = %version,
+            problems = ?problems,
+            on_failure = self.config.on_validation_failure.as_str(),
+            "the new module failed validation"
+        );
+        let rollback = match (self.config.on_validation_failure, &record.previous) {
+            (OnValidationFailure::Hold, _) | (_, None) => {
+                record.outcome = SwapOutcome::Held;
+                if record.previous.is_none() {
+                    Rollback::NotCached {
+                        previous: "(unversioned)".into(),
+                        path: PathBuf::from(cache::CACHE_DIR),
+                        now_loaded: Some(version.clone()),
+                    }
+                } else {
+                    Rollback::Held {
+                        version: version.clone(),
+                    }
+                }
+            }
+            (OnValidationFailure::Rollback, Some(prev)) => {
+                let started = Instant::now();
+                let rollback = self.roll_back(root, kver, &record, previous_parameters);
+                tracing::warn!(
+                    from = %version,
+                    to = %prev,
+                    rollback_ms = started.elapsed().as_millis() as u64,
+                    result = %rollback,
+                    "rollback after a failed validation"
+                );
+                record.outcome = match &rollback {
+                    Rollback::Restored { previous } | Rollback::RestoredDegraded { previous, .. } => {
+                        SwapOutcome::RolledBack {
+                            to: previous.clone(),
+                        }
+                    }
+                    // Whatever is loaded now is not validated: held.
+                    _ => SwapOutcome::Held,
+                };
+                rollback
+            }
         };
-        let signed = crate::signing::is_signed(&module.file, &module.path).unwrap_or(false);
-        Err(AgentError::LoadFailed {
-            version: target.to_string(),
-            path: module.path,
-            error: crate::signing::explain_load_error(&e, signed),
+        record.problems = problems.clone();
+        if let Err(e) = validate::write_record(root, &record) {
+            tracing::warn!(error = %e, "cannot keep the swap record");
+        }
+        // Labels say what runs now: the previous version after a rollback.
+        let now = root.module_state().ok().flatten();
+        if let Err(e) = self.report_host(root, false, now.as_ref()) {
+            tracing::warn!(error = %e, "cannot report the module loaded after the failed validation");
+        }
+        if matches!(record.outcome, SwapOutcome::RolledBack { .. }) {
+            self.device_access(root);
+        }
+        Err(AgentError::ValidationFailed {
+            version,
+            problems,
             rollback: Box::new(rollback),
+        })
+    }
+
+    /// Unloads the new module of `record` and loads the previous one again,
+    /// then checks it serves what it served before the swap.
+    fn roll_back(
+        &self,
+        root: &HostRoot,
+        kver: &str,
+        record: &SwapRecord,
+        previous_parameters: &str,
+    ) -> Rollback {
+        let previous = record.previous.clone();
+        // Without the previous version in the cache, the new one stays: a
+        // node with a module that fails validation is better than one with none.
+        let cached = previous.as_deref().and_then(|p| {
+            Cache::new(root)
+                .lookup(kver, p, SignedBy::Anyone)
+                .ok()
+                .flatten()
+        });
+        if cached.is_none() {
+            let prev = previous.unwrap_or_else(|| "(unversioned)".into());
+            return Rollback::NotCached {
+                path: PathBuf::from(Cache::host_path(kver, &prev)),
+                previous: prev,
+                now_loaded: root.loaded_version().ok().flatten(),
+            };
+        }
+        let unloaded = self.make_unloadable(root).and_then(|_| {
+            self.kernel
+                .unload(MODULE_NAME)
+                .map_err(|source| AgentError::Unload {
+                    loaded: record.target.clone(),
+                    source,
+                })
+        });
+        if let Err(e) = unloaded {
+            return Rollback::Failed {
+                previous: previous.unwrap_or_default(),
+                error: format!("the new module could not be unloaded: {e}"),
+                now_loaded: root.loaded_version().ok().flatten(),
+            };
+        }
+        match self.restore_previous(root, kver, Some((&previous, previous_parameters))) {
+            Rollback::Restored { previous } => {
+                let problems = self.settle(root, &record.before);
+                if problems.is_empty() {
+                    Rollback::Restored { previous }
+                } else {
+                    Rollback::RestoredDegraded { previous, problems }
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// With the target already loaded: a swap to it that has not validated
+    /// (an agent stopped after the load, or held after a failure) is
+    /// validated now, against what the old module served; a swap record of
+    /// another version is stale and removed.
+    fn revalidate(&self, root: &HostRoot, target: &str) -> Result<()> {
+        let Some(mut record) = validate::read_record(root) else {
+            return Ok(());
+        };
+        if !ttdrv_core::node::same_version(Some(&record.target), target) {
+            tracing::info!(swapped_to = %record.target, "removing the swap record of another version");
+            if let Err(e) = validate::clear_record(root) {
+                tracing::warn!(error = %e, "cannot remove the swap record");
+            }
+            return Ok(());
+        }
+        tracing::info!(
+            outcome = ?record.outcome,
+            before = %record.before.describe(),
+            "the swap to this version has not validated yet: validating it now"
+        );
+        let problems = self.settle(root, &record.before);
+        if problems.is_empty() {
+            if let Err(e) = validate::clear_record(root) {
+                tracing::warn!(error = %e, "cannot remove the swap record");
+            }
+            return Ok(());
+        }
+        record.outcome = SwapOutcome::Held;
+        record.problems = problems.clone();
+        if let Err(e) = validate::write_record(root, &record) {
+            tracing::warn!(error = %e, "cannot keep the swap record");
+        }
+        Err(AgentError::ValidationFailed {
+            version: target.to_string(),
+            problems,
+            rollback: Box::new(Rollback::Held {
+                version: target.to_string(),
+            }),
         })
     }
 
@@ -939,6 +1230,26 @@ impl Agent<'_> {
             reason,
         }
     }
+}
+
+/// How often the validation looks at the cards again while they settle.
+const VALIDATION_POLL: Duration = Duration::from_millis(250);
+
+/// Why a swap to `target` under the go-ahead of `cycle` must not run again:
+/// this cycle's swap to it failed validation and was rolled back. None when
+/// the record is of another swap.
+pub fn used_go_ahead(record: &SwapRecord, target: &str, cycle: i64) -> Option<String> {
+    let SwapOutcome::RolledBack { to } = &record.outcome else {
+        return None;
+    };
+    (record.cycle == Some(cycle) && ttdrv_core::node::same_version(Some(&record.target), target))
+        .then(|| {
+            format!(
+                "the swap to {target} in this cycle failed ({}) and was rolled back to {to}; \
+                 this go-ahead opens no second swap: a retry of the node starts a new cycle",
+                record.problems.join("; ")
+            )
+        })
 }
 
 /// The CPU priority of a build.

@@ -21,6 +21,16 @@ pub enum Rollback {
     },
     /// The previous version was loaded again from the cache.
     Restored { previous: String },
+    /// The previous version was loaded again, but it does not serve every
+    /// card it served before the swap either (a card that went away, not
+    /// the new version's fault).
+    RestoredDegraded {
+        previous: String,
+        problems: Vec<String>,
+    },
+    /// Not rolled back on purpose (`onValidationFailure: hold`): the new
+    /// version stays loaded for a person to look at.
+    Held { version: String },
     /// Loading the previous version failed as well.
     Failed {
         previous: String,
@@ -52,6 +62,15 @@ impl fmt::Display for Rollback {
                     "rolled back: the previous version {previous} is loaded again from the cache"
                 )
             }
+            Rollback::RestoredDegraded { previous, problems } => write!(
+                f,
+                "rolled back: the previous version {previous} is loaded again from the cache, but it does not serve every card either ({}): look at the cards",
+                problems.join("; ")
+            ),
+            Rollback::Held { version } => write!(
+                f,
+                "not rolled back (onValidationFailure: hold): {version} stays loaded and the node stays out of service for a person to look at"
+            ),
             Rollback::Failed {
                 previous,
                 error,
@@ -259,6 +278,16 @@ pub enum AgentError {
     },
 
     #[error(
+        "tenstorrent {version} loaded but failed validation: {}; {rollback}",
+        problems.join("; ")
+    )]
+    ValidationFailed {
+        version: String,
+        problems: Vec<String>,
+        rollback: Box<Rollback>,
+    },
+
+    #[error(
         "the module built at {} is for another kernel (vermagic {vermagic:?}), not the running {kver}; check that lib/modules/{kver}/build holds that kernel's headers",
         path.display()
     )]
@@ -376,7 +405,7 @@ impl AgentError {
     /// for errors that name none (they only exit non-zero). The one place
     /// that maps errors to reasons.
     pub fn reason(&self) -> Option<&'static str> {
-        use ttdrv_core::reason::{BUILD_FAILED, DEVICE_BUSY, LOAD_FAILED};
+        use ttdrv_core::reason::{BUILD_FAILED, DEVICE_BUSY, LOAD_FAILED, VALIDATION_FAILED};
         match self {
             // Something holds the device: the error lists the holders.
             AgentError::Busy { .. } | AgentError::UnloadTimeout { .. } => Some(DEVICE_BUSY),
@@ -414,6 +443,8 @@ impl AgentError {
             | AgentError::KeyNotTrusted { .. }
             | AgentError::ParameterNotDeclared { .. }
             | AgentError::ParametersNotInEffect { .. } => Some(LOAD_FAILED),
+            // It loaded but does not serve every card it served before.
+            AgentError::ValidationFailed { .. } => Some(VALIDATION_FAILED),
             AgentError::Io { .. }
             | AgentError::KernelRelease { .. }
             | AgentError::InvalidKernelRelease(_)

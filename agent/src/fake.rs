@@ -46,6 +46,9 @@ pub struct FakeKernel {
     /// If true, a load succeeds but its parameters do not take (sysfs shows
     /// the defaults), as for a parameter the kernel ignored.
     pub drop_parameters: bool,
+    /// Versions that load but probe no card (a release that does not know
+    /// the cards): nothing bound, no class device, no device node.
+    pub probe_none: Mutex<HashSet<String>>,
 }
 
 impl FakeKernel {
@@ -62,7 +65,16 @@ impl FakeKernel {
             reject_key: false,
             probes: Mutex::new(0),
             drop_parameters: false,
+            probe_none: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// `version` loads but probes no card ([`Self::probe_none`]).
+    pub fn probing_none(self, version: &str) -> Self {
+        if let Ok(mut p) = self.probe_none.lock() {
+            p.insert(version.to_string());
+        }
+        self
     }
 
     pub fn failing(self, version: &str) -> Self {
@@ -171,9 +183,14 @@ impl KernelOps for FakeKernel {
                 .map_err(|_| errno(nix::errno::Errno::EINVAL))?;
             values.insert(k.to_string(), v);
         }
+        let probes_none = self.probe_none.lock().is_ok_and(|p| p.contains(&version));
         let shown = self.report_version.clone().unwrap_or(version);
         set_loaded(self.root.root(), &shown, 0)?;
-        set_parameters(self.root.root(), &values)
+        set_parameters(self.root.root(), &values)?;
+        if !probes_none {
+            bind_cards(self.root.root())?;
+        }
+        Ok(())
     }
 
     fn probe(&self, _module: &fs::File) -> io::Result<()> {
@@ -213,6 +230,7 @@ impl KernelOps for FakeKernel {
         if let Ok(mut u) = self.unloads.lock() {
             *u += 1;
         }
+        unbind_cards(self.root.root())?;
         fs::remove_dir_all(self.module_dir())
     }
 }
@@ -322,6 +340,89 @@ pub fn set_loaded(root: &Path, version: &str, refcnt: u32) -> io::Result<()> {
     fs::create_dir_all(&dir)?;
     fs::write(dir.join("version"), format!("{version}\n"))?;
     fs::write(dir.join("refcnt"), format!("{refcnt}\n"))?;
+    Ok(())
+}
+
+/// Lays out `n` Tenstorrent PCI functions (`0000:0N:00.0`, Wormhole) on the
+/// fake host's bus, bound to nothing; [`bind_cards`] (and every load of the
+/// fake kernel) binds them.
+pub fn add_cards(root: &Path, n: u32) -> io::Result<()> {
+    let r = HostRoot::new(root);
+    for i in 0..n {
+        let dir = r.path(format!("/sys/bus/pci/devices/0000:{:02x}:00.0", i + 1));
+        fs::create_dir_all(&dir)?;
+        fs::write(dir.join("vendor"), "0x1e52\n")?;
+        fs::write(dir.join("device"), "0x401e\n")?;
+    }
+    Ok(())
+}
+
+/// The fake bus's Tenstorrent functions, sorted.
+fn tenstorrent_functions(r: &HostRoot) -> Vec<String> {
+    let mut out: Vec<String> = fs::read_dir(r.path("/sys/bus/pci/devices"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            fs::read_to_string(e.path().join("vendor")).is_ok_and(|v| v.trim() == "0x1e52")
+        })
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Binds every Tenstorrent function of the fake bus to tenstorrent, as a
+/// load of tt-kmd does: a link in the PCI driver's directory, a class device
+/// `tenstorrent!N` (its `device` link to the function, `tt_asic_id` and
+/// `tt_serial`) and a device node `/dev/tenstorrent/N`. Nothing without
+/// functions.
+pub fn bind_cards(root: &Path) -> io::Result<()> {
+    let r = HostRoot::new(root);
+    let functions = tenstorrent_functions(&r);
+    if functions.is_empty() {
+        return Ok(());
+    }
+    let driver = r.path("/sys/bus/pci/drivers/tenstorrent");
+    fs::create_dir_all(&driver)?;
+    fs::create_dir_all(r.path("/sys/class/tenstorrent"))?;
+    fs::create_dir_all(r.path("/dev/tenstorrent"))?;
+    for (i, f) in functions.iter().enumerate() {
+        let link = driver.join(f);
+        if fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("../../devices/{f}"), &link)?;
+        }
+        let card = r.path(format!("/sys/class/tenstorrent/tenstorrent!{i}"));
+        fs::create_dir_all(&card)?;
+        let device = card.join("device");
+        if fs::symlink_metadata(&device).is_err() {
+            std::os::unix::fs::symlink(format!("../../../bus/pci/devices/{f}"), &device)?;
+        }
+        fs::write(card.join("tt_asic_id"), format!("5A17C0DE000000{i:02X}\n"))?;
+        fs::write(card.join("tt_serial"), format!("0x10001{i:02x}\n"))?;
+        fs::write(r.path(format!("/dev/tenstorrent/{i}")), "")?;
+    }
+    Ok(())
+}
+
+/// Undoes [`bind_cards`], as an unload of tt-kmd does.
+pub fn unbind_cards(root: &Path) -> io::Result<()> {
+    let r = HostRoot::new(root);
+    for dir in ["/sys/bus/pci/drivers/tenstorrent", "/sys/class/tenstorrent"] {
+        match fs::remove_dir_all(r.path(dir)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    if tenstorrent_functions(&r).is_empty() {
+        return Ok(());
+    }
+    for e in fs::read_dir(r.path("/dev/tenstorrent")).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        if name.to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+            fs::remove_file(e.path())?;
+        }
+    }
     Ok(())
 }
 

@@ -28,6 +28,7 @@
 //! - [`cache`]: the verified module cache on the host (record, checks, eviction, pruning); uses `error`, `host`, `hostfs`, `modinfo`, `signing`.
 //! - [`kbuild`]: linking the host's Debian kbuild trees for a build; uses `error`, `host`.
 //! - [`devices`]: the udev rule, device-node modes and the old /opt/tt venv; uses `host`, `hostfs`.
+//! - [`validate`]: the check after a swap (every card served before is served after, its attributes readable) and the swap record kept on the host; uses `cache`, `host`, `hostfs`.
 //! - [`agent`]: the run sequence and its decisions (labels, the second key); uses all of the above.
 //! - [`unload`]: `spec.unmanage`: unload only, with the unload go-ahead; uses `agent`, `pod`.
 //! - [`status`]: the `status` subcommand's report; uses `agent`, `cache`, `holders`, `host`, `signing`.
@@ -53,6 +54,7 @@ pub mod pod;
 pub mod signing;
 pub mod status;
 pub mod unload;
+pub mod validate;
 
 pub use agent::{Agent, Config, ModuleSource, Outcome};
 pub use error::{AgentError, Result, Rollback};

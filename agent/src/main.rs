@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use ttdrv_api::OnValidationFailure;
 use ttdrv_api::labels::{self, env};
 
 use ttdrv_agent::build::GitMakeBuilder;
@@ -93,6 +94,18 @@ struct RunArgs {
     /// spaces (the canonical string of the policy's spec.moduleParameters).
     #[arg(long, env = env::MODULE_PARAMETERS, default_value = "")]
     module_parameters: String,
+
+    /// Seconds the new module has after its load to serve every card the
+    /// old one served (`upgradePolicy.validation.timeoutSeconds`).
+    #[arg(long, env = env::VALIDATION_TIMEOUT, default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    validation_timeout_seconds: u64,
+
+    /// When the new module fails validation: `rollback` (load the previous
+    /// version again from the cache) or `hold` (keep it loaded for a person).
+    #[arg(long, env = env::ON_VALIDATION_FAILURE, default_value = "rollback",
+          value_parser = parse_on_validation_failure)]
+    on_validation_failure: OnValidationFailure,
 
     /// Seconds to wait for refcnt 0 after killing holders (at most a day).
     #[arg(long, env = "TTDRV_UNLOAD_TIMEOUT_SECONDS", default_value_t = 30,
@@ -203,6 +216,11 @@ fn parse_bool(s: &str) -> Result<bool, String> {
         "false" | "no" | "0" | "off" | "n" | "f" | "" => Ok(false),
         other => Err(format!("{other:?} is not a boolean (use true or false)")),
     }
+}
+
+fn parse_on_validation_failure(s: &str) -> Result<OnValidationFailure, String> {
+    OnValidationFailure::parse(s)
+        .ok_or_else(|| format!("{s:?} is neither rollback nor hold (upgradePolicy.onValidationFailure)"))
 }
 
 fn init_logs(json: bool) {
@@ -318,6 +336,8 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         status_file,
         next_kernels: args.next_kernels,
         signing,
+        validation_timeout: Duration::from_secs(args.validation_timeout_seconds),
+        on_validation_failure: args.on_validation_failure,
     };
     tracing::info!(
         host_root = %host_root.display(),

@@ -190,6 +190,8 @@ fn a_refused_load_gives_load_failed_with_the_kernels_error() {
     let kernel = FakeKernel::new(h.root()).failing("2.8.0");
     let config = Config {
         status_file: None,
+        validation_timeout: std::time::Duration::from_millis(200),
+        on_validation_failure: Default::default(),
         ..h.config("2.8.0")
     };
     let err = Agent {

@@ -84,6 +84,8 @@ impl RealHost {
             signing: None,
             module_parameters: Default::default(),
             status_file: None,
+            validation_timeout: std::time::Duration::from_millis(200),
+            on_validation_failure: Default::default(),
         }
     }
 

@@ -119,6 +119,11 @@ pub mod env {
     /// "false" turns the agent's next-kernel preflight off
     /// (`upgradePolicy.prepare.nextKernels`); unset means on.
     pub const NEXT_KERNELS: &str = "TT_KMD_NEXT_KERNELS";
+    /// `upgradePolicy.validation.timeoutSeconds`; unset means the default.
+    pub const VALIDATION_TIMEOUT: &str = "TT_KMD_VALIDATION_TIMEOUT_SECONDS";
+    /// `upgradePolicy.onValidationFailure` (`rollback` or `hold`); unset
+    /// means rollback.
+    pub const ON_VALIDATION_FAILURE: &str = "TT_KMD_ON_VALIDATION_FAILURE";
     /// `spec.moduleParameters` as the canonical parameter string
     /// (`ttdrv_api::module_params::canonical`); unset when empty.
     pub const MODULE_PARAMETERS: &str = "TT_KMD_MODULE_PARAMETERS";

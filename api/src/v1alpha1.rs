@@ -298,6 +298,20 @@ pub struct UpgradePolicy {
     /// build.
     #[serde(default)]
     pub prepare: PreparePolicy,
+
+    /// The check after each swap, before the node goes back into service:
+    /// the new module must serve every Tenstorrent function and device node
+    /// the old one served, with every card's attributes readable.
+    #[serde(default)]
+    pub validation: ValidationPolicy,
+
+    /// What the installer does when the new module fails validation:
+    /// `rollback` loads the previous version again from the node's cache and
+    /// returns the node to service on it; `hold` keeps the new version loaded
+    /// and the node cordoned for a person. Either way the node is Failed
+    /// (ValidationFailed) and the rollout halts.
+    #[serde(default)]
+    pub on_validation_failure: OnValidationFailure,
 }
 
 impl Default for UpgradePolicy {
@@ -307,6 +321,63 @@ impl Default for UpgradePolicy {
             force_unload: false,
             max_unavailable: default_max_unavailable(),
             prepare: PreparePolicy::default(),
+            validation: ValidationPolicy::default(),
+            on_validation_failure: OnValidationFailure::default(),
+        }
+    }
+}
+
+/// `upgradePolicy.validation`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationPolicy {
+    /// Seconds the new module has, after its load, to serve every card the
+    /// old one served (cards probe and device nodes appear asynchronously).
+    #[serde(default = "default_validation_timeout")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: i64,
+}
+
+impl Default for ValidationPolicy {
+    fn default() -> Self {
+        Self {
+            timeout_seconds: DEFAULT_VALIDATION_TIMEOUT_SECONDS,
+        }
+    }
+}
+
+/// Default of `upgradePolicy.validation.timeoutSeconds`.
+pub const DEFAULT_VALIDATION_TIMEOUT_SECONDS: i64 = 60;
+
+fn default_validation_timeout() -> i64 {
+    DEFAULT_VALIDATION_TIMEOUT_SECONDS
+}
+
+/// `upgradePolicy.onValidationFailure`.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnValidationFailure {
+    /// Load the previous version again and return the node to service on it.
+    #[default]
+    Rollback,
+    /// Keep the new version loaded and the node cordoned for a person.
+    Hold,
+}
+
+impl OnValidationFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rollback => "rollback",
+            Self::Hold => "hold",
+        }
+    }
+
+    /// From the installer's environment (`rollback` or `hold`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "rollback" => Some(Self::Rollback),
+            "hold" => Some(Self::Hold),
+            _ => None,
         }
     }
 }

@@ -67,6 +67,11 @@ pub const DEVICE_BUSY: &str = "DeviceBusy";
 pub const BUILD_FAILED: &str = "BuildFailed";
 /// Failed (the agent's word): the kernel refused the module.
 pub const LOAD_FAILED: &str = "LoadFailed";
+/// Failed (the agent's word): the new module loaded but does not serve
+/// every card the old one served (or a card's attributes cannot be read);
+/// the previous version is back (`onValidationFailure: rollback`) or the
+/// new one is held for a person (`hold`).
+pub const VALIDATION_FAILED: &str = "ValidationFailed";
 /// In a cycle, the node is not Ready (reason kept while it lasts); Failed when
 /// a deadline passes while the node is not Ready.
 pub const NODE_NOT_READY: &str = "NodeNotReady";
@@ -87,7 +92,13 @@ pub fn go_code(reason: &str) -> Option<&'static str> {
 
 /// Reasons the agent gives for giving up, as the first word of its
 /// container's termination message (`<Reason>: <what happened>`).
-pub const AGENT_FAILURES: &[&str] = &[DEVICE_BUSY, BUILD_FAILED, LOAD_FAILED, UNLOAD_ERROR];
+pub const AGENT_FAILURES: &[&str] = &[
+    DEVICE_BUSY,
+    BUILD_FAILED,
+    LOAD_FAILED,
+    VALIDATION_FAILED,
+    UNLOAD_ERROR,
+];
 
 /// The agent's reason and words from a termination message, if it starts
 /// with one of [`AGENT_FAILURES`].
@@ -112,6 +123,7 @@ pub const FAILURES: &[&str] = &[
     DEVICE_BUSY,
     BUILD_FAILED,
     LOAD_FAILED,
+    VALIDATION_FAILED,
     NODE_NOT_READY,
     UNLOAD_TIMEOUT,
     UNLOAD_ERROR,
@@ -144,6 +156,7 @@ pub const ALL: &[&str] = &[
     DEVICE_BUSY,
     BUILD_FAILED,
     LOAD_FAILED,
+    VALIDATION_FAILED,
     NODE_NOT_READY,
     UNLOAD,
     VACATED,

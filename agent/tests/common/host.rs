@@ -91,6 +91,8 @@ impl TestHost {
             signing: None,
             module_parameters: Default::default(),
             status_file: Some(self.note()),
+            validation_timeout: std::time::Duration::from_millis(200),
+            on_validation_failure: Default::default(),
         }
     }
     /// Plants a verified cache entry for `version` whose module says

@@ -1,0 +1,199 @@
+//! The check after a swap (`validate`), on a fake host with two Tenstorrent
+//! functions: a swap that serves every card validates; one whose new module
+//! probes none is rolled back to the cached previous version (or held), its
+//! go-ahead is not used twice, and an agent restarted after the swap still
+//! checks it.
+
+mod common;
+
+use ttdrv_agent::Rollback;
+use ttdrv_agent::fake::{FakeKernel, add_cards, bind_cards, set_loaded};
+use ttdrv_agent::node::{FAKE_NODE, FAKE_POLICY, FakeNode, node_with, upgrading_record};
+use ttdrv_agent::validate::{self, SwapOutcome};
+use ttdrv_agent::{AgentError, Outcome};
+use ttdrv_api::OnValidationFailure;
+use ttdrv_api::labels;
+use ttdrv_core::go_ahead::GoAhead;
+use ttdrv_core::reason;
+
+use common::host::{TestHost as Host, assert_matches, go_ahead, run, run_polls};
+
+use ttdrv_agent::fake::FakeBuilder;
+
+/// 2.7.0 loaded, serving two cards; 2.7.0 and 2.8.0 cached.
+fn two_cards() -> Host {
+    let h = Host::with_loaded("2.7.0", 0);
+    add_cards(h.root(), 2).expect("cards");
+    bind_cards(h.root()).expect("bind");
+    h.cache("2.7.0");
+    h.cache("2.8.0");
+    h
+}
+
+fn kmd_label(node: &FakeNode) -> Option<String> {
+    node.labels().get(labels::KMD_VERSION).cloned().flatten()
+}
+
+/// A node whose go-ahead to swap to `target` is for the cycle that started at `cycle`.
+fn go_ahead_in_cycle(target: &str, cycle: i64) -> FakeNode {
+    let mut record = upgrading_record(FAKE_POLICY, target);
+    record.started = Some(cycle);
+    let go = GoAhead::for_cycle(FAKE_NODE, &record);
+    FakeNode::with(node_with(Some(&record), go.as_ref()))
+}
+
+#[test]
+fn a_swap_that_serves_every_card_validates_and_leaves_no_record() {
+    let h = two_cards();
+    let kernel = FakeKernel::new(h.root());
+    let node = go_ahead("2.8.0");
+    let out = h.run_with("2.8.0", &kernel, &node).expect("installed");
+    assert_matches!(out, Outcome::Installed { .. });
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+    let now = validate::inventory(&h.hr());
+    assert_eq!(now.functions.len(), 2, "{now:?}");
+    assert_eq!(now.device_nodes.len(), 2, "{now:?}");
+    assert_eq!(validate::read_record(&h.hr()), None);
+}
+
+#[test]
+fn a_module_that_probes_no_card_is_rolled_back_to_the_previous_version() {
+    let h = two_cards();
+    let kernel = FakeKernel::new(h.root()).probing_none("2.8.0");
+    let node = go_ahead("2.8.0");
+    let err = h
+        .run_with("2.8.0", &kernel, &node)
+        .expect_err("validation fails");
+    assert_eq!(err.reason(), Some(reason::VALIDATION_FAILED), "{err}");
+    assert_matches!(&err, AgentError::ValidationFailed { rollback, .. }
+        if matches!(rollback.as_ref(), Rollback::Restored { previous } if previous == "2.7.0"));
+    let msg = err.to_string();
+    for part in ["2.8.0", "0000:01:00.0", "0000:02:00.0", "rolled back", "2.7.0"] {
+        assert!(msg.contains(part), "{part:?} not in {msg}");
+    }
+    // 2.8.0 was loaded, then 2.7.0 again; both cards served as before.
+    assert_eq!(kernel.loads(), vec!["2.8.0".to_string(), "2.7.0".to_string()]);
+    assert_eq!(kernel.unloads(), 2);
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    assert_eq!(validate::inventory(&h.hr()).functions.len(), 2);
+    // The node says what runs now.
+    assert_eq!(kmd_label(&node).as_deref(), Some("2.7.0"));
+    let record = validate::read_record(&h.hr()).expect("record kept");
+    assert_eq!(
+        record.outcome,
+        SwapOutcome::RolledBack { to: "2.7.0".into() }
+    );
+    assert!(record.cycle.is_some());
+}
+
+#[test]
+fn a_rolled_back_swap_is_not_tried_again_under_the_same_go_ahead() {
+    let h = two_cards();
+    let node = go_ahead("2.8.0");
+    let first = FakeKernel::new(h.root()).probing_none("2.8.0");
+    h.run_with("2.8.0", &first, &node)
+        .expect_err("validation fails");
+    // The container restarts while the go-ahead is still on the node.
+    let again = FakeKernel::new(h.root()).probing_none("2.8.0");
+    let r = run_polls(&h.config("2.8.0"), &again, &FakeBuilder::default(), &node, 3);
+    assert_matches!(r.result, Ok(Outcome::Stopped { ref waiting }) if waiting.contains("rolled back to 2.7.0"));
+    assert!(again.loads().is_empty(), "swapped again: {:?}", again.loads());
+    assert_eq!(again.unloads(), 0);
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    // A retry is a new cycle: its go-ahead opens the swap again.
+    let retry = go_ahead_in_cycle("2.8.0", 1_700_000_999);
+    let fixed = FakeKernel::new(h.root());
+    let out = h.run_with("2.8.0", &fixed, &retry).expect("swapped");
+    assert_matches!(out, Outcome::Installed { .. });
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+    assert_eq!(validate::read_record(&h.hr()), None);
+}
+
+#[test]
+fn hold_keeps_the_new_module_loaded_and_a_restart_checks_it_again() {
+    let h = two_cards();
+    let config = ttdrv_agent::Config {
+        on_validation_failure: OnValidationFailure::Hold,
+        ..h.config("2.8.0")
+    };
+    let node = go_ahead("2.8.0");
+    let kernel = FakeKernel::new(h.root()).probing_none("2.8.0");
+    let err = run(&config, &kernel, &FakeBuilder::default(), &node).expect_err("held");
+    assert_matches!(&err, AgentError::ValidationFailed { rollback, .. }
+        if matches!(rollback.as_ref(), Rollback::Held { version } if version == "2.8.0"));
+    assert!(err.to_string().contains("hold"), "{err}");
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+    assert_eq!(kernel.unloads(), 1, "only the old module was unloaded");
+    assert_eq!(kmd_label(&node).as_deref(), Some("2.8.0"));
+    assert_eq!(
+        validate::read_record(&h.hr()).map(|r| r.outcome),
+        Some(SwapOutcome::Held)
+    );
+    // Restarted: the target is loaded, but it has not validated: still failed, nothing unloaded.
+    let restarted = FakeKernel::new(h.root());
+    let err = run(&config, &restarted, &FakeBuilder::default(), &node).expect_err("still held");
+    assert_eq!(err.reason(), Some(reason::VALIDATION_FAILED));
+    assert_eq!(restarted.unloads(), 0);
+    assert!(restarted.loads().is_empty());
+    // A person brings the cards back (here: binds them): the next start validates.
+    bind_cards(h.root()).expect("bind");
+    let out = run(&config, &FakeKernel::new(h.root()), &FakeBuilder::default(), &node)
+        .expect("validated");
+    assert_matches!(out, Outcome::AlreadyCurrent { .. });
+    assert_eq!(validate::read_record(&h.hr()), None);
+}
+
+#[test]
+fn without_the_previous_version_cached_the_new_one_stays_loaded() {
+    let h = Host::with_loaded("2.7.0", 0);
+    add_cards(h.root(), 1).expect("cards");
+    bind_cards(h.root()).expect("bind");
+    h.cache("2.8.0");
+    let kernel = FakeKernel::new(h.root()).probing_none("2.8.0");
+    let err = h
+        .run_with("2.8.0", &kernel, &go_ahead("2.8.0"))
+        .expect_err("validation fails");
+    assert_matches!(&err, AgentError::ValidationFailed { rollback, .. }
+        if matches!(rollback.as_ref(), Rollback::NotCached { .. }));
+    assert!(err.to_string().contains("could not roll back to 2.7.0"), "{err}");
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"), "not left with nothing");
+    assert_eq!(kernel.unloads(), 1);
+}
+
+#[test]
+fn an_agent_stopped_between_the_load_and_the_check_checks_on_its_next_start() {
+    let h = two_cards();
+    // What a swap leaves when the agent dies right after the load: the
+    // record of what 2.7.0 served, 2.8.0 loaded, its cards not (yet) there.
+    let record = validate::SwapRecord {
+        target: "2.8.0".into(),
+        previous: Some("2.7.0".into()),
+        cycle: Some(1),
+        before: validate::inventory(&h.hr()),
+        outcome: SwapOutcome::Validating,
+        problems: vec![],
+    };
+    validate::write_record(&h.hr(), &record).expect("record");
+    ttdrv_agent::fake::unbind_cards(h.root()).expect("unbind");
+    std::fs::remove_dir_all(h.p("/sys/module/tenstorrent")).expect("unload");
+    set_loaded(h.root(), "2.8.0", 0).expect("loaded");
+    let err = h
+        .run_with("2.8.0", &FakeKernel::new(h.root()), &go_ahead("2.8.0"))
+        .expect_err("not validated");
+    assert_eq!(err.reason(), Some(reason::VALIDATION_FAILED), "{err}");
+    assert!(err.to_string().contains("0000:01:00.0"), "{err}");
+}
+
+#[test]
+fn a_failed_load_put_back_is_not_retried_under_the_same_go_ahead() {
+    let h = two_cards();
+    let node = go_ahead("2.8.0");
+    let kernel = FakeKernel::new(h.root()).failing("2.8.0");
+    let err = h.run_with("2.8.0", &kernel, &node).expect_err("load fails");
+    assert_eq!(err.reason(), Some(reason::LOAD_FAILED));
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    let again = FakeKernel::new(h.root());
+    let r = run_polls(&h.config("2.8.0"), &again, &FakeBuilder::default(), &node, 3);
+    assert_matches!(r.result, Ok(Outcome::Stopped { .. }));
+    assert!(again.loads().is_empty(), "{:?}", again.loads());
+}
