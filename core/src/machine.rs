@@ -165,6 +165,14 @@ impl NodeRecord {
         self.cordon == Cordon::Ours
     }
 
+    /// The record halts the policy's rollout: Failed, or on its way there
+    /// (returning a rolled-back node to service after a failed validation).
+    pub fn halts_rollout(&self) -> bool {
+        self.state.is_failed()
+            || (self.state == NodeState::Uncordoning
+                && self.reason.as_deref() == Some(crate::reason::VALIDATION_FAILED))
+    }
+
     /// True while the node holds a `maxUnavailable` slot of this rollout:
     /// in a drained cycle (out of service because of it), or in a bounded
     /// one without drain.
@@ -792,6 +800,28 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 (&obs.installer_failure, &obs.installer)
                 && this_cycles(f)
             {
+                // The new module failed validation and the agent put the
+                // previous one back: the node returns to service on it, then
+                // fails (the rollout halts either way).
+                if f.reason == reason::VALIDATION_FAILED
+                    && !module_ok
+                    && let Some(back) = obs.loaded.as_deref()
+                {
+                    let msg = format!(
+                        "{}; the node is back in service on tt-kmd {back}{}",
+                        f.message,
+                        retry_hint(&want.policy)
+                    );
+                    let mut cmds = vec![Command::OpenGates];
+                    if rec.cordoned_by_us() {
+                        cmds.insert(0, Command::Uncordon);
+                    }
+                    return Step {
+                        record: enter(&rec, Uncordoning, f.reason, Some(msg), now),
+                        commands: cmds,
+                        needs_slot: false,
+                    };
+                }
                 let msg = format!("{}{}", f.message, retry_hint(&want.policy));
                 return stay(&enter(&rec, Failed, f.reason, Some(msg), now), vec![]);
             }
@@ -836,6 +866,13 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         Uncordoning => {
             let schedulable_ok = !rec.cordoned_by_us() || !obs.unschedulable;
             if schedulable_ok && !obs.gates_present {
+                if rec.halts_rollout() {
+                    // Rolled back after a failed validation: back in
+                    // service, and Failed until retried.
+                    let mut r = enter(&rec, Failed, reason::VALIDATION_FAILED, rec.message.clone(), now);
+                    r.cordon = Cordon::None;
+                    return stay(&r, vec![]);
+                }
                 let why = if obs.host_managed {
                     reason::HOST_MANAGED
                 } else {

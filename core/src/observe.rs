@@ -90,7 +90,7 @@ impl NodeView {
             ready: self.obs.ready,
             unavailable: self.externally_unavailable,
             unavailable_because: self.unavailable_because.clone(),
-            failed: state.is_failed(),
+            failed: rec.is_some_and(NodeRecord::halts_rollout),
             has_device_pods: self.has_device_pods,
             prepared: self.obs.prepared,
         }

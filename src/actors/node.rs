@@ -417,6 +417,19 @@ async fn report_transition(
                 ),
             );
         }
+        NodeState::Uncordoning if next.halts_rollout() && !prev.halts_rollout() => {
+            m.inc_rollback(&cr);
+            ctx.event(
+                policy,
+                true,
+                EventReason::NodeRolledBack,
+                "Rollback",
+                format!(
+                    "node {node}: {}",
+                    next.message.as_deref().unwrap_or(reason::VALIDATION_FAILED)
+                ),
+            );
+        }
         NodeState::Failed => {
             let reason = next.reason.as_deref().unwrap_or("Other");
             m.inc_failure(&cr, reason);

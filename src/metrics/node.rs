@@ -49,6 +49,7 @@ pub(super) struct NodeMetrics {
     phase_duration: Arc<Family>,
     node_upgrade_duration: Arc<Family>,
     node_failures: Arc<Family>,
+    node_rollbacks: Arc<Family>,
 }
 
 impl NodeMetrics {
@@ -92,6 +93,11 @@ impl NodeMetrics {
                 "Nodes that entered Failed, by reason (the reasons of Failed in docs/troubleshooting.md).",
                 &["cr", "reason"],
             ),
+            node_rollbacks: families.counter(
+                "ttdriver_node_rollbacks_total",
+                "Nodes whose new module failed validation and whose installer loaded the previous version again (onValidationFailure: rollback).",
+                &["cr"],
+            ),
         }
     }
 
@@ -100,6 +106,7 @@ impl NodeMetrics {
         for reason in FAILURE_REASONS {
             self.node_failures.touch(&[cr, reason]);
         }
+        self.node_rollbacks.touch(&[cr]);
     }
 }
 
@@ -156,6 +163,12 @@ impl Metrics {
         if seconds >= 0.0 {
             self.node.node_upgrade_duration.observe(&[cr], seconds);
         }
+    }
+
+    /// `ttdriver_node_rollbacks_total{cr}`.
+    pub fn inc_rollback(&self, cr: &str) {
+        self.ensure_cr(cr);
+        self.node.node_rollbacks.add(&[cr], 1.0);
     }
 
     /// `ttdriver_node_failures_total{cr,reason}`; an unknown reason counts as `Other`.

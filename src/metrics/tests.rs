@@ -90,6 +90,7 @@ fn golden_metrics_text() {
     m.observe_node_upgrade("fleet", -5.0);
     m.inc_failure("fleet", "DrainTimeout");
     m.inc_failure("fleet", "something the kernel said");
+    m.inc_rollback("fleet");
     m.set_policy_nodes(
         "fleet",
         &[(Done, 3), (Pending, 1), (Pending, 1), (Upgrading, 1)],

@@ -946,6 +946,66 @@ fn installer_failure_fails_the_node_at_once_with_its_cause() {
 }
 
 #[test]
+fn a_failed_validation_rolled_back_returns_the_node_to_service_then_fails() {
+    let failure = |message: &str| Failure {
+        reason: reason::VALIDATION_FAILED,
+        message: message.into(),
+        pod_created: Some(950),
+        terminated_at: Some(960),
+    };
+    // Rolled back: the agent reports 2.7.0 loaded again.
+    let o = Observation {
+        unschedulable: true,
+        gates_present: true,
+        loaded: Some("2.7.0".into()),
+        installer: InstallerPod::Current { ready: false },
+        installer_failure: Some(failure(
+            "the agent gave up: tenstorrent 2.8.0 loaded but failed validation: ...; rolled back",
+        )),
+        ..obs()
+    };
+    let s = step(&rec(Upgrading), &o, &want());
+    assert_eq!(s.record.state, Uncordoning);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::VALIDATION_FAILED));
+    assert_eq!(s.commands, vec![Command::Uncordon, Command::OpenGates]);
+    assert!(s.record.halts_rollout(), "no node starts meanwhile");
+    let msg = s.record.message.clone().unwrap_or_default();
+    assert!(
+        msg.contains("back in service on tt-kmd 2.7.0") && msg.contains("retry"),
+        "{msg}"
+    );
+    // Uncordoned and gates open: Failed, with nothing of ours left on the node.
+    let back = Observation {
+        unschedulable: false,
+        gates_present: false,
+        ..o.clone()
+    };
+    let f = step(&s.record, &back, &want());
+    assert_eq!(f.record.state, Failed);
+    assert_eq!(f.record.reason.as_deref(), Some(reason::VALIDATION_FAILED));
+    assert_eq!(f.record.cordon, Cordon::None);
+    assert_eq!(f.record.message, s.record.message);
+    assert!(f.commands.is_empty());
+    // An admin's cordon is left as it was.
+    let mut theirs = rec(Upgrading);
+    theirs.cordon = Cordon::Theirs;
+    assert_eq!(step(&theirs, &o, &want()).commands, vec![Command::OpenGates]);
+
+    // Held (onValidationFailure: hold): the target stays loaded, the node
+    // stays cordoned and Failed.
+    let held = Observation {
+        loaded: Some("2.8.0".into()),
+        parameters: Some(want().parameters.clone()),
+        ..o
+    };
+    let h = step(&rec(Upgrading), &held, &want());
+    assert_eq!(h.record.state, Failed);
+    assert_eq!(h.record.reason.as_deref(), Some(reason::VALIDATION_FAILED));
+    assert_eq!(h.record.cordon, Cordon::Ours);
+    assert!(h.commands.is_empty(), "{:?}", h.commands);
+}
+
+#[test]
 fn a_cycle_without_drain_never_swaps_a_module_it_finds() {
     let mut r = rec(Upgrading);
     r.no_drain = true;
