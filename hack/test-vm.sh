@@ -16,6 +16,10 @@
 #   6. back to 2.8.0, again from the cache
 #   7. a broken release (2.9.0, whose init fails) does not load; the agent
 #      puts 2.8.0 back from the cache and fails naming both
+#   7b. a release that loads but probes no card (2.9.1) fails validation
+#      (the card 2.8.0 served is gone); the agent rolls back to 2.8.0 from
+#      the cache, the card is served again, and it fails with
+#      ValidationFailed; the log's rollback_ms is printed
 #   8. without the go-ahead a loaded module stays, even with nothing holding it
 #   9. a poisoned cache: the 2.7.0 entry replaced by a module whose vermagic
 #      names another kernel (with a record that matches its hash) is evicted
@@ -139,10 +143,10 @@ if [[ -n ${TTDRV_VM_TTKMD_REPO:-} ]]; then
     what="real tt-kmd"
 else
     kmd_repo="$work/tt-kmd.git"
-    "$repo/tests/fixtures/stub-module/make-repo.sh" "$kmd_repo" 2.7.0 2.8.0 2.9.0:fail-init
-    versions=(2.7.0 2.8.0 2.9.0)
+    "$repo/tests/fixtures/stub-module/make-repo.sh" "$kmd_repo" 2.7.0 2.8.0 2.9.0:fail-init 2.9.1:probe-none
+    versions=(2.7.0 2.8.0 2.9.0 2.9.1)
     init_script="$repo/hack/vm/init"
-    expected=20
+    expected=21
     what="stub module"
 fi
 # TTDRV_VM_MEASURE=1: each build (the agent's own commands) measured from a

@@ -25,6 +25,13 @@
 //!   the build time the agent gives up with a `BuildFailed` termination message
 //!   (and tries again after the kubelet's back-off, 10 s doubling); the
 //!   loaded module is not touched.
+//! - `sim.ttdrv.io/validation-fails: "<version>"`: that version loads but
+//!   fails validation (it serves no card): as the real agent, after the swap
+//!   the agent rolls back to the version it replaced (labels say so) and
+//!   gives up with a `ValidationFailed` termination message, and does not
+//!   swap again under the same go-ahead; with `onValidationFailure: hold`
+//!   (env `TT_KMD_ON_VALIDATION_FAILURE=hold`) it keeps the version loaded
+//!   and fails at every restart while the annotation stays.
 //!
 //! Build ahead (issue 22), as the real agent: a target that is not cached is
 //! built first ([`SimAgentConfig::build`]), before the go-ahead is asked for,
@@ -75,6 +82,8 @@ pub const UNLOAD_FAIL_ANNOTATION: &str = "sim.ttdrv.io/unload-fail";
 pub const CACHED_ANNOTATION: &str = "sim.ttdrv.io/cached";
 /// Building this version fails (`BuildFailed`).
 pub const BUILD_FAIL_ANNOTATION: &str = "sim.ttdrv.io/build-fail";
+/// See the module doc.
+pub const VALIDATION_FAILS_ANNOTATION: &str = "sim.ttdrv.io/validation-fails";
 /// While waiting for the go-ahead the pod is read again at least this often
 /// (the Node is watched): a deleted pod stops waiting.
 const GO_AHEAD_RECHECK: Duration = Duration::from_secs(5);
@@ -282,6 +291,10 @@ async fn play_agent(
     let mut restarts = 0;
     let mut waiting: Option<String> = None;
     let mut node_changes = None;
+    // The cycle whose swap this agent rolled back: its go-ahead opens no
+    // second swap (the real agent's swap record).
+    let mut rolled_back_in: Option<i64> = None;
+    let hold = env_of(pod, labels::env::ON_VALIDATION_FAILURE).as_deref() == Some("hold");
     tokio::time::sleep(config.work).await;
     loop {
         // The pod may have been deleted meanwhile (node drained again, CR changed).
@@ -350,6 +363,20 @@ async fn play_agent(
         let at_target =
             ttdrv_core::node::is_loaded(loaded.map(String::as_str), in_effect.as_ref(), want);
         let swapping = mode == labels::INSTALL_MODE_CONTAINER && !target.is_empty() && !at_target;
+        let fails_validation = ann.get(VALIDATION_FAILS_ANNOTATION) == Some(&target);
+        if at_target && hold && fails_validation {
+            // Held: the restarted agent checks again, and fails again.
+            restarts += 1;
+            let msg = reason::termination_message(
+                reason::VALIDATION_FAILED,
+                &format!(
+                    "tenstorrent {target} loaded but failed validation: 1 of 1 function(s) served before the swap are not served now: 0000:01:00.0 (simulated); not rolled back (onValidationFailure: hold)"
+                ),
+            );
+            set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
+            tokio::time::sleep(crash_loop_backoff(restarts)).await;
+            continue;
+        }
         if swapping {
             // The prepare step, before any go-ahead: build what the cache
             // lacks, then say the node is prepared (the controller starts
@@ -412,6 +439,16 @@ async fn play_agent(
                 loaded.map(String::as_str),
                 in_effect.as_ref(),
             );
+            let swap = match swap {
+                go_ahead::Swap::GoAhead(go) if rolled_back_in == Some(go.cycle) => go_ahead::Swap::Wait(
+                    format!("the swap to {target} in this cycle failed validation and was rolled back"),
+                ),
+                other => other,
+            };
+            let cycle = match &swap {
+                go_ahead::Swap::GoAhead(go) => Some(go.cycle),
+                _ => None,
+            };
             if let go_ahead::Swap::Wait(why) = swap {
                 if waiting.as_deref() != Some(why.as_str()) {
                     tracing::info!(node = node_name, why, "sim-agent waiting");
@@ -440,6 +477,40 @@ async fn play_agent(
                 );
                 set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
                 tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            if fails_validation {
+                // Loaded, failed validation: back to what was loaded (or
+                // held), and the agent gives up.
+                if !config.load.is_zero() {
+                    tokio::time::sleep(config.load).await;
+                }
+                let previous = loaded.cloned().unwrap_or_default();
+                let (now, what) = if hold {
+                    (target.clone(), "not rolled back (onValidationFailure: hold)".to_string())
+                } else {
+                    rolled_back_in = cycle;
+                    (
+                        previous.clone(),
+                        format!("rolled back: the previous version {previous} is loaded again from the cache"),
+                    )
+                };
+                let patch = serde_json::json!({ "metadata": { "labels": {
+                    labels::KMD_VERSION: now,
+                    labels::KMD_PREPARED: null,
+                } } });
+                nodes
+                    .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                restarts += 1;
+                let msg = reason::termination_message(
+                    reason::VALIDATION_FAILED,
+                    &format!(
+                        "tenstorrent {target} loaded but failed validation: 1 of 1 function(s) served before the swap are not served now: 0000:01:00.0 (simulated); {what}"
+                    ),
+                );
+                set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
+                tokio::time::sleep(crash_loop_backoff(restarts)).await;
                 continue;
             }
         }
