@@ -39,6 +39,9 @@ pub struct StatusInput<'a> {
     pub conflicts: &'a [(String, String)],
     /// Why the rollout cannot start more nodes now, if it cannot.
     pub blocked: Option<&'a str>,
+    /// New starts are held (a soak, a closed maintenance window): the
+    /// reason, for the Progressing condition.
+    pub held: Option<&'static str>,
     /// The fleet-health brake is on: the policy's NotReady nodes.
     pub braked: Option<&'a [String]>,
     /// The cluster refuses the policy (its DaemonSet apply, its drain
@@ -319,6 +322,8 @@ pub fn build(
                 "Refused"
             } else if input.braked.is_some() {
                 "Braked"
+            } else if let Some(held) = input.held {
+                held
             } else {
                 "Upgrading"
             },

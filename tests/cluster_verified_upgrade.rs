@@ -48,7 +48,11 @@ async fn a_failed_validation_rolls_back_returns_the_node_and_halts_then_retry_up
     let cordons = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     let failed = wait_node(&env, &policy, &first, NodeState::Failed, T).await;
-    assert_eq!(failed.reason.as_deref(), Some("ValidationFailed"), "{failed:?}");
+    assert_eq!(
+        failed.reason.as_deref(),
+        Some("ValidationFailed"),
+        "{failed:?}"
+    );
     assert_message(&failed, "back in service on tt-kmd 2.7.0");
     assert_message(&failed, "rolled back");
     assert_message(&failed, "retry");
@@ -87,11 +91,18 @@ async fn hold_keeps_the_failed_node_cordoned_on_the_new_version() {
     let cordons = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     let failed = wait_node(&env, &policy, &first, NodeState::Failed, T).await;
-    assert_eq!(failed.reason.as_deref(), Some("ValidationFailed"), "{failed:?}");
+    assert_eq!(
+        failed.reason.as_deref(),
+        Some("ValidationFailed"),
+        "{failed:?}"
+    );
     assert_message(&failed, "hold");
     let node = env.get_node(&first).await;
     assert!(unschedulable(&node), "held: the node stays cordoned");
-    assert!(!gate_labels(&node).is_empty(), "held: its gates stay closed");
+    assert!(
+        !gate_labels(&node).is_empty(),
+        "held: its gates stay closed"
+    );
     assert_eq!(kmd(&node).as_deref(), Some("2.8.0"));
     halted_at(&env, &policy, &nodes, &first, &cordons).await;
     assert!(

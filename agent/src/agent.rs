@@ -935,8 +935,7 @@ impl Agent<'_> {
         let start = Instant::now();
         loop {
             let now = validate::inventory(root);
-            let problems =
-                validate::problems(before, &now, &validate::unreadable_attributes(root));
+            let problems = validate::problems(before, &now, &validate::unreadable_attributes(root));
             if problems.is_empty() {
                 tracing::info!(
                     serves = %now.describe(),
@@ -1009,11 +1008,10 @@ impl Agent<'_> {
                     "rollback after a failed validation"
                 );
                 record.outcome = match &rollback {
-                    Rollback::Restored { previous } | Rollback::RestoredDegraded { previous, .. } => {
-                        SwapOutcome::RolledBack {
-                            to: previous.clone(),
-                        }
-                    }
+                    Rollback::Restored { previous }
+                    | Rollback::RestoredDegraded { previous, .. } => SwapOutcome::RolledBack {
+                        to: previous.clone(),
+                    },
                     // Whatever is loaded now is not validated: held.
                     _ => SwapOutcome::Held,
                 };

@@ -363,9 +363,7 @@ fn tenstorrent_functions(r: &HostRoot) -> Vec<String> {
         .into_iter()
         .flatten()
         .filter_map(|e| e.ok())
-        .filter(|e| {
-            fs::read_to_string(e.path().join("vendor")).is_ok_and(|v| v.trim() == "0x1e52")
-        })
+        .filter(|e| fs::read_to_string(e.path().join("vendor")).is_ok_and(|v| v.trim() == "0x1e52"))
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
     out.sort();
@@ -417,9 +415,16 @@ pub fn unbind_cards(root: &Path) -> io::Result<()> {
     if tenstorrent_functions(&r).is_empty() {
         return Ok(());
     }
-    for e in fs::read_dir(r.path("/dev/tenstorrent")).into_iter().flatten().flatten() {
+    for e in fs::read_dir(r.path("/dev/tenstorrent"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let name = e.file_name();
-        if name.to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+        if name
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
             fs::remove_file(e.path())?;
         }
     }

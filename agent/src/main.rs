@@ -219,8 +219,9 @@ fn parse_bool(s: &str) -> Result<bool, String> {
 }
 
 fn parse_on_validation_failure(s: &str) -> Result<OnValidationFailure, String> {
-    OnValidationFailure::parse(s)
-        .ok_or_else(|| format!("{s:?} is neither rollback nor hold (upgradePolicy.onValidationFailure)"))
+    OnValidationFailure::parse(s).ok_or_else(|| {
+        format!("{s:?} is neither rollback nor hold (upgradePolicy.onValidationFailure)")
+    })
 }
 
 fn init_logs(json: bool) {

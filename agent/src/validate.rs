@@ -25,8 +25,8 @@ use std::fs;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::CACHE_DIR;
-use crate::hostfs::HostFsError;
 use crate::host::HostRoot;
+use crate::hostfs::HostFsError;
 
 /// tt-kmd's device class.
 pub const CLASS_DIR: &str = "/sys/class/tenstorrent";
@@ -64,7 +64,11 @@ impl Inventory {
             } else {
                 format!(
                     " ({})",
-                    self.functions.iter().cloned().collect::<Vec<_>>().join(", ")
+                    self.functions
+                        .iter()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
             },
             self.device_nodes.len()
@@ -289,7 +293,10 @@ mod tests {
         let before = inv(&["0000:01:00.0", "0000:02:00.0"], &["0", "1"]);
         assert!(problems(&before, &before.clone(), &[]).is_empty());
         // More is fine (a card that was bound elsewhere came back).
-        let more = inv(&["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"], &["0", "1", "2"]);
+        let more = inv(
+            &["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"],
+            &["0", "1", "2"],
+        );
         assert!(problems(&before, &more, &[]).is_empty());
         // Nothing before: nothing to lose.
         assert!(problems(&Inventory::default(), &Inventory::default(), &[]).is_empty());
@@ -301,7 +308,10 @@ mod tests {
         let now = inv(&["0000:01:00.0"], &["0"]);
         let p = problems(&before, &now, &[]);
         assert_eq!(p.len(), 2, "{p:?}");
-        assert!(p[0].contains("1 of 2") && p[0].contains("0000:02:00.0"), "{p:?}");
+        assert!(
+            p[0].contains("1 of 2") && p[0].contains("0000:02:00.0"),
+            "{p:?}"
+        );
         assert!(p[1].contains("1 device node(s), 2 before"), "{p:?}");
     }
 
@@ -338,7 +348,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = HostRoot::new(dir.path());
         let card = root.path(format!("{CLASS_DIR}/tenstorrent!0"));
-        std::fs::create_dir_all(card.join("tt_serial")).expect("a directory where a file should be");
+        std::fs::create_dir_all(card.join("tt_serial"))
+            .expect("a directory where a file should be");
         std::fs::write(card.join("tt_asic_id"), "5A17C0DE00000000\n").expect("asic id");
         std::fs::write(card.join("uevent"), "").expect("not ours");
         let bad = unreadable_attributes(&root);

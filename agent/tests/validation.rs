@@ -68,11 +68,20 @@ fn a_module_that_probes_no_card_is_rolled_back_to_the_previous_version() {
     assert_matches!(&err, AgentError::ValidationFailed { rollback, .. }
         if matches!(rollback.as_ref(), Rollback::Restored { previous } if previous == "2.7.0"));
     let msg = err.to_string();
-    for part in ["2.8.0", "0000:01:00.0", "0000:02:00.0", "rolled back", "2.7.0"] {
+    for part in [
+        "2.8.0",
+        "0000:01:00.0",
+        "0000:02:00.0",
+        "rolled back",
+        "2.7.0",
+    ] {
         assert!(msg.contains(part), "{part:?} not in {msg}");
     }
     // 2.8.0 was loaded, then 2.7.0 again; both cards served as before.
-    assert_eq!(kernel.loads(), vec!["2.8.0".to_string(), "2.7.0".to_string()]);
+    assert_eq!(
+        kernel.loads(),
+        vec!["2.8.0".to_string(), "2.7.0".to_string()]
+    );
     assert_eq!(kernel.unloads(), 2);
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
     assert_eq!(validate::inventory(&h.hr()).functions.len(), 2);
@@ -95,9 +104,19 @@ fn a_rolled_back_swap_is_not_tried_again_under_the_same_go_ahead() {
         .expect_err("validation fails");
     // The container restarts while the go-ahead is still on the node.
     let again = FakeKernel::new(h.root()).probing_none("2.8.0");
-    let r = run_polls(&h.config("2.8.0"), &again, &FakeBuilder::default(), &node, 3);
+    let r = run_polls(
+        &h.config("2.8.0"),
+        &again,
+        &FakeBuilder::default(),
+        &node,
+        3,
+    );
     assert_matches!(r.result, Ok(Outcome::Stopped { ref waiting }) if waiting.contains("rolled back to 2.7.0"));
-    assert!(again.loads().is_empty(), "swapped again: {:?}", again.loads());
+    assert!(
+        again.loads().is_empty(),
+        "swapped again: {:?}",
+        again.loads()
+    );
     assert_eq!(again.unloads(), 0);
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
     // A retry is a new cycle: its go-ahead opens the swap again.
@@ -137,8 +156,13 @@ fn hold_keeps_the_new_module_loaded_and_a_restart_checks_it_again() {
     assert!(restarted.loads().is_empty());
     // A person brings the cards back (here: binds them): the next start validates.
     bind_cards(h.root()).expect("bind");
-    let out = run(&config, &FakeKernel::new(h.root()), &FakeBuilder::default(), &node)
-        .expect("validated");
+    let out = run(
+        &config,
+        &FakeKernel::new(h.root()),
+        &FakeBuilder::default(),
+        &node,
+    )
+    .expect("validated");
     assert_matches!(out, Outcome::AlreadyCurrent { .. });
     assert_eq!(validate::read_record(&h.hr()), None);
 }
@@ -155,8 +179,15 @@ fn without_the_previous_version_cached_the_new_one_stays_loaded() {
         .expect_err("validation fails");
     assert_matches!(&err, AgentError::ValidationFailed { rollback, .. }
         if matches!(rollback.as_ref(), Rollback::NotCached { .. }));
-    assert!(err.to_string().contains("could not roll back to 2.7.0"), "{err}");
-    assert_eq!(h.loaded().as_deref(), Some("2.8.0"), "not left with nothing");
+    assert!(
+        err.to_string().contains("could not roll back to 2.7.0"),
+        "{err}"
+    );
+    assert_eq!(
+        h.loaded().as_deref(),
+        Some("2.8.0"),
+        "not left with nothing"
+    );
     assert_eq!(kernel.unloads(), 1);
 }
 
@@ -193,7 +224,13 @@ fn a_failed_load_put_back_is_not_retried_under_the_same_go_ahead() {
     assert_eq!(err.reason(), Some(reason::LOAD_FAILED));
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
     let again = FakeKernel::new(h.root());
-    let r = run_polls(&h.config("2.8.0"), &again, &FakeBuilder::default(), &node, 3);
+    let r = run_polls(
+        &h.config("2.8.0"),
+        &again,
+        &FakeBuilder::default(),
+        &node,
+        3,
+    );
     assert_matches!(r.result, Ok(Outcome::Stopped { .. }));
     assert!(again.loads().is_empty(), "{:?}", again.loads());
 }

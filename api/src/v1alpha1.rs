@@ -312,6 +312,68 @@ pub struct UpgradePolicy {
     /// (ValidationFailed) and the rollout halts.
     #[serde(default)]
     pub on_validation_failure: OnValidationFailure,
+
+    /// Seconds to watch each upgraded node before the next one starts. The
+    /// rollout halts (the node Failed, reason SoakFailed) when, during its
+    /// soak, the node goes NotReady, its installer stops reporting the
+    /// module, or a pod using its devices crash-loops. 0: no soak.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 604800))]
+    pub soak_seconds: i64,
+
+    /// When new cycles may start. Empty: any time. Outside every window no
+    /// node starts a cycle (cycles in progress finish, build-ahead goes on).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "atomic"))]
+    pub maintenance_windows: Vec<MaintenanceWindow>,
+}
+
+/// One `upgradePolicy.maintenanceWindows[]` entry: a daily span of local
+/// time on some days of the week.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.start != self.end",
+    "message": "a maintenance window's start and end must differ (an end before the start runs past midnight)"
+}]))]
+pub struct MaintenanceWindow {
+    /// The days the window opens on, in its time zone (a window past
+    /// midnight belongs to the day it opens on). Empty: every day.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7), extend("x-kubernetes-list-type" = "set"))]
+    pub days: Vec<Weekday>,
+    /// Opening time, `HH:MM` (24-hour clock, local time).
+    #[schemars(length(max = 5), regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
+    pub start: String,
+    /// Closing time, `HH:MM`, or `24:00`; before `start` the window runs
+    /// past midnight into the next day.
+    #[schemars(
+        length(max = 5),
+        regex(pattern = r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$")
+    )]
+    pub end: String,
+    /// IANA time zone of `start` and `end`, e.g. `Europe/Berlin`.
+    #[serde(default = "utc")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9_+./-]+$"))]
+    pub time_zone: String,
+}
+
+/// A day of the week.
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum Weekday {
+    Mon,
+    Tue,
+    Wed,
+    Thu,
+    Fri,
+    Sat,
+    Sun,
+}
+
+fn utc() -> String {
+    "UTC".to_string()
 }
 
 impl Default for UpgradePolicy {
@@ -323,6 +385,8 @@ impl Default for UpgradePolicy {
             prepare: PreparePolicy::default(),
             validation: ValidationPolicy::default(),
             on_validation_failure: OnValidationFailure::default(),
+            soak_seconds: 0,
+            maintenance_windows: Vec::new(),
         }
     }
 }

@@ -76,6 +76,8 @@ pub struct PodFacts {
     /// Its node affinity requires a deploy gate not to be "false": the
     /// DaemonSet controller removes it when the gates close ([`follows_deploy_gate`]).
     pub follows_gate: bool,
+    /// A container of it waits in CrashLoopBackOff.
+    pub crash_looping: bool,
 }
 
 impl PodFacts {
@@ -124,6 +126,19 @@ impl PodFacts {
             ),
             deleting: pod.metadata.deletion_timestamp.is_some(),
             follows_gate: follows_deploy_gate(pod),
+            crash_looping: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.waiting.as_ref())
+                        .and_then(|w| w.reason.as_deref())
+                        == Some("CrashLoopBackOff")
+                }),
         }
     }
 

@@ -25,6 +25,8 @@ pub fn desired() -> Desired {
         parameters: Default::default(),
         min_firmware: None,
         combine_with_firmware: true,
+        soak_seconds: 0,
+        hold: None,
     }
 }
 

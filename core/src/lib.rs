@@ -34,4 +34,6 @@ pub mod prepare;
 pub mod reason;
 pub mod rollout;
 pub mod selection;
+pub mod soak;
 pub mod trust;
+pub mod window;

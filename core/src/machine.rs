@@ -261,6 +261,9 @@ pub struct Observation {
     /// ([`crate::claim::firmware_first`]): a swap goes after it, under the
     /// cordon it hands over.
     pub firmware_first: Option<String>,
+    /// Pods using the node's devices whose containers crash-loop
+    /// (`namespace/name`): trouble during a soak.
+    pub device_pods_crash_looping: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -289,6 +292,20 @@ pub struct Desired {
     /// and drain for both ([`crate::claim`]). The controller's
     /// `--combine-firmware-and-driver` (on by default).
     pub combine_with_firmware: bool,
+    /// `upgradePolicy.soakSeconds`: trouble on a node this long after its
+    /// upgrade fails it ([`crate::soak`]).
+    pub soak_seconds: i64,
+    /// No new slot-holding cycle starts now (a soak, a closed maintenance
+    /// window): the reason and why. Build-ahead and cycles in progress go on.
+    pub hold: Option<Hold>,
+}
+
+/// Why no new cycle starts now ([`Desired::hold`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    /// One of [`reason::SOAKING`], [`reason::OUTSIDE_MAINTENANCE_WINDOW`].
+    pub reason: &'static str,
+    pub why: String,
 }
 
 impl Desired {
@@ -311,6 +328,8 @@ impl Desired {
             parameters: spec.parameter_values(),
             min_firmware: spec.min_firmware_version.clone(),
             combine_with_firmware: true,
+            soak_seconds: spec.upgrade_policy.soak_seconds,
+            hold: None,
         }
     }
 
@@ -380,6 +399,24 @@ fn wait_for_slot(rec: &NodeRecord, why: String, now: i64) -> Step {
     Step {
         needs_slot: true,
         ..wait(rec, why, now)
+    }
+}
+
+/// Pending, held by [`Desired::hold`]: the node still needs a slot (the
+/// rollout grants none while the hold lasts), with the hold's reason.
+fn held(rec: &NodeRecord, hold: &Hold, now: i64) -> Step {
+    Step {
+        needs_slot: true,
+        ..stay(
+            &enter(
+                rec,
+                NodeState::Pending,
+                hold.reason,
+                Some(hold.why.clone()),
+                now,
+            ),
+            vec![],
+        )
     }
 }
 
@@ -629,6 +666,12 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 // (a new installer template) takes a slot like any cycle: a
                 // fleet's pods are replaced maxUnavailable at a time.
                 let bounded = module_ok && stale;
+                if bounded
+                    && !obs.slot
+                    && let Some(h) = &want.hold
+                {
+                    return held(&rec, h, now);
+                }
                 if bounded && !obs.slot {
                     let why = format!(
                         "waiting for a maxUnavailable slot to replace the installer pod in place (tt-kmd {} stays loaded)",
@@ -653,6 +696,11 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             }
             if want.prepare && !obs.prepared {
                 return prepare_ahead(&rec, obs, want);
+            }
+            if !obs.slot
+                && let Some(h) = &want.hold
+            {
+                return held(&rec, h, now);
             }
             if !obs.slot {
                 let why = format!("waiting for a maxUnavailable slot to upgrade {}", upgrade());
@@ -869,7 +917,13 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 if rec.halts_rollout() {
                     // Rolled back after a failed validation: back in
                     // service, and Failed until retried.
-                    let mut r = enter(&rec, Failed, reason::VALIDATION_FAILED, rec.message.clone(), now);
+                    let mut r = enter(
+                        &rec,
+                        Failed,
+                        reason::VALIDATION_FAILED,
+                        rec.message.clone(),
+                        now,
+                    );
                     r.cordon = Cordon::None;
                     return stay(&r, vec![]);
                 }
@@ -892,6 +946,22 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             stay(&rec, cmds)
         }
         Done => {
+            let soaking = want.soak_seconds > 0
+                && rec.reason.as_deref() == Some(reason::UPGRADED)
+                && now - rec.since < want.soak_seconds;
+            if soaking && let Some(trouble) = crate::soak::trouble(obs) {
+                let msg = format!(
+                    "{trouble}, {}s after its upgrade to {} (upgradePolicy.soakSeconds: {}): the rollout halts{}",
+                    now - rec.since,
+                    rec.target,
+                    want.soak_seconds,
+                    retry_hint(&want.policy)
+                );
+                return stay(
+                    &enter(&rec, Failed, reason::SOAK_FAILED, Some(msg), now),
+                    vec![],
+                );
+            }
             let host_done = rec.reason.as_deref() == Some(reason::HOST_MANAGED);
             let passthrough_done = rec.reason.as_deref() == Some(reason::VFIO_PASSTHROUGH);
             // Of the installer pod only a new template is a change: a pod

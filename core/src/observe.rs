@@ -166,6 +166,10 @@ pub fn observe<'p>(
         firmware_version: node::label(node, ttdrv_api::firmware::labels::FW_VERSION)
             .map(String::from),
         firmware_first: crate::claim::firmware_first(node),
+        device_pods_crash_looping: pods()
+            .filter(|p| p.device && !p.installer && p.crash_looping)
+            .map(|p| format!("{}/{}", p.pod.namespace, p.pod.name))
+            .collect(),
         ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from

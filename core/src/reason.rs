@@ -15,6 +15,12 @@ pub const PAUSED: &str = "Paused";
 pub const WAITING_FOR_FIRMWARE: &str = "WaitingForFirmware";
 /// Pending: the cards read back a firmware older than `spec.minFirmwareVersion`.
 pub const WAITING_FOR_FIRMWARE_VERSION: &str = "WaitingForFirmwareVersion";
+/// Pending: the last upgraded node soaks (`upgradePolicy.soakSeconds`);
+/// the next starts after it.
+pub const SOAKING: &str = "Soaking";
+/// Pending: outside every `upgradePolicy.maintenanceWindows` entry; the
+/// message says when the next opens.
+pub const OUTSIDE_MAINTENANCE_WINDOW: &str = "OutsideMaintenanceWindow";
 /// Done: the module and installer were already current.
 pub const UP_TO_DATE: &str = "UpToDate";
 /// Done (or Uncordoning): the new module is loaded.
@@ -72,6 +78,9 @@ pub const LOAD_FAILED: &str = "LoadFailed";
 /// the previous version is back (`onValidationFailure: rollback`) or the
 /// new one is held for a person (`hold`).
 pub const VALIDATION_FAILED: &str = "ValidationFailed";
+/// Failed: during its soak the upgraded node went NotReady, its installer
+/// stopped reporting the module, or pods using its devices crash-looped.
+pub const SOAK_FAILED: &str = "SoakFailed";
 /// In a cycle, the node is not Ready (reason kept while it lasts); Failed when
 /// a deadline passes while the node is not Ready.
 pub const NODE_NOT_READY: &str = "NodeNotReady";
@@ -124,6 +133,7 @@ pub const FAILURES: &[&str] = &[
     BUILD_FAILED,
     LOAD_FAILED,
     VALIDATION_FAILED,
+    SOAK_FAILED,
     NODE_NOT_READY,
     UNLOAD_TIMEOUT,
     UNLOAD_ERROR,
@@ -157,6 +167,9 @@ pub const ALL: &[&str] = &[
     BUILD_FAILED,
     LOAD_FAILED,
     VALIDATION_FAILED,
+    SOAK_FAILED,
+    SOAKING,
+    OUTSIDE_MAINTENANCE_WINDOW,
     NODE_NOT_READY,
     UNLOAD,
     VACATED,

@@ -22,6 +22,10 @@
 
 use std::collections::BTreeSet;
 
+use crate::machine::{Hold, NodeRecord};
+use crate::reason;
+use crate::window::{self, Gate, Window};
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Candidate {
     pub name: String,
@@ -72,6 +76,9 @@ pub struct Plan {
     pub braked: Option<Vec<String>>,
     /// Why nothing more can start, for the Progressing condition.
     pub blocked: Option<String>,
+    /// New starts are held ([`hold`]): the reason (`Soaking`,
+    /// `OutsideMaintenanceWindow`), for the condition and the metrics.
+    pub held: Option<&'static str>,
     /// When the budget is what holds the next node back: the nodes out of
     /// service for reasons that are not ours (node, why), sorted. Someone
     /// else's cordon is named instead of a silent stall.
@@ -228,6 +235,30 @@ fn out_of_service_for_others(
         .collect();
     out.sort();
     out
+}
+
+/// Why no node of a policy may start a new cycle at `now`, if so: outside
+/// its maintenance windows, or while its last upgraded node soaks. Cycles in
+/// progress and build-ahead go on either way.
+pub fn hold<'a>(
+    windows: &[Window],
+    records: impl IntoIterator<Item = (&'a String, &'a NodeRecord)>,
+    version: &str,
+    soak_seconds: i64,
+    now: i64,
+) -> Option<Hold> {
+    let instant = jiff::Timestamp::from_second(now).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    if let Gate::Closed { why, .. } = window::gate(windows, instant) {
+        return Some(Hold {
+            reason: reason::OUTSIDE_MAINTENANCE_WINDOW,
+            why,
+        });
+    }
+    let (node, until) = crate::soak::soaking(records, version, soak_seconds, now)?;
+    Some(Hold {
+        reason: reason::SOAKING,
+        why: crate::soak::waiting(&node, until, soak_seconds, now),
+    })
 }
 
 #[cfg(test)]
@@ -415,5 +446,43 @@ mod tests {
         assert_eq!(p.in_progress, 1, "a held, in-progress node counts once");
         // Two slots: a gets the second.
         assert_eq!(super::plan(&[c("a"), b], &held, limits(2)).granted, ["a"]);
+    }
+
+    #[test]
+    fn a_closed_window_holds_before_a_soak() {
+        use crate::machine::NodeRecord;
+        use ttdrv_api::{MaintenanceWindow, NodeState};
+        let mut done = NodeRecord::new("fleet", "2.8.0", 1_000);
+        done.state = NodeState::Done;
+        done.reason = Some(reason::UPGRADED.into());
+        let recs = [("a".to_string(), done)];
+        let it = || recs.iter().map(|(n, r)| (n, r));
+        // 1970-01-01 00:16:40 UTC, a Thursday.
+        let night = window::parse(&[MaintenanceWindow {
+            days: vec![],
+            start: "22:00".into(),
+            end: "04:00".into(),
+            time_zone: "UTC".into(),
+        }])
+        .expect("valid");
+        let h = hold(&night, it(), "2.8.0", 600, 1_100).expect("held");
+        assert_eq!(h.reason, reason::SOAKING, "inside the window: the soak");
+        assert!(h.why.contains("a was upgraded 100s ago"), "{}", h.why);
+        assert_eq!(hold(&night, it(), "2.8.0", 600, 1_600), None, "soak over");
+        assert_eq!(
+            hold(&night, it(), "2.9.0", 600, 1_100),
+            None,
+            "other version"
+        );
+        let day = window::parse(&[MaintenanceWindow {
+            days: vec![],
+            start: "08:00".into(),
+            end: "17:00".into(),
+            time_zone: "UTC".into(),
+        }])
+        .expect("valid");
+        let h = hold(&day, it(), "2.8.0", 600, 1_100).expect("held");
+        assert_eq!(h.reason, reason::OUTSIDE_MAINTENANCE_WINDOW);
+        assert!(h.why.contains("08:00"), "{}", h.why);
     }
 }

@@ -466,6 +466,7 @@ async fn plan_cmd(
         operator_namespace: &ctx.namespace,
         version,
         costs,
+        now: now_secs(),
     });
     emit(ctx, &rp, || render::plan(&rp, ctx.pal))?;
     Ok(0)

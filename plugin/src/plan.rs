@@ -46,6 +46,9 @@ pub struct Inputs<'a> {
     pub version: Option<&'a str>,
     /// Per-part costs for the build-ahead prediction (`--build-seconds` etc.).
     pub costs: eta::Costs,
+    /// Now (Unix seconds): whether a maintenance window or a soak holds the
+    /// rollout at this moment.
+    pub now: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -107,6 +110,9 @@ pub struct Estimate {
     pub node_cycles: usize,
     pub slots: usize,
     pub waves: usize,
+    /// `upgradePolicy.soakSeconds` between waves, counted in `seconds`:
+    /// (waves - 1) × soak.
+    pub soak_seconds: i64,
     pub seconds: i64,
 }
 
@@ -147,6 +153,10 @@ pub struct RolloutPlan {
     /// Why the rollout would not run to the end by itself.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub halted: Option<String>,
+    /// Why no node starts right now (a closed maintenance window, with when
+    /// the next opens; a soak), as the controller would say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
     pub estimate: Estimate,
     pub build_ahead: BuildAhead,
 }
@@ -506,11 +516,16 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         })
         .collect();
 
-    let records: Vec<_> = owned
+    let named: Vec<(String, NodeRecord)> = owned
         .iter()
-        .filter_map(|n| by_name.get(n).and_then(|nd| record_of(nd)))
+        .filter_map(|n| Some((n.clone(), by_name.get(n).and_then(|nd| record_of(nd))?)))
         .collect();
-    let per_node = eta::per_node(&eta::observed_durations(&name, None, &records));
+    let records: Vec<&NodeRecord> = named.iter().map(|(_, r)| r).collect();
+    let per_node = eta::per_node(&eta::observed_durations(
+        &name,
+        None,
+        records.iter().copied(),
+    ));
     let waves = nodes.iter().filter_map(|n| n.wave).max().unwrap_or(0);
     // The simulated waves, else (nothing could be simulated) nodes / slots.
     let mut seconds = if waves > 0 {
@@ -521,6 +536,21 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     if seconds == 0 && without_drain.iter().any(|n| n.kind == reason::INSTALL) {
         seconds = per_node.seconds;
     }
+    // After each wave the next waits out the soak of the node upgraded last.
+    let soak = spec.upgrade_policy.soak_seconds.max(0);
+    let soak_seconds = waves.saturating_sub(1) as i64 * soak;
+    seconds += soak_seconds;
+    let held = match ttdrv_core::window::parse(&spec.upgrade_policy.maintenance_windows) {
+        Err(e) => Some(format!("the controller refuses the policy: spec.{e}")),
+        Ok(windows) => rollout::hold(
+            &windows,
+            named.iter().map(|(n, r)| (n, r)),
+            &target,
+            soak,
+            inp.now,
+        )
+        .map(|h| h.why),
+    };
     skipped.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
     let prepare = &spec.upgrade_policy.prepare;
     let max_concurrent = prepare.max_concurrent.max(1) as usize;
@@ -551,12 +581,14 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             node_cycles: nodes.len(),
             slots: max,
             waves,
+            soak_seconds,
             seconds,
         },
         nodes,
         without_drain,
         skipped,
         halted,
+        held,
         build_ahead,
     }
 }

@@ -512,6 +512,15 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
             per_node_text(&e.per_node),
         ));
     }
+    if e.soak_seconds > 0 {
+        out.push_str(&format!(
+            "  including {} of soak (upgradePolicy.soakSeconds after each wave but the last)\n",
+            human(e.soak_seconds)
+        ));
+    }
+    if let Some(held) = &p.held {
+        out.push_str(&format!("\n{} {held}\n", pal.paint("Held now:", BOLD)));
+    }
     out.push_str(&build_ahead(p, stalls, pal));
     out
 }

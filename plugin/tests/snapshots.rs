@@ -603,6 +603,8 @@ fn plan_fleet(
         operator_namespace: "tt-k8s-driver-manager-system",
         costs: Default::default(),
         version,
+        // 2026-12-05 12:00 UTC, a Saturday.
+        now: 1_796_472_000,
     })
 }
 
@@ -625,6 +627,32 @@ fn plan_of_an_upgrade() {
     check(
         "plan-json",
         &(serde_json::to_string_pretty(&rp).expect("serializes") + "\n"),
+    );
+}
+
+#[test]
+fn plan_counts_the_soak_and_says_when_the_next_window_opens() {
+    let (mut policies, nodes, pods, pdbs) = fleet_before_upgrade();
+    let up = &mut policies[1].spec.upgrade_policy;
+    up.soak_seconds = 600;
+    // Fixed now: Saturday 12:00 UTC; the window opens Saturday 22:00 Berlin.
+    up.maintenance_windows = vec![ttdrv_api::MaintenanceWindow {
+        days: vec![ttdrv_api::Weekday::Sat],
+        start: "22:00".into(),
+        end: "04:00".into(),
+        time_zone: "Europe/Berlin".into(),
+    }];
+    let rp = plan_fleet(&policies, &nodes, &pods, &pdbs, Some("2.8.0"));
+    assert_eq!(rp.estimate.waves, 4);
+    assert_eq!(rp.estimate.soak_seconds, 3 * 600, "a soak between waves");
+    assert_eq!(rp.estimate.seconds, 4 * 90 + 3 * 600);
+    let held = rp.held.as_deref().unwrap_or_default();
+    assert!(held.contains("2026-12-05T21:00:00Z"), "{held}");
+    let text = render::plan(&rp, Palette::PLAIN);
+    assert!(text.contains("30m00s of soak"), "{text}");
+    assert!(
+        text.contains("Held now: outside the maintenance windows"),
+        "{text}"
     );
 }
 
@@ -902,6 +930,7 @@ fn plan_of(
         operator_namespace: "tt-k8s-driver-manager-system",
         version,
         costs: Default::default(),
+        now: 1_796_472_000,
     })
 }
 

@@ -346,6 +346,7 @@ impl PolicySupervisor {
             plan.not_ready as i64,
         );
         m.set_policy_paused(cr, self.paused());
+        m.set_rollout_held(cr, plan.held);
         let version = self
             .ctx
             .stores

@@ -17,6 +17,7 @@ pub const HOST_MANAGED: &str = "HostManaged";
 pub(super) struct PolicyMetrics {
     policy_nodes: Arc<Family>,
     policy_paused: Arc<Family>,
+    policy_rollout_held: Arc<Family>,
     policy_desired_version: Arc<Family>,
     rollout_max_unavailable: Arc<Family>,
     rollout_unavailable: Arc<Family>,
@@ -40,6 +41,11 @@ impl PolicyMetrics {
                 "ttdriver_policy_paused",
                 "1 if the policy has spec.paused=true, else 0.",
                 &["cr"],
+            ),
+            policy_rollout_held: families.gauge(
+                "ttdriver_policy_rollout_held",
+                "1 while no new node cycle may start because of the reason (Soaking: the last upgraded node soaks; OutsideMaintenanceWindow), else 0.",
+                &["cr", "reason"],
             ),
             policy_desired_version: families.gauge(
                 "ttdriver_policy_desired_version",
@@ -117,6 +123,20 @@ impl Metrics {
     pub fn set_policy_paused(&self, cr: &str, paused: bool) {
         self.ensure_cr(cr);
         self.policy.policy_paused.set(&[cr], bool_value(paused));
+    }
+
+    /// `ttdriver_policy_rollout_held{cr,reason}`: 1 for the reason holding
+    /// new starts now (if any), 0 for the others.
+    pub fn set_rollout_held(&self, cr: &str, held: Option<&str>) {
+        self.ensure_cr(cr);
+        for reason in [
+            ttdrv_core::reason::SOAKING,
+            ttdrv_core::reason::OUTSIDE_MAINTENANCE_WINDOW,
+        ] {
+            self.policy
+                .policy_rollout_held
+                .set(&[cr, reason], bool_value(held == Some(reason)));
+        }
     }
 
     /// `ttdriver_policy_desired_version{cr,version}` = 1; the series of any other

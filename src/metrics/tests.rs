@@ -100,6 +100,7 @@ fn golden_metrics_text() {
     m.set_policy_nodes("gone", &[(Draining, 1)]);
     m.set_policy_paused("fleet", false);
     m.set_policy_paused("paused", true);
+    m.set_rollout_held("fleet", Some("Soaking"));
     m.set_desired_version("fleet", "2.7.0");
     m.set_desired_version("fleet", "2.8.0");
     m.set_desired_version("fleet1", "12.8.0");

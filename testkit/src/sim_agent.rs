@@ -440,9 +440,11 @@ async fn play_agent(
                 in_effect.as_ref(),
             );
             let swap = match swap {
-                go_ahead::Swap::GoAhead(go) if rolled_back_in == Some(go.cycle) => go_ahead::Swap::Wait(
-                    format!("the swap to {target} in this cycle failed validation and was rolled back"),
-                ),
+                go_ahead::Swap::GoAhead(go) if rolled_back_in == Some(go.cycle) => {
+                    go_ahead::Swap::Wait(format!(
+                        "the swap to {target} in this cycle failed validation and was rolled back"
+                    ))
+                }
                 other => other,
             };
             let cycle = match &swap {
@@ -487,12 +489,17 @@ async fn play_agent(
                 }
                 let previous = loaded.cloned().unwrap_or_default();
                 let (now, what) = if hold {
-                    (target.clone(), "not rolled back (onValidationFailure: hold)".to_string())
+                    (
+                        target.clone(),
+                        "not rolled back (onValidationFailure: hold)".to_string(),
+                    )
                 } else {
                     rolled_back_in = cycle;
                     (
                         previous.clone(),
-                        format!("rolled back: the previous version {previous} is loaded again from the cache"),
+                        format!(
+                            "rolled back: the previous version {previous} is loaded again from the cache"
+                        ),
                     )
                 };
                 let patch = serde_json::json!({ "metadata": { "labels": {

@@ -495,6 +495,11 @@ fn safety_properties_over_the_cross_product() {
                                     firmware_cycle: (b(1) && b(4)).then(|| "fw".into()),
                                     firmware_version: None,
                                     firmware_first: (b(2) && b(5)).then(|| "fw".into()),
+                                    device_pods_crash_looping: if b(2) {
+                                        vec!["ml/p".into()]
+                                    } else {
+                                        vec![]
+                                    },
                                 };
                                 for (paused, drain_enabled, refused, unmanage) in [
                                     (false, true, false),
@@ -519,6 +524,11 @@ fn safety_properties_over_the_cross_product() {
                                         prepare,
                                         parameters: [("max_devices".to_string(), "4".to_string())]
                                             .into(),
+                                        soak_seconds: if b(6) { 600 } else { 0 },
+                                        hold: (b(1) ^ b(6)).then(|| Hold {
+                                            reason: reason::SOAKING,
+                                            why: "soaking".into(),
+                                        }),
                                         ..want()
                                     };
                                     let s = step(&r, &o, &w);
@@ -989,7 +999,10 @@ fn a_failed_validation_rolled_back_returns_the_node_to_service_then_fails() {
     // An admin's cordon is left as it was.
     let mut theirs = rec(Upgrading);
     theirs.cordon = Cordon::Theirs;
-    assert_eq!(step(&theirs, &o, &want()).commands, vec![Command::OpenGates]);
+    assert_eq!(
+        step(&theirs, &o, &want()).commands,
+        vec![Command::OpenGates]
+    );
 
     // Held (onValidationFailure: hold): the target stays loaded, the node
     // stays cordoned and Failed.

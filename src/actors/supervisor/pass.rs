@@ -93,6 +93,19 @@ impl ReconcilePass {
                 None
             }
         };
+        // Windows the controller cannot read (an unknown time zone): refused
+        // as a spec error, nothing starts.
+        let windows = match ttdrv_core::window::parse(&spec.upgrade_policy.maintenance_windows) {
+            Ok(w) => w,
+            Err(e) => {
+                refused = refused.or(Some(Refused {
+                    kind: RefusalKind::Refused,
+                    message: format!("spec.{e}"),
+                    attempted: false,
+                }));
+                Vec::new()
+            }
+        };
         // A paused policy claims nothing new (its DaemonSet would land there),
         // and neither does one the cluster refuses (it must not capture nodes
         // from a policy that works).
@@ -122,7 +135,15 @@ impl ReconcilePass {
         self.clear_unmanaged_marks(&targets).await;
         let gates = ctx.config.gates();
         let drain_exempt = ctx.config.drain_exempt_namespaces();
+        let now = now_secs();
         let desired = Desired {
+            hold: ttdrv_core::rollout::hold(
+                &windows,
+                self.records.iter(),
+                &spec.version,
+                spec.upgrade_policy.soak_seconds,
+                now,
+            ),
             refused: refused.is_some(),
             // Only while this controller runs the firmware policies: a flash
             // record left by a firmware controller that is off would hold
@@ -133,7 +154,8 @@ impl ReconcilePass {
         // A refused policy starts no node (its installer would never come);
         // nodes mid-cycle go on, deadlines included.
         let limits = Limits {
-            max_unavailable: if refused.is_some() {
+            // Held (a soak, a closed window): nothing new starts either.
+            max_unavailable: if refused.is_some() || desired.hold.is_some() {
                 0
             } else {
                 spec.upgrade_policy.max_unavailable_for(self.owned().len())
@@ -150,7 +172,7 @@ impl ReconcilePass {
                 template_hash: &hash,
                 selector: selector.as_ref(),
                 gates: &gates,
-                now: now_secs(),
+                now,
                 prepare_deadline_seconds: ctx.config.upgrade_timeout_seconds,
             },
             records: &self.records,
@@ -266,6 +288,10 @@ impl ReconcilePass {
                     }
                 }
             }
+        }
+        if let Some(h) = &desired.hold {
+            plan.blocked = Some(h.why.clone());
+            plan.held = Some(h.reason);
         }
         Ok(PassOut {
             updates: updates.into_iter().collect(),

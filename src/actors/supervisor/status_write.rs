@@ -71,6 +71,7 @@ impl PolicySupervisor {
             device_users: &self.device_users,
             conflicts,
             blocked: plan.blocked.as_deref(),
+            held: plan.held,
             braked: plan.braked.as_deref(),
             refused: self
                 .memo
