@@ -153,7 +153,7 @@ impl ReconcilePass {
         };
         // A refused policy starts no node (its installer would never come);
         // nodes mid-cycle go on, deadlines included.
-        let limits = Limits {
+        let mut limits = Limits {
             // Held (a soak, a closed window): nothing new starts either.
             max_unavailable: if refused.is_some() || desired.hold.is_some() {
                 0
@@ -210,7 +210,28 @@ impl ReconcilePass {
         let mut plan;
         let mut budget;
         let mut round = 0;
+        let mut hold = desired.hold.clone();
         loop {
+            // A node that became Done in the round before starts its soak
+            // now: the hold is read again, or the slot it freed would go to
+            // the next node at once.
+            if round > 0 && hold.is_none() {
+                let merged = self
+                    .records
+                    .iter()
+                    .filter(|(n, _)| !updates.contains_key(*n))
+                    .chain(updates.iter());
+                hold = ttdrv_core::rollout::hold(
+                    &windows,
+                    merged,
+                    &spec.version,
+                    spec.upgrade_policy.soak_seconds,
+                    now,
+                );
+                if hold.is_some() {
+                    limits.max_unavailable = 0;
+                }
+            }
             let planned = self
                 .rollout
                 .send(PlanRollout {
@@ -265,7 +286,10 @@ impl ReconcilePass {
                 let msg = Observe {
                     policy: policy.clone(),
                     obs,
-                    desired: desired.clone(),
+                    desired: Desired {
+                        hold: hold.clone(),
+                        ..desired.clone()
+                    },
                     persisted: v.persisted,
                     evictions: v.evictions,
                     installer_pod: v.installer_pod,
@@ -289,7 +313,7 @@ impl ReconcilePass {
                 }
             }
         }
-        if let Some(h) = &desired.hold {
+        if let Some(h) = &hold {
             plan.blocked = Some(h.why.clone());
             plan.held = Some(h.reason);
         }
