@@ -469,6 +469,28 @@ def rollout():
         L, "State transitions", 24, 8, "ttdriver_node_transitions_total", "from, to", "{{from}} → {{to}}",
         description="Node state transitions per window (ttdriver_node_transitions_total).",
     ))
+    # Verified upgrades: what the check after the swap, the soak and the
+    # maintenance windows did (docs/upgrade-flow.md).
+    P.append(row(L, "Verified upgrades"))
+    P.append(increase_bars(
+        L, "Rollbacks", 8, 8, "ttdriver_node_rollbacks_total", "cr", "{{cr}}",
+        description="Nodes whose new module failed validation after the swap and went back to the previous "
+                    "version (ttdriver_node_rollbacks_total). Each halts its policy's rollout; alert "
+                    "TTDriverNodeRolledBack.",
+    ))
+    P.append(increase_bars(
+        L, "Validation and soak failures", 8, 8, "ttdriver_node_failures_total", "cr, reason", "{{cr}} {{reason}}",
+        sel=CR + ',reason=~"ValidationFailed|SoakFailed"',
+        description="Nodes Failed because the new module did not serve every card (ValidationFailed, rolled "
+                    "back or held) or because of trouble during the soak after their upgrade (SoakFailed).",
+    ))
+    P.append(count_series(
+        L, "Rollout held on purpose", 8, 8,
+        f'max by (cr, reason) (ttdriver_policy_rollout_held{{{CR}}}) == 1', "{{cr}} {{reason}}",
+        description="Policies whose new cycles wait on purpose (ttdriver_policy_rollout_held): Soaking (the "
+                    "node upgraded last soaks, upgradePolicy.soakSeconds) or OutsideMaintenanceWindow "
+                    "(upgradePolicy.maintenanceWindows). A series is shown only while it holds.",
+    ))
     # The VFIO binder (vfioManager): its own pods, scraped under their own
     # job (the "Job" variable's All matches it); node is the PodMonitor's label.
     P.append(row(L, "VFIO passthrough"))

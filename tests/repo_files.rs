@@ -248,9 +248,10 @@ fn normalize(p: &Path) -> String {
 
 const RULES: &str = "dashboards/alerts/ttdriver.rules.yaml";
 const RULE_TESTS: &str = "dashboards/alerts/ttdriver.rules.test.yaml";
-const ALERTS: [&str; 13] = [
+const ALERTS: [&str; 14] = [
     "TTDriverNodeFailed",
     "TTDriverNodeStuckInPhase",
+    "TTDriverNodeRolledBack",
     "TTDriverRolloutStalled",
     "TTDriverTooManyUnavailable",
     "TTDriverControllerDown",
