@@ -970,6 +970,7 @@ impl Agent<'_> {
     ) -> Result<()> {
         let problems = self.settle(root, &record.before);
         if problems.is_empty() {
+            validate::note_served(root, &record.target);
             if let Err(e) = validate::clear_record(root) {
                 tracing::warn!(error = %e, "cannot remove the swap record");
             }
@@ -1097,6 +1098,9 @@ impl Agent<'_> {
     /// another version is stale and removed.
     fn revalidate(&self, root: &HostRoot, target: &str) -> Result<()> {
         let Some(mut record) = validate::read_record(root) else {
+            // Found at the target: what it serves now is the readiness
+            // probe's baseline (a card lost later makes the pod not Ready).
+            validate::note_served(root, target);
             return Ok(());
         };
         if !ttdrv_core::node::same_version(Some(&record.target), target) {
@@ -1104,6 +1108,7 @@ impl Agent<'_> {
             if let Err(e) = validate::clear_record(root) {
                 tracing::warn!(error = %e, "cannot remove the swap record");
             }
+            validate::note_served(root, target);
             return Ok(());
         }
         tracing::info!(
@@ -1113,6 +1118,7 @@ impl Agent<'_> {
         );
         let problems = self.settle(root, &record.before);
         if problems.is_empty() {
+            validate::note_served(root, target);
             if let Err(e) = validate::clear_record(root) {
                 tracing::warn!(error = %e, "cannot remove the swap record");
             }

@@ -183,6 +183,16 @@ pub fn readiness(
     let waiting = status_file.and_then(waiting);
     let want = ttdrv_core::node::Target::new(target, parameters);
     if is_loaded(loaded.as_deref(), in_effect, want) && waiting.is_none() {
+        // Loaded, but a card it served has gone (fell off the bus, its
+        // probe undone): not Ready, which a soak counts as trouble.
+        let lost = crate::validate::lost(root, target.trim());
+        if !lost.is_empty() {
+            return Err(format!(
+                "not ready: tenstorrent {} loaded, but it lost cards: {}",
+                target.trim(),
+                lost.join("; ")
+            ));
+        }
         return Ok(format!("ready: tenstorrent {} loaded", target.trim()));
     }
     let mut msg = format!(

@@ -36,6 +36,12 @@ pub const PCI_DRIVER_DIR: &str = "/sys/bus/pci/drivers/tenstorrent";
 pub const DEV_DIR: &str = ttdrv_api::labels::DEVICE_DIR;
 /// The swap record, in [`CACHE_DIR`].
 pub const SWAP_RECORD_FILE: &str = "swap.json";
+/// What the loaded module served when it last validated (or when the agent
+/// found it at the target), in [`CACHE_DIR`]: the readiness probe's baseline.
+pub const SERVED_FILE: &str = "served.json";
+/// The PCI driver of functions handed to VMs: a function moved there was
+/// not lost.
+pub const VFIO_DRIVER_DIR: &str = "/sys/bus/pci/drivers/vfio-pci";
 /// The largest swap record read back.
 const SWAP_RECORD_MAX: u64 = 64 * 1024;
 
@@ -260,6 +266,68 @@ pub fn clear_record(root: &HostRoot) -> Result<(), HostFsError> {
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// What a validated module served ([`SERVED_FILE`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Served {
+    pub version: String,
+    pub inventory: Inventory,
+}
+
+/// Notes what `version`, loaded and validated, serves now: the baseline of
+/// [`lost`]. Best effort (a note that cannot be written only weakens the
+/// readiness check).
+pub fn note_served(root: &HostRoot, version: &str) {
+    let served = Served {
+        version: version.to_string(),
+        inventory: inventory(root),
+    };
+    if served.inventory.is_empty() {
+        // Nothing served, nothing to lose: no note (and none left of before).
+        if let Ok(dir) = root.dir(CACHE_DIR, false)
+            && let Err(e) = dir.remove_file(SERVED_FILE)
+        {
+            tracing::warn!(error = %e, "cannot remove the note of what the module served");
+        }
+        return;
+    }
+    let bytes = serde_json::to_vec_pretty(&served).unwrap_or_default();
+    if let Err(e) = root
+        .dir(CACHE_DIR, true)
+        .and_then(|d| d.write_atomic(SERVED_FILE, &mut bytes.as_slice(), 0o600))
+    {
+        tracing::warn!(error = %e, "cannot note what the module serves");
+    }
+}
+
+/// What the loaded module `version` no longer serves of what it served when
+/// it validated, in words; empty when nothing is lost (or nothing was
+/// noted for this version). A function moved to vfio-pci (VM passthrough)
+/// is not lost. Cheap: directory listings only, for the readiness probe.
+pub fn lost(root: &HostRoot, version: &str) -> Vec<String> {
+    let Some(served) = root
+        .dir(CACHE_DIR, false)
+        .ok()
+        .and_then(|d| d.read_optional(SERVED_FILE, SWAP_RECORD_MAX).ok().flatten())
+        .and_then(|b| serde_json::from_slice::<Served>(&b).ok())
+    else {
+        return Vec::new();
+    };
+    if !ttdrv_core::node::same_version(Some(&served.version), version) {
+        return Vec::new();
+    }
+    let vfio: BTreeSet<String> = names(root, VFIO_DRIVER_DIR).into_iter().collect();
+    let mut before = served.inventory;
+    let moved = before.functions.intersection(&vfio).count();
+    before.functions.retain(|f| !vfio.contains(f));
+    let keep = before.device_nodes.len().saturating_sub(moved);
+    before.device_nodes = before.device_nodes.into_iter().take(keep).collect();
+    problems(&before, &inventory(root), &[])
+        .into_iter()
+        .map(|p| p.replace("before the swap", "when it validated"))
+        .collect()
 }
 
 /// Where the record lives on the host, for messages.

@@ -234,3 +234,51 @@ fn a_failed_load_put_back_is_not_retried_under_the_same_go_ahead() {
     assert_matches!(r.result, Ok(Outcome::Stopped { .. }));
     assert!(again.loads().is_empty(), "{:?}", again.loads());
 }
+
+/// Removes one served function from the fake host, as a card that fell off
+/// the bus: its driver link, its class device and one device node.
+fn lose_card(h: &Host, function: &str, card: u32) {
+    let r = h.hr();
+    std::fs::remove_file(r.path(format!("/sys/bus/pci/drivers/tenstorrent/{function}")))
+        .expect("unbind");
+    std::fs::remove_dir_all(r.path(format!("/sys/class/tenstorrent/tenstorrent!{card}")))
+        .expect("class device");
+    std::fs::remove_file(r.path(format!("/dev/tenstorrent/{card}"))).expect("device node");
+}
+
+#[test]
+fn after_a_validated_swap_a_lost_card_makes_the_installer_not_ready() {
+    let h = two_cards();
+    let kernel = FakeKernel::new(h.root());
+    let node = go_ahead("2.8.0");
+    h.run_with("2.8.0", &kernel, &node).expect("installed");
+    let ready = |h: &Host| ttdrv_agent::pod::readiness(&h.hr(), "2.8.0", &Default::default(), None);
+    assert!(ready(&h).is_ok(), "{:?}", ready(&h));
+    lose_card(&h, "0000:02:00.0", 1);
+    let err = ready(&h).expect_err("a lost card: not Ready");
+    for part in ["lost cards", "0000:02:00.0", "when it validated"] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    // Handed to a VM instead (vfio-pci): not lost.
+    let vfio = h.hr().path("/sys/bus/pci/drivers/vfio-pci/0000:02:00.0");
+    std::fs::create_dir_all(&vfio).expect("vfio-pci");
+    assert!(ready(&h).is_ok(), "{:?}", ready(&h));
+}
+
+#[test]
+fn an_agent_that_finds_its_target_loaded_notes_what_it_serves() {
+    let h = Host::with_loaded("2.8.0", 0);
+    add_cards(h.root(), 2).expect("cards");
+    bind_cards(h.root()).expect("bind");
+    h.cache("2.8.0");
+    let kernel = FakeKernel::new(h.root());
+    h.run_with("2.8.0", &kernel, &go_ahead("2.8.0"))
+        .expect("at target");
+    assert!(kernel.loads().is_empty(), "nothing swapped");
+    lose_card(&h, "0000:01:00.0", 0);
+    let err = ttdrv_agent::pod::readiness(&h.hr(), "2.8.0", &Default::default(), None)
+        .expect_err("not Ready");
+    assert!(err.contains("0000:01:00.0"), "{err}");
+    // Another version loaded: the note is not its baseline.
+    assert!(validate::lost(&h.hr(), "2.9.0").is_empty());
+}
