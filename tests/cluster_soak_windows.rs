@@ -111,7 +111,7 @@ async fn a_soak_holds_the_next_node_and_trouble_on_the_soaking_node_halts_the_ro
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
         cordons.ever(),
-        [first.clone()],
+        std::slice::from_ref(&first),
         "only the first node cycled"
     );
 
@@ -136,7 +136,11 @@ async fn a_soak_holds_the_next_node_and_trouble_on_the_soaking_node_halts_the_ro
     {
         assert_ne!(e.state, NodeState::Done, "{e:?}: the rollout halted");
     }
-    assert_eq!(cordons.ever(), [first.clone()], "halted: nothing started");
+    assert_eq!(
+        cordons.ever(),
+        std::slice::from_ref(&first),
+        "halted: nothing started"
+    );
 
     // A person decides: retry the node and drop the soak; the rest follows.
     env.annotate_node(&first, ttdrv_core::node::RETRY_ANNOTATION, Some("1"))
@@ -246,7 +250,7 @@ async fn outside_a_window_nothing_starts_and_a_cycle_under_way_finishes() {
             .all(|e| e.reason.as_deref() == Some("OutsideMaintenanceWindow"))
     })
     .await;
-    assert_eq!(cordons.ever(), [first.clone()]);
+    assert_eq!(cordons.ever(), std::slice::from_ref(&first));
     let progressing = status(&env, &policy)
         .await
         .conditions
