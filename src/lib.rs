@@ -27,6 +27,7 @@ pub mod render;
 pub mod status;
 #[cfg(test)]
 mod test_support;
+pub mod validation_pod;
 pub mod watch;
 pub mod write_backoff;
 

@@ -56,7 +56,10 @@ pub fn record_patch(
                 labels_patch.insert(g.clone(), serde_json::Value::Null);
             }),
             Command::Vacate => vacate(&mut patch, &mut labels_patch, &record.policy),
-            Command::Evict | Command::DeleteInstallerPod => {}
+            Command::Evict
+            | Command::DeleteInstallerPod
+            | Command::RunValidationPod
+            | Command::DeleteValidationPod => {}
         }
     }
     if !labels_patch.is_empty() {

@@ -280,7 +280,8 @@ fn renders_mean_what_they_should() {
             "daemonsets",
             &["list", "watch", "create", "patch", "delete"],
         ),
-        ("", "pods", &["delete"]),
+        ("", "pods", &["create", "delete"]),
+        ("", "podtemplates", &["get"]),
         (
             "coordination.k8s.io",
             "leases",

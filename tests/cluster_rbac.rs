@@ -165,7 +165,17 @@ async fn controller_runs_a_rollout_with_the_charts_service_account() {
     };
     let _ctl = controller_with(&env, &ns, opts);
     pinned_deployment(&env, &ns, "workload", &nodes[0]).await;
-    let policy = installed(&env, &nodes, "", T).await;
+    // The upgrade runs a validation pod per node (podtemplates get, pods
+    // create and delete).
+    validation_template(&env, &ns, "burn-in").await;
+    let _kubelet = finish_validation_pods(&env, &ns, false);
+    let policy = installed(
+        &env,
+        &nodes,
+        "upgradePolicy: {validation: {podTemplateName: burn-in}}",
+        T,
+    )
+    .await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
     // A firmware policy flashes the same nodes (flash Jobs, its status).

@@ -103,6 +103,13 @@ pub const GO_FIRMWARE_CORDONED_BY: &str = "firmware.tenstorrent.com/cordoned-by"
 /// manages it again or is deleted.
 pub const UNMANAGED: &str = "driver.tenstorrent.com/unmanaged";
 
+/// On a validation pod (`upgradePolicy.validation.podTemplateName`): the
+/// cycle it checks (the cycle's start, Unix seconds), so that a pod of an
+/// earlier cycle never passes for this one.
+pub const VALIDATION_CYCLE: &str = "driver.tenstorrent.com/validation-cycle";
+/// On a validation pod: the policy that runs it.
+pub const VALIDATION_POLICY: &str = "driver.tenstorrent.com/validation-policy";
+
 /// Operator namespace used by the chart.
 pub const DEFAULT_NAMESPACE: &str = "tt-k8s-driver-manager-system";
 

@@ -400,12 +400,25 @@ pub struct ValidationPolicy {
     #[serde(default = "default_validation_timeout")]
     #[schemars(range(min = 1, max = 3600))]
     pub timeout_seconds: i64,
+    /// Your own check, after the module's: the name of a PodTemplate in the
+    /// operator's namespace. Once the new module validated, the controller
+    /// runs a pod of it on the node (still cordoned), and the node goes back
+    /// into service only when that pod succeeds within `timeoutSeconds`; a
+    /// pod that fails or runs longer fails the node (`ValidationFailed`,
+    /// kept cordoned on the new version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub pod_template_name: Option<String>,
 }
 
 impl Default for ValidationPolicy {
     fn default() -> Self {
         Self {
             timeout_seconds: DEFAULT_VALIDATION_TIMEOUT_SECONDS,
+            pod_template_name: None,
         }
     }
 }

@@ -78,6 +78,87 @@ pub struct PodFacts {
     pub follows_gate: bool,
     /// A container of it waits in CrashLoopBackOff.
     pub crash_looping: bool,
+    /// A validation pod of ours (label [`labels::VALIDATION_CYCLE`]): its
+    /// run. Boxed: absent on every other pod of the cluster.
+    pub validation: Option<Box<ValidationRun>>,
+}
+
+/// A validation pod's run (`upgradePolicy.validation.podTemplateName`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidationRun {
+    /// The cycle it checks (its label).
+    pub cycle: i64,
+    /// The policy that runs it.
+    pub policy: String,
+    /// Created at (Unix seconds).
+    pub created: i64,
+    pub outcome: RunOutcome,
+}
+
+/// How far a validation pod got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunOutcome {
+    Running,
+    Succeeded,
+    /// Failed, with what its containers said (reason, exit code, message).
+    Failed(String),
+}
+
+impl ValidationRun {
+    fn of(pod: &Pod) -> Option<Self> {
+        let labels = pod.metadata.labels.as_ref()?;
+        let cycle = labels.get(labels::VALIDATION_CYCLE)?.parse().ok()?;
+        let policy = labels.get(labels::VALIDATION_POLICY)?.clone();
+        let status = pod.status.as_ref();
+        let outcome = match status.and_then(|s| s.phase.as_deref()) {
+            Some("Succeeded") => RunOutcome::Succeeded,
+            Some("Failed") => {
+                let said: Vec<String> = status
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| {
+                        let t = c.state.as_ref()?.terminated.as_ref()?;
+                        Some(format!(
+                            "{}: exit code {}{}{}",
+                            c.name,
+                            t.exit_code,
+                            t.reason
+                                .as_deref()
+                                .map(|r| format!(", {r}"))
+                                .unwrap_or_default(),
+                            t.message
+                                .as_deref()
+                                .map(|m| format!(": {}", m.trim()))
+                                .unwrap_or_default()
+                        ))
+                    })
+                    .collect();
+                let why = status
+                    .and_then(|s| s.message.clone().or_else(|| s.reason.clone()))
+                    .into_iter()
+                    .chain(said)
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                RunOutcome::Failed(if why.is_empty() {
+                    "phase Failed".into()
+                } else {
+                    why
+                })
+            }
+            _ => RunOutcome::Running,
+        };
+        Some(Self {
+            cycle,
+            policy,
+            created: pod
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_second()),
+            outcome,
+        })
+    }
 }
 
 impl PodFacts {
@@ -125,6 +206,7 @@ impl PodFacts {
                 Some("Succeeded") | Some("Failed")
             ),
             deleting: pod.metadata.deletion_timestamp.is_some(),
+            validation: ValidationRun::of(pod).map(Box::new),
             follows_gate: follows_deploy_gate(pod),
             crash_looping: pod
                 .status

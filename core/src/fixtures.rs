@@ -27,6 +27,8 @@ pub fn desired() -> Desired {
         combine_with_firmware: true,
         soak_seconds: 0,
         hold: None,
+        validation_pod: None,
+        validation_timeout_seconds: 60,
     }
 }
 

@@ -264,6 +264,19 @@ pub struct Observation {
     /// Pods using the node's devices whose containers crash-loop
     /// (`namespace/name`): trouble during a soak.
     pub device_pods_crash_looping: Vec<String>,
+    /// This cycle's validation pod, once created
+    /// (`upgradePolicy.validation.podTemplateName`).
+    pub validation_pod: Option<ValidationPod>,
+}
+
+/// A validation pod of the node's cycle, as observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidationPod {
+    /// `namespace/name`.
+    pub pod: String,
+    /// Unix seconds.
+    pub created: i64,
+    pub outcome: crate::drain::RunOutcome,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -298,6 +311,11 @@ pub struct Desired {
     /// No new slot-holding cycle starts now (a soak, a closed maintenance
     /// window): the reason and why. Build-ahead and cycles in progress go on.
     pub hold: Option<Hold>,
+    /// `upgradePolicy.validation.podTemplateName`: a pod of it must succeed
+    /// on the node before a swapped node goes back into service.
+    pub validation_pod: Option<String>,
+    /// `upgradePolicy.validation.timeoutSeconds`.
+    pub validation_timeout_seconds: i64,
 }
 
 /// Why no new cycle starts now ([`Desired::hold`]).
@@ -330,6 +348,8 @@ impl Desired {
             combine_with_firmware: true,
             soak_seconds: spec.upgrade_policy.soak_seconds,
             hold: None,
+            validation_pod: spec.upgrade_policy.validation.pod_template_name.clone(),
+            validation_timeout_seconds: spec.upgrade_policy.validation.timeout_seconds,
         }
     }
 
@@ -349,6 +369,12 @@ pub enum Command {
     DeleteInstallerPod,
     Uncordon,
     OpenGates,
+    /// Create the cycle's validation pod on the node from
+    /// [`Desired::validation_pod`] (nothing if it exists).
+    RunValidationPod,
+    /// Delete the cycle's validation pod ([`Observation::validation_pod`]),
+    /// which succeeded (a failed one stays, for its log).
+    DeleteValidationPod,
     /// The vacate cycle ended: remove the record, the go-ahead and the driver
     /// labels we wrote, and mark the node `unmanaged` for this policy (in the
     /// same patch as the uncordon and the gates).
@@ -399,6 +425,88 @@ fn wait_for_slot(rec: &NodeRecord, why: String, now: i64) -> Step {
     Step {
         needs_slot: true,
         ..wait(rec, why, now)
+    }
+}
+
+/// Upgrading, the module validated: the user's validation pod of this
+/// cycle runs (created first), must succeed within the validation timeout,
+/// and its failure fails the node, kept cordoned on the new version. None:
+/// it succeeded, the node goes on.
+fn user_validation(
+    rec: &NodeRecord,
+    obs: &Observation,
+    want: &Desired,
+    template: &str,
+    now: i64,
+) -> Option<Step> {
+    use crate::drain::RunOutcome;
+    let Some(run) = &obs.validation_pod else {
+        if now - rec.since > want.upgrade_timeout_seconds {
+            let msg = format!(
+                "no validation pod of PodTemplate {template} was created within {}s (does it exist in the operator's namespace? the controller's Events and log say why); the node stays cordoned on tt-kmd {}{}",
+                want.upgrade_timeout_seconds,
+                want.version,
+                retry_hint(&want.policy)
+            );
+            return Some(stay(
+                &enter(
+                    rec,
+                    NodeState::Failed,
+                    reason::VALIDATION_FAILED,
+                    Some(msg),
+                    now,
+                ),
+                vec![],
+            ));
+        }
+        let why = format!("running validation pod template {template} on the node");
+        return Some(stay(
+            &enter(
+                rec,
+                NodeState::Upgrading,
+                reason::VALIDATING,
+                Some(why),
+                now,
+            ),
+            vec![Command::RunValidationPod],
+        ));
+    };
+    let failed = |what: String| {
+        let msg = format!(
+            "{what}; the node stays cordoned on tt-kmd {} (read the pod's log){}",
+            want.version,
+            retry_hint(&want.policy)
+        );
+        Some(stay(
+            &enter(
+                rec,
+                NodeState::Failed,
+                reason::VALIDATION_FAILED,
+                Some(msg),
+                now,
+            ),
+            vec![],
+        ))
+    };
+    match &run.outcome {
+        RunOutcome::Succeeded => None,
+        RunOutcome::Failed(why) => failed(format!("validation pod {} failed: {why}", run.pod)),
+        RunOutcome::Running if now - run.created > want.validation_timeout_seconds => {
+            failed(format!(
+                "validation pod {} did not succeed within {}s (upgradePolicy.validation.timeoutSeconds)",
+                run.pod, want.validation_timeout_seconds
+            ))
+        }
+        RunOutcome::Running => Some(stay(
+            &enter(
+                rec,
+                NodeState::Upgrading,
+                reason::VALIDATING,
+                Some(format!("validation pod {} runs", run.pod)),
+                now,
+            ),
+            vec![],
+        )),
     }
 }
 
@@ -825,6 +933,13 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 return stay(&r, vec![]);
             }
             if module_ok && obs.installer == (InstallerPod::Current { ready: true }) {
+                // The user's check, on the swapped node still cordoned.
+                if rec.cordoned_by_us()
+                    && let Some(template) = &want.validation_pod
+                    && let Some(step) = user_validation(&rec, obs, want, template, now)
+                {
+                    return step;
+                }
                 if !rec.cordoned_by_us() && (rec.no_drain || !want.drain_enabled) {
                     let mut r = enter(&rec, Done, reason::UPGRADED, None, now);
                     r.no_drain = false;
@@ -833,6 +948,10 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 let mut cmds = vec![Command::OpenGates];
                 if rec.cordoned_by_us() {
                     cmds.insert(0, Command::Uncordon);
+                }
+                // A validation pod that succeeded has said all it had to.
+                if obs.validation_pod.is_some() {
+                    cmds.push(Command::DeleteValidationPod);
                 }
                 return Step {
                     record: enter(&rec, Uncordoning, reason::UNCORDON, None, now),

@@ -167,9 +167,22 @@ pub fn observe<'p>(
             .map(String::from),
         firmware_first: crate::claim::firmware_first(node),
         device_pods_crash_looping: pods()
-            .filter(|p| p.device && !p.installer && p.crash_looping)
+            .filter(|p| p.device && !p.installer && p.crash_looping && p.validation.is_none())
             .map(|p| format!("{}/{}", p.pod.namespace, p.pod.name))
             .collect(),
+        // This cycle's validation pod (an earlier cycle's never counts).
+        validation_pod: rec.and_then(|r| r.started).and_then(|cycle| {
+            pods().find_map(|p| {
+                let run = p.validation.as_deref()?;
+                (run.cycle == cycle && run.policy == policy_name && !p.deleting).then(|| {
+                    crate::machine::ValidationPod {
+                        pod: format!("{}/{}", p.pod.namespace, p.pod.name),
+                        created: run.created,
+                        outcome: run.outcome.clone(),
+                    }
+                })
+            })
+        }),
         ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from

@@ -73,6 +73,9 @@ pub const DEVICE_BUSY: &str = "DeviceBusy";
 pub const BUILD_FAILED: &str = "BuildFailed";
 /// Failed (the agent's word): the kernel refused the module.
 pub const LOAD_FAILED: &str = "LoadFailed";
+/// Upgrading: the new module validated; the user's validation pod
+/// (`upgradePolicy.validation.podTemplateName`) runs on the node.
+pub const VALIDATING: &str = "Validating";
 /// Failed (the agent's word): the new module loaded but does not serve
 /// every card the old one served (or a card's attributes cannot be read);
 /// the previous version is back (`onValidationFailure: rollback`) or the
@@ -166,6 +169,7 @@ pub const ALL: &[&str] = &[
     DEVICE_BUSY,
     BUILD_FAILED,
     LOAD_FAILED,
+    VALIDATING,
     VALIDATION_FAILED,
     SOAK_FAILED,
     SOAKING,

@@ -249,6 +249,49 @@ impl Handler<Observe> for NodeActor {
                                 deleted = Some(p.clone());
                             }
                         }
+                        Command::RunValidationPod => {
+                            let (Some(template), Some(cycle)) =
+                                (msg.desired.validation_pod.as_deref(), next.record.started)
+                            else {
+                                continue;
+                            };
+                            // A failure is logged and retried at the next
+                            // pass; the machine fails the node if no pod
+                            // comes within the upgrade timeout.
+                            match crate::validation_pod::run(
+                                ctx.client.clone(),
+                                template,
+                                &msg.policy,
+                                &node,
+                                cycle,
+                                &ctx.config.namespace,
+                            )
+                            .await
+                            {
+                                Ok(pod) => tracing::info!(node, pod, "validation pod created"),
+                                Err(e) => {
+                                    tracing::warn!(node, error = %e, "cannot create the validation pod; will retry");
+                                    ctx.metrics.inc_error(&policy_name, e.metric_label());
+                                }
+                            }
+                        }
+                        Command::DeleteValidationPod => {
+                            let Some((ns, name)) = msg
+                                .obs
+                                .validation_pod
+                                .as_ref()
+                                .and_then(|v| v.pod.split_once('/'))
+                            else {
+                                continue;
+                            };
+                            let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+                                kube::Api::namespaced(ctx.client.clone(), ns);
+                            if let Err(e) = pods.delete(name, &Default::default()).await {
+                                // Best effort: it is owned by the policy and
+                                // goes with it.
+                                tracing::warn!(node, pod = name, error = %e, "cannot delete the validation pod");
+                            }
+                        }
                         _ => {}
                     }
                 }

@@ -601,3 +601,65 @@ pub async fn kube_version(env: &TestEnv) -> String {
         .expect("the API server's version");
     server.git_version.trim_start_matches('v').to_string()
 }
+
+/// Plays the kubelet for validation pods (`upgradePolicy.validation.podTemplateName`)
+/// in `ns`: each one created ends Succeeded, or Failed with exit code 3 when
+/// `fail`. kwok runs pods but never ends them.
+pub fn finish_validation_pods(env: &TestEnv, ns: &str, fail: bool) -> tokio::task::JoinHandle<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), ns);
+    tokio::spawn(async move {
+        loop {
+            let list = pods
+                .list(&ListParams::default().labels(ttdrv_api::labels::VALIDATION_CYCLE))
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            for p in list {
+                let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+                if matches!(phase.as_deref(), Some("Succeeded") | Some("Failed")) {
+                    continue;
+                }
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let container = p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.containers.first())
+                    .map(|c| c.name.clone())
+                    .unwrap_or_default();
+                let status = if fail {
+                    serde_json::json!({ "status": {
+                        "phase": "Failed",
+                        "containerStatuses": [{
+                            "name": container, "image": "check", "imageID": "", "ready": false,
+                            "restartCount": 0,
+                            "state": { "terminated": { "exitCode": 3, "reason": "Error",
+                                "message": "card 0: matmul mismatch" } }
+                        }]
+                    }})
+                } else {
+                    serde_json::json!({ "status": { "phase": "Succeeded" } })
+                };
+                let _ = pods
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+}
+
+/// A PodTemplate `name` in `ns` for validation pods: one container.
+pub async fn validation_template(env: &TestEnv, ns: &str, name: &str) {
+    use k8s_openapi::api::core::v1::PodTemplate;
+    let t: PodTemplate = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "template": { "spec": { "containers": [{ "name": "check", "image": "example.com/burn-in:1" }] } }
+    }))
+    .expect("PodTemplate");
+    let api: Api<PodTemplate> = Api::namespaced(env.client.clone(), ns);
+    api.create(&Default::default(), &t)
+        .await
+        .unwrap_or_else(|e| panic!("creating PodTemplate {name}: {e}"));
+}

@@ -5,6 +5,7 @@
 use super::*;
 use NodeState::*;
 
+use crate::drain::RunOutcome;
 use crate::fixtures::{desired as want, observation as obs};
 use ttdrv_api::vfio::Passthrough;
 
@@ -500,6 +501,24 @@ fn safety_properties_over_the_cross_product() {
                                     } else {
                                         vec![]
                                     },
+                                    validation_pod: match (b(3), b(4), b(5)) {
+                                        (false, _, _) => None,
+                                        (true, false, _) => Some(ValidationPod {
+                                            pod: "ns/v".into(),
+                                            created: 500,
+                                            outcome: RunOutcome::Running,
+                                        }),
+                                        (true, true, false) => Some(ValidationPod {
+                                            pod: "ns/v".into(),
+                                            created: 500,
+                                            outcome: RunOutcome::Succeeded,
+                                        }),
+                                        (true, true, true) => Some(ValidationPod {
+                                            pod: "ns/v".into(),
+                                            created: 500,
+                                            outcome: RunOutcome::Failed("exit 1".into()),
+                                        }),
+                                    },
                                 };
                                 for (paused, drain_enabled, refused, unmanage) in [
                                     (false, true, false),
@@ -525,6 +544,7 @@ fn safety_properties_over_the_cross_product() {
                                         parameters: [("max_devices".to_string(), "4".to_string())]
                                             .into(),
                                         soak_seconds: if b(6) { 600 } else { 0 },
+                                        validation_pod: (b(0) ^ b(4)).then(|| "check".into()),
                                         hold: (b(1) ^ b(6)).then(|| Hold {
                                             reason: reason::SOAKING,
                                             why: "soaking".into(),
@@ -1988,4 +2008,81 @@ fn a_swap_waits_for_a_flash_due_and_takes_its_cordon() {
         &want(),
     );
     assert_eq!(s.commands, vec![Command::Uncordon]);
+}
+
+/// The user's validation pod (`upgradePolicy.validation.podTemplateName`):
+/// after the module validated, on the node still cordoned.
+#[test]
+fn a_user_validation_pod_must_succeed_before_the_uncordon() {
+    let w = Desired {
+        validation_pod: Some("check".into()),
+        validation_timeout_seconds: 60,
+        ..want()
+    };
+    let swapped = |run: Option<(i64, RunOutcome)>| Observation {
+        loaded: Some("2.8.0".into()),
+        installer: InstallerPod::Current { ready: true },
+        unschedulable: true,
+        validation_pod: run.map(|(created, outcome)| ValidationPod {
+            pod: "ops/ttdrv-validate-n1".into(),
+            created,
+            outcome,
+        }),
+        ..obs()
+    };
+    // Not created yet: create it, stay Upgrading.
+    let s = step(&rec(Upgrading), &swapped(None), &w);
+    assert_eq!(s.record.state, Upgrading);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::VALIDATING));
+    assert_eq!(s.commands, vec![Command::RunValidationPod]);
+    // Running within the timeout (now 1000, created 990): wait.
+    let s = step(&s.record, &swapped(Some((990, RunOutcome::Running))), &w);
+    assert_eq!((s.record.state, s.commands.clone()), (Upgrading, vec![]));
+    // Succeeded: back into service.
+    let ok = step(&s.record, &swapped(Some((990, RunOutcome::Succeeded))), &w);
+    assert_eq!(ok.record.state, Uncordoning);
+    assert_eq!(
+        ok.commands,
+        vec![
+            Command::Uncordon,
+            Command::OpenGates,
+            Command::DeleteValidationPod
+        ]
+    );
+    // Failed: Failed, still cordoned, the pod named.
+    let bad = step(
+        &s.record,
+        &swapped(Some((990, RunOutcome::Failed("check: exit code 3".into())))),
+        &w,
+    );
+    assert_eq!(bad.record.state, Failed);
+    assert_eq!(
+        bad.record.reason.as_deref(),
+        Some(reason::VALIDATION_FAILED)
+    );
+    assert!(bad.commands.is_empty(), "{:?}", bad.commands);
+    assert_eq!(bad.record.cordon, Cordon::Ours, "kept cordoned");
+    let m = bad.record.message.clone().unwrap_or_default();
+    for part in [
+        "ops/ttdrv-validate-n1",
+        "exit code 3",
+        "stays cordoned",
+        "retry",
+    ] {
+        assert!(m.contains(part), "{part}: {m}");
+    }
+    // Running past the timeout (created 900, now 1000 > 60 s): Failed.
+    let late = step(&s.record, &swapped(Some((900, RunOutcome::Running))), &w);
+    assert_eq!(late.record.state, Failed);
+    assert!(
+        late.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("within 60s")),
+        "{:?}",
+        late.record.message
+    );
+    // Without a template nothing runs.
+    let plain = step(&rec(Upgrading), &swapped(None), &want());
+    assert_eq!(plain.record.state, Uncordoning);
 }
