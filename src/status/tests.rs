@@ -19,6 +19,7 @@ fn input<'a>(
         blocked: None,
         held: None,
         braked: None,
+        promotion_blocked: false,
         refused: None,
         daemonset: "ttdrv-fleet",
         previous: None,
@@ -70,6 +71,7 @@ fn status_of(
         blocked: None,
         held: None,
         braked: None,
+        promotion_blocked: false,
         refused: None,
         daemonset: "ttdrv-fleet",
         previous,
@@ -292,7 +294,7 @@ fn conditions_table() {
         let (summary, _) = summarize(&records(&recs));
         assert_eq!(
             flags_of(&s),
-            condition_flags(&summary, paused, !conflicts.is_empty(), false),
+            condition_flags(&summary, paused, !conflicts.is_empty(), false, false),
             "row: {name}: urgency flags follow the written conditions"
         );
     }
