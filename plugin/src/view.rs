@@ -184,8 +184,18 @@ pub fn promotion_view(
                 (now - (at - soak)).max(0)
             ),
         ),
-        Gate::Wait { why, .. } => ("waiting", why.clone()),
-        Gate::Blocked { why } => ("blocked", why.clone()),
+        // The controller's words without the prefix the state already says.
+        Gate::Wait { why, .. } => (
+            "waiting",
+            why.strip_prefix(&format!("waiting for the canary policy {}: ", after.policy))
+                .map_or_else(|| why.clone(), |rest| format!("{}: {rest}", after.policy)),
+        ),
+        Gate::Blocked { why } => (
+            "blocked",
+            why.strip_prefix("promotion blocked: ")
+                .unwrap_or(why)
+                .to_string(),
+        ),
     };
     Some(PromotionView {
         canary: after.policy.clone(),
