@@ -248,7 +248,7 @@ fn normalize(p: &Path) -> String {
 
 const RULES: &str = "dashboards/alerts/ttdriver.rules.yaml";
 const RULE_TESTS: &str = "dashboards/alerts/ttdriver.rules.test.yaml";
-const ALERTS: [&str; 13] = [
+const ALERTS: [&str; 14] = [
     "TTDriverNodeFailed",
     "TTDriverNodeStuckInPhase",
     "TTDriverRolloutStalled",
@@ -257,6 +257,7 @@ const ALERTS: [&str; 13] = [
     "TTDriverReconcileErrors",
     "TTDriverDeployGateLeftClosed",
     "TTDriverRolloutBraked",
+    "TTDriverPromotionBlocked",
     "TTDriverNextKernelBuildFailed",
     "TTVfioBindErrors",
     "TTVfioNoIommu",
