@@ -135,9 +135,10 @@ pub struct PromoteAfter {
     #[schemars(length(min = 1, max = crate::validation::POLICY_NAME_MAX_LENGTH))]
     #[schemars(extend("pattern" = crate::validation::DNS_SUBDOMAIN_PATTERN))]
     pub policy: String,
-    /// How long the canary must have been Ready at the version (its Ready
-    /// condition's lastTransitionTime) before this policy starts, in seconds
-    /// (at most 7 days).
+    /// How long the canary must have been Ready at the version before this
+    /// policy starts, in seconds (at most 7 days): counted from its Ready
+    /// condition's lastTransitionTime or its nodes' latest one, whichever
+    /// is later.
     #[serde(default)]
     #[schemars(range(min = 0, max = crate::validation::SOAK_SECONDS_MAX))]
     pub soak_seconds: i64,

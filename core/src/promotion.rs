@@ -20,6 +20,10 @@ pub struct Canary {
     pub ready: Option<Ready>,
     /// `status.summary.failedNodes`.
     pub failed_nodes: i32,
+    /// The latest `lastTransitionTime` of its nodes' entries, Unix seconds:
+    /// the soak counts from it too, so a rollout finished between two
+    /// status writes (Ready never seen False) is not taken for an old one.
+    pub last_node_change: Option<i64>,
 }
 
 /// A Ready condition.
@@ -50,6 +54,13 @@ impl Canary {
             desired_version: status.and_then(|s| s.desired_version.clone()),
             ready,
             failed_nodes: status.map_or(0, |s| s.summary.failed_nodes),
+            last_node_change: status.and_then(|s| {
+                s.nodes
+                    .iter()
+                    .filter_map(|n| n.last_transition_time.as_ref())
+                    .map(|t| t.0.as_second())
+                    .max()
+            }),
         }
     }
 }
@@ -126,7 +137,10 @@ pub fn gate(name: &str, version: &str, canary: Option<&Canary>, soak: i64, now: 
     let Some(r) = ready else {
         return wait(format!("it is not Ready at {version} yet"));
     };
-    let at = r.since.saturating_add(soak);
+    // Ready since its condition turned True, and since its last node
+    // settled, whichever is later.
+    let since = c.last_node_change.map_or(r.since, |n| n.max(r.since));
+    let at = since.saturating_add(soak);
     if now >= at {
         return Gate::Open;
     }
@@ -134,7 +148,7 @@ pub fn gate(name: &str, version: &str, canary: Option<&Canary>, soak: i64, now: 
         why: format!(
             "waiting for the canary policy {name}: Ready at {version} since {}, \
              for less than soakSeconds {soak}: the promotion opens at {}",
-            rfc3339(r.since),
+            rfc3339(since),
             rfc3339(at)
         ),
         ready_at: Some(at),
@@ -181,6 +195,7 @@ mod tests {
                 observed_generation: Some(observed),
             }),
             failed_nodes: failed,
+            last_node_change: None,
         }
     }
 
@@ -245,6 +260,19 @@ mod tests {
             (
                 "Ready for 120 s of 600",
                 Some(canary("2.8.0", Some((true, NOW - 120, 3)), 0)),
+                Gate::Wait {
+                    why: "waiting for the canary policy canary: Ready at 2.8.0 since 2026-05-28T20:24:40Z, \
+                          for less than soakSeconds 600: the promotion opens at 2026-05-28T20:34:40Z"
+                        .into(),
+                    ready_at: Some(NOW + 480),
+                },
+            ),
+            (
+                "Ready long enough, but a node settled 120 s ago",
+                Some(Canary {
+                    last_node_change: Some(NOW - 120),
+                    ..canary("2.8.0", Some((true, NOW - 10_000, 3)), 0)
+                }),
                 Gate::Wait {
                     why: "waiting for the canary policy canary: Ready at 2.8.0 since 2026-05-28T20:24:40Z, \
                           for less than soakSeconds 600: the promotion opens at 2026-05-28T20:34:40Z"
