@@ -335,12 +335,18 @@ pub fn build(
             } else {
                 "Upgrading"
             },
-            input.blocked.map(String::from).unwrap_or_else(|| {
-                format!(
-                    "{} in progress, {} pending",
-                    summary.in_progress, summary.pending
-                )
-            }),
+            input
+                .blocked
+                // A policy with nothing to do is not held back by its canary
+                // (which may already roll out a newer version).
+                .filter(|_| !(settled && input.held == Some(reason::WAITING_FOR_PROMOTION)))
+                .map(String::from)
+                .unwrap_or_else(|| {
+                    format!(
+                        "{} in progress, {} pending",
+                        summary.in_progress, summary.pending
+                    )
+                }),
             input,
         ),
         cond(

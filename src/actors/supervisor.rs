@@ -226,11 +226,13 @@ impl Handler<Reconcile> for PolicySupervisor {
                     if full && out.err.is_none() {
                         act.promotion = gate;
                     }
+                    act.absorb(&out, full, &assignment);
+                    // Blocked only while it holds something back: a policy
+                    // with no node waiting does not page for its canary.
                     act.ctx.metrics.set_policy_promotion_blocked(
                         &act.name,
-                        act.promotion.as_ref().is_some_and(Gate::is_blocked),
+                        act.promotion_blocked(),
                     );
-                    act.absorb(&out, full, &assignment);
                     let plan = out.plan;
                     act.export_metrics(&out.stepped, full, &plan);
                     act.policy_decisions(&policy, &plan, out.refused.as_ref());
@@ -266,6 +268,13 @@ impl Handler<Reconcile> for PolicySupervisor {
 }
 
 impl PolicySupervisor {
+    /// `spec.promoteAfter`'s canary is halted or missing while nodes of this
+    /// policy wait in Pending: a person must act on the canary.
+    fn promotion_blocked(&self) -> bool {
+        self.promotion.as_ref().is_some_and(Gate::is_blocked)
+            && self.records.values().any(|r| r.state == NodeState::Pending)
+    }
+
     /// NodeActors follow the set of owned nodes (full passes only: ownership
     /// changes always start one).
     fn sync_node_actors(&mut self, owned: &[String]) {
