@@ -39,11 +39,14 @@ pub struct StatusInput<'a> {
     pub conflicts: &'a [(String, String)],
     /// Why the rollout cannot start more nodes now, if it cannot.
     pub blocked: Option<&'a str>,
-    /// New starts are held (a soak, a closed maintenance window): the
-    /// reason, for the Progressing condition.
+    /// New starts are held (a soak, a closed maintenance window, a canary
+    /// not promoted yet): the reason, for the Progressing condition.
     pub held: Option<&'static str>,
     /// The fleet-health brake is on: the policy's NotReady nodes.
     pub braked: Option<&'a [String]>,
+    /// `spec.promoteAfter`'s canary is halted (a Failed node) or missing:
+    /// the hold needs a person, Progressing turns False (`PromotionBlocked`).
+    pub promotion_blocked: bool,
     /// The cluster refuses the policy (its DaemonSet apply, its drain
     /// selector) or a takeover holds it: which, and the API server's words.
     pub refused: Option<(RefusalKind, &'a str)>,
@@ -119,17 +122,19 @@ pub fn phase_of(summary: &Summary, paused: bool) -> &'static str {
 
 /// The status of each condition, in the order [`build`] lists them: Ready,
 /// Progressing, Degraded, Paused, Conflict. A flip of any of them makes a
-/// status write urgent.
+/// status write urgent. `promotion_blocked`: the canary of
+/// `spec.promoteAfter` is halted or missing, so nothing new starts.
 pub fn condition_flags(
     summary: &Summary,
     paused: bool,
     conflicts: bool,
     braked: bool,
+    promotion_blocked: bool,
 ) -> [bool; 5] {
     let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed_nodes == 0;
     [
         settled && !paused,
-        !settled && summary.failed_nodes == 0 && !paused && !braked,
+        !settled && summary.failed_nodes == 0 && !paused && !braked && !promotion_blocked,
         summary.failed_nodes > 0 || braked,
         paused,
         conflicts,
@@ -258,6 +263,7 @@ pub fn build(
         paused,
         !input.conflicts.is_empty(),
         input.braked.is_some() || input.refused.is_some(),
+        input.promotion_blocked,
     );
     let (degraded_reason, degraded_message) = if summary.failed_nodes > 0 {
         ("NodeFailed", failed.join("; "))
@@ -322,17 +328,25 @@ pub fn build(
                 "Refused"
             } else if input.braked.is_some() {
                 "Braked"
+            } else if input.promotion_blocked {
+                "PromotionBlocked"
             } else if let Some(held) = input.held {
                 held
             } else {
                 "Upgrading"
             },
-            input.blocked.map(String::from).unwrap_or_else(|| {
-                format!(
-                    "{} in progress, {} pending",
-                    summary.in_progress, summary.pending
-                )
-            }),
+            input
+                .blocked
+                // A policy with nothing to do is not held back by its canary
+                // (which may already roll out a newer version).
+                .filter(|_| !(settled && input.held == Some(reason::WAITING_FOR_PROMOTION)))
+                .map(String::from)
+                .unwrap_or_else(|| {
+                    format!(
+                        "{} in progress, {} pending",
+                        summary.in_progress, summary.pending
+                    )
+                }),
             input,
         ),
         cond(

@@ -25,6 +25,15 @@ async fn spec_examples_apply_with_documented_defaults() {
     let env = TestEnv::new("crd-examples").await;
     ensure_crd(&env.client).await;
 
+    let promoted = create(
+        &env,
+        "promoted",
+        "version: \"2.8.0\"\nnodeAffinity: {}\npromoteAfter: { policy: canary }",
+    )
+    .await
+    .expect("a CR with promoteAfter applies");
+    let after = promoted.spec.promote_after.expect("promoteAfter read back");
+    assert_eq!((after.policy.as_str(), after.soak_seconds), ("canary", 0));
     let min = create(&env, "minimum", "version: \"2.8.0\"\nnodeAffinity: {}")
         .await
         .expect("minimum CR applies");
@@ -186,7 +195,31 @@ async fn invalid_objects_are_rejected_naming_the_field() {
             "version: \"2.8.0\"\nnodeAffinity: {}\ninstaller: { sourceRepository: \"not a url\" }",
             "spec.installer.sourceRepository",
         ),
+        (
+            "promote-bad-name",
+            "version: \"2.8.0\"\nnodeAffinity: {}\npromoteAfter: { policy: Canary_1 }",
+            "spec.promoteAfter.policy",
+        ),
+        (
+            "promote-neg-soak",
+            "version: \"2.8.0\"\nnodeAffinity: {}\npromoteAfter: { policy: canary, soakSeconds: -1 }",
+            "spec.promoteAfter.soakSeconds",
+        ),
+        (
+            "promote-long-soak",
+            "version: \"2.8.0\"\nnodeAffinity: {}\npromoteAfter: { policy: canary, soakSeconds: 604801 }",
+            "spec.promoteAfter.soakSeconds",
+        ),
     ];
+    // A policy that names itself as its canary (CEL at the root).
+    let own = env.name("promote-self");
+    let self_spec =
+        format!("version: \"2.8.0\"\nnodeAffinity: {{}}\npromoteAfter: {{ policy: {own} }}");
+    let cases = cases.iter().copied().chain([(
+        "promote-self",
+        self_spec.as_str(),
+        "spec.promoteAfter.policy",
+    )]);
     for (suffix, spec, field) in cases {
         match create(&env, suffix, spec).await {
             Ok(_) => panic!("{suffix}: the API server accepted an invalid object:\n{spec}"),

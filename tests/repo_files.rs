@@ -248,7 +248,7 @@ fn normalize(p: &Path) -> String {
 
 const RULES: &str = "dashboards/alerts/ttdriver.rules.yaml";
 const RULE_TESTS: &str = "dashboards/alerts/ttdriver.rules.test.yaml";
-const ALERTS: [&str; 14] = [
+const ALERTS: [&str; 15] = [
     "TTDriverNodeFailed",
     "TTDriverNodeStuckInPhase",
     "TTDriverNodeRolledBack",
@@ -258,6 +258,7 @@ const ALERTS: [&str; 14] = [
     "TTDriverReconcileErrors",
     "TTDriverDeployGateLeftClosed",
     "TTDriverRolloutBraked",
+    "TTDriverPromotionBlocked",
     "TTDriverNextKernelBuildFailed",
     "TTVfioBindErrors",
     "TTVfioNoIommu",

@@ -46,7 +46,8 @@ use crate::validation::{
     printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.summary.done","description":"Nodes Done with the module this controller installed"}"#,
     printcolumn = r#"{"name":"FailedNodes","type":"integer","jsonPath":".status.summary.failedNodes","description":"Nodes in state Failed (the rollout halts)"}"#,
     printcolumn = r#"{"name":"Paused","type":"boolean","jsonPath":".spec.paused","description":"True while the controller leaves the policy alone"}"#,
-    validation = crate::validation::policy_name_rule()
+    validation = crate::validation::policy_name_rule(),
+    validation = crate::validation::promote_after_rule()
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
@@ -116,6 +117,31 @@ pub struct TenstorrentDriverPolicySpec {
     #[schemars(length(max = crate::firmware::READBACK_MAX_LENGTH))]
     #[schemars(extend("pattern" = crate::firmware::READBACK_PATTERN))]
     pub min_firmware_version: Option<String>,
+
+    /// Canary promotion: start new disruptive cycles (drained swaps, bounded
+    /// restart-only cycles) only once the named policy, the canary, has been
+    /// Ready at this same version for `soakSeconds`, with no Failed node.
+    /// Until then the nodes wait (reason WaitingForPromotion); build-ahead
+    /// goes on, cycles in progress finish, first installs are not held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promote_after: Option<PromoteAfter>,
+}
+
+/// `spec.promoteAfter`: the canary this policy's rollout follows.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PromoteAfter {
+    /// Name of the canary TenstorrentDriverPolicy (not this one).
+    #[schemars(length(min = 1, max = crate::validation::POLICY_NAME_MAX_LENGTH))]
+    #[schemars(extend("pattern" = crate::validation::DNS_SUBDOMAIN_PATTERN))]
+    pub policy: String,
+    /// How long the canary must have been Ready at the version before this
+    /// policy starts, in seconds (at most 7 days): counted from its Ready
+    /// condition's lastTransitionTime or its nodes' latest one, whichever
+    /// is later.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = crate::validation::SOAK_SECONDS_MAX))]
+    pub soak_seconds: i64,
 }
 
 impl TenstorrentDriverPolicySpec {

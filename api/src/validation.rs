@@ -18,6 +18,8 @@
 //! | `podSelectorLabel` | [`POD_SELECTOR_MAX_LENGTH`] = 1024 characters | bounded size |
 //! | `installer.image` | [`IMAGE_MAX_LENGTH`] = 512 characters | bounded size |
 //! | `installer.sourceRepository` | [`SOURCE_REPOSITORY_MAX_LENGTH`] = 2048 characters | bounded size |
+//! | `promoteAfter.policy` | [`POLICY_NAME_MAX_LENGTH`] = 63, [`DNS_SUBDOMAIN_PATTERN`] | a policy's name; not this policy's own (CEL at the root) |
+//! | `promoteAfter.soakSeconds` | 0 to [`SOAK_SECONDS_MAX`] = 604800 (7 days) | bounded wait |
 //!
 //! With these bounds the largest admissible spec is about 300 KB (32 × 128
 //! values of 63 characters dominate), far below the API server's 1.5 MB.
@@ -58,8 +60,13 @@ pub const SOURCE_REPOSITORY_MAX_LENGTH: usize = 2048;
 pub const SECRET_NAME_MAX_LENGTH: usize = 253;
 /// `installer.signingSecret`: a Secret's name, a lowercase DNS subdomain
 /// (RFC 1123), as the API server requires of it.
-pub const SECRET_NAME_PATTERN: &str =
+pub const SECRET_NAME_PATTERN: &str = DNS_SUBDOMAIN_PATTERN;
+/// A lowercase DNS subdomain (RFC 1123): the names of Secrets and of
+/// policies (`spec.promoteAfter.policy`).
+pub const DNS_SUBDOMAIN_PATTERN: &str =
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// Longest `spec.promoteAfter.soakSeconds`: 7 days.
+pub const SOAK_SECONDS_MAX: i64 = 7 * 24 * 3600;
 
 /// Unanchored structure of a label key (`metav1` qualified name): an optional
 /// lowercase DNS-subdomain prefix and `/`, then a name of alphanumerics, `-`,
@@ -228,6 +235,16 @@ pub fn policy_name_rule() -> kube::core::Rule {
         .as_str(),
     )
     .optional_old_self(true)
+}
+
+/// A policy does not promote after itself (it would wait for ever): a rule
+/// at the root, where `metadata.name` is visible.
+pub fn promote_after_rule() -> kube::core::Rule {
+    kube::core::Rule::new(
+        "!has(self.spec.promoteAfter) || self.spec.promoteAfter.policy != self.metadata.name",
+    )
+    .message("spec.promoteAfter.policy names this policy: a policy cannot be its own canary")
+    .field_path(".spec.promoteAfter.policy")
 }
 
 /// Versions [`is_valid_version`] accepts: the examples both this crate's

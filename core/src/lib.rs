@@ -15,6 +15,7 @@
 //! | [`handover`] | whether a Go operator's controller pod still runs, so ours must not act yet |
 //! | [`go_ahead`] | whether the agent may swap the loaded module now (the second key) |
 //! | [`prepare`] | which installer pods are replaced ahead of their cycle to build the target, and whether a cycle may start |
+//! | [`promotion`] | whether a policy that follows a canary (`spec.promoteAfter`) may start its new cycles |
 //! | [`rollout`] | which waiting nodes may start now under `maxUnavailable` |
 //! | [`trust`] | which installer images and source repositories a policy may name, and the commit a version is built from |
 
@@ -31,6 +32,7 @@ pub mod machine;
 pub mod node;
 pub mod observe;
 pub mod prepare;
+pub mod promotion;
 pub mod reason;
 pub mod rollout;
 pub mod selection;

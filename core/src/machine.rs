@@ -309,7 +309,8 @@ pub struct Desired {
     /// upgrade fails it ([`crate::soak`]).
     pub soak_seconds: i64,
     /// No new slot-holding cycle starts now (a soak, a closed maintenance
-    /// window): the reason and why. Build-ahead and cycles in progress go on.
+    /// window, a canary not promoted yet): the reason and why. Build-ahead
+    /// and cycles in progress go on.
     pub hold: Option<Hold>,
     /// `upgradePolicy.validation.podTemplateName`: a pod of it must succeed
     /// on the node before a swapped node goes back into service.
@@ -321,7 +322,9 @@ pub struct Desired {
 /// Why no new cycle starts now ([`Desired::hold`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hold {
-    /// One of [`reason::SOAKING`], [`reason::OUTSIDE_MAINTENANCE_WINDOW`].
+    /// One of [`reason::SOAKING`], [`reason::OUTSIDE_MAINTENANCE_WINDOW`],
+    /// [`reason::WAITING_FOR_PROMOTION`] (`spec.promoteAfter`:
+    /// [`crate::promotion::Gate::hold`]).
     pub reason: &'static str,
     pub why: String,
 }
@@ -329,7 +332,8 @@ pub struct Hold {
 impl Desired {
     /// What `policy` asks of its nodes: the one reading of its spec for the
     /// machine. `refused` starts false: only the controller knows whether the
-    /// cluster accepts the policy's DaemonSet.
+    /// cluster accepts the policy's DaemonSet, and `hold` starts `None`: only
+    /// the controller reads the clock, the records and the canary.
     pub fn of(policy: &ttdrv_api::TenstorrentDriverPolicy, upgrade_timeout_seconds: i64) -> Self {
         let spec = &policy.spec;
         Self {

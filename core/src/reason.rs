@@ -21,6 +21,9 @@ pub const SOAKING: &str = "Soaking";
 /// Pending: outside every `upgradePolicy.maintenanceWindows` entry; the
 /// message says when the next opens.
 pub const OUTSIDE_MAINTENANCE_WINDOW: &str = "OutsideMaintenanceWindow";
+/// Pending: `spec.promoteAfter`: the canary policy has not been Ready at
+/// this version for its soak yet, or is halted (a Failed node) or missing.
+pub const WAITING_FOR_PROMOTION: &str = "WaitingForPromotion";
 /// Done: the module and installer were already current.
 pub const UP_TO_DATE: &str = "UpToDate";
 /// Done (or Uncordoning): the new module is loaded.
@@ -149,6 +152,7 @@ pub const ALL: &[&str] = &[
     PAUSED,
     WAITING_FOR_FIRMWARE,
     WAITING_FOR_FIRMWARE_VERSION,
+    WAITING_FOR_PROMOTION,
     UP_TO_DATE,
     UPGRADED,
     HOST_MANAGED,

@@ -284,10 +284,25 @@ async fn status(ctx: &Ctx, name: Option<&str>) -> Result<i32> {
     let ps = policies(&ctx.client, name).await?;
     let nodes = claimed_nodes(&ctx.client, name).await?;
     let now = now_secs();
-    let views: Vec<_> = ps
-        .iter()
-        .map(|p| view::policy_view(p, &nodes, now))
-        .collect();
+    let mut views = Vec::with_capacity(ps.len());
+    for p in &ps {
+        let mut v = view::policy_view(p, &nodes, now);
+        if let Some(after) = &p.spec.promote_after {
+            let canary = match ps
+                .iter()
+                .find(|c| c.metadata.name.as_ref() == Some(&after.policy))
+            {
+                Some(c) => Some(c.clone()),
+                None => Api::<TenstorrentDriverPolicy>::all(ctx.client.clone())
+                    .get_opt(&after.policy)
+                    .await
+                    .map_err(api_error)
+                    .with_context(|| format!("reading the canary policy {:?}", after.policy))?,
+            };
+            v.promotion = view::promotion_view(p, canary.as_ref(), now);
+        }
+        views.push(v);
+    }
     emit(ctx, &views, || render::status(&views, ctx.pal))?;
     Ok(0)
 }

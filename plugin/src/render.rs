@@ -79,6 +79,12 @@ pub fn status(views: &[PolicyView], pal: Palette) -> String {
                 }
             ));
         }
+        if let Some(pr) = &v.promotion {
+            out.push_str(&format!(
+                "  Promotion: after {} (soak {}s): {}: {}\n",
+                pr.canary, pr.soak_seconds, pr.state, pr.message
+            ));
+        }
         for (ty, c) in &v.conditions {
             let show = match ty.as_str() {
                 "Progressing" => c.status == "True" && !c.message.is_empty(),

@@ -138,7 +138,71 @@ pub struct PolicyView {
     /// `upgradePolicy.prepare.enabled`.
     pub prepare_enabled: bool,
     pub prepared: PreparedCount,
+    /// `spec.promoteAfter`: the canary this policy follows and where that
+    /// stands ([`promotion_view`]); absent when it follows none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub promotion: Option<PromotionView>,
     pub nodes: Vec<NodeRow>,
+}
+
+/// Where a policy's canary promotion stands, as the controller decides it
+/// ([`ttdrv_core::promotion`]) from the canary's status, read now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromotionView {
+    pub canary: String,
+    pub soak_seconds: i64,
+    /// `open`, `waiting` or `blocked`.
+    pub state: String,
+    /// What the canary misses, with the soak's count at `now`.
+    pub message: String,
+}
+
+/// The promotion of `p` given its canary (`None`: not found), at `now`.
+pub fn promotion_view(
+    p: &TenstorrentDriverPolicy,
+    canary: Option<&TenstorrentDriverPolicy>,
+    now: i64,
+) -> Option<PromotionView> {
+    use ttdrv_core::promotion::{self, Canary, Gate};
+    let after = p.spec.promote_after.as_ref()?;
+    let gate = promotion::of(p, |_| canary.map(Canary::of), now)?;
+    let soak = after.soak_seconds;
+    let (state, message) = match &gate {
+        Gate::Open => (
+            "open",
+            format!("{} is Ready at {}", after.policy, p.spec.version),
+        ),
+        Gate::Wait {
+            ready_at: Some(at), ..
+        } => (
+            "waiting",
+            format!(
+                "{} Ready at {} for {}s of {soak}s",
+                after.policy,
+                p.spec.version,
+                (now - (at - soak)).max(0)
+            ),
+        ),
+        // The controller's words without the prefix the state already says.
+        Gate::Wait { why, .. } => (
+            "waiting",
+            why.strip_prefix(&format!("waiting for the canary policy {}: ", after.policy))
+                .map_or_else(|| why.clone(), |rest| format!("{}: {rest}", after.policy)),
+        ),
+        Gate::Blocked { why } => (
+            "blocked",
+            why.strip_prefix("promotion blocked: ")
+                .unwrap_or(why)
+                .to_string(),
+        ),
+    };
+    Some(PromotionView {
+        canary: after.policy.clone(),
+        soak_seconds: soak,
+        state: state.into(),
+        message,
+    })
 }
 
 /// One policy and the nodes it reports, in rollout order (the status order).
@@ -245,6 +309,7 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
         conflict,
         conditions,
         summary: status.summary.clone(),
+        promotion: None,
         nodes: rows,
         name,
     }

@@ -1059,3 +1059,101 @@ fn status_counts_prepared_nodes_until_the_target_is_everywhere() {
     assert_eq!((v.prepared.prepared, v.prepared.nodes), (5, 5));
     assert!(!render::status(&[v], Palette::PLAIN).contains("prepared"));
 }
+
+/// `spec.promoteAfter`: the status shows the chain, each following policy
+/// with its canary, the soak and where the promotion stands.
+#[test]
+fn status_shows_the_promotion_chain() {
+    let canary_at = |ready_since: i64, failed: i32| {
+        let mut c = policy(
+            "canary",
+            NOW - 100_000,
+            "version: \"2.8.0\"\nnodeAffinity: {matchLabels: {pool: canary}}",
+        );
+        c.status = Some(TenstorrentDriverPolicyStatus {
+            observed_generation: Some(2),
+            desired_version: Some("2.8.0".into()),
+            phase: Some("Ready".into()),
+            summary: Summary {
+                matched: 1,
+                done: 1,
+                failed_nodes: failed,
+                ..Default::default()
+            },
+            conditions: vec![cond(
+                "Ready",
+                failed == 0,
+                "RolloutComplete",
+                "",
+                ready_since,
+            )],
+            ..Default::default()
+        });
+        c
+    };
+    let (mut prod, nodes) = rolling();
+    prod.spec.promote_after = Some(ttdrv_api::PromoteAfter {
+        policy: "canary".into(),
+        soak_seconds: 600,
+    });
+    let show = |canary: Option<&TenstorrentDriverPolicy>| {
+        let mut views = vec![];
+        if let Some(c) = canary {
+            views.push(view::policy_view(c, &nodes, NOW));
+        }
+        let mut v = view::policy_view(&prod, &nodes, NOW);
+        v.promotion = view::promotion_view(&prod, canary, NOW);
+        views.push(v);
+        views
+    };
+    // Soaking: Ready 120 s of 600.
+    let soaking = canary_at(NOW - 120, 0);
+    let views = show(Some(&soaking));
+    check("status-promotion", &render::status(&views, Palette::PLAIN));
+    let line = |views: &[view::PolicyView]| {
+        render::status(views, Palette::PLAIN)
+            .lines()
+            .find(|l| l.contains("Promotion:"))
+            .map(str::trim)
+            .map(String::from)
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        line(&views),
+        "Promotion: after canary (soak 600s): waiting: canary Ready at 2.8.0 for 120s of 600s"
+    );
+    // Soaked: open.
+    let soaked = canary_at(NOW - 6000, 0);
+    assert_eq!(
+        line(&show(Some(&soaked))),
+        "Promotion: after canary (soak 600s): open: canary is Ready at 2.8.0"
+    );
+    // Halted: blocked, and why.
+    let halted = canary_at(NOW - 6000, 1);
+    let l = line(&show(Some(&halted)));
+    assert!(
+        l.starts_with("Promotion: after canary (soak 600s): blocked: the canary policy canary has 1 Failed node"),
+        "{l}"
+    );
+    // Missing.
+    let l = line(&show(None));
+    assert!(
+        l.contains("blocked: ") && l.contains("does not exist"),
+        "{l}"
+    );
+    // Not there yet.
+    let mut behind = canary_at(NOW - 6000, 0);
+    if let Some(st) = behind.status.as_mut() {
+        st.desired_version = Some("2.7.0".into());
+    }
+    assert_eq!(
+        line(&show(Some(&behind))),
+        "Promotion: after canary (soak 600s): waiting: canary: it is not at 2.8.0 yet (it rolls out 2.7.0)"
+    );
+    // A policy that follows no canary has no such line, nor JSON field.
+    let plain = view::policy_view(&soaking, &nodes, NOW);
+    assert!(plain.promotion.is_none());
+    let json = serde_json::to_value(&views).expect("json");
+    assert_eq!(json[1]["promotion"]["state"], "waiting", "{json}");
+    assert!(json[0].get("promotion").is_none(), "{json}");
+}

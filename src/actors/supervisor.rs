@@ -17,6 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 use ttdrv_core::machine::NodeRecord;
+use ttdrv_core::promotion::{self, Canary, Gate};
 use ttdrv_core::reason;
 use ttdrv_core::rollout::Plan;
 use ttdrv_core::selection::Assignment;
@@ -80,6 +81,9 @@ pub struct PolicySupervisor {
     primed: bool,
     /// The policy-level decisions' memory of earlier passes.
     memo: PolicyMemo,
+    /// `spec.promoteAfter`'s gate as the last pass that stepped every node
+    /// saw it: a change makes the next pass a full one.
+    promotion: Option<Gate>,
 }
 
 impl PolicySupervisor {
@@ -96,6 +100,7 @@ impl PolicySupervisor {
             status_in_flight: false,
             primed: false,
             memo: PolicyMemo::default(),
+            promotion: None,
         }
     }
 }
@@ -118,6 +123,7 @@ impl Supervised for PolicySupervisor {
         self.last_status = None;
         self.status_in_flight = false;
         self.primed = false;
+        self.promotion = None;
         // A refusal is found again by the next pass if it still stands.
         let (memo, effects) = decide(&self.memo, &Facts::Restarted);
         self.memo = memo;
@@ -148,7 +154,20 @@ impl Handler<Reconcile> for PolicySupervisor {
         let Some(policy) = ctx.stores.policies.get(&ObjectRef::new(&name)) else {
             return AtomicResponse::new(Box::pin(async { Ok(()) }.into_actor(self)));
         };
-        let full = msg.scope.full || !self.primed;
+        // The canary's status is not watched for: each pass (the periodic
+        // tick included, every resync interval) reads it from the cache, and
+        // a changed gate steps every node, its waiting ones included.
+        let gate = promotion::of(
+            &policy,
+            |c| {
+                ctx.stores
+                    .policies
+                    .get(&ObjectRef::new(c))
+                    .map(|p| Canary::of(&p))
+            },
+            now_secs(),
+        );
+        let full = msg.scope.full || !self.primed || gate != self.promotion;
         let assignment = msg.assignment;
         let conflicts = assignment.conflicts.get(&name).cloned().unwrap_or_default();
         let owned: &[String] = assignment.owned.get(&name).map_or(&[], Vec::as_slice);
@@ -180,6 +199,7 @@ impl Handler<Reconcile> for PolicySupervisor {
             ports: self.ports.clone(),
             apply: self.memo.apply(policy.metadata.generation, Instant::now()),
             refusal: self.memo.refusal.clone(),
+            promotion: gate.as_ref().and_then(Gate::hold),
         };
         let (memo, effects) = decide(
             &self.memo,
@@ -203,7 +223,16 @@ impl Handler<Reconcile> for PolicySupervisor {
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(
             move |res, act, actx| {
                 let res = res.map(|out| {
+                    if full && out.err.is_none() {
+                        act.promotion = gate;
+                    }
                     act.absorb(&out, full, &assignment);
+                    // Blocked only while it holds something back: a policy
+                    // with no node waiting does not page for its canary.
+                    act.ctx.metrics.set_policy_promotion_blocked(
+                        &act.name,
+                        act.promotion_blocked(),
+                    );
                     let plan = out.plan;
                     act.export_metrics(&out.stepped, full, &plan);
                     act.policy_decisions(&policy, &plan, out.refused.as_ref());
@@ -239,6 +268,13 @@ impl Handler<Reconcile> for PolicySupervisor {
 }
 
 impl PolicySupervisor {
+    /// `spec.promoteAfter`'s canary is halted or missing while nodes of this
+    /// policy wait in Pending: a person must act on the canary.
+    fn promotion_blocked(&self) -> bool {
+        self.promotion.as_ref().is_some_and(Gate::is_blocked)
+            && self.records.values().any(|r| r.state == NodeState::Pending)
+    }
+
     /// NodeActors follow the set of owned nodes (full passes only: ownership
     /// changes always start one).
     fn sync_node_actors(&mut self, owned: &[String]) {

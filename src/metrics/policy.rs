@@ -18,6 +18,7 @@ pub(super) struct PolicyMetrics {
     policy_nodes: Arc<Family>,
     policy_paused: Arc<Family>,
     policy_rollout_held: Arc<Family>,
+    policy_promotion_blocked: Arc<Family>,
     policy_desired_version: Arc<Family>,
     rollout_max_unavailable: Arc<Family>,
     rollout_unavailable: Arc<Family>,
@@ -44,8 +45,13 @@ impl PolicyMetrics {
             ),
             policy_rollout_held: families.gauge(
                 "ttdriver_policy_rollout_held",
-                "1 while no new node cycle may start because of the reason (Soaking: the last upgraded node soaks; OutsideMaintenanceWindow), else 0.",
+                "1 while no new node cycle may start because of the reason (Soaking: the last upgraded node soaks; OutsideMaintenanceWindow; WaitingForPromotion: spec.promoteAfter's canary is not there yet), else 0.",
                 &["cr", "reason"],
+            ),
+            policy_promotion_blocked: families.gauge(
+                "ttdriver_policy_promotion_blocked",
+                "1 while the policy's promotion (spec.promoteAfter) is blocked: its canary policy has Failed nodes or does not exist; else 0.",
+                &["cr"],
             ),
             policy_desired_version: families.gauge(
                 "ttdriver_policy_desired_version",
@@ -132,11 +138,21 @@ impl Metrics {
         for reason in [
             ttdrv_core::reason::SOAKING,
             ttdrv_core::reason::OUTSIDE_MAINTENANCE_WINDOW,
+            ttdrv_core::reason::WAITING_FOR_PROMOTION,
         ] {
             self.policy
                 .policy_rollout_held
                 .set(&[cr, reason], bool_value(held == Some(reason)));
         }
+    }
+
+    /// `ttdriver_policy_promotion_blocked{cr}` 1/0: the canary of
+    /// `spec.promoteAfter` is halted or missing (a person must act).
+    pub fn set_policy_promotion_blocked(&self, cr: &str, blocked: bool) {
+        self.ensure_cr(cr);
+        self.policy
+            .policy_promotion_blocked
+            .set(&[cr], bool_value(blocked));
     }
 
     /// `ttdriver_policy_desired_version{cr,version}` = 1; the series of any other

@@ -101,6 +101,9 @@ fn golden_metrics_text() {
     m.set_policy_paused("fleet", false);
     m.set_policy_paused("paused", true);
     m.set_rollout_held("fleet", Some("Soaking"));
+    m.set_policy_promotion_blocked("fleet", false);
+    m.set_policy_promotion_blocked("prod", true);
+    m.set_rollout_held("prod", Some("WaitingForPromotion"));
     m.set_desired_version("fleet", "2.7.0");
     m.set_desired_version("fleet", "2.8.0");
     m.set_desired_version("fleet1", "12.8.0");
@@ -265,6 +268,7 @@ fn forget_policy_removes_every_series_of_the_cr() {
         m.set_policy_host_managed(cr, 3);
         m.set_policy_prepare(cr, 2, 0);
         m.set_policy_paused(cr, false);
+        m.set_policy_promotion_blocked(cr, true);
         m.set_desired_version(cr, "2.8.0");
         m.inc_evicted(cr, "pass1");
         m.inc_drain_blocked(cr, "pass2");

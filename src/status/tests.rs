@@ -19,6 +19,7 @@ fn input<'a>(
         blocked: None,
         held: None,
         braked: None,
+        promotion_blocked: false,
         refused: None,
         daemonset: "ttdrv-fleet",
         previous: None,
@@ -70,6 +71,7 @@ fn status_of(
         blocked: None,
         held: None,
         braked: None,
+        promotion_blocked: false,
         refused: None,
         daemonset: "ttdrv-fleet",
         previous,
@@ -292,7 +294,7 @@ fn conditions_table() {
         let (summary, _) = summarize(&records(&recs));
         assert_eq!(
             flags_of(&s),
-            condition_flags(&summary, paused, !conflicts.is_empty(), false),
+            condition_flags(&summary, paused, !conflicts.is_empty(), false, false),
             "row: {name}: urgency flags follow the written conditions"
         );
     }
@@ -589,4 +591,57 @@ fn a_daemonset_takeover_is_degraded_under_its_own_reason() {
     input.refused = Some((RefusalKind::Refused, "field is immutable"));
     let s = build(&input, |_| Reported::default());
     assert_eq!(conditions(&s)[2], c("Degraded", "True", "PolicyRefused"));
+}
+
+#[test]
+fn a_promotion_waiting_or_blocked_shows_on_progressing() {
+    let pending = records(&[
+        (
+            "a",
+            rec(
+                NodeState::Pending,
+                Some(reason::WAITING_FOR_PROMOTION),
+                None,
+            ),
+        ),
+        ("b", rec(NodeState::Done, Some(reason::UP_TO_DATE), None)),
+    ]);
+    let p = policy(false, 1);
+    let why = "waiting for the canary policy canary: it is not Ready at 2.8.0 yet";
+    let progressing = |recs: &HashMap<String, NodeRecord>, blocked: bool| {
+        let i = StatusInput {
+            blocked: Some(why),
+            held: Some(reason::WAITING_FOR_PROMOTION),
+            promotion_blocked: blocked,
+            ..input(&p, recs)
+        };
+        let s = build(&i, |_| Reported::default());
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing")
+            .cloned()
+            .expect("Progressing");
+        (c.status, c.reason, c.message)
+    };
+    // Waiting: opens by itself.
+    assert_eq!(
+        progressing(&pending, false),
+        ("True".into(), "WaitingForPromotion".into(), why.into())
+    );
+    // Blocked: a person must act on the canary.
+    assert_eq!(
+        progressing(&pending, true),
+        ("False".into(), "PromotionBlocked".into(), why.into())
+    );
+    // Nothing to do: Idle, and the canary is not mentioned.
+    let done = records(&[("a", rec(NodeState::Done, Some(reason::UP_TO_DATE), None))]);
+    assert_eq!(
+        progressing(&done, false),
+        (
+            "False".into(),
+            "Idle".into(),
+            "0 in progress, 0 pending".into()
+        )
+    );
 }

@@ -56,6 +56,9 @@ pub(super) struct ReconcilePass {
     pub(super) apply: Apply,
     /// The refusal standing from earlier passes (kept while backing off).
     pub(super) refusal: Option<Refusal>,
+    /// The hold on new cycles while the canary (`spec.promoteAfter`) is not
+    /// promoted yet, if it is not ([`ttdrv_core::promotion::Gate::hold`]).
+    pub(super) promotion: Option<ttdrv_core::machine::Hold>,
 }
 
 /// Rounds of slot hand-over within one pass: a node reaching Done frees a
@@ -137,13 +140,17 @@ impl ReconcilePass {
         let drain_exempt = ctx.config.drain_exempt_namespaces();
         let now = now_secs();
         let desired = Desired {
-            hold: ttdrv_core::rollout::hold(
-                &windows,
-                self.records.iter(),
-                &spec.version,
-                spec.upgrade_policy.soak_seconds,
-                now,
-            ),
+            // The canary first: a soak or a window only matters once the
+            // promotion is open.
+            hold: self.promotion.clone().or_else(|| {
+                ttdrv_core::rollout::hold(
+                    &windows,
+                    self.records.iter(),
+                    &spec.version,
+                    spec.upgrade_policy.soak_seconds,
+                    now,
+                )
+            }),
             refused: refused.is_some(),
             // Only while this controller runs the firmware policies: a flash
             // record left by a firmware controller that is off would hold
@@ -154,7 +161,8 @@ impl ReconcilePass {
         // A refused policy starts no node (its installer would never come);
         // nodes mid-cycle go on, deadlines included.
         let mut limits = Limits {
-            // Held (a soak, a closed window): nothing new starts either.
+            // Held (a soak, a closed window, a canary not promoted yet):
+            // nothing new starts either.
             max_unavailable: if refused.is_some() || desired.hold.is_some() {
                 0
             } else {

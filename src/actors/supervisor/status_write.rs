@@ -51,6 +51,7 @@ impl PolicySupervisor {
             policy.spec.paused,
             !conflicts.is_empty(),
             plan.braked.is_some() || self.memo.refusal.is_some(),
+            self.promotion_blocked(),
         );
         let previous_flags = prev.as_ref().map(status::flags_of);
         let due = self.memo.status_due(&StatusFacts {
@@ -73,6 +74,7 @@ impl PolicySupervisor {
             blocked: plan.blocked.as_deref(),
             held: plan.held,
             braked: plan.braked.as_deref(),
+            promotion_blocked: self.promotion_blocked(),
             refused: self
                 .memo
                 .refusal
