@@ -33,6 +33,27 @@ async fn wait_vacated(env: &TestEnv, policy: &str, nodes: &[String]) {
     }
 }
 
+/// Every status of `policy` written from now on, in order, collected until
+/// the returned task is aborted.
+type Statuses = std::sync::Arc<std::sync::Mutex<Vec<ttdrv_api::TenstorrentDriverPolicyStatus>>>;
+fn watch_statuses(env: &TestEnv, policy: &str) -> (Statuses, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api: Api<ttdrv_api::TenstorrentDriverPolicy> = Api::all(env.client.clone());
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={policy}"));
+    let seen: Statuses = Default::default();
+    let into = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(api, cfg).applied_objects().boxed();
+        while let Some(Ok(p)) = stream.next().await {
+            if let (Some(st), Ok(mut v)) = (p.status, into.lock()) {
+                v.push(st);
+            }
+        }
+    });
+    (seen, task)
+}
+
 /// A managed fleet at 2.8.0 (one node a DKMS host, one with a workload on
 /// the device) is switched to `unmanage: true`: every node is vacated, at
 /// most one at a time, the DKMS host without a cordon, and nothing swapped.
@@ -53,22 +74,36 @@ async fn unmanage_vacates_every_node_one_at_a_time_and_leaves_them_alone() {
 
     let safety = SafetyWatcher::start(&env);
     let cordons = CordonWatcher::start(&env);
+    // Go's recipe "wait for phase=Unmanaged, then install DKMS": the phase
+    // must not say Unmanaged while a node is still being vacated. Every
+    // status the controller writes is seen through a watch (sampling missed
+    // them: the whole vacate takes about a second).
+    let (statuses, watching) = watch_statuses(&env, &policy);
     let started = std::time::Instant::now();
     patch_policy(&env, &policy, serde_json::json!({ "unmanage": true })).await;
-    // Go's recipe "wait for phase=Unmanaged, then install DKMS": the phase
-    // must not say Unmanaged while a node is still being vacated.
-    let mut mid_vacate = 0;
     for n in &nodes {
         let st = wait_node(&env, &policy, n, NodeState::Unmanaged, T).await;
         let want = if *n == dkms { "HostManaged" } else { "Vacated" };
         assert_eq!(st.reason.as_deref(), Some(want), "{n}: {st:?}");
-        let ps = status(&env, &policy).await;
-        if ps.nodes.iter().any(|x| x.state != NodeState::Unmanaged) {
-            mid_vacate += 1;
-            assert_ne!(ps.phase.as_deref(), Some("Unmanaged"), "{ps:?}");
-        }
     }
-    assert!(mid_vacate > 0, "no status seen mid-vacate");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    watching.abort();
+    let seen = statuses.lock().map(|v| v.clone()).unwrap_or_default();
+    let mid: Vec<_> = seen
+        .iter()
+        .filter(|ps| {
+            ps.nodes.iter().any(|x| x.state == NodeState::Unmanaged)
+                && ps.nodes.iter().any(|x| x.state != NodeState::Unmanaged)
+        })
+        .collect();
+    assert!(
+        !mid.is_empty(),
+        "no status seen mid-vacate among {} statuses",
+        seen.len()
+    );
+    for ps in &mid {
+        assert_ne!(ps.phase.as_deref(), Some("Unmanaged"), "{ps:?}");
+    }
     eprintln!(
         "vacated {} nodes (3 cycles, maxUnavailable 1, sim work 300 ms) in {:?}",
         nodes.len(),

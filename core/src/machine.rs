@@ -937,8 +937,10 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 return stay(&r, vec![]);
             }
             if module_ok && obs.installer == (InstallerPod::Current { ready: true }) {
-                // The user's check, on the swapped node still cordoned.
-                if rec.cordoned_by_us()
+                // The user's check, on the swapped node still cordoned (by
+                // us, or by an admin in a drained cycle).
+                let cordoned_cycle = rec.cordoned_by_us() || (!rec.no_drain && want.drain_enabled);
+                if cordoned_cycle
                     && let Some(template) = &want.validation_pod
                     && let Some(step) = user_validation(&rec, obs, want, template, now)
                 {

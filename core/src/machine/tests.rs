@@ -2085,4 +2085,18 @@ fn a_user_validation_pod_must_succeed_before_the_uncordon() {
     // Without a template nothing runs.
     let plain = step(&rec(Upgrading), &swapped(None), &want());
     assert_eq!(plain.record.state, Uncordoning);
+    // An admin's cordon, a drained cycle: the pod runs too.
+    let mut theirs = rec(Upgrading);
+    theirs.cordon = Cordon::Theirs;
+    let s = step(&theirs, &swapped(None), &w);
+    assert_eq!(s.commands, vec![Command::RunValidationPod]);
+    // A cycle without a cordon (drain disabled): none.
+    let mut open = rec(Upgrading);
+    open.cordon = Cordon::None;
+    let no_drain = Desired {
+        drain_enabled: false,
+        ..w.clone()
+    };
+    let s = step(&open, &swapped(None), &no_drain);
+    assert_eq!(s.record.state, Done, "{s:?}");
 }
