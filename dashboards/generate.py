@@ -486,13 +486,13 @@ def rollout():
     ))
     P.append(count_series(
         L, "Rollout held on purpose", 8, 8,
-        f'max by (cr, reason) (ttdriver_policy_rollout_held{{{CR}}}) == 1', "{{cr}} {{reason}}",
+        f'max by (cr, reason) (ttdriver_policy_rollout_held{{{CR}}})', "{{cr}} {{reason}}",
         description="Policies whose new cycles wait on purpose (ttdriver_policy_rollout_held): Soaking (the "
                     "node upgraded last soaks, upgradePolicy.soakSeconds), OutsideMaintenanceWindow "
                     "(upgradePolicy.maintenanceWindows) or WaitingForPromotion (spec.promoteAfter: the canary "
                     "has not been Ready at the version for its soak, or is halted: "
-                    "ttdriver_policy_promotion_blocked, alert TTDriverPromotionBlocked). A series is shown only "
-                    "while it holds.",
+                    "ttdriver_policy_promotion_blocked, alert TTDriverPromotionBlocked): 1 while it holds, "
+                    "0 otherwise.",
     ))
     # The VFIO binder (vfioManager): its own pods, scraped under their own
     # job (the "Job" variable's All matches it); node is the PodMonitor's label.
