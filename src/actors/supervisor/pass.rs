@@ -324,6 +324,13 @@ impl ReconcilePass {
         if let Some(h) = &hold {
             plan.blocked = Some(h.why.clone());
             plan.held = Some(h.reason);
+            // The budget as configured, for ttdriver_rollout_max_unavailable:
+            // the 0 that holds new starts is not the policy's budget, and
+            // nodes still in their cycle under it are not over budget
+            // (TTDriverTooManyUnavailable).
+            if refused.is_none() {
+                plan.max_unavailable = spec.upgrade_policy.max_unavailable_for(self.owned().len());
+            }
         }
         Ok(PassOut {
             updates: updates.into_iter().collect(),
