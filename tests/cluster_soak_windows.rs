@@ -205,7 +205,7 @@ async fn each_next_node_starts_only_after_the_soak_of_the_last() {
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn outside_a_window_nothing_starts_and_a_cycle_under_way_finishes() {
     let (env, ns, nodes, agent) = sim_fleet("windows", 3).await;
-    let _ctl = fast_controller(&env, &ns);
+    let ctl = fast_controller(&env, &ns);
     // Opens in two hours: closed now. First installs need no cycle and go on.
     let closed = serde_json::json!([{ "start": utc_hhmm(120), "end": utc_hhmm(180) }]);
     let open = serde_json::json!([{ "start": utc_hhmm(-60), "end": utc_hhmm(60) }]);
@@ -241,6 +241,35 @@ async fn outside_a_window_nothing_starts_and_a_cycle_under_way_finishes() {
         serde_json::json!({ "upgradePolicy": { "maintenanceWindows": closed } }),
     )
     .await;
+    // Held, with a node still draining: the budget the metrics export is
+    // the policy's (1), not the 0 that holds new starts, or
+    // TTDriverTooManyUnavailable (in progress > max) would page.
+    ttdrv_testkit::wait_for("held while the first node drains", T, || async {
+        let held = ctl
+            .metric(
+                "ttdriver_policy_rollout_held",
+                &[
+                    ("cr", policy.as_str()),
+                    ("reason", "OutsideMaintenanceWindow"),
+                ],
+            )
+            .await;
+        if held == 1.0 {
+            Ok(())
+        } else {
+            Err(format!("held {held}"))
+        }
+    })
+    .await;
+    let cr = [("cr", policy.as_str())];
+    assert_eq!(
+        ctl.metric("ttdriver_rollout_max_unavailable", &cr).await,
+        1.0
+    );
+    assert_eq!(
+        ctl.metric("ttdriver_rollout_in_progress_nodes", &cr).await,
+        1.0
+    );
     release_drain(&env, &ns).await;
     // The cycle under way finishes; nothing else starts.
     wait_node_at(&env, &policy, &first, NodeState::Done, Some("2.8.0"), T).await;
