@@ -444,23 +444,26 @@ fn user_validation(
     now: i64,
 ) -> Option<Step> {
     use crate::drain::RunOutcome;
+    // Failed, kept cordoned on the new version for a person.
+    let fail = |msg: String| {
+        Some(stay(
+            &enter(
+                rec,
+                NodeState::Failed,
+                reason::VALIDATION_FAILED,
+                Some(msg),
+                now,
+            ),
+            vec![],
+        ))
+    };
     let Some(run) = &obs.validation_pod else {
         if now - rec.since > want.upgrade_timeout_seconds {
-            let msg = format!(
+            return fail(format!(
                 "no validation pod of PodTemplate {template} was created within {}s (does it exist in the operator's namespace? the controller's Events and log say why); the node stays cordoned on tt-kmd {}{}",
                 want.upgrade_timeout_seconds,
                 want.version,
                 retry_hint(&want.policy)
-            );
-            return Some(stay(
-                &enter(
-                    rec,
-                    NodeState::Failed,
-                    reason::VALIDATION_FAILED,
-                    Some(msg),
-                    now,
-                ),
-                vec![],
             ));
         }
         let why = format!("running validation pod template {template} on the node");
@@ -476,20 +479,10 @@ fn user_validation(
         ));
     };
     let failed = |what: String| {
-        let msg = format!(
+        fail(format!(
             "{what}; the node stays cordoned on tt-kmd {} (read the pod's log){}",
             want.version,
             retry_hint(&want.policy)
-        );
-        Some(stay(
-            &enter(
-                rec,
-                NodeState::Failed,
-                reason::VALIDATION_FAILED,
-                Some(msg),
-                now,
-            ),
-            vec![],
         ))
     };
     match &run.outcome {
