@@ -743,7 +743,18 @@ impl Agent<'_> {
             .prefix("ttdrv-build-")
             .tempdir()
             .map_err(|e| {
-                AgentError::io("creating a build directory in", std::env::temp_dir(), e)
+                let tmp = std::env::temp_dir();
+                if crate::error::is_disk_full(&e) {
+                    AgentError::DiskFull {
+                        what: "creating the build directory failed".into(),
+                        path: tmp,
+                        free: None,
+                        size: None,
+                        source: e,
+                    }
+                } else {
+                    AgentError::io("creating a build directory in", tmp, e)
+                }
             })?;
         let req = BuildRequest {
             version: target,

@@ -249,6 +249,38 @@ impl<'a> Cache<'a> {
         }
     }
 
+    /// A failed write of the `size`-byte module: [`AgentError::DiskFull`]
+    /// with the room left when the filesystem is full, else as
+    /// [`Self::unusable`].
+    fn write_failed(
+        &self,
+        kver: &str,
+        version: &str,
+        size: usize,
+        dir: Option<&crate::hostfs::HostDir>,
+        e: HostFsError,
+    ) -> AgentError {
+        match e {
+            HostFsError::Io { source, .. } if crate::error::is_disk_full(&source) => {
+                // The version directory may not exist: ask the cache's root.
+                let space = dir
+                    .and_then(|d| d.space())
+                    .or_else(|| self.root.dir(CACHE_DIR, false).ok()?.space());
+                AgentError::DiskFull {
+                    what: format!(
+                        "storing the {size}-byte module tenstorrent {version} in the cache failed"
+                    ),
+                    // As the node's admin knows it (not under the pod's /host).
+                    path: PathBuf::from(Self::version_dir_path(kver, version)),
+                    free: space.map(|s| s.0),
+                    size: space.map(|s| s.1),
+                    source,
+                }
+            }
+            other => self.unusable(kver, version, other),
+        }
+    }
+
     fn lookup_inner(
         &self,
         kver: &str,
@@ -359,17 +391,26 @@ impl<'a> Cache<'a> {
         let json = serde_json::to_vec_pretty(&record).map_err(|e| {
             AgentError::io("encoding the record of", &dest, std::io::Error::other(e))
         })?;
-        let cache_write = |e: HostFsError| self.unusable(kver, version, e);
         let dir = self
             .root
             .dir(Self::version_dir_path(kver, version), true)
-            .map_err(cache_write)?;
+            .map_err(|e| self.write_failed(kver, version, bytes.len(), None, e))?;
         // The module first, its record last: a crash in between leaves a
-        // module without a record, which is evicted, never loaded.
-        dir.write_atomic(MODULE_FILE, &mut bytes.as_slice(), 0o644)
-            .map_err(cache_write)?;
-        dir.write_atomic(RECORD_FILE, &mut json.as_slice(), 0o644)
-            .map_err(cache_write)?;
+        // module without a record, which is evicted, never loaded. A write
+        // that fails (a full disk) takes back what it wrote, so nothing
+        // partial stays in the cache.
+        let written = dir
+            .write_atomic(MODULE_FILE, &mut bytes.as_slice(), 0o644)
+            .and_then(|()| dir.write_atomic(RECORD_FILE, &mut json.as_slice(), 0o644));
+        if let Err(e) = written {
+            let _ = dir.remove_file(MODULE_FILE);
+            let err = self.write_failed(kver, version, bytes.len(), Some(&dir), e);
+            drop(dir);
+            if let Ok(parent) = self.root.dir(format!("{CACHE_DIR}/{kver}"), false) {
+                let _ = parent.remove_empty_dir(version);
+            }
+            return Err(err);
+        }
         let signed_by = match signer {
             Some(s) => SignedBy::Cert(s),
             None => SignedBy::Nobody,

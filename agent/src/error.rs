@@ -203,7 +203,7 @@ pub enum AgentError {
         source: std::io::Error,
     },
 
-    #[error("building tenstorrent {version} against {} failed ({status}): {output}", headers.display())]
+    #[error("{}building tenstorrent {version} against {} failed ({status}): {output}", disk_full_prefix(.output), headers.display())]
     Make {
         version: String,
         headers: PathBuf,
@@ -216,6 +216,22 @@ pub enum AgentError {
 
     #[error("the build of tenstorrent {version} panicked")]
     BuildPanicked { version: String },
+
+    /// The filesystem holding the cache (or the build directory) is full:
+    /// nothing partial is left behind, the loaded module is untouched.
+    #[error(
+        "disk full: {what} ({source}); {space}. Free space there, then retry",
+        space = crate::error::space_note(*.free, *.size, .path)
+    )]
+    DiskFull {
+        what: String,
+        path: PathBuf,
+        /// Bytes free and in all on that filesystem when it failed, if known.
+        free: Option<u64>,
+        size: Option<u64>,
+        #[source]
+        source: std::io::Error,
+    },
 
     #[error("cannot write the module cache at {}: {source}", path.display())]
     CacheWrite {
@@ -432,7 +448,9 @@ impl AgentError {
             // The module cannot be signed as configured: no key, no sign-file.
             | AgentError::SigningKey { .. }
             | AgentError::SignFileMissing { .. }
-            | AgentError::Sign { .. } => Some(BUILD_FAILED),
+            | AgentError::Sign { .. }
+            // Nothing was stored or loaded; a retry once there is room builds again.
+            | AgentError::DiskFull { .. } => Some(BUILD_FAILED),
             // The kernel refused the module, or runs another version after loading it.
             // Or cannot load what it depends on.
             AgentError::LoadFailed { .. }
@@ -479,6 +497,52 @@ impl AgentError {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// Whether `e` says the filesystem is full (ENOSPC) or the quota used up (EDQUOT).
+pub fn is_disk_full(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error().map(nix::errno::Errno::from_raw),
+        Some(nix::errno::Errno::ENOSPC | nix::errno::Errno::EDQUOT)
+    )
+}
+
+/// "disk full: " when a build log says the disk filled (make's and gcc's
+/// words for ENOSPC), so the termination message leads with the cause.
+fn disk_full_prefix(output: &str) -> &'static str {
+    if output.contains("No space left on device") || output.contains("Disk quota exceeded") {
+        "disk full: "
+    } else {
+        ""
+    }
+}
+
+/// "/var/cache/tt-kmd/… has 12 KiB free of 1.0 MiB", or where when the
+/// figures are unknown.
+pub(crate) fn space_note(free: Option<u64>, size: Option<u64>, path: &std::path::Path) -> String {
+    match (free, size) {
+        (Some(f), Some(s)) => format!(
+            "the filesystem holding {} has {} free of {}, too little for the module and its record",
+            path.display(),
+            bytes(f),
+            bytes(s)
+        ),
+        _ => format!("the filesystem holding {} is full", path.display()),
+    }
+}
+
+fn bytes(n: u64) -> String {
+    const KIB: f64 = 1024.0;
+    let f = n as f64;
+    if f < KIB {
+        format!("{n} B")
+    } else if f < KIB * KIB {
+        format!("{:.0} KiB", f / KIB)
+    } else if f < KIB * KIB * KIB {
+        format!("{:.1} MiB", f / KIB / KIB)
+    } else {
+        format!("{:.1} GiB", f / KIB / KIB / KIB)
     }
 }
 
@@ -600,5 +664,43 @@ mod tests {
             stderr: "network".into(),
         };
         assert_eq!(git.reason(), None, "a network error may pass: no fail-fast");
+    }
+
+    #[test]
+    fn a_build_that_ran_out_of_disk_says_so_first() {
+        let make = |output: &str| AgentError::Make {
+            version: "2.8.0".into(),
+            headers: PathBuf::from("/lib/modules/x/build"),
+            status: "exit status: 2".into(),
+            output: output.into(),
+        };
+        let full = make("foo.o: No space left on device\nmake: *** [foo.o] Error 1");
+        let m = full.termination_message().expect("BuildFailed");
+        assert!(
+            m.starts_with("BuildFailed: disk full: building tenstorrent 2.8.0"),
+            "{m}"
+        );
+        let other = make("error: implicit declaration");
+        let m = other.termination_message().expect("BuildFailed");
+        assert!(m.starts_with("BuildFailed: building tenstorrent"), "{m}");
+        let enospc = std::io::Error::from_raw_os_error(nix::errno::Errno::ENOSPC as i32);
+        assert!(is_disk_full(&enospc));
+        assert!(!is_disk_full(&std::io::Error::from_raw_os_error(
+            nix::errno::Errno::EIO as i32
+        )));
+        let dir = AgentError::DiskFull {
+            what: "creating the build directory failed".into(),
+            path: PathBuf::from("/tmp"),
+            free: None,
+            size: None,
+            source: enospc,
+        };
+        assert_eq!(
+            dir.termination_message().as_deref(),
+            Some(
+                "BuildFailed: disk full: creating the build directory failed (No space left on device (os error 28)); \
+                 the filesystem holding /tmp is full. Free space there, then retry"
+            )
+        );
     }
 }

@@ -403,6 +403,16 @@ impl HostDir {
             .map_err(|e| io_err("removing", &self.child(name.as_ref()), e))
     }
 
+    /// Bytes free (to an unprivileged writer) and in all on the filesystem
+    /// holding this directory; None when the kernel will not say.
+    pub fn space(&self) -> Option<(u64, u64)> {
+        let st = rustix::fs::fstatvfs(&self.fd).ok()?;
+        Some((
+            st.f_bavail.saturating_mul(st.f_frsize),
+            st.f_blocks.saturating_mul(st.f_frsize),
+        ))
+    }
+
     /// Removes the directory `name` if it is empty.
     pub fn remove_empty_dir(&self, name: &str) -> FsResult<()> {
         rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR)

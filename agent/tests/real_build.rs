@@ -387,3 +387,180 @@ fn the_built_module_is_signed_with_the_configured_key_pair() {
         "an unsigned module was cached"
     );
 }
+
+/// A tmpfs of `size` bytes mounted at `at` (this test runs as root, as CI
+/// does), unmounted when dropped.
+struct Tmpfs {
+    at: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(at: &Path, size: u64) -> Self {
+        fs::create_dir_all(at).expect("mkdir");
+        let st = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .status()
+            .expect("mount");
+        assert!(
+            st.success(),
+            "mounting a tmpfs at {} failed: the full-disk test needs root",
+            at.display()
+        );
+        Tmpfs {
+            at: at.to_path_buf(),
+        }
+    }
+
+    /// Grows (or shrinks) it in place, its files kept.
+    fn resize(&self, size: u64) {
+        let st = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.at)
+            .status()
+            .expect("mount -o remount");
+        assert!(st.success(), "remounting {}", self.at.display());
+    }
+
+    /// Every regular file under it (temporary files included).
+    fn files(&self) -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            for e in fs::read_dir(dir).expect("read_dir").flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.at, &mut out);
+        out
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.at).status();
+    }
+}
+
+/// The cache's filesystem fills during a build (issue 35, fault 4): the
+/// node's /var/cache/tt-kmd is a small tmpfs. The agent gives up with
+/// `BuildFailed` and a message that leads with "disk full" and says how
+/// much room is left; nothing partial stays in the cache (neither a module
+/// without its record nor a temporary file), the loaded module is not
+/// touched, and a retry once there is room builds and installs.
+#[test]
+fn a_full_cache_disk_fails_the_build_cleanly_and_a_retry_with_room_installs() {
+    const PAGE: u64 = 4096;
+    let host = real_host();
+    let (root, hr) = (&host.root, host.hr());
+    let builder = host.builder();
+    let kernel = FakeKernel::new(root.path());
+    let node = FakeNode::default();
+    let pause = FakePause::stopping_after(3);
+    let run = || {
+        let c = host.config("2.8.0");
+        node.set(go_ahead_node(FAKE_POLICY, "2.8.0"));
+        Agent {
+            config: &c,
+            kernel: &kernel,
+            killer: &kernel,
+            builder: &builder,
+            node: &node,
+            pause: &pause,
+        }
+        .run()
+    };
+    let loaded = || {
+        fs::read_to_string(hr.path("/sys/module/tenstorrent/version"))
+            .expect("loaded version")
+            .trim()
+            .to_string()
+    };
+    let cache_dir = hr.path("/var/cache/tt-kmd");
+    let expect_disk_full =
+        |what: &str, err: ttdrv_agent::AgentError, tmpfs: &Tmpfs, loads: usize| {
+            assert!(
+                matches!(err, ttdrv_agent::AgentError::DiskFull { .. }),
+                "{what}: {err}"
+            );
+            assert_eq!(
+                err.reason(),
+                Some(ttdrv_core::reason::BUILD_FAILED),
+                "{what}"
+            );
+            let m = err.termination_message().expect("a termination message");
+            assert!(
+                m.starts_with("BuildFailed: disk full: storing the ")
+                    && m.contains("-byte module tenstorrent 2.8.0 in the cache failed")
+                    && m.contains("No space left on device")
+                    && m.contains(&format!(
+                        "the filesystem holding /var/cache/tt-kmd/{}/2.8.0 has ",
+                        host.kver
+                    ))
+                    && m.ends_with("Free space there, then retry"),
+                "{what}: {m}"
+            );
+            assert_eq!(
+                tmpfs.files(),
+                Vec::<PathBuf>::new(),
+                "{what}: left in the cache"
+            );
+            assert_eq!(loaded(), "2.7.0", "{what}: the loaded module was touched");
+            assert_eq!(
+                kernel.loads()[loads..],
+                [] as [String; 0],
+                "{what}: something was loaded"
+            );
+            eprintln!("{what}: {m}");
+        };
+
+    // 1. No room for the module at all: a one-page cache.
+    set_loaded(root.path(), "2.7.0", 0).expect("loaded");
+    let tmpfs = Tmpfs::mount(&cache_dir, PAGE);
+    let err = run().expect_err("a module stored in a one-page cache");
+    expect_disk_full("one page", err, &tmpfs, 0);
+
+    // The room to learn the module's size: it installs.
+    tmpfs.resize(64 << 20);
+    let outcome = run().unwrap_or_else(|e| panic!("build with room: {e}\n{HINT}"));
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
+    );
+    let size = fs::metadata(host.cached("2.8.0")).expect("cached").len();
+    drop(tmpfs);
+
+    // 2. Room for the module but not for its record (the record is written
+    // last): the module written is taken back.
+    set_loaded(root.path(), "2.7.0", 0).expect("loaded");
+    let loads = kernel.loads().len();
+    let tmpfs = Tmpfs::mount(&cache_dir, size.div_ceil(PAGE) * PAGE);
+    let err = run().expect_err("a record stored in a cache the module filled");
+    expect_disk_full("room for the module only", err, &tmpfs, loads);
+
+    // 3. Room again: the retry builds, stores and installs.
+    tmpfs.resize(64 << 20);
+    let outcome = run().unwrap_or_else(|e| panic!("retry with room: {e}"));
+    assert_matches!(
+        outcome,
+        Outcome::Installed {
+            source: ModuleSource::Build,
+            ..
+        }
+    );
+    assert_eq!(loaded(), "2.8.0");
+    assert_eq!(modinfo_version(&host.cached("2.8.0")), "2.8.0");
+}
