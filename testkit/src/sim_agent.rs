@@ -149,6 +149,9 @@ pub async fn run(client: Client, config: SimAgentConfig) {
     futures::join!(flasher, run_agent(client, config));
 }
 
+/// How often a sim agent whose API calls fail starts again before it gives up.
+const SIM_RESTARTS: u32 = 60;
+
 async fn run_agent(client: Client, config: SimAgentConfig) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
     let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
@@ -184,8 +187,18 @@ async fn run_agent(client: Client, config: SimAgentConfig) {
         }
         let (client, config, in_flight) = (client.clone(), config.clone(), in_flight.clone());
         tokio::spawn(async move {
-            if let Err(e) = play_agent(&client, &config, &pod, &node).await {
-                tracing::warn!(error = %e, node, "sim-agent gave up on pod");
+            // An error is the API server's (down, or a write's answer lost):
+            // the real agent exits and the kubelet starts it again, which
+            // reads the node afresh. Bounded, as a crash loop is not.
+            for restart in 1..=SIM_RESTARTS {
+                match play_agent(&client, &config, &pod, &node).await {
+                    Ok(()) => break,
+                    Err(e) if restart < SIM_RESTARTS => {
+                        tracing::warn!(error = %e, node, restart, "sim-agent failed; starting again");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(e) => tracing::warn!(error = %e, node, "sim-agent gave up on pod"),
+                }
             }
             if let Ok(mut s) = in_flight.lock() {
                 s.remove(&uid);

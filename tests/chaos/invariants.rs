@@ -289,7 +289,7 @@ impl Invariants {
     /// have happened under the controller's go-ahead: on the node as it is
     /// right after the change, the agent's own decision
     /// ([`ttdrv_core::go_ahead::decide`]) must be `GoAhead`.
-    fn check_swap(&self, n: &Node, from: &str, to: &str, rv: &str) {
+    pub(crate) fn check_swap(&self, n: &Node, from: &str, to: &str, rv: &str) {
         self.lock().swaps += 1;
         let swap = ttdrv_core::go_ahead::decide(
             n,

@@ -1,6 +1,7 @@
 //! A fault-injecting proxy between the controllers and the API server
 //! (hack/chaos.sh points their KUBECONFIG at it): injected 409s and 429s that
-//! the controller must retry, without touching the API server itself.
+//! the controller must retry, without touching the API server itself; and a
+//! trap that holds one chosen write while the test restarts the API server.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,53 @@ pub(crate) struct ProxyStats {
     pub(crate) event_throttled: AtomicUsize,
 }
 
+/// Whether a trapped write reaches the API server before it goes down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WriteFate {
+    /// Applied, but its answer is lost in the restart: the writer sees an
+    /// error for a write that happened.
+    Landed,
+    /// Lost in the restart: never applied, the writer sees an error.
+    Lost,
+}
+
+/// One write to catch: the first request for which `matches(method, path,
+/// body)` holds. The proxy tells the test (`fired`), holds the request until
+/// the test says the API server is back (`resume`), and answers 503.
+pub(crate) struct Trap {
+    pub(crate) what: String,
+    pub(crate) matches: Box<dyn Fn(&axum::http::Method, &str, &str) -> bool + Send + Sync>,
+    pub(crate) fate: WriteFate,
+    /// The request (method, path, body).
+    pub(crate) fired: tokio::sync::oneshot::Sender<String>,
+    pub(crate) resume: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// The traps armed: each catches one write, the first that matches.
+pub(crate) type WriteTrap = Arc<Mutex<Vec<Trap>>>;
+
+/// A check of every write to a Node whose body contains `when_body_has`,
+/// on the Node as it is just before the write is forwarded (or trapped):
+/// independent of any watch, so a write made while watches are down
+/// (across an API-server restart) is checked too.
+pub(crate) struct NodeWriteCheck {
+    pub(crate) when_body_has: String,
+    pub(crate) check: Box<dyn Fn(&k8s_openapi::api::core::v1::Node, &str) + Send + Sync>,
+}
+
+/// What the proxy injects besides forwarding: the seed and rates of the
+/// random 409s and 429s, the knobs tests turn while running, and the trap.
+#[derive(Default)]
+pub(crate) struct ProxyFaults {
+    pub(crate) seed: u64,
+    pub(crate) p409: f64,
+    pub(crate) p429: f64,
+    pub(crate) status_p409: Arc<Mutex<f64>>,
+    pub(crate) throttle_events: Arc<AtomicUsize>,
+    pub(crate) trap: WriteTrap,
+    pub(crate) node_write_check: Option<Arc<NodeWriteCheck>>,
+}
+
 #[derive(Clone)]
 struct Proxy {
     upstream: kube::Client,
@@ -38,6 +86,8 @@ struct Proxy {
     status_p409: Arc<Mutex<f64>>,
     /// The next this-many Event writes are answered 429 (set while running).
     throttle_events: Arc<AtomicUsize>,
+    trap: WriteTrap,
+    node_write_check: Option<Arc<NodeWriteCheck>>,
     stats: Arc<ProxyStats>,
 }
 
@@ -128,6 +178,43 @@ async fn proxy_handler(
     let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
         return status_response(400, "BadRequest", "chaos proxy: unreadable body");
     };
+    let node_written = path_str
+        .strip_prefix("/api/v1/nodes/")
+        .filter(|n| write && !n.contains('/'));
+    // The node as it is before a checked write, checked once the write is
+    // applied (a write refused, say for a stale resourceVersion, changed
+    // nothing).
+    let mut to_check = None;
+    if let (Some(name), Some(c)) = (node_written, &p.node_write_check) {
+        let text = String::from_utf8_lossy(&bytes);
+        if text.contains(&c.when_body_has) {
+            match kube::Api::<k8s_openapi::api::core::v1::Node>::all(p.upstream.clone())
+                .get(name)
+                .await
+            {
+                Ok(before) => to_check = Some((c.clone(), before, text.into_owned())),
+                // The API server is down: the write cannot land either.
+                Err(e) => eprintln!("  proxy: node {name} unreadable before a checked write: {e}"),
+            }
+        }
+    }
+    let check_if_applied = |status: axum::http::StatusCode| {
+        if let Some((c, before, text)) = &to_check
+            && status.is_success()
+        {
+            (c.check)(before, text);
+        }
+    };
+    let trapped = if write {
+        let text = String::from_utf8_lossy(&bytes);
+        let mut armed = p.trap.lock().unwrap_or_else(|e| e.into_inner());
+        armed
+            .iter()
+            .position(|t| (t.matches)(&parts.method, path_str, &text))
+            .map(|i| (armed.remove(i), text.into_owned()))
+    } else {
+        None
+    };
     let path = parts
         .uri
         .path_and_query()
@@ -148,9 +235,35 @@ async fn proxy_handler(
     let Ok(up) = up.body(kube::client::Body::from(bytes.to_vec())) else {
         return status_response(400, "BadRequest", "chaos proxy: bad request");
     };
+    if let Some((trap, body)) = trapped {
+        if trap.fate == WriteFate::Landed {
+            // Applied; its answer is what the restart takes away.
+            let applied = p.upstream.send(up).await.map(|r| r.status());
+            if let Ok(status) = applied {
+                check_if_applied(status);
+            }
+            eprintln!(
+                "  proxy: {} applied ({applied:?}), its answer held",
+                trap.what
+            );
+        }
+        let _ = trap
+            .fired
+            .send(format!("{} {path_str} {body}", parts.method));
+        let _ = trap.resume.await;
+        return status_response(
+            503,
+            "ServiceUnavailable",
+            &format!(
+                "chaos proxy: the API server restarted during this write ({:?})",
+                trap.fate
+            ),
+        );
+    }
     match p.upstream.send(up).await {
         Ok(resp) => {
             p.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+            check_if_applied(resp.status());
             let (parts, body) = resp.into_parts();
             axum::response::Response::from_parts(parts, axum::body::Body::new(body))
         }
@@ -170,20 +283,18 @@ async fn proxy_handler(
 pub(crate) async fn spawn_proxy(
     upstream: kube::Client,
     port: u16,
-    seed: u64,
-    p409: f64,
-    p429: f64,
-    status_p409: Arc<Mutex<f64>>,
-    throttle_events: Arc<AtomicUsize>,
+    faults: ProxyFaults,
 ) -> (Arc<ProxyStats>, tokio::task::JoinHandle<()>) {
     let stats = Arc::new(ProxyStats::default());
     let p = Proxy {
         upstream,
-        rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
-        p409,
-        p429,
-        status_p409,
-        throttle_events,
+        rng: Arc::new(Mutex::new(StdRng::seed_from_u64(faults.seed))),
+        p409: faults.p409,
+        p429: faults.p429,
+        status_p409: faults.status_p409,
+        throttle_events: faults.throttle_events,
+        trap: faults.trap,
+        node_write_check: faults.node_write_check,
         stats: stats.clone(),
     };
     let app = axum::Router::new().fallback(proxy_handler).with_state(p);
