@@ -747,7 +747,9 @@ async fn apiserver_restarts_during_the_go_ahead_and_label_writes() {
     let (mut ctl, policy) = install_fleet(&env, &ns, "{maxUnavailable: 1}").await;
 
     // Every go-ahead value each node carried, per rollout (the target).
-    let go_aheads: Arc<Mutex<BTreeMap<(String, String), BTreeSet<String>>>> = Arc::default();
+    // (target, node) -> the go-ahead values seen.
+    type Seen = BTreeMap<(String, String), BTreeSet<String>>;
+    let go_aheads: Arc<Mutex<Seen>> = Arc::default();
     let target_now: Arc<Mutex<String>> = Arc::new(Mutex::new("2.7.0".into()));
     let seen_task = {
         let (go_aheads, target_now) = (go_aheads.clone(), target_now.clone());
@@ -796,7 +798,7 @@ async fn apiserver_restarts_during_the_go_ahead_and_label_writes() {
             (
                 "the controller's go-ahead write",
                 go_fate,
-                Box::new(go_ahead_write) as Box<dyn Fn(&_, &str, &str) -> bool + Send + Sync>,
+                Box::new(go_ahead_write) as proxy::WriteMatcher,
             ),
             ("the agent's label write", label_fate, Box::new(label_write)),
         ] {

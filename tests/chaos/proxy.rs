@@ -39,12 +39,17 @@ pub(crate) enum WriteFate {
     Lost,
 }
 
+/// Whether a request (method, path, body) is the write a trap waits for.
+pub(crate) type WriteMatcher = Box<dyn Fn(&axum::http::Method, &str, &str) -> bool + Send + Sync>;
+/// A check of a Node (as it was before a write) and the write's body.
+pub(crate) type NodeCheck = Box<dyn Fn(&k8s_openapi::api::core::v1::Node, &str) + Send + Sync>;
+
 /// One write to catch: the first request for which `matches(method, path,
 /// body)` holds. The proxy tells the test (`fired`), holds the request until
 /// the test says the API server is back (`resume`), and answers 503.
 pub(crate) struct Trap {
     pub(crate) what: String,
-    pub(crate) matches: Box<dyn Fn(&axum::http::Method, &str, &str) -> bool + Send + Sync>,
+    pub(crate) matches: WriteMatcher,
     pub(crate) fate: WriteFate,
     /// The request (method, path, body).
     pub(crate) fired: tokio::sync::oneshot::Sender<String>,
@@ -60,7 +65,7 @@ pub(crate) type WriteTrap = Arc<Mutex<Vec<Trap>>>;
 /// (across an API-server restart) is checked too.
 pub(crate) struct NodeWriteCheck {
     pub(crate) when_body_has: String,
-    pub(crate) check: Box<dyn Fn(&k8s_openapi::api::core::v1::Node, &str) + Send + Sync>,
+    pub(crate) check: NodeCheck,
 }
 
 /// What the proxy injects besides forwarding: the seed and rates of the
