@@ -150,7 +150,7 @@ ln -sfn "/usr/src/linux-headers-$kver" "$mods/build"
 
 # The tt-kmd sources the agent clones: the stub module's repository, read
 # through the installer pod's /host mount.
-"$root/tests/fixtures/stub-module/make-repo.sh" "$groot/opt/tt-kmd.git" 2.7.0 2.8.0 2.9.0
+"$root/tests/fixtures/stub-module/make-repo.sh" "$groot/opt/tt-kmd.git" 2.7.0 2.8.0 2.9.0 2.10.0
 mkdir -p "$groot/opt/images"
 cp "$agent_tar" "$groot/opt/images/agent.tar"
 cp "$pause_tar" "$groot/opt/images/pause.tar"
@@ -189,14 +189,15 @@ anchor=$(awk '{print $1}' "$KWOK_WORKDIR/realnode-$TTDRV_CLUSTER_NAME/pids/ancho
 setsid nsenter -t "$anchor" -m -n -- qemu-system-x86_64 -accel tcg -m "${VM_MEM:-3584}" -smp "${VM_SMP:-2}" \
   -kernel "/boot/vmlinuz-$kver" -initrd "$vmdir/initramfs.cpio" \
   -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3" \
-  -nic user,model=virtio-net-pci -nographic -no-reboot -monitor none -serial stdio -nodefaults \
+  -nic user,model=virtio-net-pci -nographic -no-reboot -monitor none -serial stdio \
+  -serial "unix:$vmdir/ctl.sock,server=on,wait=off" -nodefaults \
   </dev/null >"$console" 2>&1 &
 procs_record "$vmdir/pids/qemu" $! qemu
 log "qemu started (pid $!), console $console"
 
 if bash hack/realnode.sh exec env TIMEOUT="${TIMEOUT:-900}" VMNODE_NODE="$vnode" \
   VMNODE_NAMESPACE=tt-k8s-driver-manager-system VMNODE_RELEASE=tt-k8s-driver-manager \
-  VMNODE_CONSOLE="$console" VMNODE_TIMELINE="$vmdir/timeline" \
+  VMNODE_CONSOLE="$console" VMNODE_TIMELINE="$vmdir/timeline" VMNODE_CTL="$vmdir/ctl.sock" \
   VMNODE_AUDIT_LOG="$KWOK_WORKDIR/clusters/$TTDRV_CLUSTER_NAME/logs/audit.log" \
   VMNODE_CONTROLLER_IMAGE="$ctl_ref" VMNODE_AGENT_IMAGE="$agent_ref" \
   "$bin" --ignored --exact vm_node --nocapture --test-threads=1 >&2; then

@@ -11,7 +11,11 @@
 //!   4. 2.7.0 -> 2.8.0, built ahead; 2.8.0 -> 2.7.0 from the cache;
 //!      (VMNODE_COMPARE=1, the default) 2.7.0 -> 2.9.0 with prepare off;
 //!      each cordon window checked by ttdrv_testkit::real_node::cycle
-//!   5. the deliberate break: no controller, the installer edited by hand: no
+//!   5. (VMNODE_FAULTS=1, the default) real faults: the guest's kubelet
+//!      restarted while the installer builds and while the node drains,
+//!      containerd while it waits for the go-ahead, the node cut off from the
+//!      API server for two minutes while it drains ([`fault_phase`])
+//!   6. the deliberate break: no controller, the installer edited by hand: no
 //!      go-ahead, the loaded module stays
 //!
 //! The API server cannot reach the guest's kubelet: the guest reports the
@@ -57,6 +61,8 @@ struct Vm {
     node: String,
     ns: String,
     console: String,
+    /// The guest's second serial port (hack/vm-node/init's fault commands).
+    ctl: String,
     t: Duration,
 }
 
@@ -75,6 +81,83 @@ impl Vm {
             }
         })
         .await
+    }
+
+    /// Sends a fault command to the guest (hack/vm-node/init) and waits for
+    /// its answer on the console; returns the answer's guest time.
+    async fn ctl(&self, cmd: &str) -> f64 {
+        use tokio::io::AsyncWriteExt;
+        let sent = now() - 2.0;
+        let mut port = tokio::net::UnixStream::connect(&self.ctl)
+            .await
+            .unwrap_or_else(|e| panic!("the guest's fault port {}: {e}", self.ctl));
+        port.write_all(format!("{cmd}\n").as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("writing {cmd:?} to the guest: {e}"));
+        let _ = port.flush().await;
+        let name = cmd.split_whitespace().next().unwrap_or(cmd).to_string();
+        let done = format!("ctl {name} done");
+        let at = wait_for(
+            &format!("the guest's answer to {cmd:?}"),
+            self.t,
+            || async {
+                self.con()
+                    .reports()
+                    .find(|(t, w)| *t >= sent && w.starts_with(&done))
+                    .map(|(t, _)| t)
+                    .ok_or_else(|| "no answer yet".to_string())
+            },
+        )
+        .await;
+        drop(port);
+        at
+    }
+
+    async fn wait_state(&self, what: &str, state: &str, reason: Option<&str>) {
+        wait_for(what, self.t, || async {
+            let (s, r) = self.state().await?;
+            if s == state && (reason.is_none() || r.as_deref() == reason) {
+                Ok(())
+            } else {
+                Err(format!("state {s} ({r:?})"))
+            }
+        })
+        .await
+    }
+
+    async fn ready(&self) -> Result<Option<String>, String> {
+        let n = self.node_obj().await?;
+        let conds = n.status.and_then(|s| s.conditions).unwrap_or_default();
+        Ok(conds
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status.clone()))
+    }
+
+    async fn go_ahead(&self) -> Option<String> {
+        let n = self.node_obj().await.ok()?;
+        n.metadata.annotations?.get(GO_AHEAD).cloned()
+    }
+
+    /// A PodDisruptionBudget that refuses every eviction of the workload.
+    async fn block_drain(&self, on: bool) {
+        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.c.clone(), "ml");
+        if on {
+            let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": "hold-all", "namespace": "ml"},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "hold"}}},
+            }))
+            .unwrap_or_else(|e| panic!("the PDB: {e}"));
+            api.create(&Default::default(), &pdb)
+                .await
+                .unwrap_or_else(|e| panic!("creating the PDB: {e}"));
+        } else {
+            api.delete("hold-all", &DeleteParams::default())
+                .await
+                .unwrap_or_else(|e| panic!("deleting the PDB: {e}"));
+        }
     }
 
     async fn wait_module(&self, what: &str, prefix: &str) {
@@ -317,6 +400,7 @@ fn swap_after_drain(tl: &[Sample], con: &Console, t0: f64, version: &str) {
 const FIGURES: &str = "cordon windows (out_of_service: cordon to uncordon; phase: version change to record Done; \
 cordon_to_go_ahead: the drain; host clock. go_ahead_to_load, load_to_uncordon, build_*_vs_cordon: agent clock against host clock)";
 const CYCLES: &str = "rollout cycles (from the node record and the guest console)";
+const FAULTS: &str = "real faults on the VM node (kubelet and containerd restarts, two minutes cut off from the API server)";
 
 #[tokio::test]
 #[ignore = "runs inside the VM node's namespace: bash hack/test-vm-node.sh (make test-vm-node)"]
@@ -327,6 +411,7 @@ async fn vm_node() {
         node: env("VMNODE_NODE"),
         ns: env("VMNODE_NAMESPACE"),
         console: env("VMNODE_CONSOLE"),
+        ctl: env("VMNODE_CTL"),
         t: timeout_from_env(900),
     };
     let (vnode, ns) = (vm.node.clone(), vm.ns.clone());
@@ -694,6 +779,16 @@ async fn vm_node() {
         (cur, other) = ("2.9.0", "2.7.0");
     }
 
+    // --- real faults in two cycles (VMNODE_FAULTS=0 skips them)
+    if std::env::var("VMNODE_FAULTS").as_deref().unwrap_or("1") == "1" {
+        for row in fault_phase(&vm, &mut ph, &watch, cur).await {
+            ph.log(&row);
+            ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
+        }
+        // loaded: cur again; 2.10.0 is in the cache
+        other = "2.10.0";
+    }
+
     // --- the break: no go-ahead, the module stays
     let n = vm.node_obj().await.unwrap_or_else(|e| panic!("{e}"));
     let go = n
@@ -832,4 +927,240 @@ async fn vm_node() {
         }
     }
     ph.report();
+}
+
+/// A maintenance window `from_h` to `to_h` hours from now (UTC, whole minutes).
+fn window_from_now(from_h: i64, to_h: i64) -> serde_json::Value {
+    let hhmm = |h: i64| {
+        let m = ((now() as i64 / 60) + h * 60).rem_euclid(24 * 60);
+        format!("{:02}:{:02}", m / 60, m % 60)
+    };
+    serde_json::json!({"start": hhmm(from_h), "end": hhmm(to_h)})
+}
+
+/// From the first cordoned sample after `t0` to the first with `kmd-version`
+/// at `version`: cordoned at every sample (the cordon never lost), and the
+/// go-ahead only once the workload was gone.
+fn cordon_held_to_swap(tl: &[Sample], t0: f64, version: &str) -> Result<(), String> {
+    let tl: Vec<&Sample> = tl.iter().filter(|s| s.t >= t0).collect();
+    let c = tl.iter().position(|s| s.cordoned).ok_or("never cordoned")?;
+    let swapped = (c..tl.len())
+        .find(|&i| tl[i].kmd.as_deref() == Some(version))
+        .ok_or_else(|| format!("kmd-version never {version} after the cordon"))?;
+    if let Some(s) = tl[c..swapped].iter().find(|s| !s.cordoned) {
+        return Err(format!(
+            "uncordoned at {:.1} before the swap: {}",
+            s.t,
+            s.line()
+        ));
+    }
+    if let Some(s) = tl[..=swapped]
+        .iter()
+        .find(|s| s.go_ahead && !s.workload.is_empty())
+    {
+        return Err(format!("a go-ahead while the workload ran: {}", s.line()));
+    }
+    Ok(())
+}
+
+/// Real faults on the VM node (issue 35; docs/reliability.md, "Faults on the
+/// real parts"), each in a cycle under the workload, from `from`:
+///   A. to 2.10.0 (cache-cold, built ahead) outside a maintenance window:
+///      the guest's kubelet restarted while the installer pod builds,
+///      containerd restarted while it waits for the go-ahead (held by the
+///      window), then the window opens and the kubelet is restarted again
+///      while the node is Draining (a PDB holds the drain);
+///   B. back to `from` (cache hit): the node cut off from the API server for
+///      two minutes while Draining.
+/// Each: no swap without the go-ahead, the cordon held from cordon to swap,
+/// the node Done on the target and uncordoned. Returns the figures.
+async fn fault_phase(vm: &Vm, ph: &mut Phases, watch: &Watcher, from: &str) -> Vec<String> {
+    const TO: &str = "2.10.0";
+    let mut rows = vec![];
+    let pods_now = || async { vm.installers().await.unwrap_or_default() };
+
+    // --- A. kubelet and containerd restarts
+    let t0 = now();
+    vm.patch_policy(serde_json::json!({"version": TO, "upgradePolicy": {
+        "prepare": {"enabled": true}, "maintenanceWindows": [window_from_now(2, 3)]}}))
+        .await;
+    let building = wait_for(
+        "the installer's agent building 2.10.0 (cache miss)",
+        vm.t,
+        || async {
+            vm.con()
+                .agent_lines()
+                .into_iter()
+                .find(|l| l.t >= t0 - 2.0 && l.text.contains("cache miss"))
+                .map(|l| l.pod)
+                .ok_or_else(|| "not yet".to_string())
+        },
+    )
+    .await;
+    let t_k = vm.ctl("restart-kubelet").await;
+    ph.phase("fault A1: the guest's kubelet restarted while the installer pod builds 2.10.0");
+    wait_for(
+        "2.10.0 built ahead after the kubelet restart",
+        vm.t,
+        || async {
+            match vm.label(PREPARED).await {
+                Some(v) if v == TO => Ok(()),
+                v => Err(format!("kmd-prepared {v:?}")),
+            }
+        },
+    )
+    .await;
+    let lines = vm.con().agent_lines();
+    let built = cycle::agent_at(&lines, t0 - 2.0, "step=\"build\"", None)
+        .unwrap_or_else(|| panic!("no agent logged the build of {TO}"));
+    let builder_now = pods_now().await;
+    ph.log(&format!(
+        "build ended {:.1} s after the kubelet restart; the building pod {building} {}",
+        built - t_k,
+        if builder_now.contains(&building) {
+            "survived"
+        } else {
+            "was replaced"
+        }
+    ));
+    vm.wait_state(
+        "the node held outside the window",
+        "Pending",
+        Some("OutsideMaintenanceWindow"),
+    )
+    .await;
+    ph.phase("2.10.0 prepared; the node held outside the maintenance window");
+    let before = pods_now().await;
+    let t_c = vm.ctl("restart-containerd").await;
+    // Three of the agent's go-ahead polls.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let m = vm.con().module_now().unwrap_or_default();
+    assert!(
+        m.starts_with(&format!("module={from} refcnt=1 ")),
+        "the module changed after containerd's restart, without a go-ahead: {m}"
+    );
+    assert_eq!(vm.go_ahead().await, None, "a go-ahead outside the window");
+    assert_eq!(
+        vm.cordoned().await,
+        Ok(false),
+        "cordoned outside the window"
+    );
+    let after = pods_now().await;
+    ph.log(&format!(
+        "containerd restarted at {t_c:.1}: installer pods {before:?} -> {after:?}; module {m}"
+    ));
+    ph.phase("fault A2: containerd restarted while the installer waits for the go-ahead: no swap, no cordon");
+    let hold = vm.hold_pod().await;
+    vm.block_drain(true).await;
+    vm.patch_policy(
+        serde_json::json!({"upgradePolicy": {"maintenanceWindows": [window_from_now(-1, 1)]}}),
+    )
+    .await;
+    vm.wait_state("the node Draining behind the PDB", "Draining", None)
+        .await;
+    let t_d = vm.ctl("restart-kubelet").await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (s, r) = vm.state().await.unwrap_or_default();
+    assert_eq!(
+        s, "Draining",
+        "after the kubelet restart while Draining ({r:?})"
+    );
+    assert_eq!(
+        vm.cordoned().await,
+        Ok(true),
+        "the cordon lost with the kubelet restart"
+    );
+    assert_eq!(
+        vm.go_ahead().await,
+        None,
+        "a go-ahead before the drain finished"
+    );
+    ph.phase(
+        "fault A3: the guest's kubelet restarted while the node is Draining: cordon and drain hold",
+    );
+    vm.block_drain(false).await;
+    let unblocked = now();
+    vm.wait_gone("the workload evicted", "ml", &hold).await;
+    vm.wait_done("the node Done at 2.10.0 after the restarts", TO)
+        .await;
+    let done_a = now() - unblocked;
+    let tl = watch.timeline();
+    swap_after_drain(&tl, &vm.con(), t0, TO);
+    cordon_held_to_swap(&tl, t0, TO).unwrap_or_else(|e| panic!("fault A: {e}"));
+    let f = cycle::check(&tl, &vm.con().agent_lines(), t0, TO, Mode::Ahead)
+        .unwrap_or_else(|e| panic!("fault A: cordon window check failed: {e}"));
+    rows.push(format!(
+        "A kubelet restart during the build (build ended {:.0} s later), containerd restart while waiting (held), kubelet restart while Draining ({:.0} s before the PDB went): Done at {TO} {done_a:.0} s after the PDB went; {f}",
+        built - t_k,
+        unblocked - t_d,
+    ));
+    vm.wait_module("the workload back on 2.10.0", "module=2.10.0 refcnt=1 ")
+        .await;
+
+    // --- B. two minutes without the API server, while Draining
+    let t0 = now();
+    let hold = vm.hold_pod().await;
+    vm.block_drain(true).await;
+    vm.patch_policy(
+        serde_json::json!({"version": from, "upgradePolicy": {"maintenanceWindows": []}}),
+    )
+    .await;
+    vm.wait_state("the node Draining behind the PDB", "Draining", None)
+        .await;
+    let cut = now();
+    vm.ctl("partition 120").await;
+    wait_for("the node not Ready (cut off)", vm.t, || async {
+        match vm.ready().await? {
+            Some(r) if r != "True" => Ok(()),
+            r => Err(format!("Ready={r:?}")),
+        }
+    })
+    .await;
+    let not_ready = now() - cut;
+    vm.wait_state(
+        "the cycle says why it waits (NodeNotReady), keeping its slot",
+        "Draining",
+        Some("NodeNotReady"),
+    )
+    .await;
+    // The drain may go on from the API server's side meanwhile.
+    vm.block_drain(false).await;
+    ph.phase(&format!(
+        "fault B: the node cut off from the API server: NotReady after {not_ready:.0} s, Draining (NodeNotReady), still cordoned"
+    ));
+    assert_eq!(
+        vm.cordoned().await,
+        Ok(true),
+        "the cordon lost while cut off"
+    );
+    wait_for("the partition healed", vm.t, || async {
+        if vm.con().at(cut - 2.0, "ctl partition healed").is_some() {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    })
+    .await;
+    let healed = now();
+    vm.wait_done("the node Done after the partition healed", from)
+        .await;
+    let recovered = now() - healed;
+    vm.wait_gone("the workload evicted", "ml", &hold).await;
+    let tl = watch.timeline();
+    swap_after_drain(&tl, &vm.con(), t0, from);
+    cordon_held_to_swap(&tl, t0, from).unwrap_or_else(|e| panic!("fault B: {e}"));
+    let f = cycle::check(&tl, &vm.con().agent_lines(), t0, from, Mode::Ahead)
+        .unwrap_or_else(|e| panic!("fault B: cordon window check failed: {e}"));
+    rows.push(format!(
+        "B cut off from the API server 120 s while Draining: NotReady after {not_ready:.0} s, Done {recovered:.0} s after the heal; {f}"
+    ));
+    ph.phase(&format!(
+        "fault B: healed; Done at {from} {recovered:.0} s later"
+    ));
+    vm.wait_module(
+        &format!("the workload back on {from}"),
+        &format!("module={from} refcnt=1 "),
+    )
+    .await;
+    rows
 }
