@@ -330,11 +330,7 @@ up() {
       cat "$(dirname "$c")/cpuset.mems" >"$c/cpuset.mems"
     fi
   done
-  setsid nsenter -t "$(anchor_pid)" -m -n -- "$nodebin/kubelet" --config "$dir/kubelet-conf/config.yaml" \
-    --kubeconfig "$dir/kubelet-conf/kubeconfig.yaml" --root-dir "$dir/kubelet" --cert-dir "$dir/kubelet/pki" \
-    --hostname-override "$node" --node-ip "$node_ip" --node-labels "$real_label=true" --v=2 \
-    >"$dir/logs/kubelet.log" 2>&1 </dev/null &
-  procs_record "$dir/pids/kubelet" $! kubelet
+  start_kubelet
   wait_for 60 "node $node Ready" node_ready
   log "kubelet up, node $node Ready in $(since "$t0")s"
 
@@ -429,6 +425,39 @@ down() {
   log "real node of cluster '$name' down in $(since "$t0")s: no process, mount or cgroup left"
 }
 
+start_kubelet() {
+  setsid nsenter -t "$(anchor_pid)" -m -n -- "$nodebin/kubelet" --config "$dir/kubelet-conf/config.yaml" \
+    --kubeconfig "$dir/kubelet-conf/kubeconfig.yaml" --root-dir "$dir/kubelet" --cert-dir "$dir/kubelet/pki" \
+    --hostname-override "$node" --node-ip "$node_ip" --node-labels "$real_label=true" --v=2 \
+    >>"$dir/logs/kubelet.log" 2>&1 </dev/null &
+  procs_record "$dir/pids/kubelet" $! kubelet
+}
+
+# A fault (tests/vm_node.rs): the kubelet stopped (SIGTERM, as systemd would)
+# and started again; the pods' containers run on in their shims.
+restart_kubelet() {
+  anchor_pid >/dev/null || die "the real node is not up (hack/realnode.sh up)"
+  procs_stop "$dir/pids/kubelet"
+  : >"$dir/pids/kubelet"
+  start_kubelet
+  wait_for 60 "node $node Ready again" node_ready
+  log "kubelet restarted"
+}
+
+# A fault: SIGKILL to a container's first process on this node, found by its
+# containerd id (a pod's containerID without "containerd://") in this node's
+# containerd state, never by name. The kubelet restarts it.
+kill_container() {
+  local id=$1 f pid exe
+  [[ $id =~ ^[0-9a-f]{64}$ ]] || die "not a container id: $id"
+  f="$dir/containerd/state/io.containerd.runtime.v2.task/k8s.io/$id/init.pid"
+  [ -f "$f" ] || die "no container $id on this node"
+  pid=$(tr -dc 0-9 <"$f")
+  [ -n "$pid" ] && exe=$(procs_argv0 "$pid") || die "container $id has no running process"
+  kill -KILL "$pid"
+  log "container $id: SIGKILL to pid $pid ($exe)"
+}
+
 down_quiet() { down >/dev/null 2>&1 || down; }
 
 case ${1:-} in
@@ -455,5 +484,7 @@ case ${1:-} in
       HELM_CACHE_HOME="$dir/helm/cache" HELM_CONFIG_HOME="$dir/helm/config" HELM_DATA_HOME="$dir/helm/data" \
       CONTAINERD_ADDRESS="$dir/containerd/containerd.sock" CONTAINERD_NAMESPACE=k8s.io PS1='(realnode) \w\$ ' "${cmd[@]}" ;;
   images) cat "$dir/images.txt" ;;
-  *) echo "usage: $0 up|down|env|exec CMD...|shell|images" >&2; exit 2 ;;
+  restart-kubelet) restart_kubelet ;;
+  kill-container) kill_container "${2:?usage: $0 kill-container ID}" ;;
+  *) echo "usage: $0 up|down|env|exec CMD...|shell|images|restart-kubelet|kill-container ID" >&2; exit 2 ;;
 esac

@@ -450,7 +450,8 @@ async fn vm_node() {
         format!("driver.image.tag={agent_tag}"),
         "controller.image.pullPolicy=Never".into(),
         "driver.image.pullPolicy=Never".into(),
-        "controller.replicas=1".into(),
+        // two: the fault phase kills the leader (leader_fault)
+        "controller.replicas=2".into(),
         "controller.nodeSelector.kubernetes\\.io/hostname=real-node-1".into(),
         // the stub tt-kmd repository in the guest, through the installer pod's /host
         "controller.extraArgs={--resync-ms=1000,--source-repository=/host/opt/tt-kmd.git}".into(),
@@ -787,6 +788,10 @@ async fn vm_node() {
         }
         // loaded: cur again; 2.10.0 is in the cache
         other = "2.10.0";
+        let row = leader_fault(&vm, &mut ph, &watch, cur, other, &agent_ref).await;
+        ph.log(&row);
+        ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
+        (cur, other) = (other, cur);
     }
 
     // --- the break: no go-ahead, the module stays
@@ -1010,9 +1015,12 @@ async fn fault_phase(vm: &Vm, ph: &mut Phases, watch: &Watcher, from: &str) -> V
         },
     )
     .await;
-    let lines = vm.con().agent_lines();
-    let built = cycle::agent_at(&lines, t0 - 2.0, "step=\"build\"", None)
-        .unwrap_or_else(|| panic!("no agent logged the build of {TO}"));
+    // (the console reports the agent's lines a moment after they are written)
+    let built = wait_for("the agent's log of the build's end", vm.t, || async {
+        cycle::agent_at(&vm.con().agent_lines(), t0 - 2.0, "step=\"build\"", None)
+            .ok_or_else(|| "not on the console yet".to_string())
+    })
+    .await;
     let builder_now = pods_now().await;
     ph.log(&format!(
         "build ended {:.1} s after the kubelet restart; the building pod {building} {}",
@@ -1163,4 +1171,143 @@ async fn fault_phase(vm: &Vm, ph: &mut Phases, watch: &Watcher, from: &str) -> V
     )
     .await;
     rows
+}
+
+/// The controller replica holding the lease.
+async fn lease_holder(c: &Client, ns: &str) -> Result<String, String> {
+    let api: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(c.clone(), ns);
+    let l = api
+        .get("tt-k8s-driver-manager")
+        .await
+        .map_err(|e| e.to_string())?;
+    l.spec
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| "no holder".to_string())
+}
+
+/// The in-cluster controller killed mid-cycle (issue 35, fault 5): the chart's
+/// two replicas run on the host-side node (real-node-1). While the VM node is
+/// Upgrading (its validation pod runs: `upgradePolicy.validation`, a pod
+/// that sleeps), the leader's container is SIGKILLed and real-node-1's
+/// kubelet restarted (hack/realnode.sh kill-container, restart-kubelet). The
+/// other replica takes the lease and finishes the cycle: one go-ahead and
+/// one validation pod in the cycle, the node Done on the target.
+async fn leader_fault(
+    vm: &Vm,
+    ph: &mut Phases,
+    watch: &Watcher,
+    from: &str,
+    to: &str,
+    agent_image: &str,
+) -> String {
+    let ns = vm.ns.clone();
+    let template: k8s_openapi::api::core::v1::PodTemplate =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "PodTemplate",
+            "metadata": {"name": "vm-validate", "namespace": ns},
+            "template": {"spec": {
+                "containers": [{"name": "check", "image": agent_image, "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", "test -c /dev/tenstorrent/0 && sleep 25"],
+                    "securityContext": {"privileged": true},
+                    "volumeMounts": [{"name": "dev", "mountPath": "/dev/tenstorrent"}]}],
+                "volumes": [{"name": "dev", "hostPath": {"path": "/dev/tenstorrent"}}],
+            }},
+        }))
+        .unwrap_or_else(|e| panic!("the PodTemplate: {e}"));
+    Api::<k8s_openapi::api::core::v1::PodTemplate>::namespaced(vm.c.clone(), &ns)
+        .create(&Default::default(), &template)
+        .await
+        .unwrap_or_else(|e| panic!("creating the PodTemplate: {e}"));
+    let leader = wait_for("a controller replica holds the lease", vm.t, || {
+        lease_holder(&vm.c, &ns)
+    })
+    .await;
+    let t0 = now();
+    vm.patch_policy(serde_json::json!({"version": to, "upgradePolicy": {
+        "validation": {"podTemplateName": "vm-validate", "timeoutSeconds": 300}}}))
+        .await;
+    // Every go-ahead value the node carries in this cycle, and every
+    // validation pod made for it.
+    type Seen = Arc<Mutex<std::collections::BTreeSet<String>>>;
+    let (seen, pods): (Seen, Seen) = Default::default();
+    let poll = {
+        let (vm, seen, pods, ns) = (vm.clone(), seen.clone(), pods.clone(), ns.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Some(g) = vm.go_ahead().await
+                    && let Ok(mut s) = seen.lock()
+                {
+                    s.insert(g);
+                }
+                if let Ok(v) = vm.pods(&ns, ttdrv_api::labels::VALIDATION_CYCLE, "").await
+                    && let Ok(mut p) = pods.lock()
+                {
+                    p.extend(v);
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    vm.wait_state(
+        "the node Upgrading, its validation pod running",
+        "Upgrading",
+        Some("Validating"),
+    )
+    .await;
+    let pod = Api::<Pod>::namespaced(vm.c.clone(), &ns)
+        .get(&leader)
+        .await
+        .unwrap_or_else(|e| panic!("the leader pod {leader}: {e}"));
+    let id = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|c| c.container_id)
+        .and_then(|id| id.strip_prefix("containerd://").map(str::to_string))
+        .unwrap_or_else(|| panic!("no container id for {leader}"));
+    let killed = now();
+    run("bash", &["hack/realnode.sh", "kill-container", &id])
+        .unwrap_or_else(|e| panic!("SIGKILL of the leader {leader}: {e}"));
+    run("bash", &["hack/realnode.sh", "restart-kubelet"])
+        .unwrap_or_else(|e| panic!("restarting real-node-1's kubelet: {e}"));
+    let (state, reason) = vm.state().await.unwrap_or_default();
+    ph.phase(&format!(
+        "fault C: leader {leader} SIGKILLed and real-node-1's kubelet restarted while the VM node was {state} ({reason:?})"
+    ));
+    let next = wait_for("another replica takes the lease", vm.t, || async {
+        let h = lease_holder(&vm.c, &ns).await?;
+        if h != leader {
+            Ok(h)
+        } else {
+            Err(format!("still {h}"))
+        }
+    })
+    .await;
+    let took = now() - killed;
+    vm.wait_done("the node Done after the leader's death", to)
+        .await;
+    let done = now() - killed;
+    poll.abort();
+    let go_aheads = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert_eq!(go_aheads.len(), 1, "go-aheads in one cycle: {go_aheads:?}");
+    let validation = pods.lock().map(|s| s.clone()).unwrap_or_default();
+    assert_eq!(
+        validation.len(),
+        1,
+        "validation pods of one cycle: {validation:?}"
+    );
+    let tl = watch.timeline();
+    swap_after_drain(&tl, &vm.con(), t0, to);
+    cordon_held_to_swap(&tl, t0, to).unwrap_or_else(|e| panic!("fault C: {e}"));
+    vm.patch_policy(
+        serde_json::json!({"upgradePolicy": {"validation": {"podTemplateName": null}}}),
+    )
+    .await;
+    ph.phase(&format!("fault C: {next} took the lease; Done at {to}"));
+    format!(
+        "C leader {leader} SIGKILLed + real-node-1 kubelet restarted while the VM node was {state} ({reason:?}): {next} took the lease after {took:.1} s, Done at {to} {done:.1} s after the kill; go-aheads in the cycle: 1; validation pods: {}; from {from}",
+        validation.len()
+    )
 }
