@@ -7,6 +7,7 @@
 #                    headers) and the QEMU test (hack/agent-deps.sh --vm); the
 #                    real node (containerd, runc, CNI plugins, iptables,
 #                    conntrack, iproute2, openssl) and its images (mmdebstrap);
+#                    the VM node's disk (e2fsprogs: mkfs.ext4);
 #                    prometheus and promtool (hack/install-prometheus.sh, which
 #                    keeps the package from starting its service)
 #   Rust target      x86_64-unknown-linux-musl (static agent and controller)
@@ -22,7 +23,7 @@ log() { printf '[deps] %s\n' "$*" >&2; }
 
 bash "$here/agent-deps.sh" --vm >&2
 
-want=(containerd runc containernetworking-plugins iptables conntrack iproute2 openssl curl mmdebstrap util-linux)
+want=(containerd runc containernetworking-plugins iptables conntrack iproute2 openssl curl mmdebstrap util-linux e2fsprogs)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -184,12 +184,18 @@ rm -rf "$groot"
 log "initramfs $(du -h "$vmdir/initramfs.cpio" | cut -f1) for kernel $kver"
 phase "guest initramfs (Debian base, kubelet, headers, images)"
 
+# The guest's disk: what survives its reboots (the module cache, containerd's
+# images; hack/vm-node/init mounts it). Sparse.
+truncate -s 4G "$vmdir/disk.img"
+mkfs.ext4 -q -F -L vmnode "$vmdir/disk.img" || fail "mkfs.ext4 of the guest's disk"
+
 # --- 3. boot, inside the namespace; then the test, in there too -------------------------
 anchor=$(awk '{print $1}' "$KWOK_WORKDIR/realnode-$TTDRV_CLUSTER_NAME/pids/anchor")
 setsid nsenter -t "$anchor" -m -n -- qemu-system-x86_64 -accel tcg -m "${VM_MEM:-3584}" -smp "${VM_SMP:-2}" \
   -kernel "/boot/vmlinuz-$kver" -initrd "$vmdir/initramfs.cpio" \
   -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3" \
-  -nic user,model=virtio-net-pci -nographic -no-reboot -monitor none -serial stdio \
+  -drive "file=$vmdir/disk.img,format=raw,if=virtio,cache=unsafe" \
+  -nic user,model=virtio-net-pci -nographic -monitor none -serial stdio \
   -serial "unix:$vmdir/ctl.sock,server=on,wait=off" -nodefaults \
   </dev/null >"$console" 2>&1 &
 procs_record "$vmdir/pids/qemu" $! qemu

@@ -14,7 +14,10 @@
 //!   5. (VMNODE_FAULTS=1, the default) real faults: the guest's kubelet
 //!      restarted while the installer builds and while the node drains,
 //!      containerd while it waits for the go-ahead, the node cut off from the
-//!      API server for two minutes while it drains ([`fault_phase`])
+//!      API server for two minutes while it drains ([`fault_phase`]); the
+//!      leader controller killed and its node's kubelet restarted while the
+//!      node validates ([`leader_fault`]); the guest rebooted while Draining
+//!      and after the go-ahead before the unload ([`reboot_faults`])
 //!   6. the deliberate break: no controller, the installer edited by hand: no
 //!      go-ahead, the loaded module stays
 //!
@@ -792,6 +795,11 @@ async fn vm_node() {
         ph.log(&row);
         ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
         (cur, other) = (other, cur);
+        // ends where it began: cur loaded, other in the cache
+        for row in reboot_faults(&vm, &mut ph, &watch, cur, other).await {
+            ph.log(&row);
+            ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
+        }
     }
 
     // --- the break: no go-ahead, the module stays
@@ -1310,4 +1318,233 @@ async fn leader_fault(
         "C leader {leader} SIGKILLed + real-node-1 kubelet restarted while the VM node was {state} ({reason:?}): {next} took the lease after {took:.1} s, Done at {to} {done:.1} s after the kill; go-aheads in the cycle: 1; validation pods: {}; from {from}",
         validation.len()
     )
+}
+
+/// The guest's boots: (guest time, boot ID) of each init report.
+fn boots(con: &Console) -> Vec<(f64, String)> {
+    con.reports()
+        .filter(|(_, w)| w.starts_with("init "))
+        .filter_map(|(t, w)| {
+            let id = w.split(" boot_id=").nth(1)?.split_whitespace().next()?;
+            Some((t, id.to_string()))
+        })
+        .collect()
+}
+
+/// Record states the node went through after `t0` (from the timeline).
+fn states_since(tl: &[Sample], t0: f64) -> Vec<String> {
+    let mut out: Vec<String> = vec![];
+    for s in tl.iter().filter(|s| s.t >= t0) {
+        if out.last() != Some(&s.state) {
+            out.push(s.state.clone());
+        }
+    }
+    out
+}
+
+/// Reboots the guest (a power cut: no shutdown) and waits for its next boot;
+/// returns the new boot ID. Meanwhile, while the node's driver labels are
+/// from the earlier boot, the policy's status must not report their version
+/// as loaded (the labels are stale: [`ttdrv_core::node::driver_labels_stale`]).
+async fn reboot(vm: &Vm, stale_version: &str) -> (String, bool, f64) {
+    let before = boots(&vm.con())
+        .last()
+        .map(|b| b.1.clone())
+        .unwrap_or_default();
+    let at = vm.ctl("reboot").await;
+    let id = wait_for("the guest booted again", vm.t, || async {
+        boots(&vm.con())
+            .into_iter()
+            .find(|(t, id)| *t >= at && *id != before)
+            .map(|b| b.1)
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    // Until the agent labels this boot: is the old version shown as loaded?
+    let stale_seen = std::sync::atomic::AtomicBool::new(false);
+    let (seen, booted_id) = (&stale_seen, &id);
+    wait_for("the agent's labels of the new boot", vm.t, || async move {
+        let n = vm.node_obj().await?;
+        let booted = n
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.clone())
+            .unwrap_or_default();
+        if booted != *booted_id {
+            return Err(format!("the kubelet reports boot {booted}"));
+        }
+        if !ttdrv_core::node::driver_labels_stale(&n) {
+            return Ok(());
+        }
+        seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        let api: Api<TenstorrentDriverPolicy> = Api::all(vm.c.clone());
+        let shown = api
+            .get_opt(POLICY)
+            .await
+            .map_err(|e| e.to_string())?
+            .and_then(|p| p.status)
+            .and_then(|st| st.nodes.into_iter().find(|e| e.name == vm.node))
+            .and_then(|e| e.current_version);
+        assert_ne!(
+            shown.as_deref(),
+            Some(stale_version),
+            "after the reboot the status shows {stale_version} loaded, from the last boot's labels"
+        );
+        Err("the labels are the last boot's".into())
+    })
+    .await;
+    let stale = stale_seen.load(std::sync::atomic::Ordering::Relaxed);
+    // The module went with the boot (the guest's first report of it).
+    let first = vm
+        .con()
+        .modules()
+        .find(|(t, _)| *t >= at)
+        .map(|(_, m)| m.to_string())
+        .unwrap_or_default();
+    assert!(
+        first.starts_with("module=none "),
+        "the first module report after the reboot: {first:?}"
+    );
+    (id, stale, at)
+}
+
+/// Real reboots of the VM node mid-cycle (issue 35, fault 1): the guest
+/// reset without a shutdown; its disk keeps the module cache and the images,
+/// the module is gone, the boot ID new.
+///   D1. while Draining (a PDB holds the drain), `from` -> `to`;
+///   D2. after the go-ahead is on the node and before the agent unloads (the
+///       agent cut off from the API server does not see it), `to` -> `from`.
+/// Each: the node ends Done on the target, loaded from the cache by the
+/// agent of the new boot (nothing to swap: a first install); never drained
+/// twice (no state before the one it rebooted in); the cordon held from the
+/// cordon to the load; the status never shows the last boot's version.
+async fn reboot_faults(
+    vm: &Vm,
+    ph: &mut Phases,
+    watch: &Watcher,
+    from: &str,
+    to: &str,
+) -> Vec<String> {
+    let mut rows = vec![];
+    // --- D1. reboot while Draining
+    let t0 = now();
+    let hold = vm.hold_pod().await;
+    vm.block_drain(true).await;
+    vm.patch_policy(serde_json::json!({"version": to})).await;
+    vm.wait_state("the node Draining behind the PDB", "Draining", None)
+        .await;
+    let t_r = now();
+    let (boot, stale, at) = reboot(vm, from).await;
+    let back = now() - t_r;
+    ph.phase(&format!(
+        "fault D1: rebooted while Draining: boot {boot} after {back:.0} s"
+    ));
+    wait_for(&format!("{to} loaded at the new boot"), vm.t, || async {
+        vm.con()
+            .module_at(at, &format!("module={to} "))
+            .ok_or_else(|| format!("{:?}", vm.con().module_now()))
+    })
+    .await;
+    vm.block_drain(false).await;
+    vm.wait_done("the node Done after the reboot while Draining", to)
+        .await;
+    let done = now() - t_r;
+    let tl = watch.timeline();
+    let states = states_since(&tl, t_r);
+    assert!(
+        !states.iter().any(|s| s == "Pending" || s == "Cordoning"),
+        "the cycle started over after the reboot: {states:?}"
+    );
+    cordon_held_to_swap(&tl, t0, to).unwrap_or_else(|e| panic!("fault D1: {e}"));
+    let s = vm.wait_summary(to, "none").await;
+    assert!(
+        s.contains("source=cache"),
+        "after the reboot {to} did not come from the cache: {s}"
+    );
+    let _ = hold;
+    rows.push(format!(
+        "D1 reboot while Draining: back (new boot ID, labels of the new boot) after {back:.0} s, Done at {to} from the cache {done:.0} s after the reboot; states after it {states:?}; stale labels seen and not shown as loaded: {stale}"
+    ));
+    vm.wait_module(
+        &format!("the workload on {to}"),
+        &format!("module={to} refcnt=1 "),
+    )
+    .await;
+
+    // --- D2. reboot after the go-ahead, before the unload
+    let deploys: Api<Deployment> = Api::namespaced(vm.c.clone(), "ml");
+    let scale = |n: i32| serde_json::json!({"spec": {"replicas": n}});
+    deploys
+        .patch("hold", &PatchParams::default(), &Patch::Merge(&scale(0)))
+        .await
+        .unwrap_or_else(|e| panic!("scaling the workload to 0: {e}"));
+    let t0 = now();
+    vm.patch_policy(serde_json::json!({"version": from, "upgradePolicy": {
+        "maintenanceWindows": [window_from_now(2, 3)]}}))
+        .await;
+    wait_for(
+        &format!("{from} prepared, the cycle held by the window"),
+        vm.t,
+        || async {
+            let (s, r) = vm.state().await?;
+            let p = vm.label(PREPARED).await;
+            if p.as_deref() == Some(from) && r.as_deref() == Some("OutsideMaintenanceWindow") {
+                Ok(())
+            } else {
+                Err(format!("state {s} ({r:?}) kmd-prepared {p:?}"))
+            }
+        },
+    )
+    .await;
+    vm.ctl("partition 900").await;
+    vm.patch_policy(serde_json::json!({"upgradePolicy": {"maintenanceWindows": []}}))
+        .await;
+    wait_for("the go-ahead on the node", vm.t, || async {
+        vm.go_ahead().await.ok_or_else(|| "none".to_string())
+    })
+    .await;
+    // The agent cannot read it: the module is untouched.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let m = vm.con().module_now().unwrap_or_default();
+    assert!(
+        m.starts_with(&format!("module={to} ")),
+        "the module changed while cut off: {m}"
+    );
+    let t_r = now();
+    let (boot, stale, _) = reboot(vm, to).await;
+    let back = now() - t_r;
+    ph.phase(&format!(
+        "fault D2: rebooted after the go-ahead, before the unload: boot {boot} after {back:.0} s"
+    ));
+    vm.wait_done("the node Done after the reboot after the go-ahead", from)
+        .await;
+    let done = now() - t_r;
+    let tl = watch.timeline();
+    let states = states_since(&tl, t_r);
+    assert!(
+        !states
+            .iter()
+            .any(|s| s == "Pending" || s == "Cordoning" || s == "Draining"),
+        "a second drain or a new cycle after the reboot: {states:?}"
+    );
+    cordon_held_to_swap(&tl, t0, from).unwrap_or_else(|e| panic!("fault D2: {e}"));
+    let s = vm.wait_summary(from, "none").await;
+    assert!(
+        s.contains("source=cache"),
+        "after the reboot {from} did not come from the cache: {s}"
+    );
+    rows.push(format!(
+        "D2 reboot after the go-ahead, before the unload: back after {back:.0} s, Done at {from} from the cache {done:.0} s after the reboot; states after it {states:?}; stale labels seen and not shown as loaded: {stale}"
+    ));
+    deploys
+        .patch("hold", &PatchParams::default(), &Patch::Merge(&scale(1)))
+        .await
+        .unwrap_or_else(|e| panic!("scaling the workload to 1: {e}"));
+    vm.wait_module(
+        &format!("the workload on {from}"),
+        &format!("module={from} refcnt=1 "),
+    )
+    .await;
+    rows
 }

@@ -883,12 +883,12 @@ async fn apiserver_restarts_during_the_go_ahead_and_label_writes() {
             ));
         }
     }
-    let (violations, swaps) = {
+    let (violations, swaps, max_ours) = {
         let s = inv.lock();
-        (s.violations.clone(), s.swaps)
+        (s.violations.clone(), s.swaps, s.max_ours)
     };
     eprintln!(
-        "apiserver-at-write test: {}; rollouts {}; {swaps} swaps checked against the go-ahead ({} of them label writes checked at the proxy); control plane restarts {:?}; {} violation(s); controller log {}",
+        "apiserver-at-write test: {}; rollouts {}; at most {max_ours} node(s) cordoned by us at once; {swaps} swaps checked against the go-ahead ({} of them label writes checked at the proxy); control plane restarts {:?}; {} violation(s); controller log {}",
         faults.join("; "),
         outcomes.join(", "),
         swap_writes.load(Ordering::Relaxed),
