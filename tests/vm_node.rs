@@ -942,6 +942,23 @@ async fn vm_node() {
     ph.report();
 }
 
+/// Waits until the timeline (sampled every 0.5 s) has the node Done at
+/// `version` and uncordoned after `t0`: what the API showed is in it before
+/// it is checked.
+async fn wait_recorded_done(vm: &Vm, watch: &Watcher, t0: f64, version: &str) {
+    wait_for("the timeline to record the node Done", vm.t, || async {
+        let tl = watch.timeline();
+        if tl.iter().any(|s| {
+            s.t >= t0 && s.state == "Done" && !s.cordoned && s.kmd.as_deref() == Some(version)
+        }) {
+            Ok(())
+        } else {
+            Err(tl.last().map(|s| s.line()).unwrap_or_default())
+        }
+    })
+    .await
+}
+
 /// A maintenance window `from_h` to `to_h` hours from now (UTC, whole minutes).
 fn window_from_now(from_h: i64, to_h: i64) -> serde_json::Value {
     let hhmm = |h: i64| {
@@ -1099,6 +1116,7 @@ async fn fault_phase(vm: &Vm, ph: &mut Phases, watch: &Watcher, from: &str) -> V
     vm.wait_gone("the workload evicted", "ml", &hold).await;
     vm.wait_done("the node Done at 2.10.0 after the restarts", TO)
         .await;
+    wait_recorded_done(vm, watch, t0, TO).await;
     let done_a = now() - unblocked;
     let tl = watch.timeline();
     swap_after_drain(&tl, &vm.con(), t0, TO);
@@ -1160,6 +1178,7 @@ async fn fault_phase(vm: &Vm, ph: &mut Phases, watch: &Watcher, from: &str) -> V
     let healed = now();
     vm.wait_done("the node Done after the partition healed", from)
         .await;
+    wait_recorded_done(vm, watch, t0, from).await;
     let recovered = now() - healed;
     vm.wait_gone("the workload evicted", "ml", &hold).await;
     let tl = watch.timeline();
@@ -1296,6 +1315,7 @@ async fn leader_fault(
     let took = now() - killed;
     vm.wait_done("the node Done after the leader's death", to)
         .await;
+    wait_recorded_done(vm, watch, t0, to).await;
     let done = now() - killed;
     poll.abort();
     let go_aheads = seen.lock().map(|s| s.clone()).unwrap_or_default();
@@ -1449,6 +1469,7 @@ async fn reboot_faults(
     vm.block_drain(false).await;
     vm.wait_done("the node Done after the reboot while Draining", to)
         .await;
+    wait_recorded_done(vm, watch, t0, to).await;
     let done = now() - t_r;
     let tl = watch.timeline();
     let states = states_since(&tl, t_r);
@@ -1519,6 +1540,7 @@ async fn reboot_faults(
     ));
     vm.wait_done("the node Done after the reboot after the go-ahead", from)
         .await;
+    wait_recorded_done(vm, watch, t0, from).await;
     let done = now() - t_r;
     let tl = watch.timeline();
     let states = states_since(&tl, t_r);
