@@ -146,6 +146,16 @@ componentsPatches:
     override: true
   - key: manage-nodes-with-label-selector
     value: "!$real_label"
+# Real kubelets: Kubernetes' own node-monitor timings, not kwokctl's (3m20s),
+# so a node cut off from the API server goes NotReady as on a real cluster.
+- name: kube-controller-manager
+  extraArgs:
+  - key: node-monitor-grace-period
+    value: "40s"
+    override: true
+  - key: node-monitor-period
+    value: "5s"
+    override: true
 EOF
   cat >"$dir/containerd/config.toml" <<EOF
 version = 2
