@@ -1288,6 +1288,7 @@ async fn leader_fault(
         .unwrap_or_else(|e| panic!("the leader pod {leader}: {e}"));
     let id = pod
         .status
+        .clone()
         .and_then(|s| s.container_statuses)
         .unwrap_or_default()
         .into_iter()
@@ -1303,12 +1304,29 @@ async fn leader_fault(
     ph.phase(&format!(
         "fault C: leader {leader} SIGKILLed and real-node-1's kubelet restarted while the VM node was {state} ({reason:?})"
     ));
-    let next = wait_for("another replica takes the lease", vm.t, || async {
+    // The lease goes to a process started after the kill: the other replica
+    // once it has expired, or the leader's own pod, restarted by the
+    // kubelet, which renews it under the same identity (the pod's name)
+    // before it expires. Either way one leader.
+    let restarts = |p: &Pod| -> i32 {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .map(|c| c.iter().map(|c| c.restart_count).sum())
+            .unwrap_or(0)
+    };
+    let before = restarts(&pod);
+    let pods_api = Api::<Pod>::namespaced(vm.c.clone(), &ns);
+    let next = wait_for("a live controller holds the lease again", vm.t, || async {
         let h = lease_holder(&vm.c, &ns).await?;
         if h != leader {
-            Ok(h)
+            return Ok(format!("the other replica {h}"));
+        }
+        let p = pods_api.get(&h).await.map_err(|e| e.to_string())?;
+        if restarts(&p) > before && ttdrv_testkit::pod_ready(&p) {
+            Ok(format!("the leader's own pod {h}, its container restarted"))
         } else {
-            Err(format!("still {h}"))
+            Err(format!("still the killed {h}"))
         }
     })
     .await;
@@ -1333,9 +1351,9 @@ async fn leader_fault(
         serde_json::json!({"upgradePolicy": {"validation": {"podTemplateName": null}}}),
     )
     .await;
-    ph.phase(&format!("fault C: {next} took the lease; Done at {to}"));
+    ph.phase(&format!("fault C: the lease held by {next}; Done at {to}"));
     format!(
-        "C leader {leader} SIGKILLed + real-node-1 kubelet restarted while the VM node was {state} ({reason:?}): {next} took the lease after {took:.1} s, Done at {to} {done:.1} s after the kill; go-aheads in the cycle: 1; validation pods: {}; from {from}",
+        "C leader {leader} SIGKILLed + real-node-1 kubelet restarted while the VM node was {state} ({reason:?}): the lease held by {next} {took:.1} s after the kill, Done at {to} {done:.1} s after it; go-aheads in the cycle: 1; validation pods: {}; from {from}",
         validation.len()
     )
 }
@@ -1434,7 +1452,9 @@ async fn reboot(vm: &Vm, stale_version: &str) -> (String, bool, f64) {
 /// the module is gone, the boot ID new.
 ///   D1. while Draining (a PDB holds the drain), `from` -> `to`;
 ///   D2. after the go-ahead is on the node and before the agent unloads (the
-///       agent cut off from the API server does not see it), `to` -> `from`.
+///       agent cut off from the API server does not see it), `to` -> `from`;
+///   D3. at rest (Done at `from`): it stays Done throughout, never cordoned,
+///       its installer pod kept.
 /// Each: the node ends Done on the target, loaded from the cache by the
 /// agent of the new boot (nothing to swap: a first install); never drained
 /// twice (no state before the one it rebooted in); the cordon held from the
@@ -1568,5 +1588,43 @@ async fn reboot_faults(
         &format!("module={from} refcnt=1 "),
     )
     .await;
+
+    // --- D3. reboot of a node at rest: it stays Done, nothing is replaced
+    let t0 = now();
+    let installers = vm.installers().await.unwrap_or_default();
+    let t_r = now();
+    let (_, stale, at) = reboot(vm, from).await;
+    wait_for(
+        &format!("{from} loaded again at the new boot"),
+        vm.t,
+        || async {
+            vm.con()
+                .module_at(at, &format!("module={from} refcnt=1 "))
+                .ok_or_else(|| format!("{:?}", vm.con().module_now()))
+        },
+    )
+    .await;
+    let back = now() - t_r;
+    vm.wait_done("the node Done after its reboot at rest", from)
+        .await;
+    wait_recorded_done(vm, watch, t0, from).await;
+    let tl = watch.timeline();
+    let states = states_since(&tl, t0);
+    assert_eq!(states, ["Done"], "a node at rest left Done for its reboot");
+    assert!(
+        !tl.iter().any(|s| s.t >= t0 && s.cordoned),
+        "cordoned for a reboot at rest"
+    );
+    assert_eq!(
+        vm.installers().await.unwrap_or_default(),
+        installers,
+        "the installer pod replaced for a reboot"
+    );
+    ph.phase(&format!(
+        "fault D3: rebooted at rest: Done throughout, {from} and the workload back {back:.0} s later"
+    ));
+    rows.push(format!(
+        "D3 reboot at rest: Done throughout (states {states:?}), installer pod kept, never cordoned, {from} loaded from the cache and the workload back {back:.0} s after the reboot; stale labels seen and not shown as loaded: {stale}"
+    ));
     rows
 }

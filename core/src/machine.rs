@@ -240,6 +240,9 @@ pub struct Observation {
     /// The agent reported no module loaded at this boot
     /// ([`crate::node::reported_nothing_loaded`]).
     pub nothing_loaded: bool,
+    /// The node rebooted and its agent has not reported since: the driver
+    /// labels describe the last boot ([`crate::node::driver_labels_stale`]).
+    pub rebooted_unreported: bool,
     /// The node carries this policy's `unmanaged` label: vacated earlier
     /// (`spec.unmanage`), left alone.
     pub vacated: bool,
@@ -1089,7 +1092,14 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             // would restart every installer of the fleet after a network
             // incident.
             let new_installer = matches!(obs.installer, InstallerPod::Stale { .. });
-            let changed = if host_done {
+            // Nor is a reboot: the module went with it, and the agent loads
+            // the target again from the node's cache at boot and reports.
+            // Until it does, nothing is known to have changed (the labels
+            // are the last boot's), and a cycle for it would restart the
+            // installers of every node a power incident rebooted.
+            let changed = if obs.rebooted_unreported {
+                new_installer
+            } else if host_done {
                 !obs.host_managed
             } else if passthrough_done {
                 // Some function back on tt-kmd: it needs the target.

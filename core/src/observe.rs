@@ -161,6 +161,7 @@ pub fn observe<'p>(
         installer_problem: installer.and_then(installer::problem),
         inherited_cordon,
         nothing_loaded: node::reported_nothing_loaded(node),
+        rebooted_unreported: node::driver_labels_stale(node),
         installer_created,
         firmware_cycle: crate::claim::firmware_cycle(node).map(|h| h.to_string()),
         firmware_version: node::label(node, ttdrv_api::firmware::labels::FW_VERSION)
@@ -398,6 +399,7 @@ pub fn restate(mut obs: Observation, node: &Node, gates: &[String]) -> Observati
     obs.host_managed = node::host_managed(node);
     obs.passthrough = node::passthrough(node);
     obs.nothing_loaded = node::reported_nothing_loaded(node);
+    obs.rebooted_unreported = node::driver_labels_stale(node);
     obs
 }
 

@@ -489,6 +489,7 @@ fn safety_properties_over_the_cross_product() {
                                     inherited_cordon: false,
                                     vacated: b(1) && b(3),
                                     nothing_loaded: loaded.is_none() && b(5),
+                                    rebooted_unreported: loaded.is_none() && !b(5) && b(6),
                                     installer_created: b(6).then_some(100),
                                     prepared: !b(7),
                                     // The turn matters only while not prepared.
@@ -1832,6 +1833,52 @@ fn a_done_node_stays_done_when_its_installer_is_only_not_ready() {
         ..obs()
     };
     assert_ne!(step(&done, &other, &want()).record.state, Done);
+}
+
+#[test]
+fn a_done_node_stays_done_across_a_reboot_until_its_agent_reports() {
+    let mut done = rec(Done);
+    done.reason = Some(reason::UPGRADED.into());
+    // Rebooted: the labels are the last boot's, so nothing is known loaded;
+    // the installer pod restarts (not Ready), or the node is not Ready yet.
+    let rebooted = |ready: bool, installer: InstallerPod| Observation {
+        ready,
+        installer,
+        loaded: None,
+        rebooted_unreported: true,
+        ..obs()
+    };
+    for o in [
+        rebooted(false, InstallerPod::Current { ready: false }),
+        rebooted(true, InstallerPod::Current { ready: false }),
+        rebooted(true, InstallerPod::Missing),
+    ] {
+        let s = step(&done, &o, &want());
+        assert_eq!((s.record.state, s.commands.len()), (Done, 0), "{o:?}");
+    }
+    // What the agent then reports decides: the target again stays Done;
+    // nothing or another version loaded at this boot is a change.
+    let reported = |loaded: Option<&str>| Observation {
+        loaded: loaded.map(String::from),
+        nothing_loaded: loaded.is_none(),
+        installer: InstallerPod::Current { ready: true },
+        ..obs()
+    };
+    assert_eq!(
+        step(&done, &reported(Some("2.8.0")), &want()).record.state,
+        Done
+    );
+    assert_ne!(step(&done, &reported(None), &want()).record.state, Done);
+    assert_ne!(
+        step(&done, &reported(Some("2.7.0")), &want()).record.state,
+        Done
+    );
+    // A new installer template is a change, rebooted or not.
+    let stale = Observation {
+        installer: InstallerPod::Stale { deleting: false },
+        ..rebooted(true, InstallerPod::Missing)
+    };
+    assert_ne!(step(&done, &stale, &want()).record.state, Done);
 }
 
 #[test]
