@@ -1,6 +1,6 @@
 //! Honest labels: after a reboot (a new boot ID) nothing is loaded until the
 //! agent says so, and workloads selecting on `kmd-version` must not land on
-//! the node before. Real control plane, the controller binary, the simulated
+//! the node before; a Done node stays Done meanwhile. Real control plane, the controller binary, the simulated
 //! agent; the test plays the rebooted host.
 
 mod common;
@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use ttdrv_api::{NodeState, labels};
+use ttdrv_testkit::policy::wait_status;
 use ttdrv_testkit::{NOT_READY_LABEL, TestEnv, wait_for};
 
 const T: Duration = Duration::from_secs(90);
@@ -70,15 +71,44 @@ async fn a_reboot_clears_kmd_version_until_the_agent_reports_again() {
         }
     })
     .await;
-    let entry = wait_node(&env, &policy, &node, NodeState::Upgrading, T).await;
+    // The node stays Done (a reboot is no reason for a cycle), and its
+    // status reports no module of an earlier boot.
+    let entry = wait_status(
+        &env,
+        &policy,
+        "the status without the last boot's module",
+        T,
+        |st| match st.nodes.into_iter().find(|e| e.name == node) {
+            Some(e) if e.current_version.is_none() => Ok(e),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
     assert_eq!(
-        entry.current_version, None,
-        "the status does not report a module of an earlier boot: {entry:?}"
+        entry.state,
+        NodeState::Done,
+        "left Done for a reboot: {entry:?}"
     );
+    let since = entry.last_transition_time.clone();
     // The agent loads it again (from its cache) and says so: Done, no cordon.
     report(&env, &node, "2.8.0", "boot-2").await;
-    let done = wait_node(&env, &policy, &node, NodeState::Done, T).await;
+    let done = wait_status(
+        &env,
+        &policy,
+        "the status with the module of this boot",
+        T,
+        |st| match st.nodes.into_iter().find(|e| e.name == node) {
+            Some(e) if e.current_version.is_some() => Ok(e),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    assert_eq!(done.state, NodeState::Done);
     assert_eq!(done.current_version.as_deref(), Some("2.8.0"));
+    assert_eq!(
+        done.last_transition_time, since,
+        "the node's state changed across the reboot: {done:?}"
+    );
     let seen = watcher.seen();
     assert_eq!(
         seen.max_ready_cordoned_by_us, 0,

@@ -98,16 +98,22 @@ pub fn vfio_resources(node: &Node) -> Vec<String> {
 
 /// Merge patch removing driver labels that describe an earlier boot, so
 /// workloads selecting on `kmd-version` do not land on a node whose module is
-/// not loaded yet; the parameters reported with them go too (without the
-/// boot-ID label nothing would mark them stale any more).
+/// not loaded yet; the parameters reported with them go too. The boot-ID
+/// label stays: it still says the agent has not reported at this boot (the
+/// controller keeps a Done node Done until it does).
 pub fn stale_labels_patch() -> serde_json::Value {
     serde_json::json!({ "metadata": {
-        "labels": {
-            labels::KMD_VERSION: null,
-            labels::KMD_BOOT_ID: null,
-        },
+        "labels": { labels::KMD_VERSION: null },
         "annotations": { labels::KMD_PARAMETERS: null },
     } })
+}
+
+/// The node carries driver labels of an earlier boot that
+/// [`stale_labels_patch`] removes.
+pub fn has_stale_labels(node: &Node) -> bool {
+    driver_labels_stale(node)
+        && (label(node, labels::KMD_VERSION).is_some()
+            || annotation(node, labels::KMD_PARAMETERS).is_some())
 }
 
 /// The status of the node's (first) Ready condition: "True", "False",
@@ -371,6 +377,18 @@ mod tests {
         assert!(driver_labels_stale(&n));
         assert_eq!(loaded_version(&n), None, "rebooted: nothing known loaded");
         assert!(!host_managed(&n));
+        // The clean-up removes kmd-version and keeps the boot ID: the node
+        // still reads as rebooted and unreported, and is not patched again.
+        assert!(has_stale_labels(&n));
+        if let Some(l) = n.metadata.labels.as_mut() {
+            l.remove(labels::KMD_VERSION);
+        }
+        assert!(!has_stale_labels(&n));
+        assert!(driver_labels_stale(&n));
+        assert!(
+            !reported_nothing_loaded(&n),
+            "not reported is not nothing loaded"
+        );
     }
 
     #[test]

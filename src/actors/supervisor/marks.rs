@@ -49,7 +49,7 @@ impl ReconcilePass {
         for n in targets {
             let stale = self
                 .stored(n)
-                .is_some_and(|nd| ttdrv_core::node::driver_labels_stale(&nd));
+                .is_some_and(|nd| ttdrv_core::node::has_stale_labels(&nd));
             if !stale {
                 continue;
             }
