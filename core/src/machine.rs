@@ -1092,12 +1092,14 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             // would restart every installer of the fleet after a network
             // incident.
             let new_installer = matches!(obs.installer, InstallerPod::Stale { .. });
-            // Nor is a reboot: the module went with it, and the agent loads
-            // the target again from the node's cache at boot and reports.
-            // Until it does, nothing is known to have changed (the labels
-            // are the last boot's), and a cycle for it would restart the
-            // installers of every node a power incident rebooted.
-            let changed = if obs.rebooted_unreported {
+            // Nor is a reboot by itself: the module went with it, and the
+            // agent loads the target again from the node's cache at boot and
+            // reports. Until it does, nothing is known to have changed (the
+            // labels are the last boot's) and what it reports decides; an
+            // installer that fails meanwhile (its image, a crash loop) is a
+            // change, so the node goes through a cycle that fails with the
+            // cause instead of staying Done with nothing loaded.
+            let changed = if obs.rebooted_unreported && obs.installer_failure.is_none() {
                 new_installer
             } else if host_done {
                 !obs.host_managed

@@ -1873,6 +1873,18 @@ fn a_done_node_stays_done_across_a_reboot_until_its_agent_reports() {
         step(&done, &reported(Some("2.7.0")), &want()).record.state,
         Done
     );
+    // An installer that fails before it reports is a change: the node
+    // goes through a cycle that fails with the cause.
+    let failing = Observation {
+        installer_failure: Some(Failure {
+            reason: reason::INSTALLER_CRASH_LOOP,
+            message: "crash loop".into(),
+            pod_created: None,
+            terminated_at: None,
+        }),
+        ..rebooted(true, InstallerPod::Current { ready: false })
+    };
+    assert_ne!(step(&done, &failing, &want()).record.state, Done);
     // A new installer template is a change, rebooted or not.
     let stale = Observation {
         installer: InstallerPod::Stale { deleting: false },
