@@ -40,9 +40,11 @@ test-realnode:
 	bash hack/test-realnode.sh
 
 # A node in a QEMU guest (Debian's kernel, TCG) joined to the real node's
-# control plane: controller-driven swaps of the stub module under a workload
-# (see hack/test-vm-node.sh). Its own target (CI runs it after make test):
-# 5 minutes on an idle machine, 25-30 under load (TCG; two real module builds).
+# control plane: controller-driven swaps of the stub module under a workload,
+# then real faults: kubelet and containerd restarts, a cut from the API
+# server, the leader killed, reboots (see hack/test-vm-node.sh). Its own
+# target (CI runs it after make test): about 14 minutes on an idle machine,
+# more under load (TCG; four real module builds).
 test-vm-node:
 	bash hack/test-vm-node.sh
 

@@ -243,10 +243,14 @@ fn disk_full_while_caching_leaves_no_partial_module_and_recovers() {
             let kernel = FakeKernel::new(h.root());
             let builder = BigBuilder { size: 200 * 1024 };
             let err = h.run("2.8.0", &kernel, &builder).expect_err("disk full");
-            assert_matches!(err, AgentError::CacheWrite { .. });
+            assert_matches!(err, AgentError::DiskFull { .. });
+            // The node fails with a reason (no crash loop), the cause first.
+            assert_eq!(err.reason(), Some(ttdrv_core::reason::BUILD_FAILED));
             let msg = err.to_string();
             assert!(
-                msg.contains("No space left on device") && msg.contains("var/cache/tt-kmd"),
+                msg.starts_with("disk full: ")
+                    && msg.contains("No space left on device")
+                    && msg.contains("var/cache/tt-kmd"),
                 "error names the cause and the path: {msg}"
             );
             assert!(
@@ -287,7 +291,7 @@ fn disk_full_with_a_previously_cached_version_keeps_that_entry_whole() {
             let err = h
                 .run("2.8.0", &kernel, &BigBuilder { size: 100 * 1024 })
                 .expect_err("disk full");
-            assert_matches!(err, AgentError::CacheWrite { .. });
+            assert_matches!(err, AgentError::DiskFull { .. });
             assert!(!h.entry("2.8.0").exists());
             assert_eq!(
                 module_version(&h.entry("2.7.0"))
