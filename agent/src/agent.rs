@@ -417,6 +417,11 @@ impl Agent<'_> {
             step("validate", || {
                 self.validate_swap(&root, &kver, record, &previous_parameters)
             })?;
+        } else {
+            // Nothing was loaded: a first install, or the end of a swap a
+            // reboot cut after the unload. Its record, if any, is the
+            // baseline: what the old module served must be served now.
+            step("validate", || self.revalidate(&root, &target))?;
         }
 
         self.device_access(&root);

@@ -191,11 +191,10 @@ fn without_the_previous_version_cached_the_new_one_stays_loaded() {
     assert_eq!(kernel.unloads(), 1);
 }
 
-#[test]
-fn an_agent_stopped_between_the_load_and_the_check_checks_on_its_next_start() {
-    let h = two_cards();
-    // What a swap leaves when the agent dies right after the load: the
-    // record of what 2.7.0 served, 2.8.0 loaded, its cards not (yet) there.
+/// What a swap 2.7.0 -> 2.8.0 leaves when it stops after the unload (an
+/// agent killed, a node rebooted): the record of what 2.7.0 served, nothing
+/// loaded, the cards unbound.
+fn swap_cut_after_the_unload(h: &Host) {
     let record = validate::SwapRecord {
         target: "2.8.0".into(),
         previous: Some("2.7.0".into()),
@@ -207,12 +206,53 @@ fn an_agent_stopped_between_the_load_and_the_check_checks_on_its_next_start() {
     validate::write_record(&h.hr(), &record).expect("record");
     ttdrv_agent::fake::unbind_cards(h.root()).expect("unbind");
     std::fs::remove_dir_all(h.p("/sys/module/tenstorrent")).expect("unload");
+}
+
+#[test]
+fn an_agent_stopped_between_the_load_and_the_check_checks_on_its_next_start() {
+    let h = two_cards();
+    // What a swap leaves when the agent dies right after the load: the
+    // record of what 2.7.0 served, 2.8.0 loaded, its cards not (yet) there.
+    swap_cut_after_the_unload(&h);
     set_loaded(h.root(), "2.8.0", 0).expect("loaded");
     let err = h
         .run_with("2.8.0", &FakeKernel::new(h.root()), &go_ahead("2.8.0"))
         .expect_err("not validated");
     assert_eq!(err.reason(), Some(reason::VALIDATION_FAILED), "{err}");
     assert!(err.to_string().contains("0000:01:00.0"), "{err}");
+}
+
+#[test]
+fn a_swap_cut_by_a_reboot_is_validated_when_the_next_boot_loads_the_target() {
+    let h = two_cards();
+    swap_cut_after_the_unload(&h);
+    let kernel = FakeKernel::new(h.root());
+    let out = h
+        .run_with("2.8.0", &kernel, &go_ahead("2.8.0"))
+        .expect("installed");
+    assert_matches!(out, Outcome::Installed { .. });
+    assert_eq!(kernel.unloads(), 0, "nothing was loaded");
+    assert_eq!(
+        validate::read_record(&h.hr()),
+        None,
+        "the record of the cut swap validated and removed"
+    );
+}
+
+#[test]
+fn a_swap_cut_by_a_reboot_whose_target_serves_no_card_fails_validation() {
+    let h = two_cards();
+    swap_cut_after_the_unload(&h);
+    let kernel = FakeKernel::new(h.root()).probing_none("2.8.0");
+    let err = h
+        .run_with("2.8.0", &kernel, &go_ahead("2.8.0"))
+        .expect_err("the cards the old module served are not served");
+    assert_eq!(err.reason(), Some(reason::VALIDATION_FAILED), "{err}");
+    assert!(err.to_string().contains("0000:01:00.0"), "{err}");
+    assert_eq!(
+        validate::read_record(&h.hr()).map(|r| r.outcome),
+        Some(SwapOutcome::Held)
+    );
 }
 
 #[test]
