@@ -443,16 +443,23 @@ start_kubelet() {
   procs_record "$dir/pids/kubelet" $! kubelet
 }
 
-# A fault (tests/vm_node.rs): the kubelet stopped (SIGTERM, as systemd would)
-# and started again; the pods' containers run on in their shims.
-restart_kubelet() {
+# Faults (tests/vm_node.rs): the kubelet stopped (SIGTERM, as systemd would)
+# and started again, at once or later; the pods' containers run on in their
+# shims, and a container that dies meanwhile stays dead until it is back.
+stop_kubelet() {
   anchor_pid >/dev/null || die "the real node is not up (hack/realnode.sh up)"
   procs_stop "$dir/pids/kubelet"
   : >"$dir/pids/kubelet"
+  log "kubelet stopped"
+}
+start_kubelet_ready() {
+  anchor_pid >/dev/null || die "the real node is not up (hack/realnode.sh up)"
+  [ -s "$dir/pids/kubelet" ] && die "the kubelet runs already"
   start_kubelet
   wait_for 60 "node $node Ready again" node_ready
-  log "kubelet restarted"
+  log "kubelet started"
 }
+restart_kubelet() { stop_kubelet && start_kubelet_ready; }
 
 # A fault: SIGKILL to a container's first process on this node, found by its
 # containerd id (a pod's containerID without "containerd://") in this node's
@@ -495,6 +502,8 @@ case ${1:-} in
       CONTAINERD_ADDRESS="$dir/containerd/containerd.sock" CONTAINERD_NAMESPACE=k8s.io PS1='(realnode) \w\$ ' "${cmd[@]}" ;;
   images) cat "$dir/images.txt" ;;
   restart-kubelet) restart_kubelet ;;
+  stop-kubelet) stop_kubelet ;;
+  start-kubelet) start_kubelet_ready ;;
   kill-container) kill_container "${2:?usage: $0 kill-container ID}" ;;
-  *) echo "usage: $0 up|down|env|exec CMD...|shell|images|restart-kubelet|kill-container ID" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|env|exec CMD...|shell|images|restart-kubelet|stop-kubelet|start-kubelet|kill-container ID" >&2; exit 2 ;;
 esac

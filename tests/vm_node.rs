@@ -16,8 +16,9 @@
 //!      containerd while it waits for the go-ahead, the node cut off from the
 //!      API server for two minutes while it drains ([`fault_phase`]); the
 //!      leader controller killed and its node's kubelet restarted while the
-//!      node validates ([`leader_fault`]); the guest rebooted while Draining
-//!      and after the go-ahead before the unload ([`reboot_faults`])
+//!      node validates ([`leader_fault`]); the guest rebooted while Draining,
+//!      after the go-ahead before the unload, at rest, between the unload and
+//!      the load, and right after the load ([`reboot_faults`])
 //!   6. the deliberate break: no controller, the installer edited by hand: no
 //!      go-ahead, the loaded module stays
 //!
@@ -180,6 +181,23 @@ impl Vm {
                 Some(s) if s.contains(&format!("previous={previous} ")) => Ok(s),
                 s => Err(format!("{s:?}")),
             }
+        })
+        .await
+    }
+
+    /// The agent's summary of an install of `version` logged after `t0`
+    /// (an earlier cycle may have logged the same one).
+    async fn wait_summary_after(&self, t0: f64, version: &str, previous: &str) -> String {
+        let needle = format!("summary: result=installed version={version} ");
+        let prev = format!("previous={previous} ");
+        let what = format!("the agent's summary for {version} (previous {previous}) after {t0:.0}");
+        wait_for(&what, self.t, || async {
+            self.con()
+                .reports()
+                .filter(|(t, _)| *t >= t0)
+                .find_map(|(_, w)| w.find(&needle).map(|i| w[i..].to_string()))
+                .filter(|s| s.contains(&prev))
+                .ok_or_else(|| "none yet".to_string())
         })
         .await
     }
@@ -403,7 +421,7 @@ fn swap_after_drain(tl: &[Sample], con: &Console, t0: f64, version: &str) {
 const FIGURES: &str = "cordon windows (out_of_service: cordon to uncordon; phase: version change to record Done; \
 cordon_to_go_ahead: the drain; host clock. go_ahead_to_load, load_to_uncordon, build_*_vs_cordon: agent clock against host clock)";
 const CYCLES: &str = "rollout cycles (from the node record and the guest console)";
-const FAULTS: &str = "real faults on the VM node (kubelet and containerd restarts, two minutes cut off from the API server)";
+const FAULTS: &str = "real faults on the VM node (kubelet and containerd restarts, two minutes cut off from the API server, the leader killed, reboots)";
 
 #[tokio::test]
 #[ignore = "runs inside the VM node's namespace: bash hack/test-vm-node.sh (make test-vm-node)"]
@@ -1216,10 +1234,12 @@ async fn lease_holder(c: &Client, ns: &str) -> Result<String, String> {
 /// The in-cluster controller killed mid-cycle (issue 35, fault 5): the chart's
 /// two replicas run on the host-side node (real-node-1). While the VM node is
 /// Upgrading (its validation pod runs: `upgradePolicy.validation`, a pod
-/// that sleeps), the leader's container is SIGKILLed and real-node-1's
-/// kubelet restarted (hack/realnode.sh kill-container, restart-kubelet). The
-/// other replica takes the lease and finishes the cycle: one go-ahead and
-/// one validation pod in the cycle, the node Done on the target.
+/// that sleeps), real-node-1's kubelet is stopped and the leader's container
+/// SIGKILLed (hack/realnode.sh stop-kubelet, kill-container): the other
+/// replica must take the lease; the kubelet is started again once it has,
+/// and restarts the killed one, a follower now. The other replica finishes
+/// the cycle: one go-ahead and one validation pod in the cycle, the node
+/// Done on the target, the lease still its own.
 async fn leader_fault(
     vm: &Vm,
     ph: &mut Phases,
@@ -1295,19 +1315,32 @@ async fn leader_fault(
         .find_map(|c| c.container_id)
         .and_then(|id| id.strip_prefix("containerd://").map(str::to_string))
         .unwrap_or_else(|| panic!("no container id for {leader}"));
+    // Its kubelet stopped first, the killed container stays dead: the lease
+    // must go to the other replica (both run on real-node-1, in their shims).
+    run("bash", &["hack/realnode.sh", "stop-kubelet"])
+        .unwrap_or_else(|e| panic!("stopping real-node-1's kubelet: {e}"));
     let killed = now();
     run("bash", &["hack/realnode.sh", "kill-container", &id])
         .unwrap_or_else(|e| panic!("SIGKILL of the leader {leader}: {e}"));
-    run("bash", &["hack/realnode.sh", "restart-kubelet"])
-        .unwrap_or_else(|e| panic!("restarting real-node-1's kubelet: {e}"));
     let (state, reason) = vm.state().await.unwrap_or_default();
     ph.phase(&format!(
-        "fault C: leader {leader} SIGKILLed and real-node-1's kubelet restarted while the VM node was {state} ({reason:?})"
+        "fault C: leader {leader} SIGKILLed, real-node-1's kubelet stopped, while the VM node was {state} ({reason:?})"
     ));
-    // The lease goes to a process started after the kill: the other replica
-    // once it has expired, or the leader's own pod, restarted by the
-    // kubelet, which renews it under the same identity (the pod's name)
-    // before it expires. Either way one leader.
+    let next = wait_for("the other replica holds the lease", vm.t, || async {
+        let h = lease_holder(&vm.c, &ns).await?;
+        if h != leader {
+            Ok(h)
+        } else {
+            Err(format!("still the killed {h}"))
+        }
+    })
+    .await;
+    let took = now() - killed;
+    run("bash", &["hack/realnode.sh", "start-kubelet"])
+        .unwrap_or_else(|e| panic!("starting real-node-1's kubelet: {e}"));
+    let back = now() - killed;
+    // The killed pod's container restarted: a follower now.
+    let pods_api = Api::<Pod>::namespaced(vm.c.clone(), &ns);
     let restarts = |p: &Pod| -> i32 {
         p.status
             .as_ref()
@@ -1316,23 +1349,22 @@ async fn leader_fault(
             .unwrap_or(0)
     };
     let before = restarts(&pod);
-    let pods_api = Api::<Pod>::namespaced(vm.c.clone(), &ns);
-    let next = wait_for("a live controller holds the lease again", vm.t, || async {
-        let h = lease_holder(&vm.c, &ns).await?;
-        if h != leader {
-            return Ok(format!("the other replica {h}"));
-        }
-        let p = pods_api.get(&h).await.map_err(|e| e.to_string())?;
+    wait_for("the killed replica restarted", vm.t, || async {
+        let p = pods_api.get(&leader).await.map_err(|e| e.to_string())?;
         if restarts(&p) > before && ttdrv_testkit::pod_ready(&p) {
-            Ok(format!("the leader's own pod {h}, its container restarted"))
+            Ok(())
         } else {
-            Err(format!("still the killed {h}"))
+            Err(format!("{leader}: {} restarts", restarts(&p)))
         }
     })
     .await;
-    let took = now() - killed;
     vm.wait_done("the node Done after the leader's death", to)
         .await;
+    assert_eq!(
+        lease_holder(&vm.c, &ns).await.as_deref(),
+        Ok(next.as_str()),
+        "the lease left the replica that took it over"
+    );
     wait_recorded_done(vm, watch, t0, to).await;
     let done = now() - killed;
     poll.abort();
@@ -1351,9 +1383,9 @@ async fn leader_fault(
         serde_json::json!({"upgradePolicy": {"validation": {"podTemplateName": null}}}),
     )
     .await;
-    ph.phase(&format!("fault C: the lease held by {next}; Done at {to}"));
+    ph.phase(&format!("fault C: the lease taken by {next}; Done at {to}"));
     format!(
-        "C leader {leader} SIGKILLed + real-node-1 kubelet restarted while the VM node was {state} ({reason:?}): the lease held by {next} {took:.1} s after the kill, Done at {to} {done:.1} s after it; go-aheads in the cycle: 1; validation pods: {}; from {from}",
+        "C leader {leader} SIGKILLed + real-node-1 kubelet stopped while the VM node was {state} ({reason:?}): the lease taken by the other replica {next} {took:.1} s after the kill, the kubelet back at {back:.1} s and the killed replica a follower, Done at {to} {done:.1} s after the kill; go-aheads in the cycle: 1; validation pods: {}; from {from}",
         validation.len()
     )
 }
@@ -1385,11 +1417,47 @@ fn states_since(tl: &[Sample], t0: f64) -> Vec<String> {
 /// from the earlier boot, the policy's status must not report their version
 /// as loaded (the labels are stale: [`ttdrv_core::node::driver_labels_stale`]).
 async fn reboot(vm: &Vm, stale_version: &str) -> (String, bool, f64) {
-    let before = boots(&vm.con())
+    let before = last_boot(vm);
+    let at = vm.ctl("reboot").await;
+    back_from_reboot(vm, &before, at, stale_version).await
+}
+
+fn last_boot(vm: &Vm) -> String {
+    boots(&vm.con())
         .last()
         .map(|b| b.1.clone())
-        .unwrap_or_default();
-    let at = vm.ctl("reboot").await;
+        .unwrap_or_default()
+}
+
+/// Waits for a reboot trap armed in the guest (`reboot-on-unload`,
+/// `reboot-on-load V`) to fire, then for the next boot as [`reboot`] does;
+/// returns also what the trap saw loaded when it cut the power.
+async fn trapped_reboot(
+    vm: &Vm,
+    trap: &str,
+    before: &str,
+    armed: f64,
+    stale_version: &str,
+) -> (String, bool, f64, String) {
+    let fired = format!("ctl {trap} fired ");
+    let (at, seen) = wait_for(&format!("the guest's {trap} trap"), vm.t, || async {
+        vm.con()
+            .reports()
+            .find(|(t, w)| *t >= armed && w.starts_with(&fired))
+            .map(|(t, w)| (t, w[fired.len()..].to_string()))
+            .ok_or_else(|| format!("not fired; {:?}", vm.con().module_now()))
+    })
+    .await;
+    let (id, stale, at) = back_from_reboot(vm, before, at, stale_version).await;
+    (id, stale, at, seen)
+}
+
+async fn back_from_reboot(
+    vm: &Vm,
+    before: &str,
+    at: f64,
+    stale_version: &str,
+) -> (String, bool, f64) {
     let id = wait_for("the guest booted again", vm.t, || async {
         boots(&vm.con())
             .into_iter()
@@ -1454,7 +1522,11 @@ async fn reboot(vm: &Vm, stale_version: &str) -> (String, bool, f64) {
 ///   D2. after the go-ahead is on the node and before the agent unloads (the
 ///       agent cut off from the API server does not see it), `to` -> `from`;
 ///   D3. at rest (Done at `from`): never cordoned or drained, its installer
-///       pod kept, Done again once the agent has loaded the target.
+///       pod kept, Done again once the agent has loaded the target;
+///   D4. between the unload and the load, `from` -> `to` (a trap in the
+///       guest cuts the power the moment the module is gone);
+///   D5. right after the load, before the agent reports it, `to` -> `from`
+///       (the moment the module's init has run).
 /// Each: the node ends Done on the target, loaded from the cache by the
 /// agent of the new boot (nothing to swap: a first install); never drained
 /// twice (no state before the one it rebooted in); the cordon held from the
@@ -1498,7 +1570,7 @@ async fn reboot_faults(
         "the cycle started over after the reboot: {states:?}"
     );
     cordon_held_to_swap(&tl, t0, to).unwrap_or_else(|e| panic!("fault D1: {e}"));
-    let s = vm.wait_summary(to, "none").await;
+    let s = vm.wait_summary_after(at, to, "none").await;
     assert!(
         s.contains("source=cache"),
         "after the reboot {to} did not come from the cache: {s}"
@@ -1553,7 +1625,7 @@ async fn reboot_faults(
         "the module changed while cut off: {m}"
     );
     let t_r = now();
-    let (boot, stale, _) = reboot(vm, to).await;
+    let (boot, stale, at) = reboot(vm, to).await;
     let back = now() - t_r;
     ph.phase(&format!(
         "fault D2: rebooted after the go-ahead, before the unload: boot {boot} after {back:.0} s"
@@ -1571,7 +1643,7 @@ async fn reboot_faults(
         "a second drain or a new cycle after the reboot: {states:?}"
     );
     cordon_held_to_swap(&tl, t0, from).unwrap_or_else(|e| panic!("fault D2: {e}"));
-    let s = vm.wait_summary(from, "none").await;
+    let s = vm.wait_summary_after(at, from, "none").await;
     assert!(
         s.contains("source=cache"),
         "after the reboot {from} did not come from the cache: {s}"
@@ -1634,5 +1706,94 @@ async fn reboot_faults(
     rows.push(format!(
         "D3 reboot at rest: states {states:?} (no drained cycle), installer pod kept, never cordoned, {from} loaded from the cache and the workload back {back:.0} s after the reboot; stale labels seen and not shown as loaded: {stale}"
     ));
+
+    // --- D4. reboot between the unload and the load, `from` -> `to`
+    let t0 = now();
+    let before = last_boot(vm);
+    let armed = vm.ctl("reboot-on-unload").await;
+    vm.patch_policy(serde_json::json!({"version": to})).await;
+    let (boot, stale, at, seen) =
+        trapped_reboot(vm, "reboot-on-unload", &before, armed, from).await;
+    ph.phase(&format!(
+        "fault D4: rebooted between the unload and the load ({seen}): boot {boot} after {:.0} s",
+        now() - at
+    ));
+    assert_eq!(
+        seen, "module=none",
+        "the D4 trap fired with a module loaded"
+    );
+    let row = after_trapped_reboot(vm, watch, t0, at, to).await;
+    rows.push(format!(
+        "D4 reboot between the unload and the load (nothing loaded at the cut): {row}; stale labels seen and not shown as loaded: {stale}"
+    ));
+
+    // --- D5. reboot right after the load, before the agent reports it, `to` -> `from`
+    let t0 = now();
+    let before = last_boot(vm);
+    let armed = vm.ctl(&format!("reboot-on-load {from}")).await;
+    vm.patch_policy(serde_json::json!({"version": from})).await;
+    let (boot, stale, at, seen) = trapped_reboot(vm, "reboot-on-load", &before, armed, to).await;
+    ph.phase(&format!(
+        "fault D5: rebooted right after the load ({seen}): boot {boot} after {:.0} s",
+        now() - at
+    ));
+    assert_eq!(
+        seen,
+        format!("module={from}"),
+        "the D5 trap fired on another module"
+    );
+    let row = after_trapped_reboot(vm, watch, t0, at, from).await;
+    rows.push(format!(
+        "D5 reboot right after the load of {from}, before the agent reported it: {row}; stale labels seen and not shown as loaded: {stale}"
+    ));
     rows
+}
+
+/// After a reboot inside the swap (D4, D5; the cycle started at `t0`, the
+/// power cut at `at`): the go-ahead was on the node before the cut (the
+/// unload had it), the node ends Done on `version` from the cache with no
+/// second drain, the cordon held from the cordon to the load, the workload
+/// back on `version`. Returns the figures.
+async fn after_trapped_reboot(vm: &Vm, watch: &Watcher, t0: f64, at: f64, version: &str) -> String {
+    vm.wait_done(
+        &format!("the node Done at {version} after the reboot"),
+        version,
+    )
+    .await;
+    wait_recorded_done(vm, watch, t0, version).await;
+    let done = now() - at;
+    let tl = watch.timeline();
+    // (the agent acts on the go-ahead after the timeline, sampled every
+    // 0.5 s, could see it; one second for the clocks)
+    assert!(
+        tl.iter()
+            .any(|s| s.t >= t0 && s.t <= at + 1.0 && s.go_ahead && s.cordoned),
+        "no go-ahead on the cordoned node before the swap the reboot cut: {:?}",
+        tl.iter()
+            .filter(|s| s.t >= t0 && s.t <= at + 1.0)
+            .map(|s| s.line())
+            .collect::<Vec<_>>()
+    );
+    let states = states_since(&tl, at + 1.0);
+    assert!(
+        !states
+            .iter()
+            .any(|s| s == "Pending" || s == "Cordoning" || s == "Draining"),
+        "a second drain or a new cycle after the reboot: {states:?}"
+    );
+    cordon_held_to_swap(&tl, t0, version).unwrap_or_else(|e| panic!("after the reboot: {e}"));
+    let s = vm.wait_summary_after(at, version, "none").await;
+    assert!(
+        s.contains("source=cache"),
+        "after the reboot {version} did not come from the cache: {s}"
+    );
+    vm.wait_module(
+        &format!("the workload on {version}"),
+        &format!("module={version} refcnt=1 "),
+    )
+    .await;
+    format!(
+        "Done at {version} from the cache {done:.0} s after the cut, the workload back {:.0} s after it; states after it {states:?}",
+        now() - at
+    )
 }
