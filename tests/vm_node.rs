@@ -1749,6 +1749,7 @@ async fn reboot_faults(
     let t0 = now();
     let before = last_boot(vm);
     let armed = vm.ctl("reboot-on-unload").await;
+    let go = GoAheadSeen::start(vm);
     vm.patch_policy(serde_json::json!({"version": to})).await;
     let (boot, stale, at, seen) =
         trapped_reboot(vm, "reboot-on-unload", &before, armed, from).await;
@@ -1760,7 +1761,7 @@ async fn reboot_faults(
         seen, "module=none",
         "the D4 trap fired with a module loaded"
     );
-    let row = after_trapped_reboot(vm, watch, t0, at, to).await;
+    let row = after_trapped_reboot(vm, watch, t0, at, go.first(), to).await;
     rows.push(format!(
         "D4 reboot between the unload and the load (nothing loaded at the cut): {row}; labels of the last boot: {stale}"
     ));
@@ -1769,6 +1770,7 @@ async fn reboot_faults(
     let t0 = now();
     let before = last_boot(vm);
     let armed = vm.ctl(&format!("reboot-on-load {from}")).await;
+    let go = GoAheadSeen::start(vm);
     vm.patch_policy(serde_json::json!({"version": from})).await;
     let (boot, stale, at, seen) = trapped_reboot(vm, "reboot-on-load", &before, armed, to).await;
     ph.phase(&format!(
@@ -1780,19 +1782,64 @@ async fn reboot_faults(
         format!("module={from}"),
         "the D5 trap fired on another module"
     );
-    let row = after_trapped_reboot(vm, watch, t0, at, from).await;
+    let row = after_trapped_reboot(vm, watch, t0, at, go.first(), from).await;
     rows.push(format!(
         "D5 reboot right after the load of {from}, before the agent reported it: {row}; labels of the last boot: {stale}"
     ));
     rows
 }
 
+/// When the go-ahead first appeared on the node (polled every 100 ms: the
+/// timeline's 0.5 s samples can miss the moment between the go-ahead and a
+/// swap from the cache).
+struct GoAheadSeen {
+    first: Arc<Mutex<Option<f64>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GoAheadSeen {
+    fn start(vm: &Vm) -> Self {
+        let first: Arc<Mutex<Option<f64>>> = Arc::default();
+        let (vm, out) = (vm.clone(), first.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                if vm.go_ahead().await.is_some() {
+                    if let Ok(mut f) = out.lock() {
+                        *f = Some(now());
+                    }
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Self { first, task }
+    }
+
+    fn first(&self) -> Option<f64> {
+        self.first.lock().ok().and_then(|f| *f)
+    }
+}
+
+impl Drop for GoAheadSeen {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// After a reboot inside the swap (D4, D5; the cycle started at `t0`, the
-/// power cut at `at`): the go-ahead was on the node before the cut (the
-/// unload had it), the node ends Done on `version` from the cache with no
-/// second drain, the cordon held from the cordon to the load, the workload
-/// back on `version`. Returns the figures.
-async fn after_trapped_reboot(vm: &Vm, watch: &Watcher, t0: f64, at: f64, version: &str) -> String {
+/// power cut at `at`, the go-ahead seen at `go_ahead`): the go-ahead was on
+/// the cordoned node before the cut (the unload had it), the node ends Done
+/// on `version` from the cache with no second drain, the cordon held from
+/// the cordon to the load, the workload back on `version`. Returns the
+/// figures.
+async fn after_trapped_reboot(
+    vm: &Vm,
+    watch: &Watcher,
+    t0: f64,
+    at: f64,
+    go_ahead: Option<f64>,
+    version: &str,
+) -> String {
     vm.wait_done(
         &format!("the node Done at {version} after the reboot"),
         version,
@@ -1801,16 +1848,15 @@ async fn after_trapped_reboot(vm: &Vm, watch: &Watcher, t0: f64, at: f64, versio
     wait_recorded_done(vm, watch, t0, version).await;
     let done = now() - at;
     let tl = watch.timeline();
-    // (the agent acts on the go-ahead after the timeline, sampled every
-    // 0.5 s, could see it; one second for the clocks)
+    // (one second for the guest's clock, read from the RTC at boot)
+    let go = go_ahead.unwrap_or_else(|| panic!("no go-ahead seen on the node in the cycle"));
     assert!(
-        tl.iter()
-            .any(|s| s.t >= t0 && s.t <= at + 1.0 && s.go_ahead && s.cordoned),
-        "no go-ahead on the cordoned node before the swap the reboot cut: {:?}",
-        tl.iter()
-            .filter(|s| s.t >= t0 && s.t <= at + 1.0)
-            .map(|s| s.line())
-            .collect::<Vec<_>>()
+        go <= at + 1.0,
+        "the swap the reboot cut ran before the go-ahead: go-ahead at {go:.1}, cut at {at:.1}"
+    );
+    assert!(
+        tl.iter().any(|s| s.t >= t0 && s.t <= go && s.cordoned),
+        "not cordoned before the go-ahead at {go:.1}"
     );
     let states = states_since(&tl, at + 1.0);
     assert!(
