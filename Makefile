@@ -43,7 +43,7 @@ test-realnode:
 # control plane: controller-driven swaps of the stub module under a workload,
 # then real faults: kubelet and containerd restarts, a cut from the API
 # server, the leader killed, reboots (see hack/test-vm-node.sh). Its own
-# target (CI runs it after make test): about 14 minutes on an idle machine,
+# target (CI runs it after make test): about 16 minutes on an idle machine,
 # more under load (TCG; four real module builds).
 test-vm-node:
 	bash hack/test-vm-node.sh
