@@ -88,33 +88,52 @@ impl Vm {
     }
 
     /// Sends a fault command to the guest (hack/vm-node/init) and waits for
-    /// its answer on the console; returns the answer's guest time.
+    /// its answer on the console; returns the answer's guest time. The
+    /// serial line has lost a command's first byte: an empty line goes
+    /// first, and a command the guest read garbled ("ctl eboot unknown", not
+    /// run) is sent again.
     async fn ctl(&self, cmd: &str) -> f64 {
         use tokio::io::AsyncWriteExt;
-        let sent = now() - 2.0;
-        let mut port = tokio::net::UnixStream::connect(&self.ctl)
-            .await
-            .unwrap_or_else(|e| panic!("the guest's fault port {}: {e}", self.ctl));
-        port.write_all(format!("{cmd}\n").as_bytes())
-            .await
-            .unwrap_or_else(|e| panic!("writing {cmd:?} to the guest: {e}"));
-        let _ = port.flush().await;
         let name = cmd.split_whitespace().next().unwrap_or(cmd).to_string();
         let done = format!("ctl {name} done");
-        let at = wait_for(
-            &format!("the guest's answer to {cmd:?}"),
-            self.t,
-            || async {
-                self.con()
-                    .reports()
-                    .find(|(t, w)| *t >= sent && w.starts_with(&done))
-                    .map(|(t, _)| t)
-                    .ok_or_else(|| "no answer yet".to_string())
-            },
-        )
-        .await;
-        drop(port);
-        at
+        // (guest time; it may lag the host's by a second or two)
+        let mut since = now() - 2.0;
+        for _ in 0..3 {
+            let mut port = tokio::net::UnixStream::connect(&self.ctl)
+                .await
+                .unwrap_or_else(|e| panic!("the guest's fault port {}: {e}", self.ctl));
+            port.write_all(format!("\n{cmd}\n").as_bytes())
+                .await
+                .unwrap_or_else(|e| panic!("writing {cmd:?} to the guest: {e}"));
+            let _ = port.flush().await;
+            let answer = wait_for(
+                &format!("the guest's answer to {cmd:?}"),
+                self.t,
+                || async {
+                    self.con()
+                        .reports()
+                        .filter(|(t, _)| *t >= since)
+                        .find_map(|(t, w)| {
+                            if w.starts_with(&done) {
+                                return Some(Ok(t));
+                            }
+                            // a garbled command: not run
+                            let garbled = w.strip_prefix("ctl ")?.strip_suffix(" unknown")?;
+                            let garbled = garbled.split_whitespace().next().unwrap_or("");
+                            (!garbled.is_empty() && name.ends_with(garbled)).then_some(Err(t))
+                        })
+                        .ok_or_else(|| "no answer yet".to_string())
+                },
+            )
+            .await;
+            drop(port);
+            match answer {
+                Ok(at) => return at,
+                // the next answer comes after this one
+                Err(t) => since = t + 0.001,
+            }
+        }
+        panic!("the guest read {cmd:?} garbled three times")
     }
 
     async fn wait_state(&self, what: &str, state: &str, reason: Option<&str>) {
