@@ -23,7 +23,8 @@
 # (seconds per wait, default 900: a source build under TCG takes minutes), VM_MEM (MiB, default 3584),
 # VM_SMP (default 2), KEEP_VMNODE=1 (leave everything up; stop it with
 # hack/test-vm-node.sh down), VMNODE_STOP_AFTER=boot|ready|install (end early),
-# VMNODE_COMPARE=0 (skip the prepare-off upgrade to 2.9.0), VMNODE_FAULTS=0
+# VMNODE_COMPARE=0 (skip the prepare-off upgrade to 2.9.0), VMNODE_REBOOTS=0
+# (skip the guest reboots, as .ci/run does), VMNODE_FAULTS=0
 # (skip the faults). The guest takes its faults on its second serial port
 # ($vmdir/ctl.sock) and keeps its module cache and images on $vmdir/disk.img.
 set -euo pipefail
