@@ -123,7 +123,7 @@ pub fn failure(pod: &Pod) -> Option<Failure> {
                 terminated_at,
             });
         }
-        if cs.restart_count >= CRASH_LOOP_RESTARTS {
+        if cs.restart_count >= CRASH_LOOP_RESTARTS && crashing_now(pod, cs) {
             return Some(Failure {
                 reason: reason::INSTALLER_CRASH_LOOP,
                 message: format!(
@@ -137,6 +137,49 @@ pub fn failure(pod: &Pod) -> Option<Failure> {
         }
     }
     None
+}
+
+/// The reason the runtime gives a container it lost with its node (a
+/// reboot, a power cut): containerd reports it exited 255, "Unknown".
+const LOST_WITH_THE_NODE: &str = "Unknown";
+
+/// The container is down now after a crash of its own in its current
+/// sandbox. A node's reboot restarts every container of its pods in a new
+/// sandbox and counts that as a restart: on a node that reboots now and
+/// then, a DaemonSet pod's restart count only grows. Those restarts are not
+/// a crash loop, and neither is a container that runs again after its
+/// restarts.
+fn crashing_now(pod: &Pod, cs: &ContainerStatus) -> bool {
+    if cs.state.as_ref().is_some_and(|s| s.running.is_some()) {
+        return false;
+    }
+    let Some(last) = cs
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .or_else(|| cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()))
+    else {
+        // restarted, and waiting without a known exit: say so only once
+        // its exit is known
+        return false;
+    };
+    if last.reason.as_deref() == Some(LOST_WITH_THE_NODE) {
+        return false;
+    }
+    // Ran in a sandbox from before the current one: the node went away
+    // under it (when the pod says when its current sandbox started).
+    let sandbox_since = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "PodReadyToStartContainers" && c.status == "True")
+        .and_then(|c| c.last_transition_time.as_ref());
+    match (sandbox_since, last.started_at.as_ref()) {
+        (Some(sandbox), Some(started)) => started.0 >= sandbox.0,
+        _ => true,
+    }
 }
 
 #[cfg(test)]
@@ -204,5 +247,125 @@ mod tests {
         assert_eq!(f.reason, reason::INSTALLER_CRASH_LOOP);
         assert!(f.message.contains("3 times"), "{}", f.message);
         assert_eq!(failure(&Pod::default()), None);
+    }
+
+    fn time(s: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(s.parse().expect("a timestamp"))
+    }
+
+    /// The installer pod of a node that rebooted four times at rest, as the
+    /// VM node's kubelet reported it (a new sandbox at the last boot, the
+    /// container running and Ready there).
+    fn after_reboots() -> Pod {
+        use k8s_openapi::api::core::v1::{ContainerStateRunning, PodCondition};
+        let mut p = pod(ContainerStatus {
+            restart_count: 4,
+            ready: true,
+            state: Some(ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: Some(time("2026-12-05T10:33:41Z")),
+                }),
+                ..Default::default()
+            }),
+            last_state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 255,
+                    reason: Some("Unknown".into()),
+                    message: Some("Error on reading termination message from logs: lstat /var/log/pods/x/installer/3.log: no such file or directory".into()),
+                    started_at: Some(time("2026-12-05T10:32:52Z")),
+                    finished_at: Some(time("2026-12-05T10:33:27Z")),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        if let Some(st) = p.status.as_mut() {
+            st.conditions = Some(vec![PodCondition {
+                type_: "PodReadyToStartContainers".into(),
+                status: "True".into(),
+                last_transition_time: Some(time("2026-12-05T10:33:41Z")),
+                ..Default::default()
+            }]);
+        }
+        p
+    }
+
+    fn set_container(p: &mut Pod, f: impl FnOnce(&mut ContainerStatus)) {
+        if let Some(cs) = p
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+            .and_then(|c| c.first_mut())
+        {
+            f(cs);
+        }
+    }
+
+    #[test]
+    fn restarts_by_reboots_are_not_a_crash_loop() {
+        let p = after_reboots();
+        assert_eq!(failure(&p), None, "running and Ready after 4 reboots");
+        // just back from a reboot, not started yet: the last exit is the
+        // node's going away
+        let mut p = after_reboots();
+        set_container(&mut p, |cs| {
+            cs.ready = false;
+            cs.state = Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ContainerCreating".into()),
+                    message: None,
+                }),
+                ..Default::default()
+            });
+        });
+        assert_eq!(failure(&p), None, "waiting after a reboot");
+        // an exit of its own, but in the sandbox from before the reboot
+        set_container(&mut p, |cs| {
+            if let Some(t) = cs.last_state.as_mut().and_then(|s| s.terminated.as_mut()) {
+                t.reason = Some("Error".into());
+                t.exit_code = 1;
+            }
+        });
+        assert_eq!(failure(&p), None, "a crash before the reboot");
+    }
+
+    #[test]
+    fn crashes_after_reboots_are_a_crash_loop() {
+        // crashed in the current sandbox and backing off
+        let mut p = after_reboots();
+        set_container(&mut p, |cs| {
+            cs.ready = false;
+            cs.restart_count = 6;
+            cs.state = Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("CrashLoopBackOff".into()),
+                    message: Some("back-off 40s restarting failed container".into()),
+                }),
+                ..Default::default()
+            });
+            cs.last_state = Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 101,
+                    reason: Some("Error".into()),
+                    started_at: Some(time("2026-12-05T10:35:00Z")),
+                    finished_at: Some(time("2026-12-05T10:35:02Z")),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        });
+        let f = failure(&p).expect("a crash loop");
+        assert_eq!(f.reason, reason::INSTALLER_CRASH_LOOP);
+        assert!(f.message.contains("last exit 101"), "{}", f.message);
+        // running again after its crashes: no loop (until it crashes again)
+        set_container(&mut p, |cs| {
+            cs.state = after_reboots()
+                .status
+                .and_then(|s| s.container_statuses)
+                .and_then(|c| c.into_iter().next())
+                .and_then(|c| c.state);
+        });
+        assert_eq!(failure(&p), None, "running again");
     }
 }

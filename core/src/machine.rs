@@ -466,7 +466,7 @@ fn user_validation(
                 "no validation pod of PodTemplate {template} was created within {}s (does it exist in the operator's namespace? the controller's Events and log say why); the node stays cordoned on tt-kmd {}{}",
                 want.upgrade_timeout_seconds,
                 want.version,
-                retry_hint(&want.policy)
+                retry_hint(&want.policy, rec.cordoned_by_us())
             ));
         }
         let why = format!("running validation pod template {template} on the node");
@@ -485,7 +485,7 @@ fn user_validation(
         fail(format!(
             "{what}; the node stays cordoned on tt-kmd {} (read the pod's log){}",
             want.version,
-            retry_hint(&want.policy)
+            retry_hint(&want.policy, rec.cordoned_by_us())
         ))
     };
     match &run.outcome {
@@ -870,7 +870,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     let msg = format!(
                         "drain did not finish within {}s: its pods could not be planned{}",
                         want.drain_timeout_seconds,
-                        retry_hint(&want.policy)
+                        retry_hint(&want.policy, rec.cordoned_by_us())
                     );
                     let why = deadline_reason(obs, reason::DRAIN_TIMEOUT);
                     return stay(&enter(&rec, Failed, why, Some(msg), now), vec![]);
@@ -902,7 +902,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                         drain.blocking_pdbs.join(", ")
                     ));
                 }
-                msg.push_str(&retry_hint(&want.policy));
+                msg.push_str(&retry_hint(&want.policy, rec.cordoned_by_us()));
                 let why = deadline_reason(obs, reason::DRAIN_TIMEOUT);
                 return stay(&enter(&rec, Failed, why, Some(msg), now), vec![]);
             }
@@ -979,7 +979,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     let msg = format!(
                         "{}; the node is back in service on tt-kmd {back}{}",
                         f.message,
-                        retry_hint(&want.policy)
+                        retry_hint(&want.policy, false)
                     );
                     let mut cmds = vec![Command::OpenGates];
                     if rec.cordoned_by_us() {
@@ -991,7 +991,11 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                         needs_slot: false,
                     };
                 }
-                let msg = format!("{}{}", f.message, retry_hint(&want.policy));
+                let msg = format!(
+                    "{}{}",
+                    f.message,
+                    retry_hint(&want.policy, rec.cordoned_by_us())
+                );
                 return stay(&enter(&rec, Failed, f.reason, Some(msg), now), vec![]);
             }
             // A cycle without drain found a module of another version loaded
@@ -1020,7 +1024,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     want.upgrade_timeout_seconds,
                     obs.loaded.as_deref().unwrap_or("none"),
                     installer_summary(obs),
-                    retry_hint(&want.policy)
+                    retry_hint(&want.policy, rec.cordoned_by_us())
                 );
                 let why = deadline_reason(obs, reason::UPGRADE_TIMEOUT);
                 return stay(&enter(&rec, Failed, why, Some(msg), now), vec![]);
@@ -1076,7 +1080,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                     now - rec.since,
                     rec.target,
                     want.soak_seconds,
-                    retry_hint(&want.policy)
+                    retry_hint(&want.policy, rec.cordoned_by_us())
                 );
                 return stay(
                     &enter(&rec, Failed, reason::SOAK_FAILED, Some(msg), now),
@@ -1281,9 +1285,17 @@ fn installer_summary(obs: &Observation) -> &str {
         })
 }
 
-fn retry_hint(policy: &str) -> String {
+/// How to go on after a failure, and what became of the node: cordoned by
+/// us (it stays so), or serving (never cordoned in this cycle, or returned
+/// to service).
+fn retry_hint(policy: &str, cordoned: bool) -> String {
+    let node = if cordoned {
+        "The node stays cordoned"
+    } else {
+        "The node is not cordoned"
+    };
     format!(
-        ". The node stays cordoned and the rollout of {policy} is halted; after fixing the cause, retry with \
+        ". {node} and the rollout of {policy} is halted; after fixing the cause, retry with \
          `kubectl tt driver retry {policy} <node>` or `kubectl annotate node <node> driver.tenstorrent.com/retry=$(date +%s) --overwrite`"
     )
 }

@@ -263,8 +263,9 @@ async fn set_waiting(
     Ok(())
 }
 
-/// Plays the kubelet after the agent exited: restart count and the last
-/// termination with the agent's termination message.
+/// Plays the kubelet after the agent exited: restart count, the last
+/// termination with the agent's termination message, and the back-off
+/// before the next start (CrashLoopBackOff, as the kubelet shows it).
 async fn set_terminated(
     pods: &Api<Pod>,
     name: &str,
@@ -277,7 +278,8 @@ async fn set_terminated(
     let status = serde_json::json!({ "status": { "containerStatuses": [{
         "name": c, "image": pod_image(pod).unwrap_or_default(), "imageID": "", "ready": false,
         "restartCount": restarts,
-        "state": { "running": { "startedAt": now } },
+        "state": { "waiting": { "reason": "CrashLoopBackOff",
+                                "message": "back-off restarting failed container (simulated)" } },
         "lastState": { "terminated": { "exitCode": 1, "reason": "Error", "message": message,
                                         "startedAt": now, "finishedAt": now } }
     }] } });

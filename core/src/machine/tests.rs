@@ -965,6 +965,23 @@ fn installer_failure_fails_the_node_at_once_with_its_cause() {
     assert_eq!(s.record.reason.as_deref(), Some(reason::DEVICE_BUSY));
     let msg = s.record.message.unwrap_or_default();
     assert!(msg.contains("pid 42") && msg.contains("retry"), "{msg}");
+    assert!(msg.contains("The node stays cordoned"), "{msg}");
+    // An install in place (after a reboot, never cordoned) says the node
+    // serves, not that it stays cordoned.
+    let mut in_place = rec(Upgrading);
+    in_place.no_drain = true;
+    in_place.cordon = Cordon::None;
+    let s = step(
+        &in_place,
+        &Observation {
+            unschedulable: false,
+            ..o.clone()
+        },
+        &want(),
+    );
+    assert_eq!(s.record.state, Failed);
+    let msg = s.record.message.unwrap_or_default();
+    assert!(msg.contains("The node is not cordoned"), "{msg}");
     // The old pod's troubles are not the new installer's.
     let stale = Observation {
         installer: InstallerPod::Stale { deleting: false },

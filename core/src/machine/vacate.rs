@@ -145,7 +145,11 @@ fn unloading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     if let (Some(f), InstallerPod::Current { .. }) = (&obs.installer_failure, &obs.installer)
         && this_cycles(f)
     {
-        let msg = format!("{}{}", f.message, retry_hint(&want.policy));
+        let msg = format!(
+            "{}{}",
+            f.message,
+            retry_hint(&want.policy, rec.cordoned_by_us())
+        );
         return stay(&enter(rec, UnloadFailed, f.reason, Some(msg), now), vec![]);
     }
     if now - rec.since > want.upgrade_timeout_seconds {
@@ -154,7 +158,7 @@ fn unloading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             want.upgrade_timeout_seconds,
             obs.loaded.as_deref().unwrap_or("none"),
             installer_summary(obs),
-            retry_hint(&want.policy)
+            retry_hint(&want.policy, rec.cordoned_by_us())
         );
         let why = if obs.ready {
             reason::UNLOAD_TIMEOUT
