@@ -196,9 +196,9 @@ mkfs.ext4 -q -F -L vmnode "$vmdir/disk.img" || fail "mkfs.ext4 of the guest's di
 anchor=$(awk '{print $1}' "$KWOK_WORKDIR/realnode-$TTDRV_CLUSTER_NAME/pids/anchor")
 setsid nsenter -t "$anchor" -m -n -- qemu-system-x86_64 -accel tcg -m "${VM_MEM:-3584}" -smp "${VM_SMP:-2}" \
   -kernel "/boot/vmlinuz-$kver" -initrd "$vmdir/initramfs.cpio" \
-  -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3" \
+  -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=4 sysrq_always_enabled" \
   -drive "file=$vmdir/disk.img,format=raw,if=virtio,cache=unsafe" \
-  -nic user,model=virtio-net-pci -nographic -monitor none -serial stdio \
+  -nic user,model=virtio-net-pci -nographic -monitor "unix:$vmdir/monitor.sock,server=on,wait=off" -serial stdio \
   -serial "unix:$vmdir/ctl.sock,server=on,wait=off" -nodefaults \
   </dev/null >"$console" 2>&1 &
 procs_record "$vmdir/pids/qemu" $! qemu
@@ -206,7 +206,7 @@ log "qemu started (pid $!), console $console"
 
 if bash hack/realnode.sh exec env TIMEOUT="${TIMEOUT:-900}" VMNODE_NODE="$vnode" \
   VMNODE_NAMESPACE=tt-k8s-driver-manager-system VMNODE_RELEASE=tt-k8s-driver-manager \
-  VMNODE_CONSOLE="$console" VMNODE_TIMELINE="$vmdir/timeline" VMNODE_CTL="$vmdir/ctl.sock" \
+  VMNODE_CONSOLE="$console" VMNODE_TIMELINE="$vmdir/timeline" VMNODE_CTL="$vmdir/ctl.sock" VMNODE_MONITOR="$vmdir/monitor.sock" \
   VMNODE_AUDIT_LOG="$KWOK_WORKDIR/clusters/$TTDRV_CLUSTER_NAME/logs/audit.log" \
   VMNODE_CONTROLLER_IMAGE="$ctl_ref" VMNODE_AGENT_IMAGE="$agent_ref" \
   "$bin" --ignored --exact vm_node --nocapture --test-threads=1 >&2; then

@@ -37,7 +37,7 @@ use ttdrv_testkit::real_node::cycle::{self, Console, Mode, Sample};
 use ttdrv_testkit::real_node::{
     AuditQuery, Diagnostics, Phases, apply_fixture, env, run, timeout_from_env,
 };
-use ttdrv_testkit::{client, wait_for};
+use ttdrv_testkit::{client, wait_for, wait_for_result};
 
 const POLICY: &str = "vmnode";
 const INSTALLER: &str = "app.kubernetes.io/name=tt-driver-installer";
@@ -45,6 +45,30 @@ const PCI: &str = "feature.node.kubernetes.io/pci-1200_1e52.present";
 const KMD: &str = "driver.tenstorrent.com/kmd-version";
 const PREPARED: &str = "driver.tenstorrent.com/kmd-prepared";
 const GO_AHEAD: &str = "driver.tenstorrent.com/go-ahead";
+
+/// Text without the terminal's escape sequences (ESC [ ... letter) and
+/// carriage returns.
+fn strip_escapes(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars().peekable();
+    while let Some(c) = it.next() {
+        match c {
+            '\u{1b}' => {
+                if it.peek() == Some(&'[') {
+                    it.next();
+                    for d in it.by_ref() {
+                        if d.is_ascii_alphabetic() {
+                            break;
+                        }
+                    }
+                }
+            }
+            '\r' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
 
 fn now() -> f64 {
     SystemTime::now()
@@ -67,12 +91,99 @@ struct Vm {
     console: String,
     /// The guest's second serial port (hack/vm-node/init's fault commands).
     ctl: String,
+    /// QEMU's monitor (HMP): the guest's state when it hangs.
+    monitor: String,
     t: Duration,
+    /// How long a reboot may take until the kubelet reports the new boot
+    /// (VMNODE_BOOT_TIMEOUT, default 300 s: about 35-60 s here).
+    boot_t: Duration,
 }
 
 impl Vm {
     fn con(&self) -> Console {
         Console::read(&self.console)
+    }
+
+    /// One command on QEMU's monitor (HMP); its answer, the terminal's
+    /// escapes taken out.
+    async fn hmp(&self, cmd: &str) -> Result<String, String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const PROMPT: &str = "(qemu) ";
+        let talk = async {
+            let mut m = tokio::net::UnixStream::connect(&self.monitor)
+                .await
+                .map_err(|e| format!("QEMU's monitor {}: {e}", self.monitor))?;
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // the banner, then the answer: each ends with the prompt
+            for round in 0..2 {
+                if round == 1 {
+                    buf.clear();
+                    m.write_all(format!("{cmd}\n").as_bytes())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                while !String::from_utf8_lossy(&buf).ends_with(PROMPT) {
+                    let n = m.read(&mut chunk).await.map_err(|e| e.to_string())?;
+                    if n == 0 {
+                        return Err("the monitor closed".to_string());
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+            }
+            // (the first line is the monitor's echo of the command, as typed)
+            let answer = strip_escapes(&String::from_utf8_lossy(&buf));
+            let answer = answer.split_once('\n').map_or("", |a| a.1);
+            Ok(answer.trim_end_matches(PROMPT).to_string())
+        };
+        tokio::time::timeout(Duration::from_secs(20), talk)
+            .await
+            .map_err(|_| format!("QEMU's monitor did not answer {cmd:?} in 20 s"))?
+    }
+
+    /// What the guest is doing when it does not come back from a reboot:
+    /// QEMU's view (run state, every vCPU's registers) and the kernel's,
+    /// asked through the keyboard's SysRq (the guest boots with
+    /// sysrq_always_enabled): every message level on the console, the
+    /// blocked tasks, every CPU's backtrace, memory; then the console from
+    /// the dump on.
+    async fn guest_dump(&self) -> String {
+        let mut out = String::new();
+        for cmd in ["info status", "info registers -a"] {
+            let a = self.hmp(cmd).await.unwrap_or_else(|e| e);
+            out.push_str(&format!("--- QEMU: {cmd}\n{a}\n"));
+        }
+        let from = std::fs::metadata(&self.console).map_or(0, |m| m.len() as usize);
+        for key in ["9", "w", "l", "m"] {
+            if let Err(e) = self.hmp(&format!("sendkey alt-sysrq-{key}")).await {
+                out.push_str(&format!("--- sysrq {key}: {e}\n"));
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let con = std::fs::read(&self.console).unwrap_or_default();
+        let tail = String::from_utf8_lossy(con.get(from..).unwrap_or_default());
+        out.push_str(&format!(
+            "--- the guest's console after SysRq 9, w, l, m\n{}",
+            tail.replace('\r', "")
+        ));
+        out
+    }
+
+    /// As [`wait_for`] within the boot bound; a guest that is not back by
+    /// then is dumped ([`Vm::guest_dump`]) and the test fails with it.
+    async fn wait_boot<T, F, Fut>(&self, what: &str, check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        match wait_for_result(what, self.boot_t, check).await {
+            Ok(v) => v,
+            Err(e) => {
+                let dump = self.guest_dump().await;
+                panic!("the guest did not come back from its reboot: {e}\n{dump}")
+            }
+        }
     }
 
     /// Waits for a console report starting with `prefix`.
@@ -96,6 +207,7 @@ impl Vm {
         use tokio::io::AsyncWriteExt;
         let name = cmd.split_whitespace().next().unwrap_or(cmd).to_string();
         let done = format!("ctl {name} done");
+        let failed = format!("ctl {name} failed");
         // (guest time; it may lag the host's by a second or two)
         let mut since = now() - 2.0;
         for _ in 0..3 {
@@ -117,6 +229,7 @@ impl Vm {
                             if w.starts_with(&done) {
                                 return Some(Ok(t));
                             }
+                            assert!(!w.starts_with(&failed), "the guest could not {cmd:?}: {w}");
                             // a garbled command: not run
                             let garbled = w.strip_prefix("ctl ")?.strip_suffix(" unknown")?;
                             let garbled = garbled.split_whitespace().next().unwrap_or("");
@@ -452,7 +565,14 @@ async fn vm_node() {
         ns: env("VMNODE_NAMESPACE"),
         console: env("VMNODE_CONSOLE"),
         ctl: env("VMNODE_CTL"),
+        monitor: env("VMNODE_MONITOR"),
         t: timeout_from_env(900),
+        boot_t: Duration::from_secs(
+            std::env::var("VMNODE_BOOT_TIMEOUT")
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(300),
+        ),
     };
     let (vnode, ns) = (vm.node.clone(), vm.ns.clone());
     let rel = env("VMNODE_RELEASE");
@@ -842,6 +962,18 @@ async fn vm_node() {
         } else {
             ph.log("VMNODE_REBOOTS=0: the guest reboots (D1-D5) skipped");
         }
+    }
+
+    // --- many reboots at rest (VMNODE_REBOOT_SOAK=N; none by default):
+    // each back within the boot bound, the module loaded again, Done
+    let soak: usize = std::env::var("VMNODE_REBOOT_SOAK")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    if soak > 0 {
+        let row = reboot_soak(&vm, &mut ph, &watch, cur, soak).await;
+        ph.log(&row);
+        ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
     }
 
     // --- the break: no go-ahead, the module stays
@@ -1484,14 +1616,15 @@ async fn back_from_reboot(
     at: f64,
     stale_version: &str,
 ) -> (String, String, f64) {
-    let id = wait_for("the guest booted again", vm.t, || async {
-        boots(&vm.con())
-            .into_iter()
-            .find(|(t, id)| *t >= at && *id != before)
-            .map(|b| b.1)
-            .ok_or_else(|| "not yet".to_string())
-    })
-    .await;
+    let id = vm
+        .wait_boot("the guest booted again", || async {
+            boots(&vm.con())
+                .into_iter()
+                .find(|(t, id)| *t >= at && *id != before)
+                .map(|b| b.1)
+                .ok_or_else(|| "not yet".to_string())
+        })
+        .await;
     // Until the agent labels this boot its labels are the last boot's, and
     // the status must stop showing their version as loaded. The status is
     // the controller's: written at most once a second, on a pass every 2 s
@@ -1507,7 +1640,7 @@ async fn back_from_reboot(
     }
     let w = Mutex::new(Watch::default());
     let (w, booted_id) = (&w, &id);
-    wait_for("the agent's labels of the new boot", vm.t, || async move {
+    vm.wait_boot("the agent's labels of the new boot", || async move {
         let n = vm.node_obj().await?;
         let booted = n
             .status
@@ -1679,6 +1812,7 @@ async fn reboot_faults(
         vm.go_ahead().await.ok_or_else(|| "none".to_string())
     })
     .await;
+    let go = now();
     // The agent cannot read it: the module is untouched.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let m = vm.con().module_now().unwrap_or_default();
@@ -1692,24 +1826,7 @@ async fn reboot_faults(
     ph.phase(&format!(
         "fault D2: rebooted after the go-ahead, before the unload: boot {boot} after {back:.0} s"
     ));
-    vm.wait_done("the node Done after the reboot after the go-ahead", from)
-        .await;
-    wait_recorded_done(vm, watch, t0, from).await;
-    let done = now() - t_r;
-    let tl = watch.timeline();
-    let states = states_since(&tl, t_r);
-    assert!(
-        !states
-            .iter()
-            .any(|s| s == "Pending" || s == "Cordoning" || s == "Draining"),
-        "a second drain or a new cycle after the reboot: {states:?}"
-    );
-    cordon_held_to_swap(&tl, t0, from).unwrap_or_else(|e| panic!("fault D2: {e}"));
-    let s = vm.wait_summary_after(at, from, "none").await;
-    assert!(
-        s.contains("source=cache"),
-        "after the reboot {from} did not come from the cache: {s}"
-    );
+    let (done, states) = finished_after_reboot(vm, watch, t0, at, Some(go), from).await;
     rows.push(format!(
         "D2 reboot after the go-ahead, before the unload: back after {back:.0} s, Done at {from} from the cache {done:.0} s after the reboot; states after it {states:?}; labels of the last boot: {stale}"
     ));
@@ -1813,6 +1930,48 @@ async fn reboot_faults(
     rows
 }
 
+/// `n` power cuts of the node at rest, one after the other: each boot must
+/// report within the boot bound (a hang fails with the guest's dump), load
+/// `version` from the cache and end Done, never cordoned. Returns the
+/// figures.
+async fn reboot_soak(vm: &Vm, ph: &mut Phases, watch: &Watcher, version: &str, n: usize) -> String {
+    let t0 = now();
+    let mut backs = vec![];
+    for i in 1..=n {
+        let t_r = now();
+        let (boot, _, at) = reboot(vm, version).await;
+        let booted = now() - t_r;
+        vm.wait_boot(&format!("{version} loaded again at boot {i}"), || async {
+            vm.con()
+                .module_at(at, &format!("module={version} "))
+                .ok_or_else(|| format!("{:?}", vm.con().module_now()))
+        })
+        .await;
+        vm.wait_done(&format!("the node Done after reboot {i}"), version)
+            .await;
+        let back = now() - t_r;
+        ph.log(&format!(
+            "soak reboot {i}/{n}: boot {boot} reported after {booted:.0} s, {version} loaded and Done after {back:.0} s"
+        ));
+        backs.push(back);
+    }
+    let tl = watch.timeline();
+    assert!(
+        !tl.iter().any(|s| s.t >= t0 && s.cordoned),
+        "cordoned during the reboots at rest"
+    );
+    backs.sort_by(f64::total_cmp);
+    let q = |f: f64| backs[((backs.len() - 1) as f64 * f).round() as usize];
+    let row = format!(
+        "soak: {n} power cuts at rest, every boot back; {version} loaded again and Done after {:.0} s min, {:.0} s median, {:.0} s max; never cordoned",
+        q(0.0),
+        q(0.5),
+        q(1.0)
+    );
+    ph.phase(&row);
+    row
+}
+
 /// When the go-ahead first appeared on the node (polled every 100 ms: the
 /// timeline's 0.5 s samples can miss the moment between the go-ahead and a
 /// swap from the cache).
@@ -1855,15 +2014,19 @@ impl Drop for GoAheadSeen {
 /// the cordoned node before the cut (the unload had it), the node ends Done
 /// on `version` from the cache with no second drain, the cordon held from
 /// the cordon to the load, the workload back on `version`. Returns the
-/// figures.
-async fn after_trapped_reboot(
+/// The end of a cycle a reboot cut, checked: the go-ahead was on the
+/// cordoned node before the cut (the swap had it), the node ends Done on
+/// `version` from the cache with no second drain, the cordon held from the
+/// cordon to the load. Returns when it was Done (seconds after the cut) and
+/// the states after the cut.
+async fn finished_after_reboot(
     vm: &Vm,
     watch: &Watcher,
     t0: f64,
     at: f64,
     go_ahead: Option<f64>,
     version: &str,
-) -> String {
+) -> (f64, Vec<String>) {
     vm.wait_done(
         &format!("the node Done at {version} after the reboot"),
         version,
@@ -1894,6 +2057,31 @@ async fn after_trapped_reboot(
     assert!(
         s.contains("source=cache"),
         "after the reboot {version} did not come from the cache: {s}"
+    );
+    (done, states)
+}
+
+/// After a trapped reboot ([`trapped_reboot`]): [`finished_after_reboot`],
+/// the new boot's agent validated the cut swap against its record, then the
+/// workload back on `version`. Returns the figures.
+async fn after_trapped_reboot(
+    vm: &Vm,
+    watch: &Watcher,
+    t0: f64,
+    at: f64,
+    go_ahead: Option<f64>,
+    version: &str,
+) -> String {
+    let (done, states) = finished_after_reboot(vm, watch, t0, at, go_ahead, version).await;
+    // The cut swap's record (written, synced, before the unload) survived
+    // the power cut, and the new boot's agent checked the load against it.
+    let con = vm.con();
+    let checked = con
+        .at(at, "the swap to this version has not validated yet")
+        .and_then(|t| con.at(t, "validated: the module serves every card served before"));
+    assert!(
+        checked.is_some(),
+        "the new boot's agent did not validate the swap the reboot cut (no record check in its log)"
     );
     vm.wait_module(
         &format!("the workload on {version}"),
