@@ -24,9 +24,12 @@
 # VM_SMP (default 2), KEEP_VMNODE=1 (leave everything up; stop it with
 # hack/test-vm-node.sh down), VMNODE_STOP_AFTER=boot|ready|install (end early),
 # VMNODE_COMPARE=0 (skip the prepare-off upgrade to 2.9.0), VMNODE_REBOOTS=0
-# (skip the guest reboots, as .ci/run does), VMNODE_FAULTS=0
-# (skip the faults). The guest takes its faults on its second serial port
-# ($vmdir/ctl.sock) and keeps its module cache and images on $vmdir/disk.img.
+# (skip the guest reboots), VMNODE_FAULTS=0 (skip the faults),
+# VMNODE_BOOT_TIMEOUT (seconds a reboot may take, default 300: then the
+# guest is dumped and reset), VMNODE_REBOOT_SOAK=N (a boot made to hang, then
+# N reboots at rest). The guest takes its faults on its second serial port
+# ($vmdir/ctl.sock), QEMU's monitor is $vmdir/monitor.sock, and the guest
+# keeps its module cache and images on $vmdir/disk.img.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)

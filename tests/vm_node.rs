@@ -93,6 +93,9 @@ struct Vm {
     ctl: String,
     /// QEMU's monitor (HMP): the guest's state when it hangs.
     monitor: String,
+    /// Resets of a guest that did not come back from a reboot
+    /// ([`back_from_reboot`]).
+    watchdog: Arc<std::sync::atomic::AtomicUsize>,
     t: Duration,
     /// How long a reboot may take until the kubelet reports the new boot
     /// (VMNODE_BOOT_TIMEOUT, default 300 s: about 35-60 s here).
@@ -102,6 +105,14 @@ struct Vm {
 impl Vm {
     fn con(&self) -> Console {
         Console::read(&self.console)
+    }
+
+    /// The console's last `n` lines, raw (kernel messages included).
+    fn con_tail(&self, n: usize) -> String {
+        let raw = std::fs::read(&self.console).unwrap_or_default();
+        let text = String::from_utf8_lossy(&raw).replace('\r', "");
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
     /// One command on QEMU's monitor (HMP); its answer, the terminal's
@@ -153,6 +164,10 @@ impl Vm {
             let a = self.hmp(cmd).await.unwrap_or_else(|e| e);
             out.push_str(&format!("--- QEMU: {cmd}\n{a}\n"));
         }
+        let before = self.con_tail(40);
+        out.push_str(&format!(
+            "--- the guest's console before the dump (last 40 lines)\n{before}\n"
+        ));
         let from = std::fs::metadata(&self.console).map_or(0, |m| m.len() as usize);
         for key in ["9", "w", "l", "m"] {
             if let Err(e) = self.hmp(&format!("sendkey alt-sysrq-{key}")).await {
@@ -168,22 +183,6 @@ impl Vm {
             tail.replace('\r', "")
         ));
         out
-    }
-
-    /// As [`wait_for`] within the boot bound; a guest that is not back by
-    /// then is dumped ([`Vm::guest_dump`]) and the test fails with it.
-    async fn wait_boot<T, F, Fut>(&self, what: &str, check: F) -> T
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, String>>,
-    {
-        match wait_for_result(what, self.boot_t, check).await {
-            Ok(v) => v,
-            Err(e) => {
-                let dump = self.guest_dump().await;
-                panic!("the guest did not come back from its reboot: {e}\n{dump}")
-            }
-        }
     }
 
     /// Waits for a console report starting with `prefix`.
@@ -566,6 +565,7 @@ async fn vm_node() {
         console: env("VMNODE_CONSOLE"),
         ctl: env("VMNODE_CTL"),
         monitor: env("VMNODE_MONITOR"),
+        watchdog: Arc::default(),
         t: timeout_from_env(900),
         boot_t: Duration::from_secs(
             std::env::var("VMNODE_BOOT_TIMEOUT")
@@ -975,6 +975,18 @@ async fn vm_node() {
         ph.log(&row);
         ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
     }
+    let resets = vm.watchdog.load(std::sync::atomic::Ordering::SeqCst);
+    let row = format!(
+        "guest boots not back within {:?}, dumped and reset (WATCHDOG above): {resets}{}",
+        vm.boot_t,
+        if soak > 0 {
+            ", one the soak's boot made to hang"
+        } else {
+            ""
+        }
+    );
+    ph.log(&row);
+    ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
 
     // --- the break: no go-ahead, the module stays
     let n = vm.node_obj().await.unwrap_or_else(|e| panic!("{e}"));
@@ -1575,8 +1587,14 @@ fn states_since(tl: &[Sample], t0: f64) -> Vec<String> {
 /// [`ttdrv_core::node::driver_labels_stale`]) the policy's status must stop
 /// showing their version as loaded within its cadence, and not show it again.
 async fn reboot(vm: &Vm, stale_version: &str) -> (String, String, f64) {
+    reboot_by(vm, "reboot", stale_version).await
+}
+
+/// As [`reboot`], with the guest's command `cmd` (`reboot`, or
+/// `reboot-hang`: the next boot hangs before it starts containerd).
+async fn reboot_by(vm: &Vm, cmd: &str, stale_version: &str) -> (String, String, f64) {
     let before = last_boot(vm);
-    let at = vm.ctl("reboot").await;
+    let at = vm.ctl(cmd).await;
     back_from_reboot(vm, &before, at, stale_version).await
 }
 
@@ -1610,21 +1628,59 @@ async fn trapped_reboot(
     (id, stale, at, seen)
 }
 
+/// Waits for the guest's next boot after the cut at `at` (its init report,
+/// then the kubelet's report of the new boot and the agent's labels; see
+/// [`back_once`]). A guest not back within the boot bound is dumped
+/// ([`Vm::guest_dump`]) and reset through QEMU, as a node's hardware
+/// watchdog would: counted in `vm.watchdog` and reported; a second miss
+/// fails the test.
 async fn back_from_reboot(
     vm: &Vm,
     before: &str,
     at: f64,
     stale_version: &str,
 ) -> (String, String, f64) {
-    let id = vm
-        .wait_boot("the guest booted again", || async {
-            boots(&vm.con())
-                .into_iter()
-                .find(|(t, id)| *t >= at && *id != before)
-                .map(|b| b.1)
-                .ok_or_else(|| "not yet".to_string())
-        })
-        .await;
+    let e = match back_once(vm, before, at, stale_version).await {
+        Ok(r) => return r,
+        Err(e) => e,
+    };
+    let dump = vm.guest_dump().await;
+    println!(
+        "[test-vm-node] WATCHDOG: the guest did not come back from its reboot within {:?}: {e}\n{dump}\n[test-vm-node] WATCHDOG: resetting the guest (QEMU system_reset)",
+        vm.boot_t
+    );
+    vm.watchdog
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let hung = last_boot(vm);
+    let reset_at = now() - 2.0;
+    if let Err(e) = vm.hmp("system_reset").await {
+        panic!("the watchdog's reset of the hung guest: {e}");
+    }
+    match back_once(vm, &hung, reset_at, stale_version).await {
+        Ok((id, stale, _)) => (id, stale, at),
+        Err(e) => panic!(
+            "the guest did not come back after the watchdog's reset either: {e}\n{}",
+            vm.guest_dump().await
+        ),
+    }
+}
+
+/// The boot after `at` that is not `before`, reported by the guest and then
+/// by its kubelet, and the agent's labels of it, each within the boot bound.
+async fn back_once(
+    vm: &Vm,
+    before: &str,
+    at: f64,
+    stale_version: &str,
+) -> Result<(String, String, f64), String> {
+    let id = wait_for_result("the guest booted again", vm.boot_t, || async {
+        boots(&vm.con())
+            .into_iter()
+            .rfind(|(t, id)| *t >= at && *id != before)
+            .map(|b| b.1)
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await?;
     // Until the agent labels this boot its labels are the last boot's, and
     // the status must stop showing their version as loaded. The status is
     // the controller's: written at most once a second, on a pass every 2 s
@@ -1640,7 +1696,7 @@ async fn back_from_reboot(
     }
     let w = Mutex::new(Watch::default());
     let (w, booted_id) = (&w, &id);
-    vm.wait_boot("the agent's labels of the new boot", || async move {
+    wait_for_result("the agent's labels of the new boot", vm.boot_t, || async move {
         let n = vm.node_obj().await?;
         let booted = n
             .status
@@ -1684,7 +1740,7 @@ async fn back_from_reboot(
         }
         Err("the labels are the last boot's".into())
     })
-    .await;
+    .await?;
     let stale = match w
         .lock()
         .map(|w| (w.kubelet, w.stale_from, w.shown_until, w.dropped))
@@ -1707,7 +1763,7 @@ async fn back_from_reboot(
         first.starts_with("module=none "),
         "the first module report after the reboot: {first:?}"
     );
-    (id, stale, at)
+    Ok((id, stale, at))
 }
 
 /// Real reboots of the VM node mid-cycle (issue 35, fault 1): the guest
@@ -1930,22 +1986,51 @@ async fn reboot_faults(
     rows
 }
 
-/// `n` power cuts of the node at rest, one after the other: each boot must
-/// report within the boot bound (a hang fails with the guest's dump), load
+/// A boot made to hang (the watchdog must dump and reset it), then `n`
+/// power cuts of the node at rest, one after the other: each boot must
+/// report within the boot bound (else the watchdog resets it), load
 /// `version` from the cache and end Done, never cordoned. Returns the
 /// figures.
 async fn reboot_soak(vm: &Vm, ph: &mut Phases, watch: &Watcher, version: &str, n: usize) -> String {
     let t0 = now();
     let mut backs = vec![];
+    // First the watchdog itself: a boot made to hang is dumped and reset.
+    let resets = vm.watchdog.load(std::sync::atomic::Ordering::SeqCst);
+    let (boot, _, _) = reboot_by(vm, "reboot-hang", version).await;
+    assert_eq!(
+        vm.watchdog.load(std::sync::atomic::Ordering::SeqCst),
+        resets + 1,
+        "the boot made to hang was not caught by the watchdog"
+    );
+    let con = std::fs::read_to_string(&vm.console).unwrap_or_default();
+    for dumped in [
+        "Show Blocked State",
+        "Show backtrace of all active CPUs",
+        "Mem-Info",
+    ] {
+        assert!(
+            con.contains(dumped),
+            "the hung guest's dump lacks SysRq's {dumped:?}"
+        );
+    }
+    vm.wait_done("the node Done after the watchdog's reset", version)
+        .await;
+    ph.log(&format!(
+        "soak: a boot made to hang was dumped and reset by the watchdog; boot {boot} Done"
+    ));
     for i in 1..=n {
         let t_r = now();
         let (boot, _, at) = reboot(vm, version).await;
         let booted = now() - t_r;
-        vm.wait_boot(&format!("{version} loaded again at boot {i}"), || async {
-            vm.con()
-                .module_at(at, &format!("module={version} "))
-                .ok_or_else(|| format!("{:?}", vm.con().module_now()))
-        })
+        wait_for(
+            &format!("{version} loaded again at boot {i}"),
+            vm.t,
+            || async {
+                vm.con()
+                    .module_at(at, &format!("module={version} "))
+                    .ok_or_else(|| format!("{:?}", vm.con().module_now()))
+            },
+        )
         .await;
         vm.wait_done(&format!("the node Done after reboot {i}"), version)
             .await;
