@@ -197,7 +197,12 @@ mkfs.ext4 -q -F -L vmnode "$vmdir/disk.img" || fail "mkfs.ext4 of the guest's di
 
 # --- 3. boot, inside the namespace; then the test, in there too -------------------------
 anchor=$(awk '{print $1}' "$KWOK_WORKDIR/realnode-$TTDRV_CLUSTER_NAME/pids/anchor")
-setsid nsenter -t "$anchor" -m -n -- qemu-system-x86_64 -accel tcg -m "${VM_MEM:-3584}" -smp "${VM_SMP:-2}" \
+# One host thread for both vCPUs (thread=single): with a thread per vCPU
+# (QEMU 7.2's default) the guest's kernel locked up now and then in its
+# boot, both CPUs stuck in the same NOP of kmem_cache_alloc (a patch site)
+# while the kubelet created its first cgroups: soft lockups, RCU stalls,
+# the kubelet never reporting the boot (docs/reliability.md).
+setsid nsenter -t "$anchor" -m -n -- qemu-system-x86_64 -accel tcg,thread=single -m "${VM_MEM:-3584}" -smp "${VM_SMP:-2}" \
   -kernel "/boot/vmlinuz-$kver" -initrd "$vmdir/initramfs.cpio" \
   -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=4 sysrq_always_enabled" \
   -drive "file=$vmdir/disk.img,format=raw,if=virtio,cache=unsafe" \
