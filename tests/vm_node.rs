@@ -1994,6 +1994,21 @@ async fn reboot_faults(
 async fn reboot_soak(vm: &Vm, ph: &mut Phases, watch: &Watcher, version: &str, n: usize) -> String {
     let t0 = now();
     let mut backs = vec![];
+    // The installer pod is kept across the reboots, and each one restarts
+    // its container: from 3 restarts on, a crash loop counted that way
+    // failed a node at rest (InstallerCrashLoop).
+    let installers = vm.installers().await.unwrap_or_default();
+    let restarts = || async {
+        let api: Api<Pod> = Api::namespaced(vm.c.clone(), &vm.ns);
+        let name = installers.first().cloned().unwrap_or_default();
+        let p = api.get(&name).await.map_err(|e| format!("{name}: {e}"))?;
+        Ok::<i32, String>(
+            p.status
+                .and_then(|s| s.container_statuses)
+                .map_or(0, |c| c.iter().map(|c| c.restart_count).sum()),
+        )
+    };
+    let restarts_before = restarts().await.unwrap_or_else(|e| panic!("{e}"));
     // First the watchdog itself: a boot made to hang is dumped and reset.
     let resets = vm.watchdog.load(std::sync::atomic::Ordering::SeqCst);
     let (boot, _, _) = reboot_by(vm, "reboot-hang", version).await;
@@ -2045,10 +2060,20 @@ async fn reboot_soak(vm: &Vm, ph: &mut Phases, watch: &Watcher, version: &str, n
         !tl.iter().any(|s| s.t >= t0 && s.cordoned),
         "cordoned during the reboots at rest"
     );
+    assert_eq!(
+        vm.installers().await.unwrap_or_default(),
+        installers,
+        "the installer pod replaced during the reboots at rest"
+    );
+    let restarts_after = restarts().await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        restarts_after >= restarts_before + n as i32,
+        "the installer's restarts went from {restarts_before} to {restarts_after} over {n} reboots"
+    );
     backs.sort_by(f64::total_cmp);
     let q = |f: f64| backs[((backs.len() - 1) as f64 * f).round() as usize];
     let row = format!(
-        "soak: {n} power cuts at rest, every boot back; {version} loaded again and Done after {:.0} s min, {:.0} s median, {:.0} s max; never cordoned",
+        "soak: {n} power cuts at rest, every boot back; {version} loaded again and Done after {:.0} s min, {:.0} s median, {:.0} s max; never cordoned; the same installer pod throughout, its restarts {restarts_before} -> {restarts_after} (none a crash loop)",
         q(0.0),
         q(0.5),
         q(1.0)
