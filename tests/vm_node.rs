@@ -19,7 +19,10 @@
 //!      node validates ([`leader_fault`]); the guest rebooted while Draining,
 //!      after the go-ahead before the unload, at rest, between the unload and
 //!      the load, and right after the load ([`reboot_faults`])
-//!   6. the deliberate break: no controller, the installer edited by hand: no
+//!   6. (VMNODE_REBOOT_SOAK=N, none by default) a boot made to hang, which
+//!      the watchdog must dump and reset, then N power cuts at rest
+//!      ([`reboot_soak`])
+//!   7. the deliberate break: no controller, the installer edited by hand: no
 //!      go-ahead, the loaded module stays
 //!
 //! The API server cannot reach the guest's kubelet: the guest reports the
@@ -98,7 +101,7 @@ struct Vm {
     watchdog: Arc<std::sync::atomic::AtomicUsize>,
     t: Duration,
     /// How long a reboot may take until the kubelet reports the new boot
-    /// (VMNODE_BOOT_TIMEOUT, default 300 s: about 35-60 s here).
+    /// (VMNODE_BOOT_TIMEOUT, default 300 s: 35-110 s here, on one TCG thread).
     boot_t: Duration,
 }
 
