@@ -308,6 +308,18 @@ impl Vm {
         .await
     }
 
+    /// Waits for a module report containing `prefix` at or after `at`
+    /// (guest time: e.g. the first load after a reboot).
+    async fn wait_module_since(&self, what: &str, at: f64, prefix: &str) {
+        wait_for(what, self.t, || async {
+            self.con()
+                .module_at(at, prefix)
+                .map(|_| ())
+                .ok_or_else(|| format!("{:?}", self.con().module_now()))
+        })
+        .await
+    }
+
     async fn wait_summary(&self, version: &str, previous: &str) -> String {
         let what = format!("the agent's summary for {version} (previous {previous})");
         wait_for(&what, self.t, || async {
@@ -1806,11 +1818,11 @@ async fn reboot_faults(
     ph.phase(&format!(
         "fault D1: rebooted while Draining: boot {boot} after {back:.0} s"
     ));
-    wait_for(&format!("{to} loaded at the new boot"), vm.t, || async {
-        vm.con()
-            .module_at(at, &format!("module={to} "))
-            .ok_or_else(|| format!("{:?}", vm.con().module_now()))
-    })
+    vm.wait_module_since(
+        &format!("{to} loaded at the new boot"),
+        at,
+        &format!("module={to} "),
+    )
     .await;
     vm.block_drain(false).await;
     vm.wait_done("the node Done after the reboot while Draining", to)
@@ -1904,14 +1916,10 @@ async fn reboot_faults(
     let installers = vm.installers().await.unwrap_or_default();
     let t_r = now();
     let (_, stale, at) = reboot(vm, from).await;
-    wait_for(
+    vm.wait_module_since(
         &format!("{from} loaded again at the new boot"),
-        vm.t,
-        || async {
-            vm.con()
-                .module_at(at, &format!("module={from} refcnt=1 "))
-                .ok_or_else(|| format!("{:?}", vm.con().module_now()))
-        },
+        at,
+        &format!("module={from} refcnt=1 "),
     )
     .await;
     let back = now() - t_r;
@@ -2040,14 +2048,10 @@ async fn reboot_soak(vm: &Vm, ph: &mut Phases, watch: &Watcher, version: &str, n
         let t_r = now();
         let (boot, _, at) = reboot(vm, version).await;
         let booted = now() - t_r;
-        wait_for(
+        vm.wait_module_since(
             &format!("{version} loaded again at boot {i}"),
-            vm.t,
-            || async {
-                vm.con()
-                    .module_at(at, &format!("module={version} "))
-                    .ok_or_else(|| format!("{:?}", vm.con().module_now()))
-            },
+            at,
+            &format!("module={version} "),
         )
         .await;
         vm.wait_done(&format!("the node Done after reboot {i}"), version)
