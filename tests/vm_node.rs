@@ -348,6 +348,36 @@ impl Vm {
         .await
     }
 
+    /// The console once it holds the agent's installed summary of `version`
+    /// logged at or after `t0`. The guest forwards the pods' logs on its
+    /// report loop, which under TCG can lag the controller's record Done by
+    /// seconds: the cordon-window checks read the agent's lines from here.
+    async fn con_with_summary(&self, t0: f64, version: &str) -> Console {
+        let asked = now();
+        let con = wait_for(
+            &format!("the agent's installed summary of {version} on the console"),
+            self.t,
+            || async {
+                let con = self.con();
+                match cycle::loader(&con.agent_lines(), t0, version) {
+                    Some(_) => Ok(con),
+                    None => Err(format!(
+                        "not yet; last agent line: {:?}",
+                        con.agent_lines().last().map(|l| l.text.clone())
+                    )),
+                }
+            },
+        )
+        .await;
+        let lag = now() - asked;
+        if lag > 0.5 {
+            eprintln!(
+                "[test-vm-node] the console showed the summary of {version} {lag:.1} s after the cycle was recorded Done"
+            );
+        }
+        con
+    }
+
     async fn node_obj(&self) -> Result<Node, String> {
         Api::<Node>::all(self.c.clone())
             .get(&self.node)
@@ -1320,9 +1350,10 @@ async fn fault_phase(vm: &Vm, ph: &mut Phases, watch: &Watcher, from: &str) -> V
     wait_recorded_done(vm, watch, t0, TO).await;
     let done_a = now() - unblocked;
     let tl = watch.timeline();
-    swap_after_drain(&tl, &vm.con(), t0, TO);
+    let con = vm.con_with_summary(t0, TO).await;
+    swap_after_drain(&tl, &con, t0, TO);
     cordon_held_to_swap(&tl, t0, TO).unwrap_or_else(|e| panic!("fault A: {e}"));
-    let f = cycle::check(&tl, &vm.con().agent_lines(), t0, TO, Mode::Ahead)
+    let f = cycle::check(&tl, &con.agent_lines(), t0, TO, Mode::Ahead)
         .unwrap_or_else(|e| panic!("fault A: cordon window check failed: {e}"));
     rows.push(format!(
         "A kubelet restart during the build (build ended {:.0} s later), containerd restart while waiting (held), kubelet restart while Draining ({:.0} s before the PDB went): Done at {TO} {done_a:.0} s after the PDB went; {f}",
@@ -1383,9 +1414,10 @@ async fn fault_phase(vm: &Vm, ph: &mut Phases, watch: &Watcher, from: &str) -> V
     let recovered = now() - healed;
     vm.wait_gone("the workload evicted", "ml", &hold).await;
     let tl = watch.timeline();
-    swap_after_drain(&tl, &vm.con(), t0, from);
+    let con = vm.con_with_summary(t0, from).await;
+    swap_after_drain(&tl, &con, t0, from);
     cordon_held_to_swap(&tl, t0, from).unwrap_or_else(|e| panic!("fault B: {e}"));
-    let f = cycle::check(&tl, &vm.con().agent_lines(), t0, from, Mode::Ahead)
+    let f = cycle::check(&tl, &con.agent_lines(), t0, from, Mode::Ahead)
         .unwrap_or_else(|e| panic!("fault B: cordon window check failed: {e}"));
     rows.push(format!(
         "B cut off from the API server 120 s while Draining: NotReady after {not_ready:.0} s, Done {recovered:.0} s after the heal; {f}"
@@ -1560,7 +1592,7 @@ async fn leader_fault(
         "validation pods of one cycle: {validation:?}"
     );
     let tl = watch.timeline();
-    swap_after_drain(&tl, &vm.con(), t0, to);
+    swap_after_drain(&tl, &vm.con_with_summary(t0, to).await, t0, to);
     cordon_held_to_swap(&tl, t0, to).unwrap_or_else(|e| panic!("fault C: {e}"));
     vm.patch_policy(
         serde_json::json!({"upgradePolicy": {"validation": {"podTemplateName": null}}}),
