@@ -61,6 +61,7 @@ impl ObserveInput<'_> {
             pods: &facts,
             installers: &installers,
             live: self.records.get(name),
+            restart_baselines: &pods.restart_baselines,
         }))
     }
 }

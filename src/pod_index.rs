@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 use ttdrv_api::labels;
 use ttdrv_core::drain::{PodFacts, PodRef};
+use ttdrv_core::installer::{self, SandboxBaseline};
 
 /// The pods bound to one node.
 #[derive(Clone, Debug, Default)]
@@ -30,6 +31,11 @@ pub struct NodePods {
     /// Our installer pods on the node (label `driver.tenstorrent.com/policy`
     /// in the operator namespace), whole.
     pub installers: Vec<Arc<Pod>>,
+    /// The installer pods' restart counts when their current sandbox
+    /// appeared, by pod UID: a reboot's restarts are not crashes
+    /// ([`installer::baseline`]). Kept only here, in memory: a controller
+    /// that starts takes them afresh.
+    pub restart_baselines: HashMap<String, SandboxBaseline>,
 }
 
 impl NodePods {
@@ -51,6 +57,18 @@ impl NodePods {
             }
         };
         if let Some(pod) = installer {
+            if let Some(uid) = pod.metadata.uid.clone() {
+                let known = self.restart_baselines.get(&uid);
+                match installer::baseline(&pod, known) {
+                    Some(b) if Some(&b) != known => {
+                        self.restart_baselines.insert(uid, b);
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.restart_baselines.remove(&uid);
+                    }
+                }
+            }
             match self
                 .installers
                 .iter_mut()
@@ -73,6 +91,27 @@ impl NodePods {
     fn remove(&mut self, r: &PodRef) {
         self.facts.retain(|f| f.pod != *r);
         self.installers.retain(|p| PodRef::of(p) != *r);
+        let uids: Vec<&str> = self
+            .installers
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        self.restart_baselines
+            .retain(|uid, _| uids.contains(&uid.as_str()));
+    }
+
+    /// Keeps the baselines `old` took of pods whose sandbox is still the
+    /// same (a re-list would otherwise take them afresh).
+    fn keep_baselines(&mut self, old: &NodePods) {
+        for (uid, b) in self.restart_baselines.iter_mut() {
+            if let Some(o) = old
+                .restart_baselines
+                .get(uid)
+                .filter(|o| o.since == b.since)
+            {
+                *b = o.clone();
+            }
+        }
     }
 }
 
@@ -164,6 +203,11 @@ impl PodCache {
             }
             watcher::Event::InitDone => {
                 if let (Ok(mut live), Ok(mut relist)) = (self.live.write(), self.relist.write()) {
+                    for (node, pods) in relist.iter_mut() {
+                        if let Some(old) = live.get(node) {
+                            pods.keep_baselines(old);
+                        }
+                    }
                     *live = std::mem::take(&mut *relist);
                     live.shrink_to_fit();
                     for pods in live.values_mut() {
@@ -348,6 +392,97 @@ mod tests {
             "tt",
         )));
         assert!(cache.on_node("n1").installers.is_empty());
+    }
+
+    /// Installer pod `u1` on n1, started at 10:00, in a sandbox from
+    /// `sandbox` (hh:mm), its container `running` or crashed, with `restarts`.
+    fn in_sandbox(sandbox: &str, restarts: i32, running: bool) -> Pod {
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
+            PodCondition,
+        };
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let t = |hhmm: &str| {
+            Time(
+                format!("2026-12-05T{hhmm}:00Z")
+                    .parse()
+                    .expect("a timestamp"),
+            )
+        };
+        let mut p = installer("ttdrv-fleet-1", "n1", "tt");
+        p.metadata.uid = Some("u1".into());
+        let state = if running {
+            ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: Some(t(sandbox)),
+                }),
+                ..Default::default()
+            }
+        } else {
+            ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 101,
+                    reason: Some("Error".into()),
+                    started_at: Some(t(sandbox)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        };
+        p.status = Some(PodStatus {
+            start_time: Some(t("10:00")),
+            conditions: Some(vec![PodCondition {
+                type_: "PodReadyToStartContainers".into(),
+                status: "True".into(),
+                last_transition_time: Some(t(sandbox)),
+                ..Default::default()
+            }]),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "installer".into(),
+                restart_count: restarts,
+                state: Some(state),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn installer_restart_baselines_follow_the_sandbox() {
+        let cache = PodCache::listed("tt", [in_sandbox("10:00", 0, true)]);
+        let baseline = |c: &PodCache| {
+            c.on_node("n1")
+                .restart_baselines
+                .get("u1")
+                .map(|b| b.restarts.clone())
+        };
+        // the pod's first sandbox counts from 0
+        assert_eq!(baseline(&cache), Some(vec![]));
+        // four reboots later, running in a new sandbox: those four are not crashes
+        cache.apply(watcher::Event::Apply(in_sandbox("14:00", 4, true)));
+        let four = Some(vec![("installer".to_string(), 4)]);
+        assert_eq!(baseline(&cache), four);
+        // crashes in that sandbox do not move it
+        cache.apply(watcher::Event::Apply(in_sandbox("14:00", 6, false)));
+        assert_eq!(baseline(&cache), four);
+        // nor does a re-list that finds the same sandbox
+        cache.apply(watcher::Event::Init);
+        cache.apply(watcher::Event::InitApply(in_sandbox("14:00", 7, false)));
+        cache.apply(watcher::Event::InitDone);
+        assert_eq!(baseline(&cache), four);
+        // the pod's status as the observation reads it: three crashes fail it
+        let on = cache.on_node("n1");
+        let pod = on.installers.first().expect("the installer");
+        let f = installer::failure(pod, on.restart_baselines.get("u1")).expect("a crash loop");
+        assert!(
+            f.message.contains("3 times since its sandbox started"),
+            "{}",
+            f.message
+        );
+        // gone with the pod
+        cache.apply(watcher::Event::Delete(in_sandbox("14:00", 7, false)));
+        assert_eq!(baseline(&cache), None);
     }
 
     #[tokio::test]

@@ -3,6 +3,12 @@
 //! cannot be pulled, the container crash-loops, or the agent gave up and said
 //! why in its termination message. The node then fails within about a
 //! minute with that cause, instead of at the upgrade deadline.
+//!
+//! A crash loop is counted in the pod's current sandbox: a DaemonSet pod
+//! survives its node's reboots, and every reboot restarts its containers and
+//! counts a restart. The controller keeps, per installer pod, the restart
+//! counts it saw when the current sandbox appeared ([`SandboxBaseline`]);
+//! only restarts beyond them count.
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
@@ -77,9 +83,97 @@ pub fn problem(pod: &Pod) -> Option<String> {
     None
 }
 
+/// The restart counts of an installer pod's containers when its current
+/// sandbox appeared: restarts up to them are not crashes of this sandbox.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SandboxBaseline {
+    /// When the sandbox started (Unix seconds, the kubelet's clock): the
+    /// pod's `PodReadyToStartContainers` transition to True.
+    pub since: i64,
+    /// (container, restart count) at that point; a container not listed
+    /// counts from 0.
+    pub restarts: Vec<(String, i32)>,
+}
+
+impl SandboxBaseline {
+    fn of(&self, container: &str) -> i32 {
+        self.restarts
+            .iter()
+            .find(|(c, _)| c == container)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// A sandbox started this long after the pod did is the pod's first: its
+/// containers have not run anywhere before it.
+const FIRST_SANDBOX_SECONDS: i64 = 120;
+
+/// When the pod's current sandbox started (Unix seconds), if the kubelet
+/// says (`PodReadyToStartContainers`, Kubernetes 1.29 and later).
+pub fn sandbox_since(pod: &Pod) -> Option<i64> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "PodReadyToStartContainers" && c.status == "True")
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0.as_second())
+}
+
+/// The baseline of `pod`'s current sandbox, given the one kept for the pod
+/// so far (`known`). The same sandbox keeps its baseline. The pod's first
+/// sandbox counts from 0. A later sandbox seen for the first time counts
+/// from the restarts it shows now: a reboot's restart is not a crash, and a
+/// controller that starts while a pod crash-loops in a later sandbox fails
+/// it after three more crashes (later, never sooner; the upgrade deadline
+/// still holds). `None` when the kubelet does not say when the sandbox
+/// started: every restart counts then.
+pub fn baseline(pod: &Pod, known: Option<&SandboxBaseline>) -> Option<SandboxBaseline> {
+    let since = sandbox_since(pod)?;
+    if let Some(k) = known.filter(|k| k.since == since) {
+        return Some(k.clone());
+    }
+    let started = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .map(|t| t.0.as_second());
+    let first = started.is_some_and(|t| since <= t + FIRST_SANDBOX_SECONDS);
+    let restarts = if first {
+        vec![]
+    } else {
+        // A container yet to start in this sandbox comes back with one more
+        // restart, the reboot's.
+        statuses(pod)
+            .map(|cs| {
+                let to_come = i32::from(!started_since(cs, since));
+                (cs.name.clone(), cs.restart_count + to_come)
+            })
+            .collect()
+    };
+    Some(SandboxBaseline { since, restarts })
+}
+
+/// The container's latest start was at or after `since`.
+fn started_since(cs: &ContainerStatus, since: i64) -> bool {
+    let state = cs.state.as_ref();
+    state
+        .and_then(|s| s.running.as_ref())
+        .and_then(|r| r.started_at.as_ref())
+        .or_else(|| {
+            state
+                .and_then(|s| s.terminated.as_ref())
+                .or_else(|| cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()))
+                .and_then(|t| t.started_at.as_ref())
+        })
+        .is_some_and(|t| t.0.as_second() >= since)
+}
+
 /// The installer has failed for good, with its cause. A pod being deleted
-/// has failed nothing: it is on its way out.
-pub fn failure(pod: &Pod) -> Option<Failure> {
+/// has failed nothing: it is on its way out. `baseline` is the pod's current
+/// sandbox's ([`baseline`]); without one every restart counts.
+pub fn failure(pod: &Pod, baseline: Option<&SandboxBaseline>) -> Option<Failure> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -123,14 +217,26 @@ pub fn failure(pod: &Pod) -> Option<Failure> {
                 terminated_at,
             });
         }
-        if cs.restart_count >= CRASH_LOOP_RESTARTS && crashing_now(pod, cs) {
+        let before = baseline
+            .filter(|b| Some(b.since) == sandbox_since(pod))
+            .map_or(0, |b| b.of(&cs.name));
+        let crashes = cs.restart_count - before;
+        if crashes >= CRASH_LOOP_RESTARTS && crashing_now(pod, cs) {
             return Some(Failure {
                 reason: reason::INSTALLER_CRASH_LOOP,
-                message: format!(
-                    "installer restarted {} times: {}",
-                    cs.restart_count,
-                    problem(pod).unwrap_or_default()
-                ),
+                message: if before > 0 {
+                    format!(
+                        "installer restarted {crashes} times since its sandbox started ({} in all, the others by the node's reboots): {}",
+                        cs.restart_count,
+                        problem(pod).unwrap_or_default()
+                    )
+                } else {
+                    format!(
+                        "installer restarted {} times: {}",
+                        cs.restart_count,
+                        problem(pod).unwrap_or_default()
+                    )
+                },
                 pod_created,
                 terminated_at,
             });
@@ -168,16 +274,8 @@ fn crashing_now(pod: &Pod, cs: &ContainerStatus) -> bool {
     }
     // Ran in a sandbox from before the current one: the node went away
     // under it (when the pod says when its current sandbox started).
-    let sandbox_since = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .find(|c| c.type_ == "PodReadyToStartContainers" && c.status == "True")
-        .and_then(|c| c.last_transition_time.as_ref());
-    match (sandbox_since, last.started_at.as_ref()) {
-        (Some(sandbox), Some(started)) => started.0 >= sandbox.0,
+    match (sandbox_since(pod), last.started_at.as_ref()) {
+        (Some(sandbox), Some(started)) => started.0.as_second() >= sandbox,
         _ => true,
     }
 }
@@ -188,6 +286,11 @@ mod tests {
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateTerminated, ContainerStateWaiting, PodStatus,
     };
+
+    /// Without a baseline: every restart counts.
+    fn failure_of(p: &Pod) -> Option<Failure> {
+        failure(p, None)
+    }
 
     fn pod(cs: ContainerStatus) -> Pod {
         Pod {
@@ -231,22 +334,22 @@ mod tests {
 
     #[test]
     fn causes() {
-        let f = failure(&pod(waiting("ImagePullBackOff", 0))).expect("failure");
+        let f = failure_of(&pod(waiting("ImagePullBackOff", 0))).expect("failure");
         assert_eq!(f.reason, reason::INSTALLER_IMAGE_PULL);
         assert!(f.message.contains("reg/agent:1"), "{}", f.message);
-        assert_eq!(failure(&pod(waiting("ContainerCreating", 0))), None);
-        let f = failure(&pod(terminated_last(
+        assert_eq!(failure_of(&pod(waiting("ContainerCreating", 0))), None);
+        let f = failure_of(&pod(terminated_last(
             "DeviceBusy: pid 42 (python) in pod ml/train-0",
             1,
         )))
         .expect("failure");
         assert_eq!(f.reason, reason::DEVICE_BUSY);
         assert!(f.message.contains("pid 42"), "{}", f.message);
-        assert_eq!(failure(&pod(terminated_last("Error", 2))), None);
-        let f = failure(&pod(terminated_last("Error", 3))).expect("failure");
+        assert_eq!(failure_of(&pod(terminated_last("Error", 2))), None);
+        let f = failure_of(&pod(terminated_last("Error", 3))).expect("failure");
         assert_eq!(f.reason, reason::INSTALLER_CRASH_LOOP);
         assert!(f.message.contains("3 times"), "{}", f.message);
-        assert_eq!(failure(&Pod::default()), None);
+        assert_eq!(failure_of(&Pod::default()), None);
     }
 
     fn time(s: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
@@ -259,6 +362,7 @@ mod tests {
     fn after_reboots() -> Pod {
         use k8s_openapi::api::core::v1::{ContainerStateRunning, PodCondition};
         let mut p = pod(ContainerStatus {
+            name: "installer".into(),
             restart_count: 4,
             ready: true,
             state: Some(ContainerState {
@@ -305,7 +409,7 @@ mod tests {
     #[test]
     fn restarts_by_reboots_are_not_a_crash_loop() {
         let p = after_reboots();
-        assert_eq!(failure(&p), None, "running and Ready after 4 reboots");
+        assert_eq!(failure_of(&p), None, "running and Ready after 4 reboots");
         // just back from a reboot, not started yet: the last exit is the
         // node's going away
         let mut p = after_reboots();
@@ -319,7 +423,7 @@ mod tests {
                 ..Default::default()
             });
         });
-        assert_eq!(failure(&p), None, "waiting after a reboot");
+        assert_eq!(failure_of(&p), None, "waiting after a reboot");
         // an exit of its own, but in the sandbox from before the reboot
         set_container(&mut p, |cs| {
             if let Some(t) = cs.last_state.as_mut().and_then(|s| s.terminated.as_mut()) {
@@ -327,16 +431,16 @@ mod tests {
                 t.exit_code = 1;
             }
         });
-        assert_eq!(failure(&p), None, "a crash before the reboot");
+        assert_eq!(failure_of(&p), None, "a crash before the reboot");
     }
 
-    #[test]
-    fn crashes_after_reboots_are_a_crash_loop() {
-        // crashed in the current sandbox and backing off
+    /// [`after_reboots`] after `restarts` restarts in all, crashed in the
+    /// current sandbox and backing off.
+    fn crashed(restarts: i32) -> Pod {
         let mut p = after_reboots();
         set_container(&mut p, |cs| {
             cs.ready = false;
-            cs.restart_count = 6;
+            cs.restart_count = restarts;
             cs.state = Some(ContainerState {
                 waiting: Some(ContainerStateWaiting {
                     reason: Some("CrashLoopBackOff".into()),
@@ -355,10 +459,37 @@ mod tests {
                 ..Default::default()
             });
         });
-        let f = failure(&p).expect("a crash loop");
+        p
+    }
+
+    #[test]
+    fn crashes_after_reboots_are_a_crash_loop_from_the_third_in_the_sandbox() {
+        // taken when the sandbox appeared: 4 restarts, all by reboots
+        let seen = baseline(&after_reboots(), None).expect("a sandbox");
+        assert_eq!(seen.restarts, vec![("installer".to_string(), 4)]);
+        for n in [5, 6] {
+            assert_eq!(
+                failure(&crashed(n), Some(&seen)),
+                None,
+                "{} crash(es) in the sandbox",
+                n - 4
+            );
+        }
+        let f = failure(&crashed(7), Some(&seen)).expect("three crashes in the sandbox");
         assert_eq!(f.reason, reason::INSTALLER_CRASH_LOOP);
+        assert!(
+            f.message
+                .contains("restarted 3 times since its sandbox started (7 in all"),
+            "{}",
+            f.message
+        );
         assert!(f.message.contains("last exit 101"), "{}", f.message);
+        // the same sandbox keeps its baseline
+        assert_eq!(baseline(&crashed(7), Some(&seen)), Some(seen.clone()));
+        // without a baseline every restart counts: one crash would do
+        assert!(failure(&crashed(5), None).is_some());
         // running again after its crashes: no loop (until it crashes again)
+        let mut p = crashed(7);
         set_container(&mut p, |cs| {
             cs.state = after_reboots()
                 .status
@@ -366,6 +497,52 @@ mod tests {
                 .and_then(|c| c.into_iter().next())
                 .and_then(|c| c.state);
         });
-        assert_eq!(failure(&p), None, "running again");
+        assert_eq!(failure(&p, Some(&seen)), None, "running again");
+    }
+
+    #[test]
+    fn a_pods_first_sandbox_counts_every_restart() {
+        let mut p = crashed(3);
+        if let Some(st) = p.status.as_mut() {
+            st.start_time = Some(time("2026-12-05T10:33:30Z"));
+        }
+        let b = baseline(&p, None).expect("a sandbox");
+        assert_eq!(b.restarts, vec![], "the first sandbox counts from 0");
+        let f = failure(&p, Some(&b)).expect("three crashes");
+        assert_eq!(f.reason, reason::INSTALLER_CRASH_LOOP);
+        assert!(
+            f.message.starts_with("installer restarted 3 times: "),
+            "{}",
+            f.message
+        );
+    }
+
+    #[test]
+    fn a_new_sandbox_takes_a_new_baseline() {
+        let old = SandboxBaseline {
+            since: time("2026-12-05T09:00:00Z").0.as_second(),
+            restarts: vec![("installer".into(), 1)],
+        };
+        let now = baseline(&after_reboots(), Some(&old)).expect("a sandbox");
+        assert_eq!(now.since, time("2026-12-05T10:33:41Z").0.as_second());
+        assert_eq!(now.restarts, vec![("installer".to_string(), 4)]);
+        // seen before the container's start in the new sandbox: the start
+        // to come is the reboot's restart, not a crash
+        let mut p = after_reboots();
+        set_container(&mut p, |cs| {
+            cs.restart_count = 3;
+            cs.ready = false;
+            cs.state = Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ContainerCreating".into()),
+                    message: None,
+                }),
+                ..Default::default()
+            });
+        });
+        let early = baseline(&p, Some(&old)).expect("a sandbox");
+        assert_eq!(early.restarts, vec![("installer".to_string(), 4)]);
+        // no sandbox said: no baseline, every restart counts
+        assert_eq!(baseline(&pod(terminated_last("Error", 3)), None), None);
     }
 }

@@ -4,6 +4,8 @@
 //! controller's pass, the NodeActor and the kubectl plugin, each feeding it
 //! from where it reads the cluster (reflector stores, API replies, a list).
 
+use std::collections::HashMap;
+
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use ttdrv_api::{DrainPolicy, NodeState, PodSelector, labels};
@@ -51,6 +53,21 @@ pub struct NodeFacts<'a> {
     pub installers: &'a [&'a Pod],
     /// The record the node's actor holds: fresher than `on_node`.
     pub live: Option<&'a NodeRecord>,
+    /// Installer pods' restart baselines, by pod UID, as the pod cache kept
+    /// them when each pod's current sandbox appeared; a pod not in it counts
+    /// as seen for the first time now ([`installer::baseline`]).
+    pub restart_baselines: &'a HashMap<String, installer::SandboxBaseline>,
+}
+
+/// Whether `pod` (an installer of the node in `n`) has failed for good,
+/// counting its restarts in its current sandbox.
+fn installer_failure(n: &NodeFacts<'_>, pod: &Pod) -> Option<installer::Failure> {
+    let known = pod
+        .metadata
+        .uid
+        .as_deref()
+        .and_then(|uid| n.restart_baselines.get(uid));
+    installer::failure(pod, installer::baseline(pod, known).as_ref())
 }
 
 /// One node as a pass sees it.
@@ -144,7 +161,7 @@ pub fn observe<'p>(
     };
     let label = |k: &str| node::label(node, k);
     let installer_state = installer_state(installer, p.template_hash);
-    let installer_failure = installer.and_then(installer::failure);
+    let installer_failure = installer.and_then(|i| installer_failure(n, i));
     let installer_created = installer.and_then(installer::created);
     let prepared = prepared(
         p,
@@ -286,7 +303,7 @@ pub fn prepare_candidate(
     let policy_name = p.desired.policy.as_str();
     let installer = installer_of(p, n.installers);
     let state = installer_state(installer, p.template_hash);
-    let failure = installer.and_then(installer::failure);
+    let failure = installer.and_then(|i| installer_failure(n, i));
     let prepared = prepared(
         p,
         node,

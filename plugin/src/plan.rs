@@ -337,6 +337,8 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     let mut cycles: BTreeMap<String, PlannedNode> = BTreeMap::new();
     let mut candidates = Vec::new();
     let mut failed = Vec::new();
+    // (the plan reads no installer pods)
+    let no_baselines = std::collections::HashMap::new();
     for n in &owned {
         let Some(node) = by_name.get(n) else { continue };
         let facts = pods_by_node.get(n.as_str()).map_or(&[][..], Vec::as_slice);
@@ -348,6 +350,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             pods: &pods,
             installers: &[],
             live: None,
+            restart_baselines: &no_baselines,
         };
         // As if the node were granted a slot now: its drain is planned.
         let view = observe::observe(&policy_facts, &node_facts, true, || pdbs.clone());
