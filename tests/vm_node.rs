@@ -2109,10 +2109,46 @@ async fn reboot_soak(vm: &Vm, ph: &mut Phases, watch: &Watcher, version: &str, n
         restarts_after >= restarts_before + n as i32,
         "the installer's restarts went from {restarts_before} to {restarts_after} over {n} reboots"
     );
+    // Then two crashes of the agent's own in the last boot's sandbox (the
+    // second inside the kubelet's back-off, so the container is seen down
+    // after it): the reboots' restarts do not count towards a crash loop.
+    let t_k = now();
+    for k in 1..=2 {
+        vm.ctl("kill-agent").await;
+        wait_for(
+            &format!("the installer restarted after kill {k}"),
+            vm.t,
+            || async {
+                let r = restarts().await?;
+                if r >= restarts_after + k {
+                    Ok(())
+                } else {
+                    Err(format!("restarts {r}"))
+                }
+            },
+        )
+        .await;
+    }
+    vm.wait_done("the node Done after the agent's two crashes", version)
+        .await;
+    let crashed = restarts().await.unwrap_or_else(|e| panic!("{e}"));
+    let failed: Vec<String> = watch
+        .timeline()
+        .iter()
+        .filter(|s| s.t >= t_k && s.state == "Failed")
+        .map(|s| s.line())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "two crashes after {restarts_after} restarts by reboots failed the node: {failed:?}"
+    );
+    ph.log(&format!(
+        "soak: the agent SIGKILLed twice after the reboots: restarts {restarts_after} -> {crashed}, the node stayed Done"
+    ));
     backs.sort_by(f64::total_cmp);
     let q = |f: f64| backs[((backs.len() - 1) as f64 * f).round() as usize];
     let row = format!(
-        "soak: {n} power cuts at rest, every boot back; {version} loaded again and Done after {:.0} s min, {:.0} s median, {:.0} s max; never cordoned; the same installer pod throughout, its restarts {restarts_before} -> {restarts_after} (none a crash loop)",
+        "soak: {n} power cuts at rest, every boot back; {version} loaded again and Done after {:.0} s min, {:.0} s median, {:.0} s max; never cordoned; the same installer pod throughout, its restarts {restarts_before} -> {restarts_after} (none a crash loop); then two crashes of the agent in the last boot's sandbox ({restarts_after} -> {crashed}): still Done",
         q(0.0),
         q(0.5),
         q(1.0)
