@@ -104,8 +104,8 @@ impl SandboxBaseline {
     }
 }
 
-/// A sandbox started this long after the pod did is the pod's first: its
-/// containers have not run anywhere before it.
+/// A sandbox that started within this long of the pod is the pod's first:
+/// its containers have not run anywhere before it.
 const FIRST_SANDBOX_SECONDS: i64 = 120;
 
 /// When the pod's current sandbox started (Unix seconds), if the kubelet
@@ -226,7 +226,7 @@ pub fn failure(pod: &Pod, baseline: Option<&SandboxBaseline>) -> Option<Failure>
                 reason: reason::INSTALLER_CRASH_LOOP,
                 message: if before > 0 {
                     format!(
-                        "installer restarted {crashes} times since its sandbox started ({} in all, the others by the node's reboots): {}",
+                        "installer restarted {crashes} times since its sandbox started ({} in all, the others before it): {}",
                         cs.restart_count,
                         problem(pod).unwrap_or_default()
                     )
