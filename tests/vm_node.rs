@@ -2041,16 +2041,25 @@ async fn reboot_soak(vm: &Vm, ph: &mut Phases, watch: &Watcher, version: &str, n
     // its container: from 3 restarts on, a crash loop counted that way
     // failed a node at rest (InstallerCrashLoop).
     let installers = vm.installers().await.unwrap_or_default();
-    let restarts = || async {
+    // (restarts, and whether the container waits in CrashLoopBackOff)
+    let container = || async {
         let api: Api<Pod> = Api::namespaced(vm.c.clone(), &vm.ns);
         let name = installers.first().cloned().unwrap_or_default();
         let p = api.get(&name).await.map_err(|e| format!("{name}: {e}"))?;
-        Ok::<i32, String>(
-            p.status
-                .and_then(|s| s.container_statuses)
-                .map_or(0, |c| c.iter().map(|c| c.restart_count).sum()),
-        )
+        let cs = p
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default();
+        let backing_off = cs.iter().any(|c| {
+            c.state
+                .as_ref()
+                .and_then(|s| s.waiting.as_ref())
+                .and_then(|w| w.reason.as_deref())
+                == Some("CrashLoopBackOff")
+        });
+        Ok::<(i32, bool), String>((cs.iter().map(|c| c.restart_count).sum(), backing_off))
     };
+    let restarts = || async { container().await.map(|(r, _)| r) };
     let restarts_before = restarts().await.unwrap_or_else(|e| panic!("{e}"));
     // First the watchdog itself: a boot made to hang is dumped and reset.
     let resets = vm.watchdog.load(std::sync::atomic::Ordering::SeqCst);
@@ -2112,14 +2121,20 @@ async fn reboot_soak(vm: &Vm, ph: &mut Phases, watch: &Watcher, version: &str, n
     // Then two crashes of the agent's own in the last boot's sandbox (the
     // second inside the kubelet's back-off, so the container is seen down
     // after it): the reboots' restarts do not count towards a crash loop.
+    // The old rule (every restart counts) would fail the node the moment it
+    // sees the container down with 3 restarts: the test makes sure it was.
     let t_k = now();
+    let down_seen = Mutex::new(None);
     for k in 1..=2 {
         vm.ctl("kill-agent").await;
         wait_for(
             &format!("the installer restarted after kill {k}"),
             vm.t,
             || async {
-                let r = restarts().await?;
+                let (r, backing_off) = container().await?;
+                if backing_off && let Ok(mut d) = down_seen.lock() {
+                    *d = Some(r);
+                }
                 if r >= restarts_after + k {
                     Ok(())
                 } else {
@@ -2129,6 +2144,11 @@ async fn reboot_soak(vm: &Vm, ph: &mut Phases, watch: &Watcher, version: &str, n
         )
         .await;
     }
+    let down_at = down_seen.lock().ok().and_then(|d| *d);
+    assert!(
+        down_at.is_some_and(|r| r >= 3),
+        "the container was not seen in CrashLoopBackOff with 3 restarts or more ({down_at:?}): the kills did not test the rule"
+    );
     vm.wait_done("the node Done after the agent's two crashes", version)
         .await;
     let crashed = restarts().await.unwrap_or_else(|e| panic!("{e}"));
@@ -2143,7 +2163,7 @@ async fn reboot_soak(vm: &Vm, ph: &mut Phases, watch: &Watcher, version: &str, n
         "two crashes after {restarts_after} restarts by reboots failed the node: {failed:?}"
     );
     ph.log(&format!(
-        "soak: the agent SIGKILLed twice after the reboots: restarts {restarts_after} -> {crashed}, the node stayed Done"
+        "soak: the agent SIGKILLed twice after the reboots: restarts {restarts_after} -> {crashed} (seen in CrashLoopBackOff at {down_at:?}), the node stayed Done"
     ));
     backs.sort_by(f64::total_cmp);
     let q = |f: f64| backs[((backs.len() - 1) as f64 * f).round() as usize];
