@@ -703,15 +703,27 @@ async fn real_node() {
     ph.log(&format!(
         "full-node drain: no eviction tried in {ns} (the controller's namespace)"
     ));
+    // (the node can be Done a moment after the controller deleted the
+    // pre-cycle pod, before the DaemonSet's replacement exists: wait for the
+    // replacement, and only it)
     let inst2 = wait_for(
         &format!("one installer pod on {node} (the pre-cycle one gone)"),
         rn.t,
         || async {
-            let p = rn.installers().await?;
-            if p.len() == 1 {
+            let lp = ListParams::default()
+                .labels(INSTALLER)
+                .fields(&format!("spec.nodeName={node}"));
+            let l = rn.pods(&ns).list(&lp).await.map_err(|e| e.to_string())?;
+            let p: Vec<String> = l
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| p.metadata.name)
+                .collect();
+            if p.len() == 1 && p[0] != inst1 {
                 Ok(p[0].clone())
             } else {
-                Err(format!("{p:?}"))
+                Err(format!("{p:?} (pre-cycle {inst1})"))
             }
         },
     )
