@@ -406,12 +406,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn restarts_by_reboots_are_not_a_crash_loop() {
-        let p = after_reboots();
-        assert_eq!(failure_of(&p), None, "running and Ready after 4 reboots");
-        // just back from a reboot, not started yet: the last exit is the
-        // node's going away
+    /// [`after_reboots`] just back from a reboot, its container not started
+    /// in the new sandbox yet.
+    fn back_not_started() -> Pod {
         let mut p = after_reboots();
         set_container(&mut p, |cs| {
             cs.ready = false;
@@ -423,6 +420,16 @@ mod tests {
                 ..Default::default()
             });
         });
+        p
+    }
+
+    #[test]
+    fn restarts_by_reboots_are_not_a_crash_loop() {
+        let p = after_reboots();
+        assert_eq!(failure_of(&p), None, "running and Ready after 4 reboots");
+        // just back from a reboot, not started yet: the last exit is the
+        // node's going away
+        let mut p = back_not_started();
         assert_eq!(failure_of(&p), None, "waiting after a reboot");
         // an exit of its own, but in the sandbox from before the reboot
         set_container(&mut p, |cs| {
@@ -528,18 +535,8 @@ mod tests {
         assert_eq!(now.restarts, vec![("installer".to_string(), 4)]);
         // seen before the container's start in the new sandbox: the start
         // to come is the reboot's restart, not a crash
-        let mut p = after_reboots();
-        set_container(&mut p, |cs| {
-            cs.restart_count = 3;
-            cs.ready = false;
-            cs.state = Some(ContainerState {
-                waiting: Some(ContainerStateWaiting {
-                    reason: Some("ContainerCreating".into()),
-                    message: None,
-                }),
-                ..Default::default()
-            });
-        });
+        let mut p = back_not_started();
+        set_container(&mut p, |cs| cs.restart_count = 3);
         let early = baseline(&p, Some(&old)).expect("a sandbox");
         assert_eq!(early.restarts, vec![("installer".to_string(), 4)]);
         // no sandbox said: no baseline, every restart counts
