@@ -19,13 +19,43 @@ pub(crate) struct Controller {
     pub(crate) procs: Vec<ControllerProcess>,
     /// Start processes with leader election (the `leader-handover` trials).
     pub(crate) leader_elect: bool,
+    /// How many processes the trial runs: 1, or 2 with leader election. A
+    /// fault's restart brings the count back to it, never above: two faults
+    /// that kill and restart at once (the kill schedule and a firmware
+    /// trial's kill at a Flashing node) must not leave two controllers
+    /// running without leader election, a split brain no deployment has.
+    pub(crate) replicas: usize,
     pub(crate) starts: usize,
     pub(crate) kills: usize,
     pub(crate) logs: Vec<PathBuf>,
 }
 
 impl Controller {
-    pub(crate) fn start(&mut self, env: &TestEnv) {
+    /// No process yet; [`Controller::restore`] starts the first.
+    pub(crate) fn new(env: &TestEnv, ns: &str) -> Self {
+        Self {
+            env_id: env.id.clone(),
+            ns: ns.to_string(),
+            procs: vec![],
+            leader_elect: false,
+            replicas: 1,
+            starts: 0,
+            kills: 0,
+            logs: vec![],
+        }
+    }
+
+    /// Starts processes until `replicas` run (none if they do already: the
+    /// other fault's restart came first). Returns how many it started.
+    pub(crate) fn restore(&mut self, env: &TestEnv) -> usize {
+        let missing = self.replicas.saturating_sub(self.procs.len());
+        for _ in 0..missing {
+            self.start(env);
+        }
+        missing
+    }
+
+    fn start(&mut self, env: &TestEnv) {
         self.starts += 1;
         let identity = format!("chaos-{}-{}", self.env_id, self.starts);
         self.logs
@@ -53,8 +83,9 @@ impl Controller {
 
     /// SIGKILLs the acting controller: the Lease holder with leader election
     /// (or, while the Lease is vacant, the oldest process), else the only
-    /// process. Returns what was killed.
-    pub(crate) async fn kill_acting(&mut self, env: &TestEnv) -> String {
+    /// process. Returns what was killed, None if no process was running
+    /// (another fault killed it and has not restarted it yet).
+    pub(crate) async fn kill_acting(&mut self, env: &TestEnv) -> Option<String> {
         let mut idx = 0;
         let mut role = "controller";
         if self.leader_elect {
@@ -74,12 +105,12 @@ impl Controller {
             }
         }
         if idx >= self.procs.len() {
-            return String::new();
+            return None;
         }
         let mut p = self.procs.remove(idx);
         p.kill();
         self.kills += 1;
-        format!("{role} {}", p.identity)
+        Some(format!("{role} {}", p.identity))
     }
 
     /// Stops every process (not counted as a fault) and starts `n` new ones.
@@ -88,9 +119,8 @@ impl Controller {
             p.kill();
         }
         self.leader_elect = leader_elect;
-        for _ in 0..n {
-            self.start(env);
-        }
+        self.replicas = n;
+        self.restore(env);
     }
 
     pub(crate) fn kill_all(&mut self) {

@@ -124,14 +124,16 @@ pub(crate) async fn faults(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let at = t0.elapsed().as_millis();
-        let mut c = ctl.lock().await;
-        c.kill_acting(env).await;
-        drop(c);
+        let killed = ctl.lock().await.kill_acting(env).await;
         tokio::time::sleep(Duration::from_millis(down)).await;
-        ctl.lock().await.start(env);
-        log.push(match hit {
-            Some(n) => format!("SIGKILL controller at {at}ms as {n} was Flashing (down {down}ms)"),
-            None => format!("SIGKILL controller at {at}ms, no node Flashing (down {down}ms)"),
+        ctl.lock().await.restore(env);
+        let when = match hit {
+            Some(n) => format!("at {at}ms as {n} was Flashing"),
+            None => format!("at {at}ms, no node Flashing"),
+        };
+        log.push(match killed {
+            Some(_) => format!("SIGKILL controller {when} (down {down}ms)"),
+            None => format!("no controller to SIGKILL {when}: another fault's restart was pending"),
         });
     }
     // The failing node: Failed (its cordon kept), then fixed and retried.

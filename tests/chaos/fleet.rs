@@ -66,16 +66,8 @@ pub(crate) async fn install_fleet(
     ns: &str,
     upgrade_policy: &str,
 ) -> (Controller, String) {
-    let mut ctl = Controller {
-        env_id: env.id.clone(),
-        ns: ns.to_string(),
-        procs: vec![],
-        leader_elect: false,
-        starts: 0,
-        kills: 0,
-        logs: vec![],
-    };
-    ctl.start(env);
+    let mut ctl = Controller::new(env, ns);
+    ctl.restore(env);
     let policy = env.name("fleet");
     create_policy(
         env,

@@ -222,16 +222,8 @@ async fn chaos_rollouts() {
     .unwrap_or_else(|e| panic!("creating the workload: {e}"));
 
     let watchers = spawn_invariant_watchers(&env, &ns, inv.clone());
-    let ctl = Arc::new(tokio::sync::Mutex::new(Controller {
-        env_id: env.id.clone(),
-        ns: ns.clone(),
-        procs: vec![],
-        leader_elect: false,
-        starts: 0,
-        kills: 0,
-        logs: vec![],
-    }));
-    ctl.lock().await.start(&env);
+    let ctl = Arc::new(tokio::sync::Mutex::new(Controller::new(&env, &ns)));
+    ctl.lock().await.restore(&env);
     create_policy(
         &env,
         &policy,

@@ -300,15 +300,23 @@ pub(crate) async fn trial(
                 let at_ms = t0.elapsed().as_millis();
                 let mut c = ctl.lock().await;
                 let who = c.kill_acting(&env_client_env).await;
-                if c.leader_elect {
-                    trigger.push_str(&format!(", {who}"));
-                }
+                let leader_elect = c.leader_elect;
                 drop(c);
                 tokio::time::sleep(Duration::from_millis(down)).await;
-                ctl.lock().await.start(&env_client_env);
-                log.push(format!(
-                    "SIGKILL controller at {at_ms}ms{trigger} (down {down}ms)"
-                ));
+                ctl.lock().await.restore(&env_client_env);
+                match who {
+                    Some(who) => {
+                        if leader_elect {
+                            trigger.push_str(&format!(", {who}"));
+                        }
+                        log.push(format!(
+                            "SIGKILL controller at {at_ms}ms{trigger} (down {down}ms)"
+                        ));
+                    }
+                    None => log.push(format!(
+                        "no controller to SIGKILL at {at_ms}ms{trigger}: another fault's restart was pending"
+                    )),
+                }
             }
             log
         })
@@ -405,7 +413,9 @@ pub(crate) async fn trial(
         let running = c.any_running();
         if !running {
             inv.violation("controller not running at the end of the fault schedule".into());
-            c.start(env);
+            // A process that died on its own: gone, not a fault's kill.
+            c.procs.clear();
+            c.restore(env);
         }
     }
 
