@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::PostParams;
 use ttdrv_api::NodeState;
@@ -185,6 +185,96 @@ async fn device_busy_fails_the_node_with_the_holders() {
             .iter()
             .any(|(r, n)| r == "NodeUpgradeFailed" && n.contains(&format!("{ns}/holder"))),
         "the Event carries the agent's words"
+    );
+    // The first refusal drained again (once: the drain leaves a bare pod
+    // without `force`); the second failed the node.
+    assert!(
+        policy_events(&env, &policy)
+            .await
+            .iter()
+            .any(|(r, _)| r == "NodeDrainedAgain"),
+        "drained again before failing"
+    );
+    env.teardown().await;
+}
+
+/// A pod that reaches the drained node after its drain ended (put there by
+/// name here, as a scheduler that had not seen the cordon yet binds it): the
+/// agent refuses the swap (`DeviceBusy`); the controller withdraws the
+/// go-ahead, drains again (once per cycle), evicts the newcomer and the swap
+/// goes on. Before this, the node failed and the rollout halted.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_pod_that_reaches_the_node_after_its_drain_is_drained_again() {
+    let agent = ttdrv_testkit::SimAgentConfig {
+        // Time to put the pod there between the go-ahead and the agent's look.
+        holder_check_delay: Duration::from_secs(3),
+        ..sim_agent_300ms()
+    };
+    let (env, ns, nodes, agent) =
+        sim_fleet_with("failfast-late", &numbered_nodes(1), &[], agent).await;
+    let _running = (controller(&env, &ns), agent);
+    // `force`: the newcomer is a bare pod, which the drain evicts only then.
+    let policy = installed(&env, &nodes, "upgradePolicy: {drain: {force: true}}", T).await;
+    let node = nodes[0].clone();
+    let napi: Api<Node> = Api::all(env.client.clone());
+    patch_policy(&env, &policy, to_2_8_0()).await;
+    let go_ahead =
+        |n: &Node| ttdrv_core::node::annotation(n, ttdrv_api::labels::GO_AHEAD).map(String::from);
+    ttdrv_testkit::wait_for("the go-ahead", T, || async {
+        let n = napi.get(&node).await.map_err(|e| e.to_string())?;
+        go_ahead(&n).ok_or_else(|| "none yet".to_string())
+    })
+    .await;
+    device_holder(&env, &ns, "late", &node).await;
+    // Sampled until Done: the record went back to Draining (DrainAgain)
+    // without a go-ahead on the Node while it drained again.
+    let mut drained_again = false;
+    let start = Instant::now();
+    let done = loop {
+        assert!(
+            start.elapsed() < T,
+            "not Done within {T:?}; drained again: {drained_again}"
+        );
+        let n = napi.get(&node).await.expect("node");
+        let rec = ttdrv_core::node::record(&n)
+            .ok()
+            .flatten()
+            .expect("a record");
+        if rec.state == NodeState::Draining && rec.reason.as_deref() == Some("DrainAgain") {
+            drained_again = true;
+            assert_eq!(go_ahead(&n), None, "no go-ahead while draining again");
+            assert!(n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true));
+        }
+        assert_ne!(rec.state, NodeState::Failed, "{rec:?}");
+        if rec.state == NodeState::Done && rec.target == "2.8.0" {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        !pod_exists(&env, &ns, "late").await,
+        "the newcomer was evicted"
+    );
+    assert_eq!(
+        ttdrv_core::node::label(&done, ttdrv_api::labels::KMD_VERSION),
+        Some("2.8.0")
+    );
+    assert!(
+        done.spec.as_ref().and_then(|s| s.unschedulable) != Some(true),
+        "back in service"
+    );
+    // The Event says why, with the agent's words naming the pod.
+    let events = policy_events(&env, &policy).await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "NodeDrainedAgain" && n.contains(&format!("{ns}/late"))),
+        "{events:?}"
+    );
+    eprintln!(
+        "drain again: sampled in Draining/DrainAgain: {drained_again}; Done after {:?}",
+        start.elapsed()
     );
     env.teardown().await;
 }

@@ -39,7 +39,7 @@ async fn setup(name: &str, n: usize, build: Duration, prepare: &str) -> Installe
         work: Duration::from_millis(200),
         build,
         load: Duration::from_millis(200),
-        flash: None,
+        ..Default::default()
     };
     let (env, ns, nodes, agent) = sim_fleet_with(name, &numbered_nodes(n), &[], agent).await;
     let ctl = controller(&env, &ns);

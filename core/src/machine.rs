@@ -58,6 +58,11 @@ pub struct NodeRecord {
     /// Unix seconds since when a paused policy holds this node mid-cycle; its
     /// deadline is moved on by the time held when the policy resumes.
     pub paused_at: Option<i64>,
+    /// When the agent refused this cycle's swap as `DeviceBusy` and the
+    /// cycle went back to Draining for it (the refusal's time, Unix seconds):
+    /// once per cycle, so a holder the drain cannot move fails the node on
+    /// the agent's next refusal instead of looping.
+    pub redrained: Option<i64>,
 }
 
 /// The record as stored on the Node: cordon ownership as the two flags older
@@ -93,6 +98,8 @@ mod wire {
         retry_token: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         paused_at: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        redrained: Option<i64>,
     }
 
     impl From<Record> for NodeRecord {
@@ -117,6 +124,7 @@ mod wire {
                 bounded: w.bounded,
                 retry_token: w.retry_token,
                 paused_at: w.paused_at,
+                redrained: w.redrained,
             }
         }
     }
@@ -137,6 +145,7 @@ mod wire {
                 bounded: r.bounded,
                 retry_token: r.retry_token,
                 paused_at: r.paused_at,
+                redrained: r.redrained,
             }
         }
     }
@@ -157,6 +166,7 @@ impl NodeRecord {
             bounded: false,
             retry_token: None,
             paused_at: None,
+            redrained: None,
         }
     }
 
@@ -410,8 +420,10 @@ fn enter(
         r.since = now;
     }
     if !state.is_in_progress() {
-        // A bounded cycle's slot ends with the cycle.
+        // A bounded cycle's slot ends with the cycle, and so does its
+        // one drain again.
         r.bounded = false;
+        r.redrained = None;
     }
     r.state = state;
     r.reason = Some(reason.to_string());
@@ -963,12 +975,19 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             }
             // The new installer failed for good: fail now, with its cause. (A
             // drained cycle replaces the pod it found, or keeps the one that
-            // built ahead; failures from before the cycle are not its own.)
-            let this_cycles = |f: &Failure| rec.no_drain || f.at().is_none_or(|c| c >= rec.since);
+            // built ahead; failures from before the cycle are not its own,
+            // nor is the refusal this cycle drained again for.)
+            let this_cycles = |f: &Failure| {
+                (rec.no_drain || f.at().is_none_or(|c| c >= rec.since))
+                    && (rec.redrained.is_none() || f.at() != rec.redrained)
+            };
             if let (Some(f), InstallerPod::Current { .. }) =
                 (&obs.installer_failure, &obs.installer)
                 && this_cycles(f)
             {
+                if let Some(step) = drain_again(&rec, f, !module_ok, want, now) {
+                    return step;
+                }
                 // The new module failed validation and the agent put the
                 // previous one back: the node returns to service on it, then
                 // fails (the rollout halts either way).
@@ -1233,6 +1252,48 @@ pub fn firmware_too_old<'a>(obs: &Observation, want: &'a Desired) -> Option<&'a 
 
 /// Pending → Cordoning: the cycle starts (with its slot). A node someone
 /// else cordoned keeps their cordon, never ours to undo.
+/// The agent refused a drained cycle's swap (or unload) because a pod holds
+/// the device, with the module untouched: a pod that reached the node after its drain
+/// ended (a scheduler that had not seen the cordon yet, or a pod the
+/// controller's cache did not hold when the drain finished). Back to
+/// Draining, without the go-ahead, to evict it; once per cycle: a holder the
+/// drain leaves (a bare pod, an exempt namespace) or one that keeps coming
+/// back fails the node on the agent's next refusal, as before.
+pub(crate) fn drain_again(
+    rec: &NodeRecord,
+    f: &Failure,
+    untouched: bool,
+    want: &Desired,
+    now: i64,
+) -> Option<Step> {
+    let drained_cycle = !rec.no_drain && want.drain_enabled;
+    if f.reason != reason::DEVICE_BUSY || !drained_cycle || !untouched || rec.redrained.is_some() {
+        return None;
+    }
+    let what = if rec.state == NodeState::Unloading {
+        "unload"
+    } else {
+        "swap"
+    };
+    let msg = format!(
+        "the agent refused the {what} ({}); draining again, once in this cycle",
+        f.message
+    );
+    let mut r = enter(
+        rec,
+        NodeState::Draining,
+        reason::DRAIN_AGAIN,
+        Some(msg),
+        now,
+    );
+    r.redrained = Some(f.at().unwrap_or(now));
+    Some(Step {
+        record: r,
+        commands: vec![Command::Evict],
+        needs_slot: false,
+    })
+}
+
 fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
     let mut r = enter(rec, NodeState::Cordoning, reason::CORDON, None, obs.now);
     if r.cordon != Cordon::Ours {

@@ -72,6 +72,9 @@ pub const INSTALLER_IMAGE_PULL: &str = "InstallerImagePull";
 pub const INSTALLER_CRASH_LOOP: &str = "InstallerCrashLoop";
 /// Failed (the agent's word): a process still holds the device.
 pub const DEVICE_BUSY: &str = "DeviceBusy";
+/// Draining again: the agent refused the swap as `DeviceBusy` after the
+/// drain had ended (a pod reached the node since); once per cycle.
+pub const DRAIN_AGAIN: &str = "DrainAgain";
 /// Failed (the agent's word): the module did not build.
 pub const BUILD_FAILED: &str = "BuildFailed";
 /// Failed (the agent's word): the kernel refused the module.
@@ -161,6 +164,7 @@ pub const ALL: &[&str] = &[
     INSTALL,
     CORDON,
     DRAIN,
+    DRAIN_AGAIN,
     REPLACE_INSTALLER,
     DRAIN_DISABLED,
     UNCORDON,

@@ -460,6 +460,21 @@ async fn report_transition(
                 ),
             );
         }
+        NodeState::Draining
+            if next.reason.as_deref() == Some(reason::DRAIN_AGAIN)
+                && prev.state != NodeState::Draining =>
+        {
+            ctx.event(
+                policy,
+                true,
+                EventReason::NodeDrainedAgain,
+                "Drain",
+                format!(
+                    "node {node}: {}",
+                    next.message.as_deref().unwrap_or(reason::DRAIN_AGAIN)
+                ),
+            );
+        }
         NodeState::Uncordoning if next.halts_rollout() && !prev.halts_rollout() => {
             m.inc_rollback(&cr);
             ctx.event(

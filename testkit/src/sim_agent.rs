@@ -107,6 +107,10 @@ pub struct SimAgentConfig {
     /// Simulated time of a flash (the flash Job pod's run,
     /// [`crate::sim_flasher`]); `None`: `work`.
     pub flash: Option<Duration>,
+    /// Simulated time from seeing the go-ahead to looking for the device's
+    /// holders (the real agent reads its record and the module's users
+    /// first): a window in which a test can put a pod on the drained node.
+    pub holder_check_delay: Duration,
 }
 
 /// Handle to the running simulated agent; dropping it stops it.
@@ -486,6 +490,9 @@ async fn play_agent(
             }
             // Refuse while any pod on the node still holds the device, as the
             // real agent does: it gives up and says why.
+            if !config.holder_check_delay.is_zero() {
+                tokio::time::sleep(config.holder_check_delay).await;
+            }
             if let Some(holder) = device_holder(&all_pods, &node).await? {
                 restarts += 1;
                 let msg = reason::termination_message(
@@ -663,6 +670,10 @@ async fn device_holder(all_pods: &Api<Pod>, node: &Node) -> anyhow::Result<Optio
         .iter()
         .find(|p| {
             p.metadata.deletion_timestamp.is_none()
+                && !matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
                 && !p
                     .metadata
                     .labels

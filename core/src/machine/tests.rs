@@ -960,9 +960,13 @@ fn installer_failure_fails_the_node_at_once_with_its_cause() {
         }),
         ..obs()
     };
-    let s = step(&rec(Upgrading), &o, &want());
+    // A drained cycle that drained again once already (below): fails.
+    let mut r = rec(Upgrading);
+    r.redrained = Some(920);
+    let s = step(&r, &o, &want());
     assert_eq!(s.record.state, Failed);
     assert_eq!(s.record.reason.as_deref(), Some(reason::DEVICE_BUSY));
+    assert_eq!(s.record.redrained, None, "ends with the cycle");
     let msg = s.record.message.unwrap_or_default();
     assert!(msg.contains("pid 42") && msg.contains("retry"), "{msg}");
     assert!(msg.contains("The node stays cordoned"), "{msg}");
@@ -991,6 +995,73 @@ fn installer_failure_fails_the_node_at_once_with_its_cause() {
         step(&rec(Upgrading), &stale, &want()).record.state,
         Upgrading
     );
+}
+
+#[test]
+fn a_device_busy_refusal_drains_again_once_per_cycle() {
+    let busy = |at: i64| Observation {
+        unschedulable: true,
+        installer: InstallerPod::Current { ready: false },
+        installer_failure: Some(Failure {
+            reason: reason::DEVICE_BUSY,
+            message: "the agent gave up: pid 4242 (sim) in pod ml/train-9 holds /dev/tenstorrent/0"
+                .into(),
+            pod_created: Some(901),
+            terminated_at: Some(at),
+        }),
+        now: at + 1,
+        ..obs()
+    };
+    let mut r = rec(Upgrading);
+    r.since = 950;
+    // The first refusal of the cycle: back to Draining to evict the
+    // newcomer; the go-ahead goes with the Upgrading state.
+    let s = step(&r, &busy(950), &want());
+    assert_eq!(
+        (s.record.state, s.commands.clone()),
+        (Draining, vec![Command::Evict])
+    );
+    assert_eq!(s.record.reason.as_deref(), Some(reason::DRAIN_AGAIN));
+    assert_eq!(s.record.redrained, Some(950));
+    assert_eq!(s.record.started, r.started, "the same cycle");
+    assert!(s.record.cordoned_by_us());
+    assert!(crate::go_ahead::for_record("n1", &s.record).is_none());
+    let msg = s.record.message.clone().unwrap_or_default();
+    assert!(msg.contains("ml/train-9") && msg.contains("once"), "{msg}");
+    // Drained again (the same second): Upgrading, where the refusal the
+    // cycle drained again for is not a failure; the agent's next answer is.
+    let drained = Observation {
+        drain: Some(DrainProgress::default()),
+        ..busy(950)
+    };
+    let s = step(&s.record, &drained, &want());
+    assert_eq!(s.record.state, Upgrading);
+    assert!(crate::go_ahead::for_record("n1", &s.record).is_some());
+    let again = step(&s.record, &busy(950), &want());
+    assert_eq!(again.record.state, Upgrading, "{:?}", again.record);
+    let failed = step(&s.record, &busy(953), &want());
+    assert_eq!(failed.record.state, Failed);
+    assert_eq!(failed.record.reason.as_deref(), Some(reason::DEVICE_BUSY));
+    // Not in a cycle without drain (nothing to drain), nor once the module
+    // is swapped (the refusal is not about this swap).
+    let no_drain = Desired {
+        drain_enabled: false,
+        ..want()
+    };
+    assert_eq!(step(&r, &busy(950), &no_drain).record.state, Failed);
+    let swapped = Observation {
+        loaded: Some("2.8.0".into()),
+        ..busy(950)
+    };
+    assert_eq!(step(&r, &swapped, &want()).record.state, Failed);
+    // The record keeps it across a controller restart.
+    let wire = serde_json::to_string(&failed.record).expect("ser");
+    let mut mid = r.clone();
+    mid.redrained = Some(950);
+    let back: NodeRecord =
+        serde_json::from_str(&serde_json::to_string(&mid).expect("ser")).expect("de");
+    assert_eq!(back.redrained, Some(950));
+    assert!(!wire.contains("redrained"), "absent when None: {wire}");
 }
 
 #[test]
@@ -1429,6 +1500,21 @@ fn a_failed_unload_halts_as_unload_failed_until_retried() {
         }),
         ..obs()
     };
+    // The first refusal of the cycle drains again (a pod that came after
+    // the drain); the second fails.
+    let s = step(&r, &busy, &w);
+    assert_eq!(
+        (s.record.state, s.commands.clone()),
+        (Draining, vec![Command::Evict])
+    );
+    assert_eq!(s.record.reason.as_deref(), Some(reason::DRAIN_AGAIN));
+    assert!(
+        s.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("refused the unload"))
+    );
+    r.redrained = Some(920);
     let s = step(&r, &busy, &w);
     assert_eq!(s.record.state, UnloadFailed);
     assert_eq!(s.record.reason.as_deref(), Some(reason::DEVICE_BUSY));
@@ -1583,6 +1669,8 @@ fn the_pod_that_unloads_is_this_cycles() {
         }),
         ..old
     };
+    assert_eq!(step(&r, &new, &unmanage()).record.state, Draining);
+    r.redrained = Some(920);
     assert_eq!(step(&r, &new, &unmanage()).record.state, UnloadFailed);
 }
 

@@ -141,10 +141,17 @@ fn unloading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     if obs.installer == (InstallerPod::Current { ready: true }) && obs.loaded.is_none() {
         return vacated(rec, reason::VACATED, now);
     }
-    let this_cycles = |f: &Failure| f.at().is_none_or(|c| c >= rec.since);
+    // Not the refusal this cycle drained again for ([`super::drain_again`]).
+    let this_cycles = |f: &Failure| {
+        f.at().is_none_or(|c| c >= rec.since)
+            && (rec.redrained.is_none() || f.at() != rec.redrained)
+    };
     if let (Some(f), InstallerPod::Current { .. }) = (&obs.installer_failure, &obs.installer)
         && this_cycles(f)
     {
+        if let Some(step) = super::drain_again(rec, f, true, want, now) {
+            return step;
+        }
         let msg = format!(
             "{}{}",
             f.message,

@@ -39,6 +39,7 @@ async fn main() {
             build: Duration::from_millis(args.build_ms),
             load: Duration::from_millis(args.load_ms),
             flash: args.flash_ms.map(Duration::from_millis),
+            ..Default::default()
         },
     )
     .await;
