@@ -286,9 +286,11 @@ fn node_scope(n: &Node) -> Option<Scope> {
     n.metadata.name.clone().map(Scope::Node)
 }
 
-/// What the controller reads of its DaemonSets: the template hash annotation
-/// and the spec, not the status the DaemonSet controller rewrites on every
-/// installer pod change (each would otherwise start a pass over all nodes).
+/// What the controller reads of its DaemonSets: the template hash annotation,
+/// the spec and the generation the DaemonSet controller has observed (stale
+/// installer pods are replaced only then), not the rest of the status it
+/// rewrites on every installer pod change (each would otherwise start a pass
+/// over all nodes).
 fn daemonset_key(d: &DaemonSet) -> Option<u64> {
     let m = &d.metadata;
     hash_of((
@@ -296,6 +298,7 @@ fn daemonset_key(d: &DaemonSet) -> Option<u64> {
         &m.annotations,
         &m.labels,
         m.deletion_timestamp.is_some(),
+        d.status.as_ref().and_then(|s| s.observed_generation),
     ))
 }
 

@@ -10,9 +10,36 @@
 //! counts it saw when the current sandbox appeared ([`SandboxBaseline`]);
 //! only restarts beyond them count.
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use ttdrv_api::labels;
 
 use crate::reason;
+
+/// Whether an installer pod deleted now comes back on the current template
+/// (`hash`): the DaemonSet carries it and the DaemonSet controller has
+/// observed that generation. Until then (a controller-manager that lags, as
+/// after an API-server outage) a replacement would come back on the old
+/// template, be replaced again, and so on at API speed; the controller waits.
+pub fn template_observed(ds: Option<&DaemonSet>, hash: &str) -> bool {
+    let Some(ds) = ds else {
+        return false;
+    };
+    let carries = ds
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(labels::TEMPLATE_HASH))
+        .is_some_and(|h| h == hash && !hash.is_empty());
+    let observed = ds.status.as_ref().and_then(|s| s.observed_generation);
+    carries
+        && match (observed, ds.metadata.generation) {
+            (Some(o), Some(g)) => o >= g,
+            // A server that does not count generations: nothing to wait for.
+            (_, None) => true,
+            (None, Some(_)) => false,
+        }
+}
 
 /// Restarts after which a crashing installer fails its node (the Go
 /// operator's threshold).
@@ -282,6 +309,37 @@ fn crashing_now(pod: &Pod, cs: &ContainerStatus) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_template_counts_as_observed_once_the_daemonset_controller_saw_it() {
+        use k8s_openapi::api::apps::v1::DaemonSetStatus;
+        let ds = |hash: &str, generation: i64, observed: Option<i64>| {
+            let mut d = DaemonSet::default();
+            d.metadata.annotations =
+                Some([(labels::TEMPLATE_HASH.to_string(), hash.to_string())].into());
+            d.metadata.generation = Some(generation);
+            d.status = observed.map(|o| DaemonSetStatus {
+                observed_generation: Some(o),
+                ..Default::default()
+            });
+            d
+        };
+        assert!(template_observed(Some(&ds("h2", 2, Some(2))), "h2"));
+        assert!(
+            !template_observed(Some(&ds("h2", 2, Some(1))), "h2"),
+            "lags"
+        );
+        assert!(
+            !template_observed(Some(&ds("h2", 2, None)), "h2"),
+            "no status yet"
+        );
+        assert!(
+            !template_observed(Some(&ds("h1", 1, Some(1))), "h2"),
+            "our cache is behind"
+        );
+        assert!(!template_observed(None, "h2"));
+        assert!(!template_observed(Some(&ds("", 1, Some(1))), ""));
+    }
+
     use super::*;
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateTerminated, ContainerStateWaiting, PodStatus,

@@ -142,6 +142,7 @@ fn observe(obs: Observation, persisted: Option<NodeRecord>, evict: &[&str]) -> O
             namespace: "tt".into(),
             name: "ttdrv-fleet-abc".into(),
         }),
+        template_observed: true,
         skipped: vec![],
         gates: vec![GATE.to_string()],
     }
@@ -228,6 +229,40 @@ async fn granted_slot_cordons_then_drains_on_the_stored_node() {
         entries(&log),
         ["patch Cordoning cordon", "patch Draining", "evict ml/w"],
         "cordon with the record, drain only on the API server's reply"
+    );
+}
+
+#[actix::test]
+async fn a_stale_installer_pod_is_kept_until_the_daemonset_controller_saw_the_template() {
+    let mut r = NodeRecord::new("fleet", "2.8.0", 900);
+    r.state = NodeState::Upgrading;
+    r.cordon = Cordon::Ours;
+    r.started = Some(900);
+    r.since = 900;
+    let mut o = obs("2.7.0");
+    o.unschedulable = true;
+    o.gates_closed = true;
+    o.gates_present = true;
+    o.installer = ttdrv_core::machine::InstallerPod::Stale { deleting: false };
+    let step = |observed: bool| {
+        let (o, r) = (o.clone(), r.clone());
+        async move {
+            let (actor, log) = start(serde_json::json!({}));
+            let mut m = observe(o, Some(r), &[]);
+            m.template_observed = observed;
+            let rec = actor.send(m).await.expect("mailbox").expect("step");
+            assert_eq!(rec.state, NodeState::Upgrading);
+            entries(&log)
+        }
+    };
+    assert!(
+        !step(false).await.iter().any(|e| e.starts_with("replace")),
+        "a replacement now would come back on the old template"
+    );
+    assert!(
+        step(true)
+            .await
+            .contains(&"replace ttdrv-fleet-abc".to_string())
     );
 }
 

@@ -3,6 +3,7 @@
 //! rounds observes the nodes in scope, tells the RolloutActor what changed and
 //! steps the NodeActors (those it lets ask for a slot included).
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -84,6 +85,11 @@ impl ReconcilePass {
         let spec = &policy.spec;
         ctx.metrics.set_desired_version(&name, &spec.version);
         let (hash, mut refused) = self.ensure_daemonset().await?;
+        // A stale installer pod is replaced only once the DaemonSet
+        // controller has seen the current template: before, its replacement
+        // would come back stale (and be replaced again, at API speed).
+        let template_observed =
+            ttdrv_core::installer::template_observed(self.cached_daemonset().as_deref(), &hash);
         // A selector the controller cannot parse: no drain can be planned.
         let selector = match PodSelector::parse(&spec.upgrade_policy.drain.pod_selector_label) {
             Ok(s) => Some(s),
@@ -201,7 +207,7 @@ impl ReconcilePass {
             .map(|(n, v)| v.candidate(n, self.records.get(n).or(v.persisted.as_ref())))
             .collect();
         candidates.extend(self.held_strays(&strays));
-        if desired.prepare && !desired.paused && !desired.refused {
+        if desired.prepare && !desired.paused && !desired.refused && template_observed {
             let turn = self.plan_prepare(&input);
             let unseen: Vec<String> = turn
                 .iter()
@@ -301,6 +307,7 @@ impl ReconcilePass {
                     persisted: v.persisted,
                     evictions: v.evictions,
                     installer_pod: v.installer_pod,
+                    template_observed,
                     skipped: v.skipped,
                     gates: gates.clone(),
                     budget: budget.clone(),
@@ -479,12 +486,17 @@ impl ReconcilePass {
     }
 
     /// The template hash of the DaemonSet as the cache has it.
-    fn cached_hash(&self) -> String {
+    /// The policy's DaemonSet as the cache holds it.
+    fn cached_daemonset(&self) -> Option<Arc<DaemonSet>> {
         let ds_name = daemonset_name(self.name());
         self.ctx
             .stores
             .daemonsets
             .get(&ObjectRef::new(&ds_name).within(&self.ctx.config.namespace))
+    }
+
+    fn cached_hash(&self) -> String {
+        self.cached_daemonset()
             .and_then(|d| {
                 d.metadata
                     .annotations

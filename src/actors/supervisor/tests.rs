@@ -181,10 +181,36 @@ fn context_with(claimed: bool) -> Arc<Context> {
     context_of(claimed, Some("2.8.0"), policy())
 }
 
+/// The policy's DaemonSet at template `h2` (what the fake Ensure returns),
+/// generation 2, as far as the DaemonSet controller has `observed` it.
+fn daemonset(observed: i64) -> k8s_openapi::api::apps::v1::DaemonSet {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "ttdrv-fleet", "namespace": labels::DEFAULT_NAMESPACE, "generation": 2,
+            "annotations": { labels::TEMPLATE_HASH: "h2" },
+        },
+        "status": {
+            "observedGeneration": observed, "currentNumberScheduled": 0,
+            "desiredNumberScheduled": 0, "numberMisscheduled": 0, "numberReady": 0,
+        },
+    }))
+    .expect("daemonset")
+}
+
 fn context_of(
     claimed: bool,
     prepared: Option<&str>,
     policy: TenstorrentDriverPolicy,
+) -> Arc<Context> {
+    context_lagging(claimed, prepared, policy, 2)
+}
+
+/// [`context_of`] with the DaemonSet controller at `observed`.
+fn context_lagging(
+    claimed: bool,
+    prepared: Option<&str>,
+    policy: TenstorrentDriverPolicy,
+    observed: i64,
 ) -> Arc<Context> {
     let pods: Vec<Pod> = NODES.iter().map(|n| installer(n)).collect();
     let stores = Stores {
@@ -200,7 +226,7 @@ fn context_of(
             })
             .collect()),
         pods: Arc::new(PodCache::listed(labels::DEFAULT_NAMESPACE, pods)),
-        daemonsets: fed(vec![]),
+        daemonsets: fed(vec![daemonset(observed)]),
         pdbs: fed(vec![]),
     };
     crate::test_support::context(crate::test_support::NOWHERE, stores)
@@ -315,6 +341,27 @@ async fn build_ahead_replaces_at_most_max_concurrent_pods_and_cordons_nothing_un
     assert!(
         !log.iter().any(|(_, what)| what == "cordon"),
         "nothing is cordoned before its build is done: {log:?}"
+    );
+}
+
+#[actix::test]
+async fn build_ahead_waits_for_the_daemonset_controller_to_see_the_template() {
+    let (log, ports) = fake_ports();
+    let mut p = policy();
+    p.spec.upgrade_policy.prepare.max_concurrent = 2;
+    // The DaemonSet controller lags (generation 2, observed 1): a pod
+    // replaced now would come back on the old template.
+    let sup =
+        PolicySupervisor::new(context_lagging(true, None, p, 1), "fleet".into(), ports).start();
+    sup.send(reconcile(true, &[]))
+        .await
+        .expect("mailbox")
+        .expect("pass");
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    assert!(
+        !log.iter()
+            .any(|(_, what)| what == "replace" || what == "cordon"),
+        "nothing replaced or cordoned: {log:?}"
     );
 }
 
