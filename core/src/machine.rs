@@ -1204,6 +1204,14 @@ fn prepare_ahead(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             ),
             vec![],
         ),
+        // Said as it is: a DaemonSet controller that lags (after an
+        // API-server outage, say) is not the installer building.
+        InstallerPod::Missing | InstallerPod::Stale { deleting: true } => (
+            format!(
+                "waiting for the DaemonSet controller to create the installer pod that builds {target} ahead of the cordon"
+            ),
+            vec![],
+        ),
         _ => (
             format!(
                 "the installer builds {target} into the node's cache ahead of the cordon; the node serves meanwhile"

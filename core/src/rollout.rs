@@ -173,7 +173,7 @@ pub fn plan<'a>(
         }
         if !c.prepared {
             plan.blocked = Some(format!(
-                "next in order: {} is still building the target ahead of its cordon",
+                "next in order: {} has not prepared the target yet (built ahead of its cordon; its status message says how far it is)",
                 c.name
             ));
             break;
@@ -327,7 +327,7 @@ mod tests {
         assert!(
             p.blocked
                 .as_deref()
-                .is_some_and(|m| m.contains("a is still building")),
+                .is_some_and(|m| m.contains("a has not prepared the target yet")),
             "{p:?}"
         );
         // Prepared: a and b start, in order.

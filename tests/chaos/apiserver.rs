@@ -114,6 +114,49 @@ impl Component {
     }
 }
 
+/// After an API-server restart the harness made: stops the
+/// controller-manager and the scheduler (SIGTERM, by the pid kwokctl
+/// recorded, after checking it is this cluster's), and waits until the
+/// component supervisor has started them again. Their informers can hang on
+/// the re-watch after an outage: twice the DaemonSet controller never
+/// observed a new template (`observedGeneration` stuck one behind for
+/// minutes) and no installer pod came back, which measures the
+/// controller-manager, not the controller under test. Returns what it did.
+pub(crate) async fn refresh_control_plane(api: &Component) -> Vec<String> {
+    let mut done = vec![];
+    for name in ["kube-controller-manager", "kube-scheduler"] {
+        let c = match Component::record(&api.dir, name) {
+            Ok(c) => c,
+            Err(e) => {
+                done.push(format!("{name} not refreshed: {e}"));
+                continue;
+            }
+        };
+        let Some(pid) = c.pid() else { continue };
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        let t0 = Instant::now();
+        while pid_alive(&pid) && t0.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if pid_alive(&pid) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid])
+                .status();
+        }
+        // The supervisor notices within 500 ms and starts it again.
+        while !c.alive() && t0.elapsed() < Duration::from_secs(20) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        done.push(format!(
+            "{name} restarted after the API-server restart{}",
+            if c.alive() { "" } else { " (not running yet)" }
+        ));
+    }
+    done
+}
+
 /// Plays the kubelet that would restart static control-plane pods: the
 /// controller-manager and scheduler exit when they lose their leader lease
 /// during an API-server outage, and kwok's controller may too.

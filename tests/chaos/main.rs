@@ -50,7 +50,10 @@ use rand::{Rng, SeedableRng};
 use ttdrv_api::labels;
 use ttdrv_testkit::{SimAgent, SimAgentConfig};
 
-use apiserver::{Component, chaos_cluster_dir, restart_apiserver, spawn_component_supervisor};
+use apiserver::{
+    Component, chaos_cluster_dir, refresh_control_plane, restart_apiserver,
+    spawn_component_supervisor,
+};
 use controller::Controller;
 use fleet::{chaos_env, deployment, install_fleet, ready_tt_nodes};
 use invariants::{Invariants, Shared, spawn_invariant_watchers};
@@ -830,6 +833,7 @@ async fn apiserver_restarts_during_the_go_ahead_and_label_writes() {
                 Err(e) => inv.violation(format!("could not restart the API server: {e}")),
             }
             let _ = resume.send(());
+            faults.extend(refresh_control_plane(&api).await);
         }
         let outcome = wait_settled(&env, &policy, target, SETTLE).await;
         outcomes.push(format!(

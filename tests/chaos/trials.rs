@@ -337,6 +337,7 @@ pub(crate) async fn trial(
                 )),
                 Err(e) => inv.violation(format!("could not restart the API server: {e}")),
             }
+            faults.extend(crate::apiserver::refresh_control_plane(api).await);
         }
         Kind::DeleteDraining => {
             let v = victim.clone().unwrap_or_default();

@@ -2264,3 +2264,23 @@ fn a_user_validation_pod_must_succeed_before_the_uncordon() {
     let s = step(&open, &swapped(None), &no_drain);
     assert_eq!(s.record.state, Done, "{s:?}");
 }
+
+#[test]
+fn a_missing_installer_pod_is_not_called_building() {
+    let w = Desired {
+        prepare: true,
+        ..want()
+    };
+    let o = Observation {
+        installer: InstallerPod::Missing,
+        prepared: false,
+        ..obs()
+    };
+    let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &o, &w);
+    assert_eq!(s.record.state, Pending);
+    let msg = s.record.message.unwrap_or_default();
+    assert!(
+        msg.contains("waiting for the DaemonSet controller"),
+        "{msg}"
+    );
+}
