@@ -1258,11 +1258,9 @@ pub fn firmware_too_old<'a>(obs: &Observation, want: &'a Desired) -> Option<&'a 
     (!ok).then_some(min)
 }
 
-/// Pending → Cordoning: the cycle starts (with its slot). A node someone
-/// else cordoned keeps their cordon, never ours to undo.
 /// The agent refused a drained cycle's swap (or unload) because a pod holds
-/// the device, with the module untouched: a pod that reached the node after its drain
-/// ended (a scheduler that had not seen the cordon yet, or a pod the
+/// the device, with the module untouched: a pod that reached the node after
+/// its drain ended (a scheduler that had not seen the cordon yet, or a pod the
 /// controller's cache did not hold when the drain finished). Back to
 /// Draining, without the go-ahead, to evict it; once per cycle: a holder the
 /// drain leaves (a bare pod, an exempt namespace) or one that keeps coming
@@ -1302,6 +1300,8 @@ pub(crate) fn drain_again(
     })
 }
 
+/// Pending → Cordoning: the cycle starts (with its slot). A node someone
+/// else cordoned keeps their cordon, never ours to undo.
 fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
     let mut r = enter(rec, NodeState::Cordoning, reason::CORDON, None, obs.now);
     if r.cordon != Cordon::Ours {
