@@ -265,6 +265,10 @@ pub struct Observation {
     /// The prepare plan chose this node: replace its stale installer pod now
     /// so the new agent builds ahead ([`crate::prepare::plan`]).
     pub prepare_turn: bool,
+    /// The DaemonSet controller has not yet observed the installer template
+    /// ([`crate::installer::template_observed`]): a stale pod is kept, since
+    /// its replacement would come back on the old template.
+    pub template_pending: bool,
     /// A firmware cycle has the node ([`crate::claim`]): who, for the
     /// message. No driver cycle starts on it meanwhile.
     pub firmware_cycle: Option<String>,
@@ -577,6 +581,12 @@ fn stay(rec: &NodeRecord, commands: Vec<Command>) -> Step {
 /// slot and says so in its reason.
 pub fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     let mut next = step_inner(rec, obs, want);
+    // An installer pod replaced before the DaemonSet controller has seen the
+    // template would come back on the old one: kept, and asked for again by
+    // the next pass.
+    if obs.template_pending {
+        next.commands.retain(|c| *c != Command::DeleteInstallerPod);
+    }
     // A vacate cycle fails as UnloadFailed, whichever step failed: the
     // policy's other nodes halt all the same, and the state says which cycle.
     if want.unmanage && next.record.state == NodeState::Failed && rec.state != NodeState::Failed {
@@ -1194,6 +1204,12 @@ fn prepare_ahead(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         );
     }
     let (why, cmds) = match obs.installer {
+        InstallerPod::Stale { deleting: false } if obs.template_pending => (
+            format!(
+                "waiting for the DaemonSet controller to observe the installer template of {target} before replacing the pod"
+            ),
+            vec![],
+        ),
         InstallerPod::Stale { deleting: false } if obs.prepare_turn => (
             format!("replacing the installer pod to build {target} ahead of the cordon"),
             vec![Command::DeleteInstallerPod],

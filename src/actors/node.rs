@@ -105,10 +105,6 @@ pub struct Observe {
     pub evictions: Vec<(PodRef, DrainPass)>,
     /// The node's installer pod, if any.
     pub installer_pod: Option<PodRef>,
-    /// The DaemonSet controller has observed the current template: a pod
-    /// deleted now comes back current. Until then a stale pod is kept
-    /// ([`ttdrv_core::installer::template_observed`]); the step is retried.
-    pub template_observed: bool,
     /// Pods the drain leaves in place, with why (reported when the drain ends).
     pub skipped: Vec<String>,
     pub gates: Vec<String>,
@@ -235,12 +231,6 @@ impl Handler<Observe> for NodeActor {
                                 tracing::warn!(node, error = e, "eviction failed; will retry");
                                 ctx.metrics.inc_error(&policy_name, "evict");
                             }
-                        }
-                        Command::DeleteInstallerPod if !msg.template_observed => {
-                            tracing::debug!(
-                                node,
-                                "installer pod kept until the DaemonSet controller has observed the current template"
-                            );
                         }
                         Command::DeleteInstallerPod => {
                             let pod = msg

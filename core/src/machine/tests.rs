@@ -494,6 +494,8 @@ fn safety_properties_over_the_cross_product() {
                                     prepared: !b(7),
                                     // The turn matters only while not prepared.
                                     prepare_turn: b(7) && !b(2),
+                                    // The DaemonSet controller behind, now and then.
+                                    template_pending: b(7) && b(3),
                                     firmware_cycle: (b(1) && b(4)).then(|| "fw".into()),
                                     firmware_version: None,
                                     firmware_first: (b(2) && b(5)).then(|| "fw".into()),
@@ -724,6 +726,12 @@ fn safety_properties_over_the_cross_product() {
                                     }
                                     vacate_properties(&r, &o, &w, &s, &ctx);
                                     prepare_properties(&r, &o, &w, &s, &ctx);
+                                    if o.template_pending {
+                                        assert!(
+                                            !s.commands.contains(&Command::DeleteInstallerPod),
+                                            "no installer pod replaced before the DaemonSet controller saw the template: {ctx}"
+                                        );
+                                    }
                                     if refused && r.state == Pending {
                                         assert!(
                                             !matches!(
@@ -2283,4 +2291,16 @@ fn a_missing_installer_pod_is_not_called_building() {
         msg.contains("waiting for the DaemonSet controller"),
         "{msg}"
     );
+    // A stale pod, its turn come, while the DaemonSet controller has not
+    // seen the template: kept, and said so.
+    let pending = Observation {
+        installer: InstallerPod::Stale { deleting: false },
+        prepare_turn: true,
+        template_pending: true,
+        ..o
+    };
+    let s = step(&NodeRecord::new("fleet", "2.8.0", 900), &pending, &w);
+    assert!(s.commands.is_empty(), "{:?}", s.commands);
+    let msg = s.record.message.unwrap_or_default();
+    assert!(msg.contains("observe the installer template"), "{msg}");
 }

@@ -142,7 +142,6 @@ fn observe(obs: Observation, persisted: Option<NodeRecord>, evict: &[&str]) -> O
             namespace: "tt".into(),
             name: "ttdrv-fleet-abc".into(),
         }),
-        template_observed: true,
         skipped: vec![],
         gates: vec![GATE.to_string()],
     }
@@ -249,7 +248,7 @@ async fn a_stale_installer_pod_is_kept_until_the_daemonset_controller_saw_the_te
         async move {
             let (actor, log) = start(serde_json::json!({}));
             let mut m = observe(o, Some(r), &[]);
-            m.template_observed = observed;
+            m.obs.template_pending = !observed;
             let rec = actor.send(m).await.expect("mailbox").expect("step");
             assert_eq!(rec.state, NodeState::Upgrading);
             entries(&log)

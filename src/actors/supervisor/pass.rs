@@ -297,6 +297,7 @@ impl ReconcilePass {
                 // steps on it (and gives it back if the step does not use it).
                 let mut obs = v.obs;
                 obs.slot = offered.contains(n.as_str());
+                obs.template_pending = !template_observed;
                 let msg = Observe {
                     policy: policy.clone(),
                     obs,
@@ -307,7 +308,6 @@ impl ReconcilePass {
                     persisted: v.persisted,
                     evictions: v.evictions,
                     installer_pod: v.installer_pod,
-                    template_observed,
                     skipped: v.skipped,
                     gates: gates.clone(),
                     budget: budget.clone(),
