@@ -485,7 +485,6 @@ impl ReconcilePass {
             })
     }
 
-    /// The template hash of the DaemonSet as the cache has it.
     /// The policy's DaemonSet as the cache holds it.
     fn cached_daemonset(&self) -> Option<Arc<DaemonSet>> {
         let ds_name = daemonset_name(self.name());
@@ -495,6 +494,7 @@ impl ReconcilePass {
             .get(&ObjectRef::new(&ds_name).within(&self.ctx.config.namespace))
     }
 
+    /// The template hash of the DaemonSet as the cache has it.
     fn cached_hash(&self) -> String {
         self.cached_daemonset()
             .and_then(|d| {
