@@ -989,7 +989,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             // nor is the refusal this cycle drained again for.)
             let this_cycles = |f: &Failure| {
                 (rec.no_drain || f.at().is_none_or(|c| c >= rec.since))
-                    && (rec.redrained.is_none() || f.at() != rec.redrained)
+                    && !drained_again_for(&rec, f)
             };
             if let (Some(f), InstallerPod::Current { .. }) =
                 (&obs.installer_failure, &obs.installer)
@@ -1314,6 +1314,12 @@ pub(crate) fn drain_again(
         commands: vec![Command::Evict],
         needs_slot: false,
     })
+}
+
+/// `f` is the refusal this cycle already drained again for
+/// ([`drain_again`]): not a failure of the cycle any more.
+pub(crate) fn drained_again_for(rec: &NodeRecord, f: &Failure) -> bool {
+    rec.redrained.is_some() && f.at() == rec.redrained
 }
 
 /// Pending → Cordoning: the cycle starts (with its slot). A node someone

@@ -39,6 +39,32 @@ fn pid_alive(pid: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Sends `sig` to `pid` (a control-plane process of the chaos cluster, by
+/// the pid its pid file recorded) and waits until it is gone: SIGKILL after
+/// 10 s, an error after 60 s.
+async fn stop(pid: &str, sig: &str) -> Result<(), String> {
+    let t0 = Instant::now();
+    let st = std::process::Command::new("kill")
+        .args([sig, pid])
+        .status()
+        .map_err(|e| format!("kill: {e}"))?;
+    if !st.success() {
+        return Err(format!("kill {sig} {pid} failed"));
+    }
+    while pid_alive(pid) {
+        if t0.elapsed() > Duration::from_secs(10) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", pid])
+                .status();
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err(format!("process {pid} did not exit"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
 /// A control-plane process of the chaos cluster, as kwokctl started it.
 #[derive(Clone, Debug)]
 pub(crate) struct Component {
@@ -133,19 +159,12 @@ pub(crate) async fn refresh_control_plane(api: &Component) -> Vec<String> {
             }
         };
         let Some(pid) = c.pid() else { continue };
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status();
-        let t0 = Instant::now();
-        while pid_alive(&pid) && t0.elapsed() < Duration::from_secs(10) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if pid_alive(&pid) {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &pid])
-                .status();
+        if let Err(e) = stop(&pid, "-TERM").await {
+            done.push(format!("{name} not refreshed: {e}"));
+            continue;
         }
         // The supervisor notices within 500 ms and starts it again.
+        let t0 = Instant::now();
         while !c.alive() && t0.elapsed() < Duration::from_secs(20) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -195,27 +214,11 @@ pub(crate) async fn restart_apiserver(
 ) -> Result<Duration, String> {
     let pid = api.pid().ok_or("no kube-apiserver pid")?;
     let t0 = Instant::now();
-    let sig = if hard { "-KILL" } else { "-TERM" };
-    let st = std::process::Command::new("kill")
-        .args([sig, &pid])
-        .status()
-        .map_err(|e| format!("kill: {e}"))?;
-    if !st.success() {
-        return Err(format!("kill {sig} {pid} failed"));
-    }
     // A graceful shutdown waits up to a minute for long-running requests; an
-    // operator's restart would not wait that long either.
-    while pid_alive(&pid) {
-        if t0.elapsed() > Duration::from_secs(10) {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &pid])
-                .status();
-        }
-        if t0.elapsed() > Duration::from_secs(60) {
-            return Err(format!("kube-apiserver {pid} did not exit"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // operator's restart would not wait that long either (SIGKILL after 10 s).
+    stop(&pid, if hard { "-KILL" } else { "-TERM" })
+        .await
+        .map_err(|e| format!("kube-apiserver: {e}"))?;
     tokio::time::sleep(down).await;
     api.spawn()?;
     let deadline = Instant::now() + Duration::from_secs(90);

@@ -141,11 +141,8 @@ fn unloading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     if obs.installer == (InstallerPod::Current { ready: true }) && obs.loaded.is_none() {
         return vacated(rec, reason::VACATED, now);
     }
-    // Not the refusal this cycle drained again for ([`super::drain_again`]).
-    let this_cycles = |f: &Failure| {
-        f.at().is_none_or(|c| c >= rec.since)
-            && (rec.redrained.is_none() || f.at() != rec.redrained)
-    };
+    let this_cycles =
+        |f: &Failure| f.at().is_none_or(|c| c >= rec.since) && !super::drained_again_for(rec, f);
     if let (Some(f), InstallerPod::Current { .. }) = (&obs.installer_failure, &obs.installer)
         && this_cycles(f)
     {

@@ -115,6 +115,25 @@ fn obs(loaded: &str) -> Observation {
     }
 }
 
+/// The record of a cycle of policy `fleet` to 2.8.0 started at 900, in
+/// `state`, with `cordon`.
+fn in_cycle(state: NodeState, cordon: Cordon) -> NodeRecord {
+    let mut r = NodeRecord::new("fleet", "2.8.0", 900);
+    r.state = state;
+    r.cordon = cordon;
+    r.started = Some(900);
+    r
+}
+
+/// [`obs`] of a node cordoned with its gates closed.
+fn cordoned_obs(loaded: &str) -> Observation {
+    let mut o = obs(loaded);
+    o.unschedulable = true;
+    o.gates_closed = true;
+    o.gates_present = true;
+    o
+}
+
 fn observe(obs: Observation, persisted: Option<NodeRecord>, evict: &[&str]) -> Observe {
     Observe {
         // Room for any start: the budget itself is tested in crate::claims.
@@ -233,15 +252,8 @@ async fn granted_slot_cordons_then_drains_on_the_stored_node() {
 
 #[actix::test]
 async fn a_stale_installer_pod_is_kept_until_the_daemonset_controller_saw_the_template() {
-    let mut r = NodeRecord::new("fleet", "2.8.0", 900);
-    r.state = NodeState::Upgrading;
-    r.cordon = Cordon::Ours;
-    r.started = Some(900);
-    r.since = 900;
-    let mut o = obs("2.7.0");
-    o.unschedulable = true;
-    o.gates_closed = true;
-    o.gates_present = true;
+    let r = in_cycle(NodeState::Upgrading, Cordon::Ours);
+    let mut o = cordoned_obs("2.7.0");
     o.installer = ttdrv_core::machine::InstallerPod::Stale { deleting: false };
     let step = |observed: bool| {
         let (o, r) = (o.clone(), r.clone());
@@ -267,15 +279,9 @@ async fn a_stale_installer_pod_is_kept_until_the_daemonset_controller_saw_the_te
 
 #[actix::test]
 async fn a_node_without_drain_plan_never_leaves_draining() {
-    let mut r = NodeRecord::new("fleet", "2.8.0", 900);
-    r.state = NodeState::Draining;
-    r.cordon = Cordon::Ours;
-    r.started = Some(900);
+    let r = in_cycle(NodeState::Draining, Cordon::Ours);
     let (actor, log) = start(serde_json::json!({}));
-    let mut o = obs("2.7.0");
-    o.unschedulable = true;
-    o.gates_closed = true;
-    o.gates_present = true;
+    let o = cordoned_obs("2.7.0");
     let rec = actor
         .send(observe(o, Some(r.clone()), &[]))
         .await
@@ -287,20 +293,14 @@ async fn a_node_without_drain_plan_never_leaves_draining() {
 
 #[actix::test]
 async fn done_gives_the_slot_back_after_uncordon() {
-    let mut r = NodeRecord::new("fleet", "2.8.0", 900);
-    r.state = NodeState::Upgrading;
-    r.cordon = Cordon::Ours;
-    r.started = Some(900);
+    let r = in_cycle(NodeState::Upgrading, Cordon::Ours);
     let node = serde_json::json!({
         "metadata": { "labels": { GATE: "false", labels::KMD_VERSION: "2.8.0" } },
         "spec": { "unschedulable": true }
     });
     let (actor, log) = start(node);
-    let mut o = obs("2.8.0");
+    let mut o = cordoned_obs("2.8.0");
     o.installer = InstallerPod::Current { ready: true };
-    o.unschedulable = true;
-    o.gates_closed = true;
-    o.gates_present = true;
     let rec = actor
         .send(observe(o, Some(r), &[]))
         .await
@@ -318,20 +318,14 @@ async fn done_gives_the_slot_back_after_uncordon() {
 
 #[actix::test]
 async fn admins_cordon_is_never_lifted() {
-    let mut r = NodeRecord::new("fleet", "2.8.0", 900);
-    r.state = NodeState::Upgrading;
-    r.cordon = Cordon::Theirs;
-    r.started = Some(900);
+    let r = in_cycle(NodeState::Upgrading, Cordon::Theirs);
     let node = serde_json::json!({
         "metadata": { "labels": { GATE: "false" } },
         "spec": { "unschedulable": true }
     });
     let (actor, log) = start(node);
-    let mut o = obs("2.8.0");
+    let mut o = cordoned_obs("2.8.0");
     o.installer = InstallerPod::Current { ready: true };
-    o.unschedulable = true;
-    o.gates_closed = true;
-    o.gates_present = true;
     let rec = actor
         .send(observe(o, Some(r), &[]))
         .await

@@ -232,6 +232,14 @@ fn context_lagging(
     crate::test_support::context(crate::test_support::NOWHERE, stores)
 }
 
+/// One reconcile pass of `sup` ([`reconcile`]), which must succeed.
+async fn run_pass(sup: &Addr<PolicySupervisor>, full: bool, nodes: &[&str]) {
+    sup.send(reconcile(full, nodes))
+        .await
+        .expect("mailbox")
+        .expect("pass");
+}
+
 fn reconcile(full: bool, nodes: &[&str]) -> Reconcile {
     Reconcile {
         assignment: Arc::new(Assignment {
@@ -285,15 +293,9 @@ fn fake_ports() -> (WriteLog, SupervisorPorts) {
 async fn a_pass_starts_one_node_and_the_next_pass_keeps_the_budget() {
     let (log, ports) = fake_ports();
     let sup = PolicySupervisor::new(context(), "fleet".into(), ports).start();
-    sup.send(reconcile(true, &[]))
-        .await
-        .expect("mailbox")
-        .expect("pass");
+    run_pass(&sup, true, &[]).await;
     // A targeted pass on the waiting nodes: n1 still holds the only slot.
-    sup.send(reconcile(false, &["n2", "n3"]))
-        .await
-        .expect("mailbox")
-        .expect("pass");
+    run_pass(&sup, false, &["n2", "n3"]).await;
     let log = log.lock().map(|l| l.clone()).unwrap_or_default();
     let cordoned: Vec<&str> = log
         .iter()
@@ -322,10 +324,7 @@ async fn build_ahead_replaces_at_most_max_concurrent_pods_and_cordons_nothing_un
     // Twice: the cache still shows the old pods after the first pass (it
     // lags behind the deletions); the bound must hold all the same.
     for full in [true, false] {
-        sup.send(reconcile(full, &["n3"]))
-            .await
-            .expect("mailbox")
-            .expect("pass");
+        run_pass(&sup, full, &["n3"]).await;
     }
     let log = log.lock().map(|l| l.clone()).unwrap_or_default();
     let replaced: Vec<&str> = log
@@ -353,10 +352,7 @@ async fn build_ahead_waits_for_the_daemonset_controller_to_see_the_template() {
     // replaced now would come back on the old template.
     let sup =
         PolicySupervisor::new(context_lagging(true, None, p, 1), "fleet".into(), ports).start();
-    sup.send(reconcile(true, &[]))
-        .await
-        .expect("mailbox")
-        .expect("pass");
+    run_pass(&sup, true, &[]).await;
     let log = log.lock().map(|l| l.clone()).unwrap_or_default();
     assert!(
         !log.iter()
@@ -465,10 +461,7 @@ async fn a_refused_policy_still_enforces_deadlines() {
         refusals: fake.recipient(),
     };
     let sup = PolicySupervisor::new(ctx, "fleet".into(), ports).start();
-    sup.send(reconcile(true, &[]))
-        .await
-        .expect("mailbox")
-        .expect("pass");
+    run_pass(&sup, true, &[]).await;
     let log = log.lock().map(|l| l.clone()).unwrap_or_default();
     assert!(
         log.contains(&("n1".to_string(), "record Failed".to_string())),
@@ -511,10 +504,7 @@ async fn a_node_no_longer_owned_but_still_cordoned_by_us_keeps_its_slot() {
     let ctx = crate::test_support::context(crate::test_support::NOWHERE, stores);
     let sup = PolicySupervisor::new(ctx, "fleet".into(), ports).start();
     for full in [true, false, true] {
-        sup.send(reconcile(full, &["n1"]))
-            .await
-            .expect("mailbox")
-            .expect("pass");
+        run_pass(&sup, full, &["n1"]).await;
     }
     let log = log.lock().map(|l| l.clone()).unwrap_or_default();
     assert!(
