@@ -1,9 +1,11 @@
 //! Access to the devices after a container install, as DKMS (and the Go
 //! operator's builder) leave it: the udev rule that makes `/dev/tenstorrent/*`
 //! world-accessible with by-id links, a udev reload where udevadm exists, and a
-//! chmod of the device nodes already there; and the removal of the pre-5.x
-//! tt-smi virtualenv under `/opt/tt`. Every step works under the host root and
-//! is best effort: a failure is a warning, never a failed install.
+//! chmod of the device nodes already there (only under our own rule: a host's
+//! rule, such as an administrator's `MODE="0660"`, decides the modes and is
+//! never widened); and the removal of the pre-5.x tt-smi virtualenv under
+//! `/opt/tt`. Every step works under the host root and is best effort: a
+//! failure is a warning, never a failed install.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -101,7 +103,8 @@ pub struct DeviceAccess {
 }
 
 /// Installs the udev rule, reloads udev if it can, makes the existing device
-/// nodes 0666 and removes the pre-5.x virtualenv. Never fails.
+/// nodes 0666 when the rule in force is ours, and removes the pre-5.x
+/// virtualenv. Never fails.
 pub fn ensure_device_access(root: &HostRoot) -> DeviceAccess {
     let mut out = DeviceAccess::default();
     match install_rule(root) {
@@ -119,9 +122,14 @@ pub fn ensure_device_access(root: &HostRoot) -> DeviceAccess {
                 .push("udevadm control --reload-rules / trigger failed".into());
         }
     }
-    match chmod_devices(root) {
-        Ok(changed) => out.chmodded = changed,
-        Err(e) => out.warnings.push(format!("chmod {DEV_DIR}/*: {e}")),
+    // A host's own rule sets the modes (udev applies it to every node it
+    // makes): widening the nodes here would undo an administrator's
+    // restriction until the next uevent.
+    if out.rule_kept.is_none() {
+        match chmod_devices(root) {
+            Ok(changed) => out.chmodded = changed,
+            Err(e) => out.warnings.push(format!("chmod {DEV_DIR}/*: {e}")),
+        }
     }
     match remove_old_venv(root) {
         Ok(removed) => out.removed = removed,
@@ -300,10 +308,17 @@ SUBSYSTEM=="tenstorrent", ATTRS{device}=="0x401e", SYMLINK+="tenstorrent/by-id/w
         fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
         let admin = "SUBSYSTEM==\"tenstorrent\", GROUP=\"tt\", MODE=\"0660\"\n";
         fs::write(&path, admin).expect("rule");
+        // The node as the admin's rule made it: never widened.
+        fs::create_dir_all(root.path(DEV_DIR)).expect("mkdir");
+        let node = root.path(format!("{DEV_DIR}/0"));
+        fs::write(&node, "").expect("device");
+        fs::set_permissions(&node, fs::Permissions::from_mode(0o660)).expect("chmod");
         let got = ensure_device_access(&root);
         assert!(!got.rule_written && got.rule_kept.is_some(), "{got:?}");
         assert_eq!(fs::read_to_string(&path).expect("rule"), admin);
         assert_eq!(got.udev_reloaded, None, "nothing written, nothing reloaded");
+        assert!(got.chmodded.is_empty(), "{got:?}");
+        assert_eq!(mode(&node), 0o660, "the admin's 0660 was widened");
     }
 
     #[test]
