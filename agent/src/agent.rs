@@ -420,8 +420,9 @@ impl Agent<'_> {
         } else {
             // Nothing was loaded: a first install, or the end of a swap a
             // reboot cut after the unload. Its record, if any, is the
-            // baseline: what the old module served must be served now.
-            step("validate", || self.revalidate(&root, &target))?;
+            // baseline: what the old module served must be served now;
+            // without one, the cards on the bus are.
+            step("validate", || self.validate_first_install(&root, &target))?;
         }
 
         self.device_access(&root);
@@ -950,8 +951,7 @@ impl Agent<'_> {
     fn settle(&self, root: &HostRoot, before: &Inventory) -> Vec<String> {
         let start = Instant::now();
         loop {
-            let now = validate::inventory(root);
-            let problems = validate::problems(before, &now, &validate::unreadable_attributes(root));
+            let (now, problems) = validate::check(root, before);
             if problems.is_empty() {
                 tracing::info!(
                     serves = %now.describe(),
@@ -1106,6 +1106,64 @@ impl Agent<'_> {
             }
             other => other,
         }
+    }
+
+    /// After a load with nothing loaded before: with a swap record (a swap a
+    /// reboot cut after the unload), as [`Self::revalidate`]; without one,
+    /// every Wormhole and Blackhole on the bus that no other driver holds
+    /// must be served (a release that probes no card does not report
+    /// success). Nothing to roll back to: a failure holds the module
+    /// (record `Held`, so a restarted agent checks again).
+    fn validate_first_install(&self, root: &HostRoot, target: &str) -> Result<()> {
+        match validate::read_record(root) {
+            Some(r) if ttdrv_core::node::same_version(Some(&r.target), target) => {
+                return self.revalidate(root, target);
+            }
+            // Another version's record (a swap long gone, a module unloaded
+            // by hand since): no baseline for this load.
+            Some(_) => {
+                if let Err(e) = validate::clear_record(root) {
+                    tracing::warn!(error = %e, "cannot remove the swap record");
+                }
+            }
+            None => {}
+        }
+        let expected = validate::expected_on_first_install(&validate::present(root));
+        let problems: Vec<String> = self
+            .settle(root, &expected)
+            .into_iter()
+            .map(|p| p.replace("served before the swap", "present on the bus"))
+            .collect();
+        let now = validate::inventory(root);
+        let silent: Vec<&String> = now.functions.difference(&now.telemetry).collect();
+        if problems.is_empty() {
+            if !silent.is_empty() {
+                tracing::warn!(
+                    cards = ?silent,
+                    "served without tt_* attributes (no telemetry from the card's firmware at probe): \
+                     tools that read them, and the by-id links, see nothing for these cards until the next load"
+                );
+            }
+            validate::note_served(root, target);
+            return Ok(());
+        }
+        tracing::error!(version = %target, problems = ?problems, "the first install failed validation");
+        let record = SwapRecord {
+            target: target.to_string(),
+            previous: None,
+            cycle: None,
+            before: expected,
+            outcome: SwapOutcome::Held,
+            problems: problems.clone(),
+        };
+        if let Err(e) = validate::write_record(root, &record) {
+            tracing::warn!(error = %e, "cannot keep the swap record");
+        }
+        Err(AgentError::ValidationFailed {
+            version: target.to_string(),
+            problems,
+            rollback: Box::new(Rollback::NothingLoadedBefore),
+        })
     }
 
     /// With the target already loaded: a swap to it that has not validated

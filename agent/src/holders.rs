@@ -3,6 +3,12 @@
 //! `<root>/proc/*/maps` for mappings of it (a mapping pins the module after
 //! its fd is closed), with each
 //! PID's command name and, where its cgroup path tells, pod UID and container.
+//! A path is not enough: a pod that mounts the host's `/dev` elsewhere (or
+//! made its own node with mknod) holds the device under another name, so an
+//! fd, or a shared mapping, of a character device with tt-kmd's major
+//! (`/proc/devices`) counts too; and tt-kmd's own list of open files,
+//! `/proc/driver/tenstorrent/<N>/pids` (one line per open file, mapping-only
+//! holders included), adds any process the walk missed.
 //! The [`Holder`] type itself lives in [`crate::holder`] (re-exported here).
 
 use std::fs;
@@ -18,29 +24,109 @@ pub fn find_holders(root: &HostRoot) -> Vec<Holder> {
     let Ok(entries) = fs::read_dir(&proc_dir) else {
         return Vec::new();
     };
+    let major = root
+        .read_small("/proc/devices")
+        .ok()
+        .flatten()
+        .and_then(|t| char_major(&t, ttdrv_api::vfio::KMD_PCI_DRIVER));
     let mut holders: Vec<Holder> = entries
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            holder_of(root, &e.path(), pid)
+            holder_of(root, &e.path(), pid, major)
         })
         .collect();
+    // The driver's own list: open files the walk could not see (another
+    // PID namespace's view, a file passed on and the opener's fds closed).
+    for (pid, files) in driver_open_files(root) {
+        if holders.iter().any(|h| h.pid == pid) {
+            continue;
+        }
+        let mut h = bare_holder(root, pid);
+        h.devices = files
+            .iter()
+            .map(|n| format!("{} (tt-kmd's pids list)", n))
+            .collect();
+        h.references = u32::try_from(files.len()).unwrap_or(u32::MAX);
+        holders.push(h);
+    }
     holders.sort_by_key(|h| h.pid);
     holders
+}
+
+/// The major number of the character device `name` in a `/proc/devices`
+/// text (its "Character devices:" section).
+pub fn char_major(devices: &str, name: &str) -> Option<u32> {
+    devices
+        .lines()
+        .skip_while(|l| !l.starts_with("Character devices"))
+        .take_while(|l| !l.starts_with("Block devices"))
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let major = f.next()?.parse().ok()?;
+            (f.next()? == name && f.next().is_none()).then_some(major)
+        })
+}
+
+/// tt-kmd's open files by PID, from `/proc/driver/tenstorrent/<N>/pids`:
+/// each PID with the device nodes (`/dev/tenstorrent/<N>`) it has open,
+/// once per open file.
+fn driver_open_files(root: &HostRoot) -> Vec<(u32, Vec<String>)> {
+    let dir = "/proc/driver/tenstorrent";
+    let Ok(cards) = fs::read_dir(root.path(dir)) else {
+        return Vec::new();
+    };
+    let mut by_pid: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+    for card in cards.filter_map(|e| e.ok()) {
+        let Some(n) = card.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let Some(text) = root.read_small(format!("{dir}/{n}/pids")).ok().flatten() else {
+            continue;
+        };
+        for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+            // 0: the opener is in no PID namespace this agent sees.
+            if pid != 0 {
+                by_pid
+                    .entry(pid)
+                    .or_default()
+                    .push(format!("{}/{n}", ttdrv_api::labels::DEVICE_DIR));
+            }
+        }
+    }
+    by_pid.into_iter().collect()
+}
+
+/// Whether `path` (a /proc magic link, followed) is tt-kmd's character
+/// device: its device number's major is `major`. A stat: nothing is opened.
+fn is_kmd_device(path: &Path, major: Option<u32>) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let major = major?;
+    let md = fs::metadata(path).ok()?;
+    if !md.file_type().is_char_device() || rustix::fs::major(md.rdev()) != major {
+        return None;
+    }
+    Some(format!("{major}:{}", rustix::fs::minor(md.rdev())))
 }
 
 /// The most of `/proc/<pid>/maps` read: a process with more mappings than
 /// this (about 100,000 lines) is read up to here.
 const MAPS_MAX: u64 = 8 << 20;
 
-fn holder_of(root: &HostRoot, pid_dir: &Path, pid: u32) -> Option<Holder> {
+fn holder_of(root: &HostRoot, pid_dir: &Path, pid: u32, major: Option<u32>) -> Option<Holder> {
     let mut devices: Vec<String> = fs::read_dir(pid_dir.join("fd"))
         .into_iter()
         .flatten()
         .filter_map(|fd| fd.ok())
-        .filter_map(|fd| fs::read_link(fd.path()).ok())
-        .filter_map(|target| target.to_str().map(str::to_string))
-        .filter(|t| is_device_path(t))
+        .filter_map(|fd| {
+            let target = fs::read_link(fd.path()).ok()?.to_str()?.to_string();
+            if is_device_path(&target) {
+                return Some(target);
+            }
+            // Another name for the same device (the host's /dev mounted
+            // elsewhere, a node made with mknod).
+            is_kmd_device(&fd.path(), major).map(|n| format!("{target} (device {n})"))
+        })
         .collect();
     let fd_count = u32::try_from(devices.len()).unwrap_or(u32::MAX);
     // Through crate::hostfs: no link followed, no FIFO waited on; a larger
@@ -52,7 +138,12 @@ fn holder_of(root: &HostRoot, pid_dir: &Path, pid: u32) -> Option<Holder> {
             use std::io::Read;
             let mut bytes = Vec::new();
             let _ = f.take(MAPS_MAX).read_to_end(&mut bytes);
-            mapped_devices(&String::from_utf8_lossy(&bytes))
+            let text = String::from_utf8_lossy(&bytes);
+            let mut m = mapped_devices(&text);
+            m.extend(mapped_elsewhere(pid_dir, &text, major));
+            m.sort();
+            m.dedup();
+            m
         })
         .unwrap_or_default();
     if devices.is_empty() && mapped.is_empty() {
@@ -62,6 +153,16 @@ fn holder_of(root: &HostRoot, pid_dir: &Path, pid: u32) -> Option<Holder> {
     devices.dedup();
     let unopened = mapped.iter().filter(|m| !devices.contains(m)).count();
     let references = fd_count.saturating_add(u32::try_from(unopened).unwrap_or(u32::MAX));
+    let mut h = bare_holder(root, pid);
+    h.devices = devices;
+    h.mapped = mapped;
+    h.references = references;
+    Some(h)
+}
+
+/// A holder with its command name and, where its cgroup tells, pod and
+/// container; no devices yet.
+fn bare_holder(root: &HostRoot, pid: u32) -> Holder {
     // Bounded, non-blocking reads that follow no link (crate::hostfs): a
     // planted FIFO or /dev/zero link there costs nothing.
     let read = |name: &str| {
@@ -75,15 +176,36 @@ fn holder_of(root: &HostRoot, pid_dir: &Path, pid: u32) -> Option<Holder> {
     let (pod_uid, container_id) = read("cgroup")
         .map(|c| parse_cgroup(&c))
         .unwrap_or((None, None));
-    Some(Holder {
+    Holder {
         pid,
         comm,
-        devices,
-        mapped,
-        references,
+        devices: Vec::new(),
+        mapped: Vec::new(),
+        references: 0,
         pod_uid,
         pod: None,
         container_id,
+    }
+}
+
+/// Shared mappings of tt-kmd's device under another path: each shared,
+/// file-backed line of `maps` not under /dev/tenstorrent is checked through
+/// `/proc/<pid>/map_files/<range>` (a stat of the mapped file; private
+/// mappings, libraries among them, are never the device's).
+fn mapped_elsewhere(pid_dir: &Path, maps: &str, major: Option<u32>) -> Vec<String> {
+    major.map_or_else(Vec::new, |_| {
+        maps.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let (range, perms) = (*f.first()?, *f.get(1)?);
+                let path = f.get(5..)?.join(" ");
+                if !perms.ends_with('s') || !path.starts_with('/') || is_device_path(&path) {
+                    return None;
+                }
+                let n = is_kmd_device(&pid_dir.join("map_files").join(range), major)?;
+                Some(format!("{path} (device {n})"))
+            })
+            .collect()
     })
 }
 
@@ -242,6 +364,43 @@ mod tests {
             got[1].to_string().contains("mapping /dev/tenstorrent/1"),
             "{}",
             got[1]
+        );
+    }
+
+    #[test]
+    fn the_majors_come_from_the_character_section() {
+        let devices = "Character devices:\n  1 mem\n240 tenstorrent\n241 tenstorrent2\n\nBlock devices:\n259 tenstorrent\n";
+        assert_eq!(char_major(devices, "tenstorrent"), Some(240));
+        assert_eq!(char_major(devices, "mem"), Some(1));
+        assert_eq!(char_major(devices, "nvme"), None);
+        assert_eq!(char_major("", "tenstorrent"), None);
+    }
+
+    #[test]
+    fn the_drivers_pids_list_adds_what_the_walk_missed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(dir.path());
+        let p = |rel: &str| root.path(rel);
+        for pid in ["100", "700"] {
+            fs::create_dir_all(p(&format!("/proc/{pid}/fd"))).expect("mkdir");
+            fs::write(p(&format!("/proc/{pid}/comm")), format!("p{pid}\n")).expect("comm");
+        }
+        std::os::unix::fs::symlink("/dev/tenstorrent/0", p("/proc/100/fd/3")).expect("fd");
+        fs::create_dir_all(p("/proc/driver/tenstorrent/0")).expect("mkdir");
+        fs::create_dir_all(p("/proc/driver/tenstorrent/1")).expect("mkdir");
+        // 100 is found by its fd; 700 only by the driver (twice on card 1,
+        // once on card 0: three open files); 0 is outside our namespace.
+        fs::write(p("/proc/driver/tenstorrent/0/pids"), "100\n700\n0\n").expect("pids");
+        fs::write(p("/proc/driver/tenstorrent/1/pids"), "700\n700\n").expect("pids");
+        let got = find_holders(&root);
+        assert_eq!(got.iter().map(|h| h.pid).collect::<Vec<_>>(), [100, 700]);
+        assert_eq!(got[0].references, 1, "found by the walk, counted once");
+        assert_eq!(got[1].references, 3, "once per open file");
+        assert_eq!(got[1].comm, "p700");
+        assert!(
+            got[1].devices[0].starts_with("/dev/tenstorrent/0"),
+            "{:?}",
+            got[1].devices
         );
     }
 

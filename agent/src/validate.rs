@@ -12,7 +12,21 @@
 //!
 //! And the driver's own view: every `tt_*` attribute of every card (tt-kmd's
 //! telemetry: `tt_asic_id`, `tt_serial`, `tt_card_type`, firmware versions,
-//! clocks) must be readable.
+//! clocks) must be readable, and a card that had `tt_*` attributes before
+//! the swap must have them again (within the validation timeout: Wormhole
+//! under tt-kmd 2.10 adds them from a retry work item once its firmware
+//! publishes telemetry; a Blackhole whose firmware was late at probe is
+//! served with none until the next load, so that waits in vain and fails,
+//! and the rollback's reload probes it again). Every function the driver
+//! serves must answer on the bus: a card that fell off it (its config space
+//! reads all ones) stays bound and keeps its device node, so only its
+//! config space tells.
+//!
+//! A first install has no before: it is checked against the Tenstorrent
+//! functions on the bus ([`present`]): every Wormhole and Blackhole not
+//! handed to another driver (vfio-pci) must be bound to tt-kmd. A card
+//! without telemetry there is a warning, not a failure (firmware without
+//! telemetry exists, and there is nothing to roll back to).
 //!
 //! The inventory before the unload is kept on the host ([`SwapRecord`], in
 //! the module cache's directory) so that an agent restarted after the swap
@@ -53,6 +67,10 @@ pub struct Inventory {
     pub functions: BTreeSet<String>,
     /// The names under `/dev/tenstorrent` that are device numbers.
     pub device_nodes: BTreeSet<String>,
+    /// The functions whose class device has `tt_*` attributes (tt-kmd's
+    /// telemetry). Absent from records of agents before this field.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub telemetry: BTreeSet<String>,
 }
 
 impl Inventory {
@@ -115,18 +133,29 @@ pub fn cards(root: &HostRoot) -> Vec<String> {
         .collect()
 }
 
+/// The function a class device belongs to (its `device` link's name).
+fn parent_of(root: &HostRoot, card: &str) -> Option<String> {
+    let link = root.path(format!("{CLASS_DIR}/{card}/device"));
+    fs::read_link(&link)
+        .ok()
+        .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string))
+}
+
 /// What the driver serves now.
 pub fn inventory(root: &HostRoot) -> Inventory {
     let mut functions: BTreeSet<String> = names(root, PCI_DRIVER_DIR)
         .into_iter()
         .filter(|n| is_pci_address(n))
         .collect();
+    let mut telemetry = BTreeSet::new();
     for card in cards(root) {
-        let link = root.path(format!("{CLASS_DIR}/{card}/device"));
-        if let Some(parent) = fs::read_link(&link)
-            .ok()
-            .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string))
-        {
+        if let Some(parent) = parent_of(root, &card) {
+            if names(root, &format!("{CLASS_DIR}/{card}"))
+                .iter()
+                .any(|a| a.starts_with("tt_"))
+            {
+                telemetry.insert(parent.clone());
+            }
             functions.insert(parent);
         }
     }
@@ -137,7 +166,107 @@ pub fn inventory(root: &HostRoot) -> Inventory {
     Inventory {
         functions,
         device_nodes,
+        telemetry,
     }
+}
+
+/// Where sysfs lists every PCI function.
+pub const PCI_DEVICES_DIR: &str = "/sys/bus/pci/devices";
+
+/// A Tenstorrent function on the bus that tt-kmd serves, and the driver it
+/// is bound to now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Present {
+    pub address: String,
+    /// `Wormhole 1e52:401e`.
+    pub kind: String,
+    /// The bound driver's name; None when unbound.
+    pub driver: Option<String>,
+}
+
+/// The Wormhole and Blackhole functions on the bus
+/// ([`ttdrv_api::vfio::KMD_SERVED_DEVICE_IDS`]), sorted by address.
+pub fn present(root: &HostRoot) -> Vec<Present> {
+    let hex = |dir: &str, attr: &str| {
+        fs::read_to_string(root.path(format!("{dir}/{attr}")))
+            .ok()
+            .and_then(|v| u16::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok())
+    };
+    names(root, PCI_DEVICES_DIR)
+        .into_iter()
+        .filter(|a| is_pci_address(a))
+        .filter_map(|address| {
+            let dir = format!("{PCI_DEVICES_DIR}/{address}");
+            if hex(&dir, "vendor")? != ttdrv_api::vfio::TT_VENDOR_ID {
+                return None;
+            }
+            let device = hex(&dir, "device")?;
+            let (_, name) = ttdrv_api::vfio::KMD_SERVED_DEVICE_IDS
+                .iter()
+                .find(|(id, _)| *id == device)?;
+            let driver = fs::read_link(root.path(format!("{dir}/driver")))
+                .ok()
+                .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string));
+            Some(Present {
+                kind: format!("{name} {:04x}:{device:04x}", ttdrv_api::vfio::TT_VENDOR_ID),
+                address,
+                driver,
+            })
+        })
+        .collect()
+}
+
+/// What a first install must serve: every present function that no other
+/// driver holds (a function on vfio-pci belongs to a VM).
+pub fn expected_on_first_install(present: &[Present]) -> Inventory {
+    Inventory {
+        functions: present
+            .iter()
+            .filter(|p| {
+                p.driver
+                    .as_deref()
+                    .is_none_or(|d| d == ttdrv_api::vfio::KMD_PCI_DRIVER)
+            })
+            .map(|p| p.address.clone())
+            .collect(),
+        ..Inventory::default()
+    }
+}
+
+/// Whether a function's config space answers: a card that fell off the bus
+/// (or hung its PCIe link) reads all ones. Judged from the first dword.
+pub fn config_answers(config: &[u8]) -> bool {
+    config.len() < 4 || config[..4] != [0xff; 4]
+}
+
+/// The served functions that do not answer on the bus, in words.
+pub fn unresponsive(root: &HostRoot, now: &Inventory) -> Vec<String> {
+    now.functions
+        .iter()
+        .filter(|f| is_pci_address(f))
+        .filter_map(|f| {
+            let mut head = [0u8; 4];
+            let read = fs::File::open(root.path(format!("{PCI_DEVICES_DIR}/{f}/config")))
+                .and_then(|mut c| std::io::Read::read_exact(&mut c, &mut head));
+            // Unreadable (no such file on a planted host): not judged.
+            (read.is_ok() && !config_answers(&head)).then(|| {
+                format!(
+                    "card {f} does not answer on the bus (its PCI config space reads all ones): \
+                     it fell off the bus or its link is down"
+                )
+            })
+        })
+        .collect()
+}
+
+/// Everything wrong with what the driver serves now against `before`: the
+/// inventory ([`problems`]), unreadable attributes and cards that do not
+/// answer. Returns what it read too.
+pub fn check(root: &HostRoot, before: &Inventory) -> (Inventory, Vec<String>) {
+    let now = inventory(root);
+    let mut out = problems(before, &now, &unreadable_attributes(root));
+    out.extend(unresponsive(root, &now));
+    (now, out)
 }
 
 /// The `tt_*` attributes of the cards that cannot be read, as
@@ -186,6 +315,25 @@ pub fn problems(before: &Inventory, now: &Inventory, unreadable: &[String]) -> V
         out.push(format!(
             "card attributes cannot be read: {}",
             unreadable.join("; ")
+        ));
+    }
+    let silent: Vec<&str> = before
+        .telemetry
+        .iter()
+        .filter(|f| now.functions.contains(*f) && !now.telemetry.contains(*f))
+        .map(String::as_str)
+        .collect();
+    if !silent.is_empty() {
+        out.push(format!(
+            "{} served without tt_* attributes, which {} before the swap: the card's firmware \
+             had not published its telemetry when tt-kmd probed it (a Blackhole reads it only \
+             at probe; a reload probes it again)",
+            silent.join(", "),
+            if silent.len() == 1 {
+                "it had"
+            } else {
+                "they had"
+            }
         ));
     }
     out
@@ -320,6 +468,9 @@ pub fn lost(root: &HostRoot, version: &str) -> Vec<String> {
     }
     let vfio: BTreeSet<String> = names(root, VFIO_DRIVER_DIR).into_iter().collect();
     let mut before = served.inventory;
+    // Telemetry is the swap's check, not the readiness probe's: firmware
+    // that stops reporting does not take the device from its users.
+    before.telemetry.clear();
     let moved = before.functions.intersection(&vfio).count();
     before.functions.retain(|f| !vfio.contains(f));
     let keep = before.device_nodes.len().saturating_sub(moved);
@@ -343,7 +494,79 @@ mod tests {
         Inventory {
             functions: functions.iter().map(|s| s.to_string()).collect(),
             device_nodes: nodes.iter().map(|s| s.to_string()).collect(),
+            telemetry: BTreeSet::new(),
         }
+    }
+
+    fn with_telemetry(mut i: Inventory, functions: &[&str]) -> Inventory {
+        i.telemetry = functions.iter().map(|s| s.to_string()).collect();
+        i
+    }
+
+    #[test]
+    fn a_card_that_lost_its_telemetry_is_named() {
+        let fs = ["0000:00:02.0", "0000:00:04.0"];
+        let before = with_telemetry(inv(&fs, &["0", "1"]), &fs);
+        let now = with_telemetry(inv(&fs, &["0", "1"]), &["0000:00:02.0"]);
+        let p = problems(&before, &now, &[]);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("0000:00:04.0 served without tt_* attributes"),
+            "{p:?}"
+        );
+        // Never had any (old firmware): nothing expected.
+        assert!(problems(&inv(&fs, &["0", "1"]), &now, &[]).is_empty());
+        // Records of older agents have no telemetry field.
+        let old: Inventory =
+            serde_json::from_str(r#"{"functions":["0000:00:02.0"],"device_nodes":[]}"#)
+                .expect("an older record");
+        assert!(old.telemetry.is_empty());
+    }
+
+    #[test]
+    fn config_space_of_all_ones_does_not_answer() {
+        assert!(config_answers(&[0x52, 0x1e, 0x1e, 0x40]));
+        assert!(!config_answers(&[0xff; 4]));
+        assert!(config_answers(&[]), "unread: not judged");
+    }
+
+    fn planted_function(root: &HostRoot, address: &str, device: &str, driver: Option<&str>) {
+        let dir = root.path(format!("{PCI_DEVICES_DIR}/{address}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("vendor"), "0x1e52\n").expect("vendor");
+        std::fs::write(dir.join("device"), format!("{device}\n")).expect("device");
+        if let Some(d) = driver {
+            let drv = root.path(format!("/sys/bus/pci/drivers/{d}"));
+            std::fs::create_dir_all(&drv).expect("mkdir");
+            std::os::unix::fs::symlink(&drv, dir.join("driver")).expect("driver link");
+        }
+    }
+
+    #[test]
+    fn a_first_install_expects_every_card_no_other_driver_holds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(dir.path());
+        planted_function(&root, "0000:00:02.0", "0x401e", Some("tenstorrent"));
+        planted_function(&root, "0000:00:03.0", "0x401e", None);
+        planted_function(&root, "0000:00:04.0", "0xb140", Some("vfio-pci"));
+        planted_function(&root, "0000:00:05.0", "0xfaca", None); // Grayskull
+        let found = present(&root);
+        assert_eq!(
+            found.iter().map(|p| p.address.as_str()).collect::<Vec<_>>(),
+            ["0000:00:02.0", "0000:00:03.0", "0000:00:04.0"]
+        );
+        assert_eq!(found[2].kind, "Blackhole 1e52:b140");
+        let want = expected_on_first_install(&found);
+        assert_eq!(
+            want.functions
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            ["0000:00:02.0", "0000:00:03.0"]
+        );
+        // Only 02.0 bound: 03.0 is named.
+        let p = problems(&want, &inv(&["0000:00:02.0"], &["0"]), &[]);
+        assert!(p.iter().any(|m| m.contains("0000:00:03.0")), "{p:?}");
     }
 
     #[test]

@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 
 /// PCI vendor ID of Tenstorrent.
 pub const TT_VENDOR_ID: u16 = 0x1e52;
+/// The PCI device IDs tt-kmd 2.x serves: Wormhole and Blackhole. Its ID
+/// table also lists Grayskull (0xfaca), whose probe returns -ENODEV since
+/// 2.0 (no class data): a Grayskull on the bus is never expected to bind.
+pub const KMD_SERVED_DEVICE_IDS: [(u16, &str); 2] = [(0x401e, "Wormhole"), (0xb140, "Blackhole")];
 /// The kernel driver VM passthrough binds functions to.
 pub const VFIO_PCI_DRIVER: &str = "vfio-pci";
 /// The name tt-kmd's PCI driver registers (the `tenstorrent` module).
