@@ -13,6 +13,11 @@
 //! starts a comment line, a `\` at the end of a line continues it. Every
 //! path is read through [`HostRoot`] without following a link: a linked
 //! file or directory is reported and skipped.
+//!
+//! The kernel command line's `tenstorrent.<name>=<value>` options count too:
+//! modprobe applies them (kmod reads `/proc/cmdline` before the modprobe.d
+//! files, so a file's value for the same name wins), and a host booted with
+//! `tenstorrent.max_devices=8` keeps it across our loads.
 
 use std::collections::BTreeMap;
 
@@ -51,6 +56,20 @@ impl HostOptions {
 /// The host's `options tenstorrent` lines, read from `root`.
 pub fn host_options(root: &HostRoot) -> HostOptions {
     let mut out = HostOptions::default();
+    if let Some(cmdline) = root.read_small(CMDLINE).ok().flatten() {
+        let options = cmdline_options(&cmdline, MODULE_NAME);
+        if !options.is_empty() {
+            out.files.push(CMDLINE.to_string());
+        }
+        for (k, v) in options {
+            match module_params::normalize(&k, &v) {
+                Ok(v) => {
+                    out.values.insert(k, v);
+                }
+                Err(why) => out.ignored.push(format!("{CMDLINE}: {why}")),
+            }
+        }
+    }
     // name -> the directory it is read from (the first that has it).
     let mut files: BTreeMap<String, &str> = BTreeMap::new();
     for dir in DIRS {
@@ -119,6 +138,44 @@ pub fn options_of(text: &str, module: &str) -> Vec<(String, String)> {
         }
     }
     out
+}
+
+/// The kernel command line, read before the modprobe.d files.
+pub const CMDLINE: &str = "/proc/cmdline";
+
+/// The `<module>.<name>=<value>` options of a kernel command line, in order
+/// (a bare `<module>.<name>` is `=Y`; double quotes group and are removed,
+/// as the kernel's own parser does). Module names compare with `-` and `_`
+/// alike.
+pub fn cmdline_options(cmdline: &str, module: &str) -> Vec<(String, String)> {
+    let mut words = Vec::new();
+    let (mut cur, mut quoted) = (String::new(), false);
+    for c in cmdline.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            c if c.is_whitespace() && !quoted => {
+                if !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        words.push(cur);
+    }
+    let module = module.replace('-', "_");
+    words
+        .into_iter()
+        // Everything after a bare `--` is for init, not the kernel.
+        .take_while(|w| w != "--")
+        .filter_map(|w| {
+            let (key, value) = w.split_once('=').unwrap_or((&w, "Y"));
+            let (m, name) = key.split_once('.')?;
+            (m.replace('-', "_") == module && !name.is_empty())
+                .then(|| (name.replace('-', "_"), value.to_string()))
+        })
+        .collect()
 }
 
 /// Lines with `\`-continuations joined, comments and blank lines dropped.
@@ -251,6 +308,45 @@ options tenstorrent max_devices=8
         assert_eq!(
             module_params::canonical(&m),
             "idle_power_down_grace_ms=16 max_devices=8 power_policy=N"
+        );
+    }
+
+    #[test]
+    fn the_kernel_command_line_counts_and_modprobe_d_wins_over_it() {
+        assert_eq!(
+            cmdline_options(
+                "BOOT_IMAGE=/vmlinuz ro tenstorrent.max_devices=8 quiet tenstorrent.power-policy \
+                 tenstorrent.reset_limit=\"3\" tenstorrentx.a=1 tenstorrent.=2 -- tenstorrent.dma_address_bits=40",
+                "tenstorrent"
+            ),
+            [
+                ("max_devices".to_string(), "8".to_string()),
+                ("power_policy".to_string(), "Y".to_string()),
+                ("reset_limit".to_string(), "3".to_string()),
+            ]
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        write(
+            dir.path(),
+            "/proc/cmdline",
+            "ro tenstorrent.max_devices=8 tenstorrent.reset_limit=2 tenstorrent.bogus=1\n",
+        );
+        let o = host_options(&HostRoot::new(dir.path()));
+        assert_eq!(
+            module_params::canonical(&o.values),
+            "max_devices=8 reset_limit=2"
+        );
+        assert_eq!(o.files, ["/proc/cmdline"]);
+        assert!(o.ignored[0].contains("bogus"), "{:?}", o.ignored);
+        write(
+            dir.path(),
+            "/etc/modprobe.d/tt.conf",
+            "options tenstorrent reset_limit=5\n",
+        );
+        let o = host_options(&HostRoot::new(dir.path()));
+        assert_eq!(
+            module_params::canonical(&o.values),
+            "max_devices=8 reset_limit=5"
         );
     }
 
