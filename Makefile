@@ -72,7 +72,9 @@ cluster-down:
 # against the Dockerfiles and the real-node test (chart and agent on a real
 # kubelet); fault injection on its own cluster (one trial of each of the 11
 # fault kinds, plus the drain and Event regressions); the agent on a real
-# kernel under QEMU.
+# kernel under QEMU, with the stub module, then with the real tt-kmd (pinned
+# releases from the bundle in ../shared/data, else GitHub) on emulated
+# Wormhole and Blackhole cards (testkit's ttdrv-ttcard).
 # The Go test binaries (cold: over 10 minutes, cached afterwards) build beside
 # lint, cargo-deny, the cargo test binaries and the image archives: the Go
 # build waits on the module proxy and links on one core, the image bases wait
@@ -90,6 +92,7 @@ test: deps
 	bash hack/test-realnode.sh
 	CHAOS_TRIALS=12 bash hack/chaos.sh
 	bash hack/test-vm.sh
+	bash hack/test-vm.sh real
 
 install-plugins:
 	$(CARGO) build --release -p kubectl-tt-driver

@@ -122,33 +122,74 @@ else
     agent_bin="$target_dir/$gnu/debug/ttdrv-agent"
 fi
 vfio_bin="$(dirname "$agent_bin")/ttdrv-vfio-manage"
+if [[ ${1:-stub} == real ]]; then
+    say "building ttdrv-ttcard (the emulated cards, run on this machine)"
+    CARGO_TARGET_DIR="$target_dir" cargo build -q -p ttdrv-testkit --bin ttdrv-ttcard
+    ttcard_bin="$target_dir/debug/ttdrv-ttcard"
+fi
 is_static "$agent_bin" || die "$agent_bin is dynamically linked"
 is_static "$vfio_bin" || die "$vfio_bin is dynamically linked"
 say "agent built in $(( $(date +%s) - t0 ))s"
 
 # --- the module at each version, built for the VM's kernel -----------------
-# By default the stub (tests/fixtures/stub-module); with TTDRV_VM_TTKMD_REPO
-# (a clone of github.com/tenstorrent/tt-kmd; not in CI) the real
-# driver at TTDRV_VM_TTKMD_VERSIONS (default "2.8.0 2.10.0", older first),
-# and the scenarios of hack/vm/init-real instead.
+# `hack/test-vm.sh` (stub): the stub module (tests/fixtures/stub-module) and
+# the scenarios of hack/vm/init. `hack/test-vm.sh real`: the real tt-kmd at
+# the releases pinned in hack/versions.env (TTKMD_TEST_PINS, older first),
+# plus a release derived from the newer one that knows neither card
+# (TTKMD_BROKEN_VERSION: its ID table changed, nothing else), on emulated
+# cards (ttdrv-ttcard) with the scenarios of hack/vm/init-cards. The real
+# driver's source: TTDRV_TTKMD_SOURCE (a path or URL), else the bundle in
+# ../shared/data beside the repository (CI has no network), else
+# github.com/tenstorrent/tt-kmd.
 t0=$(date +%s)
 root="$work/root"
 mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,run,etc,lib,opt/prebuilt,opt/tt-smi,usr/local/bin,var/cache,lib/modules/"$kver"/build}
-if [[ -n ${TTDRV_VM_TTKMD_REPO:-} ]]; then
-    kmd_repo=$TTDRV_VM_TTKMD_REPO
-    read -r -a versions <<<"${TTDRV_VM_TTKMD_VERSIONS:-2.8.0 2.10.0}"
-    [[ ${#versions[@]} -eq 2 ]] || die "TTDRV_VM_TTKMD_VERSIONS must name two versions, older first"
-    init_script="$repo/hack/vm/init-real"
-    expected=4
-    what="real tt-kmd"
-else
+mode="${1:-stub}"
+case $mode in
+stub)
     kmd_repo="$work/tt-kmd.git"
     "$repo/tests/fixtures/stub-module/make-repo.sh" "$kmd_repo" 2.7.0 2.8.0 2.9.0:fail-init 2.9.1:probe-none
     versions=(2.7.0 2.8.0 2.9.0 2.9.1)
     init_script="$repo/hack/vm/init"
     expected=21
     what="stub module"
-fi
+    ;;
+real)
+    # shellcheck source=versions.env
+    . "$repo/hack/versions.env"
+    source_repo="${TTDRV_TTKMD_SOURCE:-}"
+    if [[ -z $source_repo ]]; then
+        source_repo="$repo/../shared/data/tt-kmd.bundle"
+        [[ -f $source_repo ]] || source_repo=https://github.com/tenstorrent/tt-kmd.git
+    fi
+    kmd_repo="$work/tt-kmd.git"
+    say "real tt-kmd from $source_repo"
+    git clone -q --bare "$source_repo" "$kmd_repo" 2>/dev/null || die "cloning tt-kmd from $source_repo (set TTDRV_TTKMD_SOURCE to a clone or URL)"
+    versions=(); : >"$work/pins"
+    for p in $TTKMD_TEST_PINS; do
+        v=${p%%=*}; c=${p#*=}
+        got=$(git -C "$kmd_repo" rev-parse "ttkmd-$v^{commit}" 2>/dev/null) || die "tag ttkmd-$v not in $source_repo"
+        [[ $got == "$c" ]] || die "tag ttkmd-$v names $got in $source_repo, pinned $c (hack/versions.env)"
+        versions+=("$v"); echo "$v $c" >>"$work/pins"
+    done
+    # The release that knows neither card: the newer one, its device IDs
+    # changed (so the module loads and probes nothing), committed and tagged.
+    newer=${versions[-1]}; broken=$TTKMD_BROKEN_VERSION
+    b="$work/broken-src"
+    git -c advice.detachedHead=false clone -q --branch "ttkmd-$newer" "$kmd_repo" "$b"
+    sed -i 's/^\(#define PCI_DEVICE_ID_WORMHOLE\s*\)0x401E/\10x401F/; s/^\(#define PCI_DEVICE_ID_BLACKHOLE\s*\)0xB140/\10xB14F/' "$b/enumerate.h"
+    sed -i "s/^#define TENSTORRENT_DRIVER_VERSION_PATCH .*/#define TENSTORRENT_DRIVER_VERSION_PATCH ${broken##*.}/" "$b/module.h"
+    [[ $(git -C "$b" diff --stat | tail -n1) == *"2 files changed"* ]] || die "deriving $broken from $newer changed nothing (enumerate.h or module.h moved?)"
+    git -C "$b" -c user.name=test -c user.email=test@localhost commit -qam "test: $broken, a release that knows neither card"
+    git -C "$b" tag "ttkmd-$broken"
+    git -C "$b" push -q "$kmd_repo" "ttkmd-$broken"
+    versions+=("$broken"); echo "$broken $(git -C "$b" rev-parse HEAD)" >>"$work/pins"
+    init_script="$repo/hack/vm/init-cards"
+    expected=12
+    what="real tt-kmd"
+    ;;
+*) die "usage: hack/test-vm.sh [stub|real]" ;;
+esac
 # TTDRV_VM_MEASURE=1: each build (the agent's own commands) measured from a
 # dropped page cache in a memory cgroup (v1): its peak charge, the largest
 # process's RSS; for docs/benchmarks.md and the installer pod's limits.
@@ -178,6 +219,7 @@ for v in "${versions[@]}"; do
     mv "$dest/tenstorrent.ko" "$dest/.prebuilt.ko"
 done
 echo "${versions[*]}" >"$root/opt/versions"
+[[ $mode == real ]] && cp "$work/pins" "$root/opt/pins"
 say "$what ${versions[*]} built for $kver in $(( $(date +%s) - t0 ))s"
 
 # The module the stub depends on (crc7, as tt-kmd on hwmon where
@@ -196,7 +238,7 @@ gcc -static -O2 -o "$root/usr/local/bin/map-hold" "$repo/tests/fixtures/map-hold
     || die "building map-hold (gcc -static; libc6-dev)"
 is_static "$root/usr/local/bin/map-hold" || die "map-hold is dynamically linked"
 
-if [[ -z ${TTDRV_VM_TTKMD_REPO:-} ]]; then
+if [[ $mode == stub ]]; then
 # The poisoned 2.7.0: its vermagic's kernel release changed (same length, so
 # the ELF stays whole), and a record that matches its hash, as if an attacker
 # or a stale host left it; only the vermagic check can catch it.
@@ -256,10 +298,24 @@ log="$work/console.log"
 say "booting $kernel_img under qemu (accel=$accel, timeout ${timeout_s}s)"
 start=$(date +%s.%N)
 set +e
-timeout "$timeout_s" qemu-system-x86_64 \
-    -accel "$accel" -m 1024 -smp 1 -machine q35 -device intel-iommu,intremap=off -device pci-serial \
+if [[ $mode == real ]]; then
+    # Two Wormholes and a Blackhole answered by ttdrv-ttcard over
+    # x-pci-proxy-dev. The proxy needs the guest's RAM in a memfd; every BAR
+    # is 32-bit and must fit SeaBIOS's ~1 GiB window, hence the Wormholes'
+    # BAR0 shrunk to 64 MiB (tt-kmd maps only BAR2 and BAR4 of a Wormhole).
+    machine=(-machine q35,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on
+             -device intel-iommu,intremap=off -device @TTCARD@ -device @TTCARD@ -device @TTCARD@)
+    wrap=("$ttcard_bin" --cards wh,wh,bh --wh-bar0-mb 64 --log "$work/cards.log" --)
+    # modprobe would apply it; so must the agent's loads (init-cards C1).
+    cmdline_extra=" tenstorrent.max_devices=8"
+else
+    machine=(-m 1024 -machine q35 -device intel-iommu,intremap=off -device pci-serial)
+    wrap=()
+fi
+timeout "$timeout_s" "${wrap[@]}" qemu-system-x86_64 \
+    -accel "$accel" -smp 1 "${machine[@]}" \
     -kernel "$kernel_img" -initrd "$work/initramfs.gz" \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3 intel_iommu=on" \
+    -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3 intel_iommu=on${cmdline_extra:-}" \
     -nographic -no-reboot -monitor none -serial stdio -nodefaults \
     </dev/null >"$log" 2>&1
 qrc=$?
@@ -268,6 +324,7 @@ end=$(date +%s.%N)
 elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
 
 tr -d '\r' <"$log" | sed 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | grep -v '^\s*$' | sed 's/^/vm| /'
+[[ -f $work/cards.log ]] && sed 's/^/cards| /' "$work/cards.log"
 say "VM run took ${elapsed}s (qemu exit $qrc)"
 
 passes=$(tr -d '\r' <"$log" | grep -c '^VMTEST PASS' || true)

@@ -48,6 +48,18 @@ impl fmt::Display for Holder {
             let short: String = c.chars().take(12).collect();
             write!(f, " container {short}")?;
         }
+        // Another name for the device (the host's /dev mounted elsewhere in
+        // a pod): the path says where to look.
+        let elsewhere: Vec<&str> = self
+            .devices
+            .iter()
+            .chain(&self.mapped)
+            .map(String::as_str)
+            .filter(|d| !d.starts_with(ttdrv_api::labels::DEVICE_DIR))
+            .collect();
+        if !elsewhere.is_empty() {
+            write!(f, ", through {}", elsewhere.join(", "))?;
+        }
         if !self.mapped.is_empty() && self.devices.is_empty() {
             write!(f, ", mapping {} (no fd open)", self.mapped.join(", "))?;
         }

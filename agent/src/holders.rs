@@ -405,6 +405,26 @@ mod tests {
     }
 
     #[test]
+    fn a_holder_through_another_path_says_which() {
+        let mut h = Holder {
+            pid: 7,
+            comm: "sleep".into(),
+            devices: vec!["/host/dev/tenstorrent/1 (device 240:1)".into()],
+            mapped: vec![],
+            references: 1,
+            pod_uid: None,
+            pod: None,
+            container_id: None,
+        };
+        assert_eq!(
+            h.to_string(),
+            "pid 7 (sleep), through /host/dev/tenstorrent/1 (device 240:1)"
+        );
+        h.devices = vec!["/dev/tenstorrent/1".into()];
+        assert_eq!(h.to_string(), "pid 7 (sleep)");
+    }
+
+    #[test]
     fn device_paths() {
         assert!(is_device_path("/dev/tenstorrent/0"));
         assert!(is_device_path("/dev/tenstorrent"));
