@@ -1,4 +1,4 @@
-# Shared by the VM's scenario scripts (hack/vm/init, hack/vm/init-real),
+# Shared by the VM's scenario scripts (hack/vm/init, hack/vm/init-cards),
 # sourced as /lib/vm.sh: mounts, the agent's environment, and the helpers
 # that print "VMTEST PASS/FAIL" lines.
 /bin/busybox --install -s /bin
