@@ -166,10 +166,12 @@ real)
     say "real tt-kmd from $source_repo"
     git clone -q --bare "$source_repo" "$kmd_repo" 2>/dev/null || die "cloning tt-kmd from $source_repo (set TTDRV_TTKMD_SOURCE to a clone or URL)"
     versions=(); : >"$work/pins"
-    for p in $TTKMD_TEST_PINS; do
-        v=${p%%=*}; c=${p#*=}
+    for v in $TTKMD_TEST_VERSIONS; do
+        # The chart's pin: what a cluster builds for this version.
+        c=$(sed -n "s/^    \"${v//./\\.}\": \([0-9a-f]\{40\}\)\$/\1/p" "$repo/chart/values.yaml")
+        [[ -n $c ]] || die "chart/values.yaml pins no commit for $v (driver.sourceCommits)"
         got=$(git -C "$kmd_repo" rev-parse "ttkmd-$v^{commit}" 2>/dev/null) || die "tag ttkmd-$v not in $source_repo"
-        [[ $got == "$c" ]] || die "tag ttkmd-$v names $got in $source_repo, pinned $c (hack/versions.env)"
+        [[ $got == "$c" ]] || die "tag ttkmd-$v names $got in $source_repo, the chart pins $c (driver.sourceCommits)"
         versions+=("$v"); echo "$v $c" >>"$work/pins"
     done
     # The release that knows neither card: the newer one, its device IDs

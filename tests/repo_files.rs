@@ -579,14 +579,17 @@ fn dashboards_rules_and_metric_docs_lint() {
     assert_no_errors("dashboards, rules and metric docs", &errors);
 }
 
-/// The chart pins every tt-kmd 2.x release by default: each release tag of
-/// github.com/tenstorrent/tt-kmd from ttkmd-2.0.0 to the newest one known
-/// here (ttkmd-2.10.0) has its full commit in `driver.sourceCommits`.
+/// The chart pins every tt-kmd release a policy can name by default: each
+/// MAJOR.MINOR.PATCH release tag of github.com/tenstorrent/tt-kmd up to the
+/// newest one known here (ttkmd-2.10.0), the six 1.x point releases
+/// included (the other 1.x tags have two parts, which no policy can name),
+/// has its full commit in `driver.sourceCommits`. hack/test-vm.sh real
+/// checks the pins it builds against the real repository.
 #[test]
 fn chart_pins_every_upstream_release() {
-    const RELEASES: [&str; 12] = [
-        "2.0.0", "2.1.0", "2.2.0", "2.3.0", "2.4.0", "2.4.1", "2.5.0", "2.6.0", "2.7.0", "2.8.0",
-        "2.9.0", "2.10.0",
+    const RELEASES: [&str; 18] = [
+        "1.5.1", "1.9.1", "1.11.1", "1.18.1", "1.20.1", "1.27.1", "2.0.0", "2.1.0", "2.2.0",
+        "2.3.0", "2.4.0", "2.4.1", "2.5.0", "2.6.0", "2.7.0", "2.8.0", "2.9.0", "2.10.0",
     ];
     let values: serde_yaml::Value =
         serde_yaml::from_str(&read("chart/values.yaml")).expect("values.yaml parses");

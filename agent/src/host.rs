@@ -216,6 +216,10 @@ impl HostRoot {
         if found.is_empty() {
             for sub in [
                 "extra",
+                // tt-kmd's own dkms.conf (DEST_MODULE_LOCATION), where the
+                // distribution's DKMS does not override it (Debian's puts
+                // it in updates/dkms).
+                "kernel/extra",
                 "updates",
                 "updates/dkms",
                 "kernel/drivers/misc",
@@ -355,6 +359,16 @@ mod tests {
         assert_eq!(s.len(), 1, "{s:?}");
         assert!(
             s[0].starts_with(&format!("{tree}/extra/tenstorrent.ko")),
+            "{s:?}"
+        );
+        // tt-kmd's dkms.conf installs to kernel/extra where DKMS keeps it.
+        fs::remove_file(root.path(format!("{tree}/extra/tenstorrent.ko"))).expect("rm");
+        fs::create_dir_all(root.path(format!("{tree}/kernel/extra"))).expect("mkdir");
+        fs::write(root.path(format!("{tree}/kernel/extra/tenstorrent.ko.xz")), "").expect("ko");
+        let s = root.host_install_signals();
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert!(
+            s[0].starts_with(&format!("{tree}/kernel/extra/tenstorrent.ko.xz")),
             "{s:?}"
         );
         // modules.dep names it wherever it is (and only modules named tenstorrent).
