@@ -97,6 +97,15 @@ fn driver_open_files(root: &HostRoot) -> Vec<(u32, Vec<String>)> {
     by_pid.into_iter().collect()
 }
 
+/// Whether an fd's `fdinfo` text describes a dma-buf tt-kmd exported
+/// (`exp_name:` is the exporting module's name).
+pub fn is_kmd_dmabuf(fdinfo: &str) -> bool {
+    fdinfo.lines().any(|l| {
+        l.strip_prefix("exp_name:")
+            .is_some_and(|v| v.trim() == ttdrv_api::vfio::KMD_PCI_DRIVER)
+    })
+}
+
 /// Whether `path` (a /proc magic link, followed) is tt-kmd's character
 /// device: its device number's major is `major`. A stat: nothing is opened.
 fn is_kmd_device(path: &Path, major: Option<u32>) -> Option<String> {
@@ -122,6 +131,21 @@ fn holder_of(root: &HostRoot, pid_dir: &Path, pid: u32, major: Option<u32>) -> O
             let target = fs::read_link(fd.path()).ok()?.to_str()?.to_string();
             if is_device_path(&target) {
                 return Some(target);
+            }
+            // A dma-buf tt-kmd exported (2.10 and later): it holds a module
+            // reference for as long as any fd or mapping of it lives.
+            if target.contains("dmabuf") {
+                let name = fd.file_name();
+                let info = root
+                    .read_small(format!("/proc/{pid}/fdinfo/{}", name.to_string_lossy()))
+                    .ok()
+                    .flatten()?;
+                return is_kmd_dmabuf(&info).then(|| {
+                    format!(
+                        "dma-buf fd {} (exported by tenstorrent)",
+                        name.to_string_lossy()
+                    )
+                });
             }
             // Another name for the same device (the host's /dev mounted
             // elsewhere, a node made with mknod).
@@ -401,6 +425,34 @@ mod tests {
             got[1].devices[0].starts_with("/dev/tenstorrent/0"),
             "{:?}",
             got[1].devices
+        );
+    }
+
+    #[test]
+    fn a_dmabuf_tt_kmd_exported_holds_the_module() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(dir.path());
+        let p = |rel: &str| root.path(rel);
+        for pid in ["100", "200"] {
+            fs::create_dir_all(p(&format!("/proc/{pid}/fd"))).expect("mkdir");
+            fs::create_dir_all(p(&format!("/proc/{pid}/fdinfo"))).expect("mkdir");
+            fs::write(p(&format!("/proc/{pid}/comm")), "w\n").expect("comm");
+        }
+        // 100 holds tt-kmd's dma-buf; 200 another driver's.
+        std::os::unix::fs::symlink("/dmabuf:", p("/proc/100/fd/7")).expect("fd");
+        fs::write(
+            p("/proc/100/fdinfo/7"),
+            "pos:\t0\nflags:\t02\nsize:\t4096\ncount:\t1\nexp_name:\ttenstorrent\nname:\t\n",
+        )
+        .expect("fdinfo");
+        std::os::unix::fs::symlink("anon_inode:dmabuf", p("/proc/200/fd/7")).expect("fd");
+        fs::write(p("/proc/200/fdinfo/7"), "exp_name:\tsystem-heap\n").expect("fdinfo");
+        let got = find_holders(&root);
+        assert_eq!(got.iter().map(|h| h.pid).collect::<Vec<_>>(), [100]);
+        assert_eq!(got[0].references, 1);
+        assert_eq!(
+            got[0].to_string(),
+            "pid 100 (w), through dma-buf fd 7 (exported by tenstorrent)"
         );
     }
 
