@@ -1503,13 +1503,31 @@ pub fn load_parameters(
             since,
         });
     }
+    let types = crate::modinfo::parameter_types(&bytes).unwrap_or_default();
     let mut adopted = Values::new();
     for (k, v) in &host.values {
-        if declared.contains(k) {
-            adopted.insert(k.clone(), v.clone());
-        } else {
+        if !declared.contains(k) {
             tracing::warn!(parameter = %k, version, "the host's option {k}={v} is not adopted: tenstorrent {version} has no such parameter");
+            continue;
         }
+        // A parameter of this release that today's tt-kmd no longer has
+        // (2.0.0's arc_fw_init): read as the module's own type says.
+        if module_params::parameter(k).is_none() {
+            let kind = types.get(k).and_then(|t| module_params::kind_of(t));
+            match kind.map(|kind| module_params::normalize_as(kind, k, v)) {
+                Some(Ok(v)) => {
+                    adopted.insert(k.clone(), v);
+                }
+                Some(Err(why)) => {
+                    tracing::warn!(parameter = %k, version, "the host's option is not adopted: {why}")
+                }
+                None => {
+                    tracing::warn!(parameter = %k, version, parmtype = ?types.get(k), "the host's option {k}={v} is not adopted: tenstorrent {version} declares it with a type the agent does not read")
+                }
+            }
+            continue;
+        }
+        adopted.insert(k.clone(), v.clone());
     }
     Ok(crate::modprobe::merged(&adopted, policy))
 }

@@ -170,6 +170,7 @@ impl KernelOps for FakeKernel {
         // then those given (an unknown name is ignored with a warning, a bad
         // value refuses the load).
         let declared = modinfo::declared_parameters(&bytes).unwrap_or_default();
+        let types = modinfo::parameter_types(&bytes).unwrap_or_default();
         let mut values: Values = ttdrv_api::module_params::defaults()
             .into_iter()
             .filter(|(k, _)| declared.contains(k))
@@ -179,9 +180,17 @@ impl KernelOps for FakeKernel {
             if !declared.contains(k) || self.drop_parameters {
                 continue;
             }
-            let v = ttdrv_api::module_params::normalize(k, v)
+            // By the module's own type (an older release's parameter is in
+            // no list of ours); only today's are shown in sysfs here.
+            let kind = types
+                .get(k)
+                .and_then(|t| ttdrv_api::module_params::kind_of(t))
+                .ok_or_else(|| errno(nix::errno::Errno::EINVAL))?;
+            let v = ttdrv_api::module_params::normalize_as(kind, k, v)
                 .map_err(|_| errno(nix::errno::Errno::EINVAL))?;
-            values.insert(k.to_string(), v);
+            if ttdrv_api::module_params::parameter(k).is_some() {
+                values.insert(k.to_string(), v);
+            }
         }
         let probes_none = self.probe_none.lock().is_ok_and(|p| p.contains(&version));
         let shown = self.report_version.clone().unwrap_or(version);
@@ -477,9 +486,11 @@ pub fn write_fake_module_for(path: &Path, version: &str, kver: &str) -> io::Resu
 }
 
 /// The `parmtype=` entries of tt-kmd `version`: the parameters it has
-/// ([`ttdrv_api::module_params::Parameter::in_version`]).
+/// ([`ttdrv_api::module_params::Parameter::in_version`]), and for 2.0.0 and
+/// 2.1.0 two of their own that later releases dropped (module.c of those
+/// tags).
 pub fn parameter_entries(version: &str) -> Vec<String> {
-    ttdrv_api::module_params::PARAMETERS
+    let mut out: Vec<String> = ttdrv_api::module_params::PARAMETERS
         .iter()
         .filter(|p| p.in_version(version).unwrap_or(false))
         .map(|p| {
@@ -490,7 +501,12 @@ pub fn parameter_entries(version: &str) -> Vec<String> {
             };
             format!("parmtype={}:{ty}", p.name)
         })
-        .collect()
+        .collect();
+    if matches!(version, "2.0.0" | "2.1.0") {
+        out.push("parmtype=arc_fw_init:bool".into());
+        out.push("parmtype=ddr_frequency_override:uint".into());
+    }
+    out
 }
 
 /// A `.modinfo` field that makes [`FakeKernel`] refuse the module (ENOEXEC),

@@ -364,7 +364,11 @@ mod tests {
         // tt-kmd's dkms.conf installs to kernel/extra where DKMS keeps it.
         fs::remove_file(root.path(format!("{tree}/extra/tenstorrent.ko"))).expect("rm");
         fs::create_dir_all(root.path(format!("{tree}/kernel/extra"))).expect("mkdir");
-        fs::write(root.path(format!("{tree}/kernel/extra/tenstorrent.ko.xz")), "").expect("ko");
+        fs::write(
+            root.path(format!("{tree}/kernel/extra/tenstorrent.ko.xz")),
+            "",
+        )
+        .expect("ko");
         let s = root.host_install_signals();
         assert_eq!(s.len(), 1, "{s:?}");
         assert!(

@@ -55,6 +55,22 @@ pub fn declared_parameters(
         .collect())
 }
 
+/// The type of each parameter a module declares with `parmtype=<name>:<type>`
+/// (`uint`, `bool`, `byte`, ...).
+pub fn parameter_types(
+    bytes: &[u8],
+) -> std::result::Result<std::collections::BTreeMap<String, String>, String> {
+    let section = modinfo_section(bytes)?;
+    Ok(section
+        .split(|b| *b == 0)
+        .filter_map(|entry| {
+            let rest = String::from_utf8_lossy(entry.strip_prefix(b"parmtype=")?).into_owned();
+            let (name, kind) = rest.split_once(':')?;
+            (!name.is_empty()).then(|| (name.to_string(), kind.trim().to_string()))
+        })
+        .collect())
+}
+
 fn field_in(section: &[u8], field: &str) -> Option<String> {
     let prefix = format!("{field}=");
     section

@@ -233,9 +233,10 @@ fn a_dkms_hosts_options_are_adopted_at_the_hand_over_under_the_policys() {
         sysfs(&h),
         "auto_reset_timeout=10 dma_address_bits=0 max_devices=8 power_policy=N reset_limit=5"
     );
+    // The host's options as it wrote them, its arc_fw_init (2.0.0's own) too.
     assert_eq!(
         annotation(&node, labels::KMD_HOST_OPTIONS).as_deref(),
-        Some("max_devices=8 power_policy=N reset_limit=3")
+        Some("arc_fw_init=Y max_devices=8 power_policy=N reset_limit=3")
     );
     for part in [
         "are adopted at every load",
@@ -268,4 +269,39 @@ fn an_unloaded_module_leaves_no_parameters_reported() {
     )
     .expect("current");
     assert_eq!(node.annotations().get(labels::KMD_PARAMETERS), Some(&None));
+}
+
+#[test]
+fn an_older_releases_own_options_are_passed_to_it_as_it_declares_them() {
+    // A host on 2.0.0 (which the chart pins) with that release's own
+    // parameters in its options: today's list has neither, the module has.
+    let h = Host::with_loaded("2.0.0", 0);
+    fs::create_dir_all(h.p("/etc/modprobe.d")).expect("mkdir");
+    fs::write(
+        h.p("/etc/modprobe.d/tenstorrent.conf"),
+        "options tenstorrent arc_fw_init=0 ddr_frequency_override=0x10 max_devices=4 watchdog_fw_en=1\n",
+    )
+    .expect("conf");
+    h.cache("2.1.0");
+    let kernel = FakeKernel::new(h.root());
+    let node = go_ahead("2.1.0");
+    let config = with_parameters(&h, "2.1.0", "");
+    let r = run_polls(&config, &kernel, &FakeBuilder::default(), &node, 2);
+    assert!(
+        matches!(r.result, Ok(Outcome::Installed { .. })),
+        "{:?}\n{}",
+        r.result,
+        r.log
+    );
+    // Read as the module's parmtype says (bool N, uint 16); watchdog_fw_en
+    // is not one of the fake 2.1.0's: not passed, and said so.
+    assert_eq!(
+        kernel.load_parameters(),
+        vec!["arc_fw_init=N ddr_frequency_override=16 max_devices=4".to_string()]
+    );
+    assert!(
+        r.log.contains("watchdog_fw_en=1 is not adopted"),
+        "{}",
+        r.log
+    );
 }

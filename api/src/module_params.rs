@@ -209,16 +209,54 @@ pub fn normalize(name: &str, value: &str) -> Result<String, String> {
     let Some(p) = parameter(name) else {
         return Err(format!("tt-kmd has no module parameter {name:?}"));
     };
+    normalize_as(p.kind, name, value)
+}
+
+/// The `Kind` of a module's `parmtype=<name>:<type>` type: `uint`, `byte`,
+/// `bool`; None for any other (an int, a charp, an array).
+pub fn kind_of(parmtype: &str) -> Option<Kind> {
+    match parmtype.trim() {
+        "uint" => Some(Kind::Uint),
+        "byte" => Some(Kind::Byte),
+        "bool" => Some(Kind::Bool),
+        _ => None,
+    }
+}
+
+/// A parameter this crate does not list (an older release's, such as
+/// 2.0.0's `arc_fw_init`), kept for the module's own list to judge: its name
+/// a C identifier, its value one plain word. Err says why not.
+pub fn raw(name: &str, value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let ident = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit();
+    if !ident {
+        return Err(format!("{name:?} is not a module parameter name"));
+    }
+    let word = !value.is_empty()
+        && value.len() <= 256
+        && value.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\'');
+    if !word {
+        return Err(format!("{name}={value:?}: not one plain word"));
+    }
+    Ok(value.to_string())
+}
+
+/// [`normalize`] for a parameter of kind `kind` (from the module's own
+/// `parmtype`, for names this crate does not list).
+pub fn normalize_as(kind: Kind, name: &str, value: &str) -> Result<String, String> {
     let value = value.trim();
     let bad = |what: &str| format!("{name}={value:?}: {what}");
-    match p.kind {
+    match kind {
         Kind::Bool => match value.as_bytes() {
             [b'y' | b'Y' | b't' | b'T' | b'1', ..] | [b'o', b'n', ..] => Ok("Y".into()),
             [b'n' | b'N' | b'f' | b'F' | b'0', ..] | [b'o', b'f', ..] => Ok("N".into()),
             _ => Err(bad("not a boolean (Y, N, 1, 0, on, off)")),
         },
         Kind::Uint | Kind::Byte => {
-            let max = if p.kind == Kind::Byte {
+            let max = if kind == Kind::Byte {
                 u64::from(u8::MAX)
             } else {
                 u64::from(u32::MAX)
@@ -267,10 +305,14 @@ impl fmt::Display for Mismatch {
 /// node annotation that reports them), compared after [`normalize`].
 /// Parameters not wanted are not compared: they keep the module's default
 /// or the host's `options` line. `None` (nothing reported) satisfies only
-/// an empty wish.
+/// an empty wish. A name this crate does not list (an older release's own
+/// parameter, adopted from the host's options as the module declares it) is
+/// not compared: nothing reports it, and the kernel refused a bad value at
+/// the load.
 pub fn mismatches(wanted: &Values, in_effect: Option<&Values>) -> Vec<Mismatch> {
     wanted
         .iter()
+        .filter(|(name, _)| parameter(name).is_some())
         .filter_map(|(name, want)| {
             let found = in_effect.and_then(|m| m.get(name));
             let same = found.is_some_and(|f| {
