@@ -237,7 +237,9 @@ pub fn raw(name: &str, value: &str) -> Result<String, String> {
     }
     let word = !value.is_empty()
         && value.len() <= 256
-        && value.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\'');
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\'');
     if !word {
         return Err(format!("{name}={value:?}: not one plain word"));
     }
