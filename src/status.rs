@@ -218,8 +218,9 @@ pub fn build(
         .map(|n| {
             let r = &input.records[n];
             let now = reported(n);
-            // Loaded counts with the policy's module parameters in effect.
-            let holds = ttdrv_core::node::is_loaded(
+            // Loaded counts with the policy's module parameters in effect,
+            // or those the module takes at run time to write (nothing to build).
+            let holds = ttdrv_core::node::keeps_module(
                 now.version.as_deref(),
                 now.parameters.as_ref(),
                 ttdrv_core::node::Target::new(target, &wanted),

@@ -1,8 +1,9 @@
 //! `spec.moduleParameters` against the real control plane: a change on a
 //! Done fleet is a drained cycle per node within maxUnavailable (the real
 //! controller, the simulated agent), ending with every node's
-//! `kmd-parameters` annotation at the desired set; bad values and unknown
-//! names are refused by the API server.
+//! `kmd-parameters` annotation at the desired set; a parameter tt-kmd takes
+//! at run time (idle_power_down_grace_ms) cordons no node; bad values and
+//! unknown names are refused by the API server.
 
 mod common;
 
@@ -13,7 +14,7 @@ use kube::api::{Patch, PatchParams, ValidationDirective};
 use serde_json::json;
 use ttdrv_api::module_params::{self, Values};
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
-use ttdrv_testkit::policy::{create_raw_policy, delete_policies};
+use ttdrv_testkit::policy::{create_raw_policy, delete_policies, wait_nodes};
 use ttdrv_testkit::{TestEnv, ensure_crd, wait_for};
 
 const T: Duration = Duration::from_secs(120);
@@ -105,6 +106,64 @@ async fn a_parameter_change_on_a_done_fleet_is_a_drained_cycle_within_max_unavai
     }
     let st = status(&env, &policy).await;
     assert_eq!(st.summary.done, 4);
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_parameter_taken_at_run_time_replaces_pods_in_place_and_cordons_nothing() {
+    let (env, ns, nodes, _agent) = sim_fleet("params-runtime", 3).await;
+    let _ctl = controller(&env, &ns);
+    let policy = env.name("fleet");
+    create_policy(
+        &env,
+        &policy,
+        &fleet_spec(&env, "2.10.0", "upgradePolicy: {maxUnavailable: 1}"),
+    )
+    .await;
+    wait_nodes(&env, &policy, &nodes, NodeState::Done, Some("2.10.0"), T).await;
+    let watcher = CordonWatcher::start(&env);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    patch_policy(
+        &env,
+        &policy,
+        json!({ "moduleParameters": { "idlePowerDownGraceMs": 50 } }),
+    )
+    .await;
+    let wanted: Values = module_params::parse("idle_power_down_grace_ms=50").expect("values");
+    let all_nodes = nodes.clone();
+    wait_for(
+        "every node with the parameter in effect and Done",
+        T,
+        || {
+            let env = &env;
+            let nodes = &all_nodes;
+            let policy = &policy;
+            let wanted = &wanted;
+            async move {
+                let st = status(env, policy).await;
+                for n in nodes {
+                    let node = env.get_node(n).await;
+                    let reported = ttdrv_core::node::loaded_parameters(&node);
+                    let off = module_params::mismatches(wanted, reported.as_ref());
+                    if !off.is_empty() {
+                        return Err(format!("{n}: {}", module_params::describe(&off)));
+                    }
+                    let state = st.nodes.iter().find(|e| &e.name == n).map(|e| e.state);
+                    if state != Some(NodeState::Done) {
+                        return Err(format!("{n}: {state:?}"));
+                    }
+                }
+                Ok(())
+            }
+        },
+    )
+    .await;
+    assert!(
+        watcher.ever().is_empty(),
+        "a run-time parameter cordoned {:?}",
+        watcher.ever()
+    );
     env.teardown().await;
 }
 

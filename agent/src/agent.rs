@@ -220,6 +220,26 @@ impl Agent<'_> {
             "host state"
         );
 
+        // A parameter the loaded target takes at run time (tt-kmd's 0644
+        // ones, idle_power_down_grace_ms): written in sysfs while the module
+        // serves. No reload, so no go-ahead: the controller replaces this pod
+        // in place for such a change, without cordon or drain.
+        let state = match state {
+            Some(s)
+                if ttdrv_core::node::takes_at_run_time(
+                    s.version.as_deref(),
+                    Some(&s.parameters),
+                    want,
+                ) =>
+            {
+                step("write-parameters", || {
+                    self.write_runtime_parameters(&root, &target, &s)
+                })?;
+                root.module_state()?
+            }
+            other => other,
+        };
+
         if at_target(state.as_ref(), want) {
             step("validate", || self.revalidate(&root, &target))?;
             self.device_access(&root);
@@ -1105,6 +1125,42 @@ impl Agent<'_> {
                 }
             }
             other => other,
+        }
+    }
+
+    /// Writes the policy's values of the parameters that differ from what
+    /// the loaded module shows (all writable at run time, the caller checked)
+    /// to `/sys/module/tenstorrent/parameters/<name>`, then reads them back.
+    fn write_runtime_parameters(
+        &self,
+        root: &HostRoot,
+        target: &str,
+        s: &ModuleState,
+    ) -> Result<()> {
+        let off = module_params::mismatches(&self.config.module_parameters, Some(&s.parameters));
+        let dir = root.dir(format!("/sys/module/{MODULE_NAME}/parameters"), false)?;
+        for m in &off {
+            dir.write_existing(&m.name, format!("{}\n", m.wanted).as_bytes())?;
+            tracing::info!(
+                parameter = %m.name,
+                from = m.found.as_deref().unwrap_or("?"),
+                to = %m.wanted,
+                "module parameter written at run time (no reload)"
+            );
+        }
+        let now = root.module_state()?;
+        let still = module_params::mismatches(
+            &self.config.module_parameters,
+            now.as_ref().map(|n| &n.parameters),
+        );
+        if still.is_empty() {
+            Ok(())
+        } else {
+            Err(AgentError::ParametersNotInEffect {
+                version: target.to_string(),
+                passed: module_params::canonical(&self.config.module_parameters),
+                mismatches: module_params::describe(&still),
+            })
         }
     }
 

@@ -305,3 +305,52 @@ fn an_older_releases_own_options_are_passed_to_it_as_it_declares_them() {
         r.log
     );
 }
+
+#[test]
+fn a_parameter_writable_at_run_time_is_written_in_sysfs_without_a_reload() {
+    // 2.10.0 loaded and in use: idle_power_down_grace_ms is 0644 in tt-kmd.
+    let h = Host::with_loaded("2.10.0", 2);
+    set_parameters(
+        h.root(),
+        &values("auto_reset_timeout=10 dma_address_bits=0 idle_power_down_grace_ms=5000 max_devices=32 power_policy=Y reset_limit=10"),
+    )
+    .expect("sysfs");
+    let kernel = FakeKernel::new(h.root());
+    // No go-ahead on the node: none is needed, nothing is unloaded.
+    let node = FakeNode::default();
+    let config = with_parameters(&h, "2.10.0", "idle_power_down_grace_ms=50");
+    let r = run_polls(&config, &kernel, &FakeBuilder::default(), &node, 2);
+    assert!(
+        matches!(r.result, Ok(Outcome::AlreadyCurrent { .. })),
+        "{:?}\n{}",
+        r.result,
+        r.log
+    );
+    assert!(kernel.load_parameters().is_empty(), "nothing loaded");
+    assert!(
+        sysfs(&h).contains("idle_power_down_grace_ms=50"),
+        "{}",
+        sysfs(&h)
+    );
+    assert!(r.log.contains("written at run time"), "{}", r.log);
+    // A load-time parameter with it: that is a swap, which waits for the
+    // go-ahead (none here), and nothing is written.
+    set_parameters(
+        h.root(),
+        &values("auto_reset_timeout=10 dma_address_bits=0 idle_power_down_grace_ms=5000 max_devices=32 power_policy=Y reset_limit=10"),
+    )
+    .expect("sysfs");
+    let config = with_parameters(&h, "2.10.0", "idle_power_down_grace_ms=50 max_devices=4");
+    let r = run_polls(&config, &kernel, &FakeBuilder::default(), &node, 2);
+    assert!(
+        !matches!(r.result, Ok(Outcome::AlreadyCurrent { .. })),
+        "{:?}",
+        r.result
+    );
+    assert!(
+        sysfs(&h).contains("idle_power_down_grace_ms=5000"),
+        "{}",
+        sysfs(&h)
+    );
+    assert_eq!(kernel.unloads(), 0);
+}

@@ -36,6 +36,10 @@ pub struct Parameter {
     pub since: &'static str,
     /// Its default in every release that has it (as sysfs prints it).
     pub default: &'static str,
+    /// Writable at run time (`module_param(..., 0644)`): a new value is
+    /// written to `/sys/module/tenstorrent/parameters/<name>` while the
+    /// module serves, never a reload (and so never a cordon or a drain).
+    pub runtime: bool,
 }
 
 /// tt-kmd's parameters as of ttkmd-2.10.0, with the release that introduced
@@ -46,36 +50,42 @@ pub const PARAMETERS: [Parameter; 6] = [
         kind: Kind::Byte,
         since: "1.26",
         default: "10",
+        runtime: false,
     },
     Parameter {
         name: "dma_address_bits",
         kind: Kind::Uint,
         since: "1.6",
         default: "0",
+        runtime: false,
     },
     Parameter {
         name: "idle_power_down_grace_ms",
         kind: Kind::Uint,
         since: "2.9.0",
         default: "5000",
+        runtime: true,
     },
     Parameter {
         name: "max_devices",
         kind: Kind::Uint,
         since: "1.1",
         default: "32",
+        runtime: false,
     },
     Parameter {
         name: "power_policy",
         kind: Kind::Bool,
         since: "2.6.0",
         default: "Y",
+        runtime: false,
     },
     Parameter {
         name: "reset_limit",
         kind: Kind::Uint,
         since: "1.19",
         default: "10",
+        runtime: false,
     },
 ];
 
@@ -281,6 +291,18 @@ pub fn normalize_as(kind: Kind, name: &str, value: &str) -> Result<String, Strin
             }
         }
     }
+}
+
+/// Whether every difference between `wanted` and `in_effect` is a parameter
+/// writable at run time ([`Parameter::runtime`]): then the loaded module
+/// takes the new values through sysfs, without a reload. False when nothing
+/// differs.
+pub fn runtime_only(wanted: &Values, in_effect: Option<&Values>) -> bool {
+    let off = mismatches(wanted, in_effect);
+    !off.is_empty()
+        && off
+            .iter()
+            .all(|m| m.found.is_some() && parameter(&m.name).is_some_and(|p| p.runtime))
 }
 
 /// A wanted parameter whose value is not the one in effect.

@@ -656,6 +656,13 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         want.target(),
     );
     let up_to_date = module_ok && obs.installer == InstallerPod::Current { ready: true };
+    // The module stays for the target: at it, or a parameter the module
+    // takes at run time differs (the new pod's agent writes it in sysfs).
+    let module_kept = crate::node::keeps_module(
+        obs.loaded.as_deref(),
+        obs.parameters.as_ref(),
+        want.target(),
+    );
     let mut rec = rec.clone();
     if let Some(s) = vacate::transition(&rec, obs, want) {
         return s;
@@ -784,10 +791,11 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 );
             }
             let stale = matches!(obs.installer, InstallerPod::Stale { .. });
-            if !rec.cordoned_by_us() && (module_ok || obs.loaded.is_none()) {
+            if !rec.cordoned_by_us() && (module_kept || obs.loaded.is_none()) {
                 // Nothing can hold the device for a module swap: either the module
-                // stays (restart-only change) or there is none yet (first install).
-                let why = if module_ok {
+                // stays (restart-only change, or a parameter written at run
+                // time) or there is none yet (first install).
+                let why = if module_kept {
                     reason::RESTART
                 } else {
                     reason::INSTALL
@@ -795,7 +803,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
                 // Replacing the installer pod of a node that keeps its module
                 // (a new installer template) takes a slot like any cycle: a
                 // fleet's pods are replaced maxUnavailable at a time.
-                let bounded = module_ok && stale;
+                let bounded = module_kept && stale;
                 if bounded
                     && !obs.slot
                     && let Some(h) = &want.hold
@@ -1029,7 +1037,7 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             }
             // A cycle without drain found a module of another version loaded
             // (the label was missing or stale): only a drained cycle may swap it.
-            if rec.no_drain && !module_ok && obs.loaded.is_some() {
+            if rec.no_drain && !module_kept && obs.loaded.is_some() {
                 let msg = format!(
                     "tt-kmd {} is loaded: it is replaced only after cordon and drain",
                     obs.loaded.as_deref().unwrap_or("")
@@ -1255,7 +1263,7 @@ pub fn defers_to_firmware<'a>(
 ) -> Option<&'a str> {
     let fw = obs.firmware_first.as_deref()?;
     let swap = obs.loaded.is_some()
-        && !crate::node::is_loaded(
+        && !crate::node::keeps_module(
             obs.loaded.as_deref(),
             obs.parameters.as_ref(),
             want.target(),

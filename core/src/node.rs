@@ -179,6 +179,26 @@ pub fn is_loaded(loaded: Option<&str>, in_effect: Option<&Values>, target: Targe
         && module_params::mismatches(target.parameters, in_effect).is_empty()
 }
 
+/// The target's version is loaded and every parameter that differs is one
+/// the module takes at run time ([`module_params::runtime_only`]): the agent
+/// writes them through sysfs, so reaching the target needs no reload, no
+/// cordon and no drain (the installer pod is replaced in place, a
+/// restart-only change).
+pub fn takes_at_run_time(
+    loaded: Option<&str>,
+    in_effect: Option<&Values>,
+    target: Target<'_>,
+) -> bool {
+    same_version(loaded, target.version)
+        && module_params::runtime_only(target.parameters, in_effect)
+}
+
+/// The loaded module stays for the target: it is the target
+/// ([`is_loaded`]), or takes what differs at run time ([`takes_at_run_time`]).
+pub fn keeps_module(loaded: Option<&str>, in_effect: Option<&Values>, target: Target<'_>) -> bool {
+    is_loaded(loaded, in_effect, target) || takes_at_run_time(loaded, in_effect, target)
+}
+
 /// The module parameters in effect as the agent reported them (annotation
 /// [`labels::KMD_PARAMETERS`]), unless that describes an earlier boot; None
 /// when not reported or unreadable.
@@ -437,6 +457,30 @@ mod tests {
             Target::version("2.8.0")
         ));
         assert!(!is_loaded(None, None, Target::version("2.8.0")));
+    }
+
+    #[test]
+    fn a_parameter_writable_at_run_time_keeps_the_module() {
+        let sysfs = |v: &str| -> Values { module_params::parse(v).expect("values") };
+        let want = sysfs("idle_power_down_grace_ms=50 max_devices=4");
+        let t = Target::new("2.10.0", &want);
+        let loaded = Some("2.10.0");
+        // Only the run-time one differs: kept, not at the target yet.
+        let only_idle = sysfs("idle_power_down_grace_ms=5000 max_devices=4");
+        assert!(!is_loaded(loaded, Some(&only_idle), t));
+        assert!(takes_at_run_time(loaded, Some(&only_idle), t));
+        assert!(keeps_module(loaded, Some(&only_idle), t));
+        // A load-time one differs too: a reload.
+        let both = sysfs("idle_power_down_grace_ms=5000 max_devices=32");
+        assert!(!takes_at_run_time(loaded, Some(&both), t));
+        assert!(!keeps_module(loaded, Some(&both), t));
+        // Another version, or nothing reported: a reload.
+        assert!(!takes_at_run_time(Some("2.9.0"), Some(&only_idle), t));
+        assert!(!takes_at_run_time(loaded, None, t));
+        // Nothing differs: at the target, not "at run time".
+        let same = sysfs("idle_power_down_grace_ms=50 max_devices=4");
+        assert!(!takes_at_run_time(loaded, Some(&same), t));
+        assert!(keeps_module(loaded, Some(&same), t));
         // The agent's annotation, stale after a reboot like its labels.
         let mut n = node("True", false);
         annotate(

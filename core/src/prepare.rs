@@ -24,7 +24,8 @@ use ttdrv_api::NodeState;
 
 use crate::machine::{InstallerPod, Observation};
 use crate::node::{
-    Target, driver_labels_stale, is_loaded, label, loaded_parameters, loaded_version, same_version,
+    Target, driver_labels_stale, keeps_module, label, loaded_parameters, loaded_version,
+    same_version,
 };
 
 /// Condition and Event reason: an installed, not running kernel of a node
@@ -47,7 +48,7 @@ pub fn prepared_version(node: &Node) -> Option<&str> {
 /// against the module), or it is loaded already with those parameters.
 pub fn is_prepared(node: &Node, target: Target<'_>) -> bool {
     same_version(prepared_version(node), target.version)
-        || is_loaded(
+        || keeps_module(
             loaded_version(node),
             loaded_parameters(node).as_ref(),
             target,
@@ -120,7 +121,7 @@ pub fn candidate(
     let loaded = obs.loaded.as_deref()?;
     if !obs.ready
         || obs.host_managed
-        || is_loaded(Some(loaded), obs.parameters.as_ref(), target)
+        || keeps_module(Some(loaded), obs.parameters.as_ref(), target)
         || obs.vacated
     {
         return None;

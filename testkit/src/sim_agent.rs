@@ -379,8 +379,17 @@ async fn play_agent(
             .unwrap_or_default();
         let in_effect = ttdrv_core::node::loaded_parameters(&node);
         let want = ttdrv_core::node::Target::new(&target, &wanted);
+        // A parameter the loaded target takes at run time is written in
+        // sysfs by the real agent, without a reload or a go-ahead: at the
+        // target once the annotation below says so.
         let at_target =
-            ttdrv_core::node::is_loaded(loaded.map(String::as_str), in_effect.as_ref(), want);
+            ttdrv_core::node::is_loaded(loaded.map(String::as_str), in_effect.as_ref(), want)
+                || (mode == labels::INSTALL_MODE_CONTAINER
+                    && ttdrv_core::node::takes_at_run_time(
+                        loaded.map(String::as_str),
+                        in_effect.as_ref(),
+                        want,
+                    ));
         let swapping = mode == labels::INSTALL_MODE_CONTAINER && !target.is_empty() && !at_target;
         let fails_validation = ann.get(VALIDATION_FAILS_ANNOTATION) == Some(&target);
         if at_target && hold && fails_validation {

@@ -2304,3 +2304,44 @@ fn a_missing_installer_pod_is_not_called_building() {
     let msg = s.record.message.unwrap_or_default();
     assert!(msg.contains("observe the installer template"), "{msg}");
 }
+
+#[test]
+fn a_parameter_written_at_run_time_replaces_the_pod_in_place_never_cordons() {
+    let values = |s: &str| ttdrv_api::module_params::parse(s).expect("values");
+    let mut w = want();
+    w.parameters = values("idle_power_down_grace_ms=50");
+    // The target loaded, only the run-time parameter differs.
+    let stale = Observation {
+        loaded: Some("2.8.0".into()),
+        parameters: Some(values("idle_power_down_grace_ms=5000 max_devices=32")),
+        installer: InstallerPod::Stale { deleting: false },
+        ..obs()
+    };
+    let go = step(&rec(Pending), &stale, &w);
+    assert_eq!(go.record.state, Upgrading, "{go:?}");
+    assert_eq!(go.record.reason.as_deref(), Some(reason::RESTART));
+    assert_eq!(go.commands, vec![Command::DeleteInstallerPod]);
+    assert!(go.record.no_drain && !go.record.cordoned_by_us(), "{go:?}");
+    // The new pod is Ready but has not written it yet: no drained cycle.
+    let current = Observation {
+        installer: InstallerPod::Current { ready: true },
+        ..stale.clone()
+    };
+    let wait = step(&go.record, &current, &w);
+    assert_eq!(wait.record.state, Upgrading, "{wait:?}");
+    assert!(
+        !wait.record.cordoned_by_us() && wait.commands.is_empty(),
+        "{wait:?}"
+    );
+    // Written: Done, never cordoned.
+    let written = Observation {
+        parameters: Some(values("idle_power_down_grace_ms=50 max_devices=32")),
+        ..current
+    };
+    let done = step(&wait.record, &written, &w);
+    assert_eq!(done.record.state, Done, "{done:?}");
+    // A load-time parameter too: a drained cycle, as before.
+    w.parameters = values("idle_power_down_grace_ms=50 max_devices=4");
+    let both = step(&rec(Pending), &stale, &w);
+    assert_eq!(both.record.state, Cordoning, "{both:?}");
+}
