@@ -203,6 +203,74 @@ async fn each_next_node_starts_only_after_the_soak_of_the_last() {
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_controller_killed_during_a_soak_leaves_the_soak_to_run_out() {
+    // The soak is decided from what survives the controller (the record on
+    // the upgraded node), not from memory: a new controller started right
+    // after the kill must not start the next node before the soak ends.
+    const SOAK: i64 = 20;
+    let (env, ns, nodes, agent) = sim_fleet("soak-restart", 2).await;
+    let mut ctl = fast_controller(&env, &ns);
+    let extra = format!("upgradePolicy: {{maxUnavailable: 1, soakSeconds: {SOAK}}}");
+    let policy = ttdrv_testkit::policy::installed(&env, &nodes, &extra, T).await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    let first = wait_entries(&env, &policy, &nodes, "one node upgraded", |es| {
+        es.iter()
+            .any(|e| e.state == NodeState::Done && e.current_version.as_deref() == Some("2.8.0"))
+    })
+    .await;
+    ctl.kill();
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default();
+    let _ctl = fast_controller(&env, &ns);
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    let upgraded = first
+        .iter()
+        .find(|e| e.state == NodeState::Done && e.current_version.as_deref() == Some("2.8.0"))
+        .map(|e| e.name.clone())
+        .expect("the node upgraded first");
+    let record = |n: String| {
+        let env = &env;
+        async move {
+            ttdrv_core::node::record(&env.get_node(&n).await)
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| panic!("{n}: no record"))
+        }
+    };
+    let done = record(upgraded.clone()).await.since;
+    let next = nodes
+        .iter()
+        .find(|n| **n != upgraded)
+        .cloned()
+        .expect("the other node");
+    let started = record(next.clone())
+        .await
+        .started
+        .unwrap_or_else(|| panic!("{next}: no start"));
+    println!(
+        "soak {SOAK}s, controller killed {}s after {upgraded} was upgraded: {next} started {}s after it",
+        killed_at - done,
+        started - done
+    );
+    assert!(
+        killed_at - done < SOAK,
+        "the kill came after the soak ({}s): the test proves nothing",
+        killed_at - done
+    );
+    assert!(
+        started >= done + SOAK,
+        "{next} started {}s after {upgraded} was upgraded, across a controller restart: the soak is {SOAK}s",
+        started - done
+    );
+    assert_done_uncordoned(&env, &nodes, "2.8.0").await;
+    drop(agent);
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn outside_a_window_nothing_starts_and_a_cycle_under_way_finishes() {
     let (env, ns, nodes, agent) = sim_fleet("windows", 3).await;
     let ctl = fast_controller(&env, &ns);

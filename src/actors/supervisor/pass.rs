@@ -145,13 +145,30 @@ impl ReconcilePass {
         let gates = ctx.config.gates();
         let drain_exempt = ctx.config.drain_exempt_namespaces();
         let now = now_secs();
+        // The soak is decided from what survives this controller: a node
+        // this one has not stepped yet (a new leader, a restart) counts with
+        // the record persisted on it, or the next node would start mid-soak.
+        // Only nodes missing from memory are read: after a restart's first
+        // pass, none.
+        let recovered: Vec<(String, NodeRecord)> = targets
+            .iter()
+            .filter(|n| !self.records.contains_key(*n))
+            .filter_map(|n| {
+                let node = ctx.stores.nodes.get(&ObjectRef::new(n))?;
+                crate::observe::persisted_record(&node)
+                    .filter(|r| r.policy == name && r.state == NodeState::Done)
+                    .map(|r| (n.clone(), r))
+            })
+            .collect();
         let desired = Desired {
             // The canary first: a soak or a window only matters once the
             // promotion is open.
             hold: self.promotion.clone().or_else(|| {
                 ttdrv_core::rollout::hold(
                     &windows,
-                    self.records.iter(),
+                    self.records
+                        .iter()
+                        .chain(recovered.iter().map(|(n, r)| (n, r))),
                     &spec.version,
                     spec.upgrade_policy.soak_seconds,
                     now,
@@ -233,6 +250,7 @@ impl ReconcilePass {
                 let merged = self
                     .records
                     .iter()
+                    .chain(recovered.iter().map(|(n, r)| (n, r)))
                     .filter(|(n, _)| !updates.contains_key(*n))
                     .chain(updates.iter());
                 hold = ttdrv_core::rollout::hold(
