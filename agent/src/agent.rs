@@ -1004,7 +1004,19 @@ impl Agent<'_> {
         mut record: SwapRecord,
         previous_parameters: &str,
     ) -> Result<()> {
-        let problems = self.settle(root, &record.before);
+        // An older release may not read a card's telemetry at all (tt-kmd
+        // before 2.1 has no tt_asic_id): a downgrade is not failed for it.
+        let mut before = record.before.clone();
+        let older = |a: &str, b: Option<&str>| matches!((module_params::release(a), b.and_then(module_params::release)), (Some(a), Some(b)) if a < b);
+        if older(&record.target, record.previous.as_deref()) && !before.telemetry.is_empty() {
+            tracing::info!(
+                target = %record.target,
+                previous = record.previous.as_deref().unwrap_or(""),
+                "a downgrade: the cards' tt_* attributes are not required of the older release"
+            );
+            before.telemetry.clear();
+        }
+        let problems = self.settle(root, &before);
         if problems.is_empty() {
             validate::note_served(root, &record.target);
             if let Err(e) = validate::clear_record(root) {

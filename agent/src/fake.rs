@@ -49,6 +49,9 @@ pub struct FakeKernel {
     /// Versions that load but probe no card (a release that does not know
     /// the cards): nothing bound, no class device, no device node.
     pub probe_none: Mutex<HashSet<String>>,
+    /// Versions that serve the cards without any `tt_*` attribute, as
+    /// tt-kmd serves a Blackhole whose firmware had no telemetry at probe.
+    pub no_telemetry: Mutex<HashSet<String>>,
 }
 
 impl FakeKernel {
@@ -66,7 +69,16 @@ impl FakeKernel {
             probes: Mutex::new(0),
             drop_parameters: false,
             probe_none: Mutex::new(HashSet::new()),
+            no_telemetry: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// `version` serves the cards without `tt_*` attributes ([`Self::no_telemetry`]).
+    pub fn without_telemetry(self, version: &str) -> Self {
+        if let Ok(mut p) = self.no_telemetry.lock() {
+            p.insert(version.to_string());
+        }
+        self
     }
 
     /// `version` loads but probes no card ([`Self::probe_none`]).
@@ -193,11 +205,15 @@ impl KernelOps for FakeKernel {
             }
         }
         let probes_none = self.probe_none.lock().is_ok_and(|p| p.contains(&version));
+        let no_telemetry = self.no_telemetry.lock().is_ok_and(|p| p.contains(&version));
         let shown = self.report_version.clone().unwrap_or(version);
         set_loaded(self.root.root(), &shown, 0)?;
         set_parameters(self.root.root(), &values)?;
         if !probes_none {
             bind_cards(self.root.root())?;
+            if no_telemetry {
+                strip_telemetry(self.root.root())?;
+            }
         }
         Ok(())
     }
@@ -408,6 +424,19 @@ pub fn bind_cards(root: &Path) -> io::Result<()> {
         fs::write(card.join("tt_asic_id"), format!("5A17C0DE000000{i:02X}\n"))?;
         fs::write(card.join("tt_serial"), format!("0x10001{i:02x}\n"))?;
         fs::write(r.path(format!("/dev/tenstorrent/{i}")), "")?;
+    }
+    Ok(())
+}
+
+/// Removes every card's `tt_*` attributes (telemetry the driver never read).
+pub fn strip_telemetry(root: &Path) -> io::Result<()> {
+    let class = HostRoot::new(root).path("/sys/class/tenstorrent");
+    for card in fs::read_dir(&class)?.flatten() {
+        for attr in fs::read_dir(card.path())?.flatten() {
+            if attr.file_name().to_string_lossy().starts_with("tt_") {
+                fs::remove_file(attr.path())?;
+            }
+        }
     }
     Ok(())
 }

@@ -206,7 +206,15 @@ pub fn present(root: &HostRoot) -> Vec<Present> {
                 .find(|(id, _)| *id == device)?;
             let driver = fs::read_link(root.path(format!("{dir}/driver")))
                 .ok()
-                .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string));
+                .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string))
+                // Not bound yet, but promised to another driver (the VFIO
+                // binder sets driver_override before vfio-pci binds it).
+                .or_else(|| {
+                    fs::read_to_string(root.path(format!("{dir}/driver_override")))
+                        .ok()
+                        .map(|o| o.trim().to_string())
+                        .filter(|o| !o.is_empty() && o != "(null)")
+                });
             Some(Present {
                 kind: format!("{name} {:04x}:{device:04x}", ttdrv_api::vfio::TT_VENDOR_ID),
                 address,
@@ -550,10 +558,26 @@ mod tests {
         planted_function(&root, "0000:00:03.0", "0x401e", None);
         planted_function(&root, "0000:00:04.0", "0xb140", Some("vfio-pci"));
         planted_function(&root, "0000:00:05.0", "0xfaca", None); // Grayskull
+        planted_function(&root, "0000:00:06.0", "0xb140", None);
+        std::fs::write(
+            root.path(format!("{PCI_DEVICES_DIR}/0000:00:06.0/driver_override")),
+            "vfio-pci\n",
+        )
+        .expect("override");
         let found = present(&root);
         assert_eq!(
             found.iter().map(|p| p.address.as_str()).collect::<Vec<_>>(),
-            ["0000:00:02.0", "0000:00:03.0", "0000:00:04.0"]
+            [
+                "0000:00:02.0",
+                "0000:00:03.0",
+                "0000:00:04.0",
+                "0000:00:06.0"
+            ]
+        );
+        assert_eq!(
+            found[3].driver.as_deref(),
+            Some("vfio-pci"),
+            "promised to vfio-pci"
         );
         assert_eq!(found[2].kind, "Blackhole 1e52:b140");
         let want = expected_on_first_install(&found);

@@ -322,3 +322,35 @@ fn an_agent_that_finds_its_target_loaded_notes_what_it_serves() {
     // Another version loaded: the note is not its baseline.
     assert!(validate::lost(&h.hr(), "2.9.0").is_empty());
 }
+
+#[test]
+fn a_card_served_without_the_telemetry_it_had_fails_an_upgrade_but_not_a_downgrade() {
+    // 2.8.0 serves both cards but without tt_* (a Blackhole whose firmware
+    // was late at probe): the upgrade fails naming them and rolls back.
+    let h = two_cards();
+    let kernel = FakeKernel::new(h.root()).without_telemetry("2.8.0");
+    let node = go_ahead("2.8.0");
+    let err = h
+        .run_with("2.8.0", &kernel, &node)
+        .expect_err("validation fails");
+    assert_matches!(&err, AgentError::ValidationFailed { rollback, .. }
+        if matches!(rollback.as_ref(), Rollback::Restored { previous } if previous == "2.7.0"));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("0000:01:00.0, 0000:02:00.0 served without tt_* attributes"),
+        "{msg}"
+    );
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    // The other way, to an older release without telemetry: no failure.
+    let h = Host::with_loaded("2.8.0", 0);
+    add_cards(h.root(), 2).expect("cards");
+    bind_cards(h.root()).expect("bind");
+    h.cache("2.7.0");
+    h.cache("2.8.0");
+    let kernel = FakeKernel::new(h.root()).without_telemetry("2.7.0");
+    let out = h
+        .run_with("2.7.0", &kernel, &go_ahead("2.7.0"))
+        .expect("a downgrade is not failed for telemetry");
+    assert_matches!(out, Outcome::Installed { .. });
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+}

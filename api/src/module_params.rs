@@ -97,8 +97,8 @@ impl Parameter {
     }
 }
 
-/// `1.26` or `2.9.0-rc1` as (major, minor, patch).
-fn release(v: &str) -> Option<(u64, u64, u64)> {
+/// `1.26` or `2.9.0-rc1` as (major, minor, patch), for ordering releases.
+pub fn release(v: &str) -> Option<(u64, u64, u64)> {
     let core = v.trim().split(['-', '+']).next()?;
     let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
     let major = parts.next()??;
