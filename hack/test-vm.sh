@@ -187,7 +187,7 @@ real)
     git -C "$b" push -q "$kmd_repo" "ttkmd-$broken"
     versions+=("$broken"); echo "$broken $(git -C "$b" rev-parse HEAD)" >>"$work/pins"
     init_script="$repo/hack/vm/init-cards"
-    expected=13
+    expected=14
     what="real tt-kmd"
     ;;
 *) die "usage: hack/test-vm.sh [stub|real]" ;;
