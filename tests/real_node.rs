@@ -400,10 +400,15 @@ async fn real_node() {
         "lease holder {holder1} is not a controller pod"
     );
     // The metrics Service: through its ClusterIP (kube-proxy), and each endpoint.
+    // kube-proxy programs a new Service's endpoints on its own time (a
+    // ClusterIP without them refuses connections): waited for, bounded.
     let svc_addr = rn.svc_addr().await;
-    let scrape = http_get(&svc_addr, "/metrics")
-        .await
-        .unwrap_or_else(|e| panic!("scrape of Service {} at {svc_addr}: {e}", rn.svc()));
+    let scrape = wait_for(
+        &format!("Service {} answers at {svc_addr} (kube-proxy)", rn.svc()),
+        rn.t,
+        || http_get(&svc_addr, "/metrics"),
+    )
+    .await;
     assert!(
         metric(&scrape, "ttdriver_build_info").is_some(),
         "no ttdriver_build_info from {}",
