@@ -1004,15 +1004,16 @@ impl Agent<'_> {
         mut record: SwapRecord,
         previous_parameters: &str,
     ) -> Result<()> {
-        // An older release may not read a card's telemetry at all (tt-kmd
-        // before 2.1 has no tt_asic_id): a downgrade is not failed for it.
+        // tt-kmd 1.x may expose no tt_* attribute at all (1.27.1 has none;
+        // every 2.x release has them): a swap to a 1.x release is not failed
+        // for them. Any 2.x, up or down, must serve them again.
         let mut before = record.before.clone();
-        let older = |a: &str, b: Option<&str>| matches!((module_params::release(a), b.and_then(module_params::release)), (Some(a), Some(b)) if a < b);
-        if older(&record.target, record.previous.as_deref()) && !before.telemetry.is_empty() {
+        let without_attributes =
+            module_params::release(&record.target).is_some_and(|r| r < (2, 0, 0));
+        if without_attributes && !before.telemetry.is_empty() {
             tracing::info!(
                 target = %record.target,
-                previous = record.previous.as_deref().unwrap_or(""),
-                "a downgrade: the cards' tt_* attributes are not required of the older release"
+                "tt-kmd 1.x: the cards' tt_* attributes are not required of it"
             );
             before.telemetry.clear();
         }

@@ -324,7 +324,7 @@ fn an_agent_that_finds_its_target_loaded_notes_what_it_serves() {
 }
 
 #[test]
-fn a_card_served_without_the_telemetry_it_had_fails_an_upgrade_but_not_a_downgrade() {
+fn a_card_served_without_the_telemetry_it_had_fails_a_swap_to_any_2x_but_not_to_1x() {
     // 2.8.0 serves both cards but without tt_* (a Blackhole whose firmware
     // was late at probe): the upgrade fails naming them and rolls back.
     let h = two_cards();
@@ -341,16 +341,29 @@ fn a_card_served_without_the_telemetry_it_had_fails_an_upgrade_but_not_a_downgra
         "{msg}"
     );
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
-    // The other way, to an older release without telemetry: no failure.
-    let h = Host::with_loaded("2.8.0", 0);
-    add_cards(h.root(), 2).expect("cards");
-    bind_cards(h.root()).expect("bind");
+    // Down to a 2.x release: the same.
+    let from_2_8 = || {
+        let h = Host::with_loaded("2.8.0", 0);
+        add_cards(h.root(), 2).expect("cards");
+        bind_cards(h.root()).expect("bind");
+        h.cache("2.8.0");
+        h
+    };
+    let h = from_2_8();
     h.cache("2.7.0");
-    h.cache("2.8.0");
     let kernel = FakeKernel::new(h.root()).without_telemetry("2.7.0");
-    let out = h
+    let err = h
         .run_with("2.7.0", &kernel, &go_ahead("2.7.0"))
-        .expect("a downgrade is not failed for telemetry");
+        .expect_err("2.7.0 serves tt_* attributes: their absence fails");
+    assert_eq!(err.reason(), Some(reason::VALIDATION_FAILED), "{err}");
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+    // To tt-kmd 1.x, which may have none: no failure.
+    let h = from_2_8();
+    h.cache("1.27.1");
+    let kernel = FakeKernel::new(h.root()).without_telemetry("1.27.1");
+    let out = h
+        .run_with("1.27.1", &kernel, &go_ahead("1.27.1"))
+        .expect("a 1.x release is not failed for telemetry");
     assert_matches!(out, Outcome::Installed { .. });
-    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    assert_eq!(h.loaded().as_deref(), Some("1.27.1"));
 }
