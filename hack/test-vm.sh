@@ -1,5 +1,12 @@
 #!/usr/bin/env bash
-# Kernel-level test of the node agent: boots Debian's kernel (linux-image-amd64)
+# Kernel-level test of the node agent, in two modes:
+#   hack/test-vm.sh        the stub module, the scenarios below (hack/vm/init)
+#   hack/test-vm.sh real   the real tt-kmd on emulated Wormhole and Blackhole
+#                          cards (testkit's ttdrv-ttcard on QEMU's
+#                          x-pci-proxy-dev), the scenarios of hack/vm/init-cards
+#                          (docs/development.md#the-real-driver-on-emulated-cards)
+#
+# Stub mode: boots Debian's kernel (linux-image-amd64)
 # under qemu-system-x86_64 with software emulation (TCG) into an initramfs that
 # holds a statically linked ttdrv-agent, the stub `tenstorrent` module built on
 # this machine for that kernel (2.7.0, 2.8.0, and a broken 2.9.0), and a script
@@ -134,7 +141,8 @@ say "agent built in $(( $(date +%s) - t0 ))s"
 # --- the module at each version, built for the VM's kernel -----------------
 # `hack/test-vm.sh` (stub): the stub module (tests/fixtures/stub-module) and
 # the scenarios of hack/vm/init. `hack/test-vm.sh real`: the real tt-kmd at
-# the releases pinned in hack/versions.env (TTKMD_TEST_PINS, older first),
+# the releases of hack/versions.env (TTKMD_TEST_VERSIONS, older first), each
+# from the commit chart/values.yaml pins it to (checked against the tag),
 # plus a release derived from the newer one that knows neither card
 # (TTKMD_BROKEN_VERSION: its ID table changed, nothing else), on emulated
 # cards (ttdrv-ttcard) with the scenarios of hack/vm/init-cards. The real
