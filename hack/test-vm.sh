@@ -9,7 +9,9 @@
 # Stub mode: boots Debian's kernel (linux-image-amd64)
 # under qemu-system-x86_64 with software emulation (TCG) into an initramfs that
 # holds a statically linked ttdrv-agent, the stub `tenstorrent` module built on
-# this machine for that kernel (2.7.0, 2.8.0, and a broken 2.9.0), and a script
+# this machine for that kernel (2.7.0, 2.8.0, and a broken 2.9.0), a PCI
+# driver that binds the guest's one emulated Wormhole (testkit's
+# ttdrv-ttcard, as in real mode) as tt-kmd would, and a script
 # that runs these scenarios against the real kernel, each printing
 # "VMTEST PASS: ..." or "VMTEST FAIL: ...":
 #
@@ -129,11 +131,9 @@ else
     agent_bin="$target_dir/$gnu/debug/ttdrv-agent"
 fi
 vfio_bin="$(dirname "$agent_bin")/ttdrv-vfio-manage"
-if [[ ${1:-stub} == real ]]; then
-    say "building ttdrv-ttcard (the emulated cards, run on this machine)"
-    CARGO_TARGET_DIR="$target_dir" cargo build -q -p ttdrv-testkit --bin ttdrv-ttcard
-    ttcard_bin="$target_dir/debug/ttdrv-ttcard"
-fi
+say "building ttdrv-ttcard (the emulated cards, run on this machine)"
+CARGO_TARGET_DIR="$target_dir" cargo build -q -p ttdrv-testkit --bin ttdrv-ttcard
+ttcard_bin="$target_dir/debug/ttdrv-ttcard"
 is_static "$agent_bin" || die "$agent_bin is dynamically linked"
 is_static "$vfio_bin" || die "$vfio_bin is dynamically linked"
 say "agent built in $(( $(date +%s) - t0 ))s"
@@ -319,8 +319,11 @@ if [[ $mode == real ]]; then
     # modprobe would apply it; so must the agent's loads (init-cards C1).
     cmdline_extra=" tenstorrent.max_devices=8"
 else
-    machine=(-m 1024 -machine q35 -device intel-iommu,intremap=off -device pci-serial)
-    wrap=()
+    # One emulated Wormhole, which the stub binds as its PCI driver; and
+    # QEMU's pci-serial for the VFIO binder (15-16).
+    machine=(-machine q35,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on
+             -device intel-iommu,intremap=off -device pci-serial -device @TTCARD@)
+    wrap=("$ttcard_bin" --cards wh --wh-bar0-mb 64 --log "$work/cards.log" --)
 fi
 timeout "$timeout_s" "${wrap[@]}" qemu-system-x86_64 \
     -accel "$accel" -smp 1 "${machine[@]}" \
