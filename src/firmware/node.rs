@@ -4,6 +4,13 @@
 //! time, within the budget), persists the record with its cordon, uncordon or
 //! hand-over in one patch, and carries out the rest: evictions, the flash
 //! Job, Events and metrics. Stopping it gives its claim back.
+//!
+//! It remembers the flash Job it created ([`OwnJobMemory`]) until its cache
+//! shows it: the step waits for a Job of its own that the watch has not
+//! brought yet, and takes any other named Job missing from the cache as gone
+//! (never created again by itself). A new actor (the controller restarted, or
+//! the policy re-created) remembers nothing: a controller steps only once its
+//! caches have listed, so for it a missing Job is really missing.
 
 use std::sync::Arc;
 
@@ -14,7 +21,7 @@ use kube::api::PostParams;
 use ttdrv_api::firmware::{FirmwareNodeState, TenstorrentFirmwarePolicy, reason};
 use ttdrv_core::event::EventReason;
 use ttdrv_core::firmware::job::{JobDefaults, flash_job};
-use ttdrv_core::firmware::{Command, Desired, FwRecord, step};
+use ttdrv_core::firmware::{Command, Desired, FlashJob, FwRecord, OwnJob, step};
 
 use super::policy::Seen;
 use crate::actors::{Evict, Evictor, Labeler, PatchNode};
@@ -32,6 +39,41 @@ pub(crate) struct NodeActor {
     ports: Arc<Ports>,
     node: String,
     policy: String,
+    /// The flash Job this actor named and created (or failed to), until its
+    /// cache shows it. Taken while a step runs.
+    own_job: Option<OwnJobMemory>,
+}
+
+/// What a node actor did about one flash Job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct OwnJobMemory {
+    /// The policy object it was done for: a policy deleted and re-created
+    /// under the same name is another one (its Jobs went with the old).
+    policy_uid: Option<String>,
+    job: String,
+    what: OwnJob,
+}
+
+impl OwnJobMemory {
+    /// What the step is told about the Job `prev` names, as `seen` shows
+    /// it; the memory is forgotten once the cache shows the Job (or the
+    /// record names another, or the policy object changed).
+    fn observe(
+        mem: &mut Option<Self>,
+        policy_uid: Option<&str>,
+        prev: &FwRecord,
+        seen: &FlashJob,
+    ) -> OwnJob {
+        let Some(m) = mem.as_ref() else {
+            return OwnJob::NotMine;
+        };
+        let same = m.policy_uid.as_deref() == policy_uid && prev.job.as_deref() == Some(&m.job);
+        if !same || *seen != FlashJob::Missing {
+            *mem = None;
+            return OwnJob::NotMine;
+        }
+        m.what
+    }
 }
 
 impl NodeActor {
@@ -50,6 +92,7 @@ impl NodeActor {
             }),
             node: node.into(),
             policy: policy.into(),
+            own_job: None,
         }
     }
 }
@@ -94,6 +137,8 @@ impl Handler<StepNode> for NodeActor {
 
     fn handle(&mut self, msg: StepNode, _: &mut Self::Context) -> Self::Result {
         let ports = self.ports.clone();
+        // Atomic: no other step of this node runs until it is given back.
+        let mut own_job = self.own_job.take();
         let fut = async move {
             let StepNode {
                 policy,
@@ -102,16 +147,30 @@ impl Handler<StepNode> for NodeActor {
                 budget,
             } = msg;
             let mut errors = 0;
-            let (record, written) =
-                step_node(&ports, &policy, &desired, &mut seen, &budget, &mut errors).await;
-            Stepped {
+            let (record, written) = step_node(
+                &ports,
+                &policy,
+                &desired,
+                &mut seen,
+                &budget,
+                &mut own_job,
+                &mut errors,
+            )
+            .await;
+            let out = Stepped {
                 record,
                 written,
                 errors,
                 seen,
-            }
+            };
+            (out, own_job)
         };
-        AtomicResponse::new(Box::pin(fut.into_actor(self)))
+        AtomicResponse::new(Box::pin(fut.into_actor(self).map(
+            |(out, own_job), act, _| {
+                act.own_job = own_job;
+                out
+            },
+        )))
     }
 }
 
@@ -121,12 +180,24 @@ async fn step_node(
     desired: &Desired,
     s: &mut Seen,
     budget: &Budget,
+    own_job: &mut Option<OwnJobMemory>,
     errors: &mut u32,
 ) -> (FwRecord, Option<FwRecord>) {
     let ctx = &ports.ctx;
     let policy = desired.policy.clone();
     let node = s.node.metadata.name.clone().unwrap_or_default();
     let holder = Holder::Firmware(policy.clone());
+    let policy_uid = p.metadata.uid.clone();
+    s.view.obs.own_job =
+        OwnJobMemory::observe(own_job, policy_uid.as_deref(), &s.prev, &s.view.obs.job);
+    // The Job a CreateJob of this step creates: the one its record names.
+    let named = |next: &ttdrv_core::firmware::Step, what: OwnJob| {
+        next.record.job.clone().map(|job| OwnJobMemory {
+            policy_uid: policy_uid.clone(),
+            job,
+            what,
+        })
+    };
     let mut next = step(&s.prev, &s.view.obs, desired);
     if !s.prev.state.is_in_progress() && next.record.state.is_in_progress() {
         match ctx.claims.take_within(&node, holder.clone(), Some(budget)) {
@@ -173,6 +244,11 @@ async fn step_node(
         match sent {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
+                if next.commands.contains(&Command::CreateJob) {
+                    // The record may name the Job all the same (a write
+                    // that failed on its way back): not created by us.
+                    *own_job = named(&next, OwnJob::NotCreated);
+                }
                 tracing::warn!(policy, node, error = %e, "firmware record not written; retried next pass");
                 ctx.metrics.inc_fw_error(&policy, "node_patch");
                 *errors += 1;
@@ -183,6 +259,9 @@ async fn step_node(
                 return (s.prev.clone(), None);
             }
             Err(e) => {
+                if next.commands.contains(&Command::CreateJob) {
+                    *own_job = named(&next, OwnJob::NotCreated);
+                }
                 tracing::warn!(policy, node, error = %e, "labeler unavailable");
                 *errors += 1;
                 return (s.prev.clone(), None);
@@ -214,7 +293,27 @@ async fn step_node(
                     }
                 }
             }
-            Command::CreateJob => create_job(ports, p, &node, next.record.attempt, errors).await,
+            Command::CreateJob => {
+                let created = match next.record.job.as_deref() {
+                    Some(name) => {
+                        create_job(ports, p, &node, name, next.record.attempt, errors).await
+                    }
+                    None => {
+                        tracing::error!(
+                            policy,
+                            node,
+                            "a flash Job to create that the record does not name: not created"
+                        );
+                        false
+                    }
+                };
+                let what = if created {
+                    OwnJob::CreatedUnseen { at: s.view.obs.now }
+                } else {
+                    OwnJob::NotCreated
+                };
+                *own_job = named(&next, what);
+            }
             _ => {}
         }
     }
@@ -224,13 +323,16 @@ async fn step_node(
     (next.record, written)
 }
 
+/// Creates the flash Job `name` (the one the record names); true when it
+/// exists now (created, or there already).
 async fn create_job(
     ports: &Ports,
     p: &TenstorrentFirmwarePolicy,
     node: &str,
+    name: &str,
     attempt: u32,
     errors: &mut u32,
-) {
+) -> bool {
     let ctx = &ports.ctx;
     let defaults = JobDefaults {
         namespace: ctx.config.namespace.clone(),
@@ -239,23 +341,33 @@ async fn create_job(
         simulate_dir: ctx.config.flasher_simulate_dir.clone(),
     };
     let job = flash_job(p, node, attempt, &defaults);
-    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
     let cr = p.metadata.name.as_deref().unwrap_or_default();
+    if job.metadata.name.as_deref() != Some(name) {
+        // Both come from the same policy object, so this is a bug: never
+        // a Job the record does not name.
+        tracing::warn!(
+            node,
+            job = job.metadata.name.as_deref().unwrap_or_default(),
+            named = name,
+            "the flash Job differs from the one the record names; created next pass"
+        );
+        *errors += 1;
+        return false;
+    }
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
     match api.create(&PostParams::default(), &job).await {
         Ok(_) => {
             ctx.metrics.inc_flash_job_created(cr, true);
-            tracing::info!(
-                node,
-                job = job.metadata.name.as_deref().unwrap_or_default(),
-                "flash Job created"
-            )
+            tracing::info!(node, job = name, "flash Job created");
+            true
         }
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => true,
         Err(e) => {
             ctx.metrics.inc_flash_job_created(cr, false);
             ctx.metrics.inc_fw_error(cr, "job_create");
             *errors += 1;
-            tracing::warn!(node, error = %e, "creating the flash Job; retried next pass")
+            tracing::warn!(node, job = name, error = %e, "creating the flash Job; retried next pass");
+            false
         }
     }
 }

@@ -148,15 +148,20 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
             memory.live.remove(&key);
         }
         let rec = memory.live.get(&key).cloned().or(persisted.clone());
-        let attempt = rec.as_ref().map_or(0, |r| r.attempt);
         // The machine reads the flash Job only while Flashing and on a
         // takeover: only then is it looked up (its pods are an API list,
-        // and a finished Job is kept a day).
+        // and a finished Job is kept a day). The Job the record names;
+        // by its deterministic name on a takeover, or for a record of an
+        // earlier controller version that named none.
         let job = if rec
             .as_ref()
             .is_none_or(|r| r.state == FirmwareNodeState::Flashing)
         {
-            job(shared, &name, &node_name, &spec.version, attempt).await
+            let job_name = rec.as_ref().and_then(|r| r.job.clone()).unwrap_or_else(|| {
+                let attempt = rec.as_ref().map_or(0, |r| r.attempt);
+                job_name_for(&name, &node_name, &spec.version, attempt)
+            });
+            job(shared, &job_name).await
         } else {
             ttdrv_core::firmware::FlashJob::Missing
         };
@@ -318,17 +323,10 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
     write_status(shared, &p, statuses, memory).await;
 }
 
-/// The node's flash Job for this version, and its pods when it exists.
-async fn job(
-    shared: &Shared,
-    policy: &str,
-    node: &str,
-    version: &str,
-    attempt: u32,
-) -> ttdrv_core::firmware::FlashJob {
+/// The flash Job `name` as the cache shows it, and its pods when it exists.
+async fn job(shared: &Shared, name: &str) -> ttdrv_core::firmware::FlashJob {
     let ns = &shared.ctx.config.namespace;
-    let name = job_name_for(policy, node, version, attempt);
-    let job = shared.stores.jobs.get(&ObjectRef::new(&name).within(ns));
+    let job = shared.stores.jobs.get(&ObjectRef::new(name).within(ns));
     let mut pods: Vec<Pod> = vec![];
     if job.is_some() {
         let api: Api<Pod> = Api::namespaced(shared.ctx.client.clone(), ns);

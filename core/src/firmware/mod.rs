@@ -41,7 +41,12 @@ pub struct FwRecord {
     /// Who cordoned the node for this cycle.
     #[serde(default, with = "cordon_wire")]
     pub cordon: Cordon,
-    /// The flash Job of this cycle, once created.
+    /// The flash Job of this cycle: named when the step that creates it is
+    /// persisted, before the Job exists ([`Command::CreateJob`]), so a Job
+    /// that is missing later is told apart from one not created yet by the
+    /// actor's memory ([`Observation::own_job`]), never by the record. A
+    /// record of an earlier controller version may be `Flashing` without it
+    /// (it named the Job once it saw it run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
     /// What every card read back after the last flash.
@@ -129,9 +134,37 @@ pub enum FlashJob {
     },
 }
 
+/// What this controller did itself about the flash Job the record names
+/// ([`FwRecord::job`]), as the node's actor remembers it: how a step tells a
+/// Job the cache has not shown yet from one that vanished. Only consulted
+/// while the cache shows no Job of that name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OwnJob {
+    /// Not created by this controller (since it started, for this very
+    /// policy object), or seen in its cache since. A controller steps only
+    /// once its caches have listed, so for it a missing Job is gone: it
+    /// vanished, or was never created.
+    #[default]
+    NotMine,
+    /// Created by this controller at `at` (Unix seconds; or found already
+    /// there, a conflict), not in its cache yet: its watch lags behind its
+    /// own create ([`JOB_CACHE_GRACE_SECONDS`]).
+    CreatedUnseen { at: i64 },
+    /// This controller named it in the record but did not create it (its
+    /// create was refused, or the step's write failed before it): the Job
+    /// does not exist, and creating it now is its first flash.
+    NotCreated,
+}
+
+/// How long a Job this controller created may stay out of its cache before
+/// it counts as vanished: far beyond any watch lag, far below a flash.
+pub const JOB_CACHE_GRACE_SECONDS: i64 = 300;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observation {
     pub now: i64,
+    /// The node's name (the flash Job's name is made of it).
+    pub node: String,
     pub ready: bool,
     pub unschedulable: bool,
     /// A driver cycle holds the node (its record mid-cycle, or its go-ahead
@@ -148,7 +181,11 @@ pub struct Observation {
     /// The tt-kmd loaded on the node (`kmd-version` label).
     pub driver_version: Option<String>,
     pub drain: Option<DrainProgress>,
+    /// The Job the record names, looked up by that name (by
+    /// [`ttdrv_api::firmware::job_name_for`] when the record names none).
     pub job: FlashJob,
+    /// What this controller did about that Job, while the cache lacks it.
+    pub own_job: OwnJob,
     pub retry_token: Option<String>,
     /// The rollout granted this node a slot.
     pub slot: bool,
@@ -196,8 +233,10 @@ impl Desired {
 pub enum Command {
     Cordon,
     Evict,
-    /// Create the flash Job (idempotent: its name is fixed by policy, node
-    /// and version).
+    /// Create the flash Job the record names (idempotent: its name is fixed
+    /// by policy, node, version and attempt). Issued once per Job: when the
+    /// cycle reaches Flashing, and again only when this controller knows it
+    /// never created it ([`OwnJob::NotCreated`]).
     CreateJob,
     Uncordon,
     /// Keep the cordon and hand it to this driver policy (its marks on the
@@ -425,9 +464,7 @@ fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
         };
     }
     if !want.drain_enabled {
-        let mut r = enter(&rec, Flashing, reason::FLASHING, None, now);
-        r.job = None;
-        return stay(r, vec![Command::CreateJob]);
+        return start_flash(&rec, obs, want);
     }
     if rec.cordon == Cordon::Ours && obs.unschedulable {
         // Kept across a retry or taken over: the cordon is there already.
@@ -437,6 +474,26 @@ fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     let mut r = enter(&rec, Cordoning, reason::CORDONING, None, now);
     r.cordon = Cordon::Ours;
     stay(r, vec![Command::Cordon])
+}
+
+/// Flashing, with the Job to create named in the record before it exists:
+/// from then on a missing Job is either not in this controller's cache yet
+/// (it remembers creating it) or gone, never a reason to create it again.
+fn start_flash(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
+    let mut r = enter(
+        rec,
+        FirmwareNodeState::Flashing,
+        reason::FLASHING,
+        None,
+        obs.now,
+    );
+    r.job = Some(ttdrv_api::firmware::job_name_for(
+        &want.policy,
+        &obs.node,
+        &want.version,
+        r.attempt,
+    ));
+    stay(r, vec![Command::CreateJob])
 }
 
 /// `spec.minDriverVersion` when the node's tt-kmd is older (or unknown).
@@ -477,9 +534,7 @@ fn draining(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
                 vec![],
             );
         }
-        let mut r = enter(&rec, Flashing, reason::FLASHING, None, now);
-        r.job = None;
-        return stay(r, vec![Command::CreateJob]);
+        return start_flash(&rec, obs, want);
     }
     if now - rec.since > want.drain_timeout_seconds {
         // Nothing was written to the cards: the node goes back into service.
@@ -535,22 +590,47 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
     use FirmwareNodeState::*;
     let now = obs.now;
     match &obs.job {
-        FlashJob::Missing => match rec.job.clone() {
-            // Created by this step's command, not in the cache yet.
-            None => stay(rec, vec![Command::CreateJob]),
-            Some(name) => stay(
-                enter(
-                    &rec,
-                    Failed,
-                    reason::FLASH_JOB_FAILED,
-                    Some(format!(
-                        "flash Job {name} vanished before it finished: whether the cards were written is unknown{retry}"
-                    )),
-                    now,
-                ),
-                vec![],
-            ),
-        },
+        FlashJob::Missing => {
+            let unknown = |msg: String| {
+                stay(
+                    enter(&rec, Failed, reason::FLASH_JOB_FAILED, Some(msg), now),
+                    vec![],
+                )
+            };
+            match (rec.job.clone(), obs.own_job) {
+                // Named, and this controller knows it never created it: the
+                // create is the Job's first.
+                (Some(_), OwnJob::NotCreated) => stay(rec, vec![Command::CreateJob]),
+                // Created by this controller, its watch not there yet: wait.
+                (Some(_), OwnJob::CreatedUnseen { at }) if now - at < JOB_CACHE_GRACE_SECONDS => {
+                    stay(rec, vec![])
+                }
+                (Some(name), OwnJob::CreatedUnseen { at }) => unknown(format!(
+                    "flash Job {name} vanished before it finished (created {}s ago, never seen since): \
+                     whether the cards were written is unknown{retry}",
+                    now - at
+                )),
+                // Not created by this controller, or seen and gone since:
+                // never created again by itself.
+                (Some(name), OwnJob::NotMine) => unknown(format!(
+                    "flash Job {name} vanished before it finished: whether the cards were written is unknown{retry}"
+                )),
+                // Left Flashing by an earlier controller version, which named
+                // the Job only once it saw it run; looked up by its name, it
+                // is not there. Never created blindly.
+                (None, _) => unknown(format!(
+                    "flash Job {} vanished before it finished, or was never created: this node was left \
+                     Flashing by an earlier controller version that had not named its Job yet, \
+                     so whether the cards were written is unknown{retry}",
+                    ttdrv_api::firmware::job_name_for(
+                        &want.policy,
+                        &obs.node,
+                        &want.version,
+                        rec.attempt
+                    )
+                )),
+            }
+        }
         FlashJob::Running {
             name,
             image_pull_failed,

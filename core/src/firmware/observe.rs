@@ -97,6 +97,7 @@ pub fn observe<'p>(
     };
     let obs = Observation {
         now,
+        node: node.metadata.name.clone().unwrap_or_default(),
         ready: crate::node::ready(node),
         unschedulable: crate::node::unschedulable(node),
         driver_cycle: crate::claim::driver_cycle(node).map(|h| h.to_string()),
@@ -110,6 +111,8 @@ pub fn observe<'p>(
         driver_version: label(node, ttdrv_api::labels::KMD_VERSION).map(String::from),
         drain: progress,
         job,
+        // The caller's actor knows what it created ([`super::OwnJob`]).
+        own_job: super::OwnJob::NotMine,
         retry_token: annotation(node, fw::RETRY).map(String::from),
         slot: false,
         // The caller knows the driver policies ([`crate::claim::handover_to`]).

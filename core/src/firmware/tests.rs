@@ -1,5 +1,6 @@
 use super::*;
 use FirmwareNodeState::*;
+use ttdrv_api::firmware::job_name_for;
 
 fn want() -> Desired {
     Desired {
@@ -18,6 +19,7 @@ fn want() -> Desired {
 fn obs() -> Observation {
     Observation {
         now: 1000,
+        node: "n1".into(),
         ready: true,
         current: Some("19.7.0.0".into()),
         ..Default::default()
@@ -95,13 +97,23 @@ fn a_full_cycle_cordons_drains_flashes_and_uncordons() {
         (s.record.state, &s.commands[..]),
         (Flashing, &[Command::CreateJob][..])
     );
-
-    // The Job is not in the cache yet: created again (idempotent), not failed.
-    let s = step(&s.record, &cordoned, &w);
     assert_eq!(
-        (s.record.state, &s.commands[..]),
-        (Flashing, &[Command::CreateJob][..])
+        s.record.job.as_deref(),
+        Some(job_name_for("fw", "n1", "19.8.0", 0).as_str()),
+        "named before it exists"
     );
+
+    // Created by this controller, not in its cache yet: waited for, neither
+    // failed nor created again.
+    let s = step(
+        &s.record,
+        &Observation {
+            own_job: OwnJob::CreatedUnseen { at: 1000 },
+            ..cordoned.clone()
+        },
+        &w,
+    );
+    assert_eq!((s.record.state, &s.commands[..]), (Flashing, &[][..]));
 
     let running = Observation {
         job: FlashJob::Running {
@@ -749,4 +761,212 @@ fn a_bundle_refused_by_its_checksum_gives_the_node_back() {
         stray(&s.record, false),
         Stray::Release { uncordon: false }
     ));
+}
+
+/// A record Flashing with its Job named, the Job missing from the cache.
+fn flashing_named() -> FwRecord {
+    let mut r = new();
+    r.state = Flashing;
+    r.cordon = Cordon::Ours;
+    r.since = 990;
+    r.job = Some(job_name_for("fw", "n1", "19.8.0", 0));
+    r
+}
+
+fn missing(own_job: OwnJob) -> Observation {
+    Observation {
+        unschedulable: true,
+        job: FlashJob::Missing,
+        own_job,
+        ..obs()
+    }
+}
+
+#[test]
+fn the_flash_job_is_named_in_the_record_before_it_is_created() {
+    // Drain disabled: straight from Pending.
+    let w = Desired {
+        drain_enabled: false,
+        ..want()
+    };
+    let s = step(
+        &new(),
+        &Observation {
+            slot: true,
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Flashing, &[Command::CreateJob][..])
+    );
+    assert_eq!(s.record.job, Some(job_name_for("fw", "n1", "19.8.0", 0)));
+    // A retry flashes with a Job of its own, named as it starts.
+    let mut failed = s.record.clone();
+    failed.state = Failed;
+    let s = step(
+        &failed,
+        &Observation {
+            slot: true,
+            retry_token: Some("1".into()),
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Flashing, &[Command::CreateJob][..])
+    );
+    assert_eq!(s.record.job, Some(job_name_for("fw", "n1", "19.8.0", 1)));
+    assert_ne!(s.record.job, failed.job);
+}
+
+#[test]
+fn a_job_this_controller_created_is_waited_for_until_its_cache_shows_it() {
+    let w = want();
+    let r = flashing_named();
+    for at in [1000, 999, 1000 - JOB_CACHE_GRACE_SECONDS + 1] {
+        let s = step(&r, &missing(OwnJob::CreatedUnseen { at }), &w);
+        assert_eq!(s.record, r, "created at {at}: nothing changes");
+        assert!(s.commands.is_empty(), "never created again: {s:?}");
+    }
+    // Seen running: the record goes on as usual.
+    let running = Observation {
+        job: FlashJob::Running {
+            name: r.job.clone().unwrap_or_default(),
+            image_pull_failed: false,
+        },
+        ..missing(OwnJob::NotMine)
+    };
+    let s = step(&r, &running, &w);
+    assert_eq!(
+        (s.record.state, s.record.job.as_ref()),
+        (Flashing, r.job.as_ref())
+    );
+    assert!(s.commands.is_empty());
+    // Never shown up long after its create: gone, Failed, cordon kept.
+    let s = step(
+        &r,
+        &missing(OwnJob::CreatedUnseen {
+            at: 1000 - JOB_CACHE_GRACE_SECONDS,
+        }),
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, s.record.reason.as_deref(), s.record.cordon),
+        (Failed, Some(reason::FLASH_JOB_FAILED), Cordon::Ours)
+    );
+    assert!(s.commands.is_empty(), "{s:?}");
+    assert!(
+        s.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("whether the cards were written is unknown")),
+        "{s:?}"
+    );
+}
+
+#[test]
+fn a_named_job_missing_and_not_created_by_this_controller_fails_never_created_again() {
+    // A controller that did not create it (restarted, or its policy deleted
+    // and re-created with the Job garbage-collected): gone, whether or not
+    // anything ever saw it run.
+    let w = want();
+    let r = flashing_named();
+    let s = step(&r, &missing(OwnJob::NotMine), &w);
+    assert_eq!(
+        (s.record.state, s.record.reason.as_deref(), s.record.cordon),
+        (Failed, Some(reason::FLASH_JOB_FAILED), Cordon::Ours)
+    );
+    assert!(!s.commands.contains(&Command::CreateJob), "{s:?}");
+    assert!(s.commands.is_empty(), "the cordon stays: {s:?}");
+    let msg = s.record.message.clone().unwrap_or_default();
+    assert!(
+        msg.contains(r.job.as_deref().unwrap_or("?"))
+            && msg
+                .contains("vanished before it finished: whether the cards were written is unknown"),
+        "{msg}"
+    );
+    // Uncordoned meanwhile: cordoned again, still nothing flashed.
+    let s = step(
+        &r,
+        &Observation {
+            unschedulable: false,
+            ..missing(OwnJob::NotMine)
+        },
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Failed, &[Command::Cordon][..])
+    );
+    // And later steps (a slot, no retry) leave it there.
+    let s2 = step(
+        &s.record,
+        &Observation {
+            slot: true,
+            ..missing(OwnJob::NotMine)
+        },
+        &w,
+    );
+    assert_eq!((s2.record.state, &s2.commands[..]), (Failed, &[][..]));
+}
+
+#[test]
+fn a_named_job_this_controller_never_created_is_created() {
+    // Its create was refused (or the step's write failed before it): the
+    // create is the Job's first.
+    let r = flashing_named();
+    let s = step(&r, &missing(OwnJob::NotCreated), &want());
+    assert_eq!(s.record, r);
+    assert_eq!(s.commands, vec![Command::CreateJob]);
+}
+
+#[test]
+fn a_flashing_record_of_an_earlier_version_without_its_job_is_never_flashed_blindly() {
+    // An earlier controller named the Job only once it saw it run: its
+    // record may be Flashing with none. Looked up by its deterministic
+    // name, the Job is not there: unknown, Failed, never created.
+    let w = want();
+    let mut r = flashing_named();
+    r.job = None;
+    for own in [
+        OwnJob::NotMine,
+        OwnJob::CreatedUnseen { at: 1000 },
+        OwnJob::NotCreated,
+    ] {
+        let s = step(&r, &missing(own), &w);
+        assert_eq!(
+            (s.record.state, s.record.reason.as_deref(), s.record.cordon),
+            (Failed, Some(reason::FLASH_JOB_FAILED), Cordon::Ours),
+            "{own:?}"
+        );
+        assert!(s.commands.is_empty(), "{own:?}: {s:?}");
+        let msg = s.record.message.clone().unwrap_or_default();
+        assert!(
+            msg.contains(&job_name_for("fw", "n1", "19.8.0", 0))
+                && msg.contains("earlier controller version")
+                && msg.contains("whether the cards were written is unknown"),
+            "{msg}"
+        );
+    }
+    // Its Job found by that name: followed, and named from then on.
+    let name = job_name_for("fw", "n1", "19.8.0", 0);
+    let s = step(
+        &r,
+        &Observation {
+            job: FlashJob::Running {
+                name: name.clone(),
+                image_pull_failed: false,
+            },
+            ..missing(OwnJob::NotMine)
+        },
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, s.record.job.as_deref()),
+        (Flashing, Some(name.as_str()))
+    );
+    assert!(s.commands.is_empty());
 }
