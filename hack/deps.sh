@@ -6,7 +6,9 @@
 #   Debian packages  the agent's real build (git, make, gcc, kmod, kernel
 #                    headers) and the QEMU test (hack/agent-deps.sh --vm); the
 #                    real node (containerd, runc, CNI plugins, iptables,
-#                    conntrack, iproute2, openssl) and its images (mmdebstrap);
+#                    conntrack, iproute2, openssl) and its images (mmdebstrap;
+#                    binutils: objdump, for hack/test-images.sh's look into
+#                    the agent image's tt-smi);
 #                    the VM node's disk (e2fsprogs: mkfs.ext4);
 #                    prometheus and promtool (hack/install-prometheus.sh, which
 #                    keeps the package from starting its service)
@@ -23,7 +25,7 @@ log() { printf '[deps] %s\n' "$*" >&2; }
 
 bash "$here/agent-deps.sh" --vm >&2
 
-want=(containerd runc containernetworking-plugins iptables conntrack iproute2 openssl curl mmdebstrap util-linux e2fsprogs)
+want=(containerd runc containernetworking-plugins iptables conntrack iproute2 openssl curl mmdebstrap util-linux e2fsprogs binutils)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

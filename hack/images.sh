@@ -12,8 +12,9 @@
 #                unpacked, plus its passwd/group, /home/nonroot, /tmp, CA bundle)
 #   app layer    the files the Dockerfile's final stage copies from its build
 #                stages: the project's static (musl) binaries, and for the agent
-#                a stand-in at tt-smi's place (/opt/tt-smi/tt-smi; the real one
-#                is a PyInstaller build, see agent/Dockerfile)
+#                the real tt-smi (/opt/tt-smi/tt-smi): the PyInstaller one-file
+#                build of agent/Dockerfile's tt-smi stage, its pip RUN run as
+#                written in a Debian bookworm root (hack/images/tt-smi.sh)
 #   config       the Dockerfile's ENTRYPOINT, CMD, ENV, USER and EXPOSE over the
 #                base image's own (hack/images/dockerfile.py), and the OCI
 #                annotation keys as labels (org.opencontainers.image.*: title,
@@ -25,6 +26,8 @@
 # Outputs are cached outside the repository, keyed by their inputs:
 #   ${TTDRV_IMAGES_CACHE:-~/.cache/ttdrv-images}/base/<image>-<key>.tar
 #   ${TTDRV_IMAGES_CACHE:-~/.cache/ttdrv-images}/archives/<image>-<key>.tar
+#   ${TTDRV_IMAGES_CACHE:-~/.cache/ttdrv-images}/tt-smi/tt-smi-<key>
+#     (key: the tt-smi stage's pins and recipe; about 45 s cold)
 # and an unchanged input rebuilds nothing. Prints one line per image on stdout:
 #   <image> <ref> <archive>
 # (refs are localhost/ttdrv/<image>:dev-<key>); timings go to stderr.
@@ -69,6 +72,8 @@ done
 pause_bin="$cache/work/pause"
 (cd hack/images/pause && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-trimpath go build -ldflags '-s -w' -o "$pause_bin.part" . && mv "$pause_bin.part" "$pause_bin")
 log "binaries ($profile, $musl) in $(since "$t0")s"
+# The agent image's tt-smi (cached; built from agent/Dockerfile's tt-smi stage)
+tt_smi=$(bash hack/images/tt-smi.sh) || die "building tt-smi failed"
 
 # --- base layers --------------------------------------------------------------
 # The Debian sources this machine's apt uses (the mirror is not named here).
@@ -137,7 +142,7 @@ image() {
   base=$(base_layer "$image" "$stage")
   mkdir -p "$layer"
   # The files the final stage copies from its build stages.
-  python3 hack/images/stage.py layer "$stage" "$layer" "$bindir"
+  python3 hack/images/stage.py layer "$stage" "$layer" "$bindir" "$tt_smi"
   local key
   key=$( { basename "$base"; cat "$stage"; (cd "$layer" && find . -type f -print0 | sort -z | xargs -0 sha256sum); } \
     | sha256sum | cut -c1-12)

@@ -8,7 +8,7 @@
 #  2. hack/images.sh builds the archives (cached: seconds when nothing changed)
 #  3. each archive's config equals the Dockerfile's final stage (ENTRYPOINT,
 #     CMD, ENV, USER, EXPOSE over the base image's own), the files it copies
-#     from its build stages are there, executable and static
+#     from its build stages are there, executable and static (but tt-smi, 7)
 #  4. the agent and vfio images' dpkg databases hold every listed package,
 #     installed, and the binder runs (--help) in the vfio image's root, as
 #     does its modprobe; the controller image holds the listed packages'
@@ -17,6 +17,13 @@
 #  5. the check of 1 refuses a Dockerfile that lists packages of its own
 #  6. flasher: in its root the real tt-flash and tt-smi answer, at the pinned
 #     versions, and a simulated flash reports (hack/images/flasher_check.py)
+#  7. agent: /opt/tt-smi/tt-smi is the real tt-smi, the PyInstaller one-file
+#     build of agent/Dockerfile's tt-smi stage (hack/images/tt_smi_check.py):
+#     in the image's root --version prints the pinned version, --help and -ls
+#     (no driver) run; every library it needs is bundled but glibc's; its
+#     glibc floor (highest GLIBC_ version of the bootloader and the bundled
+#     objects, objdump -p) is not above the documented 2.36. The same check
+#     refuses a shell stand-in and a binary whose floor is too high
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -125,7 +132,8 @@ for image, dockerfile in (("controller", "Dockerfile"), ("agent", "agent/Dockerf
             m = files[dest][1]
             check(m.mode & 0o111, f"{image}: {cp['dest']} not executable")
             data = read(files, dest)
-            if data[:4] == b"\x7fELF":
+            # (tt-smi is a PyInstaller build on the host's glibc: checked in 7)
+            if data[:4] == b"\x7fELF" and cp["from"] != "tt-smi":
                 check(b"/lib64/ld-linux" not in data[:4096] and b"ld-musl" not in data[:4096], f"{image}: {cp['dest']} is dynamically linked")
     want = df.packages(image)
     if image in TOOLS:
@@ -143,6 +151,23 @@ for image, dockerfile in (("controller", "Dockerfile"), ("agent", "agent/Dockerf
         if image == "flasher":
             import flasher_check
             errors += flasher_check.check(files, st)
+        if image == "agent":
+            import tt_smi_check
+            errs, summary = tt_smi_check.check(files, st)
+            errors += errs
+            print(f"[test-images] agent: {summary}", file=sys.stderr)
+            # 7: the check can fail: a stand-in script, and a floor below the binary's
+            with tempfile.TemporaryDirectory() as d:
+                fake = os.path.join(d, "tt-smi")
+                open(fake, "w").write('#!/bin/sh\necho "tt-smi 6.8.0 (stand-in)"\n')
+                check(tt_smi_check.binary_problems(fake)[0], "self-check: a stand-in tt-smi script was not refused")
+                real = os.path.join(d, "real")
+                open(real, "wb").write(read(files, tt_smi_check.PATH))
+                floor = tt_smi_check.GLIBC_FLOOR
+                tt_smi_check.GLIBC_FLOOR = (2, 17)
+                check(any("above the documented floor" in p for p in tt_smi_check.binary_problems(real)[0]),
+                      "self-check: a tt-smi needing more than GLIBC_2.17 passed a floor of 2.17")
+                tt_smi_check.GLIBC_FLOOR = floor
     else:
         passwd = read(files, "etc/passwd").decode()
         check("nonroot:x:65532:65532:" in passwd, "controller: no nonroot (65532) in /etc/passwd")
