@@ -1003,16 +1003,14 @@ async fn a_policy_recreated_mid_flash_never_flashes_the_node_blindly_again() {
         }
     };
     // Each node's record names its Job (named before the Job existed).
-    let mut first = vec![];
+    let mut flashing = vec![];
     for n in &nodes {
         let r = record(n).await;
         assert_eq!(r.state, FirmwareNodeState::Flashing, "{n}: {r:?}");
-        first.push(
-            r.job
-                .clone()
-                .unwrap_or_else(|| panic!("{n}: no Job named: {r:?}")),
-        );
+        assert!(r.job.is_some(), "{n}: no Job named: {r:?}");
+        flashing.push(r);
     }
+    let mut first: Vec<String> = flashing.iter().filter_map(|r| r.job.clone()).collect();
     first.sort();
     let listed = wait_for("both flash Jobs", T, || async {
         let names = job_names().await;
@@ -1041,17 +1039,37 @@ async fn a_policy_recreated_mid_flash_never_flashes_the_node_blindly_again() {
         }
     })
     .await;
-    // Kept for a person meanwhile (the cards may be half-written).
-    for n in &nodes {
-        let r = record(n).await;
-        assert_eq!(r.state, FirmwareNodeState::Flashing, "{n}: {r:?}");
-    }
-    // n1: the record as the earlier controller persisted it when it started
-    // the flash, its Job not seen yet.
-    let mut old = record(&nodes[1]).await;
+    // The records are kept for a person meanwhile (the cards may be
+    // half-written); Flashing, or Failed when the policy's last pass saw the
+    // Jobs go before the policy. Each is put back to Flashing as the flash
+    // left it, for the re-created policy to find: n0's as this controller
+    // wrote it, n1's as the earlier controller had persisted it when it
+    // started the flash (its Job not seen yet: none named).
+    let mut old = flashing[1].clone();
     old.job = None;
-    let old = serde_json::to_string(&old).expect("record");
-    env.annotate_node(&nodes[1], fw::RECORD, Some(&old)).await;
+    for (n, r) in nodes.iter().zip([&flashing[0], &old]) {
+        let text = serde_json::to_string(r).expect("record");
+        env.annotate_node(n, fw::RECORD, Some(&text)).await;
+    }
+    // Then a canary: a node the policy would select, already at its version,
+    // with a Done record of it. The controller releases that record once
+    // its cache holds it, so also the writes before it (one watch, in
+    // order), and once it knows the policy gone (so no pass of the old
+    // policy's actor writes over them).
+    let canary = env
+        .tt_node_name("canary", &[(fw::FW_VERSION, "19.8.0.0")])
+        .await;
+    let mut done = FwRecord::new(&policy, "19.8.0", 0);
+    done.state = FirmwareNodeState::Done;
+    let done = serde_json::to_string(&done).expect("record");
+    env.annotate_node(&canary, fw::RECORD, Some(&done)).await;
+    wait_for("the canary's stray record released", T, || async {
+        match ttdrv_core::claim::firmware_record(&env.get_node(&canary).await) {
+            None => Ok(()),
+            Some(r) => Err(format!("{r:?}")),
+        }
+    })
+    .await;
     create_firmware_policy(&env, &policy, spec).await;
     // Whether the cards were written is unknown: Failed, cordon kept, and
     // no Job created by itself (checked at every poll: a Job is the bug).
@@ -1095,6 +1113,7 @@ async fn a_policy_recreated_mid_flash_never_flashes_the_node_blindly_again() {
     assert!(
         st.nodes
             .iter()
+            .filter(|e| nodes.contains(&e.name))
             .all(|e| e.state == FirmwareNodeState::Failed),
         "{st:?}"
     );
