@@ -437,3 +437,60 @@ fn report(
     };
     ctx.event(p, warning, ev, "Flash", note);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flashing(job: &str) -> FwRecord {
+        let mut r = FwRecord::new("fw", "19.8.0", 0);
+        r.state = FirmwareNodeState::Flashing;
+        r.job = Some(job.into());
+        r
+    }
+
+    fn created(uid: &str, job: &str) -> Option<OwnJobMemory> {
+        Some(OwnJobMemory {
+            policy_uid: Some(uid.into()),
+            job: job.into(),
+            what: OwnJob::CreatedUnseen { at: 7 },
+        })
+    }
+
+    #[test]
+    fn the_memory_of_a_created_job_holds_until_the_cache_shows_it() {
+        let (rec, missing) = (flashing("j"), FlashJob::Missing);
+        let mut mem = created("u1", "j");
+        let told = OwnJobMemory::observe(&mut mem, Some("u1"), &rec, &missing);
+        assert_eq!(told, OwnJob::CreatedUnseen { at: 7 });
+        assert!(mem.is_some(), "kept while the cache lacks the Job");
+        // Seen: forgotten, so a later disappearance is a vanished Job.
+        let running = FlashJob::Running {
+            name: "j".into(),
+            image_pull_failed: false,
+        };
+        assert_eq!(
+            OwnJobMemory::observe(&mut mem, Some("u1"), &rec, &running),
+            OwnJob::NotMine
+        );
+        assert_eq!(mem, None);
+        assert_eq!(
+            OwnJobMemory::observe(&mut mem, Some("u1"), &rec, &missing),
+            OwnJob::NotMine
+        );
+    }
+
+    #[test]
+    fn the_memory_is_not_for_another_job_or_another_policy_object() {
+        let missing = FlashJob::Missing;
+        // The record names another Job (a retry, a new version).
+        let mut mem = created("u1", "j");
+        let told = OwnJobMemory::observe(&mut mem, Some("u1"), &flashing("j-r1"), &missing);
+        assert_eq!((told, mem), (OwnJob::NotMine, None));
+        // The policy deleted and re-created under its name: its Jobs went
+        // with the old object.
+        let mut mem = created("u1", "j");
+        let told = OwnJobMemory::observe(&mut mem, Some("u2"), &flashing("j"), &missing);
+        assert_eq!((told, mem), (OwnJob::NotMine, None));
+    }
+}
