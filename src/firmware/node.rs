@@ -361,7 +361,9 @@ async fn create_job(
             tracing::info!(node, job = name, "flash Job created");
             true
         }
-        Err(kube::Error::Api(e)) if e.code == 409 => true,
+        // There already (a create of ours whose answer was lost). A
+        // Conflict is not that: nothing was created, so it is created again.
+        Err(kube::Error::Api(e)) if e.code == 409 && e.reason == "AlreadyExists" => true,
         Err(e) => {
             ctx.metrics.inc_flash_job_created(cr, false);
             ctx.metrics.inc_fw_error(cr, "job_create");
