@@ -9,10 +9,13 @@
 # and the host-side real node (which runs the controller from the chart);
 # this script builds the guest's initramfs: a Debian rootfs with containerd,
 # runc and the CNI plugins, kubelet (built from the same Go modules as the
-# control plane), the kernel's headers, the stub tt-kmd repository, the agent
-# and pause image archives of `make images`, its configuration from
-# hack/vm-node/ and hack/vm-node/init as PID 1; and boots it under QEMU (Debian's
-# kernel, TCG) inside the namespace, so the guest's slirp network reaches only
+# control plane), the kernel's headers, a tt-kmd repository with the real
+# driver's releases (hack/versions.env) and the stub's, the static map-hold
+# (the workload's device holder), the agent and pause image archives of
+# `make images`, its configuration from hack/vm-node/ and hack/vm-node/init as
+# PID 1; and boots it under QEMU (Debian's kernel, TCG, a q35 machine with one
+# emulated Wormhole served by testkit's ttdrv-ttcard) inside the namespace, so
+# the guest's slirp network reaches only
 # it: the guest is 10.0.2.15, the namespace 10.0.2.2, where the API server
 # listens. The guest registers as node vm-node-1 and reports on its console.
 # Everything is taken down afterwards, whatever the outcome: QEMU by its
@@ -29,7 +32,9 @@
 # guest is dumped and reset), VMNODE_REBOOT_SOAK=N (a boot made to hang, then
 # N reboots at rest). The guest takes its faults on its second serial port
 # ($vmdir/ctl.sock), QEMU's monitor is $vmdir/monitor.sock, and the guest
-# keeps its module cache and images on $vmdir/disk.img.
+# keeps its module cache and images on $vmdir/disk.img. TTDRV_TTKMD_SOURCE: the
+# real driver's repository (default: ../shared/data/tt-kmd.bundle beside the
+# repository, else github.com/tenstorrent/tt-kmd).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -84,6 +89,9 @@ trap cleanup EXIT
 bin=$(cargo test -p ttdrv-controller --test vm_node --no-run --message-format=json-render-diagnostics |
   grep '"name":"vm_node"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
 [ -x "${bin:-}" ] || fail "building tests/vm_node.rs"
+# The emulated card (testkit's ttdrv-ttcard), run here, beside QEMU.
+cargo build -q -p ttdrv-testkit --bin ttdrv-ttcard || fail "building ttdrv-ttcard"
+ttcard="${CARGO_TARGET_DIR:-$root/target}/debug/ttdrv-ttcard"
 log "bringing up the namespace and control plane (hack/realnode.sh, cluster $TTDRV_CLUSTER_NAME)"
 bash hack/realnode.sh up || fail "hack/realnode.sh up"
 read -r _ ctl_ref _ < <(grep '^controller ' <(bash hack/realnode.sh images))
@@ -154,9 +162,43 @@ cp -a "/usr/src/linux-headers-$kver" "$groot/usr/src/"
 cp -a /usr/lib/linux-kbuild-* "$groot/usr/lib/"
 ln -sfn "/usr/src/linux-headers-$kver" "$mods/build"
 
-# The tt-kmd sources the agent clones: the stub module's repository, read
-# through the installer pod's /host mount.
-"$root/tests/fixtures/stub-module/make-repo.sh" "$groot/opt/tt-kmd.git" 2.7.0 2.8.0 2.9.0 2.10.0
+# The tt-kmd sources the agent clones, read through the installer pod's
+# /host mount: one repository with the real driver's releases of
+# hack/versions.env (TTKMD_TEST_VERSIONS: the first install and the upgrade
+# under the mmap workload, on the emulated card), each tag checked against
+# the chart's pin, and the stub module's tags for the later phases (prepare
+# off, faults, reboots), whose in-guest builds take seconds, not minutes.
+# The real driver's source as in hack/test-vm.sh real: TTDRV_TTKMD_SOURCE,
+# else the bundle in ../shared/data, else GitHub.
+src=${TTDRV_TTKMD_SOURCE:-}
+if [ -z "$src" ]; then
+  src="$root/../shared/data/tt-kmd.bundle"
+  [ -f "$src" ] || src=https://github.com/tenstorrent/tt-kmd.git
+fi
+kmd="$groot/opt/tt-kmd.git"
+git clone -q --bare "$src" "$kmd" 2>/dev/null || fail "cloning tt-kmd from $src (set TTDRV_TTKMD_SOURCE to a clone or URL)"
+real_versions=$TTKMD_TEST_VERSIONS
+for v in $real_versions; do
+  c=$(sed -n "s/^    \"${v//./\\.}\": \([0-9a-f]\{40\}\)\$/\1/p" "$root/chart/values.yaml")
+  got=$(git -C "$kmd" rev-parse "ttkmd-$v^{commit}" 2>/dev/null) || fail "tag ttkmd-$v not in $src"
+  [ -n "$c" ] && [ "$got" = "$c" ] || fail "tag ttkmd-$v names $got in $src, the chart pins ${c:-nothing} (driver.sourceCommits)"
+done
+# Only those releases' tags stay; the stub's versions must not be real ones.
+git -C "$kmd" tag -l | grep -vxF -f <(printf 'ttkmd-%s\n' $real_versions) | xargs -r git -C "$kmd" tag -d >/dev/null
+stub_versions="2.9.0 2.11.0"
+for v in $stub_versions; do
+  case " $real_versions " in *" $v "*) fail "stub version $v is one of the real releases ($real_versions)" ;; esac
+done
+# shellcheck disable=SC2086
+"$root/tests/fixtures/stub-module/make-repo.sh" "$vmdir/stub.git" $stub_versions
+git -C "$kmd" fetch -q "$vmdir/stub.git" 'refs/tags/*:refs/tags/*' || fail "adding the stub's tags"
+rm -rf "$vmdir/stub.git"
+log "tt-kmd repository for the guest: real $real_versions (from $src), stub $stub_versions"
+# The workload's device holder: maps /dev/tenstorrent/0 and closes the fd
+# (tests/fixtures/map-hold), static, mounted into its pod from the guest.
+mkdir -p "$groot/opt/ttdrv-test"
+gcc -static -O2 -o "$groot/opt/ttdrv-test/map-hold" "$root/tests/fixtures/map-hold/map-hold.c" \
+  || fail "building map-hold (gcc -static; libc6-dev)"
 mkdir -p "$groot/opt/images"
 cp "$agent_tar" "$groot/opt/images/agent.tar"
 cp "$pause_tar" "$groot/opt/images/pause.tar"
@@ -202,7 +244,13 @@ anchor=$(awk '{print $1}' "$KWOK_WORKDIR/realnode-$TTDRV_CLUSTER_NAME/pids/ancho
 # boot, both CPUs stuck in the same NOP of kmem_cache_alloc (a patch site)
 # while the kubelet created its first cgroups: soft lockups, RCU stalls,
 # the kubelet never reporting the boot (docs/reliability.md).
-setsid nsenter -t "$anchor" -m -n -- qemu-system-x86_64 -accel tcg,thread=single -m "${VM_MEM:-3584}" -smp "${VM_SMP:-2}" \
+# One emulated Wormhole (ttdrv-ttcard over QEMU's x-pci-proxy-dev, which
+# needs the guest's RAM in a shared memfd; its BAR0 shrunk to 64 MiB to fit
+# the 32-bit window): what the real tt-kmd and the stub both bind. Its log
+# says what the card was asked.
+setsid nsenter -t "$anchor" -m -n -- "$ttcard" --cards wh --wh-bar0-mb 64 --log "$vmdir/cards.log" -- \
+  qemu-system-x86_64 -accel tcg,thread=single -smp "${VM_SMP:-2}" \
+  -machine q35,memory-backend=ram -object "memory-backend-memfd,id=ram,size=${VM_MEM:-3584}M,share=on" -device @TTCARD@ \
   -kernel "/boot/vmlinuz-$kver" -initrd "$vmdir/initramfs.cpio" \
   -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=4 sysrq_always_enabled" \
   -drive "file=$vmdir/disk.img,format=raw,if=virtio,cache=unsafe" \
@@ -217,6 +265,7 @@ if bash hack/realnode.sh exec env TIMEOUT="${TIMEOUT:-900}" VMNODE_NODE="$vnode"
   VMNODE_CONSOLE="$console" VMNODE_TIMELINE="$vmdir/timeline" VMNODE_CTL="$vmdir/ctl.sock" VMNODE_MONITOR="$vmdir/monitor.sock" \
   VMNODE_AUDIT_LOG="$KWOK_WORKDIR/clusters/$TTDRV_CLUSTER_NAME/logs/audit.log" \
   VMNODE_CONTROLLER_IMAGE="$ctl_ref" VMNODE_AGENT_IMAGE="$agent_ref" \
+  VMNODE_REAL_VERSIONS="$real_versions" VMNODE_STUB_VERSIONS="$stub_versions" \
   "$bin" --ignored --exact vm_node --nocapture --test-threads=1 >&2; then
   echo "test-vm-node: 1 passed, 0 failed"
 else

@@ -209,10 +209,20 @@ pub fn telemetry(index: u32, kind: Kind) -> Vec<(u16, u32)> {
         (56, 90),
         (58, 0x0302_0000),
         (60, 0),
-        (61, 0x5A17_C0DE), // ASIC_ID hi
-        (62, index),       // ASIC_ID lo: tt_asic_id differs per card
+        (61, ASIC_ID_HI), // ASIC_ID hi
+        (62, index),      // ASIC_ID lo: tt_asic_id differs per card
         (64, 150),
     ]
+}
+
+/// The high word of every emulated card's ASIC id (telemetry tag 61); the low
+/// word (tag 62) is the card's index.
+pub const ASIC_ID_HI: u32 = 0x5A17_C0DE;
+
+/// `tt_asic_id` as tt-kmd prints card `index`'s (tags 61 and 62, "%08X%08X"):
+/// what its udev rule names the by-id link after.
+pub fn tt_asic_id(index: u32) -> String {
+    format!("{ASIC_ID_HI:08X}{index:08X}")
 }
 
 fn all_ones(size: u32) -> u64 {
@@ -727,6 +737,18 @@ mod tests {
                 noc_rd(c, 8, 0, bh_scratch(12), now),
             ),
         }
+    }
+
+    #[test]
+    fn tt_asic_id_is_tags_61_and_62_as_tt_kmd_prints_them() {
+        assert_eq!(tt_asic_id(0), "5A17C0DE00000000");
+        assert_eq!(tt_asic_id(2), "5A17C0DE00000002");
+        let tags = telemetry(1, Kind::Wormhole);
+        let tag = |t: u16| tags.iter().find(|(id, _)| *id == t).map(|(_, v)| *v);
+        assert_eq!(
+            format!("{:08X}{:08X}", tag(61).unwrap_or(0), tag(62).unwrap_or(0)),
+            tt_asic_id(1)
+        );
     }
 
     #[test]

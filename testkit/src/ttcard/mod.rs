@@ -73,7 +73,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 
-pub use card::{Card, CardConfig, Faults, Kind};
+pub use card::{Card, CardConfig, Faults, Kind, tt_asic_id};
 
 /// The placeholder in QEMU's arguments for the next card's proxy device.
 pub const PLACEHOLDER: &str = "@TTCARD@";
