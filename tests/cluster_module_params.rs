@@ -185,6 +185,21 @@ async fn bad_module_parameters_are_refused_by_the_api_server() {
             "spec.moduleParameters.maxDevices",
         ),
         (
+            "maxDevices 0 (the driver would serve no card)",
+            json!({ "maxDevices": 0 }),
+            "spec.moduleParameters.maxDevices",
+        ),
+        (
+            "maxDevices 2^20 + 1 (more than the kernel's minors)",
+            json!({ "maxDevices": 1_048_577 }),
+            "spec.moduleParameters.maxDevices",
+        ),
+        (
+            "dmaAddressBits 128 (DMA_BIT_MASK stops at 64)",
+            json!({ "dmaAddressBits": 128 }),
+            "spec.moduleParameters.dmaAddressBits",
+        ),
+        (
             "autoResetTimeout 256 (a byte)",
             json!({ "autoResetTimeout": 256 }),
             "spec.moduleParameters.autoResetTimeout",
@@ -216,7 +231,7 @@ async fn bad_module_parameters_are_refused_by_the_api_server() {
         &env,
         &edge,
         &spec(json!({
-            "maxDevices": 4_294_967_295_i64, "dmaAddressBits": 0, "resetLimit": 4_294_967_295_i64,
+            "maxDevices": 1_048_576, "dmaAddressBits": 64, "resetLimit": 4_294_967_295_i64,
             "autoResetTimeout": 255, "powerPolicy": true, "idlePowerDownGraceMs": 0
         })),
     )

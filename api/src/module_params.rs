@@ -129,14 +129,18 @@ pub fn parameter(name: &str) -> Option<&'static Parameter> {
 #[serde(rename_all = "camelCase")]
 pub struct ModuleParameters {
     /// Module parameter `max_devices` (uint, tt-kmd 1.1 and later; default
-    /// 32): the most Tenstorrent devices (chips) the driver supports.
+    /// 32): the most Tenstorrent devices (chips) the driver supports, 1 to
+    /// 1048576 (the driver reserves that many char device minors at load:
+    /// 0 would serve no card, more than the kernel's 2^20 minors fails the
+    /// load).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 4294967295_i64))]
+    #[schemars(range(min = 1, max = 1048576))]
     pub max_devices: Option<i64>,
     /// Module parameter `dma_address_bits` (uint, tt-kmd 1.6 and later;
-    /// default 0 = automatic): DMA address bits.
+    /// default 0 = automatic): DMA address bits, 0 to 64 (the driver builds
+    /// its DMA masks with the kernel's `DMA_BIT_MASK(n)`, defined up to 64).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 4294967295_i64))]
+    #[schemars(range(min = 0, max = 64))]
     pub dma_address_bits: Option<i64>,
     /// Module parameter `reset_limit` (uint, tt-kmd 1.19 and later; default
     /// 10): the most times a device is reset during boot.
