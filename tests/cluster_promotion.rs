@@ -358,3 +358,68 @@ async fn a_halted_canary_blocks_the_promotion() {
     );
     p.env.teardown().await;
 }
+
+/// Issue 49 item 5: two policies that name each other in `promoteAfter`
+/// would each wait for the other for ever. Both are blocked (Progressing
+/// False, PromotionBlocked) with a message that names the cycle, nothing
+/// starts, and removing one link lets both roll out, canary first.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_promote_after_cycle_blocks_both_policies_naming_it() {
+    let p = pools("promote-cycle", 1, 1).await;
+    let cycles = CycleWatcher::start(&p.env);
+    patch_policy(
+        &p.env,
+        &p.canary,
+        serde_json::json!({ "version": "2.8.0", "promoteAfter": {"policy": p.prod, "soakSeconds": 0} }),
+    )
+    .await;
+    patch_policy(&p.env, &p.prod, serde_json::json!({ "version": "2.8.0" })).await;
+    for (me, other) in [(&p.canary, &p.prod), (&p.prod, &p.canary)] {
+        let cycle = format!("cycle ({me} -> {other} -> {me})");
+        let c = wait_condition(
+            &p.env,
+            me,
+            "Progressing",
+            &format!("False, PromotionBlocked, {cycle}"),
+            T,
+            |c| c.status == "False" && c.reason == "PromotionBlocked" && c.message.contains(&cycle),
+        )
+        .await;
+        println!("{me}: Progressing {} {}: {}", c.status, c.reason, c.message);
+    }
+    // Several passes later nothing started on either side.
+    tokio::time::sleep(Duration::from_secs(SOAK as u64 + 4)).await;
+    prod_untouched(&p, &cycles, "with the promotion cycle").await;
+    assert_eq!(
+        cycles.any_of(&p.canary_nodes),
+        Vec::<String>::new(),
+        "a canary node started a cycle inside the promotion cycle"
+    );
+    // One link removed: the canary goes, then production after it.
+    patch_policy(
+        &p.env,
+        &p.canary,
+        serde_json::json!({ "promoteAfter": null }),
+    )
+    .await;
+    wait_nodes(
+        &p.env,
+        &p.canary,
+        &p.canary_nodes,
+        NodeState::Done,
+        Some("2.8.0"),
+        T,
+    )
+    .await;
+    wait_nodes(
+        &p.env,
+        &p.prod,
+        &p.prod_nodes,
+        NodeState::Done,
+        Some("2.8.0"),
+        T,
+    )
+    .await;
+    p.env.teardown().await;
+}

@@ -24,6 +24,8 @@ pub struct Canary {
     /// the soak counts from it too, so a rollout finished between two
     /// status writes (Ready never seen False) is not taken for an old one.
     pub last_node_change: Option<i64>,
+    /// Its own `spec.promoteAfter.policy`: the next link of the chain.
+    pub promotes_after: Option<String>,
 }
 
 /// A Ready condition.
@@ -61,6 +63,7 @@ impl Canary {
                     .map(|t| t.0.as_second())
                     .max()
             }),
+            promotes_after: p.spec.promote_after.as_ref().map(|a| a.policy.clone()),
         }
     }
 }
@@ -159,10 +162,21 @@ pub fn gate(name: &str, version: &str, canary: Option<&Canary>, soak: i64, now: 
 /// `None` when it promotes after no one.
 pub fn of(
     policy: &TenstorrentDriverPolicy,
-    canary: impl FnOnce(&str) -> Option<Canary>,
+    canary: impl Fn(&str) -> Option<Canary>,
     now: i64,
 ) -> Option<Gate> {
     let p = policy.spec.promote_after.as_ref()?;
+    let me = policy.metadata.name.as_deref().unwrap_or_default();
+    if let Some(chain) = cycle(me, &p.policy, &canary) {
+        // Each waits for the next to be Ready at the version: none ever is.
+        return Some(Gate::Blocked {
+            why: format!(
+                "promotion blocked: spec.promoteAfter makes a cycle ({}): no policy in it can ever \
+                 start a cycle; remove promoteAfter from one of them",
+                chain.join(" -> ")
+            ),
+        });
+    }
     let c = canary(&p.policy);
     Some(gate(
         &p.policy,
@@ -171,6 +185,30 @@ pub fn of(
         p.soak_seconds,
         now,
     ))
+}
+
+/// The `promoteAfter` chain from `me` (whose canary is `first`) when it
+/// comes back to `me`: `[me, first, ..., me]`. `None` when the chain ends
+/// (a policy without promoteAfter, or missing) or loops without `me` (that
+/// loop's policies are blocked by it; `me` waits on them).
+pub fn cycle(
+    me: &str,
+    first: &str,
+    canary: &impl Fn(&str) -> Option<Canary>,
+) -> Option<Vec<String>> {
+    let mut chain = vec![me.to_string()];
+    let mut cur = first.to_string();
+    loop {
+        if cur == me {
+            chain.push(cur);
+            return Some(chain);
+        }
+        if chain.contains(&cur) {
+            return None;
+        }
+        chain.push(cur.clone());
+        cur = canary(&cur)?.promotes_after?;
+    }
 }
 
 fn rfc3339(unix: i64) -> String {
@@ -196,6 +234,7 @@ mod tests {
             }),
             failed_nodes: failed,
             last_node_change: None,
+            promotes_after: None,
         }
     }
 
@@ -301,6 +340,74 @@ mod tests {
         // No soak: open as soon as it is Ready at the version.
         let c = canary("2.8.0", Some((true, NOW, 3)), 0);
         assert_eq!(gate("canary", "2.8.0", Some(&c), 0, NOW), Gate::Open);
+    }
+
+    #[test]
+    fn a_promote_after_cycle_is_found_from_each_of_its_policies() {
+        let chain = |links: &[(&str, &str)]| {
+            let links: Vec<(String, String)> = links
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect();
+            move |name: &str| {
+                Some(Canary {
+                    promotes_after: links
+                        .iter()
+                        .find(|(a, _)| a == name)
+                        .map(|(_, b)| b.clone()),
+                    ..Canary::default()
+                })
+            }
+        };
+        let two = chain(&[("a", "b"), ("b", "a")]);
+        assert_eq!(
+            cycle("a", "b", &two),
+            Some(vec!["a".into(), "b".into(), "a".into()])
+        );
+        assert_eq!(
+            cycle("b", "a", &two),
+            Some(vec!["b".into(), "a".into(), "b".into()])
+        );
+        let three = chain(&[("a", "b"), ("b", "c"), ("c", "a")]);
+        assert_eq!(
+            cycle("a", "b", &three).map(|c| c.join(" -> ")).as_deref(),
+            Some("a -> b -> c -> a")
+        );
+        assert_eq!(
+            cycle("a", "a", &chain(&[])),
+            Some(vec!["a".into(), "a".into()])
+        );
+        // A chain that ends, a missing canary, a loop further up without `a`.
+        assert_eq!(cycle("a", "b", &chain(&[("b", "c")])), None);
+        assert_eq!(cycle("a", "b", &|_: &str| None), None);
+        assert_eq!(cycle("a", "b", &chain(&[("b", "c"), ("c", "b")])), None);
+    }
+
+    #[test]
+    fn a_cycle_blocks_the_gate_naming_its_policies() {
+        let policy = |name: &str, after: &str| {
+            let mut p = TenstorrentDriverPolicy::new(
+                name,
+                serde_json::from_value(serde_json::json!({
+                    "version": "2.8.0", "nodeAffinity": {},
+                    "promoteAfter": {"policy": after}
+                }))
+                .unwrap_or_else(|e| panic!("spec: {e}")),
+            );
+            p.metadata.generation = Some(1);
+            p
+        };
+        let (a, b) = (policy("a", "b"), policy("b", "a"));
+        let lookup = |n: &str| match n {
+            "a" => Some(Canary::of(&a)),
+            "b" => Some(Canary::of(&b)),
+            _ => None,
+        };
+        let gate = of(&a, lookup, NOW);
+        assert!(
+            matches!(&gate, Some(Gate::Blocked { why }) if why.contains("cycle (a -> b -> a)")),
+            "{gate:?}"
+        );
     }
 
     #[test]
