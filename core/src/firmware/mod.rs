@@ -42,13 +42,20 @@ pub struct FwRecord {
     #[serde(default, with = "cordon_wire")]
     pub cordon: Cordon,
     /// The flash Job of this cycle: named when the step that creates it is
-    /// persisted, before the Job exists ([`Command::CreateJob`]), so a Job
-    /// that is missing later is told apart from one not created yet by the
-    /// actor's memory ([`Observation::own_job`]), never by the record. A
-    /// record of an earlier controller version may be `Flashing` without it
-    /// (it named the Job once it saw it run).
+    /// persisted, before the Job exists ([`Command::CreateJob`]). A record
+    /// of an earlier controller version may be `Flashing` without it (it
+    /// named the Job once it saw it run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// `job` was seen in the cache (running or finished): missing from then
+    /// on, it vanished.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub job_seen: bool,
+    /// The uid of the policy object `job` is created for: its Jobs go with
+    /// it (garbage collection), so under a policy deleted and re-created
+    /// under the same name the Job is gone, seen or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_uid: Option<String>,
     /// What every card read back after the last flash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current: Option<String>,
@@ -98,10 +105,24 @@ impl FwRecord {
             since: now,
             cordon: Cordon::None,
             job: None,
+            job_seen: false,
+            policy_uid: None,
             current: None,
             retry_token: None,
             attempt: 0,
         }
+    }
+
+    fn forget_job(&mut self) {
+        self.job = None;
+        self.job_seen = false;
+        self.policy_uid = None;
+    }
+
+    /// The flash Job `name`, seen in the cache.
+    fn saw_job(&mut self, name: &str) {
+        self.job = Some(name.into());
+        self.job_seen = true;
     }
 
     /// Holds a `maxParallel` slot: in a cycle.
@@ -198,6 +219,8 @@ pub struct Observation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Desired {
     pub policy: String,
+    /// The policy object's uid.
+    pub uid: Option<String>,
     pub version: String,
     /// What every card must read back.
     pub readback: String,
@@ -216,6 +239,7 @@ impl Desired {
         let s = &p.spec;
         Self {
             policy: p.metadata.name.clone().unwrap_or_default(),
+            uid: p.metadata.uid.clone(),
             version: s.version.clone(),
             readback: s.readback(),
             drain_enabled: s.upgrade_policy.drain.enable,
@@ -302,7 +326,7 @@ pub fn takeover(want: &Desired, obs: &Observation) -> FwRecord {
                 )),
                 obs.now,
             );
-            r.job = Some(name.clone());
+            r.saw_job(name);
         }
         // Go says it was flashing, but its Job is gone: the outcome is unknown.
         (FlashJob::Missing, Some(Flashing)) => {
@@ -342,7 +366,7 @@ pub fn step(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
     let mut rec = rec.clone();
     if rec.target != want.version && matches!(rec.state, Done | Failed | Pending) {
         rec.target = want.version.clone();
-        rec.job = None;
+        rec.forget_job();
         rec.attempt = 0;
         if rec.state != Pending {
             rec = enter(&rec, Pending, reason::WAITING_FOR_SLOT, None, now);
@@ -375,7 +399,7 @@ pub fn step(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
         Failed => {
             if obs.retry_token.is_some() && obs.retry_token != rec.retry_token {
                 rec.retry_token = obs.retry_token.clone();
-                rec.job = None;
+                rec.forget_job();
                 rec.attempt += 1;
                 let r = enter(
                     &rec,
@@ -493,6 +517,8 @@ fn start_flash(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
         &want.version,
         r.attempt,
     ));
+    r.job_seen = false;
+    r.policy_uid = want.uid.clone();
     stay(r, vec![Command::CreateJob])
 }
 
@@ -610,11 +636,19 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
                      whether the cards were written is unknown{retry}",
                     now - at
                 )),
-                // Not created by this controller, or seen and gone since:
-                // never created again by itself.
-                (Some(name), OwnJob::NotMine) => unknown(format!(
-                    "flash Job {name} vanished before it finished: whether the cards were written is unknown{retry}"
-                )),
+                // Seen and gone since, or created for a policy object that
+                // is gone (its Jobs with it): never created again by itself.
+                (Some(name), OwnJob::NotMine) if rec.job_seen || rec.policy_uid != want.uid => {
+                    unknown(format!(
+                        "flash Job {name} vanished before it finished: whether the cards were written is unknown{retry}"
+                    ))
+                }
+                // Named for this very policy object by a controller that
+                // stopped before any pass saw the Job (its caches have
+                // listed: the Job is not there): it stopped between writing
+                // the record and creating the Job, so the create is the
+                // Job's first.
+                (Some(_), OwnJob::NotMine) => stay(rec, vec![Command::CreateJob]),
                 // Left Flashing by an earlier controller version, which named
                 // the Job only once it saw it run; looked up by its name, it
                 // is not there. Never created blindly.
@@ -635,7 +669,7 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
             name,
             image_pull_failed,
         } => {
-            rec.job = Some(name.clone());
+            rec.saw_job(name);
             let (why, msg) = if *image_pull_failed {
                 (
                     reason::FLASHER_IMAGE_PULL_FAILED,
@@ -647,7 +681,7 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
             stay(enter(&rec, Flashing, why, msg, now), vec![])
         }
         FlashJob::Succeeded { name, report } => {
-            rec.job = Some(name.clone());
+            rec.saw_job(name);
             let after = match report {
                 None => Some(want.readback.clone()),
                 Some(r) => r.uniform_after().map(String::from),
@@ -701,7 +735,7 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
             report,
             deadline,
         } => {
-            rec.job = Some(name.clone());
+            rec.saw_job(name);
             let (why, what) = match report {
                 Some(Report {
                     reason: Some(r),

@@ -5,6 +5,7 @@ use ttdrv_api::firmware::job_name_for;
 fn want() -> Desired {
     Desired {
         policy: "fw".into(),
+        uid: Some("uid-1".into()),
         version: "19.8.0".into(),
         readback: "19.8.0.0".into(),
         drain_enabled: true,
@@ -345,6 +346,7 @@ fn a_vanished_job_fails_and_is_never_recreated_by_itself() {
     let mut r = new();
     r.state = Flashing;
     r.job = Some("j".into());
+    r.job_seen = true;
     let s = step(&r, &obs(), &want());
     assert_eq!(s.record.state, Failed);
     assert!(s.commands.is_empty());
@@ -770,6 +772,7 @@ fn flashing_named() -> FwRecord {
     r.cordon = Cordon::Ours;
     r.since = 990;
     r.job = Some(job_name_for("fw", "n1", "19.8.0", 0));
+    r.policy_uid = Some("uid-1".into());
     r
 }
 
@@ -869,48 +872,131 @@ fn a_job_this_controller_created_is_waited_for_until_its_cache_shows_it() {
 
 #[test]
 fn a_named_job_missing_and_not_created_by_this_controller_fails_never_created_again() {
-    // A controller that did not create it (restarted, or its policy deleted
-    // and re-created with the Job garbage-collected): gone, whether or not
-    // anything ever saw it run.
+    // A controller that did not create it: gone once some pass saw it, or
+    // when it was created for another policy object (the policy deleted
+    // and re-created under its name: its Jobs went with the old object),
+    // whether or not anything ever saw it run.
     let w = want();
+    let mut seen = flashing_named();
+    seen.job_seen = true;
+    let mut other_policy = flashing_named();
+    other_policy.policy_uid = Some("uid-0".into());
+    for r in [seen, other_policy] {
+        let s = step(&r, &missing(OwnJob::NotMine), &w);
+        assert_eq!(
+            (s.record.state, s.record.reason.as_deref(), s.record.cordon),
+            (Failed, Some(reason::FLASH_JOB_FAILED), Cordon::Ours),
+            "{r:?}"
+        );
+        assert!(!s.commands.contains(&Command::CreateJob), "{s:?}");
+        assert!(s.commands.is_empty(), "the cordon stays: {s:?}");
+        let msg = s.record.message.clone().unwrap_or_default();
+        assert!(
+            msg.contains(r.job.as_deref().unwrap_or("?"))
+                && msg.contains(
+                    "vanished before it finished: whether the cards were written is unknown"
+                ),
+            "{msg}"
+        );
+        // Uncordoned meanwhile: cordoned again, still nothing flashed.
+        let s = step(
+            &r,
+            &Observation {
+                unschedulable: false,
+                ..missing(OwnJob::NotMine)
+            },
+            &w,
+        );
+        assert_eq!(
+            (s.record.state, &s.commands[..]),
+            (Failed, &[Command::Cordon][..])
+        );
+        // And later steps (a slot, no retry) leave it there.
+        let s2 = step(
+            &s.record,
+            &Observation {
+                slot: true,
+                ..missing(OwnJob::NotMine)
+            },
+            &w,
+        );
+        assert_eq!((s2.record.state, &s2.commands[..]), (Failed, &[][..]));
+    }
+}
+
+#[test]
+fn a_job_named_for_this_policy_object_and_never_seen_is_created_after_a_restart() {
+    // The controller stopped between writing the record and creating the
+    // Job; the next one has listed its caches and no pass ever saw the Job:
+    // it was never created.
     let r = flashing_named();
-    let s = step(&r, &missing(OwnJob::NotMine), &w);
-    assert_eq!(
-        (s.record.state, s.record.reason.as_deref(), s.record.cordon),
-        (Failed, Some(reason::FLASH_JOB_FAILED), Cordon::Ours)
-    );
-    assert!(!s.commands.contains(&Command::CreateJob), "{s:?}");
-    assert!(s.commands.is_empty(), "the cordon stays: {s:?}");
-    let msg = s.record.message.clone().unwrap_or_default();
-    assert!(
-        msg.contains(r.job.as_deref().unwrap_or("?"))
-            && msg
-                .contains("vanished before it finished: whether the cards were written is unknown"),
-        "{msg}"
-    );
-    // Uncordoned meanwhile: cordoned again, still nothing flashed.
+    let s = step(&r, &missing(OwnJob::NotMine), &want());
+    assert_eq!(s.record, r);
+    assert_eq!(s.commands, vec![Command::CreateJob]);
+    // Seen once, it is never created again (above); nor for a record that
+    // names no policy object (it cannot say which one the Job went with).
+    let mut unknown_policy = r.clone();
+    unknown_policy.policy_uid = None;
+    let s = step(&unknown_policy, &missing(OwnJob::NotMine), &want());
+    assert_eq!((s.record.state, &s.commands[..]), (Failed, &[][..]));
+}
+
+#[test]
+fn the_record_says_whether_its_job_was_seen_and_for_which_policy_object() {
+    let w = want();
     let s = step(
-        &r,
-        &Observation {
-            unschedulable: false,
-            ..missing(OwnJob::NotMine)
-        },
-        &w,
-    );
-    assert_eq!(
-        (s.record.state, &s.commands[..]),
-        (Failed, &[Command::Cordon][..])
-    );
-    // And later steps (a slot, no retry) leave it there.
-    let s2 = step(
-        &s.record,
+        &new(),
         &Observation {
             slot: true,
-            ..missing(OwnJob::NotMine)
+            ..obs()
+        },
+        &Desired {
+            drain_enabled: false,
+            ..w.clone()
+        },
+    );
+    assert_eq!(
+        (s.record.job_seen, s.record.policy_uid.as_deref()),
+        (false, Some("uid-1"))
+    );
+    let name = s.record.job.clone().unwrap_or_default();
+    let s = step(
+        &s.record,
+        &Observation {
+            job: FlashJob::Running {
+                name: name.clone(),
+                image_pull_failed: false,
+            },
+            ..obs()
         },
         &w,
     );
-    assert_eq!((s2.record.state, &s2.commands[..]), (Failed, &[][..]));
+    assert!(s.record.job_seen, "{s:?}");
+    // A retry forgets them with the Job.
+    let mut failed = s.record.clone();
+    failed.state = Failed;
+    let s = step(
+        &failed,
+        &Observation {
+            retry_token: Some("1".into()),
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(
+        (
+            s.record.job.as_deref(),
+            s.record.job_seen,
+            s.record.policy_uid.as_deref()
+        ),
+        (None, false, None)
+    );
+    // Old records (without them) read as unseen, for no known object.
+    let old: FwRecord = serde_json::from_str(
+        r#"{"policy":"fw","state":"Flashing","target":"19.8.0","since":1,"job":"j"}"#,
+    )
+    .expect("parses");
+    assert_eq!((old.job_seen, old.policy_uid), (false, None));
 }
 
 #[test]
