@@ -129,13 +129,16 @@ pub fn condition_flags(
     paused: bool,
     conflicts: bool,
     braked: bool,
+    refused: bool,
     promotion_blocked: bool,
 ) -> [bool; 5] {
     let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed_nodes == 0;
+    let stopped = braked || refused;
     [
-        settled && !paused,
-        !settled && summary.failed_nodes == 0 && !paused && !braked && !promotion_blocked,
-        summary.failed_nodes > 0 || braked,
+        // A refused spec is not rolled out, whatever the nodes run: never Ready.
+        settled && !paused && !refused,
+        !settled && summary.failed_nodes == 0 && !paused && !stopped && !promotion_blocked,
+        summary.failed_nodes > 0 || stopped,
         paused,
         conflicts,
     ]
@@ -263,7 +266,8 @@ pub fn build(
         &summary,
         paused,
         !input.conflicts.is_empty(),
-        input.braked.is_some() || input.refused.is_some(),
+        input.braked.is_some(),
+        input.refused.is_some(),
         input.promotion_blocked,
     );
     let (degraded_reason, degraded_message) = if summary.failed_nodes > 0 {
@@ -303,15 +307,23 @@ pub fn build(
         cond(
             ConditionType::Ready,
             ready,
-            if settled {
+            if input.refused.is_some() {
+                "Refused"
+            } else if settled {
                 "RolloutComplete"
             } else {
                 "RolloutIncomplete"
             },
-            format!(
-                "{} of {} node(s) run {} ({} host-managed)",
-                summary.done, summary.matched, policy.spec.version, summary.host_managed
-            ),
+            if input.refused.is_some() {
+                "this spec is refused and not rolled out (see the Degraded condition); \
+                 nothing it changes is applied until it is fixed"
+                    .to_string()
+            } else {
+                format!(
+                    "{} of {} node(s) run {} ({} host-managed)",
+                    summary.done, summary.matched, policy.spec.version, summary.host_managed
+                )
+            },
             input,
         ),
         cond(

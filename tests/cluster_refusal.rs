@@ -238,3 +238,104 @@ async fn policy_outside_the_allow_list_is_refused_and_not_deployed() {
     assert_eq!(image.as_deref(), Some("ghcr.io/tenstorrent/agent:1"));
     env.teardown().await;
 }
+
+/// Issue 49 item 2: a spec the controller refuses (a maintenance window in a
+/// time zone that does not exist) on a policy whose nodes are Done changes
+/// nothing the accepted spec set up: the DaemonSet keeps its template (no
+/// installer pod is replaced, no node gets the refused version), the claims
+/// stay, nothing is cordoned, and the policy is not Ready while refused.
+/// Fixed, the rollout goes on.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_refused_spec_changes_nothing_the_accepted_one_set_up() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::ListParams;
+    let (env, ns, nodes, policy, _running) = installed_fleet("refused-spec", 2, "", T).await;
+    let ds_name = format!("ttdrv-{policy}");
+    let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
+    let ds_before = dss
+        .get(&ds_name)
+        .await
+        .unwrap_or_else(|e| panic!("DaemonSet {ds_name}: {e}"));
+    let installer_uids = || async {
+        let lp = ListParams::default().labels("app.kubernetes.io/name=tt-driver-installer");
+        let mut uids: Vec<String> = pods
+            .list(&lp)
+            .await
+            .map(|l| l.items.into_iter().filter_map(|p| p.metadata.uid).collect())
+            .unwrap_or_default();
+        uids.sort();
+        uids
+    };
+    let uids_before = installer_uids().await;
+    assert_eq!(uids_before.len(), 2, "one installer pod per node");
+    patch_policy(
+        &env,
+        &policy,
+        serde_json::json!({ "version": "2.8.0", "upgradePolicy": { "maintenanceWindows": [
+            { "days": ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"], "start": "00:00", "end": "24:00",
+              "timeZone": "Europe/Berln" }
+        ] } }),
+    )
+    .await;
+    let degraded = wait_refused(&env, &policy).await;
+    assert!(
+        degraded.message.contains("Europe/Berln"),
+        "the refusal names the zone: {}",
+        degraded.message
+    );
+    let ready = wait_condition(&env, &policy, "Ready", "False/Refused", T, |c| {
+        c.status == "False" && c.reason == "Refused"
+    })
+    .await;
+    println!(
+        "refused: Ready {} {}: {}",
+        ready.status, ready.reason, ready.message
+    );
+    // Several passes (1 s resync) later, nothing of the refused spec is applied.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let ds_now = dss
+        .get(&ds_name)
+        .await
+        .unwrap_or_else(|e| panic!("DaemonSet {ds_name}: {e}"));
+    assert_eq!(
+        ds_now.metadata.generation, ds_before.metadata.generation,
+        "the refused spec changed the installer DaemonSet"
+    );
+    assert_eq!(
+        installer_uids().await,
+        uids_before,
+        "installer pods were replaced for a refused spec"
+    );
+    for n in &nodes {
+        let node = env.get_node(n).await;
+        assert!(!unschedulable(&node), "{n} cordoned for a refused spec");
+        assert_eq!(kmd(&node).as_deref(), Some("2.7.0"), "{n} left 2.7.0");
+        let claim = node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ttdrv_api::labels::CLAIM))
+            .cloned();
+        assert_eq!(claim.as_deref(), Some(policy.as_str()), "{n}'s claim");
+    }
+    let st = status(&env, &policy).await;
+    assert!(
+        !st.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "a refused policy is Ready: {:?}",
+        st.conditions
+    );
+    // Fixed: the rollout to 2.8.0 goes on, and the policy is Ready again.
+    patch_policy(
+        &env,
+        &policy,
+        serde_json::json!({ "upgradePolicy": { "maintenanceWindows": [] } }),
+    )
+    .await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    wait_condition(&env, &policy, "Ready", "True", T, |c| c.status == "True").await;
+    env.teardown().await;
+}

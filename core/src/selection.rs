@@ -138,8 +138,10 @@ impl Assignment {
 /// policy cannot capture nodes from one that works.
 pub type Refused = BTreeSet<String>;
 
-/// `policy` may own `node`: it matches, and if refused it has a cycle of its
-/// own under way there.
+/// `policy` may own `node`: it matches, and if refused it holds the node
+/// already (its claim, or a cycle of its own under way there). A refused
+/// spec captures nothing new, and lets go of nothing the accepted one held:
+/// its claims, and so its installer pods, stay.
 fn may_own(
     policy: &TenstorrentDriverPolicy,
     node: &Node,
@@ -151,6 +153,7 @@ fn may_own(
     // them (machine::vacate) and then leaves them alone.
     rules.matches(policy, node)
         && (!refused.contains(name)
+            || crate::node::label(node, ttdrv_api::labels::CLAIM) == Some(name)
             || crate::node::record(node)
                 .ok()
                 .flatten()

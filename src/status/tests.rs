@@ -294,7 +294,7 @@ fn conditions_table() {
         let (summary, _) = summarize(&records(&recs));
         assert_eq!(
             flags_of(&s),
-            condition_flags(&summary, paused, !conflicts.is_empty(), false, false),
+            condition_flags(&summary, paused, !conflicts.is_empty(), false, false, false),
             "row: {name}: urgency flags follow the written conditions"
         );
     }

@@ -92,8 +92,7 @@ fn pending(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         );
     }
     if want.refused {
-        let why =
-            "the cluster refuses this policy's installer DaemonSet (see its Degraded condition)";
+        let why = "this policy is refused (see its Degraded condition: its spec, or its installer DaemonSet): nothing of it starts";
         return wait(&rec, why.into(), now);
     }
     if let Some(who) = &obs.firmware_cycle {

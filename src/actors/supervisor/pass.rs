@@ -84,12 +84,10 @@ impl ReconcilePass {
         let name = self.name().to_string();
         let spec = &policy.spec;
         ctx.metrics.set_desired_version(&name, &spec.version);
-        let (hash, mut refused) = self.ensure_daemonset().await?;
-        // A stale installer pod is replaced only once the DaemonSet
-        // controller has seen the current template: before, its replacement
-        // would come back stale (and be replaced again, at API speed).
-        let template_observed =
-            ttdrv_core::installer::template_observed(self.cached_daemonset().as_deref(), &hash);
+        // The spec's own errors first, before anything of it is applied: a
+        // refused spec changes nothing the last accepted one set up (its
+        // DaemonSet, hence its installer pods), and nothing new starts.
+        let mut refused = None;
         // A selector the controller cannot parse: no drain can be planned.
         let selector = match PodSelector::parse(&spec.upgrade_policy.drain.pod_selector_label) {
             Ok(s) => Some(s),
@@ -102,8 +100,7 @@ impl ReconcilePass {
                 None
             }
         };
-        // Windows the controller cannot read (an unknown time zone): refused
-        // as a spec error, nothing starts.
+        // Windows the controller cannot read (an unknown time zone).
         let windows = match ttdrv_core::window::parse(&spec.upgrade_policy.maintenance_windows) {
             Ok(w) => w,
             Err(e) => {
@@ -115,6 +112,18 @@ impl ReconcilePass {
                 Vec::new()
             }
         };
+        let hash = if refused.is_some() {
+            self.cached_hash()
+        } else {
+            let (hash, by_cluster) = self.ensure_daemonset().await?;
+            refused = by_cluster;
+            hash
+        };
+        // A stale installer pod is replaced only once the DaemonSet
+        // controller has seen the current template: before, its replacement
+        // would come back stale (and be replaced again, at API speed).
+        let template_observed =
+            ttdrv_core::installer::template_observed(self.cached_daemonset().as_deref(), &hash);
         // A paused policy claims nothing new (its DaemonSet would land there),
         // and neither does one the cluster refuses (it must not capture nodes
         // from a policy that works).

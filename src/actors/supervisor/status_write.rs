@@ -50,7 +50,8 @@ impl PolicySupervisor {
             &summary,
             policy.spec.paused,
             !conflicts.is_empty(),
-            plan.braked.is_some() || self.memo.refusal.is_some(),
+            plan.braked.is_some(),
+            self.memo.refusal.is_some(),
             self.promotion_blocked(),
         );
         let previous_flags = prev.as_ref().map(status::flags_of);
