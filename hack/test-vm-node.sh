@@ -25,7 +25,7 @@
 # hack/realnode.sh does), KWOK_WORKDIR (default ~/.kwok-vmnode), TIMEOUT
 # (seconds per wait, default 900: a source build under TCG takes minutes), VM_MEM (MiB, default 3584),
 # VM_SMP (default 2), KEEP_VMNODE=1 (leave everything up; stop it with
-# hack/test-vm-node.sh down), VMNODE_STOP_AFTER=boot|ready|install (end early),
+# hack/test-vm-node.sh down), VMNODE_STOP_AFTER=boot|ready|install|real (end early; real: after the real driver's phases),
 # VMNODE_COMPARE=0 (skip the prepare-off upgrade to 2.9.0), VMNODE_REBOOTS=0
 # (skip the guest reboots), VMNODE_FAULTS=0 (skip the faults),
 # VMNODE_BOOT_TIMEOUT (seconds a reboot may take, default 300: then the

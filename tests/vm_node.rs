@@ -38,12 +38,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use ttdrv_api::TenstorrentDriverPolicy;
+use ttdrv_testkit::controller::metric_sum;
 use ttdrv_testkit::real_node::cycle::{self, Console, Mode, Sample};
 use ttdrv_testkit::real_node::{
-    AuditQuery, Diagnostics, Phases, apply_fixture, env, run, timeout_from_env,
+    AuditQuery, Diagnostics, Phases, apply_fixture, env, http_get, run, timeout_from_env,
 };
 use ttdrv_testkit::{client, wait_for, wait_for_result};
 
@@ -450,6 +452,33 @@ impl Vm {
             .into_iter()
             .next()
             .ok_or_else(|| "no installer pod".into())
+    }
+
+    /// The `/metrics` text of the controller replica that leads (the test
+    /// runs in the namespace, where the replicas' pod IPs answer).
+    async fn leader_metrics(&self) -> String {
+        let rel = env("VMNODE_RELEASE");
+        wait_for("the leader's /metrics", self.t, || async {
+            let api: Api<EndpointSlice> = Api::namespaced(self.c.clone(), &self.ns);
+            let lp =
+                ListParams::default().labels(&format!("kubernetes.io/service-name={rel}-metrics"));
+            let l = api.list(&lp).await.map_err(|e| e.to_string())?;
+            let addrs: Vec<String> = l
+                .items
+                .iter()
+                .flat_map(|s| s.endpoints.iter())
+                .filter_map(|e| e.addresses.first().map(|a| format!("{a}:8080")))
+                .collect();
+            for a in &addrs {
+                if let Ok(t) = http_get(a, "/metrics").await
+                    && metric_sum(&t, "ttdriver_leader", &[]) == 1.0
+                {
+                    return Ok(t);
+                }
+            }
+            Err(format!("no leader among {addrs:?}"))
+        })
+        .await
     }
 
     async fn hold_pod(&self) -> String {
@@ -957,6 +986,28 @@ async fn vm_node() {
     ph.phase(&format!(
         "upgrade to {r_new}: cordon, eviction, go-ahead, load of the prepared module, uncordon"
     ));
+    // The controller's metrics, as a dashboard reads them on hardware.
+    let m = vm.leader_metrics().await;
+    let node_done = metric_sum(
+        &m,
+        "ttdriver_node_state",
+        &[("cr", POLICY), ("node", &vnode), ("state", "Done")],
+    );
+    let on_new = metric_sum(&m, "ttdriver_nodes_by_kmd_version", &[("version", r_new)]);
+    let evicted = metric_sum(&m, "ttdriver_pods_evicted_total", &[("cr", POLICY)]);
+    let cycles = metric_sum(
+        &m,
+        "ttdriver_node_upgrade_duration_seconds_count",
+        &[("cr", POLICY)],
+    );
+    assert!(
+        node_done == 1.0 && on_new >= 1.0 && evicted >= 1.0 && cycles >= 1.0,
+        "the leader's metrics after the upgrade: node_state Done {node_done}, nodes on {r_new} {on_new}, \
+         pods evicted {evicted}, upgrade cycles {cycles}"
+    );
+    ph.phase(&format!(
+        "metrics: {vnode} Done, {on_new} node(s) on {r_new}, {evicted} pod(s) evicted, {cycles} cordoned cycle(s) timed"
+    ));
     let hold2 = vm.hold_pod().await;
 
     // --- the downgrade back to r_old, from the agent's cache
@@ -992,6 +1043,9 @@ async fn vm_node() {
         true,
     );
     ph.phase(&format!("downgrade to {r_old} from the cache"));
+    if stop_after == "real" {
+        return ph.report();
+    }
 
     // --- without build-ahead: r_old -> s_cmp (the stub), cache-cold, prepare off. The
     // comparison: the pod is replaced after the cordon and the drain, and the
