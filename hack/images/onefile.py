@@ -6,11 +6,12 @@ PyInstaller: its bootloader, the files of its archive, and the glibc it needs.
                                the bootloader or any bundled ELF library or
                                extension needs (objdump -p, version references),
                                and which member needs it
-    onefile.py missing FILE    the libraries a bundled ELF object needs
-                               (NEEDED) that are neither bundled nor glibc's
-                               own (libc, libm, libdl, libpthread, librt,
-                               libutil, ld-linux): what the host would have to
-                               provide; none for a self-contained build
+    onefile.py missing FILE    the libraries the bootloader or a bundled ELF
+                               object needs (NEEDED) that are neither bundled
+                               nor glibc's own (libc, libm, libdl, libpthread,
+                               librt, libutil, ld-linux): what the host must
+                               provide besides glibc (PyInstaller's Linux
+                               bootloader itself needs libz.so.1)
     onefile.py list FILE       the archive's members (typecode, size, name)
 
 The archive format is PyInstaller's CArchive (PyInstaller/archive/readers.py):
@@ -68,12 +69,13 @@ def missing(path):
     """{needed library: [bundled objects needing it]} of those not bundled and not glibc's."""
     _, members, _ = read(path)
     bundled = {os.path.basename(n) for n, (_, b) in members.items() if b[:4] == b"\x7fELF"}
+    objs = {"(bootloader)": open(path, "rb").read()}
+    objs.update({n: b for n, (_, b) in members.items() if b[:4] == b"\x7fELF"})
     out = {}
-    for name, (_, blob) in members.items():
-        if blob[:4] != b"\x7fELF":
-            continue
+    for name, blob in objs.items():
         for lib in re.findall(r"(?m)^\s+NEEDED\s+(\S+)", objdump_p(blob)):
-            if lib not in bundled and lib not in GLIBC_OWN:
+            # (the bootloader runs before anything is unpacked: it cannot use a bundled library)
+            if (name == "(bootloader)" or lib not in bundled) and lib not in GLIBC_OWN:
                 out.setdefault(lib, []).append(name)
     return out
 

@@ -16,7 +16,8 @@ layers()); stage: agent/Dockerfile's final stage (dockerfile.py).
     --snapshot and --reset; `tt-smi -ls` with no driver gets as far as
     looking for one ("No Tenstorrent driver detected"), so every bundled
     module it imports on the way loads
-  - every library a bundled ELF object needs is bundled or glibc's own
+  - every library a bundled ELF object needs is bundled or glibc's own; the
+    bootloader needs glibc and HOST_NEEDS (zlib) from the host, nothing else
   - its glibc floor (the highest GLIBC_x.y the bootloader or a bundled object
     needs) is not above GLIBC_FLOOR, the one docs/agent.md documents
 """
@@ -32,6 +33,9 @@ import onefile  # noqa: E402
 
 # The documented floor (docs/agent.md, agent/Dockerfile): bookworm's glibc.
 GLIBC_FLOOR = (2, 36)
+# What the host must have besides glibc (docs/agent.md): PyInstaller's
+# bootloader links zlib, before it unpacks anything.
+HOST_NEEDS = {"libz.so.1"}
 PATH = "opt/tt-smi/tt-smi"
 ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8",
        "TERM=dumb"]
@@ -61,6 +65,8 @@ def binary_problems(path):
         if not any(n.startswith(pkg + "/") for n in members):
             problems.append(f"/{PATH}: no {pkg}/ in its archive")
     for lib, who in sorted(onefile.missing(path).items()):
+        if lib in HOST_NEEDS and who == ["(bootloader)"]:
+            continue
         problems.append(f"/{PATH}: {lib} is needed by {', '.join(who[:3])} but not bundled")
     floor, who, n = onefile.glibc_floor(path)
     if floor > GLIBC_FLOOR:
@@ -108,6 +114,7 @@ def check(files, stage):
         want("No Tenstorrent driver detected" in out, f"-ls without a driver: rc {rc}: {out[-400:]}")
     floor, who, n, pylib = info
     size = files[PATH][1].size >> 20
-    return errors, (f"tt-smi {pin}: PyInstaller one-file, {size} MiB ({pylib}, {n} ELF objects, all bundled but glibc's), "
+    return errors, (f"tt-smi {pin}: PyInstaller one-file, {size} MiB ({pylib}, {n} ELF objects; from the host only glibc and "
+                    f"{', '.join(sorted(HOST_NEEDS))}), "
                     f"glibc floor GLIBC_{'.'.join(map(str, floor))} ({', '.join(who)}) <= "
                     f"{'.'.join(map(str, GLIBC_FLOOR))}; --version, --help and -ls run in the image's root")
