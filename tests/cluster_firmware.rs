@@ -957,11 +957,11 @@ async fn with_combining_off_each_policy_cordons_and_drains_on_its_own() {
 /// controller named the Job in the record only once a pass saw it run, and
 /// read a record Flashing without a Job as "created by this very step, not
 /// in the cache yet", creating it again. Whether a pass saw the Job before
-/// the deletion was a race (about 1 run in 4 it had not). Here the record of
-/// `n0` is left as this controller writes it (the Job named when the flash
-/// started, before it existed: a fresh controller did not create it), and
-/// the record of `n1` is put back to what the earlier controller had
-/// persisted at that point (Flashing, no Job): neither may be flashed again.
+/// the deletion was a race (about 1 run in 4 it had not). Here both records
+/// are put back to that window: `n0`'s as this controller writes it when the
+/// flash starts (the Job named, not seen yet, for the deleted policy
+/// object), `n1`'s as the earlier controller had persisted it (Flashing, no
+/// Job named): neither may be flashed again.
 #[tokio::test]
 #[ignore = "needs the test cluster: make cluster-up"]
 async fn a_policy_recreated_mid_flash_never_flashes_the_node_blindly_again() {
@@ -1041,13 +1041,18 @@ async fn a_policy_recreated_mid_flash_never_flashes_the_node_blindly_again() {
     .await;
     // The records are kept for a person meanwhile (the cards may be
     // half-written); Flashing, or Failed when the policy's last pass saw the
-    // Jobs go before the policy. Each is put back to Flashing as the flash
-    // left it, for the re-created policy to find: n0's as this controller
-    // wrote it, n1's as the earlier controller had persisted it when it
-    // started the flash (its Job not seen yet: none named).
+    // Jobs go before the policy. Each is put back as the flash left it
+    // before any pass saw its Job (the window): n0's as this controller
+    // wrote it when the flash started (the Job named, for the deleted policy
+    // object), n1's as the earlier controller had persisted it then (no Job
+    // named).
+    let mut named = flashing[0].clone();
+    named.job_seen = false;
     let mut old = flashing[1].clone();
     old.job = None;
-    for (n, r) in nodes.iter().zip([&flashing[0], &old]) {
+    old.job_seen = false;
+    old.policy_uid = None;
+    for (n, r) in nodes.iter().zip([&named, &old]) {
         let text = serde_json::to_string(r).expect("record");
         env.annotate_node(n, fw::RECORD, Some(&text)).await;
     }
