@@ -195,7 +195,7 @@ real)
     git -C "$b" push -q "$kmd_repo" "ttkmd-$broken"
     versions+=("$broken"); echo "$broken $(git -C "$b" rev-parse HEAD)" >>"$work/pins"
     init_script="$repo/hack/vm/init-cards"
-    expected=14
+    expected=15
     what="real tt-kmd"
     ;;
 *) die "usage: hack/test-vm.sh [stub|real]" ;;
@@ -287,8 +287,26 @@ cp "$busybox" "$root/bin/busybox"
 cp "$agent_bin" "$root/bin/ttdrv-agent"
 cp "$vfio_bin" "$root/bin/ttdrv-vfio-manage"
 strip "$root/bin/ttdrv-agent" "$root/bin/ttdrv-vfio-manage" 2>/dev/null || true
-printf '#!/bin/sh\necho "tt-smi (test stub)"\n' >"$root/opt/tt-smi/tt-smi"
-chmod 0755 "$root/opt/tt-smi/tt-smi"
+if [[ $mode == real ]]; then
+    # The agent image's tt-smi (the PyInstaller one-file build of
+    # agent/Dockerfile's tt-smi stage, hack/images/tt-smi.sh, cached) where
+    # the agent finds it bundled: the agent installs it as the host's
+    # /usr/local/bin/tt-smi. What it needs from a host: glibc (this machine's,
+    # bookworm's 2.36) and zlib; /tmp (tmpfs) to unpack into.
+    tt_smi=$(bash "$repo/hack/images/tt-smi.sh") || die "building tt-smi (hack/images/tt-smi.sh)"
+    install -m 0755 "$tt_smi" "$root/opt/tt-smi/tt-smi"
+    python3 "$repo/hack/images/stage.py" build-stage "$repo/agent/Dockerfile" tt-smi \
+        | python3 -c 'import json,re,sys; print(re.findall(r"tt-smi==([0-9][^\"'"'"' ]*)", " ".join(json.load(sys.stdin)["run"]))[0])' \
+        >"$root/opt/tt-smi.version" || die "reading the tt-smi pin of agent/Dockerfile"
+    mkdir -p "$root/lib64" "$root/lib/x86_64-linux-gnu"
+    cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
+    for l in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libutil.so.1 libz.so.1; do
+        cp -L "/lib/x86_64-linux-gnu/$l" "$root/lib/x86_64-linux-gnu/" || die "copying $l for tt-smi into the guest"
+    done
+else
+    printf '#!/bin/sh\necho "tt-smi (test stub)"\n' >"$root/opt/tt-smi/tt-smi"
+    chmod 0755 "$root/opt/tt-smi/tt-smi"
+fi
 # An (empty) header directory: the shimmed make only checks it exists.
 echo "# headers stand-in for the VM test" >"$root/lib/modules/$kver/build/Makefile"
 
@@ -313,7 +331,9 @@ if [[ $mode == real ]]; then
     # x-pci-proxy-dev. The proxy needs the guest's RAM in a memfd; every BAR
     # is 32-bit and must fit SeaBIOS's ~1 GiB window, hence the Wormholes'
     # BAR0 shrunk to 64 MiB (tt-kmd maps only BAR2 and BAR4 of a Wormhole).
-    machine=(-machine q35,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on
+    # -cpu max: tt-smi's tt-umd is built with AVX (VEX instructions in its
+    # static initialisers); under TCG's default qemu64 it dies of SIGILL.
+    machine=(-cpu max -machine q35,memory-backend=ram -object memory-backend-memfd,id=ram,size=1G,share=on
              -device intel-iommu,intremap=off -device @TTCARD@ -device @TTCARD@ -device @TTCARD@)
     wrap=("$ttcard_bin" --cards wh,wh,bh --wh-bar0-mb 64 --log "$work/cards.log" --)
     # modprobe would apply it; so must the agent's loads (init-cards C1).

@@ -41,6 +41,14 @@ impl Kind {
     pub fn device_id(self) -> u16 {
         self.ids().1
     }
+
+    /// PCI revision ID.
+    fn revision(self) -> u32 {
+        match self {
+            Kind::Wormhole => 0x01,
+            Kind::Blackhole => 0x00,
+        }
+    }
 }
 
 /// The faults switched on, as the bits of the control register at [`CONTROL_FAULTS`].
@@ -275,7 +283,9 @@ impl Card {
         };
         card.cfg[0..2].copy_from_slice(&VENDOR.to_le_bytes());
         card.cfg[2..4].copy_from_slice(&kind.device_id().to_le_bytes());
-        card.cfg[8..12].copy_from_slice(&(0x12_0000u32 << 8).to_le_bytes()); // processing accelerator, rev 0
+        // Processing accelerator; the revision as the silicon reports it: Wormhole B0
+        // is 0x01 (tt-umd refuses another), Blackhole 0x00. tt-kmd never reads it.
+        card.cfg[8..12].copy_from_slice(&((0x12_0000u32 << 8) | kind.revision()).to_le_bytes());
         card.cfg[0x2C..0x2E].copy_from_slice(&VENDOR.to_le_bytes());
         card.cfg[0x2E..0x30].copy_from_slice(&kind.ids().2.to_le_bytes());
         for bar in 0..6 {
@@ -753,13 +763,17 @@ mod tests {
 
     #[test]
     fn config_space_identity() {
-        for (kind, ids, subsystem) in [
-            (Kind::Wormhole, 0x401E_1E52, 0x0014_1E52),
-            (Kind::Blackhole, 0xB140_1E52, 0x0040_1E52),
+        for (kind, ids, subsystem, class_rev) in [
+            (Kind::Wormhole, 0x401E_1E52, 0x0014_1E52, 0x1200_0001),
+            (Kind::Blackhole, 0xB140_1E52, 0x0040_1E52, 0x1200_0000),
         ] {
             let mut c = card(0, kind);
             assert_eq!(cfg32(&mut c, 0x00), ids, "{kind:?}");
-            assert_eq!(cfg32(&mut c, 0x08), 0x1200_0000, "class 120000, rev 0");
+            assert_eq!(
+                cfg32(&mut c, 0x08),
+                class_rev,
+                "class 120000, revision ({kind:?})"
+            );
             assert_eq!(cfg32(&mut c, 0x2C), subsystem, "{kind:?}");
             assert_eq!(cfg32(&mut c, 0x0C) >> 16 & 0xFF, 0, "header type 0");
             assert_eq!(cfg32(&mut c, 0x34), 0, "no capabilities");
