@@ -27,7 +27,8 @@
 #   ${TTDRV_IMAGES_CACHE:-~/.cache/ttdrv-images}/base/<image>-<key>.tar
 #   ${TTDRV_IMAGES_CACHE:-~/.cache/ttdrv-images}/archives/<image>-<key>.tar
 #   ${TTDRV_IMAGES_CACHE:-~/.cache/ttdrv-images}/tt-smi/tt-smi-<key>
-#     (key: the tt-smi stage's pins and recipe; about 45 s cold)
+#     (key: the tt-smi stage's pins and recipe; 45 to 70 s cold, see
+#     hack/images/tt-smi.sh)
 # and an unchanged input rebuilds nothing. Prints one line per image on stdout:
 #   <image> <ref> <archive>
 # (refs are localhost/ttdrv/<image>:dev-<key>); timings go to stderr.

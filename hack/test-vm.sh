@@ -68,7 +68,9 @@
 #
 # Needs: hack/agent-deps.sh --vm (qemu-system-x86, linux-image-amd64,
 # linux-headers-amd64, busybox-static, cpio, musl-tools, git, make, gcc, kmod)
-# and the Rust target x86_64-unknown-linux-musl (rustup target add).
+# and the Rust target x86_64-unknown-linux-musl (rustup target add); `real`
+# also the agent image's tt-smi (hack/images/tt-smi.sh: mmdebstrap, root and
+# the pip index, or its cache from `make images`).
 #
 # Env: VM_TIMEOUT (seconds, default 600), VM_ACCEL (default tcg),
 #      VM_AGENT_LIBC=glibc to link the agent statically against glibc instead
