@@ -247,6 +247,58 @@ impl Drop for FirmwareWatcher {
     }
 }
 
+/// Watches the namespace's flash Jobs and records, at every event, how many
+/// run at once (created, neither complete nor failed), whoever created them:
+/// the API server's own order of events, independent of the controller.
+struct FlashJobWatcher {
+    seen: std::sync::Arc<std::sync::Mutex<(usize, std::collections::BTreeSet<String>)>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FlashJobWatcher {
+    fn start(env: &TestEnv, ns: &str) -> Self {
+        use futures::{StreamExt, TryStreamExt};
+        use kube::runtime::{WatchStreamExt, watcher};
+        let api: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), ns);
+        let seen: std::sync::Arc<std::sync::Mutex<(usize, std::collections::BTreeSet<String>)>> =
+            Default::default();
+        let out = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut running: std::collections::BTreeSet<String> = Default::default();
+            let mut stream = watcher(api, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Ok(Some(j)) = stream.try_next().await {
+                let name = j.metadata.name.clone().unwrap_or_default();
+                let runs = matches!(
+                    ttdrv_core::firmware::job::state(Some(&j), &[]),
+                    ttdrv_core::firmware::FlashJob::Running { .. }
+                );
+                if runs {
+                    running.insert(name.clone());
+                } else {
+                    running.remove(&name);
+                }
+                let Ok(mut s) = out.lock() else { return };
+                s.0 = s.0.max(running.len());
+                s.1.insert(name);
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// (most flash Jobs running at once, every Job seen).
+    fn seen(&self) -> (usize, std::collections::BTreeSet<String>) {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for FlashJobWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 fn brief(st: &ttdrv_api::firmware::TenstorrentFirmwarePolicyStatus) -> String {
     st.nodes
         .iter()
@@ -571,6 +623,121 @@ async fn a_go_cordoned_mid_flash_node_is_taken_over_safely() {
         list.items.iter().any(|j| j.metadata.uid == go_uid),
         "Go's Job followed, not replaced"
     );
+    env.teardown().await;
+}
+
+/// The Go firmware controller cordons every matched node at once and flashes
+/// `maxParallel` of them; stopped with one flash Job running, what it leaves
+/// is taken over within the same budget: the inherited Job counts, and no
+/// other node flashes until it has ended.
+#[tokio::test]
+#[ignore = "needs the test cluster: make cluster-up"]
+async fn a_go_rollout_taken_over_never_flashes_more_than_max_parallel() {
+    let (env, ns, nodes, _agent) = sim_fleet("fw-gotake", 4).await;
+    ensure_crd(&env.client).await;
+    let policy = env.name("fw");
+    for (i, n) in nodes.iter().enumerate() {
+        let state = if i == 3 { "Flashing" } else { "Draining" };
+        env.set_unschedulable(n, true).await;
+        env.annotate_node(n, fw::CORDONED_BY, Some(&policy)).await;
+        env.label_node(n, fw::UPGRADE_STATE, Some(state)).await;
+        env.label_node(n, fw::OWNED_BY, Some(&policy)).await;
+    }
+    // Go's flash on nodes[3] goes on until the test lets it end.
+    env.annotate_node(
+        &nodes[3],
+        ttdrv_testkit::sim_flasher::HOLD_ANNOTATION,
+        Some("1"),
+    )
+    .await;
+    let go_policy: ttdrv_api::firmware::TenstorrentFirmwarePolicy = serde_json::from_value(json!({
+        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentFirmwarePolicy",
+        "metadata": { "name": policy },
+        "spec": { "version": "19.8.0", "nodeAffinity": {} },
+    }))
+    .expect("policy");
+    let go_job = ttdrv_core::firmware::job::flash_job(
+        &go_policy,
+        &nodes[3],
+        0,
+        &ttdrv_core::firmware::job::JobDefaults {
+            namespace: ns.clone(),
+            image: "ghcr.io/tenstorrent/tt-k8s-driver-manager-flasher:v0.4.2".into(),
+            pull_policy: "IfNotPresent".into(),
+            simulate_dir: None,
+        },
+    );
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), &ns);
+    jobs.create(&Default::default(), &go_job)
+        .await
+        .expect("Go's flash Job");
+    let flashes = FlashJobWatcher::start(&env, &ns);
+    let _ctl = controller(&env, &ns);
+    create_firmware_policy(
+        &env,
+        &policy,
+        json!({ "upgradePolicy": { "maxParallel": 1, "haltOnFailure": false } }),
+    )
+    .await;
+    wait_for("Go's flash on the node taken over", T, || async {
+        let st = firmware_status(&env, &policy).await;
+        let flashing = st
+            .nodes
+            .iter()
+            .any(|n| n.name == nodes[3] && n.state == FirmwareNodeState::Flashing);
+        if flashing && st.nodes.len() == 4 {
+            Ok(())
+        } else {
+            Err(brief(&st))
+        }
+    })
+    .await;
+    // A few passes more with Go's flash still running: nothing else starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (running, all) = flashes.seen();
+    assert_eq!(
+        (running, all.len()),
+        (1, 1),
+        "only Go's flash Job while it runs: {all:?}"
+    );
+    // The three other nodes wait, cordoned, for the slot Go's flash holds.
+    let st = firmware_status(&env, &policy).await;
+    let waiting = st
+        .nodes
+        .iter()
+        .filter(|n| {
+            nodes[..3].contains(&n.name)
+                && n.state == FirmwareNodeState::Pending
+                && n.reason.as_deref() == Some(ttdrv_api::firmware::reason::WAITING_FOR_SLOT)
+        })
+        .count();
+    assert_eq!(waiting, 3, "{}", brief(&st));
+    for n in &nodes {
+        assert!(
+            unschedulable(&env.get_node(n).await),
+            "{n} keeps Go's cordon"
+        );
+    }
+    env.annotate_node(&nodes[3], ttdrv_testkit::sim_flasher::HOLD_ANNOTATION, None)
+        .await;
+    wait_fw(
+        &env,
+        &policy,
+        &nodes,
+        FirmwareNodeState::Done,
+        Some("FlashSucceeded"),
+    )
+    .await;
+    let (running, all) = flashes.seen();
+    assert_eq!(
+        running, 1,
+        "{running} flash Jobs ran at once with maxParallel 1: {all:?}"
+    );
+    assert_eq!(all.len(), 4, "one flash Job per node: {all:?}");
+    for n in &nodes {
+        assert!(!unschedulable(&env.get_node(n).await), "{n} uncordoned");
+    }
     env.teardown().await;
 }
 

@@ -343,13 +343,21 @@ pub fn takeover(want: &Desired, obs: &Observation) -> FwRecord {
                 obs.now,
             );
         }
-        // Cordoned (and maybe drained) by Go for this policy: go on from the cordon.
+        // Cordoned (and maybe drained) by Go for this policy: the cordon is
+        // ours to finish and undo, but the flash waits for a `maxParallel`
+        // slot like any other (the Go controller cordons every matched node
+        // at once; going on from each cordon would flash them all at once).
+        // `pending` drains from the kept cordon once the slot is granted.
         (FlashJob::Missing, _) if r.cordon == Cordon::Ours => {
             r = enter(
                 &r,
-                Draining,
+                Pending,
                 reason::TAKEN_OVER,
-                Some("taken over from the Go firmware controller with its cordon".into()),
+                Some(
+                    "taken over from the Go firmware controller with its cordon: \
+                     drained and flashed when a maxParallel slot is free"
+                        .into(),
+                ),
                 obs.now,
             );
         }

@@ -514,13 +514,37 @@ fn takeover_from_the_go_controller() {
         .commands
         .is_empty()
     );
-    // Cordoned and draining: go on draining, the cordon ours to undo.
+    // Cordoned and draining: the cordon ours to undo, but the drain and
+    // flash wait for a slot (Go cordons every node at once).
     let draining = Observation {
         go_state: Some(Draining),
         ..gone.clone()
     };
     let r = takeover(&w, &draining);
-    assert_eq!((r.state, r.cordon), (Draining, Cordon::Ours));
+    assert_eq!(
+        (r.state, r.cordon, r.reason.as_deref()),
+        (Pending, Cordon::Ours, Some(reason::TAKEN_OVER))
+    );
+    let waiting = step(&r, &draining, &w);
+    assert_eq!(
+        (waiting.record.state, waiting.needs_slot),
+        (Pending, true),
+        "no slot: it waits, cordoned"
+    );
+    assert!(waiting.commands.is_empty(), "{:?}", waiting.commands);
+    let granted = step(
+        &r,
+        &Observation {
+            slot: true,
+            ..draining.clone()
+        },
+        &w,
+    );
+    assert_eq!(
+        (granted.record.state, granted.commands),
+        (Draining, vec![Command::Evict]),
+        "with a slot it drains under the kept cordon"
+    );
     // Someone else's cordon (not Go's for us) is not taken.
     let theirs = Observation {
         go_cordon_for_us: false,
