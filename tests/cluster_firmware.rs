@@ -741,6 +741,92 @@ async fn a_go_rollout_taken_over_never_flashes_more_than_max_parallel() {
     env.teardown().await;
 }
 
+/// Two firmware policies select the same nodes (the docs' fleet-wide policy
+/// beside a second one): the nodes stay with the policy that owns them, and
+/// the other settles, saying so in a Conflict condition, instead of waiting.
+#[tokio::test]
+#[ignore = "needs the test cluster: make cluster-up"]
+async fn overlapping_firmware_policies_settle_with_a_conflict_condition() {
+    let (env, ns, nodes, _agent) = sim_fleet("fw-overlap", 3).await;
+    ensure_crd(&env.client).await;
+    let _ctl = controller(&env, &ns);
+    let fleet = env.name("fleet-fw");
+    let prod = env.name("prod-fw");
+    create_firmware_policy(
+        &env,
+        &fleet,
+        json!({ "upgradePolicy": { "maxParallel": 3 } }),
+    )
+    .await;
+    wait_for("the fleet policy owns every node", T, || async {
+        let st = firmware_status(&env, &fleet).await;
+        if st.summary.matched == 3 {
+            Ok(())
+        } else {
+            Err(brief(&st))
+        }
+    })
+    .await;
+    create_firmware_policy(&env, &prod, json!({})).await;
+    wait_fw(
+        &env,
+        &fleet,
+        &nodes,
+        FirmwareNodeState::Done,
+        Some("FlashSucceeded"),
+    )
+    .await;
+    let cond = |st: &ttdrv_api::firmware::TenstorrentFirmwarePolicyStatus, t: &str| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let st = wait_for("the second policy settles", T, || async {
+        let st = firmware_status(&env, &prod).await;
+        let settled = cond(&st, "Progressing").is_some_and(|c| c.0 == "False")
+            && cond(&st, "Conflict").is_some_and(|c| c.0 == "True");
+        if settled { Ok(st) } else { Err(brief(&st)) }
+    })
+    .await;
+    assert_eq!(
+        (
+            st.summary.matched,
+            st.summary.pending,
+            st.summary.in_progress
+        ),
+        (0, 0, 0),
+        "another policy's nodes are not this one's work: {}",
+        brief(&st)
+    );
+    let conflict = cond(&st, "Conflict").unwrap_or_default();
+    assert_eq!(conflict.1, "SelectorOverlap");
+    for n in &nodes {
+        assert!(
+            conflict.2.contains(&format!("{n} (owned by {fleet})")),
+            "{n} named with its owner: {}",
+            conflict.2
+        );
+    }
+    assert_eq!(cond(&st, "Ready").map(|c| c.0).as_deref(), Some("True"));
+    assert!(
+        st.nodes
+            .iter()
+            .all(|n| n.reason.as_deref() == Some("NodeConflict")),
+        "each node listed as the Go operator lists it: {}",
+        brief(&st)
+    );
+    // The owner's status says nothing of a conflict.
+    let owner = firmware_status(&env, &fleet).await;
+    assert_eq!(
+        cond(&owner, "Conflict").map(|c| c.0).as_deref(),
+        Some("False"),
+        "{}",
+        brief(&owner)
+    );
+    env.teardown().await;
+}
+
 #[tokio::test]
 #[ignore = "needs the test cluster: make cluster-up"]
 async fn driver_and_firmware_rollouts_at_once_never_share_a_node() {

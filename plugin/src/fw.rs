@@ -285,17 +285,16 @@ async fn watch(
             println!("{frame}");
             last = frame;
         }
-        let st = p.status.clone().unwrap_or_default();
-        if st.summary.failed > 0 {
-            eprintln!("firmware rollout halted: a node is Failed");
-            return Ok(exit::FAILED_NODE);
-        }
-        if st.summary.matched > 0
-            && st.summary.up_to_date == st.summary.matched
-            && st.observed_generation == p.metadata.generation
-        {
-            println!("Firmware rollout complete.");
-            return Ok(exit::OK);
+        match watch_verdict(&p) {
+            Some(Verdict::Failed) => {
+                eprintln!("firmware rollout halted: a node is Failed");
+                return Ok(exit::FAILED_NODE);
+            }
+            Some(Verdict::Complete(note)) => {
+                println!("Firmware rollout complete.{note}");
+                return Ok(exit::OK);
+            }
+            None => {}
         }
         if let Some(t) = timeout
             && started.elapsed().as_secs_f64() > t
@@ -305,6 +304,38 @@ async fn watch(
         }
         tokio::time::sleep(Duration::from_secs_f64(interval.max(0.2))).await;
     }
+}
+
+/// How a watch ends, once the status is of the current spec.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Failed,
+    /// Nothing pending or in progress; the note names the nodes another
+    /// policy owns (its Conflict condition), if any.
+    Complete(String),
+}
+
+fn watch_verdict(p: &TenstorrentFirmwarePolicy) -> Option<Verdict> {
+    let st = p.status.as_ref()?;
+    if st.summary.failed > 0 {
+        return Some(Verdict::Failed);
+    }
+    let settled = st.observed_generation == p.metadata.generation
+        && st.summary.pending == 0
+        && st.summary.in_progress == 0
+        // Until the policy selects a node (its own or another's), there is
+        // no rollout to have completed.
+        && !st.nodes.is_empty();
+    if !settled {
+        return None;
+    }
+    let note = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Conflict" && c.status == "True")
+        .map(|c| format!(" {}", c.message))
+        .unwrap_or_default();
+    Some(Verdict::Complete(note))
 }
 
 /// One node of a firmware plan.
@@ -497,6 +528,78 @@ mod tests {
             "spec": {"version": "19.8.0", "nodeAffinity": {}, "upgradePolicy": {"maxParallel": max}}
         }))
         .expect("policy")
+    }
+
+    fn with_status(generation: i64, status: serde_json::Value) -> TenstorrentFirmwarePolicy {
+        let mut p = policy(1);
+        p.metadata.generation = Some(generation);
+        p.status = Some(serde_json::from_value(status).expect("status"));
+        p
+    }
+
+    #[test]
+    fn watch_ends_when_the_policy_settles_even_with_another_policys_nodes() {
+        let conflict = serde_json::json!({
+            "name": "b", "state": "Pending", "reason": "NodeConflict",
+            "message": "Conflict: node owned by a different TenstorrentFirmwarePolicy CR (fleet-fw)"
+        });
+        // Its own node done, one node another policy's (Conflict).
+        let p = with_status(
+            2,
+            serde_json::json!({
+                "observedGeneration": 2,
+                "summary": {"matched": 1, "upToDate": 1, "inProgress": 0, "failed": 0, "pending": 0},
+                "nodes": [{"name": "a", "state": "Done"}, conflict],
+                "conditions": [{"type": "Conflict", "status": "True", "reason": "SelectorOverlap",
+                    "message": "nodes another TenstorrentFirmwarePolicy owns are left to it: b (owned by fleet-fw)",
+                    "lastTransitionTime": "2026-12-06T00:00:00Z"}]
+            }),
+        );
+        assert_eq!(
+            watch_verdict(&p),
+            Some(Verdict::Complete(
+                " nodes another TenstorrentFirmwarePolicy owns are left to it: b (owned by fleet-fw)"
+                    .into()
+            ))
+        );
+        // Every node another's: settled too.
+        let p = with_status(
+            1,
+            serde_json::json!({"observedGeneration": 1, "summary": {}, "nodes": [conflict]}),
+        );
+        assert!(matches!(watch_verdict(&p), Some(Verdict::Complete(_))));
+        // Still going, an older generation, nothing selected yet, or a failure.
+        for (generation, status, want) in [
+            (
+                1,
+                serde_json::json!({"observedGeneration": 1, "summary": {"matched": 2, "upToDate": 1, "pending": 1},
+                "nodes": [{"name": "a", "state": "Done"}, {"name": "c", "state": "Pending"}]}),
+                None,
+            ),
+            (
+                2,
+                serde_json::json!({"observedGeneration": 1, "summary": {"matched": 1, "upToDate": 1},
+                "nodes": [{"name": "a", "state": "Done"}]}),
+                None,
+            ),
+            (
+                1,
+                serde_json::json!({"observedGeneration": 1, "summary": {}, "nodes": []}),
+                None,
+            ),
+            (
+                1,
+                serde_json::json!({"observedGeneration": 1, "summary": {"matched": 1, "failed": 1},
+                "nodes": [{"name": "a", "state": "Failed"}]}),
+                Some(Verdict::Failed),
+            ),
+        ] {
+            assert_eq!(
+                watch_verdict(&with_status(generation, status.clone())),
+                want,
+                "{status}"
+            );
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use ttdrv_core::firmware::{Desired, FwRecord, takeover};
 use ttdrv_core::rollout::{Candidate, Limits, plan};
 
 use super::node::{NodeActor, StepNode};
-use super::status::{candidate, conditions, node_status, summary};
+use super::status::{candidate, conditions, is_conflict, node_status, summary};
 use super::{Shared, now_secs};
 use crate::claims::Budget;
 
@@ -303,9 +303,9 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
         }
         statuses.push(node_status(&node_name, &next, &out.seen));
     }
-    for (n, other) in conflicts {
+    for (n, other) in &conflicts {
         statuses.push(FirmwareNodeStatus {
-            name: n,
+            name: n.clone(),
             state: FirmwareNodeState::Pending,
             reason: Some(reason::NODE_CONFLICT.into()),
             current_version: None,
@@ -317,10 +317,15 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
         });
     }
     statuses.sort_by(|a, b| a.name.cmp(&b.name));
-    let states: Vec<FirmwareNodeState> = statuses.iter().map(|n| n.state).collect();
+    // Another policy's nodes are counted by that policy.
+    let states: Vec<FirmwareNodeState> = statuses
+        .iter()
+        .filter(|n| !is_conflict(n))
+        .map(|n| n.state)
+        .collect();
     ctx.metrics
         .set_firmware_policy(&name, &spec.version, &states, errors == 0);
-    write_status(shared, &p, statuses, memory).await;
+    write_status(shared, &p, statuses, &conflicts, memory).await;
 }
 
 /// The flash Job `name` as the cache shows it, and its pods when it exists.
@@ -344,6 +349,7 @@ async fn write_status(
     shared: &Shared,
     p: &TenstorrentFirmwarePolicy,
     nodes: Vec<FirmwareNodeStatus>,
+    conflicts: &[(String, String)],
     memory: &mut Memory,
 ) {
     let name = p.metadata.name.clone().unwrap_or_default();
@@ -353,7 +359,7 @@ async fn write_status(
         unreadable: None,
         observed_generation: p.metadata.generation,
         desired_version: Some(p.spec.version.clone()),
-        conditions: conditions(p, &summary, &old.conditions),
+        conditions: conditions(p, &summary, conflicts, &old.conditions),
         summary,
         nodes,
     };

@@ -1,10 +1,11 @@
 //! What a firmware policy reports, free of I/O: each node's slot facts for
 //! the rollout plan, its status entry, the summary and the conditions
-//! (Ready, Progressing and Paused, with Go's reasons).
+//! (Ready, Progressing and Paused, with Go's reasons, and Conflict).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use ttdrv_api::firmware::{
-    FirmwareNodeState, FirmwareNodeStatus, FirmwareSummary, TenstorrentFirmwarePolicy, labels as fw,
+    FirmwareNodeState, FirmwareNodeStatus, FirmwareSummary, TenstorrentFirmwarePolicy,
+    labels as fw, reason,
 };
 use ttdrv_core::firmware::{Desired, FwRecord};
 use ttdrv_core::rollout::Candidate;
@@ -59,13 +60,19 @@ pub(super) fn node_status(name: &str, r: &FwRecord, s: &Seen) -> FirmwareNodeSta
     }
 }
 
-/// The Go operator's counts.
+/// A status entry for a node another firmware policy owns: listed (as the Go
+/// operator lists it), not this policy's to flash.
+pub fn is_conflict(n: &FirmwareNodeStatus) -> bool {
+    n.reason.as_deref() == Some(reason::NODE_CONFLICT)
+}
+
+/// The Go operator's counts, over the nodes this policy owns: a node another
+/// policy owns is neither pending nor matched here (it is in the Conflict
+/// condition), so a policy whose every other node is done settles.
 pub fn summary(nodes: &[FirmwareNodeStatus]) -> FirmwareSummary {
-    let mut s = FirmwareSummary {
-        matched: nodes.len() as i32,
-        ..Default::default()
-    };
-    for n in nodes {
+    let mut s = FirmwareSummary::default();
+    for n in nodes.iter().filter(|n| !is_conflict(n)) {
+        s.matched += 1;
         match n.state {
             FirmwareNodeState::Done => s.up_to_date += 1,
             FirmwareNodeState::Failed => s.failed += 1,
@@ -76,11 +83,13 @@ pub fn summary(nodes: &[FirmwareNodeStatus]) -> FirmwareSummary {
     s
 }
 
-/// Ready and Progressing as the Go operator sets them, and Paused; each
-/// keeps its transition time while its status stays.
+/// Ready and Progressing as the Go operator sets them, Paused, and Conflict
+/// (`conflicts`: node, the policy that owns it); each keeps its transition
+/// time while its status stays.
 pub fn conditions(
     p: &TenstorrentFirmwarePolicy,
     s: &FirmwareSummary,
+    conflicts: &[(String, String)],
     old: &[Condition],
 ) -> Vec<Condition> {
     let halted = p.spec.upgrade_policy.halt_on_failure && s.failed > 0;
@@ -129,11 +138,31 @@ pub fn conditions(
     } else {
         ("False", "Running", String::new())
     };
+    // Overlapping selectors: the node stays with the policy that owns it
+    // (its owned-by label, as the Go operator decides), and this one says
+    // so instead of waiting on it.
+    let conflicts: Vec<String> = conflicts
+        .iter()
+        .map(|(n, owner)| format!("{n} (owned by {owner})"))
+        .collect();
+    let conflict = if conflicts.is_empty() {
+        ("False", "NoOverlap", String::new())
+    } else {
+        (
+            "True",
+            "SelectorOverlap",
+            format!(
+                "nodes another TenstorrentFirmwarePolicy owns are left to it: {}",
+                conflicts.join(", ")
+            ),
+        )
+    };
     let now = rfc3339(now_secs()).unwrap_or(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
     [
         ("Ready", ready, ready_reason, ready_msg),
         ("Progressing", prog, prog_reason, prog_msg),
         ("Paused", paused.0, paused.1, paused.2),
+        ("Conflict", conflict.0, conflict.1, conflict.2),
     ]
     .into_iter()
     .map(|(t, status, reason, message)| {
@@ -152,4 +181,82 @@ pub fn conditions(
         }
     })
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, state: FirmwareNodeState, why: &str) -> FirmwareNodeStatus {
+        FirmwareNodeStatus {
+            name: name.into(),
+            state,
+            reason: Some(why.into()),
+            current_version: None,
+            last_flash_job: None,
+            message: None,
+            last_transition_time: None,
+        }
+    }
+
+    fn policy() -> TenstorrentFirmwarePolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "firmware.tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentFirmwarePolicy",
+            "metadata": { "name": "prod-fw", "generation": 2 },
+            "spec": { "version": "19.8.0" },
+        }))
+        .expect("policy")
+    }
+
+    fn cond<'a>(cs: &'a [Condition], t: &str) -> (&'a str, &'a str, &'a str) {
+        let c = cs.iter().find(|c| c.type_ == t).expect("condition");
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+    }
+
+    #[test]
+    fn another_policys_nodes_are_a_conflict_not_pending_work() {
+        let nodes = [
+            node("a", FirmwareNodeState::Done, reason::FLASH_SUCCEEDED),
+            node("b", FirmwareNodeState::Pending, reason::NODE_CONFLICT),
+            node("c", FirmwareNodeState::Pending, reason::NODE_CONFLICT),
+        ];
+        let s = summary(&nodes);
+        assert_eq!((s.matched, s.up_to_date, s.pending), (1, 1, 0));
+        let conflicts = [
+            ("b".to_string(), "fleet-fw".to_string()),
+            ("c".to_string(), "fleet-fw".to_string()),
+        ];
+        let cs = conditions(&policy(), &s, &conflicts, &[]);
+        assert_eq!(cond(&cs, "Ready").0, "True");
+        assert_eq!(cond(&cs, "Progressing").0, "False", "settled: {cs:?}");
+        assert_eq!(
+            cond(&cs, "Conflict"),
+            (
+                "True",
+                "SelectorOverlap",
+                "nodes another TenstorrentFirmwarePolicy owns are left to it: b (owned by fleet-fw), c (owned by fleet-fw)"
+            )
+        );
+        assert!(cs.iter().all(|c| c.observed_generation == Some(2)));
+        // Every node another's: nothing to do here, settled all the same.
+        let only = summary(&nodes[1..]);
+        assert_eq!((only.matched, only.pending), (0, 0));
+        let cs = conditions(&policy(), &only, &conflicts, &[]);
+        assert_eq!(cond(&cs, "Progressing").0, "False");
+    }
+
+    #[test]
+    fn without_overlap_the_conflict_condition_is_false() {
+        let nodes = [node(
+            "a",
+            FirmwareNodeState::Pending,
+            reason::WAITING_FOR_SLOT,
+        )];
+        let s = summary(&nodes);
+        assert_eq!((s.matched, s.pending), (1, 1));
+        let cs = conditions(&policy(), &s, &[], &[]);
+        assert_eq!(cond(&cs, "Conflict"), ("False", "NoOverlap", ""));
+        assert_eq!(cond(&cs, "Progressing").0, "True");
+    }
 }
