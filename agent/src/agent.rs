@@ -175,6 +175,27 @@ enum Keyed {
     Stopped(String),
 }
 
+/// What the run found before deciding anything.
+enum Detected {
+    /// DKMS manages the module: the run ends with this.
+    HostManaged(Outcome),
+    /// The agent manages it: the module as loaded now (None: nothing
+    /// loaded), and the host's modprobe options for tenstorrent.
+    Ours(Option<ModuleState>, HostOptions),
+}
+
+/// The new module and what its load needs, ready before the go-ahead.
+struct Prepared {
+    module: Verified,
+    source: ModuleSource,
+    deps: Vec<crate::deps::Dependency>,
+    /// The parameters to load with, and their canonical string.
+    load_values: Values,
+    load_string: String,
+    /// Whether tt-smi is installed (its version is labelled).
+    smi: bool,
+}
+
 impl Agent<'_> {
     pub(crate) fn root(&self) -> HostRoot {
         HostRoot::new(&self.config.host_root)
@@ -183,29 +204,10 @@ impl Agent<'_> {
     /// The whole sequence; idling afterwards is the caller's business.
     pub fn run(&self) -> Result<Outcome> {
         let root = self.root();
-
-        // Report what the host runs right now, before anything that can fail
-        // (a build, the network), so that a failing or crash-looping agent
-        // still tells the truth: a host whose DKMS install is gone stops
-        // being reported host-managed, and kmd-version is what sysfs shows.
-        let signals = step("detect-host-install", || Ok(root.host_install_signals()))?;
-        let state = root.module_state();
-        let loaded_now = state.as_ref().ok().and_then(|s| s.as_ref());
-        let host_options = crate::modprobe::host_options(&root);
-        step("report-host", || {
-            self.report_host(&root, !signals.is_empty(), loaded_now)?;
-            self.report_host_options(&host_options);
-            Ok(())
-        })?;
-        let state = step("read-module-state", || state)?;
-        if !signals.is_empty() {
-            tracing::info!(
-                ?signals,
-                "host-managed tt-kmd install detected: not touching the host"
-            );
-            let loaded = state.and_then(|s| s.version);
-            return Ok(Outcome::HostManaged { signals, loaded });
-        }
+        let (state, host_options) = match self.detect_and_report(&root)? {
+            Detected::HostManaged(outcome) => return Ok(outcome),
+            Detected::Ours(state, host_options) => (state, host_options),
+        };
 
         // Said only where the agent loads: DKMS applies them on its own.
         log_host_options(&host_options);
@@ -219,34 +221,9 @@ impl Agent<'_> {
             refcnt = state.as_ref().map_or(0, |s| s.refcnt),
             "host state"
         );
-
-        // A parameter the loaded target takes at run time (tt-kmd's 0644
-        // ones, idle_power_down_grace_ms): written in sysfs while the module
-        // serves. No reload, so no go-ahead: the controller replaces this pod
-        // in place for such a change, without cordon or drain.
-        let state = match state {
-            Some(s)
-                if ttdrv_core::node::takes_at_run_time(
-                    s.version.as_deref(),
-                    Some(&s.parameters),
-                    want,
-                ) =>
-            {
-                step("write-parameters", || {
-                    self.write_runtime_parameters(&root, &target, &s)
-                })?;
-                root.module_state()?
-            }
-            other => other,
-        };
-
+        let state = self.apply_runtime_parameters(&root, &target, want, state)?;
         if at_target(state.as_ref(), want) {
-            step("validate", || self.revalidate(&root, &target))?;
-            self.device_access(&root);
-            let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
-            step("label-node", || self.label_container(&root, &target, smi))?;
-            self.prepare_next_kernels(&root, &kver, &target);
-            return Ok(Outcome::AlreadyCurrent { version: target });
+            return self.finish_current(&root, &kver, &target, None);
         }
 
         // Refuse early, before any build, when the swap would be allowed now
@@ -263,68 +240,15 @@ impl Agent<'_> {
         // failed build (missing headers, missing tag, unwritable cache)
         // leaves the node with the driver it had, and once the go-ahead
         // comes the swap itself is quick.
-        // Already inside the node's disruptive window (its cycle's go-ahead is
-        // on the node: build-ahead is off, or this pod came after the
-        // cordon): the node waits for this build, so it runs at normal
-        // priority. Otherwise the node still serves: nice 19.
-        let node_now = || self.node.get();
-        let in_window = state.is_some()
-            && !self.config.swap_without_go_ahead
-            && matches!(
-                swap_decision(
-                    self.config.policy.as_deref(),
-                    want,
-                    state.as_ref(),
-                    node_now
-                ),
-                Swap::GoAhead(_)
-            );
-        let priority = if in_window {
-            Priority::Normal
-        } else {
-            Priority::Low
-        };
-        let (module, source) = self.obtain_module(&root, &kver, &target, priority)?;
-        // What it depends on, found now: a missing one fails the node before
-        // anything is unloaded.
-        let deps = step("resolve-dependencies", || {
-            crate::deps::resolve(&root, &kver, &module.file, &module.path)
-        })?;
-        // A host that enforces signatures would refuse it after the unload.
-        step("check-signature", || {
-            crate::signing::check(&root, &target, &module.file, &module.path)
-        })?;
-        // And a key it does not trust: asked of the kernel while the old
-        // module is still loaded (with nothing loaded the load itself tells,
-        // and there is nothing to lose).
-        if state.is_some() {
-            step("check-key", || {
-                crate::signing::check_key(&root, self.kernel, &target, &module.file, &module.path)
-            })?;
-        }
-        if !deps.is_empty() {
-            tracing::info!(dependencies = ?deps.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "tenstorrent needs these modules loaded first");
-        }
-        // A parameter the module does not have would be ignored by the
-        // kernel (the load succeeds without it): refused here, before the
-        // go-ahead and the unload.
-        let load_values = step("check-parameters", || {
-            load_parameters(
-                &target,
-                &module,
-                &self.config.module_parameters,
-                &host_options,
-            )
-        })?;
-        let load_string = module_params::canonical(&load_values);
-        tracing::info!(parameters = %load_string, "module parameters to load with");
-        let smi = step("install-tt-smi", || self.install_tt_smi(&root))?;
-        // The prepare step is done: say so before waiting, so the controller
-        // may start this node's disruptive cycle knowing the swap is a load
-        // from the cache.
-        if state.is_some() {
-            self.report_prepared(&target);
-        }
+        let priority = self.build_priority(want, state.as_ref());
+        let prepared = self.prepare(
+            &root,
+            &kver,
+            &target,
+            priority,
+            state.is_some(),
+            &host_options,
+        )?;
 
         // The second key: a loaded module of another version is unloaded only
         // with the controller's go-ahead, read again right before the swap.
@@ -333,56 +257,35 @@ impl Agent<'_> {
             Keyed::Stopped(waiting) => return Ok(Outcome::Stopped { waiting }),
         };
         if at_target(state.as_ref(), want) {
-            step("validate", || self.revalidate(&root, &target))?;
-            self.device_access(&root);
-            step("label-node", || self.label_container(&root, &target, smi))?;
-            self.prepare_next_kernels(&root, &kver, &target);
-            return Ok(Outcome::AlreadyCurrent { version: target });
+            return self.finish_current(&root, &kver, &target, Some(prepared.smi));
         }
 
-        let mut killed = Vec::new();
         // What the old module serves, kept on the host before anything is
         // unloaded: the new one is validated against it, also by an agent
         // restarted after the swap.
-        let swap = match &state {
-            Some(s) => {
-                let record = SwapRecord {
-                    target: target.clone(),
-                    previous: s.version.clone(),
-                    cycle,
-                    before: validate::inventory(&root),
-                    outcome: SwapOutcome::Validating,
-                    problems: Vec::new(),
-                };
-                tracing::info!(before = %record.before.describe(), "what the loaded module serves");
-                step("record-swap", || {
-                    validate::write_record(&root, &record).map_err(AgentError::from)
-                })?;
-                Some(record)
-            }
-            None => None,
+        let swap = state
+            .as_ref()
+            .map(|s| record_swap(&root, &target, s, cycle))
+            .transpose()?;
+        let killed = match &state {
+            Some(s) => self.unload_old(&root, s)?,
+            None => Vec::new(),
         };
-        let previous = match &state {
-            Some(s) => {
-                killed = step("make-unloadable", || self.make_unloadable(&root))?;
-                step("unload", || {
-                    self.kernel
-                        .unload(MODULE_NAME)
-                        .map_err(|source| AgentError::Unload {
-                            loaded: loaded_name(s),
-                            source,
-                        })
-                })?;
-                Some(s.version.clone())
-            }
-            None => None,
-        };
+        let previous = state.as_ref().map(|s| s.version.clone());
 
         // The rollback puts the previous module back as it was.
         let previous_parameters = state
             .as_ref()
             .map(|s| module_params::canonical(&s.parameters))
             .unwrap_or_default();
+        let Prepared {
+            module,
+            source,
+            deps,
+            load_values,
+            load_string,
+            smi,
+        } = prepared;
         let loaded = step("load", || {
             self.load_with_rollback(
                 &root,
@@ -396,65 +299,18 @@ impl Agent<'_> {
         let source = match loaded {
             Ok(source) => source,
             Err(e) => {
-                // Put back: this cycle's go-ahead opens no second try.
-                if let (Some(mut record), AgentError::LoadFailed { rollback, .. }) = (swap, &e)
-                    && let Rollback::Restored { previous } = rollback.as_ref()
-                {
-                    record.outcome = SwapOutcome::RolledBack {
-                        to: previous.clone(),
-                    };
-                    record.problems = vec![format!("{target} did not load")];
-                    if let Err(w) = validate::write_record(&root, &record) {
-                        tracing::warn!(error = %w, "cannot keep the swap record");
-                    }
-                }
+                note_rolled_back(&root, &target, swap, &e);
                 return Err(e);
             }
         };
-
         step("readback", || {
-            let now = root.module_state()?;
-            let found = now.as_ref().and_then(|s| s.version.clone());
-            if !ttdrv_core::node::same_version(found.as_deref(), &target) {
-                return Err(AgentError::ReadbackMismatch {
-                    expected: target.clone(),
-                    found,
-                });
-            }
-            let off = module_params::mismatches(&load_values, now.as_ref().map(|s| &s.parameters));
-            if !off.is_empty() {
-                return Err(AgentError::ParametersNotInEffect {
-                    version: target.clone(),
-                    passed: load_string.clone(),
-                    mismatches: module_params::describe(&off),
-                });
-            }
-            Ok(())
+            readback(&root, &target, &load_values, &load_string)
         })?;
-
-        if let Some(record) = swap {
-            let previous_parameters = previous_parameters.clone();
-            step("validate", || {
-                self.validate_swap(&root, &kver, record, &previous_parameters)
-            })?;
-        } else {
-            // Nothing was loaded: a first install, or the end of a swap a
-            // reboot cut after the unload. Its record, if any, is the
-            // baseline: what the old module served must be served now;
-            // without one, the cards on the bus are.
-            step("validate", || self.validate_first_install(&root, &target))?;
-        }
+        self.validate_load(&root, &kver, &target, swap, &previous_parameters)?;
 
         self.device_access(&root);
         step("label-node", || self.label_container(&root, &target, smi))?;
-        // Keep the target and the previous version (the rollback source).
-        let mut keep = vec![target.as_str()];
-        if let Some(Some(p)) = &previous {
-            keep.push(p.as_str());
-        }
-        for gone in Cache::new(&root).prune(&kver, &keep) {
-            tracing::info!(path = %gone, "pruned from the module cache");
-        }
+        prune_cache(&root, &kver, &target, previous.as_ref());
         // After the swap, with the node serving again: the next kernels'
         // builds stay out of the disruptive window.
         self.prepare_next_kernels(&root, &kver, &target);
@@ -464,6 +320,206 @@ impl Agent<'_> {
             source,
             killed,
         })
+    }
+
+    /// Reports what the host runs right now, before anything that can fail
+    /// (a build, the network), so that a failing or crash-looping agent
+    /// still tells the truth: a host whose DKMS install is gone stops being
+    /// reported host-managed, and kmd-version is what sysfs shows. Then
+    /// whether the host manages the module itself.
+    fn detect_and_report(&self, root: &HostRoot) -> Result<Detected> {
+        let signals = step("detect-host-install", || Ok(root.host_install_signals()))?;
+        let state = root.module_state();
+        let loaded_now = state.as_ref().ok().and_then(|s| s.as_ref());
+        let host_options = crate::modprobe::host_options(root);
+        step("report-host", || {
+            self.report_host(root, !signals.is_empty(), loaded_now)?;
+            self.report_host_options(&host_options);
+            Ok(())
+        })?;
+        let state = step("read-module-state", || state)?;
+        if !signals.is_empty() {
+            tracing::info!(
+                ?signals,
+                "host-managed tt-kmd install detected: not touching the host"
+            );
+            let loaded = state.and_then(|s| s.version);
+            return Ok(Detected::HostManaged(Outcome::HostManaged {
+                signals,
+                loaded,
+            }));
+        }
+        Ok(Detected::Ours(state, host_options))
+    }
+
+    /// A parameter the loaded target takes at run time (tt-kmd's 0644 ones,
+    /// idle_power_down_grace_ms): written in sysfs while the module serves.
+    /// No reload, so no go-ahead: the controller replaces this pod in place
+    /// for such a change, without cordon or drain. Returns the module state
+    /// after it.
+    fn apply_runtime_parameters(
+        &self,
+        root: &HostRoot,
+        target: &str,
+        want: Target<'_>,
+        state: Option<ModuleState>,
+    ) -> Result<Option<ModuleState>> {
+        match state {
+            Some(s)
+                if ttdrv_core::node::takes_at_run_time(
+                    s.version.as_deref(),
+                    Some(&s.parameters),
+                    want,
+                ) =>
+            {
+                step("write-parameters", || {
+                    self.write_runtime_parameters(root, target, &s)
+                })?;
+                root.module_state()
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Ends a run that finds the target loaded: validated, device access,
+    /// labels, the next kernels. `smi`: whether tt-smi was installed
+    /// already this run; None installs it now.
+    fn finish_current(
+        &self,
+        root: &HostRoot,
+        kver: &str,
+        target: &str,
+        smi: Option<bool>,
+    ) -> Result<Outcome> {
+        step("validate", || self.revalidate(root, target))?;
+        self.device_access(root);
+        let smi = match smi {
+            Some(installed) => installed,
+            None => step("install-tt-smi", || self.install_tt_smi(root))?,
+        };
+        step("label-node", || self.label_container(root, target, smi))?;
+        self.prepare_next_kernels(root, kver, target);
+        Ok(Outcome::AlreadyCurrent {
+            version: target.to_string(),
+        })
+    }
+
+    /// Already inside the node's disruptive window (its cycle's go-ahead is
+    /// on the node: build-ahead is off, or this pod came after the cordon):
+    /// the node waits for this build, so it runs at normal priority.
+    /// Otherwise the node still serves: nice 19.
+    fn build_priority(&self, want: Target<'_>, state: Option<&ModuleState>) -> Priority {
+        let node_now = || self.node.get();
+        let in_window = state.is_some()
+            && !self.config.swap_without_go_ahead
+            && matches!(
+                swap_decision(self.config.policy.as_deref(), want, state, node_now),
+                Swap::GoAhead(_)
+            );
+        if in_window {
+            Priority::Normal
+        } else {
+            Priority::Low
+        }
+    }
+
+    /// Everything before the go-ahead: the module (from the cache or built),
+    /// its dependencies, its signature and key, the parameters to load it
+    /// with, tt-smi; then the prepared label. `loaded`: a module is loaded
+    /// now (one of another version, to be swapped).
+    fn prepare(
+        &self,
+        root: &HostRoot,
+        kver: &str,
+        target: &str,
+        priority: Priority,
+        loaded: bool,
+        host_options: &HostOptions,
+    ) -> Result<Prepared> {
+        let (module, source) = self.obtain_module(root, kver, target, priority)?;
+        // What it depends on, found now: a missing one fails the node before
+        // anything is unloaded.
+        let deps = step("resolve-dependencies", || {
+            crate::deps::resolve(root, kver, &module.file, &module.path)
+        })?;
+        // A host that enforces signatures would refuse it after the unload.
+        step("check-signature", || {
+            crate::signing::check(root, target, &module.file, &module.path)
+        })?;
+        // And a key it does not trust: asked of the kernel while the old
+        // module is still loaded (with nothing loaded the load itself tells,
+        // and there is nothing to lose).
+        if loaded {
+            step("check-key", || {
+                crate::signing::check_key(root, self.kernel, target, &module.file, &module.path)
+            })?;
+        }
+        if !deps.is_empty() {
+            tracing::info!(dependencies = ?deps.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), "tenstorrent needs these modules loaded first");
+        }
+        // A parameter the module does not have would be ignored by the
+        // kernel (the load succeeds without it): refused here, before the
+        // go-ahead and the unload.
+        let load_values = step("check-parameters", || {
+            load_parameters(
+                target,
+                &module,
+                &self.config.module_parameters,
+                host_options,
+            )
+        })?;
+        let load_string = module_params::canonical(&load_values);
+        tracing::info!(parameters = %load_string, "module parameters to load with");
+        let smi = step("install-tt-smi", || self.install_tt_smi(root))?;
+        // The prepare step is done: say so before waiting, so the controller
+        // may start this node's disruptive cycle knowing the swap is a load
+        // from the cache.
+        if loaded {
+            self.report_prepared(target);
+        }
+        Ok(Prepared {
+            module,
+            source,
+            deps,
+            load_values,
+            load_string,
+            smi,
+        })
+    }
+
+    /// Unloads the loaded module `s`, first killing its holders when allowed;
+    /// returns the holders killed.
+    fn unload_old(&self, root: &HostRoot, s: &ModuleState) -> Result<Vec<Holder>> {
+        let killed = step("make-unloadable", || self.make_unloadable(root))?;
+        step("unload", || {
+            self.kernel
+                .unload(MODULE_NAME)
+                .map_err(|source| AgentError::Unload {
+                    loaded: loaded_name(s),
+                    source,
+                })
+        })?;
+        Ok(killed)
+    }
+
+    /// Validates the new module: against what the old one served (`swap`),
+    /// or, with nothing loaded before (a first install, or the end of a swap
+    /// a reboot cut after the unload), against its record if any, else the
+    /// cards on the bus.
+    fn validate_load(
+        &self,
+        root: &HostRoot,
+        kver: &str,
+        target: &str,
+        swap: Option<SwapRecord>,
+        previous_parameters: &str,
+    ) -> Result<()> {
+        match swap {
+            Some(record) => step("validate", || {
+                self.validate_swap(root, kver, record, previous_parameters)
+            }),
+            None => step("validate", || self.validate_first_install(root, target)),
+        }
     }
 
     /// Ok when the module may be swapped now (with the go-ahead's cycle,
@@ -1524,6 +1580,79 @@ pub fn host_labels(
 /// module parameters in effect ([`is_loaded`], the one definition).
 fn at_target(state: Option<&ModuleState>, target: Target<'_>) -> bool {
     state.is_some_and(|s| is_loaded(s.version.as_deref(), Some(&s.parameters), target))
+}
+
+/// Keeps on the host what the loaded module `s` serves, before the swap to
+/// `target` under the go-ahead of `cycle`.
+fn record_swap(
+    root: &HostRoot,
+    target: &str,
+    s: &ModuleState,
+    cycle: Option<i64>,
+) -> Result<SwapRecord> {
+    let record = SwapRecord {
+        target: target.to_string(),
+        previous: s.version.clone(),
+        cycle,
+        before: validate::inventory(root),
+        outcome: SwapOutcome::Validating,
+        problems: Vec::new(),
+    };
+    tracing::info!(before = %record.before.describe(), "what the loaded module serves");
+    step("record-swap", || {
+        validate::write_record(root, &record).map_err(AgentError::from)
+    })?;
+    Ok(record)
+}
+
+/// After a failed load that put the previous module back, notes the
+/// rollback in the swap record: this cycle's go-ahead opens no second try.
+fn note_rolled_back(root: &HostRoot, target: &str, swap: Option<SwapRecord>, e: &AgentError) {
+    if let (Some(mut record), AgentError::LoadFailed { rollback, .. }) = (swap, e)
+        && let Rollback::Restored { previous } = rollback.as_ref()
+    {
+        record.outcome = SwapOutcome::RolledBack {
+            to: previous.clone(),
+        };
+        record.problems = vec![format!("{target} did not load")];
+        if let Err(w) = validate::write_record(root, &record) {
+            tracing::warn!(error = %w, "cannot keep the swap record");
+        }
+    }
+}
+
+/// Checks that sysfs shows `target` loaded, with the parameters it was
+/// loaded with in effect.
+fn readback(root: &HostRoot, target: &str, load_values: &Values, load_string: &str) -> Result<()> {
+    let now = root.module_state()?;
+    let found = now.as_ref().and_then(|s| s.version.clone());
+    if !ttdrv_core::node::same_version(found.as_deref(), target) {
+        return Err(AgentError::ReadbackMismatch {
+            expected: target.to_string(),
+            found,
+        });
+    }
+    let off = module_params::mismatches(load_values, now.as_ref().map(|s| &s.parameters));
+    if !off.is_empty() {
+        return Err(AgentError::ParametersNotInEffect {
+            version: target.to_string(),
+            passed: load_string.to_string(),
+            mismatches: module_params::describe(&off),
+        });
+    }
+    Ok(())
+}
+
+/// Prunes the module cache of `kver`, keeping the target and the previous
+/// version (the rollback source).
+fn prune_cache(root: &HostRoot, kver: &str, target: &str, previous: Option<&Option<String>>) {
+    let mut keep = vec![target];
+    if let Some(Some(p)) = previous {
+        keep.push(p.as_str());
+    }
+    for gone in Cache::new(root).prune(kver, &keep) {
+        tracing::info!(path = %gone, "pruned from the module cache");
+    }
 }
 
 /// Logs what the host's modprobe.d says about tenstorrent, once per run.

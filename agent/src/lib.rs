@@ -11,16 +11,21 @@
 //! busy device, a failed build or a refused load it says so in its
 //! termination message. See docs/agent.md.
 //!
+//! The test fakes (`fake`, `node::FakeNode`) are built only with the `fake`
+//! feature, which the crate's own tests turn on (its self dev-dependency):
+//! the shipped lib and binary carry none of them.
+//!
 //! Modules bottom-up; each uses only modules listed above it:
 //!
 //! - [`holder`]: a process holding /dev/tenstorrent (PID, comm, pod, container), plain data.
 //! - [`kernel`]: loading/unloading the module and killing holders, behind traits.
-//! - [`node`]: the agent's own Node (read for the go-ahead, labelled) and pod names, behind a trait.
+//! - [`node`]: the agent's own Node (read for the go-ahead, labelled) and pod names, behind a trait; its fake `FakeNode` only with the `fake` feature.
 //! - [`hostfs`]: host files walked from the root without following links, bounded non-blocking reads, atomic writes.
 //! - [`error`]: [`AgentError`], [`Rollback`], and each error's reason and termination message; uses `holder`, `hostfs`.
 //! - [`host`]: [`HostRoot`]: host paths, kernel release, boot ID, module state, version checks; uses `error`, `hostfs`.
 //! - [`pod`]: the agent's own pod: pauses that SIGTERM ends, the waiting note, readiness, the termination message; uses `host`.
 //! - [`holders`]: the /proc walk that finds holders; uses `holder`, `host`.
+//! - [`modprobe`]: the host's own `options tenstorrent` lines in modprobe.d, adopted at every load; uses `host`, `hostfs`.
 //! - [`modinfo`]: a module file's `.modinfo` version; uses `error`.
 //! - [`build`]: building the module with git and make, the source pin; uses `error`, `host`.
 //! - [`deps`]: the modules tt-kmd depends on, found in `modules.dep` and loaded first; uses `error`, `host`, `kernel`, `modinfo`.
@@ -32,7 +37,7 @@
 //! - [`agent`]: the run sequence and its decisions (labels, the second key); uses all of the above.
 //! - [`unload`]: `spec.unmanage`: unload only, with the unload go-ahead; uses `agent`, `pod`.
 //! - [`status`]: the `status` subcommand's report; uses `agent`, `cache`, `holders`, `host`, `signing`.
-//! - [`fake`]: fake kernel, builder and host for tests; uses `build`, `error`, `host`, `kernel`, `modinfo`.
+//! - `fake` (feature `fake`, off by default; tests only): fake kernel, builder and host layout; uses `build`, `cache`, `deps`, `error`, `host`, `kernel`, `modinfo`.
 
 pub mod agent;
 pub mod build;
@@ -40,6 +45,7 @@ pub mod cache;
 pub mod deps;
 pub mod devices;
 pub mod error;
+#[cfg(feature = "fake")]
 pub mod fake;
 pub mod holder;
 pub mod holders;

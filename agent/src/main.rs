@@ -288,57 +288,9 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
         );
         return ExitCode::from(2);
     }
-    let nonempty = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
-    let signing = match (nonempty(&args.signing_key), nonempty(&args.signing_cert)) {
-        (None, None) => None,
-        (Some(key), Some(cert)) => Some(ttdrv_agent::signing::SigningKey::new(
-            key,
-            cert,
-            args.signing_secret.as_deref(),
-        )),
-        _ => {
-            tracing::error!(
-                "{} and {} (--signing-key, --signing-cert) go together: set both or neither",
-                env::SIGNING_KEY,
-                env::SIGNING_CERT
-            );
-            return ExitCode::from(2);
-        }
-    };
-    let module_parameters = match ttdrv_api::module_params::parse(&args.module_parameters) {
-        Ok(v) => v,
-        Err(reason) => {
-            let e = AgentError::InvalidParameters {
-                value: args.module_parameters.clone(),
-                reason,
-            };
-            tracing::error!(
-                summary = true,
-                duration_ms = start.elapsed().as_millis() as u64,
-                "summary: result=failed error={e}"
-            );
-            return ExitCode::from(2);
-        }
-    };
-    let config = Config {
-        module_parameters,
-        host_root: host_root.to_path_buf(),
-        target_version: args.target.clone(),
-        force_unload: args.force_unload,
-        unload_timeout: Duration::from_secs(args.unload_timeout_seconds),
-        source_repository: args.source_repository.clone(),
-        tt_smi_path: args.tt_smi_path.clone(),
-        tt_smi_version: args.tt_smi_version.clone(),
-        kbuild_link_dir: Some(PathBuf::from(&args.kbuild_link_dir))
-            .filter(|d| !d.as_os_str().is_empty() && host_root != Path::new("/")),
-        policy: args.policy.clone().filter(|p| !p.is_empty()),
-        go_ahead_poll: Duration::from_millis(args.go_ahead_poll_ms),
-        swap_without_go_ahead: args.swap_without_go_ahead,
-        status_file,
-        next_kernels: args.next_kernels,
-        signing,
-        validation_timeout: Duration::from_secs(args.validation_timeout_seconds),
-        on_validation_failure: args.on_validation_failure,
+    let config = match config_from_args(host_root, status_file, &args, start) {
+        Ok(config) => config,
+        Err(code) => return code,
     };
     tracing::info!(
         host_root = %host_root.display(),
@@ -354,43 +306,14 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
             .map_or("(skipped)".into(), |d| d.display().to_string()),
         "ttdrv-agent starting"
     );
-    let node: Box<dyn NodeApi> = match &node_name {
-        Some(name) => match KubeNode::connect(name.clone()) {
-            Ok(n) => Box::new(n),
-            Err(reason) => {
-                let e = AgentError::Label {
-                    node: name.clone(),
-                    reason,
-                };
-                tracing::error!(
-                    summary = true,
-                    duration_ms = start.elapsed().as_millis() as u64,
-                    "summary: result=failed error={e}"
-                );
-                return ExitCode::FAILURE;
-            }
-        },
-        None => Box::new(NoNode),
+    let node = match connect_node(node_name.as_deref(), start) {
+        Ok(node) => node,
+        Err(code) => return code,
     };
-    let commit = match args
-        .source_commit
-        .as_deref()
-        .filter(|c| !c.trim().is_empty())
-    {
-        None => None,
-        Some(c) => match ttdrv_agent::build::validate_commit(c) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::error!(summary = true, "summary: result=failed error={e}");
-                write_termination_message(&e, &args.termination_log);
-                return ExitCode::FAILURE;
-            }
-        },
+    let commit = match source_pin(&args) {
+        Ok(commit) => commit,
+        Err(code) => return code,
     };
-    tracing::info!(
-        source_commit = commit.as_deref().unwrap_or("(unpinned)"),
-        "source pin"
-    );
     let tag_keys = args.tag_keys.clone().filter(|k| !k.as_os_str().is_empty());
     let builder = GitMakeBuilder::new(&config.source_repository)
         .pinned(commit)
@@ -427,6 +350,119 @@ fn run(host_root: &Path, status_file: Option<PathBuf>, args: RunArgs) -> ExitCod
             ExitCode::FAILURE
         }
     }
+}
+
+/// The run's configuration from its arguments; the exit code when they are
+/// unusable (a lone signing key or certificate, bad module parameters), said
+/// in the log.
+fn config_from_args(
+    host_root: &Path,
+    status_file: Option<PathBuf>,
+    args: &RunArgs,
+    start: Instant,
+) -> Result<Config, ExitCode> {
+    let nonempty = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let signing = match (nonempty(&args.signing_key), nonempty(&args.signing_cert)) {
+        (None, None) => None,
+        (Some(key), Some(cert)) => Some(ttdrv_agent::signing::SigningKey::new(
+            key,
+            cert,
+            args.signing_secret.as_deref(),
+        )),
+        _ => {
+            tracing::error!(
+                "{} and {} (--signing-key, --signing-cert) go together: set both or neither",
+                env::SIGNING_KEY,
+                env::SIGNING_CERT
+            );
+            return Err(ExitCode::from(2));
+        }
+    };
+    let module_parameters = match ttdrv_api::module_params::parse(&args.module_parameters) {
+        Ok(v) => v,
+        Err(reason) => {
+            let e = AgentError::InvalidParameters {
+                value: args.module_parameters.clone(),
+                reason,
+            };
+            tracing::error!(
+                summary = true,
+                duration_ms = start.elapsed().as_millis() as u64,
+                "summary: result=failed error={e}"
+            );
+            return Err(ExitCode::from(2));
+        }
+    };
+    Ok(Config {
+        module_parameters,
+        host_root: host_root.to_path_buf(),
+        target_version: args.target.clone(),
+        force_unload: args.force_unload,
+        unload_timeout: Duration::from_secs(args.unload_timeout_seconds),
+        source_repository: args.source_repository.clone(),
+        tt_smi_path: args.tt_smi_path.clone(),
+        tt_smi_version: args.tt_smi_version.clone(),
+        kbuild_link_dir: Some(PathBuf::from(&args.kbuild_link_dir))
+            .filter(|d| !d.as_os_str().is_empty() && host_root != Path::new("/")),
+        policy: args.policy.clone().filter(|p| !p.is_empty()),
+        go_ahead_poll: Duration::from_millis(args.go_ahead_poll_ms),
+        swap_without_go_ahead: args.swap_without_go_ahead,
+        status_file,
+        next_kernels: args.next_kernels,
+        signing,
+        validation_timeout: Duration::from_secs(args.validation_timeout_seconds),
+        on_validation_failure: args.on_validation_failure,
+    })
+}
+
+/// The agent's own Node through the API server (NODE_NAME set), or none when
+/// run by hand; the exit code when the client cannot be made, said in the
+/// log.
+fn connect_node(node_name: Option<&str>, start: Instant) -> Result<Box<dyn NodeApi>, ExitCode> {
+    let Some(name) = node_name else {
+        return Ok(Box::new(NoNode));
+    };
+    match KubeNode::connect(name.to_string()) {
+        Ok(n) => Ok(Box::new(n)),
+        Err(reason) => {
+            let e = AgentError::Label {
+                node: name.to_string(),
+                reason,
+            };
+            tracing::error!(
+                summary = true,
+                duration_ms = start.elapsed().as_millis() as u64,
+                "summary: result=failed error={e}"
+            );
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// The commit the source is pinned to (None: unpinned), logged; the exit
+/// code when it is not a commit, said in the log and the termination
+/// message.
+fn source_pin(args: &RunArgs) -> Result<Option<String>, ExitCode> {
+    let commit = match args
+        .source_commit
+        .as_deref()
+        .filter(|c| !c.trim().is_empty())
+    {
+        None => None,
+        Some(c) => match ttdrv_agent::build::validate_commit(c) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::error!(summary = true, "summary: result=failed error={e}");
+                write_termination_message(&e, &args.termination_log);
+                return Err(ExitCode::FAILURE);
+            }
+        },
+    };
+    tracing::info!(
+        source_commit = commit.as_deref().unwrap_or("(unpinned)"),
+        "source pin"
+    );
+    Ok(commit)
 }
 
 /// The unload-only run of a `spec.unmanage` policy's installer.

@@ -146,6 +146,7 @@ fn modinfo_section(b: &[u8]) -> std::result::Result<&[u8], String> {
 
 /// Builds a minimal ELF64 file whose `.modinfo` section holds `entries`
 /// (`key=value`). Used by the fakes and tests in place of a compiled module.
+#[cfg(any(test, feature = "fake"))]
 pub fn fake_module_bytes(entries: &[&str]) -> Vec<u8> {
     let mut modinfo = Vec::new();
     for e in entries {
