@@ -29,12 +29,28 @@ pub const LONGEST: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum WriteTarget {
     Node(String),
-    Pod { namespace: String, name: String },
+    Pod {
+        namespace: String,
+        name: String,
+    },
     PolicyStatus(String),
+    /// A flash Job to create.
+    Job {
+        namespace: String,
+        name: String,
+    },
+    /// A firmware policy's status.
+    FirmwarePolicyStatus(String),
 }
 
 /// Every [`WriteTarget::kind`].
-pub const KINDS: [&str; 3] = ["node", "pod", "policy_status"];
+pub const KINDS: [&str; 5] = [
+    "node",
+    "pod",
+    "policy_status",
+    "job",
+    "firmware_policy_status",
+];
 
 impl WriteTarget {
     /// Bounded label for metrics (one of [`KINDS`]).
@@ -43,6 +59,8 @@ impl WriteTarget {
             WriteTarget::Node(_) => "node",
             WriteTarget::Pod { .. } => "pod",
             WriteTarget::PolicyStatus(_) => "policy_status",
+            WriteTarget::Job { .. } => "job",
+            WriteTarget::FirmwarePolicyStatus(_) => "firmware_policy_status",
         }
     }
 }
@@ -53,6 +71,8 @@ impl std::fmt::Display for WriteTarget {
             WriteTarget::Node(n) => write!(f, "node {n}"),
             WriteTarget::Pod { namespace, name } => write!(f, "pod {namespace}/{name}"),
             WriteTarget::PolicyStatus(p) => write!(f, "status of policy {p}"),
+            WriteTarget::Job { namespace, name } => write!(f, "job {namespace}/{name}"),
+            WriteTarget::FirmwarePolicyStatus(p) => write!(f, "status of firmware policy {p}"),
         }
     }
 }

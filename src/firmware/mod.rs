@@ -32,6 +32,7 @@ use crate::actors::{Evictor, Labeler, PatchNode};
 use crate::claims::Holder;
 use crate::context::Context;
 
+mod jobs;
 mod node;
 mod patch;
 mod policy;
@@ -93,6 +94,18 @@ pub(crate) struct Shared {
     pub(crate) stores: FirmwareStores,
     pub(crate) labeler: Addr<Labeler>,
     pub(crate) evictor: Addr<Evictor>,
+    pub(crate) jobs: Addr<jobs::FlashJobWriter>,
+}
+
+impl Shared {
+    /// The ports of a node actor: the shared writers.
+    pub(crate) fn node_ports(&self) -> node::FwNodePorts {
+        node::FwNodePorts {
+            patch: self.labeler.clone().recipient(),
+            evict: self.evictor.clone().recipient(),
+            create_job: self.jobs.clone().recipient(),
+        }
+    }
 }
 
 /// The supervisor: one [`policy::PolicyActor`] per firmware policy served,
@@ -118,6 +131,7 @@ impl FirmwareManager {
             shared: Arc::new(Shared {
                 labeler: Labeler::new(ctx.clone()).start(),
                 evictor: Evictor::new(ctx.clone()).start(),
+                jobs: jobs::FlashJobWriter::new(ctx.clone()).start(),
                 ctx,
                 stores,
             }),

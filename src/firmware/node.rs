@@ -15,24 +15,30 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use k8s_openapi::api::batch::v1::Job;
-use kube::Api;
-use kube::api::PostParams;
 use ttdrv_api::firmware::{FirmwareNodeState, TenstorrentFirmwarePolicy, reason};
 use ttdrv_core::event::EventReason;
 use ttdrv_core::firmware::job::{JobDefaults, flash_job};
 use ttdrv_core::firmware::{Command, Desired, FlashJob, FwRecord, OwnJob, step};
 
+use super::jobs::{CreateFlashJob, JobCreate};
 use super::policy::Seen;
-use crate::actors::{Evict, Evictor, Labeler, PatchNode};
+use crate::actors::{Evict, PatchNode};
 use crate::claims::{Budget, Holder, Refused};
 use crate::context::Context;
 
-/// What a node actor writes and evicts through.
+/// Where a firmware node actor sends its work: the shared Labeler (every
+/// Node write), Evictor and flash Job writer. Recipients, so tests put
+/// recording fakes in their place, as the driver's node actor does.
+#[derive(Clone)]
+pub(crate) struct FwNodePorts {
+    pub(crate) patch: Recipient<PatchNode>,
+    pub(crate) evict: Recipient<Evict>,
+    pub(crate) create_job: Recipient<CreateFlashJob>,
+}
+
 struct Ports {
     ctx: Arc<Context>,
-    labeler: Addr<Labeler>,
-    evictor: Addr<Evictor>,
+    to: FwNodePorts,
 }
 
 pub(crate) struct NodeActor {
@@ -77,19 +83,9 @@ impl OwnJobMemory {
 }
 
 impl NodeActor {
-    pub(crate) fn new(
-        ctx: Arc<Context>,
-        labeler: Addr<Labeler>,
-        evictor: Addr<Evictor>,
-        node: &str,
-        policy: &str,
-    ) -> Self {
+    pub(crate) fn new(ctx: Arc<Context>, to: FwNodePorts, node: &str, policy: &str) -> Self {
         Self {
-            ports: Arc::new(Ports {
-                ctx,
-                labeler,
-                evictor,
-            }),
+            ports: Arc::new(Ports { ctx, to }),
             node: node.into(),
             policy: policy.into(),
             own_job: None,
@@ -108,6 +104,17 @@ impl Actor for NodeActor {
             .ctx
             .claims
             .release(&self.node, &Holder::Firmware(self.policy.clone()));
+    }
+}
+
+/// Restarted by its Supervisor after a write error that retrying cannot fix
+/// ([`Stepped::restart`]): the policy's pass then reads the node's record
+/// from the Node again, not from its memory of the last write. What it
+/// knows of its own flash Job stays: forgetting a Job it created that the
+/// cache has not shown yet would take it for a vanished one.
+impl Supervised for NodeActor {
+    fn restarting(&mut self, _: &mut Self::Context) {
+        self.ports.ctx.metrics.inc_actor_restart("firmware_node");
     }
 }
 
@@ -130,6 +137,10 @@ pub(crate) struct Stepped {
     pub(crate) errors: u32,
     /// The observation, given back for the status entry.
     pub(crate) seen: Seen,
+    /// A write failed in a way retrying cannot fix (not a conflict, a
+    /// throttle, a server error or a held write): the actor restarts, and
+    /// the pass forgets the record it remembers for the node.
+    pub(crate) restart: bool,
 }
 
 impl Handler<StepNode> for NodeActor {
@@ -146,7 +157,7 @@ impl Handler<StepNode> for NodeActor {
                 mut seen,
                 budget,
             } = msg;
-            let mut errors = 0;
+            let mut faults = Faults::default();
             let (record, written) = step_node(
                 &ports,
                 &policy,
@@ -154,24 +165,36 @@ impl Handler<StepNode> for NodeActor {
                 &mut seen,
                 &budget,
                 &mut own_job,
-                &mut errors,
+                &mut faults,
             )
             .await;
             let out = Stepped {
                 record,
                 written,
-                errors,
+                errors: faults.errors,
                 seen,
+                restart: faults.restart,
             };
             (out, own_job)
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(
-            |(out, own_job), act, _| {
+            |(out, own_job), act, actx| {
                 act.own_job = own_job;
+                if out.restart {
+                    actx.stop();
+                }
                 out
             },
         )))
     }
+}
+
+/// What went wrong in a step: failed writes, and whether one calls for a
+/// restart ([`Stepped::restart`]).
+#[derive(Default)]
+struct Faults {
+    errors: u32,
+    restart: bool,
 }
 
 async fn step_node(
@@ -181,7 +204,7 @@ async fn step_node(
     s: &mut Seen,
     budget: &Budget,
     own_job: &mut Option<OwnJobMemory>,
-    errors: &mut u32,
+    faults: &mut Faults,
 ) -> (FwRecord, Option<FwRecord>) {
     let ctx = &ports.ctx;
     let policy = desired.policy.clone();
@@ -234,7 +257,8 @@ async fn step_node(
         let patch =
             super::patch::node_patch(&s.node, &next, &desired.version, starts || hands_over);
         let sent = ports
-            .labeler
+            .to
+            .patch
             .send(PatchNode {
                 node: node.clone(),
                 patch,
@@ -251,7 +275,8 @@ async fn step_node(
                 }
                 tracing::warn!(policy, node, error = %e, "firmware record not written; retried next pass");
                 ctx.metrics.inc_fw_error(&policy, "node_patch");
-                *errors += 1;
+                faults.errors += 1;
+                faults.restart = !e.is_transient();
                 if starts {
                     // The cycle did not start: its claim goes back.
                     ctx.claims.release(&node, &holder);
@@ -263,7 +288,7 @@ async fn step_node(
                     *own_job = named(&next, OwnJob::NotCreated);
                 }
                 tracing::warn!(policy, node, error = %e, "labeler unavailable");
-                *errors += 1;
+                faults.errors += 1;
                 return (s.prev.clone(), None);
             }
         }
@@ -276,7 +301,8 @@ async fn step_node(
         match c {
             Command::Evict if !s.view.evictions.is_empty() => {
                 let sent = ports
-                    .evictor
+                    .to
+                    .evict
                     .send(Evict {
                         policy: policy.clone(),
                         pods: s.view.evictions.clone(),
@@ -296,7 +322,15 @@ async fn step_node(
             Command::CreateJob => {
                 let created = match next.record.job.as_deref() {
                     Some(name) => {
-                        create_job(ports, p, &node, name, next.record.attempt, errors).await
+                        create_job(
+                            ports,
+                            p,
+                            &node,
+                            name,
+                            next.record.attempt,
+                            &mut faults.errors,
+                        )
+                        .await
                     }
                     None => {
                         tracing::error!(
@@ -354,21 +388,30 @@ async fn create_job(
         *errors += 1;
         return false;
     }
-    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
-    match api.create(&PostParams::default(), &job).await {
-        Ok(_) => {
-            ctx.metrics.inc_flash_job_created(cr, true);
-            tracing::info!(node, job = name, "flash Job created");
+    match ports.to.create_job.send(CreateFlashJob { job }).await {
+        Ok(Ok(how)) => {
+            if how == JobCreate::Created {
+                ctx.metrics.inc_flash_job_created(cr, true);
+                tracing::info!(node, job = name, "flash Job created");
+            }
             true
         }
-        // There already (a create of ours whose answer was lost). A
-        // Conflict is not that: nothing was created, so it is created again.
-        Err(kube::Error::Api(e)) if e.code == 409 && e.reason == "AlreadyExists" => true,
-        Err(e) => {
+        Ok(Err(e @ crate::Error::WriteHeld { .. })) => {
+            // Its last create failed and its backoff has not passed: not
+            // sent, not another failure.
+            tracing::debug!(node, job = name, error = %e, "flash Job create held back");
+            false
+        }
+        Ok(Err(e)) => {
             ctx.metrics.inc_flash_job_created(cr, false);
             ctx.metrics.inc_fw_error(cr, "job_create");
             *errors += 1;
             tracing::warn!(node, job = name, error = %e, "creating the flash Job; retried next pass");
+            false
+        }
+        Err(e) => {
+            *errors += 1;
+            tracing::warn!(node, job = name, error = %e, "flash Job writer unavailable");
             false
         }
     }
@@ -441,58 +484,4 @@ fn report(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn flashing(job: &str) -> FwRecord {
-        let mut r = FwRecord::new("fw", "19.8.0", 0);
-        r.state = FirmwareNodeState::Flashing;
-        r.job = Some(job.into());
-        r
-    }
-
-    fn created(uid: &str, job: &str) -> Option<OwnJobMemory> {
-        Some(OwnJobMemory {
-            policy_uid: Some(uid.into()),
-            job: job.into(),
-            what: OwnJob::CreatedUnseen { at: 7 },
-        })
-    }
-
-    #[test]
-    fn the_memory_of_a_created_job_holds_until_the_cache_shows_it() {
-        let (rec, missing) = (flashing("j"), FlashJob::Missing);
-        let mut mem = created("u1", "j");
-        let told = OwnJobMemory::observe(&mut mem, Some("u1"), &rec, &missing);
-        assert_eq!(told, OwnJob::CreatedUnseen { at: 7 });
-        assert!(mem.is_some(), "kept while the cache lacks the Job");
-        // Seen: forgotten, so a later disappearance is a vanished Job.
-        let running = FlashJob::Running {
-            name: "j".into(),
-            image_pull_failed: false,
-        };
-        assert_eq!(
-            OwnJobMemory::observe(&mut mem, Some("u1"), &rec, &running),
-            OwnJob::NotMine
-        );
-        assert_eq!(mem, None);
-        assert_eq!(
-            OwnJobMemory::observe(&mut mem, Some("u1"), &rec, &missing),
-            OwnJob::NotMine
-        );
-    }
-
-    #[test]
-    fn the_memory_is_not_for_another_job_or_another_policy_object() {
-        let missing = FlashJob::Missing;
-        // The record names another Job (a retry, a new version).
-        let mut mem = created("u1", "j");
-        let told = OwnJobMemory::observe(&mut mem, Some("u1"), &flashing("j-r1"), &missing);
-        assert_eq!((told, mem), (OwnJob::NotMine, None));
-        // The policy deleted and re-created under its name: its Jobs went
-        // with the old object.
-        let mut mem = created("u1", "j");
-        let told = OwnJobMemory::observe(&mut mem, Some("u2"), &flashing("j"), &missing);
-        assert_eq!((told, mem), (OwnJob::NotMine, None));
-    }
-}
+mod tests;

@@ -261,14 +261,9 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
             .nodes
             .entry(node_name.clone())
             .or_insert_with(|| {
-                NodeActor::new(
-                    shared.ctx.clone(),
-                    shared.labeler.clone(),
-                    shared.evictor.clone(),
-                    &node_name,
-                    &name,
-                )
-                .start()
+                let (ctx, ports) = (shared.ctx.clone(), shared.node_ports());
+                let (node, policy) = (node_name.clone(), name.clone());
+                actix::Supervisor::start(move |_| NodeActor::new(ctx, ports, &node, &policy))
             })
             .clone();
         let slot = s.view.obs.slot;
@@ -293,6 +288,10 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
         errors += out.errors;
         if let Some(r) = &out.written {
             memory.live.insert(node_name.clone(), r.clone());
+        }
+        if out.restart {
+            // Its actor restarts: the next pass reads the Node's record.
+            memory.live.remove(&node_name);
         }
         let next = out.record;
         // The slot goes back when the cycle ends, or the step did not use it
@@ -381,12 +380,26 @@ async fn write_status(
     }
     let api: Api<TenstorrentFirmwarePolicy> = Api::all(shared.ctx.client.clone());
     let patch = serde_json::json!({ "status": st });
-    match api
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+    let write = async {
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(crate::Error::kube(format!(
+                "writing the status of firmware policy {name}"
+            )))
+    };
+    // Under the per-object write backoff, as the driver policy's status: a
+    // status the API server keeps refusing is not sent again every pass.
+    let target = crate::write_backoff::WriteTarget::FirmwarePolicyStatus(name.clone());
+    match shared
+        .ctx
+        .guarded_write(target, |e| !e.is_conflict(), write)
         .await
     {
         Ok(_) => {
             memory.written = Some(st);
+        }
+        Err(e @ crate::Error::WriteHeld { .. }) => {
+            tracing::debug!(policy = name, error = %e, "firmware status write held back");
         }
         Err(e) => {
             shared.ctx.metrics.inc_fw_error(&name, "status");

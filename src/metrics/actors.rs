@@ -9,7 +9,13 @@ use super::family::{Families, Family};
 
 /// The actor kinds that count restarts or full mailboxes; their series start
 /// at 0, so a dashboard shows 0 rather than "no data" until one happens.
-pub const ACTOR_KINDS: &[&str] = &["policy_manager", "policy_supervisor", "node"];
+pub const ACTOR_KINDS: &[&str] = &[
+    "policy_manager",
+    "policy_supervisor",
+    "node",
+    "firmware_policy",
+    "firmware_node",
+];
 
 /// `ttdriver_actor_restarts_total` and `ttdriver_actor_mailbox_full_total`.
 pub(super) struct ActorMetrics {

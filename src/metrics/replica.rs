@@ -42,7 +42,7 @@ impl ReplicaMetrics {
             ),
             writes_failing: families.gauge(
                 "ttdriver_api_writes_failing",
-                "Objects whose last write by this replica failed and whose writes are held back by their backoff (1 s doubling to 2 min), by kind (node, pod, policy_status).",
+                "Objects whose last write by this replica failed and whose writes are held back by their backoff (1 s doubling to 2 min), by kind (node, pod, policy_status, job, firmware_policy_status).",
                 &["kind"],
             ),
             is_leader: AtomicBool::new(false),
