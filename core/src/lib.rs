@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`node`] | what a Node says: ready, available, its labels, its persisted record, a retry request |
 //! | [`selection`] | which policy owns which node (oldest wins on overlap) |
+//! | [`record`] | nothing: one node's driver-cycle record as persisted on the Node (a leaf) |
 //! | [`machine`] | one node's next upgrade state and the commands that get it there |
 //! | [`observe`] | one node as a policy sees it, from plain Node and pod facts: its observation, next evictions and slot facts |
 //! | [`reason`] | the bounded set of reasons a node's state carries |
@@ -34,6 +35,7 @@ pub mod observe;
 pub mod prepare;
 pub mod promotion;
 pub mod reason;
+pub mod record;
 pub mod rollout;
 pub mod selection;
 pub mod soak;

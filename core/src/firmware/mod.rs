@@ -21,7 +21,7 @@ use ttdrv_api::firmware::flasher::Report;
 use ttdrv_api::firmware::{FirmwareNodeState, TenstorrentFirmwarePolicy, reason};
 
 pub use crate::drain::DrainProgress;
-pub use crate::machine::Cordon;
+pub use crate::record::Cordon;
 
 /// What the controller remembers about one node's firmware, persisted on the
 /// Node as JSON (annotation `firmware.tenstorrent.com/record`).
