@@ -14,7 +14,6 @@ pub use crate::installer::Failure;
 use crate::node::Target;
 use crate::reason;
 use ttdrv_api::module_params::{self, Values};
-use ttdrv_api::vfio::Passthrough;
 
 // The record and the observation live in leaf modules (the modules that read
 // a Node or a record need them without depending on the machine);
@@ -37,7 +36,7 @@ pub struct Desired {
     /// (see [`vacate`]).
     pub unmanage: bool,
     /// `upgradePolicy.prepare.enabled`: a node's cycle starts only once its
-    /// agent has built the target ahead ([`prepare_ahead`]).
+    /// agent has built the target ahead ([`pending::prepare_ahead`]).
     pub prepare: bool,
     /// `spec.moduleParameters`, canonical values: part of the target (a
     /// node loaded with other values is reloaded in a drained cycle).
@@ -177,81 +176,6 @@ fn wait_for_slot(rec: &NodeRecord, why: String, now: i64) -> Step {
     }
 }
 
-/// Upgrading, the module validated: the user's validation pod of this
-/// cycle runs (created first), must succeed within the validation timeout,
-/// and its failure fails the node, kept cordoned on the new version. None:
-/// it succeeded, the node goes on.
-fn user_validation(
-    rec: &NodeRecord,
-    obs: &Observation,
-    want: &Desired,
-    template: &str,
-    now: i64,
-) -> Option<Step> {
-    use crate::drain::RunOutcome;
-    // Failed, kept cordoned on the new version for a person.
-    let fail = |msg: String| {
-        Some(stay(
-            &enter(
-                rec,
-                NodeState::Failed,
-                reason::VALIDATION_FAILED,
-                Some(msg),
-                now,
-            ),
-            vec![],
-        ))
-    };
-    let Some(run) = &obs.validation_pod else {
-        if now - rec.since > want.upgrade_timeout_seconds {
-            return fail(format!(
-                "no validation pod of PodTemplate {template} was created within {}s (does it exist in the operator's namespace? the controller's Events and log say why); the node stays cordoned on tt-kmd {}{}",
-                want.upgrade_timeout_seconds,
-                want.version,
-                retry_hint(&want.policy, rec.cordoned_by_us())
-            ));
-        }
-        let why = format!("running validation pod template {template} on the node");
-        return Some(stay(
-            &enter(
-                rec,
-                NodeState::Upgrading,
-                reason::VALIDATING,
-                Some(why),
-                now,
-            ),
-            vec![Command::RunValidationPod],
-        ));
-    };
-    let failed = |what: String| {
-        fail(format!(
-            "{what}; the node stays cordoned on tt-kmd {} (read the pod's log){}",
-            want.version,
-            retry_hint(&want.policy, rec.cordoned_by_us())
-        ))
-    };
-    match &run.outcome {
-        RunOutcome::Succeeded => None,
-        RunOutcome::Failed(why) => failed(format!("validation pod {} failed: {why}", run.pod)),
-        RunOutcome::Running if now - run.created > want.validation_timeout_seconds => {
-            failed(format!(
-                "validation pod {} did not succeed within {}s (upgradePolicy.validation.timeoutSeconds)",
-                run.pod, want.validation_timeout_seconds
-            ))
-        }
-        RunOutcome::Running => Some(stay(
-            &enter(
-                rec,
-                NodeState::Upgrading,
-                reason::VALIDATING,
-                Some(format!("validation pod {} runs", run.pod)),
-                now,
-            ),
-            vec![],
-        )),
-    }
-}
-
 /// Pending, held by [`Desired::hold`]: the node still needs a slot (the
 /// rollout grants none while the hold lasts), with the hold's reason.
 fn held(rec: &NodeRecord, hold: &Hold, now: i64) -> Step {
@@ -373,22 +297,12 @@ fn deadline_reason(obs: &Observation, timeout: &'static str) -> &'static str {
     }
 }
 
+/// The transition proper: the vacate cycle of `spec.unmanage` first, a new
+/// target for a settled node, then one function per state (in `pending`,
+/// `cordon`, `upgrading`, `settle`, `vacate`).
 fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     use NodeState::*;
     let now = obs.now;
-    let module_ok = crate::node::is_loaded(
-        obs.loaded.as_deref(),
-        obs.parameters.as_ref(),
-        want.target(),
-    );
-    let up_to_date = module_ok && obs.installer == InstallerPod::Current { ready: true };
-    // The module stays for the target: at it, or a parameter the module
-    // takes at run time differs (the new pod's agent writes it in sysfs).
-    let module_kept = crate::node::keeps_module(
-        obs.loaded.as_deref(),
-        obs.parameters.as_ref(),
-        want.target(),
-    );
     let mut rec = rec.clone();
     if let Some(s) = vacate::transition(&rec, obs, want) {
         return s;
@@ -403,495 +317,34 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         }
     }
     match rec.state {
-        Pending => {
-            if want.paused {
-                return stay(
-                    &enter(
-                        &rec,
-                        Pending,
-                        reason::PAUSED,
-                        Some("policy is paused".into()),
-                        now,
-                    ),
-                    vec![],
-                );
-            }
-            // A cordon this controller inherited (another policy's cycle cut
-            // short, or the Go operator's cordon for this policy): ours to
-            // undo, so the node goes through our cycle and ends uncordoned.
-            if obs.inherited_cordon && obs.unschedulable {
-                rec.cordon = Cordon::Ours;
-            }
-            if obs.host_managed && !rec.cordoned_by_us() {
-                return stay(
-                    &enter(
-                        &rec,
-                        Done,
-                        reason::HOST_MANAGED,
-                        Some("DKMS install found; left alone".into()),
-                        now,
-                    ),
-                    vec![],
-                );
-            }
-            if let Passthrough::All { vfio } = obs.passthrough
-                && !rec.cordoned_by_us()
-            {
-                let msg = format!(
-                    "all {vfio} Tenstorrent PCI functions are bound to vfio-pci (VM passthrough): \
-                     tt-kmd serves none of them, so the node is not cordoned, drained or swapped"
-                );
-                return stay(
-                    &enter(&rec, Done, reason::VFIO_PASSTHROUGH, Some(msg), now),
-                    vec![],
-                );
-            }
-            if up_to_date && !rec.cordoned_by_us() && !obs.gates_present {
-                return stay(&enter(&rec, Done, reason::UP_TO_DATE, None, now), vec![]);
-            }
-            if up_to_date {
-                // Retried after the module landed, or left mid-cycle by the Go
-                // operator (its cordon, its gates at "false"): only the cordon
-                // and the gates are left to undo.
-                let mut cmds = vec![Command::OpenGates];
-                if rec.cordoned_by_us() {
-                    cmds.insert(0, Command::Uncordon);
-                }
-                return Step {
-                    record: enter(&rec, Uncordoning, reason::UNCORDON, None, now),
-                    commands: cmds,
-                    needs_slot: false,
-                };
-            }
-            let upgrade = || change(obs, want);
-            if !obs.ready {
-                let why = format!("waiting for the node to be Ready to upgrade {}", upgrade());
-                return wait(&rec, why, now);
-            }
-            if want.refused {
-                let why = "this policy is refused (see its Degraded condition: its spec, or its installer DaemonSet): nothing of it starts";
-                return wait(&rec, why.into(), now);
-            }
-            if let Some(who) = &obs.firmware_cycle {
-                let why = format!(
-                    "{who} has the node out of service; one disruption at a time: {} waits",
-                    upgrade()
-                );
-                return stay(
-                    &enter(&rec, Pending, reason::WAITING_FOR_FIRMWARE, Some(why), now),
-                    vec![],
-                );
-            }
-            if let Some(min) = firmware_too_old(obs, want) {
-                let why = format!(
-                    "tt-kmd {} needs card firmware {min} or newer (spec.minFirmwareVersion); the cards read back {}: \
-                     {} waits for the firmware policy",
-                    want.version,
-                    obs.firmware_version.as_deref().unwrap_or("unknown"),
-                    upgrade()
-                );
-                return stay(
-                    &enter(
-                        &rec,
-                        Pending,
-                        reason::WAITING_FOR_FIRMWARE_VERSION,
-                        Some(why),
-                        now,
-                    ),
-                    vec![],
-                );
-            }
-            if let Some(fw) = defers_to_firmware(rec.cordoned_by_us(), obs, want) {
-                if want.prepare && !obs.prepared {
-                    // The build ahead goes on while the flash goes first.
-                    return prepare_ahead(&rec, obs, want);
-                }
-                let why = format!(
-                    "the firmware policy {fw} flashes this node first and hands its cordon to this upgrade \
-                     (one cordon and drain for both): {} waits",
-                    upgrade()
-                );
-                return stay(
-                    &enter(&rec, Pending, reason::WAITING_FOR_FIRMWARE, Some(why), now),
-                    vec![],
-                );
-            }
-            let stale = matches!(obs.installer, InstallerPod::Stale { .. });
-            if !rec.cordoned_by_us() && (module_kept || obs.loaded.is_none()) {
-                // Nothing can hold the device for a module swap: either the module
-                // stays (restart-only change, or a parameter written at run
-                // time) or there is none yet (first install).
-                let why = if module_kept {
-                    reason::RESTART
-                } else {
-                    reason::INSTALL
-                };
-                // Replacing the installer pod of a node that keeps its module
-                // (a new installer template) takes a slot like any cycle: a
-                // fleet's pods are replaced maxUnavailable at a time.
-                let bounded = module_kept && stale;
-                if bounded
-                    && !obs.slot
-                    && let Some(h) = &want.hold
-                {
-                    return held(&rec, h, now);
-                }
-                if bounded && !obs.slot {
-                    let why = format!(
-                        "waiting for a maxUnavailable slot to replace the installer pod in place (tt-kmd {} stays loaded)",
-                        want.version
-                    );
-                    return wait_for_slot(&rec, why, now);
-                }
-                let mut r = enter(&rec, Upgrading, why, None, now);
-                r.no_drain = true;
-                r.bounded = bounded;
-                r.started = Some(now);
-                let cmds = if stale {
-                    vec![Command::DeleteInstallerPod]
-                } else {
-                    vec![]
-                };
-                return Step {
-                    record: r,
-                    commands: cmds,
-                    needs_slot: false,
-                };
-            }
-            if want.prepare && !obs.prepared {
-                return prepare_ahead(&rec, obs, want);
-            }
-            if !obs.slot
-                && let Some(h) = &want.hold
-            {
-                return held(&rec, h, now);
-            }
-            if !obs.slot {
-                let why = format!("waiting for a maxUnavailable slot to upgrade {}", upgrade());
-                return wait_for_slot(&rec, why, now);
-            }
-            if want.drain_enabled {
-                start_cordon(&rec, obs)
-            } else {
-                let mut r = enter(&rec, Upgrading, reason::DRAIN_DISABLED, None, now);
-                r.no_drain = false;
-                r.started = Some(now);
-                Step {
-                    record: r,
-                    commands: replace_installer(obs, want),
-                    needs_slot: false,
-                }
-            }
-        }
-        Cordoning => {
-            let cordoned = obs.unschedulable;
-            if cordoned && obs.gates_closed && !want.paused {
-                return Step {
-                    record: enter(&rec, Draining, reason::DRAIN, None, now),
-                    commands: vec![Command::Evict],
-                    needs_slot: false,
-                };
-            }
-            let mut cmds = vec![];
-            let mut r = rec.clone();
-            if !cordoned {
-                // Someone uncordoned an admin-cordoned node mid-cycle: the cordon
-                // we now set is ours to undo.
-                r.cordon = Cordon::Ours;
-                cmds.push(Command::Cordon);
-            }
-            if !obs.gates_closed {
-                cmds.push(Command::CloseGates);
-            }
-            stay(&r, cmds)
-        }
-        Draining => {
-            // Uncordoned mid-drain: cordon again before anything else; the
-            // cordon is now ours to undo. Pods that landed meanwhile are in
-            // the next drain plan.
-            if !obs.unschedulable {
-                let mut r = rec.clone();
-                r.cordon = Cordon::Ours;
-                let mut cmds = vec![Command::Cordon];
-                if !obs.gates_closed {
-                    cmds.push(Command::CloseGates);
-                }
-                return stay(&r, cmds);
-            }
-            // Without a drain plan nothing is known about the pods: hold,
-            // but the deadline still runs (a broken selector must not keep a
-            // cordoned node forever).
-            let Some(drain) = obs.drain.as_ref() else {
-                if now - rec.since > want.drain_timeout_seconds {
-                    let msg = format!(
-                        "drain did not finish within {}s: its pods could not be planned{}",
-                        want.drain_timeout_seconds,
-                        retry_hint(&want.policy, rec.cordoned_by_us())
-                    );
-                    let why = deadline_reason(obs, reason::DRAIN_TIMEOUT);
-                    return stay(&enter(&rec, Failed, why, Some(msg), now), vec![]);
-                }
-                return stay(&rec, vec![]);
-            };
-            if drain.remaining.is_empty() {
-                if want.paused {
-                    return stay(&rec, vec![]);
-                }
-                if want.unmanage {
-                    return vacate::start_unload(&rec, now);
-                }
-                return Step {
-                    record: enter(&rec, Upgrading, reason::REPLACE_INSTALLER, None, now),
-                    commands: replace_installer(obs, want),
-                    needs_slot: false,
-                };
-            }
-            if now - rec.since > want.drain_timeout_seconds {
-                let mut msg = format!(
-                    "drain did not finish within {}s; pods still on the node: {}",
-                    want.drain_timeout_seconds,
-                    drain.remaining.join(", ")
-                );
-                if !drain.blocking_pdbs.is_empty() {
-                    msg.push_str(&format!(
-                        "; blocked by PodDisruptionBudgets: {}",
-                        drain.blocking_pdbs.join(", ")
-                    ));
-                }
-                msg.push_str(&retry_hint(&want.policy, rec.cordoned_by_us()));
-                let why = deadline_reason(obs, reason::DRAIN_TIMEOUT);
-                return stay(&enter(&rec, Failed, why, Some(msg), now), vec![]);
-            }
-            stay(&rec, vec![Command::Evict])
-        }
-        Upgrading => {
-            if obs.host_managed {
-                // The new agent found a DKMS install: it stands down, so do we.
-                if rec.cordoned_by_us() || obs.gates_present {
-                    let mut cmds = vec![Command::OpenGates];
-                    if rec.cordoned_by_us() {
-                        cmds.insert(0, Command::Uncordon);
-                    }
-                    return Step {
-                        record: enter(&rec, Uncordoning, reason::HOST_MANAGED, None, now),
-                        commands: cmds,
-                        needs_slot: false,
-                    };
-                }
-                let mut r = enter(
-                    &rec,
-                    Done,
-                    reason::HOST_MANAGED,
-                    Some("DKMS install found; left alone".into()),
-                    now,
-                );
-                r.no_drain = false;
-                return stay(&r, vec![]);
-            }
-            if module_ok && obs.installer == (InstallerPod::Current { ready: true }) {
-                // The user's check, on the swapped node still cordoned (by
-                // us, or by an admin in a drained cycle).
-                let cordoned_cycle = rec.cordoned_by_us() || (!rec.no_drain && want.drain_enabled);
-                if cordoned_cycle
-                    && let Some(template) = &want.validation_pod
-                    && let Some(step) = user_validation(&rec, obs, want, template, now)
-                {
-                    return step;
-                }
-                if !rec.cordoned_by_us() && (rec.no_drain || !want.drain_enabled) {
-                    let mut r = enter(&rec, Done, reason::UPGRADED, None, now);
-                    r.no_drain = false;
-                    return stay(&r, vec![]);
-                }
-                let mut cmds = vec![Command::OpenGates];
-                if rec.cordoned_by_us() {
-                    cmds.insert(0, Command::Uncordon);
-                }
-                // A validation pod that succeeded has said all it had to.
-                if obs.validation_pod.is_some() {
-                    cmds.push(Command::DeleteValidationPod);
-                }
-                return Step {
-                    record: enter(&rec, Uncordoning, reason::UNCORDON, None, now),
-                    commands: cmds,
-                    needs_slot: false,
-                };
-            }
-            // The new installer failed for good: fail now, with its cause. (A
-            // drained cycle replaces the pod it found, or keeps the one that
-            // built ahead; failures from before the cycle are not its own,
-            // nor is the refusal this cycle drained again for.)
-            let this_cycles = |f: &Failure| {
-                (rec.no_drain || f.at().is_none_or(|c| c >= rec.since))
-                    && !drained_again_for(&rec, f)
-            };
-            if let (Some(f), InstallerPod::Current { .. }) =
-                (&obs.installer_failure, &obs.installer)
-                && this_cycles(f)
-            {
-                if let Some(step) = drain_again(&rec, f, !module_ok, want, now) {
-                    return step;
-                }
-                // The new module failed validation and the agent put the
-                // previous one back: the node returns to service on it, then
-                // fails (the rollout halts either way).
-                if f.reason == reason::VALIDATION_FAILED
-                    && !module_ok
-                    && let Some(back) = obs.loaded.as_deref()
-                {
-                    let msg = format!(
-                        "{}; the node is back in service on tt-kmd {back}{}",
-                        f.message,
-                        retry_hint(&want.policy, false)
-                    );
-                    let mut cmds = vec![Command::OpenGates];
-                    if rec.cordoned_by_us() {
-                        cmds.insert(0, Command::Uncordon);
-                    }
-                    return Step {
-                        record: enter(&rec, Uncordoning, f.reason, Some(msg), now),
-                        commands: cmds,
-                        needs_slot: false,
-                    };
-                }
-                let msg = format!(
-                    "{}{}",
-                    f.message,
-                    retry_hint(&want.policy, rec.cordoned_by_us())
-                );
-                return stay(&enter(&rec, Failed, f.reason, Some(msg), now), vec![]);
-            }
-            // A cycle without drain found a module of another version loaded
-            // (the label was missing or stale): only a drained cycle may swap it.
-            if rec.no_drain && !module_kept && obs.loaded.is_some() {
-                let msg = format!(
-                    "tt-kmd {} is loaded: it is replaced only after cordon and drain",
-                    obs.loaded.as_deref().unwrap_or("")
-                );
-                let mut r = enter(&rec, Pending, reason::RETARGET, Some(msg), now);
-                r.no_drain = false;
-                return stay(&r, vec![]);
-            }
-            if now - rec.since > want.upgrade_timeout_seconds {
-                let msg = format!(
-                    "installer did not report {}{} within {}s (loaded: {}; installer pod: {}){}",
-                    want.version,
-                    if want.parameters.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            " with module parameters {}",
-                            module_params::canonical(&want.parameters)
-                        )
-                    },
-                    want.upgrade_timeout_seconds,
-                    obs.loaded.as_deref().unwrap_or("none"),
-                    installer_summary(obs),
-                    retry_hint(&want.policy, rec.cordoned_by_us())
-                );
-                let why = deadline_reason(obs, reason::UPGRADE_TIMEOUT);
-                return stay(&enter(&rec, Failed, why, Some(msg), now), vec![]);
-            }
-            match obs.installer {
-                InstallerPod::Stale { deleting: false } => {
-                    stay(&rec, vec![Command::DeleteInstallerPod])
-                }
-                _ => stay(&rec, vec![]),
-            }
-        }
-        Uncordoning => {
-            let schedulable_ok = !rec.cordoned_by_us() || !obs.unschedulable;
-            if schedulable_ok && !obs.gates_present {
-                if rec.halts_rollout() {
-                    // Rolled back after a failed validation: back in
-                    // service, and Failed until retried.
-                    let mut r = enter(
-                        &rec,
-                        Failed,
-                        reason::VALIDATION_FAILED,
-                        rec.message.clone(),
-                        now,
-                    );
-                    r.cordon = Cordon::None;
-                    return stay(&r, vec![]);
-                }
-                let why = if obs.host_managed {
-                    reason::HOST_MANAGED
-                } else {
-                    reason::UPGRADED
-                };
-                let mut r = enter(&rec, Done, why, None, now);
-                r.cordon = Cordon::None;
-                return stay(&r, vec![]);
-            }
-            let mut cmds = vec![];
-            if !schedulable_ok {
-                cmds.push(Command::Uncordon);
-            }
-            if obs.gates_present {
-                cmds.push(Command::OpenGates);
-            }
-            stay(&rec, cmds)
-        }
-        Done => {
-            let soaking = want.soak_seconds > 0
-                && rec.reason.as_deref() == Some(reason::UPGRADED)
-                && now - rec.since < want.soak_seconds;
-            if soaking && let Some(trouble) = crate::soak::trouble(obs) {
-                let msg = format!(
-                    "{trouble}, {}s after its upgrade to {} (upgradePolicy.soakSeconds: {}): the rollout halts{}",
-                    now - rec.since,
-                    rec.target,
-                    want.soak_seconds,
-                    retry_hint(&want.policy, rec.cordoned_by_us())
-                );
-                return stay(
-                    &enter(&rec, Failed, reason::SOAK_FAILED, Some(msg), now),
-                    vec![],
-                );
-            }
-            let host_done = rec.reason.as_deref() == Some(reason::HOST_MANAGED);
-            let passthrough_done = rec.reason.as_deref() == Some(reason::VFIO_PASSTHROUGH);
-            // Of the installer pod only a new template is a change: a pod
-            // merely not Ready (its node unreachable, the kubelet not
-            // reporting yet after a partition) or missing (the DaemonSet
-            // recreates it) changes nothing on the node, and a cycle for it
-            // would restart every installer of the fleet after a network
-            // incident.
-            let new_installer = matches!(obs.installer, InstallerPod::Stale { .. });
-            // Nor is a reboot by itself: the module went with it, and the
-            // agent loads the target again from the node's cache at boot and
-            // reports. Until it does, nothing is known to have changed (the
-            // labels are the last boot's) and what it reports decides; an
-            // installer that fails meanwhile (its image, a crash loop) is a
-            // change, so the node goes through a cycle that fails with the
-            // cause instead of staying Done with nothing loaded.
-            let changed = if obs.rebooted_unreported && obs.installer_failure.is_none() {
-                new_installer
-            } else if host_done {
-                !obs.host_managed
-            } else if passthrough_done {
-                // Some function back on tt-kmd: it needs the target.
-                !matches!(obs.passthrough, Passthrough::All { .. })
-            } else {
-                obs.host_managed || !module_ok || new_installer
-            };
-            if changed {
-                let r = enter(&rec, Pending, reason::RETARGET, None, now);
-                return again_without_slot(&r, obs, want);
-            }
-            stay(&rec, vec![])
-        }
+        Pending => pending::pending(rec, obs, want),
+        Cordoning => cordon::cordoning(&rec, obs, want),
+        Draining => cordon::draining(&rec, obs, want),
+        Upgrading => upgrading::upgrading(&rec, obs, want),
+        Uncordoning => settle::uncordoning(&rec, obs),
+        Done => settle::done(&rec, obs, want),
         Unloading | Unmanaged | UnloadFailed => vacate::manage_again(&rec, obs, want),
-        Failed => {
-            if obs.retry_token.is_some() && obs.retry_token != rec.retry_token {
-                let mut r = enter(&rec, Pending, reason::RETRY, None, now);
-                r.retry_token = obs.retry_token.clone();
-                return again_without_slot(&r, obs, want);
-            }
-            stay(&rec, vec![])
-        }
+        Failed => settle::failed(&rec, obs, want),
     }
+}
+
+/// The module the policy wants is loaded: its version, with its parameters.
+fn target_loaded(obs: &Observation, want: &Desired) -> bool {
+    crate::node::is_loaded(
+        obs.loaded.as_deref(),
+        obs.parameters.as_ref(),
+        want.target(),
+    )
+}
+
+/// The module stays for the target: at it, or a parameter the module
+/// takes at run time differs (the new pod's agent writes it in sysfs).
+fn module_stays(obs: &Observation, want: &Desired) -> bool {
+    crate::node::keeps_module(
+        obs.loaded.as_deref(),
+        obs.parameters.as_ref(),
+        want.target(),
+    )
 }
 
 /// The installer pod a cycle needs once the node is drained: a new one, unless
@@ -903,76 +356,6 @@ fn replace_installer(obs: &Observation, want: &Desired) -> Vec<Command> {
     } else {
         vec![Command::DeleteInstallerPod]
     }
-}
-
-/// Pending, build-ahead on, the target not yet in the node's cache: the
-/// node serves on while its installer builds. Its stale installer pod is
-/// replaced when the prepare plan gives it a place (`prepare_turn`); a build
-/// that fails fails the node here, before any cordon (the rollout then halts
-/// as for any Failed node); a pod older than this wait (a retry) that has
-/// failed is replaced for a new build.
-fn prepare_ahead(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
-    let now = obs.now;
-    let target = want.version.as_str();
-    // A pod started since the node began to wait is this wait's: its failure
-    // fails the node. One from before (the wait is a retry) may still be
-    // failing on the cause just fixed: a new pod builds again.
-    if let (Some(f), InstallerPod::Current { .. }) = (&obs.installer_failure, &obs.installer) {
-        if f.pod_created.is_none_or(|t| t >= rec.since) {
-            let msg = format!(
-                "{} (while building {target} ahead; the node was not cordoned and kept serving). \
-                 The rollout of {policy} is halted; after fixing the cause, retry with \
-                 `kubectl tt driver retry {policy} <node>`",
-                f.message,
-                policy = want.policy
-            );
-            return stay(
-                &enter(rec, NodeState::Failed, f.reason, Some(msg), now),
-                vec![],
-            );
-        }
-        let why = format!("building {target} again in a new installer pod (the last one failed)");
-        return stay(
-            &enter(rec, NodeState::Pending, reason::PREPARING, Some(why), now),
-            vec![Command::DeleteInstallerPod],
-        );
-    }
-    let (why, cmds) = match obs.installer {
-        InstallerPod::Stale { deleting: false } if obs.template_pending => (
-            format!(
-                "waiting for the DaemonSet controller to observe the installer template of {target} before replacing the pod"
-            ),
-            vec![],
-        ),
-        InstallerPod::Stale { deleting: false } if obs.prepare_turn => (
-            format!("replacing the installer pod to build {target} ahead of the cordon"),
-            vec![Command::DeleteInstallerPod],
-        ),
-        InstallerPod::Stale { deleting: false } => (
-            format!(
-                "waiting for a place to build {target} ahead (upgradePolicy.prepare.maxConcurrent)"
-            ),
-            vec![],
-        ),
-        // Said as it is: a DaemonSet controller that lags (after an
-        // API-server outage, say) is not the installer building.
-        InstallerPod::Missing | InstallerPod::Stale { deleting: true } => (
-            format!(
-                "waiting for the DaemonSet controller to create the installer pod that builds {target} ahead of the cordon"
-            ),
-            vec![],
-        ),
-        _ => (
-            format!(
-                "the installer builds {target} into the node's cache ahead of the cordon; the node serves meanwhile"
-            ),
-            vec![],
-        ),
-    };
-    stay(
-        &enter(rec, NodeState::Pending, reason::PREPARING, Some(why), now),
-        cmds,
-    )
 }
 
 /// The firmware policy a Pending node's swap waits for, to share its cordon
@@ -1125,7 +508,11 @@ fn retry_hint(policy: &str, cordoned: bool) -> String {
     )
 }
 
+mod cordon;
 pub(crate) mod observation;
+mod pending;
+mod settle;
+mod upgrading;
 mod vacate;
 
 #[cfg(test)]
