@@ -53,6 +53,7 @@ testbin:
 
 lint:
 	$(CARGO) fmt --all -- --check
+	python3 hack/check-structure.py
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 crds:

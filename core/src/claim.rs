@@ -47,7 +47,9 @@ pub fn driver_cycle(node: &Node) -> Option<Holder> {
 
 /// The firmware record persisted on the node, if it has a readable one.
 pub fn firmware_record(node: &Node) -> Option<FwRecord> {
-    annotation(node, fw::RECORD).and_then(|r| serde_json::from_str(r).ok())
+    // Read in `node`, which names the firmware policy behind a cordon and
+    // must not depend on this module.
+    crate::node::firmware_record(node)
 }
 
 /// A firmware cycle holds the node: our firmware record is mid-cycle, or a

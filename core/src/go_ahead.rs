@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::Node;
 use serde::{Deserialize, Serialize};
 use ttdrv_api::{NodeState, labels};
 
-use crate::machine::NodeRecord;
 use crate::node::{self, Target};
+use crate::record::NodeRecord;
 use ttdrv_api::module_params::{self, Values};
 
 /// The go-ahead as written on the Node (annotation [`labels::GO_AHEAD`]).

@@ -6,7 +6,12 @@
 //! |---|---|
 //! | [`node`] | what a Node says: ready, available, its labels, its persisted record, a retry request |
 //! | [`selection`] | which policy owns which node (oldest wins on overlap) |
-//! | [`machine`] | one node's next upgrade state and the commands that get it there |
+//! | [`record`] | nothing: one node's driver-cycle record (and who cordoned it) as persisted on the Node; a leaf |
+//! | [`machine`] | one node's next upgrade state and the commands that get it there, one function per state (`machine/pending`, `cordon`, `upgrading`, `settle`, `vacate`; its input in `machine/observation`, a leaf) |
+//! | [`firmware`] | one node's next firmware state and the commands that get it there; its flash Job (`firmware/job`) and observation (`firmware/observe`) |
+//! | [`claim`] | which maintenance cycle (driver or firmware) holds a node: one disruption at a time |
+//! | [`soak`] | whether a just-upgraded node still soaks, and whether trouble on it fails the rollout |
+//! | [`window`] | whether a maintenance window lets a new cycle start now, and when the next one opens |
 //! | [`observe`] | one node as a policy sees it, from plain Node and pod facts: its observation, next evictions and slot facts |
 //! | [`reason`] | the bounded set of reasons a node's state carries |
 //! | [`event`] | the closed set of Event reasons the controller emits |
@@ -18,6 +23,9 @@
 //! | [`promotion`] | whether a policy that follows a canary (`spec.promoteAfter`) may start its new cycles |
 //! | [`rollout`] | which waiting nodes may start now under `maxUnavailable` |
 //! | [`trust`] | which installer images and source repositories a policy may name, and the commit a version is built from |
+//!
+//! No import circle between these files (test code aside), and no function
+//! over 150 lines (`hack/check-structure.py`, in `make lint`).
 
 pub mod claim;
 pub mod drain;
@@ -34,6 +42,7 @@ pub mod observe;
 pub mod prepare;
 pub mod promotion;
 pub mod reason;
+pub mod record;
 pub mod rollout;
 pub mod selection;
 pub mod soak;

@@ -7,7 +7,8 @@ use ttdrv_api::labels;
 use ttdrv_api::module_params::{self, Values};
 use ttdrv_api::vfio::{self, Passthrough, PciFunctions};
 
-use crate::machine::NodeRecord;
+use crate::firmware::FwRecord;
+use crate::record::NodeRecord;
 
 /// Annotation an operator sets (to any new value) to retry a Failed node.
 pub const RETRY_ANNOTATION: &str = "driver.tenstorrent.com/retry";
@@ -258,7 +259,7 @@ pub fn foreign_cordon(node: &Node) -> String {
             labels::GO_CORDONED_BY
         );
     }
-    if let Some(r) = crate::claim::firmware_record(node)
+    if let Some(r) = firmware_record(node)
         && annotation(node, labels::GO_FIRMWARE_CORDONED_BY) == Some(r.policy.as_str())
     {
         return format!(
@@ -281,6 +282,11 @@ pub fn foreign_cordon(node: &Node) -> String {
         );
     }
     "cordoned by someone else (kubectl cordon or another tool; no annotation names who)".into()
+}
+
+/// The firmware record persisted on the node, if it has a readable one.
+pub fn firmware_record(node: &Node) -> Option<FwRecord> {
+    annotation(node, ttdrv_api::firmware::labels::RECORD).and_then(|r| serde_json::from_str(r).ok())
 }
 
 /// The upgrade record persisted on the node, if it has a readable one.

@@ -4,8 +4,9 @@
 
 use ttdrv_api::NodeState;
 
-use crate::machine::{NodeRecord, Observation};
+use crate::machine::observation::{InstallerPod, Observation};
 use crate::reason;
+use crate::record::NodeRecord;
 
 /// The node whose soak holds back the next start, and until when (Unix
 /// seconds): of the nodes upgraded to `version`, the one upgraded last,
@@ -48,7 +49,7 @@ pub fn trouble(obs: &Observation) -> Option<String> {
     if !obs.ready {
         out.push("the node went NotReady".to_string());
     }
-    if obs.installer == (crate::machine::InstallerPod::Current { ready: false }) {
+    if obs.installer == (InstallerPod::Current { ready: false }) {
         out.push(format!(
             "its installer is no longer Ready (the module it reports is not loaded){}",
             obs.installer_problem

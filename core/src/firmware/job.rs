@@ -56,13 +56,6 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
         .image_pull_policy
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| d.pull_policy.clone());
-    let bool_env = |b: bool| if b { "true" } else { "false" };
-    let work = VolumeMount {
-        name: "work".into(),
-        mount_path: "/work".into(),
-        ..Default::default()
-    };
-    let bundle_path = "/work/bundle.fwbundle";
     let owner = p.metadata.uid.clone().map(|uid| OwnerReference {
         api_version: "firmware.tenstorrent.com/v1alpha1".into(),
         kind: "TenstorrentFirmwarePolicy".into(),
@@ -71,6 +64,98 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
         controller: Some(true),
         block_owner_deletion: Some(true),
     });
+    let PodParts {
+        fetch_env,
+        flash_env,
+        fetch_mounts,
+        flash_mounts,
+        volumes,
+    } = pod_parts(p, d);
+    Job {
+        metadata: ObjectMeta {
+            name: Some(job_name_for(&policy, node, &spec.version, attempt)),
+            namespace: Some(d.namespace.clone()),
+            labels: Some(labels.clone()),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(spec.upgrade_policy.flash_timeout_seconds),
+            ttl_seconds_after_finished: Some(TTL_SECONDS),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    host_network: Some(true),
+                    node_name: Some(node.into()),
+                    tolerations: Some(vec![Toleration {
+                        operator: Some("Exists".into()),
+                        ..Default::default()
+                    }]),
+                    init_containers: Some(vec![Container {
+                        name: "fetch-bundle".into(),
+                        image: Some(image.clone()),
+                        image_pull_policy: Some(pull.clone()),
+                        args: Some(vec!["fetch".into()]),
+                        env: Some(fetch_env),
+                        termination_message_path: Some(flasher::REPORT_PATH.into()),
+                        termination_message_policy: Some("FallbackToLogsOnError".into()),
+                        volume_mounts: Some(fetch_mounts),
+                        ..Default::default()
+                    }]),
+                    containers: vec![Container {
+                        name: "flash".into(),
+                        image: Some(image),
+                        image_pull_policy: Some(pull),
+                        args: Some(vec!["flash".into()]),
+                        env: Some(flash_env),
+                        security_context: Some(SecurityContext {
+                            privileged: Some(true),
+                            capabilities: Some(Capabilities {
+                                add: Some(vec!["SYS_RAWIO".into(), "SYS_ADMIN".into()]),
+                                drop: None,
+                            }),
+                            ..Default::default()
+                        }),
+                        termination_message_path: Some(flasher::REPORT_PATH.into()),
+                        termination_message_policy: Some("FallbackToLogsOnError".into()),
+                        volume_mounts: Some(flash_mounts),
+                        ..Default::default()
+                    }],
+                    volumes: Some(volumes),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// What the flash pod's two containers get: the environment and mounts of
+/// `fetch-bundle` (the init container) and of `flash`, and the pod's volumes.
+struct PodParts {
+    fetch_env: Vec<EnvVar>,
+    flash_env: Vec<EnvVar>,
+    fetch_mounts: Vec<VolumeMount>,
+    flash_mounts: Vec<VolumeMount>,
+    volumes: Vec<Volume>,
+}
+
+fn pod_parts(p: &TenstorrentFirmwarePolicy, d: &JobDefaults) -> PodParts {
+    let spec = &p.spec;
+    let f = spec.flasher();
+    let bool_env = |b: bool| if b { "true" } else { "false" };
+    let work = VolumeMount {
+        name: "work".into(),
+        mount_path: "/work".into(),
+        ..Default::default()
+    };
+    let bundle_path = "/work/bundle.fwbundle";
     let host_path = |name: &str, path: &str| Volume {
         name: name.into(),
         host_path: Some(HostPathVolumeSource {
@@ -154,68 +239,12 @@ pub fn flash_job(p: &TenstorrentFirmwarePolicy, node: &str, attempt: u32, d: &Jo
             ..Default::default()
         });
     }
-    Job {
-        metadata: ObjectMeta {
-            name: Some(job_name_for(&policy, node, &spec.version, attempt)),
-            namespace: Some(d.namespace.clone()),
-            labels: Some(labels.clone()),
-            owner_references: owner.map(|o| vec![o]),
-            ..Default::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(0),
-            active_deadline_seconds: Some(spec.upgrade_policy.flash_timeout_seconds),
-            ttl_seconds_after_finished: Some(TTL_SECONDS),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".into()),
-                    host_network: Some(true),
-                    node_name: Some(node.into()),
-                    tolerations: Some(vec![Toleration {
-                        operator: Some("Exists".into()),
-                        ..Default::default()
-                    }]),
-                    init_containers: Some(vec![Container {
-                        name: "fetch-bundle".into(),
-                        image: Some(image.clone()),
-                        image_pull_policy: Some(pull.clone()),
-                        args: Some(vec!["fetch".into()]),
-                        env: Some(fetch_env),
-                        termination_message_path: Some(flasher::REPORT_PATH.into()),
-                        termination_message_policy: Some("FallbackToLogsOnError".into()),
-                        volume_mounts: Some(fetch_mounts),
-                        ..Default::default()
-                    }]),
-                    containers: vec![Container {
-                        name: "flash".into(),
-                        image: Some(image),
-                        image_pull_policy: Some(pull),
-                        args: Some(vec!["flash".into()]),
-                        env: Some(flash_env),
-                        security_context: Some(SecurityContext {
-                            privileged: Some(true),
-                            capabilities: Some(Capabilities {
-                                add: Some(vec!["SYS_RAWIO".into(), "SYS_ADMIN".into()]),
-                                drop: None,
-                            }),
-                            ..Default::default()
-                        }),
-                        termination_message_path: Some(flasher::REPORT_PATH.into()),
-                        termination_message_policy: Some("FallbackToLogsOnError".into()),
-                        volume_mounts: Some(flash_mounts),
-                        ..Default::default()
-                    }],
-                    volumes: Some(volumes),
-                    ..Default::default()
-                }),
-            },
-            ..Default::default()
-        }),
-        ..Default::default()
+    PodParts {
+        fetch_env,
+        flash_env,
+        fetch_mounts,
+        flash_mounts,
+        volumes,
     }
 }
 

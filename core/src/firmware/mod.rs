@@ -21,7 +21,7 @@ use ttdrv_api::firmware::flasher::Report;
 use ttdrv_api::firmware::{FirmwareNodeState, TenstorrentFirmwarePolicy, reason};
 
 pub use crate::drain::DrainProgress;
-pub use crate::machine::Cordon;
+pub use crate::record::Cordon;
 
 /// What the controller remembers about one node's firmware, persisted on the
 /// Node as JSON (annotation `firmware.tenstorrent.com/record`).
@@ -624,55 +624,7 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
     use FirmwareNodeState::*;
     let now = obs.now;
     match &obs.job {
-        FlashJob::Missing => {
-            let unknown = |msg: String| {
-                stay(
-                    enter(&rec, Failed, reason::FLASH_JOB_FAILED, Some(msg), now),
-                    vec![],
-                )
-            };
-            match (rec.job.clone(), obs.own_job) {
-                // Named, and this controller knows it never created it: the
-                // create is the Job's first.
-                (Some(_), OwnJob::NotCreated) => stay(rec, vec![Command::CreateJob]),
-                // Created by this controller, its watch not there yet: wait.
-                (Some(_), OwnJob::CreatedUnseen { at }) if now - at < JOB_CACHE_GRACE_SECONDS => {
-                    stay(rec, vec![])
-                }
-                (Some(name), OwnJob::CreatedUnseen { at }) => unknown(format!(
-                    "flash Job {name} vanished before it finished (created {}s ago, never seen since): \
-                     whether the cards were written is unknown{retry}",
-                    now - at
-                )),
-                // Seen and gone since, or created for a policy object that
-                // is gone (its Jobs with it): never created again by itself.
-                (Some(name), OwnJob::NotMine) if rec.job_seen || rec.policy_uid != want.uid => {
-                    unknown(format!(
-                        "flash Job {name} vanished before it finished: whether the cards were written is unknown{retry}"
-                    ))
-                }
-                // Named for this very policy object by a controller that
-                // stopped before any pass saw the Job (its caches have
-                // listed: the Job is not there): it stopped between writing
-                // the record and creating the Job, so the create is the
-                // Job's first.
-                (Some(_), OwnJob::NotMine) => stay(rec, vec![Command::CreateJob]),
-                // Left Flashing by an earlier controller version, which named
-                // the Job only once it saw it run; looked up by its name, it
-                // is not there. Never created blindly.
-                (None, _) => unknown(format!(
-                    "flash Job {} vanished before it finished, or was never created: this node was left \
-                     Flashing by an earlier controller version that had not named its Job yet, \
-                     so whether the cards were written is unknown{retry}",
-                    ttdrv_api::firmware::job_name_for(
-                        &want.policy,
-                        &obs.node,
-                        &want.version,
-                        rec.attempt
-                    )
-                )),
-            }
-        }
+        FlashJob::Missing => job_missing(rec, obs, want, retry),
         FlashJob::Running {
             name,
             image_pull_failed,
@@ -690,53 +642,7 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
         }
         FlashJob::Succeeded { name, report } => {
             rec.saw_job(name);
-            let after = match report {
-                None => Some(want.readback.clone()),
-                Some(r) => r.uniform_after().map(String::from),
-            };
-            if after.as_deref() != Some(want.readback.as_str()) {
-                let got = report
-                    .as_ref()
-                    .map(|r| r.after.join(", "))
-                    .unwrap_or_default();
-                return stay(
-                    enter(
-                        &rec,
-                        Failed,
-                        reason::READBACK_MISMATCH,
-                        Some(format!(
-                            "readback mismatch after flash Job {name}: wanted {} on every card, got [{got}]{retry}",
-                            want.readback
-                        )),
-                        now,
-                    ),
-                    vec![],
-                );
-            }
-            rec.current = after;
-            if rec.cordon == Cordon::Ours
-                && let Some(driver) = &obs.driver_waiting
-            {
-                let mut r = enter(
-                    &rec,
-                    Done,
-                    reason::CORDON_HANDED_OVER,
-                    Some(format!(
-                        "flashed; the cordon is handed to the driver policy {driver}, whose swap follows \
-                         under the same cordon and drain (its cycle uncordons the node)"
-                    )),
-                    now,
-                );
-                r.cordon = Cordon::None;
-                return stay(r, vec![Command::HandOver(driver.clone())]);
-            }
-            if rec.cordon == Cordon::Ours {
-                let r = enter(&rec, Uncordoning, reason::UNCORDONING, None, now);
-                return stay(r, vec![Command::Uncordon]);
-            }
-            let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
-            r.cordon = Cordon::None;
-            stay(r, vec![])
+            job_succeeded(rec, obs, want, name, report.as_ref(), retry)
         }
         FlashJob::Failed {
             name,
@@ -744,52 +650,178 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
             deadline,
         } => {
             rec.saw_job(name);
-            let (why, what) = match report {
-                Some(Report {
-                    reason: Some(r),
-                    message,
-                    ..
-                }) => (
-                    reason::ALL
-                        .iter()
-                        .find(|k| **k == r.as_str())
-                        .copied()
-                        .unwrap_or(reason::FLASH_JOB_FAILED),
-                    message.clone().unwrap_or_default(),
-                ),
-                _ if *deadline => (
-                    reason::FLASH_TIMEOUT,
-                    "the flash Job passed upgradePolicy.flashTimeoutSeconds".into(),
-                ),
-                _ => (reason::FLASH_JOB_FAILED, "see the Job's logs".into()),
-            };
-            if why == reason::BUNDLE_CHECKSUM_MISMATCH {
-                // Refused before the flash: nothing was written to the cards,
-                // so the node goes back into service (as for a drain timeout).
-                let r = enter(
-                    &rec,
-                    Failed,
-                    why,
-                    Some(format!(
-                        "flash Job {name} failed: {what}. The node is back in service and the rollout halts; \
-                         fix spec.bundleSHA256 or the bundle, then retry with `kubectl tt fw retry <policy> <node>`"
-                    )),
-                    now,
-                );
-                return back_in_service(r);
-            }
-            stay(
-                enter(
-                    &rec,
-                    Failed,
-                    why,
-                    Some(format!("flash Job {name} failed: {what}{retry}")),
-                    now,
-                ),
-                vec![],
-            )
+            job_failed(&rec, now, name, report.as_ref(), *deadline, retry)
         }
     }
+}
+
+/// Flashing, no Job of the record's name in the cache: create it (once,
+/// never blindly), wait for the cache, or fail: whether the cards were
+/// written is unknown.
+fn job_missing(rec: FwRecord, obs: &Observation, want: &Desired, retry: &str) -> Step {
+    use FirmwareNodeState::*;
+    let now = obs.now;
+    let unknown = |msg: String| {
+        stay(
+            enter(&rec, Failed, reason::FLASH_JOB_FAILED, Some(msg), now),
+            vec![],
+        )
+    };
+    match (rec.job.clone(), obs.own_job) {
+        // Named, and this controller knows it never created it: the
+        // create is the Job's first.
+        (Some(_), OwnJob::NotCreated) => stay(rec, vec![Command::CreateJob]),
+        // Created by this controller, its watch not there yet: wait.
+        (Some(_), OwnJob::CreatedUnseen { at }) if now - at < JOB_CACHE_GRACE_SECONDS => {
+            stay(rec, vec![])
+        }
+        (Some(name), OwnJob::CreatedUnseen { at }) => unknown(format!(
+            "flash Job {name} vanished before it finished (created {}s ago, never seen since): \
+             whether the cards were written is unknown{retry}",
+            now - at
+        )),
+        // Seen and gone since, or created for a policy object that
+        // is gone (its Jobs with it): never created again by itself.
+        (Some(name), OwnJob::NotMine) if rec.job_seen || rec.policy_uid != want.uid => {
+            unknown(format!(
+                "flash Job {name} vanished before it finished: whether the cards were written is unknown{retry}"
+            ))
+        }
+        // Named for this very policy object by a controller that
+        // stopped before any pass saw the Job (its caches have
+        // listed: the Job is not there): it stopped between writing
+        // the record and creating the Job, so the create is the
+        // Job's first.
+        (Some(_), OwnJob::NotMine) => stay(rec, vec![Command::CreateJob]),
+        // Left Flashing by an earlier controller version, which named
+        // the Job only once it saw it run; looked up by its name, it
+        // is not there. Never created blindly.
+        (None, _) => unknown(format!(
+            "flash Job {} vanished before it finished, or was never created: this node was left \
+             Flashing by an earlier controller version that had not named its Job yet, \
+             so whether the cards were written is unknown{retry}",
+            ttdrv_api::firmware::job_name_for(&want.policy, &obs.node, &want.version, rec.attempt)
+        )),
+    }
+}
+
+/// The flash Job succeeded: the cards must read back the target; then the
+/// cordon is handed to a waiting driver swap, undone, or was never ours.
+fn job_succeeded(
+    mut rec: FwRecord,
+    obs: &Observation,
+    want: &Desired,
+    name: &str,
+    report: Option<&Report>,
+    retry: &str,
+) -> Step {
+    use FirmwareNodeState::*;
+    let now = obs.now;
+    let after = match report {
+        None => Some(want.readback.clone()),
+        Some(r) => r.uniform_after().map(String::from),
+    };
+    if after.as_deref() != Some(want.readback.as_str()) {
+        let got = report
+            .as_ref()
+            .map(|r| r.after.join(", "))
+            .unwrap_or_default();
+        return stay(
+            enter(
+                &rec,
+                Failed,
+                reason::READBACK_MISMATCH,
+                Some(format!(
+                    "readback mismatch after flash Job {name}: wanted {} on every card, got [{got}]{retry}",
+                    want.readback
+                )),
+                now,
+            ),
+            vec![],
+        );
+    }
+    rec.current = after;
+    if rec.cordon == Cordon::Ours
+        && let Some(driver) = &obs.driver_waiting
+    {
+        let mut r = enter(
+            &rec,
+            Done,
+            reason::CORDON_HANDED_OVER,
+            Some(format!(
+                "flashed; the cordon is handed to the driver policy {driver}, whose swap follows \
+                 under the same cordon and drain (its cycle uncordons the node)"
+            )),
+            now,
+        );
+        r.cordon = Cordon::None;
+        return stay(r, vec![Command::HandOver(driver.clone())]);
+    }
+    if rec.cordon == Cordon::Ours {
+        let r = enter(&rec, Uncordoning, reason::UNCORDONING, None, now);
+        return stay(r, vec![Command::Uncordon]);
+    }
+    let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
+    r.cordon = Cordon::None;
+    stay(r, vec![])
+}
+
+/// The flash Job failed: Failed with the flasher's reason, kept cordoned
+/// (the cards may be half-written), unless the bundle was refused before
+/// anything was written.
+fn job_failed(
+    rec: &FwRecord,
+    now: i64,
+    name: &str,
+    report: Option<&Report>,
+    deadline: bool,
+    retry: &str,
+) -> Step {
+    use FirmwareNodeState::*;
+    let (why, what) = match report {
+        Some(Report {
+            reason: Some(r),
+            message,
+            ..
+        }) => (
+            reason::ALL
+                .iter()
+                .find(|k| **k == r.as_str())
+                .copied()
+                .unwrap_or(reason::FLASH_JOB_FAILED),
+            message.clone().unwrap_or_default(),
+        ),
+        _ if deadline => (
+            reason::FLASH_TIMEOUT,
+            "the flash Job passed upgradePolicy.flashTimeoutSeconds".into(),
+        ),
+        _ => (reason::FLASH_JOB_FAILED, "see the Job's logs".into()),
+    };
+    if why == reason::BUNDLE_CHECKSUM_MISMATCH {
+        // Refused before the flash: nothing was written to the cards,
+        // so the node goes back into service (as for a drain timeout).
+        let r = enter(
+            rec,
+            Failed,
+            why,
+            Some(format!(
+                "flash Job {name} failed: {what}. The node is back in service and the rollout halts; \
+                 fix spec.bundleSHA256 or the bundle, then retry with `kubectl tt fw retry <policy> <node>`"
+            )),
+            now,
+        );
+        return back_in_service(r);
+    }
+    stay(
+        enter(
+            rec,
+            Failed,
+            why,
+            Some(format!("flash Job {name} failed: {what}{retry}")),
+            now,
+        ),
+        vec![],
+    )
 }
 
 /// A Failed record of a cycle that wrote nothing to the cards: our cordon

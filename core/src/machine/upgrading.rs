@@ -1,0 +1,251 @@
+//! Upgrading: the installer pod of the cycle is replaced and the module
+//! swapped; the node goes on once the target is loaded (and validated), or
+//! fails with the installer's cause or on its deadline.
+
+use ttdrv_api::NodeState::{self, *};
+use ttdrv_api::module_params;
+
+use super::{
+    Command, Desired, Failure, InstallerPod, NodeRecord, Observation, Step, deadline_reason,
+    drain_again, drained_again_for, enter, installer_summary, module_stays, retry_hint, stay,
+    target_loaded,
+};
+use crate::reason;
+
+/// The step of an Upgrading node.
+pub(super) fn upgrading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
+    let now = obs.now;
+    let module_ok = target_loaded(obs, want);
+    let module_kept = module_stays(obs, want);
+    if obs.host_managed {
+        return stands_down(rec, obs);
+    }
+    if module_ok && obs.installer == (InstallerPod::Current { ready: true }) {
+        return landed(rec, obs, want);
+    }
+    if let Some(s) = installer_failed(rec, obs, want, module_ok) {
+        return s;
+    }
+    // A cycle without drain found a module of another version loaded
+    // (the label was missing or stale): only a drained cycle may swap it.
+    if rec.no_drain && !module_kept && obs.loaded.is_some() {
+        let msg = format!(
+            "tt-kmd {} is loaded: it is replaced only after cordon and drain",
+            obs.loaded.as_deref().unwrap_or("")
+        );
+        let mut r = enter(rec, Pending, reason::RETARGET, Some(msg), now);
+        r.no_drain = false;
+        return stay(&r, vec![]);
+    }
+    if now - rec.since > want.upgrade_timeout_seconds {
+        let msg = format!(
+            "installer did not report {}{} within {}s (loaded: {}; installer pod: {}){}",
+            want.version,
+            if want.parameters.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " with module parameters {}",
+                    module_params::canonical(&want.parameters)
+                )
+            },
+            want.upgrade_timeout_seconds,
+            obs.loaded.as_deref().unwrap_or("none"),
+            installer_summary(obs),
+            retry_hint(&want.policy, rec.cordoned_by_us())
+        );
+        let why = deadline_reason(obs, reason::UPGRADE_TIMEOUT);
+        return stay(&enter(rec, Failed, why, Some(msg), now), vec![]);
+    }
+    match obs.installer {
+        InstallerPod::Stale { deleting: false } => stay(rec, vec![Command::DeleteInstallerPod]),
+        _ => stay(rec, vec![]),
+    }
+}
+
+/// The new agent found a DKMS install: it stands down, so do we.
+fn stands_down(rec: &NodeRecord, obs: &Observation) -> Step {
+    let now = obs.now;
+    if rec.cordoned_by_us() || obs.gates_present {
+        let mut cmds = vec![Command::OpenGates];
+        if rec.cordoned_by_us() {
+            cmds.insert(0, Command::Uncordon);
+        }
+        return Step {
+            record: enter(rec, Uncordoning, reason::HOST_MANAGED, None, now),
+            commands: cmds,
+            needs_slot: false,
+        };
+    }
+    let mut r = enter(
+        rec,
+        Done,
+        reason::HOST_MANAGED,
+        Some("DKMS install found; left alone".into()),
+        now,
+    );
+    r.no_drain = false;
+    stay(&r, vec![])
+}
+
+/// The target is loaded and the installer pod Ready: the user's
+/// validation, then back into service (or Done, for a cycle that never
+/// cordoned).
+fn landed(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
+    let now = obs.now;
+    // The user's check, on the swapped node still cordoned (by
+    // us, or by an admin in a drained cycle).
+    let cordoned_cycle = rec.cordoned_by_us() || (!rec.no_drain && want.drain_enabled);
+    if cordoned_cycle
+        && let Some(template) = &want.validation_pod
+        && let Some(step) = user_validation(rec, obs, want, template, now)
+    {
+        return step;
+    }
+    if !rec.cordoned_by_us() && (rec.no_drain || !want.drain_enabled) {
+        let mut r = enter(rec, Done, reason::UPGRADED, None, now);
+        r.no_drain = false;
+        return stay(&r, vec![]);
+    }
+    let mut cmds = vec![Command::OpenGates];
+    if rec.cordoned_by_us() {
+        cmds.insert(0, Command::Uncordon);
+    }
+    // A validation pod that succeeded has said all it had to.
+    if obs.validation_pod.is_some() {
+        cmds.push(Command::DeleteValidationPod);
+    }
+    Step {
+        record: enter(rec, Uncordoning, reason::UNCORDON, None, now),
+        commands: cmds,
+        needs_slot: false,
+    }
+}
+
+/// The new installer failed for good: fail now, with its cause; or drain
+/// again, once, for a pod that holds the device. (A drained cycle replaces
+/// the pod it found, or keeps the one that built ahead; failures from
+/// before the cycle are not its own, nor is the refusal this cycle drained
+/// again for.)
+fn installer_failed(
+    rec: &NodeRecord,
+    obs: &Observation,
+    want: &Desired,
+    module_ok: bool,
+) -> Option<Step> {
+    let now = obs.now;
+    let this_cycles = |f: &Failure| {
+        (rec.no_drain || f.at().is_none_or(|c| c >= rec.since)) && !drained_again_for(rec, f)
+    };
+    if let (Some(f), InstallerPod::Current { .. }) = (&obs.installer_failure, &obs.installer)
+        && this_cycles(f)
+    {
+        if let Some(step) = drain_again(rec, f, !module_ok, want, now) {
+            return Some(step);
+        }
+        // The new module failed validation and the agent put the
+        // previous one back: the node returns to service on it, then
+        // fails (the rollout halts either way).
+        if f.reason == reason::VALIDATION_FAILED
+            && !module_ok
+            && let Some(back) = obs.loaded.as_deref()
+        {
+            let msg = format!(
+                "{}; the node is back in service on tt-kmd {back}{}",
+                f.message,
+                retry_hint(&want.policy, false)
+            );
+            let mut cmds = vec![Command::OpenGates];
+            if rec.cordoned_by_us() {
+                cmds.insert(0, Command::Uncordon);
+            }
+            return Some(Step {
+                record: enter(rec, Uncordoning, f.reason, Some(msg), now),
+                commands: cmds,
+                needs_slot: false,
+            });
+        }
+        let msg = format!(
+            "{}{}",
+            f.message,
+            retry_hint(&want.policy, rec.cordoned_by_us())
+        );
+        return Some(stay(&enter(rec, Failed, f.reason, Some(msg), now), vec![]));
+    }
+    None
+}
+
+/// Upgrading, the module validated: the user's validation pod of this
+/// cycle runs (created first), must succeed within the validation timeout,
+/// and its failure fails the node, kept cordoned on the new version. None:
+/// it succeeded, the node goes on.
+fn user_validation(
+    rec: &NodeRecord,
+    obs: &Observation,
+    want: &Desired,
+    template: &str,
+    now: i64,
+) -> Option<Step> {
+    use crate::drain::RunOutcome;
+    // Failed, kept cordoned on the new version for a person.
+    let fail = |msg: String| {
+        Some(stay(
+            &enter(
+                rec,
+                NodeState::Failed,
+                reason::VALIDATION_FAILED,
+                Some(msg),
+                now,
+            ),
+            vec![],
+        ))
+    };
+    let Some(run) = &obs.validation_pod else {
+        if now - rec.since > want.upgrade_timeout_seconds {
+            return fail(format!(
+                "no validation pod of PodTemplate {template} was created within {}s (does it exist in the operator's namespace? the controller's Events and log say why); the node stays cordoned on tt-kmd {}{}",
+                want.upgrade_timeout_seconds,
+                want.version,
+                retry_hint(&want.policy, rec.cordoned_by_us())
+            ));
+        }
+        let why = format!("running validation pod template {template} on the node");
+        return Some(stay(
+            &enter(
+                rec,
+                NodeState::Upgrading,
+                reason::VALIDATING,
+                Some(why),
+                now,
+            ),
+            vec![Command::RunValidationPod],
+        ));
+    };
+    let failed = |what: String| {
+        fail(format!(
+            "{what}; the node stays cordoned on tt-kmd {} (read the pod's log){}",
+            want.version,
+            retry_hint(&want.policy, rec.cordoned_by_us())
+        ))
+    };
+    match &run.outcome {
+        RunOutcome::Succeeded => None,
+        RunOutcome::Failed(why) => failed(format!("validation pod {} failed: {why}", run.pod)),
+        RunOutcome::Running if now - run.created > want.validation_timeout_seconds => {
+            failed(format!(
+                "validation pod {} did not succeed within {}s (upgradePolicy.validation.timeoutSeconds)",
+                run.pod, want.validation_timeout_seconds
+            ))
+        }
+        RunOutcome::Running => Some(stay(
+            &enter(
+                rec,
+                NodeState::Upgrading,
+                reason::VALIDATING,
+                Some(format!("validation pod {} runs", run.pod)),
+                now,
+            ),
+            vec![],
+        )),
+    }
+}
