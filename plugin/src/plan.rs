@@ -10,7 +10,8 @@
 //!   in place, and what would block: PodDisruptionBudgets that allow no disruption
 //!   (named as the drain names them, [`drain::sequence`]) and device users the
 //!   drain does not remove;
-//! - an estimated duration: waves × per-node estimate;
+//! - an estimated duration: waves × the observed per-node figure, else the
+//!   model's prediction for the policy's build-ahead setting;
 //! - build-ahead (`upgradePolicy.prepare`): which nodes hold the target in their
 //!   cache already, and the duration predicted with and without build-ahead
 //!   ([`eta::predict`]) from the given per-part costs.
@@ -524,17 +525,33 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         .filter_map(|n| Some((n.clone(), by_name.get(n).and_then(|nd| record_of(nd))?)))
         .collect();
     let records: Vec<&NodeRecord> = named.iter().map(|(_, r)| r).collect();
-    let per_node = eta::per_node(&eta::observed_durations(
-        &name,
+    let prepare = &spec.upgrade_policy.prepare;
+    let max_concurrent = prepare.max_concurrent.max(1) as usize;
+    let mut by_wave: BTreeMap<usize, Vec<bool>> = BTreeMap::new();
+    for n in &nodes {
+        if let Some(w) = n.wave {
+            by_wave.entry(w).or_default().push(n.prepared);
+        }
+    }
+    let waves_prepared: Vec<Vec<bool>> = by_wave.into_values().collect();
+    let prediction = eta::predict(&waves_prepared, inp.costs, max_concurrent);
+    // The same per-node figure `watch` uses (eta::estimate_per_node).
+    let per_node = eta::estimate_per_node(
+        &eta::observed_durations(&name, None, records.iter().copied()),
         None,
-        records.iter().copied(),
-    ));
+        inp.costs,
+        prepare.enabled,
+    );
     let waves = nodes.iter().filter_map(|n| n.wave).max().unwrap_or(0);
-    // The simulated waves, else (nothing could be simulated) nodes / slots.
-    let mut seconds = if waves > 0 {
-        waves as i64 * per_node.seconds
-    } else {
-        eta::rollout_seconds(per_node.seconds, nodes.len(), max)
+    // Observed cycles: the simulated waves × the observed figure. Nothing
+    // observed: the model's prediction for the policy's build-ahead setting,
+    // the line marked "← applies" (it counts the first build, which a
+    // per-node figure cannot). Nothing simulated: nodes / slots.
+    let mut seconds = match (waves > 0, per_node.basis) {
+        (true, eta::Basis::Model) if prepare.enabled => prediction.with_build_ahead,
+        (true, eta::Basis::Model) => prediction.without_build_ahead,
+        (true, _) => waves as i64 * per_node.seconds,
+        (false, _) => eta::rollout_seconds(per_node.seconds, nodes.len(), max),
     };
     if seconds == 0 && without_drain.iter().any(|n| n.kind == reason::INSTALL) {
         seconds = per_node.seconds;
@@ -555,22 +572,13 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         .map(|h| h.why),
     };
     skipped.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
-    let prepare = &spec.upgrade_policy.prepare;
-    let max_concurrent = prepare.max_concurrent.max(1) as usize;
-    let mut by_wave: BTreeMap<usize, Vec<bool>> = BTreeMap::new();
-    for n in &nodes {
-        if let Some(w) = n.wave {
-            by_wave.entry(w).or_default().push(n.prepared);
-        }
-    }
-    let waves_prepared: Vec<Vec<bool>> = by_wave.into_values().collect();
     let build_ahead = BuildAhead {
         enabled: prepare.enabled,
         max_concurrent,
         preparing_version,
         prepared: nodes.iter().filter(|n| n.prepared).count(),
         costs: inp.costs,
-        prediction: eta::predict(&waves_prepared, inp.costs, max_concurrent),
+        prediction,
     };
     RolloutPlan {
         policy: name,

@@ -234,7 +234,10 @@ fn per_node_text(p: &PerNode) -> String {
             p.samples,
             if p.samples == 1 { "" } else { "s" }
         ),
-        Basis::Default => format!("{} per node (default; none observed yet)", human(p.seconds)),
+        Basis::Model => format!(
+            "{} per node (model: what a cordon holds; no cycle observed yet)",
+            human(p.seconds)
+        ),
     }
 }
 
@@ -502,6 +505,19 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
             pal.paint(&human(e.seconds), BOLD),
             per_node_text(&e.per_node),
         ));
+    } else if e.per_node.basis == Basis::Model {
+        // Nothing observed: the estimate is the model's line marked
+        // "← applies" below, so the plan shows one figure, not two.
+        out.push_str(&format!(
+            "\nEstimated duration{}: {} = the model below, build-ahead {} (no node cycle observed yet)\n",
+            if stalls {
+                " until the rollout stalls"
+            } else {
+                ""
+            },
+            pal.paint(&human(e.seconds), BOLD),
+            if p.build_ahead.enabled { "on" } else { "off" },
+        ));
     } else {
         out.push_str(&format!(
             "\nEstimated duration{}: {} = {} wave{} of at most {} node{} × {}\n",
@@ -517,6 +533,9 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
             if e.slots == 1 { "" } else { "s" },
             per_node_text(&e.per_node),
         ));
+        out.push_str(
+            "  (observed cycles include the builds as they happened; the model below is for comparison)\n",
+        );
     }
     if e.soak_seconds > 0 {
         out.push_str(&format!(
@@ -573,9 +592,17 @@ fn build_ahead(p: &RolloutPlan, stalls: bool, pal: Palette) -> String {
     }
     let c = &b.costs;
     let x = &b.prediction;
+    // The model's line is the estimate only when no cycle was observed;
+    // otherwise it marks the policy's setting, for comparison.
+    let observed = p.estimate.per_node.basis != Basis::Model;
     let h = |s: i64| human(s);
     out.push_str(&format!(
-        "Predicted duration{} (per node: build {}, load {}, pod replacement {}, drain {}):\n",
+        "{}{} (per node: build {}, load {}, pod replacement {}, drain {}):\n",
+        if observed {
+            "Model, for comparison"
+        } else {
+            "Model"
+        },
         if stalls {
             " until the rollout stalls"
         } else {
@@ -625,6 +652,8 @@ fn build_ahead(p: &RolloutPlan, stalls: bool, pal: Palette) -> String {
     let applies = |on: bool| {
         if on != b.enabled {
             String::new()
+        } else if observed {
+            format!("  {}", pal.paint("← this policy's setting", BOLD))
         } else if b.enabled {
             format!("  {}", pal.paint("← applies", BOLD))
         } else {

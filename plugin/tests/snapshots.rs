@@ -622,8 +622,28 @@ fn plan_of_an_upgrade() {
         [Some(1), Some(1), Some(2), Some(3), Some(4)],
         "the admin-cordoned node keeps using one of the two slots"
     );
-    assert_eq!(rp.estimate.seconds, 4 * 90);
-    check("plan", &render::plan(&rp, Palette::PLAIN));
+    // Nothing observed: the estimate is the model's build-ahead line (the
+    // policy has build-ahead on), one figure for the whole plan.
+    assert_eq!(
+        rp.estimate.per_node.basis,
+        kubectl_tt_driver::eta::Basis::Model
+    );
+    assert_eq!(
+        rp.estimate.seconds,
+        rp.build_ahead.prediction.with_build_ahead
+    );
+    assert_eq!(rp.estimate.seconds, 165);
+    let text = render::plan(&rp, Palette::PLAIN);
+    let applies = text
+        .lines()
+        .find(|l| l.contains("← applies"))
+        .unwrap_or_default();
+    assert!(applies.contains(" 2m45s = "), "{applies}");
+    assert!(
+        text.contains("Estimated duration: 2m45s = the model below"),
+        "{text}"
+    );
+    check("plan", &text);
     check(
         "plan-json",
         &(serde_json::to_string_pretty(&rp).expect("serializes") + "\n"),
@@ -645,7 +665,10 @@ fn plan_counts_the_soak_and_says_when_the_next_window_opens() {
     let rp = plan_fleet(&policies, &nodes, &pods, &pdbs, Some("2.8.0"));
     assert_eq!(rp.estimate.waves, 4);
     assert_eq!(rp.estimate.soak_seconds, 3 * 600, "a soak between waves");
-    assert_eq!(rp.estimate.seconds, 4 * 90 + 3 * 600);
+    assert_eq!(
+        rp.estimate.seconds,
+        rp.build_ahead.prediction.with_build_ahead + 3 * 600
+    );
     let held = rp.held.as_deref().unwrap_or_default();
     assert!(held.contains("2026-12-05T21:00:00Z"), "{held}");
     let text = render::plan(&rp, Palette::PLAIN);
