@@ -503,11 +503,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     rest.sort_by_key(|c| rollout::order_key(c));
     ordered.extend(rest.into_iter().map(|c| (c.name.clone(), None)));
     if !failed.is_empty() {
-        halted = Some(format!(
-            "halted now: node(s) {} Failed; nothing starts until they are retried \
-             (kubectl tt driver retry {name} <node>); the order assumes they are",
-            failed.join(", ")
-        ));
+        halted = Some(halted_by_failures(&name, &failed));
     }
     let nodes: Vec<PlannedNode> = ordered
         .into_iter()
@@ -601,5 +597,33 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         halted,
         held,
         build_ahead,
+    }
+}
+
+/// Why a plan is halted by Failed nodes, with the command that retries them:
+/// the node named when there is one.
+fn halted_by_failures(policy: &str, failed: &[String]) -> String {
+    let node = match failed {
+        [one] => one.as_str(),
+        _ => "<node>",
+    };
+    format!(
+        "halted now: node(s) {} Failed; nothing starts until they are retried \
+         (kubectl tt driver retry {policy} {node}); the order assumes they are",
+        failed.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_command_names_the_one_failed_node() {
+        let one = halted_by_failures("prod", &["gpu-c".to_string()]);
+        assert!(one.contains("kubectl tt driver retry prod gpu-c)"), "{one}");
+        let two = halted_by_failures("prod", &["a".to_string(), "b".to_string()]);
+        assert!(two.contains("retry prod <node>"), "{two}");
+        assert!(two.contains("node(s) a, b Failed"), "{two}");
     }
 }

@@ -157,9 +157,10 @@ fn nodes_table(v: &PolicyView, pal: Palette, indent: usize, mode_col: bool) -> S
 }
 
 /// `yes` when the target is loaded or built and verified in the node's cache
-/// (its swap is a load), else `-`.
+/// (its swap is a load), else `-`. A host-managed (DKMS) or vacated node
+/// builds nothing of ours: `-` even when its module is at the target.
 fn prepared_cell(n: &NodeRow) -> (String, anstyle::Style) {
-    if n.is_prepared() {
+    if n.managed() && n.is_prepared() {
         ("yes".into(), anstyle::Style::new())
     } else {
         ("-".into(), DIM)
@@ -681,4 +682,39 @@ fn build_ahead(p: &RolloutPlan, stalls: bool, pal: Palette) -> String {
         b.max_concurrent
     ));
     out
+}
+
+#[cfg(test)]
+mod prepared_tests {
+    use super::*;
+    use ttdrv_api::NodeState;
+
+    fn row(host_managed: bool, state: NodeState) -> NodeRow {
+        NodeRow {
+            name: "n1".into(),
+            state,
+            host_managed,
+            current_version: Some("2.8.0".into()),
+            target_version: "2.8.0".into(),
+            install_mode: None,
+            prepared_version: None,
+            next_kernel_build_failed: None,
+            since: None,
+            seconds_in_state: None,
+            retry_requested: false,
+            cycle_started: None,
+            reason: None,
+            message: None,
+            firmware_version: None,
+            firmware_state: None,
+        }
+    }
+
+    /// A DKMS-managed node at the target built nothing of ours: not `yes`.
+    #[test]
+    fn prepared_is_yes_only_on_nodes_we_install() {
+        assert_eq!(prepared_cell(&row(false, NodeState::Done)).0, "yes");
+        assert_eq!(prepared_cell(&row(true, NodeState::Done)).0, "-");
+        assert_eq!(prepared_cell(&row(false, NodeState::Unmanaged)).0, "-");
+    }
 }

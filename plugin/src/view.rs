@@ -101,7 +101,7 @@ impl NodeRow {
     }
 
     /// The operator installs the module here (not host-managed, not vacated).
-    fn managed(&self) -> bool {
+    pub fn managed(&self) -> bool {
         !self.host_managed && self.state != NodeState::Unmanaged
     }
 }
