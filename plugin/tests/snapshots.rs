@@ -461,6 +461,27 @@ fn watch_frames() {
     assert_eq!(w.eta.per_node.basis, kubectl_tt_driver::eta::Basis::Status);
 }
 
+/// Nothing observed, no status: `watch` uses the model's figure `plan` uses
+/// (eta::estimate_per_node), which depends on build-ahead, and says so.
+#[test]
+fn watch_without_observations_uses_plans_model() {
+    use kubectl_tt_driver::eta::{self, Basis, Costs};
+    let (mut p, _) = rolling();
+    p.status = None;
+    let w = view::watch_view(&p, &[], NOW);
+    assert_eq!(w.eta.per_node.basis, Basis::Model);
+    assert_eq!(
+        w.eta.per_node.seconds,
+        eta::model_per_node(Costs::default(), true),
+        "build-ahead on (the default): drain + load"
+    );
+    let frame = render::watch_frame(&[w], NOW, Palette::PLAIN);
+    assert!(frame.contains("25s per node (model:"), "{frame}");
+    p.spec.upgrade_policy.prepare.enabled = false;
+    let w = view::watch_view(&p, &[], NOW);
+    assert_eq!(w.eta.per_node.seconds, eta::DEFAULT_PER_NODE_SECONDS);
+}
+
 fn pod(ns: &str, name: &str, node: &str, owner: Option<&str>, device: bool, app: &str) -> Pod {
     Pod {
         metadata: ObjectMeta {
