@@ -634,6 +634,60 @@ def controller():
         defaults={"custom": ts_custom(fill=10)},
         options=ts_options(),
     ))
+    P.append(increase_bars(
+        L, "Watch restarts", 24, 8, "ttdriver_watch_restarts_total", "kind", "{{kind}}", sel=SCRAPE,
+        description="Watches of the controller's caches that failed and restarted with backoff, by kind "
+                    "(ttdriver_watch_restarts_total). A few are normal (an API server restart, an expired "
+                    "resource version); a steady rate means the controller cannot watch (RBAC, network).",
+    ))
+
+    P.append(row(L, "Process"))
+    # The sizing rule of docs/operations.md, from what the caches hold: the
+    # Node cache counts every node, a little above the Tenstorrent nodes the
+    # rule names, so the line errs high.
+    node_cache = f'max(ttdriver_cache_objects{{{SCRAPE},kind="Node"}})'
+    pod_cache = f'max(ttdriver_cache_objects{{{SCRAPE},kind="Pod"}})'
+    P.append(panel(
+        L, "timeseries", "Memory against the sizing rule", 12, 8,
+        targets((f"max by (instance) (process_resident_memory_bytes{{{SCRAPE}}})", "{{instance}} resident"),
+                (f"16 * 1024 * 1024 + 50 * 1024 * {node_cache} + 512 * {pod_cache}",
+                 "sizing rule: 16 MiB + 50 KiB × nodes + 0.5 KiB × pods"),
+                (f"2 * (16 * 1024 * 1024 + 50 * 1024 * {node_cache} + 512 * {pod_cache})",
+                 "limit at least (2 × the rule)")),
+        description="Resident memory of each controller replica (process_resident_memory_bytes) against "
+                    "the sizing rule of docs/operations.md, computed from the cached Node and Pod counts "
+                    "(ttdriver_cache_objects; every node counts, so the rule errs high). Resident memory "
+                    "near the 2 × line at rest: raise controller.resources.limits.memory.",
+        unit="bytes",
+        defaults={"custom": ts_custom(fill=0), "min": 0},
+        overrides=[{"matcher": {"id": "byRegexp", "options": "sizing rule.*"},
+                    "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                                   {"id": "color", "value": {"mode": "fixed", "fixedColor": "orange"}}]},
+                   {"matcher": {"id": "byRegexp", "options": "limit at least.*"},
+                    "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                                   {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}],
+        options=ts_options(["lastNotNull", "max"]),
+    ))
+    P.append(panel(
+        L, "timeseries", "CPU", 6, 8,
+        targets((f"max by (instance) (rate(process_cpu_seconds_total{{{SCRAPE}}}[$__rate_interval]))",
+                 "{{instance}}")),
+        description="CPU seconds per second of each controller replica (process_cpu_seconds_total): "
+                    "near zero at rest, well under one core during a 1000-node rollout.",
+        unit="short",
+        defaults={"custom": ts_custom(fill=10), "min": 0},
+        options=ts_options(),
+    ))
+    P.append(panel(
+        L, "timeseries", "Open fds and threads", 6, 8,
+        targets((f"max by (instance) (process_open_fds{{{SCRAPE}}})", "{{instance}} fds"),
+                (f"max by (instance) (process_threads{{{SCRAPE}}})", "{{instance}} threads")),
+        unit="short",
+        defaults={"custom": ts_custom(fill=0), "decimals": 0, "min": 0},
+        options=ts_options(["lastNotNull"]),
+        description="Open file descriptors (process_open_fds) and OS threads (process_threads) of each "
+                    "replica. A steady climb of fds points at a leak of connections.",
+    ))
     P.append(row(L, "Caches"))
     P.append(count_series(
         L, "Cached objects", 24, 8,
@@ -645,7 +699,8 @@ def controller():
     return dashboard(
         "ttdriver-controller", "Tenstorrent driver manager controller",
         "Health of the tt-kmd driver manager controller: replicas, leader, reconcile rate, errors and "
-        "duration, actor restarts and mailbox saturation, cached objects.",
+        "duration, actor restarts and mailbox saturation, watch restarts, memory against the sizing "
+        "rule, CPU, fds and threads, cached objects.",
         P, ["controller"],
         links=[dashboard_link("Driver rollout", "ttdriver-rollout")],
     )

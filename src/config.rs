@@ -139,7 +139,8 @@ pub struct Config {
     /// alone picks the nodes). The chart's `controller.requireTenstorrentLabel`.
     #[arg(long, env = "TTDRV_REQUIRE_TT_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
     pub require_tenstorrent_label: bool,
-    /// Log format: json or text.
+    /// Log format: json or text. Text is coloured only on a terminal
+    /// ([`log_colours`]).
     #[arg(long, env = "TTDRV_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
 }
@@ -229,6 +230,13 @@ pub fn proxy_env(env: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> 
         .iter()
         .filter_map(|k| env(k).filter(|v| !v.is_empty()).map(|v| (k.to_string(), v)))
         .collect()
+}
+
+/// Whether the text log carries colour escapes: only when it goes to a
+/// terminal, and never with `NO_COLOR` set (no-color.org). A log file or a
+/// pod's log (`kubectl logs`) gets plain text.
+pub fn log_colours(writes_to_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    writes_to_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 #[cfg(test)]
@@ -342,5 +350,16 @@ mod tests {
             Config::try_parse_from(["ttdrv-controller", "--require-tenstorrent-label", "false"])
                 .expect("parses");
         assert!(!c.require_tenstorrent_label);
+    }
+
+    /// No colour escapes in a log that is not a terminal (a file, a pipe,
+    /// `kubectl logs`), nor with NO_COLOR set.
+    #[test]
+    fn log_colours_only_on_a_terminal() {
+        use std::ffi::OsStr;
+        assert!(log_colours(true, None));
+        assert!(!log_colours(false, None));
+        assert!(!log_colours(true, Some(OsStr::new("1"))));
+        assert!(log_colours(true, Some(OsStr::new(""))));
     }
 }

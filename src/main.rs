@@ -21,11 +21,18 @@ fn main() -> anyhow::Result<()> {
     if config.log_format == "json" {
         tracing_subscriber::fmt()
             .json()
+            .with_ansi(false)
             .with_env_filter(filter)
             .init();
     } else {
+        // The log goes to stderr: colour only when that is a terminal.
+        let colours = ttdrv_controller::config::log_colours(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        );
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
+            .with_ansi(colours)
             .with_env_filter(filter)
             .init();
     }

@@ -181,6 +181,7 @@ where
                 }
                 Err(e) => {
                     tracing::warn!(kind, error = %e, "watch error; restarting with backoff");
+                    metrics.inc_watch_restart(&kind);
                     continue;
                 }
             };
@@ -215,6 +216,7 @@ fn spawn_pod_watch(
                 Ok(ev) => cache.apply(ev),
                 Err(e) => {
                     tracing::warn!(kind = "Pod", error = %e, "watch error; restarting with backoff");
+                    metrics.inc_watch_restart("Pod");
                     continue;
                 }
             };

@@ -1089,6 +1089,10 @@ fn go_chart_values_render_with_the_go_meaning() {
             "vfio section",
             "VFIO passthrough: DaemonSet tt-k8s-driver-manager-vfio binds 1 device group(s)",
         ),
+        (
+            "Go env variable",
+            "controller.extraEnv sets REQUIRE_TT_PCI_LABEL, the Go controller's variable, which this controller does not read: set controller.requireTenstorrentLabel instead",
+        ),
     ] {
         c.check(
             n.contains(text),
@@ -1100,6 +1104,10 @@ fn go_chart_values_render_with_the_go_meaning() {
             && !un.contains("vfio")
             && un.contains("controller.image is a Go operator controller image or release tag (ghcr.io/tenstorrent/tt-k8s-driver-manager)"),
         format!("upstream NOTES: {un}"),
+    );
+    c.check(
+        !n.contains("controller.extraEnv sets HTTPS_PROXY"),
+        "a proxy variable, which the controller reads, is not warned about",
     );
     c.check(
         !dn.contains("WARNING") && dn.contains(&format!("svc/{FULL}-metrics")),

@@ -58,3 +58,27 @@ fn printer_columns_start_with_the_go_operators() {
     assert!(cols[6..].iter().any(|c| c == "Phase"));
     assert!(cols[6..].iter().any(|c| c == "Done"));
 }
+
+/// A column named failed counts nodes that failed: `summary.failedNodes`,
+/// not the Go summary's `failed` (desired − available), which is 3 on a
+/// healthy rollout of 3 nodes. The Go field stays in the status, unprinted.
+#[test]
+fn the_failed_column_counts_failed_nodes_only() {
+    let crd = ttdrv_api::TenstorrentDriverPolicy::crd();
+    let cols = crd.spec.versions[0]
+        .additional_printer_columns
+        .as_ref()
+        .expect("printer columns");
+    let failed: Vec<&str> = cols
+        .iter()
+        .filter(|c| c.name.to_lowercase().contains("fail"))
+        .map(|c| c.json_path.as_str())
+        .collect();
+    assert_eq!(failed, [".status.summary.failedNodes"]);
+    assert!(
+        cols.iter().all(|c| c.json_path != ".status.summary.failed"),
+        "no column prints the Go summary's desired − available"
+    );
+    let status = serde_json::to_value(ttdrv_api::Summary::default()).expect("serializes");
+    assert!(status.get("failed").is_some(), "the Go field is kept");
+}

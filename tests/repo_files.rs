@@ -398,10 +398,13 @@ fn dashboard_queries(errors: &mut Vec<String>) -> Vec<String> {
                     continue;
                 };
                 for m in [r#"cluster=~"$cluster""#, r#"job=~"$job""#] {
-                    // Our metrics: the controller's (driver and firmware) and the VFIO binder's.
+                    // Our metrics: the controller's (driver and firmware), the
+                    // VFIO binder's, and the standard process_* ones (every
+                    // process exports them: unscoped they would mix in others').
                     let metrics = expr.matches("ttdriver_").count()
                         + expr.matches("ttfw_").count()
-                        + expr.matches("tt_vfio_").count();
+                        + expr.matches("tt_vfio_").count()
+                        + expr.matches("process_").count();
                     if metrics != expr.matches(m).count() {
                         errors.push(format!(
                             "{f}: panel {title} target {}: a metric without {m}",

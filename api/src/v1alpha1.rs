@@ -39,12 +39,11 @@ use crate::validation::{
     printcolumn = r#"{"name":"Matched","type":"integer","jsonPath":".status.summary.matched","description":"Nodes the policy selects"}"#,
     printcolumn = r#"{"name":"UpToDate","type":"integer","jsonPath":".status.summary.upToDate","description":"Nodes with the target module loaded"}"#,
     printcolumn = r#"{"name":"InProgress","type":"integer","jsonPath":".status.summary.inProgress","description":"Nodes out of service for the rollout now"}"#,
-    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.summary.failed","description":"The Go operator's count: nodes not yet Done"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.summary.failedNodes","description":"Nodes in state Failed or UnloadFailed (the rollout halts). The Go operator's desired − available, which counts nodes mid-rollout, stays in .status.summary.failed, not printed"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Ready, Progressing, Degraded or Paused"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"The Ready condition: True when no node is pending, in progress or failed and the policy is not paused"}"#,
     printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.summary.done","description":"Nodes Done with the module this controller installed"}"#,
-    printcolumn = r#"{"name":"FailedNodes","type":"integer","jsonPath":".status.summary.failedNodes","description":"Nodes in state Failed (the rollout halts)"}"#,
     printcolumn = r#"{"name":"Paused","type":"boolean","jsonPath":".spec.paused","description":"True while the controller leaves the policy alone"}"#,
     validation = crate::validation::policy_name_rule(),
     validation = crate::validation::promote_after_rule()
@@ -768,7 +767,8 @@ pub struct Summary {
     #[serde(default)]
     pub available: i32,
     /// Go: `desired − available`, every node not yet Done (in a rollout too).
-    /// The nodes in state Failed are `failedNodes`.
+    /// The nodes in state Failed are `failedNodes`, which the printed Failed
+    /// column shows; this field stays for tools that read it.
     #[serde(default)]
     pub failed: i32,
     /// Go: nodes at the target version (as `ready`).

@@ -109,6 +109,38 @@ impl EventReason {
     }
 }
 
+/// The message of the `NodeUpgraded` Event, from the record of the cycle that
+/// just ended (`prev`, the last record before Done). Only a cycle that took
+/// the node out of service (our cordon) brings it "back in service"; a first
+/// install or a restart in place never cordoned it, and a node someone else
+/// had cordoned stays cordoned.
+pub fn node_upgraded_message(
+    node: &str,
+    prev: &crate::machine::NodeRecord,
+    target: &str,
+) -> String {
+    use crate::machine::Cordon;
+    if prev.no_drain && prev.cordon != Cordon::Ours {
+        if prev.reason.as_deref() == Some(crate::reason::INSTALL) {
+            return format!(
+                "node {node}: tt-kmd {target} installed and loaded (first install: no module was loaded, \
+                 so the node was not cordoned or drained)"
+            );
+        }
+        return format!(
+            "node {node}: tt-kmd {target} loaded; the installer pod was replaced in place \
+             (the node was not cordoned or drained)"
+        );
+    }
+    if prev.cordon == Cordon::Theirs {
+        return format!(
+            "node {node}: tt-kmd {target} loaded; the node stays cordoned, as it was found \
+             (cordoned by someone else, not by this controller)"
+        );
+    }
+    format!("node {node}: tt-kmd {target} loaded and node back in service")
+}
+
 impl std::fmt::Display for EventReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -119,6 +151,38 @@ impl std::fmt::Display for EventReason {
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
+
+    /// "Back in service" only after a cycle that took the node out of it.
+    #[test]
+    fn node_upgraded_says_back_in_service_only_after_our_cordon() {
+        use crate::machine::{Cordon, NodeRecord};
+        use ttdrv_api::NodeState;
+        let mut r = NodeRecord::new("fleet", "2.8.0", 0);
+        r.state = NodeState::Upgrading;
+        // A first install: no module loaded, installed in place.
+        r.reason = Some(crate::reason::INSTALL.into());
+        r.no_drain = true;
+        let m = node_upgraded_message("n1", &r, "2.8.0");
+        assert!(m.contains("first install"), "{m}");
+        assert!(!m.contains("back in service"), "{m}");
+        // A restart in place (the module stays).
+        r.reason = Some(crate::reason::RESTART.into());
+        let m = node_upgraded_message("n1", &r, "2.8.0");
+        assert!(m.contains("not cordoned"), "{m}");
+        assert!(!m.contains("back in service"), "{m}");
+        // An upgrade under our cordon.
+        r.no_drain = false;
+        r.cordon = Cordon::Ours;
+        r.state = NodeState::Uncordoning;
+        assert_eq!(
+            node_upgraded_message("n1", &r, "2.8.0"),
+            "node n1: tt-kmd 2.8.0 loaded and node back in service"
+        );
+        // Someone else's cordon stays.
+        r.cordon = Cordon::Theirs;
+        let m = node_upgraded_message("n1", &r, "2.8.0");
+        assert!(m.contains("stays cordoned"), "{m}");
+    }
 
     #[test]
     fn all_lists_each_reason_once_with_a_distinct_name() {

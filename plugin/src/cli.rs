@@ -88,14 +88,14 @@ pub enum Command {
     /// mode, time in state, reason.
     Nodes { policy: String },
     /// Live view until the rollout ends: progress bar, ETA, node states. Exits 0
-    /// when every node is Done, 2 when a node Failed.
+    /// when every node is Done, 2 when a node Failed, 3 when --timeout runs out.
     Watch {
         /// Only this policy (default: all).
         policy: Option<String>,
         /// Seconds between refreshes.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
-        /// Give up (exit 1) after this many seconds.
+        /// Give up (exit 3) after this many seconds.
         #[arg(long)]
         timeout: Option<f64>,
     },
@@ -117,7 +117,7 @@ pub enum Command {
         #[arg(long, value_name = "S", default_value_t = eta::DEFAULT_POD_SECONDS)]
         pod_seconds: u32,
         /// Prediction: seconds of a node's cordon, drain and uncordon (default:
-        /// the 90 s per-node default less the default build, load and pod
+        /// the 90 s cache-cold cycle less the default build, load and pod
         /// replacement).
         #[arg(long, value_name = "S", default_value_t = eta::DEFAULT_DRAIN_SECONDS)]
         drain_seconds: u32,
@@ -235,6 +235,30 @@ mod tests {
             Cli::try_parse_from(["kubectl-tt-driver", "plan", "fleet", "--build-seconds=-1"])
                 .is_err()
         );
+    }
+
+    /// `watch --help` states the exit codes `watch` returns ([`exit`]).
+    #[test]
+    fn watch_help_states_the_exit_codes() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("watch")
+            .expect("watch subcommand")
+            .render_long_help()
+            .to_string();
+        // The flag's line and the next (its text, when on its own line).
+        let timeout: String = help
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("--timeout"))
+            .take(2)
+            .collect();
+        assert!(
+            timeout.contains(&format!("exit {}", exit::TIMEOUT)),
+            "--timeout help: {timeout:?}"
+        );
+        assert!(help.contains(&format!("{} when a node Failed", exit::FAILED_NODE)));
+        assert!(help.contains(&format!("{} when --timeout runs out", exit::TIMEOUT)));
     }
 
     #[test]

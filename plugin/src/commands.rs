@@ -705,10 +705,10 @@ async fn logs(
             println!("==> node {n}, pod {}/{pod} <==", ctx.namespace);
         }
         if follow {
-            let stream = pods
-                .log_stream(&pod, &lp)
-                .await
-                .with_context(|| format!("reading the log of pod {}/{pod}", ctx.namespace))?;
+            let stream = match pods.log_stream(&pod, &lp).await {
+                Ok(s) => s,
+                Err(e) => bail!("{}", log_failure(ctx, n, &pod, &e).await),
+            };
             let mut lines = stream.lines();
             while let Some(line) = lines.try_next().await? {
                 println!("{line}");
@@ -721,11 +721,7 @@ async fn logs(
                         println!();
                     }
                 }
-                Err(kube::Error::Api(s)) => errors.push(format!(
-                    "pod {}/{pod} on node {n}: {} ({})",
-                    ctx.namespace, s.message, s.code
-                )),
-                Err(e) => errors.push(format!("pod {}/{pod} on node {n}: {e}", ctx.namespace)),
+                Err(e) => errors.push(log_failure(ctx, n, &pod, &e).await),
             }
         }
     }
@@ -733,6 +729,48 @@ async fn logs(
         bail!("could not read installer logs: {}", errors.join("; "));
     }
     Ok(0)
+}
+
+/// Why the log of `pod` on `node` could not be read. A simulated node (kwok,
+/// as in `make demo`) has no kubelet and its pods run no container, so the API
+/// server answers 400: say that plainly rather than pass the 400 on alone.
+async fn log_failure(ctx: &Ctx, node: &str, pod: &str, e: &kube::Error) -> String {
+    let said = match e {
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        e => e.to_string(),
+    };
+    // Best effort: a node we cannot read is not known to be simulated.
+    let simulated = Api::<Node>::all(ctx.client.clone())
+        .get_opt(node)
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|n| is_simulated(&n));
+    log_failure_text(&ctx.namespace, pod, node, &said, simulated)
+}
+
+/// kwok simulates the nodes that carry this annotation (the demo's, the
+/// test cluster's).
+const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
+fn is_simulated(n: &Node) -> bool {
+    n.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(KWOK_NODE_ANNOTATION))
+}
+
+fn log_failure_text(ns: &str, pod: &str, node: &str, said: &str, simulated: bool) -> String {
+    if simulated {
+        format!(
+            "pod {ns}/{pod} on node {node}: no log to read: the node is simulated (kwok, annotation \
+             {KWOK_NODE_ANNOTATION}) and its pods run no container. On a real node this shows the \
+             installer's output; here `kubectl tt driver nodes` and the policy's Events tell what \
+             happened (the API server said: {said})"
+        )
+    } else {
+        format!("pod {ns}/{pod} on node {node}: {said}")
+    }
 }
 
 pub struct HandbackOptions {
@@ -916,4 +954,41 @@ async fn handback(ctx: &Ctx, name: &str, opts: HandbackOptions) -> Result<i32> {
         crate::handback::render(&plan, &ctx.namespace, true)
     })?;
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    /// A log that cannot be read on a simulated node says why in plain words;
+    /// elsewhere the API server's answer is passed on as it is.
+    #[test]
+    fn a_simulated_node_has_no_logs_and_says_so() {
+        let mut n = Node {
+            metadata: ObjectMeta {
+                name: Some("kwok-1".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(!is_simulated(&n));
+        n.metadata.annotations = Some(BTreeMap::from([(
+            KWOK_NODE_ANNOTATION.to_string(),
+            "fake".to_string(),
+        )]));
+        assert!(is_simulated(&n));
+        let said = "Bad Request (400)";
+        let sim = log_failure_text("ns", "p", "kwok-1", said, true);
+        assert!(sim.contains("the node is simulated"), "{sim}");
+        assert!(sim.contains("run no container"), "{sim}");
+        assert!(
+            sim.ends_with("(the API server said: Bad Request (400))"),
+            "{sim}"
+        );
+        assert_eq!(
+            log_failure_text("ns", "p", "n1", said, false),
+            "pod ns/p on node n1: Bad Request (400)"
+        );
+    }
 }

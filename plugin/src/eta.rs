@@ -4,8 +4,10 @@
 //! (`started` in the controller's per-node record) to the moment it reached Done
 //! (`since` of the Done record). When the records cannot be read, the policy's
 //! status gives a coarser figure: the time from the rollout's start to the last
-//! node Done, spread over the nodes done so far. With neither, a documented
-//! default is used.
+//! node Done, spread over the nodes done so far. With neither, the model's
+//! figure is used: what a cordon holds by the per-part costs ([`Costs`]).
+//! `plan` and `watch` both take their per-node figure from
+//! [`estimate_per_node`], so they never disagree on it.
 
 use ttdrv_api::{ConditionType, NodeState, TenstorrentDriverPolicyStatus};
 use ttdrv_core::machine::NodeRecord;
@@ -23,8 +25,8 @@ pub enum Basis {
     Observed,
     /// Rollout start to last Done, from the policy's status.
     Status,
-    /// Nothing observed: [`DEFAULT_PER_NODE_SECONDS`].
-    Default,
+    /// Nothing observed: the model's figure ([`model_per_node`]).
+    Model,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -80,13 +82,51 @@ pub fn status_per_node(status: &TenstorrentDriverPolicyStatus, slots: usize) -> 
     })
 }
 
-/// Mean of the samples (rounded), else the default.
+/// What one node's cycle costs by the model, nothing observed: with
+/// build-ahead the cordon holds the drain and a load from the cache (the
+/// build ran before it); without, the drain, the installer pod's
+/// replacement, the build and the load.
+pub fn model_per_node(c: Costs, build_ahead: bool) -> i64 {
+    let (build, load, pod, drain) = (
+        c.build.max(0),
+        c.load.max(0),
+        c.pod_replacement.max(0),
+        c.drain.max(0),
+    );
+    let s = if build_ahead {
+        drain + load
+    } else {
+        drain + pod + build + load
+    };
+    s.max(1)
+}
+
+/// The one per-node estimate of `plan` and `watch`: the mean of the cycles
+/// observed, else the status's coarse figure, else the model's.
+pub fn estimate_per_node(
+    observed: &[i64],
+    from_status: Option<PerNode>,
+    costs: Costs,
+    build_ahead: bool,
+) -> PerNode {
+    if !observed.is_empty() {
+        return per_node(observed);
+    }
+    from_status.unwrap_or(PerNode {
+        seconds: model_per_node(costs, build_ahead),
+        samples: 0,
+        basis: Basis::Model,
+    })
+}
+
+/// Mean of the samples (rounded), else the model's figure without
+/// build-ahead (the default costs: [`DEFAULT_PER_NODE_SECONDS`]).
 pub fn per_node(samples: &[i64]) -> PerNode {
     if samples.is_empty() {
         return PerNode {
-            seconds: DEFAULT_PER_NODE_SECONDS,
+            seconds: model_per_node(Costs::default(), false),
             samples: 0,
-            basis: Basis::Default,
+            basis: Basis::Model,
         };
     }
     let sum: i64 = samples.iter().sum();
@@ -285,6 +325,29 @@ mod tests {
             }
         );
         assert_eq!(per_node(&[]).seconds, DEFAULT_PER_NODE_SECONDS);
+    }
+
+    #[test]
+    fn one_estimate_observed_then_status_then_model() {
+        let status = PerNode {
+            seconds: 12,
+            samples: 3,
+            basis: Basis::Status,
+        };
+        let c = Costs::default();
+        // Observed cycles win over the status and the model.
+        let e = estimate_per_node(&[30, 40], Some(status), c, true);
+        assert_eq!((e.seconds, e.basis), (35, Basis::Observed));
+        // No cycle observed: the status's figure.
+        assert_eq!(estimate_per_node(&[], Some(status), c, true), status);
+        // Neither: what the cordon holds by the model, which depends on
+        // build-ahead (drain + load) or not (the whole cycle, 90 s).
+        let on = estimate_per_node(&[], None, c, true);
+        assert_eq!((on.seconds, on.basis), (c.drain + c.load, Basis::Model));
+        let off = estimate_per_node(&[], None, c, false);
+        assert_eq!(off.seconds, DEFAULT_PER_NODE_SECONDS);
+        assert_eq!(model_per_node(costs(60, 2, 1, 10), false), 73);
+        assert_eq!(model_per_node(costs(0, 0, 0, 0), true), 1);
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!   in place, and what would block: PodDisruptionBudgets that allow no disruption
 //!   (named as the drain names them, [`drain::sequence`]) and device users the
 //!   drain does not remove;
-//! - an estimated duration: waves × per-node estimate;
+//! - an estimated duration: waves × the observed per-node figure, else the
+//!   model's prediction for the policy's build-ahead setting;
 //! - build-ahead (`upgradePolicy.prepare`): which nodes hold the target in their
 //!   cache already, and the duration predicted with and without build-ahead
 //!   ([`eta::predict`]) from the given per-part costs.
@@ -502,11 +503,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     rest.sort_by_key(|c| rollout::order_key(c));
     ordered.extend(rest.into_iter().map(|c| (c.name.clone(), None)));
     if !failed.is_empty() {
-        halted = Some(format!(
-            "halted now: node(s) {} Failed; nothing starts until they are retried \
-             (kubectl tt driver retry {name} <node>); the order assumes they are",
-            failed.join(", ")
-        ));
+        halted = Some(halted_by_failures(&name, &failed));
     }
     let nodes: Vec<PlannedNode> = ordered
         .into_iter()
@@ -524,17 +521,33 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         .filter_map(|n| Some((n.clone(), by_name.get(n).and_then(|nd| record_of(nd))?)))
         .collect();
     let records: Vec<&NodeRecord> = named.iter().map(|(_, r)| r).collect();
-    let per_node = eta::per_node(&eta::observed_durations(
-        &name,
+    let prepare = &spec.upgrade_policy.prepare;
+    let max_concurrent = prepare.max_concurrent.max(1) as usize;
+    let mut by_wave: BTreeMap<usize, Vec<bool>> = BTreeMap::new();
+    for n in &nodes {
+        if let Some(w) = n.wave {
+            by_wave.entry(w).or_default().push(n.prepared);
+        }
+    }
+    let waves_prepared: Vec<Vec<bool>> = by_wave.into_values().collect();
+    let prediction = eta::predict(&waves_prepared, inp.costs, max_concurrent);
+    // The same per-node figure `watch` uses (eta::estimate_per_node).
+    let per_node = eta::estimate_per_node(
+        &eta::observed_durations(&name, None, records.iter().copied()),
         None,
-        records.iter().copied(),
-    ));
+        inp.costs,
+        prepare.enabled,
+    );
     let waves = nodes.iter().filter_map(|n| n.wave).max().unwrap_or(0);
-    // The simulated waves, else (nothing could be simulated) nodes / slots.
-    let mut seconds = if waves > 0 {
-        waves as i64 * per_node.seconds
-    } else {
-        eta::rollout_seconds(per_node.seconds, nodes.len(), max)
+    // Observed cycles: the simulated waves × the observed figure. Nothing
+    // observed: the model's prediction for the policy's build-ahead setting,
+    // the line marked "← applies" (it counts the first build, which a
+    // per-node figure cannot). Nothing simulated: nodes / slots.
+    let mut seconds = match (waves > 0, per_node.basis) {
+        (true, eta::Basis::Model) if prepare.enabled => prediction.with_build_ahead,
+        (true, eta::Basis::Model) => prediction.without_build_ahead,
+        (true, _) => waves as i64 * per_node.seconds,
+        (false, _) => eta::rollout_seconds(per_node.seconds, nodes.len(), max),
     };
     if seconds == 0 && without_drain.iter().any(|n| n.kind == reason::INSTALL) {
         seconds = per_node.seconds;
@@ -555,22 +568,13 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         .map(|h| h.why),
     };
     skipped.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
-    let prepare = &spec.upgrade_policy.prepare;
-    let max_concurrent = prepare.max_concurrent.max(1) as usize;
-    let mut by_wave: BTreeMap<usize, Vec<bool>> = BTreeMap::new();
-    for n in &nodes {
-        if let Some(w) = n.wave {
-            by_wave.entry(w).or_default().push(n.prepared);
-        }
-    }
-    let waves_prepared: Vec<Vec<bool>> = by_wave.into_values().collect();
     let build_ahead = BuildAhead {
         enabled: prepare.enabled,
         max_concurrent,
         preparing_version,
         prepared: nodes.iter().filter(|n| n.prepared).count(),
         costs: inp.costs,
-        prediction: eta::predict(&waves_prepared, inp.costs, max_concurrent),
+        prediction,
     };
     RolloutPlan {
         policy: name,
@@ -593,5 +597,33 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         halted,
         held,
         build_ahead,
+    }
+}
+
+/// Why a plan is halted by Failed nodes, with the command that retries them:
+/// the node named when there is one.
+fn halted_by_failures(policy: &str, failed: &[String]) -> String {
+    let node = match failed {
+        [one] => one.as_str(),
+        _ => "<node>",
+    };
+    format!(
+        "halted now: node(s) {} Failed; nothing starts until they are retried \
+         (kubectl tt driver retry {policy} {node}); the order assumes they are",
+        failed.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_command_names_the_one_failed_node() {
+        let one = halted_by_failures("prod", &["gpu-c".to_string()]);
+        assert!(one.contains("kubectl tt driver retry prod gpu-c)"), "{one}");
+        let two = halted_by_failures("prod", &["a".to_string(), "b".to_string()]);
+        assert!(two.contains("retry prod <node>"), "{two}");
+        assert!(two.contains("node(s) a, b Failed"), "{two}");
     }
 }

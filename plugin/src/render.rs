@@ -157,9 +157,10 @@ fn nodes_table(v: &PolicyView, pal: Palette, indent: usize, mode_col: bool) -> S
 }
 
 /// `yes` when the target is loaded or built and verified in the node's cache
-/// (its swap is a load), else `-`.
+/// (its swap is a load), else `-`. A host-managed (DKMS) or vacated node
+/// builds nothing of ours: `-` even when its module is at the target.
 fn prepared_cell(n: &NodeRow) -> (String, anstyle::Style) {
-    if n.is_prepared() {
+    if n.managed() && n.is_prepared() {
         ("yes".into(), anstyle::Style::new())
     } else {
         ("-".into(), DIM)
@@ -234,7 +235,10 @@ fn per_node_text(p: &PerNode) -> String {
             p.samples,
             if p.samples == 1 { "" } else { "s" }
         ),
-        Basis::Default => format!("{} per node (default; none observed yet)", human(p.seconds)),
+        Basis::Model => format!(
+            "{} per node (model: what a cordon holds; no cycle observed yet)",
+            human(p.seconds)
+        ),
     }
 }
 
@@ -502,6 +506,19 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
             pal.paint(&human(e.seconds), BOLD),
             per_node_text(&e.per_node),
         ));
+    } else if e.per_node.basis == Basis::Model {
+        // Nothing observed: the estimate is the model's line marked
+        // "← applies" below, so the plan shows one figure, not two.
+        out.push_str(&format!(
+            "\nEstimated duration{}: {} = the model below, build-ahead {} (no node cycle observed yet)\n",
+            if stalls {
+                " until the rollout stalls"
+            } else {
+                ""
+            },
+            pal.paint(&human(e.seconds), BOLD),
+            if p.build_ahead.enabled { "on" } else { "off" },
+        ));
     } else {
         out.push_str(&format!(
             "\nEstimated duration{}: {} = {} wave{} of at most {} node{} × {}\n",
@@ -517,6 +534,9 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
             if e.slots == 1 { "" } else { "s" },
             per_node_text(&e.per_node),
         ));
+        out.push_str(
+            "  (observed cycles include the builds as they happened; the model below is for comparison)\n",
+        );
     }
     if e.soak_seconds > 0 {
         out.push_str(&format!(
@@ -573,9 +593,17 @@ fn build_ahead(p: &RolloutPlan, stalls: bool, pal: Palette) -> String {
     }
     let c = &b.costs;
     let x = &b.prediction;
+    // The model's line is the estimate only when no cycle was observed;
+    // otherwise it marks the policy's setting, for comparison.
+    let observed = p.estimate.per_node.basis != Basis::Model;
     let h = |s: i64| human(s);
     out.push_str(&format!(
-        "Predicted duration{} (per node: build {}, load {}, pod replacement {}, drain {}):\n",
+        "{}{} (per node: build {}, load {}, pod replacement {}, drain {}):\n",
+        if observed {
+            "Model, for comparison"
+        } else {
+            "Model"
+        },
         if stalls {
             " until the rollout stalls"
         } else {
@@ -625,6 +653,8 @@ fn build_ahead(p: &RolloutPlan, stalls: bool, pal: Palette) -> String {
     let applies = |on: bool| {
         if on != b.enabled {
             String::new()
+        } else if observed {
+            format!("  {}", pal.paint("← this policy's setting", BOLD))
         } else if b.enabled {
             format!("  {}", pal.paint("← applies", BOLD))
         } else {
@@ -652,4 +682,39 @@ fn build_ahead(p: &RolloutPlan, stalls: bool, pal: Palette) -> String {
         b.max_concurrent
     ));
     out
+}
+
+#[cfg(test)]
+mod prepared_tests {
+    use super::*;
+    use ttdrv_api::NodeState;
+
+    fn row(host_managed: bool, state: NodeState) -> NodeRow {
+        NodeRow {
+            name: "n1".into(),
+            state,
+            host_managed,
+            current_version: Some("2.8.0".into()),
+            target_version: "2.8.0".into(),
+            install_mode: None,
+            prepared_version: None,
+            next_kernel_build_failed: None,
+            since: None,
+            seconds_in_state: None,
+            retry_requested: false,
+            cycle_started: None,
+            reason: None,
+            message: None,
+            firmware_version: None,
+            firmware_state: None,
+        }
+    }
+
+    /// A DKMS-managed node at the target built nothing of ours: not `yes`.
+    #[test]
+    fn prepared_is_yes_only_on_nodes_we_install() {
+        assert_eq!(prepared_cell(&row(false, NodeState::Done)).0, "yes");
+        assert_eq!(prepared_cell(&row(true, NodeState::Done)).0, "-");
+        assert_eq!(prepared_cell(&row(false, NodeState::Unmanaged)).0, "-");
+    }
 }

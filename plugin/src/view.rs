@@ -101,7 +101,7 @@ impl NodeRow {
     }
 
     /// The operator installs the module here (not host-managed, not vacated).
-    fn managed(&self) -> bool {
+    pub fn managed(&self) -> bool {
         !self.host_managed && self.state != NodeState::Unmanaged
     }
 }
@@ -413,14 +413,15 @@ pub fn watch_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Watc
     };
     let slots = view.max_unavailable;
     let samples = eta::observed_durations(&view.name, Some(&view.version), records.values());
-    let per_node = if samples.is_empty() {
+    // The per-node figure `plan` uses too, with plan's default costs.
+    let per_node = eta::estimate_per_node(
+        &samples,
         p.status
             .as_ref()
-            .and_then(|s| eta::status_per_node(s, slots))
-            .unwrap_or_else(|| eta::per_node(&[]))
-    } else {
-        eta::per_node(&samples)
-    };
+            .and_then(|s| eta::status_per_node(s, slots)),
+        eta::Costs::default(),
+        view.prepare_enabled,
+    );
     let out = outcome(&view);
     let in_progress: Vec<i64> = view
         .nodes

@@ -461,6 +461,27 @@ fn watch_frames() {
     assert_eq!(w.eta.per_node.basis, kubectl_tt_driver::eta::Basis::Status);
 }
 
+/// Nothing observed, no status: `watch` uses the model's figure `plan` uses
+/// (eta::estimate_per_node), which depends on build-ahead, and says so.
+#[test]
+fn watch_without_observations_uses_plans_model() {
+    use kubectl_tt_driver::eta::{self, Basis, Costs};
+    let (mut p, _) = rolling();
+    p.status = None;
+    let w = view::watch_view(&p, &[], NOW);
+    assert_eq!(w.eta.per_node.basis, Basis::Model);
+    assert_eq!(
+        w.eta.per_node.seconds,
+        eta::model_per_node(Costs::default(), true),
+        "build-ahead on (the default): drain + load"
+    );
+    let frame = render::watch_frame(&[w], NOW, Palette::PLAIN);
+    assert!(frame.contains("25s per node (model:"), "{frame}");
+    p.spec.upgrade_policy.prepare.enabled = false;
+    let w = view::watch_view(&p, &[], NOW);
+    assert_eq!(w.eta.per_node.seconds, eta::DEFAULT_PER_NODE_SECONDS);
+}
+
 fn pod(ns: &str, name: &str, node: &str, owner: Option<&str>, device: bool, app: &str) -> Pod {
     Pod {
         metadata: ObjectMeta {
@@ -622,8 +643,28 @@ fn plan_of_an_upgrade() {
         [Some(1), Some(1), Some(2), Some(3), Some(4)],
         "the admin-cordoned node keeps using one of the two slots"
     );
-    assert_eq!(rp.estimate.seconds, 4 * 90);
-    check("plan", &render::plan(&rp, Palette::PLAIN));
+    // Nothing observed: the estimate is the model's build-ahead line (the
+    // policy has build-ahead on), one figure for the whole plan.
+    assert_eq!(
+        rp.estimate.per_node.basis,
+        kubectl_tt_driver::eta::Basis::Model
+    );
+    assert_eq!(
+        rp.estimate.seconds,
+        rp.build_ahead.prediction.with_build_ahead
+    );
+    assert_eq!(rp.estimate.seconds, 165);
+    let text = render::plan(&rp, Palette::PLAIN);
+    let applies = text
+        .lines()
+        .find(|l| l.contains("← applies"))
+        .unwrap_or_default();
+    assert!(applies.contains(" 2m45s = "), "{applies}");
+    assert!(
+        text.contains("Estimated duration: 2m45s = the model below"),
+        "{text}"
+    );
+    check("plan", &text);
     check(
         "plan-json",
         &(serde_json::to_string_pretty(&rp).expect("serializes") + "\n"),
@@ -645,7 +686,10 @@ fn plan_counts_the_soak_and_says_when_the_next_window_opens() {
     let rp = plan_fleet(&policies, &nodes, &pods, &pdbs, Some("2.8.0"));
     assert_eq!(rp.estimate.waves, 4);
     assert_eq!(rp.estimate.soak_seconds, 3 * 600, "a soak between waves");
-    assert_eq!(rp.estimate.seconds, 4 * 90 + 3 * 600);
+    assert_eq!(
+        rp.estimate.seconds,
+        rp.build_ahead.prediction.with_build_ahead + 3 * 600
+    );
     let held = rp.held.as_deref().unwrap_or_default();
     assert!(held.contains("2026-12-05T21:00:00Z"), "{held}");
     let text = render::plan(&rp, Palette::PLAIN);

@@ -454,10 +454,7 @@ async fn report_transition(
                 false,
                 EventReason::NodeUpgraded,
                 "Upgrade",
-                format!(
-                    "node {node}: tt-kmd {} loaded and node back in service",
-                    next.target
-                ),
+                ttdrv_core::event::node_upgraded_message(node, prev, &next.target),
             );
         }
         NodeState::Draining

@@ -309,6 +309,14 @@ impl Families {
         family
     }
 
+    /// Registers a collector that is not one of our families (the
+    /// `prometheus` crate's process collector). Panics as [`Self::register`].
+    pub(super) fn register_collector(&mut self, name: &str, c: Box<dyn Collector>) {
+        self.registry
+            .register(c)
+            .unwrap_or_else(|e| panic!("registering metrics {name}: {e}"));
+    }
+
     /// The text exposition of every family with at least one series.
     pub(super) fn encode(&self) -> Vec<u8> {
         let mut buf = Vec::new();

@@ -1,7 +1,7 @@
 //! Prometheus metrics of the controller.
 //!
 //! Every metric is named `ttdriver_*`, those of the firmware policies `ttfw_*`
-//! (the Go operator's, `firmware`). The names and labels of the Go operator we
+//! (the Go operator's, `firmware`), but the standard `process_*` ones. The names and labels of the Go operator we
 //! replace (`ttdriver_policy_nodes`, `ttdriver_nodes_by_kmd_version`,
 //! `ttdriver_policy_desired_version`, `ttdriver_pods_evicted_total`,
 //! `ttdriver_drain_blocked_total`, `ttdriver_errors_total`,
@@ -27,7 +27,8 @@
 //! leader; `node`: per-node upgrade states; `policy`: a policy's rollout;
 //! `fleet`: tt-kmd versions across nodes; `drain`: evictions; `daemonset`:
 //! writes of the installer DaemonSet; `reconcile`:
-//! reconcile passes and errors; `actors`: actor restarts and mailboxes). This
+//! reconcile passes, errors and watch restarts; `actors`: actor restarts and
+//! mailboxes; `process`: the standard `process_*` figures). This
 //! file ties the groups together: creation, encoding, and the lifecycle of a
 //! policy's and a node's series.
 //!
@@ -43,6 +44,7 @@ mod firmware;
 mod fleet;
 mod node;
 mod policy;
+mod process;
 mod reconcile;
 mod replica;
 
@@ -114,6 +116,7 @@ impl Metrics {
         let reconcile = ReconcileMetrics::register(&mut families);
         let actors = ActorMetrics::register(&mut families);
         let firmware = FirmwareMetrics::register(&mut families);
+        process::register(&mut families);
         Metrics {
             families,
             replica,

@@ -1,6 +1,7 @@
 //! Metrics of the policy supervisor's reconcile passes: how many, how long,
-//! with what result, when the last one succeeded, and the controller's errors
-//! by stage (counted wherever they happen, the node actor included).
+//! with what result, when the last one succeeded, the controller's errors
+//! by stage (counted wherever they happen, the node actor included), and the
+//! restarts of its watches.
 
 use std::sync::Arc;
 
@@ -26,8 +27,20 @@ pub const ERROR_STAGES: &[&str] = &[
     "evict",
 ];
 
-/// The `ttdriver_reconcile_*`, `ttdriver_last_successful_reconcile_*` and `ttdriver_errors_total` families.
+/// The kinds the controller watches (src/watch.rs); their restart counters
+/// start at 0.
+pub const WATCH_KINDS: &[&str] = &[
+    "TenstorrentDriverPolicy",
+    "Node",
+    "DaemonSet",
+    "PodDisruptionBudget",
+    "Pod",
+];
+
+/// The `ttdriver_reconcile_*`, `ttdriver_last_successful_reconcile_*`,
+/// `ttdriver_errors_total` and `ttdriver_watch_restarts_total` families.
 pub(super) struct ReconcileMetrics {
+    watch_restarts: Arc<Family>,
     errors: Arc<Family>,
     last_successful_reconcile: Arc<Family>,
     reconcile_total: Arc<Family>,
@@ -37,7 +50,12 @@ pub(super) struct ReconcileMetrics {
 impl ReconcileMetrics {
     /// Creates and registers the families of this group.
     pub(super) fn register(families: &mut Families) -> Self {
-        ReconcileMetrics {
+        let m = ReconcileMetrics {
+            watch_restarts: families.counter(
+                "ttdriver_watch_restarts_total",
+                "Errors of a watch of the controller's caches, by kind; each restarts the watch with backoff (and re-lists when the resource version is gone).",
+                &["kind"],
+            ),
             errors: families.counter(
                 "ttdriver_errors_total",
                 "Errors of the controller, by stage.",
@@ -59,7 +77,11 @@ impl ReconcileMetrics {
                 &["cr"],
                 RECONCILE_BUCKETS,
             ),
+        };
+        for kind in WATCH_KINDS {
+            m.watch_restarts.touch(&[kind]);
         }
+        m
     }
 
     /// Creates the reconcile counters of a newly seen policy at zero, one per
@@ -99,6 +121,11 @@ impl Metrics {
         self.ensure_cr(cr);
         self.reconcile.errors.add(&[cr, stage], 1.0);
     }
+
+    /// `ttdriver_watch_restarts_total{kind}`: a watch failed and restarts.
+    pub fn inc_watch_restart(&self, kind: &str) {
+        self.reconcile.watch_restarts.add(&[kind], 1.0);
+    }
 }
 
 #[cfg(test)]
@@ -106,7 +133,7 @@ mod zero_series {
     use super::super::Metrics;
     use super::super::actors::ACTOR_KINDS;
     use super::super::text_parser::{parse, value};
-    use super::ERROR_STAGES;
+    use super::{ERROR_STAGES, WATCH_KINDS};
 
     /// A dashboard panel of errors, restarts or full mailboxes shows 0 for a
     /// controller that never had one, not "no data".
@@ -124,6 +151,19 @@ mod zero_series {
             );
             assert_eq!(v, Some(0.0), "ttdriver_errors_total{{stage={stage}}}");
         }
+        for kind in WATCH_KINDS {
+            let v = value(&samples, "ttdriver_watch_restarts_total", &[("kind", kind)]);
+            assert_eq!(v, Some(0.0), "ttdriver_watch_restarts_total{{kind={kind}}}");
+        }
+        m.inc_watch_restart("Node");
+        let (_, body) = m.encode();
+        let samples = parse(&String::from_utf8(body).expect("utf-8")).0;
+        let v = value(
+            &samples,
+            "ttdriver_watch_restarts_total",
+            &[("kind", "Node")],
+        );
+        assert_eq!(v, Some(1.0));
         for actor in ACTOR_KINDS {
             for family in [
                 "ttdriver_actor_restarts_total",

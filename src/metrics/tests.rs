@@ -23,7 +23,9 @@ fn scrape(m: &Metrics) -> Vec<Sample> {
 
 /// The text of a scrape, with the one wall-clock value
 /// (`ttdriver_last_successful_reconcile_timestamp_seconds`) checked to be
-/// about now and then replaced by `<now>`, so the text is reproducible.
+/// about now and then replaced by `<now>`, and the process's figures
+/// (`process_*`, which change by themselves) by `<process>`, so the text is
+/// reproducible.
 fn render_stable(m: &Metrics) -> String {
     let (_, body) = m.encode();
     let text = String::from_utf8(body).expect("utf-8");
@@ -36,6 +38,11 @@ fn render_stable(m: &Metrics) -> String {
                 assert!((v - now_unix_seconds()).abs() < 60.0, "{line}");
                 out.push_str(series);
                 out.push_str(" <now>\n");
+            }
+            None if line.starts_with("process_") => {
+                let (series, _) = line.trim_end().rsplit_once(' ').expect("sample line");
+                out.push_str(series);
+                out.push_str(" <process>\n");
             }
             None => out.push_str(line),
         }

@@ -341,6 +341,20 @@ fn summary_counts_and_messages() {
     assert_eq!(degraded.message, "c: late");
 }
 
+/// A healthy rollout of three nodes: the Go field says 3 (desired −
+/// available), `failedNodes`, which the printed `Failed` column shows, says 0.
+#[test]
+fn a_healthy_rollout_has_no_failed_nodes_but_keeps_the_go_count() {
+    let recs = records(&[
+        ("a", rec(NodeState::Draining, Some("Drain"), None)),
+        ("b", rec(NodeState::Pending, None, None)),
+        ("c", rec(NodeState::Pending, None, None)),
+    ]);
+    let (s, failed) = summarize(&recs);
+    assert_eq!((s.failed, s.failed_nodes), (3, 0));
+    assert!(failed.is_empty());
+}
+
 #[test]
 fn prepared_counts_nodes_holding_the_target_and_names_the_rest() {
     let recs = records(&[
