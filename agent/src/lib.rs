@@ -11,7 +11,7 @@
 //! busy device, a failed build or a refused load it says so in its
 //! termination message. See docs/agent.md.
 //!
-//! The test fakes (`fake`, `node::FakeNode`) are built only with the `fake`
+//! The test fakes (`fake`, `node::fake::FakeNode`) are built only with the `fake`
 //! feature, which the crate's own tests turn on (its self dev-dependency):
 //! the shipped lib and binary carry none of them.
 //!

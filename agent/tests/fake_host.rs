@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ttdrv_agent::build::GitMakeBuilder;
 use ttdrv_agent::fake::{FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder, set_loaded};
-use ttdrv_agent::node::FakeNode;
+use ttdrv_agent::node::fake::FakeNode;
 use ttdrv_agent::{AgentError, ModuleSource, Outcome, Rollback};
 use ttdrv_api::labels;
 

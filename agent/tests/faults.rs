@@ -20,7 +20,7 @@ use std::time::Duration;
 use ttdrv_agent::build::{BuildRequest, Builder};
 use ttdrv_agent::fake::{FakeBuilder, FakeKernel, plant_cached, set_loaded, write_fake_module};
 use ttdrv_agent::modinfo::{fake_module_bytes, module_version};
-use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
+use ttdrv_agent::node::fake::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, AgentError, Config, ModuleSource, Outcome};
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use ttdrv_agent::error::TERMINATION_MESSAGE_MAX;
 use ttdrv_agent::fake::{FakeBuilder, FakeKernel, fake_host, set_loaded};
-use ttdrv_agent::node::{FAKE_NODE, FAKE_POLICY, FakeNode, go_ahead_node};
+use ttdrv_agent::node::fake::{FAKE_NODE, FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, AgentError, Config, HostRoot};
 use ttdrv_core::reason;

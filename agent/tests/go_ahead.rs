@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use ttdrv_agent::fake::{FAKE_BOOT_ID, FakeBuilder, FakeKernel, add_holder};
-use ttdrv_agent::node::{
+use ttdrv_agent::node::fake::{
     FAKE_CYCLE, FAKE_NODE, FAKE_POLICY, FakeNode, go_ahead_node, node_with, upgrading_record,
 };
 use ttdrv_agent::pod::{self, FakePause};

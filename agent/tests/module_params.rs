@@ -8,7 +8,7 @@ mod common;
 use std::fs;
 
 use ttdrv_agent::fake::{FakeBuilder, FakeKernel, set_loaded, set_parameters};
-use ttdrv_agent::node::FakeNode;
+use ttdrv_agent::node::fake::FakeNode;
 use ttdrv_agent::{AgentError, Config, Outcome};
 use ttdrv_api::labels;
 use ttdrv_api::module_params::{self, Values};

@@ -13,7 +13,7 @@ use std::fs;
 use ttdrv_agent::agent::{BUILD_NICE, next_kernels};
 use ttdrv_agent::cache::Cache;
 use ttdrv_agent::fake::{FakeBuilder, FakeKernel};
-use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node, node_with, upgrading_record};
+use ttdrv_agent::node::fake::{FAKE_POLICY, FakeNode, go_ahead_node, node_with, upgrading_record};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Config, ModuleSource, Outcome};
 use ttdrv_api::labels;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ttdrv_agent::build::GitMakeBuilder;
 use ttdrv_agent::fake::{FakeKernel, set_loaded};
-use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
+use ttdrv_agent::node::fake::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::{Agent, Config, HostRoot, ModuleSource, Outcome};
 

@@ -6,7 +6,7 @@
 mod common;
 
 use ttdrv_agent::fake::{FakeBuilder, FakeKernel, add_holder, set_loaded};
-use ttdrv_agent::node::{FAKE_CYCLE, FAKE_NODE, FAKE_POLICY, FakeNode, node_with};
+use ttdrv_agent::node::fake::{FAKE_CYCLE, FAKE_NODE, FAKE_POLICY, FakeNode, node_with};
 use ttdrv_agent::pod::FakePause;
 use ttdrv_agent::unload::{self, Unloaded};
 use ttdrv_agent::{Agent, AgentError, Config};

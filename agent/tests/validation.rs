@@ -8,7 +8,7 @@ mod common;
 
 use ttdrv_agent::Rollback;
 use ttdrv_agent::fake::{FakeKernel, add_cards, bind_cards, set_loaded};
-use ttdrv_agent::node::{FAKE_NODE, FAKE_POLICY, FakeNode, node_with, upgrading_record};
+use ttdrv_agent::node::fake::{FAKE_NODE, FAKE_POLICY, FakeNode, node_with, upgrading_record};
 use ttdrv_agent::validate::{self, SwapOutcome};
 use ttdrv_agent::{AgentError, Outcome};
 use ttdrv_api::OnValidationFailure;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use ttdrv_api::firmware::{FirmwareNodeState, TenstorrentFirmwarePolicy, reason};
+use ttdrv_core::drain::{DrainPass, PodRef};
 use ttdrv_core::event::EventReason;
 use ttdrv_core::firmware::job::{JobDefaults, flash_job};
 use ttdrv_core::firmware::{Command, Desired, FlashJob, FwRecord, OwnJob, step};
@@ -300,24 +301,7 @@ async fn step_node(
     for c in &next.commands {
         match c {
             Command::Evict if !s.view.evictions.is_empty() => {
-                let sent = ports
-                    .to
-                    .evict
-                    .send(Evict {
-                        policy: policy.clone(),
-                        pods: s.view.evictions.clone(),
-                        firmware: true,
-                    })
-                    .await;
-                if let Ok(out) = sent {
-                    ctx.metrics.inc_fw_evicted(&policy, out.evicted.len());
-                    ctx.metrics
-                        .inc_fw_drain_blocked(&policy, "pdb", out.blocked.len());
-                    for e in &out.errors {
-                        tracing::warn!(policy, node, error = e, "eviction failed; will retry");
-                        ctx.metrics.inc_fw_error(&policy, "evict");
-                    }
-                }
+                evict(ports, &policy, &node, &s.view.evictions).await;
             }
             Command::CreateJob => {
                 let created = match next.record.job.as_deref() {
@@ -355,6 +339,30 @@ async fn step_node(
         report(ctx, p, &node, &s.prev, &next.record);
     }
     (next.record, written)
+}
+
+/// The drain's next evictions, through the Evictor, counted as the firmware
+/// policy's (`ttfw_*`).
+async fn evict(ports: &Ports, policy: &str, node: &str, pods: &[(PodRef, DrainPass)]) {
+    let ctx = &ports.ctx;
+    let sent = ports
+        .to
+        .evict
+        .send(Evict {
+            policy: policy.to_string(),
+            pods: pods.to_vec(),
+            firmware: true,
+        })
+        .await;
+    if let Ok(out) = sent {
+        ctx.metrics.inc_fw_evicted(policy, out.evicted.len());
+        ctx.metrics
+            .inc_fw_drain_blocked(policy, "pdb", out.blocked.len());
+        for e in &out.errors {
+            tracing::warn!(policy, node, error = e, "eviction failed; will retry");
+            ctx.metrics.inc_fw_error(policy, "evict");
+        }
+    }
 }
 
 /// Creates the flash Job `name` (the one the record names); true when it

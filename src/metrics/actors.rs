@@ -13,7 +13,6 @@ pub const ACTOR_KINDS: &[&str] = &[
     "policy_manager",
     "policy_supervisor",
     "node",
-    "firmware_policy",
     "firmware_node",
 ];
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use ttdrv_agent::build::Builder;
 use ttdrv_agent::fake::{FakeBuilder, FakeKernel, add_holder, fake_host, plant_cached, set_loaded};
 use ttdrv_agent::node::NodeApi;
-use ttdrv_agent::node::{FAKE_POLICY, FakeNode, go_ahead_node};
+use ttdrv_agent::node::fake::{FAKE_POLICY, FakeNode, go_ahead_node};
 use ttdrv_agent::pod::{FakePause, Pause};
 use ttdrv_agent::{Agent, AgentError, Config, HostRoot, ModuleSource, Outcome};
 
