@@ -19,12 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use actix::prelude::*;
-use futures::StreamExt;
-use k8s_openapi::api::batch::v1::Job;
 use kube::Api;
-use kube::Client;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use ttdrv_api::firmware::{TenstorrentFirmwarePolicy, labels as fw};
 use ttdrv_core::firmware::observe::{Selected, selects};
 
@@ -32,81 +27,19 @@ use crate::actors::{Evictor, Labeler, PatchNode};
 use crate::claims::Holder;
 use crate::context::Context;
 
+mod clock;
 mod jobs;
 mod node;
 mod patch;
 mod policy;
+mod seen;
+mod shared;
 mod status;
+mod watches;
 
+use shared::Shared;
 pub use status::{conditions, summary};
-
-/// The firmware policies and the flash Jobs, as their watches keep them.
-#[derive(Clone)]
-pub struct FirmwareStores {
-    pub policies: Store<TenstorrentFirmwarePolicy>,
-    pub jobs: Store<Job>,
-}
-
-/// Starts the two watches; each change asks for a pass (`kick`). Returns the
-/// caches and a future that resolves once both have listed.
-pub fn start_watches(
-    client: &Client,
-    namespace: &str,
-    policy_selector: Option<&str>,
-    kick: tokio::sync::mpsc::Sender<()>,
-) -> (FirmwareStores, impl std::future::Future<Output = ()>) {
-    let (policies, pw) = reflector::store();
-    let (jobs, jw) = reflector::store();
-    let mut pcfg = watcher::Config::default();
-    if let Some(sel) = policy_selector {
-        // As for the driver policies: only those this controller serves.
-        pcfg = pcfg.labels(sel);
-    }
-    let policy_stream = watcher(Api::<TenstorrentFirmwarePolicy>::all(client.clone()), pcfg)
-        .default_backoff()
-        .reflect(pw)
-        .map(|_| ())
-        .boxed();
-    let job_cfg = watcher::Config::default().labels(fw::JOB_POLICY);
-    let job_stream = watcher(Api::<Job>::namespaced(client.clone(), namespace), job_cfg)
-        .default_backoff()
-        .modify(|j| j.metadata.managed_fields = None)
-        .reflect(jw)
-        .map(|_| ())
-        .boxed();
-    tokio::spawn(async move {
-        let mut both = futures::stream::select(policy_stream, job_stream);
-        while both.next().await.is_some() {
-            // A pass is pending already when the channel is full.
-            let _ = kick.try_send(());
-        }
-    });
-    let (p, j) = (policies.clone(), jobs.clone());
-    let ready = async move {
-        let _ = futures::join!(p.wait_until_ready(), j.wait_until_ready());
-    };
-    (FirmwareStores { policies, jobs }, ready)
-}
-
-/// What every actor of the firmware controller shares.
-pub(crate) struct Shared {
-    pub(crate) ctx: Arc<Context>,
-    pub(crate) stores: FirmwareStores,
-    pub(crate) labeler: Addr<Labeler>,
-    pub(crate) evictor: Addr<Evictor>,
-    pub(crate) jobs: Addr<jobs::FlashJobWriter>,
-}
-
-impl Shared {
-    /// The ports of a node actor: the shared writers.
-    pub(crate) fn node_ports(&self) -> node::FwNodePorts {
-        node::FwNodePorts {
-            patch: self.labeler.clone().recipient(),
-            evict: self.evictor.clone().recipient(),
-            create_job: self.jobs.clone().recipient(),
-        }
-    }
-}
+pub use watches::{FirmwareStores, start_watches};
 
 /// The supervisor: one [`policy::PolicyActor`] per firmware policy served,
 /// started when it appears and stopped when it goes; between them, the
@@ -233,19 +166,6 @@ fn fleet_metrics(shared: &Shared) {
         }
     }
     shared.ctx.metrics.set_nodes_by_fw_version(&by_version);
-}
-
-pub(crate) fn rfc3339(secs: i64) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
-    k8s_openapi::jiff::Timestamp::from_second(secs)
-        .ok()
-        .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
-}
-
-pub(crate) fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or_default()
 }
 
 /// Firmware records whose policy is gone (deleted), or no longer selects

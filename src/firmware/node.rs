@@ -22,7 +22,7 @@ use ttdrv_core::firmware::job::{JobDefaults, flash_job};
 use ttdrv_core::firmware::{Command, Desired, FlashJob, FwRecord, OwnJob, step};
 
 use super::jobs::{CreateFlashJob, JobCreate};
-use super::policy::Seen;
+use super::seen::Seen;
 use crate::actors::{Evict, PatchNode};
 use crate::claims::{Budget, Holder, Refused};
 use crate::context::Context;

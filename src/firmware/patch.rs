@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use ttdrv_api::firmware::{FirmwareNodeState, job_name_for, labels as fw};
 use ttdrv_core::firmware::{Command, Step};
 
-use super::{now_secs, rfc3339};
+use super::clock::{now_secs, rfc3339};
 
 /// The patch of one step: the record, the state label, the owner label, and
 /// the cordon or uncordon with the Go controller's cordon marks; the Go

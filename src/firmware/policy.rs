@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use actix::prelude::*;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -22,18 +22,12 @@ use ttdrv_core::firmware::observe::{Selected, drain_policy, observe, record_of, 
 use ttdrv_core::firmware::{Desired, FwRecord, takeover};
 use ttdrv_core::rollout::{Candidate, Limits, plan};
 
+use super::clock::now_secs;
 use super::node::{NodeActor, StepNode};
+use super::seen::Seen;
+use super::shared::Shared;
 use super::status::{candidate, conditions, is_conflict, node_status, summary};
-use super::{Shared, now_secs};
 use crate::claims::Budget;
-
-/// One node of a policy, as a pass sees it.
-pub(crate) struct Seen {
-    pub(crate) node: Arc<Node>,
-    pub(crate) prev: FwRecord,
-    pub(crate) persisted: Option<FwRecord>,
-    pub(crate) view: ttdrv_core::firmware::observe::NodeView,
-}
 
 /// What a policy's passes remember between them.
 #[derive(Default)]
@@ -119,22 +113,63 @@ impl Handler<Stop> for PolicyActor {
 
 async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut Memory) {
     let ctx = &shared.ctx;
-    let mut errors = 0u32;
     let name = p.metadata.name.clone().unwrap_or_default();
     let spec = &p.spec;
-    let now = now_secs();
     let mut desired = Desired::of(&p);
-    let drain = drain_policy(&p);
-    let selector = PodSelector::parse(&drain.pod_selector_label).ok();
-    let exempt = ctx.config.drain_exempt_namespaces();
-    let pdbs = ctx.stores.pdbs.state();
+    let (owned, conflicts) = observe_nodes(shared, &p, &desired, memory).await;
+    desired.halted = spec.upgrade_policy.halt_on_failure
+        && owned
+            .iter()
+            .any(|s| s.prev.state == FirmwareNodeState::Failed);
+    let candidates: Vec<Candidate> = owned.iter().map(|s| candidate(s, &desired)).collect();
+    let (granted, budget) = grant(shared, &p, &desired, &candidates, &mut memory.held);
+    let (mut statuses, errors) = step_all(
+        shared,
+        &p,
+        &desired,
+        owned,
+        &granted,
+        Arc::new(budget),
+        memory,
+    )
+    .await;
+    statuses.extend(conflicts.iter().map(|(n, other)| conflict_status(n, other)));
+    statuses.sort_by(|a, b| a.name.cmp(&b.name));
+    // Another policy's nodes are counted by that policy.
+    let states: Vec<FirmwareNodeState> = statuses
+        .iter()
+        .filter(|n| !is_conflict(n))
+        .map(|n| n.state)
+        .collect();
+    ctx.metrics
+        .set_firmware_policy(&name, &spec.version, &states, errors == 0);
+    write_status(shared, &p, statuses, &conflicts, memory).await;
+}
+
+/// The nodes the policy owns, each as this pass sees it, and those it
+/// selects that another policy owns (node, owner).
+async fn observe_nodes(
+    shared: &Shared,
+    p: &TenstorrentFirmwarePolicy,
+    desired: &Desired,
+    memory: &mut Memory,
+) -> (Vec<Seen>, Vec<(String, String)>) {
+    let ctx = &shared.ctx;
+    let name = p.metadata.name.clone().unwrap_or_default();
+    let drain = drain_policy(p);
+    let shape = DrainShape {
+        selector: PodSelector::parse(&drain.pod_selector_label).ok(),
+        exempt: ctx.config.drain_exempt_namespaces(),
+        pdbs: ctx.stores.pdbs.state(),
+        drain,
+    };
     let mut owned: Vec<Seen> = vec![];
     let mut conflicts: Vec<(String, String)> = vec![];
     for node in ctx.stores.nodes.state() {
         let Some(node_name) = node.metadata.name.clone() else {
             continue;
         };
-        match selects(&p, &node, ctx.eligibility()) {
+        match selects(p, &node, ctx.eligibility()) {
             Selected::No => continue,
             Selected::Conflict(other) => {
                 conflicts.push((node_name, other));
@@ -143,81 +178,110 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
             Selected::Owned => {}
         }
         let persisted = record_of(&name, &node);
-        let key = node_name.clone();
-        if persisted.is_some() && memory.live.get(&key) == persisted.as_ref() {
-            memory.live.remove(&key);
+        if persisted.is_some() && memory.live.get(&node_name) == persisted.as_ref() {
+            memory.live.remove(&node_name);
         }
-        let rec = memory.live.get(&key).cloned().or(persisted.clone());
-        // The machine reads the flash Job only while Flashing and on a
-        // takeover: only then is it looked up (its pods are an API list,
-        // and a finished Job is kept a day). The Job the record names;
-        // by its deterministic name on a takeover, or for a record of an
-        // earlier controller version that named none.
-        let job = if rec
-            .as_ref()
-            .is_none_or(|r| r.state == FirmwareNodeState::Flashing)
-        {
-            let job_name = rec.as_ref().and_then(|r| r.job.clone()).unwrap_or_else(|| {
-                let attempt = rec.as_ref().map_or(0, |r| r.attempt);
-                job_name_for(&name, &node_name, &spec.version, attempt)
-            });
-            job(shared, &job_name).await
-        } else {
-            ttdrv_core::firmware::FlashJob::Missing
-        };
-        let draining = rec.as_ref().is_some_and(|r| {
-            matches!(
-                r.state,
-                FirmwareNodeState::Cordoning | FirmwareNodeState::Draining
-            )
-        });
-        let pods = ctx.stores.pods.on_node(&node_name);
-        let facts: Vec<&ttdrv_core::drain::PodFacts> = pods.facts.iter().map(Arc::as_ref).collect();
-        let mut view = observe(
-            &name,
-            &node,
-            &facts,
-            &drain,
-            selector.as_ref(),
-            &exempt,
-            draining,
-            || pdbs.iter().map(Arc::as_ref).collect(),
-            job,
-            now,
-        );
-        let prev = rec.unwrap_or_else(|| takeover(&desired, &view.obs));
-        if ctx.config.combine_firmware_and_driver && prev.state == FirmwareNodeState::Flashing {
-            view.obs.driver_waiting = ttdrv_core::claim::handover_to(
-                &node,
-                |p| ctx.stores.policies.get(&ObjectRef::new(p)),
-                &desired.readback,
-            );
-        }
-        owned.push(Seen {
-            node,
-            prev,
-            persisted,
-            view,
-        });
+        let rec = memory.live.get(&node_name).cloned().or(persisted.clone());
+        owned.push(see_node(shared, p, desired, &shape, node, rec, persisted).await);
     }
-    desired.halted = spec.upgrade_policy.halt_on_failure
-        && owned
-            .iter()
-            .any(|s| s.prev.state == FirmwareNodeState::Failed);
+    (owned, conflicts)
+}
 
-    // The budget: maxParallel, under the driver rollout's rules.
-    let candidates: Vec<Candidate> = owned.iter().map(|s| candidate(s, &desired)).collect();
-    let held = &mut memory.held;
+/// What a pass drains by, read once for all its nodes.
+struct DrainShape {
+    drain: ttdrv_api::DrainPolicy,
+    selector: Option<PodSelector>,
+    exempt: Vec<String>,
+    pdbs: Vec<Arc<k8s_openapi::api::policy::v1::PodDisruptionBudget>>,
+}
+
+/// One owned node: its observation, and the record it steps from (ours, or
+/// one taken over from the Go firmware controller).
+async fn see_node(
+    shared: &Shared,
+    p: &TenstorrentFirmwarePolicy,
+    desired: &Desired,
+    shape: &DrainShape,
+    node: Arc<k8s_openapi::api::core::v1::Node>,
+    rec: Option<FwRecord>,
+    persisted: Option<FwRecord>,
+) -> Seen {
+    let ctx = &shared.ctx;
+    let name = p.metadata.name.clone().unwrap_or_default();
+    let node_name = node.metadata.name.clone().unwrap_or_default();
+    // The machine reads the flash Job only while Flashing and on a
+    // takeover: only then is it looked up (its pods are an API list, and a
+    // finished Job is kept a day). The Job the record names; by its
+    // deterministic name on a takeover, or for a record of an earlier
+    // controller version that named none.
+    let job = if rec
+        .as_ref()
+        .is_none_or(|r| r.state == FirmwareNodeState::Flashing)
+    {
+        let job_name = rec.as_ref().and_then(|r| r.job.clone()).unwrap_or_else(|| {
+            let attempt = rec.as_ref().map_or(0, |r| r.attempt);
+            job_name_for(&name, &node_name, &p.spec.version, attempt)
+        });
+        job(shared, &job_name).await
+    } else {
+        ttdrv_core::firmware::FlashJob::Missing
+    };
+    let draining = rec.as_ref().is_some_and(|r| {
+        matches!(
+            r.state,
+            FirmwareNodeState::Cordoning | FirmwareNodeState::Draining
+        )
+    });
+    let pods = ctx.stores.pods.on_node(&node_name);
+    let facts: Vec<&ttdrv_core::drain::PodFacts> = pods.facts.iter().map(Arc::as_ref).collect();
+    let mut view = observe(
+        &name,
+        &node,
+        &facts,
+        &shape.drain,
+        shape.selector.as_ref(),
+        &shape.exempt,
+        draining,
+        || shape.pdbs.iter().map(Arc::as_ref).collect(),
+        job,
+        now_secs(),
+    );
+    let prev = rec.unwrap_or_else(|| takeover(desired, &view.obs));
+    if ctx.config.combine_firmware_and_driver && prev.state == FirmwareNodeState::Flashing {
+        view.obs.driver_waiting = ttdrv_core::claim::handover_to(
+            &node,
+            |p| ctx.stores.policies.get(&ObjectRef::new(p)),
+            &desired.readback,
+        );
+    }
+    Seen {
+        node,
+        prev,
+        persisted,
+        view,
+    }
+}
+
+/// The `maxParallel` budget, under the driver rollout's rules: the nodes
+/// granted a slot this pass (added to `held`), and what a start must stay
+/// within when it takes its claim.
+fn grant(
+    shared: &Shared,
+    p: &TenstorrentFirmwarePolicy,
+    desired: &Desired,
+    candidates: &[Candidate],
+    held: &mut BTreeSet<String>,
+) -> (BTreeSet<String>, Budget) {
     held.retain(|n| {
         candidates
             .iter()
             .any(|c| &c.name == n && ((c.wants_slot && c.ready) || c.in_progress))
     });
     let limits = Limits {
-        max_unavailable: usize::try_from(spec.upgrade_policy.max_parallel)
+        max_unavailable: usize::try_from(p.spec.upgrade_policy.max_parallel)
             .unwrap_or(1)
             .max(1),
-        brake_percent: ctx.config.not_ready_brake_percent,
+        brake_percent: shared.ctx.config.not_ready_brake_percent,
     };
     let granted: BTreeSet<String> = if desired.paused || !desired.auto_upgrade {
         BTreeSet::new()
@@ -237,9 +301,25 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
             .map(|c| c.name.clone())
             .collect(),
     };
+    (granted, budget)
+}
 
-    let budget = Arc::new(budget);
-    let mut statuses: Vec<FirmwareNodeStatus> = vec![];
+/// Every owned node steps at once, each in its own actor (a first pass
+/// writes a record on every node: one after the other, that took seconds at
+/// 100 nodes, while a driver wave could start on nodes this flash would have
+/// shared its cordon with). Starts stay within the budget: each takes its
+/// claim under the registry's lock. Returns the nodes' status entries and
+/// the failed writes.
+async fn step_all(
+    shared: &Shared,
+    p: &Arc<TenstorrentFirmwarePolicy>,
+    desired: &Desired,
+    owned: Vec<Seen>,
+    granted: &BTreeSet<String>,
+    budget: Arc<Budget>,
+    memory: &mut Memory,
+) -> (Vec<FirmwareNodeStatus>, u32) {
+    let name = p.metadata.name.clone().unwrap_or_default();
     let owned_names: BTreeSet<String> = owned
         .iter()
         .filter_map(|s| s.node.metadata.name.clone())
@@ -248,11 +328,6 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
     // claims back); each owned node gets one.
     memory.nodes.retain(|n, _| owned_names.contains(n));
     memory.live.retain(|n, _| owned_names.contains(n));
-    // Every node steps at once, each in its own actor (a first pass writes a
-    // record on every node: one after the other, that took seconds at 100
-    // nodes, while a driver wave could start on nodes this flash would have
-    // shared its cordon with). Starts stay within the budget: each takes its
-    // claim under the registry's lock.
     let mut calls = Vec::new();
     for mut s in owned {
         let node_name = s.node.metadata.name.clone().unwrap_or_default();
@@ -275,6 +350,8 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
         };
         calls.push(async move { (node_name, slot, addr.send(msg).await) });
     }
+    let mut statuses = vec![];
+    let mut errors = 0;
     for (node_name, slot, stepped) in futures::future::join_all(calls).await {
         let Ok(out) = stepped else {
             tracing::warn!(
@@ -302,29 +379,23 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
         }
         statuses.push(node_status(&node_name, &next, &out.seen));
     }
-    for (n, other) in &conflicts {
-        statuses.push(FirmwareNodeStatus {
-            name: n.clone(),
-            state: FirmwareNodeState::Pending,
-            reason: Some(reason::NODE_CONFLICT.into()),
-            current_version: None,
-            last_flash_job: None,
-            message: Some(format!(
-                "Conflict: node owned by a different TenstorrentFirmwarePolicy CR ({other})"
-            )),
-            last_transition_time: None,
-        });
+    (statuses, errors)
+}
+
+/// The status entry of a node another policy owns, as the Go operator
+/// writes it.
+fn conflict_status(node: &str, owner: &str) -> FirmwareNodeStatus {
+    FirmwareNodeStatus {
+        name: node.to_string(),
+        state: FirmwareNodeState::Pending,
+        reason: Some(reason::NODE_CONFLICT.into()),
+        current_version: None,
+        last_flash_job: None,
+        message: Some(format!(
+            "Conflict: node owned by a different TenstorrentFirmwarePolicy CR ({owner})"
+        )),
+        last_transition_time: None,
     }
-    statuses.sort_by(|a, b| a.name.cmp(&b.name));
-    // Another policy's nodes are counted by that policy.
-    let states: Vec<FirmwareNodeState> = statuses
-        .iter()
-        .filter(|n| !is_conflict(n))
-        .map(|n| n.state)
-        .collect();
-    ctx.metrics
-        .set_firmware_policy(&name, &spec.version, &states, errors == 0);
-    write_status(shared, &p, statuses, &conflicts, memory).await;
 }
 
 /// The flash Job `name` as the cache shows it, and its pods when it exists.

@@ -10,8 +10,8 @@ use ttdrv_api::firmware::{
 use ttdrv_core::firmware::{Desired, FwRecord};
 use ttdrv_core::rollout::Candidate;
 
-use super::policy::Seen;
-use super::{now_secs, rfc3339};
+use super::clock::{now_secs, rfc3339};
+use super::seen::Seen;
 
 /// The node's slot facts for the rollout plan.
 pub(super) fn candidate(s: &Seen, want: &Desired) -> Candidate {
