@@ -21,6 +21,10 @@ Every strongly connected component of more than one file is reported.
 
 Long functions: from the `fn` line to its closing brace, over 150 lines.
 
+The crate map: every module a crate root (src/lib.rs, else src/main.rs)
+declares outside test code is named in that root's `//!` doc, as `name`,
+[`name`] or `name::...`, so a newcomer finds each module in one place.
+
 Test code is skipped by both checks: `#[cfg(test)]` modules, files that
 are only test modules (`#[cfg(test)] mod tests;`), and tests/, benches/,
 examples/ (not under src/). --include-tests keeps cfg(test) code in the
@@ -422,6 +426,7 @@ def violations(root, include_tests=False):
             if len(comp) > 1:
                 files = " ".join(sorted(rel(p) for p in comp))
                 out.append((f"import-circle {label}: {files}", ""))
+        out.extend(unmapped(crate, label))
         for f in sorted(crate.files):
             if f in crate.test_files:
                 continue
@@ -429,6 +434,24 @@ def violations(root, include_tests=False):
                 length = end - start + 1
                 if not test and length > MAX_FN_LINES:
                     out.append((f"long-fn {rel(f)}::{name}", f"{length} lines from line {start}"))
+    return out
+
+
+def unmapped(crate, label):
+    """Modules the crate root declares that its `//!` map does not name."""
+    src = crate.dir / "src"
+    root = next((p for p in (src / "lib.rs", src / "main.rs") if p.is_file()), None)
+    if root is None or root not in crate.files:
+        return []
+    doc = "\n".join(
+        line.strip()[3:] for line in root.read_text(encoding="utf-8").splitlines()
+        if line.strip().startswith("//!"))
+    out = []
+    for inline, name, decl_test in crate.files[root].mod_decls:
+        if inline or decl_test:
+            continue
+        if not re.search(r"`\[?" + re.escape(name) + r"(\]|`|::)", doc):
+            out.append((f"unmapped-module {label}: {name}", f"not named in {root.relative_to(crate.dir)}'s //! map"))
     return out
 
 
@@ -483,7 +506,8 @@ SELF_TEST_FILES = {
     "a/src/p.rs": "pub mod c;\npub const Q: u8 = 1;\npub fn p() -> u8 { c::C }\n",
     "a/src/p/c.rs": "pub const C: u8 = super::Q;\n// use crate::x::X; is a comment\n",
     # b: clean, with a 150-line function (the limit itself passes).
-    "b/src/lib.rs": "mod m;\npub fn ok() {\n" + "    let _ = '{';\n" * 148 + "}\n",
+    "b/src/lib.rs": "//! The map names `m` only.\nmod m;\nmod lost;\npub fn ok() {\n" + "    let _ = '{';\n" * 148 + "}\n",
+    "b/src/lost.rs": "",
     "b/src/m.rs": "use crate::ok;\n",
 }
 
@@ -509,7 +533,15 @@ def self_test():
         expect("test code (cfg(test) module, tests.rs) not counted", not any("test" in k for k in keys))
         expect("mod declaration and parent -> child call are not edges", not any("p.rs" in k for k in keys))
         expect("a 150-line function passes; nothing else in b", not any(" b/" in k for k in keys))
-        expect("exactly two violations", len(found) == 2)
+        expect("a module the crate map does not name is found", "unmapped-module b: lost" in keys)
+        expect("a module the map names passes", "unmapped-module b: m" not in keys)
+        expect("crate a has no map: its modules are unmapped", "unmapped-module a: x" in keys)
+        found = [f for f in found if not f[0].startswith("unmapped-module")]
+        expect("exactly two other violations", len(found) == 2)
+        # The rest of the self-test is about circles and long functions.
+        for rel in ("a/src/lib.rs", "b/src/lib.rs"):
+            text = (root / rel).read_text(encoding="utf-8")
+            (root / rel).write_text("//! `x` `y` `z` `p` `m` `lost`\n" + text, encoding="utf-8")
 
         allow = root / "allow.txt"
         run = lambda: subprocess.run(

@@ -14,6 +14,10 @@
 //! 4. reads the controller's CPU time and peak RSS from /proc and its requests
 //!    from the audit log, stops it, and times `bench/baseline.sh` (serial
 //!    kubectl) on a sample of the nodes.
+//!
+//! Besides the rollout scenarios: [`density`] (what pods cost the
+//! controller), [`prepare`] (build ahead, cache-cold) and [`combined`] (a
+//! firmware and driver wave).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, Seek};

@@ -23,6 +23,7 @@
 //! | [`promotion`] | whether a policy that follows a canary (`spec.promoteAfter`) may start its new cycles |
 //! | [`rollout`] | which waiting nodes may start now under `maxUnavailable` |
 //! | [`trust`] | which installer images and source repositories a policy may name, and the commit a version is built from |
+//! | `fixtures` | hidden: Nodes, pods and observations for the tests of every crate |
 //!
 //! No import circle between these files (test code aside), and no function
 //! over 150 lines (`hack/check-structure.py`, in `make lint`).

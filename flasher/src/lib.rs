@@ -68,6 +68,10 @@
 //! card newer than the bundle alone (so `TT_HOMOGENIZE_FIRMWARE_VERSIONS`
 //! is observable). The simulated `fetch` writes a bundle whose manifest
 //! names `TT_FW_VERSION`, without the network.
+//!
+//! Modules: [`decide`] (the decisions, pure), [`run`] (one flash run, and
+//! the fetch), [`host`] (tt-smi, tt-flash and the PCI bus, behind a trait),
+//! [`bundle`] (the bundle's manifest), [`sim`] (the simulated host).
 
 pub mod bundle;
 pub mod decide;

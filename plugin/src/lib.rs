@@ -6,6 +6,9 @@
 //! time: [`view`] turns them into serializable views (also the `-o json|yaml`
 //! output), [`plan`] predicts a rollout, [`eta`] estimates durations, and
 //! [`render`] turns views into text. [`cli`] and [`commands`] do the I/O.
+//! [`fw`] is `kubectl tt fw` (the firmware policies), [`handback`] gives nodes
+//! back to the Go operator, [`complete`] completes words for kubectl,
+//! [`table`] and [`style`] lay text out and colour it (on a terminal only).
 
 pub mod cli;
 pub mod commands;

@@ -6,6 +6,15 @@
 //! ignored); `make test` runs them with `--ignored` (`hack/run-cluster-tests.sh`).
 //! Once asked to run, a test that cannot reach the cluster fails with
 //! instructions; it never skips.
+//!
+//! | module | what it gives a test |
+//! |---|---|
+//! | [`controller`] | the real controller binary against the test cluster, scoped to one test |
+//! | [`policy`] | driver and firmware policy helpers (create, patch, status) |
+//! | [`sim_agent`] | the node agent's stand-in on kwok nodes |
+//! | [`sim_flasher`] | the flasher's stand-in on kwok nodes |
+//! | [`real_node`] | the tests on a real kubelet |
+//! | [`ttcard`] | emulated Wormhole and Blackhole cards for QEMU (`ttdrv-ttcard`) |
 
 pub mod controller;
 pub mod policy;
