@@ -1,4 +1,5 @@
-//! The node states docs/metrics.md says are exported are the states the API
+//! The node states docs/metrics.md says are exported, and those
+//! docs/crd-reference.md says a node's status takes, are the states the API
 //! defines, as documented_reasons.rs does for the reasons: the metrics export
 //! every `NodeState::ALL` (and `FirmwareNodeState::ALL`) value, so a state
 //! added to or dropped from the API must show in the docs' lists.
@@ -9,9 +10,15 @@ use std::path::PathBuf;
 use ttdrv_api::NodeState;
 use ttdrv_api::firmware::FirmwareNodeState;
 
-fn metrics_doc() -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
+fn doc(name: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs")
+        .join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
+}
+
+fn metrics_doc() -> String {
+    doc("metrics.md")
 }
 
 /// Backticked CamelCase words (`Draining`) in `text`.
@@ -27,10 +34,10 @@ fn states_in(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The table row of metrics.md for `metric` (empty when there is none: the
-/// checks against it then fail).
-fn row(doc: &str, metric: &str) -> String {
-    let start = format!("| `{metric}` |");
+/// The table row of `doc` for `name` (empty when there is none: the checks
+/// against it then fail).
+fn row(doc: &str, name: &str) -> String {
+    let start = format!("| `{name}` |");
     doc.lines()
         .find(|l| l.starts_with(&start))
         .map(String::from)
@@ -109,5 +116,15 @@ fn exported_firmware_states_in_the_metrics_doc() {
         states_in(&row(&doc, "ttfw_policy_nodes")),
         names(FirmwareNodeState::ALL.map(FirmwareNodeState::as_str)),
         "the ttfw_policy_nodes row of docs/metrics.md"
+    );
+}
+
+/// The `state` row of crd-reference.md's per-node status table.
+#[test]
+fn node_states_in_the_crd_reference() {
+    assert_eq!(
+        states_in(&row(&doc("crd-reference.md"), "state")),
+        names(NodeState::ALL.map(NodeState::as_str)),
+        "the state row of docs/crd-reference.md"
     );
 }
