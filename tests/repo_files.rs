@@ -3,7 +3,8 @@
 //! values.yaml; the Dockerfiles against the workspace; the dashboards, alert
 //! rules and their promtool tests; the metric documentation; the links of
 //! docs/*.md; the docs' tables that copy a source: the controller's RBAC
-//! (from the chart) and the default read-back (from the CRD). (hack/test-alerts.sh and hack/test-chart.sh run them with the
+//! (from the chart), the default read-back and the added spec fields (from
+//! the CRD). (hack/test-alerts.sh and hack/test-chart.sh run them with the
 //! checks that need promtool and helm.)
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -821,4 +822,95 @@ fn crd_reference_readback_has_every_default() {
         readback["spec"], spec,
         "docs/crd-reference.md's read-back of the minimum policy (left) against the CRD's defaults (right)"
     );
+}
+
+/// The CRD's spec fields as documented: top-level fields by name, and those
+/// of `upgradePolicy` and `installer` one level further down
+/// (`upgradePolicy.prepare`), which is how the lists below name them.
+fn crd_spec_fields() -> BTreeSet<String> {
+    let crd: Value =
+        serde_yaml::from_str(&read("crds/tenstorrentdriverpolicies.yaml")).expect("the CRD parses");
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let mut fields = BTreeSet::new();
+    for (k, sub) in spec["properties"].as_object().into_iter().flatten() {
+        match k.as_str() {
+            "upgradePolicy" | "installer" => {
+                for c in sub["properties"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| c.0)
+                {
+                    fields.insert(format!("{k}.{c}"));
+                }
+            }
+            _ => {
+                fields.insert(k.clone());
+            }
+        }
+    }
+    fields
+}
+
+/// The fields among the backticked words of `text` (`upgradePolicy.drain.*`
+/// names `upgradePolicy.drain`; words that name no field are left out).
+fn fields_named(text: &str, fields: &BTreeSet<String>) -> BTreeSet<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|w| w.trim_end_matches(".*"))
+        .filter(|w| fields.contains(*w))
+        .map(String::from)
+        .collect()
+}
+
+/// crd-reference.md's opening says which spec fields are Go's and which were
+/// added: together they are every field of the CRD, and the migration guide's
+/// "New spec fields" names every addition.
+#[test]
+fn added_spec_fields_are_listed() {
+    let fields = crd_spec_fields();
+    assert!(fields.len() >= 20, "read only {} spec fields", fields.len());
+    let doc = read("docs/crd-reference.md");
+    let intro = doc
+        .split_once("The additions are")
+        .and_then(|(_, rest)| rest.split_once("The CRD is generated"))
+        .map(|(p, _)| p)
+        .expect("crd-reference.md's opening lists the additions, then the Go fields");
+    let (added, go) = intro
+        .split_once("the Go fields")
+        .expect("crd-reference.md's opening lists the Go fields after the additions");
+    let (added, go) = (fields_named(added, &fields), fields_named(go, &fields));
+    let mut errors = Vec::new();
+    for f in &fields {
+        if !added.contains(f) && !go.contains(f) {
+            errors.push(format!(
+                "{f}: crd-reference.md lists it neither as an addition nor as a Go field"
+            ));
+        }
+    }
+    for f in added.intersection(&go) {
+        errors.push(format!("{f}: both an addition and a Go field"));
+    }
+    let guide = read("docs/migrating-from-go-operator.md");
+    let bullet: String = guide
+        .lines()
+        .skip_while(|l| !l.starts_with("- **New spec fields**"))
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || l.starts_with("  "))
+        .map(|(_, l)| format!("{l}\n"))
+        .collect();
+    // The bullet goes on with the Go fields, unchanged.
+    let new = fields_named(bullet.split("the Go").next().unwrap_or_default(), &fields);
+    for f in added.difference(&new) {
+        errors.push(format!(
+            "{f}: an addition the migration guide's \"New spec fields\" does not name"
+        ));
+    }
+    for f in new.difference(&added) {
+        errors.push(format!(
+            "{f}: a new spec field in the migration guide, not an addition in crd-reference.md"
+        ));
+    }
+    assert_no_errors("the added spec fields", &errors);
 }
