@@ -2,7 +2,9 @@
 //! copies of the CRD, rules and dashboards; values.schema.json against
 //! values.yaml; the Dockerfiles against the workspace; the dashboards, alert
 //! rules and their promtool tests; the metric documentation; the links of
-//! docs/*.md. (hack/test-alerts.sh and hack/test-chart.sh run them with the
+//! docs/*.md; the docs' tables that copy a source: the controller's RBAC
+//! (from the chart), the default read-back and the added spec fields (from
+//! the CRD). (hack/test-alerts.sh and hack/test-chart.sh run them with the
 //! checks that need promtool and helm.)
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -634,4 +636,281 @@ fn the_demo_starts_a_controller_that_accepts_its_arguments() {
     for file in ["hack/demo/policies.yaml", "hack/demo/firmware.yaml"] {
         assert!(root().join(file).exists(), "{file}");
     }
+}
+
+/// One permission: (scope, API group, resource) and its verbs, with the
+/// values the chart grants it under (`flasher.enabled`); scope is `cluster`
+/// (ClusterRole) or `operator namespace` (Role).
+type Grants = BTreeMap<(String, String, String), (BTreeSet<String>, BTreeSet<String>)>;
+
+/// The controller's ClusterRole and Role rules in chart/templates/rbac.yaml,
+/// read from the template itself (helm is not needed here): every rule of
+/// the documents labelled `component: controller`, with the `{{ if }}`
+/// blocks around it.
+fn chart_controller_rbac() -> Grants {
+    let text = read("chart/templates/rbac.yaml");
+    let text = re(r"(?s)\{\{-?\s*/\*.*?\*/\s*-?\}\}").replace_all(&text, "");
+    let (open, end) = (
+        re(r"\{\{-?\s*(?:if|with|range)\s+(.*?)\s*-?\}\}"),
+        re(r"\{\{-?\s*end\s*-?\}\}"),
+    );
+    let list = |l: &str| -> Vec<String> {
+        let inner = l.split_once('[').and_then(|(_, r)| r.rsplit_once(']'));
+        inner
+            .map(|(i, _)| i)
+            .unwrap_or_default()
+            .split(',')
+            .map(|v| v.trim().trim_matches('"').to_string())
+            .collect()
+    };
+    let mut grants = Grants::new();
+    let mut conditions: Vec<String> = Vec::new();
+    for doc in text.split("\n---") {
+        let scope = if !doc.contains("app.kubernetes.io/component: controller") {
+            continue;
+        } else if re(r"(?m)^kind: ClusterRole$").is_match(doc) {
+            "cluster"
+        } else if re(r"(?m)^kind: Role$").is_match(doc) {
+            "operator namespace"
+        } else {
+            // A binding: the `if`s around it still count.
+            ""
+        };
+        let mut group = Vec::new();
+        let mut resources = Vec::new();
+        for line in doc.lines() {
+            if let Some(c) = open.captures(line) {
+                conditions.push(c[1].trim_start_matches(".Values.").to_string());
+            } else if end.is_match(line) {
+                conditions.pop();
+            } else if line.trim_start().starts_with("- apiGroups:") {
+                group = list(line);
+            } else if line.trim_start().starts_with("resources:") {
+                resources = list(line);
+            } else if line.trim_start().starts_with("verbs:") && !scope.is_empty() {
+                // rbac.create gates the whole file: not a condition of a rule.
+                let when: BTreeSet<String> = conditions
+                    .iter()
+                    .filter(|c| *c != "rbac.create")
+                    .cloned()
+                    .collect();
+                for g in &group {
+                    for r in &resources {
+                        let key = (scope.to_string(), g.clone(), r.clone());
+                        let verbs = list(line).into_iter().collect();
+                        grants.insert(key, (verbs, when.clone()));
+                    }
+                }
+            }
+        }
+    }
+    grants
+}
+
+/// The table after "The controller's permissions, in full" in
+/// docs/operations.md: scope | API group | resources | verbs | why.
+fn documented_controller_rbac() -> Grants {
+    let doc = read("docs/operations.md");
+    let only_with = re(r"only with `([^`]+)`");
+    doc.lines()
+        .skip_while(|l| !l.starts_with("The controller's permissions, in full"))
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let cell = |i: usize| cells.get(i).copied().unwrap_or_default();
+            let group = match cell(2).trim_matches('`') {
+                "core" => "",
+                g => g,
+            };
+            let key = (
+                cell(1).to_string(),
+                group.to_string(),
+                cell(3).trim_matches('`').to_string(),
+            );
+            let verbs = cell(4).split(',').map(|v| v.trim().to_string()).collect();
+            let when = only_with
+                .captures_iter(cell(5))
+                .map(|c| c[1].to_string())
+                .collect();
+            (key, (verbs, when))
+        })
+        .collect()
+}
+
+/// docs/operations.md lists the controller's permissions "in full": the
+/// same rules, verbs and conditions as the chart's ClusterRole and Role.
+#[test]
+fn controller_rbac_table_matches_the_chart() {
+    let chart = chart_controller_rbac();
+    let doc = documented_controller_rbac();
+    assert!(
+        chart.len() >= 10,
+        "read only {} rules of the chart",
+        chart.len()
+    );
+    let mut errors = Vec::new();
+    for (k, v) in &chart {
+        match doc.get(k) {
+            None => errors.push(format!("{k:?}: in the chart, not in the table")),
+            Some(d) if d != v => errors.push(format!("{k:?}: the chart {v:?}, the table {d:?}")),
+            Some(_) => {}
+        }
+    }
+    for k in doc.keys().filter(|k| !chart.contains_key(*k)) {
+        errors.push(format!("{k:?}: in the table, not in the chart"));
+    }
+    assert_no_errors(
+        "docs/operations.md's RBAC table against chart/templates/rbac.yaml",
+        &errors,
+    );
+}
+
+/// Applies the CRD schema's defaults to `value` as the API server does:
+/// a missing property with a default gets it, then its own properties are
+/// defaulted in turn.
+fn apply_defaults(value: &mut Value, schema: &Value) {
+    if let (Some(obj), Some(props)) = (value.as_object_mut(), schema["properties"].as_object()) {
+        for (k, sub) in props {
+            if !obj.contains_key(k)
+                && let Some(d) = sub.get("default")
+            {
+                obj.insert(k.clone(), d.clone());
+            }
+            if let Some(v) = obj.get_mut(k) {
+                apply_defaults(v, sub);
+            }
+        }
+    }
+    if let Some(items) = value.as_array_mut() {
+        for v in items {
+            apply_defaults(v, &schema["items"]);
+        }
+    }
+}
+
+/// The read-back of the minimum policy in docs/crd-reference.md is what the
+/// API server makes of it with the CRD's defaults: no default missing, none
+/// made up.
+#[test]
+fn crd_reference_readback_has_every_default() {
+    let doc = read("docs/crd-reference.md");
+    let blocks: Vec<Value> = re(r"(?ms)^## The minimum policy\n(.*?)^## ")
+        .captures(&doc)
+        .map(|c| c[1].to_string())
+        .map(|section| {
+            re(r"(?ms)^```yaml\n(.*?)^```")
+                .captures_iter(&section)
+                .map(|b| serde_yaml::from_str(&b[1]).expect("the yaml block parses"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let [policy, readback] = blocks.as_slice() else {
+        panic!(
+            "crd-reference.md's minimum policy: expected the policy and its read-back, found {} yaml blocks",
+            blocks.len()
+        );
+    };
+    let crd: Value =
+        serde_yaml::from_str(&read("crds/tenstorrentdriverpolicies.yaml")).expect("the CRD parses");
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert!(schema.is_object(), "the CRD has a spec schema");
+    let mut spec = policy["spec"].clone();
+    apply_defaults(&mut spec, schema);
+    assert_eq!(
+        readback["spec"], spec,
+        "docs/crd-reference.md's read-back of the minimum policy (left) against the CRD's defaults (right)"
+    );
+}
+
+/// The CRD's spec fields as documented: top-level fields by name, and those
+/// of `upgradePolicy` and `installer` one level further down
+/// (`upgradePolicy.prepare`), which is how the lists below name them.
+fn crd_spec_fields() -> BTreeSet<String> {
+    let crd: Value =
+        serde_yaml::from_str(&read("crds/tenstorrentdriverpolicies.yaml")).expect("the CRD parses");
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let mut fields = BTreeSet::new();
+    for (k, sub) in spec["properties"].as_object().into_iter().flatten() {
+        match k.as_str() {
+            "upgradePolicy" | "installer" => {
+                for c in sub["properties"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| c.0)
+                {
+                    fields.insert(format!("{k}.{c}"));
+                }
+            }
+            _ => {
+                fields.insert(k.clone());
+            }
+        }
+    }
+    fields
+}
+
+/// The fields among the backticked words of `text` (`upgradePolicy.drain.*`
+/// names `upgradePolicy.drain`; words that name no field are left out).
+fn fields_named(text: &str, fields: &BTreeSet<String>) -> BTreeSet<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|w| w.trim_end_matches(".*"))
+        .filter(|w| fields.contains(*w))
+        .map(String::from)
+        .collect()
+}
+
+/// crd-reference.md's opening says which spec fields are Go's and which were
+/// added: together they are every field of the CRD, and the migration guide's
+/// "New spec fields" names every addition.
+#[test]
+fn added_spec_fields_are_listed() {
+    let fields = crd_spec_fields();
+    assert!(fields.len() >= 20, "read only {} spec fields", fields.len());
+    let doc = read("docs/crd-reference.md");
+    let intro = doc
+        .split_once("The additions are")
+        .and_then(|(_, rest)| rest.split_once("The CRD is generated"))
+        .map(|(p, _)| p)
+        .expect("crd-reference.md's opening lists the additions, then the Go fields");
+    let (added, go) = intro
+        .split_once("the Go fields")
+        .expect("crd-reference.md's opening lists the Go fields after the additions");
+    let (added, go) = (fields_named(added, &fields), fields_named(go, &fields));
+    let mut errors = Vec::new();
+    for f in &fields {
+        if !added.contains(f) && !go.contains(f) {
+            errors.push(format!(
+                "{f}: crd-reference.md lists it neither as an addition nor as a Go field"
+            ));
+        }
+    }
+    for f in added.intersection(&go) {
+        errors.push(format!("{f}: both an addition and a Go field"));
+    }
+    let guide = read("docs/migrating-from-go-operator.md");
+    let bullet: String = guide
+        .lines()
+        .skip_while(|l| !l.starts_with("- **New spec fields**"))
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || l.starts_with("  "))
+        .map(|(_, l)| format!("{l}\n"))
+        .collect();
+    // The bullet goes on with the Go fields, unchanged.
+    let new = fields_named(bullet.split("the Go").next().unwrap_or_default(), &fields);
+    for f in added.difference(&new) {
+        errors.push(format!(
+            "{f}: an addition the migration guide's \"New spec fields\" does not name"
+        ));
+    }
+    for f in new.difference(&added) {
+        errors.push(format!(
+            "{f}: a new spec field in the migration guide, not an addition in crd-reference.md"
+        ));
+    }
+    assert_no_errors("the added spec fields", &errors);
 }
