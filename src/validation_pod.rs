@@ -68,6 +68,68 @@ pub fn render(
     })
 }
 
+/// Whether the policy's validation can run at all, found before any node is
+/// cordoned for it: a template that is missing, unreadable or makes no pod
+/// refuses the policy instead of failing each node after its swap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TemplateCheck {
+    Usable,
+    /// Why no validation pod can be made from it: the refusal's message.
+    Unusable(String),
+    /// The API server did not answer (a transient error): not a reason to
+    /// refuse, checked again next pass.
+    Unknown(String),
+}
+
+/// How long a check holds before the template is read again: a template
+/// created or fixed is picked up within it, and a busy rollout's passes
+/// cost one read per policy in that time, not one each.
+pub const CHECK_HOLDS: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What a read of PodTemplate `template` in `namespace` says (`got`: the
+/// template, or the API server's answer).
+pub fn judge(
+    template: &str,
+    namespace: &str,
+    got: std::result::Result<&PodTemplate, &kube::Error>,
+    policy: &TenstorrentDriverPolicy,
+) -> TemplateCheck {
+    let field = "spec.upgradePolicy.validation.podTemplateName";
+    match got {
+        Ok(t) => match render(t, policy, "check", 0, namespace) {
+            Ok(_) => TemplateCheck::Usable,
+            Err(why) => TemplateCheck::Unusable(format!(
+                "{field}: PodTemplate {namespace}/{template}: {why}"
+            )),
+        },
+        Err(kube::Error::Api(e)) if e.code == 404 => TemplateCheck::Unusable(format!(
+            "{field}: PodTemplate {namespace}/{template} does not exist (create it in the \
+             controller's namespace, or remove upgradePolicy.validation): no node is cordoned \
+             for a validation that cannot run"
+        )),
+        Err(kube::Error::Api(e)) if e.code == 403 => TemplateCheck::Unusable(format!(
+            "{field}: the controller may not read PodTemplate {namespace}/{template} ({}): \
+             grant it get on podtemplates in {namespace} (the chart's Role does)",
+            e.message
+        )),
+        Err(e) => {
+            TemplateCheck::Unknown(format!("reading PodTemplate {namespace}/{template}: {e}"))
+        }
+    }
+}
+
+/// Reads PodTemplate `template` and judges it ([`judge`]).
+pub async fn check(
+    client: kube::Client,
+    template: &str,
+    namespace: &str,
+    policy: &TenstorrentDriverPolicy,
+) -> TemplateCheck {
+    let templates: Api<PodTemplate> = Api::namespaced(client, namespace);
+    let got = templates.get(template).await;
+    judge(template, namespace, got.as_ref(), policy)
+}
+
 /// Creates the cycle's validation pod from PodTemplate `template` in
 /// `namespace` (an existing one is left as it is).
 pub async fn run(
@@ -102,6 +164,59 @@ pub async fn run(
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+
+    fn api_error(code: u16) -> kube::Error {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": code, "message": "podtemplates \"burn\" is forbidden",
+            "reason": if code == 404 { "NotFound" } else { "Forbidden" },
+        }))
+        .expect("status");
+        kube::Error::Api(status.into())
+    }
+
+    #[test]
+    fn a_template_that_cannot_make_a_pod_refuses_the_policy_naming_the_field() {
+        let policy = TenstorrentDriverPolicy::new(
+            "fleet",
+            serde_yaml::from_str("version: \"2.8.0\"").expect("spec parses"),
+        );
+        let missing = judge("burn", "tt", Err(&api_error(404)), &policy);
+        let TemplateCheck::Unusable(why) = missing else {
+            panic!("a missing template refuses: {missing:?}")
+        };
+        assert!(
+            why.starts_with(
+                "spec.upgradePolicy.validation.podTemplateName: PodTemplate tt/burn does not exist"
+            ),
+            "{why}"
+        );
+        assert!(matches!(
+            judge("burn", "tt", Err(&api_error(403)), &policy),
+            TemplateCheck::Unusable(w) if w.contains("may not read")
+        ));
+        let empty = PodTemplate::default();
+        assert!(matches!(
+            judge("burn", "tt", Ok(&empty), &policy),
+            TemplateCheck::Unusable(w) if w.contains("has no template")
+        ));
+        let usable = PodTemplate {
+            template: Some(PodTemplateSpec {
+                metadata: None,
+                spec: Some(PodSpec::default()),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            judge("burn", "tt", Ok(&usable), &policy),
+            TemplateCheck::Usable
+        );
+        // The API server not answering is no reason to refuse.
+        let down = kube::Error::Service(Box::new(std::io::Error::other("connection refused")));
+        assert!(matches!(
+            judge("burn", "tt", Err(&down), &policy),
+            TemplateCheck::Unknown(_)
+        ));
+    }
 
     #[test]
     fn the_pod_is_bound_to_the_node_labelled_with_its_cycle_and_never_restarted() {

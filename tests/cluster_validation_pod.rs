@@ -17,11 +17,11 @@ const T: Duration = Duration::from_secs(90);
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn a_node_returns_to_service_only_after_its_validation_pod_succeeds() {
-    let extra = "upgradePolicy: {validation: {podTemplateName: burn-in}}";
-    let (env, ns, nodes, policy, _running) = installed_fleet("uservalid-ok", 2, extra, T).await;
+    // The template first: a policy naming a missing one is refused.
+    let (env, ns, nodes, policy, _running) = installed_fleet("uservalid-ok", 2, "", T).await;
     validation_template(&env, &ns, "burn-in").await;
     let watcher = SafetyWatcher::start(&env);
-    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0", "upgradePolicy": { "validation": { "podTemplateName": "burn-in" } } })).await;
     // The first node waits for its pod, cordoned, with the new module.
     let first = &nodes[0];
     let waiting = wait_node(&env, &policy, first, NodeState::Upgrading, T).await;
@@ -70,12 +70,11 @@ async fn a_node_returns_to_service_only_after_its_validation_pod_succeeds() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn a_failed_validation_pod_fails_the_node_cordoned_and_halts_the_rollout() {
-    let extra = "upgradePolicy: {validation: {podTemplateName: burn-in}}";
-    let (env, ns, nodes, policy, _running) = installed_fleet("uservalid-bad", 2, extra, T).await;
+    let (env, ns, nodes, policy, _running) = installed_fleet("uservalid-bad", 2, "", T).await;
     validation_template(&env, &ns, "burn-in").await;
     let cordons = CordonWatcher::start(&env);
     let _kubelet = finish_validation_pods(&env, &ns, true);
-    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0", "upgradePolicy": { "validation": { "podTemplateName": "burn-in" } } })).await;
     let first = &nodes[0];
     let failed = wait_node(&env, &policy, first, NodeState::Failed, T).await;
     assert_eq!(
@@ -101,5 +100,61 @@ async fn a_failed_validation_pod_fails_the_node_cordoned_and_halts_the_rollout()
         "the rollout halts"
     );
     assert_eq!(cordons.ever(), std::slice::from_ref(first));
+    env.teardown().await;
+}
+
+/// A validation that cannot run (its PodTemplate does not exist) is found
+/// when the policy is read: the policy is refused naming the field, and no
+/// node is cordoned for it; once the template exists, the rollout goes on
+/// and validates every node.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_missing_validation_template_refuses_the_policy_before_any_cordon() {
+    let (env, ns, nodes, policy, _running) = installed_fleet("uservalid-none", 2, "", T).await;
+    let cordons = CordonWatcher::start(&env);
+    patch_policy(
+        &env,
+        &policy,
+        serde_json::json!({ "version": "2.8.0", "upgradePolicy": { "validation": { "podTemplateName": "no-such-template" } } }),
+    )
+    .await;
+    let degraded = ttdrv_testkit::wait_for("the policy refused", T, || async {
+        let st = ttdrv_testkit::policy::status(&env, &policy).await;
+        match st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+        {
+            Some(c) if c.reason == "PolicyRefused" => Ok(c.message.clone()),
+            _ => Err(format!("{:?}", st.conditions)),
+        }
+    })
+    .await;
+    assert!(
+        degraded.contains(&format!(
+            "spec.upgradePolicy.validation.podTemplateName: PodTemplate {ns}/no-such-template does not exist"
+        )),
+        "{degraded}"
+    );
+    let st = ttdrv_testkit::policy::status(&env, &policy).await;
+    assert!(
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "False"),
+        "a refused policy is never Ready: {:?}",
+        st.conditions
+    );
+    // Passes go on (resync) and start nothing.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(cordons.ever().is_empty(), "cordoned: {:?}", cordons.ever());
+    for n in &nodes {
+        assert_eq!(kmd(&env.get_node(n).await).as_deref(), Some("2.7.0"), "{n}");
+    }
+    // The template appears: the refusal lifts (within the check's hold) and
+    // the rollout validates every node.
+    validation_template(&env, &ns, "no-such-template").await;
+    let _kubelet = finish_validation_pods(&env, &ns, false);
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    assert_done_uncordoned(&env, &nodes, "2.8.0").await;
     env.teardown().await;
 }

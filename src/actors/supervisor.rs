@@ -84,6 +84,8 @@ pub struct PolicySupervisor {
     /// `spec.promoteAfter`'s gate as the last pass that stepped every node
     /// saw it: a change makes the next pass a full one.
     promotion: Option<Gate>,
+    /// The last check of the validation PodTemplate, shared with the passes.
+    template_check: Arc<std::sync::Mutex<Option<pass::CheckedTemplate>>>,
 }
 
 impl PolicySupervisor {
@@ -101,6 +103,7 @@ impl PolicySupervisor {
             primed: false,
             memo: PolicyMemo::default(),
             promotion: None,
+            template_check: Arc::default(),
         }
     }
 }
@@ -200,6 +203,7 @@ impl Handler<Reconcile> for PolicySupervisor {
             apply: self.memo.apply(policy.metadata.generation, Instant::now()),
             refusal: self.memo.refusal.clone(),
             promotion: gate.as_ref().and_then(Gate::hold),
+            template_check: self.template_check.clone(),
         };
         let (memo, effects) = decide(
             &self.memo,

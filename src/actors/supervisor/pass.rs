@@ -60,6 +60,17 @@ pub(super) struct ReconcilePass {
     /// The hold on new cycles while the canary (`spec.promoteAfter`) is not
     /// promoted yet, if it is not ([`ttdrv_core::promotion::Gate::hold`]).
     pub(super) promotion: Option<ttdrv_core::machine::Hold>,
+    /// The supervisor's last check of the validation PodTemplate.
+    pub(super) template_check: Arc<std::sync::Mutex<Option<CheckedTemplate>>>,
+}
+
+/// A check of the validation PodTemplate, held for
+/// [`crate::validation_pod::CHECK_HOLDS`].
+#[derive(Clone, Debug)]
+pub(super) struct CheckedTemplate {
+    name: String,
+    at: std::time::Instant,
+    outcome: crate::validation_pod::TemplateCheck,
 }
 
 /// Rounds of slot hand-over within one pass: a node reaching Done frees a
@@ -70,6 +81,55 @@ const MAX_ROUNDS: usize = 3;
 impl ReconcilePass {
     pub(super) fn name(&self) -> &str {
         self.policy.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// Why the policy's validation pod cannot be made, if it cannot: its
+    /// PodTemplate read at most once per [`crate::validation_pod::CHECK_HOLDS`].
+    async fn validation_refusal(&self) -> Option<String> {
+        use crate::validation_pod::{CHECK_HOLDS, TemplateCheck, check};
+        let template = self
+            .policy
+            .spec
+            .upgrade_policy
+            .validation
+            .pod_template_name
+            .as_deref()?;
+        let now = std::time::Instant::now();
+        let held = self
+            .template_check
+            .lock()
+            .ok()
+            .and_then(|c| c.clone())
+            .filter(|c| c.name == template && now.duration_since(c.at) < CHECK_HOLDS);
+        let outcome = match held {
+            Some(c) => c.outcome,
+            None => {
+                let ns = &self.ctx.config.namespace;
+                let outcome = check(self.ctx.client.clone(), template, ns, &self.policy).await;
+                if !matches!(outcome, TemplateCheck::Unknown(_))
+                    && let Ok(mut c) = self.template_check.lock()
+                {
+                    *c = Some(CheckedTemplate {
+                        name: template.to_string(),
+                        at: now,
+                        outcome: outcome.clone(),
+                    });
+                }
+                outcome
+            }
+        };
+        match outcome {
+            TemplateCheck::Usable => None,
+            TemplateCheck::Unusable(why) => Some(why),
+            TemplateCheck::Unknown(why) => {
+                tracing::debug!(
+                    policy = self.name(),
+                    error = why,
+                    "validation template not checked"
+                );
+                None
+            }
+        }
     }
 
     pub(super) fn owned(&self) -> &[String] {
@@ -112,6 +172,17 @@ impl ReconcilePass {
                 Vec::new()
             }
         };
+        // A validation that cannot run: refused before any node is cordoned
+        // for it, not found after each node's swap.
+        if refused.is_none()
+            && let Some(message) = self.validation_refusal().await
+        {
+            refused = Some(Refused {
+                kind: RefusalKind::Refused,
+                message,
+                attempted: false,
+            });
+        }
         let hash = if refused.is_some() {
             self.cached_hash()
         } else {
