@@ -83,6 +83,21 @@ async fn go_firmware_policies_apply_and_bad_ones_are_refused_naming_the_field() 
             "bundleURL",
         ),
         (
+            "unclosed IPv6 bracket",
+            with("bundleURL", json!("https://[")),
+            "bundleURL must be an http or https URL with a host",
+        ),
+        (
+            "port out of range",
+            with("bundleURL", json!("http://a:99999999/x")),
+            "bundleURL must be an http or https URL with a host",
+        ),
+        (
+            "port 0",
+            with("bundleURL", json!("http://mirror:0/fw.tar")),
+            "bundleURL must be an http or https URL with a host",
+        ),
+        (
             "maxParallel 0",
             with("upgradePolicy", json!({ "maxParallel": 0 })),
             "spec.upgradePolicy.maxParallel",
@@ -98,6 +113,23 @@ async fn go_firmware_policies_apply_and_bad_ones_are_refused_naming_the_field() 
             "image must be an image reference",
         ),
     ];
+    // URLs curl takes are accepted: a port, an IPv6 literal, a query.
+    for (i, url) in [
+        "https://mirror.example.com:8443/fw/fw_pack-19.8.0.fwbundle",
+        "http://[fd00::1]:8080/fw_pack.fwbundle",
+        "https://10.0.0.5/b?token=x",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = env.name(&format!("url{i}"));
+        create_raw_firmware_policy(&env, &name, with("bundleURL", json!(url)))
+            .await
+            .unwrap_or_else(|e| panic!("{url} refused: {e}"));
+        let _ = firmware_api(&env)
+            .delete(&name, &DeleteParams::default())
+            .await;
+    }
     for (i, (what, spec, field)) in cases.into_iter().enumerate() {
         match create_raw_firmware_policy(&env, &env.name(&format!("bad{i}")), spec).await {
             Err(kube::Error::Api(e)) => {
@@ -451,6 +483,80 @@ async fn a_firmware_rollout_flashes_every_node_within_max_parallel() {
             .any(|l| l.starts_with("ttdriver_pods_evicted_total") && l.contains(&policy)),
         "firmware evictions counted as the driver's"
     );
+    env.teardown().await;
+}
+
+/// A bundle that cannot be downloaded fails the flash Job before any card
+/// is touched: the node is Failed (the rollout halts) but goes back into
+/// service, and a policy deleted then leaves nothing cordoned.
+#[tokio::test]
+#[ignore = "needs the test cluster: make cluster-up"]
+async fn a_download_failure_touches_no_card_and_keeps_no_cordon() {
+    let (env, ns, nodes, _agent) = sim_fleet("fw-fetch", 2).await;
+    ensure_crd(&env.client).await;
+    let _ctl = controller(&env, &ns);
+    let policy = env.name("fw");
+    let bad = &nodes[0];
+    env.annotate_node(
+        bad,
+        ttdrv_testkit::sim_flasher::FAULT_ANNOTATION,
+        Some("fetch"),
+    )
+    .await;
+    let cordons = CordonWatcher::start(&env);
+    create_firmware_policy(&env, &policy, json!({})).await;
+    wait_fw(
+        &env,
+        &policy,
+        std::slice::from_ref(bad),
+        FirmwareNodeState::Failed,
+        Some("BundleDownloadFailed"),
+    )
+    .await;
+    ttdrv_testkit::wait_for("the node back in service", T, || async {
+        if unschedulable(&env.get_node(bad).await) {
+            Err("still cordoned".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    assert_eq!(
+        cordons.ever(),
+        std::slice::from_ref(bad),
+        "it was cordoned for the flash"
+    );
+    let st = firmware_status(&env, &policy).await;
+    let entry = st.nodes.iter().find(|n| &n.name == bad).cloned();
+    let msg = entry.and_then(|n| n.message).unwrap_or_default();
+    assert!(
+        msg.contains("before any card was touched") && msg.contains("spec.bundleURL"),
+        "{msg}"
+    );
+    // Halted all the same: the other node waits.
+    wait_fw(
+        &env,
+        &policy,
+        &nodes[1..],
+        FirmwareNodeState::Pending,
+        Some("RolloutHalted"),
+    )
+    .await;
+    // Deleted: its record goes, and nothing stays cordoned.
+    firmware_api(&env)
+        .delete(&policy, &DeleteParams::default())
+        .await
+        .expect("delete");
+    ttdrv_testkit::wait_for("the record released", T, || async {
+        match ttdrv_core::claim::firmware_record(&env.get_node(bad).await) {
+            Some(r) => Err(format!("{r:?}")),
+            None => Ok(()),
+        }
+    })
+    .await;
+    for n in &nodes {
+        assert!(!unschedulable(&env.get_node(n).await), "{n} left cordoned");
+    }
     env.teardown().await;
 }
 

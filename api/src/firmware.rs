@@ -25,8 +25,18 @@ use crate::validation::{
 
 /// Longest `spec.bundleURL`.
 pub const BUNDLE_URL_MAX_LENGTH: usize = 2048;
-/// `spec.bundleURL`: an http(s) URL without whitespace or control characters.
-pub const BUNDLE_URL_PATTERN: &str = r"^https?://[A-Za-z0-9\[][^\x00-\x20\x7f-\x9f]*$";
+/// `spec.bundleURL`: an http(s) URL that curl can use: optional userinfo, a
+/// host (a name or IPv4 address, or an IPv6 literal in closed brackets), a
+/// port from 1 to 65535 if any, then a path, query or fragment without
+/// whitespace or control characters. A regular expression (RE2, as CEL's
+/// `matches`), not CEL's URL library: its cost over a 2048-character string
+/// passes the API server's budget.
+pub const BUNDLE_URL_PATTERN: &str = concat!(
+    r"^https?://([A-Za-z0-9._~%!$&'()*+,;=:-]+@)?",
+    r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)",
+    r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?",
+    r"([/?#][^\x00-\x20\x7f-\x9f]*)?$"
+);
 /// Longest `spec.readbackVersion` (four parts of up to 9 digits).
 pub const READBACK_MAX_LENGTH: usize = 39;
 /// `spec.readbackVersion`: what tt-smi reports, dotted decimal parts.
@@ -83,7 +93,7 @@ pub struct TenstorrentFirmwarePolicySpec {
     #[schemars(length(max = BUNDLE_URL_MAX_LENGTH))]
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": format!("self == '' || self.matches({})", cel_string(BUNDLE_URL_PATTERN)),
-        "message": "bundleURL must be an http or https URL without whitespace or control characters"
+        "message": "bundleURL must be an http or https URL with a host (an IPv6 literal in closed brackets) and a port (if any) from 1 to 65535, without whitespace or control characters"
     }]))]
     pub bundle_url: Option<String>,
 
@@ -476,12 +486,15 @@ pub mod reason {
     /// The downloaded bundle's SHA-256 is not `spec.bundleSHA256`: nothing
     /// was written to the cards.
     pub const BUNDLE_CHECKSUM_MISMATCH: &str = "BundleChecksumMismatch";
+    /// The bundle could not be downloaded (`spec.bundleURL` unusable or
+    /// unreachable): nothing was written to the cards.
+    pub const BUNDLE_DOWNLOAD_FAILED: &str = "BundleDownloadFailed";
     /// Flashed, and the cordon handed to the driver policy waiting for the
     /// node: its swap follows under the same cordon and drain.
     pub const CORDON_HANDED_OVER: &str = "CordonHandedOver";
 
     /// Every reason, for the docs drift test.
-    pub const ALL: [&str; 24] = [
+    pub const ALL: [&str; 25] = [
         FLASHING,
         FLASH_SUCCEEDED,
         FLASH_JOB_FAILED,
@@ -506,7 +519,12 @@ pub mod reason {
         WAITING_FOR_DRIVER_VERSION,
         CORDON_HANDED_OVER,
         BUNDLE_CHECKSUM_MISMATCH,
+        BUNDLE_DOWNLOAD_FAILED,
     ];
+
+    /// Failures the flash Job reports before any card is touched: the node
+    /// goes back into service (the rollout halts all the same).
+    pub const BEFORE_ANY_CARD: [&str; 2] = [BUNDLE_CHECKSUM_MISMATCH, BUNDLE_DOWNLOAD_FAILED];
 }
 
 /// Node labels and annotations of the firmware policy. The Go firmware
@@ -674,6 +692,33 @@ pub fn job_labels(policy: &str, node: &str, version: &str) -> BTreeMap<String, S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bundle_urls_curl_can_use_and_only_those() {
+        let re = regex::Regex::new(BUNDLE_URL_PATTERN).expect("the pattern compiles");
+        for ok in [
+            "https://github.com/tenstorrent/tt-system-firmware/releases/download/v19.8.0/fw_pack-19.8.0.fwbundle",
+            "https://mirror.example.com:8443/fw/fw_pack-19.8.0.fwbundle",
+            "http://[fd00::1]:8080/fw_pack.fwbundle",
+            "https://10.0.0.5/b?token=x#f",
+            "https://user:secret@mirror.internal/fw",
+            "http://mirror:65535",
+        ] {
+            assert!(re.is_match(ok), "{ok} refused");
+        }
+        for bad in [
+            "https://[",
+            "http://a:99999999/x",
+            "http://mirror:0/fw.tar",
+            "http://mirror:65536/fw.tar",
+            "https:///path",
+            "ftp://example.com/b",
+            "https://exa mple.com/b",
+            "https://-bad-.example/b",
+        ] {
+            assert!(!re.is_match(bad), "{bad} accepted");
+        }
+    }
     use kube::CustomResourceExt;
 
     #[test]

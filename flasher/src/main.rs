@@ -200,7 +200,11 @@ fn fetch(a: &FetchArgs, simulate: Option<&Path>) -> Report {
         None => run::fetch(&a.curl, url, path),
     };
     if let Err(m) = res {
-        return failed(m);
+        // The download failed: no card was touched.
+        return Report {
+            reason: Some(reason::BUNDLE_DOWNLOAD_FAILED.to_string()),
+            ..failed(m)
+        };
     }
     match a.sha256.as_deref().filter(|s| !s.is_empty()) {
         None => Report::default(),

@@ -9,7 +9,8 @@
 //! [`DEFAULT_CARDS`]); [`FAULT_ANNOTATION`] injects a fault: `flash` (tt-flash
 //! fails, the cards keep their version), `readback` (the first card is
 //! written, the others are not: a readback mismatch), `hang` (never finishes:
-//! the Job's deadline ends it). [`HOLD_ANNOTATION`] holds a flash until it is
+//! the Job's deadline ends it), `fetch` (the bundle's download fails in the
+//! init container: no card is touched). [`HOLD_ANNOTATION`] holds a flash until it is
 //! removed, so a test can line other things up behind a flash in progress.
 
 use std::collections::HashSet;
@@ -108,6 +109,7 @@ async fn flash(client: &Client, pod: &Pod, node: &str) -> anyhow::Result<()> {
     let fault = ann.get(FAULT_ANNOTATION).map(String::as_str);
     let (after, failure) = match fault {
         Some("hang") => return Ok(()),
+        Some("fetch") => return fetch_failed(client, pod).await,
         Some("flash") => (
             before.clone(),
             Some((
@@ -150,6 +152,34 @@ async fn flash(client: &Client, pod: &Pod, node: &str) -> anyhow::Result<()> {
         "containerStatuses": [{
             "name": "flash", "image": "", "imageID": "", "ready": false, "restartCount": 0,
             "state": { "terminated": { "exitCode": code, "reason": why,
+                "message": serde_json::to_string(&report)?, "startedAt": now, "finishedAt": now } }
+        }]
+    } });
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+/// The init container's download fails, as curl fails on a URL it cannot
+/// use: the report says so, and the flash container never runs.
+async fn fetch_failed(client: &Client, pod: &Pod) -> anyhow::Result<()> {
+    let report = Report {
+        reason: Some(reason::BUNDLE_DOWNLOAD_FAILED.to_string()),
+        message: Some(
+            "simulated: curl: (3) URL rejected: Port number was not a decimal number between 0 and 65535"
+                .to_string(),
+        ),
+        ..Default::default()
+    };
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = serde_json::json!({ "status": {
+        "phase": "Failed",
+        "initContainerStatuses": [{
+            "name": "fetch-bundle", "image": "", "imageID": "", "ready": false, "restartCount": 0,
+            "state": { "terminated": { "exitCode": 1, "reason": "Error",
                 "message": serde_json::to_string(&report)?, "startedAt": now, "finishedAt": now } }
         }]
     } });

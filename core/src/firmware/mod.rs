@@ -797,16 +797,21 @@ fn job_failed(
         ),
         _ => (reason::FLASH_JOB_FAILED, "see the Job's logs".into()),
     };
-    if why == reason::BUNDLE_CHECKSUM_MISMATCH {
+    if reason::BEFORE_ANY_CARD.contains(&why) {
         // Refused before the flash: nothing was written to the cards,
         // so the node goes back into service (as for a drain timeout).
+        let fix = if why == reason::BUNDLE_DOWNLOAD_FAILED {
+            "fix spec.bundleURL or the mirror"
+        } else {
+            "fix spec.bundleSHA256 or the bundle"
+        };
         let r = enter(
             rec,
             Failed,
             why,
             Some(format!(
-                "flash Job {name} failed: {what}. The node is back in service and the rollout halts; \
-                 fix spec.bundleSHA256 or the bundle, then retry with `kubectl tt fw retry <policy> <node>`"
+                "flash Job {name} failed before any card was touched: {what}. The node is back in service \
+                 and the rollout halts; {fix}, then retry with `kubectl tt fw retry <policy> <node>`"
             )),
             now,
         );

@@ -753,40 +753,74 @@ fn a_node_uncordoned_mid_flash_is_cordoned_again() {
 }
 
 #[test]
-fn a_bundle_refused_by_its_checksum_gives_the_node_back() {
+fn a_failure_before_any_card_gives_the_node_back() {
     let w = want();
     let mut flashing = new();
     flashing.state = Flashing;
     flashing.cordon = Cordon::Ours;
     flashing.job = Some("j".into());
-    let refused = Observation {
+    for (why, said, fix) in [
+        (
+            reason::BUNDLE_CHECKSUM_MISMATCH,
+            "the downloaded bundle's SHA-256 is abc",
+            "fix spec.bundleSHA256",
+        ),
+        (
+            reason::BUNDLE_DOWNLOAD_FAILED,
+            "curl: (3) URL rejected: Port number was not a decimal number between 0 and 65535",
+            "fix spec.bundleURL",
+        ),
+    ] {
+        let refused = Observation {
+            unschedulable: true,
+            job: FlashJob::Failed {
+                name: "j".into(),
+                report: Some(Report {
+                    reason: Some(why.into()),
+                    message: Some(said.into()),
+                    ..Default::default()
+                }),
+                deadline: false,
+            },
+            ..obs()
+        };
+        let s = step(&flashing, &refused, &w);
+        assert_eq!(
+            (s.record.state, &s.commands[..]),
+            (Failed, &[Command::Uncordon][..]),
+            "{why}"
+        );
+        assert_eq!(s.record.reason.as_deref(), Some(why));
+        assert_eq!(s.record.cordon, Cordon::None);
+        let msg = s.record.message.clone().unwrap_or_default();
+        assert!(
+            msg.contains("before any card was touched") && msg.contains(said) && msg.contains(fix),
+            "{msg}"
+        );
+        // Nothing was written: a stray record of it is released, not kept.
+        assert!(matches!(
+            stray(&s.record, false),
+            Stray::Release { uncordon: false }
+        ));
+    }
+    // Any other failure of the Job keeps the cordon: the cards may be
+    // half-written.
+    let failed = Observation {
         unschedulable: true,
         job: FlashJob::Failed {
             name: "j".into(),
             report: Some(Report {
-                reason: Some(reason::BUNDLE_CHECKSUM_MISMATCH.into()),
-                message: Some("the downloaded bundle's SHA-256 is abc".into()),
+                reason: Some(reason::FLASH_JOB_FAILED.into()),
+                message: Some("tt-flash exited 1".into()),
                 ..Default::default()
             }),
             deadline: false,
         },
         ..obs()
     };
-    let s = step(&flashing, &refused, &w);
-    assert_eq!(
-        (s.record.state, &s.commands[..]),
-        (Failed, &[Command::Uncordon][..])
-    );
-    assert_eq!(
-        s.record.reason.as_deref(),
-        Some(reason::BUNDLE_CHECKSUM_MISMATCH)
-    );
-    assert_eq!(s.record.cordon, Cordon::None);
-    // Nothing was written: a stray record of it is released, not kept.
-    assert!(matches!(
-        stray(&s.record, false),
-        Stray::Release { uncordon: false }
-    ));
+    let s = step(&flashing, &failed, &w);
+    assert_eq!((s.record.state, s.record.cordon), (Failed, Cordon::Ours));
+    assert!(!s.commands.contains(&Command::Uncordon));
 }
 
 /// A record Flashing with its Job named, the Job missing from the cache.
