@@ -463,6 +463,13 @@ fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
     }
 }
 
+/// Unix seconds as RFC 3339 (UTC), for messages.
+fn rfc3339(unix: i64) -> String {
+    jiff::Timestamp::from_second(unix)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| unix.to_string())
+}
+
 /// The change a node waits for, for its message: `2.7.0 -> 2.8.0`, or for
 /// the same version loaded with other module parameters `2.8.0 -> 2.8.0
 /// (module parameters: max_devices=32 (wanted 4))`.
