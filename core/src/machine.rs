@@ -64,7 +64,8 @@ pub struct Desired {
 /// Why no new cycle starts now ([`Desired::hold`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hold {
-    /// One of [`reason::SOAKING`], [`reason::OUTSIDE_MAINTENANCE_WINDOW`],
+    /// One of [`reason::HANDING_BACK`] ([`crate::rollout::handback_hold`]),
+    /// [`reason::SOAKING`], [`reason::OUTSIDE_MAINTENANCE_WINDOW`],
     /// [`reason::WAITING_FOR_PROMOTION`] (`spec.promoteAfter`:
     /// [`crate::promotion::Gate::hold`]).
     pub reason: &'static str,

@@ -505,6 +505,43 @@ fn a_blocked_message_names_a_few_pods_per_budget() {
     );
 }
 
+/// A hand-back under way (`handback --wait`) holds new starts but, unlike
+/// `spec.paused`, lets the cycle under way go on to its end.
+#[test]
+fn a_handback_holds_new_starts_and_lets_cycles_end() {
+    let policy: ttdrv_api::TenstorrentDriverPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentDriverPolicy",
+        "metadata": { "name": "fleet",
+            "annotations": { ttdrv_api::labels::HANDBACK: "2026-12-06T14:00:00Z" } },
+        "spec": { "version": "2.8.0" }
+    }))
+    .expect("a policy");
+    let hold = crate::rollout::handback_hold(&policy);
+    assert_eq!(hold.as_ref().map(|h| h.reason), Some(reason::HANDING_BACK));
+    let w = Desired { hold, ..want() };
+    // A Pending node (the rollout grants no slot under a hold) waits.
+    let waiting = Observation {
+        slot: false,
+        ..obs()
+    };
+    let s = step(&rec(Pending), &waiting, &w);
+    assert_eq!(s.record.state, Pending);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::HANDING_BACK));
+    assert!(s.commands.is_empty());
+    // A drained node goes on to its swap: not held where it is.
+    let drained = Observation {
+        unschedulable: true,
+        gates_closed: true,
+        ..obs()
+    };
+    let s = step(&rec(Draining), &drained, &w);
+    assert_eq!(s.record.state, Upgrading, "the cycle under way goes on");
+    let mut no_annotation = policy.clone();
+    no_annotation.metadata.annotations = None;
+    assert_eq!(crate::rollout::handback_hold(&no_annotation), None);
+}
+
 /// Every state x a broad set of observations x policies: safety properties.
 #[test]
 fn safety_properties_over_the_cross_product() {
