@@ -822,9 +822,20 @@ fn in_cycle_names(plan: &crate::handback::Plan) -> String {
         .join(", ")
 }
 
-/// Sets (`Some(when)`) or removes the policy's [`labels::HANDBACK`] hold.
-async fn set_handback_hold(ctx: &Ctx, name: &str, when: Option<String>) -> Result<()> {
-    let patch = serde_json::json!({ "metadata": { "annotations": { labels::HANDBACK: when } } });
+/// Sets (`Some(when)`) or removes the policy's [`labels::HANDBACK`] hold,
+/// and `spec.paused` with it when `paused` is given (in the same patch: the
+/// controller never sees the one without the other).
+async fn set_handback_hold(
+    ctx: &Ctx,
+    name: &str,
+    when: Option<String>,
+    paused: Option<bool>,
+) -> Result<()> {
+    let mut patch =
+        serde_json::json!({ "metadata": { "annotations": { labels::HANDBACK: when } } });
+    if let Some(p) = paused {
+        patch["spec"] = serde_json::json!({ "paused": p });
+    }
     Api::<TenstorrentDriverPolicy>::all(ctx.client.clone())
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -843,17 +854,20 @@ async fn hold_and_wait(
     mut plan: crate::handback::Plan,
 ) -> Result<crate::handback::Plan> {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    set_handback_hold(ctx, name, Some(now)).await?;
+    // A paused policy holds its cycles where they are: resumed under the
+    // hold, they go on and nothing new starts; paused again if we give up.
+    let was_paused = !plan.pause;
+    set_handback_hold(ctx, name, Some(now), was_paused.then_some(false)).await?;
     eprintln!(
         "policy {name:?}: no new cycle starts; waiting for the cycles under way to end: {}",
         in_cycle_names(&plan)
     );
     while !plan.in_cycle.is_empty() {
         if started.elapsed() > opts.timeout {
-            set_handback_hold(ctx, name, None).await?;
+            set_handback_hold(ctx, name, None, was_paused.then_some(true)).await?;
             bail!(
                 "nodes still in a cycle after {}s (--timeout): {}. The hold on new cycles is \
-                 lifted; nothing was handed back",
+                 lifted (the policy is as it was); nothing was handed back",
                 opts.timeout.as_secs(),
                 in_cycle_names(&plan)
             );
@@ -892,6 +906,8 @@ async fn handback(ctx: &Ctx, name: &str, opts: HandbackOptions) -> Result<i32> {
         })?;
         return Ok(exit::OK);
     }
+    // Whether --wait set its hold, and whether the policy was paused then.
+    let mut held = None;
     if !plan.in_cycle.is_empty() && !opts.force {
         if !opts.wait {
             bail!(
@@ -900,12 +916,15 @@ async fn handback(ctx: &Ctx, name: &str, opts: HandbackOptions) -> Result<i32> {
                 in_cycle_names(&plan)
             );
         }
+        let was_paused = !plan.pause;
         plan = hold_and_wait(ctx, name, &opts, started, plan).await?;
+        held = Some(was_paused);
     }
     if let Some(why) = crate::handback::swap_refusal(&plan, opts.accept_go_swap) {
-        // A hold of --wait is lifted: nothing is handed back.
-        if opts.wait {
-            set_handback_hold(ctx, name, None).await?;
+        // The hold of --wait is lifted (and a pause put back): nothing is
+        // handed back.
+        if let Some(was_paused) = held {
+            set_handback_hold(ctx, name, None, was_paused.then_some(true)).await?;
         }
         bail!("{why}");
     }
