@@ -298,9 +298,20 @@ async fn handback_undoes_only_ours_and_stays_undone() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn handback_wait_holds_new_cycles_and_lets_the_one_under_way_end() {
+    handback_wait("handback-wait", false).await;
+}
+
+/// The same with the policy paused mid-cycle first: paused, w0's cycle could
+/// never end; `--wait` resumes it under the hold.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn handback_wait_on_a_paused_policy_lets_the_cycle_end() {
+    handback_wait("handback-paused", true).await;
+}
+
+async fn handback_wait(name: &str, paused_first: bool) {
     let spec = "upgradePolicy: {maxUnavailable: 1}";
-    let (env, ns, tt, policy, _running) =
-        fleet("handback-wait", &["w0", "w1", "w2", "w3"], spec).await;
+    let (env, ns, tt, policy, _running) = fleet(name, &["w0", "w1", "w2", "w3"], spec).await;
     // w0 first (no device user) and held in Draining; the others use the
     // device, so they go after it.
     deployment(&env, &ns, "guarded", &tt[0], false).await;
@@ -311,7 +322,9 @@ async fn handback_wait_holds_new_cycles_and_lets_the_one_under_way_end() {
     let cordons = NodeOrder::cordons(&env).await;
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     wait_node_at(&env, &policy, &tt[0], NodeState::Draining, None, T).await;
-
+    if paused_first {
+        patch_policy(&env, &policy, serde_json::json!({ "paused": true })).await;
+    }
     let args: Vec<String> = [
         "handback",
         &policy,
