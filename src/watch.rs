@@ -345,10 +345,20 @@ fn any_change<K: Resource>(obj: &K) -> Option<u64> {
     hash_of(&obj.meta().resource_version)
 }
 
-/// Spec changes (generation), labels and deletion; not our own status writes.
+/// Spec changes (generation), labels, deletion and the hand-back's hold
+/// (an annotation: no generation of its own); not our own status writes.
 fn policy_key(p: &TenstorrentDriverPolicy) -> Option<u64> {
     let m = &p.metadata;
-    hash_of((m.generation, &m.labels, m.deletion_timestamp.is_some()))
+    let handback = m
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ttdrv_api::labels::HANDBACK));
+    hash_of((
+        m.generation,
+        &m.labels,
+        m.deletion_timestamp.is_some(),
+        handback,
+    ))
 }
 
 /// What the controller reads of a Node: labels, annotations, cordon,
@@ -370,4 +380,30 @@ fn node_key(n: &Node) -> Option<u64> {
         boot_id,
         m.deletion_timestamp.is_some(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Setting the hand-back's hold pokes a pass (it is an annotation, with
+    /// no generation of its own); other annotations do not.
+    #[test]
+    fn the_handback_hold_pokes_the_policy() {
+        let mut p: TenstorrentDriverPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentDriverPolicy",
+            "metadata": { "name": "fleet" },
+            "spec": { "version": "2.8.0" }
+        }))
+        .expect("a policy");
+        let before = policy_key(&p);
+        p.metadata.annotations = Some([("note".to_string(), "x".to_string())].into());
+        assert_eq!(policy_key(&p), before);
+        p.metadata.annotations.get_or_insert_default().insert(
+            ttdrv_api::labels::HANDBACK.into(),
+            "2026-12-06T14:00:00Z".into(),
+        );
+        assert_ne!(policy_key(&p), before);
+    }
 }

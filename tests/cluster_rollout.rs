@@ -128,6 +128,68 @@ async fn pdb_blocked_drain_fails_after_timeout_and_halts_until_retry() {
     env.teardown().await;
 }
 
+/// Issue 51, item 2: while a PodDisruptionBudget blocks the drain, the node's
+/// status says so (reason `EvictionBlocked`, the pod, the budget, the
+/// deadline), and one `DrainBlocked` Event, not one per pass, says it with
+/// the time left; once the budget goes, the drain finishes.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn pdb_blocked_drain_is_named_while_it_waits() {
+    let extra = "upgradePolicy: {drain: {timeoutSeconds: 300}}";
+    let (env, ns, nodes, policy, _running) = installed_fleet("rollout-blocked", 1, extra, T).await;
+    let node = &nodes[0];
+    let pod = hold_drain(&env, &ns, node).await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    let entry = async {
+        let start = std::time::Instant::now();
+        loop {
+            let st = status(&env, &policy).await;
+            let e = st.nodes.iter().find(|n| &n.name == node).cloned();
+            if let Some(e) = e.filter(|e| e.reason.as_deref() == Some("EvictionBlocked")) {
+                return e;
+            }
+            assert!(start.elapsed() < T, "never EvictionBlocked: {:?}", st.nodes);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    .await;
+    assert_eq!(entry.state, NodeState::Draining);
+    let msg = entry.message.clone().unwrap_or_default();
+    for part in [
+        format!("PodDisruptionBudget {ns}/guarded refuses to evict {ns}/{pod}"),
+        "The drain times out at ".to_string(),
+        "DrainTimeout".to_string(),
+    ] {
+        assert!(msg.contains(&part), "the message lacks {part:?}: {msg}");
+    }
+    // Several passes later: still blocked, and still one Event.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let blocked: Vec<String> = policy_events(&env, &policy)
+        .await
+        .into_iter()
+        .filter(|(r, n)| r == "DrainBlocked" && n.contains(node.as_str()))
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(blocked.len(), 1, "one DrainBlocked Event: {blocked:?}");
+    assert!(
+        blocked[0].contains(&format!("{ns}/{pod}"))
+            && blocked[0].contains(&format!("{ns}/guarded"))
+            && blocked[0].contains("left before the drain times out"),
+        "{}",
+        blocked[0]
+    );
+    let st = status(&env, &policy).await;
+    let still = st.nodes.iter().find(|n| &n.name == node);
+    assert_eq!(
+        still.and_then(|n| n.reason.as_deref()),
+        Some("EvictionBlocked"),
+        "{still:?}"
+    );
+    release_drain(&env, &ns).await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.8.0", T).await;
+    env.teardown().await;
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn bare_pod_is_left_and_reported_without_force() {

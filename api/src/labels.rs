@@ -64,6 +64,11 @@ pub const UPGRADE_STATE: &str = "driver.tenstorrent.com/upgrade-state";
 /// unloads or replaces a loaded module only while it is present and matches.
 /// The chart's admission policy keeps the agent from writing it.
 pub const GO_AHEAD: &str = "driver.tenstorrent.com/go-ahead";
+/// Policy annotation set by `kubectl tt driver handback --wait` (its value:
+/// when, RFC 3339): no new cycle starts, and the cycles under way go on to
+/// their end (unlike `spec.paused`, which holds them where they are). The
+/// hand-back replaces it with `spec.paused` once they have ended.
+pub const HANDBACK: &str = "driver.tenstorrent.com/handback";
 
 /// Node annotation the Go operator set on a node it cordoned, naming its
 /// policy: a cordon with `cordoned-by=<policy>` is that policy's to undo.

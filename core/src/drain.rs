@@ -360,12 +360,25 @@ pub struct DrainProgress {
     pub blocking_pdbs: Vec<String>,
 }
 
+/// A pod still to evict whose eviction a PodDisruptionBudget refuses now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockedEviction {
+    /// `ns/name` of the pod.
+    pub pod: String,
+    /// `ns/name` of the budget.
+    pub pdb: String,
+}
+
 /// A drain's next move on one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DrainStep {
     pub progress: DrainProgress,
     /// Pods to evict now, pass 1 first.
     pub evict: Vec<(PodRef, DrainPass)>,
+    /// Each remaining pod a budget refuses, with that budget: the node's
+    /// message names both (kept apart from [`DrainProgress`], which the
+    /// firmware cycle shares and builds by field).
+    pub blocked: Vec<BlockedEviction>,
 }
 
 /// Sequences a drain from its plan and the pods still on the node: a planned
@@ -391,8 +404,12 @@ pub fn sequence<'a>(
                 pdb.metadata.name.as_deref().unwrap_or("")
             );
             if !step.progress.blocking_pdbs.contains(&id) {
-                step.progress.blocking_pdbs.push(id);
+                step.progress.blocking_pdbs.push(id.clone());
             }
+            step.blocked.push(BlockedEviction {
+                pod: p.to_string(),
+                pdb: id,
+            });
         }
         let pass_open = pass == DrainPass::Device || !device_left;
         if !pod.deleting && pass_open {

@@ -12,6 +12,7 @@ pub enum EventReason {
     NodeNotReady,
     NodeDrainedAgain,
     PodsNotEvicted,
+    DrainBlocked,
     NodeUnloading,
     NodeUnmanaged,
     NodeUnloadFailed,
@@ -47,6 +48,7 @@ impl EventReason {
         Self::NodeNotReady,
         Self::NodeDrainedAgain,
         Self::PodsNotEvicted,
+        Self::DrainBlocked,
         Self::NodeUnloading,
         Self::NodeUnmanaged,
         Self::NodeUnloadFailed,
@@ -82,6 +84,7 @@ impl EventReason {
             Self::NodeNotReady => crate::reason::NODE_NOT_READY,
             Self::NodeDrainedAgain => "NodeDrainedAgain",
             Self::PodsNotEvicted => "PodsNotEvicted",
+            Self::DrainBlocked => "DrainBlocked",
             Self::NodeUnloading => "NodeUnloading",
             Self::NodeUnmanaged => "NodeUnmanaged",
             Self::NodeUnloadFailed => "NodeUnloadFailed",
@@ -141,6 +144,41 @@ pub fn node_upgraded_message(
     format!("node {node}: tt-kmd {target} loaded and node back in service")
 }
 
+/// The message of the `DrainBlocked` Event, on the step where a node's drain
+/// becomes blocked by a PodDisruptionBudget (reason `EvictionBlocked`), and
+/// only then: one Event per blocked drain, not one per pass. With the time
+/// left, which the record's message (written only when it changes) gives as
+/// a deadline.
+pub fn drain_blocked_message(
+    node: &str,
+    prev: &crate::machine::NodeRecord,
+    next: &crate::machine::NodeRecord,
+    drain_timeout_seconds: i64,
+    now: i64,
+) -> Option<String> {
+    let blocked = Some(crate::reason::EVICTION_BLOCKED);
+    if next.reason.as_deref() != blocked || prev.reason.as_deref() == blocked {
+        return None;
+    }
+    let left = (next.since + drain_timeout_seconds - now).max(0);
+    Some(format!(
+        "node {node}: {}; {} left before the drain times out",
+        next.message
+            .as_deref()
+            .unwrap_or("eviction blocked by a PodDisruptionBudget"),
+        minutes_seconds(left)
+    ))
+}
+
+/// `9m50s`, `45s`.
+fn minutes_seconds(s: i64) -> String {
+    if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
 impl std::fmt::Display for EventReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -182,6 +220,29 @@ mod tests {
         r.cordon = Cordon::Theirs;
         let m = node_upgraded_message("n1", &r, "2.8.0");
         assert!(m.contains("stays cordoned"), "{m}");
+    }
+
+    /// One Event when the drain becomes blocked, none on the passes after,
+    /// naming the pod, the budget and the time left.
+    #[test]
+    fn drain_blocked_is_reported_once_with_the_time_left() {
+        use crate::machine::NodeRecord;
+        use ttdrv_api::NodeState;
+        let mut prev = NodeRecord::new("fleet", "2.8.0", 1000);
+        prev.state = NodeState::Draining;
+        prev.reason = Some(crate::reason::DRAIN.into());
+        let mut next = prev.clone();
+        next.reason = Some(crate::reason::EVICTION_BLOCKED.into());
+        next.message =
+            Some("eviction blocked: PodDisruptionBudget ml/web refuses to evict ml/web-0".into());
+        let m = drain_blocked_message("n1", &prev, &next, 600, 1010).expect("an Event");
+        assert!(m.starts_with("node n1: eviction blocked"), "{m}");
+        assert!(m.contains("ml/web-0") && m.contains("ml/web"), "{m}");
+        assert!(m.ends_with("9m50s left before the drain times out"), "{m}");
+        // The next pass, still blocked: no second Event.
+        assert_eq!(drain_blocked_message("n1", &next, &next, 600, 1020), None);
+        // Unblocked: none either.
+        assert_eq!(drain_blocked_message("n1", &next, &prev, 600, 1030), None);
     }
 
     #[test]

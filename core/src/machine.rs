@@ -64,7 +64,8 @@ pub struct Desired {
 /// Why no new cycle starts now ([`Desired::hold`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hold {
-    /// One of [`reason::SOAKING`], [`reason::OUTSIDE_MAINTENANCE_WINDOW`],
+    /// One of [`reason::HANDING_BACK`] ([`crate::rollout::handback_hold`]),
+    /// [`reason::SOAKING`], [`reason::OUTSIDE_MAINTENANCE_WINDOW`],
     /// [`reason::WAITING_FOR_PROMOTION`] (`spec.promoteAfter`:
     /// [`crate::promotion::Gate::hold`]).
     pub reason: &'static str,
@@ -461,6 +462,13 @@ fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
         commands: cmds,
         needs_slot: false,
     }
+}
+
+/// Unix seconds as RFC 3339 (UTC), for messages.
+fn rfc3339(unix: i64) -> String {
+    jiff::Timestamp::from_second(unix)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| unix.to_string())
 }
 
 /// The change a node waits for, for its message: `2.7.0 -> 2.8.0`, or for

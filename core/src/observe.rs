@@ -152,12 +152,17 @@ pub fn observe<'p>(
             .into_iter()
             .flatten()
             .any(|r| matches!(r.state, NodeState::Draining | NodeState::Cordoning));
-    let (progress, evictions, skipped) = if let (true, Some(plan)) = (draining, &plan) {
+    let (progress, evictions, skipped, blocked) = if let (true, Some(plan)) = (draining, &plan) {
         let pdbs = pdbs();
         let step = drain::sequence(plan, pods(), &pdbs);
-        (Some(step.progress), step.evict, plan.reportable_skips())
+        (
+            Some(step.progress),
+            step.evict,
+            plan.reportable_skips(),
+            step.blocked,
+        )
     } else {
-        (None, vec![], vec![])
+        (None, vec![], vec![], vec![])
     };
     let label = |k: &str| node::label(node, k);
     let installer_state = installer_state(installer, p.template_hash);
@@ -174,6 +179,7 @@ pub fn observe<'p>(
         gates_closed: p.gates.iter().all(|g| label(g) == Some("false")),
         gates_present: p.gates.iter().any(|g| label(g).is_some()),
         drain: progress,
+        drain_blocked: blocked,
         retry_token: node::retry_token(node).map(String::from),
         installer_problem: installer.and_then(installer::problem),
         inherited_cordon,

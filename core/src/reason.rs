@@ -41,6 +41,12 @@ pub const INSTALL: &str = "FirstInstall";
 pub const CORDON: &str = "Cordon";
 /// Draining: evicting the pods that must go.
 pub const DRAIN: &str = "Drain";
+/// Draining: a PodDisruptionBudget refuses an eviction; the message names
+/// the pod, the budget and when the drain times out.
+pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
+/// Pending: `kubectl tt driver handback --wait` holds new cycles while the
+/// ones under way end.
+pub const HANDING_BACK: &str = "HandingBack";
 /// Upgrading: the drain finished; the installer pod is replaced.
 pub const REPLACE_INSTALLER: &str = "ReplaceInstaller";
 /// Upgrading without cordon or drain: `drain.enable` is false.
@@ -156,6 +162,7 @@ pub const ALL: &[&str] = &[
     WAITING_FOR_FIRMWARE,
     WAITING_FOR_FIRMWARE_VERSION,
     WAITING_FOR_PROMOTION,
+    HANDING_BACK,
     UP_TO_DATE,
     UPGRADED,
     HOST_MANAGED,
@@ -164,6 +171,7 @@ pub const ALL: &[&str] = &[
     INSTALL,
     CORDON,
     DRAIN,
+    EVICTION_BLOCKED,
     DRAIN_AGAIN,
     REPLACE_INSTALLER,
     DRAIN_DISABLED,

@@ -237,6 +237,25 @@ fn out_of_service_for_others(
     out
 }
 
+/// The hold of a hand-back under way ([`labels::HANDBACK`] on the policy):
+/// no new cycle, those under way end.
+///
+/// [`labels::HANDBACK`]: ttdrv_api::labels::HANDBACK
+pub fn handback_hold(policy: &ttdrv_api::TenstorrentDriverPolicy) -> Option<Hold> {
+    let since = policy
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ttdrv_api::labels::HANDBACK)?;
+    Some(Hold {
+        reason: reason::HANDING_BACK,
+        why: format!(
+            "kubectl tt driver handback (since {since}) waits for the cycles under way to end: \
+             no new cycle starts"
+        ),
+    })
+}
+
 /// Why no node of a policy may start a new cycle at `now`, if so: outside
 /// its maintenance windows, or while its last upgraded node soaks. Cycles in
 /// progress and build-ahead go on either way.

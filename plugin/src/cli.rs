@@ -138,13 +138,16 @@ pub enum Command {
     /// Hand the policy back to the Go operator before `helm rollback`: pause
     /// it, delete our installer DaemonSet (the loaded modules stay loaded),
     /// undo our cordons (never anyone else's) and remove our node marks.
-    /// Refused while a node is in a cycle, unless --wait or --force.
+    /// Refused while a node is in a cycle, unless --wait or --force; refused
+    /// while a node runs another version than the policy's, unless
+    /// --accept-go-swap.
     Handback {
         policy: String,
         /// Print what would be done; change nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Wait for the nodes in a cycle to end it instead of refusing.
+        /// Hold new cycles and wait for the nodes in a cycle to end it
+        /// instead of refusing; then pause and hand back.
         #[arg(long)]
         wait: bool,
         /// Seconds --wait waits for cycles, and the hand-back for our
@@ -155,6 +158,12 @@ pub enum Command {
         /// them as they stand).
         #[arg(long)]
         force: bool,
+        /// Hand back even though nodes run another tt-kmd than the policy's
+        /// version (mid-rollout): the Go controller, once rolled back, swaps
+        /// the module on all of them at once, without cordon or drain, with
+        /// device users running.
+        #[arg(long)]
+        accept_go_swap: bool,
     },
     /// Shell completion. bash, zsh, fish: a script for the `kubectl-tt-driver`
     /// binary itself. `kubectl tt driver <TAB>` is completed by kubectl (1.26+)
@@ -263,8 +272,14 @@ mod tests {
 
     #[test]
     fn handback_parses() {
-        let cli = Cli::try_parse_from(["kubectl-tt-driver", "handback", "fleet", "--dry-run"])
-            .expect("parses");
+        let cli = Cli::try_parse_from([
+            "kubectl-tt-driver",
+            "handback",
+            "fleet",
+            "--dry-run",
+            "--accept-go-swap",
+        ])
+        .expect("parses");
         match cli.command {
             Some(Command::Handback {
                 policy,
@@ -272,9 +287,17 @@ mod tests {
                 wait,
                 force,
                 timeout,
+                accept_go_swap,
             }) => assert_eq!(
-                (policy.as_str(), dry_run, wait, force, timeout),
-                ("fleet", true, false, false, 600)
+                (
+                    policy.as_str(),
+                    dry_run,
+                    wait,
+                    force,
+                    timeout,
+                    accept_go_swap
+                ),
+                ("fleet", true, false, false, 600, true)
             ),
             other => panic!("{other:?}"),
         }

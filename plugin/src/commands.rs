@@ -186,11 +186,13 @@ pub async fn run(cli: Cli) -> Result<i32> {
             wait,
             timeout,
             force,
+            accept_go_swap,
         } => {
             let opts = HandbackOptions {
                 dry_run,
                 wait,
                 force,
+                accept_go_swap,
                 timeout: Duration::from_secs(timeout),
             };
             handback(&ctx, &policy, opts).await
@@ -777,6 +779,7 @@ pub struct HandbackOptions {
     pub dry_run: bool,
     pub wait: bool,
     pub force: bool,
+    pub accept_go_swap: bool,
     pub timeout: Duration,
 }
 
@@ -804,6 +807,7 @@ async fn handback_plan(ctx: &Ctx, name: &str) -> Result<crate::handback::Plan> {
         .with_context(|| format!("reading DaemonSet {}/{ds_name}", ctx.namespace))?;
     Ok(crate::handback::decide(
         name,
+        &p.spec.version,
         p.spec.paused,
         &nodes,
         ds.as_ref(),
@@ -818,24 +822,52 @@ fn in_cycle_names(plan: &crate::handback::Plan) -> String {
         .join(", ")
 }
 
-/// `handback <policy>`: see [`crate::handback`]. Pauses first, so our
-/// controller neither re-creates the DaemonSet nor starts a node meanwhile
-/// (a paused policy's DaemonSet is not applied); then deletes the DaemonSet,
-/// waits for our installer pods to be gone, and patches the nodes.
-async fn handback(ctx: &Ctx, name: &str, opts: HandbackOptions) -> Result<i32> {
-    let started = Instant::now();
-    let mut plan = handback_plan(ctx, name).await?;
-    while !plan.in_cycle.is_empty() && !opts.force && !opts.dry_run {
-        if !opts.wait {
-            bail!(
-                "refusing to hand back policy {name:?}: nodes in a cycle: {}. Wait for it to end \
-                 (--wait), or --force to hand them back as they stand",
-                in_cycle_names(&plan)
-            );
-        }
+/// Sets (`Some(when)`) or removes the policy's [`labels::HANDBACK`] hold,
+/// and `spec.paused` with it when `paused` is given (in the same patch: the
+/// controller never sees the one without the other).
+async fn set_handback_hold(
+    ctx: &Ctx,
+    name: &str,
+    when: Option<String>,
+    paused: Option<bool>,
+) -> Result<()> {
+    let mut patch =
+        serde_json::json!({ "metadata": { "annotations": { labels::HANDBACK: when } } });
+    if let Some(p) = paused {
+        patch["spec"] = serde_json::json!({ "paused": p });
+    }
+    Api::<TenstorrentDriverPolicy>::all(ctx.client.clone())
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("setting {} on policy {name:?}", labels::HANDBACK))?;
+    Ok(())
+}
+
+/// `--wait`: holds new cycles ([`labels::HANDBACK`]: unlike `spec.paused`,
+/// the cycles under way go on to their end), then waits for them to end.
+/// On a timeout the hold is lifted again: the rollout goes on as before.
+async fn hold_and_wait(
+    ctx: &Ctx,
+    name: &str,
+    opts: &HandbackOptions,
+    started: Instant,
+    mut plan: crate::handback::Plan,
+) -> Result<crate::handback::Plan> {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    // A paused policy holds its cycles where they are: resumed under the
+    // hold, they go on and nothing new starts; paused again if we give up.
+    let was_paused = !plan.pause;
+    set_handback_hold(ctx, name, Some(now), was_paused.then_some(false)).await?;
+    eprintln!(
+        "policy {name:?}: no new cycle starts; waiting for the cycles under way to end: {}",
+        in_cycle_names(&plan)
+    );
+    while !plan.in_cycle.is_empty() {
         if started.elapsed() > opts.timeout {
+            set_handback_hold(ctx, name, None, was_paused.then_some(true)).await?;
             bail!(
-                "nodes still in a cycle after {}s (--timeout): {}",
+                "nodes still in a cycle after {}s (--timeout): {}. The hold on new cycles is \
+                 lifted (the policy is as it was); nothing was handed back",
                 opts.timeout.as_secs(),
                 in_cycle_names(&plan)
             );
@@ -843,6 +875,19 @@ async fn handback(ctx: &Ctx, name: &str, opts: HandbackOptions) -> Result<i32> {
         tokio::time::sleep(Duration::from_secs(2)).await;
         plan = handback_plan(ctx, name).await?;
     }
+    Ok(plan)
+}
+
+/// `handback <policy>`: see [`crate::handback`]. With `--wait`, holds new
+/// cycles and waits for those under way to end first; refuses nodes at
+/// another version unless accepted ([`crate::handback::swap_refusal`]); then
+/// pauses, so our controller neither re-creates the DaemonSet nor starts a
+/// node meanwhile (a paused policy's DaemonSet is not applied); then deletes
+/// the DaemonSet, waits for our installer pods to be gone, and patches the
+/// nodes.
+async fn handback(ctx: &Ctx, name: &str, opts: HandbackOptions) -> Result<i32> {
+    let started = Instant::now();
+    let mut plan = handback_plan(ctx, name).await?;
     if opts.dry_run {
         let res = HandbackResult {
             dry_run: true,
@@ -861,14 +906,38 @@ async fn handback(ctx: &Ctx, name: &str, opts: HandbackOptions) -> Result<i32> {
         })?;
         return Ok(exit::OK);
     }
-    let policies: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
-    if plan.pause {
-        let patch = serde_json::json!({ "spec": { "paused": true } });
-        policies
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .with_context(|| format!("setting spec.paused=true on policy {name:?}"))?;
+    // Whether --wait set its hold, and whether the policy was paused then.
+    let mut held = None;
+    if !plan.in_cycle.is_empty() && !opts.force {
+        if !opts.wait {
+            bail!(
+                "refusing to hand back policy {name:?}: nodes in a cycle: {}. Wait for it to end \
+                 (--wait), or --force to hand them back as they stand",
+                in_cycle_names(&plan)
+            );
+        }
+        let was_paused = !plan.pause;
+        plan = hold_and_wait(ctx, name, &opts, started, plan).await?;
+        held = Some(was_paused);
     }
+    if let Some(why) = crate::handback::swap_refusal(&plan, opts.accept_go_swap) {
+        // The hold of --wait is lifted (and a pause put back): nothing is
+        // handed back.
+        if let Some(was_paused) = held {
+            set_handback_hold(ctx, name, None, was_paused.then_some(true)).await?;
+        }
+        bail!("{why}");
+    }
+    let policies: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
+    // Paused, and the hold of --wait removed with it (paused holds all).
+    let patch = serde_json::json!({
+        "metadata": { "annotations": { labels::HANDBACK: null } },
+        "spec": { "paused": true }
+    });
+    policies
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("setting spec.paused=true on policy {name:?}"))?;
     // A cycle that started between the read and the pause holds where it is
     // (paused); it is reported, and handed back only with --force.
     let paused_plan = handback_plan(ctx, name).await?;

@@ -64,6 +64,17 @@ pub struct InCycle {
     pub state: String,
 }
 
+/// A node of the policy whose loaded tt-kmd is not the policy's version:
+/// once rolled back, the Go controller's DaemonSet swaps it in place, on
+/// every such node at once, without cordon or drain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Behind {
+    pub name: String,
+    /// Its `kmd-version` label.
+    pub loaded: String,
+}
+
 /// The hand-back of one policy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -77,6 +88,11 @@ pub struct Plan {
     pub foreign_daemonset: Option<String>,
     /// Nodes mid-cycle: refused unless forced.
     pub in_cycle: Vec<InCycle>,
+    /// The policy's version (`spec.version`).
+    pub version: String,
+    /// Nodes at another version than [`Plan::version`]: refused unless
+    /// accepted ([`swap_refusal`]).
+    pub behind: Vec<Behind>,
     pub nodes: Vec<NodeAction>,
     /// Nodes whose record cannot be read: their cordon is left alone.
     pub unreadable: Vec<String>,
@@ -98,11 +114,18 @@ pub fn daemonset_is_ours(ds: &DaemonSet, policy: &str) -> bool {
         .is_some_and(|p| p == policy)
 }
 
-/// The hand-back of `policy`, from the policy's `spec.paused`, every node and
-/// the DaemonSet named `ttdrv-<policy>` (if any).
-pub fn decide(policy: &str, paused: bool, nodes: &[Node], ds: Option<&DaemonSet>) -> Plan {
+/// The hand-back of `policy` at `version`, from the policy's `spec.paused`,
+/// every node and the DaemonSet named `ttdrv-<policy>` (if any).
+pub fn decide(
+    policy: &str,
+    version: &str,
+    paused: bool,
+    nodes: &[Node],
+    ds: Option<&DaemonSet>,
+) -> Plan {
     let mut plan = Plan {
         policy: policy.to_string(),
+        version: version.to_string(),
         pause: !paused,
         ..Plan::default()
     };
@@ -170,6 +193,20 @@ pub fn decide(policy: &str, paused: bool, nodes: &[Node], ds: Option<&DaemonSet>
         if node::label(n, labels::CLAIM) == Some(policy) {
             a.remove_labels.push(labels::CLAIM.to_string());
         }
+        // What our agent wrote that the Go operator neither writes nor reads
+        // (it keeps kmd-version, install-mode and tt-smi's version, which it
+        // reads): nothing of ours stays behind.
+        if node::label(n, labels::KMD_PREPARED).is_some() {
+            a.remove_labels.push(labels::KMD_PREPARED.to_string());
+        }
+        let loaded = node::label(n, labels::KMD_VERSION);
+        let host = node::label(n, labels::INSTALL_MODE) == Some(labels::INSTALL_MODE_HOST);
+        if let Some(v) = loaded.filter(|v| !host && !node::same_version(Some(v), version)) {
+            plan.behind.push(Behind {
+                name: name.clone(),
+                loaded: v.to_string(),
+            });
+        }
         // Deploy gates we closed for a cycle (still closed while it runs or
         // after it failed) are opened as our uncordon opens them: removed,
         // which is also how the Go operator opens its own.
@@ -185,7 +222,7 @@ pub fn decide(policy: &str, paused: bool, nodes: &[Node], ds: Option<&DaemonSet>
         if record.is_some() {
             a.remove_annotations.push(labels::UPGRADE_STATE.to_string());
         }
-        for k in [labels::GO_AHEAD, RETRY_ANNOTATION] {
+        for k in [labels::GO_AHEAD, RETRY_ANNOTATION, labels::KMD_PARAMETERS] {
             if node::annotation(n, k).is_some() {
                 a.remove_annotations.push(k.to_string());
             }
@@ -194,7 +231,43 @@ pub fn decide(policy: &str, paused: bool, nodes: &[Node], ds: Option<&DaemonSet>
     }
     plan.nodes.sort_by(|a, b| a.name.cmp(&b.name));
     plan.in_cycle.sort_by(|a, b| a.name.cmp(&b.name));
+    plan.behind.sort_by(|a, b| a.name.cmp(&b.name));
     plan
+}
+
+/// The flag that accepts handing back nodes at another version.
+pub const ACCEPT_FLAG: &str = "--accept-go-swap";
+
+/// Why the hand-back refuses, when nodes run another version than the
+/// policy's and the operator has not accepted ([`ACCEPT_FLAG`]) what the Go
+/// controller then does to them.
+pub fn swap_refusal(plan: &Plan, accept: bool) -> Option<String> {
+    if accept || plan.behind.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "refusing to hand back policy {:?}: {}. Once rolled back, the Go controller installs tt-kmd {} \
+         on all of them at once, without cordon or drain, with the pods that use the devices \
+         running. Finish the rollout first (resume it, then `handback --wait`), or set spec.version \
+         back to the version they run; or add {ACCEPT_FLAG} to hand back anyway",
+        plan.policy,
+        behind_text(plan),
+        plan.version
+    ))
+}
+
+fn behind_text(plan: &Plan) -> String {
+    let nodes: Vec<String> = plan
+        .behind
+        .iter()
+        .map(|b| format!("{} (tt-kmd {})", b.name, b.loaded))
+        .collect();
+    format!(
+        "{} node(s) run another tt-kmd than its version {}: {}",
+        nodes.len(),
+        plan.version,
+        nodes.join(", ")
+    )
 }
 
 /// The lines `handback` prints: what it does (`done`), or would do.
@@ -217,6 +290,12 @@ pub fn render(plan: &Plan, namespace: &str, done: bool) -> String {
         out.push_str(&format!(
             "node {}: in a cycle ({}), handed back as it stands (--force)\n",
             c.name, c.state
+        ));
+    }
+    if !plan.behind.is_empty() {
+        out.push_str(&format!(
+            "{}: the Go controller, once rolled back, swaps them all at once, without cordon or drain (refused without {ACCEPT_FLAG})\n",
+            behind_text(plan)
         ));
     }
     match (&plan.delete_daemonset, &plan.foreign_daemonset) {
@@ -353,7 +432,7 @@ mod tests {
             ),
             node("e", false, &[(CLAIM, "fleet")], &[(STATE, &done)]),
         ];
-        let p = decide("fleet", false, &nodes, None);
+        let p = decide("fleet", "2.8.0", false, &nodes, None);
         let by = |n: &str| p.nodes.iter().find(|a| a.name == n).expect(n).clone();
         assert!(by("a").uncordon);
         for n in ["b", "c", "d", "e"] {
@@ -390,7 +469,7 @@ mod tests {
                 (labels::GO_CORDONED_AT, "2026-01-01T00:00:00Z"),
             ],
         );
-        let p = decide("fleet", true, &[n], None);
+        let p = decide("fleet", "2.8.0", true, &[n], None);
         assert!(!p.pause, "already paused");
         assert!(p.nodes[0].uncordon);
         for k in [labels::GO_CORDONED_BY, labels::GO_CORDONED_AT] {
@@ -412,7 +491,7 @@ mod tests {
             ),
             node("c", false, &[(CLAIM, "fleet")], &[(STATE, &done)]),
         ];
-        let p = decide("fleet", false, &nodes, None);
+        let p = decide("fleet", "2.8.0", false, &nodes, None);
         let states: Vec<_> = p
             .in_cycle
             .iter()
@@ -443,7 +522,7 @@ mod tests {
                 &[(STATE, &done)],
             ),
         ];
-        let p = decide("fleet", false, &nodes, None);
+        let p = decide("fleet", "2.8.0", false, &nodes, None);
         assert_eq!(p.nodes[0].remove_labels, [CLAIM, gate]);
         assert_eq!(p.nodes[1].remove_labels, [CLAIM]);
         let patch = p.nodes[0].patch().expect("a patch");
@@ -459,7 +538,7 @@ mod tests {
             node("y", true, &[(CLAIM, "fleet")], &[(STATE, "{not json")]),
             node("z", false, &[], &[]),
         ];
-        let p = decide("fleet", false, &nodes, None);
+        let p = decide("fleet", "2.8.0", false, &nodes, None);
         assert_eq!(p.nodes.len(), 1, "{p:?}");
         assert_eq!(p.nodes[0].name, "y");
         assert!(!p.nodes[0].uncordon);
@@ -477,12 +556,98 @@ mod tests {
             ("app.kubernetes.io/component", "driver"),
             ("driver.tenstorrent.com/cr", "fleet"),
         ]);
-        let p = decide("fleet", false, &[], Some(&mine));
+        let p = decide("fleet", "2.8.0", false, &[], Some(&mine));
         assert_eq!(p.delete_daemonset.as_deref(), Some("ttdrv-fleet"));
-        let p = decide("fleet", false, &[], Some(&go));
+        let p = decide("fleet", "2.8.0", false, &[], Some(&go));
         assert_eq!(p.delete_daemonset, None);
         assert_eq!(p.foreign_daemonset.as_deref(), Some("ttdrv-fleet"));
         assert!(render(&p, "ns", false).contains("not ours"));
+    }
+
+    /// What our agent wrote goes with the hand-back: `kmd-prepared` and
+    /// `kmd-parameters`; what the Go operator reads stays.
+    #[test]
+    fn our_agents_marks_are_removed() {
+        let done = record("fleet", "Done", false, false);
+        let n = node(
+            "a",
+            false,
+            &[
+                (CLAIM, "fleet"),
+                (labels::KMD_PREPARED, "2.8.0"),
+                (labels::KMD_VERSION, "2.8.0"),
+                (labels::INSTALL_MODE, "container"),
+            ],
+            &[(STATE, &done), (labels::KMD_PARAMETERS, "max_devices=4")],
+        );
+        let p = decide("fleet", "2.8.0", false, &[n], None);
+        let a = &p.nodes[0];
+        assert_eq!(a.remove_labels, [CLAIM, labels::KMD_PREPARED]);
+        assert_eq!(a.remove_annotations, [STATE, labels::KMD_PARAMETERS]);
+        let patch = a.patch().expect("a patch");
+        assert!(patch["metadata"]["labels"][labels::KMD_PREPARED].is_null());
+        assert!(patch["metadata"]["annotations"][labels::KMD_PARAMETERS].is_null());
+        assert!(
+            patch["metadata"]["labels"]
+                .get(labels::KMD_VERSION)
+                .is_none()
+        );
+        assert!(p.behind.is_empty(), "at the version: {p:?}");
+        assert_eq!(swap_refusal(&p, false), None);
+    }
+
+    /// Nodes at another version (mid-rollout) are refused, with what the Go
+    /// controller would do to them, unless accepted; DKMS nodes and nodes
+    /// with nothing loaded are not counted.
+    #[test]
+    fn nodes_behind_the_version_are_refused_unless_accepted() {
+        let draining = record("fleet", "Draining", true, false);
+        let done = record("fleet", "Done", false, false);
+        let at = |v: &str| (labels::KMD_VERSION, v.to_string());
+        let nodes = [
+            node(
+                "old",
+                true,
+                &[(CLAIM, "fleet"), (at("2.7.0").0, "2.7.0")],
+                &[(STATE, &draining)],
+            ),
+            node(
+                "new",
+                false,
+                &[(CLAIM, "fleet"), (at("2.8.0").0, "2.8.0")],
+                &[(STATE, &done)],
+            ),
+            node(
+                "dkms",
+                false,
+                &[
+                    (CLAIM, "fleet"),
+                    (labels::KMD_VERSION, "2.6.0"),
+                    (labels::INSTALL_MODE, "host"),
+                ],
+                &[(STATE, &done)],
+            ),
+            node("empty", false, &[(CLAIM, "fleet")], &[(STATE, &done)]),
+        ];
+        let p = decide("fleet", "2.8.0", false, &nodes, None);
+        assert_eq!(
+            p.behind,
+            [Behind {
+                name: "old".into(),
+                loaded: "2.7.0".into()
+            }]
+        );
+        let why = swap_refusal(&p, false).expect("refused");
+        for part in [
+            "old (tt-kmd 2.7.0)",
+            "all of them at once",
+            "without cordon or drain",
+            ACCEPT_FLAG,
+        ] {
+            assert!(why.contains(part), "{part}: {why}");
+        }
+        assert_eq!(swap_refusal(&p, true), None, "accepted");
+        assert!(render(&p, "ns", false).contains("without cordon or drain"));
     }
 
     #[test]
@@ -490,7 +655,7 @@ mod tests {
         let ours = record("fleet", "Failed", true, false);
         let n = node("a", true, &[(CLAIM, "fleet")], &[(STATE, &ours)]);
         let mine = ds(&[(CLAIM, "fleet")]);
-        let p = decide("fleet", false, &[n], Some(&mine));
+        let p = decide("fleet", "2.8.0", false, &[n], Some(&mine));
         let dry = render(&p, "ns", false);
         assert!(dry.contains("would uncordon"), "{dry}");
         assert!(dry.contains("would be deleted"), "{dry}");

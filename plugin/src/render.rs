@@ -107,6 +107,10 @@ pub fn status(views: &[PolicyView], pal: Palette) -> String {
             ]);
         }
         out.push_str(&t.render(pal, 2));
+        let blocked = blocked_drains(v, pal);
+        for line in blocked.lines() {
+            out.push_str(&format!("  {line}\n"));
+        }
     }
     out
 }
@@ -167,8 +171,29 @@ fn prepared_cell(n: &NodeRow) -> (String, anstyle::Style) {
     }
 }
 
-fn failures(v: &PolicyView, pal: Palette) -> String {
+/// A line per drain a PodDisruptionBudget blocks: the node's message (the
+/// pods and budgets) and the time left before the drain times out.
+fn blocked_drains(v: &PolicyView, pal: Palette) -> String {
     let mut out = String::new();
+    for n in &v.nodes {
+        let Some(left) = n.drain_times_out_in else {
+            continue;
+        };
+        out.push_str(&format!(
+            "{} {}: {}; the drain times out in {}\n",
+            pal.paint("BLOCKED", YELLOW),
+            n.name,
+            n.message
+                .as_deref()
+                .unwrap_or("eviction blocked by a PodDisruptionBudget"),
+            human(left)
+        ));
+    }
+    out
+}
+
+fn failures(v: &PolicyView, pal: Palette) -> String {
+    let mut out = blocked_drains(v, pal);
     for n in &v.nodes {
         if let Some(kver) = &n.next_kernel_build_failed {
             out.push_str(&format!(
@@ -705,9 +730,42 @@ mod prepared_tests {
             cycle_started: None,
             reason: None,
             message: None,
+            drain_times_out_in: None,
             firmware_version: None,
             firmware_state: None,
         }
+    }
+
+    /// `status` and `nodes` name a blocked drain's pod and budget, and the
+    /// time left before it times out (from the node's Draining since and the
+    /// policy's drain.timeoutSeconds).
+    #[test]
+    fn status_shows_a_blocked_drain_and_its_time_left() {
+        let msg = "eviction blocked: PodDisruptionBudget ml/web refuses to evict ml/web-0";
+        let p: ttdrv_api::TenstorrentDriverPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentDriverPolicy",
+            "metadata": { "name": "fleet" },
+            "spec": { "version": "2.8.0", "upgradePolicy": { "drain": { "timeoutSeconds": 600 } } },
+            "status": { "nodes": [
+                { "name": "n1", "state": "Draining", "reason": "EvictionBlocked", "message": msg,
+                  "lastTransitionTime": "2026-01-01T00:00:00Z" },
+                { "name": "n2", "state": "Draining", "reason": "Drain",
+                  "lastTransitionTime": "2026-01-01T00:00:00Z" },
+            ] }
+        }))
+        .expect("a policy");
+        // 10 s after n1 entered Draining.
+        let now = 1_767_225_610;
+        let v = crate::view::policy_view(&p, &[], now);
+        assert_eq!(v.nodes[0].drain_times_out_in, Some(590));
+        assert_eq!(v.nodes[1].drain_times_out_in, None, "not blocked");
+        let want = format!("BLOCKED n1: {msg}; the drain times out in {}", human(590));
+        let out = status(std::slice::from_ref(&v), Palette::PLAIN);
+        assert!(out.contains(&want), "{out}");
+        assert!(!out.contains("BLOCKED n2"), "{out}");
+        let out = nodes(&v, Palette::PLAIN);
+        assert!(out.contains(&want), "{out}");
     }
 
     /// A DKMS-managed node at the target built nothing of ours: not `yes`.

@@ -72,6 +72,11 @@ pub struct NodeRow {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// A drain a PodDisruptionBudget blocks (reason `EvictionBlocked`):
+    /// seconds until it times out (0 once due), from the time the node entered
+    /// Draining and the policy's `drain.timeoutSeconds`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_times_out_in: Option<i64>,
     /// What every card read back last (`firmware.tenstorrent.com/fw-version`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub firmware_version: Option<String>,
@@ -280,6 +285,12 @@ pub fn policy_view(p: &TenstorrentDriverPolicy, nodes: &[Node], now: i64) -> Pol
                     }),
                 reason: n.reason.clone(),
                 message: n.message.clone(),
+                drain_times_out_in: since
+                    .filter(|_| {
+                        n.state == NodeState::Draining
+                            && n.reason.as_deref() == Some(reason::EVICTION_BLOCKED)
+                    })
+                    .map(|s| (s + p.spec.upgrade_policy.drain.timeout_seconds - now).max(0)),
                 firmware_version: fw_label(&n.name, ttdrv_api::firmware::labels::FW_VERSION),
                 firmware_state: fw_label(&n.name, ttdrv_api::firmware::labels::UPGRADE_STATE),
             }

@@ -136,6 +136,8 @@ async fn handback_undoes_only_ours_and_stays_undone() {
     assert_eq!(action(h2)["uncordon"], false);
     assert!(action(h2)["keptCordon"].is_string(), "{}", action(h2));
     assert_eq!(action(h0)["uncordon"], false);
+    // h0 and h1 never swapped: the Go controller would swap them at once.
+    assert_eq!(names(&plan["behind"]), [h0.clone(), h1.clone()], "{plan}");
     let after: Vec<NodeMarks> = futures::future::join_all(tt.iter().map(|n| marks(&env, n))).await;
     assert_eq!(before, after, "--dry-run changed a node");
     assert!(
@@ -149,8 +151,36 @@ async fn handback_undoes_only_ours_and_stays_undone() {
         "--dry-run deleted the DaemonSet"
     );
 
-    // The hand-back.
+    // Nodes at 2.7.0 under a policy at 2.8.0: refused, saying why, and
+    // nothing changed.
     let run = plugin(&["handback", &policy, "-n", &ns]).await;
+    assert_ne!(run.code, 0, "handed back with nodes behind: {}", run.stdout);
+    for part in [
+        h0.as_str(),
+        h1.as_str(),
+        "without cordon or drain",
+        "--accept-go-swap",
+    ] {
+        assert!(run.stderr.contains(part), "{part}: {}", run.stderr);
+    }
+    assert!(
+        !get_policy(&env, &policy).await.spec.paused,
+        "the refusal paused the policy"
+    );
+    assert!(
+        daemonset(&env, &ns, &ds_name).await.is_some(),
+        "the refusal deleted the DaemonSet"
+    );
+    // What our agent writes is there before the hand-back (and gone after).
+    assert!(
+        before
+            .iter()
+            .all(|m| m.annotations.contains_key(labels::KMD_PARAMETERS)),
+        "{before:?}"
+    );
+
+    // The hand-back, the Go controller's swap of h0 and h1 accepted.
+    let run = plugin(&["handback", &policy, "-n", &ns, "--accept-go-swap"]).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("helm rollback"), "{}", run.stdout);
     let check = |when: &'static str| {
@@ -181,9 +211,17 @@ async fn handback_undoes_only_ours_and_stays_undone() {
                     !m.labels.contains_key(labels::CLAIM),
                     "{when}: claim: {m:?}"
                 );
-                for a in [labels::UPGRADE_STATE, labels::GO_AHEAD] {
+                for a in [
+                    labels::UPGRADE_STATE,
+                    labels::GO_AHEAD,
+                    labels::KMD_PARAMETERS,
+                ] {
                     assert!(!m.annotations.contains_key(a), "{when}: {a}: {m:?}");
                 }
+                assert!(
+                    !m.labels.contains_key(labels::KMD_PREPARED),
+                    "{when}: kmd-prepared: {m:?}"
+                );
                 // What the Go operator reads of the loaded module stays.
                 for l in [labels::KMD_VERSION, labels::INSTALL_MODE] {
                     assert_eq!(m.labels.get(l), was.labels.get(l), "{when}: {l} kept");
@@ -249,5 +287,108 @@ async fn handback_undoes_only_ours_and_stays_undone() {
         }
     })
     .await;
+    env.teardown().await;
+}
+
+/// Issue 51, item 4: `handback --wait` with a cycle under way (a drain a
+/// PodDisruptionBudget blocks on w0) holds new cycles at once (the policy's
+/// hand-back annotation, not `spec.paused`, which would hold w0's cycle
+/// too), lets w0's cycle end once the budget goes, and hands back with no
+/// other node ever cordoned; then the policy is paused and the hold gone.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn handback_wait_holds_new_cycles_and_lets_the_one_under_way_end() {
+    handback_wait("handback-wait", false).await;
+}
+
+/// The same with the policy paused mid-cycle first: paused, w0's cycle could
+/// never end; `--wait` resumes it under the hold.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn handback_wait_on_a_paused_policy_lets_the_cycle_end() {
+    handback_wait("handback-paused", true).await;
+}
+
+async fn handback_wait(name: &str, paused_first: bool) {
+    let spec = "upgradePolicy: {maxUnavailable: 1}";
+    let (env, ns, tt, policy, _running) = fleet(name, &["w0", "w1", "w2", "w3"], spec).await;
+    // w0 first (no device user) and held in Draining; the others use the
+    // device, so they go after it.
+    deployment(&env, &ns, "guarded", &tt[0], false).await;
+    for (i, n) in tt.iter().enumerate().skip(1) {
+        deployment(&env, &ns, &format!("dev{i}"), n, true).await;
+    }
+    guard(&env, &ns, 4).await;
+    let cordons = NodeOrder::cordons(&env).await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_node_at(&env, &policy, &tt[0], NodeState::Draining, None, T).await;
+    if paused_first {
+        patch_policy(&env, &policy, serde_json::json!({ "paused": true })).await;
+    }
+    let args: Vec<String> = [
+        "handback",
+        &policy,
+        "-n",
+        &ns,
+        "--wait",
+        "--accept-go-swap",
+        "--timeout",
+        "120",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let run = tokio::spawn(async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        plugin(&args).await
+    });
+    // It waits for w0, holding new cycles without pausing.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!run.is_finished(), "handback --wait did not wait for w0");
+    let p = get_policy(&env, &policy).await;
+    assert!(
+        !p.spec.paused,
+        "paused while a cycle is under way: it would hold it"
+    );
+    assert!(
+        p.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(labels::HANDBACK)),
+        "the hold is set"
+    );
+    // The budget goes: w0's cycle ends, and the hand-back goes on.
+    env.delete_pdb(&ns, "guard").await;
+    let run = run.await.unwrap_or_else(|e| panic!("the plugin task: {e}"));
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        cordons.order(),
+        [tt[0].clone()],
+        "no cycle started after the hand-back began"
+    );
+    for n in &tt[1..] {
+        let m = marks(&env, n).await;
+        assert_eq!(
+            m.labels.get(labels::KMD_VERSION).map(String::as_str),
+            Some("2.7.0"),
+            "{n} was never swapped: {m:?}"
+        );
+    }
+    let w0 = marks(&env, &tt[0]).await;
+    assert_eq!(
+        w0.labels.get(labels::KMD_VERSION).map(String::as_str),
+        Some("2.8.0"),
+        "w0's cycle ended: {w0:?}"
+    );
+    assert!(!w0.unschedulable, "w0 back in service");
+    let p = get_policy(&env, &policy).await;
+    assert!(p.spec.paused, "paused for the hand-back");
+    assert!(
+        p.metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key(labels::HANDBACK)),
+        "the hold removed"
+    );
     env.teardown().await;
 }

@@ -317,6 +317,24 @@ impl Handler<Observe> for NodeActor {
                         ),
                     );
                 }
+                // One Event when a budget starts blocking the drain (the
+                // status message says it on every pass).
+                if let Some(note) = ttdrv_core::event::drain_blocked_message(
+                    &node,
+                    &prev,
+                    &next.record,
+                    msg.desired.drain_timeout_seconds,
+                    now,
+                ) {
+                    tracing::warn!(policy = policy_name, node, "{note}");
+                    ctx.event(
+                        msg.policy.as_ref(),
+                        true,
+                        EventReason::DrainBlocked,
+                        "Drain",
+                        note,
+                    );
+                }
                 if next.record.state != prev.state {
                     report_transition(&ctx, &msg.policy, &node, &prev, &next.record).await;
                     if prev.state == NodeState::Draining && !msg.skipped.is_empty() {

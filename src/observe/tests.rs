@@ -309,6 +309,18 @@ fn pass_two_waits_for_pass_one_and_pdbs_are_named_once() {
         ["ml/dev"],
         "pass 2 waits while a device user is on the node"
     );
+    let blocked: Vec<(String, String)> = v
+        .obs
+        .drain_blocked
+        .iter()
+        .map(|b| (b.pod.clone(), b.pdb.clone()))
+        .collect();
+    let pair = |pod: &str| (pod.to_string(), "ml/web".to_string());
+    assert_eq!(
+        blocked,
+        [pair("ml/web-1"), pair("ml/web-2")],
+        "each blocked pod with its budget, for the node's message"
+    );
     let drain = v.obs.drain.expect("plan");
     assert_eq!(drain.remaining, ["ml/dev", "ml/web-1", "ml/web-2"]);
     assert_eq!(drain.blocking_pdbs, ["ml/web"], "one entry per PDB");

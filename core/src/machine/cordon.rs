@@ -96,5 +96,69 @@ pub(super) fn draining(rec: &NodeRecord, obs: &Observation, want: &Desired) -> S
         let why = deadline_reason(obs, reason::DRAIN_TIMEOUT);
         return stay(&enter(rec, Failed, why, Some(msg), now), vec![]);
     }
-    stay(rec, vec![Command::Evict])
+    stay(&still_draining(rec, obs, want), vec![Command::Evict])
+}
+
+/// The record of a node still draining: while a budget refuses an eviction,
+/// `EvictionBlocked` with the pods, the budgets and the deadline (a fixed
+/// time, not a countdown: the record is written only when it changes);
+/// otherwise the usual reason back.
+fn still_draining(rec: &NodeRecord, obs: &Observation, want: &Desired) -> NodeRecord {
+    let mut r = rec.clone();
+    if obs.drain_blocked.is_empty() {
+        if r.reason.as_deref() == Some(reason::EVICTION_BLOCKED) {
+            let usual = if r.redrained.is_some() {
+                reason::DRAIN_AGAIN
+            } else {
+                reason::DRAIN
+            };
+            r.reason = Some(usual.into());
+            r.message = None;
+        }
+        return r;
+    }
+    r.reason = Some(reason::EVICTION_BLOCKED.into());
+    r.message = Some(blocked_message(
+        &obs.drain_blocked,
+        rec.since + want.drain_timeout_seconds,
+        want.drain_timeout_seconds,
+    ));
+    r
+}
+
+/// Pods named per budget at most: a budget over a large Deployment would
+/// otherwise make the message (and the record on the Node) unbounded.
+const PODS_NAMED: usize = 3;
+
+/// `PodDisruptionBudget ml/web refuses to evict ml/web-0 (...); the drain
+/// times out at <deadline> ...`, the budgets in the order first met.
+pub(crate) fn blocked_message(
+    blocked: &[crate::drain::BlockedEviction],
+    deadline: i64,
+    timeout: i64,
+) -> String {
+    let mut by_pdb: Vec<(&str, Vec<&str>)> = vec![];
+    for b in blocked {
+        match by_pdb.iter_mut().find(|(p, _)| *p == b.pdb) {
+            Some((_, pods)) => pods.push(&b.pod),
+            None => by_pdb.push((&b.pdb, vec![&b.pod])),
+        }
+    }
+    let each: Vec<String> = by_pdb
+        .iter()
+        .map(|(pdb, pods)| {
+            let mut named = pods[..pods.len().min(PODS_NAMED)].join(", ");
+            if pods.len() > PODS_NAMED {
+                named.push_str(&format!(" and {} more", pods.len() - PODS_NAMED));
+            }
+            format!("PodDisruptionBudget {pdb} refuses to evict {named}")
+        })
+        .collect();
+    format!(
+        "eviction blocked: {} (it allows no disruption now; retried each pass). The drain times out \
+         at {} (drain.timeoutSeconds {timeout} after it began) and the node then fails with {}",
+        each.join("; "),
+        super::rfc3339(deadline),
+        reason::DRAIN_TIMEOUT
+    )
 }

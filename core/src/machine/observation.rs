@@ -5,7 +5,7 @@
 use ttdrv_api::module_params::Values;
 use ttdrv_api::vfio::Passthrough;
 
-use crate::drain::DrainProgress;
+use crate::drain::{BlockedEviction, DrainProgress};
 use crate::installer::Failure;
 
 /// The node's installer pod as seen in the cache.
@@ -48,6 +48,9 @@ pub struct Observation {
     /// The drain's progress: `None` when no drain plan was computed for this
     /// observation, and a node never leaves Draining on `None`.
     pub drain: Option<DrainProgress>,
+    /// The remaining pods a PodDisruptionBudget refuses to let go, each
+    /// with that budget: what a blocked drain's message names.
+    pub drain_blocked: Vec<BlockedEviction>,
     /// Value of the node's retry annotation, if any.
     pub retry_token: Option<String>,
     /// The node holds a rollout slot: the RolloutActor's plan granted (and

@@ -430,6 +430,118 @@ fn failure_messages_name_pods_pdbs_and_the_retry() {
     }
 }
 
+/// A drain a PodDisruptionBudget blocks says so while it waits: the pod,
+/// the budget and the deadline, in a message that stays the same from one
+/// pass to the next (the record is written only when it changes); the usual
+/// reason comes back once nothing is blocked.
+#[test]
+fn a_blocked_drain_names_the_pod_the_budget_and_the_deadline() {
+    use crate::drain::BlockedEviction;
+    let blocked = |now: i64| Observation {
+        now,
+        unschedulable: true,
+        gates_closed: true,
+        drain: Some(DrainProgress {
+            remaining: vec!["ml/web-0".into(), "ml/dev".into()],
+            blocking_pdbs: vec!["ml/web".into()],
+        }),
+        drain_blocked: vec![BlockedEviction {
+            pod: "ml/web-0".into(),
+            pdb: "ml/web".into(),
+        }],
+        ..obs()
+    };
+    let w = want();
+    let mut r = rec(Draining);
+    r.since = 1000;
+    r.reason = Some(reason::DRAIN.into());
+    let s = step(&r, &blocked(1010), &w);
+    assert_eq!(s.record.state, Draining);
+    assert_eq!(s.commands, [Command::Evict], "evictions go on");
+    assert_eq!(s.record.reason.as_deref(), Some(reason::EVICTION_BLOCKED));
+    let msg = s.record.message.clone().unwrap_or_default();
+    let deadline = rfc3339(1000 + w.drain_timeout_seconds);
+    for needle in [
+        "PodDisruptionBudget ml/web refuses to evict ml/web-0",
+        deadline.as_str(),
+        "DrainTimeout",
+    ] {
+        assert!(msg.contains(needle), "message lacks {needle}: {msg}");
+    }
+    assert!(
+        !msg.contains("ml/dev"),
+        "a pod no budget blocks is not named: {msg}"
+    );
+    let later = step(&s.record, &blocked(1100), &w);
+    assert_eq!(later.record, s.record, "the same record on the next pass");
+    // The budget allows the eviction now: the usual reason, no message.
+    let free = Observation {
+        drain_blocked: vec![],
+        ..blocked(1200)
+    };
+    let s = step(&later.record, &free, &w);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::DRAIN));
+    assert_eq!(s.record.message, None);
+}
+
+#[test]
+fn a_blocked_message_names_a_few_pods_per_budget() {
+    use crate::drain::BlockedEviction;
+    let b = |pod: &str, pdb: &str| BlockedEviction {
+        pod: pod.into(),
+        pdb: pdb.into(),
+    };
+    let list = [
+        b("ml/w-0", "ml/web"),
+        b("ml/db-0", "ml/db"),
+        b("ml/w-1", "ml/web"),
+        b("ml/w-2", "ml/web"),
+        b("ml/w-3", "ml/web"),
+    ];
+    let m = cordon::blocked_message(&list, 0, 600);
+    assert!(
+        m.contains("PodDisruptionBudget ml/web refuses to evict ml/w-0, ml/w-1, ml/w-2 and 1 more; PodDisruptionBudget ml/db refuses to evict ml/db-0"),
+        "{m}"
+    );
+}
+
+/// A hand-back under way (`handback --wait`) holds new starts but, unlike
+/// `spec.paused`, lets the cycle under way go on to its end.
+#[test]
+fn a_handback_holds_new_starts_and_lets_cycles_end() {
+    let policy: ttdrv_api::TenstorrentDriverPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentDriverPolicy",
+        "metadata": { "name": "fleet",
+            "annotations": { ttdrv_api::labels::HANDBACK: "2026-12-06T14:00:00Z" } },
+        "spec": { "version": "2.8.0" }
+    }))
+    .expect("a policy");
+    let hold = crate::rollout::handback_hold(&policy);
+    assert_eq!(hold.as_ref().map(|h| h.reason), Some(reason::HANDING_BACK));
+    let w = Desired { hold, ..want() };
+    // A Pending node (the rollout grants no slot under a hold) waits.
+    let waiting = Observation {
+        slot: false,
+        ..obs()
+    };
+    let s = step(&rec(Pending), &waiting, &w);
+    assert_eq!(s.record.state, Pending);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::HANDING_BACK));
+    assert!(s.commands.is_empty());
+    // A drained node goes on to its swap: not held where it is.
+    let drained = Observation {
+        unschedulable: true,
+        gates_closed: true,
+        ..obs()
+    };
+    let s = step(&rec(Draining), &drained, &w);
+    assert_eq!(s.record.state, Upgrading, "the cycle under way goes on");
+    let mut no_annotation = policy.clone();
+    no_annotation.metadata.annotations = None;
+    assert_eq!(crate::rollout::handback_hold(&no_annotation), None);
+}
+
 /// Every state x a broad set of observations x policies: safety properties.
 #[test]
 fn safety_properties_over_the_cross_product() {
@@ -482,6 +594,7 @@ fn safety_properties_over_the_cross_product() {
                                         remaining: if b(4) { vec!["ml/p".into()] } else { vec![] },
                                         blocking_pdbs: vec![],
                                     }),
+                                    drain_blocked: vec![],
                                     retry_token: if b(3) { Some("t".into()) } else { None },
                                     slot: b(0) ^ b(4),
                                     installer_problem: None,

@@ -243,17 +243,20 @@ impl ReconcilePass {
         let desired = Desired {
             // The canary first: a soak or a window only matters once the
             // promotion is open.
-            hold: self.promotion.clone().or_else(|| {
-                ttdrv_core::rollout::hold(
-                    &windows,
-                    self.records
-                        .iter()
-                        .chain(recovered.iter().map(|(n, r)| (n, r))),
-                    &spec.version,
-                    spec.upgrade_policy.soak_seconds,
-                    now,
-                )
-            }),
+            // A hand-back first: it must hold every other start too.
+            hold: ttdrv_core::rollout::handback_hold(policy)
+                .or_else(|| self.promotion.clone())
+                .or_else(|| {
+                    ttdrv_core::rollout::hold(
+                        &windows,
+                        self.records
+                            .iter()
+                            .chain(recovered.iter().map(|(n, r)| (n, r))),
+                        &spec.version,
+                        spec.upgrade_policy.soak_seconds,
+                        now,
+                    )
+                }),
             refused: refused.is_some(),
             // Only while this controller runs the firmware policies: a flash
             // record left by a firmware controller that is off would hold
