@@ -47,7 +47,7 @@ trap heartbeat_stop EXIT
 say "Building the local Kubernetes binaries from the Go module proxy (cold: about 20 minutes; cached after the first run)"
 bin=$(bash hack/build-testbin.sh etcd kwok kubernetes | tail -n1)
 export PATH="$bin:$PATH"
-say "Building the operator, the simulated agent and the kubectl plugin (cargo; cold: about 9 minutes)"
+say "Building the operator, the simulated agent and the kubectl plugin (cargo; cold: about 8 minutes)"
 # cargo names each crate it compiles; the heartbeat covers the long links.
 with_heartbeat "building ttdrv-controller and ttdrv-sim-agent (cargo)" \
   cargo build --bin ttdrv-controller --bin ttdrv-sim-agent -p ttdrv-controller -p ttdrv-testkit

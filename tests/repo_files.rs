@@ -703,7 +703,7 @@ fn the_readme_quotes_the_demos_pacing() {
             .and_then(|v| v.trim_end_matches(')').parse().ok())
             .unwrap_or_else(|| panic!("agent_pacing has no {flag}: {pacing}"));
         assert!(
-            ms % 1000 == 0 && (1000..=10_000).contains(&ms),
+            ms.is_multiple_of(1000) && (1000..=10_000).contains(&ms),
             "{flag} {ms}: a few whole seconds"
         );
         ms / 1000
