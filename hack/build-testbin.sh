@@ -3,8 +3,12 @@
 # versions pinned in hack/versions.env, into a cache outside the repository:
 #   ${TTDRV_TESTBIN_CACHE:-$HOME/.cache/ttdrv-testbin}/<component>-<version>/
 # A component whose directory is complete is never rebuilt. Prints the bin dir.
+# Downloads and `go build`s print nothing for minutes when cold: each says
+# what it builds, and a heartbeat line (hack/lib.sh) follows every 20 s.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 # shellcheck source=versions.env
 source "$here/versions.env"
 cache=${TTDRV_TESTBIN_CACHE:-$HOME/.cache/ttdrv-testbin}
@@ -30,7 +34,10 @@ build_k8s_cmds() {
     go mod init ttdrv.local/k8sbuild >/dev/null 2>&1
     # k8s.io/kubernetes replaces its staging modules with local paths; mirror that
     # list with the published v0.Y.Z modules so the main module resolves.
+    log "kubernetes: downloading k8s.io/kubernetes@$K8S_VERSION"
+    heartbeat_start "downloading k8s.io/kubernetes@$K8S_VERSION"
     local gomod; gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+    heartbeat_stop
     go mod edit -require "k8s.io/kubernetes@$K8S_VERSION"
     grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging' "$gomod" | awk '{print $1}' | sort -u | while read -r m; do
       go mod edit -replace "$m=$m@$staging"
@@ -39,13 +46,15 @@ build_k8s_cmds() {
       for c in "$@"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
       printf ')\n'; } > tools.go
     log "kubernetes: resolving modules"
+    heartbeat_start "resolving and downloading the Kubernetes modules"
     go mod tidy -e >/dev/null 2>&1 || true
     go get "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
+    heartbeat_stop
     local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
     mkdir -p "$dir.tmp"
     for c in "$@"; do
       log "kubernetes: go build $c"
-      go build -ldflags "$ld" -o "$dir.tmp/$c" "k8s.io/kubernetes/cmd/$c"
+      with_heartbeat "go build $c" go build -ldflags "$ld" -o "$dir.tmp/$c" "k8s.io/kubernetes/cmd/$c"
     done
   )
   rm -rf "$work" "$dir"; mv "$dir.tmp" "$dir"; touch "$dir/.complete"
@@ -77,6 +86,7 @@ build_etcd() {
   (
     cd "$work"
     go mod init ttdrv.local/etcdbuild >/dev/null 2>&1
+    heartbeat_start "resolving and downloading the etcd modules"
     local gomod; gomod=$(go mod download -json "go.etcd.io/etcd/server/v3@$ETCD_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
     go mod edit -require "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
     # server/v3 replaces its sibling modules with ../ paths; use the published ones.
@@ -86,8 +96,10 @@ build_etcd() {
     printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go
     go mod tidy -e >/dev/null 2>&1 || true
     go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null
+    heartbeat_stop
     mkdir -p "$dir.tmp"
-    go build -ldflags "-s -w" -o "$dir.tmp/etcd" go.etcd.io/etcd/server/v3
+    log "etcd: go build etcd"
+    with_heartbeat "go build etcd" go build -ldflags "-s -w" -o "$dir.tmp/etcd" go.etcd.io/etcd/server/v3
   )
   rm -rf "$work" "$dir"; mv "$dir.tmp" "$dir"; touch "$dir/.complete"
   log "etcd $ETCD_VERSION: done"
@@ -99,7 +111,7 @@ build_goinstall() { # name version pkg...
   if built "$dir"; then log "$name $ver: cached in $dir"; return; fi
   log "$name $ver: go install $*"
   mkdir -p "$dir.tmp"
-  for p in "$@"; do GOBIN="$dir.tmp" go install -ldflags "-s -w" "$p@$ver"; done
+  for p in "$@"; do with_heartbeat "go install $p@$ver (download and build)" env GOBIN="$dir.tmp" go install -ldflags "-s -w" "$p@$ver"; done
   rm -rf "$dir"; mv "$dir.tmp" "$dir"; touch "$dir/.complete"
   log "$name $ver: done"
 }

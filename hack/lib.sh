@@ -195,3 +195,46 @@ procs_stop() {
   fi
   rm -f "$file"
 }
+
+# Progress through steps that print nothing for minutes (Go downloads, `go
+# build kube-apiserver`, linking): a background ticker prints "still LABEL
+# (N s)" to stderr every PERIOD seconds (default ${TTDRV_HEARTBEAT_SECONDS:-20})
+# until heartbeat_stop, so a newcomer's terminal never looks hung. One ticker
+# per shell, its PID in lib_heartbeat_pid; it also ends by itself once the
+# shell that started it is gone (a failed `set -e` script leaves none behind).
+#
+#   with_heartbeat "building kube-apiserver" go build ...   # CMD's status
+heartbeat_start() {
+  heartbeat_stop
+  local label=$1 period=${2:-${TTDRV_HEARTBEAT_SECONDS:-20}} owner=$$ t0
+  t0=$(date +%s)
+  (
+    s=""
+    trap '[ -z "$s" ] || kill "$s" 2>/dev/null; exit 0' TERM
+    # procs_starttime, not kill -0: an exited owner its parent has not
+    # reaped yet still answers kill -0.
+    while procs_starttime "$owner" >/dev/null; do
+      # sleep in the background so that TERM is taken at once (wait returns).
+      sleep "$period" &
+      s=$!
+      wait "$s"
+      procs_starttime "$owner" >/dev/null || break
+      printf '  ... still %s (%ds)\n' "$label" $(($(date +%s) - t0))
+    done
+  ) >&2 &
+  lib_heartbeat_pid=$!
+}
+heartbeat_stop() {
+  [ -n "${lib_heartbeat_pid:-}" ] || return 0
+  kill -TERM "$lib_heartbeat_pid" 2>/dev/null || true
+  wait "$lib_heartbeat_pid" 2>/dev/null || true
+  lib_heartbeat_pid=""
+}
+with_heartbeat() {
+  local label=$1 rc=0
+  shift
+  heartbeat_start "$label"
+  "$@" || rc=$?
+  heartbeat_stop
+  return "$rc"
+}

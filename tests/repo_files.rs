@@ -914,3 +914,170 @@ fn added_spec_fields_are_listed() {
     }
     assert_no_errors("the added spec fields", &errors);
 }
+
+/// The "Run it" prose around the README's two commands (issue 51): the two
+/// stay two, and a newcomer learns what `make demo` needs and how long it
+/// takes before starting it.
+fn run_it() -> String {
+    let readme = read("README.md");
+    readme
+        .split("\n## Run it\n")
+        .nth(1)
+        .and_then(|r| r.split("\n## ").next())
+        .expect("README.md has a \"## Run it\" section")
+        .to_string()
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn the_readme_keeps_two_commands_and_says_what_the_demo_needs() {
+    let run_it = run_it();
+    let commands: Vec<&str> = run_it
+        .lines()
+        .filter(|l| l.starts_with("    ") || l.starts_with("```"))
+        .map(str::trim)
+        .collect();
+    assert_eq!(commands, ["make demo", "make test"], "README's commands");
+    let rust = read("Cargo.toml")
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .map(|v| v.trim_matches('"').to_string())
+        .expect("Cargo.toml's rust-version");
+    let prose = one_line(&run_it);
+    let mut missing = vec![];
+    for need in [
+        format!("Rust toolchain {rust} or newer"),
+        "Go 1.26 or newer".to_string(),
+        "python3".to_string(),
+        // The cold figure (issue 51's) and a measured warm one.
+        "cold (a fresh clone".to_string(),
+        "29 min 55 s".to_string(),
+        "Warm (cluster binaries cached".to_string(),
+    ] {
+        if !prose.contains(&need) {
+            missing.push(need);
+        }
+    }
+    assert_no_errors("README \"Run it\" should say", &missing);
+}
+
+/// The pacing the README promises is the demo's: the simulated agent's
+/// times in hack/demo.sh and the workload's stop time in
+/// hack/demo/workload.yaml, each a few seconds, so that every state is seen.
+#[test]
+fn the_readme_quotes_the_demos_pacing() {
+    let demo = read("hack/demo.sh");
+    let pacing = demo
+        .lines()
+        .find(|l| l.starts_with("agent_pacing=("))
+        .expect("hack/demo.sh sets agent_pacing");
+    let secs = |flag: &str| -> u64 {
+        let ms: u64 = pacing
+            .split(flag)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.trim_end_matches(')').parse().ok())
+            .unwrap_or_else(|| panic!("agent_pacing has no {flag}: {pacing}"));
+        assert!(
+            ms.is_multiple_of(1000) && (1000..=10_000).contains(&ms),
+            "{flag} {ms}: a few whole seconds"
+        );
+        ms / 1000
+    };
+    let workload = read("hack/demo/workload.yaml");
+    let stop: u64 = workload
+        .split(&format!(
+            "{}: \"",
+            ttdrv_testkit::sim_workload::STOP_SECONDS_LABEL
+        ))
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|v| v.parse().ok())
+        .expect("hack/demo/workload.yaml labels its stop time");
+    assert!(
+        (1..=10).contains(&stop),
+        "stop time {stop} s: a few seconds"
+    );
+    assert!(
+        workload.contains(ttdrv_testkit::sim_workload::STOP_FINALIZER),
+        "without the finalizer nothing holds the evicted pod: the drain ends at once"
+    );
+    let want = format!(
+        "it takes {} s to start, {} s to build a version ahead, {} s to swap the module and {} s \
+         to flash a card, and the device workload on `tt-prod-1` (`llm-inference`) takes {stop} s \
+         to stop when the drain evicts it",
+        secs("--work-ms"),
+        secs("--build-ms"),
+        secs("--load-ms"),
+        secs("--flash-ms"),
+    );
+    assert!(
+        one_line(&run_it()).contains(&want),
+        "README \"Run it\" should say: {want}"
+    );
+}
+
+/// hack/lib.sh's heartbeat (the demo's progress through silent builds): a
+/// silent step gets a line within its period, the step's status comes
+/// through, and a ticker whose shell is gone stops by itself.
+#[test]
+fn a_silent_step_gets_a_heartbeat_within_its_period() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let script = r#"source "$1"
+TTDRV_HEARTBEAT_SECONDS=1 with_heartbeat "napping" sleep 2.5; echo "status $?"
+with_heartbeat "failing" false && echo "status 0" || echo "status $?"
+exec 2>/dev/null # else the ticker holds the test's pipe open
+TTDRV_HEARTBEAT_SECONDS=1 heartbeat_start "left behind"
+echo "ticker $lib_heartbeat_pid""#;
+    let t0 = Instant::now();
+    let mut child = Command::new("bash")
+        .args(["-c", script, "bash"])
+        .arg(root().join("hack/lib.sh"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("bash");
+    let stderr = child.stderr.take().expect("stderr");
+    let lines: Vec<(Duration, String)> = std::io::BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .map(|l| (t0.elapsed(), l))
+        .collect();
+    let out = child.wait_with_output().expect("bash ran");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("status 0\nstatus 1\n"), "{stdout}");
+    let beats: Vec<_> = lines
+        .iter()
+        .filter(|(_, l)| l.contains("still napping"))
+        .collect();
+    assert_eq!(beats.len(), 2, "a line a second through 2.5 s: {lines:?}");
+    assert!(
+        beats[0].0 < Duration::from_millis(1900),
+        "first heartbeat after {:?}, period 1 s",
+        beats[0].0
+    );
+    let pid = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("ticker "))
+        .expect("ticker pid");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Gone, or a zombie its new parent has not reaped yet.
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    while alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!alive(), "the ticker {pid} outlived its shell");
+}

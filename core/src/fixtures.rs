@@ -38,6 +38,7 @@ pub fn desired() -> Desired {
 pub fn observation() -> Observation {
     Observation {
         now: 1000,
+        node: "n1".into(),
         ready: true,
         loaded: Some("2.7.0".into()),
         installer: InstallerPod::Stale { deleting: false },

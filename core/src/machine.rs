@@ -504,15 +504,22 @@ fn installer_summary(obs: &Observation) -> &str {
 /// How to go on after a failure, and what became of the node: cordoned by
 /// us (it stays so), or serving (never cordoned in this cycle, or returned
 /// to service).
-fn retry_hint(policy: &str, cordoned: bool) -> String {
+fn retry_hint(policy: &str, node_name: &str, cordoned: bool) -> String {
     let node = if cordoned {
         "The node stays cordoned"
     } else {
         "The node is not cordoned"
     };
+    // The node's name when the observation has it (a plan's made-up
+    // observation does not).
+    let n = if node_name.is_empty() {
+        "<node>"
+    } else {
+        node_name
+    };
     format!(
         ". {node} and the rollout of {policy} is halted; after fixing the cause, retry with \
-         `kubectl tt driver retry {policy} <node>` or `kubectl annotate node <node> driver.tenstorrent.com/retry=$(date +%s) --overwrite`"
+         `kubectl tt driver retry {policy} {n}` or `kubectl annotate node {n} driver.tenstorrent.com/retry=$(date +%s) --overwrite`"
     )
 }
 

@@ -342,6 +342,7 @@ fn node_observation(
 ) -> Observation {
     Observation {
         now: p.now,
+        node: node.metadata.name.clone().unwrap_or_default(),
         ready: node::ready(node),
         unschedulable: node::unschedulable(node),
         loaded: node::loaded_version(node).map(String::from),

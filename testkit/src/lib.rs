@@ -21,6 +21,7 @@ pub mod policy;
 pub mod real_node;
 pub mod sim_agent;
 pub mod sim_flasher;
+pub mod sim_workload;
 pub mod ttcard;
 
 use std::collections::BTreeMap;

@@ -60,7 +60,7 @@ pub(super) fn draining(rec: &NodeRecord, obs: &Observation, want: &Desired) -> S
             let msg = format!(
                 "drain did not finish within {}s: its pods could not be planned{}",
                 want.drain_timeout_seconds,
-                retry_hint(&want.policy, rec.cordoned_by_us())
+                retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
             );
             let why = deadline_reason(obs, reason::DRAIN_TIMEOUT);
             return stay(&enter(rec, Failed, why, Some(msg), now), vec![]);
@@ -92,7 +92,7 @@ pub(super) fn draining(rec: &NodeRecord, obs: &Observation, want: &Desired) -> S
                 drain.blocking_pdbs.join(", ")
             ));
         }
-        msg.push_str(&retry_hint(&want.policy, rec.cordoned_by_us()));
+        msg.push_str(&retry_hint(&want.policy, &obs.node, rec.cordoned_by_us()));
         let why = deadline_reason(obs, reason::DRAIN_TIMEOUT);
         return stay(&enter(rec, Failed, why, Some(msg), now), vec![]);
     }

@@ -27,6 +27,8 @@ pub enum InstallerPod {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observation {
     pub now: i64,
+    /// The node's name, for the commands its messages give a person.
+    pub node: String,
     /// The node's Ready condition is True.
     pub ready: bool,
     pub unschedulable: bool,

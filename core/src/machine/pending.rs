@@ -252,9 +252,14 @@ fn prepare_ahead(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             let msg = format!(
                 "{} (while building {target} ahead; the node was not cordoned and kept serving). \
                  The rollout of {policy} is halted; after fixing the cause, retry with \
-                 `kubectl tt driver retry {policy} <node>`",
+                 `kubectl tt driver retry {policy} {node}`",
                 f.message,
-                policy = want.policy
+                policy = want.policy,
+                node = if obs.node.is_empty() {
+                    "<node>"
+                } else {
+                    obs.node.as_str()
+                },
             );
             return stay(
                 &enter(rec, NodeState::Failed, f.reason, Some(msg), now),

@@ -63,7 +63,7 @@ pub(super) fn done(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step 
             now - rec.since,
             rec.target,
             want.soak_seconds,
-            retry_hint(&want.policy, rec.cordoned_by_us())
+            retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
         );
         return stay(
             &enter(rec, Failed, reason::SOAK_FAILED, Some(msg), now),

@@ -424,10 +424,21 @@ fn failure_messages_name_pods_pdbs_and_the_retry() {
     for needle in [
         "ml/train-0",
         "PodDisruptionBudgets: ml/train",
-        "kubectl tt driver retry fleet",
+        "kubectl tt driver retry fleet n1",
+        "kubectl annotate node n1 driver.tenstorrent.com/retry",
     ] {
         assert!(msg.contains(needle), "message lacks {needle}: {msg}");
     }
+    // Without the node's name (a plan's observation), a placeholder.
+    let unnamed = Observation {
+        node: String::new(),
+        ..o
+    };
+    let msg = step(&rec(Draining), &unnamed, &want())
+        .record
+        .message
+        .unwrap_or_default();
+    assert!(msg.contains("retry fleet <node>"), "{msg}");
 }
 
 /// A drain a PodDisruptionBudget blocks says so while it waits: the pod,
@@ -574,6 +585,7 @@ fn safety_properties_over_the_cross_product() {
                                 let b = |i: u32| bits & (1 << i) != 0;
                                 let o = Observation {
                                     now: if b(5) { 100_000 } else { 1000 },
+                                    node: "n1".into(),
                                     ready: !b(6),
                                     unschedulable: b(0),
                                     loaded: loaded.map(String::from),

@@ -52,7 +52,7 @@ pub(super) fn upgrading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> 
             want.upgrade_timeout_seconds,
             obs.loaded.as_deref().unwrap_or("none"),
             installer_summary(obs),
-            retry_hint(&want.policy, rec.cordoned_by_us())
+            retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
         );
         let why = deadline_reason(obs, reason::UPGRADE_TIMEOUT);
         return stay(&enter(rec, Failed, why, Some(msg), now), vec![]);
@@ -153,7 +153,7 @@ fn installer_failed(
             let msg = format!(
                 "{}; the node is back in service on tt-kmd {back}{}",
                 f.message,
-                retry_hint(&want.policy, false)
+                retry_hint(&want.policy, &obs.node, false)
             );
             let mut cmds = vec![Command::OpenGates];
             if rec.cordoned_by_us() {
@@ -168,7 +168,7 @@ fn installer_failed(
         let msg = format!(
             "{}{}",
             f.message,
-            retry_hint(&want.policy, rec.cordoned_by_us())
+            retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
         );
         return Some(stay(&enter(rec, Failed, f.reason, Some(msg), now), vec![]));
     }
@@ -206,7 +206,7 @@ fn user_validation(
                 "no validation pod of PodTemplate {template} was created within {}s (does it exist in the operator's namespace? the controller's Events and log say why); the node stays cordoned on tt-kmd {}{}",
                 want.upgrade_timeout_seconds,
                 want.version,
-                retry_hint(&want.policy, rec.cordoned_by_us())
+                retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
             ));
         }
         let why = format!("running validation pod template {template} on the node");
@@ -225,7 +225,7 @@ fn user_validation(
         fail(format!(
             "{what}; the node stays cordoned on tt-kmd {} (read the pod's log){}",
             want.version,
-            retry_hint(&want.policy, rec.cordoned_by_us())
+            retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
         ))
     };
     match &run.outcome {

@@ -151,7 +151,7 @@ fn unloading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         let msg = format!(
             "{}{}",
             f.message,
-            retry_hint(&want.policy, rec.cordoned_by_us())
+            retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
         );
         return stay(&enter(rec, UnloadFailed, f.reason, Some(msg), now), vec![]);
     }
@@ -161,7 +161,7 @@ fn unloading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             want.upgrade_timeout_seconds,
             obs.loaded.as_deref().unwrap_or("none"),
             installer_summary(obs),
-            retry_hint(&want.policy, rec.cordoned_by_us())
+            retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
         );
         let why = if obs.ready {
             reason::UNLOAD_TIMEOUT

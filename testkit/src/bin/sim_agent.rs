@@ -1,4 +1,6 @@
-//! Plays the node agent on kwok-simulated nodes (for the demo and benchmarks).
+//! Plays the node agent on kwok-simulated nodes (for the demo and benchmarks),
+//! and the graceful stop of workloads that ask for one
+//! ([`ttdrv_testkit::sim_workload`]).
 use std::time::Duration;
 
 use clap::Parser;
@@ -31,7 +33,8 @@ async fn main() {
     tracing_subscriber::fmt().with_env_filter("info").init();
     let args = Args::parse();
     let client = ttdrv_testkit::client().await;
-    ttdrv_testkit::sim_agent::run(
+    let workloads = ttdrv_testkit::sim_workload::run(client.clone());
+    let agent = ttdrv_testkit::sim_agent::run(
         client,
         ttdrv_testkit::SimAgentConfig {
             namespace: args.namespace,
@@ -41,6 +44,6 @@ async fn main() {
             flash: args.flash_ms.map(Duration::from_millis),
             ..Default::default()
         },
-    )
-    .await;
+    );
+    futures::join!(workloads, agent);
 }
