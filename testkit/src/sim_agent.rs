@@ -174,7 +174,7 @@ async fn run_agent(client: Client, config: SimAgentConfig) {
                 continue;
             }
         };
-        if pod.metadata.deletion_timestamp.is_some() || crate::pod_ready(&pod) {
+        if pod.metadata.deletion_timestamp.is_some() || crate::cluster::pod_ready(&pod) {
             continue;
         }
         let (Some(uid), Some(node)) = (
