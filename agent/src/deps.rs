@@ -9,13 +9,15 @@
 //! Dependencies are never unloaded again, as with modprobe.
 
 use std::collections::{HashMap, HashSet};
-use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::error::{AgentError, Result};
 use crate::host::HostRoot;
 use crate::kernel::KernelOps;
+// Public here too, where dependency loading is described (they live in
+// `kernel`, which implements the loads, so `kernel` needs nothing of `deps`).
+pub use crate::kernel::{MODULE_INIT_COMPRESSED_FILE, compressed_unsupported};
 use crate::modinfo;
 
 /// The most of `modules.dep` or `modules.builtin` read (a distribution
@@ -195,20 +197,6 @@ pub fn load(root: &HostRoot, kernel: &dyn KernelOps, deps: &[Dependency]) -> Res
         }
     }
     Ok(())
-}
-
-/// For [`KernelOps::load_dependency`] implementations: the flag that makes
-/// the kernel decompress a module file itself (Linux 5.17+).
-pub const MODULE_INIT_COMPRESSED_FILE: u32 = 4;
-
-/// An `io::Error` for a compressed dependency the kernel cannot decompress.
-pub fn compressed_unsupported(name: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::Unsupported,
-        format!(
-            "{name} is compressed and this kernel does not decompress modules itself (Linux 5.17+ with CONFIG_MODULE_DECOMPRESS)"
-        ),
-    )
 }
 
 #[cfg(test)]

@@ -5,6 +5,20 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io;
 
+/// For [`KernelOps::load_dependency`] implementations: the flag that makes
+/// the kernel decompress a module file itself (Linux 5.17+).
+pub const MODULE_INIT_COMPRESSED_FILE: u32 = 4;
+
+/// An `io::Error` for a compressed dependency the kernel cannot decompress.
+pub fn compressed_unsupported(name: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "{name} is compressed and this kernel does not decompress modules itself (Linux 5.17+ with CONFIG_MODULE_DECOMPRESS)"
+        ),
+    )
+}
+
 /// Loads and unloads kernel modules.
 pub trait KernelOps {
     /// Loads the module from `module`, a descriptor of the very file that
@@ -50,15 +64,13 @@ impl KernelOps for RealKernel {
 
     fn load_dependency(&self, name: &str, module: &File, compressed: bool) -> io::Result<()> {
         let flags = if compressed {
-            nix::kmod::ModuleInitFlags::from_bits_retain(crate::deps::MODULE_INIT_COMPRESSED_FILE)
+            nix::kmod::ModuleInitFlags::from_bits_retain(MODULE_INIT_COMPRESSED_FILE)
         } else {
             nix::kmod::ModuleInitFlags::empty()
         };
         match nix::kmod::finit_module(module, c"", flags) {
             // A kernel that cannot decompress refuses the flag itself.
-            Err(nix::errno::Errno::EINVAL) if compressed => {
-                Err(crate::deps::compressed_unsupported(name))
-            }
+            Err(nix::errno::Errno::EINVAL) if compressed => Err(compressed_unsupported(name)),
             r => r.map_err(io::Error::from),
         }
     }

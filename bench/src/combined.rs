@@ -466,20 +466,7 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<CombResult> {
     let env = TestEnv::new(&format!("comb-{}", sc.mode())).await;
     let ns = env.namespace().await;
     let t = Instant::now();
-    let nodes: Vec<String> = futures::stream::iter(0..n)
-        .map(|i| {
-            let env = &env;
-            async move {
-                env.tt_node(&format!("n{i:04}"), &[(labels::KMD_VERSION, FROM)])
-                    .await
-                    .metadata
-                    .name
-                    .unwrap_or_default()
-            }
-        })
-        .buffered(16)
-        .collect()
-        .await;
+    let nodes = create_nodes(&env, n).await;
     crate::wait_nodes_ready(&env, n).await?;
     eprintln!(
         "[bench] combined {tag}: {n} nodes Ready in {:.1}s",
@@ -489,18 +476,13 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<CombResult> {
 
     // Set-up, not measured: the driver policy at 2.7.0 (loaded already).
     let _agent = start_agent(args, &ns, &out(&format!("sim-agent-combined-{tag}.log")))?;
-    let dapi: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    let fapi: Api<TenstorrentFirmwarePolicy> = Api::all(env.client.clone());
-    let driver = env.name("fleet");
-    let firmware = env.name("fw");
-    let spec: ttdrv_api::TenstorrentDriverPolicySpec = serde_yaml::from_str(&format!(
-        "version: \"{FROM}\"\nnodeAffinity: {}\nupgradePolicy: {{maxUnavailable: {}}}",
-        env.nodes_selector(),
-        sc.k
-    ))?;
-    let mut p = TenstorrentDriverPolicy::new(&driver, spec);
-    p.metadata.labels = Some(env.labels());
-    dapi.create(&PostParams::default(), &p).await?;
+    let policies = Policies {
+        dapi: Api::all(env.client.clone()),
+        fapi: Api::all(env.client.clone()),
+        driver: env.name("fleet"),
+        firmware: env.name("fw"),
+    };
+    create_driver_policy(&env, &policies, sc.k).await?;
     let extra = [
         format!("--combine-firmware-and-driver={}", sc.combine),
         // The workloads run in the controller's namespace: drain them.
@@ -508,17 +490,15 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<CombResult> {
     ];
     let mut ctl =
         start_ready_controller(args, &env, &ns, &format!("combined-{tag}"), false, &extra).await?;
-    // /readyz answers once the driver side is ready; the firmware side
-    // starts after its own watches have synced (only its log says so).
-    let log = out(&format!("controller-combined-{tag}.log"));
-    let t_fw = Instant::now();
-    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("firmware watch caches synced")) {
-        if t_fw.elapsed() > Duration::from_secs(120) {
-            bail!("{tag}: the controller's firmware side not started after 120 s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    crate::wait_policy_done(&dapi, &driver, FROM, n, Duration::from_secs(600)).await?;
+    wait_firmware_side(&out(&format!("controller-combined-{tag}.log")), &tag).await?;
+    crate::wait_policy_done(
+        &policies.dapi,
+        &policies.driver,
+        FROM,
+        n,
+        Duration::from_secs(600),
+    )
+    .await?;
     futures::stream::iter(nodes.iter().enumerate())
         .for_each_concurrent(16, |(i, node)| {
             let (env, ns) = (&env, &ns);
@@ -542,90 +522,21 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<CombResult> {
         sc.k, args.flash_ms, args.load_ms
     );
     let t0 = watches.start_clock();
-    let fw_spec = serde_json::json!({
-        "version": FIRMWARE,
-        "nodeAffinity": { "matchLabels": env.labels() },
-        "upgradePolicy": { "maxParallel": sc.k },
-    });
-    let patch = Patch::Merge(serde_json::json!({ "spec": { "version": TO } }));
-    let pp = PatchParams::default();
-    let (d, f) = futures::join!(
-        dapi.patch(&driver, &pp, &patch),
-        ttdrv_testkit::policy::create_raw_firmware_policy(&env, &firmware, fw_spec)
-    );
-    d.context("patching the driver policy")?;
-    f.context("creating the firmware policy")?;
-
-    let waves = n.div_ceil(sc.k) as u32;
-    let timeout = Duration::from_secs(300)
-        + 2 * waves
-            * (Duration::from_millis(args.flash_ms + args.load_ms) + Duration::from_secs(30));
-    let mut last_write = Instant::now();
-    let mut done = (0, 0);
-    let complete = loop {
-        let elapsed = t0.elapsed();
-        match done_counts(&dapi, &driver, &fapi, &firmware).await {
-            Ok(d) => done = d,
-            Err(e) => eprintln!("[bench] {tag}: reading the policies: {e}"),
-        }
-        if done.0 >= n && done.1 >= n && watches.cordoned_now() == 0 {
-            break true;
-        }
-        if let Ok(Some(st)) = ctl.proc.0.try_wait() {
-            eprintln!("[bench] {tag}: controller exited during the wave: {st}");
-            break false;
-        }
-        if elapsed > timeout {
-            eprintln!("[bench] {tag}: not finished after {timeout:?}");
-            break false;
-        }
-        if last_write.elapsed() > Duration::from_secs(10) {
-            let now = elapsed.as_secs_f64();
-            let r = summarise(
-                sc,
-                args,
-                &watches.figures(&nodes, now),
-                watches.max_cordoned(),
-                false,
-                done,
-                now,
-            );
-            write_json(&summary_path, &r);
-            eprintln!(
-                "[bench] combined {tag}: {now:.0}s: driver Done {}/{n}, firmware Done {}/{n}, \
-                 {} cordoned now (max {})",
-                done.0,
-                done.1,
-                watches.cordoned_now(),
-                r.max_cordoned
-            );
-            last_write = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    start_wave(&env, &policies, sc.k).await?;
+    let wave = Wave {
+        args,
+        sc,
+        policies: &policies,
+        watches: &watches,
+        nodes: &nodes,
+        summary_path: &summary_path,
+        t0,
     };
+    let (complete, done) = wave.wait(&mut ctl).await;
     let wave_s = t0.elapsed().as_secs_f64();
     // Let the pod watch see the last replacements of the workloads.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let figs = watches.figures(&nodes, wave_s);
-    let r = summarise(
-        sc,
-        args,
-        &figs,
-        watches.max_cordoned(),
-        complete,
-        done,
-        wave_s,
-    );
-    write_json(&summary_path, &r);
-    let lines: Vec<String> = figs
-        .iter()
-        .filter_map(|f| serde_json::to_string(f).ok())
-        .collect();
-    std::fs::write(
-        out(&format!("combined-{tag}-nodes.jsonl")),
-        lines.join("\n") + "\n",
-    )?;
-    eprintln!("[bench] combined {tag}: {}", serde_json::to_string(&r)?);
+    let r = wave.write_results(complete, done, wave_s)?;
     drop(watches);
     drop(ctl);
     env.teardown().await;
@@ -636,6 +547,182 @@ async fn run(args: &Args, sc: &Scenario) -> anyhow::Result<CombResult> {
         );
     }
     Ok(r)
+}
+
+/// The scenario's `n` kwok nodes, at the old driver version.
+async fn create_nodes(env: &TestEnv, n: usize) -> Vec<String> {
+    futures::stream::iter(0..n)
+        .map(|i| async move {
+            env.tt_node(&format!("n{i:04}"), &[(labels::KMD_VERSION, FROM)])
+                .await
+                .metadata
+                .name
+                .unwrap_or_default()
+        })
+        .buffered(16)
+        .collect()
+        .await
+}
+
+/// The two policies of the wave: the driver's and the firmware's.
+struct Policies {
+    dapi: Api<TenstorrentDriverPolicy>,
+    fapi: Api<TenstorrentFirmwarePolicy>,
+    driver: String,
+    firmware: String,
+}
+
+/// The driver policy at [`FROM`] over the scenario's nodes, `k` at a time.
+async fn create_driver_policy(env: &TestEnv, policies: &Policies, k: usize) -> anyhow::Result<()> {
+    let spec: ttdrv_api::TenstorrentDriverPolicySpec = serde_yaml::from_str(&format!(
+        "version: \"{FROM}\"\nnodeAffinity: {}\nupgradePolicy: {{maxUnavailable: {}}}",
+        env.nodes_selector(),
+        k
+    ))?;
+    let mut p = TenstorrentDriverPolicy::new(&policies.driver, spec);
+    p.metadata.labels = Some(env.labels());
+    policies.dapi.create(&PostParams::default(), &p).await?;
+    Ok(())
+}
+
+/// /readyz answers once the driver side is ready; the firmware side
+/// starts after its own watches have synced (only its log says so).
+async fn wait_firmware_side(log: &Path, tag: &str) -> anyhow::Result<()> {
+    let t_fw = Instant::now();
+    while !std::fs::read_to_string(log).is_ok_and(|l| l.contains("firmware watch caches synced")) {
+        if t_fw.elapsed() > Duration::from_secs(120) {
+            bail!("{tag}: the controller's firmware side not started after 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// The wave starts: the driver policy moves to [`TO`] while the firmware
+/// policy to [`FIRMWARE`] is created, at the same time.
+async fn start_wave(env: &TestEnv, policies: &Policies, k: usize) -> anyhow::Result<()> {
+    let fw_spec = serde_json::json!({
+        "version": FIRMWARE,
+        "nodeAffinity": { "matchLabels": env.labels() },
+        "upgradePolicy": { "maxParallel": k },
+    });
+    let patch = Patch::Merge(serde_json::json!({ "spec": { "version": TO } }));
+    let pp = PatchParams::default();
+    let (d, f) = futures::join!(
+        policies.dapi.patch(&policies.driver, &pp, &patch),
+        ttdrv_testkit::policy::create_raw_firmware_policy(env, &policies.firmware, fw_spec)
+    );
+    d.context("patching the driver policy")?;
+    f.context("creating the firmware policy")?;
+    Ok(())
+}
+
+/// The measured wave: what it watches and where it writes its summary.
+struct Wave<'a> {
+    args: &'a Args,
+    sc: &'a Scenario,
+    policies: &'a Policies,
+    watches: &'a Watches,
+    nodes: &'a [String],
+    summary_path: &'a Path,
+    t0: Instant,
+}
+
+impl Wave<'_> {
+    /// Until every node is Done on both sides and none is cordoned, the
+    /// controller exits, or the timeout passes; the summary so far written
+    /// every 10 s. Whether it completed, and the Done counts.
+    async fn wait(&self, ctl: &mut crate::Controller) -> (bool, (usize, usize)) {
+        let (args, sc, p) = (self.args, self.sc, self.policies);
+        let (n, tag) = (sc.nodes, sc.tag());
+        let waves = n.div_ceil(sc.k) as u32;
+        let timeout = Duration::from_secs(300)
+            + 2 * waves
+                * (Duration::from_millis(args.flash_ms + args.load_ms) + Duration::from_secs(30));
+        let mut last_write = Instant::now();
+        let mut done = (0, 0);
+        let complete = loop {
+            let elapsed = self.t0.elapsed();
+            match done_counts(&p.dapi, &p.driver, &p.fapi, &p.firmware).await {
+                Ok(d) => done = d,
+                Err(e) => eprintln!("[bench] {tag}: reading the policies: {e}"),
+            }
+            if done.0 >= n && done.1 >= n && self.watches.cordoned_now() == 0 {
+                break true;
+            }
+            if let Ok(Some(st)) = ctl.proc.0.try_wait() {
+                eprintln!("[bench] {tag}: controller exited during the wave: {st}");
+                break false;
+            }
+            if elapsed > timeout {
+                eprintln!("[bench] {tag}: not finished after {timeout:?}");
+                break false;
+            }
+            if last_write.elapsed() > Duration::from_secs(10) {
+                self.write_progress(elapsed.as_secs_f64(), done);
+                last_write = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        (complete, done)
+    }
+
+    /// The summary so far, written and told.
+    fn write_progress(&self, now: f64, done: (usize, usize)) {
+        let (n, tag) = (self.sc.nodes, self.sc.tag());
+        let r = summarise(
+            self.sc,
+            self.args,
+            &self.watches.figures(self.nodes, now),
+            self.watches.max_cordoned(),
+            false,
+            done,
+            now,
+        );
+        write_json(self.summary_path, &r);
+        eprintln!(
+            "[bench] combined {tag}: {now:.0}s: driver Done {}/{n}, firmware Done {}/{n}, \
+             {} cordoned now (max {})",
+            done.0,
+            done.1,
+            self.watches.cordoned_now(),
+            r.max_cordoned
+        );
+    }
+
+    /// The final summary (`combined-<tag>.json`) and the per-node figures
+    /// (`combined-<tag>-nodes.jsonl`).
+    fn write_results(
+        &self,
+        complete: bool,
+        done: (usize, usize),
+        wave_s: f64,
+    ) -> anyhow::Result<CombResult> {
+        let tag = self.sc.tag();
+        let figs = self.watches.figures(self.nodes, wave_s);
+        let r = summarise(
+            self.sc,
+            self.args,
+            &figs,
+            self.watches.max_cordoned(),
+            complete,
+            done,
+            wave_s,
+        );
+        write_json(self.summary_path, &r);
+        let lines: Vec<String> = figs
+            .iter()
+            .filter_map(|f| serde_json::to_string(f).ok())
+            .collect();
+        std::fs::write(
+            self.args
+                .out_dir
+                .join(format!("combined-{tag}-nodes.jsonl")),
+            lines.join("\n") + "\n",
+        )?;
+        eprintln!("[bench] combined {tag}: {}", serde_json::to_string(&r)?);
+        Ok(r)
+    }
 }
 
 fn dist<K: std::fmt::Display>(m: &BTreeMap<K, usize>) -> String {

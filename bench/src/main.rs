@@ -714,10 +714,41 @@ async fn run_scenario(
 ) -> anyhow::Result<Result_> {
     let n = nodes.len();
     let papi: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    // maxUnavailable is set while no controller runs.
-    let mu: serde_json::Value = match sc.max_unavailable.parse::<i64>() {
+    set_max_unavailable(&papi, policy, &sc.max_unavailable).await?;
+    // Kept until the baseline is done: it plays the baseline's pods too.
+    let _agent = start_agent(
+        args,
+        ns,
+        sc.work_ms,
+        &args.out_dir.join(format!("sim-agent-{tag}.log")),
+    )?;
+    let target = Target {
+        ns,
+        policy,
+        from_version,
+        version,
+        n,
+    };
+    let run = measure_rollout(args, env, &papi, &target, sc, tag).await?;
+    let mut result = analyse(args, &run, sc, version, n)?;
+    let (baseline_nodes, baseline_sampled_s) =
+        run_baseline(args, ns, baseline, sc, version, tag, n)?;
+    result.baseline_nodes = baseline_nodes;
+    result.baseline_sampled_s = baseline_sampled_s;
+    result.baseline_s = baseline_sampled_s * n as f64 / baseline_nodes.max(1) as f64;
+    result.ratio = result.rollout_s / result.baseline_s;
+    Ok(result)
+}
+
+/// maxUnavailable is set while no controller runs.
+async fn set_max_unavailable(
+    papi: &Api<TenstorrentDriverPolicy>,
+    policy: &str,
+    max_unavailable: &str,
+) -> anyhow::Result<()> {
+    let mu: serde_json::Value = match max_unavailable.parse::<i64>() {
         Ok(i) => i.into(),
-        Err(_) => sc.max_unavailable.clone().into(),
+        Err(_) => max_unavailable.to_string().into(),
     };
     papi.patch(
         policy,
@@ -725,15 +756,65 @@ async fn run_scenario(
         &Patch::Merge(serde_json::json!({ "spec": { "upgradePolicy": { "maxUnavailable": mu } } })),
     )
     .await?;
-    let _agent = start_agent(
-        args,
+    Ok(())
+}
+
+/// The rollout a scenario measures: the namespace, the policy, from which version to which,
+/// over how many nodes.
+struct Target<'a> {
+    ns: &'a str,
+    policy: &'a str,
+    from_version: &'a str,
+    version: &'a str,
+    n: usize,
+}
+
+/// What a scenario's rollout left to analyse.
+struct Rollout {
+    events: Vec<Seen>,
+    before: ProcStats,
+    after: ProcStats,
+    metrics_before: String,
+    metrics_after: String,
+    audit_from: u64,
+    t0: Instant,
+    t0_wall: k8s_openapi::jiff::Timestamp,
+    /// When the goal was reached (and, unsampled, the status showed it).
+    t_goal: Instant,
+    slots: usize,
+    waves: usize,
+    /// Nodes to wait for: the sample, else all.
+    goal: usize,
+}
+
+impl Rollout {
+    /// How much a controller counter grew over the rollout.
+    fn metric_delta(&self, name: &str) -> f64 {
+        metric_sum(&self.metrics_after, name) - metric_sum(&self.metrics_before, name)
+    }
+}
+
+/// Starts the controller, lets it take stock, moves the policy to the new
+/// version and watches the nodes until the goal is Done; the controller is
+/// stopped on return.
+async fn measure_rollout(
+    args: &Args,
+    env: &TestEnv,
+    papi: &Api<TenstorrentDriverPolicy>,
+    target: &Target<'_>,
+    sc: &Scenario,
+    tag: &str,
+) -> anyhow::Result<Rollout> {
+    let Target {
         ns,
-        sc.work_ms,
-        &args.out_dir.join(format!("sim-agent-{tag}.log")),
-    )?;
+        policy,
+        from_version,
+        version,
+        n,
+    } = *target;
     let mut ctl = start_ready_controller(args, env, ns, tag, true, &[]).await?;
     // Let it take stock (every node already Done at the old version) and go idle.
-    wait_policy_done(&papi, policy, from_version, n, Duration::from_secs(120)).await?;
+    wait_policy_done(papi, policy, from_version, n, Duration::from_secs(120)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let watcher = NodeWatcher::start(env.client.clone(), &env.selector()).await?;
     let before = proc_stats(ctl.proc.pid())?;
@@ -759,16 +840,60 @@ async fn run_scenario(
     let waves = n.div_ceil(slots);
     let timeout =
         Duration::from_secs(120) + Duration::from_millis(waves as u64 * (sc.work_ms + 5000));
-    let mut last_report = Instant::now();
     let goal = if sc.rollout_sample > 0 {
         sc.rollout_sample
     } else {
         n
     };
+    wait_for_goal(&watcher, &mut ctl, target, goal, t0, timeout, tag).await?;
+    let events = watcher.events();
+    let after = proc_stats(ctl.proc.pid())?;
+    let metrics_after = admin_get(ctl.port, "/metrics")
+        .await
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let sampled = goal < n;
+    if !sampled {
+        // Everything the controller did for this rollout: wait for the status to show it.
+        wait_policy_done(papi, policy, version, n, Duration::from_secs(120)).await?;
+    }
+    let t_goal = Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(watcher);
+    drop(ctl);
+    Ok(Rollout {
+        events,
+        before,
+        after,
+        metrics_before,
+        metrics_after,
+        audit_from,
+        t0,
+        t0_wall,
+        t_goal,
+        slots,
+        waves,
+        goal,
+    })
+}
+
+/// Waits until `goal` nodes are Done at the target version; fails when the
+/// controller exits or the timeout passes. Reports progress every 30 s.
+async fn wait_for_goal(
+    watcher: &NodeWatcher,
+    ctl: &mut Controller,
+    target: &Target<'_>,
+    goal: usize,
+    t0: Instant,
+    timeout: Duration,
+    tag: &str,
+) -> anyhow::Result<()> {
+    let (version, n) = (target.version, target.n);
+    let mut last_report = Instant::now();
     loop {
         let done = watcher.done_at(version);
         if done >= goal {
-            break;
+            return Ok(());
         }
         if let Ok(Some(st)) = ctl.proc.0.try_wait() {
             bail!("controller exited during the rollout: {st}");
@@ -785,39 +910,28 @@ async fn run_scenario(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let events = watcher.events();
-    let after = proc_stats(ctl.proc.pid())?;
-    let metrics_after = admin_get(ctl.port, "/metrics")
-        .await
-        .map(|(_, b)| b)
-        .unwrap_or_default();
-    let sampled = goal < n;
-    if !sampled {
-        // Everything the controller did for this rollout: wait for the status to show it.
-        wait_policy_done(&papi, policy, version, n, Duration::from_secs(120)).await?;
-    }
-    let t_goal = Instant::now();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    drop(watcher);
-    drop(ctl);
+}
 
-    // Timeline analysis.
-    let ours = |e: &&Seen| e.target == version;
-    let done: Vec<&Seen> = events
-        .iter()
-        .filter(ours)
-        .filter(|e| e.what == "Done")
-        .collect();
-    let end = done.iter().map(|e| e.at).max().unwrap_or(t0);
+/// The scenario's figures from its rollout (the baseline's left at zero).
+fn analyse(
+    args: &Args,
+    run: &Rollout,
+    sc: &Scenario,
+    version: &str,
+    n: usize,
+) -> anyhow::Result<Result_> {
+    let (t0, slots, waves, goal) = (run.t0, run.slots, run.waves, run.goal);
+    let sampled = goal < n;
+    let done_t = done_times(&run.events, version);
+    let end = done_t.last().copied().unwrap_or(t0);
     let rollout_measured_s = end.duration_since(t0).as_secs_f64();
-    let mut cordons: Vec<Instant> = events
+    let first_cordon = run
+        .events
         .iter()
         .filter(|e| e.what == "Cordon")
         .map(|e| e.at)
-        .collect();
-    cordons.sort();
-    let first_cordon_ms = cordons
-        .first()
+        .min();
+    let first_cordon_ms = first_cordon
         .map(|c| c.duration_since(t0).as_secs_f64() * 1000.0)
         .unwrap_or(f64::NAN);
     // A sampled rollout: the time to the first cordon, then the measured pace
@@ -828,83 +942,18 @@ async fn run_scenario(
     } else {
         rollout_measured_s
     };
-    let wall = |i: Instant| {
-        let d = i.saturating_duration_since(t0);
-        let ts = t0_wall
-            .checked_add(k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or_default())
-            .unwrap_or(t0_wall);
-        format!(
-            "{}.{:06}Z",
-            ts.strftime("%Y-%m-%dT%H:%M:%S"),
-            ts.subsec_microsecond()
-        )
-    };
-    let split = cordons.first().map(|c| wall(*c)).unwrap_or_default();
-    // A sampled rollout goes on after the K-th node: count only up to it.
-    let until = if sampled {
-        wall(end)
-    } else {
-        wall(t_goal + Duration::from_secs(1))
-    };
-    let (by_kind, watches, before_first_cordon) = audit_counts(
-        &args.audit_log,
-        audit_from,
-        &args.audit_user,
-        &split,
-        &until,
-    )?;
-    let mut starts: Vec<Instant> = events
-        .iter()
-        .filter(ours)
-        .filter(|e| e.what == "Cordoning")
-        .map(|e| e.at)
-        .collect();
-    starts.sort();
-    let mut done_t: Vec<Instant> = done.iter().map(|e| e.at).collect();
-    done_t.sort();
-    // The k-th node to finish frees the slot the (k + slots)-th node starts in.
-    let mut gaps: Vec<f64> = done_t
-        .iter()
-        .enumerate()
-        .filter_map(|(k, d)| {
-            let s = starts.get(k + slots)?;
-            Some(s.saturating_duration_since(*d).as_secs_f64() * 1000.0)
-        })
-        .collect();
-    gaps.sort_by(|a, b| a.total_cmp(b));
-    // Per node: time entering each state, then mean time spent in each.
-    let mut per_node: HashMap<&str, Vec<(&str, Instant)>> = HashMap::new();
-    for e in events.iter().filter(ours) {
-        if e.what != "Cordon" {
-            per_node
-                .entry(e.node.as_str())
-                .or_default()
-                .push((e.what.as_str(), e.at));
-        }
-    }
-    let mut phase_sum: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-    for seq in per_node.values() {
-        for w in seq.windows(2) {
-            let (state, t) = w[0];
-            if state == "Pending" {
-                continue;
-            }
-            let e = phase_sum.entry(state.to_string()).or_insert((0.0, 0));
-            e.0 += w[1].1.duration_since(t).as_secs_f64() * 1000.0;
-            e.1 += 1;
-        }
-    }
+    let (by_kind, watches, before_first_cordon) =
+        rollout_audit(args, run, first_cordon, end, sampled)?;
+    let gaps = slot_gaps(&run.events, version, &done_t, slots);
+    let phase_sum = phase_sums(&run.events, version);
     // Eviction waits: time in Draining while the controller actually evicted
     // pods. The benchmark nodes run only the installer DaemonSet pod, which the
     // drain leaves alone, so nothing is evicted and Draining is pure controller
     // time (one reconcile round): it stays in the controller-added figure.
-    let reconciles = metric_sum(&metrics_after, "ttdriver_reconcile_total")
-        - metric_sum(&metrics_before, "ttdriver_reconcile_total");
-    let rec_time = metric_sum(&metrics_after, "ttdriver_reconcile_duration_seconds_sum")
-        - metric_sum(&metrics_before, "ttdriver_reconcile_duration_seconds_sum");
+    let reconciles = run.metric_delta("ttdriver_reconcile_total");
+    let rec_time = run.metric_delta("ttdriver_reconcile_duration_seconds_sum");
     let reconcile_mean_ms = rec_time * 1000.0 / reconciles.max(1.0);
-    let evicted = metric_sum(&metrics_after, "ttdriver_pods_evicted_total")
-        - metric_sum(&metrics_before, "ttdriver_pods_evicted_total");
+    let evicted = run.metric_delta("ttdriver_pods_evicted_total");
     let eviction_wait_s = if evicted > 0.0 {
         phase_sum
             .get("Draining")
@@ -939,35 +988,7 @@ async fn run_scenario(
     } else {
         api_requests as f64 / n as f64
     };
-
-    // Baseline: serial kubectl on its own sample of nodes, the controller stopped.
-    let sample: Vec<String> = baseline
-        .nodes
-        .iter()
-        .take(sc.baseline_sample)
-        .cloned()
-        .collect();
-    eprintln!(
-        "[bench] {tag}: kubectl baseline on {} nodes (extrapolated to {n})",
-        sample.len()
-    );
-    let b0 = Instant::now();
-    let status = Command::new("bash")
-        .arg(&args.baseline_script)
-        .args([
-            ns,
-            &baseline.daemonset,
-            &format!("{}={}", labels::CLAIM, baseline.claim),
-            version,
-        ])
-        .args(&sample)
-        .status()?;
-    if !status.success() {
-        bail!("baseline script failed: {status}");
-    }
-    let baseline_sampled_s = b0.elapsed().as_secs_f64();
-    let baseline_s = baseline_sampled_s * n as f64 / sample.len().max(1) as f64;
-
+    let (before, after) = (run.before, run.after);
     Ok(Result_ {
         nodes: n,
         work_s,
@@ -997,11 +1018,144 @@ async fn run_scenario(
         api_before_first_cordon: before_first_cordon,
         api_watches: watches,
         api_by_kind: by_kind,
-        baseline_nodes: sample.len(),
-        baseline_sampled_s,
-        baseline_s,
-        ratio: rollout_s / baseline_s,
+        ..Default::default()
     })
+}
+
+/// When each node finished its cycle to `version`, in order.
+fn done_times(events: &[Seen], version: &str) -> Vec<Instant> {
+    let mut done_t: Vec<Instant> = events
+        .iter()
+        .filter(|e| e.target == version && e.what == "Done")
+        .map(|e| e.at)
+        .collect();
+    done_t.sort();
+    done_t
+}
+
+/// The controller's API requests during the rollout, from the audit log:
+/// by kind, the watches, and those before the first cordon. A sampled
+/// rollout goes on after the K-th node: count only up to it.
+fn rollout_audit(
+    args: &Args,
+    run: &Rollout,
+    first_cordon: Option<Instant>,
+    end: Instant,
+    sampled: bool,
+) -> anyhow::Result<(BTreeMap<String, u64>, u64, u64)> {
+    let (t0, t0_wall) = (run.t0, run.t0_wall);
+    let wall = |i: Instant| {
+        let d = i.saturating_duration_since(t0);
+        let ts = t0_wall
+            .checked_add(k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or_default())
+            .unwrap_or(t0_wall);
+        format!(
+            "{}.{:06}Z",
+            ts.strftime("%Y-%m-%dT%H:%M:%S"),
+            ts.subsec_microsecond()
+        )
+    };
+    let split = first_cordon.map(&wall).unwrap_or_default();
+    let until = if sampled {
+        wall(end)
+    } else {
+        wall(run.t_goal + Duration::from_secs(1))
+    };
+    audit_counts(
+        &args.audit_log,
+        run.audit_from,
+        &args.audit_user,
+        &split,
+        &until,
+    )
+}
+
+/// The waits between a slot freeing and the next node starting in it, ms,
+/// sorted: the k-th node to finish frees the slot the (k + slots)-th starts in.
+fn slot_gaps(events: &[Seen], version: &str, done_t: &[Instant], slots: usize) -> Vec<f64> {
+    let mut starts: Vec<Instant> = events
+        .iter()
+        .filter(|e| e.target == version)
+        .filter(|e| e.what == "Cordoning")
+        .map(|e| e.at)
+        .collect();
+    starts.sort();
+    let mut gaps: Vec<f64> = done_t
+        .iter()
+        .enumerate()
+        .filter_map(|(k, d)| {
+            let s = starts.get(k + slots)?;
+            Some(s.saturating_duration_since(*d).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    gaps.sort_by(|a, b| a.total_cmp(b));
+    gaps
+}
+
+/// Per state of a node's cycle (Pending aside): the total time nodes spent
+/// in it, ms, and how many stays that counts.
+fn phase_sums(events: &[Seen], version: &str) -> BTreeMap<String, (f64, usize)> {
+    // Per node: time entering each state.
+    let mut per_node: HashMap<&str, Vec<(&str, Instant)>> = HashMap::new();
+    for e in events.iter().filter(|e| e.target == version) {
+        if e.what != "Cordon" {
+            per_node
+                .entry(e.node.as_str())
+                .or_default()
+                .push((e.what.as_str(), e.at));
+        }
+    }
+    let mut phase_sum: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for seq in per_node.values() {
+        for w in seq.windows(2) {
+            let (state, t) = w[0];
+            if state == "Pending" {
+                continue;
+            }
+            let e = phase_sum.entry(state.to_string()).or_insert((0.0, 0));
+            e.0 += w[1].1.duration_since(t).as_secs_f64() * 1000.0;
+            e.1 += 1;
+        }
+    }
+    phase_sum
+}
+
+/// Baseline: serial kubectl on its own sample of nodes, the controller
+/// stopped. The nodes it did and the time it took, s.
+fn run_baseline(
+    args: &Args,
+    ns: &str,
+    baseline: &Baseline,
+    sc: &Scenario,
+    version: &str,
+    tag: &str,
+    n: usize,
+) -> anyhow::Result<(usize, f64)> {
+    let sample: Vec<String> = baseline
+        .nodes
+        .iter()
+        .take(sc.baseline_sample)
+        .cloned()
+        .collect();
+    eprintln!(
+        "[bench] {tag}: kubectl baseline on {} nodes (extrapolated to {n})",
+        sample.len()
+    );
+    let b0 = Instant::now();
+    let status = Command::new("bash")
+        .arg(&args.baseline_script)
+        .args([
+            ns,
+            &baseline.daemonset,
+            &format!("{}={}", labels::CLAIM, baseline.claim),
+            version,
+        ])
+        .args(&sample)
+        .status()?;
+    if !status.success() {
+        bail!("baseline script failed: {status}");
+    }
+    Ok((sample.len(), b0.elapsed().as_secs_f64()))
 }
 
 async fn run_group(

@@ -234,25 +234,8 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         .status
         .as_ref()
         .and_then(|s| s.desired_version.clone());
-    let ahead_for_target = preparing_version.as_deref() == Some(target.as_str());
-    let status_prepared: BTreeMap<&str, &str> = policy
-        .status
-        .iter()
-        .flat_map(|s| s.nodes.iter())
-        .filter_map(|n| Some((n.name.as_str(), n.prepared_version.as_deref()?)))
-        .collect();
     let selector = PodSelector::parse(&drain.pod_selector_label).unwrap_or_default();
-    // The policy as the machine reads it, for the version planned and as the
-    // rollout runs (not paused, its DaemonSet accepted); deadlines play no
-    // part in leaving Pending.
-    let want = Desired {
-        version: target.clone(),
-        paused: false,
-        refused: false,
-        unmanage: false,
-        prepare: false,
-        ..Desired::of(policy, 0)
-    };
+    let want = desired_for(policy, &target);
 
     let assignment = selection::assign(
         inp.policies.iter(),
@@ -261,17 +244,133 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         // The controller's default; a chart with requireTenstorrentLabel=false is not seen here.
         Default::default(),
     );
-    let owned: BTreeSet<String> = assignment
+    let owned = owned_by(&assignment, &name);
+    let max = spec.upgrade_policy.max_unavailable_for(owned.len());
+    let by_name = nodes_by_name(inp.nodes);
+
+    // The policy as the controller's pass observes it. The plugin does not
+    // render the installer template, so it cannot tell a current installer
+    // pod from a stale one: none is looked at (`Missing`); with the target
+    // loaded either needs no drain, and with another loaded neither changes
+    // the cycle.
+    let exempt = [inp.operator_namespace.to_string()];
+    let survey = Survey {
+        policy_facts: PolicyFacts {
+            desired: &want,
+            drain,
+            namespace: "",
+            drain_exempt: &exempt,
+            template_hash: "",
+            selector: Some(&selector),
+            gates: &[],
+            now: 0,
+            prepare_deadline_seconds: i64::MAX,
+        },
+        pdbs: inp.pdbs.iter().collect(),
+        pods_by_node: pods_on_owned_nodes(inp.pods, &owned),
+        target: &target,
+        ahead_for_target: preparing_version.as_deref() == Some(target.as_str()),
+        status_prepared: prepared_in_status(policy),
+        // (the plan reads no installer pods)
+        no_baselines: std::collections::HashMap::new(),
+    };
+    let mut skipped = skipped_by_selection(inp, &assignment, &name);
+    let mut sorted = survey.sort_owned(&owned, &by_name);
+    skipped.append(&mut sorted.skipped);
+
+    let (ordered, mut halted) = schedule_waves(&mut sorted.candidates, max);
+    if !sorted.failed.is_empty() {
+        halted = Some(halted_by_failures(&name, &sorted.failed));
+    }
+    let nodes = number_in_order(ordered, sorted.cycles);
+
+    let named: Vec<(String, NodeRecord)> = owned
+        .iter()
+        .filter_map(|n| Some((n.clone(), by_name.get(n).and_then(|nd| record_of(nd))?)))
+        .collect();
+    let prepare = &spec.upgrade_policy.prepare;
+    let max_concurrent = prepare.max_concurrent.max(1) as usize;
+    let prediction = eta::predict(&prepared_by_wave(&nodes), inp.costs, max_concurrent);
+    let estimate = estimate(inp, &named, &prediction, &nodes, &sorted.without_drain, max);
+    let soak = spec.upgrade_policy.soak_seconds.max(0);
+    let held = held_now(policy, &named, &target, soak, inp.now);
+    skipped.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
+    let build_ahead = BuildAhead {
+        enabled: prepare.enabled,
+        max_concurrent,
+        preparing_version,
+        prepared: nodes.iter().filter(|n| n.prepared).count(),
+        costs: inp.costs,
+        prediction,
+    };
+    RolloutPlan {
+        policy: name,
+        target_version: target,
+        spec_version: spec.version.clone(),
+        paused: spec.paused,
+        drain_enabled: drain.enable,
+        max_unavailable: max,
+        estimate,
+        nodes,
+        without_drain: sorted.without_drain,
+        skipped,
+        halted,
+        held,
+        build_ahead,
+    }
+}
+
+/// The policy as the machine reads it, for the version planned and as the
+/// rollout runs (not paused, its DaemonSet accepted); deadlines play no
+/// part in leaving Pending.
+fn desired_for(policy: &TenstorrentDriverPolicy, target: &str) -> Desired {
+    Desired {
+        version: target.to_string(),
+        paused: false,
+        refused: false,
+        unmanage: false,
+        prepare: false,
+        ..Desired::of(policy, 0)
+    }
+}
+
+/// The nodes the policy owns.
+fn owned_by(assignment: &selection::Assignment, name: &str) -> BTreeSet<String> {
+    assignment
         .owned
-        .get(&name)
+        .get(name)
         .cloned()
         .unwrap_or_default()
         .into_iter()
-        .collect();
-    let max = spec.upgrade_policy.max_unavailable_for(owned.len());
+        .collect()
+}
 
+fn nodes_by_name(nodes: &[Node]) -> BTreeMap<String, &Node> {
+    nodes
+        .iter()
+        .map(|node| (node.metadata.name.clone().unwrap_or_default(), node))
+        .collect()
+}
+
+/// Per node, the version its agent reports prepared in the policy's status.
+fn prepared_in_status(policy: &TenstorrentDriverPolicy) -> BTreeMap<&str, &str> {
+    policy
+        .status
+        .iter()
+        .flat_map(|s| s.nodes.iter())
+        .filter_map(|n| Some((n.name.as_str(), n.prepared_version.as_deref()?)))
+        .collect()
+}
+
+/// Nodes the policy selects but does not own: matched by an older policy
+/// (`Conflict`), without the Tenstorrent label, or opted out.
+fn skipped_by_selection(
+    inp: &Inputs<'_>,
+    assignment: &selection::Assignment,
+    name: &str,
+) -> Vec<NodeNote> {
     let mut skipped = Vec::new();
-    for (node, owner) in assignment.conflicts.get(&name).into_iter().flatten() {
+    for (node, owner) in assignment.conflicts.get(name).into_iter().flatten() {
         skipped.push(NodeNote {
             name: node.clone(),
             kind: "Conflict".into(),
@@ -279,11 +378,11 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         });
     }
     let empty = BTreeMap::new();
-    let mut by_name: BTreeMap<String, &Node> = BTreeMap::new();
     for node in inp.nodes {
         let n = node.metadata.name.clone().unwrap_or_default();
-        by_name.insert(n.clone(), node);
-        let selected = spec
+        let selected = inp
+            .policy
+            .spec
             .selector()
             .is_some_and(|s| s.matches(node.metadata.labels.as_ref().unwrap_or(&empty)));
         if !selected || selection::eligible(node) || node.metadata.deletion_timestamp.is_some() {
@@ -306,43 +405,89 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             detail,
         });
     }
+    skipped
+}
 
+/// The pods bound to each owned node, as the drain sees them.
+fn pods_on_owned_nodes<'a>(
+    pods: &[Pod],
+    owned: &'a BTreeSet<String>,
+) -> BTreeMap<&'a str, Vec<PodFacts>> {
     let mut pods_by_node: BTreeMap<&str, Vec<PodFacts>> = BTreeMap::new();
-    for pod in inp.pods {
+    for pod in pods {
         if let Some(n) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
-            && owned.contains(n)
+            && let Some(n) = owned.get(n)
         {
             pods_by_node.entry(n).or_default().push(PodFacts::of(pod));
         }
     }
+    pods_by_node
+}
 
-    let pdbs: Vec<&PodDisruptionBudget> = inp.pdbs.iter().collect();
-    // The policy as the controller's pass observes it. The plugin does not
-    // render the installer template, so it cannot tell a current installer
-    // pod from a stale one: none is looked at (`Missing`); with the target
-    // loaded either needs no drain, and with another loaded neither changes
-    // the cycle.
-    let exempt = [inp.operator_namespace.to_string()];
-    let policy_facts = PolicyFacts {
-        desired: &want,
-        drain,
-        namespace: "",
-        drain_exempt: &exempt,
-        template_hash: "",
-        selector: Some(&selector),
-        gates: &[],
-        now: 0,
-        prepare_deadline_seconds: i64::MAX,
-    };
-    let mut without_drain = Vec::new();
-    let mut cycles: BTreeMap<String, PlannedNode> = BTreeMap::new();
-    let mut candidates = Vec::new();
-    let mut failed = Vec::new();
-    // (the plan reads no installer pods)
-    let no_baselines = std::collections::HashMap::new();
-    for n in &owned {
-        let Some(node) = by_name.get(n) else { continue };
-        let facts = pods_by_node.get(n.as_str()).map_or(&[][..], Vec::as_slice);
+/// What the plan reads to look at each owned node as the controller would.
+struct Survey<'a> {
+    policy_facts: PolicyFacts<'a>,
+    pdbs: Vec<&'a PodDisruptionBudget>,
+    pods_by_node: BTreeMap<&'a str, Vec<PodFacts>>,
+    target: &'a str,
+    /// The agents prepare the planned version (a plan for another counts on
+    /// nothing but what is loaded).
+    ahead_for_target: bool,
+    status_prepared: BTreeMap<&'a str, &'a str>,
+    no_baselines: std::collections::HashMap<String, ttdrv_core::installer::SandboxBaseline>,
+}
+
+/// The owned nodes sorted into those with a cycle and those without.
+#[derive(Default)]
+struct Sorted {
+    without_drain: Vec<NodeNote>,
+    /// Owned nodes left alone (host-managed, VFIO passthrough).
+    skipped: Vec<NodeNote>,
+    cycles: BTreeMap<String, PlannedNode>,
+    /// Every owned node's slot facts, for the waves.
+    candidates: Vec<Candidate>,
+    failed: Vec<String>,
+}
+
+/// One owned node: no cycle (with its note), or a cycle.
+enum Owned {
+    WithoutCycle(NodeNote),
+    Cycle { planned: PlannedNode, failed: bool },
+}
+
+impl Survey<'_> {
+    fn sort_owned(&self, owned: &BTreeSet<String>, by_name: &BTreeMap<String, &Node>) -> Sorted {
+        let mut sorted = Sorted::default();
+        for n in owned {
+            let Some(node) = by_name.get(n) else { continue };
+            let (candidate, owned) = self.plan_node(n, node);
+            sorted.candidates.push(candidate);
+            match owned {
+                Owned::WithoutCycle(note) => {
+                    if matches!(
+                        note.kind.as_str(),
+                        reason::HOST_MANAGED | reason::VFIO_PASSTHROUGH
+                    ) {
+                        sorted.skipped.push(note);
+                    } else {
+                        sorted.without_drain.push(note);
+                    }
+                }
+                Owned::Cycle { planned, failed } => {
+                    if failed {
+                        sorted.failed.push(n.clone());
+                    }
+                    sorted.cycles.insert(n.clone(), planned);
+                }
+            }
+        }
+        sorted
+    }
+
+    /// One owned node's slot facts for the waves, and whether it goes
+    /// through a cycle.
+    fn plan_node(&self, n: &str, node: &Node) -> (Candidate, Owned) {
+        let facts = self.pods_by_node.get(n).map_or(&[][..], Vec::as_slice);
         let pods: Vec<&PodFacts> = facts.iter().collect();
         let on_node = node::record(node).ok().flatten();
         let node_facts = NodeFacts {
@@ -351,117 +496,132 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             pods: &pods,
             installers: &[],
             live: None,
-            restart_baselines: &no_baselines,
+            restart_baselines: &self.no_baselines,
         };
+        let want = self.policy_facts.desired;
         // As if the node were granted a slot now: its drain is planned.
-        let view = observe::observe(&policy_facts, &node_facts, true, || pdbs.clone());
+        let view = observe::observe(&self.policy_facts, &node_facts, true, || self.pdbs.clone());
         let rec = view.persisted.as_ref();
         let loaded = view.obs.loaded.clone();
         let in_flight = rec
             .filter(|r| r.state.is_in_progress() && r.occupies_slot())
             .map(|r| r.state);
         let is_failed = rec.is_some_and(|r| r.state.is_failed());
-        let prepared = node::is_loaded(
-            loaded.as_deref(),
-            view.obs.parameters.as_ref(),
-            want.target(),
-        ) || (ahead_for_target
-            && (ttdrv_core::prepare::is_prepared(node, want.target())
-                || status_prepared.get(n.as_str()) == Some(&target.as_str())));
+        let prepared = self.is_prepared(n, node, loaded.as_deref(), &view.obs);
         // The controller's slot facts; a Failed node is planned as if retried.
         let facts = view.candidate(n, rec);
-        let bystander = Candidate {
-            wants_slot: false,
-            in_progress: false,
-            failed: false,
-            has_device_pods: false,
-            // Waves and order as once built: the time builds take is in the
-            // duration model (eta), and the order does not change with them.
-            prepared: true,
-            ..facts.clone()
-        };
         if in_flight.is_none()
             && !is_failed
-            && let Some(note) = without_cycle(node, &view.obs, &want)
+            && let Some(note) = without_cycle(node, &view.obs, want)
         {
-            if matches!(
-                note.kind.as_str(),
-                reason::HOST_MANAGED | reason::VFIO_PASSTHROUGH
-            ) {
-                skipped.push(note);
-            } else {
-                without_drain.push(note);
-            }
             // Nodes without a cycle still count against maxUnavailable when
             // they are unavailable, as in the controller.
-            candidates.push(bystander);
-            continue;
+            let bystander = Candidate {
+                wants_slot: false,
+                in_progress: false,
+                failed: false,
+                has_device_pods: false,
+                // Waves and order as once built: the time builds take is in the
+                // duration model (eta), and the order does not change with them.
+                prepared: true,
+                ..facts
+            };
+            return (bystander, Owned::WithoutCycle(note));
         }
-        if is_failed {
-            failed.push(n.clone());
-        }
-        let forecast = observe::forecast(&policy_facts, &node_facts, &pdbs);
-        let dp = &forecast.plan;
+        let forecast = observe::forecast(&self.policy_facts, &node_facts, &self.pdbs);
         let blockers = forecast
             .blockers
             .iter()
-            .map(|b| b.describe(drain))
+            .map(|b| b.describe(self.policy_facts.drain))
             .collect();
-        let (mut evict_device, mut evict_other, mut left) = (vec![], vec![], vec![]);
-        if drain.enable {
-            evict_device = dp.device.iter().map(ToString::to_string).collect();
-            evict_other = dp.full.iter().map(ToString::to_string).collect();
-            for (r, why, device) in &dp.skipped {
-                let interesting = *device
-                    || !matches!(
-                        why,
-                        SkipReason::DaemonSet | SkipReason::Mirror | SkipReason::Finished
-                    );
-                if interesting {
-                    left.push(LeftPod {
-                        pod: r.to_string(),
-                        why: why.as_str().into(),
-                        uses_device: *device,
-                    });
-                }
-            }
-        } else {
-            for f in pods.iter().filter(|f| f.device && !f.installer) {
-                left.push(LeftPod {
-                    pod: f.pod.to_string(),
-                    why: "drain.enable is off".into(),
-                    uses_device: true,
-                });
-            }
-        }
-        candidates.push(Candidate {
+        let (evict_device, evict_other, left) =
+            drain_passes(self.policy_facts.drain, &forecast.plan, &pods);
+        let candidate = Candidate {
             wants_slot: in_flight.is_none(),
             in_progress: in_flight.is_some(),
             failed: false,
             prepared: true,
             ..facts
-        });
-        cycles.insert(
-            n.clone(),
-            PlannedNode {
-                order: 0,
-                wave: None,
-                name: n.clone(),
-                current_version: loaded,
-                in_state: in_flight.or(is_failed.then_some(NodeState::Failed)),
-                already_unavailable: view.externally_unavailable,
-                unavailable_because: view.unavailable_because.clone(),
-                has_device_pods: view.has_device_pods,
-                prepared,
-                evict_device,
-                evict_other,
-                left,
-                blockers,
+        };
+        let planned = PlannedNode {
+            order: 0,
+            wave: None,
+            name: n.to_string(),
+            current_version: loaded,
+            in_state: in_flight.or(is_failed.then_some(NodeState::Failed)),
+            already_unavailable: view.externally_unavailable,
+            unavailable_because: view.unavailable_because.clone(),
+            has_device_pods: view.has_device_pods,
+            prepared,
+            evict_device,
+            evict_other,
+            left,
+            blockers,
+        };
+        (
+            candidate,
+            Owned::Cycle {
+                planned,
+                failed: is_failed,
             },
-        );
+        )
     }
 
-    // Waves: grant slots as the RolloutActor would, finish the wave, repeat.
+    /// The target is loaded, or (when the agents prepare it) built into the
+    /// node's cache ahead, as the node or the policy's status says.
+    fn is_prepared(&self, n: &str, node: &Node, loaded: Option<&str>, obs: &Observation) -> bool {
+        let want = self.policy_facts.desired;
+        node::is_loaded(loaded, obs.parameters.as_ref(), want.target())
+            || (self.ahead_for_target
+                && (ttdrv_core::prepare::is_prepared(node, want.target())
+                    || self.status_prepared.get(n) == Some(&self.target)))
+    }
+}
+
+/// What each drain pass would evict (device users, then the rest), and the
+/// pods worth naming that stay in place.
+fn drain_passes(
+    drain: &ttdrv_api::DrainPolicy,
+    dp: &ttdrv_core::drain::DrainPlan,
+    pods: &[&PodFacts],
+) -> (Vec<String>, Vec<String>, Vec<LeftPod>) {
+    let (mut evict_device, mut evict_other, mut left) = (vec![], vec![], vec![]);
+    if drain.enable {
+        evict_device = dp.device.iter().map(ToString::to_string).collect();
+        evict_other = dp.full.iter().map(ToString::to_string).collect();
+        for (r, why, device) in &dp.skipped {
+            let interesting = *device
+                || !matches!(
+                    why,
+                    SkipReason::DaemonSet | SkipReason::Mirror | SkipReason::Finished
+                );
+            if interesting {
+                left.push(LeftPod {
+                    pod: r.to_string(),
+                    why: why.as_str().into(),
+                    uses_device: *device,
+                });
+            }
+        }
+    } else {
+        for f in pods.iter().filter(|f| f.device && !f.installer) {
+            left.push(LeftPod {
+                pod: f.pod.to_string(),
+                why: "drain.enable is off".into(),
+                uses_device: true,
+            });
+        }
+    }
+    (evict_device, evict_other, left)
+}
+
+/// Waves: grant slots as the RolloutActor would, finish the wave, repeat.
+/// The nodes in rollout order with their wave (`None`: never reached), and
+/// why the rollout would stall.
+fn schedule_waves(
+    candidates: &mut [Candidate],
+    max: usize,
+) -> (Vec<(String, Option<usize>)>, Option<String>) {
     let mut ordered: Vec<(String, Option<usize>)> = Vec::new();
     let mut halted = None;
     let mut wave = 0;
@@ -471,7 +631,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             max_unavailable: max,
             brake_percent: rollout::DEFAULT_BRAKE_PERCENT,
         };
-        let p = rollout::plan(&candidates, &Default::default(), limits);
+        let p = rollout::plan(candidates.iter(), &Default::default(), limits);
         let running: Vec<String> = candidates
             .iter()
             .filter(|c| c.in_progress)
@@ -502,10 +662,15 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     let mut rest: Vec<&Candidate> = candidates.iter().filter(|c| c.wants_slot).collect();
     rest.sort_by_key(|c| rollout::order_key(c));
     ordered.extend(rest.into_iter().map(|c| (c.name.clone(), None)));
-    if !failed.is_empty() {
-        halted = Some(halted_by_failures(&name, &failed));
-    }
-    let nodes: Vec<PlannedNode> = ordered
+    (ordered, halted)
+}
+
+/// The planned nodes in rollout order, numbered, with their wave.
+fn number_in_order(
+    ordered: Vec<(String, Option<usize>)>,
+    mut cycles: BTreeMap<String, PlannedNode>,
+) -> Vec<PlannedNode> {
+    ordered
         .into_iter()
         .enumerate()
         .filter_map(|(i, (n, w))| {
@@ -514,26 +679,35 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             pn.wave = w;
             Some(pn)
         })
-        .collect();
+        .collect()
+}
 
-    let named: Vec<(String, NodeRecord)> = owned
-        .iter()
-        .filter_map(|n| Some((n.clone(), by_name.get(n).and_then(|nd| record_of(nd))?)))
-        .collect();
-    let records: Vec<&NodeRecord> = named.iter().map(|(_, r)| r).collect();
-    let prepare = &spec.upgrade_policy.prepare;
-    let max_concurrent = prepare.max_concurrent.max(1) as usize;
+/// Per wave, whether each of its nodes is prepared.
+fn prepared_by_wave(nodes: &[PlannedNode]) -> Vec<Vec<bool>> {
     let mut by_wave: BTreeMap<usize, Vec<bool>> = BTreeMap::new();
-    for n in &nodes {
+    for n in nodes {
         if let Some(w) = n.wave {
             by_wave.entry(w).or_default().push(n.prepared);
         }
     }
-    let waves_prepared: Vec<Vec<bool>> = by_wave.into_values().collect();
-    let prediction = eta::predict(&waves_prepared, inp.costs, max_concurrent);
+    by_wave.into_values().collect()
+}
+
+/// How long the rollout takes.
+fn estimate(
+    inp: &Inputs<'_>,
+    named: &[(String, NodeRecord)],
+    prediction: &eta::Prediction,
+    nodes: &[PlannedNode],
+    without_drain: &[NodeNote],
+    max: usize,
+) -> Estimate {
+    let spec = &inp.policy.spec;
+    let name = inp.policy.metadata.name.as_deref().unwrap_or_default();
+    let prepare = &spec.upgrade_policy.prepare;
     // The same per-node figure `watch` uses (eta::estimate_per_node).
     let per_node = eta::estimate_per_node(
-        &eta::observed_durations(&name, None, records.iter().copied()),
+        &eta::observed_durations(name, None, named.iter().map(|(_, r)| r)),
         None,
         inp.costs,
         prepare.enabled,
@@ -556,47 +730,35 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     let soak = spec.upgrade_policy.soak_seconds.max(0);
     let soak_seconds = waves.saturating_sub(1) as i64 * soak;
     seconds += soak_seconds;
-    let held = match ttdrv_core::window::parse(&spec.upgrade_policy.maintenance_windows) {
+    Estimate {
+        per_node,
+        node_cycles: nodes.len(),
+        slots: max,
+        waves,
+        soak_seconds,
+        seconds,
+    }
+}
+
+/// Why no node starts right now (a closed maintenance window, a soak), as
+/// the controller would say.
+fn held_now(
+    policy: &TenstorrentDriverPolicy,
+    named: &[(String, NodeRecord)],
+    target: &str,
+    soak: i64,
+    now: i64,
+) -> Option<String> {
+    match ttdrv_core::window::parse(&policy.spec.upgrade_policy.maintenance_windows) {
         Err(e) => Some(format!("the controller refuses the policy: spec.{e}")),
         Ok(windows) => rollout::hold(
             &windows,
             named.iter().map(|(n, r)| (n, r)),
-            &target,
+            target,
             soak,
-            inp.now,
+            now,
         )
         .map(|h| h.why),
-    };
-    skipped.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
-    let build_ahead = BuildAhead {
-        enabled: prepare.enabled,
-        max_concurrent,
-        preparing_version,
-        prepared: nodes.iter().filter(|n| n.prepared).count(),
-        costs: inp.costs,
-        prediction,
-    };
-    RolloutPlan {
-        policy: name,
-        target_version: target,
-        spec_version: spec.version.clone(),
-        paused: spec.paused,
-        drain_enabled: drain.enable,
-        max_unavailable: max,
-        estimate: Estimate {
-            per_node,
-            node_cycles: nodes.len(),
-            slots: max,
-            waves,
-            soak_seconds,
-            seconds,
-        },
-        nodes,
-        without_drain,
-        skipped,
-        halted,
-        held,
-        build_ahead,
     }
 }
 

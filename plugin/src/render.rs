@@ -1,7 +1,7 @@
 //! Text rendering of the views: pure functions from views to `String`.
 
 use crate::eta::{Basis, PerNode, human};
-use crate::plan::RolloutPlan;
+use crate::plan::{PlannedNode, RolloutPlan};
 use crate::style::{self, BOLD, DIM, GREEN, Palette, RED, YELLOW, state_style};
 use crate::table::Table;
 use crate::view::{NodeRow, Outcome, PolicyView, WatchView, outcome};
@@ -359,6 +359,31 @@ fn list(items: &[String]) -> String {
 
 /// `plan <cr>`.
 pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
+    let mut out = plan_header(p, pal);
+    out.push('\n');
+    if p.nodes.is_empty() {
+        out.push_str("No node needs a cordon/drain/upgrade cycle.\n");
+    } else {
+        out.push_str(&cycles_table(p, pal));
+        for n in &p.nodes {
+            out.push('\n');
+            out.push_str(&node_drain_details(n, p.drain_enabled, pal));
+        }
+    }
+    out.push_str(&without_drain_section(p, pal));
+    out.push_str(&skipped_section(p, pal));
+    let stalls = p.nodes.iter().any(|n| n.wave.is_none());
+    out.push_str(&estimate_section(p, stalls, pal));
+    if let Some(held) = &p.held {
+        out.push_str(&format!("\n{} {held}\n", pal.paint("Held now:", BOLD)));
+    }
+    out.push_str(&build_ahead(p, stalls, pal));
+    out
+}
+
+/// The plan's first lines: policy, versions, maxUnavailable, drain, paused,
+/// and why it is halted.
+fn plan_header(p: &RolloutPlan, pal: Palette) -> String {
     let mut out = String::new();
     let versions: std::collections::BTreeSet<String> = p
         .nodes
@@ -400,129 +425,150 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
         out.push_str(&pal.paint(&format!("! {h}"), RED));
         out.push('\n');
     }
-    out.push('\n');
-    if p.nodes.is_empty() {
-        out.push_str("No node needs a cordon/drain/upgrade cycle.\n");
-    } else {
-        let mut t = Table::new(&[
-            "ORDER", "WAVE", "NODE", "VERSION", "PREPARED", "PASS 1", "PASS 2", "LEFT", "BLOCKERS",
-        ]);
-        let plain = anstyle::Style::new();
-        for n in &p.nodes {
-            let mut name = n.name.clone();
-            if let Some(s) = n.in_state {
-                name.push_str(&format!(" ({})", s.as_str()));
-            }
-            t.row(vec![
-                (n.order.to_string(), plain),
-                (
-                    n.wave.map(|w| w.to_string()).unwrap_or_else(|| "-".into()),
-                    plain,
-                ),
-                (name, plain),
-                (opt(&n.current_version), plain),
-                if n.prepared {
-                    ("yes".into(), plain)
-                } else {
-                    ("-".into(), DIM)
-                },
-                (n.evict_device.len().to_string(), plain),
-                (n.evict_other.len().to_string(), plain),
-                (n.left.len().to_string(), plain),
-                (
-                    n.blockers.len().to_string(),
-                    if n.blockers.is_empty() { plain } else { RED },
-                ),
-            ]);
+    out
+}
+
+/// The table of node cycles in rollout order, one row per node.
+fn cycles_table(p: &RolloutPlan, pal: Palette) -> String {
+    let mut t = Table::new(&[
+        "ORDER", "WAVE", "NODE", "VERSION", "PREPARED", "PASS 1", "PASS 2", "LEFT", "BLOCKERS",
+    ]);
+    let plain = anstyle::Style::new();
+    for n in &p.nodes {
+        let mut name = n.name.clone();
+        if let Some(s) = n.in_state {
+            name.push_str(&format!(" ({})", s.as_str()));
         }
-        out.push_str(&t.render(pal, 0));
-        for n in &p.nodes {
-            out.push('\n');
-            let quiet = n.evict_device.is_empty()
-                && n.evict_other.is_empty()
-                && n.left.is_empty()
-                && n.blockers.is_empty();
-            let mut notes: Vec<String> = vec![];
-            if n.already_unavailable {
-                notes.push(match &n.unavailable_because {
-                    Some(why) => {
-                        format!("already out of service, {why}: starts first, stays cordoned")
-                    }
-                    None => "already unavailable: starts first, stays cordoned".into(),
-                });
+        t.row(vec![
+            (n.order.to_string(), plain),
+            (
+                n.wave.map(|w| w.to_string()).unwrap_or_else(|| "-".into()),
+                plain,
+            ),
+            (name, plain),
+            (opt(&n.current_version), plain),
+            if n.prepared {
+                ("yes".into(), plain)
+            } else {
+                ("-".into(), DIM)
+            },
+            (n.evict_device.len().to_string(), plain),
+            (n.evict_other.len().to_string(), plain),
+            (n.left.len().to_string(), plain),
+            (
+                n.blockers.len().to_string(),
+                if n.blockers.is_empty() { plain } else { RED },
+            ),
+        ]);
+    }
+    t.render(pal, 0)
+}
+
+/// One node's paragraph: its notes, then what each pass evicts, what stays
+/// and what blocks.
+fn node_drain_details(n: &PlannedNode, drain_enabled: bool, pal: Palette) -> String {
+    let mut out = String::new();
+    let quiet = n.evict_device.is_empty()
+        && n.evict_other.is_empty()
+        && n.left.is_empty()
+        && n.blockers.is_empty();
+    let mut notes: Vec<String> = vec![];
+    if n.already_unavailable {
+        notes.push(match &n.unavailable_because {
+            Some(why) => {
+                format!("already out of service, {why}: starts first, stays cordoned")
             }
-            if n.has_device_pods {
-                notes.push("device users: goes after nodes without".into());
-            }
-            if quiet {
-                notes.insert(0, "nothing to evict".into());
-            }
-            out.push_str(&format!(
-                "{}{}\n",
-                pal.paint(&n.name, BOLD),
-                if notes.is_empty() {
-                    String::new()
-                } else {
-                    format!("  ({})", notes.join("; "))
-                }
-            ));
-            if quiet {
+            None => "already unavailable: starts first, stays cordoned".into(),
+        });
+    }
+    if n.has_device_pods {
+        notes.push("device users: goes after nodes without".into());
+    }
+    if quiet {
+        notes.insert(0, "nothing to evict".into());
+    }
+    out.push_str(&format!(
+        "{}{}\n",
+        pal.paint(&n.name, BOLD),
+        if notes.is_empty() {
+            String::new()
+        } else {
+            format!("  ({})", notes.join("; "))
+        }
+    ));
+    if quiet {
+        return out;
+    }
+    if drain_enabled {
+        out.push_str(&format!("  pass 1 evicts: {}\n", list(&n.evict_device)));
+        out.push_str(&format!("  pass 2 evicts: {}\n", list(&n.evict_other)));
+    }
+    for l in &n.left {
+        out.push_str(&format!("  left in place: {} ({})\n", l.pod, l.why));
+    }
+    for b in &n.blockers {
+        out.push_str(&format!("  {} {b}\n", pal.paint("BLOCKER:", RED)));
+    }
+    out
+}
+
+/// Owned nodes that need no cordon or drain (empty when there are none).
+fn without_drain_section(p: &RolloutPlan, pal: Palette) -> String {
+    if p.without_drain.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\nNo cordon or drain:\n");
+    let mut t = Table::new(&["NODE", "WHY", "DETAIL"]);
+    for n in &p.without_drain {
+        t.plain_row(vec![n.name.clone(), n.kind.clone(), n.detail.clone()]);
+    }
+    out.push_str(&t.render(pal, 2));
+    out
+}
+
+/// Nodes the policy selects but leaves alone (empty when there are none);
+/// of the ordinary nodes without a device, only the first few.
+fn skipped_section(p: &RolloutPlan, pal: Palette) -> String {
+    if p.skipped.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\nSkipped:\n");
+    let mut t = Table::new(&["NODE", "WHY", "DETAIL"]);
+    // A selector such as `{}` matches every ordinary node: list a few.
+    const SHOWN: usize = 10;
+    let ordinary = p
+        .skipped
+        .iter()
+        .filter(|n| n.kind == "NotTenstorrent")
+        .count();
+    let mut seen = 0;
+    for n in &p.skipped {
+        if n.kind == "NotTenstorrent" {
+            seen += 1;
+            if ordinary > SHOWN && seen > SHOWN {
                 continue;
             }
-            if p.drain_enabled {
-                out.push_str(&format!("  pass 1 evicts: {}\n", list(&n.evict_device)));
-                out.push_str(&format!("  pass 2 evicts: {}\n", list(&n.evict_other)));
-            }
-            for l in &n.left {
-                out.push_str(&format!("  left in place: {} ({})\n", l.pod, l.why));
-            }
-            for b in &n.blockers {
-                out.push_str(&format!("  {} {b}\n", pal.paint("BLOCKER:", RED)));
-            }
         }
+        t.row(vec![
+            (n.name.clone(), anstyle::Style::new()),
+            (n.kind.clone(), style::DIM),
+            (n.detail.clone(), anstyle::Style::new()),
+        ]);
     }
-    if !p.without_drain.is_empty() {
-        out.push_str("\nNo cordon or drain:\n");
-        let mut t = Table::new(&["NODE", "WHY", "DETAIL"]);
-        for n in &p.without_drain {
-            t.plain_row(vec![n.name.clone(), n.kind.clone(), n.detail.clone()]);
-        }
-        out.push_str(&t.render(pal, 2));
+    out.push_str(&t.render(pal, 2));
+    if ordinary > SHOWN {
+        out.push_str(&format!(
+            "  … and {} more nodes without a Tenstorrent device (-o json lists them)\n",
+            ordinary - SHOWN
+        ));
     }
-    if !p.skipped.is_empty() {
-        out.push_str("\nSkipped:\n");
-        let mut t = Table::new(&["NODE", "WHY", "DETAIL"]);
-        // A selector such as `{}` matches every ordinary node: list a few.
-        const SHOWN: usize = 10;
-        let ordinary = p
-            .skipped
-            .iter()
-            .filter(|n| n.kind == "NotTenstorrent")
-            .count();
-        let mut seen = 0;
-        for n in &p.skipped {
-            if n.kind == "NotTenstorrent" {
-                seen += 1;
-                if ordinary > SHOWN && seen > SHOWN {
-                    continue;
-                }
-            }
-            t.row(vec![
-                (n.name.clone(), anstyle::Style::new()),
-                (n.kind.clone(), style::DIM),
-                (n.detail.clone(), anstyle::Style::new()),
-            ]);
-        }
-        out.push_str(&t.render(pal, 2));
-        if ordinary > SHOWN {
-            out.push_str(&format!(
-                "  … and {} more nodes without a Tenstorrent device (-o json lists them)\n",
-                ordinary - SHOWN
-            ));
-        }
-    }
+    out
+}
+
+/// The estimated duration and how it was reached, with the soak it counts.
+fn estimate_section(p: &RolloutPlan, stalls: bool, pal: Palette) -> String {
     let e = &p.estimate;
-    let stalls = p.nodes.iter().any(|n| n.wave.is_none());
+    let mut out = String::new();
     if stalls && e.waves == 0 {
         out.push_str("\nEstimated duration: none: the rollout would stall before its first node\n");
     } else if e.waves == 0 {
@@ -569,10 +615,6 @@ pub fn plan(p: &RolloutPlan, pal: Palette) -> String {
             human(e.soak_seconds)
         ));
     }
-    if let Some(held) = &p.held {
-        out.push_str(&format!("\n{} {held}\n", pal.paint("Held now:", BOLD)));
-    }
-    out.push_str(&build_ahead(p, stalls, pal));
     out
 }
 

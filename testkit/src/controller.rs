@@ -50,7 +50,7 @@ pub fn controller_binary() -> PathBuf {
 }
 
 impl ControllerProcess {
-    pub fn start(env: &crate::TestEnv, namespace: &str, opts: ControllerOptions) -> Self {
+    pub fn start(env: &crate::cluster::TestEnv, namespace: &str, opts: ControllerOptions) -> Self {
         let admin_port = free_port();
         let identity = opts
             .identity

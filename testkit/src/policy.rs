@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use ttdrv_api::{NodeState, NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 
 use crate::{TestEnv, wait_for};
@@ -140,16 +140,9 @@ pub async fn wait_condition(
     .await
 }
 
-/// Deletes every policy of this test.
-pub async fn delete_policies(env: &TestEnv) {
-    let api: Api<TenstorrentDriverPolicy> = Api::all(env.client.clone());
-    let _ = api
-        .delete_collection(
-            &Default::default(),
-            &ListParams::default().labels(&env.selector()),
-        )
-        .await;
-}
+/// Deletes every policy of this test (it lives in [`crate::cluster`], whose
+/// [`TestEnv::teardown`] calls it).
+pub use crate::cluster::delete_policies;
 
 /// Waits until each listed node is in `state` (at `version`, when given) in the
 /// policy's status.

@@ -62,6 +62,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
@@ -173,7 +174,7 @@ async fn run_agent(client: Client, config: SimAgentConfig) {
                 continue;
             }
         };
-        if pod.metadata.deletion_timestamp.is_some() || crate::pod_ready(&pod) {
+        if pod.metadata.deletion_timestamp.is_some() || crate::cluster::pod_ready(&pod) {
             continue;
         }
         let (Some(uid), Some(node)) = (
@@ -302,256 +303,438 @@ async fn play_agent(
     pod: &Pod,
     node_name: &str,
 ) -> anyhow::Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let pods_ns: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
-    let all_pods: Api<Pod> = Api::all(client.clone());
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let target = target_version(pod).unwrap_or_default();
-    let mut restarts = 0;
-    let mut waiting: Option<String> = None;
-    let mut node_changes = None;
-    // The cycle whose swap this agent rolled back: its go-ahead opens no
-    // second swap (the real agent's swap record).
-    let mut rolled_back_in: Option<i64> = None;
-    let hold = env_of(pod, labels::env::ON_VALIDATION_FAILURE).as_deref() == Some("hold");
+    let mut agent = Agent::new(client, config, pod, node_name);
     tokio::time::sleep(config.work).await;
     loop {
-        // The pod may have been deleted meanwhile (node drained again, CR changed).
-        match pods_ns.get_opt(&name).await? {
-            Some(p)
-                if p.metadata.deletion_timestamp.is_none()
-                    && p.metadata.uid == pod.metadata.uid => {}
-            _ => return Ok(()),
+        if let Flow::Finished = agent.pass().await? {
+            return Ok(());
         }
-        let node = nodes.get(node_name).await?;
+    }
+}
+
+/// What the agent's loop does after one pass.
+enum Flow {
+    /// Look at the pod and the Node again.
+    Again,
+    /// The agent is done (Ready, stood down, or its pod is gone).
+    Finished,
+}
+
+/// One installer pod's simulated agent: what it carries from one pass of
+/// its loop to the next. Its async methods take `&mut self` even when they
+/// only read: the Node watch is not `Sync`, so a `&Agent` held across an
+/// await would make the agent's task not `Send`.
+struct Agent<'a> {
+    client: &'a Client,
+    config: &'a SimAgentConfig,
+    pod: &'a Pod,
+    node_name: &'a str,
+    nodes: Api<Node>,
+    pods_ns: Api<Pod>,
+    all_pods: Api<Pod>,
+    name: String,
+    target: String,
+    restarts: i32,
+    waiting: Option<String>,
+    node_changes: Option<BoxStream<'static, Result<Node, watcher::Error>>>,
+    /// The cycle whose swap this agent rolled back: its go-ahead opens no
+    /// second swap (the real agent's swap record).
+    rolled_back_in: Option<i64>,
+    /// `onValidationFailure: hold`.
+    hold: bool,
+}
+
+impl<'a> Agent<'a> {
+    fn new(
+        client: &'a Client,
+        config: &'a SimAgentConfig,
+        pod: &'a Pod,
+        node_name: &'a str,
+    ) -> Self {
+        Self {
+            client,
+            config,
+            pod,
+            node_name,
+            nodes: Api::all(client.clone()),
+            pods_ns: Api::namespaced(client.clone(), &config.namespace),
+            all_pods: Api::all(client.clone()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            target: target_version(pod).unwrap_or_default(),
+            restarts: 0,
+            waiting: None,
+            node_changes: None,
+            rolled_back_in: None,
+            hold: env_of(pod, labels::env::ON_VALIDATION_FAILURE).as_deref() == Some("hold"),
+        }
+    }
+
+    /// One pass: read the pod and the Node, and do the next thing the real
+    /// agent would.
+    async fn pass(&mut self) -> anyhow::Result<Flow> {
+        // The pod may have been deleted meanwhile (node drained again, CR changed).
+        if !self.pod_is_current().await? {
+            return Ok(Flow::Finished);
+        }
+        let node = self.nodes.get(self.node_name).await?;
         let ann = node.metadata.annotations.clone().unwrap_or_default();
         let node_labels = node.metadata.labels.clone().unwrap_or_default();
         if ann.get(FAIL_ANNOTATION).map(String::as_str) == Some("true") {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
+            return Ok(Flow::Again);
         }
-        if env_of(pod, labels::env::UNMANAGE).as_deref() == Some("true") {
-            let (progress, r) = play_unload(client, config, pod, &node, restarts).await?;
-            restarts = r;
-            match progress {
-                Unload::Done => return set_ready(&pods_ns, &name, pod).await,
-                // As the real agent: reported once, then idle, never Ready.
-                Unload::StandDown => return Ok(()),
-                Unload::Wait => {}
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
+        if env_of(self.pod, labels::env::UNMANAGE).as_deref() == Some("true") {
+            return self.unload(&node).await;
         }
+        let target = self.target.clone();
         let (mode, version) = match ann.get(HOST_MANAGED_ANNOTATION) {
             Some(v) => (labels::INSTALL_MODE_HOST, v.clone()),
             None => (labels::INSTALL_MODE_CONTAINER, target.clone()),
         };
         let hidden = ann.get(LOADED_ANNOTATION);
         if hidden.is_some() && !node_labels.contains_key(labels::KMD_VERSION) {
-            // What is loaded, reported before anything else (the real agent
-            // reads sysfs at start).
-            let patch = serde_json::json!({ "metadata": { "labels": {
-                labels::KMD_VERSION: hidden,
-                labels::INSTALL_MODE: labels::INSTALL_MODE_CONTAINER,
-            } } });
-            nodes
-                .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            continue;
+            self.report_hidden_module(hidden).await?;
+            return Ok(Flow::Again);
         }
         let loaded = node_labels.get(labels::KMD_VERSION);
-        if let Some(image) = pod_image(pod).filter(|i| i.contains(UNPULLABLE)) {
-            // The kubelet's answer to an image that does not exist.
-            set_waiting(&pods_ns, &name, pod, "ImagePullBackOff", &image).await?;
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
-        }
-        if ann.get(CRASH_ANNOTATION).map(String::as_str) == Some("true") {
-            restarts += 1;
-            set_terminated(&pods_ns, &name, pod, restarts, "Error").await?;
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
+        if self.kubelet_refuses(&ann).await? {
+            return Ok(Flow::Again);
         }
         // The module parameters: the pod's, and those in effect as the
         // node's annotation reports them (the real agent reads sysfs).
-        let wanted = env_of(pod, labels::env::MODULE_PARAMETERS)
+        let wanted = env_of(self.pod, labels::env::MODULE_PARAMETERS)
             .and_then(|s| module_params::parse(&s).ok())
             .unwrap_or_default();
         let in_effect = ttdrv_core::node::loaded_parameters(&node);
         let want = ttdrv_core::node::Target::new(&target, &wanted);
-        // A parameter the loaded target takes at run time is written in
-        // sysfs by the real agent, without a reload or a go-ahead: at the
-        // target once the annotation below says so.
-        let at_target =
-            ttdrv_core::node::is_loaded(loaded.map(String::as_str), in_effect.as_ref(), want)
-                || (mode == labels::INSTALL_MODE_CONTAINER
-                    && ttdrv_core::node::takes_at_run_time(
-                        loaded.map(String::as_str),
-                        in_effect.as_ref(),
-                        want,
-                    ));
+        let at_target = is_at_target(mode, loaded, in_effect.as_ref(), want);
         let swapping = mode == labels::INSTALL_MODE_CONTAINER && !target.is_empty() && !at_target;
         let fails_validation = ann.get(VALIDATION_FAILS_ANNOTATION) == Some(&target);
-        if at_target && hold && fails_validation {
-            // Held: the restarted agent checks again, and fails again.
-            restarts += 1;
+        if at_target && self.hold && fails_validation {
+            self.fail_validation_held().await?;
+            return Ok(Flow::Again);
+        }
+        if swapping && self.prepare(&ann, &node_labels, loaded.is_some()).await? {
+            return Ok(Flow::Again);
+        }
+        if mode == labels::INSTALL_MODE_CONTAINER
+            && loaded.is_some()
+            && !at_target
+            && self
+                .swap(&node, want, loaded, in_effect.as_ref(), fails_validation)
+                .await?
+        {
+            return Ok(Flow::Again);
+        }
+        let load = Load {
+            mode,
+            version,
+            swapping,
+            hidden: hidden.is_some(),
+            wanted: &wanted,
+        };
+        self.report_loaded(&node, load).await
+    }
+
+    /// The pod is still there, the same one, and not being deleted.
+    async fn pod_is_current(&mut self) -> anyhow::Result<bool> {
+        Ok(match self.pods_ns.get_opt(&self.name).await? {
+            Some(p) => {
+                p.metadata.deletion_timestamp.is_none() && p.metadata.uid == self.pod.metadata.uid
+            }
+            None => false,
+        })
+    }
+
+    /// The installer of a `spec.unmanage` policy ([`play_unload`]).
+    async fn unload(&mut self, node: &Node) -> anyhow::Result<Flow> {
+        let (progress, r) =
+            play_unload(self.client, self.config, self.pod, node, self.restarts).await?;
+        self.restarts = r;
+        match progress {
+            Unload::Done => {
+                set_ready(&self.pods_ns, &self.name, self.pod).await?;
+                return Ok(Flow::Finished);
+            }
+            // As the real agent: reported once, then idle, never Ready.
+            Unload::StandDown => return Ok(Flow::Finished),
+            Unload::Wait => {}
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(Flow::Again)
+    }
+
+    /// What is loaded, reported before anything else (the real agent
+    /// reads sysfs at start).
+    async fn report_hidden_module(&mut self, hidden: Option<&String>) -> anyhow::Result<()> {
+        let patch = serde_json::json!({ "metadata": { "labels": {
+            labels::KMD_VERSION: hidden,
+            labels::INSTALL_MODE: labels::INSTALL_MODE_CONTAINER,
+        } } });
+        self.nodes
+            .patch(
+                self.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The kubelet does not get the agent running: an image that cannot be
+    /// pulled, or an agent that crashes at once. True when it played that.
+    async fn kubelet_refuses(
+        &mut self,
+        ann: &std::collections::BTreeMap<String, String>,
+    ) -> anyhow::Result<bool> {
+        if let Some(image) = pod_image(self.pod).filter(|i| i.contains(UNPULLABLE)) {
+            // The kubelet's answer to an image that does not exist.
+            set_waiting(
+                &self.pods_ns,
+                &self.name,
+                self.pod,
+                "ImagePullBackOff",
+                &image,
+            )
+            .await?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return Ok(true);
+        }
+        if ann.get(CRASH_ANNOTATION).map(String::as_str) == Some("true") {
+            self.restarts += 1;
+            set_terminated(&self.pods_ns, &self.name, self.pod, self.restarts, "Error").await?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Held: the restarted agent checks again, and fails again.
+    async fn fail_validation_held(&mut self) -> anyhow::Result<()> {
+        let target = &self.target;
+        self.restarts += 1;
+        let msg = reason::termination_message(
+            reason::VALIDATION_FAILED,
+            &format!(
+                "tenstorrent {target} loaded but failed validation: 1 of 1 function(s) served before the swap are not served now: 0000:01:00.0 (simulated); not rolled back (onValidationFailure: hold)"
+            ),
+        );
+        set_terminated(&self.pods_ns, &self.name, self.pod, self.restarts, &msg).await?;
+        tokio::time::sleep(crash_loop_backoff(self.restarts)).await;
+        Ok(())
+    }
+
+    /// The prepare step, before any go-ahead: build what the cache
+    /// lacks, then say the node is prepared (the controller starts
+    /// the disruptive cycle only then). True when the Node changed or the
+    /// build failed: decide again.
+    async fn prepare(
+        &mut self,
+        ann: &std::collections::BTreeMap<String, String>,
+        node_labels: &std::collections::BTreeMap<String, String>,
+        has_loaded: bool,
+    ) -> anyhow::Result<bool> {
+        let target = self.target.clone();
+        let mut cached = cached_versions(ann);
+        let mut changes = serde_json::Map::new();
+        if !cached.contains(&target) {
+            if self.build_fails().await? {
+                return Ok(true);
+            }
+            cached.push(target.clone());
+            let mut ann_set = serde_json::Map::new();
+            ann_set.insert(CACHED_ANNOTATION.into(), cached.join(",").into());
+            changes.insert("annotations".into(), ann_set.into());
+        }
+        if has_loaded && node_labels.get(labels::KMD_PREPARED).map(String::as_str) != Some(&target)
+        {
+            let mut l = serde_json::Map::new();
+            l.insert(labels::KMD_PREPARED.into(), target.clone().into());
+            changes.insert("labels".into(), l.into());
+        }
+        if !changes.is_empty() {
+            let patch = serde_json::json!({ "metadata": changes });
+            self.nodes
+                .patch(
+                    self.node_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
+            // Decide on the Node as it is now.
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Builds the target (simulated time); true when the build failed and
+    /// the agent exited for it.
+    async fn build_fails(&mut self) -> anyhow::Result<bool> {
+        let target = self.target.clone();
+        tokio::time::sleep(self.config.build).await;
+        // Whether it fails is up to the node as it is when the build
+        // ends: a fix made meanwhile (and a retry after it) is not
+        // answered by one more failure.
+        let after = self.nodes.get(self.node_name).await?;
+        if ttdrv_core::node::annotation(&after, BUILD_FAIL_ANNOTATION) != Some(target.as_str()) {
+            return Ok(false);
+        }
+        // As the real agent: it exits, the loaded module untouched,
+        // and the kubelet restarts it (which builds again).
+        self.restarts += 1;
+        let msg = reason::termination_message(
+            reason::BUILD_FAILED,
+            &format!("make -C /lib/modules/sim/build: Error 2 (simulated build of {target})"),
+        );
+        set_terminated(&self.pods_ns, &self.name, self.pod, self.restarts, &msg).await?;
+        // The kubelet's CrashLoopBackOff before the next attempt:
+        // a retry made meanwhile finds this failure seconds old.
+        tokio::time::sleep(crash_loop_backoff(self.restarts)).await;
+        Ok(true)
+    }
+
+    /// A swap: only with the controller's go-ahead, decided as the real
+    /// agent decides; refused while a pod holds the device; rolled back (or
+    /// held) when the target fails validation. True when it did not go
+    /// through: decide again.
+    async fn swap(
+        &mut self,
+        node: &Node,
+        want: ttdrv_core::node::Target<'_>,
+        loaded: Option<&String>,
+        in_effect: Option<&module_params::Values>,
+        fails_validation: bool,
+    ) -> anyhow::Result<bool> {
+        let cycle = match self.go_ahead(node, want, loaded, in_effect) {
+            Ok(cycle) => cycle,
+            Err(why) => {
+                self.wait_for_node_change(why).await;
+                return Ok(true);
+            }
+        };
+        // Refuse while any pod on the node still holds the device, as the
+        // real agent does: it gives up and says why.
+        if !self.config.holder_check_delay.is_zero() {
+            tokio::time::sleep(self.config.holder_check_delay).await;
+        }
+        if let Some(holder) = device_holder(&self.all_pods, node).await? {
+            self.restarts += 1;
             let msg = reason::termination_message(
-                reason::VALIDATION_FAILED,
-                &format!(
-                    "tenstorrent {target} loaded but failed validation: 1 of 1 function(s) served before the swap are not served now: 0000:01:00.0 (simulated); not rolled back (onValidationFailure: hold)"
+                reason::DEVICE_BUSY,
+                &format!("pid 4242 (sim) in pod {holder} holds /dev/tenstorrent/0"),
+            );
+            set_terminated(&self.pods_ns, &self.name, self.pod, self.restarts, &msg).await?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return Ok(true);
+        }
+        if fails_validation {
+            self.fail_validation_after_load(loaded, cycle).await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// The go-ahead's cycle (none without a go-ahead to give), or why the agent waits (a cycle whose swap it
+    /// rolled back opens no second one).
+    fn go_ahead(
+        &self,
+        node: &Node,
+        want: ttdrv_core::node::Target<'_>,
+        loaded: Option<&String>,
+        in_effect: Option<&module_params::Values>,
+    ) -> Result<Option<i64>, String> {
+        let target = &self.target;
+        let policy = pod_policy(self.pod);
+        let swap = go_ahead::decide(node, &policy, want, loaded.map(String::as_str), in_effect);
+        match swap {
+            go_ahead::Swap::GoAhead(go) if self.rolled_back_in == Some(go.cycle) => Err(format!(
+                "the swap to {target} in this cycle failed validation and was rolled back"
+            )),
+            go_ahead::Swap::GoAhead(go) => Ok(Some(go.cycle)),
+            go_ahead::Swap::Wait(why) => Err(why),
+            go_ahead::Swap::FirstInstall | go_ahead::Swap::AlreadyLoaded => Ok(None),
+        }
+    }
+
+    /// Until the Node changes (its own watch), or a while passes and the
+    /// pod is read again.
+    async fn wait_for_node_change(&mut self, why: String) {
+        let node_name = self.node_name;
+        if self.waiting.as_deref() != Some(why.as_str()) {
+            tracing::info!(node = node_name, why, "sim-agent waiting");
+            self.waiting = Some(why);
+        }
+        let nodes = self.nodes.clone();
+        let changes = self.node_changes.get_or_insert_with(|| {
+            let wc = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+            watcher(nodes, wc)
+                .default_backoff()
+                .applied_objects()
+                .boxed()
+        });
+        let _ = tokio::time::timeout(GO_AHEAD_RECHECK, changes.try_next()).await;
+    }
+
+    /// Loaded, failed validation: back to what was loaded (or held), and
+    /// the agent gives up.
+    async fn fail_validation_after_load(
+        &mut self,
+        loaded: Option<&String>,
+        cycle: Option<i64>,
+    ) -> anyhow::Result<()> {
+        let target = self.target.clone();
+        if !self.config.load.is_zero() {
+            tokio::time::sleep(self.config.load).await;
+        }
+        let previous = loaded.cloned().unwrap_or_default();
+        let (now, what) = if self.hold {
+            (
+                target.clone(),
+                "not rolled back (onValidationFailure: hold)".to_string(),
+            )
+        } else {
+            self.rolled_back_in = cycle;
+            (
+                previous.clone(),
+                format!(
+                    "rolled back: the previous version {previous} is loaded again from the cache"
                 ),
-            );
-            set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
-            tokio::time::sleep(crash_loop_backoff(restarts)).await;
-            continue;
-        }
-        if swapping {
-            // The prepare step, before any go-ahead: build what the cache
-            // lacks, then say the node is prepared (the controller starts
-            // the disruptive cycle only then).
-            let mut cached = cached_versions(&ann);
-            let mut changes = serde_json::Map::new();
-            if !cached.contains(&target) {
-                tokio::time::sleep(config.build).await;
-                // Whether it fails is up to the node as it is when the build
-                // ends: a fix made meanwhile (and a retry after it) is not
-                // answered by one more failure.
-                let after = nodes.get(node_name).await?;
-                if ttdrv_core::node::annotation(&after, BUILD_FAIL_ANNOTATION)
-                    == Some(target.as_str())
-                {
-                    // As the real agent: it exits, the loaded module untouched,
-                    // and the kubelet restarts it (which builds again).
-                    restarts += 1;
-                    let msg = reason::termination_message(
-                        reason::BUILD_FAILED,
-                        &format!(
-                            "make -C /lib/modules/sim/build: Error 2 (simulated build of {target})"
-                        ),
-                    );
-                    set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
-                    // The kubelet's CrashLoopBackOff before the next attempt:
-                    // a retry made meanwhile finds this failure seconds old.
-                    tokio::time::sleep(crash_loop_backoff(restarts)).await;
-                    continue;
-                }
-                cached.push(target.clone());
-                let mut ann_set = serde_json::Map::new();
-                ann_set.insert(CACHED_ANNOTATION.into(), cached.join(",").into());
-                changes.insert("annotations".into(), ann_set.into());
-            }
-            if loaded.is_some()
-                && node_labels.get(labels::KMD_PREPARED).map(String::as_str) != Some(&target)
-            {
-                let mut l = serde_json::Map::new();
-                l.insert(labels::KMD_PREPARED.into(), target.clone().into());
-                changes.insert("labels".into(), l.into());
-            }
-            if !changes.is_empty() {
-                let patch = serde_json::json!({ "metadata": changes });
-                nodes
-                    .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                // Decide on the Node as it is now.
-                continue;
-            }
-        }
-        if mode == labels::INSTALL_MODE_CONTAINER && loaded.is_some() && !at_target {
-            // A swap: only with the controller's go-ahead, decided as the
-            // real agent decides.
-            let policy = pod_policy(pod);
-            let swap = go_ahead::decide(
-                &node,
-                &policy,
-                want,
-                loaded.map(String::as_str),
-                in_effect.as_ref(),
-            );
-            let swap = match swap {
-                go_ahead::Swap::GoAhead(go) if rolled_back_in == Some(go.cycle) => {
-                    go_ahead::Swap::Wait(format!(
-                        "the swap to {target} in this cycle failed validation and was rolled back"
-                    ))
-                }
-                other => other,
-            };
-            let cycle = match &swap {
-                go_ahead::Swap::GoAhead(go) => Some(go.cycle),
-                _ => None,
-            };
-            if let go_ahead::Swap::Wait(why) = swap {
-                if waiting.as_deref() != Some(why.as_str()) {
-                    tracing::info!(node = node_name, why, "sim-agent waiting");
-                    waiting = Some(why);
-                }
-                // Until the Node changes (its own watch), or a while passes
-                // and the pod is read again.
-                let changes = node_changes.get_or_insert_with(|| {
-                    let wc =
-                        watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-                    watcher(nodes.clone(), wc)
-                        .default_backoff()
-                        .applied_objects()
-                        .boxed()
-                });
-                let _ = tokio::time::timeout(GO_AHEAD_RECHECK, changes.try_next()).await;
-                continue;
-            }
-            // Refuse while any pod on the node still holds the device, as the
-            // real agent does: it gives up and says why.
-            if !config.holder_check_delay.is_zero() {
-                tokio::time::sleep(config.holder_check_delay).await;
-            }
-            if let Some(holder) = device_holder(&all_pods, &node).await? {
-                restarts += 1;
-                let msg = reason::termination_message(
-                    reason::DEVICE_BUSY,
-                    &format!("pid 4242 (sim) in pod {holder} holds /dev/tenstorrent/0"),
-                );
-                set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-            if fails_validation {
-                // Loaded, failed validation: back to what was loaded (or
-                // held), and the agent gives up.
-                if !config.load.is_zero() {
-                    tokio::time::sleep(config.load).await;
-                }
-                let previous = loaded.cloned().unwrap_or_default();
-                let (now, what) = if hold {
-                    (
-                        target.clone(),
-                        "not rolled back (onValidationFailure: hold)".to_string(),
-                    )
-                } else {
-                    rolled_back_in = cycle;
-                    (
-                        previous.clone(),
-                        format!(
-                            "rolled back: the previous version {previous} is loaded again from the cache"
-                        ),
-                    )
-                };
-                let patch = serde_json::json!({ "metadata": { "labels": {
-                    labels::KMD_VERSION: now,
-                    labels::KMD_PREPARED: null,
-                } } });
-                nodes
-                    .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                restarts += 1;
-                let msg = reason::termination_message(
-                    reason::VALIDATION_FAILED,
-                    &format!(
-                        "tenstorrent {target} loaded but failed validation: 1 of 1 function(s) served before the swap are not served now: 0000:01:00.0 (simulated); {what}"
-                    ),
-                );
-                set_terminated(&pods_ns, &name, pod, restarts, &msg).await?;
-                tokio::time::sleep(crash_loop_backoff(restarts)).await;
-                continue;
-            }
-        }
+            )
+        };
+        let patch = serde_json::json!({ "metadata": { "labels": {
+            labels::KMD_VERSION: now,
+            labels::KMD_PREPARED: null,
+        } } });
+        self.nodes
+            .patch(
+                self.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        self.restarts += 1;
+        let msg = reason::termination_message(
+            reason::VALIDATION_FAILED,
+            &format!(
+                "tenstorrent {target} loaded but failed validation: 1 of 1 function(s) served before the swap are not served now: 0000:01:00.0 (simulated); {what}"
+            ),
+        );
+        set_terminated(&self.pods_ns, &self.name, self.pod, self.restarts, &msg).await?;
+        tokio::time::sleep(crash_loop_backoff(self.restarts)).await;
+        Ok(())
+    }
+
+    /// The load is done: the Node's labels (and parameters) say so, and the
+    /// pod turns Ready. A conflict (the controller changed the Node since
+    /// the decision) decides again.
+    async fn report_loaded(&mut self, node: &Node, load: Load<'_>) -> anyhow::Result<Flow> {
+        let Load {
+            mode,
+            version,
+            swapping,
+            hidden,
+            wanted,
+        } = load;
         let mut set = serde_json::Map::new();
         set.insert(labels::KMD_VERSION.into(), version.into());
         set.insert(labels::INSTALL_MODE.into(), mode.into());
@@ -563,8 +746,8 @@ async fn play_agent(
         // again. A load that takes time has happened once it is over, whatever
         // changed meanwhile: then the labels say so unconditionally.
         let mut resource_version = node.metadata.resource_version.clone();
-        if swapping && !config.load.is_zero() {
-            tokio::time::sleep(config.load).await;
+        if swapping && !self.config.load.is_zero() {
+            tokio::time::sleep(self.config.load).await;
             resource_version = None;
         }
         let mut patch = serde_json::json!({ "metadata": {
@@ -572,7 +755,7 @@ async fn play_agent(
             "resourceVersion": resource_version,
         } });
         let mut annotations = serde_json::Map::new();
-        if hidden.is_some() {
+        if hidden {
             // The module loaded now is the one the labels say.
             annotations.insert(LOADED_ANNOTATION.into(), serde_json::Value::Null);
         }
@@ -589,16 +772,47 @@ async fn play_agent(
         if !annotations.is_empty() {
             patch["metadata"]["annotations"] = annotations.into();
         }
-        match nodes
-            .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+        match self
+            .nodes
+            .patch(
+                self.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
             .await
         {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(kube::Error::Api(s)) if s.code == 409 => return Ok(Flow::Again),
             Err(e) => return Err(e.into()),
         }
-        return set_ready(&pods_ns, &name, pod).await;
+        set_ready(&self.pods_ns, &self.name, self.pod).await?;
+        Ok(Flow::Finished)
     }
+}
+
+/// What the agent loads, for [`Agent::report_loaded`].
+struct Load<'a> {
+    mode: &'static str,
+    version: String,
+    swapping: bool,
+    /// A module was loaded unbeknownst to the labels ([`LOADED_ANNOTATION`]).
+    hidden: bool,
+    wanted: &'a module_params::Values,
+}
+
+/// The target with its parameters is loaded; or (container installs) a
+/// parameter the loaded target takes at run time is written in sysfs by
+/// the real agent, without a reload or a go-ahead: at the target once the
+/// annotation says so.
+fn is_at_target(
+    mode: &str,
+    loaded: Option<&String>,
+    in_effect: Option<&module_params::Values>,
+    want: ttdrv_core::node::Target<'_>,
+) -> bool {
+    ttdrv_core::node::is_loaded(loaded.map(String::as_str), in_effect, want)
+        || (mode == labels::INSTALL_MODE_CONTAINER
+            && ttdrv_core::node::takes_at_run_time(loaded.map(String::as_str), in_effect, want))
 }
 
 /// The kubelet's wait before restarting a container that exited for the

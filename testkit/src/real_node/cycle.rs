@@ -264,6 +264,26 @@ pub fn check(
     let pod = loader(&lines, t0, version)
         .ok_or_else(|| format!("no installer pod logged the installed summary of {version}"))?;
     let log: Vec<&AgentLine> = lines.iter().filter(|l| l.pod == pod).collect();
+    let (c, u) = cordon_window(&tl, version)?;
+    let window = &tl[c..u];
+    let before: BTreeSet<&str> = tl[..c]
+        .iter()
+        .flat_map(|s| s.installer.iter().map(String::as_str))
+        .collect();
+    let in_window: BTreeSet<&str> = window
+        .iter()
+        .flat_map(|s| s.installer.iter().map(String::as_str))
+        .collect();
+    let steps = Steps::of(&log, &pod)?;
+    match mode {
+        Mode::Ahead => check_ahead(window, &before, &in_window, &log, &steps, &pod, version)?,
+        Mode::Inside => check_inside(&before, &steps, &pod, version)?,
+    }
+    Ok(figures(&tl, (c, u), t0, &log, &steps, &pod))
+}
+
+/// The first sample cordoned and the first uncordoned after it.
+fn cordon_window(tl: &[&Sample], version: &str) -> Result<(usize, usize), String> {
     let c = tl
         .iter()
         .position(|s| s.cordoned)
@@ -271,88 +291,145 @@ pub fn check(
     let u = (c..tl.len())
         .find(|&i| !tl[i].cordoned)
         .ok_or_else(|| format!("the node was never uncordoned after the change to {version}"))?;
-    let window = &tl[c..u];
-    let before: BTreeSet<&String> = tl[..c].iter().flat_map(|s| s.installer.iter()).collect();
-    let in_window: BTreeSet<&String> = window.iter().flat_map(|s| s.installer.iter()).collect();
+    Ok((c, u))
+}
 
-    let miss = first(&log, &["cache miss"], 0);
-    let build = first(&log, &["step=\"build\""], 0);
-    let hit = first(&log, &["cache hit (verified)"], 0);
-    let wait = first(&log, &["waiting for the controller's go-ahead"], 0);
-    let go = first(&log, &["the controller's go-ahead is on the node"], 0);
-    let (Some(unload), Some(load)) = (
-        first(&log, &["step=\"unload\""], 0),
-        first(&log, &["step=\"load\""], 0),
-    ) else {
-        return Err(format!("pod {pod} logged no unload or no load step"));
-    };
+/// Where in the loading pod's log each step of the agent first appears.
+#[derive(Clone, Copy)]
+struct Steps {
+    miss: Option<usize>,
+    build: Option<usize>,
+    hit: Option<usize>,
+    wait: Option<usize>,
+    go: Option<usize>,
+    unload: usize,
+    load: usize,
+}
 
-    match mode {
-        Mode::Ahead => {
-            // until the go-ahead (the label is not the agent's to keep after that)
-            for s in window.iter().take_while(|s| !s.go_ahead) {
-                if s.prepared.as_deref() != Some(version) {
-                    return Err(format!(
-                        "cordoned at {:.1} while the node's kmd-prepared was {:?}, not {version}",
-                        s.t, s.prepared
-                    ));
-                }
-            }
-            if !before.contains(&pod) {
-                return Err(format!(
-                    "the pod that loaded {version} ({pod}) was not on the node before its cordon"
-                ));
-            }
-            let new: Vec<&&String> = in_window.difference(&before).collect();
-            if !new.is_empty() {
-                return Err(format!(
-                    "installer pod(s) created inside the cordon window: {new:?}"
-                ));
-            }
-            let (Some(wait), Some(go)) = (wait, go) else {
-                return Err(format!(
-                    "pod {pod} never waited for the go-ahead (waiting={wait:?} go-ahead={go:?})"
-                ));
-            };
-            let got = match (hit, miss, build) {
-                (Some(h), _, _) => h,
-                (None, Some(_), Some(b)) => b,
-                _ => {
-                    return Err(format!(
-                        "pod {pod} neither found {version} in its cache nor built it"
-                    ));
-                }
-            };
-            if !(got < wait && wait < go && go < unload && unload < load) {
-                return Err(format!(
-                    "pod {pod}'s log out of order: module obtained #{got}, waiting #{wait}, go-ahead #{go}, unload #{unload}, load #{load}"
-                ));
-            }
-            if let Some(late) = first(
-                &log,
-                &["cache miss", "step=\"build\"", "step=\"rebuild\""],
-                wait,
-            ) {
-                let text: String = log[late].text.chars().take(200).collect();
-                return Err(format!(
-                    "pod {pod} built after it began to wait for the go-ahead: {text}"
-                ));
-            }
-        }
-        Mode::Inside => {
-            if before.contains(&pod) {
-                return Err(format!(
-                    "prepare off, yet the pod that loaded {version} ({pod}) was on the node before its cordon"
-                ));
-            }
-            if miss.is_none() || build.is_none() {
-                return Err(format!(
-                    "prepare off, yet pod {pod} did not build {version}"
-                ));
-            }
+impl Steps {
+    fn of(log: &[&AgentLine], pod: &str) -> Result<Self, String> {
+        let (Some(unload), Some(load)) = (
+            first(log, &["step=\"unload\""], 0),
+            first(log, &["step=\"load\""], 0),
+        ) else {
+            return Err(format!("pod {pod} logged no unload or no load step"));
+        };
+        Ok(Steps {
+            miss: first(log, &["cache miss"], 0),
+            build: first(log, &["step=\"build\""], 0),
+            hit: first(log, &["cache hit (verified)"], 0),
+            wait: first(log, &["waiting for the controller's go-ahead"], 0),
+            go: first(log, &["the controller's go-ahead is on the node"], 0),
+            unload,
+            load,
+        })
+    }
+}
+
+/// Build-ahead: prepared through the cordon until the go-ahead, the loading
+/// pod there before it and none created in it, and the pod's log in order
+/// with no build once it began to wait.
+fn check_ahead(
+    window: &[&Sample],
+    before: &BTreeSet<&str>,
+    in_window: &BTreeSet<&str>,
+    log: &[&AgentLine],
+    steps: &Steps,
+    pod: &str,
+    version: &str,
+) -> Result<(), String> {
+    // until the go-ahead (the label is not the agent's to keep after that)
+    for s in window.iter().take_while(|s| !s.go_ahead) {
+        if s.prepared.as_deref() != Some(version) {
+            return Err(format!(
+                "cordoned at {:.1} while the node's kmd-prepared was {:?}, not {version}",
+                s.t, s.prepared
+            ));
         }
     }
+    if !before.contains(&pod) {
+        return Err(format!(
+            "the pod that loaded {version} ({pod}) was not on the node before its cordon"
+        ));
+    }
+    let new: Vec<&&str> = in_window.difference(before).collect();
+    if !new.is_empty() {
+        return Err(format!(
+            "installer pod(s) created inside the cordon window: {new:?}"
+        ));
+    }
+    let Steps {
+        miss,
+        build,
+        hit,
+        wait,
+        go,
+        unload,
+        load,
+    } = *steps;
+    let (Some(wait), Some(go)) = (wait, go) else {
+        return Err(format!(
+            "pod {pod} never waited for the go-ahead (waiting={wait:?} go-ahead={go:?})"
+        ));
+    };
+    let got = match (hit, miss, build) {
+        (Some(h), _, _) => h,
+        (None, Some(_), Some(b)) => b,
+        _ => {
+            return Err(format!(
+                "pod {pod} neither found {version} in its cache nor built it"
+            ));
+        }
+    };
+    if !(got < wait && wait < go && go < unload && unload < load) {
+        return Err(format!(
+            "pod {pod}'s log out of order: module obtained #{got}, waiting #{wait}, go-ahead #{go}, unload #{unload}, load #{load}"
+        ));
+    }
+    if let Some(late) = first(
+        log,
+        &["cache miss", "step=\"build\"", "step=\"rebuild\""],
+        wait,
+    ) {
+        let text: String = log[late].text.chars().take(200).collect();
+        return Err(format!(
+            "pod {pod} built after it began to wait for the go-ahead: {text}"
+        ));
+    }
+    Ok(())
+}
 
+/// Prepare off: the loading pod came after the cordon and built the target.
+fn check_inside(
+    before: &BTreeSet<&str>,
+    steps: &Steps,
+    pod: &str,
+    version: &str,
+) -> Result<(), String> {
+    if before.contains(&pod) {
+        return Err(format!(
+            "prepare off, yet the pod that loaded {version} ({pod}) was on the node before its cordon"
+        ));
+    }
+    if steps.miss.is_none() || steps.build.is_none() {
+        return Err(format!(
+            "prepare off, yet pod {pod} did not build {version}"
+        ));
+    }
+    Ok(())
+}
+
+/// The figures of a passing cycle, one line of key=value: the window
+/// `(c, u)` (first cordoned and first uncordoned sample) and its parts.
+fn figures(
+    tl: &[&Sample],
+    (c, u): (usize, usize),
+    t0: f64,
+    log: &[&AgentLine],
+    steps: &Steps,
+    pod: &str,
+) -> String {
+    let window = &tl[c..u];
     let (t_cord, t_uncord) = (tl[c].t, tl[u].t);
     let t_upg = tl.iter().find(|s| s.state == "Upgrading").map(|s| s.t);
     let t_done = t_upg.and_then(|up| {
@@ -361,10 +438,15 @@ pub fn check(
             .map(|s| s.t)
     });
     let mut fig = vec![
-        ("pod", pod.clone()),
+        ("pod", pod.to_string()),
         (
             "source",
-            if hit.is_some() { "cache" } else { "build" }.to_string(),
+            if steps.hit.is_some() {
+                "cache"
+            } else {
+                "build"
+            }
+            .to_string(),
         ),
         ("out_of_service_s", format!("{:.1}", t_uncord - t_cord)),
         (
@@ -373,6 +455,7 @@ pub fn check(
         ),
         ("cordon_after_change_s", format!("{:.1}", t_cord - t0)),
     ];
+    let load = steps.load;
     // the window's parts: the drain (host clock), then the agent's side
     if let Some(t_go) = window.iter().find(|s| s.go_ahead).map(|s| s.t) {
         fig.push(("cordon_to_go_ahead_s", format!("{:.1}", t_go - t_cord)));
@@ -382,32 +465,44 @@ pub fn check(
         "load_to_uncordon_s",
         format!("{:.1}", t_uncord - log[load].t),
     ));
-    if let Some(b) = build {
-        let ms = log[b].text.split_once("duration_ms=").and_then(|(_, r)| {
-            r.split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse::<u64>()
-                .ok()
-        });
-        fig.push((
-            "build_s",
-            ms.map_or("-".into(), |ms| format!("{:.1}", ms as f64 / 1000.0)),
-        ));
-        // guest clock against host clock: a figure, not an assertion
-        fig.push((
-            "build_start_vs_cordon_s",
-            miss.map_or("-".into(), |m| format!("{:+.1}", log[m].t - t_cord)),
-        ));
-        fig.push((
-            "build_end_vs_cordon_s",
-            format!("{:+.1}", log[b].t - t_cord),
-        ));
+    if let Some(b) = steps.build {
+        fig.extend(build_figures(log, b, steps.miss, t_cord));
     }
-    Ok(fig
-        .iter()
+    fig.iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
-        .join(" "))
+        .join(" ")
+}
+
+/// The build's figures: its duration as the agent logged it, and when it
+/// started and ended against the cordon.
+fn build_figures(
+    log: &[&AgentLine],
+    b: usize,
+    miss: Option<usize>,
+    t_cord: f64,
+) -> [(&'static str, String); 3] {
+    let ms = log[b].text.split_once("duration_ms=").and_then(|(_, r)| {
+        r.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse::<u64>()
+            .ok()
+    });
+    [
+        (
+            "build_s",
+            ms.map_or("-".into(), |ms| format!("{:.1}", ms as f64 / 1000.0)),
+        ),
+        // guest clock against host clock: a figure, not an assertion
+        (
+            "build_start_vs_cordon_s",
+            miss.map_or("-".into(), |m| format!("{:+.1}", log[m].t - t_cord)),
+        ),
+        (
+            "build_end_vs_cordon_s",
+            format!("{:+.1}", log[b].t - t_cord),
+        ),
+    ]
 }
 
 fn rel(t0: f64, t: f64) -> String {
