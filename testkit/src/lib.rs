@@ -14,6 +14,7 @@
 //! | [`policy`] | driver and firmware policy helpers (create, patch, status) |
 //! | [`sim_agent`] | the node agent's stand-in on kwok nodes |
 //! | [`sim_flasher`] | the flasher's stand-in on kwok nodes |
+//! | [`sim_workload`] | a workload pod that takes seconds to stop when evicted (held by a finalizer the simulated agent removes), for the demo |
 //! | [`real_node`] | the tests on a real kubelet |
 //! | [`ttcard`] | emulated Wormhole and Blackhole cards for QEMU (`ttdrv-ttcard`) |
 
