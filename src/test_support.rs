@@ -38,6 +38,36 @@ pub fn empty_stores() -> Stores {
     }
 }
 
+/// What a fake API server does with a Node merge patch: `stored` takes it
+/// (as the API server would keep it), and the log's words for it: the
+/// record's state under annotation `record_key` (parsed by `state_of`) and
+/// the cordon or uncordon it carries. Returns the Node after the patch.
+pub fn merge_node_patch(
+    stored: &mut serde_json::Value,
+    patch: &serde_json::Value,
+    record_key: &str,
+    state_of: impl FnOnce(&str) -> Option<String>,
+) -> (crate::Result<k8s_openapi::api::core::v1::Node>, String) {
+    if !stored.is_object() {
+        *stored = serde_json::json!({});
+    }
+    json_patch::merge(stored, patch);
+    let state = patch["metadata"]["annotations"][record_key]
+        .as_str()
+        .and_then(state_of)
+        .unwrap_or_default();
+    let cordon = match patch["spec"]["unschedulable"].as_bool() {
+        Some(true) => " cordon",
+        Some(false) => " uncordon",
+        None => "",
+    };
+    let node = serde_json::from_value(stored.clone()).map_err(|source| crate::Error::Serialize {
+        what: "fake node",
+        source,
+    });
+    (node, format!("patch {state}{cordon}"))
+}
+
 /// Nothing listens on port 9: Events fail to publish in the background.
 pub const NOWHERE: &str = "http://127.0.0.1:9";
 

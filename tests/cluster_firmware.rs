@@ -279,6 +279,44 @@ impl Drop for FirmwareWatcher {
     }
 }
 
+/// What the Go firmware controller leaves on a node it cordoned for
+/// `policy`: the cordon, its annotation, its state label and the owner.
+async fn go_cordon(env: &TestEnv, node: &str, policy: &str, state: &str) {
+    env.set_unschedulable(node, true).await;
+    env.annotate_node(node, fw::CORDONED_BY, Some(policy)).await;
+    env.label_node(node, fw::UPGRADE_STATE, Some(state)).await;
+    env.label_node(node, fw::OWNED_BY, Some(policy)).await;
+}
+
+/// The Go firmware controller's flash Job for `policy` (19.8.0) on `node`,
+/// with Go's name and labels and Go's flasher image; returns its uid.
+async fn go_flash_job(env: &TestEnv, ns: &str, policy: &str, node: &str) -> Option<String> {
+    let go_policy: ttdrv_api::firmware::TenstorrentFirmwarePolicy = serde_json::from_value(json!({
+        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentFirmwarePolicy",
+        "metadata": { "name": policy },
+        "spec": { "version": "19.8.0", "nodeAffinity": {} },
+    }))
+    .expect("policy");
+    let go_job = ttdrv_core::firmware::job::flash_job(
+        &go_policy,
+        node,
+        0,
+        &ttdrv_core::firmware::job::JobDefaults {
+            namespace: ns.to_string(),
+            image: "ghcr.io/tenstorrent/tt-k8s-driver-manager-flasher:v0.4.2".into(),
+            pull_policy: "IfNotPresent".into(),
+            simulate_dir: None,
+        },
+    );
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), ns);
+    jobs.create(&Default::default(), &go_job)
+        .await
+        .expect("Go's flash Job")
+        .metadata
+        .uid
+}
+
 /// Watches the namespace's flash Jobs and records, at every event, how many
 /// run at once (created, neither complete nor failed), whoever created them:
 /// the API server's own order of events, independent of the controller.
@@ -629,10 +667,7 @@ async fn a_go_cordoned_mid_flash_node_is_taken_over_safely() {
         (&nodes[1], "Flashing"),
         (&nodes[3], "Flashing"),
     ] {
-        env.set_unschedulable(n, true).await;
-        env.annotate_node(n, fw::CORDONED_BY, Some(&policy)).await;
-        env.label_node(n, fw::UPGRADE_STATE, Some(state)).await;
-        env.label_node(n, fw::OWNED_BY, Some(&policy)).await;
+        go_cordon(&env, n, &policy, state).await;
     }
     env.annotate_node(&nodes[1], fw::LAST_FLASH_JOB, Some("ttfwp-gone"))
         .await;
@@ -640,31 +675,7 @@ async fn a_go_cordoned_mid_flash_node_is_taken_over_safely() {
         .await;
     env.label_node(&nodes[2], fw::UPGRADE_STATE, Some("Done"))
         .await;
-    let go_policy: ttdrv_api::firmware::TenstorrentFirmwarePolicy = serde_json::from_value(json!({
-        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
-        "kind": "TenstorrentFirmwarePolicy",
-        "metadata": { "name": policy },
-        "spec": { "version": "19.8.0", "nodeAffinity": {} },
-    }))
-    .expect("policy");
-    let go_job = ttdrv_core::firmware::job::flash_job(
-        &go_policy,
-        &nodes[3],
-        0,
-        &ttdrv_core::firmware::job::JobDefaults {
-            namespace: ns.clone(),
-            image: "ghcr.io/tenstorrent/tt-k8s-driver-manager-flasher:v0.4.2".into(),
-            pull_policy: "IfNotPresent".into(),
-            simulate_dir: None,
-        },
-    );
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), &ns);
-    let go_uid = jobs
-        .create(&Default::default(), &go_job)
-        .await
-        .expect("Go's flash Job")
-        .metadata
-        .uid;
+    let go_uid = go_flash_job(&env, &ns, &policy, &nodes[3]).await;
     let _ctl = controller(&env, &ns);
     create_firmware_policy(
         &env,
@@ -744,10 +755,7 @@ async fn a_go_rollout_taken_over_never_flashes_more_than_max_parallel() {
     let policy = env.name("fw");
     for (i, n) in nodes.iter().enumerate() {
         let state = if i == 3 { "Flashing" } else { "Draining" };
-        env.set_unschedulable(n, true).await;
-        env.annotate_node(n, fw::CORDONED_BY, Some(&policy)).await;
-        env.label_node(n, fw::UPGRADE_STATE, Some(state)).await;
-        env.label_node(n, fw::OWNED_BY, Some(&policy)).await;
+        go_cordon(&env, n, &policy, state).await;
     }
     // Go's flash on nodes[3] goes on until the test lets it end.
     env.annotate_node(
@@ -756,28 +764,7 @@ async fn a_go_rollout_taken_over_never_flashes_more_than_max_parallel() {
         Some("1"),
     )
     .await;
-    let go_policy: ttdrv_api::firmware::TenstorrentFirmwarePolicy = serde_json::from_value(json!({
-        "apiVersion": "firmware.tenstorrent.com/v1alpha1",
-        "kind": "TenstorrentFirmwarePolicy",
-        "metadata": { "name": policy },
-        "spec": { "version": "19.8.0", "nodeAffinity": {} },
-    }))
-    .expect("policy");
-    let go_job = ttdrv_core::firmware::job::flash_job(
-        &go_policy,
-        &nodes[3],
-        0,
-        &ttdrv_core::firmware::job::JobDefaults {
-            namespace: ns.clone(),
-            image: "ghcr.io/tenstorrent/tt-k8s-driver-manager-flasher:v0.4.2".into(),
-            pull_policy: "IfNotPresent".into(),
-            simulate_dir: None,
-        },
-    );
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), &ns);
-    jobs.create(&Default::default(), &go_job)
-        .await
-        .expect("Go's flash Job");
+    go_flash_job(&env, &ns, &policy, &nodes[3]).await;
     let flashes = FlashJobWatcher::start(&env, &ns);
     let _ctl = controller(&env, &ns);
     create_firmware_policy(

@@ -146,21 +146,13 @@ async fn flash(client: &Client, pod: &Pod, node: &str) -> anyhow::Result<()> {
     } else {
         ("Succeeded", 0, "Completed")
     };
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let status = serde_json::json!({ "status": {
-        "phase": phase,
-        "containerStatuses": [{
-            "name": "flash", "image": "", "imageID": "", "ready": false, "restartCount": 0,
-            "state": { "terminated": { "exitCode": code, "reason": why,
-                "message": serde_json::to_string(&report)?, "startedAt": now, "finishedAt": now } }
-        }]
-    } });
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let ns = pod.metadata.namespace.clone().unwrap_or_default();
-    Api::<Pod>::namespaced(client.clone(), &ns)
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-        .await?;
-    Ok(())
+    let ended = Ended {
+        list: "containerStatuses",
+        container: "flash",
+        exit_code: code,
+        why,
+    };
+    end_pod(client, pod, phase, ended, &report).await
 }
 
 /// The init container's download fails, as curl fails on a URL it cannot
@@ -174,13 +166,40 @@ async fn fetch_failed(client: &Client, pod: &Pod) -> anyhow::Result<()> {
         ),
         ..Default::default()
     };
+    let ended = Ended {
+        list: "initContainerStatuses",
+        container: "fetch-bundle",
+        exit_code: 1,
+        why: "Error",
+    };
+    end_pod(client, pod, "Failed", ended, &report).await
+}
+
+/// The container a simulated flash pod ended in, and how.
+struct Ended {
+    /// `containerStatuses` or `initContainerStatuses`.
+    list: &'static str,
+    container: &'static str,
+    exit_code: i32,
+    why: &'static str,
+}
+
+/// Ends the pod as the kubelet would: `phase`, and the container
+/// terminated with the flasher's report as its termination message.
+async fn end_pod(
+    client: &Client,
+    pod: &Pod,
+    phase: &str,
+    ended: Ended,
+    report: &Report,
+) -> anyhow::Result<()> {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let status = serde_json::json!({ "status": {
-        "phase": "Failed",
-        "initContainerStatuses": [{
-            "name": "fetch-bundle", "image": "", "imageID": "", "ready": false, "restartCount": 0,
-            "state": { "terminated": { "exitCode": 1, "reason": "Error",
-                "message": serde_json::to_string(&report)?, "startedAt": now, "finishedAt": now } }
+        "phase": phase,
+        (ended.list): [{
+            "name": ended.container, "image": "", "imageID": "", "ready": false, "restartCount": 0,
+            "state": { "terminated": { "exitCode": ended.exit_code, "reason": ended.why,
+                "message": serde_json::to_string(report)?, "startedAt": now, "finishedAt": now } }
         }]
     } });
     let name = pod.metadata.name.clone().unwrap_or_default();

@@ -35,25 +35,18 @@ impl Fake {
 impl Handler<PatchNode> for Fake {
     type Result = Result<Node>;
     fn handle(&mut self, msg: PatchNode, _: &mut Self::Context) -> Result<Node> {
-        if !self.node.is_object() {
-            self.node = serde_json::json!({});
-        }
-        json_patch::merge(&mut self.node, &msg.patch);
-        let state = msg.patch["metadata"]["annotations"][labels::UPGRADE_STATE]
-            .as_str()
-            .and_then(|r| serde_json::from_str::<NodeRecord>(r).ok())
-            .map(|r| r.state.as_str().to_string())
-            .unwrap_or_default();
-        let cordon = match msg.patch["spec"]["unschedulable"].as_bool() {
-            Some(true) => " cordon",
-            Some(false) => " uncordon",
-            None => "",
-        };
-        self.note(format!("patch {state}{cordon}"));
-        serde_json::from_value(self.node.clone()).map_err(|source| Error::Serialize {
-            what: "fake node",
-            source,
-        })
+        let (node, said) = crate::test_support::merge_node_patch(
+            &mut self.node,
+            &msg.patch,
+            labels::UPGRADE_STATE,
+            |r| {
+                serde_json::from_str::<NodeRecord>(r)
+                    .ok()
+                    .map(|r| r.state.as_str().to_string())
+            },
+        );
+        self.note(said);
+        node
     }
 }
 

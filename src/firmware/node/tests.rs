@@ -70,22 +70,14 @@ impl Handler<PatchNode> for Fake {
             self.note(format!("patch refused {code}"));
             return Err(api_error(code, "patching node"));
         }
-        json_patch::merge(&mut self.node, &msg.patch);
-        let state = msg.patch["metadata"]["annotations"][fw::RECORD]
-            .as_str()
-            .and_then(|r| serde_json::from_str::<FwRecord>(r).ok())
-            .map(|r| r.state.as_str().to_string())
-            .unwrap_or_default();
-        let cordon = match msg.patch["spec"]["unschedulable"].as_bool() {
-            Some(true) => " cordon",
-            Some(false) => " uncordon",
-            None => "",
-        };
-        self.note(format!("patch {state}{cordon}"));
-        serde_json::from_value(self.node.clone()).map_err(|source| Error::Serialize {
-            what: "fake node",
-            source,
-        })
+        let (node, said) =
+            crate::test_support::merge_node_patch(&mut self.node, &msg.patch, fw::RECORD, |r| {
+                serde_json::from_str::<FwRecord>(r)
+                    .ok()
+                    .map(|r| r.state.as_str().to_string())
+            });
+        self.note(said);
+        node
     }
 }
 
