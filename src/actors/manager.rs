@@ -17,9 +17,12 @@ use actix::prelude::*;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::labels;
 
+use super::evictor::Evictor;
+use super::labeler::{Labeler, PatchNode};
 use super::messages::{PassScope, Reconcile, RefusalChanged};
+use super::renderer::DaemonSetRenderer;
+use super::supervisor::PolicySupervisor;
 use super::supervisor::SupervisorPorts;
-use super::{DaemonSetRenderer, Evictor, Labeler, PatchNode, PolicySupervisor};
 use crate::context::Context;
 use ttdrv_core::selection::{Assignment, Refused, assign, claim_of};
 

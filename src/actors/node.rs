@@ -15,7 +15,10 @@ use ttdrv_core::event::EventReason;
 use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, step};
 use ttdrv_core::reason;
 
-use super::{Evict, PatchNode, ReleaseSlot, ReplaceInstallerPod};
+use super::evictor::Evict;
+use super::labeler::PatchNode;
+use super::renderer::ReplaceInstallerPod;
+use super::rollout::ReleaseSlot;
 use crate::claims::{Holder, Refused};
 use crate::context::Context;
 use crate::node_patch::record_patch;

@@ -12,8 +12,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 use ttdrv_core::machine::NodeRecord;
@@ -23,45 +21,12 @@ use ttdrv_core::rollout::Plan;
 use ttdrv_core::selection::Assignment;
 
 use super::messages::{Reconcile, RefusalChanged};
+use super::node::NodeActor;
 use super::node::{NodePorts, StopNode};
-use super::{
-    DaemonSetRenderer, Ensure, Evict, Evictor, Labeler, NodeActor, PatchNode, ReplaceInstallerPod,
-    RolloutActor,
-};
+use super::rollout::RolloutActor;
 use crate::Result;
 use crate::context::Context;
 use crate::policy_decisions::{Effect, Facts, Log, PolicyMemo, Refused, decide};
-
-/// Where a PolicySupervisor (and the NodeActors it starts) send their work:
-/// the shared Labeler, Evictor and DaemonSetRenderer. Recipients, so tests
-/// put recording fakes in their place.
-#[derive(Clone)]
-pub struct SupervisorPorts {
-    pub patch: Recipient<PatchNode>,
-    pub evict: Recipient<Evict>,
-    pub ensure: Recipient<Ensure>,
-    pub replace_pod: Recipient<ReplaceInstallerPod>,
-    /// The PolicyManager, told when the cluster starts or stops refusing
-    /// the policy (ownership of nodes depends on it).
-    pub refusals: Recipient<RefusalChanged>,
-}
-
-impl SupervisorPorts {
-    pub fn of(
-        labeler: &Addr<Labeler>,
-        evictor: &Addr<Evictor>,
-        renderer: &Addr<DaemonSetRenderer>,
-        refusals: Recipient<RefusalChanged>,
-    ) -> Self {
-        Self {
-            patch: labeler.clone().recipient(),
-            evict: evictor.clone().recipient(),
-            ensure: renderer.clone().recipient(),
-            replace_pod: renderer.clone().recipient(),
-            refusals,
-        }
-    }
-}
 
 pub struct PolicySupervisor {
     ctx: Arc<Context>,
@@ -133,18 +98,6 @@ impl Supervised for PolicySupervisor {
         self.carry_out(None, effects);
         self.ctx.metrics.inc_actor_restart("policy_supervisor");
     }
-}
-
-fn now_secs() -> i64 {
-    Timestamp::now().as_second()
-}
-
-fn node_label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    ttdrv_core::node::label(node, key)
-}
-
-fn owns(owned: &[String], node: &str) -> bool {
-    owned.binary_search_by(|n| n.as_str().cmp(node)).is_ok()
 }
 
 impl Handler<Reconcile> for PolicySupervisor {
@@ -498,8 +451,11 @@ impl PolicySupervisor {
 
 mod marks;
 mod pass;
+mod ports;
 mod status_write;
 #[cfg(test)]
 mod tests;
 
 use pass::{PassOut, ReconcilePass};
+pub use ports::SupervisorPorts;
+use ports::{node_label, now_secs, owns};

@@ -9,8 +9,8 @@ use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::labels;
 
 use super::pass::ReconcilePass;
-use super::{node_label, owns};
-use crate::actors::PatchNode;
+use super::ports::{node_label, owns};
+use crate::actors::labeler::PatchNode;
 use crate::node_patch::{claim_patch, release_patch};
 use crate::{Error, Result};
 

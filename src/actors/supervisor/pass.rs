@@ -20,8 +20,10 @@ use crate::policy_decisions::Refused;
 use crate::refusal::{Apply, Refusal, RefusalKind};
 use ttdrv_core::selection::Assignment;
 
-use super::{SupervisorPorts, node_label, now_secs, owns};
-use crate::actors::{Ensure, NodeActor, Observe, PlanRollout, RolloutActor};
+use super::ports::{SupervisorPorts, node_label, now_secs, owns};
+use crate::actors::node::{NodeActor, Observe};
+use crate::actors::renderer::Ensure;
+use crate::actors::rollout::{PlanRollout, RolloutActor};
 use crate::context::Context;
 use crate::observe::{NodeView, ObserveInput, PolicyFacts};
 use crate::render::daemonset_name;

@@ -12,7 +12,8 @@ use ttdrv_api::{TenstorrentDriverPolicy, labels};
 use ttdrv_core::event::EventReason;
 use ttdrv_core::rollout::Plan;
 
-use super::{PolicySupervisor, node_label};
+use super::PolicySupervisor;
+use super::ports::node_label;
 use crate::policy_decisions::{Facts, StatusFacts, decide};
 use crate::render::daemonset_name;
 use crate::status::{self, Reported, StatusInput};

@@ -11,7 +11,7 @@ use ttdrv_api::{TenstorrentDriverPolicySpec, labels};
 
 use super::*;
 use crate::Error;
-use crate::actors::{EvictOutcome, PassScope};
+use crate::actors::{Ensure, Evict, EvictOutcome, PassScope, PatchNode, ReplaceInstallerPod};
 use crate::context::Stores;
 use crate::pod_index::PodCache;
 
