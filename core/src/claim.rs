@@ -1,8 +1,8 @@
 //! One disruption at a time: which maintenance cycle has a node out of
 //! service, as the Node tells. A driver cycle and a firmware cycle never
 //! overlap on a node: each machine waits while the other holds it
-//! ([`crate::machine::Observation::firmware_cycle`],
-//! [`crate::firmware::Observation::driver_cycle`]). The records on the Node
+//! (each machine's `Observation::held_by`, set from [`driver_cycle`] and
+//! [`firmware_cycle`]). The records on the Node
 //! are the persisted claim (a restarted controller reads them); the
 //! controller's in-process registry closes the instant between two actors'
 //! decisions and their writes.
@@ -14,23 +14,7 @@ use ttdrv_api::labels;
 use crate::firmware::FwRecord;
 use crate::node::{annotation, unschedulable};
 
-/// Who holds a node's maintenance claim.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Holder {
-    /// A TenstorrentDriverPolicy's cycle.
-    Driver(String),
-    /// A TenstorrentFirmwarePolicy's cycle (ours or the Go operator's).
-    Firmware(String),
-}
-
-impl std::fmt::Display for Holder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Holder::Driver(p) => write!(f, "the driver policy {p}'s upgrade"),
-            Holder::Firmware(p) => write!(f, "the firmware policy {p}'s flash cycle"),
-        }
-    }
-}
+pub use crate::slots::Holder;
 
 /// A driver cycle holds the node: its record is mid-cycle, or its go-ahead
 /// for a swap is on the node.

@@ -523,6 +523,47 @@ fn retry_hint(policy: &str, node_name: &str, cordoned: bool) -> String {
     )
 }
 
+/// The driver kind as the slot book's gate sees it ([`crate::slots::gate`]).
+pub struct DriverCycle;
+
+impl crate::slots::Cycle for DriverCycle {
+    type Record = NodeRecord;
+    type Observation = Observation;
+    type Desired = Desired;
+    type Step = Step;
+
+    fn holder(policy: &str) -> crate::slots::Holder {
+        crate::slots::Holder::Driver(policy.to_string())
+    }
+    fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
+        step(rec, obs, want)
+    }
+    fn next_record(step: &Step) -> &NodeRecord {
+        &step.record
+    }
+    /// A cycle starts when the node leaves the idle states for one that
+    /// touches it (the cordon, the drain, the swap, the unload).
+    fn starts_cycle(prev: &NodeRecord, next: &NodeRecord) -> bool {
+        !prev.state.is_in_progress()
+            && matches!(
+                next.state,
+                NodeState::Cordoning
+                    | NodeState::Draining
+                    | NodeState::Upgrading
+                    | NodeState::Unloading
+            )
+    }
+    fn occupies_slot(rec: &NodeRecord) -> bool {
+        rec.occupies_slot()
+    }
+    fn held_by(obs: &mut Observation) -> &mut Option<crate::slots::Holder> {
+        &mut obs.held_by
+    }
+    fn slot(obs: &mut Observation) -> &mut bool {
+        &mut obs.slot
+    }
+}
+
 mod cordon;
 pub(crate) mod observation;
 mod pending;

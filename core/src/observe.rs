@@ -101,7 +101,7 @@ impl NodeView {
             // A node a firmware cycle holds waits for it, not for a slot:
             // it holds back no node after it.
             wants_slot: state == NodeState::Pending
-                && self.obs.firmware_cycle.is_none()
+                && self.obs.held_by.is_none()
                 && !self.waits_on_firmware,
             in_progress: rec.is_some_and(NodeRecord::occupies_slot),
             ready: self.obs.ready,
@@ -186,7 +186,7 @@ pub fn observe<'p>(
         nothing_loaded: node::reported_nothing_loaded(node),
         rebooted_unreported: node::driver_labels_stale(node),
         installer_created,
-        firmware_cycle: crate::claim::firmware_cycle(node).map(|h| h.to_string()),
+        held_by: crate::claim::firmware_cycle(node),
         firmware_version: node::label(node, ttdrv_api::firmware::labels::FW_VERSION)
             .map(String::from),
         firmware_first: crate::claim::firmware_first(node),
@@ -218,7 +218,7 @@ pub fn observe<'p>(
         node,
         rec.is_some_and(|r| r.cordoned_by_us() && r.state != NodeState::Pending),
     )
-    .or_else(|| obs.firmware_cycle.as_ref().map(|h| format!("held by {h}")));
+    .or_else(|| obs.held_by.as_ref().map(|h| format!("held by {h}")));
     let waits_on_firmware = crate::machine::firmware_too_old(&obs, p.desired).is_some()
         || (rec.is_none_or(|r| r.state == NodeState::Pending)
             && crate::machine::defers_to_firmware(

@@ -148,7 +148,7 @@ impl Handler<Observe> for NodeActor {
                 match ctx.claims.take_within(&node, holder.clone(), budget) {
                     Ok(()) => {}
                     Err(Refused::Held(other)) => {
-                        obs.firmware_cycle = Some(other.to_string());
+                        obs.held_by = Some(other);
                         next = step(&prev, &obs, &msg.desired);
                     }
                     Err(Refused::OverBudget { out, cap }) => {

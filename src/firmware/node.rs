@@ -19,7 +19,8 @@ use ttdrv_api::firmware::{FirmwareNodeState, TenstorrentFirmwarePolicy, reason};
 use ttdrv_core::drain::{DrainPass, PodRef};
 use ttdrv_core::event::EventReason;
 use ttdrv_core::firmware::job::{JobDefaults, flash_job};
-use ttdrv_core::firmware::{Command, Desired, FlashJob, FwRecord, OwnJob, step};
+use ttdrv_core::firmware::{Command, Desired, FirmwareCycle, FlashJob, FwRecord, OwnJob};
+use ttdrv_core::slots::gate;
 
 use super::jobs::{CreateFlashJob, JobCreate};
 use super::seen::Seen;
@@ -222,26 +223,19 @@ async fn step_node(
             what,
         })
     };
-    let mut next = step(&s.prev, &s.view.obs, desired);
-    if !s.prev.state.is_in_progress() && next.record.state.is_in_progress() {
-        match ctx.claims.take_within(&node, holder.clone(), Some(budget)) {
-            Ok(()) => {}
-            Err(Refused::Held(other)) => {
-                s.view.obs.driver_cycle = Some(other.to_string());
-                next = step(&s.prev, &s.view.obs, desired);
-            }
-            Err(Refused::OverBudget { out, cap }) => {
-                tracing::info!(
-                    policy,
-                    node,
-                    out,
-                    cap,
-                    "flash cycle start deferred: a cycle started since the plan took the last place"
-                );
-                s.view.obs.slot = false;
-                next = step(&s.prev, &s.view.obs, desired);
-            }
-        }
+    // One disruption at a time, within the budget: the start takes the
+    // node's slot in the same instant ([`ttdrv_core::slots::gate`]).
+    let take = |h, b: Option<&Budget>| ctx.claims.take_within(&node, h, b);
+    let (next, refused) =
+        gate::<FirmwareCycle>(take, &policy, &s.prev, &mut s.view.obs, desired, budget);
+    if let Some(Refused::OverBudget { out, cap }) = refused {
+        tracing::info!(
+            policy,
+            node,
+            out,
+            cap,
+            "flash cycle start deferred: a cycle started since the plan took the last place"
+        );
     }
     let mut written = None;
     let write = next.record != s.prev

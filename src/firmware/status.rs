@@ -25,14 +25,14 @@ pub(super) fn candidate(s: &Seen, want: &Desired) -> Candidate {
         // A node at the target without our cordon to undo has nothing to do.
         wants_slot: rec.state == FirmwareNodeState::Pending
             && (ours || !at_target)
-            && obs.driver_cycle.is_none()
+            && obs.held_by.is_none()
             && !foreign_cordon,
         in_progress: rec.occupies_slot(),
         ready: obs.ready,
-        unavailable: !obs.ready || foreign_cordon || obs.driver_cycle.is_some(),
+        unavailable: !obs.ready || foreign_cordon || obs.held_by.is_some(),
         unavailable_because: if !obs.ready {
             Some("NotReady".into())
-        } else if let Some(d) = &obs.driver_cycle {
+        } else if let Some(d) = &obs.held_by {
             Some(format!("held by {d}"))
         } else if foreign_cordon {
             Some(ttdrv_core::node::foreign_cordon(&s.node))

@@ -12,9 +12,9 @@
 //! ```
 //! (drain disabled: Pending → Flashing → Done).
 //!
-//! One disruption at a time: a node a driver cycle holds ([`Observation::driver_cycle`])
+//! One disruption at a time: a node a driver cycle holds ([`Observation::held_by`])
 //! starts no firmware cycle, and the driver machine likewise waits for a
-//! firmware cycle ([`crate::machine::Observation::firmware_cycle`]).
+//! firmware cycle ([`crate::machine::Observation::held_by`]).
 
 use serde::{Deserialize, Serialize};
 use ttdrv_api::firmware::flasher::Report;
@@ -188,9 +188,10 @@ pub struct Observation {
     pub node: String,
     pub ready: bool,
     pub unschedulable: bool,
-    /// A driver cycle holds the node (its record mid-cycle, or its go-ahead
-    /// present): who, for the message.
-    pub driver_cycle: Option<String>,
+    /// Another kind's cycle holds the node (a driver record mid-cycle, or
+    /// its go-ahead present: [`crate::claim::driver_cycle`]; or the slot book
+    /// refused the start): who, for the message.
+    pub held_by: Option<crate::slots::Holder>,
     /// The Go firmware controller's cordon annotation names this policy: a
     /// cordon it set for this very policy, ours to finish and undo.
     pub go_cordon_for_us: bool,
@@ -459,7 +460,7 @@ fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
             "waiting for the node to be Ready".into(),
         );
     }
-    if let Some(who) = &obs.driver_cycle {
+    if let Some(who) = &obs.held_by {
         return wait(
             reason::WAITING_FOR_DRIVER,
             format!("{who} has the node out of service; one disruption at a time"),
@@ -554,7 +555,7 @@ fn draining(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
         return stay(rec, vec![]);
     };
     if progress.remaining.is_empty() {
-        if let Some(who) = &obs.driver_cycle {
+        if let Some(who) = &obs.held_by {
             // Cannot happen through us (the claim); a driver cycle started by
             // another controller: never flash under its swap.
             return stay(
@@ -872,6 +873,38 @@ pub fn stray(rec: &FwRecord, unschedulable: bool) -> Stray {
         _ => Stray::Release {
             uncordon: rec.cordon == Cordon::Ours && unschedulable,
         },
+    }
+}
+
+/// The firmware kind as the slot book's gate sees it ([`crate::slots::gate`]).
+pub struct FirmwareCycle;
+
+impl crate::slots::Cycle for FirmwareCycle {
+    type Record = FwRecord;
+    type Observation = Observation;
+    type Desired = Desired;
+    type Step = Step;
+
+    fn holder(policy: &str) -> crate::slots::Holder {
+        crate::slots::Holder::Firmware(policy.to_string())
+    }
+    fn step(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
+        step(rec, obs, want)
+    }
+    fn next_record(step: &Step) -> &FwRecord {
+        &step.record
+    }
+    fn starts_cycle(prev: &FwRecord, next: &FwRecord) -> bool {
+        !prev.state.is_in_progress() && next.state.is_in_progress()
+    }
+    fn occupies_slot(rec: &FwRecord) -> bool {
+        rec.occupies_slot()
+    }
+    fn held_by(obs: &mut Observation) -> &mut Option<crate::slots::Holder> {
+        &mut obs.held_by
+    }
+    fn slot(obs: &mut Observation) -> &mut bool {
+        &mut obs.slot
     }
 }
 

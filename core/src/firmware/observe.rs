@@ -100,7 +100,7 @@ pub fn observe<'p>(
         node: node.metadata.name.clone().unwrap_or_default(),
         ready: crate::node::ready(node),
         unschedulable: crate::node::unschedulable(node),
-        driver_cycle: crate::claim::driver_cycle(node).map(|h| h.to_string()),
+        held_by: crate::claim::driver_cycle(node),
         go_cordon_for_us: annotation(node, fw::CORDONED_BY) == Some(policy),
         go_state: label(node, fw::UPGRADE_STATE).and_then(|s| {
             FirmwareNodeState::ALL

@@ -7,6 +7,7 @@ use ttdrv_api::vfio::Passthrough;
 
 use crate::drain::{BlockedEviction, DrainProgress};
 use crate::installer::Failure;
+use crate::slots::Holder;
 
 /// The node's installer pod as seen in the cache.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -91,9 +92,10 @@ pub struct Observation {
     /// ([`crate::installer::template_observed`]): a stale pod is kept, since
     /// its replacement would come back on the old template.
     pub template_pending: bool,
-    /// A firmware cycle has the node ([`crate::claim`]): who, for the
-    /// message. No driver cycle starts on it meanwhile.
-    pub firmware_cycle: Option<String>,
+    /// Another kind's cycle has the node ([`crate::claim::firmware_cycle`],
+    /// or the slot book refused the start): who, for the message. No driver
+    /// cycle starts on it meanwhile.
+    pub held_by: Option<Holder>,
     /// The firmware every card read back last (label `fw-version`).
     pub firmware_version: Option<String>,
     /// A firmware policy's flash of this node waits only for its slot

@@ -138,7 +138,7 @@ fn waits_for_others(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Opti
         let why = "this policy is refused (see its Degraded condition: its spec, or its installer DaemonSet): nothing of it starts";
         return Some(wait(rec, why.into(), now));
     }
-    if let Some(who) = &obs.firmware_cycle {
+    if let Some(who) = &obs.held_by {
         let why = format!(
             "{who} has the node out of service; one disruption at a time: {} waits",
             upgrade()

@@ -7,6 +7,7 @@ use NodeState::*;
 
 use crate::drain::RunOutcome;
 use crate::fixtures::{desired as want, observation as obs};
+use crate::slots::Holder;
 use ttdrv_api::vfio::Passthrough;
 
 fn rec(state: NodeState) -> NodeRecord {
@@ -621,7 +622,7 @@ fn safety_properties_over_the_cross_product() {
                                     prepare_turn: b(7) && !b(2),
                                     // The DaemonSet controller behind, now and then.
                                     template_pending: b(7) && b(3),
-                                    firmware_cycle: (b(1) && b(4)).then(|| "fw".into()),
+                                    held_by: (b(1) && b(4)).then(|| Holder::Firmware("fw".into())),
                                     firmware_version: None,
                                     firmware_first: (b(2) && b(5)).then(|| "fw".into()),
                                     device_pods_crash_looping: if b(2) {
@@ -684,7 +685,7 @@ fn safety_properties_over_the_cross_product() {
                                     let ctx = format!("{r:?}\n{o:?}\n{w:?}\n-> {s:?}");
                                     let cordons = s.commands.contains(&Command::Cordon);
                                     assert!(
-                                        o.firmware_cycle.is_none()
+                                        o.held_by.is_none()
                                             || r.state != Pending
                                             || !matches!(
                                                 s.record.state,

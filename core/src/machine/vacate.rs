@@ -95,7 +95,7 @@ fn pending(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         let why = "this policy is refused (see its Degraded condition: its spec, or its installer DaemonSet): nothing of it starts";
         return wait(&rec, why.into(), now);
     }
-    if let Some(who) = &obs.firmware_cycle {
+    if let Some(who) = &obs.held_by {
         let why =
             format!("{who} has the node out of service; one disruption at a time: {what} waits");
         return stay(
