@@ -9,6 +9,7 @@
 //! | [`record`] | nothing: one node's driver-cycle record (and who cordoned it) as persisted on the Node; a leaf |
 //! | [`machine`] | one node's next upgrade state and the commands that get it there, one function per state (`machine/pending`, `cordon`, `upgrading`, `settle`, `vacate`; its input in `machine/observation`, a leaf) |
 //! | [`firmware`] | one node's next firmware state and the commands that get it there; its flash Job (`firmware/job`) and observation (`firmware/observe`) |
+//! | [`condition`] | how a status condition is stamped, for every kind: its generation, and a transition time that moves only when its status flips |
 //! | [`slots`] | the slot book: who holds each node's one maintenance slot, whether a start fits its budget, and the gate every kind's start goes through (a leaf; kinds plug in through its `Cycle` trait) |
 //! | [`claim`] | which maintenance cycle (driver or firmware) holds a node: one disruption at a time |
 //! | [`soak`] | whether a just-upgraded node still soaks, and whether trouble on it fails the rollout |
@@ -30,6 +31,7 @@
 //! over 150 lines (`hack/check-structure.py`, in `make lint`).
 
 pub mod claim;
+pub mod condition;
 pub mod drain;
 pub mod event;
 pub mod firmware;

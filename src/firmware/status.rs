@@ -2,11 +2,12 @@
 //! the rollout plan, its status entry, the summary and the conditions
 //! (Ready, Progressing and Paused, with Go's reasons, and Conflict).
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use ttdrv_api::firmware::{
     FirmwareNodeState, FirmwareNodeStatus, FirmwareSummary, TenstorrentFirmwarePolicy,
     labels as fw, reason,
 };
+use ttdrv_core::condition::condition;
 use ttdrv_core::firmware::{Desired, FwRecord};
 use ttdrv_core::rollout::Candidate;
 
@@ -157,7 +158,8 @@ pub fn conditions(
             ),
         )
     };
-    let now = rfc3339(now_secs()).unwrap_or(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    let now = k8s_openapi::jiff::Timestamp::from_second(now_secs())
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
     [
         ("Ready", ready, ready_reason, ready_msg),
         ("Progressing", prog, prog_reason, prog_msg),
@@ -166,19 +168,15 @@ pub fn conditions(
     ]
     .into_iter()
     .map(|(t, status, reason, message)| {
-        let since = old
-            .iter()
-            .find(|c| c.type_ == t && c.status == status)
-            .map(|c| c.last_transition_time.clone())
-            .unwrap_or_else(|| now.clone());
-        Condition {
-            type_: t.into(),
-            status: status.into(),
-            reason: reason.into(),
+        condition(
+            t,
+            status == "True",
+            reason,
             message,
-            observed_generation: p.metadata.generation,
-            last_transition_time: since,
-        }
+            p.metadata.generation,
+            old,
+            now,
+        )
     })
     .collect()
 }
