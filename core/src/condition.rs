@@ -69,7 +69,7 @@ mod tests {
             "NodesPending",
             "1/2".into(),
             Some(2),
-            &[first.clone()],
+            std::slice::from_ref(&first),
             at(200),
         );
         assert_eq!(same.last_transition_time, Time(at(100)));
