@@ -339,3 +339,74 @@ async fn a_refused_spec_changes_nothing_the_accepted_one_set_up() {
     wait_condition(&env, &policy, "Ready", "True", T, |c| c.status == "True").await;
     env.teardown().await;
 }
+
+/// Issue 49: a cycle under way when the spec is refused goes on towards the
+/// version the last accepted spec deployed (the installers' own), not the
+/// refused one, and nothing else starts; fixed, the rollout goes on to the
+/// new version. Each swap holds the node in Upgrading for 6 s, so the
+/// refusal lands mid-swap.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_cycle_under_way_finishes_on_the_accepted_version_when_the_spec_is_refused() {
+    let agent = ttdrv_testkit::SimAgentConfig {
+        work: Duration::from_millis(300),
+        load: Duration::from_secs(6),
+        ..Default::default()
+    };
+    let (env, ns, nodes, _agent) =
+        sim_fleet_with("refused-mid-cycle", &numbered_nodes(2), &[], agent).await;
+    let _ctl = controller(&env, &ns);
+    let policy = ttdrv_testkit::policy::installed(&env, &nodes, "", T).await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    let deadline = Instant::now() + T;
+    let first = loop {
+        let st = status(&env, &policy).await;
+        if let Some(n) = st.nodes.iter().find(|n| n.state == NodeState::Upgrading) {
+            break n.name.clone();
+        }
+        assert!(Instant::now() < deadline, "no node Upgrading: {:?}", st.nodes);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    patch_policy(
+        &env,
+        &policy,
+        serde_json::json!({ "version": "2.9.0", "upgradePolicy": { "maintenanceWindows": [
+            { "days": ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"], "start": "00:00", "end": "24:00",
+              "timeZone": "Europe/Berln" }
+        ] } }),
+    )
+    .await;
+    wait_refused(&env, &policy).await;
+    // The swap under way ends on 2.8.0, its node back in service.
+    let done = wait_node_at(&env, &policy, &first, NodeState::Done, Some("2.8.0"), T).await;
+    println!("{first}: {:?} at {:?}", done.state, done.current_version);
+    let node = env.get_node(&first).await;
+    assert_eq!(kmd(&node).as_deref(), Some("2.8.0"), "{first}'s module");
+    assert!(!unschedulable(&node), "{first} left cordoned");
+    // Nothing else starts while the spec is refused, and the DaemonSet
+    // still deploys the accepted 2.8.0.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let other = nodes.iter().find(|n| **n != first).expect("two nodes");
+    let node = env.get_node(other).await;
+    assert_eq!(kmd(&node).as_deref(), Some("2.7.0"), "{other} started");
+    assert!(!unschedulable(&node), "{other} cordoned for a refused spec");
+    let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &ns);
+    let ds = dss
+        .get(&format!("ttdrv-{policy}"))
+        .await
+        .unwrap_or_else(|e| panic!("the DaemonSet: {e}"));
+    assert_eq!(
+        ttdrv_core::installer::deployed_target(Some(&ds)).map(|(v, _)| v),
+        Some("2.8.0".to_string()),
+        "the DaemonSet's version"
+    );
+    // Fixed: every node goes to 2.9.0.
+    patch_policy(
+        &env,
+        &policy,
+        serde_json::json!({ "upgradePolicy": { "maintenanceWindows": [] } }),
+    )
+    .await;
+    wait_nodes_state(&env, &policy, &nodes, NodeState::Done, "2.9.0", T).await;
+    env.teardown().await;
+}

@@ -124,6 +124,9 @@ pub const DEVICE_DIR: &str = "/dev/tenstorrent";
 pub const RESOURCE_PREFIX: &str = "tenstorrent.com/";
 
 /// Environment variables the controller sets on the agent pod.
+/// The installer DaemonSet's container that runs the agent.
+pub const INSTALLER_CONTAINER: &str = "installer";
+
 pub mod env {
     pub const TT_KMD_VERSION: &str = "TT_KMD_VERSION";
     pub const NODE_NAME: &str = "NODE_NAME";

@@ -91,7 +91,10 @@ mod tests {
             now,
         );
         assert_eq!(
-            (flipped.status.as_str(), flipped.last_transition_time.clone()),
+            (
+                flipped.status.as_str(),
+                flipped.last_transition_time.clone()
+            ),
             ("True", Time(at(300)))
         );
         // Another type's history is not this one's.

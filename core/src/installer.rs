@@ -12,9 +12,39 @@
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use ttdrv_api::labels;
+use ttdrv_api::{labels, module_params};
 
 use crate::reason;
+
+/// The target the installer DaemonSet deploys (its installer container's
+/// `TT_KMD_VERSION` and `TT_KMD_MODULE_PARAMETERS`): what a node in a cycle
+/// gets, whatever the policy says now. A refused spec leaves the DaemonSet
+/// as the last accepted one set it, so cycles under way go on towards this,
+/// not towards the refused version. `None` without a DaemonSet or a version.
+pub fn deployed_target(ds: Option<&DaemonSet>) -> Option<(String, module_params::Values)> {
+    let containers = &ds?.spec.as_ref()?.template.spec.as_ref()?.containers;
+    let installer = containers
+        .iter()
+        .find(|c| c.name == labels::INSTALLER_CONTAINER)?;
+    let env = installer
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default()));
+    let mut version = None;
+    let mut parameters = module_params::Values::default();
+    for (name, value) in env {
+        match name {
+            labels::env::TT_KMD_VERSION => version = Some(value.to_string()),
+            // Written canonical by the controller; unreadable means none.
+            labels::env::MODULE_PARAMETERS => {
+                parameters = module_params::parse(value).unwrap_or_default();
+            }
+            _ => {}
+        }
+    }
+    version.filter(|v| !v.is_empty()).map(|v| (v, parameters))
+}
 
 /// Whether an installer pod deleted now comes back on the current template
 /// (`hash`): the DaemonSet carries it and the DaemonSet controller has
@@ -309,6 +339,41 @@ fn crashing_now(pod: &Pod, cs: &ContainerStatus) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_deployed_target_is_read_from_the_installer_container() {
+        let ds = |env: serde_json::Value| -> DaemonSet {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "ttdrv-fleet" },
+                "spec": {
+                    "selector": {},
+                    "template": { "spec": { "containers": [
+                        { "name": "pause", "env": [{ "name": "TT_KMD_VERSION", "value": "0.0.0" }] },
+                        { "name": "installer", "env": env }
+                    ] } }
+                }
+            }))
+            .expect("a DaemonSet")
+        };
+        // The installer container's, not another's.
+        let plain = ds(serde_json::json!([{ "name": "TT_KMD_VERSION", "value": "2.8.0" }]));
+        assert_eq!(
+            deployed_target(Some(&plain)),
+            Some(("2.8.0".into(), module_params::Values::new()))
+        );
+        let with_params = ds(serde_json::json!([
+            { "name": "TT_KMD_VERSION", "value": "2.9.0" },
+            { "name": "TT_KMD_MODULE_PARAMETERS", "value": "auto_reset_timeout=5" }
+        ]));
+        let (v, p) = deployed_target(Some(&with_params)).expect("a target");
+        assert_eq!(
+            (v.as_str(), p.get("auto_reset_timeout").map(String::as_str)),
+            ("2.9.0", Some("5"))
+        );
+        let empty = ds(serde_json::json!([{ "name": "TT_KMD_VERSION", "value": "" }]));
+        assert_eq!(deployed_target(Some(&empty)), None, "no version");
+        assert_eq!(deployed_target(None), None);
+    }
+
     #[test]
     fn a_template_counts_as_observed_once_the_daemonset_controller_saw_it() {
         use k8s_openapi::api::apps::v1::DaemonSetStatus;
