@@ -218,22 +218,107 @@ pub fn policy_image(policy: &TenstorrentDriverPolicy) -> Option<&str> {
 /// The pod template, without the hash annotation.
 pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> PodTemplateSpec {
     let name = policy.metadata.name.clone().unwrap_or_default();
-    let spec = &policy.spec;
+    let signing_secret = signing_secret(policy);
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(installer_pod_labels(&name)),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            affinity: Some(Affinity {
+                node_affinity: Some(node_affinity(policy, ctx.eligibility)),
+                ..Default::default()
+            }),
+            containers: vec![installer_container(policy, ctx, signing_secret)],
+            host_pid: Some(true),
+            priority_class_name: Some("system-node-critical".into()),
+            service_account_name: ctx.service_account.clone(),
+            // The installer must run on cordoned and tainted Tenstorrent nodes.
+            tolerations: Some(vec![Toleration {
+                operator: Some("Exists".into()),
+                ..Default::default()
+            }]),
+            termination_grace_period_seconds: Some(30),
+            volumes: Some(installer_volumes(ctx, signing_secret)),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The installer container: the agent's `run`, privileged, with its
+/// environment, readiness probe, resources and host mounts.
+fn installer_container(
+    policy: &TenstorrentDriverPolicy,
+    ctx: &RenderContext,
+    signing_secret: Option<&str>,
+) -> Container {
+    let (image, pull_policy) = installer_image(policy, ctx);
+    Container {
+        name: "installer".into(),
+        image: Some(image),
+        image_pull_policy: Some(pull_policy),
+        args: Some(vec!["run".into()]),
+        env: Some(installer_env(policy, ctx, signing_secret)),
+        // The agent says why it gave up in /dev/termination-log (the
+        // default path); the controller fails the node with that reason.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        }),
+        readiness_probe: Some(Probe {
+            exec: Some(ExecAction {
+                command: Some(vec!["ttdrv-agent".into(), "ready".into()]),
+            }),
+            period_seconds: Some(10),
+            timeout_seconds: Some(5),
+            ..Default::default()
+        }),
+        resources: Some(installer_resources()),
+        volume_mounts: Some(installer_mounts(ctx, signing_secret)),
+        ..Default::default()
+    }
+}
+
+/// The installer image and its pull policy.
+fn installer_image(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> (String, String) {
     let own_image = policy_image(policy).map(String::from);
     // A policy's pull policy applies to its own image; for the chart's image it
     // applies only when changed from the default.
-    let pull_policy = match (&own_image, spec.installer.image_pull_policy) {
+    let pull_policy = match (&own_image, policy.spec.installer.image_pull_policy) {
         (None, ttdrv_api::PullPolicy::IfNotPresent) => ctx.default_pull_policy.clone(),
         (_, p) => p.as_str().to_string(),
     };
     let image = own_image.unwrap_or_else(|| ctx.default_image.clone());
+    (image, pull_policy)
+}
+
+/// The installer container's environment, in this order (the order is part
+/// of the template, so of its hash): what every pod gets, the trust settings,
+/// the policy's optional settings, the controller's.
+fn installer_env(
+    policy: &TenstorrentDriverPolicy,
+    ctx: &RenderContext,
+    signing_secret: Option<&str>,
+) -> Vec<EnvVar> {
+    let mut envs = base_env(policy, ctx);
+    envs.extend(trust_env(policy, ctx, signing_secret));
+    envs.extend(spec_option_env(policy));
+    envs.extend(controller_env(ctx));
+    envs
+}
+
+/// The variables every installer pod has.
+fn base_env(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Vec<EnvVar> {
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let spec = &policy.spec;
     let repo = spec
         .installer
         .source_repository
         .clone()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| ctx.default_source_repository.clone());
-    let mut envs = vec![
+    vec![
         env_var(env::TT_KMD_VERSION, &spec.version),
         EnvVar {
             name: env::NODE_NAME.to_string(),
@@ -258,7 +343,18 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
         env_var(env::HOST_ROOT, "/host"),
         // The go-ahead the agent waits for names the policy.
         env_var(env::POLICY, &name),
-    ];
+    ]
+}
+
+/// What the agent checks and signs with: the pinned source commit, the
+/// tag-signing keys, the module-signing Secret.
+fn trust_env(
+    policy: &TenstorrentDriverPolicy,
+    ctx: &RenderContext,
+    signing_secret: Option<&str>,
+) -> Vec<EnvVar> {
+    let spec = &policy.spec;
+    let mut envs = Vec::new();
     if let Some(commit) = ttdrv_core::trust::source_commit(
         &spec.version,
         spec.installer.source_commit.as_deref(),
@@ -272,7 +368,6 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
             &format!("{TAG_KEYS_DIR}/{TAG_KEYS_FILE}"),
         ));
     }
-    let signing_secret = signing_secret(policy);
     if let Some(secret) = signing_secret {
         envs.push(env_var(
             env::SIGNING_KEY,
@@ -287,16 +382,21 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
             &format!("{}/{secret}", ctx.namespace),
         ));
     }
+    envs
+}
+
+/// The policy's optional settings, each only when not the default: a policy
+/// that leaves them keeps its template (and so its pods) as it was.
+fn spec_option_env(policy: &TenstorrentDriverPolicy) -> Vec<EnvVar> {
+    let spec = &policy.spec;
+    let mut envs = Vec::new();
     if spec.unmanage {
         // The agent installs nothing, and unloads only with the go-ahead.
         envs.push(env_var(env::UNMANAGE, "true"));
     }
-    // Only when off: the default leaves the template (and so the pods of
-    // existing policies) as it was.
     if !spec.upgrade_policy.prepare.next_kernels {
         envs.push(env_var(env::NEXT_KERNELS, "false"));
     }
-    // Only when not the defaults, as above.
     let validation = &spec.upgrade_policy.validation;
     if validation.timeout_seconds != ttdrv_api::v1alpha1::DEFAULT_VALIDATION_TIMEOUT_SECONDS {
         envs.push(env_var(
@@ -308,12 +408,16 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
     if on_failure != ttdrv_api::v1alpha1::OnValidationFailure::default() {
         envs.push(env_var(env::ON_VALIDATION_FAILURE, on_failure.as_str()));
     }
-    // Only when set: a policy without module parameters keeps its template
-    // (and so its pods) as it was.
     let parameters = ttdrv_api::module_params::canonical(&spec.parameter_values());
     if !parameters.is_empty() {
         envs.push(env_var(env::MODULE_PARAMETERS, &parameters));
     }
+    envs
+}
+
+/// The controller's own settings passed on to the agent.
+fn controller_env(ctx: &RenderContext) -> Vec<EnvVar> {
+    let mut envs = Vec::new();
     // Empty means "the version baked into the installer image".
     if !ctx.tt_smi_version.is_empty() {
         envs.push(env_var(env::TT_SMI_VERSION, &ctx.tt_smi_version));
@@ -324,123 +428,93 @@ pub fn pod_template(policy: &TenstorrentDriverPolicy, ctx: &RenderContext) -> Po
     for (k, v) in &ctx.proxy_env {
         envs.push(env_var(k, v));
     }
-    let container = Container {
-        name: "installer".into(),
-        image: Some(image),
-        image_pull_policy: Some(pull_policy),
-        args: Some(vec!["run".into()]),
-        env: Some(envs),
-        // The agent says why it gave up in /dev/termination-log (the
-        // default path); the controller fails the node with that reason.
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        security_context: Some(SecurityContext {
-            privileged: Some(true),
-            ..Default::default()
-        }),
-        readiness_probe: Some(Probe {
-            exec: Some(ExecAction {
-                command: Some(vec!["ttdrv-agent".into(), "ready".into()]),
-            }),
-            period_seconds: Some(10),
-            timeout_seconds: Some(5),
-            ..Default::default()
-        }),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity(INSTALLER_CPU_REQUEST.into())),
-                (
-                    "memory".to_string(),
-                    Quantity(INSTALLER_MEMORY_REQUEST.into()),
-                ),
-            ])),
-            limits: Some(BTreeMap::from([(
+    envs
+}
+
+/// The installer container's requests and limit (see the constants).
+fn installer_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity(INSTALLER_CPU_REQUEST.into())),
+            (
                 "memory".to_string(),
-                Quantity(INSTALLER_MEMORY_LIMIT.into()),
-            )])),
-            ..Default::default()
-        }),
-        volume_mounts: Some(
-            [
-                mount("host", "/host", true),
-                mount("lib-modules", "/lib/modules", true),
-                mount("usr-src", "/usr/src", true),
-            ]
-            .into_iter()
-            .chain(
-                WRITABLE_HOST_DIRS
-                    .iter()
-                    .map(|(name, path)| mount(name, &format!("/host{path}"), false)),
-            )
-            .chain(
-                ctx.tag_keys_configmap
-                    .as_ref()
-                    .map(|_| mount("tag-keys", TAG_KEYS_DIR, true)),
-            )
-            .chain(signing_secret.map(|_| mount("signing-key", SIGNING_DIR, true)))
-            .collect(),
-        ),
-        ..Default::default()
-    };
-    PodTemplateSpec {
-        metadata: Some(ObjectMeta {
-            labels: Some(installer_pod_labels(&name)),
-            ..Default::default()
-        }),
-        spec: Some(PodSpec {
-            affinity: Some(Affinity {
-                node_affinity: Some(node_affinity(policy, ctx.eligibility)),
-                ..Default::default()
-            }),
-            containers: vec![container],
-            host_pid: Some(true),
-            priority_class_name: Some("system-node-critical".into()),
-            service_account_name: ctx.service_account.clone(),
-            // The installer must run on cordoned and tainted Tenstorrent nodes.
-            tolerations: Some(vec![Toleration {
-                operator: Some("Exists".into()),
-                ..Default::default()
-            }]),
-            termination_grace_period_seconds: Some(30),
-            volumes: Some(
-                [
-                    host_path("host", "/", Some("Directory")),
-                    host_path("lib-modules", "/lib/modules", Some("Directory")),
-                    host_path("usr-src", "/usr/src", Some("Directory")),
-                ]
-                .into_iter()
-                .chain(
-                    WRITABLE_HOST_DIRS
-                        .iter()
-                        .map(|(name, path)| host_path(name, path, Some("DirectoryOrCreate"))),
-                )
-                .chain(ctx.tag_keys_configmap.as_ref().map(|cm| Volume {
-                    name: "tag-keys".into(),
-                    config_map: Some(ConfigMapVolumeSource {
-                        name: cm.clone(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }))
-                .chain(signing_secret.map(|secret| Volume {
-                    name: "signing-key".into(),
-                    secret: Some(SecretVolumeSource {
-                        secret_name: Some(secret.to_string()),
-                        // Optional: a missing Secret would hold the pod in
-                        // ContainerCreating, its cause only in an Event. This
-                        // way the agent starts, finds no key and fails the
-                        // node (BuildFailed) naming the Secret; the kubelet
-                        // fills the volume in once the Secret exists.
-                        optional: Some(true),
-                        // The private key: for root (the agent) only.
-                        default_mode: Some(0o400),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }))
-                .collect(),
+                Quantity(INSTALLER_MEMORY_REQUEST.into()),
             ),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "memory".to_string(),
+            Quantity(INSTALLER_MEMORY_LIMIT.into()),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// The installer's mounts: the host read-only at /host, its writable
+/// directories over it, and the keys when configured. Same names as
+/// [`installer_volumes`].
+fn installer_mounts(ctx: &RenderContext, signing_secret: Option<&str>) -> Vec<VolumeMount> {
+    [
+        mount("host", "/host", true),
+        mount("lib-modules", "/lib/modules", true),
+        mount("usr-src", "/usr/src", true),
+    ]
+    .into_iter()
+    .chain(
+        WRITABLE_HOST_DIRS
+            .iter()
+            .map(|(name, path)| mount(name, &format!("/host{path}"), false)),
+    )
+    .chain(
+        ctx.tag_keys_configmap
+            .as_ref()
+            .map(|_| mount("tag-keys", TAG_KEYS_DIR, true)),
+    )
+    .chain(signing_secret.map(|_| mount("signing-key", SIGNING_DIR, true)))
+    .collect()
+}
+
+/// The pod's volumes, one per mount of [`installer_mounts`].
+fn installer_volumes(ctx: &RenderContext, signing_secret: Option<&str>) -> Vec<Volume> {
+    [
+        host_path("host", "/", Some("Directory")),
+        host_path("lib-modules", "/lib/modules", Some("Directory")),
+        host_path("usr-src", "/usr/src", Some("Directory")),
+    ]
+    .into_iter()
+    .chain(
+        WRITABLE_HOST_DIRS
+            .iter()
+            .map(|(name, path)| host_path(name, path, Some("DirectoryOrCreate"))),
+    )
+    .chain(ctx.tag_keys_configmap.as_ref().map(|cm| Volume {
+        name: "tag-keys".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: cm.clone(),
             ..Default::default()
         }),
+        ..Default::default()
+    }))
+    .chain(signing_secret.map(signing_volume))
+    .collect()
+}
+
+/// The module-signing Secret's volume.
+fn signing_volume(secret: &str) -> Volume {
+    Volume {
+        name: "signing-key".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.to_string()),
+            // Optional: a missing Secret would hold the pod in
+            // ContainerCreating, its cause only in an Event. This
+            // way the agent starts, finds no key and fails the
+            // node (BuildFailed) naming the Secret; the kubelet
+            // fills the volume in once the Secret exists.
+            optional: Some(true),
+            // The private key: for root (the agent) only.
+            default_mode: Some(0o400),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
 

@@ -206,20 +206,53 @@ pub fn build(
     reported: impl Fn(&str) -> Reported,
 ) -> TenstorrentDriverPolicyStatus {
     let policy = input.policy;
+    let (mut summary, failed) = summarize(input.records);
+    // Counts the prepared nodes into the summary on the way.
+    let entries = node_entries(input, reported, &mut summary);
+    let conditions = conditions(input, &summary, &failed, &entries);
+    TenstorrentDriverPolicyStatus {
+        observed_generation: policy.metadata.generation,
+        conditions,
+        desired_version: Some(policy.spec.version.clone()),
+        phase: Some(status_phase(input, &summary).to_string()),
+        summary,
+        daemon_set: Some(input.daemonset.to_string()),
+        nodes: entries.nodes,
+        unreadable: None,
+    }
+}
+
+/// `status.nodes[]` in the rollout's order, and what build-ahead found on
+/// the way.
+struct NodeEntries<'a> {
+    nodes: Vec<NodeStatus>,
+    /// Nodes that will load the target and do not hold it yet.
+    unprepared: Vec<&'a str>,
+    /// `node (kernel)` for each node whose build for a next kernel failed.
+    next_kernel_failures: Vec<String>,
+}
+
+/// One entry per node, nodes without device users first, then by name;
+/// adds the nodes that hold the target to `summary.prepared`.
+fn node_entries<'a>(
+    input: &StatusInput<'a>,
+    reported: impl Fn(&str) -> Reported,
+    summary: &mut Summary,
+) -> NodeEntries<'a> {
+    let records: &'a HashMap<String, NodeRecord> = input.records;
     let device = input.device_users;
     // The rollout's order: nodes without device users first, then by name.
-    let mut names: Vec<&String> = input.records.keys().collect();
+    let mut names: Vec<&'a String> = records.keys().collect();
     names.sort_by(|a, b| (device.contains(*a), a).cmp(&(device.contains(*b), b)));
-    let (mut summary, failed) = summarize(input.records);
-    let target = policy.spec.version.trim();
-    let wanted = policy.spec.parameter_values();
+    let target = input.policy.spec.version.trim();
+    let wanted = input.policy.spec.parameter_values();
     // Build ahead: who holds the target, and who is still to build it.
     let mut unprepared = Vec::new();
     let mut next_kernel_failures: Vec<String> = Vec::new();
     let nodes = names
         .into_iter()
         .map(|n| {
-            let r = &input.records[n];
+            let r = &records[n];
             let now = reported(n);
             // Loaded counts with the policy's module parameters in effect,
             // or those the module takes at run time to write (nothing to build).
@@ -238,39 +271,167 @@ pub fn build(
             if let Some(k) = &now.next_kernel_build_failed {
                 next_kernel_failures.push(format!("{n} ({k})"));
             }
-            NodeStatus {
-                name: n.clone(),
-                state: r.state,
-                current_version: now.version,
-                install_mode: now.install_mode,
-                prepared_version: now.prepared_version,
-                next_kernel_build_failed: now.next_kernel_build_failed,
-                module_parameters: now
-                    .parameters
-                    .as_ref()
-                    .map(ttdrv_api::module_params::canonical),
-                reason: r.reason.clone(),
-                go_reason: r
-                    .reason
-                    .as_deref()
-                    .and_then(reason::go_code)
-                    .map(String::from),
-                message: r.message.clone(),
-                last_transition_time: Timestamp::from_second(r.since).ok().map(Time),
-            }
+            node_status(n, r, now)
         })
         .collect();
+    NodeEntries {
+        nodes,
+        unprepared,
+        next_kernel_failures,
+    }
+}
+
+/// A node's entry: its record and what its agent reported.
+fn node_status(name: &str, r: &NodeRecord, now: Reported) -> NodeStatus {
+    NodeStatus {
+        name: name.to_string(),
+        state: r.state,
+        current_version: now.version,
+        install_mode: now.install_mode,
+        prepared_version: now.prepared_version,
+        next_kernel_build_failed: now.next_kernel_build_failed,
+        module_parameters: now
+            .parameters
+            .as_ref()
+            .map(ttdrv_api::module_params::canonical),
+        reason: r.reason.clone(),
+        go_reason: r
+            .reason
+            .as_deref()
+            .and_then(reason::go_code)
+            .map(String::from),
+        message: r.message.clone(),
+        last_transition_time: Timestamp::from_second(r.since).ok().map(Time),
+    }
+}
+
+/// Every condition, in the order [`condition_flags`] lists them, then
+/// Prepared and NextKernelBuildFailed.
+fn conditions(
+    input: &StatusInput<'_>,
+    summary: &Summary,
+    failed: &[String],
+    entries: &NodeEntries<'_>,
+) -> Vec<Condition> {
+    let policy = input.policy;
     let paused = policy.spec.paused;
     let settled = summary.pending == 0 && summary.in_progress == 0 && summary.failed_nodes == 0;
     let [ready, progressing, degraded, _, conflicted] = condition_flags(
-        &summary,
+        summary,
         paused,
         !input.conflicts.is_empty(),
         input.braked.is_some(),
         input.refused.is_some(),
         input.promotion_blocked,
     );
-    let (degraded_reason, degraded_message) = if summary.failed_nodes > 0 {
+    let (degraded_reason, degraded_message) = degraded_cause(input, summary, failed);
+    let prepared = prepared_condition(policy, summary, &entries.unprepared);
+    vec![
+        ready_condition(input, summary, ready, settled),
+        progressing_condition(input, summary, progressing, settled),
+        cond(
+            ConditionType::Degraded,
+            degraded,
+            degraded_reason,
+            degraded_message,
+            input,
+        ),
+        paused_condition(input, paused),
+        conflict_condition(input, conflicted),
+        cond(
+            ConditionType::Prepared,
+            prepared.0,
+            prepared.1,
+            prepared.2,
+            input,
+        ),
+        next_kernel_condition(policy, &entries.next_kernel_failures, input),
+    ]
+}
+
+fn ready_condition(
+    input: &StatusInput<'_>,
+    summary: &Summary,
+    ready: bool,
+    settled: bool,
+) -> Condition {
+    cond(
+        ConditionType::Ready,
+        ready,
+        if input.refused.is_some() {
+            "Refused"
+        } else if settled {
+            "RolloutComplete"
+        } else {
+            "RolloutIncomplete"
+        },
+        if input.refused.is_some() {
+            "this spec is refused and not rolled out (see the Degraded condition); \
+             nothing it changes is applied until it is fixed"
+                .to_string()
+        } else {
+            format!(
+                "{} of {} node(s) run {} ({} host-managed)",
+                summary.done, summary.matched, input.policy.spec.version, summary.host_managed
+            )
+        },
+        input,
+    )
+}
+
+fn progressing_condition(
+    input: &StatusInput<'_>,
+    summary: &Summary,
+    progressing: bool,
+    settled: bool,
+) -> Condition {
+    let reason = if input.policy.spec.paused {
+        "Paused"
+    } else if settled {
+        "Idle"
+    } else if summary.failed_nodes > 0 {
+        "Halted"
+    } else if matches!(input.refused, Some((RefusalKind::Takeover, _))) {
+        "TakingOver"
+    } else if input.refused.is_some() {
+        "Refused"
+    } else if input.braked.is_some() {
+        "Braked"
+    } else if input.promotion_blocked {
+        "PromotionBlocked"
+    } else {
+        // A hold's reason, else the rollout goes on.
+        input.held.unwrap_or("Upgrading")
+    };
+    let message = input
+        .blocked
+        // A policy with nothing to do is not held back by its canary
+        // (which may already roll out a newer version).
+        .filter(|_| !(settled && input.held == Some(reason::WAITING_FOR_PROMOTION)))
+        .map(String::from)
+        .unwrap_or_else(|| {
+            format!(
+                "{} in progress, {} pending",
+                summary.in_progress, summary.pending
+            )
+        });
+    cond(
+        ConditionType::Progressing,
+        progressing,
+        reason,
+        message,
+        input,
+    )
+}
+
+/// The Degraded condition's reason and message: failed nodes first, then a
+/// takeover, a refusal, the fleet-health brake.
+fn degraded_cause(
+    input: &StatusInput<'_>,
+    summary: &Summary,
+    failed: &[String],
+) -> (&'static str, String) {
+    if summary.failed_nodes > 0 {
         ("NodeFailed", failed.join("; "))
     } else if let Some((RefusalKind::Takeover, why)) = input.refused {
         (
@@ -296,143 +457,67 @@ pub fn build(
         )
     } else {
         ("AsExpected", String::new())
-    };
+    }
+}
+
+fn paused_condition(input: &StatusInput<'_>, paused: bool) -> Condition {
+    cond(
+        ConditionType::Paused,
+        paused,
+        if paused { "PausedBySpec" } else { "Running" },
+        if paused {
+            "spec.paused is true: nothing new starts; the DaemonSet is left as is".into()
+        } else {
+            String::new()
+        },
+        input,
+    )
+}
+
+fn conflict_condition(input: &StatusInput<'_>, conflicted: bool) -> Condition {
     let conflicts: Vec<String> = input
         .conflicts
         .iter()
         .map(|(n, o)| format!("{n} (owned by {o})"))
         .collect();
-    let prepared = prepared_condition(policy, &summary, &unprepared);
-    let conditions = vec![
-        cond(
-            ConditionType::Ready,
-            ready,
-            if input.refused.is_some() {
-                "Refused"
-            } else if settled {
-                "RolloutComplete"
-            } else {
-                "RolloutIncomplete"
-            },
-            if input.refused.is_some() {
-                "this spec is refused and not rolled out (see the Degraded condition); \
-                 nothing it changes is applied until it is fixed"
-                    .to_string()
-            } else {
-                format!(
-                    "{} of {} node(s) run {} ({} host-managed)",
-                    summary.done, summary.matched, policy.spec.version, summary.host_managed
-                )
-            },
-            input,
-        ),
-        cond(
-            ConditionType::Progressing,
-            progressing,
-            if paused {
-                "Paused"
-            } else if settled {
-                "Idle"
-            } else if summary.failed_nodes > 0 {
-                "Halted"
-            } else if matches!(input.refused, Some((RefusalKind::Takeover, _))) {
-                "TakingOver"
-            } else if input.refused.is_some() {
-                "Refused"
-            } else if input.braked.is_some() {
-                "Braked"
-            } else if input.promotion_blocked {
-                "PromotionBlocked"
-            } else if let Some(held) = input.held {
-                held
-            } else {
-                "Upgrading"
-            },
-            input
-                .blocked
-                // A policy with nothing to do is not held back by its canary
-                // (which may already roll out a newer version).
-                .filter(|_| !(settled && input.held == Some(reason::WAITING_FOR_PROMOTION)))
-                .map(String::from)
-                .unwrap_or_else(|| {
-                    format!(
-                        "{} in progress, {} pending",
-                        summary.in_progress, summary.pending
-                    )
-                }),
-            input,
-        ),
-        cond(
-            ConditionType::Degraded,
-            degraded,
-            degraded_reason,
-            degraded_message,
-            input,
-        ),
-        cond(
-            ConditionType::Paused,
-            paused,
-            if paused { "PausedBySpec" } else { "Running" },
-            if paused {
-                "spec.paused is true: nothing new starts; the DaemonSet is left as is".into()
-            } else {
-                String::new()
-            },
-            input,
-        ),
-        cond(
-            ConditionType::Conflict,
-            conflicted,
-            if conflicts.is_empty() {
-                "NoOverlap"
-            } else {
-                "SelectorOverlap"
-            },
-            if conflicts.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "nodes matched by an older policy are left to it: {}",
-                    conflicts.join(", ")
-                )
-            },
-            input,
-        ),
-        cond(
-            ConditionType::Prepared,
-            prepared.0,
-            prepared.1,
-            prepared.2,
-            input,
-        ),
-        next_kernel_condition(policy, &next_kernel_failures, input),
-    ];
-    TenstorrentDriverPolicyStatus {
-        observed_generation: policy.metadata.generation,
-        conditions,
-        desired_version: Some(policy.spec.version.clone()),
-        phase: Some(
-            // Unmanaged only once every node is vacated: Go's recipe (wait for
-            // Unmanaged, then install DKMS) must not fire mid-vacate.
-            if policy.spec.unmanage && !paused && summary.failed_nodes == 0 {
-                let vacated = input
-                    .records
-                    .values()
-                    .all(|r| r.state == NodeState::Unmanaged);
-                if vacated {
-                    phase::UNMANAGED
-                } else {
-                    phase::PROGRESSING
-                }
-            } else {
-                phase_of(&summary, paused)
-            }
-            .to_string(),
-        ),
-        summary,
-        daemon_set: Some(input.daemonset.to_string()),
-        nodes,
-        unreadable: None,
+    cond(
+        ConditionType::Conflict,
+        conflicted,
+        if conflicts.is_empty() {
+            "NoOverlap"
+        } else {
+            "SelectorOverlap"
+        },
+        if conflicts.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "nodes matched by an older policy are left to it: {}",
+                conflicts.join(", ")
+            )
+        },
+        input,
+    )
+}
+
+/// `status.phase`: [`phase_of`], but for a policy with `spec.unmanage`.
+fn status_phase(input: &StatusInput<'_>, summary: &Summary) -> &'static str {
+    let policy = input.policy;
+    let paused = policy.spec.paused;
+    // Unmanaged only once every node is vacated: Go's recipe (wait for
+    // Unmanaged, then install DKMS) must not fire mid-vacate.
+    if policy.spec.unmanage && !paused && summary.failed_nodes == 0 {
+        let vacated = input
+            .records
+            .values()
+            .all(|r| r.state == NodeState::Unmanaged);
+        if vacated {
+            phase::UNMANAGED
+        } else {
+            phase::PROGRESSING
+        }
+    } else {
+        phase_of(summary, paused)
     }
 }
 

@@ -23,6 +23,10 @@
 //!   7. `kubectl tt driver`
 //!   8. a firmware policy flashes the node: a real flash Job on the kubelet
 //!      (the flasher image, its cards simulated in a host directory)
+//!
+//! [`real_node`] lists the steps in that order, one call each; their code is
+//! in the modules named for what they check (`chart`, `drain`, `host_path`,
+//! `access`), over the helpers here.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,6 +43,15 @@ use ttdrv_testkit::real_node::{
     AuditQuery, Diagnostics, Phases, apply_fixture, env, http_get, run, timeout_from_env,
 };
 use ttdrv_testkit::{client, wait_for};
+
+#[path = "real_node/access.rs"]
+mod access;
+#[path = "real_node/chart.rs"]
+mod chart;
+#[path = "real_node/drain.rs"]
+mod drain;
+#[path = "real_node/host_path.rs"]
+mod host_path;
 
 /// The first sample of `name` in a scrape.
 fn metric(text: &str, name: &str) -> Option<f64> {
@@ -279,59 +292,90 @@ fn refusal(logs: &str) -> Option<&str> {
     })
 }
 
-#[tokio::test]
-#[ignore = "runs inside the real node's namespaces: bash hack/test-realnode.sh (make test)"]
-async fn real_node() {
-    let mut ph = Phases::from_env("test-realnode");
-    let rn = Rn {
-        c: client().await,
-        node: env("REALNODE_NODE"),
-        ns: env("REALNODE_NAMESPACE"),
-        rel: env("REALNODE_RELEASE"),
-        t: timeout_from_env(120),
-    };
-    let (node, ns, rel) = (rn.node.clone(), rn.ns.clone(), rn.rel.clone());
-    let audit = env("REALNODE_AUDIT_LOG");
-    let (ctl_ref, agent_ref, pause_ref, vfio_ref) = (
-        env("REALNODE_CONTROLLER_IMAGE"),
-        env("REALNODE_AGENT_IMAGE"),
-        env("REALNODE_PAUSE_IMAGE"),
-        env("REALNODE_VFIO_IMAGE"),
-    );
-    let (flasher_ref, flash_sim) = (env("REALNODE_FLASHER_IMAGE"), env("REALNODE_FLASH_SIM"));
-    let agent_sa = format!("system:serviceaccount:{ns}:{rel}-agent");
-    let ctl_sa = format!("system:serviceaccount:{ns}:{rel}-controller");
-    let _diag = Diagnostics(vec![
-        "kubectl get nodes -o wide --show-labels".into(),
-        "kubectl get pods -A -o wide".into(),
-        "kubectl get ttdp -o jsonpath='{.items[*].status.nodes}'; echo".into(),
-        format!("kubectl -n {ns} logs -l {INSTALLER} --tail=30 --all-containers"),
-        format!("kubectl -n {ns} logs -l app.kubernetes.io/component=controller --tail=30"),
-        "kubectl get events -A --sort-by=.lastTimestamp | tail -n 30".into(),
-    ]);
-    ph.log(&format!(
-        "images: {ctl_ref} {agent_ref} {pause_ref} {vfio_ref}"
-    ));
+/// What every step reads: the node and the release, the images the script
+/// built, the API server's audit log, the two service accounts.
+struct Ctx {
+    rn: Rn,
+    audit: String,
+    ctl_ref: String,
+    agent_ref: String,
+    pause_ref: String,
+    vfio_ref: String,
+    flasher_ref: String,
+    flash_sim: String,
+    agent_sa: String,
+    ctl_sa: String,
+}
 
-    // The node as node-feature-discovery and an earlier container install left it.
-    let nodes: Api<Node> = Api::all(rn.c.clone());
-    let labels = serde_json::json!({"metadata": {"labels": {
-        PCI: "true", KMD: "2.7.0", MODE: "container"}}});
-    nodes
-        .patch(&node, &PatchParams::default(), &Patch::Merge(&labels))
-        .await
-        .unwrap_or_else(|e| panic!("labelling {node}: {e}"));
-    apply_fixture(&rn.c, &fixture("other-node.yaml"), &[]).await;
+impl Ctx {
+    /// From the REALNODE_* variables hack/test-realnode.sh passes.
+    async fn from_env() -> Self {
+        let rn = Rn {
+            c: client().await,
+            node: env("REALNODE_NODE"),
+            ns: env("REALNODE_NAMESPACE"),
+            rel: env("REALNODE_RELEASE"),
+            t: timeout_from_env(120),
+        };
+        let audit = env("REALNODE_AUDIT_LOG");
+        let (ctl_ref, agent_ref, pause_ref, vfio_ref) = (
+            env("REALNODE_CONTROLLER_IMAGE"),
+            env("REALNODE_AGENT_IMAGE"),
+            env("REALNODE_PAUSE_IMAGE"),
+            env("REALNODE_VFIO_IMAGE"),
+        );
+        let (flasher_ref, flash_sim) = (env("REALNODE_FLASHER_IMAGE"), env("REALNODE_FLASH_SIM"));
+        let (ns, rel) = (&rn.ns, &rn.rel);
+        let agent_sa = format!("system:serviceaccount:{ns}:{rel}-agent");
+        let ctl_sa = format!("system:serviceaccount:{ns}:{rel}-controller");
+        Ctx {
+            rn,
+            audit,
+            ctl_ref,
+            agent_ref,
+            pause_ref,
+            vfio_ref,
+            flasher_ref,
+            flash_sim,
+            agent_sa,
+            ctl_sa,
+        }
+    }
 
-    // --- 1. the chart
-    let split = |r: &str| -> (String, String) {
-        let (repo, tag) = r.rsplit_once(':').unwrap_or((r, "latest"));
-        (repo.to_string(), tag.to_string())
-    };
-    let ((ctl_repo, ctl_tag), (agent_repo, agent_tag)) = (split(&ctl_ref), split(&agent_ref));
-    let (vfio_repo, vfio_tag) = split(&vfio_ref);
-    let (flasher_repo, flasher_tag) = split(&flasher_ref);
-    let timeout = format!("{}s", rn.t.as_secs());
+    /// What a failed run prints (see `Diagnostics`).
+    fn diagnostics(&self) -> Diagnostics {
+        let ns = &self.rn.ns;
+        Diagnostics(vec![
+            "kubectl get nodes -o wide --show-labels".into(),
+            "kubectl get pods -A -o wide".into(),
+            "kubectl get ttdp -o jsonpath='{.items[*].status.nodes}'; echo".into(),
+            format!("kubectl -n {ns} logs -l {INSTALLER} --tail=30 --all-containers"),
+            format!("kubectl -n {ns} logs -l app.kubernetes.io/component=controller --tail=30"),
+            "kubectl get events -A --sort-by=.lastTimestamp | tail -n 30".into(),
+        ])
+    }
+
+    /// helm's and kubectl's `--timeout`: the test's own bound.
+    fn timeout(&self) -> String {
+        format!("{}s", self.rn.t.as_secs())
+    }
+}
+
+/// An image reference's repository and tag (`latest` when it has none).
+fn split_image(r: &str) -> (String, String) {
+    let (repo, tag) = r.rsplit_once(':').unwrap_or((r, "latest"));
+    (repo.to_string(), tag.to_string())
+}
+
+/// The arguments of `helm <verb>` of chart/ with this test's values.
+fn helm_args(t: &Ctx, verb: &str, extra: &[&str]) -> Vec<String> {
+    let (rel, ns) = (&t.rn.rel, &t.rn.ns);
+    let ((ctl_repo, ctl_tag), (agent_repo, agent_tag)) =
+        (split_image(&t.ctl_ref), split_image(&t.agent_ref));
+    let (vfio_repo, vfio_tag) = split_image(&t.vfio_ref);
+    let (flasher_repo, flasher_tag) = split_image(&t.flasher_ref);
+    let flash_sim = &t.flash_sim;
+    let timeout = t.timeout();
     let sets = [
         format!("controller.image.repository={ctl_repo}"),
         format!("controller.image.tag={ctl_tag}"),
@@ -368,466 +412,100 @@ async fn real_node() {
         "flasher.image.pullPolicy=Never".into(),
         format!("flasher.simulateDir={flash_sim}"),
     ];
-    let helm_args = |verb: &str, extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = [verb, rel.as_str(), "chart", "-n", ns.as_str()]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        for s in &sets {
-            a.push("--set".into());
-            a.push(s.clone());
-        }
-        // (--set would read 1e52 as a number)
-        a.extend([
-            "--set-string".into(),
-            "vfioManager.devices[0].vendorId=1e52".into(),
-        ]);
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a.extend(["--wait".into(), "--timeout".into(), timeout.clone()]);
-        a
-    };
-    let install = helm_args("install", &["--create-namespace"]);
-    let install: Vec<&str> = install.iter().map(String::as_str).collect();
-    rn.helm(&install)
-        .unwrap_or_else(|e| panic!("helm install of chart/: {e}"));
-    ph.phase("helm install (2 controller replicas Ready)");
-    let holder1 = wait_for("a controller replica holds the lease", rn.t, || {
-        rn.lease_holder()
-    })
-    .await;
-    assert!(
-        rn.pod_exists(&ns, &holder1).await.unwrap_or(false),
-        "lease holder {holder1} is not a controller pod"
-    );
-    // The metrics Service: through its ClusterIP (kube-proxy), and each endpoint.
-    // kube-proxy programs a new Service's endpoints on its own time (a
-    // ClusterIP without them refuses connections): waited for, bounded.
-    let svc_addr = rn.svc_addr().await;
-    let scrape = wait_for(
-        &format!("Service {} answers at {svc_addr} (kube-proxy)", rn.svc()),
-        rn.t,
-        || http_get(&svc_addr, "/metrics"),
-    )
-    .await;
-    assert!(
-        metric(&scrape, "ttdriver_build_info").is_some(),
-        "no ttdriver_build_info from {}",
-        rn.svc()
-    );
-    let mut leaders = 0;
-    let eps = rn
-        .endpoints()
-        .await
-        .unwrap_or_else(|e| panic!("endpoints: {e}"));
-    for ep in &eps {
-        let text = http_get(ep, "/metrics")
-            .await
-            .unwrap_or_else(|e| panic!("scrape of endpoint {ep}: {e}"));
-        if metric(&text, "ttdriver_leader") == Some(1.0) {
-            leaders += 1;
-        }
+    let mut a: Vec<String> = [verb, rel.as_str(), "chart", "-n", ns.as_str()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for s in &sets {
+        a.push("--set".into());
+        a.push(s.clone());
     }
-    assert_eq!(
-        leaders, 1,
-        "expected exactly one replica (of {eps:?}) exporting ttdriver_leader 1"
-    );
-    ph.log(&format!(
-        "leader {holder1}; metrics scraped through {svc_addr} and both endpoints (one leader)"
-    ));
-    ph.phase("leader elected, metrics Service scraped");
+    // (--set would read 1e52 as a number)
+    a.extend([
+        "--set-string".into(),
+        "vfioManager.devices[0].vendorId=1e52".into(),
+    ]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a.extend(["--wait".into(), "--timeout".into(), timeout]);
+    a
+}
 
-    // The binder's report, written with its pod's token (the node-patch
-    // policy admits only its own node's two keys): this boot, no function.
-    let report = wait_for("the VFIO binder's report on the node", rn.t, || async {
-        let n = rn.node_obj().await?;
-        let boot = n
-            .status
-            .as_ref()
-            .and_then(|s| s.node_info.as_ref())
-            .map(|i| i.boot_id.clone());
-        let value = n
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(PCI_FUNCTIONS).cloned());
-        match value
-            .as_deref()
-            .and_then(|v| PciFunctions::at_boot(v, boot.as_deref()))
-        {
-            Some(p) if !p.boot_id.is_empty() => Ok(p),
-            _ => Err(format!("{value:?} (node boot {boot:?})")),
-        }
-    })
-    .await;
-    assert_eq!(report.total(), 0, "{report:?}");
-    assert_eq!(report.passthrough(), Passthrough::None);
-    ph.log(&format!("the binder's report: {}", report.to_annotation()));
-    ph.phase("VFIO binder: the node reported with its pod token");
+/// The node as node-feature-discovery and an earlier container install left
+/// it, and another node's fixture.
+async fn label_node_as_found(t: &Ctx) {
+    let (rn, node) = (&t.rn, &t.rn.node);
+    let nodes: Api<Node> = Api::all(rn.c.clone());
+    let labels = serde_json::json!({"metadata": {"labels": {
+        PCI: "true", KMD: "2.7.0", MODE: "container"}}});
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .unwrap_or_else(|e| panic!("labelling {node}: {e}"));
+    apply_fixture(&rn.c, &fixture("other-node.yaml"), &[]).await;
+}
+
+#[tokio::test]
+#[ignore = "runs inside the real node's namespaces: bash hack/test-realnode.sh (make test)"]
+async fn real_node() {
+    let mut ph = Phases::from_env("test-realnode");
+    let t = Ctx::from_env().await;
+    let _diag = t.diagnostics();
+    ph.log(&format!(
+        "images: {} {} {} {}",
+        t.ctl_ref, t.agent_ref, t.pause_ref, t.vfio_ref
+    ));
+    // The node as node-feature-discovery and an earlier container install left it.
+    label_node_as_found(&t).await;
+
+    // --- 1. the chart
+    // helm install of chart/: two controller replicas Ready
+    chart::install(&t, &mut ph);
+    // one replica leads; the metrics Service and each endpoint scraped, one leader
+    let (holder1, svc_addr) = chart::leader_and_metrics(&t, &mut ph).await;
+    // the VFIO binder reports the node (this boot, no function) with its pod token
+    chart::vfio_binder_reports_the_node(&t, &mut ph).await;
 
     // --- 2. the workload
-    let vars = [
-        ("NODE", node.as_str()),
-        ("AGENT_IMAGE", agent_ref.as_str()),
-        ("PAUSE_IMAGE", pause_ref.as_str()),
-    ];
-    apply_fixture(&rn.c, &fixture("workload.yaml"), &vars).await;
-    let train = rn
-        .wait_running(
-            &format!("the workload pod Running on {node}"),
-            "ml",
-            "app=train",
-            1,
-        )
-        .await;
-    rn.wait_running(
-        "the telemetry DaemonSet pod Running",
-        "ml",
-        "app=telemetry",
-        1,
-    )
-    .await;
-    let train1 = train[0].clone();
-    ph.phase("workload (hostPath /dev/tenstorrent, PDB) and telemetry DaemonSet Running");
+    // the workload behind its PDB and the gated telemetry DaemonSet Running
+    let train1 = drain::workload_running(&t, &mut ph).await;
 
     // --- 3. the policy; the real agent
-    apply_fixture(&rn.c, &fixture("policy.yaml"), &[]).await;
-    wait_for("the node cordoned for 2.7.0 -> 2.8.0", rn.t, || async {
-        if rn.cordoned().await? {
-            Ok(())
-        } else {
-            Err("schedulable".into())
-        }
-    })
-    .await;
-    ph.phase("policy applied -> node cordoned");
-    wait_for("deploy gate closed", rn.t, || rn.label_is(GATE, "false")).await;
-    wait_for(
-        "the telemetry pod gone behind the closed gate",
-        rn.t,
-        || async {
-            let p = rn.pod_names("ml", "app=telemetry", "").await?;
-            if p.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{p:?}"))
-            }
-        },
-    )
-    .await;
-    ph.phase("deploy gate closed, telemetry pod left");
-    // The installer pod on the real node: the real agent, refusing a source build here.
-    let inst1 = wait_for(&format!("an installer pod on {node}"), rn.t, || async {
-        rn.installers()
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| "none".to_string())
-    })
-    .await;
-    let kver = run("uname", &["-r"]).unwrap_or_default();
-    let words = wait_for(
-        &format!(
-            "the agent refuses the source build (no kernel headers for {})",
-            kver.trim()
-        ),
-        rn.t,
-        || async {
-            for previous in [false, true] {
-                if let Some(l) = refusal(&rn.logs(&inst1, previous).await) {
-                    return Ok(l.to_string());
-                }
-            }
-            Err(format!("no refusal in the logs of {inst1}"))
-        },
-    )
-    .await;
-    let words = words
-        .find("summary: result=failed")
-        .map_or(&words[..], |i| &words[i..]);
-    ph.log(&format!(
-        "agent on {node}: {}",
-        words.chars().take(240).collect::<String>()
-    ));
-    ph.phase("real agent in the installer pod: refusal (no kernel headers) asserted");
-    // A DKMS install appears on the node while it drains (before the refusing
-    // pod has crash-looped three times: the controller would fail the node on
-    // that pod's restarts at Upgrading); the agent's next start finds it. This
-    // test runs in the node's mount namespace: this is the node's /var/lib.
-    std::fs::create_dir_all("/var/lib/dkms/tenstorrent/2.7.0")
-        .unwrap_or_else(|e| panic!("creating the DKMS tree: {e}"));
+    // the policy cordons the node and closes the gate; the telemetry pod leaves
+    drain::policy_cordons_and_closes_gate(&t, &mut ph).await;
+    // the real agent refuses the source build (no kernel headers here)
+    let inst1 = drain::agent_refuses_source_build(&t, &mut ph).await;
+    // a DKMS install appears on the node while it drains
+    drain::dkms_install_appears();
 
     // --- 4. the drain, with helm upgrade and rollback in the middle
-    wait_for("the drain blocked by the PDB", rn.t, || {
-        rn.state_is("Draining")
-    })
-    .await;
-    wait_for(
-        "ttdriver_drain_blocked_total (the PDB refused the eviction)",
-        rn.t,
-        || async {
-            let mut addrs = vec![svc_addr.clone()];
-            addrs.extend(rn.endpoints().await?);
-            for a in &addrs {
-                if let Ok(t) = http_get(a, "/metrics").await
-                    && metric(&t, "ttdriver_drain_blocked_total").is_some()
-                {
-                    return Ok(());
-                }
-            }
-            Err(format!("no ttdriver_drain_blocked_total at {addrs:?}"))
-        },
-    )
-    .await;
-    assert!(
-        rn.pod_exists("ml", &train1).await.unwrap_or(false),
-        "the workload pod went although its PDB refuses"
-    );
-    ph.phase("drain: eviction refused by the PDB, pod kept");
-    let upgrade = helm_args("upgrade", &["--set", "controller.logLevel=debug"]);
-    let upgrade: Vec<&str> = upgrade.iter().map(String::as_str).collect();
-    rn.helm(&upgrade)
-        .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
-    let holder2 = rn
-        .wait_new_holder("the lease held by an upgraded replica", &holder1)
-        .await;
-    let still = |when: &str| format!("after {when} the node must still be Draining");
-    assert_eq!(
-        rn.record().await.map(|r| r.0),
-        Ok("Draining".into()),
-        "{}",
-        still("helm upgrade")
-    );
-    assert_eq!(
-        rn.cordoned().await,
-        Ok(true),
-        "helm upgrade uncordoned the node mid-rollout"
-    );
-    ph.phase("helm upgrade: new replicas, lease handed over, still Draining");
-    rn.helm(&["-n", &ns, "rollback", &rel])
-        .unwrap_or_else(|e| panic!("helm rollback: {e}"));
-    let deploy = format!("deploy/{rel}-controller");
-    run(
-        "kubectl",
-        &[
-            "-n",
-            &ns,
-            "rollout",
-            "status",
-            &deploy,
-            &format!("--timeout={timeout}"),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("rollback's controller pods: {e}"));
-    rn.wait_new_holder("the lease held by a rolled-back replica", &holder2)
-        .await;
-    assert_eq!(
-        rn.record().await.map(|r| r.0),
-        Ok("Draining".into()),
-        "{}",
-        still("helm rollback")
-    );
-    let history: serde_json::Value = rn
-        .helm(&["-n", &ns, "history", &rel, "-o", "json"])
-        .and_then(|h| serde_json::from_str(&h).map_err(|e| e.to_string()))
-        .unwrap_or_else(|e| panic!("helm history: {e}"));
-    let last = history
-        .as_array()
-        .and_then(|h| h.last())
-        .map(|h| h["description"].clone());
-    assert_eq!(
-        last,
-        Some(serde_json::json!("Rollback to 1")),
-        "helm history does not end with the rollback"
-    );
-    ph.phase("helm rollback: old replicas, lease handed over, still Draining");
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(rn.c.clone(), "ml");
-    let relax = serde_json::json!({"spec": {"minAvailable": 0}});
-    pdbs.patch("train", &PatchParams::default(), &Patch::Merge(&relax))
-        .await
-        .unwrap_or_else(|e| panic!("relaxing the PDB: {e}"));
-    wait_for("the workload pod evicted", rn.t, || async {
-        if rn.pod_exists("ml", &train1).await? {
-            Err(format!("{train1} still there"))
-        } else {
-            Ok(())
-        }
-    })
-    .await;
-    let eviction = AuditQuery {
-        verb: "create",
-        resource: "pods",
-        subresource: "eviction",
-        user: &ctl_sa,
-        name: Some(&train1),
-        node_claim: None,
-    };
-    eviction
-        .find_in(&audit)
-        .unwrap_or_else(|e| panic!("no eviction of ml/{train1} by the controller: {e}"));
-    ph.phase("PDB relaxed -> pod evicted through the Eviction API");
+    // the PDB refuses the eviction (counted in the metrics), the pod stays
+    drain::blocked_by_pdb(&t, &mut ph, &svc_addr, &train1).await;
+    // helm upgrade: the lease handed over, the node still cordoned and Draining
+    let holder2 = chart::upgrade_keeps_draining(&t, &mut ph, &holder1).await;
+    // helm rollback: the lease handed over again, still Draining, in helm's history
+    chart::rollback_keeps_draining(&t, &mut ph, &holder2).await;
+    // the PDB relaxed: the controller evicts the pod through the Eviction API
+    drain::pdb_relaxed_pod_evicted(&t, &mut ph, &train1).await;
 
     // --- 5. host path of the agent, uncordon, gate open
-    wait_for("the agent labels its node install-mode=host", rn.t, || {
-        rn.label_is(MODE, "host")
-    })
-    .await;
-    let by_agent = AuditQuery {
-        verb: "patch",
-        resource: "nodes",
-        subresource: "",
-        user: &agent_sa,
-        name: Some(&node),
-        node_claim: Some(&node),
-    }
-    .find_in(&audit)
-    .unwrap_or_else(|e| panic!("no node patch by the agent's own pod-bound token: {e}"));
-    ph.log(&format!(
-        "agent's label patch: {} by {} from {}, code {}",
-        by_agent["verb"],
-        by_agent["user"]["username"],
-        by_agent["sourceIPs"],
-        by_agent["responseStatus"]["code"]
-    ));
-    assert_eq!(
-        rn.label(KMD).await,
-        Ok(None),
-        "kmd-version label kept although no module is loaded"
-    );
-    // The cycle ends (Upgrading replaced the pre-cycle installer pod; the new
-    // agent reports the host first and idles): take the pod that stays.
-    wait_for("the node Done", rn.t, || rn.state_is("Done")).await;
-    // Full-node drain is on and the controller runs on the node it drained:
-    // it tried no eviction in its own namespace (the Go drain skipped it too;
-    // on a one-node cluster without the toleration above, an evicted
-    // controller's replacement could not schedule on the cordoned node).
-    let own = evictions_in(&audit, &ctl_sa, &ns);
-    assert!(
-        own.is_empty(),
-        "the controller evicted pods of its own namespace {ns}: {own:?}"
-    );
-    ph.log(&format!(
-        "full-node drain: no eviction tried in {ns} (the controller's namespace)"
-    ));
-    // (the node can be Done a moment after the controller deleted the
-    // pre-cycle pod, before the DaemonSet's replacement exists: wait for the
-    // replacement, and only it)
-    let inst2 = wait_for(
-        &format!("one installer pod on {node} (the pre-cycle one gone)"),
-        rn.t,
-        || async {
-            let lp = ListParams::default()
-                .labels(INSTALLER)
-                .fields(&format!("spec.nodeName={node}"));
-            let l = rn.pods(&ns).list(&lp).await.map_err(|e| e.to_string())?;
-            let p: Vec<String> = l
-                .items
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .filter_map(|p| p.metadata.name)
-                .collect();
-            if p.len() == 1 && p[0] != inst1 {
-                Ok(p[0].clone())
-            } else {
-                Err(format!("{p:?} (pre-cycle {inst1})"))
-            }
-        },
-    )
-    .await;
-    // The agent idles now: its exec readiness probe runs on the kubelet and
-    // says why the pod is not Ready (nothing loaded; a host-managed node's pod
-    // is Ready only when the host's module is the policy's version).
-    let events: Api<Event> = Api::namespaced(rn.c.clone(), &ns);
-    wait_for(
-        &format!("the readiness probe (ttdrv-agent ready) of {inst2} reported"),
-        rn.t,
-        || async {
-            let lp = ListParams::default()
-                .fields(&format!("involvedObject.name={inst2},reason=Unhealthy"));
-            let l = events.list(&lp).await.map_err(|e| e.to_string())?;
-            let msgs: Vec<String> = l.items.into_iter().filter_map(|e| e.message).collect();
-            if msgs
-                .iter()
-                .any(|m| m.contains("not ready: loaded none, want 2.8.0"))
-            {
-                Ok(())
-            } else {
-                Err(format!("{msgs:?}"))
-            }
-        },
-    )
-    .await;
-    let pod2 = rn
-        .pods(&ns)
-        .get(&inst2)
-        .await
-        .unwrap_or_else(|e| panic!("{inst2}: {e}"));
-    assert!(
-        !ttdrv_testkit::pod_ready(&pod2),
-        "installer pod Ready without a module"
-    );
-    ph.phase("agent's host path: node labelled with its own token, readiness probe ran");
-    let (_, reason) = rn.record().await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        reason.as_deref(),
-        Some("HostManaged"),
-        "node Done with the wrong reason"
-    );
-    assert_eq!(
-        rn.cordoned().await,
-        Ok(false),
-        "node still cordoned after Done"
-    );
-    assert_eq!(
-        rn.label(GATE).await,
-        Ok(None),
-        "deploy gate label left on the node"
-    );
-    rn.wait_running("the telemetry pod back", "ml", "app=telemetry", 1)
-        .await;
-    rn.wait_running(
-        &format!("the workload Running again on {node}"),
-        "ml",
-        "app=train",
-        1,
-    )
-    .await;
-    ph.phase("uncordoned, gate open, Done (HostManaged), workload back");
+    // the agent labels its node install-mode=host with its own pod-bound token
+    host_path::agent_labels_host_mode(&t, &mut ph).await;
+    // the node Done; no eviction tried in the controller's own namespace
+    host_path::done_without_own_evictions(&t, &mut ph).await;
+    // the installer pod that stays: its readiness probe ran and keeps it not Ready
+    let inst2 = host_path::readiness_probe_ran(&t, &mut ph, &inst1).await;
+    // Done (HostManaged), uncordoned, gate open, telemetry and workload back
+    host_path::uncordoned_gate_open(&t, &mut ph).await;
 
     // --- 6. the admission policy on the agent's pod-bound token
-    let token = run(
-        "kubectl",
-        &[
-            "-n",
-            &ns,
-            "exec",
-            &inst2,
-            "--",
-            "cat",
-            "/var/run/secrets/kubernetes.io/serviceaccount/token",
-        ],
-    )
-    .unwrap_or_else(|e| panic!("reading the agent pod's token: {e}"));
-    let agent = agent_client(token.trim(), &env("REALNODE_CA")).await;
-    let checks = admission_checks(&agent, &node, &agent_sa, &ph).await;
-    ph.phase(&format!(
-        "admission policy on the agent's pod-bound token ({checks} checks)"
-    ));
+    access::admission_on_agent_token(&t, &mut ph, &inst2).await;
 
-    // --- 7. kubectl tt driver
-    let out =
-        run("kubectl", &["tt", "driver"]).unwrap_or_else(|e| panic!("kubectl tt driver: {e}"));
-    for l in out.lines() {
-        eprintln!("[kubectl tt driver] {l}");
-    }
-    assert!(
-        out.contains(POLICY) && out.contains(&node),
-        "kubectl tt driver does not show policy {POLICY} and node {node}"
-    );
-    ph.phase("kubectl tt driver");
+    // --- 7. kubectl tt driver shows the policy and the node
+    access::kubectl_tt_driver(&t, &mut ph);
 
     // --- 8. a firmware policy: cordon, drain, a real flash Job on the
     // kubelet (the flasher image; its cards simulated), readback, uncordon
-    flash_the_node(&rn, &flash_sim).await;
+    flash_the_node(&t.rn, &t.flash_sim).await;
     ph.phase("firmware: a real flash Job flashed the node (simulated cards), Done, uncordoned, workload back");
     ph.report();
 }

@@ -30,6 +30,10 @@
 //!   7. the deliberate break: no controller, the installer edited by hand: no
 //!      go-ahead, the loaded module stays
 //!
+//! [`vm_node`] lists the steps in that order, one call each; their code is
+//! in the modules named for what they check (`boot`, `real_swaps`,
+//! `stub_cycles`, `the_break`), over the helpers here.
+//!
 //! The API server cannot reach the guest's kubelet: the guest reports the
 //! module and the installer pods' log lines on its console (hack/vm-node/init).
 
@@ -48,6 +52,15 @@ use ttdrv_testkit::real_node::{
     AuditQuery, Diagnostics, Phases, apply_fixture, env, http_get, run, timeout_from_env,
 };
 use ttdrv_testkit::{client, wait_for, wait_for_result};
+
+#[path = "vm_node/boot.rs"]
+mod boot;
+#[path = "vm_node/real_swaps.rs"]
+mod real_swaps;
+#[path = "vm_node/stub_cycles.rs"]
+mod stub_cycles;
+#[path = "vm_node/the_break.rs"]
+mod the_break;
 
 const POLICY: &str = "vmnode";
 const INSTALLER: &str = "app.kubernetes.io/name=tt-driver-installer";
@@ -644,125 +657,107 @@ cordon_to_go_ahead: the drain; host clock. go_ahead_to_load, load_to_uncordon, b
 const CYCLES: &str = "rollout cycles (from the node record and the guest console)";
 const FAULTS: &str = "real faults on the VM node (kubelet and containerd restarts, two minutes cut off from the API server, the leader killed, reboots)";
 
-#[tokio::test]
-#[ignore = "runs inside the VM node's namespace: bash hack/test-vm-node.sh (make test-vm-node)"]
-async fn vm_node() {
-    let mut ph = Phases::from_env("test-vm-node");
-    let vm = Vm {
-        c: client().await,
-        node: env("VMNODE_NODE"),
-        ns: env("VMNODE_NAMESPACE"),
-        console: env("VMNODE_CONSOLE"),
-        ctl: env("VMNODE_CTL"),
-        monitor: env("VMNODE_MONITOR"),
-        watchdog: Arc::default(),
-        t: timeout_from_env(900),
-        boot_t: Duration::from_secs(
-            std::env::var("VMNODE_BOOT_TIMEOUT")
-                .ok()
-                .and_then(|t| t.parse().ok())
-                .unwrap_or(300),
-        ),
-    };
-    let (vnode, ns) = (vm.node.clone(), vm.ns.clone());
-    let rel = env("VMNODE_RELEASE");
-    let (ctl_ref, agent_ref) = (env("VMNODE_CONTROLLER_IMAGE"), env("VMNODE_AGENT_IMAGE"));
-    let audit = env("VMNODE_AUDIT_LOG");
-    // The real tt-kmd's releases (the first install, the upgrade under the
-    // mmap workload, the downgrade from the cache) and the stub's (prepare
-    // off, the faults, the reboots), tags of one repository in the guest
-    // (hack/test-vm-node.sh).
-    let (real, stub) = (
-        versions("VMNODE_REAL_VERSIONS"),
-        versions("VMNODE_STUB_VERSIONS"),
-    );
-    let (r_old, r_new) = (real[0].as_str(), real[1].as_str());
-    let (s_cmp, s_fault) = (stub[0].as_str(), stub[1].as_str());
-    let stop_after = std::env::var("VMNODE_STOP_AFTER").unwrap_or_default();
-    let _diag = Diagnostics(vec![
-        "kubectl get nodes -o wide".into(),
-        "kubectl get pods -A -o wide".into(),
-        "kubectl get ttdp -o jsonpath='{.items[*].status.nodes}'; echo".into(),
-        format!("kubectl -n {ns} logs -l app.kubernetes.io/component=controller --tail=20"),
-        "kubectl get events -A --sort-by=.lastTimestamp | tail -n 25".into(),
-        format!(
-            "echo '--- guest console (last 40 lines)'; tr -d '\\r' <{} | tail -n 40",
-            vm.console
-        ),
-    ]);
+/// What every step reads: the VM node, the release and its images, the
+/// audit log, the tt-kmd versions the test swaps between.
+struct Run {
+    vm: Vm,
+    rel: String,
+    ctl_ref: String,
+    agent_ref: String,
+    audit: String,
+    /// The real tt-kmd's releases (the first install, the upgrade under the
+    /// mmap workload, the downgrade from the cache) and the stub's (prepare
+    /// off, the faults, the reboots), tags of one repository in the guest
+    /// (hack/test-vm-node.sh).
+    real: Vec<String>,
+    r_old: String,
+    r_new: String,
+    s_cmp: String,
+    s_fault: String,
+    /// VMNODE_STOP_AFTER: the phase after which the test stops (boot, ready,
+    /// install, real), none by default.
+    stop_after: String,
+}
 
-    // --- the chart, while the guest boots: the controller on the host-side
-    // node; the installer DaemonSet it renders (the agent image) on the VM node.
-    let split = |r: &str| -> (String, String) {
-        let (repo, tag) = r.rsplit_once(':').unwrap_or((r, "latest"));
-        (repo.to_string(), tag.to_string())
-    };
-    let ((ctl_repo, ctl_tag), (agent_repo, agent_tag)) = (split(&ctl_ref), split(&agent_ref));
-    let timeout = format!("{}s", vm.t.as_secs());
-    let mut args: Vec<String> = ["install", &rel, "chart", "--create-namespace", "-n", &ns]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    for s in [
-        format!("controller.image.repository={ctl_repo}"),
-        format!("controller.image.tag={ctl_tag}"),
-        format!("driver.image.repository={agent_repo}"),
-        format!("driver.image.tag={agent_tag}"),
-        "controller.image.pullPolicy=Never".into(),
-        "driver.image.pullPolicy=Never".into(),
-        // two: the fault phase kills the leader (leader_fault)
-        "controller.replicas=2".into(),
-        "controller.nodeSelector.kubernetes\\.io/hostname=real-node-1".into(),
-        // the stub tt-kmd repository in the guest, through the installer pod's /host
-        "controller.extraArgs={--resync-ms=1000,--source-repository=/host/opt/tt-kmd.git}".into(),
-        // That repository's tags name the stub's commits, not upstream's:
-        // the chart's pins of the upstream releases go.
-        "driver.sourceCommits=null".into(),
-    ] {
-        args.extend(["--set".to_string(), s]);
-    }
-    args.extend(["--wait".into(), "--timeout".into(), timeout]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    run("helm", &args).unwrap_or_else(|e| panic!("helm install of chart/: {e}"));
-    ph.log("chart installed: controller Ready on real-node-1");
-    vm.wait_con("the guest's init", "init ").await;
-    ph.phase("guest kernel boot to init");
-    vm.wait_con("containerd in the guest", "containerd up")
-        .await;
-    ph.phase("guest network, containerd up");
-    vm.wait_con("images imported in the guest", "images imported")
-        .await;
-    ph.phase("agent and pause images imported into the guest's containerd");
-    if stop_after == "boot" {
-        return ph.report();
-    }
-    wait_for(&format!("node {vnode} Ready"), vm.t, || async {
-        let n = vm.node_obj().await?;
-        let ready = n.status.and_then(|s| s.conditions).unwrap_or_default();
-        let ready = ready
-            .iter()
-            .find(|c| c.type_ == "Ready")
-            .map(|c| c.status.clone());
-        if ready.as_deref() == Some("True") {
-            Ok(())
-        } else {
-            Err(format!("Ready={ready:?}"))
+impl Run {
+    /// From the VMNODE_* variables hack/test-vm-node.sh passes.
+    async fn from_env() -> Self {
+        let vm = Vm {
+            c: client().await,
+            node: env("VMNODE_NODE"),
+            ns: env("VMNODE_NAMESPACE"),
+            console: env("VMNODE_CONSOLE"),
+            ctl: env("VMNODE_CTL"),
+            monitor: env("VMNODE_MONITOR"),
+            watchdog: Arc::default(),
+            t: timeout_from_env(900),
+            boot_t: Duration::from_secs(
+                std::env::var("VMNODE_BOOT_TIMEOUT")
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(300),
+            ),
+        };
+        let rel = env("VMNODE_RELEASE");
+        let (ctl_ref, agent_ref) = (env("VMNODE_CONTROLLER_IMAGE"), env("VMNODE_AGENT_IMAGE"));
+        let audit = env("VMNODE_AUDIT_LOG");
+        let (real, stub) = (
+            versions("VMNODE_REAL_VERSIONS"),
+            versions("VMNODE_STUB_VERSIONS"),
+        );
+        let (r_old, r_new) = (real[0].clone(), real[1].clone());
+        let (s_cmp, s_fault) = (stub[0].clone(), stub[1].clone());
+        let stop_after = std::env::var("VMNODE_STOP_AFTER").unwrap_or_default();
+        Run {
+            vm,
+            rel,
+            ctl_ref,
+            agent_ref,
+            audit,
+            real,
+            r_old,
+            r_new,
+            s_cmp,
+            s_fault,
+            stop_after,
         }
-    })
-    .await;
-    ph.phase(&format!(
-        "kubelet started -> node {vnode} registered and Ready"
-    ));
-    if stop_after == "ready" {
-        return ph.report();
     }
-    let watch = Watcher::start(vm.clone(), env("VMNODE_TIMELINE"));
-    let table = |ph: &mut Phases, title: &str, t0: f64, v: &str, workload: bool| {
+
+    /// What a failed run prints (see `Diagnostics`).
+    fn diagnostics(&self) -> Diagnostics {
+        let (vm, ns) = (&self.vm, &self.vm.ns);
+        Diagnostics(vec![
+            "kubectl get nodes -o wide".into(),
+            "kubectl get pods -A -o wide".into(),
+            "kubectl get ttdp -o jsonpath='{.items[*].status.nodes}'; echo".into(),
+            format!("kubectl -n {ns} logs -l app.kubernetes.io/component=controller --tail=20"),
+            "kubectl get events -A --sort-by=.lastTimestamp | tail -n 25".into(),
+            format!(
+                "echo '--- guest console (last 40 lines)'; tr -d '\\r' <{} | tail -n 40",
+                vm.console
+            ),
+        ])
+    }
+
+    /// The rollout cycle's table (node record and guest console) into the report.
+    fn table(
+        &self,
+        watch: &Watcher,
+        ph: &mut Phases,
+        title: &str,
+        t0: f64,
+        v: &str,
+        workload: bool,
+    ) {
+        let vm = &self.vm;
         let out = cycle::cycle_table(title, &watch.timeline(), &vm.con(), t0, v, workload);
         eprint!("{out}");
         ph.add_to_report(CYCLES, out);
-    };
-    let window = |ph: &mut Phases, title: &str, t0: f64, v: &str, mode: Mode| {
+    }
+
+    /// The cordon window of the swap to `v` checked, its figures into the report.
+    fn window(&self, watch: &Watcher, ph: &mut Phases, title: &str, t0: f64, v: &str, mode: Mode) {
+        let vm = &self.vm;
         let con = vm.con();
         let f = cycle::check(&watch.timeline(), &con.agent_lines(), t0, v, mode)
             .unwrap_or_else(|e| panic!("{title}: cordon window check failed: {e}"));
@@ -771,8 +766,11 @@ async fn vm_node() {
             FIGURES,
             format!("[test-vm-node]   {:<44} {f}", format!("{title}:")),
         );
-    };
-    let evicted_by_controller = |pod: &str| {
+    }
+
+    /// The controller (its service account) evicted `ml/{pod}` (audit log).
+    fn evicted_by_controller(&self, pod: &str) {
+        let (ns, rel, audit) = (&self.vm.ns, &self.rel, &self.audit);
         let ctl_sa = format!("system:serviceaccount:{ns}:{rel}-controller");
         AuditQuery {
             verb: "create",
@@ -782,268 +780,51 @@ async fn vm_node() {
             name: Some(pod),
             node_claim: None,
         }
-        .find_in(&audit)
+        .find_in(audit)
         .unwrap_or_else(|e| panic!("no eviction of ml/{pod} by the controller: {e}"));
-    };
+    }
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node's namespace: bash hack/test-vm-node.sh (make test-vm-node)"]
+async fn vm_node() {
+    let mut ph = Phases::from_env("test-vm-node");
+    let t = Run::from_env().await;
+    let (r_old, r_new, s_cmp) = (t.r_old.as_str(), t.r_new.as_str(), t.s_cmp.as_str());
+    let _diag = t.diagnostics();
+
+    // --- the chart, while the guest boots: the controller on the host-side
+    // node; the installer DaemonSet it renders (the agent image) on the VM node.
+    boot::install_chart(&t, &mut ph);
+    // the guest boots to init, containerd up, the images imported
+    boot::guest_boots(&t, &mut ph).await;
+    if t.stop_after == "boot" {
+        return ph.report();
+    }
+    // the guest's kubelet registers the node, Ready
+    boot::node_ready(&t, &mut ph).await;
+    if t.stop_after == "ready" {
+        return ph.report();
+    }
+    let watch = Watcher::start(t.vm.clone(), env("VMNODE_TIMELINE"));
 
     // --- first install of the real tt-kmd (r_old): a real build in the installer pod
-    let nodes: Api<Node> = Api::all(vm.c.clone());
-    let pci = serde_json::json!({"metadata": {"labels": {PCI: "true"}}});
-    nodes
-        .patch(&vnode, &PatchParams::default(), &Patch::Merge(&pci))
-        .await
-        .unwrap_or_else(|e| panic!("labelling {vnode}: {e}"));
-    let t0 = now();
-    apply_fixture(
-        &vm.c,
-        &fixture("policy.yaml"),
-        &[("NODE", &vnode), ("VERSION", r_old)],
-    )
-    .await;
-    wait_for(&format!("an installer pod on {vnode}"), vm.t, || {
-        vm.first_installer()
-    })
-    .await;
-    vm.wait_con(
-        &format!("the installer container running on {vnode}"),
-        "agent ",
-    )
-    .await;
-    ph.phase(&format!(
-        "policy {r_old} -> installer pod scheduled, agent container started"
-    ));
-    vm.wait_con(
-        &format!("{r_old} loaded in the guest"),
-        &format!("module={r_old} "),
-    )
-    .await;
-    ph.phase(&format!(
-        "agent: clone, real build, finit_module of {r_old}"
-    ));
-    vm.wait_done(&format!("the node Done at {r_old}"), r_old)
-        .await;
-    let s = vm.wait_summary(r_old, "none").await;
-    assert!(
-        s.contains("previous=none source=build"),
-        "{r_old} was not a source build: {s}"
-    );
-    let p = vm.first_installer().await.unwrap_or_else(|e| panic!("{e}"));
-    if let Ok(pod) = Api::<Pod>::namespaced(vm.c.clone(), &ns).get(&p).await {
-        let st = pod.status.unwrap_or_default();
-        let started = st
-            .container_statuses
-            .unwrap_or_default()
-            .first()
-            .and_then(|c| {
-                c.state
-                    .as_ref()?
-                    .running
-                    .as_ref()?
-                    .started_at
-                    .as_ref()
-                    .map(|t| t.0.to_string())
-            });
-        let ready = st
-            .conditions
-            .unwrap_or_default()
-            .into_iter()
-            .find(|c| c.type_ == "Ready");
-        ph.log(&format!(
-            "installer pod {p}: created {:?}, started {started:?}, Ready {:?}",
-            pod.metadata.creation_timestamp.map(|t| t.0.to_string()),
-            ready
-                .and_then(|c| c.last_transition_time)
-                .map(|t| t.0.to_string())
-        ));
-    }
-    // tt-kmd's udev rule, written by the agent and run by the guest's udevd:
-    // card 0's by-id link, named from its tt_asic_id (16 hex digits).
-    wait_for("card 0's by-id link (udev)", vm.t, || async {
-        match vm.con().module_now() {
-            Some(m) if by_id_link(&m).is_some() => Ok(()),
-            m => Err(format!("module report {m:?}")),
-        }
-    })
-    .await;
-    let mut link = vm
-        .con()
-        .module_now()
-        .and_then(|m| by_id_link(&m))
-        .unwrap_or_default();
-    // The real driver reads tt_asic_id from the card's telemetry: the
-    // emulated card 0's, as ttdrv-ttcard serves it.
-    let real_link = format!("wormhole-{}", ttdrv_testkit::ttcard::tt_asic_id(0));
-    assert_eq!(
-        link, real_link,
-        "the by-id link is not named from the card's own tt_asic_id"
-    );
-    ph.phase(&format!("udev: /dev/tenstorrent/by-id/{link}"));
-    table(
-        &mut ph,
-        &format!("first install of {r_old} (nothing loaded)"),
-        t0,
-        r_old,
-        false,
-    );
-    ph.phase(&format!("readiness, labels, node Done at {r_old}"));
-    if stop_after == "install" {
+    // a source build, loaded, Done; udev names card 0's by-id link from its tt_asic_id
+    let (mut link, real_link) = real_swaps::first_install(&t, &mut ph, &watch).await;
+    if t.stop_after == "install" {
         return ph.report();
     }
 
     // --- the workload: /dev/tenstorrent/0 held by a mapping alone (map-hold)
-    let vars = [
-        ("NODE", vnode.as_str()),
-        ("AGENT_IMAGE", agent_ref.as_str()),
-    ];
-    apply_fixture(&vm.c, &fixture("workload.yaml"), &vars).await;
-    let running = format!("status.phase=Running,spec.nodeName={vnode}");
-    wait_for(
-        &format!("the workload Running on {vnode}"),
-        vm.t,
-        || async {
-            let p = vm.pods("ml", "app=hold", &running).await?;
-            if p.len() == 1 {
-                Ok(())
-            } else {
-                Err(format!("Running: {p:?}"))
-            }
-        },
-    )
-    .await;
-    vm.wait_module(
-        "the workload mapping /dev/tenstorrent/0 (refcnt 1)",
-        &format!("module={r_old} refcnt=1"),
-    )
-    .await;
-    let hold1 = vm.hold_pod().await;
-    ph.phase(&format!(
-        "workload {hold1} maps /dev/tenstorrent/0, its fd closed (refcnt 1)"
-    ));
-
-    // --- the upgrade r_old -> r_new under the workload, built ahead
-    // (upgradePolicy.prepare, on by default): the installer pod is replaced at
-    // once and its agent builds r_new (cache-cold) while the node serves; the
-    // controller cordons only once the node carries kmd-prepared=r_new, and
-    // keeps that pod through the window.
-    let t0 = now();
-    vm.patch_policy(serde_json::json!({"version": r_new})).await;
-    wait_for(
-        &format!("{r_new} built ahead (kmd-prepared={r_new} on the node)"),
-        vm.t,
-        || async {
-            match vm.label(PREPARED).await {
-                Some(v) if v == r_new => Ok(()),
-                v => Err(format!("kmd-prepared {v:?}")),
-            }
-        },
-    )
-    .await;
-    ph.phase(&format!(
-        "upgrade to {r_new}: installer pod replaced ahead, real build while the node serves"
-    ));
-    vm.wait_cordoned("the node cordoned").await;
-    // Until the drain and the go-ahead, the module and its holder stay.
-    let m = vm.con().module_now().unwrap_or_default();
-    assert!(
-        m.starts_with(&format!("module={r_old} refcnt=1 ")),
-        "module touched before the drain: {m}"
-    );
-    vm.wait_gone("the workload evicted", "ml", &hold1).await;
-    evicted_by_controller(&hold1);
-    vm.wait_con(
-        &format!("{r_new} loaded in the guest"),
-        &format!("module={r_new} "),
-    )
-    .await;
-    vm.wait_done(&format!("the node Done at {r_new}"), r_new)
-        .await;
-    let s = vm.wait_summary(r_new, r_old).await;
-    // source=build: this pod built it, ahead of the cordon (the window check)
-    assert!(
-        s.contains(&format!("previous={r_old} source=build")),
-        "{r_new} was not a source build replacing {r_old}: {s}"
-    );
-    vm.wait_module(
-        &format!("the workload back, holding the {r_new} device"),
-        &format!("module={r_new} refcnt=1 "),
-    )
-    .await;
-    swap_after_drain(&watch.timeline(), &vm.con(), t0, r_new);
-    window(
-        &mut ph,
-        &format!("upgrade {r_old} -> {r_new} (cache-cold, built ahead)"),
-        t0,
-        r_new,
-        Mode::Ahead,
-    );
-    table(
-        &mut ph,
-        &format!("upgrade {r_old} -> {r_new} under the workload (real build, ahead)"),
-        t0,
-        r_new,
-        true,
-    );
-    ph.phase(&format!(
-        "upgrade to {r_new}: cordon, eviction, go-ahead, load of the prepared module, uncordon"
-    ));
-    // The controller's metrics, as a dashboard reads them on hardware.
-    let m = vm.leader_metrics().await;
-    let node_done = metric_sum(
-        &m,
-        "ttdriver_node_state",
-        &[("cr", POLICY), ("node", &vnode), ("state", "Done")],
-    );
-    let on_new = metric_sum(&m, "ttdriver_nodes_by_kmd_version", &[("version", r_new)]);
-    let evicted = metric_sum(&m, "ttdriver_pods_evicted_total", &[("cr", POLICY)]);
-    let cycles = metric_sum(
-        &m,
-        "ttdriver_node_upgrade_duration_seconds_count",
-        &[("cr", POLICY)],
-    );
-    assert!(
-        node_done == 1.0 && on_new >= 1.0 && evicted >= 1.0 && cycles >= 1.0,
-        "the leader's metrics after the upgrade: node_state Done {node_done}, nodes on {r_new} {on_new}, \
-         pods evicted {evicted}, upgrade cycles {cycles}"
-    );
-    ph.phase(&format!(
-        "metrics: {vnode} Done, {on_new} node(s) on {r_new}, {evicted} pod(s) evicted, {cycles} cordoned cycle(s) timed"
-    ));
-    let hold2 = vm.hold_pod().await;
-
+    let hold1 = real_swaps::workload_holds_device(&t, &mut ph).await;
+    // --- the upgrade r_old -> r_new under the workload, built ahead: the build
+    // before the cordon, the workload evicted, the swap after the drain
+    real_swaps::upgrade_built_ahead(&t, &mut ph, &watch, &hold1).await;
+    // the leader's metrics: the node Done, on r_new, a pod evicted, a cycle timed
+    real_swaps::leader_metrics_after_upgrade(&t, &mut ph).await;
     // --- the downgrade back to r_old, from the agent's cache
-    let t0 = now();
-    vm.patch_policy(serde_json::json!({"version": r_old})).await;
-    vm.wait_gone("the workload evicted again", "ml", &hold2)
-        .await;
-    vm.wait_done(&format!("the node Done at {r_old} again"), r_old)
-        .await;
-    let s = vm.wait_summary(r_old, r_new).await;
-    assert!(
-        s.contains(&format!("previous={r_new} source=cache")),
-        "the downgrade did not come from the cache: {s}"
-    );
-    vm.wait_module(
-        &format!("the workload back, holding the {r_old} device"),
-        &format!("module={r_old} refcnt=1 "),
-    )
-    .await;
-    swap_after_drain(&watch.timeline(), &vm.con(), t0, r_old);
-    window(
-        &mut ph,
-        &format!("downgrade {r_new} -> {r_old} (cache hit)"),
-        t0,
-        r_old,
-        Mode::Ahead,
-    );
-    table(
-        &mut ph,
-        &format!("downgrade {r_new} -> {r_old} (from the agent's cache)"),
-        t0,
-        r_old,
-        true,
-    );
-    ph.phase(&format!("downgrade to {r_old} from the cache"));
-    if stop_after == "real" {
+    real_swaps::downgrade_from_cache(&t, &mut ph, &watch).await;
+    if t.stop_after == "real" {
         return ph.report();
     }
 
@@ -1052,247 +833,34 @@ async fn vm_node() {
     // build falls inside the window. VMNODE_COMPARE=0 skips it.
     let (mut cur, mut other) = (r_old, r_new);
     if std::env::var("VMNODE_COMPARE").as_deref().unwrap_or("1") == "1" {
-        let hold3 = vm.hold_pod().await;
-        let t0 = now();
-        vm.patch_policy(
-            serde_json::json!({"version": s_cmp, "upgradePolicy": {"prepare": {"enabled": false}}}),
-        )
-        .await;
-        vm.wait_cordoned("the node cordoned (prepare off)").await;
-        vm.wait_gone("the workload evicted (prepare off)", "ml", &hold3)
-            .await;
-        vm.wait_done(&format!("the node Done at {s_cmp}"), s_cmp)
-            .await;
-        let s = vm.wait_summary(s_cmp, r_old).await;
-        assert!(
-            s.contains(&format!("previous={r_old} source=build")),
-            "{s_cmp} was not a source build replacing {r_old}: {s}"
-        );
-        vm.wait_module(
-            &format!("the workload back, holding the {s_cmp} device"),
-            &format!("module={s_cmp} refcnt=1 "),
-        )
-        .await;
-        swap_after_drain(&watch.timeline(), &vm.con(), t0, s_cmp);
-        window(
-            &mut ph,
-            &format!("upgrade {r_old} -> {s_cmp} (cache-cold, prepare off)"),
-            t0,
-            s_cmp,
-            Mode::Inside,
-        );
-        table(
-            &mut ph,
-            &format!("upgrade {r_old} -> {s_cmp} under the workload (real build, prepare off)"),
-            t0,
-            s_cmp,
-            true,
-        );
-        ph.phase(&format!(
-            "upgrade to {s_cmp}, prepare off: cordon, eviction, pod replaced, build, load, uncordon"
-        ));
-        // the stub, bound to the same PCI function, names its own id
-        let stub_link = vm.con().module_now().and_then(|m| by_id_link(&m));
-        assert!(
-            stub_link.as_ref().is_some_and(|l| *l != link),
-            "the stub's by-id link {stub_link:?} is missing or the real driver's {link}"
-        );
-        link = stub_link.unwrap_or_default();
+        // the stub's by-id link: its own, not the real driver's
+        link = stub_cycles::upgrade_prepare_off(&t, &mut ph, &watch, &link).await;
         // the cache keeps the target and the previous version
         (cur, other) = (s_cmp, r_old);
     }
 
     // --- real faults in two cycles (VMNODE_FAULTS=0 skips them)
     if std::env::var("VMNODE_FAULTS").as_deref().unwrap_or("1") == "1" {
-        for row in fault_phase(&vm, &mut ph, &watch, cur, s_fault).await {
-            ph.log(&row);
-            ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
-        }
-        // loaded: cur again; s_fault is in the cache
-        other = s_fault;
-        let row = leader_fault(&vm, &mut ph, &watch, cur, other, &agent_ref).await;
-        ph.log(&row);
-        ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
-        (cur, other) = (other, cur);
-        // ends where it began: cur loaded, other in the cache
-        // (VMNODE_REBOOTS=0 skips the reboots: .ci/run says why)
-        if std::env::var("VMNODE_REBOOTS").as_deref().unwrap_or("1") == "1" {
-            for row in reboot_faults(&vm, &mut ph, &watch, cur, other).await {
-                ph.log(&row);
-                ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
-            }
-        } else {
-            ph.log("VMNODE_REBOOTS=0: the guest reboots (D1-D5) skipped");
-        }
+        // ends with s_fault loaded, the version loaded before in the cache
+        (cur, other) = stub_cycles::real_faults(&t, &mut ph, &watch, cur).await;
     }
 
     // --- many reboots at rest (VMNODE_REBOOT_SOAK=N; none by default):
     // each back within the boot bound, the module loaded again, Done
-    let soak: usize = std::env::var("VMNODE_REBOOT_SOAK")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    if soak > 0 {
-        let row = reboot_soak(&vm, &mut ph, &watch, cur, soak).await;
-        ph.log(&row);
-        ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
-    }
-    let resets = vm.watchdog.load(std::sync::atomic::Ordering::SeqCst);
-    let row = format!(
-        "guest boots not back within {:?}, dumped and reset (WATCHDOG above): {resets}{}",
-        vm.boot_t,
-        if soak > 0 {
-            ", one the soak's boot made to hang"
-        } else {
-            ""
-        }
-    );
-    ph.log(&row);
-    ph.add_to_report(FAULTS, format!("[test-vm-node]   {row}"));
+    stub_cycles::reboots_at_rest(&t, &mut ph, &watch, cur).await;
 
     // --- the break: no go-ahead, the module stays
-    let n = vm.node_obj().await.unwrap_or_else(|e| panic!("{e}"));
-    let go = n
-        .metadata
-        .annotations
-        .unwrap_or_default()
-        .get(GO_AHEAD)
-        .cloned();
-    assert_eq!(go, None, "the go-ahead outlived the cycle");
-    let deploys: Api<Deployment> = Api::namespaced(vm.c.clone(), &ns);
-    let zero = serde_json::json!({"spec": {"replicas": 0}});
-    deploys
-        .patch(
-            &format!("{rel}-controller"),
-            &PatchParams::default(),
-            &Patch::Merge(&zero),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("scaling the controller to 0: {e}"));
-    wait_for("no controller pod", vm.t, || async {
-        let p = vm
-            .pods(&ns, "app.kubernetes.io/component=controller", "")
-            .await?;
-        if p.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{p:?}"))
-        }
-    })
-    .await;
-    let holdb = vm.hold_pod().await;
-    let before = vm.con().module_now().unwrap_or_default();
-    let t0 = now();
-    // A pod that starts for another reason (here: the DaemonSet edited by hand
-    // and the pod deleted) with another target (one still cached: no build to
-    // wait for), while the workload holds the device.
-    run(
-        "kubectl",
-        &[
-            "-n",
-            &ns,
-            "set",
-            "env",
-            &format!("ds/ttdrv-{POLICY}"),
-            &format!("TT_KMD_VERSION={other}"),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("editing the installer DaemonSet: {e}"));
-    let old = vm.first_installer().await.unwrap_or_else(|e| panic!("{e}"));
-    Api::<Pod>::namespaced(vm.c.clone(), &ns)
-        .delete(&old, &DeleteParams::default())
-        .await
-        .unwrap_or_else(|e| panic!("deleting {old}: {e}"));
-    wait_for("a replacement installer pod", vm.t, || async {
-        let p = vm.first_installer().await?;
-        if p != old {
-            Ok(())
-        } else {
-            Err(format!("still {p}"))
-        }
-    })
-    .await;
-    let waiting = |w: &str| w.contains("waiting for the controller") && w.contains("go-ahead");
-    wait_for("the agent waiting for the go-ahead", vm.t, || async {
-        if vm.con().reports().any(|(t, w)| t >= t0 && waiting(w)) {
-            Ok(())
-        } else {
-            Err("not yet".into())
-        }
-    })
-    .await;
-    // three of the agent's go-ahead polls (every 5 s) later
-    tokio::time::sleep(Duration::from_secs(16)).await;
-    let con = vm.con();
-    let after = con.module_now().unwrap_or_default();
-    if !real.iter().any(|v| v == cur) && link == real_link {
-        // VMNODE_COMPARE=0: the stub's link not seen before the faults
-        link = by_id_link(&before).unwrap_or_default();
-        assert_ne!(link, real_link, "the stub named the real driver's link");
-    }
-    assert_eq!(
-        before,
-        // card 0's by-id link unchanged by every swap of the same driver (the
-        // real one names the card's tt_asic_id, the stub an id of its own)
-        format!("module={cur} refcnt=1 dev=0, links={link},"),
-        "unexpected state before the break"
-    );
-    assert_eq!(after, before, "without the go-ahead the module changed");
-    let phase = Api::<Pod>::namespaced(vm.c.clone(), "ml")
-        .get(&holdb)
-        .await
-        .ok()
-        .and_then(|p| p.status?.phase);
-    assert_eq!(
-        phase.as_deref(),
-        Some("Running"),
-        "the workload pod {holdb} is not Running"
-    );
-    assert_eq!(
-        vm.cordoned().await,
-        Ok(false),
-        "node cordoned without a controller"
-    );
-    assert_eq!(
-        vm.label(KMD).await.as_deref(),
-        Some(cur),
-        "kmd-version label changed without a go-ahead"
-    );
-    let said = con
-        .reports()
-        .filter(|(_, w)| waiting(w))
-        .last()
-        .map(|(_, w)| w.chars().take(200).collect::<String>());
-    ph.log(&format!(
-        "no go-ahead: {after}, workload {holdb} Running, agent: {}",
-        said.unwrap_or_default()
-    ));
-    ph.phase(&format!(
-        "break: no controller, pod replaced with target {other}: {cur} untouched"
-    ));
+    // the last cycle left no go-ahead behind
+    the_break::no_go_ahead_left(&t).await;
+    // no controller runs
+    the_break::controller_scaled_to_zero(&t).await;
+    // an installer pod restarted by hand with another target waits for the go-ahead
+    let held = the_break::installer_restarted_by_hand(&t, other).await;
+    // the module, the workload, the cordon and the labels stay as they were
+    the_break::module_stays(&t, &mut ph, held, cur, other, link, &real_link).await;
     drop(watch);
 
-    for (what, name) in [("the policy's", POLICY), ("the node's", vnode.as_str())] {
-        ph.log(&format!("--- {what} Events"));
-        let out = run(
-            "kubectl",
-            &[
-                "get",
-                "events",
-                "-A",
-                "--field-selector",
-                &format!("involvedObject.name={name}"),
-                "--sort-by=.lastTimestamp",
-                "-o",
-                "custom-columns=TIME:.lastTimestamp,REASON:.reason,MESSAGE:.message",
-            ],
-        )
-        .unwrap_or_default();
-        let lines: Vec<&str> = out.lines().collect();
-        for l in &lines[lines.len().saturating_sub(40)..] {
-            eprintln!("[events] {l}");
-        }
-    }
+    the_break::print_events(&t, &mut ph);
     ph.report();
 }
 

@@ -2,10 +2,8 @@
 //! messages refused by a full mailbox. No `cr` label: they survive a lost
 //! lease and the deletion of policies.
 
-use std::sync::Arc;
-
-use super::Metrics;
-use super::family::{Families, Family};
+use super::family::Families;
+use super::registry::{ActorMetrics, Metrics};
 
 /// The actor kinds that count restarts or full mailboxes; their series start
 /// at 0, so a dashboard shows 0 rather than "no data" until one happens.
@@ -15,12 +13,6 @@ pub const ACTOR_KINDS: &[&str] = &[
     "node",
     "firmware_node",
 ];
-
-/// `ttdriver_actor_restarts_total` and `ttdriver_actor_mailbox_full_total`.
-pub(super) struct ActorMetrics {
-    actor_restarts: Arc<Family>,
-    actor_mailbox_full: Arc<Family>,
-}
 
 impl ActorMetrics {
     /// Creates and registers the families of this group.

@@ -1,21 +1,14 @@
 //! Metrics of the installer DaemonSet's writes, as the Go operator had them:
 //! `ttdriver_daemonset_operations_total{cr,operation,result}`.
 
-use std::sync::Arc;
-
-use super::Metrics;
-use super::family::{Families, Family};
+use super::family::Families;
+use super::registry::{DaemonSetMetrics, Metrics};
 
 /// `operation` label values: the renderer creates or updates (server-side
 /// apply) the DaemonSet, or deletes one it must replace.
 pub const DAEMONSET_OPERATIONS: [&str; 3] = ["create", "update", "delete"];
 /// `result` label values.
 pub const DAEMONSET_RESULTS: [&str; 2] = ["success", "error"];
-
-/// `ttdriver_daemonset_operations_total`.
-pub(super) struct DaemonSetMetrics {
-    operations: Arc<Family>,
-}
 
 impl DaemonSetMetrics {
     /// Creates and registers the families of this group.

@@ -1,10 +1,8 @@
 //! Metrics of draining a node, as the evictor reports them: pods evicted and
 //! evictions refused (PodDisruptionBudget or error), by pass.
 
-use std::sync::Arc;
-
-use super::Metrics;
-use super::family::{Families, Family};
+use super::family::Families;
+use super::registry::{DrainMetrics, Metrics};
 
 use ttdrv_core::drain::DrainPass;
 
@@ -19,12 +17,6 @@ pub fn pass_label(pass: DrainPass) -> &'static str {
         DrainPass::Device => EVICTION_PASSES[0],
         DrainPass::Full => EVICTION_PASSES[1],
     }
-}
-
-/// `ttdriver_pods_evicted_total` and `ttdriver_drain_blocked_total`.
-pub(super) struct DrainMetrics {
-    pods_evicted: Arc<Family>,
-    drain_blocked: Arc<Family>,
 }
 
 impl DrainMetrics {

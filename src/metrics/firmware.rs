@@ -8,26 +8,11 @@ use std::sync::Arc;
 
 use ttdrv_api::firmware::FirmwareNodeState;
 
-use super::Metrics;
 use super::family::{Families, Family, Value};
+use super::registry::{FirmwareMetrics, Metrics, now_unix_seconds};
 
 /// Buckets of `ttfw_flash_duration_seconds`: Go's (10 s doubling, 8 bounds).
 pub const FLASH_BUCKETS: &[f64] = &[10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0];
-
-pub(super) struct FirmwareMetrics {
-    policy_nodes: Arc<Family>,
-    desired_version: Arc<Family>,
-    nodes_by_fw_version: Arc<Family>,
-    jobs_created: Arc<Family>,
-    jobs_finished: Arc<Family>,
-    flash_duration: Arc<Family>,
-    in_flight: Arc<Family>,
-    drain_blocked: Arc<Family>,
-    pods_evicted: Arc<Family>,
-    handed_over: Arc<Family>,
-    errors: Arc<Family>,
-    last_reconcile: Arc<Family>,
-}
 
 impl FirmwareMetrics {
     pub(super) fn register(f: &mut Families) -> Self {
@@ -167,7 +152,7 @@ impl Metrics {
         fw.pods_evicted.touch(&[cr]);
         fw.handed_over.touch(&[cr]);
         if ok {
-            fw.last_reconcile.set(&[cr], super::now_unix_seconds());
+            fw.last_reconcile.set(&[cr], now_unix_seconds());
         }
     }
 

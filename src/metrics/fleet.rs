@@ -5,15 +5,9 @@
 //! lease ([`Metrics::set_leader`] passes it to the collector explicitly).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use super::Metrics;
-use super::family::{Families, Family, Value};
-
-/// `ttdriver_nodes_by_kmd_version`.
-pub(super) struct FleetMetrics {
-    pub(super) nodes_by_kmd_version: Arc<Family>,
-}
+use super::family::{Families, Value};
+use super::registry::{FleetMetrics, Metrics};
 
 impl FleetMetrics {
     /// Creates and registers the families of this group.

@@ -28,13 +28,13 @@
 //! `fleet`: tt-kmd versions across nodes; `drain`: evictions; `daemonset`:
 //! writes of the installer DaemonSet; `reconcile`:
 //! reconcile passes, errors and watch restarts; `actors`: actor restarts and
-//! mailboxes; `process`: the standard `process_*` figures). This
+//! mailboxes; `process`: the standard `process_*` figures). `registry`
+//! declares [`Metrics`] and each group's handles, so the groups import it
+//! rather than this file (which re-exports them: no import circle). This
 //! file ties the groups together: creation, encoding, and the lifecycle of a
 //! policy's and a node's series.
 //!
 //! `Metrics` is `Send + Sync`; share it behind an `Arc`.
-
-use std::time::{SystemTime, UNIX_EPOCH};
 
 mod actors;
 mod daemonset;
@@ -46,6 +46,7 @@ mod node;
 mod policy;
 mod process;
 mod reconcile;
+mod registry;
 mod replica;
 
 pub use daemonset::{DAEMONSET_OPERATIONS, DAEMONSET_RESULTS};
@@ -55,50 +56,16 @@ pub use node::{FAILURE_REASONS, NODE_UPGRADE_BUCKETS, PHASE_BUCKETS, failure_rea
 pub use policy::HOST_MANAGED;
 pub use reconcile::RECONCILE_BUCKETS;
 
-use actors::ActorMetrics;
-use daemonset::DaemonSetMetrics;
-use drain::DrainMetrics;
+pub use registry::Metrics;
+
 use family::Families;
-use firmware::FirmwareMetrics;
-use fleet::FleetMetrics;
-use node::NodeMetrics;
-use policy::PolicyMetrics;
-use reconcile::ReconcileMetrics;
-use replica::ReplicaMetrics;
+use registry::{
+    ActorMetrics, DaemonSetMetrics, DrainMetrics, FirmwareMetrics, FleetMetrics, NodeMetrics,
+    PolicyMetrics, ReconcileMetrics, ReplicaMetrics,
+};
 
 /// Content type of the text exposition format this module writes.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-fn now_unix_seconds() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-fn bool_value(b: bool) -> f64 {
-    if b { 1.0 } else { 0.0 }
-}
-
-/// The controller's metrics: a private registry plus every collector.
-pub struct Metrics {
-    families: Families,
-    replica: ReplicaMetrics,
-    node: NodeMetrics,
-    policy: PolicyMetrics,
-    fleet: FleetMetrics,
-    drain: DrainMetrics,
-    daemonset: DaemonSetMetrics,
-    reconcile: ReconcileMetrics,
-    actors: ActorMetrics,
-    firmware: FirmwareMetrics,
-}
-
-impl std::fmt::Debug for Metrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics").finish_non_exhaustive()
-    }
-}
 
 impl Metrics {
     /// Creates and registers every metric, and sets `ttdriver_build_info{version}` to 1.

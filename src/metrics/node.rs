@@ -6,12 +6,10 @@
 //! Every family here carries `cr`; the per-node ones also carry `node` and go
 //! away with [`Metrics::forget_node`].
 
-use std::sync::Arc;
-
 use ttdrv_api::NodeState;
 
-use super::family::{Families, Family};
-use super::{Metrics, bool_value};
+use super::family::Families;
+use super::registry::{Metrics, NodeMetrics, bool_value};
 
 /// `reason` label values of `ttdriver_node_failures_total`; anything else is
 /// reported as `Other`.
@@ -39,18 +37,6 @@ pub const NODE_UPGRADE_BUCKETS: &[f64] = &[
     10.0, 30.0, 60.0, 120.0, 180.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
     5400.0, 7200.0,
 ];
-
-/// The `ttdriver_node_*` and `ttdriver_phase_duration_seconds` families.
-pub(super) struct NodeMetrics {
-    node_state: Arc<Family>,
-    node_state_since: Arc<Family>,
-    node_deploy_gate_closed: Arc<Family>,
-    node_transitions: Arc<Family>,
-    phase_duration: Arc<Family>,
-    node_upgrade_duration: Arc<Family>,
-    node_failures: Arc<Family>,
-    node_rollbacks: Arc<Family>,
-}
 
 impl NodeMetrics {
     /// Creates and registers the families of this group.

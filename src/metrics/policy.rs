@@ -3,31 +3,13 @@
 //! whether it is paused, the version it asks for, and its unavailability
 //! budget (`maxUnavailable` against the nodes out of service).
 
-use std::sync::Arc;
-
 use ttdrv_api::NodeState;
 
-use super::family::{Families, Family, Value};
-use super::{Metrics, bool_value};
+use super::family::{Families, Value};
+use super::registry::{Metrics, PolicyMetrics, bool_value};
 
 /// `state` label value of `ttdriver_policy_nodes` for host-managed (DKMS) nodes.
 pub const HOST_MANAGED: &str = "HostManaged";
-
-/// The `ttdriver_policy_*` and `ttdriver_rollout_*` families.
-pub(super) struct PolicyMetrics {
-    policy_nodes: Arc<Family>,
-    policy_paused: Arc<Family>,
-    policy_rollout_held: Arc<Family>,
-    policy_promotion_blocked: Arc<Family>,
-    policy_desired_version: Arc<Family>,
-    rollout_max_unavailable: Arc<Family>,
-    rollout_unavailable: Arc<Family>,
-    rollout_in_progress: Arc<Family>,
-    rollout_braked: Arc<Family>,
-    rollout_not_ready: Arc<Family>,
-    prepared: Arc<Family>,
-    next_kernel_failed: Arc<Family>,
-}
 
 impl PolicyMetrics {
     /// Creates and registers the families of this group.

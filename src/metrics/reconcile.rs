@@ -3,10 +3,8 @@
 //! by stage (counted wherever they happen, the node actor included), and the
 //! restarts of its watches.
 
-use std::sync::Arc;
-
-use super::family::{Families, Family};
-use super::{Metrics, now_unix_seconds};
+use super::family::Families;
+use super::registry::{Metrics, ReconcileMetrics, now_unix_seconds};
 
 /// Buckets for one reconcile pass: five milliseconds to a minute.
 pub const RECONCILE_BUCKETS: &[f64] = &[
@@ -36,16 +34,6 @@ pub const WATCH_KINDS: &[&str] = &[
     "PodDisruptionBudget",
     "Pod",
 ];
-
-/// The `ttdriver_reconcile_*`, `ttdriver_last_successful_reconcile_*`,
-/// `ttdriver_errors_total` and `ttdriver_watch_restarts_total` families.
-pub(super) struct ReconcileMetrics {
-    watch_restarts: Arc<Family>,
-    errors: Arc<Family>,
-    last_successful_reconcile: Arc<Family>,
-    reconcile_total: Arc<Family>,
-    reconcile_duration: Arc<Family>,
-}
 
 impl ReconcileMetrics {
     /// Creates and registers the families of this group.

@@ -5,21 +5,10 @@
 //! the leader gauge to 0 after 1 is what makes the collector drop every
 //! per-policy series (see [`Metrics::set_leader`]).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::family::{Families, Family};
-use super::{Metrics, bool_value};
-
-/// `ttdriver_build_info`, `ttdriver_leader`, `ttdriver_cache_objects` and
-/// `ttdriver_api_writes_failing`, and whether this replica leads.
-pub(super) struct ReplicaMetrics {
-    build_info: Arc<Family>,
-    leader: Arc<Family>,
-    cache_objects: Arc<Family>,
-    writes_failing: Arc<Family>,
-    is_leader: AtomicBool,
-}
+use super::family::Families;
+use super::registry::{Metrics, ReplicaMetrics, bool_value};
 
 impl ReplicaMetrics {
     /// Creates and registers the families of this group.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use ttdrv_api::NodeState;
 
+use super::registry::{bool_value, now_unix_seconds};
 use super::text_parser::{Sample, parse, select, value};
 use super::*;
 
