@@ -364,7 +364,11 @@ async fn a_cycle_under_way_finishes_on_the_accepted_version_when_the_spec_is_ref
         if let Some(n) = st.nodes.iter().find(|n| n.state == NodeState::Upgrading) {
             break n.name.clone();
         }
-        assert!(Instant::now() < deadline, "no node Upgrading: {:?}", st.nodes);
+        assert!(
+            Instant::now() < deadline,
+            "no node Upgrading: {:?}",
+            st.nodes
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     patch_policy(

@@ -8,6 +8,7 @@
 //! NodeActor ── ReleaseSlot ▶ RolloutActor (its policy's)
 //!           ── PatchNode ▶ Labeler (shared) · Evict ▶ Evictor (shared)
 //!           ── ReplaceInstallerPod ▶ DaemonSetRenderer (shared)
+//!           ── RunValidationPod · DeleteValidationPod ▶ ValidationPods (its policy's)
 //! ```
 //!
 //! Actors only carry out what the pure modules decide: `ttdrv_core` (state

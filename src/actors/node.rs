@@ -5,34 +5,47 @@
 //! back when the cycle ends, or at once when its step did not use it. The record is persisted
 //! on the Node in the same merge patch as any cordon, uncordon or gate change,
 //! before pods are evicted or replaced.
+//!
+//! What to write for a step is decided in `writes`, without I/O; what a step
+//! reports, in `report`; the validation pod goes through the
+//! [`validation_pod`] port.
+
+mod report;
+pub mod validation_pod;
+mod writes;
 
 use std::sync::Arc;
 
 use actix::prelude::*;
+use k8s_openapi::api::core::v1::Node;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
 use ttdrv_core::drain::{DrainPass, PodRef};
-use ttdrv_core::event::EventReason;
-use ttdrv_core::machine::{Command, Desired, NodeRecord, Observation, step};
-use ttdrv_core::reason;
+use ttdrv_core::machine::{Desired, DriverCycle, NodeRecord, Observation, Step, step};
+use ttdrv_core::slots::gate;
 
 use super::evictor::Evict;
 use super::labeler::PatchNode;
 use super::renderer::ReplaceInstallerPod;
 use super::rollout::ReleaseSlot;
-use crate::claims::{Holder, Refused};
+use crate::claims::{Budget, Holder, Refused};
 use crate::context::Context;
 use crate::node_patch::record_patch;
 use crate::{Error, Result};
+use report::StepReport;
+use validation_pod::{DeleteValidationPod, RunValidationPod};
+use writes::{Known, PortCall, Writes};
 
 /// Where a NodeActor sends its work: the shared Labeler, Evictor and
-/// DaemonSetRenderer, and its policy's RolloutActor. Recipients, so tests put
-/// recording fakes in their place.
+/// DaemonSetRenderer, and its policy's RolloutActor and ValidationPods.
+/// Recipients, so tests put recording fakes in their place.
 #[derive(Clone)]
 pub struct NodePorts {
     pub patch: Recipient<PatchNode>,
     pub evict: Recipient<Evict>,
     pub replace_pod: Recipient<ReplaceInstallerPod>,
     pub release: Recipient<ReleaseSlot>,
+    pub run_validation: Recipient<RunValidationPod>,
+    pub delete_validation: Recipient<DeleteValidationPod>,
 }
 
 pub struct NodeActor {
@@ -120,436 +133,298 @@ impl Handler<Observe> for NodeActor {
     type Result = AtomicResponse<Self, Result<NodeRecord>>;
 
     fn handle(&mut self, msg: Observe, _: &mut Self::Context) -> Self::Result {
-        let now = msg.obs.now;
-        let had_record = self.record.is_some();
-        let prev = self
-            .record
-            .clone()
-            .or(msg.persisted.clone())
-            .filter(|r| r.policy == self.policy)
-            .unwrap_or_else(|| NodeRecord::new(&self.policy, &msg.desired.version, now));
-        let (ctx, node, ports) = (self.ctx.clone(), self.node.clone(), self.ports.clone());
-        let policy_name = self.policy.clone();
-        let already_deleted = self.deleted_installer.clone();
-        let fut = async move {
-            let mut obs = msg.obs.clone();
-            let first = prev.clone();
-            let mut prev = prev;
-            let mut next = step(&prev, &obs, &msg.desired);
-            // One disruption at a time: a cycle starts only with the node's
-            // claim, taken in the same instant as the decision; a firmware
-            // cycle that took it first makes this step a wait.
-            // A start that takes the node out of service is checked against
-            // the budget in the same instant: a firmware cycle started since
-            // the plan may have taken the last place.
-            let holder = Holder::Driver(policy_name.clone());
-            if starts_cycle(&prev, &next.record) {
-                let budget = Some(msg.budget.as_ref()).filter(|_| next.record.occupies_slot());
-                match ctx.claims.take_within(&node, holder.clone(), budget) {
-                    Ok(()) => {}
-                    Err(Refused::Held(other)) => {
-                        obs.held_by = Some(other);
-                        next = step(&prev, &obs, &msg.desired);
-                    }
-                    Err(Refused::OverBudget { out, cap }) => {
-                        tracing::info!(
-                            policy = policy_name,
-                            node,
-                            out,
-                            cap,
-                            "cycle start deferred: a cycle started since the plan took the last place"
-                        );
-                        obs.slot = false;
-                        next = step(&prev, &obs, &msg.desired);
-                    }
-                }
-            }
-            let mut deleted = None;
-            let mut hop = 0;
-            loop {
-                let node_cmds = next.commands.iter().any(|c| {
-                    matches!(
-                        c,
-                        Command::Cordon
-                            | Command::Uncordon
-                            | Command::CloseGates
-                            | Command::OpenGates
-                            | Command::Vacate
-                    )
-                });
-                // Compare with the cache's copy only before this actor has written
-                // anything: afterwards the cache may simply lag behind our write.
-                let unpersisted =
-                    hop == 0 && !had_record && msg.persisted.as_ref() != Some(&next.record);
-                // A Done node that a new version sends back to Pending is not
-                // written: the Pending record follows from the Done one and the
-                // policy, a restarted controller derives it again, and the status
-                // shows it. At rollout start that saves one patch per node (1000
-                // patches, and seconds before the first cordon, at 1000 nodes);
-                // the record is written with the cordon that starts the cycle.
-                // Except a node waiting for the firmware: the firmware policy
-                // reads that record to hand its cordon over
-                // ([`ttdrv_core::claim::handover_to`]).
-                let derivable = next.commands.is_empty()
-                    && next.record.state == NodeState::Pending
-                    && next.record.reason.as_deref()
-                        != Some(ttdrv_core::reason::WAITING_FOR_FIRMWARE)
-                    && prev.state == NodeState::Done
-                    && msg
-                        .persisted
-                        .as_ref()
-                        .is_some_and(|p| p.state == NodeState::Done);
-                // A vacated node is left alone: its Unmanaged record follows
-                // from its `unmanaged` mark and is never written.
-                let derivable = derivable
-                    || (next.commands.is_empty() && next.record.state == NodeState::Unmanaged);
-                let mut written = None;
-                if (next.record != prev || node_cmds || unpersisted) && !derivable {
-                    let patch = record_patch(&node, &next.record, &next.commands, &msg.gates)?;
-                    let stored = ports
-                        .patch
-                        .send(PatchNode {
-                            node: node.clone(),
-                            patch,
-                            action: "persisting upgrade state",
-                        })
-                        .await??;
-                    written = Some(stored);
-                }
-                for c in &next.commands {
-                    match c {
-                        Command::Evict if !msg.evictions.is_empty() => {
-                            let out = ports
-                                .evict
-                                .send(Evict {
-                                    policy: policy_name.clone(),
-                                    pods: msg.evictions.clone(),
-                                    firmware: false,
-                                })
-                                .await?;
-                            if !out.held.is_empty() {
-                                tracing::debug!(node, pods = ?out.held, "evictions held back by their backoff");
-                            }
-                            for e in &out.errors {
-                                tracing::warn!(node, error = e, "eviction failed; will retry");
-                                ctx.metrics.inc_error(&policy_name, "evict");
-                            }
-                        }
-                        Command::DeleteInstallerPod => {
-                            let pod = msg
-                                .installer_pod
-                                .as_ref()
-                                .filter(|p| already_deleted.as_ref() != Some(*p));
-                            if let Some(p) = pod {
-                                ports
-                                    .replace_pod
-                                    .send(ReplaceInstallerPod {
-                                        namespace: p.namespace.clone(),
-                                        name: p.name.clone(),
-                                    })
-                                    .await??;
-                                tracing::info!(node, pod = %p, "installer pod deleted for replacement");
-                                deleted = Some(p.clone());
-                            }
-                        }
-                        Command::RunValidationPod => {
-                            let (Some(template), Some(cycle)) =
-                                (msg.desired.validation_pod.as_deref(), next.record.started)
-                            else {
-                                continue;
-                            };
-                            // A failure is logged and retried at the next
-                            // pass; the machine fails the node if no pod
-                            // comes within the upgrade timeout.
-                            match crate::validation_pod::run(
-                                ctx.client.clone(),
-                                template,
-                                &msg.policy,
-                                &node,
-                                cycle,
-                                &ctx.config.namespace,
-                            )
-                            .await
-                            {
-                                Ok(pod) => tracing::info!(node, pod, "validation pod created"),
-                                Err(e) => {
-                                    tracing::warn!(node, error = %e, "cannot create the validation pod; will retry");
-                                    ctx.metrics.inc_error(&policy_name, e.metric_label());
-                                }
-                            }
-                        }
-                        Command::DeleteValidationPod => {
-                            let Some((ns, name)) = msg
-                                .obs
-                                .validation_pod
-                                .as_ref()
-                                .and_then(|v| v.pod.split_once('/'))
-                            else {
-                                continue;
-                            };
-                            let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-                                kube::Api::namespaced(ctx.client.clone(), ns);
-                            if let Err(e) = pods.delete(name, &Default::default()).await {
-                                // Best effort: it is owned by the policy and
-                                // goes with it.
-                                tracing::warn!(node, pod = name, error = %e, "cannot delete the validation pod");
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                let not_ready = Some(ttdrv_core::reason::NODE_NOT_READY);
-                if next.record.reason.as_deref() == not_ready
-                    && prev.reason.as_deref() != not_ready
-                    && next.record.state == prev.state
-                {
-                    tracing::warn!(
-                        policy = policy_name,
-                        node,
-                        state = next.record.state.as_str(),
-                        "node not Ready mid-cycle; it keeps its slot"
-                    );
-                    ctx.event(
-                        msg.policy.as_ref(),
-                        true,
-                        EventReason::NodeNotReady,
-                        "Upgrade",
-                        format!(
-                            "node {node}: not Ready while {}; it keeps its slot and the cycle goes on when it is back",
-                            next.record.state.as_str()
-                        ),
-                    );
-                }
-                // One Event when a budget starts blocking the drain (the
-                // status message says it on every pass).
-                if let Some(note) = ttdrv_core::event::drain_blocked_message(
-                    &node,
-                    &prev,
-                    &next.record,
-                    msg.desired.drain_timeout_seconds,
-                    now,
-                ) {
-                    tracing::warn!(policy = policy_name, node, "{note}");
-                    ctx.event(
-                        msg.policy.as_ref(),
-                        true,
-                        EventReason::DrainBlocked,
-                        "Drain",
-                        note,
-                    );
-                }
-                if next.record.state != prev.state {
-                    report_transition(&ctx, &msg.policy, &node, &prev, &next.record).await;
-                    if prev.state == NodeState::Draining && !msg.skipped.is_empty() {
-                        let note = format!(
-                            "node {node}: drain left these pods in place: {}",
-                            msg.skipped.join(", ")
-                        );
-                        ctx.event(
-                            msg.policy.as_ref(),
-                            true,
-                            EventReason::PodsNotEvicted,
-                            "Drain",
-                            note,
-                        );
-                    }
-                }
-                // Cordoning and Uncordoning wait only for our own write to show.
-                // The API server's reply to it is that write, fresher than the
-                // cache: step on it now instead of a watch round trip later.
-                let Some(stored) = written else { break };
-                let waits_on_own_write = matches!(
-                    next.record.state,
-                    NodeState::Cordoning | NodeState::Uncordoning
-                );
-                if !waits_on_own_write || hop == MAX_HOPS {
-                    break;
-                }
-                obs = ttdrv_core::observe::restate(obs, &stored, &msg.gates);
-                let after = step(&next.record, &obs, &msg.desired);
-                if after.record == next.record && after.commands.is_empty() {
-                    break;
-                }
-                hop += 1;
-                prev = std::mem::replace(&mut next, after).record;
-            }
-            // The cycle ended (Done, Failed, back to Pending), or the step did
-            // not use the slot it was granted: the slot goes back. Idempotent,
-            // so also sent when the slot was never held here.
-            if !next.record.occupies_slot() && (first.occupies_slot() || obs.slot) {
-                ports.release.do_send(ReleaseSlot { node: node.clone() });
-            }
-            if !next.record.state.is_in_progress() {
-                ctx.claims.release(&node, &holder);
-            }
-            Ok::<_, Error>((next.record, deleted))
+        let prev = self.previous_record(&msg);
+        let job = ObserveJob {
+            ctx: self.ctx.clone(),
+            node: self.node.clone(),
+            policy: self.policy.clone(),
+            ports: self.ports.clone(),
+            had_record: self.record.is_some(),
+            already_deleted: self.deleted_installer.clone(),
+            msg,
         };
-        AtomicResponse::new(Box::pin(fut.into_actor(self).map(|res, act, actx| {
-            let res = res.map(|(record, deleted)| {
-                if deleted.is_some() {
-                    act.deleted_installer = deleted;
-                }
-                record
-            });
-            match &res {
-                Ok(r) => act.record = Some(r.clone()),
-                // An error that retrying cannot fix: stop, so the Supervisor
-                // restarts this actor and it reloads the record from the Node.
-                Err(e) if !e.is_transient() => actx.stop(),
-                Err(_) => {}
-            }
-            res
-        })))
+        AtomicResponse::new(Box::pin(
+            job.run(prev)
+                .into_actor(self)
+                .map(|res, act, actx| act.absorb(res, actx)),
+        ))
     }
 }
 
-/// The step takes the node out of service for a cycle of ours.
-fn starts_cycle(prev: &NodeRecord, next: &NodeRecord) -> bool {
-    !prev.state.is_in_progress()
-        && matches!(
-            next.state,
-            NodeState::Cordoning
-                | NodeState::Draining
-                | NodeState::Upgrading
-                | NodeState::Unloading
-        )
+impl NodeActor {
+    /// The record the step starts from: ours, else the one persisted on the
+    /// Node if it is of this policy, else a new one.
+    fn previous_record(&self, msg: &Observe) -> NodeRecord {
+        self.record
+            .clone()
+            .or(msg.persisted.clone())
+            .filter(|r| r.policy == self.policy)
+            .unwrap_or_else(|| NodeRecord::new(&self.policy, &msg.desired.version, msg.obs.now))
+    }
+
+    /// Keeps what an observation's job ended with: the record, and the
+    /// installer pod it deleted.
+    fn absorb(
+        &mut self,
+        res: Result<(NodeRecord, Option<PodRef>)>,
+        actx: &mut actix::Context<Self>,
+    ) -> Result<NodeRecord> {
+        let res = res.map(|(record, deleted)| {
+            if deleted.is_some() {
+                self.deleted_installer = deleted;
+            }
+            record
+        });
+        match &res {
+            Ok(r) => self.record = Some(r.clone()),
+            // An error that retrying cannot fix: stop, so the Supervisor
+            // restarts this actor and it reloads the record from the Node.
+            Err(e) if !e.is_transient() => actx.stop(),
+            Err(_) => {}
+        }
+        res
+    }
+}
+
+/// One observation carried out. It owns what it needs, so its future does
+/// not borrow the actor across awaits.
+struct ObserveJob {
+    ctx: Arc<Context>,
+    node: String,
+    policy: String,
+    ports: NodePorts,
+    /// The actor held a record before this observation: it has written one.
+    had_record: bool,
+    /// The installer pod the actor last deleted.
+    already_deleted: Option<PodRef>,
+    msg: Observe,
+}
+
+impl ObserveJob {
+    /// Steps, writes what the step decided, reports it, and steps again on
+    /// the API server's reply where the step waits only for our own write;
+    /// then gives back what the node no longer needs. Returns the record and
+    /// the installer pod deleted, if any.
+    async fn run(self, prev: NodeRecord) -> Result<(NodeRecord, Option<PodRef>)> {
+        let mut obs = self.msg.obs.clone();
+        let first = prev.clone();
+        let mut prev = prev;
+        let mut next = self.step_with_claim(&prev, &mut obs);
+        let mut deleted = None;
+        let mut hop = 0;
+        loop {
+            let writes = writes::decide(&next, &self.known(&prev, hop == 0));
+            let written = self.carry_out(&writes, &next, &mut deleted).await?;
+            self.report().step(&prev, &next.record).await;
+            // Cordoning and Uncordoning wait only for our own write to show.
+            // The API server's reply to it is that write, fresher than the
+            // cache: step on it now instead of a watch round trip later.
+            let Some(stored) = written else { break };
+            let waits_on_own_write = matches!(
+                next.record.state,
+                NodeState::Cordoning | NodeState::Uncordoning
+            );
+            if !waits_on_own_write || hop == MAX_HOPS {
+                break;
+            }
+            obs = ttdrv_core::observe::restate(obs, &stored, &self.msg.gates);
+            let after = step(&next.record, &obs, &self.msg.desired);
+            if after.record == next.record && after.commands.is_empty() {
+                break;
+            }
+            hop += 1;
+            prev = std::mem::replace(&mut next, after).record;
+        }
+        self.give_back(&first, &next.record, obs.slot);
+        Ok((next.record, deleted))
+    }
+
+    fn holder(&self) -> Holder {
+        Holder::Driver(self.policy.clone())
+    }
+
+    /// The step. One disruption at a time: a cycle starts only with the
+    /// node's claim, taken in the same instant as the decision; a firmware
+    /// cycle that took it first makes this step a wait. A start that takes
+    /// the node out of service is checked against the budget in the same
+    /// instant: a firmware cycle started since the plan may have taken the
+    /// last place. `obs` is left as the step saw it.
+    fn step_with_claim(&self, prev: &NodeRecord, obs: &mut Observation) -> Step {
+        let take = |h, b: Option<&Budget>| self.ctx.claims.take_within(&self.node, h, b);
+        let (next, refused) = gate::<DriverCycle>(
+            take,
+            &self.policy,
+            prev,
+            obs,
+            &self.msg.desired,
+            &self.msg.budget,
+        );
+        if let Some(Refused::OverBudget { out, cap }) = refused {
+            tracing::info!(
+                policy = self.policy.as_str(),
+                node = self.node.as_str(),
+                out,
+                cap,
+                "cycle start deferred: a cycle started since the plan took the last place"
+            );
+        }
+        next
+    }
+
+    /// What the write decision looks at; `first_hop`: no step of this
+    /// observation has been carried out yet.
+    fn known<'a>(&'a self, prev: &'a NodeRecord, first_hop: bool) -> Known<'a> {
+        let msg = &self.msg;
+        Known {
+            prev,
+            persisted: msg.persisted.as_ref(),
+            nothing_written: first_hop && !self.had_record,
+            evictions: &msg.evictions,
+            installer_pod: msg.installer_pod.as_ref(),
+            already_deleted: self.already_deleted.as_ref(),
+            validation_template: msg.desired.validation_pod.as_deref(),
+            validation_pod: msg.obs.validation_pod.as_ref().map(|v| v.pod.as_str()),
+        }
+    }
+
+    /// Carries out `writes` in order: the record patch (with the step's node
+    /// commands) first, then the port calls. Returns the Node as the API
+    /// server stored it, if patched; `deleted` gets the installer pod deleted.
+    async fn carry_out(
+        &self,
+        writes: &Writes,
+        next: &Step,
+        deleted: &mut Option<PodRef>,
+    ) -> Result<Option<Node>> {
+        let mut written = None;
+        if writes.patch_record {
+            let patch = record_patch(&self.node, &next.record, &next.commands, &self.msg.gates)?;
+            let stored = self
+                .ports
+                .patch
+                .send(PatchNode {
+                    node: self.node.clone(),
+                    patch,
+                    action: "persisting upgrade state",
+                })
+                .await??;
+            written = Some(stored);
+        }
+        for call in &writes.calls {
+            match call {
+                PortCall::Evict(pods) => self.evict(pods.clone()).await?,
+                PortCall::ReplaceInstallerPod(pod) => {
+                    self.replace_installer_pod(pod).await?;
+                    *deleted = Some(pod.clone());
+                }
+                PortCall::RunValidationPod { template, cycle } => {
+                    self.run_validation_pod(template, *cycle).await;
+                }
+                PortCall::DeleteValidationPod { namespace, name } => {
+                    self.delete_validation_pod(namespace, name).await;
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    async fn evict(&self, pods: Vec<(PodRef, DrainPass)>) -> Result<()> {
+        let out = self
+            .ports
+            .evict
+            .send(Evict {
+                policy: self.policy.clone(),
+                pods,
+                firmware: false,
+            })
+            .await?;
+        let node = self.node.as_str();
+        if !out.held.is_empty() {
+            tracing::debug!(node, pods = ?out.held, "evictions held back by their backoff");
+        }
+        for e in &out.errors {
+            tracing::warn!(node, error = e, "eviction failed; will retry");
+            self.ctx.metrics.inc_error(&self.policy, "evict");
+        }
+        Ok(())
+    }
+
+    async fn replace_installer_pod(&self, pod: &PodRef) -> Result<()> {
+        self.ports
+            .replace_pod
+            .send(ReplaceInstallerPod {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+            })
+            .await??;
+        let node = self.node.as_str();
+        tracing::info!(node, pod = %pod, "installer pod deleted for replacement");
+        Ok(())
+    }
+
+    /// A failure is logged and retried at the next pass; the machine fails
+    /// the node if no pod comes within the upgrade timeout.
+    async fn run_validation_pod(&self, template: &str, cycle: i64) {
+        let run = RunValidationPod {
+            policy: self.msg.policy.clone(),
+            template: template.to_string(),
+            node: self.node.clone(),
+            cycle,
+        };
+        let created =
+            (self.ports.run_validation.send(run).await).unwrap_or_else(|e| Err(Error::from(e)));
+        let node = self.node.as_str();
+        match created {
+            Ok(pod) => tracing::info!(node, pod, "validation pod created"),
+            Err(e) => {
+                tracing::warn!(node, error = %e, "cannot create the validation pod; will retry");
+                self.ctx.metrics.inc_error(&self.policy, e.metric_label());
+            }
+        }
+    }
+
+    /// Best effort: the pod is owned by the policy and goes with it.
+    async fn delete_validation_pod(&self, namespace: &str, name: &str) {
+        let delete = DeleteValidationPod {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        };
+        let deleted = (self.ports.delete_validation.send(delete).await)
+            .unwrap_or_else(|e| Err(Error::from(e)));
+        if let Err(e) = deleted {
+            let node = self.node.as_str();
+            tracing::warn!(node, pod = name, error = %e, "cannot delete the validation pod");
+        }
+    }
+
+    fn report(&self) -> StepReport<'_> {
+        StepReport {
+            ctx: &self.ctx,
+            policy: &self.msg.policy,
+            policy_name: &self.policy,
+            node: &self.node,
+            drain_timeout_seconds: self.msg.desired.drain_timeout_seconds,
+            now: self.msg.obs.now,
+            skipped: &self.msg.skipped,
+        }
+    }
+
+    /// The slot and the claim, when the step no longer needs them.
+    fn give_back(&self, first: &NodeRecord, next: &NodeRecord, granted: bool) {
+        let releases = writes::releases(first, next, granted);
+        if releases.slot {
+            self.ports.release.do_send(ReleaseSlot {
+                node: self.node.clone(),
+            });
+        }
+        if releases.claim {
+            self.ctx.claims.release(&self.node, &self.holder());
+        }
+    }
 }
 
 /// Steps chained on the API server's replies within one observation.
 const MAX_HOPS: usize = 2;
-
-async fn report_transition(
-    ctx: &Context,
-    policy: &TenstorrentDriverPolicy,
-    node: &str,
-    prev: &NodeRecord,
-    next: &NodeRecord,
-) {
-    let cr = policy.metadata.name.clone().unwrap_or_default();
-    let m = &ctx.metrics;
-    m.observe_transition(
-        &cr,
-        prev.state,
-        next.state,
-        (next.since - prev.since).max(0) as f64,
-    );
-    tracing::info!(
-        policy = cr,
-        node,
-        from = prev.state.as_str(),
-        to = next.state.as_str(),
-        reason = next.reason.as_deref().unwrap_or(""),
-        "node transition"
-    );
-    match next.state {
-        NodeState::Cordoning => {
-            ctx.event(
-                policy,
-                false,
-                EventReason::NodeUpgradeStarted,
-                "Cordon",
-                format!("node {node}: cordoned to upgrade tt-kmd to {}", next.target),
-            );
-        }
-        NodeState::Done
-            if next.reason.as_deref() == Some(reason::VFIO_PASSTHROUGH)
-                && prev.reason != next.reason =>
-        {
-            ctx.event(
-                policy,
-                false,
-                EventReason::NodePassthrough,
-                "Skip",
-                format!(
-                    "node {node}: {}",
-                    next.message.as_deref().unwrap_or(reason::VFIO_PASSTHROUGH)
-                ),
-            );
-        }
-        NodeState::Done if prev.state.is_in_progress() => {
-            if let Some(start) = prev.started {
-                m.observe_node_upgrade(&cr, (next.since - start).max(0) as f64);
-            }
-            ctx.event(
-                policy,
-                false,
-                EventReason::NodeUpgraded,
-                "Upgrade",
-                ttdrv_core::event::node_upgraded_message(node, prev, &next.target),
-            );
-        }
-        NodeState::Draining
-            if next.reason.as_deref() == Some(reason::DRAIN_AGAIN)
-                && prev.state != NodeState::Draining =>
-        {
-            ctx.event(
-                policy,
-                true,
-                EventReason::NodeDrainedAgain,
-                "Drain",
-                format!(
-                    "node {node}: {}",
-                    next.message.as_deref().unwrap_or(reason::DRAIN_AGAIN)
-                ),
-            );
-        }
-        NodeState::Uncordoning if next.halts_rollout() && !prev.halts_rollout() => {
-            m.inc_rollback(&cr);
-            ctx.event(
-                policy,
-                true,
-                EventReason::NodeRolledBack,
-                "Rollback",
-                format!(
-                    "node {node}: {}",
-                    next.message.as_deref().unwrap_or(reason::VALIDATION_FAILED)
-                ),
-            );
-        }
-        NodeState::Failed => {
-            let reason = next.reason.as_deref().unwrap_or("Other");
-            m.inc_failure(&cr, reason);
-            ctx.event(
-                policy,
-                true,
-                EventReason::NodeUpgradeFailed,
-                "Upgrade",
-                format!("node {node}: {}", next.message.as_deref().unwrap_or(reason)),
-            );
-        }
-        NodeState::Unloading | NodeState::Unmanaged | NodeState::UnloadFailed => {
-            report_vacate(ctx, policy, node, next);
-        }
-        _ => {}
-    }
-}
-
-/// Events and the failure count of the vacate cycle (`spec.unmanage`).
-fn report_vacate(ctx: &Context, policy: &TenstorrentDriverPolicy, node: &str, next: &NodeRecord) {
-    let cr = policy.metadata.name.clone().unwrap_or_default();
-    let reason = next.reason.as_deref().unwrap_or("Other");
-    let (warning, event, note) = match next.state {
-        NodeState::Unloading => (
-            false,
-            EventReason::NodeUnloading,
-            format!("node {node}: drained; the installer unloads tt-kmd"),
-        ),
-        NodeState::Unmanaged => (
-            false,
-            EventReason::NodeUnmanaged,
-            format!("node {node}: vacated ({reason}); left alone from now on"),
-        ),
-        _ => {
-            ctx.metrics.inc_failure(&cr, reason);
-            (
-                true,
-                EventReason::NodeUnloadFailed,
-                format!("node {node}: {}", next.message.as_deref().unwrap_or(reason)),
-            )
-        }
-    };
-    ctx.event(policy, warning, event, "Unmanage", note);
-}
 
 #[cfg(test)]
 mod tests;

@@ -22,6 +22,7 @@ use ttdrv_core::selection::Assignment;
 
 use super::messages::{Reconcile, RefusalChanged};
 use super::node::NodeActor;
+use super::node::validation_pod::ValidationPods;
 use super::node::{NodePorts, StopNode};
 use super::rollout::RolloutActor;
 use crate::Result;
@@ -38,6 +39,8 @@ pub struct PolicySupervisor {
     /// Nodes with pods that use the device (listed last, drained last).
     device_users: HashSet<String>,
     rollout: Addr<RolloutActor>,
+    /// The NodeActors' port to the validation pods.
+    validation_pods: Addr<ValidationPods>,
     ports: SupervisorPorts,
     last_status: Option<TenstorrentDriverPolicyStatus>,
     status_in_flight: bool,
@@ -55,6 +58,7 @@ pub struct PolicySupervisor {
 
 impl PolicySupervisor {
     pub fn new(ctx: Arc<Context>, name: String, ports: SupervisorPorts) -> Self {
+        let validation_pods = ValidationPods::new(ctx.clone()).start();
         Self {
             ctx,
             name,
@@ -62,6 +66,7 @@ impl PolicySupervisor {
             records: Arc::default(),
             device_users: HashSet::new(),
             rollout: RolloutActor::default().start(),
+            validation_pods,
             ports,
             last_status: None,
             status_in_flight: false,
@@ -250,6 +255,8 @@ impl PolicySupervisor {
             evict: self.ports.evict.clone(),
             replace_pod: self.ports.replace_pod.clone(),
             release: self.rollout.clone().recipient(),
+            run_validation: self.validation_pods.clone().recipient(),
+            delete_validation: self.validation_pods.clone().recipient(),
         };
         let nodes = Arc::make_mut(&mut self.nodes);
         for n in owned {

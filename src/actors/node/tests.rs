@@ -1,12 +1,13 @@
-//! The NodeActor against recording fakes of the Labeler, Evictor, renderer and
-//! RolloutActor: what it asks for and writes, in which order.
+//! The NodeActor against recording fakes of the Labeler, Evictor, renderer,
+//! RolloutActor and ValidationPods: what it asks for and writes, in which
+//! order.
 
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Node;
 use ttdrv_api::{TenstorrentDriverPolicySpec, labels};
-use ttdrv_core::drain::DrainProgress;
-use ttdrv_core::machine::{Cordon, InstallerPod};
+use ttdrv_core::drain::{DrainProgress, RunOutcome};
+use ttdrv_core::machine::{Cordon, InstallerPod, ValidationPod};
 use ttdrv_core::reason;
 
 use super::*;
@@ -18,6 +19,8 @@ struct Fake {
     log: Arc<Mutex<Vec<String>>>,
     /// The Node as the fake API server stores it (merge patches applied).
     node: serde_json::Value,
+    /// Creating a validation pod fails (as when its PodTemplate is gone).
+    refuse_validation_pod: bool,
 }
 
 impl Actor for Fake {
@@ -71,6 +74,34 @@ impl Handler<ReleaseSlot> for Fake {
     type Result = ();
     fn handle(&mut self, _: ReleaseSlot, _: &mut Self::Context) {
         self.note("release".into());
+    }
+}
+
+impl Handler<RunValidationPod> for Fake {
+    type Result = Result<String>;
+    fn handle(&mut self, msg: RunValidationPod, _: &mut Self::Context) -> Result<String> {
+        self.note(format!(
+            "run validation pod {} {} cycle {}",
+            msg.template, msg.node, msg.cycle
+        ));
+        if self.refuse_validation_pod {
+            return Err(Error::InvalidPolicy {
+                policy: "fleet".into(),
+                message: "no PodTemplate".into(),
+            });
+        }
+        Ok("ttdrv-validate-1".into())
+    }
+}
+
+impl Handler<DeleteValidationPod> for Fake {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: DeleteValidationPod, _: &mut Self::Context) -> Result<()> {
+        self.note(format!(
+            "delete validation pod {}/{}",
+            msg.namespace, msg.name
+        ));
+        Ok(())
     }
 }
 
@@ -161,17 +192,29 @@ fn observe(obs: Observation, persisted: Option<NodeRecord>, evict: &[&str]) -> O
 
 /// A NodeActor wired to one fake; returns it and the fake's log.
 fn start(node: serde_json::Value) -> (Addr<NodeActor>, Arc<Mutex<Vec<String>>>) {
+    start_with(node, false)
+}
+
+/// [`start`], with a fake that fails to create validation pods if
+/// `refuse_validation_pod`.
+fn start_with(
+    node: serde_json::Value,
+    refuse_validation_pod: bool,
+) -> (Addr<NodeActor>, Arc<Mutex<Vec<String>>>) {
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let fake = Fake {
         log: log.clone(),
         node,
+        refuse_validation_pod,
     }
     .start();
     let ports = NodePorts {
         patch: fake.clone().recipient(),
         evict: fake.clone().recipient(),
         replace_pod: fake.clone().recipient(),
-        release: fake.recipient(),
+        release: fake.clone().recipient(),
+        run_validation: fake.clone().recipient(),
+        delete_validation: fake.recipient(),
     };
     let actor = NodeActor::new(context(), "n1".into(), "fleet".into(), ports).start();
     (actor, log)
@@ -329,5 +372,108 @@ async fn admins_cordon_is_never_lifted() {
     assert!(
         log.iter().all(|l| !l.contains("uncordon")),
         "someone else's cordon stays: {log:?}"
+    );
+}
+
+/// The node swapped to 2.8.0 under our cordon, its module validated, in a
+/// policy with validation PodTemplate `check`; `run`: its validation pod.
+fn validating(run: Option<RunOutcome>) -> Observe {
+    let mut o = cordoned_obs("2.8.0");
+    o.installer = InstallerPod::Current { ready: true };
+    o.validation_pod = run.map(|outcome| ValidationPod {
+        pod: "tt/ttdrv-validate-1".into(),
+        created: o.now,
+        outcome,
+    });
+    let mut m = observe(o, Some(in_cycle(NodeState::Upgrading, Cordon::Ours)), &[]);
+    m.desired.validation_pod = Some("check".into());
+    m
+}
+
+#[actix::test]
+async fn a_validated_swap_creates_the_cycles_validation_pod_through_its_port() {
+    let (actor, log) = start(serde_json::json!({}));
+    let rec = actor
+        .send(validating(None))
+        .await
+        .expect("mailbox")
+        .expect("step");
+    assert_eq!(rec.state, NodeState::Upgrading);
+    assert_eq!(rec.reason.as_deref(), Some(reason::VALIDATING));
+    assert_eq!(
+        entries(&log),
+        ["patch Upgrading", "run validation pod check n1 cycle 900"],
+        "still cordoned: no uncordon before the pod succeeded"
+    );
+}
+
+#[actix::test]
+async fn a_validation_pod_that_cannot_be_created_is_asked_for_again_not_failed() {
+    let (actor, log) = start_with(serde_json::json!({}), true);
+    for _ in 0..2 {
+        let rec = actor
+            .send(validating(None))
+            .await
+            .expect("mailbox")
+            .expect("a refused creation is not a failed observation");
+        assert_eq!(rec.state, NodeState::Upgrading);
+        assert_eq!(rec.reason.as_deref(), Some(reason::VALIDATING));
+    }
+    assert_eq!(
+        entries(&log),
+        [
+            "patch Upgrading",
+            "run validation pod check n1 cycle 900",
+            "run validation pod check n1 cycle 900"
+        ],
+        "retried on the next observation; the record is written once"
+    );
+}
+
+#[actix::test]
+async fn a_validation_pod_that_succeeded_returns_the_node_to_service_and_is_deleted() {
+    let node = serde_json::json!({
+        "metadata": { "labels": { GATE: "false", labels::KMD_VERSION: "2.8.0" } },
+        "spec": { "unschedulable": true }
+    });
+    let (actor, log) = start(node);
+    let rec = actor
+        .send(validating(Some(RunOutcome::Succeeded)))
+        .await
+        .expect("mailbox")
+        .expect("step");
+    assert_eq!(rec.state, NodeState::Done, "{rec:?}");
+    assert_eq!(rec.cordon, Cordon::None);
+    actix::clock::sleep(std::time::Duration::from_millis(20)).await;
+    let log = entries(&log);
+    assert_eq!(
+        log.first().map(String::as_str),
+        Some("patch Uncordoning uncordon"),
+        "{log:?}"
+    );
+    assert_eq!(
+        log.get(1).map(String::as_str),
+        Some("delete validation pod tt/ttdrv-validate-1"),
+        "{log:?}"
+    );
+    assert_eq!(log.last().map(String::as_str), Some("release"), "{log:?}");
+}
+
+#[actix::test]
+async fn a_failed_validation_pod_fails_the_node_kept_cordoned() {
+    let (actor, log) = start(serde_json::json!({}));
+    let rec = actor
+        .send(validating(Some(RunOutcome::Failed("exit code 3".into()))))
+        .await
+        .expect("mailbox")
+        .expect("step");
+    assert_eq!(rec.state, NodeState::Failed);
+    assert_eq!(rec.reason.as_deref(), Some(reason::VALIDATION_FAILED));
+    assert_eq!(rec.cordon, Cordon::Ours, "kept cordoned for a person");
+    actix::clock::sleep(std::time::Duration::from_millis(20)).await;
+    assert_eq!(
+        entries(&log),
+        ["patch Failed", "release"],
+        "no uncordon, and the failed pod stays for its log"
     );
 }
