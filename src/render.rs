@@ -254,7 +254,7 @@ fn installer_container(
 ) -> Container {
     let (image, pull_policy) = installer_image(policy, ctx);
     Container {
-        name: "installer".into(),
+        name: labels::INSTALLER_CONTAINER.into(),
         image: Some(image),
         image_pull_policy: Some(pull_policy),
         args: Some(vec!["run".into()]),

@@ -176,28 +176,15 @@ fn cond(
     message: String,
     input: &StatusInput<'_>,
 ) -> Condition {
-    let status = if ok { "True" } else { "False" };
-    let last = input
-        .previous
-        .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_.as_str()))
-        .filter(|c| c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| {
-            Time(
-                input
-                    .now
-                    .round(k8s_openapi::jiff::Unit::Second)
-                    .unwrap_or(input.now),
-            )
-        });
-    Condition {
-        type_: type_.as_str().into(),
-        status: status.into(),
-        reason: reason.into(),
+    ttdrv_core::condition::condition(
+        type_.as_str(),
+        ok,
+        reason,
         message,
-        observed_generation: input.policy.metadata.generation,
-        last_transition_time: last,
-    }
+        input.policy.metadata.generation,
+        input.previous.map_or(&[], |p| p.conditions.as_slice()),
+        input.now,
+    )
 }
 
 /// The whole status; `reported` gives what each node's labels say.
