@@ -91,7 +91,7 @@ test: deps
 	bash hack/test-chart.sh
 	bash hack/test-images.sh
 	bash hack/test-realnode.sh
-	CHAOS_TRIALS=12 bash hack/chaos.sh
+	CHAOS_TRIALS=16 bash hack/chaos.sh
 	bash hack/test-vm.sh
 	bash hack/test-vm.sh real
 

@@ -3,7 +3,9 @@
 # the controller is SIGKILLed at random moments, the kube-apiserver is
 # restarted, a node is deleted while Draining, a node is added, the version
 # changes mid-rollout, spec.paused is toggled, nodes go NotReady (one, or all),
-# installer pods are deleted and nodes leave the policy and come back; an
+# installer pods are deleted, nodes leave the policy and come back, and the
+# policy's rules (soak, maintenance window, refused spec, canary promotion) are
+# checked through kills; an
 # independent watcher checks the invariants throughout. See docs/reliability.md.
 #
 # It runs on its own cluster (default name ttdrv-chaos, never the shared test
@@ -11,8 +13,8 @@
 # CHAOS_CLUSTER names another one, KWOK_WORKDIR (read by hack/cluster.sh) moves
 # its kwok work directory: two runs side by side need both.
 #
-#   bash hack/chaos.sh                       # 24 trials, two of each of the 12 kinds (~11 min on 2 cores)
-#   CHAOS_TRIALS=12 bash hack/chaos.sh       # one of each kind (make test)
+#   bash hack/chaos.sh                       # 32 trials, two of each of the 16 kinds (~15 min on 2 cores)
+#   CHAOS_TRIALS=16 bash hack/chaos.sh       # one of each kind (make test)
 #   CHAOS_TRIALS=72 bash hack/chaos.sh       # long variant (six of each kind)
 #   CHAOS_SEED=<seed> CHAOS_KIND=<kind> bash hack/chaos.sh   # replay one trial
 #   CHAOS_KIND=<kind>[,<kind>...] CHAOS_TRIALS=<n> bash hack/chaos.sh chaos_rollouts

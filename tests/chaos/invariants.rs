@@ -291,9 +291,17 @@ impl Invariants {
     /// ([`ttdrv_core::go_ahead::decide`]) must be `GoAhead`.
     pub(crate) fn check_swap(&self, n: &Node, from: &str, to: &str, rv: &str) {
         self.lock().swaps += 1;
+        // The go-ahead of the policy that claims the node (a `promotion-wait`
+        // canary has nodes of its own), else of the policy under test.
+        let policy = n
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::CLAIM))
+            .unwrap_or(&self.policy);
         let swap = ttdrv_core::go_ahead::decide(
             n,
-            &self.policy,
+            policy,
             ttdrv_core::node::Target::version(to),
             Some(from),
             None,

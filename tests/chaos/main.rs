@@ -2,15 +2,17 @@
 //! at random moments, the kube-apiserver is restarted, a node is deleted while
 //! Draining, a node is added, the target version changes mid-rollout,
 //! `spec.paused` is toggled, nodes go NotReady (one, or the whole fleet),
-//! installer pods are deleted and nodes are moved out of the policy and back —
-//! with an independent watcher checking the invariants throughout. See
+//! installer pods are deleted and nodes are moved out of the policy and back,
+//! and the spec's rules (soak, maintenance window, refused spec, canary
+//! promotion) are held through kills — with an independent watcher checking
+//! the invariants throughout. See
 //! docs/reliability.md.
 //!
 //! Needs its own cluster (it restarts the API server): run by `hack/chaos.sh`,
 //! never by the default `cargo test`.
 //!
 //! Environment:
-//! - `CHAOS_TRIALS` (default 22, two per kind): trials (one rollout each) in this run;
+//! - `CHAOS_TRIALS` (default two per kind): trials (one rollout each) in this run;
 //! - `CHAOS_RUN_SEED`: seed of the run (derives each trial's seed); default: the clock;
 //! - `CHAOS_SEED` (+ `CHAOS_KIND`): replay one trial with this seed (and kind);
 //! - `CHAOS_KIND` without `CHAOS_SEED`: the run cycles through these kinds only
@@ -21,7 +23,8 @@
 //! The tests are in this file (so their names stay `chaos_rollouts`, …); their
 //! parts are in modules: `trials` (one trial and its faults), `invariants` (what
 //! is checked), `proxy`, `apiserver` and `controller` (the faults' machinery),
-//! `fleet` (set-up) and `rollout` (driving the policy, waiting for it to settle).
+//! `fleet` (set-up), `rollout` (driving the policy, waiting for it to settle),
+//! `firmware`, `rules` and `promotion` (kinds with faults and rules of their own).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -32,8 +35,10 @@ mod faults;
 mod firmware;
 mod fleet;
 mod invariants;
+mod promotion;
 mod proxy;
 mod rollout;
+mod rules;
 mod trials;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -54,11 +54,25 @@ pub(crate) enum Kind {
     /// wave), one node's flash failing and retried, and a kill as a node is
     /// Flashing ([`crate::firmware`]).
     FirmwareWave,
+    /// Kills, plus `upgradePolicy.soakSeconds` set, and the acting controller
+    /// (the Lease holder, with leader election in half the trials) killed
+    /// while a node soaks ([`crate::rules`]).
+    SoakKill,
+    /// Kills, plus a maintenance window open at the bump closed mid-rollout,
+    /// then reopened ([`crate::rules`]).
+    WindowClose,
+    /// Kills, plus a refused spec (a new version with a window in an unknown
+    /// time zone) applied mid-rollout, then the refusal lifted
+    /// ([`crate::rules`]).
+    RefusedSpec,
+    /// Kills, plus a canary policy on two nodes that the policy under test
+    /// must wait for (`spec.promoteAfter`) ([`crate::promotion`]).
+    PromotionWait,
 }
 
 /// The order a run cycles through (new kinds are appended, so the first
 /// trials of a run keep their kinds).
-pub(crate) const KINDS: [Kind; 12] = [
+pub(crate) const KINDS: [Kind; 16] = [
     Kind::Kills,
     Kind::DeleteDraining,
     Kind::VersionChange,
@@ -71,6 +85,10 @@ pub(crate) const KINDS: [Kind; 12] = [
     Kind::InstallerPodDeleted,
     Kind::Relabel,
     Kind::FirmwareWave,
+    Kind::SoakKill,
+    Kind::WindowClose,
+    Kind::RefusedSpec,
+    Kind::PromotionWait,
 ];
 
 impl Kind {
@@ -88,6 +106,10 @@ impl Kind {
             Kind::InstallerPodDeleted => "installer-pod-deleted",
             Kind::Relabel => "relabel",
             Kind::FirmwareWave => "firmware-wave",
+            Kind::SoakKill => "soak-kill",
+            Kind::WindowClose => "window-close",
+            Kind::RefusedSpec => "refused-spec",
+            Kind::PromotionWait => "promotion-wait",
         }
     }
 
@@ -101,6 +123,10 @@ impl Kind {
                 | Kind::InstallerPodDeleted
                 | Kind::Relabel
                 | Kind::FirmwareWave
+                | Kind::SoakKill
+                | Kind::WindowClose
+                | Kind::RefusedSpec
+                | Kind::PromotionWait
         )
     }
     pub(crate) fn parse(s: &str) -> Option<Kind> {
@@ -225,12 +251,26 @@ pub(crate) async fn trial(
         let admin = inv.lock().admin.clone();
         fw_victim = Some(crate::firmware::start(env, index, &admin, &fw_faults).await);
     }
-    set_spec(
-        env,
-        policy,
-        serde_json::json!({ "version": target, "paused": false }),
-    )
-    .await;
+    // The rule kinds' faults, from a stream of their own too.
+    let rule_faults = crate::rules::RuleFaults::draw(&mut StdRng::seed_from_u64(seed ^ 0x5E1E));
+    if rule_faults.leader_elect(kind) {
+        ctl.lock().await.replace_all(env, true, 2);
+    }
+    let timeline = crate::rules::RULE_KINDS
+        .contains(&kind)
+        .then(|| crate::rules::Timeline::spawn(env, policy));
+    let mut bump = serde_json::json!({ "version": target, "paused": false });
+    if let Some(up) = rule_faults.bump(kind) {
+        bump["upgradePolicy"] = up;
+    }
+    let promo = crate::promotion::PromotionFaults::draw(&mut StdRng::seed_from_u64(seed ^ 0x960E));
+    let mut canary = vec![];
+    if kind == Kind::PromotionWait {
+        let admin = inv.lock().admin.clone();
+        canary = crate::promotion::start(env, policy, index, &admin, &target, &promo, inv).await;
+        bump["promoteAfter"] = promo.promote_after(env, index);
+    }
+    set_spec(env, policy, bump).await;
 
     // Fault schedule, drawn from the seed before anything runs.
     let n_kills = rng.random_range(2..=3usize);
@@ -406,6 +446,37 @@ pub(crate) async fn trial(
             let victim = fw_victim.clone().unwrap_or_default();
             faults.extend(crate::firmware::faults(env, ctl, &victim, &fw_faults).await);
         }
+        Kind::PromotionWait => {
+            if let Some(tl) = &timeline {
+                faults.extend(
+                    crate::promotion::faults(
+                        env, policy, ctl, inv, tl, index, &target, &canary, &promo,
+                    )
+                    .await,
+                );
+            }
+        }
+        Kind::SoakKill | Kind::WindowClose | Kind::RefusedSpec => {
+            if let Some(tl) = &timeline {
+                let out = crate::rules::faults(
+                    env,
+                    ns,
+                    policy,
+                    ctl,
+                    inv,
+                    tl,
+                    kind,
+                    index,
+                    &target,
+                    &rule_faults,
+                )
+                .await;
+                faults.extend(out.log);
+                if let Some(v) = out.final_version {
+                    final_version = v;
+                }
+            }
+        }
     }
     let kill_log = kills_task.await.unwrap_or_default();
     faults.extend(kill_log);
@@ -449,13 +520,18 @@ pub(crate) async fn trial(
             if kind == Kind::FirmwareWave {
                 faults.extend(crate::firmware::finish(env, index, &admin, inv).await);
             }
+            if let Some(tl) = &timeline {
+                faults.extend(
+                    crate::rules::finish(env, policy, inv, tl, kind, &target, &rule_faults).await,
+                );
+            }
         }
         Err(e) => {
             ok = false;
             inv.violation(format!("rollout to {final_version} did not complete: {e}"));
         }
     }
-    if kind == Kind::LeaderHandover {
+    if kind == Kind::LeaderHandover || rule_faults.leader_elect(kind) {
         ctl.lock().await.replace_all(env, false, 1);
     }
     if kind == Kind::DeleteDraining {
