@@ -208,7 +208,7 @@ impl RuleFaults {
                 ["Cordoning", "Draining", "Upgrading", "Uncordoning", "Done"]
                     [rng.random_range(0..5)]
             }),
-            closed_extra: rng.random_range(1_000..4_000),
+            closed_extra: rng.random_range(2_000..5_000),
         }
     }
 
