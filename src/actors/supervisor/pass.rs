@@ -399,7 +399,7 @@ impl ReconcilePass {
         now: i64,
     ) -> Desired {
         let (ctx, policy, spec) = (&self.ctx, &self.policy, &self.policy.spec);
-        Desired {
+        let desired = Desired {
             // The canary first: a soak or a window only matters once the
             // promotion is open.
             // A hand-back first: it must hold every other start too.
@@ -416,12 +416,18 @@ impl ReconcilePass {
                         now,
                     )
                 }),
-            refused,
+            refused: false,
             // Only while this controller runs the firmware policies: a flash
             // record left by a firmware controller that is off would hold
             // the swap for ever.
             combine_with_firmware: ctx.config.combine_firmware_and_driver && ctx.config.firmware,
             ..Desired::of(policy, ctx.config.upgrade_timeout_seconds)
+        };
+        if refused {
+            let deployed = self.cached_daemonset();
+            desired.refused_keeping(ttdrv_core::installer::deployed_target(deployed.as_deref()))
+        } else {
+            desired
         }
     }
 
