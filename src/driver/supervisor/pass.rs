@@ -23,13 +23,13 @@ use crate::refusal::{Apply, Refusal, RefusalKind};
 use ttdrv_core::selection::Assignment;
 
 use super::ports::{SupervisorPorts, node_label, now_secs, owns};
-use crate::actors::node::{NodeActor, Observe};
-use crate::actors::renderer::Ensure;
-use crate::actors::rollout::{PlanRollout, RolloutActor};
-use crate::claims::Budget;
-use crate::context::Context;
+use crate::driver::node::{NodeActor, Observe};
+use crate::driver::rollout::{PlanRollout, RolloutActor};
 use crate::observe::{NodeView, ObserveInput, PolicyFacts};
 use crate::render::daemonset_name;
+use crate::runtime::claims::Budget;
+use crate::runtime::context::Context;
+use crate::workers::renderer::Ensure;
 use crate::{Error, Result};
 
 /// What a pass hands back to its supervisor.

@@ -15,9 +15,9 @@ use ttdrv_core::rollout::Plan;
 
 use super::PolicySupervisor;
 use super::ports::node_label;
-use crate::context::Context;
 use crate::policy_decisions::{Facts, StatusFacts, decide};
 use crate::render::daemonset_name;
+use crate::runtime::context::Context;
 use crate::status::{self, Reported, StatusInput};
 
 impl PolicySupervisor {
@@ -244,6 +244,6 @@ async fn patch_status(
     // A conflict is a write to retry with the next pass's view, not a
     // refusal to back off from (write_backoff's rule): counted, a few in a
     // row held the status back for minutes.
-    let target = crate::write_backoff::WriteTarget::PolicyStatus(name.to_string());
+    let target = crate::runtime::write_backoff::WriteTarget::PolicyStatus(name.to_string());
     ctx.guarded_write(target, |e| !e.is_conflict(), write).await
 }
