@@ -1,47 +1,38 @@
 //! The Tenstorrent driver manager controller.
 //!
-//! Layout mirrors the architecture: decisions shared with the other programs live
-//! in the `ttdrv-core` crate; the controller's own pure parts are [`observe`]
-//! (caches → what a node looks like), [`status`] (records → policy status),
-//! [`node_patch`] and [`render`]; the actors that carry decisions out are in
-//! [`actors`]; the watches that feed them in [`watch`] (and [`pod_index`]);
-//! process plumbing in [`leader`], [`handover`] (the Go controller's exit
-//! awaited) and [`admin`].
+//! Layout mirrors the architecture: decisions shared with the other programs
+//! live in the `ttdrv-core` crate (the slot book and the `Cycle` trait every
+//! kind's machine plugs into included); here each policy kind has its
+//! actors in its own folder ([`driver`], [`firmware`]), the shared workers
+//! they write through in [`workers`], and what runs them in [`runtime`].
 //!
 //! | module | what it holds or decides |
 //! |---|---|
-//! | [`actors`] | the driver policy's actors (manager, supervisor, node, rollout) and the shared workers (Labeler, Evictor, DaemonSetRenderer) |
-//! | [`firmware`] | the firmware policy's actors on the same workers, plus its flash Job writer |
-//! | [`claims`] | one disruption at a time, in process: who holds a node, within which budget |
-//! | [`policy_decisions`] | a supervisor's policy-level decisions, pure: refusals, takeover, when to write status |
+//! | [`driver`] | the driver policy's actors: manager, one supervisor per policy (its pass, marks, status write), one node actor per node (its write decision, pure), rollout |
+//! | [`firmware`] | the firmware policy's actors (manager, one per policy, one per node) on the same workers and slot book, plus its flash Job writer |
+//! | [`workers`] | the shared workers, one of each: Labeler (Node patches), Evictor, DaemonSetRenderer |
+//! | [`runtime`] | what runs every kind: watches and caches, the shared context, the slot book's lock, write backoff, leadership, the Go controller's exit awaited, the admin server |
+//! | [`policy_decisions`] | a driver supervisor's policy-level decisions, pure: refusals, takeover, when to write status |
 //! | [`refusal`] | what the cluster refuses about an accepted policy, said once |
 //! | [`validation_pod`] | the user's validation pod, from its PodTemplate |
-//! | [`observe`], [`status`], [`node_patch`], [`render`] | caches to node facts, records to status, records to patches, policy to DaemonSet |
-//! | [`watch`], [`pod_index`] | the watches and the per-node pod index |
-//! | [`context`], [`config`], [`error`], [`metrics`], [`write_backoff`] | what every actor shares: settings, the one error type, metrics, per-object write backoff |
-//! | [`leader`], [`handover`], [`admin`] | leadership, the Go controller's exit awaited, the admin server (`/ready` follows the caches) |
+//! | [`observe`], [`status`], [`node_patch`], [`render`] | the driver kind's pure parts: caches to node facts, records to status, records to patches, policy to DaemonSet |
+//! | [`config`], [`error`], [`metrics`] | settings, the one error type, metrics |
 
-pub mod actors;
-pub mod admin;
-pub mod claims;
 pub mod config;
-pub mod context;
+pub mod driver;
 pub mod error;
 pub mod firmware;
-pub mod handover;
-pub mod leader;
 pub mod metrics;
 pub mod node_patch;
 pub mod observe;
-pub mod pod_index;
 pub mod policy_decisions;
 pub mod refusal;
 pub mod render;
+pub mod runtime;
 pub mod status;
 #[cfg(test)]
 mod test_support;
 pub mod validation_pod;
-pub mod watch;
-pub mod write_backoff;
+pub mod workers;
 
 pub use error::{Error, Result};

@@ -7,12 +7,13 @@ use actix::Actor as _;
 use actix::AsyncContext as _;
 use anyhow::Context as _;
 use clap::Parser;
-use ttdrv_controller::actors::PolicyManager;
 use ttdrv_controller::config::Config;
-use ttdrv_controller::context::Context;
-use ttdrv_controller::leader::LeaderElector;
+use ttdrv_controller::driver::PolicyManager;
+use ttdrv_controller::firmware;
 use ttdrv_controller::metrics::Metrics;
-use ttdrv_controller::{admin, firmware, watch};
+use ttdrv_controller::runtime::context::Context;
+use ttdrv_controller::runtime::leader::LeaderElector;
+use ttdrv_controller::runtime::{admin, watch};
 
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
@@ -79,7 +80,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // Ready already (a rolling upgrade from the Go chart waits for that
     // before it stops the Go pod), but not acting while the Go one runs.
     if config.wait_for_go_controller {
-        ttdrv_controller::handover::wait_for_go_controller(&client, &config.namespace).await;
+        ttdrv_controller::runtime::handover::wait_for_go_controller(&client, &config.namespace)
+            .await;
     }
 
     let identity = config

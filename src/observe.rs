@@ -14,7 +14,7 @@ use ttdrv_core::machine::NodeRecord;
 pub use ttdrv_core::observe::{NodeFacts, NodeView, PolicyFacts};
 use ttdrv_core::{node, observe, prepare};
 
-use crate::context::Stores;
+use crate::runtime::context::Stores;
 
 /// Everything a pass knows before it looks at its nodes.
 pub struct ObserveInput<'a> {

@@ -596,7 +596,7 @@ fn next_kernel_condition(
 }
 
 /// How the message of a DaemonSet takeover in progress starts (see
-/// `actors::renderer`); words for people only, the decisions go by
+/// `workers::renderer`); words for people only, the decisions go by
 /// [`RefusalKind::Takeover`].
 pub const TAKEOVER: &str = "taking over DaemonSet ";
 

@@ -8,9 +8,9 @@ use clap::Parser;
 use kube::runtime::{reflector, watcher};
 
 use crate::config::Config;
-use crate::context::{Context, Stores};
 use crate::metrics::Metrics;
-use crate::pod_index::PodCache;
+use crate::runtime::context::{Context, Stores};
+use crate::runtime::pod_index::PodCache;
 
 /// A store holding `objs`, as a watch's initial list leaves it.
 pub fn fed<K>(objs: Vec<K>) -> reflector::Store<K>

@@ -24,6 +24,7 @@
 //! | [`prepare`] | which installer pods are replaced ahead of their cycle to build the target, and whether a cycle may start |
 //! | [`promotion`] | whether a policy that follows a canary (`spec.promoteAfter`) may start its new cycles |
 //! | [`rollout`] | which waiting nodes may start now under `maxUnavailable` |
+//! | [`limits`] | the `maxUnavailable` a driver policy's pass plans with (0 while refused or held) and the one it reports |
 //! | [`trust`] | which installer images and source repositories a policy may name, and the commit a version is built from |
 //! | `fixtures` | hidden: Nodes, pods and observations for the tests of every crate |
 //!
@@ -40,6 +41,7 @@ pub mod fixtures;
 pub mod go_ahead;
 pub mod handover;
 pub mod installer;
+pub mod limits;
 pub mod machine;
 pub mod node;
 pub mod observe;

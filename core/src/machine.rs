@@ -100,6 +100,21 @@ impl Desired {
         }
     }
 
+    /// The policy is refused: nothing of it starts, and a refused spec
+    /// changes nothing the last accepted one set up, so cycles under way go
+    /// on towards what the installers deploy (`deployed`: the DaemonSet's
+    /// version and parameters, [`crate::installer::deployed_target`]), not
+    /// the refused target. Without one (nothing accepted yet), the spec's:
+    /// no cycle is under way to follow it.
+    pub fn refused_keeping(mut self, deployed: Option<(String, Values)>) -> Self {
+        self.refused = true;
+        if let Some((version, parameters)) = deployed {
+            self.version = version;
+            self.parameters = parameters;
+        }
+        self
+    }
+
     /// What the policy wants loaded, for [`crate::node::is_loaded`].
     pub fn target(&self) -> Target<'_> {
         Target::new(&self.version, &self.parameters)

@@ -1,6 +1,6 @@
 //! The flash Job writer: every flash Job the firmware controller creates
 //! goes through it, under the per-object write backoff
-//! ([`crate::write_backoff`]), as every Node, pod and status write does. An
+//! ([`crate::runtime::write_backoff`]), as every Node, pod and status write does. An
 //! actor, so a node actor's tests put a recording fake in its place.
 
 use std::sync::Arc;
@@ -10,8 +10,8 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::Api;
 use kube::api::PostParams;
 
-use crate::context::Context;
-use crate::write_backoff::WriteTarget;
+use crate::runtime::context::Context;
+use crate::runtime::write_backoff::WriteTarget;
 use crate::{Error, Result};
 
 pub struct FlashJobWriter {

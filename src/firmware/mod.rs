@@ -8,7 +8,7 @@
 //! ([`ttdrv_core::firmware`], the pure machine) and carry out its commands
 //! through the same Labeler (every Node write, record and cordon in one
 //! patch) and Evictor (the Eviction API, PDBs honoured) as the driver policy.
-//! A node's cycle starts only with its claim ([`crate::claims`]): never while
+//! A node's cycle starts only with its claim ([`crate::runtime::claims`]): never while
 //! a driver cycle has it, and within its budget counting the other policy's
 //! starts.
 //!
@@ -23,9 +23,9 @@ use kube::Api;
 use ttdrv_api::firmware::{TenstorrentFirmwarePolicy, labels as fw};
 use ttdrv_core::firmware::observe::{Selected, selects};
 
-use crate::actors::{Evictor, Labeler, PatchNode};
-use crate::claims::Holder;
-use crate::context::Context;
+use crate::runtime::claims::Holder;
+use crate::runtime::context::Context;
+use crate::workers::{Evictor, Labeler, PatchNode};
 
 mod clock;
 mod jobs;

@@ -24,9 +24,9 @@ use ttdrv_core::slots::gate;
 
 use super::jobs::{CreateFlashJob, JobCreate};
 use super::seen::Seen;
-use crate::actors::{Evict, PatchNode};
-use crate::claims::{Budget, Holder, Refused};
-use crate::context::Context;
+use crate::runtime::claims::{Budget, Holder, Refused};
+use crate::runtime::context::Context;
+use crate::workers::{Evict, PatchNode};
 
 /// Where a firmware node actor sends its work: the shared Labeler (every
 /// Node write), Evictor and flash Job writer. Recipients, so tests put

@@ -27,7 +27,7 @@ use super::node::{NodeActor, StepNode};
 use super::seen::Seen;
 use super::shared::Shared;
 use super::status::{candidate, conditions, is_conflict, node_status, summary};
-use crate::claims::Budget;
+use crate::runtime::claims::Budget;
 
 /// What a policy's passes remember between them.
 #[derive(Default)]
@@ -460,7 +460,7 @@ async fn write_status(
     };
     // Under the per-object write backoff, as the driver policy's status: a
     // status the API server keeps refusing is not sent again every pass.
-    let target = crate::write_backoff::WriteTarget::FirmwarePolicyStatus(name.clone());
+    let target = crate::runtime::write_backoff::WriteTarget::FirmwarePolicyStatus(name.clone());
     match shared
         .ctx
         .guarded_write(target, |e| !e.is_conflict(), write)

@@ -9,8 +9,8 @@ use actix::prelude::*;
 use super::jobs::FlashJobWriter;
 use super::node::FwNodePorts;
 use super::watches::FirmwareStores;
-use crate::actors::{Evictor, Labeler};
-use crate::context::Context;
+use crate::runtime::context::Context;
+use crate::workers::{Evictor, Labeler};
 
 /// What every actor of the firmware controller shares.
 pub(crate) struct Shared {

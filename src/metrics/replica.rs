@@ -38,7 +38,7 @@ impl ReplicaMetrics {
         };
         group.build_info.set(&[build_version], 1.0);
         group.leader.set(&[], 0.0);
-        for kind in crate::write_backoff::KINDS {
+        for kind in crate::runtime::write_backoff::KINDS {
             group.writes_failing.set(&[kind], 0.0);
         }
         group
@@ -69,7 +69,7 @@ impl Metrics {
 
     /// `ttdriver_api_writes_failing{kind}`: every kind, 0 where none fails.
     pub fn set_writes_failing(&self, failing: &std::collections::HashMap<&'static str, usize>) {
-        for kind in crate::write_backoff::KINDS {
+        for kind in crate::runtime::write_backoff::KINDS {
             let n = failing.get(kind).copied().unwrap_or(0);
             self.replica.writes_failing.set(&[kind], n as f64);
         }

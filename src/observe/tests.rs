@@ -17,8 +17,8 @@ use ttdrv_core::drain::DrainPass;
 use ttdrv_core::machine::{Cordon, Desired, InstallerPod, NodeRecord};
 
 use super::*;
-use crate::context::Stores;
-use crate::pod_index::PodCache;
+use crate::runtime::context::Stores;
+use crate::runtime::pod_index::PodCache;
 
 const NS: &str = "tt-system";
 const HASH: &str = "h1";

@@ -2471,3 +2471,28 @@ fn a_parameter_written_at_run_time_replaces_the_pod_in_place_never_cordons() {
     let both = step(&rec(Pending), &stale, &w);
     assert_eq!(both.record.state, Cordoning, "{both:?}");
 }
+
+#[test]
+fn a_refused_spec_leaves_a_cycle_under_way_on_the_deployed_target() {
+    // The node swaps towards 2.8.0 (the installers' version); the spec now
+    // says 2.9.0 and is refused.
+    let upgrading = rec(Upgrading);
+    let mut refused = want();
+    refused.version = "2.9.0".into();
+    let kept = refused
+        .clone()
+        .refused_keeping(Some(("2.8.0".into(), Default::default())));
+    assert!(kept.refused);
+    let next = step(&upgrading, &obs(), &kept);
+    assert_eq!(next.record.target, "2.8.0", "{next:?}");
+    // Read from the refused spec instead, the node is sent after 2.9.0,
+    // which no installer deploys.
+    let mut naive = refused.clone();
+    naive.refused = true;
+    assert_eq!(step(&upgrading, &obs(), &naive).record.target, "2.9.0");
+    // With nothing deployed, the spec's target stays (and nothing starts).
+    let none = refused.refused_keeping(None);
+    assert_eq!(none.version, "2.9.0");
+    let pending = step(&rec(Pending), &obs(), &none);
+    assert_eq!(pending.record.state, Pending, "{pending:?}");
+}

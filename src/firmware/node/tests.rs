@@ -14,7 +14,7 @@ use ttdrv_core::machine::Cordon;
 
 use super::*;
 use crate::Error;
-use crate::actors::EvictOutcome;
+use crate::workers::EvictOutcome;
 
 /// How the fake API answers.
 #[derive(Clone, Copy, Default)]
@@ -192,7 +192,7 @@ fn seen(prev: FwRecord, obs: Observation, evict: &[&str]) -> Seen {
     }
 }
 
-/// Room for any start (the budget itself is tested in crate::claims).
+/// Room for any start (the budget itself is tested in crate::runtime::claims).
 fn room() -> Arc<Budget> {
     Arc::new(Budget {
         cap: usize::MAX,

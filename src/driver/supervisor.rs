@@ -26,8 +26,8 @@ use super::node::validation_pod::ValidationPods;
 use super::node::{NodePorts, StopNode};
 use super::rollout::RolloutActor;
 use crate::Result;
-use crate::context::Context;
 use crate::policy_decisions::{Effect, Facts, Log, PolicyMemo, Refused, decide};
+use crate::runtime::context::Context;
 
 pub struct PolicySupervisor {
     ctx: Arc<Context>,

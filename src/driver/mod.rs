@@ -1,4 +1,5 @@
-//! The actor system (actix on the tokio runtime):
+//! The driver kind's actors (actix on the tokio runtime), on the shared
+//! workers of [`crate::workers`]:
 //!
 //! ```text
 //! watches ──Kick──▶ PolicyManager ──Reconcile──▶ PolicySupervisor (one per policy)
@@ -15,20 +16,14 @@
 //! machine, drain, rollout, selection) and [`crate::observe`], [`crate::status`],
 //! [`crate::node_patch`], [`crate::render`].
 
-pub mod evictor;
-pub mod labeler;
 pub mod manager;
 pub mod messages;
 pub mod node;
-pub mod renderer;
 pub mod rollout;
 pub mod supervisor;
 
-pub use evictor::{Evict, EvictOutcome, Evictor};
-pub use labeler::{Labeler, PatchNode};
 pub use manager::{Kick, PolicyManager, Scope};
 pub use messages::{PassScope, Reconcile, RefusalChanged};
 pub use node::{NodeActor, Observe};
-pub use renderer::{DaemonSetRenderer, Ensure, ReplaceInstallerPod};
 pub use rollout::{PlanRollout, ReleaseSlot, RolloutActor};
 pub use supervisor::PolicySupervisor;

@@ -10,8 +10,8 @@ use ttdrv_api::labels;
 
 use super::pass::ReconcilePass;
 use super::ports::{node_label, owns};
-use crate::actors::labeler::PatchNode;
 use crate::node_patch::{claim_patch, release_patch};
+use crate::workers::labeler::PatchNode;
 use crate::{Error, Result};
 
 impl ReconcilePass {

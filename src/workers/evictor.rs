@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::EvictParams;
 
-use crate::context::Context;
-use crate::write_backoff::WriteTarget;
+use crate::runtime::context::Context;
+use crate::runtime::write_backoff::WriteTarget;
 use crate::{Error, Result};
 use ttdrv_core::drain::{DrainPass, PodRef};
 

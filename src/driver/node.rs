@@ -23,13 +23,13 @@ use ttdrv_core::drain::{DrainPass, PodRef};
 use ttdrv_core::machine::{Desired, DriverCycle, NodeRecord, Observation, Step, step};
 use ttdrv_core::slots::gate;
 
-use super::evictor::Evict;
-use super::labeler::PatchNode;
-use super::renderer::ReplaceInstallerPod;
 use super::rollout::ReleaseSlot;
-use crate::claims::{Budget, Holder, Refused};
-use crate::context::Context;
 use crate::node_patch::record_patch;
+use crate::runtime::claims::{Budget, Holder, Refused};
+use crate::runtime::context::Context;
+use crate::workers::evictor::Evict;
+use crate::workers::labeler::PatchNode;
+use crate::workers::renderer::ReplaceInstallerPod;
 use crate::{Error, Result};
 use report::StepReport;
 use validation_pod::{DeleteValidationPod, RunValidationPod};
@@ -126,7 +126,7 @@ pub struct Observe {
     pub gates: Vec<String>,
     /// The budget a start that takes the node out of service is checked
     /// against when it takes the node's claim.
-    pub budget: Arc<crate::claims::Budget>,
+    pub budget: Arc<crate::runtime::claims::Budget>,
 }
 
 impl Handler<Observe> for NodeActor {

@@ -15,8 +15,8 @@ use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
 use ttdrv_core::event::EventReason;
 
-use crate::context::Context;
 use crate::render::{daemonset_name, pod_labels, render_daemonset};
+use crate::runtime::context::Context;
 use crate::status::TAKEOVER;
 use crate::{Error, Result};
 
@@ -322,7 +322,7 @@ impl Handler<ReplaceInstallerPod> for DaemonSetRenderer {
                     }),
                 }
             };
-            let target = crate::write_backoff::WriteTarget::Pod {
+            let target = crate::runtime::write_backoff::WriteTarget::Pod {
                 namespace: msg.namespace.clone(),
                 name: msg.name.clone(),
             };

@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 
-use crate::context::Context;
-use crate::write_backoff::WriteTarget;
+use crate::runtime::context::Context;
+use crate::runtime::write_backoff::WriteTarget;
 use crate::{Error, Result};
 
 pub struct Labeler {
@@ -200,7 +200,7 @@ mod tests {
         assert_eq!(server.calls("ok"), 1);
 
         // After the first backoff (1 s) it is tried again; the next one is 2 s.
-        tokio::time::sleep(crate::write_backoff::FIRST).await;
+        tokio::time::sleep(crate::runtime::write_backoff::FIRST).await;
         assert!(matches!(
             labeler.send(label()).await,
             Ok(Err(Error::Kube { .. }))
@@ -211,7 +211,10 @@ mod tests {
                 failures, retry_in, ..
             }) => {
                 assert_eq!(failures, 2);
-                assert!(retry_in > crate::write_backoff::FIRST, "{retry_in:?}");
+                assert!(
+                    retry_in > crate::runtime::write_backoff::FIRST,
+                    "{retry_in:?}"
+                );
             }
             other => panic!("expected the write held back, got {other:?}"),
         }

@@ -11,9 +11,10 @@ use ttdrv_api::{TenstorrentDriverPolicySpec, labels};
 
 use super::*;
 use crate::Error;
-use crate::actors::{Ensure, Evict, EvictOutcome, PassScope, PatchNode, ReplaceInstallerPod};
-use crate::context::Stores;
-use crate::pod_index::PodCache;
+use crate::driver::PassScope;
+use crate::runtime::context::Stores;
+use crate::runtime::pod_index::PodCache;
+use crate::workers::{Ensure, Evict, EvictOutcome, PatchNode, ReplaceInstallerPod};
 
 /// Plays the shared actors; records node writes per node.
 #[derive(Default)]

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use ttdrv_api::TenstorrentDriverPolicy;
 
-use crate::context::Context;
+use crate::runtime::context::Context;
 use crate::{Error, Result};
 
 pub struct ValidationPods {

@@ -12,21 +12,24 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::NodeState;
 use ttdrv_api::{PodSelector, TenstorrentDriverPolicy, labels};
-use ttdrv_core::machine::{Desired, NodeRecord};
+use ttdrv_core::limits::PassLimits;
+use ttdrv_core::machine::{Desired, Hold, NodeRecord};
 use ttdrv_core::prepare;
-use ttdrv_core::rollout::{Candidate, Limits, Plan};
+use ttdrv_core::rollout::{Candidate, Plan};
+use ttdrv_core::window::Window;
 
 use crate::policy_decisions::Refused;
 use crate::refusal::{Apply, Refusal, RefusalKind};
 use ttdrv_core::selection::Assignment;
 
 use super::ports::{SupervisorPorts, node_label, now_secs, owns};
-use crate::actors::node::{NodeActor, Observe};
-use crate::actors::renderer::Ensure;
-use crate::actors::rollout::{PlanRollout, RolloutActor};
-use crate::context::Context;
+use crate::driver::node::{NodeActor, Observe};
+use crate::driver::rollout::{PlanRollout, RolloutActor};
 use crate::observe::{NodeView, ObserveInput, PolicyFacts};
 use crate::render::daemonset_name;
+use crate::runtime::claims::Budget;
+use crate::runtime::context::Context;
+use crate::workers::renderer::Ensure;
 use crate::{Error, Result};
 
 /// What a pass hands back to its supervisor.
@@ -79,6 +82,89 @@ pub(super) struct CheckedTemplate {
 /// slot, and the next node starts in the same pass instead of waiting for the
 /// watch to echo the Done back.
 const MAX_ROUNDS: usize = 3;
+
+/// The spec as the controller reads it, and why it refuses it, if it does.
+struct ReadSpec {
+    /// `podSelectorLabel` parsed; `None` when it does not parse.
+    selector: Option<PodSelector>,
+    /// The maintenance windows; none when they do not parse.
+    windows: Vec<Window>,
+    refused: Option<Refused>,
+}
+
+/// A refusal of the spec by the controller, before anything is applied.
+fn refusal(message: String) -> Refused {
+    Refused {
+        kind: RefusalKind::Refused,
+        message,
+        attempted: false,
+    }
+}
+
+/// What every round of a pass reads.
+struct RoundFacts<'a> {
+    input: &'a ObserveInput<'a>,
+    windows: &'a [Window],
+    /// Done records read back from Nodes this controller has not stepped.
+    recovered: &'a [(String, NodeRecord)],
+    refused: bool,
+    template_observed: bool,
+}
+
+/// What the rounds of a pass carry from one to the next, and hand back.
+#[derive(Default)]
+struct Rounds {
+    /// Nodes observed for the next step.
+    views: Vec<(String, NodeView)>,
+    /// Slot facts for the next plan.
+    candidates: Vec<Candidate>,
+    updates: HashMap<String, NodeRecord>,
+    device_users: Vec<(String, bool)>,
+    stepped: HashSet<String>,
+    hold: Option<Hold>,
+    first_err: Option<Error>,
+}
+
+impl Rounds {
+    /// Nodes the plan lets ask for a slot: observed with their drain plan
+    /// (they may cordon and enter Draining within one step). Those not
+    /// stepped yet (this pass, or an earlier one whose step failed) join
+    /// this round.
+    fn offer(&mut self, input: &ObserveInput<'_>, granted: &[String], offered: &HashSet<&str>) {
+        let queued: HashSet<&str> = self.views.iter().map(|(n, _)| n.as_str()).collect();
+        let fresh: Vec<String> = granted
+            .iter()
+            .filter(|n| !self.stepped.contains(*n) && !queued.contains(n.as_str()))
+            .cloned()
+            .collect();
+        let replan: Vec<String> = self
+            .views
+            .iter()
+            .filter(|(n, v)| offered.contains(n.as_str()) && v.obs.drain.is_none())
+            .map(|(n, _)| n.clone())
+            .collect();
+        if !replan.is_empty() {
+            self.views.retain(|(n, _)| !replan.contains(n));
+            self.views.extend(observe(input, &replan, offered));
+        }
+        if !fresh.is_empty() {
+            self.views.extend(observe(input, &fresh, offered));
+        }
+    }
+}
+
+/// Observes `nodes` (those `starting` with their drain plan); nodes not in
+/// the caches are left out.
+fn observe(
+    input: &ObserveInput<'_>,
+    nodes: &[String],
+    starting: &HashSet<&str>,
+) -> Vec<(String, NodeView)> {
+    nodes
+        .iter()
+        .filter_map(|n| Some((n.clone(), input.node(n, starting.contains(n.as_str()))?)))
+        .collect()
+}
 
 impl ReconcilePass {
     pub(super) fn name(&self) -> &str {
@@ -141,36 +227,104 @@ impl ReconcilePass {
             .map_or(&[], Vec::as_slice)
     }
 
+    /// One pass, in order: the spec read, the DaemonSet ensured, nodes
+    /// claimed and released, then rounds of plan and step.
     pub(super) async fn run(&self, targets: Vec<String>, strays: Vec<String>) -> Result<PassOut> {
-        let (ctx, policy) = (&self.ctx, &self.policy);
-        let name = self.name().to_string();
-        let spec = &policy.spec;
-        ctx.metrics.set_desired_version(&name, &spec.version);
-        // The spec's own errors first, before anything of it is applied: a
-        // refused spec changes nothing the last accepted one set up (its
-        // DaemonSet, hence its installer pods), and nothing new starts.
+        let ctx = &self.ctx;
+        ctx.metrics
+            .set_desired_version(self.name(), &self.policy.spec.version);
+        let read = self.read_spec().await;
+        let (hash, refused) = match read.refused {
+            // The DaemonSet stays as the last accepted spec left it.
+            Some(r) => (self.cached_hash(), Some(r)),
+            None => self.ensure_daemonset().await?,
+        };
+        // A stale installer pod is replaced only once the DaemonSet
+        // controller has seen the current template: before, its replacement
+        // would come back stale (and be replaced again, at API speed).
+        let template_observed =
+            ttdrv_core::installer::template_observed(self.cached_daemonset().as_deref(), &hash);
+        let mut first_err = None;
+        let targets = self
+            .claim_targets(targets, refused.is_some(), &mut first_err)
+            .await?;
+        if let Some(e) = self.release(&strays).await? {
+            first_err.get_or_insert(e);
+        }
+        self.clear_stale_labels(&targets).await;
+        self.clear_stale_go_marks(&targets).await;
+        self.clear_unmanaged_marks(&targets).await;
+        let now = now_secs();
+        let recovered = self.recovered(&targets);
+        let desired = self.desired(&read.windows, &recovered, refused.is_some(), now);
+        let (gates, drain_exempt) = (ctx.config.gates(), ctx.config.drain_exempt_namespaces());
+        let input = ObserveInput {
+            stores: &ctx.stores,
+            policy: PolicyFacts {
+                desired: &desired,
+                drain: &self.policy.spec.upgrade_policy.drain,
+                namespace: &ctx.config.namespace,
+                drain_exempt: &drain_exempt,
+                template_hash: &hash,
+                selector: read.selector.as_ref(),
+                gates: &gates,
+                now,
+                prepare_deadline_seconds: ctx.config.upgrade_timeout_seconds,
+            },
+            records: &self.records,
+            pdbs: Default::default(),
+        };
+        let facts = RoundFacts {
+            input: &input,
+            windows: &read.windows,
+            recovered: &recovered,
+            refused: refused.is_some(),
+            template_observed,
+        };
+        let mut rounds = Rounds {
+            hold: desired.hold.clone(),
+            first_err,
+            ..Default::default()
+        };
+        self.first_views(&facts, &targets, &strays, &mut rounds);
+        let (mut plan, limits) = self.rounds(&facts, &mut rounds).await?;
+        if let Some(h) = &rounds.hold {
+            plan.blocked = Some(h.why.clone());
+            plan.held = Some(h.reason);
+            // Not the 0 that holds new starts: the policy's budget.
+            plan.max_unavailable = limits.reported;
+        }
+        Ok(PassOut {
+            updates: rounds.updates.into_iter().collect(),
+            stepped: rounds.stepped.into_iter().collect(),
+            device_users: rounds.device_users,
+            plan,
+            refused,
+            err: rounds.first_err,
+        })
+    }
+
+    /// The spec's own errors first, before anything of it is applied: a
+    /// refused spec changes nothing the last accepted one set up (its
+    /// DaemonSet, hence its installer pods), and nothing new starts.
+    async fn read_spec(&self) -> ReadSpec {
+        let upgrade = &self.policy.spec.upgrade_policy;
         let mut refused = None;
         // A selector the controller cannot parse: no drain can be planned.
-        let selector = match PodSelector::parse(&spec.upgrade_policy.drain.pod_selector_label) {
+        let selector = match PodSelector::parse(&upgrade.drain.pod_selector_label) {
             Ok(s) => Some(s),
             Err(e) => {
-                refused = refused.or(Some(Refused {
-                    kind: RefusalKind::Refused,
-                    message: format!("spec.upgradePolicy.drain.podSelectorLabel: {e}"),
-                    attempted: false,
-                }));
+                refused = refused.or(Some(refusal(format!(
+                    "spec.upgradePolicy.drain.podSelectorLabel: {e}"
+                ))));
                 None
             }
         };
         // Windows the controller cannot read (an unknown time zone).
-        let windows = match ttdrv_core::window::parse(&spec.upgrade_policy.maintenance_windows) {
+        let windows = match ttdrv_core::window::parse(&upgrade.maintenance_windows) {
             Ok(w) => w,
             Err(e) => {
-                refused = refused.or(Some(Refused {
-                    kind: RefusalKind::Refused,
-                    message: format!("spec.{e}"),
-                    attempted: false,
-                }));
+                refused = refused.or(Some(refusal(format!("spec.{e}"))));
                 Vec::new()
             }
         };
@@ -179,69 +333,72 @@ impl ReconcilePass {
         if refused.is_none()
             && let Some(message) = self.validation_refusal().await
         {
-            refused = Some(Refused {
-                kind: RefusalKind::Refused,
-                message,
-                attempted: false,
-            });
+            refused = Some(refusal(message));
         }
-        let hash = if refused.is_some() {
-            self.cached_hash()
-        } else {
-            let (hash, by_cluster) = self.ensure_daemonset().await?;
-            refused = by_cluster;
-            hash
-        };
-        // A stale installer pod is replaced only once the DaemonSet
-        // controller has seen the current template: before, its replacement
-        // would come back stale (and be replaced again, at API speed).
-        let template_observed =
-            ttdrv_core::installer::template_observed(self.cached_daemonset().as_deref(), &hash);
-        // A paused policy claims nothing new (its DaemonSet would land there),
-        // and neither does one the cluster refuses (it must not capture nodes
-        // from a policy that works).
-        let mut first_err = None;
-        let mut targets = targets;
-        if !spec.paused && refused.is_none() {
-            for (n, e) in self.claim(&targets).await? {
-                // Its installer cannot land unclaimed: a node not yet in a
-                // cycle is not started; one mid-cycle (its claim label
-                // removed by hand) goes on, deadlines included.
-                let mid_cycle = self
-                    .records
-                    .get(&n)
-                    .is_some_and(|r| r.state.is_in_progress());
-                if !mid_cycle {
-                    targets.retain(|t| *t != n);
-                }
-                tracing::warn!(policy = name, node = n, error = %e, mid_cycle, "claim failed; retried by a later pass");
-                first_err = first_err.or(Some(e));
+        ReadSpec {
+            selector,
+            windows,
+            refused,
+        }
+    }
+
+    /// The targets, claimed. A paused policy claims nothing new (its
+    /// DaemonSet would land there), and neither does one the cluster refuses
+    /// (it must not capture nodes from a policy that works).
+    async fn claim_targets(
+        &self,
+        mut targets: Vec<String>,
+        refused: bool,
+        first_err: &mut Option<Error>,
+    ) -> Result<Vec<String>> {
+        if self.policy.spec.paused || refused {
+            return Ok(targets);
+        }
+        for (n, e) in self.claim(&targets).await? {
+            // Its installer cannot land unclaimed: a node not yet in a
+            // cycle is not started; one mid-cycle (its claim label
+            // removed by hand) goes on, deadlines included.
+            let mid_cycle = self
+                .records
+                .get(&n)
+                .is_some_and(|r| r.state.is_in_progress());
+            if !mid_cycle {
+                targets.retain(|t| *t != n);
             }
+            tracing::warn!(policy = self.name(), node = n, error = %e, mid_cycle, "claim failed; retried by a later pass");
+            first_err.get_or_insert(e);
         }
-        if let Some(e) = self.release(&strays).await? {
-            first_err = first_err.or(Some(e));
-        }
-        self.clear_stale_labels(&targets).await;
-        self.clear_stale_go_marks(&targets).await;
-        self.clear_unmanaged_marks(&targets).await;
-        let gates = ctx.config.gates();
-        let drain_exempt = ctx.config.drain_exempt_namespaces();
-        let now = now_secs();
-        // The soak is decided from what survives this controller: a node
-        // this one has not stepped yet (a new leader, a restart) counts with
-        // the record persisted on it, or the next node would start mid-soak.
-        // Only nodes missing from memory are read: after a restart's first
-        // pass, none.
-        let recovered: Vec<(String, NodeRecord)> = targets
+        Ok(targets)
+    }
+
+    /// The soak is decided from what survives this controller: a node this
+    /// one has not stepped yet (a new leader, a restart) counts with the
+    /// record persisted on it, or the next node would start mid-soak. Only
+    /// nodes missing from memory are read: after a restart's first pass,
+    /// none.
+    fn recovered(&self, targets: &[String]) -> Vec<(String, NodeRecord)> {
+        let name = self.name();
+        targets
             .iter()
             .filter(|n| !self.records.contains_key(*n))
             .filter_map(|n| {
-                let node = ctx.stores.nodes.get(&ObjectRef::new(n))?;
+                let node = self.ctx.stores.nodes.get(&ObjectRef::new(n))?;
                 crate::observe::persisted_record(&node)
                     .filter(|r| r.policy == name && r.state == NodeState::Done)
                     .map(|r| (n.clone(), r))
             })
-            .collect();
+            .collect()
+    }
+
+    /// What the policy wants of its nodes in this pass.
+    fn desired(
+        &self,
+        windows: &[Window],
+        recovered: &[(String, NodeRecord)],
+        refused: bool,
+        now: i64,
+    ) -> Desired {
+        let (ctx, policy, spec) = (&self.ctx, &self.policy, &self.policy.spec);
         let desired = Desired {
             // The canary first: a soak or a window only matters once the
             // promotion is open.
@@ -250,7 +407,7 @@ impl ReconcilePass {
                 .or_else(|| self.promotion.clone())
                 .or_else(|| {
                     ttdrv_core::rollout::hold(
-                        &windows,
+                        windows,
                         self.records
                             .iter()
                             .chain(recovered.iter().map(|(n, r)| (n, r))),
@@ -259,197 +416,170 @@ impl ReconcilePass {
                         now,
                     )
                 }),
-            refused: refused.is_some(),
+            refused: false,
             // Only while this controller runs the firmware policies: a flash
             // record left by a firmware controller that is off would hold
             // the swap for ever.
             combine_with_firmware: ctx.config.combine_firmware_and_driver && ctx.config.firmware,
             ..Desired::of(policy, ctx.config.upgrade_timeout_seconds)
         };
-        // A refused policy starts no node (its installer would never come);
-        // nodes mid-cycle go on, deadlines included.
-        let mut limits = Limits {
-            // Held (a soak, a closed window, a canary not promoted yet):
-            // nothing new starts either.
-            max_unavailable: if refused.is_some() || desired.hold.is_some() {
-                0
-            } else {
-                spec.upgrade_policy.max_unavailable_for(self.owned().len())
-            },
-            brake_percent: ctx.config.not_ready_brake_percent,
-        };
-        let input = ObserveInput {
-            stores: &ctx.stores,
-            policy: PolicyFacts {
-                desired: &desired,
-                drain: &spec.upgrade_policy.drain,
-                namespace: &ctx.config.namespace,
-                drain_exempt: &drain_exempt,
-                template_hash: &hash,
-                selector: selector.as_ref(),
-                gates: &gates,
-                now,
-                prepare_deadline_seconds: ctx.config.upgrade_timeout_seconds,
-            },
-            records: &self.records,
-            pdbs: Default::default(),
-        };
-        let observe = |nodes: &[String], starting: &HashSet<&str>| -> Vec<(String, NodeView)> {
-            nodes
-                .iter()
-                .filter_map(|n| Some((n.clone(), input.node(n, starting.contains(n.as_str()))?)))
-                .collect()
-        };
+        if refused {
+            let deployed = self.cached_daemonset();
+            desired.refused_keeping(ttdrv_core::installer::deployed_target(deployed.as_deref()))
+        } else {
+            desired
+        }
+    }
 
-        let mut updates: HashMap<String, NodeRecord> = HashMap::new();
-        let mut device_users = Vec::new();
-        let mut views = observe(&targets, &HashSet::new());
-        let mut candidates: Vec<_> = views
+    /// The limits a plan keeps ([`ttdrv_core::limits::of`]).
+    fn limits(&self, refused: bool, held: bool) -> PassLimits {
+        ttdrv_core::limits::of(&ttdrv_core::limits::Facts {
+            policy: &self.policy.spec.upgrade_policy,
+            owned: self.owned().len(),
+            refused,
+            held,
+            brake_percent: self.ctx.config.not_ready_brake_percent,
+        })
+    }
+
+    /// The first round's views and slot facts: the targets, the strays
+    /// still held by this policy, and the nodes whose turn it is to build
+    /// ahead.
+    fn first_views(
+        &self,
+        f: &RoundFacts<'_>,
+        targets: &[String],
+        strays: &[String],
+        st: &mut Rounds,
+    ) {
+        st.views = observe(f.input, targets, &HashSet::new());
+        st.candidates = st
+            .views
             .iter()
             .map(|(n, v)| v.candidate(n, self.records.get(n).or(v.persisted.as_ref())))
             .collect();
-        candidates.extend(self.held_strays(&strays));
-        if desired.prepare && !desired.paused && !desired.refused && template_observed {
-            let turn = self.plan_prepare(&input);
+        st.candidates.extend(self.held_strays(strays));
+        let desired = f.input.policy.desired;
+        if desired.prepare && !desired.paused && !desired.refused && f.template_observed {
+            let turn = self.plan_prepare(f.input);
             let unseen: Vec<String> = turn
                 .iter()
-                .filter(|n| !views.iter().any(|(v, _)| v == *n))
+                .filter(|n| !st.views.iter().any(|(v, _)| v == *n))
                 .cloned()
                 .collect();
-            views.extend(observe(&unseen, &HashSet::new()));
-            for (n, v) in views.iter_mut() {
+            st.views.extend(observe(f.input, &unseen, &HashSet::new()));
+            for (n, v) in st.views.iter_mut() {
                 v.obs.prepare_turn = turn.contains(n);
             }
         }
+    }
+
+    /// Rounds of plan and step, until no node is left to step or
+    /// [`MAX_ROUNDS`]. Returns the last plan and the limits it kept.
+    async fn rounds(&self, f: &RoundFacts<'_>, st: &mut Rounds) -> Result<(Plan, PassLimits)> {
         let mut replace = self.full;
-        let mut stepped: HashSet<String> = HashSet::new();
-        let mut plan;
-        let mut budget;
         let mut round = 0;
-        let mut hold = desired.hold.clone();
         loop {
             // A node that became Done in the round before starts its soak
             // now: the hold is read again, or the slot it freed would go to
             // the next node at once.
-            if round > 0 && hold.is_none() {
-                let merged = self
-                    .records
-                    .iter()
-                    .chain(recovered.iter().map(|(n, r)| (n, r)))
-                    .filter(|(n, _)| !updates.contains_key(*n))
-                    .chain(updates.iter());
-                hold = ttdrv_core::rollout::hold(
-                    &windows,
-                    merged,
-                    &spec.version,
-                    spec.upgrade_policy.soak_seconds,
-                    now,
-                );
-                if hold.is_some() {
-                    limits.max_unavailable = 0;
-                }
+            if round > 0 && st.hold.is_none() {
+                st.hold = self.hold_again(f, &st.updates);
             }
+            let limits = self.limits(f.refused, st.hold.is_some());
             let planned = self
                 .rollout
                 .send(PlanRollout {
                     replace,
-                    updates: std::mem::take(&mut candidates),
-                    limits,
+                    updates: std::mem::take(&mut st.candidates),
+                    limits: limits.limits,
                 })
                 .await?;
-            plan = planned.plan;
-            budget = planned.budget;
             replace = false;
-            // Nodes the plan lets ask for a slot: observed with their drain plan
-            // (they may cordon and enter Draining within one step). Those not
-            // stepped yet (this pass, or an earlier one whose step failed) join
-            // this round.
-            let offered: HashSet<&str> = plan.granted.iter().map(String::as_str).collect();
-            let queued: HashSet<&str> = views.iter().map(|(n, _)| n.as_str()).collect();
-            let fresh: Vec<String> = plan
-                .granted
-                .iter()
-                .filter(|n| !stepped.contains(*n) && !queued.contains(n.as_str()))
-                .cloned()
-                .collect();
-            let replan: Vec<String> = views
-                .iter()
-                .filter(|(n, v)| offered.contains(n.as_str()) && v.obs.drain.is_none())
-                .map(|(n, _)| n.clone())
-                .collect();
-            if !replan.is_empty() {
-                views.retain(|(n, _)| !replan.contains(n));
-                views.extend(observe(&replan, &offered));
-            }
-            if !fresh.is_empty() {
-                views.extend(observe(&fresh, &offered));
-            }
-            if views.is_empty() || round == MAX_ROUNDS {
-                break;
+            let offered: HashSet<&str> = planned.plan.granted.iter().map(String::as_str).collect();
+            st.offer(f.input, &planned.plan.granted, &offered);
+            if st.views.is_empty() || round == MAX_ROUNDS {
+                return Ok((planned.plan, limits));
             }
             round += 1;
-            let mut calls = Vec::new();
-            for (n, v) in std::mem::take(&mut views) {
-                let Some(addr) = self.actors.get(&n) else {
-                    continue;
-                };
-                stepped.insert(n.clone());
-                device_users.push((n.clone(), v.has_device_pods));
-                let facts = v.clone();
-                // The plan reserved a slot for each node it granted: the node
-                // steps on it (and gives it back if the step does not use it).
-                let mut obs = v.obs;
-                obs.slot = offered.contains(n.as_str());
-                obs.template_pending = !template_observed;
-                let msg = Observe {
-                    policy: policy.clone(),
-                    obs,
-                    desired: Desired {
-                        hold: hold.clone(),
-                        ..desired.clone()
-                    },
-                    persisted: v.persisted,
-                    evictions: v.evictions,
-                    installer_pod: v.installer_pod,
-                    skipped: v.skipped,
-                    gates: gates.clone(),
-                    budget: budget.clone(),
-                };
-                let addr = addr.clone();
-                calls.push(async move { (n, facts, addr.send(msg).await) });
-            }
-            for (n, facts, res) in futures::future::join_all(calls).await {
-                match res.map_err(Error::from).and_then(|r| r) {
-                    Ok(rec) => {
-                        candidates.push(facts.candidate(&n, Some(&rec)));
-                        updates.insert(n, rec);
-                    }
-                    Err(e) => {
-                        tracing::warn!(policy = name, node = n, error = %e, "node step failed; will retry");
-                        first_err = first_err.or(Some(e));
-                    }
+            self.step(f, st, &offered, &planned.budget).await;
+        }
+    }
+
+    /// The hold over the records as they are after the last round.
+    fn hold_again(
+        &self,
+        f: &RoundFacts<'_>,
+        updates: &HashMap<String, NodeRecord>,
+    ) -> Option<Hold> {
+        let spec = &self.policy.spec;
+        let merged = self
+            .records
+            .iter()
+            .chain(f.recovered.iter().map(|(n, r)| (n, r)))
+            .filter(|(n, _)| !updates.contains_key(*n))
+            .chain(updates.iter());
+        ttdrv_core::rollout::hold(
+            f.windows,
+            merged,
+            &spec.version,
+            spec.upgrade_policy.soak_seconds,
+            f.input.policy.now,
+        )
+    }
+
+    /// Steps the NodeActor of every node in view at once; their records
+    /// feed the next round's plan.
+    async fn step(
+        &self,
+        f: &RoundFacts<'_>,
+        st: &mut Rounds,
+        offered: &HashSet<&str>,
+        budget: &Arc<Budget>,
+    ) {
+        let desired = Desired {
+            hold: st.hold.clone(),
+            ..f.input.policy.desired.clone()
+        };
+        let mut calls = Vec::new();
+        for (n, v) in std::mem::take(&mut st.views) {
+            let Some(addr) = self.actors.get(&n) else {
+                continue;
+            };
+            st.stepped.insert(n.clone());
+            st.device_users.push((n.clone(), v.has_device_pods));
+            let facts = v.clone();
+            // The plan reserved a slot for each node it granted: the node
+            // steps on it (and gives it back if the step does not use it).
+            let mut obs = v.obs;
+            obs.slot = offered.contains(n.as_str());
+            obs.template_pending = !f.template_observed;
+            let msg = Observe {
+                policy: self.policy.clone(),
+                obs,
+                desired: desired.clone(),
+                persisted: v.persisted,
+                evictions: v.evictions,
+                installer_pod: v.installer_pod,
+                skipped: v.skipped,
+                gates: f.input.policy.gates.to_vec(),
+                budget: budget.clone(),
+            };
+            let addr = addr.clone();
+            calls.push(async move { (n, facts, addr.send(msg).await) });
+        }
+        for (n, facts, res) in futures::future::join_all(calls).await {
+            match res.map_err(Error::from).and_then(|r| r) {
+                Ok(rec) => {
+                    st.candidates.push(facts.candidate(&n, Some(&rec)));
+                    st.updates.insert(n, rec);
+                }
+                Err(e) => {
+                    tracing::warn!(policy = self.name(), node = n, error = %e, "node step failed; will retry");
+                    st.first_err.get_or_insert(e);
                 }
             }
         }
-        if let Some(h) = &hold {
-            plan.blocked = Some(h.why.clone());
-            plan.held = Some(h.reason);
-            // The budget as configured, for ttdriver_rollout_max_unavailable:
-            // the 0 that holds new starts is not the policy's budget, and
-            // nodes still in their cycle under it are not over budget
-            // (TTDriverTooManyUnavailable).
-            if refused.is_none() {
-                plan.max_unavailable = spec.upgrade_policy.max_unavailable_for(self.owned().len());
-            }
-        }
-        Ok(PassOut {
-            updates: updates.into_iter().collect(),
-            stepped: stepped.into_iter().collect(),
-            device_users,
-            plan,
-            refused,
-            err: first_err,
-        })
     }
 
     /// Nodes this policy no longer owns (a skip label, a relabel, another

@@ -6,10 +6,10 @@ use actix::prelude::*;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::actors::evictor::{Evict, Evictor};
-use crate::actors::labeler::{Labeler, PatchNode};
-use crate::actors::messages::RefusalChanged;
-use crate::actors::renderer::{DaemonSetRenderer, Ensure, ReplaceInstallerPod};
+use crate::driver::messages::RefusalChanged;
+use crate::workers::evictor::{Evict, Evictor};
+use crate::workers::labeler::{Labeler, PatchNode};
+use crate::workers::renderer::{DaemonSetRenderer, Ensure, ReplaceInstallerPod};
 
 /// Where a PolicySupervisor (and the NodeActors it starts) send their work:
 /// the shared Labeler, Evictor and DaemonSetRenderer. Recipients, so tests

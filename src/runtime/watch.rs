@@ -17,10 +17,10 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use ttdrv_api::TenstorrentDriverPolicy;
 
-use crate::actors::{Kick, PolicyManager, Scope};
-use crate::context::Stores;
+use crate::driver::{Kick, PolicyManager, Scope};
 use crate::metrics::Metrics;
-use crate::pod_index::{Changed, PodCache};
+use crate::runtime::context::Stores;
+use crate::runtime::pod_index::{Changed, PodCache};
 
 /// Starts the watches; returns the caches and a future that resolves once all
 /// of them have completed their first list (readiness).

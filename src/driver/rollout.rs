@@ -61,11 +61,11 @@ pub struct PlanRollout {
 }
 
 /// The plan, and the budget a start it granted is checked against at the
-/// instant it takes its claim ([`crate::claims::Budget`]).
+/// instant it takes its claim ([`crate::runtime::claims::Budget`]).
 #[derive(Debug, Clone)]
 pub struct RolloutPlan {
     pub plan: Plan,
-    pub budget: std::sync::Arc<crate::claims::Budget>,
+    pub budget: std::sync::Arc<crate::runtime::claims::Budget>,
 }
 
 impl Handler<PlanRollout> for RolloutActor {
@@ -110,7 +110,7 @@ impl Handler<PlanRollout> for RolloutActor {
             );
         }
         self.last = p.clone();
-        let budget = crate::claims::Budget {
+        let budget = crate::runtime::claims::Budget {
             fleet: self.candidates.keys().cloned().collect(),
             cap: self.limits.max_unavailable,
             out: self

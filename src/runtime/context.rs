@@ -18,7 +18,7 @@ use ttdrv_core::event::EventReason;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::render::RenderContext;
-use crate::write_backoff::{WriteBackoff, WriteTarget};
+use crate::runtime::write_backoff::{WriteBackoff, WriteTarget};
 use crate::{Error, Result};
 
 /// Read-only caches fed by one watch per resource kind.
@@ -27,7 +27,7 @@ pub struct Stores {
     pub policies: Store<TenstorrentDriverPolicy>,
     pub nodes: Store<Node>,
     /// What the controller keeps of pods: their drain facts, by node.
-    pub pods: Arc<crate::pod_index::PodCache>,
+    pub pods: Arc<crate::runtime::pod_index::PodCache>,
     pub daemonsets: Store<DaemonSet>,
     pub pdbs: Store<PodDisruptionBudget>,
 }
@@ -45,7 +45,7 @@ pub struct Context {
     /// Objects whose last write failed, shared by every writer.
     write_backoff: Arc<std::sync::Mutex<WriteBackoff>>,
     /// Which cycle (driver or firmware) has each node, in this process.
-    pub claims: crate::claims::Claims,
+    pub claims: crate::runtime::claims::Claims,
 }
 
 impl Context {

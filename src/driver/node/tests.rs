@@ -160,8 +160,8 @@ fn cordoned_obs(loaded: &str) -> Observation {
 
 fn observe(obs: Observation, persisted: Option<NodeRecord>, evict: &[&str]) -> Observe {
     Observe {
-        // Room for any start: the budget itself is tested in crate::claims.
-        budget: std::sync::Arc::new(crate::claims::Budget {
+        // Room for any start: the budget itself is tested in crate::runtime::claims.
+        budget: std::sync::Arc::new(crate::runtime::claims::Budget {
             cap: usize::MAX,
             ..Default::default()
         }),

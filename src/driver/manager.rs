@@ -17,13 +17,13 @@ use actix::prelude::*;
 use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::labels;
 
-use super::evictor::Evictor;
-use super::labeler::{Labeler, PatchNode};
 use super::messages::{PassScope, Reconcile, RefusalChanged};
-use super::renderer::DaemonSetRenderer;
 use super::supervisor::PolicySupervisor;
 use super::supervisor::SupervisorPorts;
-use crate::context::Context;
+use crate::runtime::context::Context;
+use crate::workers::evictor::Evictor;
+use crate::workers::labeler::{Labeler, PatchNode};
+use crate::workers::renderer::DaemonSetRenderer;
 use ttdrv_core::selection::{Assignment, Refused, assign, claim_of};
 
 /// Coalescing window for watch events: long enough to batch a burst, short

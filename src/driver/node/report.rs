@@ -7,7 +7,7 @@ use ttdrv_core::event::EventReason;
 use ttdrv_core::machine::NodeRecord;
 use ttdrv_core::reason;
 
-use crate::context::Context;
+use crate::runtime::context::Context;
 
 /// Where a step is reported, and what of the observation it mentions.
 pub struct StepReport<'a> {

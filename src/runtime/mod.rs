@@ -1,0 +1,15 @@
+//! What runs the controller's actors, whatever the kind: the caches and
+//! their watches ([`watch`], [`pod_index`]), the context every actor shares
+//! ([`context`]), the slot book's lock ([`claims`]), per-object write
+//! backoff ([`write_backoff`]), leadership ([`leader`]), the Go
+//! controller's exit awaited ([`handover`]) and the admin server whose
+//! `/ready` follows the caches ([`admin`]).
+
+pub mod admin;
+pub mod claims;
+pub mod context;
+pub mod handover;
+pub mod leader;
+pub mod pod_index;
+pub mod watch;
+pub mod write_backoff;
