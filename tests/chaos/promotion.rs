@@ -61,8 +61,15 @@ fn canary_name(env: &TestEnv, index: usize) -> String {
     env.name(&format!("canary{index}"))
 }
 
+/// The canary's nodes, and how long the follower took to release them.
+#[derive(Default)]
+pub(crate) struct Canary {
+    nodes: Vec<String>,
+    released: String,
+}
+
 /// Before the bump: two nodes leave the follower (released), and the canary
-/// policy is created on them at `target`. Returns the canary's nodes.
+/// policy is created on them at `target`.
 pub(crate) async fn start(
     env: &TestEnv,
     policy: &str,
@@ -71,7 +78,7 @@ pub(crate) async fn start(
     target: &str,
     f: &PromotionFaults,
     inv: &Invariants,
-) -> Vec<String> {
+) -> Canary {
     let mut names: Vec<String> = test_nodes(env)
         .await
         .into_iter()
@@ -87,6 +94,7 @@ pub(crate) async fn start(
         env.label_node(n, OUT_LABEL, Some(OUT_VALUE)).await;
     }
     // Released by the follower before the canary may claim them.
+    let t0 = Instant::now();
     let released = ttdrv_testkit::wait_for_result(
         "the canary's nodes released by the follower",
         Duration::from_secs(60),
@@ -108,9 +116,13 @@ pub(crate) async fn start(
         },
     )
     .await;
-    if let Err(e) = released {
-        inv.violation(format!("the follower kept the canary's nodes: {e}"));
-    }
+    let released = match released {
+        Ok(()) => format!("released by the follower in {}ms", t0.elapsed().as_millis()),
+        Err(e) => {
+            inv.violation(format!("the follower kept the canary's nodes: {e}"));
+            "not released".into()
+        }
+    };
     let mut sel = env.labels();
     sel.insert(OUT_LABEL.to_string(), OUT_VALUE.to_string());
     let spec = serde_json::json!({
@@ -123,7 +135,10 @@ pub(crate) async fn start(
     {
         panic!("creating the canary policy: {e}");
     }
-    canary
+    Canary {
+        nodes: canary,
+        released,
+    }
 }
 
 /// When the canary was last Ready at `target` for its current generation
@@ -161,14 +176,15 @@ pub(crate) async fn faults(
     tl: &Timeline,
     index: usize,
     target: &str,
-    canary: &[String],
+    c: &Canary,
     f: &PromotionFaults,
 ) -> Vec<String> {
+    let canary = &c.nodes;
     let t0 = Instant::now();
     let name = canary_name(env, index);
     let mut log = vec![format!(
-        "canary {name} on {canary:?}, promoteAfter.soakSeconds {}",
-        f.soak
+        "canary {name} on {canary:?} ({}), promoteAfter.soakSeconds {}",
+        c.released, f.soak
     )];
     let kill = |why: String, down: u64| async move {
         let at = t0.elapsed().as_millis();

@@ -264,7 +264,7 @@ pub(crate) async fn trial(
         bump["upgradePolicy"] = up;
     }
     let promo = crate::promotion::PromotionFaults::draw(&mut StdRng::seed_from_u64(seed ^ 0x960E));
-    let mut canary = vec![];
+    let mut canary = crate::promotion::Canary::default();
     if kind == Kind::PromotionWait {
         let admin = inv.lock().admin.clone();
         canary = crate::promotion::start(env, policy, index, &admin, &target, &promo, inv).await;
