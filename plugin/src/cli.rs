@@ -89,6 +89,13 @@ pub enum Command {
     Nodes { policy: String },
     /// Live view until the rollout ends: progress bar, ETA, node states. Exits 0
     /// when every node is Done, 2 when a node Failed, 3 when --timeout runs out.
+    ///
+    /// It also watches the policy's Nodes and prints each node state change as
+    /// the controller writes it, with its time and reason
+    /// (`12:03:04 UTC  node-3  Cordoning → Draining  (Drain)`), Cordoning and
+    /// Uncordoning included, which last one write and which the table's polls
+    /// miss: off a terminal one line each, between the tables; on a terminal the
+    /// last 10 under the table. Not in `-o json|yaml` output.
     Watch {
         /// Only this policy (default: all).
         policy: Option<String>,
@@ -268,6 +275,10 @@ mod tests {
         );
         assert!(help.contains(&format!("{} when a node Failed", exit::FAILED_NODE)));
         assert!(help.contains(&format!("{} when --timeout runs out", exit::TIMEOUT)));
+        assert!(
+            help.contains("Cordoning → Draining"),
+            "watch --help shows a transition line: {help}"
+        );
     }
 
     #[test]

@@ -8,12 +8,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use futures::AsyncBufReadExt;
 use futures::TryStreamExt;
+use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{
     DeleteParams, ListParams, LogParams, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde::Serialize;
 use ttdrv_api::{TenstorrentDriverPolicy, labels};
@@ -21,6 +23,7 @@ use ttdrv_core::node::RETRY_ANNOTATION;
 
 use crate::cli::{Cli, Command, Output, exit};
 use crate::style::{Palette, use_color};
+use crate::transitions::{self, Tracker, Transition};
 use crate::view::{self, Outcome, WatchView};
 use crate::{plan, render};
 
@@ -268,15 +271,19 @@ async fn policies(client: &Client, name: Option<&str>) -> Result<Vec<Tenstorrent
     }
 }
 
+/// Label selector of the nodes claimed by `policy` (or by any policy).
+fn claim_selector(policy: Option<&str>) -> String {
+    match policy {
+        Some(p) => format!("{}={p}", labels::CLAIM),
+        None => labels::CLAIM.to_string(),
+    }
+}
+
 /// Nodes claimed by `policy` (or by any policy), with their upgrade records.
 async fn claimed_nodes(client: &Client, policy: Option<&str>) -> Result<Vec<Node>> {
     let api: Api<Node> = Api::all(client.clone());
-    let sel = match policy {
-        Some(p) => format!("{}={p}", labels::CLAIM),
-        None => labels::CLAIM.to_string(),
-    };
     Ok(api
-        .list(&ListParams::default().labels(&sel))
+        .list(&ListParams::default().labels(&claim_selector(policy)))
         .await
         .context("listing nodes")?
         .items)
@@ -357,11 +364,96 @@ pub fn overall(views: &[WatchView]) -> Outcome {
     }
 }
 
+/// The watched nodes' record writes, each seen (a poll would miss those
+/// overwritten within its interval), as transitions; off for `-o json|yaml`.
+struct NodeFeed {
+    events: Option<BoxStream<'static, Result<watcher::Event<Node>, watcher::Error>>>,
+    tracker: Tracker,
+    warned: bool,
+}
+
+impl NodeFeed {
+    fn new(ctx: &Ctx, policy: Option<&str>) -> Self {
+        let events = (ctx.output == Output::Text).then(|| {
+            let api: Api<Node> = Api::all(ctx.client.clone());
+            let config = watcher::Config::default().labels(&claim_selector(policy));
+            watcher::watcher(api, config).default_backoff().boxed()
+        });
+        Self {
+            events,
+            tracker: Tracker::new(policy),
+            warned: false,
+        }
+    }
+
+    /// The next transition seen before `deadline`, or None once it passed.
+    async fn next_until(&mut self, deadline: tokio::time::Instant) -> Option<Transition> {
+        loop {
+            let Some(events) = self.events.as_mut() else {
+                tokio::time::sleep_until(deadline).await;
+                return None;
+            };
+            let next = tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return None,
+                next = events.next() => next,
+            };
+            match next {
+                Some(Ok(event)) => {
+                    if let Some(t) = self.tracker.event(&event) {
+                        return Some(t);
+                    }
+                }
+                // The watch retries with backoff; the table still updates.
+                Some(Err(e)) => {
+                    if !self.warned {
+                        eprintln!("warning: watching nodes: {e} (state changes may be missed)");
+                        self.warned = true;
+                    }
+                }
+                None => self.events = None,
+            }
+        }
+    }
+}
+
+/// Redraws the terminal screen in place: home, each line cleared to its end,
+/// rest cleared (no flicker).
+fn redraw(out: &mut impl Write, frame: &str, first: bool) -> Result<()> {
+    let mut s = String::from(if first { "\x1b[2J\x1b[H" } else { "\x1b[H" });
+    for line in frame.lines() {
+        s.push_str(line);
+        s.push_str("\x1b[K\n");
+    }
+    s.push_str("\x1b[J");
+    out.write_all(s.as_bytes())?;
+    Ok(())
+}
+
+/// Shows a transition: a line of its own off a terminal, on a terminal in the
+/// screen's list under the table (`frame` is the last table drawn).
+fn show_transition(ctx: &Ctx, feed: &NodeFeed, t: &Transition, frame: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if ctx.tty {
+        redraw(
+            &mut out,
+            &(frame.to_string() + &transitions::section(&feed.tracker, ctx.pal)),
+            false,
+        )?;
+    } else {
+        out.write_all(transitions::line(t, ctx.pal).as_bytes())?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 async fn watch(ctx: &Ctx, name: Option<&str>, interval: f64, timeout: Option<f64>) -> Result<i32> {
     let started = Instant::now();
     let interval = Duration::from_secs_f64(interval.max(0.1));
     let mut last_key = String::new();
     let mut first = true;
+    let mut feed = NodeFeed::new(ctx, name);
+    let mut frame = String::new();
     loop {
         let ps = policies(&ctx.client, name).await?;
         if ps.is_empty() {
@@ -374,20 +466,24 @@ async fn watch(ctx: &Ctx, name: Option<&str>, interval: f64, timeout: Option<f64
             .map(|p| view::watch_view(p, &nodes, now))
             .collect();
         let result = overall(&views);
+        if result != Outcome::Running {
+            // The last writes (Uncordoning → Done) come before the status
+            // that ends the rollout: print them before its last screen.
+            let grace = tokio::time::Instant::now() + Duration::from_millis(500);
+            while let Some(t) = feed.next_until(grace).await {
+                if !ctx.tty {
+                    show_transition(ctx, &feed, &t, &frame)?;
+                }
+            }
+        }
         let key = watch_key(&views);
         {
             let mut out = std::io::stdout().lock();
             match ctx.output {
                 Output::Text if ctx.tty => {
-                    // Redraw in place: home, each line cleared to its end, rest cleared.
-                    let frame = render::watch_frame(&views, now, ctx.pal);
-                    let mut s = String::from(if first { "\x1b[2J\x1b[H" } else { "\x1b[H" });
-                    for line in frame.lines() {
-                        s.push_str(line);
-                        s.push_str("\x1b[K\n");
-                    }
-                    s.push_str("\x1b[J");
-                    out.write_all(s.as_bytes())?;
+                    frame = render::watch_frame(&views, now, ctx.pal);
+                    let with = frame.clone() + &transitions::section(&feed.tracker, ctx.pal);
+                    redraw(&mut out, &with, first)?;
                 }
                 Output::Text => {
                     if key != last_key {
@@ -439,7 +535,11 @@ async fn watch(ctx: &Ctx, name: Option<&str>, interval: f64, timeout: Option<f64
             eprintln!("error: rollout still running after {t}s (--timeout)");
             return Ok(exit::TIMEOUT);
         }
-        tokio::time::sleep(interval).await;
+        // Until the next poll, each node state change as it is written.
+        let next_poll = tokio::time::Instant::now() + interval;
+        while let Some(t) = feed.next_until(next_poll).await {
+            show_transition(ctx, &feed, &t, &frame)?;
+        }
     }
 }
 

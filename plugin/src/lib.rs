@@ -9,6 +9,8 @@
 //! [`fw`] is `kubectl tt fw` (the firmware policies), [`handback`] gives nodes
 //! back to the Go operator, [`complete`] completes words for kubectl,
 //! [`table`] and [`style`] lay text out and colour it (on a terminal only).
+//! [`transitions`] picks the node state changes `watch` prints from the
+//! records it sees on the Nodes.
 
 pub mod cli;
 pub mod commands;
@@ -20,4 +22,5 @@ pub mod plan;
 pub mod render;
 pub mod style;
 pub mod table;
+pub mod transitions;
 pub mod view;

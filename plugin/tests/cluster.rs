@@ -147,6 +147,21 @@ async fn plan_predicts_what_the_rollout_does() {
     );
     assert!(watched.stdout.contains("5/5 done"), "{}", watched.stdout);
     assert!(watched.stdout.contains("ETA"), "{}", watched.stdout);
+    // Every state shows as a transition line, the one-write states included;
+    // the first node may have left Pending before the watch started.
+    for (i, n) in predicted.iter().enumerate() {
+        let mut want = vec!["Upgrading → Uncordoning", "Uncordoning → Done"];
+        if i > 0 {
+            want.extend(["Pending → Cordoning", "Cordoning → Draining"]);
+        }
+        for t in want {
+            assert!(
+                watched.stdout.contains(&format!("{n}  {t}")),
+                "{n}  {t}: {}",
+                watched.stdout
+            );
+        }
+    }
     wait_nodes(&env, &policy, &tt, NodeState::Done, Some("2.8.0"), T).await;
     assert_eq!(cordons.order(), predicted, "cordon order = plan order");
 
