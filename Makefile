@@ -1,6 +1,7 @@
 # Tenstorrent driver manager: common entry points.
 #   make test     installs what is missing (hack/deps.sh), then fmt + clippy + cargo-deny + unit, agent,
-#                 cluster, alert-rule, chart, image, real-node, chaos and kernel (QEMU) tests
+#                 cluster, alert-rule, chart, image, real-node, chaos and kernel (QEMU) tests, with
+#                 the VM node (make test-vm-node) beside them
 #   make images   controller, agent, vfio, flasher and pause image archives (hack/images.sh)
 #   make release  chart, images, plugin, krew manifest and checksums in dist/<version>/
 #   make bench    rollout benchmark at 10/100/1000 simulated nodes
@@ -11,7 +12,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: test deps lint unit cluster-up cluster-down crds install-plugins demo demo-down bench bench-pods testbin \
-	images release test-realnode realnode-up realnode-down test-vm-node
+	images release test-realnode realnode-up realnode-down test-vm-node test-stages
 
 # Debian packages, promtool, the musl target: installed when missing (idempotent).
 deps:
@@ -43,8 +44,8 @@ test-realnode:
 # control plane: controller-driven swaps of the stub module under a workload,
 # then real faults: kubelet and containerd restarts, a cut from the API
 # server, the leader killed, reboots (see hack/test-vm-node.sh). Its own
-# target (CI runs it after make test): about 16 minutes on an idle machine,
-# more under load (TCG; four real module builds).
+# target, and part of make test (beside its other stages): about 18 minutes on
+# an idle machine, more under load (TCG; four real module builds).
 test-vm-node:
 	bash hack/test-vm-node.sh
 
@@ -66,26 +67,49 @@ cluster-up:
 cluster-down:
 	bash hack/cluster.sh down
 
-# The whole suite: what is missing installed first (hack/deps.sh); lint;
-# cargo-deny (licences, bans, sources, advisories: hack/deny.sh); unit,
-# agent and cluster tests against a fresh local cluster (stopped afterwards
-# whatever the outcome); alert rules with promtool; the Helm chart; the images
-# against the Dockerfiles and the real-node test (chart and agent on a real
-# kubelet); fault injection on its own cluster (one trial of each of the 11
-# fault kinds, plus the drain and Event regressions); the agent on a real
-# kernel under QEMU, with the stub module, then with the real tt-kmd (pinned
-# releases from the bundle in ../shared/data, else GitHub) on emulated
-# Wormhole and Blackhole cards (testkit's ttdrv-ttcard).
+# The whole suite (what CI runs): what is missing installed first
+# (hack/deps.sh); lint; cargo-deny (licences, bans, sources, advisories:
+# hack/deny.sh); the test binaries and image archives; then two lanes at once:
+#  - the VM node (hack/test-vm-node.sh: a real kubelet in a QEMU guest, the
+#    controller-driven swap of the real tt-kmd on an emulated Wormhole, its
+#    faults and reboots). QEMU runs it on one TCG thread, so it mostly keeps
+#    one core busy for about 18 minutes; its output goes to
+#    target/ci/vm-node.log, printed whole when it ends.
+#  - everything else, one after the other (test-stages below): unit, agent and
+#    cluster tests against a fresh local cluster; alert rules with promtool;
+#    the Helm chart; the images and the real-node test (chart and agent on a
+#    real kubelet); fault injection on its own cluster (one trial of each
+#    kind); the agent on a real kernel under QEMU, with the stub module, then
+#    the real tt-kmd on emulated Wormhole and Blackhole cards. These mostly
+#    wait on API servers and kubelets, which left the second core idle while
+#    the VM node ran after them.
+# Each lane has its own cluster, namespace and work directory (the VM node's
+# is ~/.kwok-vmnode-realnode). A failure of either fails the target, once both
+# have ended.
 # The Go test binaries (cold: over 10 minutes, cached afterwards) build beside
 # lint, cargo-deny, the cargo test binaries and the image archives: the Go
 # build waits on the module proxy and links on one core, the image bases wait
-# on Debian's mirror, so together they take less than one after the other. A
-# failure of either side fails the target, once both have ended.
+# on Debian's mirror, so together they take less than one after the other.
 test: deps
 	bash hack/build-testbin.sh >/dev/null & testbin=$$!; status=0; \
 	  { $(MAKE) --no-print-directory lint && bash hack/deny.sh && \
-	    $(CARGO) test --workspace --no-run -q && bash hack/images.sh >/dev/null; } || status=$$?; \
+	    $(CARGO) test --workspace --no-run -q && \
+	    $(CARGO) build -q -p ttdrv-testkit --bin ttdrv-ttcard && \
+	    bash hack/images.sh >/dev/null; } || status=$$?; \
 	  wait $$testbin || status=1; exit $$status
+	mkdir -p target/ci
+	t0=$$(date +%s); bash hack/test-vm-node.sh >target/ci/vm-node.log 2>&1 & vm=$$!; \
+	  echo "== make test: the VM node runs beside the other stages (pid $$vm, log target/ci/vm-node.log)"; \
+	  status=0; $(MAKE) --no-print-directory test-stages || status=$$?; \
+	  echo "== make test: the other stages ended (status $$status) after $$(( $$(date +%s) - t0 )) s; waiting for the VM node"; \
+	  vm_status=0; wait $$vm || vm_status=$$?; \
+	  echo "== make test: the VM node's log (status $$vm_status, ended after $$(( $$(date +%s) - t0 )) s)"; \
+	  cat target/ci/vm-node.log; \
+	  [ $$vm_status = 0 ] || { echo "== make test: the VM node FAILED (target/ci/vm-node.log above)"; status=1; }; \
+	  exit $$status
+
+# The stages of `make test` that run beside the VM node, in order.
+test-stages:
 	bash hack/run-cluster-tests.sh
 	bash hack/test-alerts.sh
 	bash hack/test-chart.sh
