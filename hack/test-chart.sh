@@ -9,6 +9,8 @@
 #     (tests/chart.rs, TTDRV_CHART_RENDERS=<that directory>): each render
 #     equals chart/tests/golden/<case>.yaml and means what it should
 #     (least-privilege RBAC, flags and env, monitoring wiring, Go-era keys)
+#     The umbrella fixture (tests/fixtures/umbrella) with this chart as its
+#     dependency from a local path: dependency build, lint, three renders
 #  3. invalid values fail to render, and say why (misspelled keys, bad
 #     digests, replicas 2 without leader election, bad logFormat or pull
 #     policy); the capability checks refuse a cluster without
@@ -135,6 +137,33 @@ for f in chart/tests/go-chart-values.yaml chart/tests/go-chart-upstream-values.y
     failed "helm lint --strict -f $f"
   fi
 done
+# The umbrella (tests/fixtures/umbrella: the tt-operator umbrella's dependency
+# entry and values for the driver manager) with this chart as its dependency,
+# from a local path: helm dependency build, lint, and three renders for
+# tests/chart.rs (the umbrella's values; the subchart disabled; the umbrella's
+# own contract override, Go repository and tag).
+umbrella="$tmp/umbrella"
+cp -r tests/fixtures/umbrella "$umbrella"
+sed -i "s|file://../../../chart|file://$root/chart|" "$umbrella/Chart.yaml"
+"$helm_bin" dependency build "$umbrella" >/dev/null || failed "helm dependency build of the umbrella fixture"
+uns=tt-operator-system
+if out=$("$helm_bin" lint --strict "$umbrella" -n "$uns" "${kv[@]}" 2>&1); then
+  log "umbrella: helm dependency build and lint --strict ok"
+else
+  printf '%s\n' "$out" >&2
+  failed "helm lint --strict of the umbrella fixture"
+fi
+# (Helm warns that the umbrella's image strings do not overwrite our image
+# tables: the strings win, which the checks assert.)
+"$helm_bin" template tt-operator "$umbrella" -n "$uns" "${kv[@]}" 2>/dev/null >"$renders/umbrella.yaml" \
+  || failed "helm template (umbrella)"
+"$helm_bin" template tt-operator "$umbrella" -n "$uns" "${kv[@]}" \
+  --set tt-k8s-driver-manager.enabled=false 2>/dev/null >"$renders/umbrella-off.yaml" \
+  || failed "helm template (umbrella, tt-k8s-driver-manager.enabled=false)"
+"$helm_bin" template tt-operator "$umbrella" -n "$uns" "${kv[@]}" \
+  --set tt-k8s-driver-manager.controller.image.repository=ghcr.io/tenstorrent/tt-k8s-driver-manager-controller \
+  --set tt-k8s-driver-manager.controller.image.tag=contract-test 2>/dev/null >"$renders/umbrella-go-override.yaml" \
+  || failed "helm template (umbrella, the Go controller image by repository and tag)"
 if TTDRV_CHART_RENDERS=$renders cargo test -q --test chart -- --ignored >&2; then
   log "renders: golden files and semantic checks ok (tests/chart.rs)"
 else

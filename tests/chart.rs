@@ -12,7 +12,9 @@
 //!   go-upstream chart/tests/go-chart-upstream-values.yaml, the Go chart's
 //!               own values.yaml, verbatim
 //!
-//! and, not golden, go-values-bool (go-values with requireTenstorrentLabel
+//! and, not golden, the umbrella's renders (tests/fixtures/umbrella, the
+//! tt-operator umbrella's dependency entry and values, with this chart as its
+//! dependency: umbrella, umbrella-off, umbrella-go-override), go-values-bool (go-values with requireTenstorrentLabel
 //! false as a bool) and the NOTES of default, go-values and go-upstream
 //! (<case>.notes.yaml: NOTES.txt rendered into a test-only ConfigMap).
 //!
@@ -1118,4 +1120,101 @@ fn go_chart_values_render_with_the_go_meaning() {
         "go chart values:\n  - {}",
         c.0.join("\n  - ")
     );
+}
+
+#[test]
+#[ignore = "needs the renders of bash hack/test-chart.sh"]
+fn the_umbrella_renders_this_chart_as_its_driver_manager() {
+    const OURS: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/controller:0.1.0";
+    const AGENT: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent:0.1.0";
+    const FLASHER: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/flasher:0.1.0";
+    // The umbrella's release and namespace; the subchart's full name is the
+    // release's plus the chart's.
+    const UNS: &str = "tt-operator-system";
+    let controller = "tt-operator-tt-k8s-driver-manager-controller";
+    let mut c = Checks::default();
+
+    let docs_on = docs("umbrella");
+    let dep = c.one(
+        &docs_on,
+        "Deployment",
+        &[("name", controller), ("namespace", UNS)],
+    );
+    let ctr = &dep["spec"]["template"]["spec"]["containers"][0];
+    let env = env_of(ctr);
+    c.check(
+        ctr["image"] == OURS,
+        format!(
+            "the umbrella's controller.image (the Go image at :latest) is replaced by ours: {}",
+            ctr["image"]
+        ),
+    );
+    c.check(
+        env_value(&env, "TTDRV_INSTALLER_IMAGE") == AGENT,
+        format!(
+            "the umbrella's driver.image (the Go builder) is replaced by our agent: {}",
+            env_value(&env, "TTDRV_INSTALLER_IMAGE")
+        ),
+    );
+    c.check(
+        env_value(&env, "TTDRV_FLASHER_IMAGE") == FLASHER,
+        format!(
+            "the umbrella's flasher.image is replaced by our flasher: {}",
+            env_value(&env, "TTDRV_FLASHER_IMAGE")
+        ),
+    );
+    c.check(
+        env_value(&env, "TTDRV_DEPLOY_GATES")
+            .as_str()
+            .is_some_and(|g| {
+                g.split(',')
+                    .any(|k| k == "tenstorrent.com/deploy.tt-telemetry")
+            }),
+        format!(
+            "the default deploy gates reach the controller: {}",
+            env_value(&env, "TTDRV_DEPLOY_GATES")
+        ),
+    );
+    // Everything namespaced lands in the umbrella's namespace.
+    for d in &docs_on {
+        let ns = &d["metadata"]["namespace"];
+        c.check(
+            ns.is_null() || ns == UNS,
+            format!(
+                "{} {} in namespace {ns}, not {UNS}",
+                d["kind"], d["metadata"]["name"]
+            ),
+        );
+    }
+    c.check(
+        docs_on
+            .iter()
+            .any(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == controller),
+        "the controller's ClusterRole is named after the umbrella's release",
+    );
+
+    // tt-k8s-driver-manager.enabled=false: nothing of ours.
+    let off = docs("umbrella-off");
+    c.check(
+        off.is_empty(),
+        format!(
+            "the subchart disabled still renders {:?}",
+            off.iter()
+                .map(|d| format!("{} {}", d["kind"], d["metadata"]["name"]))
+                .collect::<Vec<_>>()
+        ),
+    );
+
+    // The umbrella's own contract test sets the Go controller image by
+    // repository and tag: still ours.
+    let go = docs("umbrella-go-override");
+    let dep = c.one(&go, "Deployment", &[("name", controller)]);
+    c.check(
+        dep["spec"]["template"]["spec"]["containers"][0]["image"] == OURS,
+        format!(
+            "controller.image.repository/tag of the Go image is replaced by ours: {}",
+            dep["spec"]["template"]["spec"]["containers"][0]["image"]
+        ),
+    );
+    assert!(c.0.is_empty(), "umbrella renders:\n{}", c.0.join("\n"));
 }

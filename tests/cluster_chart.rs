@@ -18,6 +18,10 @@ use ttdrv_testkit::TestEnv;
 /// A release of its own, so the cluster shared with other tests is not
 /// disturbed.
 const RELEASE: &str = "ttdrv-chart-test";
+/// One install at a time: both tests install the CRDs (Helm's `crds/`),
+/// and the first test's server-side dry run of them must not race the
+/// other's create.
+static INSTALLS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/chart");
 const CRD: &str = "tenstorrentdriverpolicies.driver.tenstorrent.com";
 const NODE_A: &str = "ttdrv-chart-vap-a";
@@ -138,6 +142,7 @@ impl Drop for Cleanup {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_job() {
+    let _one = INSTALLS.lock().await;
     let env = TestEnv::new("chart").await;
     let kv = kube_version(&env).await;
     let _cleanup = Cleanup;
@@ -648,4 +653,136 @@ async fn crd_upgrade_hook(kv: &str) -> Vec<String> {
     );
     let _ = std::fs::remove_dir_all(&dir);
     failures
+}
+
+/// Uninstalls the umbrella's release and deletes its namespace, whatever the
+/// outcome.
+struct UmbrellaCleanup(std::path::PathBuf);
+
+impl Drop for UmbrellaCleanup {
+    fn drop(&mut self) {
+        let _ = try_run(
+            Command::new("helm").args(["uninstall", UMBRELLA, "-n", UMBRELLA_NS]),
+            None,
+        );
+        let _ = try_run(
+            &mut kubectl(&[
+                "delete",
+                "namespace",
+                "--ignore-not-found",
+                "--timeout=60s",
+                UMBRELLA_NS,
+            ]),
+            None,
+        );
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The umbrella's release and namespace (the tt-operator chart's).
+const UMBRELLA: &str = "tt-operator";
+const UMBRELLA_NS: &str = "tt-operator-system";
+
+/// The tt-operator umbrella (tests/fixtures/umbrella: its dependency entry
+/// and values for the driver manager) installs with this chart as its
+/// `tt-k8s-driver-manager` dependency, built from a local path: the
+/// controller Deployment runs our image under the umbrella's release name,
+/// and an uninstall takes it away.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn the_umbrella_chart_installs_this_chart_as_its_driver_manager() {
+    let _one = INSTALLS.lock().await;
+    let _env = TestEnv::new("umbrella").await;
+    let dir = std::env::temp_dir().join(format!("ttdrv-umbrella-{}", std::process::id()));
+    let _cleanup = UmbrellaCleanup(dir.clone());
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/umbrella");
+    run(Command::new("cp").args(["-r", fixture]).arg(&dir), None);
+    let chart_yaml = dir.join("Chart.yaml");
+    let text = std::fs::read_to_string(&chart_yaml).expect("the umbrella fixture's Chart.yaml");
+    assert!(
+        text.contains("file://../../../chart"),
+        "the fixture names this chart by its relative path"
+    );
+    std::fs::write(
+        &chart_yaml,
+        text.replace("file://../../../chart", &format!("file://{CHART}")),
+    )
+    .expect("rewriting the fixture's dependency path");
+    let umbrella = dir.to_string_lossy().into_owned();
+    run(
+        Command::new("helm").args(["dependency", "build", &umbrella]),
+        None,
+    );
+    run(
+        Command::new("helm").args([
+            "upgrade",
+            "--install",
+            UMBRELLA,
+            &umbrella,
+            "-n",
+            UMBRELLA_NS,
+            "--create-namespace",
+            // No controller replica: two would compete with the tests' own
+            // controllers for the nodes of this shared cluster.
+            "--set",
+            "tt-k8s-driver-manager.controller.replicas=0",
+            "--wait=false",
+        ]),
+        None,
+    );
+    let deployment = "tt-operator-tt-k8s-driver-manager-controller";
+    let image = run(
+        &mut kubectl(&[
+            "get",
+            "deployment",
+            deployment,
+            "-n",
+            UMBRELLA_NS,
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ]),
+        None,
+    );
+    assert_eq!(
+        image.trim(),
+        "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/controller:0.1.0",
+        "the umbrella's Go controller image is replaced by ours"
+    );
+    let installer = run(
+        &mut kubectl(&[
+            "get",
+            "deployment",
+            deployment,
+            "-n",
+            UMBRELLA_NS,
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].env[?(@.name==\"TTDRV_INSTALLER_IMAGE\")].value}",
+        ]),
+        None,
+    );
+    assert_eq!(
+        installer.trim(),
+        "ghcr.io/tenstorrent/tt-k8s-driver-manager-rs/agent:0.1.0",
+        "the umbrella's Go builder image is replaced by our agent"
+    );
+    let status = run(
+        Command::new("helm").args(["status", UMBRELLA, "-n", UMBRELLA_NS, "-o", "json"]),
+        None,
+    );
+    assert!(
+        status.contains("\"status\":\"deployed\""),
+        "the umbrella release is deployed: {status}"
+    );
+    run(
+        Command::new("helm").args(["uninstall", UMBRELLA, "-n", UMBRELLA_NS]),
+        None,
+    );
+    let left = try_run(
+        &mut kubectl(&["get", "deployment", deployment, "-n", UMBRELLA_NS]),
+        None,
+    );
+    assert!(
+        left.is_err(),
+        "helm uninstall of the umbrella leaves the controller Deployment: {left:?}"
+    );
 }
