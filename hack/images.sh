@@ -71,7 +71,7 @@ for b in ttdrv-controller ttdrv-agent ttdrv-vfio-manage ttdrv-flash; do
   if readelf -d "$bindir/$b" 2>/dev/null | grep -q '(NEEDED)'; then die "$bindir/$b is not statically linked"; fi
 done
 pause_bin="$cache/work/pause"
-(cd hack/images/pause && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-trimpath go build -ldflags '-s -w' -o "$pause_bin.part" . && mv "$pause_bin.part" "$pause_bin")
+(cd hack/images/pause && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-trimpath go build -ldflags '-s -w' -o "$pause_bin.part.$$" . && mv "$pause_bin.part.$$" "$pause_bin")
 log "binaries ($profile, $musl) in $(since "$t0")s"
 # The agent image's tt-smi (cached; built from agent/Dockerfile's tt-smi stage)
 tt_smi=$(bash hack/images/tt-smi.sh) || die "building tt-smi failed"
