@@ -229,7 +229,7 @@ async fn release_strays(
                 match sent {
                     Ok(Ok(_)) => {
                         ctx.claims
-                            .release(&name, &Holder::Firmware(rec.policy.clone()));
+                            .release(&name, &Holder::firmware(rec.policy.clone()));
                         tracing::info!(
                             node = name,
                             policy = rec.policy,
