@@ -22,11 +22,11 @@ pub fn driver_cycle(node: &Node) -> Option<Holder> {
     if let Ok(Some(r)) = crate::node::record(node)
         && r.state.is_in_progress()
     {
-        return Some(Holder::Driver(r.policy));
+        return Some(Holder::driver(r.policy));
     }
     annotation(node, labels::GO_AHEAD)
         .and_then(|g| serde_json::from_str::<crate::go_ahead::GoAhead>(g).ok())
-        .map(|g| Holder::Driver(g.policy))
+        .map(|g| Holder::driver(g.policy))
 }
 
 /// The firmware record persisted on the node, if it has a readable one.
@@ -43,11 +43,11 @@ pub fn firmware_cycle(node: &Node) -> Option<Holder> {
     if let Some(r) = firmware_record(node)
         && r.state.is_in_progress()
     {
-        return Some(Holder::Firmware(r.policy));
+        return Some(Holder::firmware(r.policy));
     }
     annotation(node, fw::CORDONED_BY)
         .filter(|_| unschedulable(node))
-        .map(|p| Holder::Firmware(p.to_string()))
+        .map(|p| Holder::firmware(p.to_string()))
 }
 
 /// Better than serial: when both policies have work for a node, the flash
@@ -121,7 +121,7 @@ mod tests {
             fw::RECORD,
             &serde_json::to_string(&fw_rec).expect("json"),
         );
-        assert_eq!(firmware_cycle(&n), Some(Holder::Firmware("fw".into())));
+        assert_eq!(firmware_cycle(&n), Some(Holder::firmware("fw".into())));
         fw_rec.state = FirmwareNodeState::Done;
         annotate(
             &mut n,
@@ -134,7 +134,7 @@ mod tests {
         annotate(&mut n, fw::CORDONED_BY, "go-fw");
         assert_eq!(firmware_cycle(&n), None);
         n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
-        assert_eq!(firmware_cycle(&n), Some(Holder::Firmware("go-fw".into())));
+        assert_eq!(firmware_cycle(&n), Some(Holder::firmware("go-fw".into())));
 
         let mut d = crate::machine::NodeRecord::new("drv", "2.8.0", 0);
         d.state = ttdrv_api::NodeState::Draining;
@@ -143,8 +143,8 @@ mod tests {
             labels::UPGRADE_STATE,
             &serde_json::to_string(&d).expect("json"),
         );
-        assert_eq!(driver_cycle(&n), Some(Holder::Driver("drv".into())));
-        assert!(Holder::Driver("drv".into()).to_string().contains("drv"));
+        assert_eq!(driver_cycle(&n), Some(Holder::driver("drv".into())));
+        assert!(Holder::driver("drv".into()).to_string().contains("drv"));
     }
 
     fn driver_policy(

@@ -541,6 +541,20 @@ fn retry_hint(policy: &str, node_name: &str, cordoned: bool) -> String {
 /// The driver kind as the slot book's gate sees it ([`crate::slots::gate`]).
 pub struct DriverCycle;
 
+/// The driver kind as a slot's holder.
+pub static DRIVER_HOLDER: crate::slots::HolderKind = crate::slots::HolderKind {
+    name: "driver",
+    noun: "driver policy",
+    cycle: "upgrade",
+};
+
+impl crate::slots::Holder {
+    /// A driver policy's upgrade.
+    pub fn driver(policy: String) -> Self {
+        Self::new(&DRIVER_HOLDER, policy)
+    }
+}
+
 impl crate::slots::Cycle for DriverCycle {
     type Record = NodeRecord;
     type Observation = Observation;
@@ -548,7 +562,7 @@ impl crate::slots::Cycle for DriverCycle {
     type Step = Step;
 
     fn holder(policy: &str) -> crate::slots::Holder {
-        crate::slots::Holder::Driver(policy.to_string())
+        crate::slots::Holder::driver(policy.to_string())
     }
     fn step(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         step(rec, obs, want)

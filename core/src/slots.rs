@@ -12,21 +12,37 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-/// Who holds a node's maintenance slot.
+/// Who holds a node's maintenance slot: a policy's cycle, of a kind. Each
+/// kind names itself with a [`HolderKind`] of its own, so this module names
+/// none of them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Holder {
-    /// A TenstorrentDriverPolicy's cycle.
-    Driver(String),
-    /// A TenstorrentFirmwarePolicy's cycle (ours or the Go operator's).
-    Firmware(String),
+pub struct Holder {
+    pub kind: &'static HolderKind,
+    pub policy: String,
+}
+
+/// A kind of cycle that holds slots, as a refusal names it: "the {noun}
+/// {policy}'s {cycle}".
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct HolderKind {
+    /// Short and stable ("driver").
+    pub name: &'static str,
+    /// The policy as a person calls it ("driver policy").
+    pub noun: &'static str,
+    /// Its cycle ("upgrade").
+    pub cycle: &'static str,
+}
+
+impl Holder {
+    pub fn new(kind: &'static HolderKind, policy: String) -> Self {
+        Self { kind, policy }
+    }
 }
 
 impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Holder::Driver(p) => write!(f, "the driver policy {p}'s upgrade"),
-            Holder::Firmware(p) => write!(f, "the firmware policy {p}'s flash cycle"),
-        }
+        let k = self.kind;
+        write!(f, "the {} {}'s {}", k.noun, self.policy, k.cycle)
     }
 }
 
@@ -162,7 +178,7 @@ mod tests {
     #[test]
     fn one_holder_at_a_time() {
         let mut c = SlotBook::default();
-        let (d, f) = (Holder::Driver("d".into()), Holder::Firmware("f".into()));
+        let (d, f) = (Holder::driver("d".into()), Holder::firmware("f".into()));
         assert_eq!(c.take("n", d.clone(), None), Ok(()));
         assert_eq!(
             c.take("n", d.clone(), None),
@@ -189,7 +205,7 @@ mod tests {
     #[test]
     fn starts_of_both_kinds_share_the_cap_as_they_happen() {
         let mut c = SlotBook::default();
-        let (d, f) = (Holder::Driver("d".into()), Holder::Firmware("f".into()));
+        let (d, f) = (Holder::driver("d".into()), Holder::firmware("f".into()));
         // Both planned from caches where only the admin's node `x` is out:
         // each may take one more node out of service (cap 2).
         let budget = Budget {
@@ -239,7 +255,7 @@ mod tests {
         type Desired = bool; // occupies a slot
         type Step = (bool, bool);
         fn holder(policy: &str) -> Holder {
-            Holder::Firmware(policy.into())
+            Holder::firmware(policy.into())
         }
         fn step(_: &bool, obs: &Obs, want: &bool) -> (bool, bool) {
             (obs.slot && obs.held_by.is_none(), *want)
@@ -277,11 +293,11 @@ mod tests {
         let take = |h, b: Option<&Budget>| book.take("n", h, b);
         let (next, refused) = gate::<Toy>(take, "p", &false, &mut obs, &true, &budget);
         assert_eq!((next.0, refused), (true, None));
-        assert_eq!(book.holder("n"), Some(&Holder::Firmware("p".into())));
+        assert_eq!(book.holder("n"), Some(&Holder::firmware("p".into())));
 
         // Held by another kind's cycle: the step is redone with held_by set.
         let mut held = SlotBook::default();
-        held.take("n", Holder::Driver("d".into()), None)
+        held.take("n", Holder::driver("d".into()), None)
             .expect("free");
         let mut obs = Obs {
             slot: true,
@@ -290,8 +306,8 @@ mod tests {
         let take = |h, b: Option<&Budget>| held.take("n", h, b);
         let (next, refused) = gate::<Toy>(take, "p", &false, &mut obs, &true, &budget);
         assert!(!next.0, "no start while another cycle holds the node");
-        assert_eq!(refused, Some(Refused::Held(Holder::Driver("d".into()))));
-        assert_eq!(obs.held_by, Some(Holder::Driver("d".into())));
+        assert_eq!(refused, Some(Refused::Held(Holder::driver("d".into()))));
+        assert_eq!(obs.held_by, Some(Holder::driver("d".into())));
 
         // Over budget (`n` took the one place): the grant is withdrawn.
         let mut obs = Obs {

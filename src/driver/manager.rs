@@ -18,9 +18,10 @@ use kube::runtime::reflector::ObjectRef;
 use ttdrv_api::labels;
 
 use super::messages::{PassScope, Reconcile, RefusalChanged};
-use super::supervisor::PolicySupervisor;
 use super::supervisor::SupervisorPorts;
+use super::supervisor::{PolicySupervisor, supervisor};
 use crate::runtime::context::Context;
+use crate::runtime::policy_actor::RunPass;
 use crate::workers::evictor::Evictor;
 use crate::workers::labeler::{Labeler, PatchNode};
 use crate::workers::renderer::DaemonSetRenderer;
@@ -97,7 +98,7 @@ impl PolicyManager {
                         actx.address().recipient(),
                     ),
                 );
-                let addr = actix::Supervisor::start(move |_| PolicySupervisor::new(ctx, n, ports));
+                let addr = actix::Supervisor::start(move |_| supervisor(ctx, n, ports));
                 tracing::info!(policy = name, "policy supervisor started");
                 self.supervisors.insert(name.clone(), addr);
                 self.waiting.insert(
@@ -154,10 +155,10 @@ impl PolicyManager {
             }
             let scope = self.waiting.remove(&name).unwrap_or_default();
             self.in_flight.insert(name.clone());
-            let msg = Reconcile {
+            let msg = RunPass(Reconcile {
                 assignment: assignment.clone(),
                 scope,
-            };
+            });
             let n = name.clone();
             actx.spawn(addr.send(msg).into_actor(self).map(move |res, act, actx| {
                 act.in_flight.remove(&n);

@@ -8,8 +8,6 @@ use std::sync::Arc;
 use actix::prelude::*;
 use ttdrv_core::selection::Assignment;
 
-use crate::Result;
-
 /// What a pass must look at.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PassScope {
@@ -41,9 +39,9 @@ impl PassScope {
 
 /// Re-evaluate the policy against the current caches: every node it owns
 /// (`scope.full`), or only the nodes named in `scope.nodes` plus, on the
-/// periodic tick, those in the middle of a cycle.
-#[derive(Message, Clone)]
-#[rtype(result = "Result<()>")]
+/// periodic tick, those in the middle of a cycle. The driver kind's
+/// trigger of a pass ([`crate::runtime::policy_actor::RunPass`]).
+#[derive(Clone)]
 pub struct Reconcile {
     pub assignment: Arc<Assignment>,
     pub scope: PassScope,

@@ -2,7 +2,8 @@
 //! workers of [`crate::workers`]:
 //!
 //! ```text
-//! watches ──Kick──▶ PolicyManager ──Reconcile──▶ PolicySupervisor (one per policy)
+//! watches ──Kick──▶ PolicyManager ──RunPass(Reconcile)──▶ PolicySupervisor (one per policy: the
+//!                                                  │  generic PolicyActor running the driver kind's pass)
 //!                                                  │  PlanRollout ▶ RolloutActor (per policy): grants and reserves slots
 //!                                                  │  Observe     ▶ NodeActor (one per owned node), a granted slot in it
 //!                                                  │  Ensure      ▶ DaemonSetRenderer (shared)
@@ -26,4 +27,4 @@ pub use manager::{Kick, PolicyManager, Scope};
 pub use messages::{PassScope, Reconcile, RefusalChanged};
 pub use node::{NodeActor, Observe};
 pub use rollout::{PlanRollout, ReleaseSlot, RolloutActor};
-pub use supervisor::PolicySupervisor;
+pub use supervisor::{DriverKind, PolicySupervisor, supervisor};

@@ -83,7 +83,7 @@ impl Actor for NodeActor {
     fn stopped(&mut self, _: &mut Self::Context) {
         self.ctx
             .claims
-            .release(&self.node, &Holder::Driver(self.policy.clone()));
+            .release(&self.node, &Holder::driver(self.policy.clone()));
     }
 }
 
@@ -240,7 +240,7 @@ impl ObserveJob {
     }
 
     fn holder(&self) -> Holder {
-        Holder::Driver(self.policy.clone())
+        Holder::driver(self.policy.clone())
     }
 
     /// The step. One disruption at a time: a cycle starts only with the

@@ -1,13 +1,16 @@
-//! PolicySupervisor (one per policy): keeps the policy's DaemonSet, node claims
-//! and NodeActors in line with the nodes it owns, asks its RolloutActor which
-//! nodes may start, feeds the NodeActors of the nodes in the pass's scope (and
-//! of nodes just granted a slot) a fresh observation, and writes the policy's
-//! status in the background when (and only when) it changed.
+//! The driver policy kind: one policy's pass, run by the generic
+//! [`PolicyActor`] (its "PolicySupervisor"): keeps the policy's DaemonSet,
+//! node claims and NodeActors in line with the nodes it owns, asks its
+//! RolloutActor which nodes may start, feeds the NodeActors of the nodes in
+//! the pass's scope (and of nodes just granted a slot) a fresh observation,
+//! and builds the policy's status when (and only when) a write is due; the
+//! actor writes it in the background.
 //!
 //! A full pass looks at every owned node; a targeted pass only at the nodes a
 //! watch event named, so its cost does not grow with the fleet.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,22 +31,38 @@ use super::rollout::RolloutActor;
 use crate::Result;
 use crate::policy_decisions::{Effect, Facts, Log, PolicyMemo, Refused, decide};
 use crate::runtime::context::Context;
+use crate::runtime::policy_actor::{self, PassEnd, PolicyActor, PolicyKind};
+use crate::runtime::write_backoff::WriteTarget;
 
-pub struct PolicySupervisor {
+/// One driver policy's actor.
+pub type PolicySupervisor = PolicyActor<DriverKind>;
+
+/// Policy `name`'s actor, sending its work to `ports`.
+pub fn supervisor(ctx: Arc<Context>, name: String, ports: SupervisorPorts) -> PolicySupervisor {
+    PolicyActor::new(Arc::new(DriverKind::new(ctx, ports)), name)
+}
+
+/// The driver policy kind: what a policy's passes share, kept across a
+/// restart.
+pub struct DriverKind {
     ctx: Arc<Context>,
-    name: String,
-    /// Behind `Arc`s so a pass borrows them without copying N entries; only
-    /// full passes and the end of a pass change them.
-    nodes: Arc<HashMap<String, Addr<NodeActor>>>,
-    records: Arc<HashMap<String, NodeRecord>>,
-    /// Nodes with pods that use the device (listed last, drained last).
-    device_users: HashSet<String>,
     rollout: Addr<RolloutActor>,
     /// The NodeActors' port to the validation pods.
     validation_pods: Addr<ValidationPods>,
     ports: SupervisorPorts,
-    last_status: Option<TenstorrentDriverPolicyStatus>,
-    status_in_flight: bool,
+    /// The last check of the validation PodTemplate, shared with the passes.
+    template_check: Arc<std::sync::Mutex<Option<pass::CheckedTemplate>>>,
+}
+
+/// What a driver policy's passes remember between them, besides what every
+/// kind's do (node actors, the status last written).
+#[derive(Default)]
+pub struct DriverMemory {
+    /// Behind an `Arc` so a pass borrows them without copying N entries;
+    /// only full passes and the end of a pass change them.
+    records: Arc<HashMap<String, NodeRecord>>,
+    /// Nodes with pods that use the device (listed last, drained last).
+    device_users: HashSet<String>,
     /// A full pass has rebuilt the records and the rollout's view of every
     /// node; until then every pass is a full one.
     primed: bool,
@@ -52,69 +71,140 @@ pub struct PolicySupervisor {
     /// `spec.promoteAfter`'s gate as the last pass that stepped every node
     /// saw it: a change makes the next pass a full one.
     promotion: Option<Gate>,
-    /// The last check of the validation PodTemplate, shared with the passes.
-    template_check: Arc<std::sync::Mutex<Option<pass::CheckedTemplate>>>,
 }
 
-impl PolicySupervisor {
-    pub fn new(ctx: Arc<Context>, name: String, ports: SupervisorPorts) -> Self {
+type Memory = policy_actor::Memory<DriverKind>;
+
+impl DriverKind {
+    fn new(ctx: Arc<Context>, ports: SupervisorPorts) -> Self {
         let validation_pods = ValidationPods::new(ctx.clone()).start();
         Self {
             ctx,
-            name,
-            nodes: Arc::default(),
-            records: Arc::default(),
-            device_users: HashSet::new(),
             rollout: RolloutActor::default().start(),
             validation_pods,
             ports,
-            last_status: None,
-            status_in_flight: false,
-            primed: false,
-            memo: PolicyMemo::default(),
-            promotion: None,
             template_check: Arc::default(),
         }
     }
 }
 
-impl Actor for PolicySupervisor {
-    type Context = actix::Context<Self>;
+impl PolicyKind for DriverKind {
+    const ACTOR: &'static str = "policy_supervisor";
+    const KIND: &'static str = "driver";
+    /// Off every node's path.
+    const STATUS_IN_BACKGROUND: bool = true;
+    type Trigger = Reconcile;
+    type Memory = DriverMemory;
+    type Status = TenstorrentDriverPolicyStatus;
+    /// Replacing an unreadable status, of that resourceVersion.
+    type WriteNote = Option<Option<String>>;
+    type Node = NodeActor;
 
-    fn stopped(&mut self, _: &mut Self::Context) {
-        for addr in self.nodes.values() {
-            addr.do_send(StopNode);
+    fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    fn merge(waiting: &mut Reconcile, next: Reconcile) {
+        waiting.scope.merge(&next.scope);
+        waiting.assignment = next.assignment;
+    }
+
+    fn pass(
+        self: Arc<Self>,
+        name: String,
+        msg: Reconcile,
+        memory: Memory,
+    ) -> impl Future<Output = PassEnd<Self>> + 'static {
+        self.run_pass(name, msg, memory)
+    }
+
+    fn status_target(name: &str) -> WriteTarget {
+        WriteTarget::PolicyStatus(name.to_string())
+    }
+
+    fn write_status(
+        self: Arc<Self>,
+        name: String,
+        status: &TenstorrentDriverPolicyStatus,
+        replacing: &Option<Option<String>>,
+    ) -> impl Future<Output = Result<()>> + 'static {
+        status_write::patch_status(self.ctx.clone(), name, status, replacing.is_some())
+    }
+
+    fn status_written(&self, _: &str, memory: &mut Memory, replacing: Option<Option<String>>) {
+        let facts = Facts::StatusWritten {
+            replaced: replacing,
+            now: Instant::now(),
+        };
+        memory.kind.memo = decide(&memory.kind.memo, &facts).0;
+    }
+
+    fn count_status_error(&self, name: &str) {
+        self.ctx.metrics.inc_error(name, "kube_api");
+    }
+
+    /// Reload everything from the cluster on the next (full) pass; the
+    /// NodeActors stay.
+    fn restart(&self, name: &str, old: Option<Memory>) -> Memory {
+        let mut memory = Memory::default();
+        if let Some(old) = old {
+            memory.nodes = old.nodes;
+            memory.kind.memo = old.kind.memo;
+        }
+        // A refusal is found again by the next pass if it still stands.
+        let (memo, effects) = decide(&memory.kind.memo, &Facts::Restarted);
+        memory.kind.memo = memo;
+        self.carry_out(name, None, effects);
+        memory
+    }
+
+    fn stop_node(node: &Addr<NodeActor>) {
+        node.do_send(StopNode);
+    }
+}
+
+/// What the start of a pass settled, for its end.
+struct Started {
+    policy: Arc<TenstorrentDriverPolicy>,
+    assignment: Arc<Assignment>,
+    conflicts: Vec<(String, String)>,
+    gate: Option<Gate>,
+    full: bool,
+    at: Instant,
+}
+
+impl DriverKind {
+    fn run_pass(
+        self: Arc<Self>,
+        name: String,
+        msg: Reconcile,
+        mut memory: Memory,
+    ) -> impl Future<Output = PassEnd<Self>> + 'static {
+        let begun = self.begin(&name, msg, &mut memory);
+        async move {
+            let Some((started, pass, targets, strays)) = begun else {
+                return PassEnd {
+                    memory,
+                    status: None,
+                    result: Ok(()),
+                };
+            };
+            let res = pass.run(targets, strays).await;
+            self.end(&name, started, res, memory)
         }
     }
-}
 
-impl Supervised for PolicySupervisor {
-    fn restarting(&mut self, _: &mut Self::Context) {
-        // Reload everything from the cluster on the next (full) pass.
-        self.records = Arc::default();
-        self.device_users.clear();
-        self.last_status = None;
-        self.status_in_flight = false;
-        self.primed = false;
-        self.promotion = None;
-        // A refusal is found again by the next pass if it still stands.
-        let (memo, effects) = decide(&self.memo, &Facts::Restarted);
-        self.memo = memo;
-        self.carry_out(None, effects);
-        self.ctx.metrics.inc_actor_restart("policy_supervisor");
-    }
-}
-
-impl Handler<Reconcile> for PolicySupervisor {
-    type Result = AtomicResponse<Self, Result<()>>;
-
-    fn handle(&mut self, msg: Reconcile, _: &mut Self::Context) -> Self::Result {
-        let started = Instant::now();
+    /// The start of a pass, on the actor: its scope, the NodeActors of a full
+    /// pass, the policy-level decisions at its start.
+    fn begin(
+        &self,
+        name: &str,
+        msg: Reconcile,
+        memory: &mut Memory,
+    ) -> Option<(Started, ReconcilePass, Vec<String>, Vec<String>)> {
+        let at = Instant::now();
         let ctx = self.ctx.clone();
-        let name = self.name.clone();
-        let Some(policy) = ctx.stores.policies.get(&ObjectRef::new(&name)) else {
-            return AtomicResponse::new(Box::pin(async { Ok(()) }.into_actor(self)));
-        };
+        let policy = ctx.stores.policies.get(&ObjectRef::new(name))?;
         // The canary's status is not watched for: each pass (the periodic
         // tick included, every resync interval) reads it from the cache, and
         // a changed gate steps every node, its waiting ones included.
@@ -128,20 +218,22 @@ impl Handler<Reconcile> for PolicySupervisor {
             },
             now_secs(),
         );
-        let full = msg.scope.full || !self.primed || gate != self.promotion;
+        let full = msg.scope.full || !memory.kind.primed || gate != memory.kind.promotion;
         let assignment = msg.assignment;
-        let conflicts = assignment.conflicts.get(&name).cloned().unwrap_or_default();
-        let owned: &[String] = assignment.owned.get(&name).map_or(&[], Vec::as_slice);
+        let conflicts = assignment.conflicts.get(name).cloned().unwrap_or_default();
+        let owned: &[String] = assignment.owned.get(name).map_or(&[], Vec::as_slice);
 
         let (targets, strays): (Vec<String>, Vec<String>) = if full {
-            self.sync_node_actors(owned);
+            self.sync_node_actors(name, memory, owned);
             (owned.to_vec(), vec![])
         } else {
             let mut nodes = msg.scope.nodes;
             if msg.scope.tick {
                 // Deadlines and eviction retries concern nodes mid-cycle only.
                 nodes.extend(
-                    self.records
+                    memory
+                        .kind
+                        .records
                         .iter()
                         .filter(|(_, r)| r.state.is_in_progress())
                         .map(|(n, _)| n.clone()),
@@ -149,22 +241,23 @@ impl Handler<Reconcile> for PolicySupervisor {
             }
             nodes.into_iter().partition(|n| owns(owned, n))
         };
+        let m = &mut memory.kind;
         let pass = ReconcilePass {
             ctx: ctx.clone(),
             policy: policy.clone(),
             assignment: assignment.clone(),
             full,
-            actors: self.nodes.clone(),
-            records: self.records.clone(),
+            actors: memory.nodes.shared(),
+            records: m.records.clone(),
             rollout: self.rollout.clone(),
             ports: self.ports.clone(),
-            apply: self.memo.apply(policy.metadata.generation, Instant::now()),
-            refusal: self.memo.refusal.clone(),
+            apply: m.memo.apply(policy.metadata.generation, Instant::now()),
+            refusal: m.memo.refusal.clone(),
             promotion: gate.as_ref().and_then(Gate::hold),
             template_check: self.template_check.clone(),
         };
         let (memo, effects) = decide(
-            &self.memo,
+            &m.memo,
             &Facts::PassStarts {
                 generation: policy.metadata.generation,
                 uses_deprecated_node_selector: policy.spec.uses_deprecated_node_selector(),
@@ -178,75 +271,125 @@ impl Handler<Reconcile> for PolicySupervisor {
                 conflicts: &conflicts,
             },
         );
-        self.memo = memo;
-        self.carry_out(Some(&policy), effects);
+        m.memo = memo;
+        self.carry_out(name, Some(&policy), effects);
+        let started = Started {
+            policy,
+            assignment,
+            conflicts,
+            gate,
+            full,
+            at,
+        };
+        Some((started, pass, targets, strays))
+    }
 
-        let fut = async move { pass.run(targets, strays).await };
-        AtomicResponse::new(Box::pin(fut.into_actor(self).map(
-            move |res, act, actx| {
-                let res = res.map(|out| {
-                    if full && out.err.is_none() {
-                        act.promotion = gate;
-                    }
-                    act.absorb(&out, full, &assignment);
-                    // Blocked only while it holds something back: a policy
-                    // with no node waiting does not page for its canary.
-                    act.ctx.metrics.set_policy_promotion_blocked(
-                        &act.name,
-                        act.promotion_blocked(),
-                    );
-                    let plan = out.plan;
-                    act.export_metrics(&out.stepped, full, &plan);
-                    act.policy_decisions(&policy, &plan, out.refused.as_ref());
-                    act.write_status_if_due(&policy, &conflicts, &plan, actx);
-                    out.err
-                });
-                let err = match &res {
-                    Ok(e) => e.as_ref(),
-                    Err(e) => Some(e),
-                };
-                let m = &act.ctx.metrics;
-                m.observe_reconcile(&act.name, started.elapsed().as_secs_f64(), err.is_none());
-                match err {
-                    None => m.set_last_successful_reconcile(&act.name),
-                    // Logged at warn when the write failed; each pass it
-                    // stays held back is only counted.
-                    Some(e @ crate::Error::WriteHeld { .. }) => {
-                        m.inc_error(&act.name, e.metric_label());
-                        tracing::debug!(policy = act.name, error = %e, full, "reconcile waits for a write's backoff");
-                    }
-                    Some(e) => {
-                        m.inc_error(&act.name, e.metric_label());
-                        tracing::warn!(policy = act.name, error = %e, full, "reconcile failed; will retry");
-                    }
-                }
-                match res {
-                    Ok(None) => Ok(()),
-                    Ok(Some(e)) | Err(e) => Err(e),
-                }
-            },
-        )))
+    /// The end of a pass, back with its memory: what it learnt taken in,
+    /// metrics, the policy-level decisions, the status if a write is due.
+    fn end(
+        &self,
+        name: &str,
+        started: Started,
+        res: Result<PassOut>,
+        mut memory: Memory,
+    ) -> PassEnd<Self> {
+        let Started {
+            policy,
+            assignment,
+            conflicts,
+            gate,
+            full,
+            at,
+        } = started;
+        let mut status = None;
+        let res = res.map(|out| {
+            let m = &mut memory.kind;
+            if full && out.err.is_none() {
+                m.promotion = gate;
+            }
+            absorb(name, m, &out, full, &assignment);
+            // Blocked only while it holds something back: a policy
+            // with no node waiting does not page for its canary.
+            self.ctx
+                .metrics
+                .set_policy_promotion_blocked(name, promotion_blocked(m));
+            let plan = out.plan;
+            self.export_metrics(name, m, &out.stepped, full, &plan);
+            self.policy_decisions(name, m, &policy, &plan, out.refused.as_ref());
+            status = self.status_if_due(name, &memory, &policy, &conflicts, &plan);
+            out.err
+        });
+        let err = match &res {
+            Ok(e) => e.as_ref(),
+            Err(e) => Some(e),
+        };
+        let m = &self.ctx.metrics;
+        m.observe_reconcile(name, at.elapsed().as_secs_f64(), err.is_none());
+        match err {
+            None => m.set_last_successful_reconcile(name),
+            // Logged at warn when the write failed; each pass it
+            // stays held back is only counted.
+            Some(e @ crate::Error::WriteHeld { .. }) => {
+                m.inc_error(name, e.metric_label());
+                tracing::debug!(policy = name, error = %e, full, "reconcile waits for a write's backoff");
+            }
+            Some(e) => {
+                m.inc_error(name, e.metric_label());
+                tracing::warn!(policy = name, error = %e, full, "reconcile failed; will retry");
+            }
+        }
+        let result = match res {
+            Ok(None) => Ok(()),
+            Ok(Some(e)) | Err(e) => Err(e),
+        };
+        PassEnd {
+            memory,
+            status,
+            result,
+        }
     }
 }
 
-impl PolicySupervisor {
-    /// `spec.promoteAfter`'s canary is halted or missing while nodes of this
-    /// policy wait in Pending: a person must act on the canary.
-    fn promotion_blocked(&self) -> bool {
-        self.promotion.as_ref().is_some_and(Gate::is_blocked)
-            && self.records.values().any(|r| r.state == NodeState::Pending)
-    }
+/// `spec.promoteAfter`'s canary is halted or missing while nodes of this
+/// policy wait in Pending: a person must act on the canary.
+fn promotion_blocked(m: &DriverMemory) -> bool {
+    m.promotion.as_ref().is_some_and(Gate::is_blocked)
+        && m.records.values().any(|r| r.state == NodeState::Pending)
+}
 
+/// Takes in what a pass learnt. The records the NodeActors returned are kept
+/// even when something failed: the next pass must see the nodes as they
+/// are, not as they were.
+fn absorb(name: &str, m: &mut DriverMemory, out: &PassOut, full: bool, assignment: &Assignment) {
+    let records = Arc::make_mut(&mut m.records);
+    for (n, r) in &out.updates {
+        records.insert(n.clone(), r.clone());
+    }
+    if full {
+        let owned: &[String] = assignment.owned.get(name).map_or(&[], Vec::as_slice);
+        records.retain(|n, _| owns(owned, n));
+        m.primed = true;
+    }
+    for (n, device) in &out.device_users {
+        if *device {
+            m.device_users.insert(n.clone());
+        } else {
+            m.device_users.remove(n);
+        }
+    }
+}
+
+impl DriverKind {
     /// NodeActors follow the set of owned nodes (full passes only: ownership
     /// changes always start one).
-    fn sync_node_actors(&mut self, owned: &[String]) {
-        let gone: Vec<String> = self
+    fn sync_node_actors(&self, name: &str, memory: &mut Memory, owned: &[String]) {
+        let gone: Vec<String> = memory
             .nodes
-            .keys()
+            .names()
             .filter(|n| !owns(owned, n))
             .cloned()
             .collect();
-        let missing = owned.iter().any(|n| !self.nodes.contains_key(n));
+        let missing = owned.iter().any(|n| !memory.nodes.contains(n));
         if gone.is_empty() && !missing {
             return;
         }
@@ -258,55 +401,35 @@ impl PolicySupervisor {
             run_validation: self.validation_pods.clone().recipient(),
             delete_validation: self.validation_pods.clone().recipient(),
         };
-        let nodes = Arc::make_mut(&mut self.nodes);
         for n in owned {
-            if !nodes.contains_key(n) {
-                let (c, node, pol, ports) = (
-                    self.ctx.clone(),
-                    n.clone(),
-                    self.name.clone(),
-                    ports.clone(),
-                );
-                let addr = actix::Supervisor::start(move |_| NodeActor::new(c, node, pol, ports));
-                nodes.insert(n.clone(), addr);
-            }
+            memory.nodes.get_or_start(n, || {
+                let (c, node, pol, ports) =
+                    (self.ctx.clone(), n.clone(), name.to_string(), ports.clone());
+                actix::Supervisor::start(move |_| NodeActor::new(c, node, pol, ports))
+            });
         }
+        let m = &mut memory.kind;
         for n in gone {
-            if let Some(a) = nodes.remove(&n) {
+            if let Some(a) = memory.nodes.remove(&n) {
                 a.do_send(StopNode);
             }
-            Arc::make_mut(&mut self.records).remove(&n);
-            self.device_users.remove(&n);
-            self.ctx.metrics.forget_node(&self.name, &n);
-        }
-    }
-
-    /// Takes in what a pass learnt. The records the NodeActors returned are kept
-    /// even when something failed: the next pass must see the nodes as they
-    /// are, not as they were.
-    fn absorb(&mut self, out: &PassOut, full: bool, assignment: &Assignment) {
-        let records = Arc::make_mut(&mut self.records);
-        for (n, r) in &out.updates {
-            records.insert(n.clone(), r.clone());
-        }
-        if full {
-            let owned: &[String] = assignment.owned.get(&self.name).map_or(&[], Vec::as_slice);
-            records.retain(|n, _| owns(owned, n));
-            self.primed = true;
-        }
-        for (n, device) in &out.device_users {
-            if *device {
-                self.device_users.insert(n.clone());
-            } else {
-                self.device_users.remove(n);
-            }
+            Arc::make_mut(&mut m.records).remove(&n);
+            m.device_users.remove(&n);
+            self.ctx.metrics.forget_node(name, &n);
         }
     }
 
     /// Per-node series for the nodes stepped in this pass (all on a full pass);
     /// the per-state counts from every record.
-    fn export_metrics(&self, stepped: &[String], full: bool, plan: &Plan) {
-        let (m, cr) = (&self.ctx.metrics, self.name.as_str());
+    fn export_metrics(
+        &self,
+        cr: &str,
+        memory: &DriverMemory,
+        stepped: &[String],
+        full: bool,
+        plan: &Plan,
+    ) {
+        let m = &self.ctx.metrics;
         let gates = self.ctx.config.gates();
         let set_node = |n: &str, r: &NodeRecord| {
             m.set_node_state(cr, n, r.state);
@@ -318,17 +441,17 @@ impl PolicySupervisor {
             }
         };
         if full {
-            self.records.iter().for_each(|(n, r)| set_node(n, r));
+            memory.records.iter().for_each(|(n, r)| set_node(n, r));
         } else {
             for n in stepped {
-                if let Some(r) = self.records.get(n) {
+                if let Some(r) = memory.records.get(n) {
                     set_node(n, r);
                 }
             }
         }
         let mut counts: BTreeMap<NodeState, i64> = NodeState::ALL.iter().map(|s| (*s, 0)).collect();
         let mut host = 0;
-        for r in self.records.values() {
+        for r in memory.records.values() {
             if r.reason.as_deref() == Some(reason::HOST_MANAGED) {
                 host += 1;
             } else {
@@ -345,16 +468,16 @@ impl PolicySupervisor {
             plan.braked.is_some(),
             plan.not_ready as i64,
         );
-        m.set_policy_paused(cr, self.paused());
+        m.set_policy_paused(cr, self.paused(cr));
         m.set_rollout_held(cr, plan.held);
         let version = self
             .ctx
             .stores
             .policies
-            .get(&ObjectRef::new(&self.name))
+            .get(&ObjectRef::new(cr))
             .map(|p| (p.spec.version.clone(), p.spec.parameter_values()));
         let (mut prepared, mut next_failed) = (0, 0);
-        for n in self.records.keys() {
+        for n in memory.records.keys() {
             let Some(node) = self.ctx.stores.nodes.get(&ObjectRef::new(n)) else {
                 continue;
             };
@@ -372,12 +495,14 @@ impl PolicySupervisor {
 
     /// The policy-level decisions on what the pass found, carried out.
     fn policy_decisions(
-        &mut self,
+        &self,
+        name: &str,
+        memory: &mut DriverMemory,
         policy: &TenstorrentDriverPolicy,
         plan: &Plan,
         refused: Option<&Refused>,
     ) {
-        let next_kernel_failed = self
+        let next_kernel_failed = memory
             .records
             .keys()
             .filter_map(|n| {
@@ -396,14 +521,18 @@ impl PolicySupervisor {
             next_kernel_failed,
             now: Instant::now(),
         };
-        let (memo, effects) = decide(&self.memo, &facts);
-        self.memo = memo;
-        self.carry_out(Some(policy), effects);
+        let (memo, effects) = decide(&memory.memo, &facts);
+        memory.memo = memo;
+        self.carry_out(name, Some(policy), effects);
     }
 
     /// Events (about `policy`), log lines and messages the decisions ask for.
-    fn carry_out(&self, policy: Option<&TenstorrentDriverPolicy>, effects: Vec<Effect>) {
-        let name = self.name.as_str();
+    fn carry_out(
+        &self,
+        name: &str,
+        policy: Option<&TenstorrentDriverPolicy>,
+        effects: Vec<Effect>,
+    ) {
         for effect in effects {
             match effect {
                 Effect::Event {
@@ -447,11 +576,11 @@ impl PolicySupervisor {
         }
     }
 
-    fn paused(&self) -> bool {
+    fn paused(&self, name: &str) -> bool {
         self.ctx
             .stores
             .policies
-            .get(&ObjectRef::new(&self.name))
+            .get(&ObjectRef::new(name))
             .is_some_and(|p| p.spec.paused)
     }
 }

@@ -1,6 +1,6 @@
 //! The firmware policy controller (TenstorrentFirmwarePolicy, `ttfwp`), on
 //! the driver policy's machinery: a supervisor ([`FirmwareManager`]) keeps
-//! one [`policy::PolicyActor`] per policy; each pass of a policy actor
+//! one [`crate::runtime::policy_actor::PolicyActor`] per policy; each pass of a policy actor
 //! observes the nodes it selects, plans its `maxParallel` budget under the
 //! driver rollout's rules ([`ttdrv_core::rollout`]: the hard cap,
 //! availability, the NotReady brake, the failure halt), and has each node's
@@ -25,6 +25,7 @@ use ttdrv_core::firmware::observe::{Selected, selects};
 
 use crate::runtime::claims::Holder;
 use crate::runtime::context::Context;
+use crate::runtime::policy_actor::{PolicyActor, RunPass, Stop};
 use crate::workers::{Evictor, Labeler, PatchNode};
 
 mod clock;
@@ -41,12 +42,12 @@ use shared::Shared;
 pub use status::{conditions, summary};
 pub use watches::{FirmwareStores, start_watches};
 
-/// The supervisor: one [`policy::PolicyActor`] per firmware policy served,
+/// The supervisor: one policy actor per firmware policy served,
 /// started when it appears and stopped when it goes; between them, the
 /// fleet-wide work (firmware versions metric, stray records).
 pub struct FirmwareManager {
     shared: Arc<Shared>,
-    policies: HashMap<String, Addr<policy::PolicyActor>>,
+    policies: HashMap<String, Addr<policy::FwPolicyActor>>,
     /// Nodes whose stray record is kept for a person (logged once); taken
     /// while a pass runs.
     kept: Option<BTreeSet<String>>,
@@ -94,7 +95,7 @@ impl FirmwareManager {
             .map(|kept, act, actx| {
                 act.kept = Some(kept);
                 for a in act.policies.values() {
-                    a.do_send(policy::RunPass);
+                    a.do_send(RunPass(()));
                 }
                 if std::mem::take(&mut act.again) {
                     act.run_pass(actx);
@@ -116,15 +117,15 @@ impl FirmwareManager {
             let keep = live.contains(name);
             if !keep {
                 ctx.metrics.forget_firmware_policy(name);
-                addr.do_send(policy::Stop);
+                addr.do_send(Stop);
             }
             keep
         });
         for name in live {
             let shared = self.shared.clone();
-            self.policies
-                .entry(name.clone())
-                .or_insert_with(|| policy::PolicyActor::new(shared, name).start());
+            self.policies.entry(name.clone()).or_insert_with(|| {
+                PolicyActor::new(Arc::new(policy::FirmwareKind { shared }), name).start()
+            });
         }
     }
 }
@@ -228,7 +229,7 @@ async fn release_strays(
                 match sent {
                     Ok(Ok(_)) => {
                         ctx.claims
-                            .release(&name, &Holder::Firmware(rec.policy.clone()));
+                            .release(&name, &Holder::firmware(rec.policy.clone()));
                         tracing::info!(
                             node = name,
                             policy = rec.policy,

@@ -105,7 +105,7 @@ impl Actor for NodeActor {
         self.ports
             .ctx
             .claims
-            .release(&self.node, &Holder::Firmware(self.policy.clone()));
+            .release(&self.node, &Holder::firmware(self.policy.clone()));
     }
 }
 
@@ -211,7 +211,7 @@ async fn step_node(
     let ctx = &ports.ctx;
     let policy = desired.policy.clone();
     let node = s.node.metadata.name.clone().unwrap_or_default();
-    let holder = Holder::Firmware(policy.clone());
+    let holder = Holder::firmware(policy.clone());
     let policy_uid = p.metadata.uid.clone();
     s.view.obs.own_job =
         OwnJobMemory::observe(own_job, policy_uid.as_deref(), &s.prev, &s.view.obs.job);

@@ -1,13 +1,14 @@
-//! One firmware policy's actor (a supervisor under [`super::FirmwareManager`]):
-//! its passes, one at a time. A pass observes the nodes the policy selects
+//! The firmware policy kind: one firmware policy's pass, run by the generic
+//! [`PolicyActor`] (one per policy under [`super::FirmwareManager`]), which
+//! runs the passes one at a time and writes the status they build. A pass observes the nodes the policy selects
 //! (and those another firmware policy owns, reported as conflicts), plans the
 //! `maxParallel` budget, hands each node its observation and slot to the
-//! node's [`NodeActor`], and writes the policy's status.
+//! node's [`NodeActor`], and builds the policy's status.
 
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::sync::Arc;
 
-use actix::prelude::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -28,90 +29,96 @@ use super::seen::Seen;
 use super::shared::Shared;
 use super::status::{candidate, conditions, is_conflict, node_status, summary};
 use crate::runtime::claims::Budget;
+use crate::runtime::context::Context;
+use crate::runtime::policy_actor::{self, PassEnd, PolicyActor, PolicyKind, StatusOut};
+use crate::runtime::write_backoff::WriteTarget;
 
-/// What a policy's passes remember between them.
+/// What a firmware policy's passes remember between them, besides what
+/// every kind's do (node actors, the grant set, the status last written).
 #[derive(Default)]
-struct Memory {
-    /// Nodes holding a `maxParallel` slot.
-    held: BTreeSet<String>,
+pub(crate) struct FwMemory {
     /// Node → the record last written: fresher than the cache.
     live: HashMap<String, FwRecord>,
-    /// The status last written.
-    written: Option<TenstorrentFirmwarePolicyStatus>,
-    /// Node → its actor.
-    nodes: HashMap<String, Addr<NodeActor>>,
 }
 
-pub(crate) struct PolicyActor {
-    shared: Arc<Shared>,
-    name: String,
-    /// Taken while a pass runs.
-    memory: Option<Memory>,
-    again: bool,
+type Memory = policy_actor::Memory<FirmwareKind>;
+
+/// The firmware policy kind, as the generic [`PolicyActor`] runs it.
+pub(crate) struct FirmwareKind {
+    pub(crate) shared: Arc<Shared>,
 }
 
-impl PolicyActor {
-    pub(crate) fn new(shared: Arc<Shared>, name: String) -> Self {
-        Self {
-            shared,
-            name,
-            memory: Some(Memory::default()),
-            again: false,
+/// One firmware policy's actor.
+pub(crate) type FwPolicyActor = PolicyActor<FirmwareKind>;
+
+impl PolicyKind for FirmwareKind {
+    const ACTOR: &'static str = "firmware_policy";
+    const KIND: &'static str = "firmware";
+    const STATUS_IN_BACKGROUND: bool = false;
+    type Trigger = ();
+    type Memory = FwMemory;
+    type Status = TenstorrentFirmwarePolicyStatus;
+    type WriteNote = ();
+    type Node = NodeActor;
+
+    fn context(&self) -> &Arc<Context> {
+        &self.shared.ctx
+    }
+
+    fn merge(_: &mut (), _: ()) {}
+
+    fn pass(
+        self: Arc<Self>,
+        name: String,
+        _: (),
+        mut memory: Memory,
+    ) -> impl Future<Output = PassEnd<Self>> + 'static {
+        let policy = self.shared.stores.policies.get(&ObjectRef::new(&name));
+        async move {
+            let status = match policy.filter(|p| p.metadata.deletion_timestamp.is_none()) {
+                Some(p) => Some(pass(&self.shared, p, &mut memory).await),
+                None => None,
+            };
+            PassEnd {
+                memory,
+                status,
+                result: Ok(()),
+            }
         }
     }
-}
 
-impl Actor for PolicyActor {
-    type Context = actix::Context<Self>;
-}
+    fn status_target(name: &str) -> WriteTarget {
+        WriteTarget::FirmwarePolicyStatus(name.to_string())
+    }
 
-/// Run a pass (after the one running, if any).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct RunPass;
+    fn write_status(
+        self: Arc<Self>,
+        name: String,
+        status: &Self::Status,
+        _: &(),
+    ) -> impl Future<Output = crate::Result<()>> + 'static {
+        let api: Api<TenstorrentFirmwarePolicy> = Api::all(self.shared.ctx.client.clone());
+        let patch = serde_json::json!({ "status": status });
+        async move {
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(|_| ())
+                .map_err(crate::Error::kube(format!(
+                    "writing the status of firmware policy {name}"
+                )))
+        }
+    }
 
-impl Handler<RunPass> for PolicyActor {
-    type Result = ();
-
-    fn handle(&mut self, _: RunPass, actx: &mut Self::Context) {
-        let Some(mut memory) = self.memory.take() else {
-            self.again = true;
-            return;
-        };
-        let shared = self.shared.clone();
-        let policy = shared.stores.policies.get(&ObjectRef::new(&self.name));
-        actx.spawn(
-            async move {
-                if let Some(p) = policy.filter(|p| p.metadata.deletion_timestamp.is_none()) {
-                    pass(&shared, p, &mut memory).await;
-                }
-                memory
-            }
-            .into_actor(self)
-            .map(|memory, act, actx| {
-                act.memory = Some(memory);
-                if std::mem::take(&mut act.again) {
-                    actx.notify(RunPass);
-                }
-            }),
-        );
+    fn count_status_error(&self, name: &str) {
+        self.shared.ctx.metrics.inc_fw_error(name, "status");
     }
 }
 
-/// The policy is gone: stop, and the node actors with it.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct Stop;
-
-impl Handler<Stop> for PolicyActor {
-    type Result = ();
-
-    fn handle(&mut self, _: Stop, actx: &mut Self::Context) {
-        actx.stop();
-    }
-}
-
-async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut Memory) {
+async fn pass(
+    shared: &Shared,
+    p: Arc<TenstorrentFirmwarePolicy>,
+    memory: &mut Memory,
+) -> StatusOut<FirmwareKind> {
     let ctx = &shared.ctx;
     let name = p.metadata.name.clone().unwrap_or_default();
     let spec = &p.spec;
@@ -143,7 +150,7 @@ async fn pass(shared: &Shared, p: Arc<TenstorrentFirmwarePolicy>, memory: &mut M
         .collect();
     ctx.metrics
         .set_firmware_policy(&name, &spec.version, &states, errors == 0);
-    write_status(shared, &p, statuses, &conflicts, memory).await;
+    status(&p, statuses, &conflicts)
 }
 
 /// The nodes the policy owns, each as this pass sees it, and those it
@@ -178,10 +185,15 @@ async fn observe_nodes(
             Selected::Owned => {}
         }
         let persisted = record_of(&name, &node);
-        if persisted.is_some() && memory.live.get(&node_name) == persisted.as_ref() {
-            memory.live.remove(&node_name);
+        if persisted.is_some() && memory.kind.live.get(&node_name) == persisted.as_ref() {
+            memory.kind.live.remove(&node_name);
         }
-        let rec = memory.live.get(&node_name).cloned().or(persisted.clone());
+        let rec = memory
+            .kind
+            .live
+            .get(&node_name)
+            .cloned()
+            .or(persisted.clone());
         owned.push(see_node(shared, p, desired, &shape, node, rec, persisted).await);
     }
     (owned, conflicts)
@@ -326,21 +338,17 @@ async fn step_all(
         .collect();
     // Node actors of nodes no longer this policy's stop (giving their
     // claims back); each owned node gets one.
-    memory.nodes.retain(|n, _| owned_names.contains(n));
-    memory.live.retain(|n, _| owned_names.contains(n));
+    memory.nodes.retain(|n| owned_names.contains(n));
+    memory.kind.live.retain(|n, _| owned_names.contains(n));
     let mut calls = Vec::new();
     for mut s in owned {
         let node_name = s.node.metadata.name.clone().unwrap_or_default();
         s.view.obs.slot = granted.contains(&node_name);
-        let addr = memory
-            .nodes
-            .entry(node_name.clone())
-            .or_insert_with(|| {
-                let (ctx, ports) = (shared.ctx.clone(), shared.node_ports());
-                let (node, policy) = (node_name.clone(), name.clone());
-                actix::Supervisor::start(move |_| NodeActor::new(ctx, ports, &node, &policy))
-            })
-            .clone();
+        let addr = memory.nodes.get_or_start(&node_name, || {
+            let (ctx, ports) = (shared.ctx.clone(), shared.node_ports());
+            let (node, policy) = (node_name.clone(), name.clone());
+            actix::Supervisor::start(move |_| NodeActor::new(ctx, ports, &node, &policy))
+        });
         let slot = s.view.obs.slot;
         let msg = StepNode {
             policy: p.clone(),
@@ -364,11 +372,11 @@ async fn step_all(
         };
         errors += out.errors;
         if let Some(r) = &out.written {
-            memory.live.insert(node_name.clone(), r.clone());
+            memory.kind.live.insert(node_name.clone(), r.clone());
         }
         if out.restart {
             // Its actor restarts: the next pass reads the Node's record.
-            memory.live.remove(&node_name);
+            memory.kind.live.remove(&node_name);
         }
         let next = out.record;
         // The slot goes back when the cycle ends, or the step did not use it
@@ -415,14 +423,13 @@ async fn job(shared: &Shared, name: &str) -> ttdrv_core::firmware::FlashJob {
     job_state(job.as_deref(), &refs)
 }
 
-async fn write_status(
-    shared: &Shared,
+/// The policy's status from its nodes' entries; whether the cached object
+/// already shows it.
+fn status(
     p: &TenstorrentFirmwarePolicy,
     nodes: Vec<FirmwareNodeStatus>,
     conflicts: &[(String, String)],
-    memory: &mut Memory,
-) {
-    let name = p.metadata.name.clone().unwrap_or_default();
+) -> StatusOut<FirmwareKind> {
     let old = p.status.clone().unwrap_or_default();
     let summary = summary(&nodes);
     let mut st = TenstorrentFirmwarePolicyStatus {
@@ -446,35 +453,9 @@ async fn write_status(
                 .or(n.last_transition_time.clone());
         }
     }
-    if memory.written.as_ref() == Some(&st) && old == st {
-        return;
-    }
-    let api: Api<TenstorrentFirmwarePolicy> = Api::all(shared.ctx.client.clone());
-    let patch = serde_json::json!({ "status": st });
-    let write = async {
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(crate::Error::kube(format!(
-                "writing the status of firmware policy {name}"
-            )))
-    };
-    // Under the per-object write backoff, as the driver policy's status: a
-    // status the API server keeps refusing is not sent again every pass.
-    let target = crate::runtime::write_backoff::WriteTarget::FirmwarePolicyStatus(name.clone());
-    match shared
-        .ctx
-        .guarded_write(target, |e| !e.is_conflict(), write)
-        .await
-    {
-        Ok(_) => {
-            memory.written = Some(st);
-        }
-        Err(e @ crate::Error::WriteHeld { .. }) => {
-            tracing::debug!(policy = name, error = %e, "firmware status write held back");
-        }
-        Err(e) => {
-            shared.ctx.metrics.inc_fw_error(&name, "status");
-            tracing::warn!(policy = name, error = %e, "firmware status not written")
-        }
+    StatusOut {
+        on_object: old == st,
+        status: st,
+        note: (),
     }
 }

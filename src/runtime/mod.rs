@@ -1,9 +1,11 @@
 //! What runs the controller's actors, whatever the kind: the caches and
 //! their watches ([`watch`], [`pod_index`]), the context every actor shares
 //! ([`context`]), the slot book's lock ([`claims`]), per-object write
-//! backoff ([`write_backoff`]), leadership ([`leader`]), the Go
-//! controller's exit awaited ([`handover`]) and the admin server whose
-//! `/ready` follows the caches ([`admin`]).
+//! backoff ([`write_backoff`]), one policy's actor whatever its kind
+//! ([`policy_actor`]: passes one at a time, restarts, node actors, the
+//! status write), leadership ([`leader`]), the Go controller's exit awaited
+//! ([`handover`]) and the admin server whose `/ready` follows the caches
+//! ([`admin`]).
 
 pub mod admin;
 pub mod claims;
@@ -11,5 +13,6 @@ pub mod context;
 pub mod handover;
 pub mod leader;
 pub mod pod_index;
+pub mod policy_actor;
 pub mod watch;
 pub mod write_backoff;

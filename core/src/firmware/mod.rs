@@ -879,6 +879,20 @@ pub fn stray(rec: &FwRecord, unschedulable: bool) -> Stray {
 /// The firmware kind as the slot book's gate sees it ([`crate::slots::gate`]).
 pub struct FirmwareCycle;
 
+/// The firmware kind as a slot's holder.
+pub static FIRMWARE_HOLDER: crate::slots::HolderKind = crate::slots::HolderKind {
+    name: "firmware",
+    noun: "firmware policy",
+    cycle: "flash cycle",
+};
+
+impl crate::slots::Holder {
+    /// A firmware policy's flash cycle (ours or the Go operator's).
+    pub fn firmware(policy: String) -> Self {
+        Self::new(&FIRMWARE_HOLDER, policy)
+    }
+}
+
 impl crate::slots::Cycle for FirmwareCycle {
     type Record = FwRecord;
     type Observation = Observation;
@@ -886,7 +900,7 @@ impl crate::slots::Cycle for FirmwareCycle {
     type Step = Step;
 
     fn holder(policy: &str) -> crate::slots::Holder {
-        crate::slots::Holder::Firmware(policy.to_string())
+        crate::slots::Holder::firmware(policy.to_string())
     }
     fn step(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
         step(rec, obs, want)

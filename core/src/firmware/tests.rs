@@ -160,7 +160,7 @@ fn a_full_cycle_cordons_drains_flashes_and_uncordons() {
 fn nothing_starts_while_a_driver_cycle_holds_the_node() {
     let o = Observation {
         slot: true,
-        held_by: Some(crate::slots::Holder::Driver("fleet".into())),
+        held_by: Some(crate::slots::Holder::driver("fleet".into())),
         ..obs()
     };
     let s = step(&new(), &o, &want());

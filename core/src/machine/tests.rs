@@ -622,7 +622,7 @@ fn safety_properties_over_the_cross_product() {
                                     prepare_turn: b(7) && !b(2),
                                     // The DaemonSet controller behind, now and then.
                                     template_pending: b(7) && b(3),
-                                    held_by: (b(1) && b(4)).then(|| Holder::Firmware("fw".into())),
+                                    held_by: (b(1) && b(4)).then(|| Holder::firmware("fw".into())),
                                     firmware_version: None,
                                     firmware_first: (b(2) && b(5)).then(|| "fw".into()),
                                     device_pods_crash_looping: if b(2) {

@@ -14,6 +14,7 @@ use crate::Error;
 use crate::driver::PassScope;
 use crate::runtime::context::Stores;
 use crate::runtime::pod_index::PodCache;
+use crate::runtime::policy_actor::RunPass;
 use crate::workers::{Ensure, Evict, EvictOutcome, PatchNode, ReplaceInstallerPod};
 
 /// Plays the shared actors; records node writes per node.
@@ -235,7 +236,7 @@ fn context_lagging(
 
 /// One reconcile pass of `sup` ([`reconcile`]), which must succeed.
 async fn run_pass(sup: &Addr<PolicySupervisor>, full: bool, nodes: &[&str]) {
-    sup.send(reconcile(full, nodes))
+    sup.send(RunPass(reconcile(full, nodes)))
         .await
         .expect("mailbox")
         .expect("pass");
@@ -293,7 +294,7 @@ fn fake_ports() -> (WriteLog, SupervisorPorts) {
 #[actix::test]
 async fn a_pass_starts_one_node_and_the_next_pass_keeps_the_budget() {
     let (log, ports) = fake_ports();
-    let sup = PolicySupervisor::new(context(), "fleet".into(), ports).start();
+    let sup = supervisor(context(), "fleet".into(), ports).start();
     run_pass(&sup, true, &[]).await;
     // A targeted pass on the waiting nodes: n1 still holds the only slot.
     run_pass(&sup, false, &["n2", "n3"]).await;
@@ -321,7 +322,7 @@ async fn build_ahead_replaces_at_most_max_concurrent_pods_and_cordons_nothing_un
     let (log, ports) = fake_ports();
     let mut p = policy();
     p.spec.upgrade_policy.prepare.max_concurrent = 2;
-    let sup = PolicySupervisor::new(context_of(true, None, p), "fleet".into(), ports).start();
+    let sup = supervisor(context_of(true, None, p), "fleet".into(), ports).start();
     // Twice: the cache still shows the old pods after the first pass (it
     // lags behind the deletions); the bound must hold all the same.
     for full in [true, false] {
@@ -351,8 +352,7 @@ async fn build_ahead_waits_for_the_daemonset_controller_to_see_the_template() {
     p.spec.upgrade_policy.prepare.max_concurrent = 2;
     // The DaemonSet controller lags (generation 2, observed 1): a pod
     // replaced now would come back on the old template.
-    let sup =
-        PolicySupervisor::new(context_lagging(true, None, p, 1), "fleet".into(), ports).start();
+    let sup = supervisor(context_lagging(true, None, p, 1), "fleet".into(), ports).start();
     run_pass(&sup, true, &[]).await;
     let log = log.lock().map(|l| l.clone()).unwrap_or_default();
     assert!(
@@ -386,9 +386,9 @@ async fn a_refused_apply_claims_and_starts_nothing_and_backs_off() {
         replace_pod: fake.clone().recipient(),
         refusals: fake.recipient(),
     };
-    let sup = PolicySupervisor::new(context_with(false), "fleet".into(), ports).start();
+    let sup = supervisor(context_with(false), "fleet".into(), ports).start();
     for _ in 0..3 {
-        sup.send(reconcile(true, &[]))
+        sup.send(RunPass(reconcile(true, &[])))
             .await
             .expect("mailbox")
             .expect("a refusal is not a failed pass");
@@ -461,7 +461,7 @@ async fn a_refused_policy_still_enforces_deadlines() {
         replace_pod: fake.clone().recipient(),
         refusals: fake.recipient(),
     };
-    let sup = PolicySupervisor::new(ctx, "fleet".into(), ports).start();
+    let sup = supervisor(ctx, "fleet".into(), ports).start();
     run_pass(&sup, true, &[]).await;
     let log = log.lock().map(|l| l.clone()).unwrap_or_default();
     assert!(
@@ -503,7 +503,7 @@ async fn a_node_no_longer_owned_but_still_cordoned_by_us_keeps_its_slot() {
     let mut stores = ctx.stores.clone();
     stores.nodes = fed(nodes);
     let ctx = crate::test_support::context(crate::test_support::NOWHERE, stores);
-    let sup = PolicySupervisor::new(ctx, "fleet".into(), ports).start();
+    let sup = supervisor(ctx, "fleet".into(), ports).start();
     for full in [true, false, true] {
         run_pass(&sup, full, &["n1"]).await;
     }

@@ -265,7 +265,7 @@ impl Rig {
 
     /// Who holds n1's claim, asked by trying to take it for a driver policy.
     fn claim(&self) -> Option<Holder> {
-        let probe = Holder::Driver("probe".into());
+        let probe = Holder::driver("probe".into());
         match self.ctx.claims.take_within("n1", probe.clone(), None) {
             Ok(()) => {
                 self.ctx.claims.release("n1", &probe);
@@ -333,14 +333,14 @@ async fn a_slot_cordons_with_the_record_in_one_patch_and_takes_the_claim() {
         (FirmwareNodeState::Cordoning, Cordon::Ours)
     );
     assert_eq!(rig.take_log(), vec!["patch Cordoning cordon"]);
-    assert_eq!(rig.claim(), Some(Holder::Firmware("fw".into())));
+    assert_eq!(rig.claim(), Some(Holder::firmware("fw".into())));
     assert_eq!(out.written.as_ref(), Some(&out.record));
 }
 
 #[actix::test]
 async fn a_node_a_driver_cycle_holds_is_not_cordoned() {
     let rig = Rig::start();
-    let driver = Holder::Driver("fleet".into());
+    let driver = Holder::driver("fleet".into());
     rig.ctx
         .claims
         .take_within("n1", driver.clone(), None)
@@ -375,7 +375,7 @@ async fn a_start_over_the_budget_since_the_plan_is_deferred() {
     });
     rig.ctx
         .claims
-        .take_within("n2", Holder::Driver("other".into()), Some(&budget))
+        .take_within("n2", Holder::driver("other".into()), Some(&budget))
         .expect("n2 starts");
     let out = rig
         .step(StepNode {
@@ -721,12 +721,12 @@ async fn stopping_the_actor_gives_its_claim_back() {
         &[],
     )))
     .await;
-    assert_eq!(rig.claim(), Some(Holder::Firmware("fw".into())));
+    assert_eq!(rig.claim(), Some(Holder::firmware("fw".into())));
     let Rig { actor, ctx, .. } = rig;
     drop(actor);
     wait_until(|| {
         ctx.claims
-            .take_within("n1", Holder::Driver("probe".into()), None)
+            .take_within("n1", Holder::driver("probe".into()), None)
             .is_ok()
     })
     .await;
