@@ -54,6 +54,8 @@ pub struct PolicySupervisor {
     promotion: Option<Gate>,
     /// The last check of the validation PodTemplate, shared with the passes.
     template_check: Arc<std::sync::Mutex<Option<pass::CheckedTemplate>>>,
+    /// Build-ahead's candidates, kept between passes.
+    prepare: Arc<std::sync::Mutex<pass::PrepareBook>>,
 }
 
 impl PolicySupervisor {
@@ -74,6 +76,7 @@ impl PolicySupervisor {
             memo: PolicyMemo::default(),
             promotion: None,
             template_check: Arc::default(),
+            prepare: Arc::default(),
         }
     }
 }
@@ -162,6 +165,7 @@ impl Handler<Reconcile> for PolicySupervisor {
             refusal: self.memo.refusal.clone(),
             promotion: gate.as_ref().and_then(Gate::hold),
             template_check: self.template_check.clone(),
+            prepare: self.prepare.clone(),
         };
         let (memo, effects) = decide(
             &self.memo,

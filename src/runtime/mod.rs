@@ -2,8 +2,9 @@
 //! their watches ([`watch`], [`pod_index`]), the context every actor shares
 //! ([`context`]), the slot book's lock ([`claims`]), per-object write
 //! backoff ([`write_backoff`]), leadership ([`leader`]), the Go
-//! controller's exit awaited ([`handover`]) and the admin server whose
-//! `/ready` follows the caches ([`admin`]).
+//! controller's exit awaited ([`handover`]), the admin server whose
+//! `/ready` follows the caches ([`admin`]) and the count of the client's
+//! API requests ([`requests`]).
 
 pub mod admin;
 pub mod claims;
@@ -11,5 +12,6 @@ pub mod context;
 pub mod handover;
 pub mod leader;
 pub mod pod_index;
+pub mod requests;
 pub mod watch;
 pub mod write_backoff;

@@ -513,3 +513,26 @@ async fn a_node_no_longer_owned_but_still_cordoned_by_us_keeps_its_slot() {
         "n0 holds the only slot (maxUnavailable 1): {log:?}"
     );
 }
+
+#[actix::test]
+async fn a_targeted_pass_examines_its_scope_not_every_node_building_ahead() {
+    let (log, ports) = fake_ports();
+    let ctx = context();
+    let sup = PolicySupervisor::new(ctx.clone(), "fleet".into(), ports).start();
+    // The full pass reads every node (build-ahead's candidates included)
+    // and starts n1; a targeted pass on n3 reads n3 only: build-ahead's
+    // book of the others is kept from the full pass, not read again.
+    run_pass(&sup, true, &[]).await;
+    run_pass(&sup, false, &["n3"]).await;
+    let body = String::from_utf8(ctx.metrics.encode().1).expect("utf-8");
+    let examined = |scope: &str, what: &str| {
+        ttdrv_testkit::controller::metric_sum(
+            &body,
+            &format!("ttdriver_reconcile_nodes_examined_{what}"),
+            &[("cr", "fleet"), ("scope", scope)],
+        )
+    };
+    assert_eq!(examined("full", "sum"), 3.0, "{body}");
+    assert_eq!(examined("targeted", "count"), 1.0);
+    assert_eq!(examined("targeted", "sum"), 1.0, "n3 alone: {log:?}");
+}
