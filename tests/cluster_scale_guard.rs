@@ -26,18 +26,27 @@ use ttdrv_testkit::controller::metric_samples;
 const N: usize = 100;
 const T: Duration = Duration::from_secs(150);
 
-/// Requests per node cycle, all verbs and resources but watches (measured
-/// 6.4 after issue 52's changes; 12.9 before them at 100 nodes in the
-/// benchmark, 39.1 at 1000).
-const MAX_REQUESTS_PER_NODE: f64 = 8.0;
-/// Node patches per node cycle (measured 4.0: cordon, persisting the
-/// cycle's states, uncordon; before, 9.8 at 100 nodes).
-const MAX_NODE_PATCHES_PER_NODE: f64 = 5.0;
-/// Mean nodes examined per targeted pass (measured about 2).
-const MAX_MEAN_EXAMINED: f64 = 6.0;
+/// Requests per node cycle, all verbs and resources but watches and the
+/// policy's status writes (measured 8.0 after issue 52's changes: 5 node
+/// patches, 2 Events, 1 installer pod delete; 12.6 before them, 9.6 of them
+/// node patches).
+const MAX_REQUESTS_PER_NODE: f64 = 9.0;
+/// The policy's status is written at most once a second, so how many of
+/// those a rollout makes depends on how long it takes: bounded apart,
+/// generously (measured 0.1 to 0.4 per node cycle).
+const MAX_STATUS_WRITES_PER_NODE: f64 = 1.0;
+/// Node patches per node cycle (measured 5.0: one per state, the cordon and
+/// the uncordon with theirs; 9.6 before).
+const MAX_NODE_PATCHES_PER_NODE: f64 = 6.0;
+/// Mean nodes examined per targeted pass (measured 2.3; a pass that walks
+/// the fleet examines 100).
+const MAX_MEAN_EXAMINED: f64 = 5.0;
 /// No targeted pass examines more nodes than this (a bucket bound of the
-/// histogram): maxUnavailable (10) plus a few a watch event named.
-const MAX_EXAMINED: &str = "20";
+/// histogram): build-ahead's turns (maxConcurrent, 10) and the nodes the
+/// watch events of a few milliseconds named.
+const MAX_EXAMINED: &str = "50";
+/// Status writes, counted apart.
+const STATUS: &str = "patch tenstorrentdriverpolicies/status";
 
 /// `ttdriver_api_requests_total` by "verb resource", watches left out.
 fn requests(metrics: &str) -> BTreeMap<String, f64> {
@@ -71,7 +80,8 @@ fn one(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn a_rollout_costs_a_constant_number_of_requests_per_node() {
-    let extra = "upgradePolicy: {maxUnavailable: 10}";
+    // One node at a time, as the benchmark's 100:0:1.
+    let extra = "";
     let (env, _ns, nodes, agent) = sim_fleet_with(
         "scale-guard",
         &numbered_nodes(N),
@@ -97,7 +107,8 @@ async fn a_rollout_costs_a_constant_number_of_requests_per_node() {
         .map(|(k, v)| (k, (v - b.get(k).copied().unwrap_or(0.0)) / N as f64))
         .filter(|(_, v)| *v > 0.0)
         .collect();
-    let total: f64 = per_node.values().sum();
+    let status = per_node.get(&STATUS.to_string()).copied().unwrap_or(0.0);
+    let total: f64 = per_node.values().sum::<f64>() - status;
     let node_patches = per_node
         .get(&"patch nodes".to_string())
         .copied()
@@ -117,7 +128,8 @@ async fn a_rollout_costs_a_constant_number_of_requests_per_node() {
     );
     let full = delta(&format!("{examined}_count"), &[("scope", "full")]);
     let report = format!(
-        "per node cycle: {total:.2} requests {per_node:?}; {node_patches:.2} node patches; \
+        "per node cycle: {total:.2} requests besides {status:.2} status writes {per_node:?}; \
+         {node_patches:.2} node patches; \
          {passes} targeted passes examining {mean:.2} nodes on average, {within} of them \
          at most {MAX_EXAMINED}; {full} full passes"
     );
@@ -125,6 +137,10 @@ async fn a_rollout_costs_a_constant_number_of_requests_per_node() {
     assert!(
         total <= MAX_REQUESTS_PER_NODE,
         "more than {MAX_REQUESTS_PER_NODE} requests per node cycle: {report}"
+    );
+    assert!(
+        status <= MAX_STATUS_WRITES_PER_NODE,
+        "more than {MAX_STATUS_WRITES_PER_NODE} status writes per node cycle: {report}"
     );
     assert!(
         node_patches <= MAX_NODE_PATCHES_PER_NODE,
