@@ -536,3 +536,52 @@ async fn a_targeted_pass_examines_its_scope_not_every_node_building_ahead() {
     assert_eq!(examined("targeted", "count"), 1.0);
     assert_eq!(examined("targeted", "sum"), 1.0, "n3 alone: {log:?}");
 }
+
+/// Policy `fleet` at 2.8.0 over NODES, of which only `prepared` have built
+/// 2.8.0 ahead.
+fn context_prepared_on(prepared: &[&str]) -> Arc<Context> {
+    let pods: Vec<Pod> = NODES.iter().map(|n| installer(n)).collect();
+    let nodes = NODES
+        .iter()
+        .map(|n| {
+            let mut nd = node(n);
+            if let (true, Some(l)) = (prepared.contains(n), nd.metadata.labels.as_mut()) {
+                l.insert(labels::KMD_PREPARED.into(), "2.8.0".into());
+            }
+            nd
+        })
+        .collect();
+    let stores = Stores {
+        policies: fed(vec![policy()]),
+        nodes: fed(nodes),
+        pods: Arc::new(PodCache::listed(labels::DEFAULT_NAMESPACE, pods)),
+        daemonsets: fed(vec![daemonset(2)]),
+        pdbs: fed(vec![]),
+    };
+    crate::test_support::context(crate::test_support::NOWHERE, stores)
+}
+
+#[actix::test]
+async fn the_node_out_of_service_steps_before_build_ahead_replaces_other_pods() {
+    let (log, ports) = fake_ports();
+    let sup = PolicySupervisor::new(context_prepared_on(&["n1"]), "fleet".into(), ports).start();
+    // n1 built ahead and takes the slot; n2 and n3 get their turns to
+    // build. n1's cordon and the steps chained on its replies all land
+    // before either installer pod is replaced.
+    run_pass(&sup, true, &[]).await;
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let last_n1 = log.iter().rposition(|(n, _)| n == "n1");
+    let first_replace = log.iter().position(|(_, what)| what == "replace");
+    assert!(
+        log.contains(&("n1".to_string(), "cordon".to_string())),
+        "n1 is cordoned: {log:?}"
+    );
+    assert!(
+        first_replace.is_some(),
+        "build-ahead replaced pods: {log:?}"
+    );
+    assert!(
+        last_n1 < first_replace,
+        "n1's writes first, then build-ahead's: {log:?}"
+    );
+}
