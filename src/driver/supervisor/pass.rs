@@ -491,6 +491,9 @@ impl ReconcilePass {
             for (n, v) in st.views.iter_mut() {
                 v.obs.prepare_turn = turn.contains(n);
             }
+        } else if let Ok(mut book) = self.prepare.lock() {
+            // Not kept up to date meanwhile: the next plan walks every node.
+            *book = PrepareBook::default();
         }
     }
 
