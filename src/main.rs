@@ -63,7 +63,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .context("loading Kubernetes client configuration")?;
     // We retry 409/429 ourselves and must see an eviction's 429 at once.
     kube_config.default_retry = false;
-    let client = kube::Client::try_from(kube_config).context("building the Kubernetes client")?;
+    let client = ttdrv_controller::runtime::requests::counted_client(kube_config, metrics.clone())
+        .context("building the Kubernetes client")?;
 
     let manager_ctx = actix::Context::<PolicyManager>::new();
     let manager_addr = manager_ctx.address();

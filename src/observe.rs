@@ -2,8 +2,8 @@
 //! the plain facts [`ttdrv_core::observe`] decides on. Reads the stores only
 //! (no client), so it is tested with stores fed by hand.
 
-use std::cell::OnceCell;
-use std::collections::HashMap;
+use std::cell::{OnceCell, RefCell};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -24,6 +24,9 @@ pub struct ObserveInput<'a> {
     pub records: &'a HashMap<String, NodeRecord>,
     /// PDBs, read once per pass and only if a node drains.
     pub pdbs: OnceCell<Vec<Arc<PodDisruptionBudget>>>,
+    /// The nodes read from the caches so far, each once
+    /// (`ttdriver_reconcile_nodes_examined`).
+    pub examined: RefCell<HashSet<String>>,
 }
 
 impl ObserveInput<'_> {
@@ -51,6 +54,9 @@ impl ObserveInput<'_> {
     /// `f` on what the caches hold of `name`; `None` when it holds no Node.
     fn with_facts<T>(&self, name: &str, f: impl FnOnce(&NodeFacts<'_>) -> T) -> Option<T> {
         let node = self.stores.nodes.get(&ObjectRef::new(name))?;
+        if !self.examined.borrow().contains(name) {
+            self.examined.borrow_mut().insert(name.to_string());
+        }
         let pods = self.stores.pods.on_node(name);
         let facts: Vec<&PodFacts> = pods.facts.iter().map(Arc::as_ref).collect();
         let installers: Vec<&Pod> = pods.installers.iter().map(Arc::as_ref).collect();

@@ -71,6 +71,9 @@ pub struct DriverMemory {
     /// `spec.promoteAfter`'s gate as the last pass that stepped every node
     /// saw it: a change makes the next pass a full one.
     promotion: Option<Gate>,
+    /// Build-ahead's candidates, kept between passes (afresh after a
+    /// restart: the next pass is a full one and rebuilds them).
+    prepare: Arc<std::sync::Mutex<pass::PrepareBook>>,
 }
 
 type Memory = policy_actor::Memory<DriverKind>;
@@ -255,6 +258,7 @@ impl DriverKind {
             refusal: m.memo.refusal.clone(),
             promotion: gate.as_ref().and_then(Gate::hold),
             template_check: self.template_check.clone(),
+            prepare: m.prepare.clone(),
         };
         let (memo, effects) = decide(
             &m.memo,

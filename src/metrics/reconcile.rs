@@ -11,6 +11,11 @@ pub const RECONCILE_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// Buckets for the nodes one reconcile pass examines: one to ten thousand.
+pub const EXAMINED_BUCKETS: &[f64] = &[
+    0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+];
+
 /// Every `stage` of `ttdriver_errors_total`: `Error::metric_label`'s values and
 /// the stages the actors count themselves. Each is created at 0 for every
 /// policy, so a dashboard shows 0 errors rather than "no data".
@@ -65,6 +70,17 @@ impl ReconcileMetrics {
                 &["cr"],
                 RECONCILE_BUCKETS,
             ),
+            nodes_examined: families.histogram(
+                "ttdriver_reconcile_nodes_examined",
+                "Nodes one reconcile pass of a policy observed (read from the caches into an observation, or a build-ahead candidate), by scope: full (every owned node) or targeted (the nodes a watch event named, those mid-cycle on a tick, those granted a slot).",
+                &["cr", "scope"],
+                EXAMINED_BUCKETS,
+            ),
+            api_requests: families.counter(
+                "ttdriver_api_requests_total",
+                "Requests of this replica to the Kubernetes API, by verb and resource as the audit log names them (a watch counted when opened).",
+                &["verb", "resource"],
+            ),
         };
         for kind in WATCH_KINDS {
             m.watch_restarts.touch(&[kind]);
@@ -94,6 +110,20 @@ impl Metrics {
         if seconds >= 0.0 {
             self.reconcile.reconcile_duration.observe(&[cr], seconds);
         }
+    }
+
+    /// `ttdriver_reconcile_nodes_examined{cr,scope}`: one pass examined `nodes`.
+    pub fn observe_nodes_examined(&self, cr: &str, full: bool, nodes: usize) {
+        self.ensure_cr(cr);
+        let scope = if full { "full" } else { "targeted" };
+        self.reconcile
+            .nodes_examined
+            .observe(&[cr, scope], nodes as f64);
+    }
+
+    /// `ttdriver_api_requests_total{verb,resource}`.
+    pub fn inc_api_request(&self, verb: &str, resource: &str) {
+        self.reconcile.api_requests.add(&[verb, resource], 1.0);
     }
 
     /// `ttdriver_last_successful_reconcile_timestamp_seconds{cr}` = now.

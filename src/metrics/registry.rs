@@ -107,6 +107,8 @@ pub(super) struct ReconcileMetrics {
     pub(super) last_successful_reconcile: Arc<Family>,
     pub(super) reconcile_total: Arc<Family>,
     pub(super) reconcile_duration: Arc<Family>,
+    pub(super) nodes_examined: Arc<Family>,
+    pub(super) api_requests: Arc<Family>,
 }
 
 /// `ttdriver_actor_restarts_total` and `ttdriver_actor_mailbox_full_total`.

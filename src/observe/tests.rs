@@ -183,6 +183,7 @@ fn observe(
         },
         records,
         pdbs: Default::default(),
+        examined: Default::default(),
     };
     input.node(name, starting)
 }

@@ -4,8 +4,8 @@
 //! backoff ([`write_backoff`]), one policy's actor whatever its kind
 //! ([`policy_actor`]: passes one at a time, restarts, node actors, the
 //! status write), leadership ([`leader`]), the Go controller's exit awaited
-//! ([`handover`]) and the admin server whose `/ready` follows the caches
-//! ([`admin`]).
+//! ([`handover`]), the admin server whose `/ready` follows the caches
+//! ([`admin`]) and the count of the client's API requests ([`requests`]).
 
 pub mod admin;
 pub mod claims;
@@ -14,5 +14,6 @@ pub mod handover;
 pub mod leader;
 pub mod pod_index;
 pub mod policy_actor;
+pub mod requests;
 pub mod watch;
 pub mod write_backoff;

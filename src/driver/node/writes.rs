@@ -76,6 +76,16 @@ pub fn decide(next: &Step, known: &Known<'_>) -> Writes {
 /// The step's record follows from what the Node already says, so it is not
 /// written.
 fn derivable(next: &Step, known: &Known<'_>) -> bool {
+    // Build-ahead's pod replacement of a Pending node changes nothing the
+    // Node must say first: the new agent waits for a go-ahead that a
+    // Pending record never gives.
+    let replaces_only = next
+        .commands
+        .iter()
+        .all(|c| *c == Command::DeleteInstallerPod);
+    if replaces_only && only_words(next, known) {
+        return true;
+    }
     if !next.commands.is_empty() {
         return false;
     }
@@ -94,6 +104,38 @@ fn derivable(next: &Step, known: &Known<'_>) -> bool {
     // A vacated node is left alone: its Unmanaged record follows from its
     // `unmanaged` mark and is never written.
     back_to_pending || next.record.state == NodeState::Unmanaged
+}
+
+/// A Pending node whose record changed in its words only (reason, message:
+/// waiting for a place to build ahead, for the installer, for a slot) from
+/// the Pending or Done record on the Node. What it waits for follows from
+/// the Node, its pods and the policy, and the policy's status shows it; a
+/// restarted controller derives it again. Written, each of those words
+/// cost a node patch per node (five per node with build-ahead, at 1000
+/// nodes thousands of patches while the first nodes cycled: issue 52). The
+/// firmware policy's handover reads the reason `WaitingForFirmware`: a
+/// record into or out of it is written.
+fn only_words(next: &Step, known: &Known<'_>) -> bool {
+    let firmware = |r: &NodeRecord| r.reason.as_deref() == Some(reason::WAITING_FOR_FIRMWARE);
+    let (rec, prev) = (&next.record, known.prev);
+    let Some(on_node) = known.persisted else {
+        return false;
+    };
+    let waiting = |r: &NodeRecord| r.state == NodeState::Pending && !firmware(r);
+    let settled = |r: &NodeRecord| waiting(r) || r.state == NodeState::Done;
+    let same_facts = |a: &NodeRecord, b: &NodeRecord| {
+        a.policy == b.policy
+            && a.cordon == b.cordon
+            && a.started == b.started
+            && a.retry_token == b.retry_token
+            && a.paused_at == b.paused_at
+    };
+    waiting(rec)
+        && settled(prev)
+        && settled(on_node)
+        && !firmware(on_node)
+        && same_facts(rec, prev)
+        && same_facts(rec, on_node)
 }
 
 /// The port call that carries out `command`, if it needs one and has what
@@ -241,6 +283,50 @@ mod tests {
         // A Done record not yet on the Node: nothing to derive it from.
         let w = decide(&step_to(pending, vec![]), &known(&done, None));
         assert!(w.patch_record);
+    }
+
+    #[test]
+    fn a_pending_record_that_changes_its_words_only_is_not_written() {
+        let mut waiting = record(NodeState::Pending);
+        waiting.reason = Some(reason::PREPARING.into());
+        waiting.message = Some("waiting for a place to build 2.8.0 ahead".into());
+        let mut building = waiting.clone();
+        building.message = Some("the installer builds 2.8.0".into());
+        let w = decide(
+            &step_to(building.clone(), vec![]),
+            &known(&waiting, Some(&waiting)),
+        );
+        assert!(!w.patch_record, "words only: derived again from the Node");
+        let done = record(NodeState::Done);
+        let w = decide(
+            &step_to(building.clone(), vec![]),
+            &known(&waiting, Some(&done)),
+        );
+        assert!(!w.patch_record, "the Node still holds the Done record");
+        // A cordon of ours, a command, the firmware's reason: written.
+        let mut cordoned = building.clone();
+        cordoned.cordon = Cordon::Ours;
+        let w = decide(&step_to(cordoned, vec![]), &known(&waiting, Some(&waiting)));
+        assert!(w.patch_record, "a cordon taken over is written");
+        let w = decide(
+            &step_to(building.clone(), vec![Command::DeleteInstallerPod]),
+            &known(&waiting, Some(&waiting)),
+        );
+        assert!(!w.patch_record, "a pod replaced is no node write");
+        let mut firmware = building.clone();
+        firmware.reason = Some(reason::WAITING_FOR_FIRMWARE.into());
+        let w = decide(
+            &step_to(firmware.clone(), vec![]),
+            &known(&waiting, Some(&waiting)),
+        );
+        assert!(w.patch_record, "the firmware policy reads it");
+        let w = decide(
+            &step_to(building.clone(), vec![]),
+            &known(&firmware, Some(&firmware)),
+        );
+        assert!(w.patch_record, "out of WaitingForFirmware");
+        // No record on the Node: nothing to derive it from.
+        assert!(decide(&step_to(building, vec![]), &known(&waiting, None)).patch_record);
     }
 
     #[test]

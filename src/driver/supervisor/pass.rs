@@ -67,6 +67,23 @@ pub(super) struct ReconcilePass {
     pub(super) promotion: Option<ttdrv_core::machine::Hold>,
     /// The supervisor's last check of the validation PodTemplate.
     pub(super) template_check: Arc<std::sync::Mutex<Option<CheckedTemplate>>>,
+    /// Build-ahead's view of every owned node, kept between passes.
+    pub(super) prepare: Arc<std::sync::Mutex<PrepareBook>>,
+}
+
+/// Build-ahead's candidates ([`ttdrv_core::prepare::Candidate`]) of every
+/// owned node, kept between passes so that a targeted pass re-reads only
+/// the nodes in its scope instead of every owned node (at 1000 nodes that
+/// walk was most of a pass). Every change of a candidate's facts (its
+/// installer pod, its labels, its readiness, its record's state) comes with
+/// a watch event naming the node, or with a full pass, which rebuilds it.
+#[derive(Debug, Default)]
+pub(super) struct PrepareBook {
+    /// A full walk filled it since the fleet last settled.
+    primed: bool,
+    /// Sort key and candidate, by node; nodes with nothing to build ahead
+    /// are absent.
+    candidates: HashMap<String, ((bool, String), prepare::Candidate)>,
 }
 
 /// A check of the validation PodTemplate, held for
@@ -273,6 +290,7 @@ impl ReconcilePass {
             },
             records: &self.records,
             pdbs: Default::default(),
+            examined: Default::default(),
         };
         let facts = RoundFacts {
             input: &input,
@@ -288,6 +306,8 @@ impl ReconcilePass {
         };
         self.first_views(&facts, &targets, &strays, &mut rounds);
         let (mut plan, limits) = self.rounds(&facts, &mut rounds).await?;
+        ctx.metrics
+            .observe_nodes_examined(self.name(), self.full, input.examined.borrow().len());
         if let Some(h) = &rounds.hold {
             plan.blocked = Some(h.why.clone());
             plan.held = Some(h.reason);
@@ -461,7 +481,7 @@ impl ReconcilePass {
         st.candidates.extend(self.held_strays(strays));
         let desired = f.input.policy.desired;
         if desired.prepare && !desired.paused && !desired.refused && f.template_observed {
-            let turn = self.plan_prepare(f.input);
+            let turn = self.plan_prepare(f.input, targets);
             let unseen: Vec<String> = turn
                 .iter()
                 .filter(|n| !st.views.iter().any(|(v, _)| v == *n))
@@ -471,6 +491,9 @@ impl ReconcilePass {
             for (n, v) in st.views.iter_mut() {
                 v.obs.prepare_turn = turn.contains(n);
             }
+        } else if let Ok(mut book) = self.prepare.lock() {
+            // Not kept up to date meanwhile: the next plan walks every node.
+            *book = PrepareBook::default();
         }
     }
 
@@ -528,8 +551,11 @@ impl ReconcilePass {
         )
     }
 
-    /// Steps the NodeActor of every node in view at once; their records
-    /// feed the next round's plan.
+    /// Steps the NodeActor of every node in view; their records feed the
+    /// next round's plan. Nodes out of service first (mid-cycle, or granted
+    /// a slot), all at once, and only then the others (build-ahead's turns,
+    /// nodes waiting): a node's next step never queues behind another's
+    /// build-ahead writes.
     async fn step(
         &self,
         f: &RoundFacts<'_>,
@@ -541,45 +567,58 @@ impl ReconcilePass {
             hold: st.hold.clone(),
             ..f.input.policy.desired.clone()
         };
-        let mut calls = Vec::new();
-        for (n, v) in std::mem::take(&mut st.views) {
-            let Some(addr) = self.actors.get(&n) else {
-                continue;
-            };
-            st.stepped.insert(n.clone());
-            st.device_users.push((n.clone(), v.has_device_pods));
-            let facts = v.clone();
-            // The plan reserved a slot for each node it granted: the node
-            // steps on it (and gives it back if the step does not use it).
-            let mut obs = v.obs;
-            obs.slot = offered.contains(n.as_str());
-            obs.template_pending = !f.template_observed;
-            let msg = Observe {
-                policy: self.policy.clone(),
-                obs,
-                desired: desired.clone(),
-                persisted: v.persisted,
-                evictions: v.evictions,
-                installer_pod: v.installer_pod,
-                skipped: v.skipped,
-                gates: f.input.policy.gates.to_vec(),
-                budget: budget.clone(),
-            };
-            let addr = addr.clone();
-            calls.push(async move { (n, facts, addr.send(msg).await) });
-        }
-        for (n, facts, res) in futures::future::join_all(calls).await {
-            match res.map_err(Error::from).and_then(|r| r) {
-                Ok(rec) => {
-                    st.candidates.push(facts.candidate(&n, Some(&rec)));
-                    st.updates.insert(n, rec);
-                }
-                Err(e) => {
-                    tracing::warn!(policy = self.name(), node = n, error = %e, "node step failed; will retry");
-                    st.first_err.get_or_insert(e);
+        let (first, later): (Vec<_>, Vec<_>) = std::mem::take(&mut st.views)
+            .into_iter()
+            .partition(|(n, _)| offered.contains(n.as_str()) || self.out_of_service(n, st));
+        for batch in [first, later] {
+            let mut calls = Vec::new();
+            for (n, v) in batch {
+                let Some(addr) = self.actors.get(&n) else {
+                    continue;
+                };
+                st.stepped.insert(n.clone());
+                st.device_users.push((n.clone(), v.has_device_pods));
+                let facts = v.clone();
+                // The plan reserved a slot for each node it granted: the node
+                // steps on it (and gives it back if the step does not use it).
+                let mut obs = v.obs;
+                obs.slot = offered.contains(n.as_str());
+                obs.template_pending = !f.template_observed;
+                let msg = Observe {
+                    policy: self.policy.clone(),
+                    obs,
+                    desired: desired.clone(),
+                    persisted: v.persisted,
+                    evictions: v.evictions,
+                    installer_pod: v.installer_pod,
+                    skipped: v.skipped,
+                    gates: f.input.policy.gates.to_vec(),
+                    budget: budget.clone(),
+                };
+                let addr = addr.clone();
+                calls.push(async move { (n, facts, addr.send(msg).await) });
+            }
+            for (n, facts, res) in futures::future::join_all(calls).await {
+                match res.map_err(Error::from).and_then(|r| r) {
+                    Ok(rec) => {
+                        st.candidates.push(facts.candidate(&n, Some(&rec)));
+                        st.updates.insert(n, rec);
+                    }
+                    Err(e) => {
+                        tracing::warn!(policy = self.name(), node = n, error = %e, "node step failed; will retry");
+                        st.first_err.get_or_insert(e);
+                    }
                 }
             }
         }
+    }
+
+    /// Node `n` is mid-cycle as this pass last knows it.
+    fn out_of_service(&self, n: &str, st: &Rounds) -> bool {
+        st.updates
+            .get(n)
+            .or_else(|| self.records.get(n))
+            .is_some_and(|r| r.state.is_in_progress())
     }
 
     /// Nodes this policy no longer owns (a skip label, a relabel, another
@@ -608,9 +647,10 @@ impl ReconcilePass {
     /// Build-ahead: the nodes whose stale installer pod is replaced in this
     /// pass, at most `prepare.maxConcurrent` nodes building at once, in the
     /// rollout's order. Counted over every owned node (a pass may look at a
-    /// few only), from the caches. A halted rollout (a node Failed) starts no
-    /// new build.
-    fn plan_prepare(&self, input: &ObserveInput<'_>) -> HashSet<String> {
+    /// few only), from the [`PrepareBook`]: a full pass reads every owned
+    /// node into it, a targeted one re-reads its `targets` only. A halted
+    /// rollout (a node Failed) starts no new build.
+    fn plan_prepare(&self, input: &ObserveInput<'_>, targets: &[String]) -> HashSet<String> {
         // Settled (no node Pending, none new): nothing to build; skips the
         // walk over every node on the passes of a fleet at rest.
         let version = &self.policy.spec.version;
@@ -619,15 +659,34 @@ impl ReconcilePass {
                 .records
                 .values()
                 .any(|r| r.state == NodeState::Pending || r.target != *version);
-        if !waiting || self.records.values().any(|r| r.state.is_failed()) {
+        let Ok(mut book) = self.prepare.lock() else {
+            return HashSet::new();
+        };
+        if !waiting {
+            // Settled: the next rollout starts from a full walk.
+            *book = PrepareBook::default();
             return HashSet::new();
         }
+        if self.records.values().any(|r| r.state.is_failed()) {
+            // Halted: the book is not kept up to date meanwhile.
+            book.primed = false;
+            return HashSet::new();
+        }
+        let refresh = if self.full || !book.primed {
+            book.candidates.clear();
+            book.primed = true;
+            self.owned()
+        } else {
+            targets
+        };
+        for n in refresh {
+            match input.prepare_candidate(n) {
+                Some(c) => book.candidates.insert(n.clone(), c),
+                None => book.candidates.remove(n),
+            };
+        }
         let spec = &self.policy.spec;
-        let mut order: Vec<_> = self
-            .owned()
-            .iter()
-            .filter_map(|n| input.prepare_candidate(n))
-            .collect();
+        let mut order: Vec<_> = book.candidates.values().collect();
         order.sort_by(|a, b| a.0.cmp(&b.0));
         let max = usize::try_from(spec.upgrade_policy.prepare.max_concurrent).unwrap_or(1);
         let plan = prepare::plan(order.iter().map(|(_, c)| c), max);

@@ -513,3 +513,75 @@ async fn a_node_no_longer_owned_but_still_cordoned_by_us_keeps_its_slot() {
         "n0 holds the only slot (maxUnavailable 1): {log:?}"
     );
 }
+
+#[actix::test]
+async fn a_targeted_pass_examines_its_scope_not_every_node_building_ahead() {
+    let (log, ports) = fake_ports();
+    let ctx = context();
+    let sup = supervisor(ctx.clone(), "fleet".into(), ports).start();
+    // The full pass reads every node (build-ahead's candidates included)
+    // and starts n1; a targeted pass on n3 reads n3 only: build-ahead's
+    // book of the others is kept from the full pass, not read again.
+    run_pass(&sup, true, &[]).await;
+    run_pass(&sup, false, &["n3"]).await;
+    let body = String::from_utf8(ctx.metrics.encode().1).expect("utf-8");
+    let examined = |scope: &str, what: &str| {
+        ttdrv_testkit::controller::metric_sum(
+            &body,
+            &format!("ttdriver_reconcile_nodes_examined_{what}"),
+            &[("cr", "fleet"), ("scope", scope)],
+        )
+    };
+    assert_eq!(examined("full", "sum"), 3.0, "{body}");
+    assert_eq!(examined("targeted", "count"), 1.0);
+    assert_eq!(examined("targeted", "sum"), 1.0, "n3 alone: {log:?}");
+}
+
+/// Policy `fleet` at 2.8.0 over NODES, of which only `prepared` have built
+/// 2.8.0 ahead.
+fn context_prepared_on(prepared: &[&str]) -> Arc<Context> {
+    let pods: Vec<Pod> = NODES.iter().map(|n| installer(n)).collect();
+    let nodes = NODES
+        .iter()
+        .map(|n| {
+            let mut nd = node(n);
+            if let (true, Some(l)) = (prepared.contains(n), nd.metadata.labels.as_mut()) {
+                l.insert(labels::KMD_PREPARED.into(), "2.8.0".into());
+            }
+            nd
+        })
+        .collect();
+    let stores = Stores {
+        policies: fed(vec![policy()]),
+        nodes: fed(nodes),
+        pods: Arc::new(PodCache::listed(labels::DEFAULT_NAMESPACE, pods)),
+        daemonsets: fed(vec![daemonset(2)]),
+        pdbs: fed(vec![]),
+    };
+    crate::test_support::context(crate::test_support::NOWHERE, stores)
+}
+
+#[actix::test]
+async fn the_node_out_of_service_steps_before_build_ahead_replaces_other_pods() {
+    let (log, ports) = fake_ports();
+    let sup = supervisor(context_prepared_on(&["n1"]), "fleet".into(), ports).start();
+    // n1 built ahead and takes the slot; n2 and n3 get their turns to
+    // build. n1's cordon and the steps chained on its replies all land
+    // before either installer pod is replaced.
+    run_pass(&sup, true, &[]).await;
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let last_n1 = log.iter().rposition(|(n, _)| n == "n1");
+    let first_replace = log.iter().position(|(_, what)| what == "replace");
+    assert!(
+        log.contains(&("n1".to_string(), "cordon".to_string())),
+        "n1 is cordoned: {log:?}"
+    );
+    assert!(
+        first_replace.is_some(),
+        "build-ahead replaced pods: {log:?}"
+    );
+    assert!(
+        last_n1 < first_replace,
+        "n1's writes first, then build-ahead's: {log:?}"
+    );
+}
