@@ -193,6 +193,10 @@ impl DriverKind {
                 };
             };
             let res = pass.run(targets, strays).await;
+            // The pass holds the records and the NodeActors behind `Arc`s:
+            // dropped first, `absorb` changes them in place instead of
+            // copying every node's record (O(fleet) on every pass).
+            drop(pass);
             self.end(&name, started, res, memory)
         }
     }
