@@ -35,7 +35,8 @@ pub struct Transition {
 pub struct Tracker {
     /// Only records of this policy (all, when none).
     policy: Option<String>,
-    seen: BTreeMap<String, NodeState>,
+    /// Each node's state and target version, as its record last said.
+    seen: BTreeMap<String, (NodeState, String)>,
     recent: VecDeque<Transition>,
 }
 
@@ -58,7 +59,20 @@ impl Tracker {
             self.seen.remove(node);
             return None;
         }
-        let from = self.seen.insert(node.to_string(), r.state)?;
+        let (last, target) = self
+            .seen
+            .insert(node.to_string(), (r.state, r.target.clone()))?;
+        // The controller does not write the Pending record of a Done node
+        // a new version sends back (it follows from the Done record and the
+        // policy, as the status shows): the record goes from Done at the old
+        // version to Cordoning at the new, and the node was Pending between.
+        let implicit_pending =
+            last == NodeState::Done && target != r.target && r.state != NodeState::Pending;
+        let from = if implicit_pending {
+            NodeState::Pending
+        } else {
+            last
+        };
         if from == r.state {
             return None;
         }
@@ -180,6 +194,32 @@ mod tests {
                 "n1 Upgrading→Uncordoning",
                 "n1 Uncordoning→Done",
             ]
+        );
+    }
+
+    #[test]
+    fn a_done_node_sent_to_a_new_version_left_pending_unwritten() {
+        let mut t = Tracker::new(Some("canary"));
+        let mut done = rec("canary", NodeState::Done, None, 1);
+        done.target = "2.7.0".into();
+        assert_eq!(t.observe("n1", Some(&done)), None);
+        // The next record on the Node is the cordon of the 2.8.0 cycle.
+        let cordoning = rec("canary", NodeState::Cordoning, None, 2);
+        let first = t.observe("n1", Some(&cordoning));
+        assert_eq!(
+            first.map(|x| (x.from, x.to)),
+            Some((NodeState::Pending, NodeState::Cordoning))
+        );
+        // A Done record rewritten at the same version is no transition; a
+        // Pending record that is written prints Done → Pending.
+        let mut t = Tracker::new(Some("canary"));
+        t.observe("n2", Some(&done));
+        assert_eq!(t.observe("n2", Some(&done)), None);
+        let pending = rec("canary", NodeState::Pending, None, 3);
+        let next = t.observe("n2", Some(&pending));
+        assert_eq!(
+            next.map(|x| (x.from, x.to)),
+            Some((NodeState::Done, NodeState::Pending))
         );
     }
 
