@@ -116,22 +116,28 @@ fn check(what: &str, mut cmd: Command, expect: Expect) -> Option<String> {
 /// outcome.
 struct Cleanup;
 
+/// Uninstalls `release` and deletes namespace `ns`, whatever is left of
+/// them (errors ignored: this runs on the way out of a test).
+fn uninstall(release: &str, ns: &str) {
+    let _ = try_run(
+        Command::new("helm").args(["uninstall", release, "-n", ns]),
+        None,
+    );
+    let _ = try_run(
+        &mut kubectl(&[
+            "delete",
+            "namespace",
+            "--ignore-not-found",
+            "--timeout=60s",
+            ns,
+        ]),
+        None,
+    );
+}
+
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let _ = try_run(
-            Command::new("helm").args(["uninstall", RELEASE, "-n", RELEASE]),
-            None,
-        );
-        let _ = try_run(
-            &mut kubectl(&[
-                "delete",
-                "namespace",
-                "--ignore-not-found",
-                "--timeout=60s",
-                RELEASE,
-            ]),
-            None,
-        );
+        uninstall(RELEASE, RELEASE);
         let _ = try_run(
             &mut kubectl(&["delete", "node", "--ignore-not-found", NODE_A, NODE_B]),
             None,
@@ -661,20 +667,7 @@ struct UmbrellaCleanup(std::path::PathBuf);
 
 impl Drop for UmbrellaCleanup {
     fn drop(&mut self) {
-        let _ = try_run(
-            Command::new("helm").args(["uninstall", UMBRELLA, "-n", UMBRELLA_NS]),
-            None,
-        );
-        let _ = try_run(
-            &mut kubectl(&[
-                "delete",
-                "namespace",
-                "--ignore-not-found",
-                "--timeout=60s",
-                UMBRELLA_NS,
-            ]),
-            None,
-        );
+        uninstall(UMBRELLA, UMBRELLA_NS);
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
