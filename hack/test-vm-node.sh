@@ -42,6 +42,8 @@ cd "$root"
 LIB_NAME=test-vm-node
 # shellcheck source=lib.sh
 source "$here/lib.sh"
+# shellcheck source=shared-data.sh
+source "$here/shared-data.sh"
 TTDRV_CLUSTER_NAME=${TTDRV_CLUSTER_NAME:-ttdrv-vmnode}
 [[ $TTDRV_CLUSTER_NAME == *-realnode ]] || TTDRV_CLUSTER_NAME=$TTDRV_CLUSTER_NAME-realnode
 KWOK_WORKDIR=${KWOK_WORKDIR:-$HOME/.kwok-vmnode}
@@ -172,8 +174,8 @@ ln -sfn "/usr/src/linux-headers-$kver" "$mods/build"
 # else the bundle in ../shared/data, else GitHub.
 src=${TTDRV_TTKMD_SOURCE:-}
 if [ -z "$src" ]; then
-  src="$root/../shared/data/tt-kmd.bundle"
-  [ -f "$src" ] || src=https://github.com/tenstorrent/tt-kmd.git
+  src=$(shared_data "$root" tt-kmd.bundle)
+  [ -n "$src" ] || src=https://github.com/tenstorrent/tt-kmd.git
 fi
 kmd="$groot/opt/tt-kmd.git"
 git clone -q --bare "$src" "$kmd" 2>/dev/null || fail "cloning tt-kmd from $src (set TTDRV_TTKMD_SOURCE to a clone or URL)"

@@ -169,8 +169,10 @@ real)
     . "$repo/hack/versions.env"
     source_repo="${TTDRV_TTKMD_SOURCE:-}"
     if [[ -z $source_repo ]]; then
-        source_repo="$repo/../shared/data/tt-kmd.bundle"
-        [[ -f $source_repo ]] || source_repo=https://github.com/tenstorrent/tt-kmd.git
+        # shellcheck source=shared-data.sh
+        source "$repo/hack/shared-data.sh"
+        source_repo=$(shared_data "$repo" tt-kmd.bundle)
+        [[ -n $source_repo ]] || source_repo=https://github.com/tenstorrent/tt-kmd.git
     fi
     kmd_repo="$work/tt-kmd.git"
     say "real tt-kmd from $source_repo"
