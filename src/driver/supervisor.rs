@@ -74,6 +74,21 @@ pub struct DriverMemory {
     /// Build-ahead's candidates, kept between passes (afresh after a
     /// restart: the next pass is a full one and rebuilds them).
     prepare: Arc<std::sync::Mutex<pass::PrepareBook>>,
+    /// What the agents' labels say of the owned nodes, for the metrics and
+    /// the next-kernel warnings: kept between passes and re-read for the
+    /// nodes a pass stepped (every node on a full pass), so a targeted pass
+    /// costs O(its nodes), not a walk over every owned Node.
+    agent_labels: AgentLabels,
+}
+
+/// The agents' build-ahead labels of the owned nodes.
+#[derive(Debug, Default)]
+struct AgentLabels {
+    /// Nodes that hold the policy's target in their cache (or loaded).
+    prepared: HashSet<String>,
+    /// Nodes whose installed, not running kernel cannot build the target:
+    /// node -> kernel.
+    next_kernel_failed: BTreeMap<String, String>,
 }
 
 type Memory = policy_actor::Memory<DriverKind>;
@@ -316,6 +331,7 @@ impl DriverKind {
                 m.promotion = gate;
             }
             absorb(name, m, &out, full, &assignment);
+            self.read_agent_labels(m, &policy, &out.stepped, full);
             // Blocked only while it holds something back: a policy
             // with no node waiting does not page for its canary.
             self.ctx
@@ -478,27 +494,55 @@ impl DriverKind {
         );
         m.set_policy_paused(cr, self.paused(cr));
         m.set_rollout_held(cr, plan.held);
-        let version = self
-            .ctx
-            .stores
-            .policies
-            .get(&ObjectRef::new(cr))
-            .map(|p| (p.spec.version.clone(), p.spec.parameter_values()));
-        let (mut prepared, mut next_failed) = (0, 0);
-        for n in memory.records.keys() {
-            let Some(node) = self.ctx.stores.nodes.get(&ObjectRef::new(n)) else {
-                continue;
-            };
-            if version.as_ref().is_some_and(|(v, params)| {
-                ttdrv_core::prepare::is_prepared(&node, ttdrv_core::node::Target::new(v, params))
-            }) {
-                prepared += 1;
+        let labels = &memory.agent_labels;
+        m.set_policy_prepare(
+            cr,
+            i64::try_from(labels.prepared.len()).unwrap_or(i64::MAX),
+            i64::try_from(labels.next_kernel_failed.len()).unwrap_or(i64::MAX),
+        );
+    }
+
+    /// Re-reads the agents' labels of `nodes` (every owned node on a full
+    /// pass, which also forgets the nodes no longer owned).
+    fn read_agent_labels(
+        &self,
+        memory: &mut DriverMemory,
+        policy: &TenstorrentDriverPolicy,
+        nodes: &[String],
+        full: bool,
+    ) {
+        let labels = &mut memory.agent_labels;
+        if full {
+            *labels = AgentLabels::default();
+        }
+        let params = policy.spec.parameter_values();
+        let target = ttdrv_core::node::Target::new(&policy.spec.version, &params);
+        for n in nodes {
+            let node = memory
+                .records
+                .contains_key(n)
+                .then(|| self.ctx.stores.nodes.get(&ObjectRef::new(n)))
+                .flatten();
+            let prepared = node
+                .as_deref()
+                .is_some_and(|nd| ttdrv_core::prepare::is_prepared(nd, target));
+            let failed = node
+                .as_deref()
+                .and_then(ttdrv_core::prepare::next_kernel_failed);
+            if prepared {
+                labels.prepared.insert(n.clone());
+            } else {
+                labels.prepared.remove(n);
             }
-            if ttdrv_core::prepare::next_kernel_failed(&node).is_some() {
-                next_failed += 1;
+            match failed {
+                Some(k) => {
+                    labels.next_kernel_failed.insert(n.clone(), k.to_string());
+                }
+                None => {
+                    labels.next_kernel_failed.remove(n);
+                }
             }
         }
-        m.set_policy_prepare(cr, prepared, next_failed);
     }
 
     /// The policy-level decisions on what the pass found, carried out.
@@ -510,15 +554,7 @@ impl DriverKind {
         plan: &Plan,
         refused: Option<&Refused>,
     ) {
-        let next_kernel_failed = memory
-            .records
-            .keys()
-            .filter_map(|n| {
-                let node = self.ctx.stores.nodes.get(&ObjectRef::new(n))?;
-                let kver = ttdrv_core::prepare::next_kernel_failed(&node)?;
-                Some((n.clone(), kver.to_string()))
-            })
-            .collect();
+        let next_kernel_failed = memory.agent_labels.next_kernel_failed.clone();
         let facts = Facts::PassEnded {
             generation: policy.metadata.generation,
             refused,

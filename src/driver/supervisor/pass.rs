@@ -4,7 +4,7 @@
 //! steps the NodeActors (those it lets ask for a slot included).
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -81,9 +81,25 @@ pub(super) struct ReconcilePass {
 pub(super) struct PrepareBook {
     /// A full walk filled it since the fleet last settled.
     primed: bool,
-    /// Sort key and candidate, by node; nodes with nothing to build ahead
-    /// are absent.
-    candidates: HashMap<String, ((bool, String), prepare::Candidate)>,
+    /// Candidates in the rollout's order (sort key, then the candidate);
+    /// nodes with nothing to build ahead are absent. Ordered as kept, so a
+    /// pass does not sort every owned node again.
+    candidates: BTreeMap<(bool, String), prepare::Candidate>,
+    /// Each node's sort key in `candidates`.
+    keys: HashMap<String, (bool, String)>,
+}
+
+impl PrepareBook {
+    /// Takes the node's candidate (None: nothing to build ahead there).
+    fn put(&mut self, node: &str, c: Option<((bool, String), prepare::Candidate)>) {
+        if let Some(old) = self.keys.remove(node) {
+            self.candidates.remove(&old);
+        }
+        if let Some((key, c)) = c {
+            self.keys.insert(node.to_string(), key.clone());
+            self.candidates.insert(key, c);
+        }
+    }
 }
 
 /// A check of the validation PodTemplate, held for
@@ -673,23 +689,20 @@ impl ReconcilePass {
             return HashSet::new();
         }
         let refresh = if self.full || !book.primed {
-            book.candidates.clear();
-            book.primed = true;
+            *book = PrepareBook {
+                primed: true,
+                ..PrepareBook::default()
+            };
             self.owned()
         } else {
             targets
         };
         for n in refresh {
-            match input.prepare_candidate(n) {
-                Some(c) => book.candidates.insert(n.clone(), c),
-                None => book.candidates.remove(n),
-            };
+            book.put(n, input.prepare_candidate(n));
         }
         let spec = &self.policy.spec;
-        let mut order: Vec<_> = book.candidates.values().collect();
-        order.sort_by(|a, b| a.0.cmp(&b.0));
         let max = usize::try_from(spec.upgrade_policy.prepare.max_concurrent).unwrap_or(1);
-        let plan = prepare::plan(order.iter().map(|(_, c)| c), max);
+        let plan = prepare::plan(book.candidates.values(), max);
         if !plan.replace.is_empty() {
             tracing::info!(
                 policy = self.name(),
@@ -796,5 +809,44 @@ impl ReconcilePass {
                     .and_then(|a| a.get(labels::TEMPLATE_HASH).cloned())
             })
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod prepare_book_tests {
+    use super::*;
+
+    fn cand(name: &str) -> prepare::Candidate {
+        prepare::Candidate {
+            name: name.to_string(),
+            stale_pod: true,
+            prepared: false,
+            build_failed: false,
+            in_cycle: false,
+        }
+    }
+
+    fn put(book: &mut PrepareBook, name: &str, first: Option<bool>) {
+        book.put(name, first.map(|f| ((f, name.to_string()), cand(name))));
+    }
+
+    fn order(book: &PrepareBook) -> Vec<&str> {
+        book.candidates.values().map(|c| c.name.as_str()).collect()
+    }
+
+    #[test]
+    fn the_book_keeps_the_rollouts_order_as_nodes_change() {
+        let mut book = PrepareBook::default();
+        put(&mut book, "c", Some(true));
+        put(&mut book, "a", Some(true));
+        put(&mut book, "b", Some(false));
+        assert_eq!(order(&book), ["b", "a", "c"]);
+        // A node whose sort key changes moves; it is not kept twice.
+        put(&mut book, "c", Some(false));
+        assert_eq!(order(&book), ["b", "c", "a"]);
+        // Nothing to build there any more: gone, key and all.
+        put(&mut book, "b", None);
+        assert_eq!(order(&book), ["c", "a"]);
+        assert_eq!(book.keys.len(), 2);
     }
 }
