@@ -13,6 +13,14 @@ source "$here/lib.sh"
 source "$here/versions.env"
 cache=${TTDRV_TESTBIN_CACHE:-$HOME/.cache/ttdrv-testbin}
 mkdir -p "$cache"
+# One builder at a time per cache: two that build the same component at once
+# (a test lane and a benchmark, two clones) each move their half-built
+# directory over the other's. The second waits, then finds it built.
+exec 9>"$cache/.lock"
+if ! flock -n 9; then
+  printf '[build-testbin %s] waiting for another build into %s\n' "$(date +%H:%M:%S)" "$cache" >&2
+  flock 9
+fi
 export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-trimpath -mod=mod"
 export GOPROXY=${GOPROXY:-https://proxy.golang.org,direct}
 
