@@ -11,6 +11,7 @@
 //! claim across restarts ([`crate::claim`] reads them back).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// Who holds a node's maintenance slot: a policy's cycle, of a kind. Each
 /// kind names itself with a [`HolderKind`] of its own, so this module names
@@ -51,7 +52,8 @@ impl std::fmt::Display for Holder {
 /// service (in a cycle of ours, NotReady, cordoned, Failed).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Budget {
-    pub fleet: BTreeSet<String>,
+    /// Shared: a policy's plans hand out the same set until its nodes change.
+    pub fleet: Arc<BTreeSet<String>>,
     pub cap: usize,
     pub out: BTreeSet<String>,
 }
@@ -89,9 +91,13 @@ impl SlotBook {
             None => {}
         }
         if let Some(b) = budget.filter(|b| !b.out.contains(node)) {
-            let claimed = b.fleet.iter().filter(|n| {
-                n.as_str() != node && self.held.get(n.as_str()).is_some_and(|(_, out)| *out)
-            });
+            // The book's holds, not the fleet, are walked: a few nodes, not
+            // every node of the policy.
+            let claimed = self
+                .held
+                .iter()
+                .filter(|(n, (_, out))| *out && n.as_str() != node && b.fleet.contains(*n))
+                .map(|(n, _)| n);
             let out: BTreeSet<&String> = b.out.iter().chain(claimed).collect();
             if out.len() + 1 > b.cap {
                 return Err(Refused::OverBudget {
@@ -209,7 +215,7 @@ mod tests {
         // Both planned from caches where only the admin's node `x` is out:
         // each may take one more node out of service (cap 2).
         let budget = Budget {
-            fleet: set(&["a", "b", "x"]),
+            fleet: Arc::new(set(&["a", "b", "x"])),
             cap: 2,
             out: set(&["x"]),
         };
@@ -233,7 +239,7 @@ mod tests {
         c.release("a", &d);
         // A slot outside the fleet does not count.
         let other = Budget {
-            fleet: set(&["c", "e"]),
+            fleet: Arc::new(set(&["c", "e"])),
             cap: 1,
             out: BTreeSet::new(),
         };
@@ -280,7 +286,7 @@ mod tests {
     #[test]
     fn the_gate_takes_the_slot_or_re_steps_once_with_the_refusal() {
         let budget = Budget {
-            fleet: set(&["n", "m"]),
+            fleet: Arc::new(set(&["n", "m"])),
             cap: 1,
             out: BTreeSet::new(),
         };

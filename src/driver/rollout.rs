@@ -8,6 +8,7 @@
 //! nodes can never take the last slot together.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use actix::prelude::*;
 
@@ -20,6 +21,9 @@ pub struct RolloutActor {
     held: BTreeSet<String>,
     limits: Limits,
     last: Plan,
+    /// The names of `candidates`, handed to every plan's budget; rebuilt
+    /// only when a node joins or leaves, not on every plan.
+    fleet: Arc<BTreeSet<String>>,
 }
 
 impl Default for RolloutActor {
@@ -33,6 +37,7 @@ impl Default for RolloutActor {
                 brake_percent: 0,
             },
             last: Plan::default(),
+            fleet: Arc::default(),
         }
     }
 }
@@ -72,11 +77,16 @@ impl Handler<PlanRollout> for RolloutActor {
     type Result = MessageResult<PlanRollout>;
 
     fn handle(&mut self, msg: PlanRollout, _: &mut Self::Context) -> Self::Result {
+        let before = self.candidates.len();
         if msg.replace {
             self.candidates.clear();
         }
+        let mut joined = false;
         for c in msg.updates {
-            self.candidates.insert(c.name.clone(), c);
+            joined |= self.candidates.insert(c.name.clone(), c).is_none();
+        }
+        if joined || self.candidates.len() != before {
+            self.fleet = Arc::new(self.candidates.keys().cloned().collect());
         }
         self.limits = msg.limits;
         // A hold ends with the node's cycle even if its ReleaseSlot was lost
@@ -111,7 +121,7 @@ impl Handler<PlanRollout> for RolloutActor {
         }
         self.last = p.clone();
         let budget = crate::runtime::claims::Budget {
-            fleet: self.candidates.keys().cloned().collect(),
+            fleet: self.fleet.clone(),
             cap: self.limits.max_unavailable,
             out: self
                 .candidates
@@ -122,7 +132,7 @@ impl Handler<PlanRollout> for RolloutActor {
         };
         MessageResult(RolloutPlan {
             plan: p,
-            budget: std::sync::Arc::new(budget),
+            budget: Arc::new(budget),
         })
     }
 }
@@ -221,6 +231,19 @@ mod tests {
         assert_eq!(p.budget.fleet.len(), 3);
         let out: Vec<&str> = p.budget.out.iter().map(String::as_str).collect();
         assert_eq!(out, ["a", "b"], "ours in a cycle and the unavailable one");
+        // A targeted plan (no node joins) hands out the same fleet, not a
+        // copy of every name; a node that joins makes a new one.
+        let again = actor
+            .send(facts(false, vec![c("c", true, false)]))
+            .await
+            .expect("plan");
+        assert!(Arc::ptr_eq(&p.budget.fleet, &again.budget.fleet));
+        let joined = actor
+            .send(facts(false, vec![c("d", true, false)]))
+            .await
+            .expect("plan");
+        assert!(!Arc::ptr_eq(&p.budget.fleet, &joined.budget.fleet));
+        assert_eq!(joined.budget.fleet.len(), 4);
     }
 
     #[actix::test]

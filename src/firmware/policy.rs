@@ -305,7 +305,7 @@ fn grant(
     };
     held.extend(granted.iter().cloned());
     let budget = Budget {
-        fleet: candidates.iter().map(|c| c.name.clone()).collect(),
+        fleet: Arc::new(candidates.iter().map(|c| c.name.clone()).collect()),
         cap: limits.max_unavailable,
         out: candidates
             .iter()

@@ -42,18 +42,11 @@ impl DriverKind {
         }
         let (prev, unreadable) = previous_status(memory, policy);
         let m = &memory.kind;
-        if !self.status_due(
-            m,
-            policy,
-            conflicts,
-            plan,
-            prev.as_ref(),
-            unreadable.is_some(),
-        ) {
+        if !self.status_due(m, policy, conflicts, plan, prev, unreadable.is_some()) {
             return None;
         }
-        let status = self.build_status(name, m, policy, conflicts, plan, prev.as_ref());
-        if prev.as_ref() == Some(&status) {
+        let status = self.build_status(name, m, policy, conflicts, plan, prev);
+        if prev == Some(&status) {
             return None;
         }
         let replacing = unreadable
@@ -70,14 +63,15 @@ impl DriverKind {
     }
 }
 
-/// The status the next one is compared with, and why the policy's own
-/// is unreadable if it is and not replaced yet. A status we cannot read
+/// The status the next one is compared with (borrowed: it lists every
+/// node, and this runs on every pass), and why the policy's own is
+/// unreadable if it is and not replaced yet. A status we cannot read
 /// (another operator's, garbage) is replaced as a whole by ours, at
 /// once, with an Event.
-fn previous_status(
-    memory: &Memory<DriverKind>,
-    policy: &TenstorrentDriverPolicy,
-) -> (Option<TenstorrentDriverPolicyStatus>, Option<String>) {
+fn previous_status<'a>(
+    memory: &'a Memory<DriverKind>,
+    policy: &'a TenstorrentDriverPolicy,
+) -> (Option<&'a TenstorrentDriverPolicyStatus>, Option<String>) {
     let rv = policy.metadata.resource_version.as_deref();
     let unreadable = policy
         .status
@@ -87,7 +81,7 @@ fn previous_status(
     let prev = if unreadable.is_some() {
         None
     } else {
-        memory.written.clone().or_else(|| policy.status.clone())
+        memory.written.as_ref().or(policy.status.as_ref())
     };
     (prev, unreadable)
 }

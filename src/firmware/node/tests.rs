@@ -369,7 +369,7 @@ async fn a_start_over_the_budget_since_the_plan_is_deferred() {
     let rig = Rig::start();
     // n2 started (another policy's cycle) after the plan gave n1 the last place.
     let budget = Arc::new(Budget {
-        fleet: BTreeSet::from(["n1".to_string(), "n2".to_string()]),
+        fleet: Arc::new(BTreeSet::from(["n1".to_string(), "n2".to_string()])),
         cap: 1,
         out: BTreeSet::new(),
     });
