@@ -22,6 +22,13 @@ use crate::metrics::Metrics;
 use crate::runtime::context::Stores;
 use crate::runtime::pod_index::{Changed, PodCache};
 
+/// Objects per page of the nodes' and pods' (re-)lists. A page is parsed
+/// whole, managed fields and all, before the caches slim it: at kube's
+/// default of 500 the first list of 1000 nodes and their pods made most of
+/// the controller's peak memory (docs/benchmarks.md), and the allocator
+/// keeps what a peak took. More, smaller lists cost a few requests at start.
+const LIST_PAGE: u32 = 100;
+
 /// Starts the watches; returns the caches and a future that resolves once all
 /// of them have completed their first list (readiness).
 pub fn start(
@@ -46,7 +53,7 @@ pub fn start(
     );
     let (nodes, w2) = spawn_watch::<Node>(
         Api::all(client.clone()),
-        watcher::Config::default(),
+        watcher::Config::default().page_size(LIST_PAGE),
         node_key,
         node_scope,
         slim_node,
@@ -209,7 +216,8 @@ fn spawn_pod_watch(
     metrics: Arc<Metrics>,
 ) {
     tokio::spawn(async move {
-        let stream = watcher(api, watcher::Config::default()).default_backoff();
+        let cfg = watcher::Config::default().page_size(LIST_PAGE);
+        let stream = watcher(api, cfg).default_backoff();
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             let changed = match ev {
