@@ -9,7 +9,7 @@ use ttdrv_api::vfio::Passthrough;
 use super::{
     Command, Cordon, Desired, InstallerPod, NodeRecord, Observation, Step, change,
     defers_to_firmware, enter, firmware_too_old, held, module_stays, replace_installer,
-    start_cordon, stay, target_loaded, wait, wait_for_slot,
+    start_cordon, stay, target_loaded, wait, wait_for_slot, with_holders,
 };
 use crate::reason;
 
@@ -56,7 +56,7 @@ pub(super) fn pending(mut rec: NodeRecord, obs: &Observation, want: &Desired) ->
             "waiting for a maxUnavailable slot to upgrade {}",
             change(obs, want)
         );
-        return wait_for_slot(&rec, why, now);
+        return wait_for_slot(&rec, with_holders(why, obs), now);
     }
     if want.drain_enabled {
         start_cordon(&rec, obs)
