@@ -45,16 +45,36 @@ async fn stack_pods(env: &TestEnv, ns: &str, node: &str, names: &[String]) -> Ve
         .collect()
 }
 
-/// Creates both stack DaemonSets in `ns` and waits for their pods on every
-/// node; their names.
-async fn run_stack(env: &TestEnv, ns: &str, nodes: &[String]) -> [String; 2] {
+/// Creates both stack DaemonSets in `ns`, the fabric-manager agent only on
+/// `fabric_on` (every node when `None`), and waits for their pods; their
+/// names.
+async fn run_stack(
+    env: &TestEnv,
+    ns: &str,
+    nodes: &[String],
+    fabric_on: Option<&str>,
+) -> [String; 2] {
     let names = [env.name("telemetry"), env.name("fabric")];
     stack::create(env, ns, &stack::telemetry_collector(&env.id, &names[0])).await;
-    stack::create(env, ns, &stack::fabric_manager_agent(&env.id, &names[1])).await;
+    let mut fabric = stack::fabric_manager_agent(&env.id, &names[1]);
+    if let (Some(node), Some(spec)) = (
+        fabric_on,
+        fabric.spec.as_mut().and_then(|s| s.template.spec.as_mut()),
+    ) {
+        spec.node_selector
+            .get_or_insert_default()
+            .insert("kubernetes.io/hostname".into(), node.into());
+    }
+    stack::create(env, ns, &fabric).await;
     for n in nodes {
-        wait_for(&format!("both stack pods on {n}"), T, || async {
+        let want = if fabric_on.is_none_or(|f| f == n) {
+            2
+        } else {
+            1
+        };
+        wait_for(&format!("{want} stack pods on {n}"), T, || async {
             let on = stack_pods(env, ns, n, &names).await;
-            if on.len() == 2 {
+            if on.len() == want {
                 Ok(())
             } else {
                 Err(format!("{on:?}"))
@@ -113,7 +133,7 @@ async fn with_both_gates_the_stack_leaves_the_node_and_comes_back() {
         },
     );
     let policy = installed(&env, &nodes, "", T).await;
-    let names = run_stack(&env, &ns, &nodes).await;
+    let names = run_stack(&env, &ns, &nodes, None).await;
     let node = nodes[0].clone();
     let (fewest, task) = track_while_cordoned(&env, &ns, &node, &names);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
@@ -150,67 +170,64 @@ async fn with_both_gates_the_stack_leaves_the_node_and_comes_back() {
 async fn without_the_fabric_manager_gate_it_is_named_before_the_cordon_and_in_the_refusal() {
     // The controller's default gates: the telemetry key only.
     let (env, ns, nodes, policy, _running) = installed_fleet("stack-ungated", 2, "", T).await;
-    let names = run_stack(&env, &ns, &nodes).await;
+    // The fabric-manager agent runs on the second node only: the first
+    // upgrades (its telemetry collector is gated), the second waits for it.
+    let (first, second) = (nodes[0].clone(), nodes[1].clone());
+    let names = run_stack(&env, &ns, &nodes, Some(&second)).await;
     let fabric = format!("{ns}/{}", names[1]);
     let cordons = CordonWatcher::start(&env);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
-    // One node goes first (maxUnavailable 1); the other waits, and its
-    // message names the DaemonSet and the key it lacks before its cordon.
+    // While the first node cycles (maxUnavailable 1), the second waits, and
+    // its message names the DaemonSet and the key it lacks before its cordon.
     let add = format!("add {FABRIC_MANAGER_GATE} to controller.deployGates");
+    let names_fabric = |m: &str| m.contains(&format!("DaemonSet {fabric}")) && m.contains(&add);
     let waiting = ttdrv_testkit::policy::wait_status(
         &env,
         &policy,
-        "a waiting node naming the fabric-manager DaemonSet",
+        "the waiting node's message naming the fabric-manager DaemonSet",
         T,
         |st| {
             st.nodes
                 .iter()
-                .find(|n| {
-                    n.state == NodeState::Pending
-                        && n.message.as_deref().is_some_and(|m| {
-                            m.contains(&format!("DaemonSet {fabric}")) && m.contains(&add)
-                        })
-                })
-                .map(|n| n.name.clone())
+                .find(|n| n.name == second && n.state == NodeState::Pending)
+                .and_then(|n| n.message.clone())
+                .filter(|m| names_fabric(m))
                 .ok_or_else(|| format!("{:?}", st.nodes))
         },
     )
     .await;
     assert!(
-        !cordons.ever().contains(&waiting),
-        "{waiting} was not cordoned yet"
+        !cordons.ever().contains(&second),
+        "{second} was not cordoned yet"
     );
     // The telemetry collector is gated: never named.
-    let entry = node_entry(&env, &policy, &waiting).await.expect("entry");
+    assert!(!waiting.contains(&names[0]), "{waiting}");
+    // The first node, with no ungated holder, upgrades and is never named.
+    wait_nodes_state(&env, &policy, &[first.clone()], NodeState::Done, "2.8.0", T).await;
+    // The second gets its slot and is cordoned all the same (a warning);
+    // the agent refuses (the fabric-manager pod stays), the node drains
+    // again once, then fails naming the DaemonSet and the key.
+    let failed = wait_node(&env, &policy, &second, NodeState::Failed, T).await;
     assert!(
-        !entry
-            .message
-            .as_deref()
-            .unwrap_or_default()
-            .contains(&names[0]),
-        "{entry:?}"
+        cordons.ever().contains(&second),
+        "the warning held nothing back"
     );
-    wait_event(&env, &policy, "UngatedDeviceHolder", T, |n| {
-        n.contains(&format!("DaemonSet {fabric}")) && n.contains(&add)
-    })
-    .await;
-    // The node that went first: the agent refuses (the fabric-manager pod
-    // stays), drains again once, then fails naming the DaemonSet and key.
-    let first = nodes.iter().find(|n| **n != waiting).expect("two nodes");
-    let failed = wait_node(&env, &policy, first, NodeState::Failed, T).await;
     assert_eq!(failed.reason.as_deref(), Some("DeviceBusy"), "{failed:?}");
     assert_message(&failed, &format!("is of DaemonSet {fabric}"));
     assert_message(&failed, &add);
-    // One Event per node and cycle, not one per pass.
-    let per_node = |node: &str| {
-        let node = node.to_string();
-        move |(r, n): &(String, String)| r == "UngatedDeviceHolder" && n.contains(&node)
-    };
+    // One Event for the second node (while it waited, not again at its
+    // cordon), none for the first.
+    wait_event(&env, &policy, "UngatedDeviceHolder", T, |n| {
+        n.contains(&second) && names_fabric(n)
+    })
+    .await;
     let events = policy_events(&env, &policy).await;
-    assert_eq!(
-        events.iter().filter(|e| per_node(first)(e)).count(),
-        1,
-        "{events:?}"
-    );
+    let about = |node: &str| {
+        events
+            .iter()
+            .filter(|(r, n)| r == "UngatedDeviceHolder" && n.contains(&format!("node {node}:")))
+            .count()
+    };
+    assert_eq!((about(&first), about(&second)), (0, 1), "{events:?}");
     env.teardown().await;
 }
