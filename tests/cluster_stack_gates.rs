@@ -203,7 +203,15 @@ async fn without_the_fabric_manager_gate_it_is_named_before_the_cordon_and_in_th
     // The telemetry collector is gated: never named.
     assert!(!waiting.contains(&names[0]), "{waiting}");
     // The first node, with no ungated holder, upgrades and is never named.
-    wait_nodes_state(&env, &policy, &[first.clone()], NodeState::Done, "2.8.0", T).await;
+    wait_nodes_state(
+        &env,
+        &policy,
+        std::slice::from_ref(&first),
+        NodeState::Done,
+        "2.8.0",
+        T,
+    )
+    .await;
     // The second gets its slot and is cordoned all the same (a warning);
     // the agent refuses (the fabric-manager pod stays), the node drains
     // again once, then fails naming the DaemonSet and the key.
