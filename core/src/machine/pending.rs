@@ -49,7 +49,9 @@ pub(super) fn pending(mut rec: NodeRecord, obs: &Observation, want: &Desired) ->
     if !obs.slot
         && let Some(h) = &want.hold
     {
-        return held(&rec, h, now);
+        let mut s = held(&rec, h, now);
+        s.record.message = s.record.message.map(|m| with_holders(m, obs));
+        return s;
     }
     if !obs.slot {
         let why = format!(
@@ -305,7 +307,13 @@ fn prepare_ahead(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         ),
     };
     stay(
-        &enter(rec, NodeState::Pending, reason::PREPARING, Some(why), now),
+        &enter(
+            rec,
+            NodeState::Pending,
+            reason::PREPARING,
+            Some(with_holders(why, obs)),
+            now,
+        ),
         cmds,
     )
 }

@@ -394,6 +394,20 @@ fn ungated_holders_are_said_while_waiting_and_at_the_cordon() {
     let s = step(&rec(Pending), &Observation { slot: true, ..o }, &want());
     assert_eq!(s.record.state, Cordoning, "the cordon goes on");
     assert_eq!(s.record.message.as_deref(), Some(warning));
+    // Building ahead, it says so too.
+    let preparing = Observation {
+        prepared: false,
+        installer: InstallerPod::Current { ready: true },
+        ungated_holders: Some(warning.into()),
+        ..obs()
+    };
+    let prepare = Desired {
+        prepare: true,
+        ..want()
+    };
+    let s = step(&rec(Pending), &preparing, &prepare);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::PREPARING));
+    assert!(s.record.message.unwrap_or_default().ends_with(warning));
     // Without holders, the messages are as before.
     let s = step(
         &rec(Pending),
