@@ -11,7 +11,7 @@
 //! | [`driver`] | the driver policy kind: manager, its pass run by one generic policy actor per policy (its pass, marks, status), one node actor per node (its write decision, pure), rollout |
 //! | [`firmware`] | the firmware policy kind (manager, its pass run by the same generic policy actor, one node actor per node) on the same workers and slot book, plus its flash Job writer |
 //! | [`workers`] | the shared workers, one of each: Labeler (Node patches), Evictor, DaemonSetRenderer |
-//! | [`runtime`] | what runs every kind: watches and caches, the shared context, the slot book's lock, write backoff, the generic per-policy actor (`policy_actor`: `PolicyKind`), leadership, the Go controller's exit awaited, the admin server |
+//! | [`runtime`] | what runs every kind: watches and caches (`daemon_set_index`: every DaemonSet's deploy gates), the shared context, the slot book's lock, write backoff, the generic per-policy actor (`policy_actor`: `PolicyKind`), leadership, the Go controller's exit awaited, the admin server |
 //! | [`policy_decisions`] | a driver supervisor's policy-level decisions, pure: refusals, takeover, when to write status |
 //! | [`refusal`] | what the cluster refuses about an accepted policy, said once |
 //! | [`validation_pod`] | the user's validation pod, from its PodTemplate |

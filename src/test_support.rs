@@ -34,6 +34,7 @@ pub fn empty_stores() -> Stores {
         nodes: fed(vec![]),
         pods: Arc::new(PodCache::new("tt")),
         daemonsets: fed(vec![]),
+        all_daemon_sets: Default::default(),
         pdbs: fed(vec![]),
     }
 }

@@ -264,6 +264,7 @@ fn renders_mean_what_they_should() {
         ("", "pods", &["list", "watch"]),
         ("", "pods/eviction", &["create"]),
         ("policy", "poddisruptionbudgets", &["list", "watch"]),
+        ("apps", "daemonsets", &["list", "watch"]),
         ("events.k8s.io", "events", &["create", "patch"]),
         (
             "firmware.tenstorrent.com",
@@ -1164,14 +1165,10 @@ fn the_umbrella_renders_this_chart_as_its_driver_manager() {
         ),
     );
     c.check(
-        env_value(&env, "TTDRV_DEPLOY_GATES")
-            .as_str()
-            .is_some_and(|g| {
-                g.split(',')
-                    .any(|k| k == "tenstorrent.com/deploy.tt-telemetry")
-            }),
+        env_value(&env, "TTDRV_DEPLOY_GATES").as_str()
+            == Some("tenstorrent.com/deploy.tt-telemetry,tenstorrent.com/deploy.tt-fabric-manager"),
         format!(
-            "the default deploy gates reach the controller: {}",
+            "the umbrella fixture's deploy gates (telemetry and fabric manager) reach the controller: {}",
             env_value(&env, "TTDRV_DEPLOY_GATES")
         ),
     );

@@ -9,9 +9,10 @@
 //! finished pods; bare pods only with `force`; pass 2 skips emptyDir pods unless
 //! `deleteEmptyDir`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use ttdrv_api::labels;
 use ttdrv_api::{DrainPolicy, PodSelector};
@@ -33,6 +34,14 @@ impl PodRef {
         Self {
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: pod.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+
+    /// A DaemonSet's `namespace/name` (the key of [`DaemonSets`]).
+    pub fn of_daemon_set(ds: &DaemonSet) -> Self {
+        Self {
+            namespace: ds.metadata.namespace.clone().unwrap_or_default(),
+            name: ds.metadata.name.clone().unwrap_or_default(),
         }
     }
 }
@@ -73,9 +82,14 @@ pub struct PodFacts {
     pub deleting: bool,
     /// One of our installer pods (label `driver.tenstorrent.com/policy`).
     pub installer: bool,
-    /// Its node affinity requires a deploy gate not to be "false": the
-    /// DaemonSet controller removes it when the gates close ([`follows_deploy_gate`]).
-    pub follows_gate: bool,
+    /// The DaemonSet that controls it (its namespace is the pod's): whether
+    /// a deploy gate stands it down is read from that DaemonSet's template
+    /// ([`DaemonSetFacts`]), not from the pod, whose required node affinity
+    /// the DaemonSet controller replaces with its node's name.
+    pub daemon_set: Option<Box<str>>,
+    /// The pod's UID: the agent names a holder by it when it cannot name
+    /// the pod.
+    pub uid: Box<str>,
     /// A container of it waits in CrashLoopBackOff.
     pub crash_looping: bool,
     /// A validation pod of ours (label [`labels::VALIDATION_CYCLE`]): its
@@ -170,19 +184,22 @@ impl PodFacts {
             .flatten()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let controller = pod
+        let owner = pod
             .metadata
             .owner_references
             .iter()
             .flatten()
-            .find(|o| o.controller == Some(true))
-            .map_or(Controller::None, |o| {
-                if o.kind == "DaemonSet" {
-                    Controller::DaemonSet
-                } else {
-                    Controller::Other
-                }
-            });
+            .find(|o| o.controller == Some(true));
+        let controller = owner.map_or(Controller::None, |o| {
+            if o.kind == "DaemonSet" {
+                Controller::DaemonSet
+            } else {
+                Controller::Other
+            }
+        });
+        let daemon_set = owner
+            .filter(|o| o.kind == "DaemonSet")
+            .map(|o| o.name.clone().into_boxed_str());
         let use_ = device_use(pod);
         Self {
             pod: PodRef::of(pod),
@@ -207,7 +224,13 @@ impl PodFacts {
             ),
             deleting: pod.metadata.deletion_timestamp.is_some(),
             validation: ValidationRun::of(pod).map(Box::new),
-            follows_gate: follows_deploy_gate(pod),
+            daemon_set,
+            uid: pod
+                .metadata
+                .uid
+                .clone()
+                .unwrap_or_default()
+                .into_boxed_str(),
             crash_looping: pod
                 .status
                 .as_ref()
@@ -419,13 +442,40 @@ pub fn sequence<'a>(
     step
 }
 
-/// True when every required node-affinity term of the pod asks a deploy-gate
-/// label not to be "false": closing the gates removes it from the node.
-pub fn follows_deploy_gate(pod: &Pod) -> bool {
-    let terms = pod
-        .spec
+/// What the drain reads of a DaemonSet, kept instead of the DaemonSet (the
+/// controller watches every DaemonSet of the cluster): the deploy gates its
+/// pod template follows and whether its pods hold the device.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DaemonSetFacts {
+    /// The label keys its template's required node affinity asks, in every
+    /// term, not to be "false" (`<key> NotIn ["false"]`), sorted: labelling
+    /// a node `<key>=false` makes the DaemonSet controller remove the pod.
+    pub gate_keys: Box<[String]>,
+    /// Its pods hold the device: a privileged container, a hostPath of /dev
+    /// or under /dev/tenstorrent, or the pod device-use rules ([`device_use`]).
+    pub holds_device: bool,
+}
+
+/// DaemonSet facts by `namespace/name`.
+pub type DaemonSets = std::collections::HashMap<PodRef, DaemonSetFacts>;
+
+impl DaemonSetFacts {
+    pub fn of(ds: &DaemonSet) -> Self {
+        let tpl = ds.spec.as_ref().map(|s| &s.template);
+        let spec = tpl.and_then(|t| t.spec.as_ref());
+        Self {
+            gate_keys: spec.map(gate_keys).unwrap_or_default().into_boxed_slice(),
+            holds_device: spec.is_some_and(holds_device),
+        }
+    }
+}
+
+/// The keys every required node-affinity term of `spec` asks not to be
+/// "false", sorted, once each.
+pub fn gate_keys(spec: &PodSpec) -> Vec<String> {
+    let terms = spec
+        .affinity
         .as_ref()
-        .and_then(|s| s.affinity.as_ref())
         .and_then(|a| a.node_affinity.as_ref())
         .and_then(|a| {
             a.required_during_scheduling_ignored_during_execution
@@ -433,14 +483,67 @@ pub fn follows_deploy_gate(pod: &Pod) -> bool {
         })
         .map(|r| r.node_selector_terms.as_slice())
         .unwrap_or_default();
-    !terms.is_empty()
-        && terms.iter().all(|t| {
-            t.match_expressions.iter().flatten().any(|e| {
-                e.key.starts_with(labels::DEPLOY_GATE_PREFIX)
-                    && e.operator == "NotIn"
-                    && e.values.iter().flatten().any(|v| v == "false")
-            })
+    let in_term = |t: &k8s_openapi::api::core::v1::NodeSelectorTerm| -> BTreeSet<String> {
+        t.match_expressions
+            .iter()
+            .flatten()
+            .filter(|e| e.operator == "NotIn" && e.values.iter().flatten().any(|v| v == "false"))
+            .map(|e| e.key.clone())
+            .collect()
+    };
+    let mut it = terms.iter().map(in_term);
+    let Some(first) = it.next() else {
+        return vec![];
+    };
+    it.fold(first, |acc, t| acc.intersection(&t).cloned().collect())
+        .into_iter()
+        .collect()
+}
+
+/// Pods of `spec` hold the device: privileged, a hostPath of /dev (or
+/// under /dev/tenstorrent), or the device-use rules of [`device_use`].
+pub fn holds_device(spec: &PodSpec) -> bool {
+    let privileged = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| {
+            c.security_context
+                .as_ref()
+                .and_then(|s| s.privileged)
+                .unwrap_or(false)
+        });
+    let dev = spec.volumes.iter().flatten().any(|v| {
+        v.host_path
+            .as_ref()
+            .is_some_and(|h| h.path.trim_end_matches('/') == "/dev")
+    });
+    let u = device_use_spec(spec);
+    privileged || dev || u.direct || !u.resources.is_empty()
+}
+
+impl PodFacts {
+    /// The DaemonSet that controls the pod, as `namespace/name`.
+    pub fn daemon_set_ref(&self) -> Option<PodRef> {
+        self.daemon_set.as_deref().map(|name| PodRef {
+            namespace: self.pod.namespace.clone(),
+            name: name.to_string(),
         })
+    }
+}
+
+/// The pod's DaemonSet's facts, when it is a DaemonSet's pod the index knows.
+pub fn daemon_set_of<'a>(
+    pod: &PodFacts,
+    daemon_sets: &'a DaemonSets,
+) -> Option<&'a DaemonSetFacts> {
+    daemon_sets.get(&pod.daemon_set_ref()?)
+}
+
+/// A DaemonSet pod whose DaemonSet's template follows one of the configured
+/// deploy gates (`gates`): closing the gates removes it from the node.
+pub fn stood_down(pod: &PodFacts, daemon_sets: &DaemonSets, gates: &[String]) -> bool {
+    daemon_set_of(pod, daemon_sets).is_some_and(|d| d.gate_keys.iter().any(|k| gates.contains(k)))
 }
 
 /// What would keep a node's cycle from finishing by itself once it drains.
@@ -479,12 +582,16 @@ impl Blocker {
 /// The blockers of a node's cycle from its drain plan and pods, as the
 /// controller's drain would meet them: each PDB that [`sequence`] names for
 /// a pod still to evict; device users the drain leaves (but not finished pods
-/// or DaemonSet pods that follow the deploy gates, which the gates remove).
+/// or DaemonSet pods that follow a configured deploy gate, which the gates
+/// remove). A DaemonSet pod holds the device when its DaemonSet's template
+/// does ([`DaemonSetFacts::holds_device`]: privileged, say).
 pub fn blockers(
     plan: &DrainPlan,
     pods: &[&PodFacts],
     pdbs: &[&PodDisruptionBudget],
     drain: &DrainPolicy,
+    daemon_sets: &DaemonSets,
+    gates: &[String],
 ) -> Vec<Blocker> {
     if !drain.enable {
         let passthrough = |f: &PodFacts| {
@@ -511,8 +618,14 @@ pub fn blockers(
         }
     }
     for (r, why, device) in &plan.skipped {
-        let gated = *why == SkipReason::DaemonSet && by_ref.get(r).is_some_and(|p| p.follows_gate);
-        if *device && !gated && *why != SkipReason::Finished {
+        let pod = by_ref.get(r);
+        let daemon = *why == SkipReason::DaemonSet;
+        let gated = daemon && pod.is_some_and(|p| stood_down(p, daemon_sets, gates));
+        let holds = daemon
+            && pod
+                .and_then(|p| daemon_set_of(p, daemon_sets))
+                .is_some_and(|d| d.holds_device);
+        if (*device || holds) && !gated && *why != SkipReason::Finished {
             out.push(Blocker::DeviceUserLeft { pod: r.clone() });
         }
     }
@@ -535,9 +648,11 @@ pub struct DeviceUse {
 }
 
 pub fn device_use(pod: &Pod) -> DeviceUse {
-    let Some(spec) = pod.spec.as_ref() else {
-        return DeviceUse::default();
-    };
+    pod.spec.as_ref().map(device_use_spec).unwrap_or_default()
+}
+
+/// [`device_use`] of a pod spec (a pod's, or a DaemonSet's template's).
+pub fn device_use_spec(spec: &PodSpec) -> DeviceUse {
     let host_path = spec.volumes.iter().flatten().any(|v| {
         v.host_path
             .as_ref()
@@ -977,7 +1092,7 @@ mod tests {
         };
         let plan = plan_drain(&pods, &off, &PodSelector::default(), &[], &vfio);
         let refs: Vec<&PodFacts> = pods.iter().collect();
-        let blocked: Vec<String> = blockers(&plan, &refs, &[], &off)
+        let blocked: Vec<String> = blockers(&plan, &refs, &[], &off, &DaemonSets::new(), &[])
             .iter()
             .map(|b| b.describe(&off))
             .collect();

@@ -36,6 +36,7 @@ pub enum EventReason {
     FirmwareFlashed,
     FirmwareFlashFailed,
     FirmwareTakenOver,
+    UngatedDeviceHolder,
 }
 
 impl EventReason {
@@ -72,6 +73,7 @@ impl EventReason {
         Self::FirmwareFlashed,
         Self::FirmwareFlashFailed,
         Self::FirmwareTakenOver,
+        Self::UngatedDeviceHolder,
     ];
 
     /// The reason as Kubernetes shows it.
@@ -108,6 +110,7 @@ impl EventReason {
             Self::FirmwareFlashed => "FirmwareFlashed",
             Self::FirmwareFlashFailed => "FirmwareFlashFailed",
             Self::FirmwareTakenOver => "FirmwareTakenOver",
+            Self::UngatedDeviceHolder => "UngatedDeviceHolder",
         }
     }
 }

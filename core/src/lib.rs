@@ -17,7 +17,8 @@
 //! | [`observe`] | one node as a policy sees it, from plain Node and pod facts: its observation, next evictions and slot facts |
 //! | [`reason`] | the bounded set of reasons a node's state carries |
 //! | [`event`] | the closed set of Event reasons the controller emits |
-//! | [`drain`] | which pods a drain evicts, in which pass, and what blocks it |
+//! | [`drain`] | which pods a drain evicts, in which pass, and what blocks it; what it reads of pods and DaemonSets (which deploy gates a DaemonSet's template follows) |
+//! | [`device_holders`] | which DaemonSet pods will still hold a node's device after its gates close and its drain runs, and the gate each lacks |
 //! | [`installer`] | what an installer pod's status says: unhealthy, or failed for good and why |
 //! | [`handover`] | whether a Go operator's controller pod still runs, so ours must not act yet |
 //! | [`go_ahead`] | whether the agent may swap the loaded module now (the second key) |
@@ -33,6 +34,7 @@
 
 pub mod claim;
 pub mod condition;
+pub mod device_holders;
 pub mod drain;
 pub mod event;
 pub mod firmware;

@@ -184,6 +184,15 @@ fn wait(rec: &NodeRecord, why: String, now: i64) -> Step {
     )
 }
 
+/// `why`, and what will still hold the device after the gates and the drain
+/// when something will ([`Observation::ungated_holders`]).
+fn with_holders(why: String, obs: &Observation) -> String {
+    match &obs.ungated_holders {
+        Some(w) => format!("{why}; {w}"),
+        None => why,
+    }
+}
+
 /// Pending until a slot is granted (see [`Step::needs_slot`]).
 fn wait_for_slot(rec: &NodeRecord, why: String, now: i64) -> Step {
     Step {
@@ -458,7 +467,13 @@ pub(crate) fn drained_again_for(rec: &NodeRecord, f: &Failure) -> bool {
 /// Pending → Cordoning: the cycle starts (with its slot). A node someone
 /// else cordoned keeps their cordon, never ours to undo.
 fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
-    let mut r = enter(rec, NodeState::Cordoning, reason::CORDON, None, obs.now);
+    let mut r = enter(
+        rec,
+        NodeState::Cordoning,
+        reason::CORDON,
+        obs.ungated_holders.clone(),
+        obs.now,
+    );
     if r.cordon != Cordon::Ours {
         r.cordon = if obs.unschedulable && !obs.inherited_cordon {
             Cordon::Theirs

@@ -13,7 +13,7 @@ use ttdrv_api::{DrainPolicy, NodeState, PodSelector, labels};
 use crate::drain::{self, DrainPass, PodFacts, PodRef};
 use crate::machine::{Desired, InstallerPod, NodeRecord, Observation};
 use crate::rollout::Candidate;
-use crate::{installer, node, prepare};
+use crate::{device_holders, installer, node, prepare};
 
 /// What is known of the policy before any of its nodes is looked at.
 #[derive(Clone, Copy, Debug)]
@@ -33,6 +33,9 @@ pub struct PolicyFacts<'a> {
     /// can be planned then).
     pub selector: Option<&'a PodSelector>,
     pub gates: &'a [String],
+    /// Every DaemonSet's gates and device use, by `namespace/name`: which
+    /// DaemonSet pods the gates stand down ([`drain::stood_down`]).
+    pub daemon_sets: &'a drain::DaemonSets,
     pub now: i64,
     /// After this long without preparing, a current installer pod no longer
     /// holds its node's cycle back (see [`prepare::gate`]).
@@ -166,7 +169,9 @@ pub fn observe<'p>(
     };
     let label = |k: &str| node::label(node, k);
     let installer_state = installer_state(installer, p.template_hash);
-    let installer_failure = installer.and_then(|i| installer_failure(n, i));
+    let installer_failure = installer
+        .and_then(|i| installer_failure(n, i))
+        .map(|f| explain_busy(p, n, f));
     let installer_created = installer.and_then(installer::created);
     let prepared = prepared(
         p,
@@ -207,6 +212,19 @@ pub fn observe<'p>(
                 })
             })
         }),
+        // Cheap (the node's pods, in memory): read while the node has not
+        // started its cycle, so its Pending and Cordoning messages say it.
+        ungated_holders: rec
+            .is_none_or(|r| r.state == NodeState::Pending)
+            .then(|| {
+                device_holders::summary(&device_holders::ungated_holders(
+                    n.pods,
+                    p.daemon_sets,
+                    p.gates,
+                    p.drain_exempt,
+                ))
+            })
+            .flatten(),
         ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from
@@ -250,6 +268,9 @@ pub fn observe<'p>(
 pub struct Forecast {
     pub plan: drain::DrainPlan,
     pub blockers: Vec<drain::Blocker>,
+    /// DaemonSet pods that will still hold the device after the gates and
+    /// the drain ([`device_holders::ungated_holders`]).
+    pub ungated: Vec<device_holders::UngatedHolder>,
 }
 
 pub fn forecast(p: &PolicyFacts<'_>, n: &NodeFacts<'_>, pdbs: &[&PodDisruptionBudget]) -> Forecast {
@@ -264,8 +285,28 @@ pub fn forecast(p: &PolicyFacts<'_>, n: &NodeFacts<'_>, pdbs: &[&PodDisruptionBu
         p.drain_exempt,
         &vfio,
     );
-    let blockers = drain::blockers(&plan, n.pods, pdbs, p.drain);
-    Forecast { plan, blockers }
+    let blockers = drain::blockers(&plan, n.pods, pdbs, p.drain, p.daemon_sets, p.gates);
+    let ungated = device_holders::ungated_holders(n.pods, p.daemon_sets, p.gates, p.drain_exempt);
+    Forecast {
+        plan,
+        blockers,
+        ungated,
+    }
+}
+
+/// A `DeviceBusy` refusal whose holders are DaemonSet pods of the node says
+/// which DaemonSets, and the gate each lacks ([`device_holders::explain_busy`]).
+fn explain_busy(
+    p: &PolicyFacts<'_>,
+    n: &NodeFacts<'_>,
+    mut f: installer::Failure,
+) -> installer::Failure {
+    if f.reason == crate::reason::DEVICE_BUSY
+        && let Some(note) = device_holders::explain_busy(&f.message, n.pods, p.daemon_sets, p.gates)
+    {
+        f.message = format!("{} ({note})", f.message);
+    }
+    f
 }
 
 /// Whether `node`, which `policy` no longer owns, is still out of service

@@ -128,6 +128,12 @@ pub enum Command {
         /// replacement).
         #[arg(long, value_name = "S", default_value_t = eta::DEFAULT_DRAIN_SECONDS)]
         drain_seconds: u32,
+        /// The controller's deploy gates (comma-separated label keys), which
+        /// decide the DaemonSet pods that still hold the device after the
+        /// gates close. Default: the controller Deployment's
+        /// TTDRV_DEPLOY_GATES in --namespace, else the chart default.
+        #[arg(long, value_name = "KEYS", value_delimiter = ',')]
+        deploy_gates: Option<Vec<String>>,
     },
     /// Set spec.paused=true: nothing new starts.
     Pause { policy: String },

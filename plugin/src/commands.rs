@@ -170,6 +170,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             load_seconds,
             pod_seconds,
             drain_seconds,
+            deploy_gates,
         } => {
             let costs = crate::eta::Costs {
                 build: build_seconds.into(),
@@ -177,7 +178,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
                 pod_replacement: pod_seconds.into(),
                 drain: drain_seconds.into(),
             };
-            plan_cmd(&ctx, &policy, version.as_deref(), costs).await
+            plan_cmd(&ctx, &policy, version.as_deref(), costs, deploy_gates).await
         }
         Command::Pause { policy } => set_paused(&ctx, &policy, true).await,
         Command::Resume { policy } => set_paused(&ctx, &policy, false).await,
@@ -548,6 +549,7 @@ async fn plan_cmd(
     name: &str,
     version: Option<&str>,
     costs: crate::eta::Costs,
+    deploy_gates: Option<Vec<String>>,
 ) -> Result<i32> {
     if let Some(v) = version
         && !ttdrv_api::validation::is_valid_version(v)
@@ -574,12 +576,28 @@ async fn plan_cmd(
         .await
         .context("listing PodDisruptionBudgets")?
         .items;
+    let daemon_sets = Api::<DaemonSet>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing DaemonSets")?
+        .items;
+    let gates = match deploy_gates {
+        Some(g) => g,
+        None => controller_deploy_gates(ctx).await,
+    };
+    let gates: Vec<String> = gates
+        .iter()
+        .map(|g| g.trim().to_string())
+        .filter(|g| !g.is_empty())
+        .collect();
     let rp = plan::build(&plan::Inputs {
         policy: &p,
         policies: &all,
         nodes: &nodes,
         pods: &pods,
         pdbs: &pdbs,
+        daemon_sets: &daemon_sets,
+        deploy_gates: &gates,
         operator_namespace: &ctx.namespace,
         version,
         costs,
@@ -587,6 +605,36 @@ async fn plan_cmd(
     });
     emit(ctx, &rp, || render::plan(&rp, ctx.pal))?;
     Ok(0)
+}
+
+/// The deploy gates the controller runs with: `TTDRV_DEPLOY_GATES` of a
+/// Deployment's container in the operator's namespace (the chart sets it),
+/// else the chart default.
+async fn controller_deploy_gates(ctx: &Ctx) -> Vec<String> {
+    let default = || vec![labels::DEFAULT_DEPLOY_GATE.to_string()];
+    let Ok(list) = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
+        ctx.client.clone(),
+        &ctx.namespace,
+    )
+    .list(&ListParams::default())
+    .await
+    else {
+        return default();
+    };
+    list.items
+        .iter()
+        .filter_map(|d| d.spec.as_ref()?.template.spec.as_ref())
+        .flat_map(|s| s.containers.iter())
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == "TTDRV_DEPLOY_GATES")
+        .map_or_else(default, |e| {
+            e.value
+                .as_deref()
+                .unwrap_or_default()
+                .split(',')
+                .map(str::to_string)
+                .collect()
+        })
 }
 
 #[derive(Serialize)]

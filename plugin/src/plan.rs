@@ -18,11 +18,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
 use ttdrv_api::{NodeState, PodSelector, TenstorrentDriverPolicy, labels};
-use ttdrv_core::drain::{PodFacts, SkipReason};
+use ttdrv_core::device_holders;
+use ttdrv_core::drain::{DaemonSetFacts, DaemonSets, PodFacts, PodRef, SkipReason};
 use ttdrv_core::machine::{self, Desired, NodeRecord, Observation};
 use ttdrv_core::node::{self, label};
 use ttdrv_core::observe::{self, NodeFacts, PolicyFacts};
@@ -40,6 +42,11 @@ pub struct Inputs<'a> {
     pub nodes: &'a [Node],
     pub pods: &'a [Pod],
     pub pdbs: &'a [PodDisruptionBudget],
+    /// Every DaemonSet: which deploy gates their templates follow, and
+    /// whether their pods hold the device.
+    pub daemon_sets: &'a [DaemonSet],
+    /// The controller's `deployGates`.
+    pub deploy_gates: &'a [String],
     /// The operator's namespace (`--namespace`): the controller's default
     /// drain exemption, so its pods are never drained.
     pub operator_namespace: &'a str,
@@ -92,6 +99,27 @@ pub struct PlannedNode {
     pub evict_other: Vec<String>,
     pub left: Vec<LeftPod>,
     pub blockers: Vec<String>,
+    /// DaemonSet pods that will still hold the device after the gates
+    /// close and the drain runs, each with the gate its DaemonSet lacks.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ungated_holders: Vec<UngatedHolder>,
+}
+
+/// A DaemonSet whose pod on the node no gate and no drain stands down.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UngatedHolder {
+    /// `namespace/name`.
+    pub daemon_set: String,
+    /// Its pod on the node, `namespace/name`.
+    pub pod: String,
+    /// The key to add to `controller.deployGates` (for a DaemonSet with no
+    /// gate: the key to give it).
+    pub gate_key: String,
+    /// Whether its template follows that key already (only the
+    /// configuration lacks it).
+    pub template_has_gate: bool,
+    pub message: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -254,6 +282,11 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
     // loaded either needs no drain, and with another loaded neither changes
     // the cycle.
     let exempt = [inp.operator_namespace.to_string()];
+    let daemon_sets: DaemonSets = inp
+        .daemon_sets
+        .iter()
+        .map(|d| (PodRef::of_daemon_set(d), DaemonSetFacts::of(d)))
+        .collect();
     let survey = Survey {
         policy_facts: PolicyFacts {
             desired: &want,
@@ -262,7 +295,8 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             drain_exempt: &exempt,
             template_hash: "",
             selector: Some(&selector),
-            gates: &[],
+            gates: inp.deploy_gates,
+            daemon_sets: &daemon_sets,
             now: 0,
             prepare_deadline_seconds: i64::MAX,
         },
@@ -557,6 +591,17 @@ impl Survey<'_> {
             evict_other,
             left,
             blockers,
+            ungated_holders: forecast
+                .ungated
+                .iter()
+                .map(|h| UngatedHolder {
+                    daemon_set: h.daemon_set.to_string(),
+                    pod: h.pod.to_string(),
+                    gate_key: h.key(),
+                    template_has_gate: h.lacks != device_holders::Lacks::NoGate,
+                    message: h.describe(),
+                })
+                .collect(),
         };
         (
             candidate,

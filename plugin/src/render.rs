@@ -471,7 +471,8 @@ fn node_drain_details(n: &PlannedNode, drain_enabled: bool, pal: Palette) -> Str
     let quiet = n.evict_device.is_empty()
         && n.evict_other.is_empty()
         && n.left.is_empty()
-        && n.blockers.is_empty();
+        && n.blockers.is_empty()
+        && n.ungated_holders.is_empty();
     let mut notes: Vec<String> = vec![];
     if n.already_unavailable {
         notes.push(match &n.unavailable_because {
@@ -508,6 +509,14 @@ fn node_drain_details(n: &PlannedNode, drain_enabled: bool, pal: Palette) -> Str
     }
     for b in &n.blockers {
         out.push_str(&format!("  {} {b}\n", pal.paint("BLOCKER:", RED)));
+    }
+    for h in &n.ungated_holders {
+        out.push_str(&format!(
+            "  {} pod {}: {}\n",
+            pal.paint("UNGATED:", RED),
+            h.pod,
+            h.message
+        ));
     }
     out
 }

@@ -621,6 +621,8 @@ fn plan_fleet(
         nodes,
         pods,
         pdbs,
+        daemon_sets: &[],
+        deploy_gates: &[],
         operator_namespace: "tt-k8s-driver-manager-system",
         costs: Default::default(),
         version,
@@ -971,6 +973,8 @@ fn plan_of(
         nodes,
         pods,
         pdbs,
+        daemon_sets: &[],
+        deploy_gates: &[],
         operator_namespace: "tt-k8s-driver-manager-system",
         version,
         costs: Default::default(),
@@ -1200,4 +1204,124 @@ fn status_shows_the_promotion_chain() {
     let json = serde_json::to_value(&views).expect("json");
     assert_eq!(json[1]["promotion"]["state"], "waiting", "{json}");
     assert!(json[0].get("promotion").is_none(), "{json}");
+}
+
+/// The stack's DaemonSets on a node (../shared/design/STACK.md, modelled in
+/// `ttdrv_testkit::stack`): with the controller's default gates, `plan`
+/// names the fabric-manager agent and the key it lacks; the telemetry
+/// collector, gated, is not named; with both keys neither is.
+#[test]
+fn plan_names_the_daemon_sets_no_configured_gate_stands_down() {
+    use ttdrv_testkit::stack::{self, FABRIC_MANAGER_GATE, TELEMETRY_GATE};
+    let (policies, nodes, mut pods, pdbs) = fleet_before_upgrade();
+    let daemon_sets = vec![
+        stack::telemetry_collector("t", "tt-telemetry-collector"),
+        stack::fabric_manager_agent("t", "tt-fabric-manager-agent"),
+        stack::ungated_fabric_manager_agent("t", "old-fabric-agent"),
+    ];
+    let mut stack_pod = |ds: &str, node: &str| {
+        let mut p = pod(
+            "tt",
+            &format!("{ds}-{node}"),
+            node,
+            Some("DaemonSet"),
+            false,
+            ds,
+        );
+        if let Some(o) = p.metadata.owner_references.as_mut() {
+            o[0].name = ds.into();
+        }
+        pods.push(p);
+    };
+    stack_pod("tt-telemetry-collector", "w-1");
+    stack_pod("tt-fabric-manager-agent", "w-1");
+    stack_pod("old-fabric-agent", "w-3");
+    // The DaemonSets live in namespace "tt", as their pods.
+    let daemon_sets: Vec<_> = daemon_sets
+        .into_iter()
+        .map(|mut d| {
+            d.metadata.namespace = Some("tt".into());
+            d
+        })
+        .collect();
+    let plan_with = |gates: &[String]| {
+        plan::build(&Inputs {
+            policy: &policies[1],
+            policies: &policies,
+            nodes: &nodes,
+            pods: &pods,
+            pdbs: &pdbs,
+            daemon_sets: &daemon_sets,
+            deploy_gates: gates,
+            operator_namespace: "tt-k8s-driver-manager-system",
+            costs: Default::default(),
+            version: Some("2.8.0"),
+            now: 1_796_472_000,
+        })
+    };
+    let holders = |rp: &plan::RolloutPlan| -> Vec<(String, String, String, bool)> {
+        rp.nodes
+            .iter()
+            .flat_map(|n| {
+                n.ungated_holders.iter().map(|h| {
+                    (
+                        n.name.clone(),
+                        h.daemon_set.clone(),
+                        h.gate_key.clone(),
+                        h.template_has_gate,
+                    )
+                })
+            })
+            .collect()
+    };
+    let rp = plan_with(&[TELEMETRY_GATE.to_string()]);
+    assert_eq!(
+        holders(&rp),
+        [
+            (
+                "w-1".to_string(),
+                "tt/tt-fabric-manager-agent".to_string(),
+                FABRIC_MANAGER_GATE.to_string(),
+                true
+            ),
+            (
+                "w-3".to_string(),
+                "tt/old-fabric-agent".to_string(),
+                "tenstorrent.com/deploy.old-fabric-agent".to_string(),
+                false
+            ),
+        ]
+    );
+    let text = render::plan(&rp, Palette::PLAIN);
+    assert!(
+        text.contains(&format!(
+            "UNGATED: pod tt/tt-fabric-manager-agent-w-1: DaemonSet tt/tt-fabric-manager-agent holds the device \
+             and follows the deploy gate {FABRIC_MANAGER_GATE}, which is not configured: add \
+             {FABRIC_MANAGER_GATE} to controller.deployGates"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("UNGATED: pod tt/tt-telemetry"), "{text}");
+    // The held pods block the swap too.
+    let w1 = rp.nodes.iter().find(|n| n.name == "w-1").expect("w-1");
+    assert!(
+        w1.blockers
+            .iter()
+            .any(|b| b.contains("tt/tt-fabric-manager-agent-w-1")),
+        "{:?}",
+        w1.blockers
+    );
+    let json = serde_json::to_value(&rp).expect("serializes");
+    let w1 = json["nodes"]
+        .as_array()
+        .and_then(|ns| ns.iter().find(|n| n["name"] == "w-1"))
+        .expect("w-1 in JSON");
+    assert_eq!(
+        w1["ungatedHolders"][0]["gateKey"],
+        serde_json::json!(FABRIC_MANAGER_GATE)
+    );
+    // Both keys configured: only the DaemonSet with no gate is left.
+    let rp = plan_with(&[TELEMETRY_GATE.to_string(), FABRIC_MANAGER_GATE.to_string()]);
+    assert_eq!(holders(&rp).len(), 1);
+    assert_eq!(holders(&rp)[0].1, "tt/old-fabric-agent");
 }

@@ -406,6 +406,7 @@ impl ObserveJob {
             drain_timeout_seconds: self.msg.desired.drain_timeout_seconds,
             now: self.msg.obs.now,
             skipped: &self.msg.skipped,
+            ungated_holders: self.msg.obs.ungated_holders.as_deref(),
         }
     }
 

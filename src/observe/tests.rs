@@ -32,6 +32,7 @@ fn stores(nodes: Vec<Node>, pods: Vec<Pod>, pdbs: Vec<PodDisruptionBudget>) -> S
         nodes: fed(nodes),
         pods: Arc::new(PodCache::listed(NS, pods)),
         daemonsets: fed(vec![]),
+        all_daemon_sets: Default::default(),
         pdbs: fed(pdbs),
     }
 }
@@ -164,6 +165,7 @@ fn observe(
     let policy = policy();
     let selector = PodSelector::parse("").expect("empty selector");
     let gates = vec![GATE.to_string()];
+    let daemon_sets = s.all_daemon_sets.snapshot();
     let desired = Desired {
         prepare: false,
         ..Desired::of(&policy, 600)
@@ -178,6 +180,7 @@ fn observe(
             template_hash: HASH,
             selector: Some(&selector),
             gates: &gates,
+            daemon_sets: &daemon_sets,
             now: 100,
             prepare_deadline_seconds: 900,
         },

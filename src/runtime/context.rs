@@ -29,6 +29,8 @@ pub struct Stores {
     /// What the controller keeps of pods: their drain facts, by node.
     pub pods: Arc<crate::runtime::pod_index::PodCache>,
     pub daemonsets: Store<DaemonSet>,
+    /// Every DaemonSet of the cluster, as its deploy gates and device use.
+    pub all_daemon_sets: Arc<crate::runtime::daemon_set_index::DaemonSetIndex>,
     pub pdbs: Store<PodDisruptionBudget>,
 }
 

@@ -1,5 +1,6 @@
 //! What runs the controller's actors, whatever the kind: the caches and
-//! their watches ([`watch`], [`pod_index`]), the context every actor shares
+//! their watches ([`watch`], [`pod_index`], [`daemon_set_index`]: every
+//! DaemonSet's deploy gates and device use), the context every actor shares
 //! ([`context`]), the slot book's lock ([`claims`]), per-object write
 //! backoff ([`write_backoff`]), one policy's actor whatever its kind
 //! ([`policy_actor`]: passes one at a time, restarts, node actors, the
@@ -10,6 +11,7 @@
 pub mod admin;
 pub mod claims;
 pub mod context;
+pub mod daemon_set_index;
 pub mod handover;
 pub mod leader;
 pub mod pod_index;

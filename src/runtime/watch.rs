@@ -20,6 +20,7 @@ use ttdrv_api::TenstorrentDriverPolicy;
 use crate::driver::{Kick, PolicyManager, Scope};
 use crate::metrics::Metrics;
 use crate::runtime::context::Stores;
+use crate::runtime::daemon_set_index::DaemonSetIndex;
 use crate::runtime::pod_index::{Changed, PodCache};
 
 /// Objects per page of the nodes' and pods' (re-)lists. A page is parsed
@@ -77,6 +78,13 @@ pub fn start(
         manager.clone(),
         metrics.clone(),
     );
+    let all_daemon_sets = Arc::new(DaemonSetIndex::default());
+    spawn_daemon_set_facts_watch(
+        Api::all(client.clone()),
+        all_daemon_sets.clone(),
+        manager.clone(),
+        metrics.clone(),
+    );
     let (pdbs, w5) = spawn_watch::<PodDisruptionBudget>(
         Api::all(client.clone()),
         watcher::Config::default(),
@@ -94,14 +102,17 @@ pub fn start(
             CacheCount::of("PodDisruptionBudget", pdbs.clone()),
         ],
         pods.clone(),
+        all_daemon_sets.clone(),
         metrics_gauge,
     );
     let pods_ready = pods.clone();
+    let ds_ready = all_daemon_sets.clone();
     let ready = async move {
         let _ = futures::join!(
             w1.wait_until_ready(),
             w2.wait_until_ready(),
             pods_ready.wait_until_ready(),
+            ds_ready.wait_until_ready(),
             w4.wait_until_ready(),
             w5.wait_until_ready()
         );
@@ -112,6 +123,7 @@ pub fn start(
             nodes,
             pods,
             daemonsets,
+            all_daemon_sets,
             pdbs,
         },
         ready,
@@ -242,6 +254,35 @@ fn spawn_pod_watch(
     });
 }
 
+/// The cluster-wide DaemonSet watch: every DaemonSet goes through it, kept
+/// as its facts only ([`DaemonSetIndex`]); a change of those pokes a full
+/// pass (DaemonSets are few, and their template changes rare).
+fn spawn_daemon_set_facts_watch(
+    api: Api<DaemonSet>,
+    index: Arc<DaemonSetIndex>,
+    manager: Addr<PolicyManager>,
+    metrics: Arc<Metrics>,
+) {
+    tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).default_backoff();
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            let changed = match ev {
+                Ok(ev) => index.apply(ev),
+                Err(e) => {
+                    tracing::warn!(kind = "DaemonSet (all)", error = %e, "watch error; restarting with backoff");
+                    metrics.inc_watch_restart("DaemonSetFacts");
+                    continue;
+                }
+            };
+            if changed.is_some() && manager.try_send(Kick(Scope::All)).is_err() {
+                metrics.inc_mailbox_full("policy_manager");
+                manager.do_send(Kick(Scope::All));
+            }
+        }
+    });
+}
+
 /// One reflector cache's size, for `ttdriver_cache_objects`.
 struct CacheCount {
     kind: &'static str,
@@ -263,7 +304,12 @@ impl CacheCount {
 
 /// Exports `ttdriver_cache_objects{kind}` every 10 s: cheap (counts, no
 /// copies), and what an operator sizing the controller's memory looks at.
-fn spawn_cache_gauge(caches: [CacheCount; 4], pods: Arc<PodCache>, metrics: Arc<Metrics>) {
+fn spawn_cache_gauge(
+    caches: [CacheCount; 4],
+    pods: Arc<PodCache>,
+    daemon_sets: Arc<DaemonSetIndex>,
+    metrics: Arc<Metrics>,
+) {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
         loop {
@@ -274,6 +320,7 @@ fn spawn_cache_gauge(caches: [CacheCount; 4], pods: Arc<PodCache>, metrics: Arc<
             let (facts, installers) = pods.counts();
             metrics.set_cache_objects("Pod", facts);
             metrics.set_cache_objects("InstallerPod", installers);
+            metrics.set_cache_objects("DaemonSetFacts", daemon_sets.len());
         }
     });
 }

@@ -14,6 +14,7 @@
 //! | [`policy`] | driver and firmware policy helpers (create, patch, status) |
 //! | [`sim_agent`] | the node agent's stand-in on kwok nodes |
 //! | [`sim_flasher`] | the flasher's stand-in on kwok nodes |
+//! | [`stack`] | simulated DaemonSets of the Tenstorrent stack (telemetry collector, fabric-manager agent), each modelling a contract of ../shared/design/STACK.md |
 //! | [`sim_workload`] | a workload pod that takes seconds to stop when evicted (held by a finalizer the simulated agent removes), for the demo |
 //! | [`real_node`] | the tests on a real kubelet |
 //! | [`ttcard`] | emulated Wormhole and Blackhole cards for QEMU (`ttdrv-ttcard`) |
@@ -25,6 +26,7 @@ pub mod real_node;
 pub mod sim_agent;
 pub mod sim_flasher;
 pub mod sim_workload;
+pub mod stack;
 pub mod ttcard;
 
 pub use cluster::*;

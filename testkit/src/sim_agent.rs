@@ -879,7 +879,8 @@ async fn set_ready(pods_ns: &Api<Pod>, name: &str, pod: &Pod) -> anyhow::Result<
     Ok(())
 }
 
-/// A pod on `node`, not an installer, that holds the device: not one on
+/// A pod on `node`, not an installer, that holds the device (the device-use
+/// rules, a privileged container, a hostPath of /dev): not one on
 /// the node's vfio-pci functions only (a VM holds /dev/vfio, not tt-kmd's
 /// device), as the binder reports them on the Node (as just read).
 async fn device_holder(all_pods: &Api<Pod>, node: &Node) -> anyhow::Result<Option<String>> {
@@ -902,7 +903,10 @@ async fn device_holder(all_pods: &Api<Pod>, node: &Node) -> anyhow::Result<Optio
                     .labels
                     .as_ref()
                     .is_some_and(|l| l.contains_key(labels::CLAIM))
-                && uses_device(p)
+                // A privileged pod or one with the host's /dev holds the
+                // device too, as the telemetry collector and the
+                // fabric-manager agent do (../shared/design/STACK.md).
+                && p.spec.as_ref().is_some_and(ttdrv_core::drain::holds_device)
                 && !ttdrv_core::drain::PodFacts::of(p).passthrough_only(&vfio)
         })
         .map(|p| {

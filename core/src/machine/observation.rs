@@ -108,6 +108,10 @@ pub struct Observation {
     /// This cycle's validation pod, once created
     /// (`upgradePolicy.validation.podTemplateName`).
     pub validation_pod: Option<ValidationPod>,
+    /// What will still hold the device once the gates close and the drain
+    /// runs ([`crate::device_holders::summary`]), observed while the node
+    /// waits for its cycle: said in its Pending and Cordoning messages.
+    pub ungated_holders: Option<String>,
 }
 
 /// A validation pod of the node's cycle, as observed.

@@ -9,7 +9,7 @@ use ttdrv_api::vfio::Passthrough;
 use super::{
     Command, Cordon, Desired, InstallerPod, NodeRecord, Observation, Step, change,
     defers_to_firmware, enter, firmware_too_old, held, module_stays, replace_installer,
-    start_cordon, stay, target_loaded, wait, wait_for_slot,
+    start_cordon, stay, target_loaded, wait, wait_for_slot, with_holders,
 };
 use crate::reason;
 
@@ -49,14 +49,16 @@ pub(super) fn pending(mut rec: NodeRecord, obs: &Observation, want: &Desired) ->
     if !obs.slot
         && let Some(h) = &want.hold
     {
-        return held(&rec, h, now);
+        let mut s = held(&rec, h, now);
+        s.record.message = s.record.message.map(|m| with_holders(m, obs));
+        return s;
     }
     if !obs.slot {
         let why = format!(
             "waiting for a maxUnavailable slot to upgrade {}",
             change(obs, want)
         );
-        return wait_for_slot(&rec, why, now);
+        return wait_for_slot(&rec, with_holders(why, obs), now);
     }
     if want.drain_enabled {
         start_cordon(&rec, obs)
@@ -305,7 +307,13 @@ fn prepare_ahead(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         ),
     };
     stay(
-        &enter(rec, NodeState::Pending, reason::PREPARING, Some(why), now),
+        &enter(
+            rec,
+            NodeState::Pending,
+            reason::PREPARING,
+            Some(with_holders(why, obs)),
+            now,
+        ),
         cmds,
     )
 }

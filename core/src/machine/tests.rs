@@ -374,6 +374,53 @@ fn table() {
     }
 }
 
+/// What will still hold the device after the gates and the drain is said
+/// while the node waits for its slot and when it is cordoned; it warns and
+/// holds nothing back.
+#[test]
+fn ungated_holders_are_said_while_waiting_and_at_the_cordon() {
+    let warning =
+        "warning: after the gates close and the drain, 1 DaemonSet pod will still hold the device";
+    let o = Observation {
+        ungated_holders: Some(warning.into()),
+        slot: false,
+        ..obs()
+    };
+    let s = step(&rec(Pending), &o, &want());
+    assert_eq!(s.record.state, Pending);
+    let m = s.record.message.unwrap_or_default();
+    assert!(m.starts_with("waiting for a maxUnavailable slot"), "{m}");
+    assert!(m.ends_with(warning), "{m}");
+    let s = step(&rec(Pending), &Observation { slot: true, ..o }, &want());
+    assert_eq!(s.record.state, Cordoning, "the cordon goes on");
+    assert_eq!(s.record.message.as_deref(), Some(warning));
+    // Building ahead, it says so too.
+    let preparing = Observation {
+        prepared: false,
+        installer: InstallerPod::Current { ready: true },
+        ungated_holders: Some(warning.into()),
+        ..obs()
+    };
+    let prepare = Desired {
+        prepare: true,
+        ..want()
+    };
+    let s = step(&rec(Pending), &preparing, &prepare);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::PREPARING));
+    assert!(s.record.message.unwrap_or_default().ends_with(warning));
+    // Without holders, the messages are as before.
+    let s = step(
+        &rec(Pending),
+        &Observation {
+            slot: false,
+            ..obs()
+        },
+        &want(),
+    );
+    assert!(!s.record.message.unwrap_or_default().contains("warning"));
+    assert_eq!(step(&rec(Pending), &obs(), &want()).record.message, None);
+}
+
 #[test]
 fn admin_cordon_is_remembered_through_the_cycle() {
     let w = want();
@@ -630,6 +677,8 @@ fn safety_properties_over_the_cross_product() {
                                     } else {
                                         vec![]
                                     },
+                                    ungated_holders: (b(0) && b(6))
+                                        .then(|| "warning: DaemonSet x/y holds the device".into()),
                                     validation_pod: match (b(3), b(4), b(5)) {
                                         (false, _, _) => None,
                                         (true, false, _) => Some(ValidationPod {

@@ -20,6 +20,9 @@ pub struct StepReport<'a> {
     pub now: i64,
     /// Pods the drain leaves in place, with why.
     pub skipped: &'a [String],
+    /// What will still hold the device after the gates and the drain, as
+    /// observed before the cycle ([`ttdrv_core::device_holders::summary`]).
+    pub ungated_holders: Option<&'a str>,
 }
 
 impl StepReport<'_> {
@@ -27,6 +30,7 @@ impl StepReport<'_> {
     pub async fn step(&self, prev: &NodeRecord, next: &NodeRecord) {
         self.not_ready(prev, next);
         self.drain_blocked(prev, next);
+        self.ungated_holders(prev, next);
         if next.state != prev.state {
             report_transition(self.ctx, self.policy, self.node, prev, next).await;
             if prev.state == NodeState::Draining && !self.skipped.is_empty() {
@@ -76,6 +80,28 @@ impl StepReport<'_> {
             self.ctx
                 .event(self.policy, true, EventReason::DrainBlocked, "Drain", note);
         }
+    }
+
+    /// One Event per node and cycle when its record first says what will
+    /// still hold the device (waiting in Pending, or at the cordon when it
+    /// did not wait): the record is the memory, no request is added.
+    fn ungated_holders(&self, prev: &NodeRecord, next: &NodeRecord) {
+        let Some(w) = self.ungated_holders else {
+            return;
+        };
+        let says = |r: &NodeRecord| r.message.as_deref().is_some_and(|m| m.contains(w));
+        if !says(next) || says(prev) {
+            return;
+        }
+        let (policy_name, node) = (self.policy_name, self.node);
+        tracing::warn!(policy = policy_name, node, "{w}");
+        self.ctx.event(
+            self.policy,
+            true,
+            EventReason::UngatedDeviceHolder,
+            "Cordon",
+            format!("node {node}: {w}"),
+        );
     }
 
     fn pods_not_evicted(&self) {

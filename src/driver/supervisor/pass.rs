@@ -291,6 +291,7 @@ impl ReconcilePass {
         let recovered = self.recovered(&targets);
         let desired = self.desired(&read.windows, &recovered, refused.is_some(), now);
         let (gates, drain_exempt) = (ctx.config.gates(), ctx.config.drain_exempt_namespaces());
+        let daemon_sets = ctx.stores.all_daemon_sets.snapshot();
         let input = ObserveInput {
             stores: &ctx.stores,
             policy: PolicyFacts {
@@ -301,6 +302,7 @@ impl ReconcilePass {
                 template_hash: &hash,
                 selector: read.selector.as_ref(),
                 gates: &gates,
+                daemon_sets: &daemon_sets,
                 now,
                 prepare_deadline_seconds: ctx.config.upgrade_timeout_seconds,
             },

@@ -229,6 +229,7 @@ fn context_lagging(
             .collect()),
         pods: Arc::new(PodCache::listed(labels::DEFAULT_NAMESPACE, pods)),
         daemonsets: fed(vec![daemonset(observed)]),
+        all_daemon_sets: Default::default(),
         pdbs: fed(vec![]),
     };
     crate::test_support::context(crate::test_support::NOWHERE, stores)
@@ -556,6 +557,7 @@ fn context_prepared_on(prepared: &[&str]) -> Arc<Context> {
         nodes: fed(nodes),
         pods: Arc::new(PodCache::listed(labels::DEFAULT_NAMESPACE, pods)),
         daemonsets: fed(vec![daemonset(2)]),
+        all_daemon_sets: Default::default(),
         pdbs: fed(vec![]),
     };
     crate::test_support::context(crate::test_support::NOWHERE, stores)
