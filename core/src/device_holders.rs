@@ -1,7 +1,8 @@
 //! Which pods will still hold a node's device once its deploy gates close
 //! and its drain runs, named before the node's first cordon: DaemonSet pods
-//! whose DaemonSet's template holds the device (privileged, a hostPath of
-//! /dev or /dev/tenstorrent, the device-use rules) and follows none of the
+//! whose DaemonSet's template holds the device (privileged or with the
+//! host's /dev on Tenstorrent nodes, a hostPath under /dev/tenstorrent, the
+//! device-use rules: [`crate::drain::holds_device`]) and follows none of the
 //! configured deploy gates (`controller.deployGates`). No drain evicts a
 //! DaemonSet pod (it would come straight back), so the agent would refuse
 //! the swap with `DeviceBusy`. Pure: the controller says it in the node's
@@ -212,6 +213,10 @@ mod tests {
                 template: PodTemplateSpec {
                     spec: Some(PodSpec {
                         affinity,
+                        // On Tenstorrent nodes only, as the stack's charts.
+                        node_selector: Some(
+                            [(labels::TT_PCI_PRESENT.to_string(), "true".to_string())].into(),
+                        ),
                         containers: vec![Container {
                             name: "c".into(),
                             security_context: privileged.then(|| SecurityContext {
@@ -298,6 +303,19 @@ mod tests {
         assert!(f.holds_device, "hostPath /dev");
         let f = DaemonSetFacts::of(&ds(false, Some("/dev/tenstorrent/0"), &[]));
         assert!(f.holds_device && f.gate_keys.is_empty());
+        // Privileged on every node (kube-proxy, a CNI): not taken for a
+        // holder; under /dev/tenstorrent it is, wherever it runs.
+        let fleet_wide = |mut d: DaemonSet| {
+            if let Some(s) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+                s.node_selector = None;
+            }
+            DaemonSetFacts::of(&d)
+        };
+        assert!(!fleet_wide(ds(true, None, &[])).holds_device);
+        assert!(!fleet_wide(ds(false, Some("/dev"), &[])).holds_device);
+        assert!(fleet_wide(ds(false, Some("/dev/tenstorrent"), &[])).holds_device);
+        // A Tenstorrent deploy gate says where it runs as well.
+        assert!(fleet_wide(ds(true, None, &[&[TELEMETRY]])).holds_device);
         let f = DaemonSetFacts::of(&ds(false, Some("/var/log"), &[&[FABRIC]]));
         assert!(!f.holds_device);
         assert_eq!(f.gate_keys.as_ref(), [FABRIC.to_string()]);

@@ -451,8 +451,9 @@ pub struct DaemonSetFacts {
     /// term, not to be "false" (`<key> NotIn ["false"]`), sorted: labelling
     /// a node `<key>=false` makes the DaemonSet controller remove the pod.
     pub gate_keys: Box<[String]>,
-    /// Its pods hold the device: a privileged container, a hostPath of /dev
-    /// or under /dev/tenstorrent, or the pod device-use rules ([`device_use`]).
+    /// Its pods hold the device ([`holds_device`]): privileged or with the
+    /// host's /dev on Tenstorrent nodes, or by the pod device-use rules
+    /// ([`device_use`]: a hostPath under /dev/tenstorrent, a DRA claim).
     pub holds_device: bool,
 }
 
@@ -500,8 +501,14 @@ pub fn gate_keys(spec: &PodSpec) -> Vec<String> {
         .collect()
 }
 
-/// Pods of `spec` hold the device: privileged, a hostPath of /dev (or
-/// under /dev/tenstorrent), or the device-use rules of [`device_use`].
+/// Pods of `spec` hold the device: by the device-use rules of
+/// [`device_use`] (a hostPath under /dev/tenstorrent, a DRA claim, the
+/// extended resources), or privileged or with the host's whole /dev while
+/// the template runs on Tenstorrent nodes only ([`targets_tenstorrent`]):
+/// the telemetry collector and the fabric-manager agent reach the device
+/// that way. A privileged DaemonSet of every node (kube-proxy, the CNI, a
+/// CSI node plugin) is not taken for a holder; if one does open the
+/// device, the agent's own holder check refuses the swap and names it.
 pub fn holds_device(spec: &PodSpec) -> bool {
     let privileged = spec
         .containers
@@ -519,7 +526,35 @@ pub fn holds_device(spec: &PodSpec) -> bool {
             .is_some_and(|h| h.path.trim_end_matches('/') == "/dev")
     });
     let u = device_use_spec(spec);
-    privileged || dev || u.direct || !u.resources.is_empty()
+    u.direct || !u.resources.is_empty() || ((privileged || dev) && targets_tenstorrent(spec))
+}
+
+/// The template selects Tenstorrent nodes: a node selector or a node
+/// affinity term on a Tenstorrent label (NFD's PCI vendor label
+/// [`labels::TT_PCI_PRESENT`], any `tenstorrent.com` key), or it follows a
+/// Tenstorrent deploy gate.
+pub fn targets_tenstorrent(spec: &PodSpec) -> bool {
+    let tenstorrent = |k: &str| k.contains("tenstorrent.com") || k.contains("1e52");
+    let selector = spec
+        .node_selector
+        .iter()
+        .flatten()
+        .any(|(k, _)| tenstorrent(k));
+    let affinity = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref());
+    let required = affinity
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .any(|e| tenstorrent(&e.key));
+    selector || required
 }
 
 impl PodFacts {

@@ -133,6 +133,13 @@ mod tests {
             spec: Some(DaemonSetSpec {
                 template: PodTemplateSpec {
                     spec: Some(PodSpec {
+                        node_selector: Some(
+                            [(
+                                ttdrv_api::labels::TT_PCI_PRESENT.to_string(),
+                                "true".to_string(),
+                            )]
+                            .into(),
+                        ),
                         containers: vec![Container {
                             name: "c".into(),
                             security_context: Some(SecurityContext {

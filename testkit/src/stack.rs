@@ -87,10 +87,15 @@ fn privileged_daemon_set(
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    node_selector: Some(BTreeMap::from([(
-                        TEST_LABEL.to_string(),
-                        test_id.to_string(),
-                    )])),
+                    // On Tenstorrent nodes only, as the real charts select
+                    // them (NFD's PCI vendor label).
+                    node_selector: Some(BTreeMap::from([
+                        (TEST_LABEL.to_string(), test_id.to_string()),
+                        (
+                            ttdrv_api::labels::TT_PCI_PRESENT.to_string(),
+                            "true".to_string(),
+                        ),
+                    ])),
                     affinity,
                     containers: vec![Container {
                         name: "main".into(),
