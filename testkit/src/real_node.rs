@@ -71,6 +71,7 @@ impl Phases {
                 Some((name.trim().to_string(), secs.parse().ok()?))
             })
             .collect();
+        record_panic_message();
         let now = Instant::now();
         Self {
             prefix: prefix.to_string(),
@@ -120,7 +121,42 @@ impl Phases {
                 eprintln!("{}", e.trim_end());
             }
         }
+        // Last, where a log cut in its middle still shows it: the failed
+        // check, in the phase after the table's last row.
+        if std::thread::panicking() {
+            let after = self.done.last().map_or("the start", |(n, _)| n.as_str());
+            let msg = LAST_PANIC.lock().map(|m| m.clone()).unwrap_or_default();
+            eprintln!("[{p}] FAILED in the phase after \"{after}\": {msg}");
+        }
     }
+}
+
+/// The message of the last panic on any thread, for [`Phases::report`].
+static LAST_PANIC: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// Keeps each panic's message (and location) in [`LAST_PANIC`], then runs
+/// the hook that was there (the test harness prints it as before). Installed once.
+fn record_panic_message() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let text = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let at = info
+                .location()
+                .map(|l| format!(" ({}:{})", l.file(), l.line()))
+                .unwrap_or_default();
+            if let Ok(mut m) = LAST_PANIC.lock() {
+                *m = format!("{text}{at}");
+            }
+            previous(info);
+        }));
+    });
 }
 
 impl Drop for Phases {
@@ -373,5 +409,17 @@ mod tests {
         assert!(sub.find(&line(200, "n1")).is_none());
         let log = format!("not json\n{}\n{}", line(403, "n1"), line(200, "n1"));
         assert!(q.find(&log).is_some());
+    }
+
+    #[test]
+    fn a_panic_message_is_kept_for_the_report() {
+        record_panic_message();
+        let r = std::panic::catch_unwind(|| panic!("the node Done at 9.9.9: state Failed"));
+        assert!(r.is_err());
+        let m = LAST_PANIC.lock().map(|m| m.clone()).unwrap_or_default();
+        assert!(
+            m.starts_with("the node Done at 9.9.9: state Failed (") && m.contains("real_node.rs:"),
+            "{m}"
+        );
     }
 }

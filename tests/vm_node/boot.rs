@@ -31,6 +31,14 @@ pub(super) fn install_chart(t: &Run, ph: &mut Phases) {
         // two: the fault phase kills the leader (leader_fault)
         "controller.replicas=2".into(),
         "controller.nodeSelector.kubernetes\\.io/hostname=real-node-1".into(),
+        // The guest builds the real tt-kmd on one TCG thread, 70 times slower
+        // than the host (484 s quiet, 869 s beside the other lane): the
+        // default 900 s would fail the first install as UpgradeTimeout while
+        // it builds. The test's own waits bound each step instead.
+        format!(
+            "controller.upgradeTimeoutSeconds={}",
+            2 * vm.t.as_secs().max(900)
+        ),
         // the stub tt-kmd repository in the guest, through the installer pod's /host
         "controller.extraArgs={--resync-ms=1000,--source-repository=/host/opt/tt-kmd.git}".into(),
         // That repository's tags name the stub's commits, not upstream's:
