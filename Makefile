@@ -68,41 +68,48 @@ cluster-down:
 	bash hack/cluster.sh down
 
 # The whole suite (what CI runs): what is missing installed first
-# (hack/deps.sh); lint; cargo-deny (licences, bans, sources, advisories:
-# hack/deny.sh); the test binaries and image archives; then two lanes at once:
+# (hack/deps.sh); then what the VM node needs (the Go test binaries, its test
+# binary, the emulated card, the image archives); then two lanes at once:
 #  - the VM node (hack/test-vm-node.sh: a real kubelet in a QEMU guest, the
 #    controller-driven swap of the real tt-kmd on an emulated Wormhole, its
-#    faults and reboots). QEMU runs it on one TCG thread, so it mostly keeps
-#    one core busy for about 18 minutes; its output goes to
-#    target/ci/vm-node.log, printed whole when it ends. Each of its waits
-#    may take 1500 s here (900 alone): the other lane slows the guest's
-#    in-guest builds of the real driver (TIMEOUT overrides).
-#  - everything else, one after the other (test-stages below): unit, agent and
+#    faults and reboots). QEMU runs it on one TCG thread, so it keeps one
+#    core busy for 40 minutes or more: it is the longer lane and starts
+#    first. Its output goes to target/ci/vm-node.log, printed whole when it
+#    ends. Each of its waits may take 1500 s here (900 alone): the other lane
+#    slows the guest's in-guest builds of the real driver (TIMEOUT overrides).
+#  - everything else, one after the other: lint (clippy in its own target
+#    directory, target/lint, so it never waits on the VM node's cargo lock),
+#    cargo-deny (licences, bans, sources, advisories: hack/deny.sh), the
+#    other test binaries once the VM node has left cargo (its marker,
+#    target/ci/vm-node.cargo-done, or its end), then test-stages below: unit, agent and
 #    cluster tests against a fresh local cluster; alert rules with promtool;
 #    the Helm chart; the images and the real-node test (chart and agent on a
 #    real kubelet); fault injection on its own cluster (one trial of each
 #    kind); the agent on a real kernel under QEMU, with the stub module, then
 #    the real tt-kmd on emulated Wormhole and Blackhole cards. These mostly
-#    wait on API servers and kubelets, which left the second core idle while
-#    the VM node ran after them.
+#    wait on API servers and kubelets.
 # Each lane has its own cluster, namespace and work directory (the VM node's
 # is ~/.kwok-vmnode-realnode). A failure of either fails the target, once both
 # have ended.
 # The Go test binaries (cold: over 10 minutes, cached afterwards) build beside
-# lint, cargo-deny, the cargo test binaries and the image archives: the Go
-# build waits on the module proxy and links on one core, the image bases wait
-# on Debian's mirror, so together they take less than one after the other.
+# the VM node's cargo builds and the image archives: the Go build waits on the
+# module proxy and links on one core, the image bases wait on Debian's
+# mirror, so together they take less than one after the other.
 test: deps
 	bash hack/build-testbin.sh >/dev/null & testbin=$$!; status=0; \
-	  { $(MAKE) --no-print-directory lint && bash hack/deny.sh && \
-	    $(CARGO) test --workspace --no-run -q && \
+	  { $(CARGO) test -q -p ttdrv-controller --test vm_node --no-run && \
 	    $(CARGO) build -q -p ttdrv-testkit --bin ttdrv-ttcard && \
 	    bash hack/images.sh >/dev/null; } || status=$$?; \
 	  wait $$testbin || status=1; exit $$status
-	mkdir -p target/ci
-	t0=$$(date +%s); TIMEOUT=$${TIMEOUT:-1500} bash hack/test-vm-node.sh >target/ci/vm-node.log 2>&1 & vm=$$!; \
+	mkdir -p target/ci; rm -f target/ci/vm-node.cargo-done
+	t0=$$(date +%s); TIMEOUT=$${TIMEOUT:-1500} VMNODE_CARGO_DONE=target/ci/vm-node.cargo-done \
+	  bash hack/test-vm-node.sh >target/ci/vm-node.log 2>&1 & vm=$$!; \
 	  echo "== make test: the VM node runs beside the other stages (pid $$vm, log target/ci/vm-node.log)"; \
-	  status=0; $(MAKE) --no-print-directory test-stages || status=$$?; \
+	  status=0; { CARGO_TARGET_DIR=$(CURDIR)/target/lint $(MAKE) --no-print-directory lint && \
+	    bash hack/deny.sh && \
+	    { while [ ! -e target/ci/vm-node.cargo-done ] && kill -0 $$vm 2>/dev/null; do sleep 2; done; } && \
+	    $(CARGO) test --workspace --no-run -q && \
+	    $(MAKE) --no-print-directory test-stages; } || status=$$?; \
 	  echo "== make test: the other stages ended (status $$status) after $$(( $$(date +%s) - t0 )) s; waiting for the VM node"; \
 	  vm_status=0; wait $$vm || vm_status=$$?; \
 	  echo "== make test: the VM node's log (status $$vm_status, ended after $$(( $$(date +%s) - t0 )) s)"; \

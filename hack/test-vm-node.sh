@@ -30,7 +30,9 @@
 # (skip the guest reboots), VMNODE_FAULTS=0 (skip the faults),
 # VMNODE_BOOT_TIMEOUT (seconds a reboot may take, default 300: then the
 # guest is dumped and reset), VMNODE_REBOOT_SOAK=N (a boot made to hang, then
-# N reboots at rest). The guest takes its faults on its second serial port
+# N reboots at rest), VMNODE_CARGO_DONE (a file written once this script
+# has no more cargo to run: make test's other lane waits for it before its
+# own builds take the target directory's lock). The guest takes its faults on its second serial port
 # ($vmdir/ctl.sock), QEMU's monitor is $vmdir/monitor.sock, and the guest
 # keeps its module cache and images on $vmdir/disk.img. TTDRV_TTKMD_SOURCE: the
 # real driver's repository (default: ../shared/data/tt-kmd.bundle beside the
@@ -100,6 +102,8 @@ read -r _ ctl_ref _ < <(grep '^controller ' <(bash hack/realnode.sh images))
 read -r _ agent_ref agent_tar < <(grep '^agent ' <(bash hack/realnode.sh images))
 read -r _ pause_ref pause_tar < <(grep '^pause ' <(bash hack/realnode.sh images))
 phase "namespace, control plane, host-side node, images (hack/realnode.sh up)"
+# No cargo after this: make test's other lane builds its test binaries then.
+[ -n "${VMNODE_CARGO_DONE:-}" ] && : >"$VMNODE_CARGO_DONE"
 
 # --- 2. the guest's initramfs ---------------------------------------------------------
 kver=""
