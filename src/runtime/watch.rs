@@ -63,9 +63,14 @@ pub fn start(
     );
     let metrics_gauge = metrics.clone();
     let pods = Arc::new(PodCache::new(namespace));
-    spawn_pod_watch(
-        Api::all(client.clone()),
-        pods.clone(),
+    // Every pod of the cluster: kept as what the controller reads, a poke
+    // for the pod's node only when that changed.
+    let pod_index = pods.clone();
+    spawn_facts_watch(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().page_size(LIST_PAGE),
+        "Pod",
+        move |ev| pod_index.apply(ev),
         manager.clone(),
         metrics.clone(),
     );
@@ -79,9 +84,14 @@ pub fn start(
         metrics.clone(),
     );
     let all_daemon_sets = Arc::new(DaemonSetIndex::default());
-    spawn_daemon_set_facts_watch(
-        Api::all(client.clone()),
-        all_daemon_sets.clone(),
+    // Every DaemonSet of the cluster, as its gate and device facts; a change
+    // pokes a full pass (DaemonSets are few, their templates change rarely).
+    let ds_index = all_daemon_sets.clone();
+    spawn_facts_watch(
+        Api::<DaemonSet>::all(client.clone()),
+        watcher::Config::default(),
+        "DaemonSetFacts",
+        move |ev| ds_index.apply(ev),
         manager.clone(),
         metrics.clone(),
     );
@@ -218,25 +228,29 @@ where
     (reader.clone(), reader)
 }
 
-/// The pod watch: every pod of the cluster goes through it, so it keeps only
-/// what the controller reads ([`PodCache`]) and pokes the PolicyManager only
-/// when that changed, for the pod's node.
-fn spawn_pod_watch(
-    api: Api<Pod>,
-    cache: Arc<PodCache>,
+/// A watch kept as facts, not objects: every event goes to `apply` (the
+/// index's own), and what it says changed pokes the PolicyManager — the
+/// pod's node, or a full pass. The pod index ([`PodCache`]) and the
+/// DaemonSet index ([`DaemonSetIndex`]) are fed this way.
+fn spawn_facts_watch<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    kind: &'static str,
+    apply: impl Fn(watcher::Event<K>) -> Option<Changed> + Send + 'static,
     manager: Addr<PolicyManager>,
     metrics: Arc<Metrics>,
-) {
+) where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     tokio::spawn(async move {
-        let cfg = watcher::Config::default().page_size(LIST_PAGE);
         let stream = watcher(api, cfg).default_backoff();
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             let changed = match ev {
-                Ok(ev) => cache.apply(ev),
+                Ok(ev) => apply(ev),
                 Err(e) => {
-                    tracing::warn!(kind = "Pod", error = %e, "watch error; restarting with backoff");
-                    metrics.inc_watch_restart("Pod");
+                    tracing::warn!(kind, error = %e, "watch error; restarting with backoff");
+                    metrics.inc_watch_restart(kind);
                     continue;
                 }
             };
@@ -247,35 +261,6 @@ fn spawn_pod_watch(
             };
             if manager.try_send(Kick(scope)).is_err() {
                 // As in `spawn_watch`: a dropped poke becomes a full pass.
-                metrics.inc_mailbox_full("policy_manager");
-                manager.do_send(Kick(Scope::All));
-            }
-        }
-    });
-}
-
-/// The cluster-wide DaemonSet watch: every DaemonSet goes through it, kept
-/// as its facts only ([`DaemonSetIndex`]); a change of those pokes a full
-/// pass (DaemonSets are few, and their template changes rare).
-fn spawn_daemon_set_facts_watch(
-    api: Api<DaemonSet>,
-    index: Arc<DaemonSetIndex>,
-    manager: Addr<PolicyManager>,
-    metrics: Arc<Metrics>,
-) {
-    tokio::spawn(async move {
-        let stream = watcher(api, watcher::Config::default()).default_backoff();
-        futures::pin_mut!(stream);
-        while let Some(ev) = stream.next().await {
-            let changed = match ev {
-                Ok(ev) => index.apply(ev),
-                Err(e) => {
-                    tracing::warn!(kind = "DaemonSet (all)", error = %e, "watch error; restarting with backoff");
-                    metrics.inc_watch_restart("DaemonSetFacts");
-                    continue;
-                }
-            };
-            if changed.is_some() && manager.try_send(Kick(Scope::All)).is_err() {
                 metrics.inc_mailbox_full("policy_manager");
                 manager.do_send(Kick(Scope::All));
             }
