@@ -29,7 +29,7 @@ use ttdrv_core::selection::{Assignment, Refused, assign, claim_of};
 
 /// Coalescing window for watch events: long enough to batch a burst, short
 /// enough to add nothing visible to a node's cycle.
-const DEBOUNCE: Duration = Duration::from_millis(5);
+const DEBOUNCE: Duration = Duration::from_millis(2);
 
 pub struct PolicyManager {
     ctx: Arc<Context>,
@@ -165,8 +165,10 @@ impl PolicyManager {
                 if let Err(e) = res {
                     tracing::warn!(policy = n, error = %e, "supervisor unreachable");
                 }
+                // What came in while the pass ran has coalesced already:
+                // the next pass starts now, without another window.
                 if act.waiting.get(&n).is_some_and(|s| !s.is_empty()) {
-                    act.schedule(actx, DEBOUNCE);
+                    act.schedule(actx, Duration::ZERO);
                 }
             }));
         }
