@@ -102,12 +102,12 @@ test: deps
 	    bash hack/images.sh >/dev/null; } || status=$$?; \
 	  wait $$testbin || status=1; exit $$status
 	mkdir -p target/ci; rm -f target/ci/vm-node.cargo-done
-	t0=$$(date +%s); TIMEOUT=$${TIMEOUT:-1500} VMNODE_CARGO_DONE=target/ci/vm-node.cargo-done \
+	t0=$$(date +%s); TIMEOUT=$${TIMEOUT:-1500} VMNODE_CARGO_DONE=$(CURDIR)/target/ci/vm-node.cargo-done \
 	  bash hack/test-vm-node.sh >target/ci/vm-node.log 2>&1 & vm=$$!; \
 	  echo "== make test: the VM node runs beside the other stages (pid $$vm, log target/ci/vm-node.log)"; \
 	  status=0; { CARGO_TARGET_DIR=$(CURDIR)/target/lint $(MAKE) --no-print-directory lint && \
 	    bash hack/deny.sh && \
-	    { while [ ! -e target/ci/vm-node.cargo-done ] && kill -0 $$vm 2>/dev/null; do sleep 2; done; } && \
+	    { while [ ! -e $(CURDIR)/target/ci/vm-node.cargo-done ] && kill -0 $$vm 2>/dev/null; do sleep 2; done; } && \
 	    $(CARGO) test --workspace --no-run -q && \
 	    $(MAKE) --no-print-directory test-stages; } || status=$$?; \
 	  echo "== make test: the other stages ended (status $$status) after $$(( $$(date +%s) - t0 )) s; waiting for the VM node"; \

@@ -103,7 +103,7 @@ read -r _ agent_ref agent_tar < <(grep '^agent ' <(bash hack/realnode.sh images)
 read -r _ pause_ref pause_tar < <(grep '^pause ' <(bash hack/realnode.sh images))
 phase "namespace, control plane, host-side node, images (hack/realnode.sh up)"
 # No cargo after this: make test's other lane builds its test binaries then.
-[ -n "${VMNODE_CARGO_DONE:-}" ] && : >"$VMNODE_CARGO_DONE"
+if [ -n "${VMNODE_CARGO_DONE:-}" ]; then : >"$VMNODE_CARGO_DONE"; fi
 
 # --- 2. the guest's initramfs ---------------------------------------------------------
 kver=""
