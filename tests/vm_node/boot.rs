@@ -31,10 +31,10 @@ pub(super) fn install_chart(t: &Run, ph: &mut Phases) {
         // two: the fault phase kills the leader (leader_fault)
         "controller.replicas=2".into(),
         "controller.nodeSelector.kubernetes\\.io/hostname=real-node-1".into(),
-        // The guest builds the real tt-kmd on one TCG thread, 70 times slower
-        // than the host (484 s quiet, 869 s beside the other lane): the
-        // default 900 s would fail the first install as UpgradeTimeout while
-        // it builds. The test's own waits bound each step instead.
+        // The guest builds the real tt-kmd on one TCG thread, about 70 times
+        // slower than the host (in CI 484 s, 869 s and 1140 s as the load
+        // beside it grew): the default 900 s failed the first install as
+        // UpgradeTimeout while it built. The test's own waits bound each step.
         format!(
             "controller.upgradeTimeoutSeconds={}",
             2 * vm.t.as_secs().max(900)
