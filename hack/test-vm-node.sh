@@ -72,6 +72,13 @@ qemu_down() {
 }
 cleanup() {
   local rc=$?
+  # A failed run keeps the guest's console (the VM's directory goes below)
+  # and shows what the kernel and udev said about the cards.
+  if [ "$rc" != 0 ] && [ -f "$console" ]; then
+    { mkdir -p target/ci && cp "$console" target/ci/vm-node-console.log; } || true
+    log "the guest's console: target/ci/vm-node-console.log; its kernel and udev lines about the cards:"
+    grep -a -i -E 'tenstorrent|udev|telemetry|hwmon' "$console" | grep -a -v ' agent ' | tail -n 15 | cut -c1-300 >&2 || true
+  fi
   if [ "${KEEP_VMNODE:-0}" = 1 ]; then
     log "KEEP_VMNODE=1: the VM node stays up (hack/test-vm-node.sh down when done)"
   else

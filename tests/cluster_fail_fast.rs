@@ -130,21 +130,58 @@ async fn unpullable_installer_image_fails_the_node_fast() {
 }
 
 /// Without build-ahead the crash loop comes inside the cycle: the node
-/// fails cordoned and the rollout halts.
+/// fails cordoned and the rollout halts. Both nodes crash-loop, so whichever
+/// the rollout takes first (a targeted pass may start either) is the one
+/// that fails, and the other must never start.
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn crash_looping_installer_fails_the_node_fast() {
     let extra = "upgradePolicy: {prepare: {enabled: false}}";
     let (env, _ns, nodes, policy, _running) = installed_fleet("failfast-crash", 2, extra, T).await;
-    env.annotate_node(&nodes[0], CRASH_ANNOTATION, Some("true"))
-        .await;
-    fails_fast(&env, &policy, &nodes[0], to_2_8_0(), "InstallerCrashLoop").await;
+    for n in &nodes {
+        env.annotate_node(n, CRASH_ANNOTATION, Some("true")).await;
+    }
+    let start = Instant::now();
+    patch_policy(&env, &policy, to_2_8_0()).await;
+    let (failed, other) = loop {
+        let mut failed = None;
+        for (i, n) in nodes.iter().enumerate() {
+            if let Some(st) = node_entry(&env, &policy, n).await
+                && st.state == NodeState::Failed
+            {
+                failed = Some((i, st));
+            }
+        }
+        if let Some((i, st)) = failed {
+            break ((nodes[i].clone(), st), nodes[1 - i].clone());
+        }
+        assert!(start.elapsed() < T, "no node Failed within {T:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let took = start.elapsed();
+    eprintln!("InstallerCrashLoop: {} Failed after {took:?}", failed.0);
+    assert_eq!(
+        failed.1.reason.as_deref(),
+        Some("InstallerCrashLoop"),
+        "{:?}",
+        failed.1
+    );
+    assert!(took < Duration::from_secs(90), "took {took:?}");
     assert!(
-        unschedulable(&env.get_node(&nodes[0]).await),
+        unschedulable(&env.get_node(&failed.0).await),
         "a Failed node stays cordoned"
     );
-    let other = node_entry(&env, &policy, &nodes[1]).await.map(|s| s.state);
-    assert_eq!(other, Some(NodeState::Pending), "the rollout halts");
+    // Halted: the other node never starts, for a while after the failure.
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(5) {
+        let st = node_entry(&env, &policy, &other).await.map(|s| s.state);
+        assert_eq!(st, Some(NodeState::Pending), "the rollout halts: {other}");
+        assert!(
+            !unschedulable(&env.get_node(&other).await),
+            "{other} is never cordoned"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     env.teardown().await;
 }
 

@@ -1345,6 +1345,8 @@ impl Agent<'_> {
             rule_written = d.rule_written,
             rule_kept = ?d.rule_kept,
             udev_reloaded = ?d.udev_reloaded,
+            links_retriggered = ?d.links_retriggered,
+            links_missing = ?d.links_missing,
             chmodded = ?d.chmodded,
             removed = ?d.removed,
             "device access"

@@ -94,6 +94,11 @@ pub struct DeviceAccess {
     pub rule_kept: Option<String>,
     /// udevadm was found and asked to reload; None when not found.
     pub udev_reloaded: Option<bool>,
+    /// By-id links our rule names that were missing after udev settled (a
+    /// lost uevent): the subsystem was triggered again for them.
+    pub links_retriggered: Vec<String>,
+    /// By-id links still missing after that (a warning names them).
+    pub links_missing: Vec<String>,
     /// Device nodes whose mode was changed to 0666.
     pub chmodded: Vec<PathBuf>,
     /// The old virtualenv(s) removed.
@@ -116,10 +121,33 @@ pub fn ensure_device_access(root: &HostRoot) -> DeviceAccess {
             .push(format!("installing {UDEV_RULE_PATH}: {e}")),
     }
     if out.rule_written {
-        out.udev_reloaded = reload_udev(root);
-        if out.udev_reloaded == Some(false) {
-            out.warnings
-                .push("udevadm control --reload-rules / trigger failed".into());
+        match reload_udev(root) {
+            None => {}
+            Some(Ok(())) => out.udev_reloaded = Some(true),
+            Some(Err(e)) => {
+                out.udev_reloaded = Some(false);
+                out.warnings.push(format!("udev reload: {e}"));
+            }
+        }
+    }
+    // Under our rule every card with a readable tt_asic_id has its by-id
+    // link once udev has settled. One that lacks it lost its uevent (udevd
+    // busy, restarted, or the rule came after the event): trigger once more
+    // rather than leave tools that open cards by id without the card.
+    if out.rule_kept.is_none() && udevadm(root).is_some() {
+        let missing = missing_links(root);
+        if !missing.is_empty() {
+            if let Some(Err(e)) = retrigger_udev(root) {
+                out.warnings.push(format!("udev trigger: {e}"));
+            }
+            out.links_retriggered = missing;
+            out.links_missing = missing_links(root);
+            if !out.links_missing.is_empty() {
+                out.warnings.push(format!(
+                    "by-id links missing after udev settled twice: {}",
+                    out.links_missing.join(", ")
+                ));
+            }
         }
     }
     // A host's own rule sets the modes (udev applies it to every node it
@@ -153,32 +181,99 @@ fn install_rule(root: &HostRoot) -> Result<RuleAction, HostFsError> {
     Ok(action)
 }
 
-/// Runs the host's udevadm (through chroot when the root is not `/`):
-/// reload the rules, then trigger the tenstorrent subsystem so the links and
-/// modes apply to the devices already there. None when the host has no udevadm.
-fn reload_udev(root: &HostRoot) -> Option<bool> {
-    let found = [
+/// The host's udevadm, if it has one.
+fn udevadm(root: &HostRoot) -> Option<&'static str> {
+    [
         "/usr/bin/udevadm",
         "/bin/udevadm",
         "/sbin/udevadm",
         "/usr/sbin/udevadm",
     ]
     .into_iter()
-    .find(|p| root.path(p).is_file())?;
-    let run = |args: &[&str]| -> bool {
-        let mut cmd = if root.root() == Path::new("/") {
-            Command::new(found)
-        } else {
-            let mut c = Command::new("chroot");
-            c.arg(root.root()).arg(found);
-            c
-        };
-        cmd.args(args).status().is_ok_and(|s| s.success())
+    .find(|p| root.path(p).is_file())
+}
+
+/// Runs the host's udevadm with `args` (through chroot when the root is not
+/// `/`); the error says which command failed and what it printed.
+fn run_udevadm(root: &HostRoot, found: &str, args: &[&str]) -> Result<(), String> {
+    let mut cmd = if root.root() == Path::new("/") {
+        Command::new(found)
+    } else {
+        let mut c = Command::new("chroot");
+        c.arg(root.root()).arg(found);
+        c
     };
-    Some(
-        run(&["control", "--reload-rules"])
-            && run(&["trigger", "--subsystem-match=tenstorrent", "--action=add"]),
-    )
+    let what = format!("udevadm {}", args.join(" "));
+    match cmd.args(args).output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "{what}: {}: {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
+/// udevd's queue drained, or 30 s: what the links are checked after.
+const SETTLE: &[&str] = &["settle", "--timeout=30"];
+/// The devices already there get their links and modes again.
+const TRIGGER: &[&str] = &["trigger", "--subsystem-match=tenstorrent", "--action=add"];
+
+/// Reloads the rules, then triggers the tenstorrent subsystem so the links
+/// and modes apply to the devices already there, and waits for udev to
+/// settle. The trigger runs even when the reload failed (udevd reads changed
+/// rules by itself). None when the host has no udevadm.
+fn reload_udev(root: &HostRoot) -> Option<Result<(), String>> {
+    let found = udevadm(root)?;
+    let reload = run_udevadm(root, found, &["control", "--reload-rules"]);
+    let trigger = run_udevadm(root, found, TRIGGER);
+    let settle = run_udevadm(root, found, SETTLE);
+    Some(reload.and(trigger).and(settle))
+}
+
+/// Triggers the tenstorrent subsystem again and waits for udev to settle.
+fn retrigger_udev(root: &HostRoot) -> Option<Result<(), String>> {
+    let found = udevadm(root)?;
+    let trigger = run_udevadm(root, found, TRIGGER);
+    let settle = run_udevadm(root, found, SETTLE);
+    Some(trigger.and(settle))
+}
+
+/// The by-id links [`UDEV_RULE`] names that do not exist: one per card
+/// (`/sys/class/tenstorrent/tenstorrent!N`) whose `tt_asic_id` is readable
+/// and whose function is a Wormhole or a Blackhole. A card served without
+/// telemetry has no id and so no link to miss.
+pub fn missing_links(root: &HostRoot) -> Vec<String> {
+    let read = |p: String| {
+        std::fs::read_to_string(root.path(p))
+            .ok()
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let mut missing = vec![];
+    for card in crate::validate::cards(root) {
+        let dir = format!("{}/{card}", crate::validate::CLASS_DIR);
+        let Some(id) = read(format!("{dir}/tt_asic_id")) else {
+            continue;
+        };
+        let Some(kind) = read(format!("{dir}/device/device"))
+            .and_then(|d| u16::from_str_radix(d.trim_start_matches("0x"), 16).ok())
+            .and_then(|d| {
+                ttdrv_api::vfio::KMD_SERVED_DEVICE_IDS
+                    .iter()
+                    .find(|(id, _)| *id == d)
+            })
+            .map(|(_, name)| name.to_lowercase())
+        else {
+            continue;
+        };
+        let link = format!("{DEV_DIR}/by-id/{kind}-{id}");
+        if std::fs::symlink_metadata(root.path(&link)).is_err() {
+            missing.push(link);
+        }
+    }
+    missing
 }
 
 /// Makes every device node in /dev/tenstorrent (not the by-id links, not
@@ -298,6 +393,30 @@ SUBSYSTEM=="tenstorrent", ATTRS{device}=="0x401e", SYMLINK+="tenstorrent/by-id/w
             unreachable!()
         };
         assert!(why.contains("without by-id links"), "{why}");
+    }
+
+    #[test]
+    fn missing_links_are_those_of_cards_with_an_asic_id() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(dir.path());
+        crate::fake::add_cards(dir.path(), 2).expect("cards");
+        crate::fake::bind_cards(dir.path()).expect("bind");
+        let want = |i: u32| format!("/dev/tenstorrent/by-id/wormhole-5A17C0DE000000{i:02X}");
+        assert_eq!(missing_links(&root), [want(0), want(1)]);
+        fs::create_dir_all(root.path("/dev/tenstorrent/by-id")).expect("mkdir");
+        std::os::unix::fs::symlink("../0", root.path(want(0))).expect("link");
+        assert_eq!(missing_links(&root), [want(1)], "card 0's link is there");
+        // Served without telemetry: no id, so no link to miss.
+        crate::fake::strip_telemetry(dir.path()).expect("strip");
+        assert!(missing_links(&root).is_empty());
+        // Without udevadm nothing makes links: none is reported missing.
+        crate::fake::bind_cards(dir.path()).expect("bind");
+        let got = ensure_device_access(&root);
+        assert!(
+            got.links_missing.is_empty() && got.links_retriggered.is_empty(),
+            "{got:?}"
+        );
+        assert!(got.warnings.is_empty(), "{:?}", got.warnings);
     }
 
     #[test]

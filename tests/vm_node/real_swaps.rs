@@ -82,13 +82,37 @@ pub(super) async fn first_install(t: &Run, ph: &mut Phases, watch: &Watcher) -> 
         ));
     }
     // tt-kmd's udev rule, written by the agent and run by the guest's udevd:
-    // card 0's by-id link, named from its tt_asic_id (16 hex digits).
-    wait_for("card 0's by-id link (udev)", vm.t, || async {
-        match vm.con().module_now() {
-            Some(m) if by_id_link(&m).is_some() => Ok(()),
-            m => Err(format!("module report {m:?}")),
-        }
-    })
+    // card 0's by-id link, named from its tt_asic_id (16 hex digits). The
+    // agent settles udev before it reports, so the node's Done is late
+    // enough: 5 min is for the console's report loop under load. What the
+    // agent did about udev, and udevd's health, say why when it is missing.
+    wait_for(
+        "card 0's by-id link (udev)",
+        vm.t.min(Duration::from_secs(300)),
+        || async {
+            let con = vm.con();
+            match con.module_now() {
+                Some(m) if by_id_link(&m).is_some() => Ok(()),
+                m => {
+                    let mut udev: Vec<String> = con
+                        .agent_lines()
+                        .into_iter()
+                        .filter(|l| {
+                            l.text.contains("device access") || l.text.contains("tt_* attributes")
+                        })
+                        .map(|l| l.text)
+                        .collect();
+                    let health: Vec<&str> = con
+                        .reports()
+                        .filter(|(_, w)| w.contains("udevd"))
+                        .map(|(_, w)| w)
+                        .collect();
+                    udev.extend(health.iter().rev().take(3).map(|w| w.to_string()));
+                    Err(format!("module report {m:?}; udev: {udev:?}"))
+                }
+            }
+        },
+    )
     .await;
     let link = vm
         .con()
