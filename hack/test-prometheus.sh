@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 source hack/lib.sh
 bash hack/install-prometheus.sh
 bin=$(bash hack/build-testbin.sh etcd kwok kubernetes 2>/dev/null | tail -n1)
-export PATH="$bin:$PWD/target/debug:$PATH"
+export PATH="$bin:${CARGO_TARGET_DIR:-$PWD/target}/debug:$PATH"
 cargo build -q --bin ttdrv-controller --bin ttdrv-sim-agent --bin ttdrv-vfio-manage \
   -p ttdrv-controller -p ttdrv-testkit -p ttdrv-vfio
 

@@ -13,6 +13,9 @@
 //!   lacks are named before the cordon (the waiting node's message, one
 //!   `UngatedDeviceHolder` Event), and the agent's refusal fails the node
 //!   naming the DaemonSet and the key.
+//! - A firmware flash stands the stack down the same way: the gates close
+//!   with its cordon, its flash Job is created only once both pods have left
+//!   the node, and they come back after its uncordon.
 
 mod common;
 
@@ -260,5 +263,99 @@ async fn without_the_fabric_manager_gate_it_is_named_before_the_cordon_and_in_th
             .count()
     };
     assert_eq!((about(&first), about(&second)), (0, 1), "{events:?}");
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_firmware_flash_stands_the_stack_down_before_its_job() {
+    use k8s_openapi::api::batch::v1::Job;
+    use ttdrv_api::firmware::{FirmwareNodeState, labels as fw};
+    let (env, ns, nodes, _agent) = sim_fleet_with(
+        "stack-fw",
+        &numbered_nodes(1),
+        &[],
+        ttdrv_testkit::SimAgentConfig {
+            flash: Some(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    )
+    .await;
+    ttdrv_testkit::ensure_crd(&env.client).await;
+    let _ctl = controller_with(
+        &env,
+        &ns,
+        ControllerOptions {
+            extra_args: vec![format!(
+                "--deploy-gates={TELEMETRY_GATE},{FABRIC_MANAGER_GATE}"
+            )],
+            ..Default::default()
+        },
+    );
+    let names = run_stack(&env, &ns, &nodes, None).await;
+    let node = nodes[0].clone();
+    // The stack pods on the node whenever a flash Job for it exists and the
+    // node is still cordoned.
+    let seen_with_job = Arc::new(Mutex::new(Vec::<usize>::new()));
+    let probe = {
+        let (env, ns, node, names, out) = (
+            TestEnv {
+                client: env.client.clone(),
+                id: env.id.clone(),
+            },
+            ns.clone(),
+            node.clone(),
+            names.to_vec(),
+            seen_with_job.clone(),
+        );
+        tokio::spawn(async move {
+            let jobs: kube::Api<Job> = kube::Api::namespaced(env.client.clone(), &ns);
+            loop {
+                let lp = kube::api::ListParams::default().labels(fw::JOB_POLICY);
+                let has_job = jobs.list(&lp).await.is_ok_and(|l| !l.items.is_empty());
+                // Until the uncordon (the gates open in the same write).
+                if has_job && unschedulable(&env.get_node(&node).await) {
+                    let n = stack_pods(&env, &ns, &node, &names).await.len();
+                    if let Ok(mut v) = out.lock() {
+                        v.push(n);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let policy = env.name("fw");
+    ttdrv_testkit::policy::create_firmware_policy(&env, &policy, serde_json::json!({})).await;
+    wait_for("the node flashed and Done", T, || async {
+        let st = ttdrv_testkit::policy::firmware_status(&env, &policy).await;
+        match st.nodes.iter().find(|n| n.name == node) {
+            Some(n) if n.state == FirmwareNodeState::Done => Ok(()),
+            n => Err(format!("{n:?}")),
+        }
+    })
+    .await;
+    probe.abort();
+    let seen = seen_with_job.lock().map(|v| v.clone()).unwrap_or_default();
+    assert!(!seen.is_empty(), "no flash Job was seen");
+    assert!(
+        seen.iter().all(|n| *n == 0),
+        "stack pods on the node while its flash Job existed: {seen:?}"
+    );
+    let n = env.get_node(&node).await;
+    assert!(!unschedulable(&n), "left cordoned");
+    assert!(
+        gate_labels(&n).is_empty(),
+        "gates left: {:?}",
+        gate_labels(&n)
+    );
+    wait_for("both stack pods back on the node", T, || async {
+        let on = stack_pods(&env, &ns, &node, &names).await;
+        if on.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("{on:?}"))
+        }
+    })
+    .await;
     env.teardown().await;
 }

@@ -217,7 +217,7 @@ async fn release_strays(
                 }
             }
             ttdrv_core::firmware::Stray::Release { uncordon } => {
-                let patch = patch::release_patch(&node, &rec.policy, uncordon);
+                let patch = patch::release_patch(&node, &rec.policy, uncordon, &ctx.config.gates());
                 let sent = shared
                     .labeler
                     .send(PatchNode {

@@ -249,8 +249,14 @@ async fn step_node(
             .commands
             .iter()
             .any(|c| matches!(c, Command::HandOver(_)));
-        let patch =
-            super::patch::node_patch(&s.node, &next, &desired.version, starts || hands_over);
+        let gates = ctx.config.gates();
+        let patch = super::patch::node_patch(
+            &s.node,
+            &next,
+            &desired.version,
+            &gates,
+            starts || hands_over,
+        );
         let sent = ports
             .to
             .patch

@@ -18,6 +18,7 @@ pub(super) fn node_patch(
     node: &Node,
     next: &Step,
     version: &str,
+    gates: &[String],
     precondition: bool,
 ) -> serde_json::Value {
     let r = &next.record;
@@ -79,6 +80,14 @@ pub(super) fn node_patch(
                     r.policy.clone().into(),
                 );
             }
+            // The deploy gates, as the driver's cycles set them: `false`
+            // stands the gated DaemonSets down, no label lets them back.
+            Command::CloseGates => gates.iter().for_each(|g| {
+                labels.insert(g.as_str(), "false".into());
+            }),
+            Command::OpenGates => gates.iter().for_each(|g| {
+                labels.insert(g.as_str(), serde_json::Value::Null);
+            }),
             Command::Evict => {}
         }
     }
@@ -98,8 +107,14 @@ pub(super) fn node_patch(
 }
 
 /// Removes a firmware policy's record and marks from a node (and its
-/// cordon), decided on this version of the Node.
-pub(super) fn release_patch(node: &Node, policy: &str, uncordon: bool) -> serde_json::Value {
+/// cordon, with the deploy gates its drained cycle closed), decided on this
+/// version of the Node.
+pub(super) fn release_patch(
+    node: &Node,
+    policy: &str,
+    uncordon: bool,
+    gates: &[String],
+) -> serde_json::Value {
     let null = serde_json::Value::Null;
     let mut patch = serde_json::json!({ "metadata": {
         "annotations": { fw::RECORD: null },
@@ -111,6 +126,11 @@ pub(super) fn release_patch(node: &Node, policy: &str, uncordon: bool) -> serde_
     }
     if uncordon {
         patch["spec"] = serde_json::json!({ "unschedulable": false });
+        for g in gates {
+            if ttdrv_core::node::label(node, g) == Some("false") {
+                patch["metadata"]["labels"][g.as_str()] = null.clone();
+            }
+        }
     }
     if uncordon || ann(fw::CORDONED_BY) == Some(policy) {
         patch["metadata"]["annotations"][fw::CORDONED_BY] = null.clone();
@@ -129,6 +149,47 @@ mod tests {
     use ttdrv_core::machine::Cordon;
 
     #[test]
+    fn the_deploy_gates_close_with_the_cordon_and_open_with_the_uncordon() {
+        let gates = vec![
+            "tenstorrent.com/deploy.tt-telemetry".to_string(),
+            "tenstorrent.com/deploy.tt-fabric-manager".to_string(),
+        ];
+        let rec = FwRecord::new("fw", "19.8.0", 0);
+        let node = Node::default();
+        let with = |commands| Step {
+            record: rec.clone(),
+            commands,
+            needs_slot: false,
+        };
+        let p = node_patch(
+            &node,
+            &with(vec![Command::Cordon, Command::CloseGates]),
+            "19.8.0",
+            &gates,
+            false,
+        );
+        assert_eq!(p["spec"]["unschedulable"], true);
+        for g in &gates {
+            assert_eq!(p["metadata"]["labels"][g.as_str()], "false", "{p}");
+        }
+        let p = node_patch(
+            &node,
+            &with(vec![Command::Uncordon, Command::OpenGates]),
+            "19.8.0",
+            &gates,
+            false,
+        );
+        assert_eq!(p["spec"]["unschedulable"], false);
+        for g in &gates {
+            let labels = p["metadata"]["labels"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            assert!(labels.get(g.as_str()).is_some_and(|v| v.is_null()), "{p}");
+        }
+    }
+
+    #[test]
     fn a_hand_over_keeps_the_cordon_and_names_the_driver_policy() {
         let mut rec = FwRecord::new("fw", "19.8.0", 0);
         rec.state = FirmwareNodeState::Done;
@@ -141,7 +202,7 @@ mod tests {
             commands: vec![Command::HandOver("fleet".into())],
             needs_slot: false,
         };
-        let p = node_patch(&node, &next, "19.8.0", true);
+        let p = node_patch(&node, &next, "19.8.0", &[], true);
         assert!(p.get("spec").is_none(), "the cordon stays: {p}");
         let ann = &p["metadata"]["annotations"];
         assert!(ann[fw::CORDONED_BY].is_null() && ann[fw::CORDONED_AT].is_null());

@@ -246,6 +246,9 @@ async fn see_node(
     });
     let pods = ctx.stores.pods.on_node(&node_name);
     let facts: Vec<&ttdrv_core::drain::PodFacts> = pods.facts.iter().map(Arc::as_ref).collect();
+    // The same deploy gates as the driver's cycles close (one list,
+    // `controller.deployGates`), read against the cluster's DaemonSets.
+    let (gate_keys, daemon_sets) = (ctx.config.gates(), ctx.stores.all_daemon_sets.snapshot());
     let mut view = observe(
         &name,
         &node,
@@ -255,6 +258,10 @@ async fn see_node(
         &shape.exempt,
         draining,
         || shape.pdbs.iter().map(Arc::as_ref).collect(),
+        ttdrv_core::firmware::observe::Gates {
+            keys: &gate_keys,
+            daemon_sets: &daemon_sets,
+        },
         job,
         now_secs(),
     );

@@ -273,7 +273,9 @@ impl Invariants {
                 ));
             }
             if n.state.as_deref() == Some("Done") {
-                if n.gate.as_deref() == Some("false") {
+                // A firmware cycle on the node closes the gates too (its
+                // flash, like a swap, must not run under the stack's pods).
+                if n.gate.as_deref() == Some("false") && !n.fw_holds {
                     self.violation(format!(
                         "node {name} is Done with deploy gate {GATE}=false at rv {rv}"
                     ));

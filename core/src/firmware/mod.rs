@@ -215,6 +215,19 @@ pub struct Observation {
     /// takes a cordon handed over ([`crate::claim::handover_to`]): the
     /// flash ends with the cordon handed to it instead of an uncordon.
     pub driver_waiting: Option<String>,
+    /// Some configured deploy gate (`controller.deployGates`) is not yet
+    /// `false` on the node (none configured: false). A drained cycle closes
+    /// them with its cordon, as the driver's does: the telemetry collector
+    /// and the fabric-manager agent hold the cards through `privileged`,
+    /// which no drain reaches, and must not read a card being written.
+    pub gates_open: bool,
+    /// Some configured deploy gate label is on the node (ours to remove
+    /// when the cycle gives the node back).
+    pub gates_present: bool,
+    /// Pods of DaemonSets the closed gates stand down that are still on the
+    /// node (`namespace/name`): the flash waits for them to go
+    /// ([`crate::drain::stood_down`]).
+    pub gated_pods_left: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -264,6 +277,10 @@ pub enum Command {
     /// never created it ([`OwnJob::NotCreated`]).
     CreateJob,
     Uncordon,
+    /// Set every configured deploy gate to `false` (in the record's patch).
+    CloseGates,
+    /// Remove the configured deploy gate labels (in the record's patch).
+    OpenGates,
     /// Keep the cordon and hand it to this driver policy (its marks on the
     /// node, ours removed): its swap follows under the same cordon and
     /// drain, and its cycle uncordons.
@@ -387,18 +404,29 @@ pub fn step(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
             if want.paused {
                 return stay(rec, vec![]);
             }
-            if obs.unschedulable {
+            if obs.unschedulable && !obs.gates_open {
                 let r = enter(&rec, Draining, reason::DRAINING, None, now);
                 return stay(r, vec![Command::Evict]);
             }
-            rec.cordon = Cordon::Ours;
-            stay(rec, vec![Command::Cordon])
+            let mut cmds = vec![];
+            if !obs.unschedulable {
+                rec.cordon = Cordon::Ours;
+                cmds.push(Command::Cordon);
+            }
+            stay(rec, with_gates_closed(cmds, obs))
         }
         Draining => draining(rec, obs, want),
         Flashing => flashing(rec, obs, want),
         Uncordoning => {
+            let mut cmds = vec![];
             if rec.cordon == Cordon::Ours && obs.unschedulable {
-                return stay(rec, vec![Command::Uncordon]);
+                cmds.push(Command::Uncordon);
+            }
+            if obs.gates_present {
+                cmds.push(Command::OpenGates);
+            }
+            if !cmds.is_empty() {
+                return stay(rec, cmds);
             }
             let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
             r.cordon = Cordon::None;
@@ -502,11 +530,19 @@ fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     if rec.cordon == Cordon::Ours && obs.unschedulable {
         // Kept across a retry or taken over: the cordon is there already.
         let r = enter(&rec, Draining, reason::DRAINING, None, now);
-        return stay(r, vec![Command::Evict]);
+        return stay(r, with_gates_closed(vec![Command::Evict], obs));
     }
     let mut r = enter(&rec, Cordoning, reason::CORDONING, None, now);
     r.cordon = Cordon::Ours;
-    stay(r, vec![Command::Cordon])
+    stay(r, with_gates_closed(vec![Command::Cordon], obs))
+}
+
+/// `cmds`, and the deploy gates closed if some is still open.
+fn with_gates_closed(mut cmds: Vec<Command>, obs: &Observation) -> Vec<Command> {
+    if obs.gates_open {
+        cmds.push(Command::CloseGates);
+    }
+    cmds
 }
 
 /// Flashing, with the Job to create named in the record before it exists:
@@ -549,12 +585,17 @@ fn draining(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     }
     if !obs.unschedulable {
         rec.cordon = Cordon::Ours;
-        return stay(rec, vec![Command::Cordon]);
+        return stay(rec, with_gates_closed(vec![Command::Cordon], obs));
+    }
+    if obs.gates_open {
+        // Opened behind our back (a relabel): closed again before the flash.
+        return stay(rec, vec![Command::CloseGates]);
     }
     let Some(progress) = &obs.drain else {
         return stay(rec, vec![]);
     };
-    if progress.remaining.is_empty() {
+    let stood_down = progress.remaining.is_empty() && obs.gated_pods_left.is_empty();
+    if stood_down {
         if let Some(who) = &obs.held_by {
             // Cannot happen through us (the claim); a driver cycle started by
             // another controller: never flash under its swap.
@@ -571,6 +612,12 @@ fn draining(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
         }
         return start_flash(&rec, obs, want);
     }
+    let blocking: Vec<&str> = progress
+        .remaining
+        .iter()
+        .chain(&obs.gated_pods_left)
+        .map(String::as_str)
+        .collect();
     if now - rec.since > want.drain_timeout_seconds {
         // Nothing was written to the cards: the node goes back into service.
         let r = enter(
@@ -580,11 +627,22 @@ fn draining(mut rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
             Some(format!(
                 "drain timeout after {}s; blocking pods: {}",
                 want.drain_timeout_seconds,
-                progress.remaining.join(",")
+                blocking.join(",")
             )),
             now,
         );
-        return back_in_service(r);
+        return back_in_service(r, obs.gates_present);
+    }
+    if progress.remaining.is_empty() {
+        // Evicted: what is left are the gated DaemonSets' pods, leaving.
+        let msg = format!(
+            "waiting for {} to leave (deploy gates closed): they may hold the cards",
+            obs.gated_pods_left.join(", ")
+        );
+        return stay(
+            enter(&rec, Draining, reason::DRAINING, Some(msg), now),
+            vec![],
+        );
     }
     let (why, msg) = if progress.blocking_pdbs.is_empty() {
         (
@@ -651,7 +709,7 @@ fn flash_outcome(mut rec: FwRecord, obs: &Observation, want: &Desired, retry: &s
             deadline,
         } => {
             rec.saw_job(name);
-            job_failed(&rec, now, name, report.as_ref(), *deadline, retry)
+            job_failed(&rec, obs, name, report.as_ref(), *deadline, retry)
         }
     }
 }
@@ -760,7 +818,11 @@ fn job_succeeded(
     }
     if rec.cordon == Cordon::Ours {
         let r = enter(&rec, Uncordoning, reason::UNCORDONING, None, now);
-        return stay(r, vec![Command::Uncordon]);
+        let mut cmds = vec![Command::Uncordon];
+        if obs.gates_present {
+            cmds.push(Command::OpenGates);
+        }
+        return stay(r, cmds);
     }
     let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
     r.cordon = Cordon::None;
@@ -772,13 +834,14 @@ fn job_succeeded(
 /// anything was written.
 fn job_failed(
     rec: &FwRecord,
-    now: i64,
+    obs: &Observation,
     name: &str,
     report: Option<&Report>,
     deadline: bool,
     retry: &str,
 ) -> Step {
     use FirmwareNodeState::*;
+    let now = obs.now;
     let (why, what) = match report {
         Some(Report {
             reason: Some(r),
@@ -816,7 +879,7 @@ fn job_failed(
             )),
             now,
         );
-        return back_in_service(r);
+        return back_in_service(r, obs.gates_present);
     }
     stay(
         enter(
@@ -832,13 +895,16 @@ fn job_failed(
 
 /// A Failed record of a cycle that wrote nothing to the cards: our cordon
 /// goes with it (the node is back in service; the rollout halts all the same).
-fn back_in_service(mut r: FwRecord) -> Step {
-    let cmds = if r.cordon == Cordon::Ours {
+fn back_in_service(mut r: FwRecord, gates_present: bool) -> Step {
+    let mut cmds = if r.cordon == Cordon::Ours {
         r.cordon = Cordon::None;
         vec![Command::Uncordon]
     } else {
         vec![]
     };
+    if gates_present {
+        cmds.push(Command::OpenGates);
+    }
     stay(r, cmds)
 }
 

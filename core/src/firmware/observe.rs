@@ -62,6 +62,39 @@ pub fn drain_policy(p: &TenstorrentFirmwarePolicy) -> DrainPolicy {
     }
 }
 
+/// The deploy gates a drained flash closes (`controller.deployGates`), and
+/// the DaemonSets of the cluster, whose templates say which pods they stand
+/// down ([`drain::stood_down`]).
+#[derive(Clone, Copy)]
+pub struct Gates<'a> {
+    pub keys: &'a [String],
+    pub daemon_sets: &'a drain::DaemonSets,
+}
+
+impl Gates<'_> {
+    /// Some gate is not `false` on the node.
+    pub fn open_on(&self, node: &Node) -> bool {
+        self.keys.iter().any(|g| label(node, g) != Some("false"))
+    }
+
+    /// Some gate label is on the node.
+    pub fn present_on(&self, node: &Node) -> bool {
+        self.keys.iter().any(|g| label(node, g).is_some())
+    }
+
+    /// The node's pods these gates stand down that have not finished
+    /// (`namespace/name`, sorted).
+    pub fn pods_left(&self, pods: &[&PodFacts]) -> Vec<String> {
+        let mut left: Vec<String> = pods
+            .iter()
+            .filter(|p| !p.finished && drain::stood_down(p, self.daemon_sets, self.keys))
+            .map(|p| p.pod.to_string())
+            .collect();
+        left.sort_unstable();
+        left
+    }
+}
+
 /// The node's firmware facts, and the drain's next evictions when the node
 /// drains (`draining`: its record is in Cordoning or Draining, or it may
 /// start now).
@@ -81,6 +114,7 @@ pub fn observe<'p>(
     exempt: &[String],
     draining: bool,
     pdbs: impl FnOnce() -> Vec<&'p PodDisruptionBudget>,
+    gates: Gates<'_>,
     job: FlashJob,
     now: i64,
 ) -> NodeView {
@@ -117,6 +151,13 @@ pub fn observe<'p>(
         slot: false,
         // The caller knows the driver policies ([`crate::claim::handover_to`]).
         driver_waiting: None,
+        gates_open: gates.open_on(node),
+        gates_present: gates.present_on(node),
+        gated_pods_left: if draining {
+            gates.pods_left(pods)
+        } else {
+            vec![]
+        },
     };
     NodeView {
         obs,

@@ -1114,3 +1114,140 @@ fn a_flashing_record_of_an_earlier_version_without_its_job_is_never_flashed_blin
     );
     assert!(s.commands.is_empty());
 }
+
+/// A drained flash closes the deploy gates with its cordon, flashes only
+/// once the gated DaemonSets' pods (telemetry, the fabric-manager agent:
+/// privileged, beyond any drain) have left, and opens them with its uncordon.
+#[test]
+fn a_drained_flash_closes_the_deploy_gates_and_waits_for_their_pods() {
+    let w = want();
+    let open = Observation {
+        gates_open: true,
+        ..obs()
+    };
+    let s = step(
+        &new(),
+        &Observation {
+            slot: true,
+            ..open.clone()
+        },
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Cordoning, &[Command::Cordon, Command::CloseGates][..])
+    );
+    // Cordoned, a gate still open (the patch not seen yet): closed again,
+    // no drain.
+    let cordoned_open = Observation {
+        unschedulable: true,
+        ..open.clone()
+    };
+    let s = step(&s.record, &cordoned_open, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Cordoning, &[Command::CloseGates][..])
+    );
+    let closed = Observation {
+        unschedulable: true,
+        gates_present: true,
+        ..obs()
+    };
+    let s = step(&s.record, &closed, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Draining, &[Command::Evict][..])
+    );
+    // Evicted, but the telemetry pod is still going: no flash yet.
+    let leaving = Observation {
+        drain: drained(),
+        gated_pods_left: vec!["tt/tt-telemetry-x".into()],
+        ..closed.clone()
+    };
+    let s = step(&s.record, &leaving, &w);
+    assert_eq!((s.record.state, &s.commands[..]), (Draining, &[][..]));
+    let msg = s.record.message.clone().unwrap_or_default();
+    assert!(msg.contains("tt/tt-telemetry-x"), "{msg}");
+    // A gate opened behind our back while draining: closed again first.
+    let reopened = Observation {
+        gates_open: true,
+        ..leaving.clone()
+    };
+    let s2 = step(&s.record, &reopened, &w);
+    assert_eq!(
+        (s2.record.state, &s2.commands[..]),
+        (Draining, &[Command::CloseGates][..])
+    );
+    // Gone: the flash starts.
+    let gone = Observation {
+        drain: drained(),
+        ..closed.clone()
+    };
+    let s = step(&s.record, &gone, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Flashing, &[Command::CreateJob][..])
+    );
+    let done = Observation {
+        job: FlashJob::Succeeded {
+            name: s.record.job.clone().unwrap_or_default(),
+            report: report(&["19.8.0.0"]),
+        },
+        ..closed.clone()
+    };
+    let s = step(&s.record, &done, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Uncordoning, &[Command::Uncordon, Command::OpenGates][..])
+    );
+    // Uncordoned, a gate label still there: removed before Done.
+    let s = step(
+        &s.record,
+        &Observation {
+            unschedulable: false,
+            ..done.clone()
+        },
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Uncordoning, &[Command::OpenGates][..])
+    );
+    let s = step(
+        &s.record,
+        &Observation {
+            unschedulable: false,
+            gates_present: false,
+            ..done
+        },
+        &w,
+    );
+    assert_eq!((s.record.state, &s.commands[..]), (Done, &[][..]));
+}
+
+/// A gated pod that never leaves times the drain out like any pod: nothing
+/// was written, so the node goes back with its gates open, the pod named.
+#[test]
+fn a_gated_pod_that_never_leaves_times_the_drain_out_and_opens_the_gates() {
+    let w = want();
+    let mut rec = new();
+    rec.state = Draining;
+    rec.cordon = Cordon::Ours;
+    rec.since = 0;
+    let stuck = Observation {
+        now: w.drain_timeout_seconds + 1,
+        unschedulable: true,
+        gates_present: true,
+        drain: drained(),
+        gated_pods_left: vec!["tt/tt-fabric-manager-agent-y".into()],
+        ..obs()
+    };
+    let s = step(&rec, &stuck, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Failed, &[Command::Uncordon, Command::OpenGates][..])
+    );
+    assert_eq!(s.record.reason.as_deref(), Some(reason::DRAIN_TIMEOUT));
+    let msg = s.record.message.clone().unwrap_or_default();
+    assert!(msg.contains("tt/tt-fabric-manager-agent-y"), "{msg}");
+}
