@@ -9,6 +9,23 @@ use ttdrv_core::machine::{Command, NodeRecord};
 use crate::observe::persisted_record;
 use crate::{Error, Result};
 
+/// The deploy-gate labels a cycle sets, for every kind's cycles: closed is
+/// `false` (the gated DaemonSets stand down), open is no label (they come
+/// back).
+pub fn gate_labels(
+    gates: &[String],
+    open: bool,
+) -> impl Iterator<Item = (&str, serde_json::Value)> {
+    gates.iter().map(move |g| {
+        let v = if open {
+            serde_json::Value::Null
+        } else {
+            "false".into()
+        };
+        (g.as_str(), v)
+    })
+}
+
 /// Persists `record` together with the node-level commands of its step
 /// (cordon, uncordon, gates); the other commands act on pods, after it.
 ///
@@ -49,12 +66,9 @@ pub fn record_patch(
                     patch["metadata"]["annotations"][k] = serde_json::Value::Null;
                 }
             }
-            Command::CloseGates => gates.iter().for_each(|g| {
-                labels_patch.insert(g.clone(), "false".into());
-            }),
-            Command::OpenGates => gates.iter().for_each(|g| {
-                labels_patch.insert(g.clone(), serde_json::Value::Null);
-            }),
+            Command::CloseGates | Command::OpenGates => labels_patch.extend(
+                gate_labels(gates, *c == Command::OpenGates).map(|(k, v)| (k.to_string(), v)),
+            ),
             Command::Vacate => vacate(&mut patch, &mut labels_patch, &record.policy),
             Command::Evict
             | Command::DeleteInstallerPod

@@ -80,14 +80,9 @@ pub(super) fn node_patch(
                     r.policy.clone().into(),
                 );
             }
-            // The deploy gates, as the driver's cycles set them: `false`
-            // stands the gated DaemonSets down, no label lets them back.
-            Command::CloseGates => gates.iter().for_each(|g| {
-                labels.insert(g.as_str(), "false".into());
-            }),
-            Command::OpenGates => gates.iter().for_each(|g| {
-                labels.insert(g.as_str(), serde_json::Value::Null);
-            }),
+            // The deploy gates, as the driver's cycles set them.
+            Command::CloseGates => labels.extend(crate::node_patch::gate_labels(gates, false)),
+            Command::OpenGates => labels.extend(crate::node_patch::gate_labels(gates, true)),
             Command::Evict => {}
         }
     }
