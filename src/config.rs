@@ -92,6 +92,24 @@ pub struct Config {
     /// Node labels set to "false" while a node is upgraded (comma-separated; empty disables).
     #[arg(long, env = "TTDRV_DEPLOY_GATES", default_value = labels::DEFAULT_DEPLOY_GATE, value_delimiter = ',')]
     pub deploy_gates: Vec<String>,
+    /// The DRA kubelet plugin's pods (`key=value[,key=value]`), restarted on
+    /// a swapped node before its uncordon so they publish the new driver's
+    /// cards; empty: none restarted. The chart's
+    /// `controller.schedulingSurface.draPluginSelector`.
+    #[arg(long, env = "TTDRV_DRA_PLUGIN_SELECTOR", default_value = labels::DEFAULT_DRA_PLUGIN_SELECTOR,
+          value_parser = parse_plugin_selector)]
+    pub dra_plugin_selector: String,
+    /// The DRA driver whose ResourceSlices must list a swapped node's cards
+    /// before its uncordon (`controller.schedulingSurface.draDriver`).
+    #[arg(long, env = "TTDRV_DRA_DRIVER", default_value = labels::DEFAULT_DRA_DRIVER)]
+    pub dra_driver: String,
+    /// Seconds a swapped node waits for the scheduler to see every card
+    /// again before it fails `DevicesNotPublished`
+    /// (`controller.schedulingSurface.timeoutSeconds`).
+    #[arg(long, env = "TTDRV_SCHEDULING_SURFACE_TIMEOUT_SECONDS",
+          default_value_t = ttdrv_core::machine::DEFAULT_SURFACE_TIMEOUT_SECONDS,
+          value_parser = clap::value_parser!(i64).range(1..))]
+    pub scheduling_surface_timeout_seconds: i64,
     /// Seconds a node may stay in Upgrading before it is marked Failed.
     #[arg(long, env = "TTDRV_UPGRADE_TIMEOUT_SECONDS", default_value_t = 900)]
     pub upgrade_timeout_seconds: i64,
@@ -145,6 +163,14 @@ pub struct Config {
     pub log_format: String,
 }
 
+/// `--dra-plugin-selector`: empty, or `key=value[,key=value]`.
+fn parse_plugin_selector(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Ok(String::new());
+    }
+    ttdrv_core::surface::parse_selector(s).map(|_| s.to_string())
+}
+
 /// The installer image, refused when it is the Go operator's builder (which
 /// does not speak to this controller): its pods would never report.
 fn parse_installer_image(s: &str) -> Result<String, String> {
@@ -193,6 +219,15 @@ impl Config {
         ttdrv_core::trust::AllowList {
             images: non_empty(&self.allowed_installer_images),
             repositories: non_empty(&self.allowed_source_repositories),
+        }
+    }
+
+    /// Who publishes the cards to the scheduler ([`ttdrv_core::surface`]).
+    pub fn surface(&self) -> ttdrv_core::surface::SurfaceConfig {
+        ttdrv_core::surface::SurfaceConfig {
+            plugin_selector: ttdrv_core::surface::parse_selector(&self.dra_plugin_selector)
+                .unwrap_or_default(),
+            driver: self.dra_driver.clone(),
         }
     }
 

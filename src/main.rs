@@ -72,6 +72,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         &client,
         &config.namespace,
         config.policy_selector.as_deref(),
+        &config.dra_driver,
         manager_addr,
         metrics.clone(),
     );

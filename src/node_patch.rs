@@ -71,6 +71,7 @@ pub fn record_patch(
             ),
             Command::Vacate => vacate(&mut patch, &mut labels_patch, &record.policy),
             Command::Evict
+            | Command::RestartPublishers(_)
             | Command::DeleteInstallerPod
             | Command::RunValidationPod
             | Command::DeleteValidationPod => {}
@@ -83,13 +84,14 @@ pub fn record_patch(
 }
 
 /// The driver labels the agent writes, removed when a node is vacated.
-pub const DRIVER_LABELS: [&str; 6] = [
+pub const DRIVER_LABELS: [&str; 7] = [
     labels::KMD_VERSION,
     labels::KMD_BOOT_ID,
     labels::INSTALL_MODE,
     labels::TT_SMI_VERSION,
     labels::KMD_PREPARED,
     labels::KMD_NEXT_KERNEL_FAILED,
+    labels::KMD_CARDS,
 ];
 
 /// The driver annotations the agent writes, removed when a node is vacated.

@@ -68,6 +68,7 @@ impl ObserveInput<'_> {
             installers: &installers,
             live: self.records.get(name),
             restart_baselines: &pods.restart_baselines,
+            dra_devices: self.stores.slices.devices_on(name),
         }))
     }
 }

@@ -36,6 +36,9 @@ pub fn empty_stores() -> Stores {
         daemonsets: fed(vec![]),
         all_daemon_sets: Default::default(),
         pdbs: fed(vec![]),
+        slices: Arc::new(crate::runtime::slice_index::SliceIndex::new(
+            ttdrv_api::labels::DEFAULT_DRA_DRIVER,
+        )),
     }
 }
 

@@ -264,6 +264,7 @@ fn renders_mean_what_they_should() {
         ("", "pods", &["list", "watch"]),
         ("", "pods/eviction", &["create"]),
         ("policy", "poddisruptionbudgets", &["list", "watch"]),
+        ("resource.k8s.io", "resourceslices", &["list", "watch"]),
         ("apps", "daemonsets", &["list", "watch"]),
         ("events.k8s.io", "events", &["create", "patch"]),
         (

@@ -621,7 +621,8 @@ impl Agent<'_> {
         loaded: Option<&ModuleState>,
     ) -> Result<()> {
         let version = loaded.and_then(|s| s.version.as_deref());
-        let changes = host_labels(host_managed, version, self.boot_id(root).as_deref());
+        let cards = version.map(|_| validate::inventory(root).device_nodes.len());
+        let changes = host_labels(host_managed, version, self.boot_id(root).as_deref(), cards);
         self.apply_labels(&changes)?;
         self.report_parameters(loaded)
     }
@@ -1391,7 +1392,13 @@ impl Agent<'_> {
         version: &str,
         tt_smi_installed: bool,
     ) -> Result<()> {
-        let mut changes = host_labels(false, Some(version), self.boot_id(root).as_deref());
+        let cards = validate::inventory(root).device_nodes.len();
+        let mut changes = host_labels(
+            false,
+            Some(version),
+            self.boot_id(root).as_deref(),
+            Some(cards),
+        );
         // The target is loaded: no swap is ahead, so nothing is prepared for
         // one (a label left from the last swap would let a later cycle of
         // the same version start before its agent checked anything).
@@ -1555,10 +1562,13 @@ pub fn swap_decision(
 /// with a DKMS signal present), the loaded version (removed when nothing is
 /// loaded or it is no label value) and the boot ID it was read at (removed
 /// when unknown), always together.
+/// `cards`: the device nodes the loaded module serves (its
+/// [`labels::KMD_CARDS`]); dropped with the version.
 pub fn host_labels(
     host_managed: bool,
     loaded: Option<&str>,
     boot_id: Option<&str>,
+    cards: Option<usize>,
 ) -> LabelChanges {
     let mode = if host_managed {
         labels::INSTALL_MODE_HOST
@@ -1574,6 +1584,10 @@ pub fn host_labels(
         (
             labels::KMD_BOOT_ID.to_string(),
             boot_id.filter(|v| valid_label_value(v)).map(str::to_string),
+        ),
+        (
+            labels::KMD_CARDS.to_string(),
+            cards.filter(|_| loaded.is_some()).map(|n| n.to_string()),
         ),
     ])
 }

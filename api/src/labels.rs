@@ -42,6 +42,17 @@ pub const INSTALL_MODE: &str = "driver.tenstorrent.com/install-mode";
 pub const INSTALL_MODE_CONTAINER: &str = "container";
 pub const INSTALL_MODE_HOST: &str = "host";
 
+/// How many cards (device nodes) the module the agent reported serves; set
+/// and removed with [`KMD_VERSION`], in the same patch. The scheduling-surface
+/// check compares what the scheduler sees with it.
+pub const KMD_CARDS: &str = "driver.tenstorrent.com/kmd-cards";
+/// The tt-dra-driver chart's DRA kubelet plugin pods (the controller's
+/// `--dra-plugin-selector` default).
+pub const DEFAULT_DRA_PLUGIN_SELECTOR: &str = "app.kubernetes.io/name=tt-dra-driver";
+/// The DRA driver of Tenstorrent cards: its ResourceSlices' `spec.driver`
+/// (the controller's `--dra-driver` default).
+pub const DEFAULT_DRA_DRIVER: &str = "tenstorrent.com";
+
 /// Default deploy gate flipped to "false" while a node is upgraded.
 pub const DEFAULT_DEPLOY_GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
 /// What every deploy-gate label's key starts with.

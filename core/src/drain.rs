@@ -92,6 +92,11 @@ pub struct PodFacts {
     pub uid: Box<str>,
     /// A container of it waits in CrashLoopBackOff.
     pub crash_looping: bool,
+    /// A DaemonSet's pod: when it was created, and since when it is Ready
+    /// (None: not Ready), Unix seconds: what the scheduling-surface check
+    /// reads of a device publisher ([`crate::surface`]). None for every
+    /// other pod, so no readiness flip of a workload costs a pass.
+    pub daemon_run: Option<(i64, Option<i64>)>,
     /// A validation pod of ours (label [`labels::VALIDATION_CYCLE`]): its
     /// run. Boxed: absent on every other pod of the cluster.
     pub validation: Option<Box<ValidationRun>>,
@@ -201,6 +206,24 @@ impl PodFacts {
             .filter(|o| o.kind == "DaemonSet")
             .map(|o| o.name.clone().into_boxed_str());
         let use_ = device_use(pod);
+        let daemon_run = daemon_set.as_ref().map(|_| {
+            let created = pod
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_second());
+            let ready_since = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready" && c.status == "True"))
+                .map(|c| {
+                    c.last_transition_time
+                        .as_ref()
+                        .map_or(created, |t| t.0.as_second())
+                });
+            (created, ready_since)
+        });
         Self {
             pod: PodRef::of(pod),
             installer: labels.iter().any(|(k, _)| k == labels::CLAIM),
@@ -231,6 +254,7 @@ impl PodFacts {
                 .clone()
                 .unwrap_or_default()
                 .into_boxed_str(),
+            daemon_run,
             crash_looping: pod
                 .status
                 .as_ref()

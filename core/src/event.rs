@@ -37,6 +37,7 @@ pub enum EventReason {
     FirmwareFlashFailed,
     FirmwareTakenOver,
     UngatedDeviceHolder,
+    RefreshingDevices,
 }
 
 impl EventReason {
@@ -74,6 +75,7 @@ impl EventReason {
         Self::FirmwareFlashFailed,
         Self::FirmwareTakenOver,
         Self::UngatedDeviceHolder,
+        Self::RefreshingDevices,
     ];
 
     /// The reason as Kubernetes shows it.
@@ -111,6 +113,7 @@ impl EventReason {
             Self::FirmwareFlashFailed => "FirmwareFlashFailed",
             Self::FirmwareTakenOver => "FirmwareTakenOver",
             Self::UngatedDeviceHolder => "UngatedDeviceHolder",
+            Self::RefreshingDevices => "RefreshingDevices",
         }
     }
 }

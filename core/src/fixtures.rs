@@ -29,6 +29,7 @@ pub fn desired() -> Desired {
         hold: None,
         validation_pod: None,
         validation_timeout_seconds: 60,
+        surface_timeout_seconds: crate::machine::DEFAULT_SURFACE_TIMEOUT_SECONDS,
     }
 }
 

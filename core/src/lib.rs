@@ -12,6 +12,7 @@
 //! | [`condition`] | how a status condition is stamped, for every kind: its generation, and a transition time that moves only when its status flips |
 //! | [`slots`] | the slot book: who holds each node's one maintenance slot, whether a start fits its budget, and the gate every kind's start goes through (a leaf; kinds plug in through its `Cycle` trait) |
 //! | [`claim`] | which maintenance cycle (driver or firmware) holds a node: one disruption at a time |
+//! | [`surface`] | whether the scheduler sees a swapped node's cards again (DRA slices, extended resources), and which DRA plugin pods to restart first |
 //! | [`soak`] | whether a just-upgraded node still soaks, and whether trouble on it fails the rollout |
 //! | [`window`] | whether a maintenance window lets a new cycle start now, and when the next one opens |
 //! | [`observe`] | one node as a policy sees it, from plain Node and pod facts: its observation, next evictions and slot facts |
@@ -55,5 +56,6 @@ pub mod rollout;
 pub mod selection;
 pub mod slots;
 pub mod soak;
+pub mod surface;
 pub mod trust;
 pub mod window;

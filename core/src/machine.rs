@@ -59,7 +59,14 @@ pub struct Desired {
     pub validation_pod: Option<String>,
     /// `upgradePolicy.validation.timeoutSeconds`.
     pub validation_timeout_seconds: i64,
+    /// How long a swapped node waits for the scheduler to see every card
+    /// again ([`crate::surface`]; the controller's
+    /// `--scheduling-surface-timeout-seconds`).
+    pub surface_timeout_seconds: i64,
 }
+
+/// The default of [`Desired::surface_timeout_seconds`].
+pub const DEFAULT_SURFACE_TIMEOUT_SECONDS: i64 = 300;
 
 /// Why no new cycle starts now ([`Desired::hold`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,6 +104,7 @@ impl Desired {
             hold: None,
             validation_pod: spec.upgrade_policy.validation.pod_template_name.clone(),
             validation_timeout_seconds: spec.upgrade_policy.validation.timeout_seconds,
+            surface_timeout_seconds: DEFAULT_SURFACE_TIMEOUT_SECONDS,
         }
     }
 
@@ -137,6 +145,10 @@ pub enum Command {
     /// Delete the cycle's validation pod ([`Observation::validation_pod`]),
     /// which succeeded (a failed one stays, for its log).
     DeleteValidationPod,
+    /// Delete these DRA plugin pods of the node, started before its swap:
+    /// their DaemonSet starts fresh ones that read the new driver
+    /// ([`crate::surface`]).
+    RestartPublishers(Vec<crate::drain::PodRef>),
     /// The vacate cycle ended: remove the record, the go-ahead and the driver
     /// labels we wrote, and mark the node `unmanaged` for this policy (in the
     /// same patch as the uncordon and the gates).
@@ -169,6 +181,10 @@ fn enter(
         // one drain again.
         r.bounded = false;
         r.redrained = None;
+    }
+    // The surface check belongs to the swap it follows.
+    if state != NodeState::Upgrading {
+        r.surface_since = None;
     }
     r.state = state;
     r.reason = Some(reason.to_string());

@@ -40,6 +40,8 @@ pub struct PolicyFacts<'a> {
     /// After this long without preparing, a current installer pod no longer
     /// holds its node's cycle back (see [`prepare::gate`]).
     pub prepare_deadline_seconds: i64,
+    /// Who publishes the cards to the scheduler ([`crate::surface`]).
+    pub surface: &'a crate::surface::SurfaceConfig,
 }
 
 /// What is known of one node.
@@ -60,6 +62,9 @@ pub struct NodeFacts<'a> {
     /// them when each pod's current sandbox appeared; a pod not in it counts
     /// as seen for the first time now ([`installer::baseline`]).
     pub restart_baselines: &'a HashMap<String, installer::SandboxBaseline>,
+    /// Devices the node's ResourceSlices of the DRA driver list
+    /// ([`crate::surface::slice_devices`]); None without any slice.
+    pub dra_devices: Option<u32>,
 }
 
 /// Whether `pod` (an installer of the node in `n`) has failed for good,
@@ -225,6 +230,7 @@ pub fn observe<'p>(
                 ))
             })
             .flatten(),
+        surface: crate::surface::Surface::of(p.surface, node, n.pods, n.dra_devices),
         ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from

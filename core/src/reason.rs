@@ -88,6 +88,14 @@ pub const LOAD_FAILED: &str = "LoadFailed";
 /// Upgrading: the new module validated; the user's validation pod
 /// (`upgradePolicy.validation.podTemplateName`) runs on the node.
 pub const VALIDATING: &str = "Validating";
+/// Upgrading: the swap validated; the node's DRA plugin is restarted and
+/// the node waits until the scheduler sees every card again
+/// ([`crate::surface`]).
+pub const REFRESHING_DEVICES: &str = "RefreshingDevices";
+/// Failed: after the swap the scheduler did not see every card the agent
+/// counted within `--scheduling-surface-timeout-seconds`; the node stays
+/// cordoned on the new version.
+pub const DEVICES_NOT_PUBLISHED: &str = "DevicesNotPublished";
 /// Failed (the agent's word): the new module loaded but does not serve
 /// every card the old one served (or a card's attributes cannot be read);
 /// the previous version is back (`onValidationFailure: rollback`) or the
@@ -148,6 +156,7 @@ pub const FAILURES: &[&str] = &[
     BUILD_FAILED,
     LOAD_FAILED,
     VALIDATION_FAILED,
+    DEVICES_NOT_PUBLISHED,
     SOAK_FAILED,
     NODE_NOT_READY,
     UNLOAD_TIMEOUT,
@@ -186,6 +195,8 @@ pub const ALL: &[&str] = &[
     BUILD_FAILED,
     LOAD_FAILED,
     VALIDATING,
+    REFRESHING_DEVICES,
+    DEVICES_NOT_PUBLISHED,
     VALIDATION_FAILED,
     SOAK_FAILED,
     SOAKING,

@@ -52,6 +52,10 @@ pub struct NodeRecord {
     /// once per cycle, so a holder the drain cannot move fails the node on
     /// the agent's next refusal instead of looping.
     pub redrained: Option<i64>,
+    /// When this cycle's scheduling-surface check began (the swap
+    /// validated, Unix seconds): DRA plugin pods created before it are
+    /// restarted, and its deadline counts from it ([`crate::surface`]).
+    pub surface_since: Option<i64>,
 }
 
 /// The record as stored on the Node: cordon ownership as the two flags older
@@ -89,6 +93,8 @@ mod wire {
         paused_at: Option<i64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         redrained: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        surface_since: Option<i64>,
     }
 
     impl From<Record> for NodeRecord {
@@ -114,6 +120,7 @@ mod wire {
                 retry_token: w.retry_token,
                 paused_at: w.paused_at,
                 redrained: w.redrained,
+                surface_since: w.surface_since,
             }
         }
     }
@@ -135,6 +142,7 @@ mod wire {
                 retry_token: r.retry_token,
                 paused_at: r.paused_at,
                 redrained: r.redrained,
+                surface_since: r.surface_since,
             }
         }
     }
@@ -156,6 +164,7 @@ impl NodeRecord {
             retry_token: None,
             paused_at: None,
             redrained: None,
+            surface_since: None,
         }
     }
 

@@ -287,6 +287,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
         .iter()
         .map(|d| (PodRef::of_daemon_set(d), DaemonSetFacts::of(d)))
         .collect();
+    let surface = ttdrv_core::surface::SurfaceConfig::default();
     let survey = Survey {
         policy_facts: PolicyFacts {
             desired: &want,
@@ -299,6 +300,7 @@ pub fn build(inp: &Inputs<'_>) -> RolloutPlan {
             daemon_sets: &daemon_sets,
             now: 0,
             prepare_deadline_seconds: i64::MAX,
+            surface: &surface,
         },
         pdbs: inp.pdbs.iter().collect(),
         pods_by_node: pods_on_owned_nodes(inp.pods, &owned),
@@ -531,6 +533,9 @@ impl Survey<'_> {
             installers: &[],
             live: None,
             restart_baselines: &self.no_baselines,
+            // The plan previews the cycle up to the swap: the scheduling
+            // surface is read after it.
+            dra_devices: None,
         };
         let want = self.policy_facts.desired;
         // As if the node were granted a slot now: its drain is planned.

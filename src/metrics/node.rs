@@ -79,6 +79,12 @@ impl NodeMetrics {
                 "Nodes that entered Failed, by reason (the reasons of Failed in docs/troubleshooting.md).",
                 &["cr", "reason"],
             ),
+            scheduling_surface: families.histogram(
+                "ttdriver_node_scheduling_surface_seconds",
+                "Time from a validated swap to the scheduler seeing every card of the node again (its DRA plugin restarted and its ResourceSlices, or extended resources, whole), observed when the node goes on to its uncordon.",
+                &["cr"],
+                PHASE_BUCKETS,
+            ),
             node_rollbacks: families.counter(
                 "ttdriver_node_rollbacks_total",
                 "Nodes whose new module failed validation and whose installer loaded the previous version again (onValidationFailure: rollback).",
@@ -97,6 +103,12 @@ impl NodeMetrics {
 }
 
 impl Metrics {
+    /// `ttdriver_node_scheduling_surface_seconds{cr}`.
+    pub fn observe_scheduling_surface(&self, cr: &str, seconds: f64) {
+        self.ensure_cr(cr);
+        self.node.scheduling_surface.observe(&[cr], seconds);
+    }
+
     /// `ttdriver_node_state{cr,node,state}`: all seven states, the current one 1.
     pub fn set_node_state(&self, cr: &str, node: &str, state: NodeState) {
         self.ensure_cr(cr);

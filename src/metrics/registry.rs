@@ -65,6 +65,7 @@ pub(super) struct NodeMetrics {
     pub(super) node_upgrade_duration: Arc<Family>,
     pub(super) node_failures: Arc<Family>,
     pub(super) node_rollbacks: Arc<Family>,
+    pub(super) scheduling_surface: Arc<Family>,
 }
 
 /// The `ttdriver_policy_*` and `ttdriver_rollout_*` families.

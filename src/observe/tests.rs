@@ -34,6 +34,9 @@ fn stores(nodes: Vec<Node>, pods: Vec<Pod>, pdbs: Vec<PodDisruptionBudget>) -> S
         daemonsets: fed(vec![]),
         all_daemon_sets: Default::default(),
         pdbs: fed(pdbs),
+        slices: std::sync::Arc::new(crate::runtime::slice_index::SliceIndex::new(
+            "tenstorrent.com",
+        )),
     }
 }
 
@@ -183,6 +186,7 @@ fn observe(
             daemon_sets: &daemon_sets,
             now: 100,
             prepare_deadline_seconds: 900,
+            surface: &Default::default(),
         },
         records,
         pdbs: Default::default(),

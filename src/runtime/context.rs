@@ -32,6 +32,8 @@ pub struct Stores {
     /// Every DaemonSet of the cluster, as its deploy gates and device use.
     pub all_daemon_sets: Arc<crate::runtime::daemon_set_index::DaemonSetIndex>,
     pub pdbs: Store<PodDisruptionBudget>,
+    /// The DRA driver's ResourceSlices, as device counts by node.
+    pub slices: Arc<crate::runtime::slice_index::SliceIndex>,
 }
 
 pub struct Context {

@@ -17,5 +17,6 @@ pub mod leader;
 pub mod pod_index;
 pub mod policy_actor;
 pub mod requests;
+pub mod slice_index;
 pub mod watch;
 pub mod write_backoff;

@@ -11,6 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
@@ -22,6 +23,7 @@ use crate::metrics::Metrics;
 use crate::runtime::context::Stores;
 use crate::runtime::daemon_set_index::DaemonSetIndex;
 use crate::runtime::pod_index::{Changed, PodCache};
+use crate::runtime::slice_index::SliceIndex;
 
 /// Objects per page of the nodes' and pods' (re-)lists. A page is parsed
 /// whole, managed fields and all, before the caches slim it: at kube's
@@ -36,6 +38,7 @@ pub fn start(
     client: &Client,
     namespace: &str,
     policy_selector: Option<&str>,
+    dra_driver: &str,
     manager: Addr<PolicyManager>,
     metrics: Arc<Metrics>,
 ) -> (Stores, impl std::future::Future<Output = ()>) {
@@ -95,6 +98,18 @@ pub fn start(
         manager.clone(),
         metrics.clone(),
     );
+    // The DRA driver's slices, a poke for the slice's node. Not part of
+    // readiness: a cluster without resource.k8s.io/v1 never lists them.
+    let slices = Arc::new(SliceIndex::new(dra_driver));
+    let slice_index = slices.clone();
+    spawn_facts_watch(
+        Api::<ResourceSlice>::all(client.clone()),
+        watcher::Config::default().fields(&slices.field_selector()),
+        "ResourceSlice",
+        move |ev| slice_index.apply(ev),
+        manager.clone(),
+        metrics.clone(),
+    );
     let (pdbs, w5) = spawn_watch::<PodDisruptionBudget>(
         Api::all(client.clone()),
         watcher::Config::default(),
@@ -135,6 +150,7 @@ pub fn start(
             daemonsets,
             all_daemon_sets,
             pdbs,
+            slices,
         },
         ready,
     )

@@ -85,6 +85,10 @@ pub const CACHED_ANNOTATION: &str = "sim.ttdrv.io/cached";
 pub const BUILD_FAIL_ANNOTATION: &str = "sim.ttdrv.io/build-fail";
 /// See the module doc.
 pub const VALIDATION_FAILS_ANNOTATION: &str = "sim.ttdrv.io/validation-fails";
+/// Node annotation: how many cards the simulated node has (default 1): the
+/// agent labels it `kmd-cards` with the version it loads, as the real one
+/// counts its device nodes.
+pub const CARDS_ANNOTATION: &str = "sim.ttdrv.io/cards";
 /// While waiting for the go-ahead the pod is read again at least this often
 /// (the Node is watched): a deleted pod stops waiting.
 const GO_AHEAD_RECHECK: Duration = Duration::from_secs(5);
@@ -738,6 +742,14 @@ impl<'a> Agent<'a> {
         let mut set = serde_json::Map::new();
         set.insert(labels::KMD_VERSION.into(), version.into());
         set.insert(labels::INSTALL_MODE.into(), mode.into());
+        let cards = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CARDS_ANNOTATION))
+            .and_then(|c| c.parse::<u32>().ok())
+            .unwrap_or(1);
+        set.insert(labels::KMD_CARDS.into(), cards.to_string().into());
         if mode == labels::INSTALL_MODE_CONTAINER {
             set.insert(labels::TT_SMI_VERSION.into(), SIM_TT_SMI_VERSION.into());
         }

@@ -159,3 +159,215 @@ pub async fn create(env: &TestEnv, namespace: &str, ds: &DaemonSet) {
         );
     }
 }
+
+/// The tt-dra-driver chart's DRA kubelet plugin (STACK.md): a DaemonSet on
+/// the Tenstorrent nodes, labelled `app.kubernetes.io/name=tt-dra-driver`
+/// (what the controller's `--dra-plugin-selector` finds by default), which
+/// does not hold the device (it learns the cards from the fabric-manager
+/// agent). Its publishing is [`DraPlugin`]'s.
+pub fn dra_plugin(test_id: &str, name: &str) -> DaemonSet {
+    let labels = BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            "tt-dra-driver".to_string(),
+        ),
+        ("app.kubernetes.io/instance".to_string(), name.to_string()),
+    ]);
+    let mut meta_labels = BTreeMap::from([(TEST_LABEL.to_string(), test_id.to_string())]);
+    meta_labels.extend(labels.clone());
+    DaemonSet {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(meta_labels),
+            ..Default::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    node_selector: Some(BTreeMap::from([
+                        (TEST_LABEL.to_string(), test_id.to_string()),
+                        (
+                            ttdrv_api::labels::TT_PCI_PRESENT.to_string(),
+                            "true".to_string(),
+                        ),
+                    ])),
+                    containers: vec![Container {
+                        name: "plugin".into(),
+                        image: Some("busybox".into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// What the simulated DRA plugin publishes when one of its pods starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Publishes {
+    /// A ResourceSlice of the node listing this many devices (a new pool
+    /// generation each time).
+    Cards(u32),
+    /// Nothing: the node's slice is removed and none comes back (a plugin
+    /// that cannot read the topology).
+    Nothing,
+}
+
+/// The publishing half of the DRA kubelet plugin (STACK.md: after a driver
+/// swap it keeps the inventory it read at start, until it restarts): each
+/// time a Ready pod of the plugin's DaemonSet starts on a node, the node's
+/// ResourceSlice of driver `tenstorrent.com` is (re)published as [`Publishes`]
+/// says then, owned by the Node as the kubelet's are. Stops when dropped.
+pub struct DraPlugin {
+    mode: std::sync::Arc<std::sync::Mutex<Publishes>>,
+    /// (node, pod uid, generation) of every publication, in order.
+    pub published: std::sync::Arc<std::sync::Mutex<Vec<(String, String, i64)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DraPlugin {
+    /// Publishes for the pods of DaemonSet `name` (made by [`dra_plugin`])
+    /// in `namespace`, `first` until [`DraPlugin::set`] says otherwise.
+    pub fn start(env: &TestEnv, namespace: &str, name: &str, first: Publishes) -> Self {
+        use k8s_openapi::api::core::v1::{Node, Pod};
+        use k8s_openapi::api::resource::v1::{
+            Device, ResourcePool, ResourceSlice, ResourceSliceSpec,
+        };
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+
+        let mode = std::sync::Arc::new(std::sync::Mutex::new(first));
+        let published = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (client, ns, instance) = (env.client.clone(), namespace.to_string(), name.to_string());
+        let (m, out) = (mode.clone(), published.clone());
+        let task = tokio::spawn(async move {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let nodes: Api<Node> = Api::all(client.clone());
+            let slices: Api<ResourceSlice> = Api::all(client.clone());
+            let mut seen: BTreeMap<String, (String, i64)> = BTreeMap::new();
+            let lp =
+                ListParams::default().labels(&format!("app.kubernetes.io/instance={instance}"));
+            loop {
+                let list = pods.list(&lp).await.map(|l| l.items).unwrap_or_default();
+                for p in list {
+                    let (Some(node), Some(uid)) = (
+                        p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                        p.metadata.uid.clone(),
+                    ) else {
+                        continue;
+                    };
+                    if p.metadata.deletion_timestamp.is_some()
+                        || !crate::cluster::pod_ready(&p)
+                        || seen.get(&node).is_some_and(|(u, _)| *u == uid)
+                    {
+                        continue;
+                    }
+                    let generation = seen.get(&node).map_or(1, |(_, g)| g + 1);
+                    let slice_name = format!("{node}-tenstorrent.com");
+                    let now = *m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let done = match now {
+                        Publishes::Nothing => slices
+                            .delete(&slice_name, &DeleteParams::default())
+                            .await
+                            .map(|_| ())
+                            .or_else(|e| match e {
+                                kube::Error::Api(s) if s.code == 404 => Ok(()),
+                                e => Err(e),
+                            }),
+                        Publishes::Cards(n) => {
+                            let Ok(owner) = nodes.get(&node).await else {
+                                continue;
+                            };
+                            let slice = ResourceSlice {
+                                metadata: ObjectMeta {
+                                    name: Some(slice_name.clone()),
+                                    owner_references: Some(vec![OwnerReference {
+                                        api_version: "v1".into(),
+                                        kind: "Node".into(),
+                                        name: node.clone(),
+                                        uid: owner.metadata.uid.clone().unwrap_or_default(),
+                                        ..Default::default()
+                                    }]),
+                                    ..Default::default()
+                                },
+                                spec: ResourceSliceSpec {
+                                    driver: "tenstorrent.com".into(),
+                                    node_name: Some(node.clone()),
+                                    pool: ResourcePool {
+                                        name: node.clone(),
+                                        generation,
+                                        resource_slice_count: 1,
+                                    },
+                                    devices: Some(
+                                        (0..n)
+                                            .map(|i| Device {
+                                                name: format!("card{i}"),
+                                                ..Default::default()
+                                            })
+                                            .collect(),
+                                    ),
+                                    ..Default::default()
+                                },
+                            };
+                            slices
+                                .patch(
+                                    &slice_name,
+                                    &PatchParams::apply("sim-dra-plugin").force(),
+                                    &Patch::Apply(&slice),
+                                )
+                                .await
+                                .map(|_| ())
+                        }
+                    };
+                    match done {
+                        Ok(()) => {
+                            seen.insert(node.clone(), (uid.clone(), generation));
+                            if let Ok(mut o) = out.lock() {
+                                o.push((node, uid, generation));
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "sim DRA plugin: publishing failed; retrying")
+                        }
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            }
+        });
+        Self {
+            mode,
+            published,
+            task,
+        }
+    }
+
+    /// What its next pod start publishes.
+    pub fn set(&self, p: Publishes) {
+        *self
+            .mode
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = p;
+    }
+
+    /// The publications so far: (node, pod uid, generation).
+    pub fn publications(&self) -> Vec<(String, String, i64)> {
+        self.published.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for DraPlugin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

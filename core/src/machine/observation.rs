@@ -105,6 +105,8 @@ pub struct Observation {
     /// Pods using the node's devices whose containers crash-loop
     /// (`namespace/name`): trouble during a soak.
     pub device_pods_crash_looping: Vec<String>,
+    /// What the scheduler sees of the node's cards ([`crate::surface`]).
+    pub surface: crate::surface::Surface,
     /// This cycle's validation pod, once created
     /// (`upgradePolicy.validation.podTemplateName`).
     pub validation_pod: Option<ValidationPod>,

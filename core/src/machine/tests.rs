@@ -5,7 +5,7 @@
 use super::*;
 use NodeState::*;
 
-use crate::drain::RunOutcome;
+use crate::drain::{PodRef, RunOutcome};
 use crate::fixtures::{desired as want, observation as obs};
 use crate::slots::Holder;
 use ttdrv_api::vfio::Passthrough;
@@ -679,6 +679,27 @@ fn safety_properties_over_the_cross_product() {
                                     },
                                     ungated_holders: (b(0) && b(6))
                                         .then(|| "warning: DaemonSet x/y holds the device".into()),
+                                    // A DRA plugin from before the swap, one card short.
+                                    surface: if b(5) && b(6) {
+                                        crate::surface::Surface {
+                                            driver: "tenstorrent.com".into(),
+                                            plugin_selector: "app=dra".into(),
+                                            cards: Some(2),
+                                            plugin_pods: vec![crate::surface::PublisherPod {
+                                                pod: PodRef {
+                                                    namespace: "tt".into(),
+                                                    name: "dra".into(),
+                                                },
+                                                created: 10,
+                                                ready_since: Some(11),
+                                                deleting: false,
+                                            }],
+                                            dra_devices: Some(1),
+                                            extended: None,
+                                        }
+                                    } else {
+                                        Default::default()
+                                    },
                                     validation_pod: match (b(3), b(4), b(5)) {
                                         (false, _, _) => None,
                                         (true, false, _) => Some(ValidationPod {
@@ -2544,4 +2565,117 @@ fn a_refused_spec_leaves_a_cycle_under_way_on_the_deployed_target() {
     assert_eq!(none.version, "2.9.0");
     let pending = step(&rec(Pending), &obs(), &none);
     assert_eq!(pending.record.state, Pending, "{pending:?}");
+}
+
+#[test]
+fn the_scheduler_sees_every_card_again_before_the_uncordon() {
+    use crate::surface::{PublisherPod, Surface};
+    let plugin = |name: &str, created: i64, ready: bool, deleting: bool| PublisherPod {
+        pod: PodRef {
+            namespace: "tt".into(),
+            name: name.into(),
+        },
+        created,
+        ready_since: ready.then_some(created),
+        deleting,
+    };
+    let swapped = |now: i64, pods: Vec<PublisherPod>, listed: Option<u32>| Observation {
+        now,
+        loaded: Some("2.8.0".into()),
+        installer: InstallerPod::Current { ready: true },
+        unschedulable: true,
+        surface: Surface {
+            driver: "tenstorrent.com".into(),
+            plugin_selector: "app=dra".into(),
+            cards: Some(2),
+            plugin_pods: pods,
+            dra_devices: listed,
+            extended: None,
+        },
+        ..obs()
+    };
+    let w = want();
+    // The plugin from before the swap: restarted, the check's start kept.
+    let s = step(
+        &rec(Upgrading),
+        &swapped(1000, vec![plugin("dra-a", 500, true, false)], Some(2)),
+        &w,
+    );
+    assert_eq!(s.record.state, Upgrading);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::REFRESHING_DEVICES));
+    assert_eq!(s.record.surface_since, Some(1000));
+    assert_eq!(
+        s.commands,
+        vec![Command::RestartPublishers(vec![PodRef {
+            namespace: "tt".into(),
+            name: "dra-a".into()
+        }])]
+    );
+    // Deleting, the new one not Ready yet: wait, nothing sent again.
+    let s = step(
+        &s.record,
+        &swapped(
+            1010,
+            vec![
+                plugin("dra-a", 500, true, true),
+                plugin("dra-b", 1005, false, false),
+            ],
+            Some(2),
+        ),
+        &w,
+    );
+    assert_eq!((s.record.state, s.commands.clone()), (Upgrading, vec![]));
+    assert_eq!(
+        s.record.surface_since,
+        Some(1000),
+        "the deadline counts from the start"
+    );
+    // One card short: still waiting, the message gives both counts.
+    let short = step(
+        &s.record,
+        &swapped(1020, vec![plugin("dra-b", 1005, true, false)], Some(1)),
+        &w,
+    );
+    assert_eq!(short.record.state, Upgrading);
+    let m = short.record.message.clone().unwrap_or_default();
+    assert!(
+        m.contains("list 1 device(s)") && m.contains("counted 2 card(s)"),
+        "{m}"
+    );
+    // Whole: back into service.
+    let ok = step(
+        &short.record,
+        &swapped(1030, vec![plugin("dra-b", 1005, true, false)], Some(2)),
+        &w,
+    );
+    assert_eq!(ok.record.state, Uncordoning);
+    assert_eq!(ok.record.surface_since, None);
+    assert_eq!(ok.commands, vec![Command::Uncordon, Command::OpenGates]);
+    // Short past the deadline: Failed, kept cordoned, never uncordoned.
+    let late = 1000 + w.surface_timeout_seconds + 1;
+    let bad = step(
+        &short.record,
+        &swapped(late, vec![plugin("dra-b", 1005, true, false)], Some(1)),
+        &w,
+    );
+    assert_eq!(bad.record.state, Failed);
+    assert_eq!(
+        bad.record.reason.as_deref(),
+        Some(reason::DEVICES_NOT_PUBLISHED)
+    );
+    assert!(bad.commands.is_empty(), "{:?}", bad.commands);
+    assert_eq!(bad.record.cordon, Cordon::Ours);
+    // Nothing publishes: nothing to wait for.
+    let plain = step(&rec(Upgrading), &swapped(1000, vec![], None), &w);
+    assert_eq!(plain.record.state, Uncordoning);
+    // A cycle that never cordoned (no drain): no check.
+    let mut nodrain = rec(Upgrading);
+    nodrain.cordon = Cordon::None;
+    nodrain.no_drain = true;
+    let s = step(
+        &nodrain,
+        &swapped(1000, vec![plugin("dra-a", 500, true, false)], Some(1)),
+        &w,
+    );
+    assert_eq!(s.record.state, Done);
 }

@@ -96,6 +96,11 @@ fn landed(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     // The user's check, on the swapped node still cordoned (by
     // us, or by an admin in a drained cycle).
     let cordoned_cycle = rec.cordoned_by_us() || (!rec.no_drain && want.drain_enabled);
+    // The scheduler sees every card again before anything else runs on
+    // the node (a validation pod may claim a card through DRA).
+    if cordoned_cycle && let Some(step) = scheduling_surface(rec, obs, want) {
+        return step;
+    }
     if cordoned_cycle
         && let Some(template) = &want.validation_pod
         && let Some(step) = user_validation(rec, obs, want, template, now)
@@ -119,6 +124,61 @@ fn landed(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
         record: enter(rec, Uncordoning, reason::UNCORDON, None, now),
         commands: cmds,
         needs_slot: false,
+    }
+}
+
+/// Upgrading, the swap validated: the node's DRA plugin pods from before
+/// it are restarted, and the node waits until the scheduler sees as many
+/// cards as the agent counted ([`crate::surface`]); a shortfall at the
+/// deadline fails the node, kept cordoned on the new version. None: the
+/// surface is whole, or nothing publishes the node's cards.
+fn scheduling_surface(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Option<Step> {
+    use crate::surface::{Verdict, check};
+    let now = obs.now;
+    let since = rec.surface_since.unwrap_or(now);
+    let checking = |msg: String, commands: Vec<Command>| {
+        let mut r = enter(
+            rec,
+            NodeState::Upgrading,
+            reason::REFRESHING_DEVICES,
+            Some(msg),
+            now,
+        );
+        r.surface_since = Some(since);
+        Some(stay(&r, commands))
+    };
+    match check(&obs.surface, since, now) {
+        Verdict::Unpublished | Verdict::Whole => None,
+        Verdict::Restart(pods) => {
+            let names: Vec<String> = pods.iter().map(ToString::to_string).collect();
+            checking(
+                format!(
+                    "restarting the DRA plugin ({}) so that it publishes the cards of tt-kmd {}",
+                    names.join(", "),
+                    want.version
+                ),
+                vec![Command::RestartPublishers(pods)],
+            )
+        }
+        Verdict::Short(why) if now - since > want.surface_timeout_seconds => Some(stay(
+            &enter(
+                rec,
+                NodeState::Failed,
+                reason::DEVICES_NOT_PUBLISHED,
+                Some(format!(
+                    "{why} ({}s after the swap was validated); the node stays cordoned on tt-kmd {}{}",
+                    want.surface_timeout_seconds,
+                    want.version,
+                    retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
+                )),
+                now,
+            ),
+            vec![],
+        )),
+        Verdict::Short(why) => checking(
+            format!("waiting for the scheduler to see every card: {why}"),
+            vec![],
+        ),
     }
 }
 

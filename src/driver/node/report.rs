@@ -31,11 +31,40 @@ impl StepReport<'_> {
         self.not_ready(prev, next);
         self.drain_blocked(prev, next);
         self.ungated_holders(prev, next);
+        self.scheduling_surface(prev, next);
         if next.state != prev.state {
             report_transition(self.ctx, self.policy, self.node, prev, next).await;
             if prev.state == NodeState::Draining && !self.skipped.is_empty() {
                 self.pods_not_evicted();
             }
+        }
+    }
+
+    /// The check of the scheduling surface: one Event when it starts (the
+    /// DRA plugin restarted), and its time once the surface is whole.
+    fn scheduling_surface(&self, prev: &NodeRecord, next: &NodeRecord) {
+        let (policy_name, node) = (self.policy_name, self.node);
+        let checking = |r: &NodeRecord| r.reason.as_deref() == Some(reason::REFRESHING_DEVICES);
+        if checking(next) && !checking(prev) {
+            let msg = next.message.clone().unwrap_or_default();
+            tracing::info!(policy = policy_name, node, "{msg}");
+            self.ctx.event(
+                self.policy,
+                false,
+                EventReason::RefreshingDevices,
+                "Upgrade",
+                format!("node {node}: {msg}"),
+            );
+        }
+        // Whole: the node goes on (to its validation pod or its uncordon).
+        if checking(prev)
+            && !checking(next)
+            && !next.state.is_failed()
+            && let Some(since) = prev.surface_since
+        {
+            self.ctx
+                .metrics
+                .observe_scheduling_surface(policy_name, (self.now - since).max(0) as f64);
         }
     }
 

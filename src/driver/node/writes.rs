@@ -147,6 +147,13 @@ fn port_call(command: &Command, next: &NodeRecord, known: &Known<'_>) -> Option<
         }
         // Not twice: until the cache shows the deletion, the pod still
         // looks current-but-stale.
+        // The node's DRA plugin pods from before the swap, through the
+        // Eviction API as any drain (their DaemonSet starts fresh ones).
+        Command::RestartPublishers(pods) if !pods.is_empty() => Some(PortCall::Evict(
+            pods.iter()
+                .map(|p| (p.clone(), DrainPass::Device))
+                .collect(),
+        )),
         Command::DeleteInstallerPod => known
             .installer_pod
             .filter(|p| known.already_deleted != Some(*p))

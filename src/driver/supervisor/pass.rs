@@ -292,6 +292,7 @@ impl ReconcilePass {
         let desired = self.desired(&read.windows, &recovered, refused.is_some(), now);
         let (gates, drain_exempt) = (ctx.config.gates(), ctx.config.drain_exempt_namespaces());
         let daemon_sets = ctx.stores.all_daemon_sets.snapshot();
+        let surface = ctx.config.surface();
         let input = ObserveInput {
             stores: &ctx.stores,
             policy: PolicyFacts {
@@ -305,6 +306,7 @@ impl ReconcilePass {
                 daemon_sets: &daemon_sets,
                 now,
                 prepare_deadline_seconds: ctx.config.upgrade_timeout_seconds,
+                surface: &surface,
             },
             records: &self.records,
             pdbs: Default::default(),
@@ -459,6 +461,7 @@ impl ReconcilePass {
             // record left by a firmware controller that is off would hold
             // the swap for ever.
             combine_with_firmware: ctx.config.combine_firmware_and_driver && ctx.config.firmware,
+            surface_timeout_seconds: ctx.config.scheduling_surface_timeout_seconds,
             ..Desired::of(policy, ctx.config.upgrade_timeout_seconds)
         };
         if refused {

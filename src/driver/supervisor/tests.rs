@@ -231,6 +231,9 @@ fn context_lagging(
         daemonsets: fed(vec![daemonset(observed)]),
         all_daemon_sets: Default::default(),
         pdbs: fed(vec![]),
+        slices: std::sync::Arc::new(crate::runtime::slice_index::SliceIndex::new(
+            "tenstorrent.com",
+        )),
     };
     crate::test_support::context(crate::test_support::NOWHERE, stores)
 }
@@ -559,6 +562,9 @@ fn context_prepared_on(prepared: &[&str]) -> Arc<Context> {
         daemonsets: fed(vec![daemonset(2)]),
         all_daemon_sets: Default::default(),
         pdbs: fed(vec![]),
+        slices: std::sync::Arc::new(crate::runtime::slice_index::SliceIndex::new(
+            "tenstorrent.com",
+        )),
     };
     crate::test_support::context(crate::test_support::NOWHERE, stores)
 }

@@ -1,0 +1,454 @@
+//! The scheduling surface of a node: what the scheduler can see of its cards,
+//! checked after a swap before the node goes back into service.
+//!
+//! On a Tenstorrent stack the cards reach the scheduler through the DRA
+//! kubelet plugin's ResourceSlices (driver `tenstorrent.com`), or through a
+//! device plugin's `tenstorrent.com/*` extended resources. After a swap the
+//! DRA plugin keeps publishing what it read before (the Go operator's docs
+//! leave `kubectl rollout restart` of it to a person): the controller
+//! restarts the node's plugin pod and waits until the node's slices list as
+//! many devices as the agent counted cards, and the node's allocatable shows
+//! as many extended resources, before the uncordon. A node where nothing
+//! publishes has no surface to check.
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use ttdrv_api::labels;
+
+use crate::drain::{PodFacts, PodRef};
+use crate::node;
+
+/// Who publishes the cards, as the controller is configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SurfaceConfig {
+    /// The DRA kubelet plugin's pods: every `key=value` must match
+    /// (`--dra-plugin-selector`; the tt-dra-driver chart's labels by default).
+    pub plugin_selector: Vec<(String, String)>,
+    /// The DRA driver whose ResourceSlices list the cards (`--dra-driver`).
+    pub driver: String,
+}
+
+impl Default for SurfaceConfig {
+    fn default() -> Self {
+        Self {
+            plugin_selector: parse_selector(labels::DEFAULT_DRA_PLUGIN_SELECTOR)
+                .unwrap_or_default(),
+            driver: labels::DEFAULT_DRA_DRIVER.to_string(),
+        }
+    }
+}
+
+/// `key=value[,key=value...]`, the equality-based label selector; the error
+/// names the part that is not one.
+pub fn parse_selector(s: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = vec![];
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .map(|(k, v)| (k.trim(), v.trim().trim_start_matches('=')))
+            .filter(|(k, _)| !k.is_empty() && !k.contains('!'))
+            .ok_or_else(|| format!("{part:?} is not key=value"))?;
+        out.push((k.to_string(), v.to_string()));
+    }
+    if out.is_empty() {
+        return Err(format!(
+            "{s:?} selects nothing: expected key=value[,key=value]"
+        ));
+    }
+    Ok(out)
+}
+
+/// One of the node's DRA plugin pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublisherPod {
+    pub pod: PodRef,
+    /// Unix seconds.
+    pub created: i64,
+    /// Ready since (Unix seconds); None: not Ready.
+    pub ready_since: Option<i64>,
+    pub deleting: bool,
+}
+
+/// What the node shows the scheduler now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Surface {
+    /// The DRA driver whose slices count ([`SurfaceConfig::driver`]).
+    pub driver: String,
+    /// The DRA plugin's selector (`key=value,...`); empty: no plugin is
+    /// restarted, and slices count as they are.
+    pub plugin_selector: String,
+    /// The cards the agent counted with the module it reported
+    /// ([`labels::KMD_CARDS`]).
+    pub cards: Option<u32>,
+    /// The node's DRA plugin pods.
+    pub plugin_pods: Vec<PublisherPod>,
+    /// Devices in the node's ResourceSlices of the driver; None without any
+    /// slice.
+    pub dra_devices: Option<u32>,
+    /// The node's allocatable `tenstorrent.com/*` extended resources, summed;
+    /// None when it shows none.
+    pub extended: Option<u32>,
+}
+
+impl Surface {
+    /// The node's surface from its Node, its pods and its slices' count.
+    pub fn of(
+        config: &SurfaceConfig,
+        node: &Node,
+        pods: &[&PodFacts],
+        dra_devices: Option<u32>,
+    ) -> Self {
+        let plugin_pods = pods
+            .iter()
+            .filter(|p| !p.finished && is_plugin(config, p))
+            .filter_map(|p| {
+                let (created, ready_since) = p.daemon_run?;
+                Some(PublisherPod {
+                    pod: p.pod.clone(),
+                    created,
+                    ready_since,
+                    deleting: p.deleting,
+                })
+            })
+            .collect();
+        Self {
+            driver: config.driver.clone(),
+            plugin_selector: config
+                .plugin_selector
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            cards: node::label(node, labels::KMD_CARDS).and_then(|v| v.parse().ok()),
+            plugin_pods,
+            dra_devices,
+            extended: extended_resources(node),
+        }
+    }
+
+    /// Something publishes the node's cards: a DRA plugin pod or slice, or
+    /// extended resources.
+    pub fn published(&self) -> bool {
+        !self.plugin_pods.is_empty() || self.dra_devices.is_some() || self.extended.is_some()
+    }
+}
+
+fn is_plugin(config: &SurfaceConfig, pod: &PodFacts) -> bool {
+    !config.plugin_selector.is_empty()
+        && config
+            .plugin_selector
+            .iter()
+            .all(|(k, v)| pod.labels.iter().any(|(pk, pv)| pk == k && pv == v))
+}
+
+/// The node's allocatable `tenstorrent.com/*` resources, summed (the VFIO
+/// binder's passthrough resources are not tt-kmd's cards).
+fn extended_resources(node: &Node) -> Option<u32> {
+    let vfio = node::vfio_resources(node);
+    let alloc = node.status.as_ref()?.allocatable.as_ref()?;
+    let mut found = false;
+    let mut sum = 0u32;
+    for (k, q) in alloc {
+        if k.starts_with(labels::RESOURCE_PREFIX) && !vfio.contains(k) {
+            found = true;
+            sum = sum.saturating_add(q.0.parse().unwrap_or(0));
+        }
+    }
+    found.then_some(sum)
+}
+
+/// What the check reads of one ResourceSlice of the driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceFacts {
+    pub node: String,
+    pub pool: String,
+    pub generation: i64,
+    pub devices: u32,
+}
+
+impl SliceFacts {
+    /// None for another driver's slice, or one that names no node.
+    pub fn of(slice: &ResourceSlice, driver: &str) -> Option<Self> {
+        let spec = &slice.spec;
+        if spec.driver != driver {
+            return None;
+        }
+        Some(Self {
+            node: spec.node_name.clone()?,
+            pool: spec.pool.name.clone(),
+            generation: spec.pool.generation,
+            devices: u32::try_from(spec.devices.as_ref().map_or(0, Vec::len)).unwrap_or(u32::MAX),
+        })
+    }
+}
+
+/// Devices that one node's `slices` list: per pool, only the slices of its
+/// newest generation count (older ones are being replaced). None without
+/// any slice.
+pub fn slice_devices<'a>(slices: impl IntoIterator<Item = &'a SliceFacts>) -> Option<u32> {
+    let all: Vec<&SliceFacts> = slices.into_iter().collect();
+    if all.is_empty() {
+        return None;
+    }
+    let newest = |pool: &str| {
+        all.iter()
+            .filter(|s| s.pool == pool)
+            .map(|s| s.generation)
+            .max()
+            .unwrap_or(0)
+    };
+    Some(
+        all.iter()
+            .filter(|s| s.generation == newest(&s.pool))
+            .fold(0u32, |n, s| n.saturating_add(s.devices)),
+    )
+}
+
+/// What the surface check says at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing publishes the node's cards: nothing to wait for.
+    Unpublished,
+    /// The node's DRA plugin pods from before the check: delete them (their
+    /// DaemonSet starts a fresh one, which reads the new driver).
+    Restart(Vec<PodRef>),
+    /// Not whole yet, and why (for the message and, at the deadline, the
+    /// failure).
+    Short(String),
+    /// The scheduler sees every card again.
+    Whole,
+}
+
+/// How long a restarted DRA plugin is Ready before its node's slices are
+/// read: a plugin publishes just after it starts, not necessarily before its
+/// pod turns Ready, and a slice it has not rewritten yet is the old one.
+pub const PLUGIN_SETTLE_SECONDS: i64 = 5;
+
+/// The check at `now`, `since` being when it began (the swap validated).
+pub fn check(s: &Surface, since: i64, now: i64) -> Verdict {
+    let driver = &s.driver;
+    if !s.published() {
+        return Verdict::Unpublished;
+    }
+    let restarts = !s.plugin_selector.is_empty();
+    let stale: Vec<PodRef> = s
+        .plugin_pods
+        .iter()
+        .filter(|p| restarts && p.created < since && !p.deleting)
+        .map(|p| p.pod.clone())
+        .collect();
+    if !stale.is_empty() {
+        return Verdict::Restart(stale);
+    }
+    let Some(cards) = s.cards else {
+        return Verdict::Short("the agent has not reported how many cards it serves".into());
+    };
+    let mut short = vec![];
+    let dra = !s.plugin_pods.is_empty() || s.dra_devices.is_some();
+    if restarts && dra {
+        // The slices of a plugin from before the swap say nothing of the
+        // new driver: only a plugin started since, Ready for a moment.
+        let settled = s
+            .plugin_pods
+            .iter()
+            .filter(|p| p.created >= since && !p.deleting)
+            .find_map(|p| p.ready_since);
+        match settled {
+            None => short.push(format!(
+                "no DRA plugin pod ({}) started since the swap is Ready yet",
+                s.plugin_selector
+            )),
+            Some(t) if now - t < PLUGIN_SETTLE_SECONDS => short.push(format!(
+                "the restarted DRA plugin is Ready since {}s; its slices are read after {PLUGIN_SETTLE_SECONDS}s",
+                now - t
+            )),
+            Some(_) => {}
+        }
+    }
+    if dra {
+        let listed = s.dra_devices.unwrap_or(0);
+        if listed != cards {
+            short.push(format!(
+                "the node's ResourceSlices of {driver} list {listed} device(s), the agent counted {cards} card(s)"
+            ));
+        }
+    }
+    if let Some(ext) = s.extended
+        && ext != cards
+    {
+        short.push(format!(
+            "the node's allocatable shows {ext} {}* resource(s), the agent counted {cards} card(s)",
+            labels::RESOURCE_PREFIX
+        ));
+    }
+    if short.is_empty() {
+        Verdict::Whole
+    } else {
+        Verdict::Short(short.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ready since `created + 1` when `ready`.
+    fn pod(name: &str, created: i64, ready: bool) -> PublisherPod {
+        PublisherPod {
+            pod: PodRef {
+                namespace: "tt".into(),
+                name: name.into(),
+            },
+            created,
+            ready_since: ready.then_some(created + 1),
+            deleting: false,
+        }
+    }
+
+    fn surface(cards: u32, pods: Vec<PublisherPod>, dra: Option<u32>) -> Surface {
+        Surface {
+            driver: "tenstorrent.com".into(),
+            plugin_selector: "app.kubernetes.io/name=tt-dra-driver".into(),
+            cards: Some(cards),
+            plugin_pods: pods,
+            dra_devices: dra,
+            extended: None,
+        }
+    }
+
+    #[test]
+    fn nothing_published_is_nothing_to_check() {
+        assert_eq!(check(&Surface::default(), 100, 200), Verdict::Unpublished);
+    }
+
+    #[test]
+    fn the_plugin_from_before_the_swap_is_restarted_then_waited_for() {
+        let old = surface(2, vec![pod("dra-a", 50, true)], Some(2));
+        let Verdict::Restart(pods) = check(&old, 100, 200) else {
+            panic!("the old plugin's slices are stale even when the count matches")
+        };
+        assert_eq!(pods[0].name, "dra-a");
+        // Deleting: not asked again, and no fresh pod yet.
+        let mut deleting = old.clone();
+        deleting.plugin_pods[0].deleting = true;
+        assert!(
+            matches!(check(&deleting, 100, 200), Verdict::Short(m) if m.contains("started since the swap"))
+        );
+        // Gone, its slice still there (the count right): the old slice
+        // says nothing of the new driver.
+        let gone = surface(2, vec![], Some(2));
+        assert!(
+            matches!(check(&gone, 100, 200), Verdict::Short(m) if m.contains("started since the swap"))
+        );
+        // Ready for less than the settle time: not yet.
+        let settling = surface(2, vec![pod("dra-b", 101, true)], Some(2));
+        assert!(
+            matches!(check(&settling, 100, 104), Verdict::Short(m) if m.contains("Ready since 2s"))
+        );
+        assert_eq!(
+            check(&settling, 100, 102 + PLUGIN_SETTLE_SECONDS),
+            Verdict::Whole
+        );
+        let fresh = surface(2, vec![pod("dra-b", 101, false)], Some(2));
+        assert!(matches!(check(&fresh, 100, 200), Verdict::Short(_)));
+        let ready = surface(2, vec![pod("dra-b", 101, true)], Some(2));
+        assert_eq!(check(&ready, 100, 200), Verdict::Whole);
+    }
+
+    #[test]
+    fn one_card_short_is_short_and_says_both_counts() {
+        let s = surface(2, vec![pod("dra-b", 101, true)], Some(1));
+        let Verdict::Short(m) = check(&s, 100, 200) else {
+            panic!("one short")
+        };
+        assert!(
+            m.contains("list 1 device(s)") && m.contains("counted 2 card(s)"),
+            "{m}"
+        );
+        // No slice at all from a Ready plugin: 0 listed.
+        let none = surface(2, vec![pod("dra-b", 101, true)], None);
+        assert!(matches!(check(&none, 100, 200), Verdict::Short(m) if m.contains("list 0")));
+        // Without the agent's count nothing can be whole.
+        let mut unknown = surface(2, vec![pod("dra-b", 101, true)], Some(2));
+        unknown.cards = None;
+        assert!(
+            matches!(check(&unknown, 100, 200), Verdict::Short(m) if m.contains("how many cards"))
+        );
+    }
+
+    #[test]
+    fn without_a_selector_nothing_is_restarted_and_slices_count_as_they_are() {
+        let mut s = surface(2, vec![pod("dra-a", 50, true)], Some(2));
+        s.plugin_selector = String::new();
+        assert_eq!(check(&s, 100, 200), Verdict::Whole);
+        s.dra_devices = Some(1);
+        assert!(matches!(check(&s, 100, 200), Verdict::Short(_)));
+    }
+
+    #[test]
+    fn extended_resources_must_show_every_card() {
+        let mut s = surface(4, vec![], None);
+        s.extended = Some(3);
+        assert!(matches!(check(&s, 100, 200), Verdict::Short(m) if m.contains("shows 3")));
+        s.extended = Some(4);
+        assert_eq!(check(&s, 100, 200), Verdict::Whole);
+    }
+
+    #[test]
+    fn slices_count_the_newest_generation_of_each_pool_on_the_node() {
+        use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSliceSpec};
+        let slice =
+            |node: &str, driver: &str, pool: &str, generation: i64, n: usize| ResourceSlice {
+                spec: ResourceSliceSpec {
+                    driver: driver.into(),
+                    node_name: Some(node.into()),
+                    pool: ResourcePool {
+                        name: pool.into(),
+                        generation,
+                        resource_slice_count: 1,
+                    },
+                    devices: Some(
+                        (0..n)
+                            .map(|i| Device {
+                                name: format!("card{i}"),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    ),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+        let all: Vec<SliceFacts> = [
+            slice("n1", "tenstorrent.com", "n1", 1, 4),
+            slice("n1", "tenstorrent.com", "n1", 2, 3),
+            slice("n1", "gpu.example.com", "n1", 5, 8),
+            slice("n2", "tenstorrent.com", "n2", 1, 2),
+        ]
+        .iter()
+        .filter_map(|s| SliceFacts::of(s, "tenstorrent.com"))
+        .collect();
+        let on = |n: &str| slice_devices(all.iter().filter(|s| s.node == n));
+        assert_eq!(on("n1"), Some(3), "the newest generation of n1's pool");
+        assert_eq!(on("n2"), Some(2));
+        assert_eq!(on("n3"), None);
+    }
+
+    #[test]
+    fn selectors_parse_or_say_which_part_is_wrong() {
+        assert_eq!(
+            parse_selector("app.kubernetes.io/name=tt-dra-driver, tier=node").expect("ok"),
+            [
+                (
+                    "app.kubernetes.io/name".to_string(),
+                    "tt-dra-driver".to_string()
+                ),
+                ("tier".to_string(), "node".to_string())
+            ]
+        );
+        assert!(parse_selector("app").expect_err("no =").contains("\"app\""));
+        assert!(parse_selector("a!=b").is_err());
+        assert!(parse_selector("").is_err());
+        assert!(SurfaceConfig::default().plugin_selector.len() == 1);
+    }
+}
