@@ -279,6 +279,7 @@ async fn chart_installs_and_its_admission_policy_and_crd_hook_allow_only_their_j
                     "node",
                     NODE_A,
                     "driver.tenstorrent.com/kmd-version=2.8.0",
+                    "driver.tenstorrent.com/kmd-cards=2",
                     "driver.tenstorrent.com/install-mode=container",
                     "tt-smi.driver.tenstorrent.com/version=6.8.0",
                     "--overwrite",
