@@ -90,7 +90,7 @@ pub struct Config {
     #[arg(long, env = "TTDRV_DRAIN_EXEMPT_NAMESPACES", value_delimiter = ',')]
     pub drain_exempt_namespaces: Option<Vec<String>>,
     /// Node labels set to "false" while a node is upgraded (comma-separated; empty disables).
-    #[arg(long, env = "TTDRV_DEPLOY_GATES", default_value = labels::DEFAULT_DEPLOY_GATE, value_delimiter = ',')]
+    #[arg(long, env = "TTDRV_DEPLOY_GATES", default_value = labels::DEFAULT_DEPLOY_GATES, value_delimiter = ',')]
     pub deploy_gates: Vec<String>,
     /// The DRA kubelet plugin's pods (`key=value[,key=value]`), restarted on
     /// a swapped node before its uncordon so they publish the new driver's

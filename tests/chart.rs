@@ -380,7 +380,10 @@ fn renders_mean_what_they_should() {
         ),
         ("TTDRV_INSTALLER_PULL_POLICY", "IfNotPresent"),
         ("TTDRV_AGENT_SERVICE_ACCOUNT", agent.as_str()),
-        ("TTDRV_DEPLOY_GATES", "tenstorrent.com/deploy.tt-telemetry"),
+        (
+            "TTDRV_DEPLOY_GATES",
+            ttdrv_api::labels::DEFAULT_DEPLOY_GATES,
+        ),
         ("TTDRV_LEADER_ELECT", "true"),
         ("TTDRV_LEASE_NAME", "tt-k8s-driver-manager"),
         ("TTDRV_REQUIRE_TT_LABEL", "true"),

@@ -9,7 +9,8 @@
 //!
 //! - With both keys in `deployGates` the node upgrades; both pods leave it
 //!   during the cycle and come back after.
-//! - With the telemetry key only, the fabric-manager DaemonSet and the key it
+//! - With the telemetry key only (the Go operator's default), the
+//!   fabric-manager DaemonSet and the key it
 //!   lacks are named before the cordon (the waiting node's message, one
 //!   `UngatedDeviceHolder` Event), and the agent's refusal fails the node
 //!   naming the DaemonSet and the key.
@@ -182,7 +183,8 @@ async fn with_both_gates_the_stack_leaves_the_node_and_comes_back() {
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn without_the_fabric_manager_gate_it_is_named_before_the_cordon_and_in_the_refusal() {
-    // The controller's default gates: the telemetry key only.
+    // The Go operator's default gates, kept by a user who migrated: the
+    // telemetry key only.
     // A swap of 3 s: the first node's cycle outlasts the policy status's
     // one-second write pacing, so the second node's wait is seen in it.
     let (env, ns, nodes, _agent) = sim_fleet_with(
@@ -195,7 +197,14 @@ async fn without_the_fabric_manager_gate_it_is_named_before_the_cordon_and_in_th
         },
     )
     .await;
-    let _ctl = controller(&env, &ns);
+    let _ctl = controller_with(
+        &env,
+        &ns,
+        ControllerOptions {
+            extra_args: vec![format!("--deploy-gates={TELEMETRY_GATE}")],
+            ..Default::default()
+        },
+    );
     let policy = installed(&env, &nodes, "", T).await;
     // The fabric-manager agent runs on the second node only: the first
     // upgrades (its telemetry collector is gated), the second waits for it.

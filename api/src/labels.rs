@@ -53,8 +53,16 @@ pub const DEFAULT_DRA_PLUGIN_SELECTOR: &str = "app.kubernetes.io/name=tt-dra-dri
 /// (the controller's `--dra-driver` default).
 pub const DEFAULT_DRA_DRIVER: &str = "tenstorrent.com";
 
-/// Default deploy gate flipped to "false" while a node is upgraded.
+/// The telemetry collector's deploy gate (tt-telemetry's chart default).
 pub const DEFAULT_DEPLOY_GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
+/// The fabric-manager agent's deploy gate (tt-fabric-manager 0.2.29 and
+/// later).
+pub const FABRIC_MANAGER_DEPLOY_GATE: &str = "tenstorrent.com/deploy.tt-fabric-manager";
+/// The deploy gates flipped to "false" while a node is upgraded, by default:
+/// both holders of the device on a Tenstorrent stack (comma-separated, as
+/// `--deploy-gates` takes them).
+pub const DEFAULT_DEPLOY_GATES: &str =
+    "tenstorrent.com/deploy.tt-telemetry,tenstorrent.com/deploy.tt-fabric-manager";
 /// What every deploy-gate label's key starts with.
 pub const DEPLOY_GATE_PREFIX: &str = "tenstorrent.com/deploy.";
 

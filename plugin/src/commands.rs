@@ -611,7 +611,12 @@ async fn plan_cmd(
 /// Deployment's container in the operator's namespace (the chart sets it),
 /// else the chart default.
 async fn controller_deploy_gates(ctx: &Ctx) -> Vec<String> {
-    let default = || vec![labels::DEFAULT_DEPLOY_GATE.to_string()];
+    let default = || {
+        labels::DEFAULT_DEPLOY_GATES
+            .split(',')
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
     let Ok(list) = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
         ctx.client.clone(),
         &ctx.namespace,
