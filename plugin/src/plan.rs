@@ -103,6 +103,11 @@ pub struct PlannedNode {
     /// close and the drain runs, each with the gate its DaemonSet lacks.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ungated_holders: Vec<UngatedHolder>,
+    /// The DRA kubelet plugin's pods on the node (`namespace/name`, the
+    /// tt-dra-driver chart's label): restarted after the swap, and the node
+    /// waits until its ResourceSlices list every card before its uncordon.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dra_plugin: Vec<String>,
 }
 
 /// A DaemonSet whose pod on the node no gate and no drain stands down.
@@ -606,6 +611,13 @@ impl Survey<'_> {
                     template_has_gate: h.lacks != device_holders::Lacks::NoGate,
                     message: h.describe(),
                 })
+                .collect(),
+            dra_plugin: view
+                .obs
+                .surface
+                .plugin_pods
+                .iter()
+                .map(|p| p.pod.to_string())
                 .collect(),
         };
         (

@@ -472,7 +472,8 @@ fn node_drain_details(n: &PlannedNode, drain_enabled: bool, pal: Palette) -> Str
         && n.evict_other.is_empty()
         && n.left.is_empty()
         && n.blockers.is_empty()
-        && n.ungated_holders.is_empty();
+        && n.ungated_holders.is_empty()
+        && n.dra_plugin.is_empty();
     let mut notes: Vec<String> = vec![];
     if n.already_unavailable {
         notes.push(match &n.unavailable_because {
@@ -516,6 +517,12 @@ fn node_drain_details(n: &PlannedNode, drain_enabled: bool, pal: Palette) -> Str
             pal.paint("UNGATED:", RED),
             h.pod,
             h.message
+        ));
+    }
+    if !n.dra_plugin.is_empty() {
+        out.push_str(&format!(
+            "  after the swap: restarts the DRA plugin ({}) and waits until its ResourceSlices list every card\n",
+            n.dra_plugin.join(", ")
         ));
     }
     out

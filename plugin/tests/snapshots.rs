@@ -1325,3 +1325,55 @@ fn plan_names_the_daemon_sets_no_configured_gate_stands_down() {
     assert_eq!(holders(&rp).len(), 1);
     assert_eq!(holders(&rp)[0].1, "tt/old-fabric-agent");
 }
+
+/// The DRA kubelet plugin's pod on a node (the tt-dra-driver chart's label):
+/// `plan` says it is restarted after the swap and the node waits for its
+/// cards; a node without one says nothing of it.
+#[test]
+fn plan_says_which_nodes_restart_their_dra_plugin_after_the_swap() {
+    let (policies, nodes, mut pods, pdbs) = fleet_before_upgrade();
+    let mut plugin = pod(
+        "tt",
+        "tt-dra-driver-w-1",
+        "w-1",
+        Some("DaemonSet"),
+        false,
+        "dra",
+    );
+    if let Some(l) = plugin.metadata.labels.as_mut() {
+        l.insert("app.kubernetes.io/name".into(), "tt-dra-driver".into());
+    }
+    pods.push(plugin);
+    let rp = plan::build(&Inputs {
+        policy: &policies[1],
+        policies: &policies,
+        nodes: &nodes,
+        pods: &pods,
+        pdbs: &pdbs,
+        daemon_sets: &[],
+        deploy_gates: &[],
+        operator_namespace: "tt-k8s-driver-manager-system",
+        costs: Default::default(),
+        version: Some("2.8.0"),
+        now: 1_796_472_000,
+    });
+    let dra = |n: &str| {
+        rp.nodes
+            .iter()
+            .find(|p| p.name == n)
+            .map(|p| p.dra_plugin.clone())
+    };
+    assert_eq!(dra("w-1"), Some(vec!["tt/tt-dra-driver-w-1".to_string()]));
+    assert!(dra("w-3").is_some_and(|d| d.is_empty()), "{:?}", dra("w-3"));
+    let text = render::plan(&rp, Palette::PLAIN);
+    assert!(
+        text.contains("after the swap: restarts the DRA plugin (tt/tt-dra-driver-w-1) and waits until its ResourceSlices list every card"),
+        "{text}"
+    );
+    let json = serde_json::to_value(&rp).expect("serializes");
+    let w1 = json["nodes"]
+        .as_array()
+        .and_then(|ns| ns.iter().find(|n| n["name"] == "w-1"))
+        .expect("w-1 in JSON");
+    assert_eq!(w1["draPlugin"][0], "tt/tt-dra-driver-w-1");
+}
