@@ -423,9 +423,13 @@ def rollout():
                  "{{phase}} p95"),
                 (f'histogram_quantile(0.95, sum by (le) (increase(ttdriver_node_upgrade_duration_seconds_bucket{{{CR}}}[$__range])))',
                  "whole node p95"),
+                (f'histogram_quantile(0.95, sum by (le) (increase(ttdriver_node_scheduling_surface_seconds_bucket{{{CR}}}[$__range])))',
+                 "scheduling surface p95"),
                 instant=True),
         description="Time nodes spent in each state (ttdriver_phase_duration_seconds, observed when a node leaves "
-                    "the state) and for a whole node cycle, Cordoning to Done (ttdriver_node_upgrade_duration_seconds), "
+                    "the state), for a whole node cycle, Cordoning to Done (ttdriver_node_upgrade_duration_seconds), "
+                    "and from a validated swap to the scheduler seeing every card again (DRA plugin restarted, "
+                    "ResourceSlices whole: ttdriver_node_scheduling_surface_seconds), "
                     "over the dashboard's time range. Quantiles are estimated from histogram buckets.",
         unit="s",
         defaults={"min": 0, "color": {"mode": "continuous-GrYlRd"}},

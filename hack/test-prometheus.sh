@@ -87,6 +87,38 @@ prom_pid=$!
 procs_record "$pids" $prom_pid prometheus
 prom_start=$(procs_starttime $prom_pid || true)
 
+# The DRA kubelet plugin of tt-dra-driver on every node, each node's slice
+# listing its one card (the simulated agent counts one): the upgraded nodes'
+# plugins are restarted and their cards seen again before the uncordon
+# (ttdriver_node_scheduling_surface_seconds).
+kubectl apply -n $id -f - >/dev/null <<YAML
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: dra}
+spec:
+  selector: {matchLabels: {app.kubernetes.io/name: tt-dra-driver}}
+  template:
+    metadata: {labels: {app.kubernetes.io/name: tt-dra-driver}}
+    spec:
+      nodeSelector: {ttdrv-test: $id}
+      containers: [{name: plugin, image: busybox}]
+YAML
+for n in a b c; do
+  uid=$(kubectl get node $id-$n -o jsonpath='{.metadata.uid}')
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata:
+  name: $id-$n-tenstorrent.com
+  ownerReferences: [{apiVersion: v1, kind: Node, name: $id-$n, uid: $uid}]
+spec:
+  driver: tenstorrent.com
+  nodeName: $id-$n
+  pool: {name: $id-$n, generation: 1, resourceSliceCount: 1}
+  devices: [{name: card0}]
+YAML
+done
+
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: driver.tenstorrent.com/v1alpha1
 kind: TenstorrentDriverPolicy
