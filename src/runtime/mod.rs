@@ -1,6 +1,7 @@
 //! What runs the controller's actors, whatever the kind: the caches and
 //! their watches ([`watch`], [`pod_index`], [`daemon_set_index`]: every
-//! DaemonSet's deploy gates and device use), the context every actor shares
+//! DaemonSet's deploy gates and device use; [`slice_index`]: the DRA
+//! driver's ResourceSlices as device counts by node), the context every actor shares
 //! ([`context`]), the slot book's lock ([`claims`]), per-object write
 //! backoff ([`write_backoff`]), one policy's actor whatever its kind
 //! ([`policy_actor`]: passes one at a time, restarts, node actors, the
