@@ -99,17 +99,38 @@ pub fn start(
         metrics.clone(),
     );
     // The DRA driver's slices, a poke for the slice's node. Not part of
-    // readiness: a cluster without resource.k8s.io/v1 never lists them.
+    // readiness, and not watched where resource.k8s.io/v1 is not served
+    // (Kubernetes before 1.34): a watch there would only fail and retry.
     let slices = Arc::new(SliceIndex::new(dra_driver));
-    let slice_index = slices.clone();
-    spawn_facts_watch(
-        Api::<ResourceSlice>::all(client.clone()),
-        watcher::Config::default().fields(&slices.field_selector()),
-        "ResourceSlice",
-        move |ev| slice_index.apply(ev),
-        manager.clone(),
-        metrics.clone(),
-    );
+    {
+        let (client, slice_index, manager, metrics) = (
+            client.clone(),
+            slices.clone(),
+            manager.clone(),
+            metrics.clone(),
+        );
+        tokio::spawn(async move {
+            let served = client
+                .list_api_group_resources("resource.k8s.io/v1")
+                .await
+                .map(|l| l.resources.iter().any(|r| r.name == "resourceslices"));
+            if let Ok(false) | Err(kube::Error::Api(_)) = served {
+                tracing::info!(
+                    "resource.k8s.io/v1 ResourceSlices are not served: swapped nodes are checked for their DRA plugin and extended resources only"
+                );
+                return;
+            }
+            let cfg = watcher::Config::default().fields(&slice_index.field_selector());
+            spawn_facts_watch(
+                Api::<ResourceSlice>::all(client),
+                cfg,
+                "ResourceSlice",
+                move |ev| slice_index.apply(ev),
+                manager,
+                metrics,
+            );
+        });
+    }
     let (pdbs, w5) = spawn_watch::<PodDisruptionBudget>(
         Api::all(client.clone()),
         watcher::Config::default(),
