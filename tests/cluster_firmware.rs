@@ -1188,6 +1188,25 @@ async fn combined_wave(name: &str, combine: bool) -> Vec<(usize, usize)> {
         env.annotate_node(n, ttdrv_testkit::sim_flasher::HOLD_ANNOTATION, Some("1"))
             .await;
     }
+    // Each device user runs on its node before any cycle starts (under load
+    // the scheduler may bind one after its node's drain: then no cycle
+    // evicts it, and the count below would say so).
+    for (i, n) in nodes.iter().enumerate() {
+        let app = format!("user{i}");
+        wait_for(&format!("{app} running on {n}"), T, || async {
+            let on = env.pods_on(&ns, n).await;
+            let running = on.iter().any(|p| {
+                p.metadata.labels.as_ref().and_then(|l| l.get("app")) == Some(&app)
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            });
+            if running {
+                Ok(())
+            } else {
+                Err(format!("{} pod(s) on the node", on.len()))
+            }
+        })
+        .await;
+    }
     let counter = DisruptionCounter::start(&env, &ns);
     let fw_watch = FirmwareWatcher::start(&env);
     let safety = SafetyWatcher::start(&env);
