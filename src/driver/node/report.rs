@@ -56,10 +56,12 @@ impl StepReport<'_> {
                 format!("node {node}: {msg}"),
             );
         }
-        // Whole: the node goes on (to its validation pod or its uncordon).
+        // Whole: the node goes on to its validation pod or its uncordon
+        // (not a node gone NotReady meanwhile, nor a failure).
+        let went_on = next.state == NodeState::Uncordoning
+            || next.reason.as_deref() == Some(reason::VALIDATING);
         if checking(prev)
-            && !checking(next)
-            && !next.state.is_failed()
+            && went_on
             && let Some(since) = prev.surface_since
         {
             self.ctx
