@@ -238,16 +238,16 @@ struct FirmwareWatcher {
 
 impl FirmwareWatcher {
     fn start(env: &TestEnv) -> Self {
-        use futures::{StreamExt, TryStreamExt};
-        use kube::runtime::{WatchStreamExt, watcher};
+        use futures::StreamExt;
+        use kube::runtime::watcher;
         let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
         let cfg = watcher::Config::default().labels(&env.selector());
         let seen: std::sync::Arc<std::sync::Mutex<(usize, Vec<String>)>> = Default::default();
         let out = seen.clone();
         let task = tokio::spawn(async move {
             let mut in_fw: std::collections::BTreeSet<String> = Default::default();
-            let mut stream = watcher(api, cfg).applied_objects().boxed();
-            while let Ok(Some(n)) = stream.try_next().await {
+            let mut stream = ttdrv_testkit::watch_applied(api, cfg);
+            while let Some(n) = stream.next().await {
                 let name = n.metadata.name.clone().unwrap_or_default();
                 let fw = ttdrv_core::claim::firmware_record(&n)
                     .is_some_and(|r| r.state.is_in_progress());
@@ -327,18 +327,16 @@ struct FlashJobWatcher {
 
 impl FlashJobWatcher {
     fn start(env: &TestEnv, ns: &str) -> Self {
-        use futures::{StreamExt, TryStreamExt};
-        use kube::runtime::{WatchStreamExt, watcher};
+        use futures::StreamExt;
+        use kube::runtime::watcher;
         let api: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.client.clone(), ns);
         let seen: std::sync::Arc<std::sync::Mutex<(usize, std::collections::BTreeSet<String>)>> =
             Default::default();
         let out = seen.clone();
         let task = tokio::spawn(async move {
             let mut running: std::collections::BTreeSet<String> = Default::default();
-            let mut stream = watcher(api, watcher::Config::default())
-                .applied_objects()
-                .boxed();
-            while let Ok(Some(j)) = stream.try_next().await {
+            let mut stream = ttdrv_testkit::watch_applied(api, watcher::Config::default());
+            while let Some(j) = stream.next().await {
                 let name = j.metadata.name.clone().unwrap_or_default();
                 let runs = matches!(
                     ttdrv_core::firmware::job::state(Some(&j), &[]),
@@ -1110,16 +1108,16 @@ struct DisruptionCounts {
 
 impl DisruptionCounter {
     fn start(env: &TestEnv, ns: &str) -> Self {
-        use futures::{StreamExt, TryStreamExt};
-        use kube::runtime::{WatchStreamExt, watcher};
+        use futures::StreamExt;
+        use kube::runtime::watcher;
         let seen: std::sync::Arc<std::sync::Mutex<DisruptionCounts>> = Default::default();
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
         let cfg = watcher::Config::default().labels(&env.selector());
         let out = seen.clone();
         let node_task = tokio::spawn(async move {
             let mut was: std::collections::BTreeMap<String, bool> = Default::default();
-            let mut stream = watcher(nodes, cfg).applied_objects().boxed();
-            while let Ok(Some(n)) = stream.try_next().await {
+            let mut stream = ttdrv_testkit::watch_applied(nodes, cfg);
+            while let Some(n) = stream.next().await {
                 let name = n.metadata.name.clone().unwrap_or_default();
                 let now = unschedulable(&n);
                 if now && !was.get(&name).copied().unwrap_or(false) {
@@ -1132,10 +1130,9 @@ impl DisruptionCounter {
         let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), ns);
         let out = seen.clone();
         let pod_task = tokio::spawn(async move {
-            let mut stream = watcher(pods, watcher::Config::default().labels("app"))
-                .applied_objects()
-                .boxed();
-            while let Ok(Some(p)) = stream.try_next().await {
+            let mut stream =
+                ttdrv_testkit::watch_applied(pods, watcher::Config::default().labels("app"));
+            while let Some(p) = stream.next().await {
                 let app = p
                     .metadata
                     .labels

@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::ListParams;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy, labels};
 use ttdrv_core::go_ahead::{self, GoAhead, Swap};
 use ttdrv_core::machine::{Cordon, NodeRecord};
@@ -330,8 +330,8 @@ impl NodeLog {
         let events: Arc<Mutex<Vec<Node>>> = Arc::default();
         let out = events.clone();
         let task = tokio::spawn(async move {
-            let mut stream = watcher(api, cfg).applied_objects().boxed();
-            while let Ok(Some(n)) = stream.try_next().await {
+            let mut stream = ttdrv_testkit::watch_applied(api, cfg);
+            while let Some(n) = stream.next().await {
                 if let Ok(mut v) = out.lock() {
                     v.push(n);
                 }

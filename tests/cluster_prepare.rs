@@ -81,6 +81,7 @@ impl BuildLog {
             Api::<Node>::all(env.client.clone()),
             watcher::Config::default().labels(&env.selector()),
         )
+        .default_backoff()
         .applied_objects()
         .map_ok(Change::Node)
         .boxed();
@@ -88,6 +89,7 @@ impl BuildLog {
             Api::<Pod>::namespaced(env.client.clone(), ns),
             watcher::Config::default().labels(labels::CLAIM),
         )
+        .default_backoff()
         .touched_objects()
         .map_ok(|p| {
             if p.metadata.deletion_timestamp.is_some() {
@@ -105,7 +107,9 @@ impl BuildLog {
             let mut node_of: BTreeMap<String, Node> = BTreeMap::new();
             // Node -> (pod name, its version) of its live installer pod.
             let mut pod_of: BTreeMap<String, (String, Option<String>)> = BTreeMap::new();
-            while let Ok(Some(change)) = stream.try_next().await {
+            // A watch error re-lists after its backoff; the log goes on.
+            while let Some(change) = stream.next().await {
+                let Ok(change) = change else { continue };
                 let Ok(mut s) = out.lock() else { return };
                 match change {
                     Change::Node(n) => {

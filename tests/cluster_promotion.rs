@@ -11,10 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use ttdrv_api::NodeState;
 use ttdrv_testkit::TestEnv;
 use ttdrv_testkit::policy::wait_nodes;
@@ -51,8 +51,8 @@ impl CycleWatcher {
         let first: FirstSeen = Arc::default();
         let out = first.clone();
         let task = tokio::spawn(async move {
-            let mut stream = watcher(api, cfg).applied_objects().boxed();
-            while let Ok(Some(n)) = stream.try_next().await {
+            let mut stream = ttdrv_testkit::watch_applied(api, cfg);
+            while let Some(n) = stream.next().await {
                 let name = n.metadata.name.clone().unwrap_or_default();
                 let rec = ttdrv_core::node::record(&n).ok().flatten();
                 let in_cycle = rec.as_ref().is_some_and(|r| r.state.is_in_progress());

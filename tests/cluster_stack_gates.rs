@@ -89,34 +89,84 @@ async fn run_stack(
     names
 }
 
-/// The fewest stack pods seen on `node` while it was cordoned, polled
-/// until dropped.
+/// The fewest stack pods seen on `node` while it was cordoned. Driven by
+/// two watches (the node; the namespace's pods on it), not by polling: every
+/// change is seen however slow the API server is, and a watch error re-lists
+/// after a backoff instead of ending the tracker.
 fn track_while_cordoned(
     env: &TestEnv,
     ns: &str,
     node: &str,
     names: &[String],
 ) -> (Arc<Mutex<Option<usize>>>, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::Api;
+    use kube::runtime::{WatchStreamExt, watcher};
+    use std::collections::BTreeSet;
+
+    enum Seen {
+        Node(Node),
+        Pods(watcher::Event<Pod>),
+    }
     let fewest = Arc::new(Mutex::new(None::<usize>));
-    let (env, ns, node, names, out) = (
-        TestEnv {
-            client: env.client.clone(),
-            id: env.id.clone(),
-        },
-        ns.to_string(),
-        node.to_string(),
-        names.to_vec(),
-        fewest.clone(),
-    );
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), ns);
+    let node_cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let pod_cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let node_events = watcher(nodes, node_cfg)
+        .default_backoff()
+        .applied_objects()
+        .filter_map(|n| async move { n.ok().map(Seen::Node) });
+    let pod_events = watcher(pods, pod_cfg)
+        .default_backoff()
+        .filter_map(|e| async move { e.ok().map(Seen::Pods) });
+    let (names, out) = (names.to_vec(), fewest.clone());
     let task = tokio::spawn(async move {
-        loop {
-            if unschedulable(&env.get_node(&node).await) {
-                let n = stack_pods(&env, &ns, &node, &names).await.len();
-                if let Ok(mut f) = out.lock() {
-                    *f = Some(f.map_or(n, |m: usize| m.min(n)));
+        let stack_pod = |p: &Pod| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.kind == "DaemonSet" && names.contains(&o.name))
+        };
+        let (mut cordoned, mut on, mut relist) = (false, BTreeSet::new(), BTreeSet::new());
+        // Nothing is counted before the pods' first list is whole: an empty
+        // set then would be a zero never seen.
+        let mut listed = false;
+        let mut events = futures::stream::select(node_events.boxed(), pod_events.boxed());
+        while let Some(seen) = events.next().await {
+            match seen {
+                Seen::Node(n) => cordoned = unschedulable(&n),
+                Seen::Pods(watcher::Event::Apply(p)) => {
+                    let uid = p.metadata.uid.clone().unwrap_or_default();
+                    if stack_pod(&p) {
+                        on.insert(uid);
+                    } else {
+                        on.remove(&uid);
+                    }
+                }
+                Seen::Pods(watcher::Event::Delete(p)) => {
+                    on.remove(&p.metadata.uid.clone().unwrap_or_default());
+                }
+                Seen::Pods(watcher::Event::Init) => relist.clear(),
+                Seen::Pods(watcher::Event::InitApply(p)) => {
+                    if stack_pod(&p) {
+                        relist.insert(p.metadata.uid.clone().unwrap_or_default());
+                    }
+                }
+                Seen::Pods(watcher::Event::InitDone) => {
+                    on = std::mem::take(&mut relist);
+                    listed = true;
                 }
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            if cordoned
+                && listed
+                && let Ok(mut f) = out.lock()
+            {
+                *f = Some(f.map_or(on.len(), |m: usize| m.min(on.len())));
+            }
         }
     });
     (fewest, task)

@@ -38,14 +38,14 @@ async fn wait_vacated(env: &TestEnv, policy: &str, nodes: &[String]) {
 type Statuses = std::sync::Arc<std::sync::Mutex<Vec<ttdrv_api::TenstorrentDriverPolicyStatus>>>;
 fn watch_statuses(env: &TestEnv, policy: &str) -> (Statuses, tokio::task::JoinHandle<()>) {
     use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
+    use kube::runtime::watcher;
     let api: Api<ttdrv_api::TenstorrentDriverPolicy> = Api::all(env.client.clone());
     let cfg = watcher::Config::default().fields(&format!("metadata.name={policy}"));
     let seen: Statuses = Default::default();
     let into = seen.clone();
     let task = tokio::spawn(async move {
-        let mut stream = watcher(api, cfg).applied_objects().boxed();
-        while let Some(Ok(p)) = stream.next().await {
+        let mut stream = ttdrv_testkit::watch_applied(api, cfg);
+        while let Some(p) = stream.next().await {
             if let (Some(st), Ok(mut v)) = (p.status, into.lock()) {
                 v.push(st);
             }

@@ -9,6 +9,8 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -39,6 +41,26 @@ pub async fn client() -> Client {
         panic!("the Kubernetes API server does not answer ({e}); {hint}");
     }
     client
+}
+
+/// Every object `api` shows under `cfg`, as it changes, for a recorder a
+/// test runs beside the controller. A watch error (the API server slow
+/// under CI load) re-lists after a backoff and is logged; the stream never
+/// ends on one, because a recorder that stopped would undercount and let a
+/// safety assertion pass unseen.
+pub fn watch_applied<K>(api: Api<K>, cfg: kube::runtime::watcher::Config) -> BoxStream<'static, K>
+where
+    K: kube::Resource + Clone + Debug + k8s_openapi::serde::de::DeserializeOwned + Send + 'static,
+{
+    use kube::runtime::WatchStreamExt;
+    kube::runtime::watcher(api, cfg)
+        .default_backoff()
+        .applied_objects()
+        .filter_map(|o| async move {
+            o.map_err(|e| tracing::warn!(error = %e, "test recorder watch error, re-listing"))
+                .ok()
+        })
+        .boxed()
 }
 
 /// Polls `check` until it returns `Ok`, or panics after `timeout` with what was

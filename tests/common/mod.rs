@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::ListParams;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use ttdrv_api::{NodeState, labels};
 // Each test binary uses a different subset of these.
 #[allow(unused_imports)]
@@ -57,8 +57,8 @@ impl CordonWatcher {
         let (m, e) = (max.clone(), ever.clone());
         let task = tokio::spawn(async move {
             let mut cordoned: BTreeMap<String, bool> = BTreeMap::new();
-            let mut stream = watcher(api, cfg).applied_objects().boxed();
-            while let Ok(Some(n)) = stream.try_next().await {
+            let mut stream = ttdrv_testkit::watch_applied(api, cfg);
+            while let Some(n) = stream.next().await {
                 let name = n.metadata.name.clone().unwrap_or_default();
                 let c = n
                     .spec
@@ -278,8 +278,8 @@ impl SafetyWatcher {
         let out = seen.clone();
         let task = tokio::spawn(async move {
             let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
-            let mut stream = watcher(api, cfg).applied_objects().boxed();
-            while let Ok(Some(n)) = stream.try_next().await {
+            let mut stream = ttdrv_testkit::watch_applied(api, cfg);
+            while let Some(n) = stream.next().await {
                 let name = n.metadata.name.clone().unwrap_or_default();
                 let before = nodes.insert(name.clone(), n.clone());
                 let Ok(mut s) = out.lock() else { return };
