@@ -6,7 +6,10 @@ our installer DaemonSets (labelled driver.tenstorrent.com/policy) are left
 for the simulated agent to make Ready, as on a real node the agent's
 readiness depends on the loaded module; and pods of flash Jobs (labelled
 firmware.tenstorrent.com/cr) are left for the simulated flasher to finish,
-as on a real node their outcome is the flash's.
+as on a real node their outcome is the flash's; and pods labelled
+sim.ttdrv.io/ready-after are left for the test kit's late starter, which
+makes them Ready that many seconds after they start (a stack agent that is
+slow to serve).
 
     kwok-stages.py KWOK_STAGE_DIR OUT
 """
@@ -25,7 +28,7 @@ for f in ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-hear
         assert anchor in text, f"kwok {f} stage changed shape"
         keys = ["firmware.tenstorrent.com/cr"]
         if f.endswith("pod-ready.yaml"):
-            keys.insert(0, "driver.tenstorrent.com/policy")
+            keys[:0] = ["driver.tenstorrent.com/policy", "sim.ttdrv.io/ready-after"]
         extra = "".join(f"    - key: '.metadata.labels[\"{k}\"]'\n      operator: 'DoesNotExist'\n" for k in keys)
         text = text.replace(anchor, anchor + extra, 1)
     parts.append(text.strip() + "\n")

@@ -167,3 +167,115 @@ async fn a_plugin_that_never_publishes_again_times_out_with_its_reason() {
     )
     .await;
 }
+
+/// The stack of STACK.md around the plugin: the telemetry collector and the
+/// fabric-manager agent behind the default deploy gates, and a plugin that
+/// reads the cards from that agent (tt-dra-driver as its source reads: a
+/// start without a Ready agent on the node keeps the old slice). The gates
+/// open with the node still cordoned, the plugin is restarted only once the
+/// agent's pod is Ready again, and the node is uncordoned after it
+/// republished.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn with_the_stack_gated_the_plugin_restarts_after_the_fabric_manager_is_back() {
+    let (env, ns, nodes, _sim) = sim_fleet("surface-stack", 1).await;
+    let node = nodes[0].clone();
+    env.annotate_node(&node, CARDS_ANNOTATION, Some("2")).await;
+    // The default gates: both keys.
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "", T).await;
+    let (telemetry, fabric, dra) = (env.name("telemetry"), env.name("fabric"), env.name("dra"));
+    stack::create(&env, &ns, &stack::telemetry_collector(&env.id, &telemetry)).await;
+    // The agent turns Ready 4 s after it starts: a plugin restarted as soon
+    // as the gates open would find nothing to read.
+    let _late = stack::LateStarter::start(&env, &ns);
+    let agent = stack::ready_after(stack::fabric_manager_agent(&env.id, &fabric), 4);
+    stack::create(&env, &ns, &agent).await;
+    let agent_ready = |env: &TestEnv| {
+        let (env, ns, node, fabric) = (
+            TestEnv {
+                client: env.client.clone(),
+                id: env.id.clone(),
+            },
+            ns.clone(),
+            node.clone(),
+            fabric.clone(),
+        );
+        async move {
+            env.pods_on(&ns, &node).await.iter().any(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(&fabric))
+                    && ttdrv_testkit::pod_ready(p)
+            })
+        }
+    };
+    wait_for("the fabric-manager agent Ready on the node", T, || async {
+        if agent_ready(&env).await {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
+    })
+    .await;
+    stack::create(&env, &ns, &stack::dra_plugin(&env.id, &dra)).await;
+    let plugin = DraPlugin::reading_from(&env, &ns, &dra, Publishes::Cards(2), &fabric);
+    wait_for("the DRA plugin's first slice", T, || async {
+        match plugin.publications().len() {
+            0 => Err(format!("none yet; kept stale: {:?}", plugin.kept_stale())),
+            _ => Ok(()),
+        }
+    })
+    .await;
+    let before = plugin.publications();
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    let start = Instant::now();
+    let (mut cordoned, mut open_while_cordoned, mut agent_gone) = (false, false, false);
+    loop {
+        let n = env.get_node(&node).await;
+        if unschedulable(&n) {
+            cordoned = true;
+            agent_gone |= !agent_ready(&env).await;
+            open_while_cordoned |= agent_gone && gate_labels(&n).is_empty();
+        } else if cordoned {
+            assert!(
+                plugin.publications().len() > before.len(),
+                "uncordoned before the restarted plugin republished: {:?}",
+                plugin.publications()
+            );
+        }
+        let st = node_entry(&env, &policy, &node).await;
+        if st.as_ref().is_some_and(|s| {
+            s.state == NodeState::Done && s.current_version.as_deref() == Some("2.8.0")
+        }) {
+            break;
+        }
+        assert!(
+            start.elapsed() < T,
+            "not Done at 2.8.0 within {T:?}: {st:?}; kept stale: {:?}",
+            plugin.kept_stale()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        cordoned && agent_gone,
+        "the cycle cordoned the node and stood the agent down"
+    );
+    assert!(
+        open_while_cordoned,
+        "the gates opened while the node was still cordoned"
+    );
+    assert_done_uncordoned(&env, std::slice::from_ref(&node), "2.8.0").await;
+    assert_eq!(
+        plugin.kept_stale(),
+        vec![],
+        "no plugin pod started while the fabric-manager agent was away"
+    );
+    let after = plugin.publications();
+    let (first, last) = (&before[0], &after[after.len() - 1]);
+    assert_ne!(first.1, last.1, "a new plugin pod published: {after:?}");
+    assert!(last.2 > first.2, "a newer pool generation: {after:?}");
+    env.teardown().await;
+}

@@ -106,8 +106,8 @@ fn track_while_cordoned(
     use std::collections::BTreeSet;
 
     enum Seen {
-        Node(Node),
-        Pods(watcher::Event<Pod>),
+        Cordoned(bool),
+        Pods(Box<watcher::Event<Pod>>),
     }
     let fewest = Arc::new(Mutex::new(None::<usize>));
     let nodes: Api<Node> = Api::all(env.client.clone());
@@ -117,10 +117,10 @@ fn track_while_cordoned(
     let node_events = watcher(nodes, node_cfg)
         .default_backoff()
         .applied_objects()
-        .filter_map(|n| async move { n.ok().map(Seen::Node) });
+        .filter_map(|n| async move { n.ok().map(|n| Seen::Cordoned(unschedulable(&n))) });
     let pod_events = watcher(pods, pod_cfg)
         .default_backoff()
-        .filter_map(|e| async move { e.ok().map(Seen::Pods) });
+        .filter_map(|e| async move { e.ok().map(|e| Seen::Pods(Box::new(e))) });
     let (names, out) = (names.to_vec(), fewest.clone());
     let task = tokio::spawn(async move {
         let stack_pod = |p: &Pod| {
@@ -137,9 +137,16 @@ fn track_while_cordoned(
         let mut listed = false;
         let mut events = futures::stream::select(node_events.boxed(), pod_events.boxed());
         while let Some(seen) = events.next().await {
-            match seen {
-                Seen::Node(n) => cordoned = unschedulable(&n),
-                Seen::Pods(watcher::Event::Apply(p)) => {
+            let pods = match seen {
+                Seen::Cordoned(c) => {
+                    cordoned = c;
+                    None
+                }
+                Seen::Pods(e) => Some(*e),
+            };
+            match pods {
+                None => {}
+                Some(watcher::Event::Apply(p)) => {
                     let uid = p.metadata.uid.clone().unwrap_or_default();
                     if stack_pod(&p) {
                         on.insert(uid);
@@ -147,16 +154,15 @@ fn track_while_cordoned(
                         on.remove(&uid);
                     }
                 }
-                Seen::Pods(watcher::Event::Delete(p)) => {
+                Some(watcher::Event::Delete(p)) => {
                     on.remove(&p.metadata.uid.clone().unwrap_or_default());
                 }
-                Seen::Pods(watcher::Event::Init) => relist.clear(),
-                Seen::Pods(watcher::Event::InitApply(p)) => {
-                    if stack_pod(&p) {
-                        relist.insert(p.metadata.uid.clone().unwrap_or_default());
-                    }
+                Some(watcher::Event::Init) => relist.clear(),
+                Some(watcher::Event::InitApply(p)) if stack_pod(&p) => {
+                    relist.insert(p.metadata.uid.clone().unwrap_or_default());
                 }
-                Seen::Pods(watcher::Event::InitDone) => {
+                Some(watcher::Event::InitApply(_)) => {}
+                Some(watcher::Event::InitDone) => {
                     on = std::mem::take(&mut relist);
                     listed = true;
                 }

@@ -181,6 +181,7 @@ fn enter(
         // one drain again.
         r.bounded = false;
         r.redrained = None;
+        r.stood_down.clear();
     }
     // The surface check belongs to the swap it follows.
     if state != NodeState::Upgrading {
@@ -499,6 +500,7 @@ fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
     }
     r.no_drain = false;
     r.started = Some(obs.now);
+    r.stood_down = crate::surface::standing(&obs.surface.stack);
     let mut cmds = vec![Command::CloseGates];
     if r.cordoned_by_us() {
         cmds.insert(0, Command::Cordon);

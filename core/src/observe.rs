@@ -230,7 +230,13 @@ pub fn observe<'p>(
                 ))
             })
             .flatten(),
-        surface: crate::surface::Surface::of(p.surface, node, n.pods, n.dra_devices),
+        surface: crate::surface::Surface::of(
+            p.surface,
+            node,
+            n.pods,
+            n.dra_devices,
+            crate::surface::stack_pods(n.pods, p.daemon_sets, p.gates),
+        ),
         ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from

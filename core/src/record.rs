@@ -56,6 +56,10 @@ pub struct NodeRecord {
     /// validated, Unix seconds): DRA plugin pods created before it are
     /// restarted, and its deadline counts from it ([`crate::surface`]).
     pub surface_since: Option<i64>,
+    /// The gated DaemonSets (`namespace/name`) that had a pod on the node
+    /// when this cycle closed the gates: the DRA plugin is restarted only
+    /// once each has a Ready pod there again ([`crate::surface::check`]).
+    pub stood_down: Vec<String>,
 }
 
 /// The record as stored on the Node: cordon ownership as the two flags older
@@ -95,6 +99,8 @@ mod wire {
         redrained: Option<i64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         surface_since: Option<i64>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        stood_down: Vec<String>,
     }
 
     impl From<Record> for NodeRecord {
@@ -121,6 +127,7 @@ mod wire {
                 paused_at: w.paused_at,
                 redrained: w.redrained,
                 surface_since: w.surface_since,
+                stood_down: w.stood_down,
             }
         }
     }
@@ -143,6 +150,7 @@ mod wire {
                 paused_at: r.paused_at,
                 redrained: r.redrained,
                 surface_since: r.surface_since,
+                stood_down: r.stood_down,
             }
         }
     }
@@ -165,6 +173,7 @@ impl NodeRecord {
             paused_at: None,
             redrained: None,
             surface_since: None,
+            stood_down: vec![],
         }
     }
 

@@ -10,12 +10,18 @@
 //! many devices as the agent counted cards, and the node's allocatable shows
 //! as many extended resources, before the uncordon. A node where nothing
 //! publishes has no surface to check.
+//!
+//! The DRA plugin reads the cards' topology from the fabric-manager agent,
+//! which the deploy gates stood down for the swap, and keeps what it
+//! published before when the agent does not answer. So the gates open
+//! first, the node still cordoned; the plugin is restarted only once every
+//! DaemonSet the gates stood down has a Ready pod on the node again.
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use ttdrv_api::labels;
 
-use crate::drain::{PodFacts, PodRef};
+use crate::drain::{self, DaemonSets, PodFacts, PodRef};
 use crate::node;
 
 /// Who publishes the cards, as the controller is configured.
@@ -69,6 +75,51 @@ pub struct PublisherPod {
     pub deleting: bool,
 }
 
+/// A pod on the node of a DaemonSet that follows a configured deploy gate
+/// (the telemetry collector, the fabric-manager agent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackPod {
+    /// Its DaemonSet, `namespace/name`.
+    pub daemon_set: String,
+    pub ready: bool,
+    pub deleting: bool,
+}
+
+/// The node's pods of DaemonSets that a configured gate stands down
+/// ([`drain::stood_down`]), sorted by DaemonSet.
+pub fn stack_pods(pods: &[&PodFacts], daemon_sets: &DaemonSets, gates: &[String]) -> Vec<StackPod> {
+    if gates.is_empty() {
+        return vec![];
+    }
+    let mut out: Vec<StackPod> = pods
+        .iter()
+        .filter(|p| !p.finished && drain::stood_down(p, daemon_sets, gates))
+        .filter_map(|p| {
+            Some(StackPod {
+                daemon_set: format!("{}/{}", p.pod.namespace, p.daemon_set.as_deref()?),
+                ready: p.daemon_run.is_some_and(|(_, ready)| ready.is_some()),
+                deleting: p.deleting,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.daemon_set.cmp(&b.daemon_set));
+    out
+}
+
+/// The DaemonSets whose pods a cycle starting now stands down (their pods
+/// on the node, not already leaving), sorted, once each: what the cycle
+/// waits for again before it restarts the DRA plugin.
+pub fn standing(stack: &[StackPod]) -> Vec<String> {
+    let mut out: Vec<String> = stack
+        .iter()
+        .filter(|p| !p.deleting)
+        .map(|p| p.daemon_set.clone())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// What the node shows the scheduler now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Surface {
@@ -88,6 +139,8 @@ pub struct Surface {
     /// The node's allocatable `tenstorrent.com/*` extended resources, summed;
     /// None when it shows none.
     pub extended: Option<u32>,
+    /// The node's pods of gated DaemonSets ([`stack_pods`]).
+    pub stack: Vec<StackPod>,
 }
 
 impl Surface {
@@ -97,6 +150,7 @@ impl Surface {
         node: &Node,
         pods: &[&PodFacts],
         dra_devices: Option<u32>,
+        stack: Vec<StackPod>,
     ) -> Self {
         let plugin_pods = pods
             .iter()
@@ -123,6 +177,7 @@ impl Surface {
             plugin_pods,
             dra_devices,
             extended: extended_resources(node),
+            stack,
         }
     }
 
@@ -224,13 +279,32 @@ pub enum Verdict {
 /// pod turns Ready, and a slice it has not rewritten yet is the old one.
 pub const PLUGIN_SETTLE_SECONDS: i64 = 5;
 
-/// The check at `now`, `since` being when it began (the swap validated).
-pub fn check(s: &Surface, since: i64, now: i64) -> Verdict {
+/// The check at `now`, `since` being when it began (the swap validated,
+/// the gates opened), `stood_down` the DaemonSets the cycle's gates stood
+/// down ([`standing`] at its start).
+pub fn check(s: &Surface, stood_down: &[String], since: i64, now: i64) -> Verdict {
     let driver = &s.driver;
     if !s.published() {
         return Verdict::Unpublished;
     }
     let restarts = !s.plugin_selector.is_empty();
+    // A plugin restarted before the fabric-manager agent is back reads no
+    // topology and keeps its old slices: the stack comes back first.
+    let away: Vec<&str> = stood_down
+        .iter()
+        .filter(|ds| {
+            !s.stack
+                .iter()
+                .any(|p| &p.daemon_set == *ds && p.ready && !p.deleting)
+        })
+        .map(String::as_str)
+        .collect();
+    if restarts && !away.is_empty() {
+        return Verdict::Short(format!(
+            "the deploy gates are open again; waiting for a Ready pod of {} on the node before the DRA plugin is restarted",
+            away.join(", ")
+        ));
+    }
     let stale: Vec<PodRef> = s
         .plugin_pods
         .iter()
@@ -313,18 +387,22 @@ mod tests {
             plugin_pods: pods,
             dra_devices: dra,
             extended: None,
+            stack: vec![],
         }
     }
 
     #[test]
     fn nothing_published_is_nothing_to_check() {
-        assert_eq!(check(&Surface::default(), 100, 200), Verdict::Unpublished);
+        assert_eq!(
+            check(&Surface::default(), &[], 100, 200),
+            Verdict::Unpublished
+        );
     }
 
     #[test]
     fn the_plugin_from_before_the_swap_is_restarted_then_waited_for() {
         let old = surface(2, vec![pod("dra-a", 50, true)], Some(2));
-        let Verdict::Restart(pods) = check(&old, 100, 200) else {
+        let Verdict::Restart(pods) = check(&old, &[], 100, 200) else {
             panic!("the old plugin's slices are stale even when the count matches")
         };
         assert_eq!(pods[0].name, "dra-a");
@@ -332,33 +410,76 @@ mod tests {
         let mut deleting = old.clone();
         deleting.plugin_pods[0].deleting = true;
         assert!(
-            matches!(check(&deleting, 100, 200), Verdict::Short(m) if m.contains("started since the swap"))
+            matches!(check(&deleting, &[], 100, 200), Verdict::Short(m) if m.contains("started since the swap"))
         );
         // Gone, its slice still there (the count right): the old slice
         // says nothing of the new driver.
         let gone = surface(2, vec![], Some(2));
         assert!(
-            matches!(check(&gone, 100, 200), Verdict::Short(m) if m.contains("started since the swap"))
+            matches!(check(&gone, &[], 100, 200), Verdict::Short(m) if m.contains("started since the swap"))
         );
         // Ready for less than the settle time: not yet.
         let settling = surface(2, vec![pod("dra-b", 101, true)], Some(2));
         assert!(
-            matches!(check(&settling, 100, 104), Verdict::Short(m) if m.contains("Ready since 2s"))
+            matches!(check(&settling, &[], 100, 104), Verdict::Short(m) if m.contains("Ready since 2s"))
         );
         assert_eq!(
-            check(&settling, 100, 102 + PLUGIN_SETTLE_SECONDS),
+            check(&settling, &[], 100, 102 + PLUGIN_SETTLE_SECONDS),
             Verdict::Whole
         );
         let fresh = surface(2, vec![pod("dra-b", 101, false)], Some(2));
-        assert!(matches!(check(&fresh, 100, 200), Verdict::Short(_)));
+        assert!(matches!(check(&fresh, &[], 100, 200), Verdict::Short(_)));
         let ready = surface(2, vec![pod("dra-b", 101, true)], Some(2));
-        assert_eq!(check(&ready, 100, 200), Verdict::Whole);
+        assert_eq!(check(&ready, &[], 100, 200), Verdict::Whole);
+    }
+
+    #[test]
+    fn the_plugin_is_restarted_only_once_the_stood_down_stack_is_back() {
+        let fm = |ready: bool, deleting: bool| StackPod {
+            daemon_set: "tt/tt-fabric-manager-agent".into(),
+            ready,
+            deleting,
+        };
+        let telemetry = StackPod {
+            daemon_set: "tt/tt-telemetry".into(),
+            ready: true,
+            deleting: false,
+        };
+        let stood_down = standing(&[fm(true, false), telemetry.clone(), fm(true, false)]);
+        assert_eq!(
+            stood_down,
+            ["tt/tt-fabric-manager-agent", "tt/tt-telemetry"],
+            "once each, sorted"
+        );
+        let mut s = surface(2, vec![pod("dra-a", 50, true)], Some(2));
+        // The agent's pod not back yet, or back but not Ready, or the old
+        // one still leaving: the plugin waits, the message names it.
+        for stack in [
+            vec![telemetry.clone()],
+            vec![telemetry.clone(), fm(false, false)],
+            vec![telemetry.clone(), fm(true, true)],
+        ] {
+            s.stack = stack;
+            let v = check(&s, &stood_down, 100, 200);
+            assert!(
+                matches!(&v, Verdict::Short(m) if m.contains("tt/tt-fabric-manager-agent") && !m.contains("tt/tt-telemetry")),
+                "{v:?}"
+            );
+        }
+        s.stack = vec![fm(true, false), telemetry];
+        assert!(matches!(
+            check(&s, &stood_down, 100, 200),
+            Verdict::Restart(_)
+        ));
+        // What the cycle did not stand down is not waited for.
+        s.stack = vec![];
+        assert!(matches!(check(&s, &[], 100, 200), Verdict::Restart(_)));
     }
 
     #[test]
     fn one_card_short_is_short_and_says_both_counts() {
         let s = surface(2, vec![pod("dra-b", 101, true)], Some(1));
-        let Verdict::Short(m) = check(&s, 100, 200) else {
+        let Verdict::Short(m) = check(&s, &[], 100, 200) else {
             panic!("one short")
         };
         assert!(
@@ -367,12 +488,12 @@ mod tests {
         );
         // No slice at all from a Ready plugin: 0 listed.
         let none = surface(2, vec![pod("dra-b", 101, true)], None);
-        assert!(matches!(check(&none, 100, 200), Verdict::Short(m) if m.contains("list 0")));
+        assert!(matches!(check(&none, &[], 100, 200), Verdict::Short(m) if m.contains("list 0")));
         // Without the agent's count nothing can be whole.
         let mut unknown = surface(2, vec![pod("dra-b", 101, true)], Some(2));
         unknown.cards = None;
         assert!(
-            matches!(check(&unknown, 100, 200), Verdict::Short(m) if m.contains("how many cards"))
+            matches!(check(&unknown, &[], 100, 200), Verdict::Short(m) if m.contains("how many cards"))
         );
     }
 
@@ -380,18 +501,18 @@ mod tests {
     fn without_a_selector_nothing_is_restarted_and_slices_count_as_they_are() {
         let mut s = surface(2, vec![pod("dra-a", 50, true)], Some(2));
         s.plugin_selector = String::new();
-        assert_eq!(check(&s, 100, 200), Verdict::Whole);
+        assert_eq!(check(&s, &[], 100, 200), Verdict::Whole);
         s.dra_devices = Some(1);
-        assert!(matches!(check(&s, 100, 200), Verdict::Short(_)));
+        assert!(matches!(check(&s, &[], 100, 200), Verdict::Short(_)));
     }
 
     #[test]
     fn extended_resources_must_show_every_card() {
         let mut s = surface(4, vec![], None);
         s.extended = Some(3);
-        assert!(matches!(check(&s, 100, 200), Verdict::Short(m) if m.contains("shows 3")));
+        assert!(matches!(check(&s, &[], 100, 200), Verdict::Short(m) if m.contains("shows 3")));
         s.extended = Some(4);
-        assert_eq!(check(&s, 100, 200), Verdict::Whole);
+        assert_eq!(check(&s, &[], 100, 200), Verdict::Whole);
     }
 
     #[test]

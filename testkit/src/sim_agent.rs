@@ -863,7 +863,7 @@ fn cached_versions(ann: &std::collections::BTreeMap<String, String>) -> Vec<Stri
 }
 
 /// Plays the kubelet once the agent is done: the pod is Ready.
-async fn set_ready(pods_ns: &Api<Pod>, name: &str, pod: &Pod) -> anyhow::Result<()> {
+pub(crate) async fn set_ready(pods_ns: &Api<Pod>, name: &str, pod: &Pod) -> anyhow::Result<()> {
     let now = now_seconds()?;
     let containers: Vec<_> = pod
         .spec

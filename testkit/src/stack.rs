@@ -160,6 +160,72 @@ pub async fn create(env: &TestEnv, namespace: &str, ds: &DaemonSet) {
     }
 }
 
+/// A pod labelled with this key is made Ready by [`LateStarter`] that many
+/// seconds after it was created, not by kwok (hack/kwok-stages.py).
+pub const READY_AFTER_LABEL: &str = "sim.ttdrv.io/ready-after";
+
+/// `ds` whose pods turn Ready `seconds` after they are created (with a
+/// [`LateStarter`] running): an agent slow to serve after it starts.
+pub fn ready_after(mut ds: DaemonSet, seconds: u32) -> DaemonSet {
+    if let Some(meta) = ds.spec.as_mut().and_then(|s| s.template.metadata.as_mut()) {
+        meta.labels
+            .get_or_insert_default()
+            .insert(READY_AFTER_LABEL.into(), seconds.to_string());
+    }
+    ds
+}
+
+/// Plays the kubelet for the pods of `namespace` labelled
+/// [`READY_AFTER_LABEL`]: each turns Ready that many seconds after the
+/// late starter first sees it. Stops when dropped.
+pub struct LateStarter {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LateStarter {
+    pub fn start(env: &TestEnv, namespace: &str) -> Self {
+        use futures::StreamExt;
+        use k8s_openapi::api::core::v1::Pod;
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), namespace);
+        let cfg = kube::runtime::watcher::Config::default().labels(READY_AFTER_LABEL);
+        let task = tokio::spawn(async move {
+            let mut seen = std::collections::HashSet::new();
+            let mut stream = crate::cluster::watch_applied(pods.clone(), cfg);
+            while let Some(pod) = stream.next().await {
+                let (Some(uid), Some(name)) = (pod.metadata.uid.clone(), pod.metadata.name.clone())
+                else {
+                    continue;
+                };
+                let seconds: u64 = pod
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(READY_AFTER_LABEL))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let scheduled = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+                if pod.metadata.deletion_timestamp.is_some() || !scheduled || !seen.insert(uid) {
+                    continue;
+                }
+                let pods = pods.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(std::time::Duration::from_secs(seconds)).await;
+                    if let Err(e) = crate::sim_agent::set_ready(&pods, &name, &pod).await {
+                        tracing::warn!(error = %e, pod = %name, "late starter: not made Ready");
+                    }
+                });
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for LateStarter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// The tt-dra-driver chart's DRA kubelet plugin (STACK.md): a DaemonSet on
 /// the Tenstorrent nodes, labelled `app.kubernetes.io/name=tt-dra-driver`
 /// (what the controller's `--dra-plugin-selector` finds by default), which
@@ -229,10 +295,18 @@ pub enum Publishes {
 /// time a Ready pod of the plugin's DaemonSet starts on a node, the node's
 /// ResourceSlice of driver `tenstorrent.com` is (re)published as [`Publishes`]
 /// says then, owned by the Node as the kubelet's are. Stops when dropped.
+///
+/// Started with a fabric-manager DaemonSet ([`DraPlugin::reading_from`]),
+/// it is tt-dra-driver as its source reads: the cards come from that
+/// agent, and a pod that starts while no Ready agent pod is on its node
+/// reads no topology and keeps the node's slice as it was (recorded in
+/// [`DraPlugin::kept_stale`]).
 pub struct DraPlugin {
     mode: std::sync::Arc<std::sync::Mutex<Publishes>>,
     /// (node, pod uid, generation) of every publication, in order.
     pub published: std::sync::Arc<std::sync::Mutex<Vec<(String, String, i64)>>>,
+    /// (node, pod uid) of every start that found no topology to read.
+    pub stale: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -240,6 +314,28 @@ impl DraPlugin {
     /// Publishes for the pods of DaemonSet `name` (made by [`dra_plugin`])
     /// in `namespace`, `first` until [`DraPlugin::set`] says otherwise.
     pub fn start(env: &TestEnv, namespace: &str, name: &str, first: Publishes) -> Self {
+        Self::run(env, namespace, name, first, None)
+    }
+
+    /// As [`DraPlugin::start`], the topology read from the pods of the
+    /// fabric-manager DaemonSet `fabric` (made by [`fabric_manager_agent`]).
+    pub fn reading_from(
+        env: &TestEnv,
+        namespace: &str,
+        name: &str,
+        first: Publishes,
+        fabric: &str,
+    ) -> Self {
+        Self::run(env, namespace, name, first, Some(fabric.to_string()))
+    }
+
+    fn run(
+        env: &TestEnv,
+        namespace: &str,
+        name: &str,
+        first: Publishes,
+        fabric: Option<String>,
+    ) -> Self {
         use k8s_openapi::api::core::v1::{Node, Pod};
         use k8s_openapi::api::resource::v1::{
             Device, ResourcePool, ResourceSlice, ResourceSliceSpec,
@@ -249,8 +345,9 @@ impl DraPlugin {
 
         let mode = std::sync::Arc::new(std::sync::Mutex::new(first));
         let published = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stale = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (client, ns, instance) = (env.client.clone(), namespace.to_string(), name.to_string());
-        let (m, out) = (mode.clone(), published.clone());
+        let (m, out, kept) = (mode.clone(), published.clone(), stale.clone());
         let task = tokio::spawn(async move {
             let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
             let nodes: Api<Node> = Api::all(client.clone());
@@ -272,6 +369,26 @@ impl DraPlugin {
                         || seen.get(&node).is_some_and(|(u, _)| *u == uid)
                     {
                         continue;
+                    }
+                    if let Some(fabric) = &fabric {
+                        let agent = ListParams::default()
+                            .labels(&format!("app.kubernetes.io/name={fabric}"))
+                            .fields(&format!("spec.nodeName={node}"));
+                        let Ok(agents) = pods.list(&agent).await else {
+                            continue;
+                        };
+                        let topology = agents.items.iter().any(|a| {
+                            a.metadata.deletion_timestamp.is_none() && crate::cluster::pod_ready(a)
+                        });
+                        if !topology {
+                            // Nothing to read: what was published stays.
+                            let g = seen.get(&node).map_or(0, |(_, g)| *g);
+                            seen.insert(node.clone(), (uid.clone(), g));
+                            if let Ok(mut k) = kept.lock() {
+                                k.push((node, uid));
+                            }
+                            continue;
+                        }
                     }
                     let generation = seen.get(&node).map_or(1, |(_, g)| g + 1);
                     let slice_name = format!("{node}-tenstorrent.com");
@@ -348,6 +465,7 @@ impl DraPlugin {
         Self {
             mode,
             published,
+            stale,
             task,
         }
     }
@@ -358,6 +476,11 @@ impl DraPlugin {
             .mode
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = p;
+    }
+
+    /// The starts that found no fabric-manager agent to read: (node, pod uid).
+    pub fn kept_stale(&self) -> Vec<(String, String)> {
+        self.stale.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
     /// The publications so far: (node, pod uid, generation).

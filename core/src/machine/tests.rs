@@ -696,6 +696,7 @@ fn safety_properties_over_the_cross_product() {
                                             }],
                                             dra_devices: Some(1),
                                             extended: None,
+                                            stack: vec![],
                                         }
                                     } else {
                                         Default::default()
@@ -2568,6 +2569,111 @@ fn a_refused_spec_leaves_a_cycle_under_way_on_the_deployed_target() {
 }
 
 #[test]
+fn the_gates_open_and_the_stack_is_back_before_the_dra_plugin_restarts() {
+    use crate::surface::{PublisherPod, StackPod, Surface};
+    let fabric = "tt/fabric".to_string();
+    let surface = |stack: Vec<StackPod>| Surface {
+        driver: "tenstorrent.com".into(),
+        plugin_selector: "app=dra".into(),
+        cards: Some(2),
+        plugin_pods: vec![PublisherPod {
+            pod: PodRef {
+                namespace: "tt".into(),
+                name: "dra-a".into(),
+            },
+            created: 500,
+            ready_since: Some(500),
+            deleting: false,
+        }],
+        dra_devices: Some(2),
+        extended: None,
+        stack,
+    };
+    let fm = |ready: bool| StackPod {
+        daemon_set: fabric.clone(),
+        ready,
+        deleting: false,
+    };
+    let w = want();
+    // The cycle starts with the agent's pod on the node: it is remembered.
+    let start = step(
+        &rec(Pending),
+        &Observation {
+            slot: true,
+            loaded: Some("2.7.0".into()),
+            surface: surface(vec![fm(true)]),
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(start.record.state, Cordoning);
+    assert_eq!(start.record.stood_down, vec![fabric.clone()]);
+    let mut upgrading = start.record.clone();
+    upgrading.state = Upgrading;
+    let swapped = |now: i64, gates: bool, stack: Vec<StackPod>| Observation {
+        now,
+        loaded: Some("2.8.0".into()),
+        installer: InstallerPod::Current { ready: true },
+        unschedulable: true,
+        gates_present: gates,
+        gates_closed: gates,
+        surface: surface(stack),
+        ..obs()
+    };
+    // Swapped, the gates still closed: they open first, the node cordoned.
+    let open = step(&upgrading, &swapped(1000, true, vec![]), &w);
+    assert_eq!(open.record.state, Upgrading);
+    assert_eq!(open.commands, vec![Command::OpenGates]);
+    assert_eq!(open.record.surface_since, Some(1000));
+    assert!(
+        open.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("tt/fabric")),
+        "{:?}",
+        open.record.message
+    );
+    // Open, the agent's pod back but not Ready: the plugin is not touched.
+    for stack in [vec![], vec![fm(false)]] {
+        let wait = step(&open.record, &swapped(1010, false, stack), &w);
+        assert_eq!(
+            (wait.record.state, wait.commands.clone()),
+            (Upgrading, vec![])
+        );
+        assert_eq!(wait.record.surface_since, Some(1000));
+    }
+    // Ready: the plugin from before is restarted.
+    let restart = step(&open.record, &swapped(1020, false, vec![fm(true)]), &w);
+    assert!(
+        matches!(restart.commands.as_slice(), [Command::RestartPublishers(_)]),
+        "{:?}",
+        restart.commands
+    );
+    // Never back within the surface timeout: Failed, cordoned, named.
+    let late = step(
+        &open.record,
+        &swapped(1001 + w.surface_timeout_seconds, false, vec![]),
+        &w,
+    );
+    assert_eq!(late.record.state, Failed);
+    assert_eq!(
+        late.record.reason.as_deref(),
+        Some(reason::DEVICES_NOT_PUBLISHED)
+    );
+    assert!(
+        late.record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("tt/fabric"))
+    );
+    assert_eq!(late.record.cordon, Cordon::Ours);
+    assert!(
+        late.record.stood_down.is_empty(),
+        "a finished cycle forgets"
+    );
+}
+
+#[test]
 fn the_scheduler_sees_every_card_again_before_the_uncordon() {
     use crate::surface::{PublisherPod, Surface};
     let plugin = |name: &str, created: i64, ready: bool, deleting: bool| PublisherPod {
@@ -2591,6 +2697,7 @@ fn the_scheduler_sees_every_card_again_before_the_uncordon() {
             plugin_pods: pods,
             dra_devices: listed,
             extended: None,
+            stack: vec![],
         },
         ..obs()
     };

@@ -136,6 +136,28 @@ fn scheduling_surface(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Op
     use crate::surface::{Verdict, check};
     let now = obs.now;
     let since = rec.surface_since.unwrap_or(now);
+    // The stack the gates stood down comes back first, the node still
+    // cordoned: the DRA plugin reads the cards from the fabric-manager
+    // agent. Without a surface to refresh the gates open at the uncordon.
+    if obs.gates_present && obs.surface.published() {
+        let mut r = enter(
+            rec,
+            NodeState::Upgrading,
+            reason::REFRESHING_DEVICES,
+            Some(format!(
+                "opening the deploy gates on the still-cordoned node{}, before the DRA plugin republishes the cards of tt-kmd {}",
+                if rec.stood_down.is_empty() {
+                    String::new()
+                } else {
+                    format!(" so that {} come(s) back", rec.stood_down.join(", "))
+                },
+                want.version
+            )),
+            now,
+        );
+        r.surface_since = Some(since);
+        return Some(stay(&r, vec![Command::OpenGates]));
+    }
     let checking = |msg: String, commands: Vec<Command>| {
         let mut r = enter(
             rec,
@@ -147,7 +169,7 @@ fn scheduling_surface(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Op
         r.surface_since = Some(since);
         Some(stay(&r, commands))
     };
-    match check(&obs.surface, since, now) {
+    match check(&obs.surface, &rec.stood_down, since, now) {
         Verdict::Unpublished | Verdict::Whole => None,
         Verdict::Restart(pods) => {
             let names: Vec<String> = pods.iter().map(ToString::to_string).collect();
