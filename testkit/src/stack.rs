@@ -297,10 +297,12 @@ pub enum Publishes {
 /// says then, owned by the Node as the kubelet's are. Stops when dropped.
 ///
 /// Started with a fabric-manager DaemonSet ([`DraPlugin::reading_from`]),
-/// it is tt-dra-driver as its source reads: the cards come from that
-/// agent, and a pod that starts while no Ready agent pod is on its node
-/// reads no topology and keeps the node's slice as it was (recorded in
-/// [`DraPlugin::kept_stale`]).
+/// it reads the cards from that agent as tt-dra-driver does, and a pod that
+/// starts while no Ready agent pod is on its node reads no topology and
+/// keeps the node's slice as it was (recorded in [`DraPlugin::kept_stale`]).
+/// The real plugin keeps its slice too, but re-reads once its watch of the
+/// agent reconnects (a backoff of up to 30 s); this one never does, the
+/// stricter case.
 pub struct DraPlugin {
     mode: std::sync::Arc<std::sync::Mutex<Publishes>>,
     /// (node, pod uid, generation) of every publication, in order.
