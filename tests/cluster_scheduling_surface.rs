@@ -14,6 +14,11 @@
 //!   `DevicesNotPublished`, kept cordoned, naming both counts.
 //! - A plugin that never publishes again fails it the same way, at its
 //!   deadline.
+//! - With the stack (the telemetry collector and a fabric-manager agent
+//!   behind the deploy gates, the plugin reading the cards from the agent):
+//!   the gates open with the node still cordoned and the plugin restarts
+//!   only once the agent is Ready again, after a driver swap and after a
+//!   firmware flash.
 
 mod common;
 
@@ -168,60 +173,32 @@ async fn a_plugin_that_never_publishes_again_times_out_with_its_reason() {
     .await;
 }
 
-/// The stack of STACK.md around the plugin: the telemetry collector and the
-/// fabric-manager agent behind the default deploy gates, and a plugin that
-/// reads the cards from that agent (tt-dra-driver as its source reads: a
-/// start without a Ready agent on the node keeps the old slice). The gates
-/// open with the node still cordoned, the plugin is restarted only once the
-/// agent's pod is Ready again, and the node is uncordoned after it
-/// republished.
-#[tokio::test]
-#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
-async fn with_the_stack_gated_the_plugin_restarts_after_the_fabric_manager_is_back() {
-    let (env, ns, nodes, _sim) = sim_fleet("surface-stack", 1).await;
-    let node = nodes[0].clone();
-    env.annotate_node(&node, CARDS_ANNOTATION, Some("2")).await;
-    // The default gates: both keys.
-    let _ctl = controller(&env, &ns);
-    let policy = installed(&env, &nodes, "", T).await;
+/// The stack of STACK.md around the plugin on `node`: the telemetry
+/// collector and the fabric-manager agent behind the default deploy gates
+/// (the agent Ready 4 s after it starts: a plugin restarted as soon as the
+/// gates open finds nothing to read), and a plugin that reads the cards
+/// from that agent (tt-dra-driver as its source reads: a start without a
+/// Ready agent on the node keeps the old slice), published once.
+async fn stack_with_plugin(
+    env: &TestEnv,
+    ns: &str,
+    node: &str,
+) -> (DraPlugin, stack::LateStarter, String) {
     let (telemetry, fabric, dra) = (env.name("telemetry"), env.name("fabric"), env.name("dra"));
-    stack::create(&env, &ns, &stack::telemetry_collector(&env.id, &telemetry)).await;
-    // The agent turns Ready 4 s after it starts: a plugin restarted as soon
-    // as the gates open would find nothing to read.
-    let _late = stack::LateStarter::start(&env, &ns);
+    stack::create(env, ns, &stack::telemetry_collector(&env.id, &telemetry)).await;
+    let late = stack::LateStarter::start(env, ns);
     let agent = stack::ready_after(stack::fabric_manager_agent(&env.id, &fabric), 4);
-    stack::create(&env, &ns, &agent).await;
-    let agent_ready = |env: &TestEnv| {
-        let (env, ns, node, fabric) = (
-            TestEnv {
-                client: env.client.clone(),
-                id: env.id.clone(),
-            },
-            ns.clone(),
-            node.clone(),
-            fabric.clone(),
-        );
-        async move {
-            env.pods_on(&ns, &node).await.iter().any(|p| {
-                p.metadata.deletion_timestamp.is_none()
-                    && p.metadata
-                        .name
-                        .as_deref()
-                        .is_some_and(|n| n.starts_with(&fabric))
-                    && ttdrv_testkit::pod_ready(p)
-            })
-        }
-    };
+    stack::create(env, ns, &agent).await;
     wait_for("the fabric-manager agent Ready on the node", T, || async {
-        if agent_ready(&env).await {
+        if agent_ready(env, ns, node, &fabric).await {
             Ok(())
         } else {
             Err("not yet".to_string())
         }
     })
     .await;
-    stack::create(&env, &ns, &stack::dra_plugin(&env.id, &dra)).await;
-    let plugin = DraPlugin::reading_from(&env, &ns, &dra, Publishes::Cards(2), &fabric);
+    stack::create(env, ns, &stack::dra_plugin(&env.id, &dra)).await;
+    let plugin = DraPlugin::reading_from(env, ns, &dra, Publishes::Cards(2), &fabric);
     wait_for("the DRA plugin's first slice", T, || async {
         match plugin.publications().len() {
             0 => Err(format!("none yet; kept stale: {:?}", plugin.kept_stale())),
@@ -229,15 +206,45 @@ async fn with_the_stack_gated_the_plugin_restarts_after_the_fabric_manager_is_ba
         }
     })
     .await;
+    (plugin, late, fabric)
+}
+
+/// A Ready pod of the fabric-manager DaemonSet `fabric` is on `node`.
+async fn agent_ready(env: &TestEnv, ns: &str, node: &str, fabric: &str) -> bool {
+    env.pods_on(ns, node).await.iter().any(|p| {
+        p.metadata.deletion_timestamp.is_none()
+            && p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(fabric))
+            && ttdrv_testkit::pod_ready(p)
+    })
+}
+
+/// Follows `node` through a cycle until `back` says it ended, checking on
+/// the way that it is never uncordoned before the restarted plugin
+/// republished; then that the cycle stood the agent down, opened the gates
+/// while the node was still cordoned, started no plugin pod while the
+/// agent was away, and a new plugin pod published a newer generation.
+async fn through_the_cycle<F, Fut>(
+    env: &TestEnv,
+    ns: &str,
+    node: &str,
+    fabric: &str,
+    plugin: &DraPlugin,
+    mut back: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
     let before = plugin.publications();
-    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     let start = Instant::now();
     let (mut cordoned, mut open_while_cordoned, mut agent_gone) = (false, false, false);
     loop {
-        let n = env.get_node(&node).await;
+        let n = env.get_node(node).await;
         if unschedulable(&n) {
             cordoned = true;
-            agent_gone |= !agent_ready(&env).await;
+            agent_gone |= !agent_ready(env, ns, node, fabric).await;
             open_while_cordoned |= agent_gone && gate_labels(&n).is_empty();
         } else if cordoned {
             assert!(
@@ -246,15 +253,13 @@ async fn with_the_stack_gated_the_plugin_restarts_after_the_fabric_manager_is_ba
                 plugin.publications()
             );
         }
-        let st = node_entry(&env, &policy, &node).await;
-        if st.as_ref().is_some_and(|s| {
-            s.state == NodeState::Done && s.current_version.as_deref() == Some("2.8.0")
-        }) {
-            break;
-        }
+        let last = match back().await {
+            Ok(()) => break,
+            Err(e) => e,
+        };
         assert!(
             start.elapsed() < T,
-            "not Done at 2.8.0 within {T:?}: {st:?}; kept stale: {:?}",
+            "not back within {T:?}: {last}; kept stale: {:?}",
             plugin.kept_stale()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -267,7 +272,9 @@ async fn with_the_stack_gated_the_plugin_restarts_after_the_fabric_manager_is_ba
         open_while_cordoned,
         "the gates opened while the node was still cordoned"
     );
-    assert_done_uncordoned(&env, std::slice::from_ref(&node), "2.8.0").await;
+    let n = env.get_node(node).await;
+    assert!(!unschedulable(&n), "uncordoned at the end");
+    assert!(gate_labels(&n).is_empty(), "{:?}", gate_labels(&n));
     assert_eq!(
         plugin.kept_stale(),
         vec![],
@@ -277,5 +284,68 @@ async fn with_the_stack_gated_the_plugin_restarts_after_the_fabric_manager_is_ba
     let (first, last) = (&before[0], &after[after.len() - 1]);
     assert_ne!(first.1, last.1, "a new plugin pod published: {after:?}");
     assert!(last.2 > first.2, "a newer pool generation: {after:?}");
+}
+
+/// The driver's cycle on the stack: the gates open with the node still
+/// cordoned, the plugin is restarted only once the agent's pod is Ready
+/// again, and the node is uncordoned after it republished.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn with_the_stack_gated_the_plugin_restarts_after_the_fabric_manager_is_back() {
+    let (env, ns, nodes, _sim) = sim_fleet("surface-stack", 1).await;
+    let node = nodes[0].clone();
+    env.annotate_node(&node, CARDS_ANNOTATION, Some("2")).await;
+    // The default gates: both keys.
+    let _ctl = controller(&env, &ns);
+    let policy = installed(&env, &nodes, "", T).await;
+    let (plugin, _late, fabric) = stack_with_plugin(&env, &ns, &node).await;
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    through_the_cycle(&env, &ns, &node, &fabric, &plugin, || async {
+        match node_entry(&env, &policy, &node).await {
+            Some(s)
+                if s.state == NodeState::Done && s.current_version.as_deref() == Some("2.8.0") =>
+            {
+                Ok(())
+            }
+            st => Err(format!("{st:?}")),
+        }
+    })
+    .await;
+    assert_done_uncordoned(&env, std::slice::from_ref(&node), "2.8.0").await;
+    env.teardown().await;
+}
+
+/// The same after a firmware flash: the flash stands the stack down, and
+/// before its uncordon the gates open, the agent comes back, the plugin
+/// restarts and republishes every card.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn after_a_firmware_flash_the_plugin_restarts_before_the_uncordon() {
+    use ttdrv_api::firmware::FirmwareNodeState;
+    let (env, ns, nodes, _sim) = sim_fleet_with(
+        "surface-fw",
+        &numbered_nodes(1),
+        &[],
+        ttdrv_testkit::SimAgentConfig {
+            flash: Some(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    )
+    .await;
+    ttdrv_testkit::ensure_crd(&env.client).await;
+    let node = nodes[0].clone();
+    env.annotate_node(&node, CARDS_ANNOTATION, Some("2")).await;
+    let _ctl = controller(&env, &ns);
+    let (plugin, _late, fabric) = stack_with_plugin(&env, &ns, &node).await;
+    let policy = env.name("fw");
+    ttdrv_testkit::policy::create_firmware_policy(&env, &policy, serde_json::json!({})).await;
+    through_the_cycle(&env, &ns, &node, &fabric, &plugin, || async {
+        let st = ttdrv_testkit::policy::firmware_status(&env, &policy).await;
+        match st.nodes.iter().find(|n| n.name == node) {
+            Some(n) if n.state == FirmwareNodeState::Done => Ok(()),
+            n => Err(format!("{n:?}")),
+        }
+    })
+    .await;
     env.teardown().await;
 }

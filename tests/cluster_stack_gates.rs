@@ -375,12 +375,33 @@ async fn a_firmware_flash_stands_the_stack_down_before_its_job() {
         );
         tokio::spawn(async move {
             let jobs: kube::Api<Job> = kube::Api::namespaced(env.client.clone(), &ns);
+            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+                kube::Api::all(env.client.clone());
+            let pods: kube::Api<Pod> = kube::Api::namespaced(env.client.clone(), &ns);
+            let on_node = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
             loop {
+                // A failed read (the API server slow under load) is a
+                // sample missed, never the probe's end.
                 let lp = kube::api::ListParams::default().labels(fw::JOB_POLICY);
                 let has_job = jobs.list(&lp).await.is_ok_and(|l| !l.items.is_empty());
+                let cordoned = nodes.get(&node).await.is_ok_and(|n| unschedulable(&n));
                 // Until the uncordon (the gates open in the same write).
-                if has_job && unschedulable(&env.get_node(&node).await) {
-                    let n = stack_pods(&env, &ns, &node, &names).await.len();
+                if has_job
+                    && cordoned
+                    && let Ok(list) = pods.list(&on_node).await
+                {
+                    let n = list
+                        .items
+                        .iter()
+                        .filter(|p| p.metadata.deletion_timestamp.is_none())
+                        .filter(|p| {
+                            p.metadata
+                                .owner_references
+                                .iter()
+                                .flatten()
+                                .any(|o| o.kind == "DaemonSet" && names.contains(&o.name))
+                        })
+                        .count();
                     if let Ok(mut v) = out.lock() {
                         v.push(n);
                     }

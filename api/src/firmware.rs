@@ -492,9 +492,16 @@ pub mod reason {
     /// Flashed, and the cordon handed to the driver policy waiting for the
     /// node: its swap follows under the same cordon and drain.
     pub const CORDON_HANDED_OVER: &str = "CordonHandedOver";
+    /// Uncordoning: the flash read back; the deploy gates open with the
+    /// node still cordoned, the gated stack comes back, the DRA plugin
+    /// restarts, until the scheduler sees every card (the driver's reason).
+    pub const REFRESHING_DEVICES: &str = "RefreshingDevices";
+    /// The scheduler did not see every card within the bound after the
+    /// flash: kept cordoned (the driver's reason).
+    pub const DEVICES_NOT_PUBLISHED: &str = "DevicesNotPublished";
 
     /// Every reason, for the docs drift test.
-    pub const ALL: [&str; 25] = [
+    pub const ALL: [&str; 27] = [
         FLASHING,
         FLASH_SUCCEEDED,
         FLASH_JOB_FAILED,
@@ -518,6 +525,8 @@ pub mod reason {
         TAKEN_OVER,
         WAITING_FOR_DRIVER_VERSION,
         CORDON_HANDED_OVER,
+        REFRESHING_DEVICES,
+        DEVICES_NOT_PUBLISHED,
         BUNDLE_CHECKSUM_MISMATCH,
         BUNDLE_DOWNLOAD_FAILED,
     ];

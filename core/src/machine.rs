@@ -66,7 +66,7 @@ pub struct Desired {
 }
 
 /// The default of [`Desired::surface_timeout_seconds`].
-pub const DEFAULT_SURFACE_TIMEOUT_SECONDS: i64 = 300;
+pub use crate::surface::DEFAULT_TIMEOUT_SECONDS as DEFAULT_SURFACE_TIMEOUT_SECONDS;
 
 /// Why no new cycle starts now ([`Desired::hold`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -314,6 +314,61 @@ pub fn pod_ready(pod: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The node's scheduling surface ([`crate::surface::Surface`]) from its
+/// Node, its pods, its slices' count and the gated stack's pods on it.
+pub fn surface(
+    config: &crate::surface::SurfaceConfig,
+    node: &Node,
+    pods: &[&crate::drain::PodFacts],
+    dra_devices: Option<u32>,
+    stack: Vec<crate::surface::StackPod>,
+) -> crate::surface::Surface {
+    use crate::surface::{PublisherPod, is_plugin};
+    let plugin_pods = pods
+        .iter()
+        .filter(|p| !p.finished && is_plugin(config, p))
+        .filter_map(|p| {
+            let (created, ready_since) = p.daemon_run?;
+            Some(PublisherPod {
+                pod: p.pod.clone(),
+                created,
+                ready_since,
+                deleting: p.deleting,
+            })
+        })
+        .collect();
+    crate::surface::Surface {
+        driver: config.driver.clone(),
+        plugin_selector: config
+            .plugin_selector
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        cards: label(node, ttdrv_api::labels::KMD_CARDS).and_then(|v| v.parse().ok()),
+        plugin_pods,
+        dra_devices,
+        extended: extended_resources(node),
+        stack,
+    }
+}
+
+/// The node's allocatable `tenstorrent.com/*` resources, summed (the VFIO
+/// binder's passthrough resources are not tt-kmd's cards).
+fn extended_resources(node: &Node) -> Option<u32> {
+    let vfio = vfio_resources(node);
+    let alloc = node.status.as_ref()?.allocatable.as_ref()?;
+    let mut found = false;
+    let mut sum = 0u32;
+    for (k, q) in alloc {
+        if k.starts_with(ttdrv_api::labels::RESOURCE_PREFIX) && !vfio.contains(k) {
+            found = true;
+            sum = sum.saturating_add(q.0.parse().unwrap_or(0));
+        }
+    }
+    found.then_some(sum)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

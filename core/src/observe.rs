@@ -230,7 +230,7 @@ pub fn observe<'p>(
                 ))
             })
             .flatten(),
-        surface: crate::surface::Surface::of(
+        surface: crate::node::surface(
             p.surface,
             node,
             n.pods,

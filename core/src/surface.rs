@@ -17,12 +17,10 @@
 //! first, the node still cordoned; the plugin is restarted only once every
 //! DaemonSet the gates stood down has a Ready pod on the node again.
 
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use ttdrv_api::labels;
 
 use crate::drain::{self, DaemonSets, PodFacts, PodRef};
-use crate::node;
 
 /// Who publishes the cards, as the controller is configured.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,43 +142,6 @@ pub struct Surface {
 }
 
 impl Surface {
-    /// The node's surface from its Node, its pods and its slices' count.
-    pub fn of(
-        config: &SurfaceConfig,
-        node: &Node,
-        pods: &[&PodFacts],
-        dra_devices: Option<u32>,
-        stack: Vec<StackPod>,
-    ) -> Self {
-        let plugin_pods = pods
-            .iter()
-            .filter(|p| !p.finished && is_plugin(config, p))
-            .filter_map(|p| {
-                let (created, ready_since) = p.daemon_run?;
-                Some(PublisherPod {
-                    pod: p.pod.clone(),
-                    created,
-                    ready_since,
-                    deleting: p.deleting,
-                })
-            })
-            .collect();
-        Self {
-            driver: config.driver.clone(),
-            plugin_selector: config
-                .plugin_selector
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(","),
-            cards: node::label(node, labels::KMD_CARDS).and_then(|v| v.parse().ok()),
-            plugin_pods,
-            dra_devices,
-            extended: extended_resources(node),
-            stack,
-        }
-    }
-
     /// Something publishes the node's cards: a DRA plugin pod or slice, or
     /// extended resources.
     pub fn published(&self) -> bool {
@@ -188,28 +149,13 @@ impl Surface {
     }
 }
 
-fn is_plugin(config: &SurfaceConfig, pod: &PodFacts) -> bool {
+/// The pod is one of the DRA plugin's ([`SurfaceConfig::plugin_selector`]).
+pub fn is_plugin(config: &SurfaceConfig, pod: &PodFacts) -> bool {
     !config.plugin_selector.is_empty()
         && config
             .plugin_selector
             .iter()
             .all(|(k, v)| pod.labels.iter().any(|(pk, pv)| pk == k && pv == v))
-}
-
-/// The node's allocatable `tenstorrent.com/*` resources, summed (the VFIO
-/// binder's passthrough resources are not tt-kmd's cards).
-fn extended_resources(node: &Node) -> Option<u32> {
-    let vfio = node::vfio_resources(node);
-    let alloc = node.status.as_ref()?.allocatable.as_ref()?;
-    let mut found = false;
-    let mut sum = 0u32;
-    for (k, q) in alloc {
-        if k.starts_with(labels::RESOURCE_PREFIX) && !vfio.contains(k) {
-            found = true;
-            sum = sum.saturating_add(q.0.parse().unwrap_or(0));
-        }
-    }
-    found.then_some(sum)
 }
 
 /// What the check reads of one ResourceSlice of the driver.
@@ -283,6 +229,20 @@ pub const PLUGIN_SETTLE_SECONDS: i64 = 5;
 /// the gates opened), `stood_down` the DaemonSets the cycle's gates stood
 /// down ([`standing`] at its start).
 pub fn check(s: &Surface, stood_down: &[String], since: i64, now: i64) -> Verdict {
+    check_with(s, stood_down, since, now, true)
+}
+
+/// [`check`]; without `count_required`, a node whose agent reported no
+/// card count (no driver policy of ours on it: a firmware flash on a node
+/// whose tt-kmd someone else installs) is whole once its restarted plugin
+/// has settled, its slices uncounted.
+fn check_with(
+    s: &Surface,
+    stood_down: &[String],
+    since: i64,
+    now: i64,
+    count_required: bool,
+) -> Verdict {
     let driver = &s.driver;
     if !s.published() {
         return Verdict::Unpublished;
@@ -314,9 +274,9 @@ pub fn check(s: &Surface, stood_down: &[String], since: i64, now: i64) -> Verdic
     if !stale.is_empty() {
         return Verdict::Restart(stale);
     }
-    let Some(cards) = s.cards else {
+    if s.cards.is_none() && count_required {
         return Verdict::Short("the agent has not reported how many cards it serves".into());
-    };
+    }
     let mut short = vec![];
     let dra = !s.plugin_pods.is_empty() || s.dra_devices.is_some();
     if restarts && dra {
@@ -339,7 +299,7 @@ pub fn check(s: &Surface, stood_down: &[String], since: i64, now: i64) -> Verdic
             Some(_) => {}
         }
     }
-    if dra {
+    if let (true, Some(cards)) = (dra, s.cards) {
         let listed = s.dra_devices.unwrap_or(0);
         if listed != cards {
             short.push(format!(
@@ -347,7 +307,7 @@ pub fn check(s: &Surface, stood_down: &[String], since: i64, now: i64) -> Verdic
             ));
         }
     }
-    if let Some(ext) = s.extended
+    if let (Some(ext), Some(cards)) = (s.extended, s.cards)
         && ext != cards
     {
         short.push(format!(
@@ -359,6 +319,81 @@ pub fn check(s: &Surface, stood_down: &[String], since: i64, now: i64) -> Verdic
         Verdict::Whole
     } else {
         Verdict::Short(short.join("; "))
+    }
+}
+
+/// How long a cycle waits for a whole surface by default
+/// (`--scheduling-surface-timeout-seconds`).
+pub const DEFAULT_TIMEOUT_SECONDS: i64 = 300;
+
+/// What a cycle does next on its way back into service, whatever its kind
+/// (a driver swap, a firmware flash): the same rules for both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Nothing to check, or the surface is whole: go on.
+    Proceed,
+    /// Open the deploy gates, the node still cordoned; the check starts
+    /// now. The message.
+    OpenGates(String),
+    /// Restart these DRA plugin pods; the message.
+    Restart(Vec<PodRef>, String),
+    /// Not whole yet; the message.
+    Wait(String),
+    /// Not whole by the deadline; why (for the failure's message).
+    Fail(String),
+}
+
+/// Where one cycle's check stands: the surface now, the gates, what the
+/// cycle stood down, when the check began (None: not yet), and its bound.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress<'a> {
+    pub surface: &'a Surface,
+    /// A configured deploy gate label is on the node.
+    pub gates_present: bool,
+    pub stood_down: &'a [String],
+    pub since: Option<i64>,
+    pub now: i64,
+    pub timeout_seconds: i64,
+    /// What the cards now run, for the messages (`tt-kmd 2.8.0`).
+    pub what: &'a str,
+    /// The agent's card count must be known (a driver cycle: its agent
+    /// reports it with the module); a firmware flash checks without it
+    /// where no agent of ours runs.
+    pub count_required: bool,
+}
+
+/// The next step of a cordoned cycle once its work is done (the swap
+/// validated, the flash read back): the gates open first, the stack comes
+/// back, the DRA plugin restarts, and the node waits until the scheduler
+/// sees every card, within the bound.
+pub fn next(p: Progress<'_>) -> Next {
+    if p.gates_present && p.surface.published() {
+        return Next::OpenGates(format!(
+            "opening the deploy gates on the still-cordoned node{}, before the DRA plugin republishes the cards of {}",
+            if p.stood_down.is_empty() {
+                String::new()
+            } else {
+                format!(" so that {} come(s) back", p.stood_down.join(", "))
+            },
+            p.what
+        ));
+    }
+    let since = p.since.unwrap_or(p.now);
+    match check_with(p.surface, p.stood_down, since, p.now, p.count_required) {
+        Verdict::Unpublished | Verdict::Whole => Next::Proceed,
+        Verdict::Restart(pods) => {
+            let names: Vec<String> = pods.iter().map(ToString::to_string).collect();
+            let msg = format!(
+                "restarting the DRA plugin ({}) so that it publishes the cards of {}",
+                names.join(", "),
+                p.what
+            );
+            Next::Restart(pods, msg)
+        }
+        Verdict::Short(why) if p.now - since > p.timeout_seconds => Next::Fail(why),
+        Verdict::Short(why) => Next::Wait(format!(
+            "waiting for the scheduler to see every card: {why}"
+        )),
     }
 }
 
@@ -474,6 +509,36 @@ mod tests {
         // What the cycle did not stand down is not waited for.
         s.stack = vec![];
         assert!(matches!(check(&s, &[], 100, 200), Verdict::Restart(_)));
+    }
+
+    #[test]
+    fn next_opens_the_gates_first_and_counts_only_what_is_known() {
+        let mut s = surface(2, vec![pod("dra-b", 101, true)], Some(1));
+        let p = |s: &Surface, gates: bool, count_required: bool, now: i64| {
+            next(Progress {
+                surface: s,
+                gates_present: gates,
+                stood_down: &[],
+                since: Some(100),
+                now,
+                timeout_seconds: 300,
+                what: "firmware 19.8.0.0",
+                count_required,
+            })
+        };
+        assert!(
+            matches!(p(&s, true, true, 200), Next::OpenGates(m) if m.contains("firmware 19.8.0.0"))
+        );
+        assert!(matches!(p(&s, false, true, 200), Next::Wait(m) if m.contains("list 1 device(s)")));
+        assert!(matches!(p(&s, false, true, 401), Next::Fail(m) if m.contains("list 1 device(s)")));
+        // No count from an agent (a flash on a node whose tt-kmd is not
+        // ours): the settled plugin is all that can be asked; without
+        // `count_required`, that is enough.
+        s.cards = None;
+        assert!(matches!(p(&s, false, true, 200), Next::Wait(m) if m.contains("how many cards")));
+        assert_eq!(p(&s, false, false, 200), Next::Proceed);
+        // Nothing published: nothing to open the gates early for.
+        assert_eq!(p(&Surface::default(), true, true, 200), Next::Proceed);
     }
 
     #[test]

@@ -303,6 +303,15 @@ async fn step_node(
             Command::Evict if !s.view.evictions.is_empty() => {
                 evict(ports, &policy, &node, &s.view.evictions).await;
             }
+            // The node's DRA plugin pods from before the flash, through the
+            // Eviction API as any drain (their DaemonSet starts fresh ones).
+            Command::RestartPublishers(pods) if !pods.is_empty() => {
+                let pods: Vec<(PodRef, DrainPass)> = pods
+                    .iter()
+                    .map(|p| (p.clone(), DrainPass::Device))
+                    .collect();
+                evict(ports, &policy, &node, &pods).await;
+            }
             Command::CreateJob => {
                 let created = match next.record.job.as_deref() {
                     Some(name) => {

@@ -83,7 +83,7 @@ pub(super) fn node_patch(
             // The deploy gates, as the driver's cycles set them.
             Command::CloseGates => labels.extend(crate::node_patch::gate_labels(gates, false)),
             Command::OpenGates => labels.extend(crate::node_patch::gate_labels(gates, true)),
-            Command::Evict => {}
+            Command::Evict | Command::RestartPublishers(_) => {}
         }
     }
     if r.state == FirmwareNodeState::Done

@@ -123,6 +123,7 @@ async fn pass(
     let name = p.metadata.name.clone().unwrap_or_default();
     let spec = &p.spec;
     let mut desired = Desired::of(&p);
+    desired.surface_timeout_seconds = ctx.config.scheduling_surface_timeout_seconds;
     let (owned, conflicts) = observe_nodes(shared, &p, &desired, memory).await;
     desired.halted = spec.upgrade_policy.halt_on_failure
         && owned
@@ -169,6 +170,7 @@ async fn observe_nodes(
         exempt: ctx.config.drain_exempt_namespaces(),
         pdbs: ctx.stores.pdbs.state(),
         drain,
+        surface: ctx.config.surface(),
     };
     let mut owned: Vec<Seen> = vec![];
     let mut conflicts: Vec<(String, String)> = vec![];
@@ -205,6 +207,7 @@ struct DrainShape {
     selector: Option<PodSelector>,
     exempt: Vec<String>,
     pdbs: Vec<Arc<k8s_openapi::api::policy::v1::PodDisruptionBudget>>,
+    surface: ttdrv_core::surface::SurfaceConfig,
 }
 
 /// One owned node: its observation, and the record it steps from (ours, or
@@ -264,6 +267,15 @@ async fn see_node(
         },
         job,
         now_secs(),
+    );
+    // What the scheduler sees of the cards: checked before the uncordon,
+    // with the driver's rules ([`ttdrv_core::surface`]).
+    view.obs.surface = ttdrv_core::node::surface(
+        &shape.surface,
+        &node,
+        &facts,
+        ctx.stores.slices.devices_on(&node_name),
+        ttdrv_core::surface::stack_pods(&facts, &daemon_sets, &gate_keys),
     );
     let prev = rec.unwrap_or_else(|| takeover(desired, &view.obs));
     if ctx.config.combine_firmware_and_driver && prev.state == FirmwareNodeState::Flashing {

@@ -67,6 +67,16 @@ pub struct FwRecord {
     /// Job that failed before it (kept for its logs).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempt: u32,
+    /// When this cycle's scheduling-surface check began (the deploy gates
+    /// opened after the flash, Unix seconds): its deadline counts from it
+    /// ([`crate::surface`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surface_since: Option<i64>,
+    /// The gated DaemonSets (`namespace/name`) that had a pod on the node
+    /// when this cycle closed the gates: the DRA plugin is restarted only
+    /// once each has a Ready pod there again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stood_down: Vec<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -110,6 +120,8 @@ impl FwRecord {
             current: None,
             retry_token: None,
             attempt: 0,
+            surface_since: None,
+            stood_down: vec![],
         }
     }
 
@@ -228,6 +240,9 @@ pub struct Observation {
     /// node (`namespace/name`): the flash waits for them to go
     /// ([`crate::drain::stood_down`]).
     pub gated_pods_left: Vec<String>,
+    /// What the scheduler sees of the node's cards, and the gated stack's
+    /// pods on it ([`crate::surface::Surface`]).
+    pub surface: crate::surface::Surface,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,6 +261,9 @@ pub struct Desired {
     pub halted: bool,
     /// `spec.minDriverVersion`.
     pub min_driver: Option<String>,
+    /// How long after the flash the scheduler has to see every card again
+    /// (`--scheduling-surface-timeout-seconds`, the driver's bound).
+    pub surface_timeout_seconds: i64,
 }
 
 impl Desired {
@@ -262,6 +280,7 @@ impl Desired {
             auto_upgrade: s.upgrade_policy.auto_upgrade,
             halted: false,
             min_driver: s.min_driver_version.clone(),
+            surface_timeout_seconds: crate::surface::DEFAULT_TIMEOUT_SECONDS,
         }
     }
 }
@@ -281,6 +300,9 @@ pub enum Command {
     CloseGates,
     /// Remove the configured deploy gate labels (in the record's patch).
     OpenGates,
+    /// Evict these DRA plugin pods: their DaemonSet starts fresh ones,
+    /// which read the flashed cards ([`crate::surface`]).
+    RestartPublishers(Vec<crate::drain::PodRef>),
     /// Keep the cordon and hand it to this driver policy (its marks on the
     /// node, ours removed): its swap follows under the same cordon and
     /// drain, and its cycle uncordons.
@@ -305,6 +327,13 @@ fn enter(
     let mut r = rec.clone();
     if r.state != state {
         r.since = now;
+    }
+    // The surface check belongs to the flash it follows.
+    if state != FirmwareNodeState::Uncordoning {
+        r.surface_since = None;
+    }
+    if !state.is_in_progress() {
+        r.stood_down.clear();
     }
     r.state = state;
     r.reason = Some(reason.into());
@@ -417,21 +446,7 @@ pub fn step(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
         }
         Draining => draining(rec, obs, want),
         Flashing => flashing(rec, obs, want),
-        Uncordoning => {
-            let mut cmds = vec![];
-            if rec.cordon == Cordon::Ours && obs.unschedulable {
-                cmds.push(Command::Uncordon);
-            }
-            if obs.gates_present {
-                cmds.push(Command::OpenGates);
-            }
-            if !cmds.is_empty() {
-                return stay(rec, cmds);
-            }
-            let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
-            r.cordon = Cordon::None;
-            stay(r, vec![])
-        }
+        Uncordoning => uncordoning(rec, obs, want),
         Done => stay(rec, vec![]),
         Failed => {
             if obs.retry_token.is_some() && obs.retry_token != rec.retry_token {
@@ -452,6 +467,77 @@ pub fn step(rec: &FwRecord, obs: &Observation, want: &Desired) -> Step {
     }
 }
 
+/// Uncordoning: while our cordon is on, the scheduler must see every card
+/// again first ([`crate::surface::next`], the driver's rules: the gates
+/// open with the node still cordoned, the stack comes back, the DRA plugin
+/// restarts); then the uncordon and the gates, and Done.
+fn uncordoning(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
+    use crate::surface::{Next, Progress, next};
+    use FirmwareNodeState::*;
+    let now = obs.now;
+    if rec.cordon == Cordon::Ours && obs.unschedulable {
+        let since = rec.surface_since.unwrap_or(now);
+        let what = format!("firmware {}", want.readback);
+        let checking = |msg: String, cmds: Vec<Command>| {
+            let mut r = enter(
+                &rec,
+                Uncordoning,
+                reason::REFRESHING_DEVICES,
+                Some(msg),
+                now,
+            );
+            r.surface_since = Some(since);
+            stay(r, cmds)
+        };
+        match next(Progress {
+            surface: &obs.surface,
+            gates_present: obs.gates_present,
+            stood_down: &rec.stood_down,
+            since: rec.surface_since,
+            now,
+            timeout_seconds: want.surface_timeout_seconds,
+            what: &what,
+            count_required: false,
+        }) {
+            Next::Proceed => {}
+            Next::OpenGates(msg) => return checking(msg, vec![Command::OpenGates]),
+            Next::Restart(pods, msg) => {
+                return checking(msg, vec![Command::RestartPublishers(pods)]);
+            }
+            Next::Wait(msg) => return checking(msg, vec![]),
+            Next::Fail(why) => {
+                let msg = format!(
+                    "{why} ({}s after the flash); the node keeps its cordon with {what} and the rollout halts; \
+                     once the cards show, retry with `kubectl tt fw retry {} {}`",
+                    want.surface_timeout_seconds, want.policy, obs.node
+                );
+                return stay(
+                    enter(&rec, Failed, reason::DEVICES_NOT_PUBLISHED, Some(msg), now),
+                    vec![],
+                );
+            }
+        }
+    }
+    let mut cmds = vec![];
+    if rec.cordon == Cordon::Ours && obs.unschedulable {
+        cmds.push(Command::Uncordon);
+    }
+    if obs.gates_present {
+        cmds.push(Command::OpenGates);
+    }
+    if !cmds.is_empty() {
+        let reason = rec.reason.clone();
+        let mut r = rec;
+        if reason.as_deref() == Some(reason::REFRESHING_DEVICES) {
+            r = enter(&r, Uncordoning, reason::UNCORDONING, None, now);
+        }
+        return stay(r, cmds);
+    }
+    let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
+    r.cordon = Cordon::None;
+    stay(r, vec![])
+}
+
 fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     use FirmwareNodeState::*;
     let now = obs.now;
@@ -462,6 +548,14 @@ fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
         let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
         r.current = obs.current.clone();
         return stay(r, vec![]);
+    }
+    // At the target under our cordon (retried after the scheduler did not
+    // see the cards, or a cordon taken over from Go after its flash):
+    // nothing to flash, the node goes back into service.
+    if at_target {
+        let mut r = enter(&rec, Uncordoning, reason::UNCORDONING, None, now);
+        r.current = obs.current.clone();
+        return uncordoning(r, obs, want);
     }
     if !want.auto_upgrade {
         return wait(
@@ -529,11 +623,13 @@ fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
     }
     if rec.cordon == Cordon::Ours && obs.unschedulable {
         // Kept across a retry or taken over: the cordon is there already.
-        let r = enter(&rec, Draining, reason::DRAINING, None, now);
+        let mut r = enter(&rec, Draining, reason::DRAINING, None, now);
+        r.stood_down = crate::surface::standing(&obs.surface.stack);
         return stay(r, with_gates_closed(vec![Command::Evict], obs));
     }
     let mut r = enter(&rec, Cordoning, reason::CORDONING, None, now);
     r.cordon = Cordon::Ours;
+    r.stood_down = crate::surface::standing(&obs.surface.stack);
     stay(r, with_gates_closed(vec![Command::Cordon], obs))
 }
 
@@ -818,11 +914,7 @@ fn job_succeeded(
     }
     if rec.cordon == Cordon::Ours {
         let r = enter(&rec, Uncordoning, reason::UNCORDONING, None, now);
-        let mut cmds = vec![Command::Uncordon];
-        if obs.gates_present {
-            cmds.push(Command::OpenGates);
-        }
-        return stay(r, cmds);
+        return uncordoning(r, obs, want);
     }
     let mut r = enter(&rec, Done, reason::FLASH_SUCCEEDED, None, now);
     r.cordon = Cordon::None;

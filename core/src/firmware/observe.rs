@@ -158,6 +158,8 @@ pub fn observe<'p>(
         } else {
             vec![]
         },
+        // The caller reads the slices ([`crate::node::surface`]).
+        surface: crate::surface::Surface::default(),
     };
     NodeView {
         obs,

@@ -14,6 +14,7 @@ fn want() -> Desired {
         auto_upgrade: true,
         halted: false,
         min_driver: None,
+        surface_timeout_seconds: 300,
     }
 }
 
@@ -1250,4 +1251,134 @@ fn a_gated_pod_that_never_leaves_times_the_drain_out_and_opens_the_gates() {
     assert_eq!(s.record.reason.as_deref(), Some(reason::DRAIN_TIMEOUT));
     let msg = s.record.message.clone().unwrap_or_default();
     assert!(msg.contains("tt/tt-fabric-manager-agent-y"), "{msg}");
+}
+
+/// After the flash, with a DRA plugin on the node: the gates open with the
+/// node still cordoned, the fabric-manager agent that stood down comes back,
+/// the plugin is restarted, and only a whole surface uncordons; a shortfall
+/// at the deadline fails the node cordoned, and a retry checks again
+/// without a second flash.
+#[test]
+fn after_the_flash_the_scheduler_sees_every_card_before_the_uncordon() {
+    use crate::surface::{PublisherPod, StackPod, Surface};
+    let w = want();
+    let fm = |ready: bool| StackPod {
+        daemon_set: "tt/fabric".into(),
+        ready,
+        deleting: false,
+    };
+    let plugin = |name: &str, created: i64| PublisherPod {
+        pod: crate::drain::PodRef {
+            namespace: "tt".into(),
+            name: name.into(),
+        },
+        created,
+        ready_since: Some(created),
+        deleting: false,
+    };
+    let surface = |stack: Vec<StackPod>, pods: Vec<PublisherPod>, listed: u32| Surface {
+        driver: "tenstorrent.com".into(),
+        plugin_selector: "app=dra".into(),
+        cards: Some(2),
+        plugin_pods: pods,
+        dra_devices: Some(listed),
+        extended: None,
+        stack,
+    };
+    // The start remembers the agent on the node.
+    let s = step(
+        &new(),
+        &Observation {
+            slot: true,
+            surface: surface(vec![fm(true)], vec![plugin("dra-a", 10)], 2),
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(s.record.state, Cordoning);
+    assert_eq!(s.record.stood_down, vec!["tt/fabric".to_string()]);
+    let mut flashing = s.record.clone();
+    flashing.state = Flashing;
+    flashing.job = Some("job-1".into());
+    let after = |now: i64, gates: bool, stack: Vec<StackPod>, pods: Vec<PublisherPod>, listed| {
+        Observation {
+            now,
+            unschedulable: true,
+            gates_present: gates,
+            current: Some("19.8.0.0".into()),
+            job: FlashJob::Succeeded {
+                name: "job-1".into(),
+                report: report(&["19.8.0.0"]),
+            },
+            surface: surface(stack, pods, listed),
+            ..obs()
+        }
+    };
+    // Flashed: the gates open first, the node still cordoned.
+    let s = step(
+        &flashing,
+        &after(2000, true, vec![], vec![plugin("dra-a", 10)], 2),
+        &w,
+    );
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Uncordoning, &[Command::OpenGates][..])
+    );
+    assert_eq!(s.record.reason.as_deref(), Some(reason::REFRESHING_DEVICES));
+    assert_eq!(s.record.surface_since, Some(2000));
+    let open = s.record;
+    // The agent not Ready yet: nothing restarted, nothing uncordoned.
+    let s = step(
+        &open,
+        &after(2005, false, vec![fm(false)], vec![plugin("dra-a", 10)], 2),
+        &w,
+    );
+    assert_eq!((s.record.state, &s.commands[..]), (Uncordoning, &[][..]));
+    // Back: the plugin from before the flash is restarted.
+    let s = step(
+        &open,
+        &after(2010, false, vec![fm(true)], vec![plugin("dra-a", 10)], 2),
+        &w,
+    );
+    assert!(
+        matches!(&s.commands[..], [Command::RestartPublishers(p)] if p[0].name == "dra-a"),
+        "{:?}",
+        s.commands
+    );
+    // The fresh plugin settled and publishing every card: the uncordon.
+    let whole = after(2030, false, vec![fm(true)], vec![plugin("dra-b", 2012)], 2);
+    let s = step(&open, &whole, &w);
+    assert_eq!(
+        (s.record.state, &s.commands[..]),
+        (Uncordoning, &[Command::Uncordon][..])
+    );
+    assert_eq!(s.record.reason.as_deref(), Some(reason::UNCORDONING));
+    // One card short past the deadline: Failed, cordon kept.
+    let short = after(2301, false, vec![fm(true)], vec![plugin("dra-b", 2012)], 1);
+    let failed = step(&open, &short, &w);
+    assert_eq!(
+        (failed.record.state, &failed.commands[..]),
+        (Failed, &[][..])
+    );
+    assert_eq!(
+        failed.record.reason.as_deref(),
+        Some(reason::DEVICES_NOT_PUBLISHED)
+    );
+    assert_eq!(failed.record.cordon, Cordon::Ours);
+    assert!(failed.record.stood_down.is_empty());
+    // Retried: the check runs again from the start (the plugin restarted
+    // once more), and nothing is flashed a second time.
+    let retried = Observation {
+        retry_token: Some("1".into()),
+        slot: true,
+        ..whole
+    };
+    let s = step(&failed.record, &retried, &w);
+    assert_eq!(s.record.state, Uncordoning, "{:?}", s.record);
+    assert!(
+        matches!(&s.commands[..], [Command::RestartPublishers(_)]),
+        "{:?}",
+        s.commands
+    );
+    assert_eq!(s.record.surface_since, Some(2030));
 }

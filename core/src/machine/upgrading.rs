@@ -133,31 +133,10 @@ fn landed(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
 /// deadline fails the node, kept cordoned on the new version. None: the
 /// surface is whole, or nothing publishes the node's cards.
 fn scheduling_surface(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Option<Step> {
-    use crate::surface::{Verdict, check};
+    use crate::surface::{Next, Progress, next};
     let now = obs.now;
     let since = rec.surface_since.unwrap_or(now);
-    // The stack the gates stood down comes back first, the node still
-    // cordoned: the DRA plugin reads the cards from the fabric-manager
-    // agent. Without a surface to refresh the gates open at the uncordon.
-    if obs.gates_present && obs.surface.published() {
-        let mut r = enter(
-            rec,
-            NodeState::Upgrading,
-            reason::REFRESHING_DEVICES,
-            Some(format!(
-                "opening the deploy gates on the still-cordoned node{}, before the DRA plugin republishes the cards of tt-kmd {}",
-                if rec.stood_down.is_empty() {
-                    String::new()
-                } else {
-                    format!(" so that {} come(s) back", rec.stood_down.join(", "))
-                },
-                want.version
-            )),
-            now,
-        );
-        r.surface_since = Some(since);
-        return Some(stay(&r, vec![Command::OpenGates]));
-    }
+    let what = format!("tt-kmd {}", want.version);
     let checking = |msg: String, commands: Vec<Command>| {
         let mut r = enter(
             rec,
@@ -169,38 +148,34 @@ fn scheduling_surface(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Op
         r.surface_since = Some(since);
         Some(stay(&r, commands))
     };
-    match check(&obs.surface, &rec.stood_down, since, now) {
-        Verdict::Unpublished | Verdict::Whole => None,
-        Verdict::Restart(pods) => {
-            let names: Vec<String> = pods.iter().map(ToString::to_string).collect();
-            checking(
-                format!(
-                    "restarting the DRA plugin ({}) so that it publishes the cards of tt-kmd {}",
-                    names.join(", "),
-                    want.version
-                ),
-                vec![Command::RestartPublishers(pods)],
-            )
-        }
-        Verdict::Short(why) if now - since > want.surface_timeout_seconds => Some(stay(
+    match next(Progress {
+        surface: &obs.surface,
+        gates_present: obs.gates_present,
+        stood_down: &rec.stood_down,
+        since: rec.surface_since,
+        now,
+        timeout_seconds: want.surface_timeout_seconds,
+        what: &what,
+        count_required: true,
+    }) {
+        Next::Proceed => None,
+        Next::OpenGates(msg) => checking(msg, vec![Command::OpenGates]),
+        Next::Restart(pods, msg) => checking(msg, vec![Command::RestartPublishers(pods)]),
+        Next::Wait(msg) => checking(msg, vec![]),
+        Next::Fail(why) => Some(stay(
             &enter(
                 rec,
                 NodeState::Failed,
                 reason::DEVICES_NOT_PUBLISHED,
                 Some(format!(
-                    "{why} ({}s after the swap was validated); the node stays cordoned on tt-kmd {}{}",
+                    "{why} ({}s after the swap was validated); the node stays cordoned on {what}{}",
                     want.surface_timeout_seconds,
-                    want.version,
                     retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
                 )),
                 now,
             ),
             vec![],
         )),
-        Verdict::Short(why) => checking(
-            format!("waiting for the scheduler to see every card: {why}"),
-            vec![],
-        ),
     }
 }
 
