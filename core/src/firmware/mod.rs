@@ -549,14 +549,6 @@ fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
         r.current = obs.current.clone();
         return stay(r, vec![]);
     }
-    // At the target under our cordon (retried after the scheduler did not
-    // see the cards, or a cordon taken over from Go after its flash):
-    // nothing to flash, the node goes back into service.
-    if at_target {
-        let mut r = enter(&rec, Uncordoning, reason::UNCORDONING, None, now);
-        r.current = obs.current.clone();
-        return uncordoning(r, obs, want);
-    }
     if !want.auto_upgrade {
         return wait(
             reason::AUTO_UPGRADE_DISABLED,
@@ -575,6 +567,14 @@ fn pending(rec: FwRecord, obs: &Observation, want: &Desired) -> Step {
             reason::ROLLOUT_HALTED,
             "a node of this policy is Failed (haltOnFailure): retry or fix it first".into(),
         );
+    }
+    // At the target under our cordon, not paused (retried after the scheduler did not
+    // see the cards, or a cordon taken over from Go after its flash):
+    // nothing to flash, the node goes back into service.
+    if at_target {
+        let mut r = enter(&rec, Uncordoning, reason::UNCORDONING, None, now);
+        r.current = obs.current.clone();
+        return uncordoning(r, obs, want);
     }
     if !obs.ready {
         return wait(
