@@ -172,6 +172,11 @@ pub fn observe<'p>(
     } else {
         (None, vec![], vec![], vec![])
     };
+    let surfaced = starting
+        || [live, persisted.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|r| r.state == NodeState::Upgrading);
     let label = |k: &str| node::label(node, k);
     let installer_state = installer_state(installer, p.template_hash);
     let installer_failure = installer
@@ -230,13 +235,20 @@ pub fn observe<'p>(
                 ))
             })
             .flatten(),
-        surface: crate::node::surface(
-            p.surface,
-            node,
-            n.pods,
-            n.dra_devices,
-            crate::surface::stack_pods(n.pods, p.daemon_sets, p.gates),
-        ),
+        // Read only where the machine reads it (a start remembers the
+        // stack it stands down; an Upgrading node checks the surface):
+        // a settled fleet's pass does not pay for it per node.
+        surface: if surfaced {
+            crate::node::surface(
+                p.surface,
+                node,
+                n.pods,
+                n.dra_devices,
+                crate::surface::stack_pods(n.pods, p.daemon_sets, p.gates),
+            )
+        } else {
+            crate::surface::Surface::default()
+        },
         ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from

@@ -269,14 +269,21 @@ async fn see_node(
         now_secs(),
     );
     // What the scheduler sees of the cards: checked before the uncordon,
-    // with the driver's rules ([`ttdrv_core::surface`]).
-    view.obs.surface = ttdrv_core::node::surface(
-        &shape.surface,
-        &node,
-        &facts,
-        ctx.stores.slices.devices_on(&node_name),
-        ttdrv_core::surface::stack_pods(&facts, &daemon_sets, &gate_keys),
-    );
+    // with the driver's rules ([`ttdrv_core::surface`]); read where the
+    // machine reads it (a start, the uncordon, a retry), not on a node Done
+    // at the policy's version.
+    if rec
+        .as_ref()
+        .is_none_or(|r| r.state != FirmwareNodeState::Done || r.target != desired.version)
+    {
+        view.obs.surface = ttdrv_core::node::surface(
+            &shape.surface,
+            &node,
+            &facts,
+            ctx.stores.slices.devices_on(&node_name),
+            ttdrv_core::surface::stack_pods(&facts, &daemon_sets, &gate_keys),
+        );
+    }
     let prev = rec.unwrap_or_else(|| takeover(desired, &view.obs));
     if ctx.config.combine_firmware_and_driver && prev.state == FirmwareNodeState::Flashing {
         view.obs.driver_waiting = ttdrv_core::claim::handover_to(
