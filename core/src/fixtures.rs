@@ -86,3 +86,39 @@ pub fn meta(name: &str, namespace: &str) -> ObjectMeta {
         ..Default::default()
     }
 }
+
+/// A ResourceSlice of `driver` on `node` (its pool named after the node, as
+/// the tt-dra-driver plugin names it), at pool `generation`, listing
+/// `devices` devices `card0`, `card1`, ...
+pub fn resource_slice(
+    node: &str,
+    driver: &str,
+    generation: i64,
+    devices: u32,
+) -> k8s_openapi::api::resource::v1::ResourceSlice {
+    use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
+    ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("{node}-{driver}")),
+            ..Default::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: driver.into(),
+            node_name: Some(node.into()),
+            pool: ResourcePool {
+                name: node.into(),
+                generation,
+                resource_slice_count: 1,
+            },
+            devices: Some(
+                (0..devices)
+                    .map(|i| Device {
+                        name: format!("card{i}"),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+    }
+}

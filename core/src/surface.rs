@@ -582,29 +582,11 @@ mod tests {
 
     #[test]
     fn slices_count_the_newest_generation_of_each_pool_on_the_node() {
-        use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSliceSpec};
-        let slice =
-            |node: &str, driver: &str, pool: &str, generation: i64, n: usize| ResourceSlice {
-                spec: ResourceSliceSpec {
-                    driver: driver.into(),
-                    node_name: Some(node.into()),
-                    pool: ResourcePool {
-                        name: pool.into(),
-                        generation,
-                        resource_slice_count: 1,
-                    },
-                    devices: Some(
-                        (0..n)
-                            .map(|i| Device {
-                                name: format!("card{i}"),
-                                ..Default::default()
-                            })
-                            .collect(),
-                    ),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
+        let slice = |node: &str, driver: &str, pool: &str, generation: i64, n: u32| {
+            let mut s = crate::fixtures::resource_slice(node, driver, generation, n);
+            s.spec.pool.name = pool.into();
+            s
+        };
         let all: Vec<SliceFacts> = [
             slice("n1", "tenstorrent.com", "n1", 1, 4),
             slice("n1", "tenstorrent.com", "n1", 2, 3),

@@ -120,34 +120,12 @@ fn remove(live: &mut Slices, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSliceSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    fn slice(name: &str, node: &str, generation: i64, devices: usize) -> ResourceSlice {
-        ResourceSlice {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            spec: ResourceSliceSpec {
-                driver: "tenstorrent.com".into(),
-                node_name: Some(node.into()),
-                pool: ResourcePool {
-                    name: node.into(),
-                    generation,
-                    resource_slice_count: 1,
-                },
-                devices: Some(
-                    (0..devices)
-                        .map(|i| Device {
-                            name: format!("card{i}"),
-                            ..Default::default()
-                        })
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-        }
+    fn slice(name: &str, node: &str, generation: i64, devices: u32) -> ResourceSlice {
+        let mut s =
+            ttdrv_core::fixtures::resource_slice(node, "tenstorrent.com", generation, devices);
+        s.metadata.name = Some(name.into());
+        s
     }
 
     #[test]

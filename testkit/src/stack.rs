@@ -339,9 +339,7 @@ impl DraPlugin {
         fabric: Option<String>,
     ) -> Self {
         use k8s_openapi::api::core::v1::{Node, Pod};
-        use k8s_openapi::api::resource::v1::{
-            Device, ResourcePool, ResourceSlice, ResourceSliceSpec,
-        };
+        use k8s_openapi::api::resource::v1::ResourceSlice;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
         use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 
@@ -408,37 +406,20 @@ impl DraPlugin {
                             let Ok(owner) = nodes.get(&node).await else {
                                 continue;
                             };
-                            let slice = ResourceSlice {
-                                metadata: ObjectMeta {
-                                    name: Some(slice_name.clone()),
-                                    owner_references: Some(vec![OwnerReference {
-                                        api_version: "v1".into(),
-                                        kind: "Node".into(),
-                                        name: node.clone(),
-                                        uid: owner.metadata.uid.clone().unwrap_or_default(),
-                                        ..Default::default()
-                                    }]),
-                                    ..Default::default()
-                                },
-                                spec: ResourceSliceSpec {
-                                    driver: "tenstorrent.com".into(),
-                                    node_name: Some(node.clone()),
-                                    pool: ResourcePool {
-                                        name: node.clone(),
-                                        generation,
-                                        resource_slice_count: 1,
-                                    },
-                                    devices: Some(
-                                        (0..n)
-                                            .map(|i| Device {
-                                                name: format!("card{i}"),
-                                                ..Default::default()
-                                            })
-                                            .collect(),
-                                    ),
-                                    ..Default::default()
-                                },
-                            };
+                            let mut slice = ttdrv_core::fixtures::resource_slice(
+                                &node,
+                                "tenstorrent.com",
+                                generation,
+                                n,
+                            );
+                            slice.metadata.name = Some(slice_name.clone());
+                            slice.metadata.owner_references = Some(vec![OwnerReference {
+                                api_version: "v1".into(),
+                                kind: "Node".into(),
+                                name: node.clone(),
+                                uid: owner.metadata.uid.clone().unwrap_or_default(),
+                                ..Default::default()
+                            }]);
                             slices
                                 .patch(
                                     &slice_name,
