@@ -68,6 +68,42 @@ fn privileged_daemon_set(
         }),
         ..Default::default()
     });
+    daemon_set(
+        test_id,
+        name,
+        labels,
+        PodSpec {
+            affinity,
+            containers: vec![Container {
+                name: "main".into(),
+                image: Some("busybox".into()),
+                security_context: Some(SecurityContext {
+                    privileged: Some(true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    )
+}
+
+/// A DaemonSet `name` of the test (labelled with its id), selecting its pods
+/// by `labels`, whose pods run `spec` on the test's Tenstorrent nodes only,
+/// as the real charts select them (NFD's PCI vendor label).
+fn daemon_set(
+    test_id: &str,
+    name: &str,
+    labels: BTreeMap<String, String>,
+    mut spec: PodSpec,
+) -> DaemonSet {
+    spec.node_selector = Some(BTreeMap::from([
+        (TEST_LABEL.to_string(), test_id.to_string()),
+        (
+            ttdrv_api::labels::TT_PCI_PRESENT.to_string(),
+            "true".to_string(),
+        ),
+    ]));
     let mut meta_labels = BTreeMap::from([(TEST_LABEL.to_string(), test_id.to_string())]);
     meta_labels.extend(labels.clone());
     DaemonSet {
@@ -86,28 +122,7 @@ fn privileged_daemon_set(
                     labels: Some(labels),
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    // On Tenstorrent nodes only, as the real charts select
-                    // them (NFD's PCI vendor label).
-                    node_selector: Some(BTreeMap::from([
-                        (TEST_LABEL.to_string(), test_id.to_string()),
-                        (
-                            ttdrv_api::labels::TT_PCI_PRESENT.to_string(),
-                            "true".to_string(),
-                        ),
-                    ])),
-                    affinity,
-                    containers: vec![Container {
-                        name: "main".into(),
-                        image: Some("busybox".into()),
-                        security_context: Some(SecurityContext {
-                            privileged: Some(true),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }),
+                spec: Some(spec),
             },
             ..Default::default()
         }),
@@ -239,44 +254,19 @@ pub fn dra_plugin(test_id: &str, name: &str) -> DaemonSet {
         ),
         ("app.kubernetes.io/instance".to_string(), name.to_string()),
     ]);
-    let mut meta_labels = BTreeMap::from([(TEST_LABEL.to_string(), test_id.to_string())]);
-    meta_labels.extend(labels.clone());
-    DaemonSet {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(meta_labels),
+    daemon_set(
+        test_id,
+        name,
+        labels,
+        PodSpec {
+            containers: vec![Container {
+                name: "plugin".into(),
+                image: Some("busybox".into()),
+                ..Default::default()
+            }],
             ..Default::default()
         },
-        spec: Some(DaemonSetSpec {
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..Default::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    node_selector: Some(BTreeMap::from([
-                        (TEST_LABEL.to_string(), test_id.to_string()),
-                        (
-                            ttdrv_api::labels::TT_PCI_PRESENT.to_string(),
-                            "true".to_string(),
-                        ),
-                    ])),
-                    containers: vec![Container {
-                        name: "plugin".into(),
-                        image: Some("busybox".into()),
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }),
-            },
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    )
 }
 
 /// What the simulated DRA plugin publishes when one of its pods starts.
