@@ -16,6 +16,10 @@ use std::collections::BTreeSet;
 pub struct Sample {
     /// Host clock, Unix seconds.
     pub t: f64,
+    /// Host clock when the reads of the last snapshot that was still this
+    /// one began (the watcher keeps a sample only when it changed, and moves
+    /// this on): what it shows held at least until then.
+    pub seen_until: f64,
     /// The node record's state ("-" when there is none).
     pub state: String,
     pub reason: Option<String>,
@@ -54,8 +58,10 @@ impl Sample {
     /// Reads back a [`Sample::line`].
     pub fn parse(line: &str) -> Option<Sample> {
         let mut f = line.split_whitespace();
+        let t = f.next()?.parse().ok()?;
         let mut s = Sample {
-            t: f.next()?.parse().ok()?,
+            t,
+            seen_until: t,
             ..Default::default()
         };
         let opt = |v: &str| (v != "-").then(|| v.to_string());
@@ -86,6 +92,19 @@ impl Sample {
 /// First time at or after `t0` a sample satisfies `pred`.
 pub fn tl_time(tl: &[Sample], t0: f64, pred: impl Fn(&Sample) -> bool) -> Option<f64> {
     tl.iter().find(|s| s.t >= t0 && pred(s)).map(|s| s.t)
+}
+
+/// The last time a sample still failed `pred` before the first one at or
+/// after `t0` satisfying it: what the timeline proves of when it began (it
+/// began after this, and by [`tl_time`]). None when no earlier sample
+/// failed it.
+pub fn tl_not_yet(tl: &[Sample], t0: f64, pred: impl Fn(&Sample) -> bool) -> Option<f64> {
+    let first = tl.iter().position(|s| s.t >= t0 && pred(s))?;
+    tl[..first]
+        .iter()
+        .rev()
+        .find(|s| !pred(s))
+        .map(|s| s.seen_until)
 }
 
 /// A line an installer pod's agent logged, as the guest relayed it.
@@ -674,6 +693,20 @@ mod tests {
 
     fn tl() -> Vec<Sample> {
         TIMELINE.lines().filter_map(Sample::parse).collect()
+    }
+
+    #[test]
+    fn what_the_timeline_proves_of_a_change() {
+        let mut tl = tl();
+        // The go-ahead: first seen at 134, still absent at 133's snapshot.
+        assert_eq!(tl_time(&tl, 100.0, |s| s.go_ahead), Some(134.0));
+        assert_eq!(tl_not_yet(&tl, 100.0, |s| s.go_ahead), Some(133.0));
+        // Unchanged snapshots moved 133's sample on: absent until 133.8.
+        tl[4].seen_until = 133.8;
+        assert_eq!(tl_not_yet(&tl, 100.0, |s| s.go_ahead), Some(133.8));
+        // Never seen absent before it held: nothing proven.
+        assert_eq!(tl_not_yet(&tl, 100.0, |s| s.state == "Done"), None);
+        assert_eq!(tl_not_yet(&tl, 100.0, |s| s.kmd.as_deref() == Some("9.9.9")), None);
     }
 
     #[test]
