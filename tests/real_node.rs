@@ -10,15 +10,16 @@
 //!      leader); the VFIO binder (vfioManager) reports this node's functions
 //!      with its pod's token, through its node-patch policy
 //!   2. a workload (hostPath /dev/tenstorrent) behind a PDB that first
-//!      refuses, and a DaemonSet behind the deploy gate
+//!      refuses, and the privileged telemetry and fabric-manager DaemonSets,
+//!      each behind its deploy gate
 //!   3. a policy (2.8.0): the real agent in the installer pod refuses the
 //!      source build (no kernel headers on this machine)
-//!   4. cordon, gate closed, the eviction refused by the PDB; helm upgrade and
+//!   4. cordon, both gates closed (both pods leave), the eviction refused by the PDB; helm upgrade and
 //!      rollback keep the node Draining with a lease hand-over; the PDB
 //!      relaxed, the controller evicts the pod (audit log)
 //!   5. a DKMS install appears: the agent labels its node install-mode=host
 //!      with its pod-bound token (audit log), its readiness probe runs, the
-//!      node is Done (HostManaged), uncordoned, gate open, workload back
+//!      node is Done (HostManaged), uncordoned, gates open, stack and workload back
 //!   6. the admission policy on the agent's own token
 //!   7. `kubectl tt driver`
 //!   8. a firmware policy flashes the node: a real flash Job on the kubelet
@@ -61,7 +62,14 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 const POLICY: &str = "realnode";
 const INSTALLER: &str = "app.kubernetes.io/name=tt-driver-installer";
 const PCI: &str = "feature.node.kubernetes.io/pci-1200_1e52.present";
-const GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
+/// The chart's default deploy gates: the telemetry collector's and the
+/// fabric manager's.
+const GATES: [&str; 2] = [
+    "tenstorrent.com/deploy.tt-telemetry",
+    "tenstorrent.com/deploy.tt-fabric-manager",
+];
+/// The stack's privileged DaemonSets of the workload fixture (their `app`).
+const STACK: [&str; 2] = ["telemetry", "fabric-manager-agent"];
 const KMD: &str = "driver.tenstorrent.com/kmd-version";
 const MODE: &str = "driver.tenstorrent.com/install-mode";
 

@@ -24,15 +24,19 @@ pub(super) async fn workload_running(t: &Ctx, ph: &mut Phases) -> String {
             1,
         )
         .await;
-    rn.wait_running(
-        "the telemetry DaemonSet pod Running",
-        "ml",
-        "app=telemetry",
-        1,
-    )
-    .await;
+    for app in STACK {
+        rn.wait_running(
+            &format!("the privileged {app} DaemonSet pod Running"),
+            "ml",
+            &format!("app={app}"),
+            1,
+        )
+        .await;
+    }
     let train1 = train[0].clone();
-    ph.phase("workload (hostPath /dev/tenstorrent, PDB) and telemetry DaemonSet Running");
+    ph.phase(
+        "workload (hostPath /dev/tenstorrent, PDB), privileged telemetry and fabric-manager DaemonSets Running",
+    );
     train1
 }
 
@@ -50,21 +54,28 @@ pub(super) async fn policy_cordons_and_closes_gate(t: &Ctx, ph: &mut Phases) {
     })
     .await;
     ph.phase("policy applied -> node cordoned");
-    wait_for("deploy gate closed", rn.t, || rn.label_is(GATE, "false")).await;
-    wait_for(
-        "the telemetry pod gone behind the closed gate",
-        rn.t,
-        || async {
-            let p = rn.pod_names("ml", "app=telemetry", "").await?;
-            if p.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{p:?}"))
-            }
-        },
-    )
-    .await;
-    ph.phase("deploy gate closed, telemetry pod left");
+    for gate in GATES {
+        wait_for(&format!("deploy gate {gate} closed"), rn.t, || {
+            rn.label_is(gate, "false")
+        })
+        .await;
+    }
+    for app in STACK {
+        wait_for(
+            &format!("the {app} pod gone behind its closed gate"),
+            rn.t,
+            || async {
+                let p = rn.pod_names("ml", &format!("app={app}"), "").await?;
+                if p.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{p:?}"))
+                }
+            },
+        )
+        .await;
+    }
+    ph.phase("both deploy gates closed, the telemetry and fabric-manager pods left");
 }
 
 /// The real agent in the installer pod refuses the source build (no kernel

@@ -145,13 +145,22 @@ pub(super) async fn uncordoned_gate_open(t: &Ctx, ph: &mut Phases) {
         Ok(false),
         "node still cordoned after Done"
     );
-    assert_eq!(
-        rn.label(GATE).await,
-        Ok(None),
-        "deploy gate label left on the node"
-    );
-    rn.wait_running("the telemetry pod back", "ml", "app=telemetry", 1)
+    for gate in GATES {
+        assert_eq!(
+            rn.label(gate).await,
+            Ok(None),
+            "deploy gate label {gate} left on the node"
+        );
+    }
+    for app in STACK {
+        rn.wait_running(
+            &format!("the {app} pod back"),
+            "ml",
+            &format!("app={app}"),
+            1,
+        )
         .await;
+    }
     rn.wait_running(
         &format!("the workload Running again on {node}"),
         "ml",
@@ -159,5 +168,5 @@ pub(super) async fn uncordoned_gate_open(t: &Ctx, ph: &mut Phases) {
         1,
     )
     .await;
-    ph.phase("uncordoned, gate open, Done (HostManaged), workload back");
+    ph.phase("uncordoned, gates open, Done (HostManaged), stack and workload back");
 }

@@ -706,7 +706,10 @@ mod tests {
         assert_eq!(tl_not_yet(&tl, 100.0, |s| s.go_ahead), Some(133.8));
         // Never seen absent before it held: nothing proven.
         assert_eq!(tl_not_yet(&tl, 100.0, |s| s.state == "Done"), None);
-        assert_eq!(tl_not_yet(&tl, 100.0, |s| s.kmd.as_deref() == Some("9.9.9")), None);
+        assert_eq!(
+            tl_not_yet(&tl, 100.0, |s| s.kmd.as_deref() == Some("9.9.9")),
+            None
+        );
     }
 
     #[test]
