@@ -172,11 +172,10 @@ pub fn observe<'p>(
     } else {
         (None, vec![], vec![], vec![])
     };
-    let surfaced = starting
-        || [live, persisted.as_ref()]
-            .into_iter()
-            .flatten()
-            .any(|r| r.state == NodeState::Upgrading);
+    let upgrading = [live, persisted.as_ref()]
+        .into_iter()
+        .flatten()
+        .any(|r| r.state == NodeState::Upgrading);
     let label = |k: &str| node::label(node, k);
     let installer_state = installer_state(installer, p.template_hash);
     let installer_failure = installer
@@ -235,20 +234,7 @@ pub fn observe<'p>(
                 ))
             })
             .flatten(),
-        // Read only where the machine reads it (a start remembers the
-        // stack it stands down; an Upgrading node checks the surface):
-        // a settled fleet's pass does not pay for it per node.
-        surface: if surfaced {
-            crate::node::surface(
-                p.surface,
-                node,
-                n.pods,
-                n.dra_devices,
-                crate::surface::stack_pods(n.pods, p.daemon_sets, p.gates),
-            )
-        } else {
-            crate::surface::Surface::default()
-        },
+        surface: surface_if_read(p, n, starting || upgrading),
         ..node_observation(p, node, installer_state, installer_failure, prepared)
     };
     // A cordon of ours on a node still waiting in Pending (adopted from
@@ -283,6 +269,23 @@ pub fn observe<'p>(
         unavailable_because,
         waits_on_firmware,
     }
+}
+
+/// The node's scheduling surface where the machine reads it (`read`: a
+/// start remembers the stack it stands down, an Upgrading node checks the
+/// surface); elsewhere empty, so a settled fleet's pass does not pay for it
+/// per node.
+fn surface_if_read(p: &PolicyFacts<'_>, n: &NodeFacts<'_>, read: bool) -> crate::surface::Surface {
+    if !read {
+        return crate::surface::Surface::default();
+    }
+    crate::node::surface(
+        p.surface,
+        n.node,
+        n.pods,
+        n.dra_devices,
+        crate::surface::stack_pods(n.pods, p.daemon_sets, p.gates),
+    )
 }
 
 /// What a node's cordon and drain would meet if it started now: the drain's
