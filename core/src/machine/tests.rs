@@ -2671,6 +2671,18 @@ fn the_gates_open_and_the_stack_is_back_before_the_dra_plugin_restarts() {
         late.record.stood_down.is_empty(),
         "a finished cycle forgets"
     );
+    // The target changes while the gates are open for the check: they
+    // close again before the next swap, and the check starts anew.
+    let mut retarget = w.clone();
+    retarget.version = "2.9.0".into();
+    let again = step(
+        &open.record,
+        &swapped(1015, false, vec![fm(true)]),
+        &retarget,
+    );
+    assert_eq!(again.record.state, Upgrading);
+    assert_eq!(again.commands, vec![Command::CloseGates]);
+    assert_eq!(again.record.surface_since, None);
 }
 
 #[test]

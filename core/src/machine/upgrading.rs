@@ -26,6 +26,14 @@ pub(super) fn upgrading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> 
     if let Some(s) = installer_failed(rec, obs, want, module_ok) {
         return s;
     }
+    // A swap still to come after the surface check opened the gates (the
+    // target changed meanwhile): the stack stands down again first, and
+    // the check starts anew after that swap.
+    if !module_ok && rec.surface_since.is_some() {
+        let mut r = rec.clone();
+        r.surface_since = None;
+        return stay(&r, vec![Command::CloseGates]);
+    }
     // A cycle without drain found a module of another version loaded
     // (the label was missing or stale): only a drained cycle may swap it.
     if rec.no_drain && !module_kept && obs.loaded.is_some() {
@@ -88,6 +96,12 @@ fn stands_down(rec: &NodeRecord, obs: &Observation) -> Step {
     stay(&r, vec![])
 }
 
+/// A cycle that cordoned the node (by us, or by an admin in a drained
+/// cycle) and closed its gates.
+fn cordoned_cycle(rec: &NodeRecord, want: &Desired) -> bool {
+    rec.cordoned_by_us() || (!rec.no_drain && want.drain_enabled)
+}
+
 /// The target is loaded and the installer pod Ready: the user's
 /// validation, then back into service (or Done, for a cycle that never
 /// cordoned).
@@ -95,7 +109,7 @@ fn landed(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     let now = obs.now;
     // The user's check, on the swapped node still cordoned (by
     // us, or by an admin in a drained cycle).
-    let cordoned_cycle = rec.cordoned_by_us() || (!rec.no_drain && want.drain_enabled);
+    let cordoned_cycle = cordoned_cycle(rec, want);
     // The scheduler sees every card again before anything else runs on
     // the node (a validation pod may claim a card through DRA).
     if cordoned_cycle && let Some(step) = scheduling_surface(rec, obs, want) {
