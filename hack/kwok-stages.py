@@ -9,7 +9,8 @@ firmware.tenstorrent.com/cr) are left for the simulated flasher to finish,
 as on a real node their outcome is the flash's; and pods labelled
 sim.ttdrv.io/ready-after are left for the test kit's late starter, which
 makes them Ready that many seconds after they start (a stack agent that is
-slow to serve).
+slow to serve); and pods labelled sim.ttdrv.io/ready-when-published are left
+for the simulated DRA plugin, which makes them Ready once it has published.
 
     kwok-stages.py KWOK_STAGE_DIR OUT
 """
@@ -28,7 +29,8 @@ for f in ["node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-hear
         assert anchor in text, f"kwok {f} stage changed shape"
         keys = ["firmware.tenstorrent.com/cr"]
         if f.endswith("pod-ready.yaml"):
-            keys[:0] = ["driver.tenstorrent.com/policy", "sim.ttdrv.io/ready-after"]
+            keys[:0] = ["driver.tenstorrent.com/policy", "sim.ttdrv.io/ready-after",
+                         "sim.ttdrv.io/ready-when-published"]
         extra = "".join(f"    - key: '.metadata.labels[\"{k}\"]'\n      operator: 'DoesNotExist'\n" for k in keys)
         text = text.replace(anchor, anchor + extra, 1)
     parts.append(text.strip() + "\n")

@@ -253,6 +253,7 @@ pub fn dra_plugin(test_id: &str, name: &str) -> DaemonSet {
             "tt-dra-driver".to_string(),
         ),
         ("app.kubernetes.io/instance".to_string(), name.to_string()),
+        (READY_WHEN_PUBLISHED_LABEL.to_string(), "true".to_string()),
     ]);
     daemon_set(
         test_id,
@@ -269,6 +270,30 @@ pub fn dra_plugin(test_id: &str, name: &str) -> DaemonSet {
     )
 }
 
+/// A pod labelled with this key is made Ready by [`DraPlugin`] once it has
+/// published for it (or found nothing to read), not by kwok
+/// (hack/kwok-stages.py): a plugin that registers with the kubelet, and so
+/// turns Ready, only after its first publication. The controller's surface
+/// check also waits a few seconds of Ready for plugins that publish just
+/// after; this order keeps the tests' "republished before the uncordon"
+/// independent of how late the test process runs under load.
+pub const READY_WHEN_PUBLISHED_LABEL: &str = "sim.ttdrv.io/ready-when-published";
+
+/// Reports `pod` Ready unless it already is; a failure is retried on the
+/// plugin's next round.
+async fn make_ready(
+    pods: &Api<k8s_openapi::api::core::v1::Pod>,
+    pod: &k8s_openapi::api::core::v1::Pod,
+) {
+    if crate::cluster::pod_ready(pod) {
+        return;
+    }
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    if let Err(e) = crate::sim_agent::set_ready(pods, name, pod).await {
+        tracing::warn!(error = %e, pod = %name, "sim DRA plugin: not made Ready");
+    }
+}
+
 /// What the simulated DRA plugin publishes when one of its pods starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Publishes {
@@ -282,9 +307,10 @@ pub enum Publishes {
 
 /// The publishing half of the DRA kubelet plugin (STACK.md: after a driver
 /// swap it keeps the inventory it read at start, until it restarts): each
-/// time a Ready pod of the plugin's DaemonSet starts on a node, the node's
+/// time a pod of the plugin's DaemonSet starts on a node, the node's
 /// ResourceSlice of driver `tenstorrent.com` is (re)published as [`Publishes`]
-/// says then, owned by the Node as the kubelet's are. Stops when dropped.
+/// says then, owned by the Node as the kubelet's are, and then the pod is
+/// made Ready ([`READY_WHEN_PUBLISHED_LABEL`]). Stops when dropped.
 ///
 /// Started with a fabric-manager DaemonSet ([`DraPlugin::reading_from`]),
 /// it reads the cards from that agent as tt-dra-driver does, and a pod that
@@ -354,10 +380,11 @@ impl DraPlugin {
                     ) else {
                         continue;
                     };
-                    if p.metadata.deletion_timestamp.is_some()
-                        || !crate::cluster::pod_ready(&p)
-                        || seen.get(&node).is_some_and(|(u, _)| *u == uid)
-                    {
+                    if p.metadata.deletion_timestamp.is_some() {
+                        continue;
+                    }
+                    if seen.get(&node).is_some_and(|(u, _)| *u == uid) {
+                        make_ready(&pods, &p).await;
                         continue;
                     }
                     if let Some(fabric) = &fabric {
@@ -377,6 +404,7 @@ impl DraPlugin {
                             if let Ok(mut k) = kept.lock() {
                                 k.push((node, uid));
                             }
+                            make_ready(&pods, &p).await;
                             continue;
                         }
                     }
@@ -426,6 +454,7 @@ impl DraPlugin {
                             if let Ok(mut o) = out.lock() {
                                 o.push((node, uid, generation));
                             }
+                            make_ready(&pods, &p).await;
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "sim DRA plugin: publishing failed; retrying")
