@@ -541,6 +541,21 @@ def rollout():
         description="Flashes that ended per window: success (every card read back the target) or failed "
                     "(ttfw_flash_jobs_total; the node's reason says why).",
     ))
+    P.append(panel(
+        L, "bargauge", "Flash to cards published p50 / p95 (time range)", 24, 6,
+        targets((f'histogram_quantile(0.5, sum by (cr, le) (increase(ttfw_scheduling_surface_seconds_bucket{{{SCRAPE}}}[$__range])))',
+                 "{{cr}} p50"),
+                (f'histogram_quantile(0.95, sum by (cr, le) (increase(ttfw_scheduling_surface_seconds_bucket{{{SCRAPE}}}[$__range])))',
+                 "{{cr}} p95"),
+                instant=True),
+        description="Per firmware policy, from a flash that read back to the scheduler seeing every card of the node "
+                    "again (deploy gates opened, the stack back, DRA plugin restarted, ResourceSlices whole: "
+                    "ttfw_scheduling_surface_seconds), over the dashboard's time range. Only nodes where something "
+                    "publishes the cards; a node past the deadline fails DevicesNotPublished instead.",
+        unit="s",
+        defaults={"min": 0, "color": {"mode": "continuous-GrYlRd"}},
+        options=bargauge_options("gradient"),
+    ))
     return dashboard(
         "ttdriver-rollout", "Tenstorrent driver rollout",
         "Progress of tt-kmd rollouts driven by TenstorrentDriverPolicy resources: target version, nodes per "

@@ -137,7 +137,8 @@ for _ in $(seq 1 120); do
 done
 [ "$state" = Failed ] || { echo "node $id-c did not reach Failed (state: $state)"; tail -20 "$work/controller.log"; exit 1; }
 # A firmware policy over the same nodes: a flashes, b's simulated flash fails
-# (c keeps the driver's cordon of its failed upgrade: not flashed).
+# (c keeps the driver's cordon of its failed upgrade: not flashed). a's DRA
+# plugin is restarted before its uncordon (ttfw_scheduling_surface_seconds).
 kubectl annotate node $id-b sim.ttdrv.io/fw-fault=flash >/dev/null
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: firmware.tenstorrent.com/v1alpha1
@@ -151,6 +152,12 @@ for _ in $(seq 1 60); do
   sleep 1
 done
 [ "$fw" = Failed ] || { echo "node $id-b did not fail its flash (state: $fw)"; tail -20 "$work/controller.log"; exit 1; }
+for _ in $(seq 1 90); do
+  fw=$(kubectl get ttfwp $id-fw -o jsonpath="{.status.nodes[?(@.name=='$id-a')].state}")
+  [ "$fw" = Done ] && break
+  sleep 1
+done
+[ "$fw" = Done ] || { echo "node $id-a did not finish its flash (state: $fw)"; tail -20 "$work/controller.log"; exit 1; }
 echo "test-prometheus: node $id-c (driver) and $id-b (firmware) are Failed as arranged; checking dashboards and alerts"
 python3 hack/check-dashboard-queries.py "http://127.0.0.1:$promport" --wait 60 \
   --expect-alert "TTDriverNodeFailed:node=$id-c" --expect-alert "TTFirmwareFlashFailed:cr=$id-fw"

@@ -76,7 +76,7 @@ async fn fleet_with_plugin(
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn the_dra_plugin_is_restarted_and_the_node_waits_for_its_cards() {
-    let (env, _ns, node, policy, plugin, _running) =
+    let (env, _ns, node, policy, plugin, running) =
         fleet_with_plugin("surface-ok", 2, vec![]).await;
     let before = plugin.publications();
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
@@ -119,7 +119,31 @@ async fn the_dra_plugin_is_restarted_and_the_node_waits_for_its_cards() {
             .any(|(r, m)| r == "RefreshingDevices" && m.contains(&node)),
         "{events:?}"
     );
+    assert_surface_observed(
+        &running.0,
+        "ttdriver_node_scheduling_surface_seconds",
+        &policy,
+    )
+    .await;
     env.teardown().await;
+}
+
+/// The controller's `/metrics` counts one observation of `histogram` for
+/// policy `cr`.
+async fn assert_surface_observed(
+    ctl: &ttdrv_testkit::ControllerProcess,
+    histogram: &str,
+    cr: &str,
+) {
+    let (_, _, body) = ctl.admin_get("/metrics").await.expect("metrics");
+    let line = format!("{histogram}_count{{cr=\"{cr}\"}} 1");
+    assert!(
+        body.lines().any(|l| l == line),
+        "missing `{line}` in: {:?}",
+        body.lines()
+            .filter(|l| l.starts_with(histogram))
+            .collect::<Vec<_>>()
+    );
 }
 
 /// Upgrades the node while the plugin will publish `then`; the node must
@@ -335,7 +359,7 @@ async fn after_a_firmware_flash_the_plugin_restarts_before_the_uncordon() {
     ttdrv_testkit::ensure_crd(&env.client).await;
     let node = nodes[0].clone();
     env.annotate_node(&node, CARDS_ANNOTATION, Some("2")).await;
-    let _ctl = controller(&env, &ns);
+    let ctl = controller(&env, &ns);
     let (plugin, _late, fabric) = stack_with_plugin(&env, &ns, &node).await;
     let policy = env.name("fw");
     ttdrv_testkit::policy::create_firmware_policy(&env, &policy, serde_json::json!({})).await;
@@ -347,5 +371,8 @@ async fn after_a_firmware_flash_the_plugin_restarts_before_the_uncordon() {
         }
     })
     .await;
+    // Its reason's Event, and its time in the firmware kind's histogram.
+    wait_event(&env, &policy, "RefreshingDevices", T, |m| m.contains(&node)).await;
+    assert_surface_observed(&ctl, "ttfw_scheduling_surface_seconds", &policy).await;
     env.teardown().await;
 }

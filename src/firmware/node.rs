@@ -344,9 +344,7 @@ async fn step_node(
             _ => {}
         }
     }
-    if next.record.state != s.prev.state {
-        report(ctx, p, &node, &s.prev, &next.record);
-    }
+    report(ctx, p, &node, &s.prev, &next.record);
     (next.record, written)
 }
 
@@ -434,7 +432,23 @@ async fn create_job(
     }
 }
 
+/// What a step tells people: its transition, if the state changed, and the
+/// scheduling surface check (whose end is a change of reason within
+/// Uncordoning).
 fn report(
+    ctx: &Context,
+    p: &TenstorrentFirmwarePolicy,
+    node: &str,
+    prev: &FwRecord,
+    next: &FwRecord,
+) {
+    if next.state != prev.state {
+        report_transition(ctx, p, node, prev, next);
+    }
+    scheduling_surface(ctx, p, node, prev, next);
+}
+
+fn report_transition(
     ctx: &Context,
     p: &TenstorrentFirmwarePolicy,
     node: &str,
@@ -498,6 +512,39 @@ fn report(
         _ => return,
     };
     ctx.event(p, warning, ev, "Flash", note);
+}
+
+/// The check of the scheduling surface after a flash: one Event when it
+/// starts, and its time once the surface is whole (the node goes on to its
+/// uncordon).
+fn scheduling_surface(
+    ctx: &Context,
+    p: &TenstorrentFirmwarePolicy,
+    node: &str,
+    prev: &FwRecord,
+    next: &FwRecord,
+) {
+    use FirmwareNodeState::*;
+    let name = p.metadata.name.as_deref().unwrap_or_default();
+    let checking = |r: &FwRecord| r.reason.as_deref() == Some(reason::REFRESHING_DEVICES);
+    if checking(prev)
+        && !checking(next)
+        && matches!(next.state, Uncordoning | Done)
+        && let Some(since) = prev.surface_since
+    {
+        ctx.metrics
+            .observe_fw_scheduling_surface(name, (next.since - since) as f64);
+    }
+    if checking(next) && !checking(prev) {
+        let msg = next.message.clone().unwrap_or_default();
+        ctx.event(
+            p,
+            false,
+            EventReason::RefreshingDevices,
+            "Flash",
+            format!("node {node}: {msg}"),
+        );
+    }
 }
 
 #[cfg(test)]

@@ -68,6 +68,12 @@ impl FirmwareMetrics {
                 "Flashes whose cordon was handed to a driver policy's swap (one cordon and drain for both).",
                 &["cr"],
             ),
+            scheduling_surface: f.histogram(
+                "ttfw_scheduling_surface_seconds",
+                "Time from a flash that read back to the scheduler seeing every card of the node again (the deploy gates opened, the stack back, the DRA plugin restarted, its ResourceSlices or extended resources whole), observed when the node goes on to its uncordon.",
+                &["cr"],
+                super::node::PHASE_BUCKETS,
+            ),
             errors: f.counter(
                 "ttfw_errors_total",
                 "Errors during firmware reconciliation, by reconcile stage.",
@@ -81,7 +87,7 @@ impl FirmwareMetrics {
         }
     }
 
-    fn all(&self) -> [&Arc<Family>; 11] {
+    fn all(&self) -> [&Arc<Family>; 12] {
         [
             &self.policy_nodes,
             &self.desired_version,
@@ -92,6 +98,7 @@ impl FirmwareMetrics {
             &self.drain_blocked,
             &self.pods_evicted,
             &self.handed_over,
+            &self.scheduling_surface,
             &self.errors,
             &self.last_reconcile,
         ]
@@ -184,6 +191,14 @@ impl Metrics {
     /// A flash handed its cordon to a driver policy's swap.
     pub fn inc_fw_cordon_handed_over(&self, cr: &str) {
         self.firmware.handed_over.add(&[cr], 1.0);
+    }
+
+    /// `ttfw_scheduling_surface_seconds{cr}`: a flashed node's surface was
+    /// whole after `seconds`.
+    pub fn observe_fw_scheduling_surface(&self, cr: &str, seconds: f64) {
+        self.firmware
+            .scheduling_surface
+            .observe(&[cr], seconds.max(0.0));
     }
 
     pub fn inc_fw_error(&self, cr: &str, stage: &str) {

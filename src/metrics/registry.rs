@@ -130,6 +130,7 @@ pub(super) struct FirmwareMetrics {
     pub(super) drain_blocked: Arc<Family>,
     pub(super) pods_evicted: Arc<Family>,
     pub(super) handed_over: Arc<Family>,
+    pub(super) scheduling_surface: Arc<Family>,
     pub(super) errors: Arc<Family>,
     pub(super) last_reconcile: Arc<Family>,
 }
