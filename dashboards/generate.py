@@ -143,6 +143,13 @@ def bargauge_options(display_mode):
             "minVizWidth": 8, "maxVizHeight": 300}
 
 
+def duration_bars(L, title, w, h, tgts, description):
+    """Quantiles of duration histograms over the time range, one bar each."""
+    return panel(L, "bargauge", title, w, h, tgts, description=description, unit="s",
+                 defaults={"min": 0, "color": {"mode": "continuous-GrYlRd"}},
+                 options=bargauge_options("gradient"))
+
+
 def dashboard_link(title, uid):
     """A link to the dashboard `uid`, keeping the time range and variables."""
     return {"title": title, "type": "link", "url": f"/d/{uid}",
@@ -415,8 +422,8 @@ def rollout():
             "indexByName": {"cr": 0, "node": 1, "state": 2, "Value": 3},
             "renameByName": {"cr": "Policy", "node": "Node", "state": "State", "Value": "Time in state"}}}],
     ))
-    P.append(panel(
-        L, "bargauge", "Phase duration p50 / p95 (time range)", 12, 10,
+    P.append(duration_bars(
+        L, "Phase duration p50 / p95 (time range)", 12, 10,
         targets((f'histogram_quantile(0.5, sum by (phase, le) (increase(ttdriver_phase_duration_seconds_bucket{{{CR}}}[$__range])))',
                  "{{phase}} p50"),
                 (f'histogram_quantile(0.95, sum by (phase, le) (increase(ttdriver_phase_duration_seconds_bucket{{{CR}}}[$__range])))',
@@ -431,9 +438,6 @@ def rollout():
                     "and from a validated swap to the scheduler seeing every card again (DRA plugin restarted, "
                     "ResourceSlices whole: ttdriver_node_scheduling_surface_seconds), "
                     "over the dashboard's time range. Quantiles are estimated from histogram buckets.",
-        unit="s",
-        defaults={"min": 0, "color": {"mode": "continuous-GrYlRd"}},
-        options=bargauge_options("gradient"),
     ))
     P.append(panel(
         L, "timeseries", "Phase duration p50 / p95 over time", 24, 8,
@@ -541,8 +545,8 @@ def rollout():
         description="Flashes that ended per window: success (every card read back the target) or failed "
                     "(ttfw_flash_jobs_total; the node's reason says why).",
     ))
-    P.append(panel(
-        L, "bargauge", "Flash to cards published p50 / p95 (time range)", 24, 6,
+    P.append(duration_bars(
+        L, "Flash to cards published p50 / p95 (time range)", 24, 6,
         targets((f'histogram_quantile(0.5, sum by (cr, le) (increase(ttfw_scheduling_surface_seconds_bucket{{{SCRAPE}}}[$__range])))',
                  "{{cr}} p50"),
                 (f'histogram_quantile(0.95, sum by (cr, le) (increase(ttfw_scheduling_surface_seconds_bucket{{{SCRAPE}}}[$__range])))',
@@ -552,9 +556,6 @@ def rollout():
                     "again (deploy gates opened, the stack back, DRA plugin restarted, ResourceSlices whole: "
                     "ttfw_scheduling_surface_seconds), over the dashboard's time range. Only nodes where something "
                     "publishes the cards; a node past the deadline fails DevicesNotPublished instead.",
-        unit="s",
-        defaults={"min": 0, "color": {"mode": "continuous-GrYlRd"}},
-        options=bargauge_options("gradient"),
     ))
     return dashboard(
         "ttdriver-rollout", "Tenstorrent driver rollout",

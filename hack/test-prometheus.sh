@@ -146,18 +146,19 @@ kind: TenstorrentFirmwarePolicy
 metadata: {name: $id-fw, labels: {ttdrv-test: $id}}
 spec: {version: "19.8.0", nodeAffinity: {matchLabels: {ttdrv-test: $id}}, upgradePolicy: {maxParallel: 2}}
 YAML
-for _ in $(seq 1 60); do
-  fw=$(kubectl get ttfwp $id-fw -o jsonpath="{.status.nodes[?(@.name=='$id-b')].state}")
-  [ "$fw" = Failed ] && break
-  sleep 1
-done
-[ "$fw" = Failed ] || { echo "node $id-b did not fail its flash (state: $fw)"; tail -20 "$work/controller.log"; exit 1; }
-for _ in $(seq 1 90); do
-  fw=$(kubectl get ttfwp $id-fw -o jsonpath="{.status.nodes[?(@.name=='$id-a')].state}")
-  [ "$fw" = Done ] && break
-  sleep 1
-done
-[ "$fw" = Done ] || { echo "node $id-a did not finish its flash (state: $fw)"; tail -20 "$work/controller.log"; exit 1; }
+# fw_state_within NODE STATE SECONDS: waits for the firmware policy's NODE
+# to reach STATE, or fails saying what it was.
+fw_state_within() {
+  local fw=""
+  for _ in $(seq 1 "$3"); do
+    fw=$(kubectl get ttfwp $id-fw -o jsonpath="{.status.nodes[?(@.name=='$1')].state}")
+    [ "$fw" = "$2" ] && return 0
+    sleep 1
+  done
+  echo "firmware node $1 not $2 within $3 s (state: $fw)"; tail -20 "$work/controller.log"; exit 1
+}
+fw_state_within $id-b Failed 60
+fw_state_within $id-a Done 90
 echo "test-prometheus: node $id-c (driver) and $id-b (firmware) are Failed as arranged; checking dashboards and alerts"
 python3 hack/check-dashboard-queries.py "http://127.0.0.1:$promport" --wait 60 \
   --expect-alert "TTDriverNodeFailed:node=$id-c" --expect-alert "TTFirmwareFlashFailed:cr=$id-fw"

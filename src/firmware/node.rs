@@ -432,6 +432,16 @@ async fn create_job(
     }
 }
 
+/// A step of one node, for what it tells people.
+#[derive(Clone, Copy)]
+struct Reported<'a> {
+    ctx: &'a Context,
+    p: &'a TenstorrentFirmwarePolicy,
+    node: &'a str,
+    prev: &'a FwRecord,
+    next: &'a FwRecord,
+}
+
 /// What a step tells people: its transition, if the state changed, and the
 /// scheduling surface check (whose end is a change of reason within
 /// Uncordoning).
@@ -442,108 +452,107 @@ fn report(
     prev: &FwRecord,
     next: &FwRecord,
 ) {
-    if next.state != prev.state {
-        report_transition(ctx, p, node, prev, next);
-    }
-    scheduling_surface(ctx, p, node, prev, next);
-}
-
-fn report_transition(
-    ctx: &Context,
-    p: &TenstorrentFirmwarePolicy,
-    node: &str,
-    prev: &FwRecord,
-    next: &FwRecord,
-) {
-    use FirmwareNodeState::*;
-    let name = p.metadata.name.as_deref().unwrap_or_default();
-    tracing::info!(
-        policy = name,
+    let r = Reported {
+        ctx,
+        p,
         node,
-        from = prev.state.as_str(),
-        to = next.state.as_str(),
-        reason = next.reason.as_deref().unwrap_or(""),
-        "firmware node transition"
-    );
-    let m = &ctx.metrics;
-    if prev.state == Flashing && next.state != Flashing {
-        let ok = matches!(next.state, Uncordoning | Done);
-        m.observe_flash(name, ok, (next.since - prev.since) as f64);
-    }
-    if next.reason.as_deref() == Some(reason::CORDON_HANDED_OVER) && prev.state == Flashing {
-        m.inc_fw_cordon_handed_over(name);
-    }
-    if next.state == Failed && next.reason.as_deref() == Some(reason::DRAIN_TIMEOUT) {
-        m.inc_fw_drain_blocked(name, "drain_timeout", 1);
-    }
-    let msg = next.message.clone().unwrap_or_default();
-    let (warning, ev, note) = match next.state {
-        _ if next.reason.as_deref() == Some(reason::TAKEN_OVER) => (
-            next.state == Failed,
-            EventReason::FirmwareTakenOver,
-            format!("node {node}: {msg}"),
-        ),
-        Cordoning | Flashing if !prev.state.is_in_progress() => (
-            false,
-            EventReason::FirmwareFlashStarted,
-            format!("node {node}: firmware cycle to {} started", next.target),
-        ),
-        Done if next.reason.as_deref() == Some(reason::CORDON_HANDED_OVER) => (
-            false,
-            EventReason::FirmwareFlashed,
-            format!(
-                "node {node}: every card reads back {}; {msg}",
-                next.current.as_deref().unwrap_or(&next.target)
-            ),
-        ),
-        Done if prev.state.is_in_progress() => (
-            false,
-            EventReason::FirmwareFlashed,
-            format!(
-                "node {node}: every card reads back {} and the node is back in service",
-                next.current.as_deref().unwrap_or(&next.target)
-            ),
-        ),
-        Failed => (
-            true,
-            EventReason::FirmwareFlashFailed,
-            format!("node {node}: {msg}"),
-        ),
-        _ => return,
+        prev,
+        next,
     };
-    ctx.event(p, warning, ev, "Flash", note);
+    if next.state != prev.state {
+        r.transition();
+    }
+    r.scheduling_surface();
 }
 
-/// The check of the scheduling surface after a flash: one Event when it
-/// starts, and its time once the surface is whole (the node goes on to its
-/// uncordon).
-fn scheduling_surface(
-    ctx: &Context,
-    p: &TenstorrentFirmwarePolicy,
-    node: &str,
-    prev: &FwRecord,
-    next: &FwRecord,
-) {
-    use FirmwareNodeState::*;
-    let name = p.metadata.name.as_deref().unwrap_or_default();
-    let checking = |r: &FwRecord| r.reason.as_deref() == Some(reason::REFRESHING_DEVICES);
-    if checking(prev)
-        && !checking(next)
-        && matches!(next.state, Uncordoning | Done)
-        && let Some(since) = prev.surface_since
-    {
-        ctx.metrics
-            .observe_fw_scheduling_surface(name, (next.since - since) as f64);
-    }
-    if checking(next) && !checking(prev) {
-        let msg = next.message.clone().unwrap_or_default();
-        ctx.event(
-            p,
-            false,
-            EventReason::RefreshingDevices,
-            "Flash",
-            format!("node {node}: {msg}"),
+impl Reported<'_> {
+    fn transition(&self) {
+        let (ctx, p, node, prev, next) = (self.ctx, self.p, self.node, self.prev, self.next);
+        use FirmwareNodeState::*;
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        tracing::info!(
+            policy = name,
+            node,
+            from = prev.state.as_str(),
+            to = next.state.as_str(),
+            reason = next.reason.as_deref().unwrap_or(""),
+            "firmware node transition"
         );
+        let m = &ctx.metrics;
+        if prev.state == Flashing && next.state != Flashing {
+            let ok = matches!(next.state, Uncordoning | Done);
+            m.observe_flash(name, ok, (next.since - prev.since) as f64);
+        }
+        if next.reason.as_deref() == Some(reason::CORDON_HANDED_OVER) && prev.state == Flashing {
+            m.inc_fw_cordon_handed_over(name);
+        }
+        if next.state == Failed && next.reason.as_deref() == Some(reason::DRAIN_TIMEOUT) {
+            m.inc_fw_drain_blocked(name, "drain_timeout", 1);
+        }
+        let msg = next.message.clone().unwrap_or_default();
+        let (warning, ev, note) = match next.state {
+            _ if next.reason.as_deref() == Some(reason::TAKEN_OVER) => (
+                next.state == Failed,
+                EventReason::FirmwareTakenOver,
+                format!("node {node}: {msg}"),
+            ),
+            Cordoning | Flashing if !prev.state.is_in_progress() => (
+                false,
+                EventReason::FirmwareFlashStarted,
+                format!("node {node}: firmware cycle to {} started", next.target),
+            ),
+            Done if next.reason.as_deref() == Some(reason::CORDON_HANDED_OVER) => (
+                false,
+                EventReason::FirmwareFlashed,
+                format!(
+                    "node {node}: every card reads back {}; {msg}",
+                    next.current.as_deref().unwrap_or(&next.target)
+                ),
+            ),
+            Done if prev.state.is_in_progress() => (
+                false,
+                EventReason::FirmwareFlashed,
+                format!(
+                    "node {node}: every card reads back {} and the node is back in service",
+                    next.current.as_deref().unwrap_or(&next.target)
+                ),
+            ),
+            Failed => (
+                true,
+                EventReason::FirmwareFlashFailed,
+                format!("node {node}: {msg}"),
+            ),
+            _ => return,
+        };
+        ctx.event(p, warning, ev, "Flash", note);
+    }
+
+    /// The check of the scheduling surface after a flash: one Event when it
+    /// starts, and its time once the surface is whole (the node goes on to
+    /// its uncordon).
+    fn scheduling_surface(&self) {
+        let (ctx, p, node, prev, next) = (self.ctx, self.p, self.node, self.prev, self.next);
+        use FirmwareNodeState::*;
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        let checking = |r: &FwRecord| r.reason.as_deref() == Some(reason::REFRESHING_DEVICES);
+        if checking(prev)
+            && !checking(next)
+            && matches!(next.state, Uncordoning | Done)
+            && let Some(since) = prev.surface_since
+        {
+            ctx.metrics
+                .observe_fw_scheduling_surface(name, (next.since - since) as f64);
+        }
+        if checking(next) && !checking(prev) {
+            let msg = next.message.clone().unwrap_or_default();
+            ctx.event(
+                p,
+                false,
+                EventReason::RefreshingDevices,
+                "Flash",
+                format!("node {node}: {msg}"),
+            );
+        }
     }
 }
 

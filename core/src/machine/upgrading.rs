@@ -141,10 +141,12 @@ fn landed(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     }
 }
 
-/// Upgrading, the swap validated: the node's DRA plugin pods from before
-/// it are restarted, and the node waits until the scheduler sees as many
-/// cards as the agent counted ([`crate::surface`]); a shortfall at the
-/// deadline fails the node, kept cordoned on the new version. None: the
+/// Upgrading, the swap validated ([`crate::surface::next`]): the deploy
+/// gates open with the node still cordoned, the node waits until every
+/// gated DaemonSet it stood down has a Ready pod again, then its DRA plugin
+/// pods from before are restarted, and it waits until the scheduler sees
+/// as many cards as the agent counted; a shortfall at the deadline fails
+/// the node, kept cordoned on the new version (its gates open). None: the
 /// surface is whole, or nothing publishes the node's cards.
 fn scheduling_surface(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Option<Step> {
     use crate::surface::{Next, Progress, next};
