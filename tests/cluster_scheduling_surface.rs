@@ -376,3 +376,76 @@ async fn after_a_firmware_flash_the_plugin_restarts_before_the_uncordon() {
     assert_surface_observed(&ctl, "ttfw_scheduling_surface_seconds", &policy).await;
     env.teardown().await;
 }
+
+/// A flash that hands its cordon to the driver's swap (one cordon and drain
+/// for both): the flash stood the stack down, so the swap's check waits for
+/// those DaemonSets too before it restarts the plugin, although no stack pod
+/// was on the node when the swap took the cordon over.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn after_a_flash_handed_to_a_swap_the_plugin_restarts_after_the_fabric_manager_is_back() {
+    use ttdrv_api::firmware::FirmwareNodeState;
+    use ttdrv_testkit::policy::{create_firmware_policy, firmware_status};
+    use ttdrv_testkit::sim_flasher::HOLD_ANNOTATION;
+    let (env, ns, nodes, _sim) = sim_fleet_with(
+        "surface-handover",
+        &numbered_nodes(1),
+        &[],
+        ttdrv_testkit::SimAgentConfig {
+            flash: Some(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    )
+    .await;
+    ttdrv_testkit::ensure_crd(&env.client).await;
+    let node = nodes[0].clone();
+    env.annotate_node(&node, CARDS_ANNOTATION, Some("2")).await;
+    let _ctl = controller(&env, &ns);
+    let driver = installed(&env, &nodes, "", T).await;
+    let (plugin, _late, fabric) = stack_with_plugin(&env, &ns, &node).await;
+    // The flash is held under way while the swap lines up behind it.
+    env.annotate_node(&node, HOLD_ANNOTATION, Some("1")).await;
+    let fw = env.name("fw");
+    create_firmware_policy(&env, &fw, serde_json::json!({})).await;
+    let fw_node = || async {
+        let st = firmware_status(&env, &fw).await;
+        st.nodes.into_iter().find(|n| n.name == node)
+    };
+    wait_for("the flash under way", T, || async {
+        match fw_node().await {
+            Some(n) if n.state == FirmwareNodeState::Flashing => Ok(()),
+            n => Err(format!("{n:?}")),
+        }
+    })
+    .await;
+    patch_policy(&env, &driver, serde_json::json!({ "version": "2.8.0" })).await;
+    wait_for("the swap waiting for the firmware", T, || async {
+        match node_entry(&env, &driver, &node).await {
+            Some(s) if s.reason.as_deref() == Some("WaitingForFirmware") => Ok(()),
+            s => Err(format!("{s:?}")),
+        }
+    })
+    .await;
+    env.annotate_node(&node, HOLD_ANNOTATION, None).await;
+    through_the_cycle(&env, &ns, &node, &fabric, &plugin, || async {
+        match node_entry(&env, &driver, &node).await {
+            Some(s)
+                if s.state == NodeState::Done && s.current_version.as_deref() == Some("2.8.0") =>
+            {
+                Ok(())
+            }
+            st => Err(format!("{st:?}")),
+        }
+    })
+    .await;
+    let flashed = fw_node().await;
+    assert!(
+        flashed
+            .as_ref()
+            .is_some_and(|n| n.state == FirmwareNodeState::Done
+                && n.reason.as_deref() == Some(ttdrv_api::firmware::reason::CORDON_HANDED_OVER)),
+        "the flash handed its cordon to the swap: {flashed:?}"
+    );
+    assert_done_uncordoned(&env, std::slice::from_ref(&node), "2.8.0").await;
+    env.teardown().await;
+}

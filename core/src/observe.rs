@@ -122,6 +122,15 @@ impl NodeView {
     }
 }
 
+/// The DaemonSets the flash that handed `policy` this node's cordon stood
+/// down (its record keeps them with the hand-over); empty otherwise.
+fn handed_over_stood_down(node: &k8s_openapi::api::core::v1::Node, policy: &str) -> Vec<String> {
+    if node::handed_over_to(node) != Some(policy) {
+        return vec![];
+    }
+    node::firmware_record(node).map_or_else(Vec::new, |r| r.stood_down)
+}
+
 /// Observes one node. The drain is planned when `starting` (the node was just
 /// granted a slot and may cordon and enter Draining within one step) or when
 /// either the live or the persisted record is in Cordoning or Draining: the
@@ -197,6 +206,7 @@ pub fn observe<'p>(
         retry_token: node::retry_token(node).map(String::from),
         installer_problem: installer.and_then(installer::problem),
         inherited_cordon,
+        handed_over_stood_down: handed_over_stood_down(node, policy_name),
         nothing_loaded: node::reported_nothing_loaded(node),
         rebooted_unreported: node::driver_labels_stale(node),
         installer_created,

@@ -910,6 +910,8 @@ fn job_succeeded(
             now,
         );
         r.cordon = Cordon::None;
+        // The swap that takes the cordon over waits for them again.
+        r.stood_down = rec.stood_down.clone();
         return stay(r, vec![Command::HandOver(driver.clone())]);
     }
     if rec.cordon == Cordon::Ours {

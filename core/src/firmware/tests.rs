@@ -642,6 +642,7 @@ fn a_flash_hands_its_cordon_to_a_waiting_driver_swap() {
     flashing.state = Flashing;
     flashing.cordon = Cordon::Ours;
     flashing.job = Some("j".into());
+    flashing.stood_down = vec!["tt/fabric".into()];
     let flashed = Observation {
         unschedulable: true,
         job: FlashJob::Succeeded {
@@ -674,9 +675,15 @@ fn a_flash_hands_its_cordon_to_a_waiting_driver_swap() {
     );
     assert_eq!(s.record.current.as_deref(), Some("19.8.0.0"));
     assert!(!s.record.state.is_in_progress(), "the claim goes with it");
+    assert_eq!(
+        s.record.stood_down,
+        vec!["tt/fabric".to_string()],
+        "the swap taking the cordon learns what the flash stood down"
+    );
     // Done stays Done: nothing is uncordoned behind the driver's back.
     let again = step(&s.record, &waiting, &w);
     assert!(again.commands.is_empty(), "{again:?}");
+    assert_eq!(again.record.stood_down, s.record.stood_down);
 
     // A readback that does not match keeps the cordon: nothing to hand over.
     let bad = Observation {

@@ -68,6 +68,11 @@ pub struct Observation {
     /// that was cut short (the node moved to this policy): the cordon is ours
     /// to undo, not an admin's.
     pub inherited_cordon: bool,
+    /// The gated DaemonSets a flash stood down before it handed this
+    /// policy the node's cordon ([`crate::node::handed_over_to`]): their pods
+    /// left with the flash, so the cycle that takes the cordon over must
+    /// wait for them too before it restarts the DRA plugin.
+    pub handed_over_stood_down: Vec<String>,
     /// When the node's installer pod was created (Unix seconds).
     pub installer_created: Option<i64>,
     /// The agent reported no module loaded at this boot

@@ -660,6 +660,7 @@ fn safety_properties_over_the_cross_product() {
                                     installer_problem: None,
                                     installer_failure: None,
                                     inherited_cordon: false,
+                                    handed_over_stood_down: vec![],
                                     vacated: b(1) && b(3),
                                     nothing_loaded: loaded.is_none() && b(5),
                                     rebooted_unreported: loaded.is_none() && !b(5) && b(6),
@@ -2608,6 +2609,27 @@ fn the_gates_open_and_the_stack_is_back_before_the_dra_plugin_restarts() {
     );
     assert_eq!(start.record.state, Cordoning);
     assert_eq!(start.record.stood_down, vec![fabric.clone()]);
+    // A cordon a flash handed over: the stack left with the flash, and the
+    // flash's record says which DaemonSets to wait for.
+    let taken_over = step(
+        &rec(Pending),
+        &Observation {
+            slot: true,
+            loaded: Some("2.7.0".into()),
+            unschedulable: true,
+            inherited_cordon: true,
+            handed_over_stood_down: vec![fabric.clone(), "tt/telemetry".into()],
+            surface: surface(vec![fm(true)]),
+            ..obs()
+        },
+        &w,
+    );
+    assert_eq!(taken_over.record.state, Cordoning);
+    assert_eq!(
+        taken_over.record.stood_down,
+        vec![fabric.clone(), "tt/telemetry".to_string()],
+        "once each, sorted"
+    );
     let mut upgrading = start.record.clone();
     upgrading.state = Upgrading;
     let swapped = |now: i64, gates: bool, stack: Vec<StackPod>| Observation {
