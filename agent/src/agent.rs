@@ -391,6 +391,9 @@ impl Agent<'_> {
         target: &str,
         smi: Option<bool>,
     ) -> Result<Outcome> {
+        step("rollback-verdict", || {
+            self.roll_back_on_verdict(root, kver, target)
+        })?;
         step("validate", || self.revalidate(root, target))?;
         self.device_access(root);
         let smi = match smi {
@@ -1058,7 +1061,7 @@ impl Agent<'_> {
         &self,
         root: &HostRoot,
         kver: &str,
-        mut record: SwapRecord,
+        record: SwapRecord,
         previous_parameters: &str,
     ) -> Result<()> {
         // tt-kmd 1.x may expose no tt_* attribute at all (1.27.1 has none;
@@ -1077,11 +1080,62 @@ impl Agent<'_> {
         let problems = self.settle(root, &before);
         if problems.is_empty() {
             validate::note_served(root, &record.target);
-            if let Err(e) = validate::clear_record(root) {
-                tracing::warn!(error = %e, "cannot remove the swap record");
-            }
+            keep_validated(root, record);
             return Ok(());
         }
+        Err(self.failed_swap(root, kver, record, problems, previous_parameters))
+    }
+
+    /// The controller's verdict on the swap to `target` this agent
+    /// validated: the scheduler did not see every card after it
+    /// ([`labels::ROLLBACK_VERDICT`] names the swap's cycle). It ends as a
+    /// failed validation does: rolled back, or held. Ok without a verdict for
+    /// that swap.
+    fn roll_back_on_verdict(&self, root: &HostRoot, kver: &str, target: &str) -> Result<()> {
+        let Some(record) = validate::read_record(root) else {
+            return Ok(());
+        };
+        let Some(cycle) = record.cycle else {
+            return Ok(());
+        };
+        if record.outcome != SwapOutcome::Validated
+            || !ttdrv_core::node::same_version(Some(&record.target), target)
+        {
+            return Ok(());
+        }
+        // Unreadable: no verdict seen now; the controller, waiting for the
+        // rollback, restarts this pod again.
+        let node = match self.node.get() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the node for the controller's verdict on the swap");
+                return Ok(());
+            }
+        };
+        let verdict = ttdrv_core::node::annotation(&node, labels::ROLLBACK_VERDICT);
+        if verdict != Some(cycle.to_string().as_str()) {
+            return Ok(());
+        }
+        let problems = vec![format!(
+            "the scheduler did not see every card of the node after the swap \
+             (the controller's verdict on cycle {cycle}, {})",
+            labels::ROLLBACK_VERDICT
+        )];
+        let previous_parameters = record.previous_parameters.clone();
+        Err(self.failed_swap(root, kver, record, problems, &previous_parameters))
+    }
+
+    /// A swap found failed (`problems`): rolled back or held as configured,
+    /// the record kept to say so to a restarted agent, the labels saying
+    /// what runs now; the error to end the run with.
+    fn failed_swap(
+        &self,
+        root: &HostRoot,
+        kver: &str,
+        mut record: SwapRecord,
+        problems: Vec<String>,
+        previous_parameters: &str,
+    ) -> AgentError {
         let version = record.target.clone();
         tracing::error!(
             version = %version,
@@ -1137,11 +1191,11 @@ impl Agent<'_> {
         if matches!(record.outcome, SwapOutcome::RolledBack { .. }) {
             self.device_access(root);
         }
-        Err(AgentError::ValidationFailed {
+        AgentError::ValidationFailed {
             version,
             problems,
             rollback: Box::new(rollback),
-        })
+        }
     }
 
     /// Unloads the new module of `record` and loads the previous one again,
@@ -1277,6 +1331,7 @@ impl Agent<'_> {
         let record = SwapRecord {
             target: target.to_string(),
             previous: None,
+            previous_parameters: String::new(),
             cycle: None,
             before: expected,
             outcome: SwapOutcome::Held,
@@ -1311,6 +1366,10 @@ impl Agent<'_> {
             validate::note_served(root, target);
             return Ok(());
         }
+        if record.outcome == SwapOutcome::Validated {
+            validate::note_served(root, target);
+            return Ok(());
+        }
         tracing::info!(
             outcome = ?record.outcome,
             before = %record.before.describe(),
@@ -1319,9 +1378,7 @@ impl Agent<'_> {
         let problems = self.settle(root, &record.before);
         if problems.is_empty() {
             validate::note_served(root, target);
-            if let Err(e) = validate::clear_record(root) {
-                tracing::warn!(error = %e, "cannot remove the swap record");
-            }
+            keep_validated(root, record);
             return Ok(());
         }
         record.outcome = SwapOutcome::Held;
@@ -1441,6 +1498,24 @@ impl Agent<'_> {
             node: self.node.node_name().to_string(),
             reason,
         }
+    }
+}
+
+/// A swap that validated: its record is kept, as `Validated`, while the
+/// controller may still find it failed (the scheduling surface after it)
+/// and ask for its rollback; that needs a previous version and the
+/// controller's cycle. Otherwise there is nothing to keep.
+fn keep_validated(root: &HostRoot, mut record: SwapRecord) {
+    if record.previous.is_some() && record.cycle.is_some() {
+        record.outcome = SwapOutcome::Validated;
+        record.problems.clear();
+        if let Err(e) = validate::write_record(root, &record) {
+            tracing::warn!(error = %e, "cannot keep the swap record");
+        }
+        return;
+    }
+    if let Err(e) = validate::clear_record(root) {
+        tracing::warn!(error = %e, "cannot remove the swap record");
     }
 }
 
@@ -1609,6 +1684,7 @@ fn record_swap(
     let record = SwapRecord {
         target: target.to_string(),
         previous: s.version.clone(),
+        previous_parameters: module_params::canonical(&s.parameters),
         cycle,
         before: validate::inventory(root),
         outcome: SwapOutcome::Validating,

@@ -353,6 +353,10 @@ pub fn problems(before: &Inventory, now: &Inventory, unreadable: &[String]) -> V
 pub enum SwapOutcome {
     /// The new module is loaded (or about to be) and not yet validated.
     Validating,
+    /// The new module validated; kept while the controller may still find
+    /// the swap failed (the scheduling surface after it) and ask for its
+    /// rollback ([`ttdrv_api::labels::ROLLBACK_VERDICT`]).
+    Validated,
     /// Validation failed and the previous version was put back: this
     /// cycle's go-ahead opens no second swap to the same target.
     RolledBack { to: String },
@@ -371,6 +375,10 @@ pub struct SwapRecord {
     pub target: String,
     /// The version swapped from.
     pub previous: Option<String>,
+    /// The module parameters the previous version was loaded with
+    /// (canonical): a rollback loads it with them again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub previous_parameters: String,
     /// The go-ahead's cycle (None: swapped without the controller).
     pub cycle: Option<i64>,
     /// What the driver served before the unload.
@@ -677,6 +685,7 @@ mod tests {
         let r = SwapRecord {
             target: "2.8.0".into(),
             previous: Some("2.7.0".into()),
+            previous_parameters: "max_devices=4".into(),
             cycle: Some(42),
             before: inv(&["0000:01:00.0"], &["0"]),
             outcome: SwapOutcome::RolledBack { to: "2.7.0".into() },

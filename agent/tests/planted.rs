@@ -437,7 +437,8 @@ fn cache_file(h: &Planted, name: &str) -> PathBuf {
 /// evicted, the module rebuilt and loaded; only the cache entry changed.
 fn assert_evicted_and_rebuilt(h: &Planted) {
     set_loaded(h.r(), "2.7.0", 0).expect("loaded");
-    // tt-smi and the udev rule are written by a successful run (expected).
+    // tt-smi, the udev rule and the swap's record are written by a
+    // successful run (expected).
     let before = h.trees();
     let kernel = h.run_rebuilding();
     assert_eq!(
@@ -460,6 +461,8 @@ fn assert_evicted_and_rebuilt(h: &Planted) {
             "/sys/module/tenstorrent",
             "/usr/local/bin/tt-smi",
             "/etc/udev",
+            // The validated swap's record, kept for the controller's verdict.
+            "/var/cache/tt-kmd/swap.json",
         ],
     );
 }

@@ -30,6 +30,11 @@ fn two_cards() -> Host {
     h
 }
 
+/// What the host's swap record says of the last swap, if there is one.
+fn outcome(h: &Host) -> Option<SwapOutcome> {
+    validate::read_record(&h.hr()).map(|r| r.outcome)
+}
+
 fn kmd_label(node: &FakeNode) -> Option<String> {
     node.labels().get(labels::KMD_VERSION).cloned().flatten()
 }
@@ -43,7 +48,7 @@ fn go_ahead_in_cycle(target: &str, cycle: i64) -> FakeNode {
 }
 
 #[test]
-fn a_swap_that_serves_every_card_validates_and_leaves_no_record() {
+fn a_swap_that_serves_every_card_validates_and_keeps_its_record_for_the_controller() {
     let h = two_cards();
     let kernel = FakeKernel::new(h.root());
     let node = go_ahead("2.8.0");
@@ -53,7 +58,11 @@ fn a_swap_that_serves_every_card_validates_and_leaves_no_record() {
     let now = validate::inventory(&h.hr());
     assert_eq!(now.functions.len(), 2, "{now:?}");
     assert_eq!(now.device_nodes.len(), 2, "{now:?}");
-    assert_eq!(validate::read_record(&h.hr()), None);
+    // Kept: the controller may still find the swap failed and roll it back.
+    let record = validate::read_record(&h.hr()).expect("record kept");
+    assert_eq!(record.outcome, SwapOutcome::Validated);
+    assert_eq!(record.previous.as_deref(), Some("2.7.0"));
+    assert!(record.cycle.is_some());
 }
 
 #[test]
@@ -125,7 +134,7 @@ fn a_rolled_back_swap_is_not_tried_again_under_the_same_go_ahead() {
     let out = h.run_with("2.8.0", &fixed, &retry).expect("swapped");
     assert_matches!(out, Outcome::Installed { .. });
     assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
-    assert_eq!(validate::read_record(&h.hr()), None);
+    assert_eq!(outcome(&h), Some(SwapOutcome::Validated));
 }
 
 #[test]
@@ -164,7 +173,7 @@ fn hold_keeps_the_new_module_loaded_and_a_restart_checks_it_again() {
     )
     .expect("validated");
     assert_matches!(out, Outcome::AlreadyCurrent { .. });
-    assert_eq!(validate::read_record(&h.hr()), None);
+    assert_eq!(outcome(&h), Some(SwapOutcome::Validated));
 }
 
 #[test]
@@ -198,6 +207,7 @@ fn swap_cut_after_the_unload(h: &Host) {
     let record = validate::SwapRecord {
         target: "2.8.0".into(),
         previous: Some("2.7.0".into()),
+        previous_parameters: String::new(),
         cycle: Some(1),
         before: validate::inventory(&h.hr()),
         outcome: SwapOutcome::Validating,
@@ -233,9 +243,9 @@ fn a_swap_cut_by_a_reboot_is_validated_when_the_next_boot_loads_the_target() {
     assert_matches!(out, Outcome::Installed { .. });
     assert_eq!(kernel.unloads(), 0, "nothing was loaded");
     assert_eq!(
-        validate::read_record(&h.hr()),
-        None,
-        "the record of the cut swap validated and removed"
+        outcome(&h),
+        Some(SwapOutcome::Validated),
+        "the record of the cut swap validated"
     );
 }
 
@@ -366,4 +376,109 @@ fn a_card_served_without_the_telemetry_it_had_fails_a_swap_to_any_2x_but_not_to_
         .expect("a 1.x release is not failed for telemetry");
     assert_matches!(out, Outcome::Installed { .. });
     assert_eq!(h.loaded().as_deref(), Some("1.27.1"));
+}
+
+/// The go-ahead of `cycle` to swap to `target`, and the controller's verdict
+/// (`labels::ROLLBACK_VERDICT`) naming `verdict`.
+fn go_ahead_with_verdict(target: &str, cycle: i64, verdict: i64) -> FakeNode {
+    let mut record = upgrading_record(FAKE_POLICY, target);
+    record.started = Some(cycle);
+    let go = GoAhead::for_cycle(FAKE_NODE, &record);
+    let mut node = node_with(Some(&record), go.as_ref());
+    node.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(labels::ROLLBACK_VERDICT.into(), verdict.to_string());
+    FakeNode::with(node)
+}
+
+#[test]
+fn the_controllers_verdict_rolls_a_validated_swap_back_once() {
+    const CYCLE: i64 = 1_700_000_500;
+    let h = two_cards();
+    let kernel = FakeKernel::new(h.root());
+    let out = h
+        .run_with("2.8.0", &kernel, &go_ahead_in_cycle("2.8.0", CYCLE))
+        .expect("installed");
+    assert_matches!(out, Outcome::Installed { .. });
+    assert_eq!(outcome(&h), Some(SwapOutcome::Validated));
+    // The scheduler did not see every card: the controller restarts the
+    // agent with its verdict on the node.
+    let node = go_ahead_with_verdict("2.8.0", CYCLE, CYCLE);
+    let restarted = FakeKernel::new(h.root());
+    let err = h
+        .run_with("2.8.0", &restarted, &node)
+        .expect_err("rolled back");
+    assert_eq!(err.reason(), Some(reason::VALIDATION_FAILED), "{err}");
+    assert_matches!(&err, AgentError::ValidationFailed { rollback, .. }
+        if matches!(rollback.as_ref(), Rollback::Restored { previous } if previous == "2.7.0"));
+    let msg = err.to_string();
+    for part in ["scheduler", "cycle 1700000500", "rolled back", "2.7.0"] {
+        assert!(msg.contains(part), "{part:?} not in {msg}");
+    }
+    assert_eq!(restarted.loads(), vec!["2.7.0".to_string()]);
+    assert_eq!(restarted.unloads(), 1);
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+    assert_eq!(validate::inventory(&h.hr()).functions.len(), 2);
+    assert_eq!(kmd_label(&node).as_deref(), Some("2.7.0"));
+    assert_eq!(
+        outcome(&h),
+        Some(SwapOutcome::RolledBack { to: "2.7.0".into() })
+    );
+    // Restarted again under the same go-ahead: no second swap to 2.8.0.
+    let again = FakeKernel::new(h.root());
+    let r = run_polls(
+        &h.config("2.8.0"),
+        &again,
+        &FakeBuilder::default(),
+        &node,
+        3,
+    );
+    assert_matches!(r.result, Ok(Outcome::Stopped { ref waiting }) if waiting.contains("rolled back to 2.7.0"));
+    assert!(again.loads().is_empty(), "{:?}", again.loads());
+    assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
+}
+
+#[test]
+fn a_verdict_on_another_cycle_leaves_the_validated_swap_alone() {
+    const CYCLE: i64 = 1_700_000_500;
+    let h = two_cards();
+    h.run_with(
+        "2.8.0",
+        &FakeKernel::new(h.root()),
+        &go_ahead_in_cycle("2.8.0", CYCLE),
+    )
+    .expect("installed");
+    let kernel = FakeKernel::new(h.root());
+    let node = go_ahead_with_verdict("2.8.0", CYCLE, CYCLE - 100);
+    let out = h.run_with("2.8.0", &kernel, &node).expect("current");
+    assert_matches!(out, Outcome::AlreadyCurrent { .. });
+    assert_eq!((kernel.loads().len(), kernel.unloads()), (0, 0));
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+    assert_eq!(outcome(&h), Some(SwapOutcome::Validated));
+}
+
+#[test]
+fn with_hold_the_verdict_keeps_the_new_module_loaded() {
+    const CYCLE: i64 = 1_700_000_500;
+    let h = two_cards();
+    let config = ttdrv_agent::Config {
+        on_validation_failure: OnValidationFailure::Hold,
+        ..h.config("2.8.0")
+    };
+    run(
+        &config,
+        &FakeKernel::new(h.root()),
+        &FakeBuilder::default(),
+        &go_ahead_in_cycle("2.8.0", CYCLE),
+    )
+    .expect("installed");
+    let kernel = FakeKernel::new(h.root());
+    let node = go_ahead_with_verdict("2.8.0", CYCLE, CYCLE);
+    let err = run(&config, &kernel, &FakeBuilder::default(), &node).expect_err("held");
+    assert_eq!(err.reason(), Some(reason::VALIDATION_FAILED), "{err}");
+    assert!(err.to_string().contains("not rolled back"), "{err}");
+    assert_eq!((kernel.loads().len(), kernel.unloads()), (0, 0));
+    assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
+    assert_eq!(outcome(&h), Some(SwapOutcome::Held));
 }

@@ -83,6 +83,15 @@ pub const UPGRADE_STATE: &str = "driver.tenstorrent.com/upgrade-state";
 /// unloads or replaces a loaded module only while it is present and matches.
 /// The chart's admission policy keeps the agent from writing it.
 pub const GO_AHEAD: &str = "driver.tenstorrent.com/go-ahead";
+/// Node annotation: the controller's verdict that the swap of the cycle it
+/// names (the go-ahead's cycle, Unix seconds) failed after the agent had
+/// validated it (the scheduler did not see every card again). An agent that
+/// finds its validated swap of that cycle rolls it back as for a failed
+/// validation (`onValidationFailure: rollback`). Written by the controller
+/// only with the node cordoned and the device's holders gone, removed when
+/// the cycle ends; the chart's admission policy keeps the agent from
+/// writing it.
+pub const ROLLBACK_VERDICT: &str = "driver.tenstorrent.com/rollback";
 /// Policy annotation set by `kubectl tt driver handback --wait` (its value:
 /// when, RFC 3339): no new cycle starts, and the cycles under way go on to
 /// their end (unlike `spec.paused`, which holds them where they are). The

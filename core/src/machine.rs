@@ -502,7 +502,8 @@ fn start_cordon(rec: &NodeRecord, obs: &Observation) -> Step {
     r.started = Some(obs.now);
     r.stood_down = crate::surface::standing(&obs.surface.stack);
     // A cordon handed over by a flash: the stack left with the flash.
-    r.stood_down.extend(obs.handed_over_stood_down.iter().cloned());
+    r.stood_down
+        .extend(obs.handed_over_stood_down.iter().cloned());
     r.stood_down.sort();
     r.stood_down.dedup();
     let mut cmds = vec![Command::CloseGates];
