@@ -1296,6 +1296,11 @@ impl Agent<'_> {
     /// (record `Held`, so a restarted agent checks again).
     fn validate_first_install(&self, root: &HostRoot, target: &str) -> Result<()> {
         match validate::read_record(root) {
+            // A swap to this version that validated, loaded afresh (after a
+            // reboot): checked as a first install; the record stays.
+            Some(r)
+                if r.outcome == SwapOutcome::Validated
+                    && ttdrv_core::node::same_version(Some(&r.target), target) => {}
             Some(r) if ttdrv_core::node::same_version(Some(&r.target), target) => {
                 return self.revalidate(root, target);
             }

@@ -482,3 +482,25 @@ fn with_hold_the_verdict_keeps_the_new_module_loaded() {
     assert_eq!(h.loaded().as_deref(), Some("2.8.0"));
     assert_eq!(outcome(&h), Some(SwapOutcome::Held));
 }
+
+#[test]
+fn a_validated_swap_loaded_afresh_after_a_reboot_is_checked_again() {
+    let h = two_cards();
+    h.run_with(
+        "2.8.0",
+        &FakeKernel::new(h.root()),
+        &go_ahead_in_cycle("2.8.0", 1_700_000_500),
+    )
+    .expect("installed");
+    assert_eq!(outcome(&h), Some(SwapOutcome::Validated));
+    // A reboot: nothing loaded, the cards unbound; this boot's load of
+    // 2.8.0 probes none of them.
+    ttdrv_agent::fake::unbind_cards(h.root()).expect("unbind");
+    std::fs::remove_dir_all(h.p("/sys/module/tenstorrent")).expect("unload");
+    let kernel = FakeKernel::new(h.root()).probing_none("2.8.0");
+    let err = h
+        .run_with("2.8.0", &kernel, &FakeNode::default())
+        .expect_err("the cards on the bus are not served");
+    assert_eq!(err.reason(), Some(reason::VALIDATION_FAILED), "{err}");
+    assert!(err.to_string().contains("0000:01:00.0"), "{err}");
+}
