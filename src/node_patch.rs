@@ -52,9 +52,17 @@ pub fn record_patch(
         })
         .transpose()?;
     let mut labels_patch = serde_json::Map::new();
+    // The verdict on a swap travels with the record too: present exactly
+    // while the record gives it ([`NodeRecord::rollback_at`]).
+    let verdict = record
+        .rollback_at
+        .filter(|_| record.state == ttdrv_api::NodeState::Upgrading)
+        .and(record.started)
+        .map(|cycle| cycle.to_string());
     let mut patch = serde_json::json!({ "metadata": { "annotations": {
         labels::UPGRADE_STATE: rec,
         labels::GO_AHEAD: go_ahead,
+        labels::ROLLBACK_VERDICT: verdict,
     } } });
     for c in commands {
         match c {
@@ -109,6 +117,7 @@ fn vacate(
     let ann = &mut patch["metadata"]["annotations"];
     ann[labels::UPGRADE_STATE] = serde_json::Value::Null;
     ann[labels::GO_AHEAD] = serde_json::Value::Null;
+    ann[labels::ROLLBACK_VERDICT] = serde_json::Value::Null;
     // The agent's reports go with its labels.
     for a in DRIVER_ANNOTATIONS {
         ann[a] = serde_json::Value::Null;
@@ -211,6 +220,23 @@ mod tests {
             p.get("spec").is_none(),
             "eviction does not touch the node spec"
         );
+    }
+
+    #[test]
+    fn the_rollback_verdict_travels_with_the_record() {
+        let mut r = NodeRecord::new("fleet", "2.8.0", 1);
+        r.state = NodeState::Upgrading;
+        r.started = Some(900);
+        let verdict = |r: &NodeRecord| {
+            let p = record_patch("n1", r, &[], &[]).expect("patch");
+            p["metadata"]["annotations"][labels::ROLLBACK_VERDICT].clone()
+        };
+        assert!(verdict(&r).is_null(), "no verdict: removed");
+        r.rollback_at = Some(1302);
+        assert_eq!(verdict(&r), "900", "the cycle it names");
+        // Any other state removes it (the cycle went on).
+        r.state = NodeState::Uncordoning;
+        assert!(verdict(&r).is_null());
     }
 
     fn node_with(r: &NodeRecord) -> Node {

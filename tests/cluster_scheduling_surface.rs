@@ -39,6 +39,7 @@ async fn fleet_with_plugin(
     name: &str,
     cards: u32,
     args: Vec<String>,
+    spec: &str,
 ) -> (
     TestEnv,
     String,
@@ -59,7 +60,7 @@ async fn fleet_with_plugin(
             ..Default::default()
         },
     );
-    let policy = installed(&env, &nodes, "", T).await;
+    let policy = installed(&env, &nodes, spec, T).await;
     let ds = env.name("dra");
     stack::create(&env, &ns, &stack::dra_plugin(&env.id, &ds)).await;
     let plugin = DraPlugin::start(&env, &ns, &ds, Publishes::Cards(cards));
@@ -77,7 +78,7 @@ async fn fleet_with_plugin(
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn the_dra_plugin_is_restarted_and_the_node_waits_for_its_cards() {
     let (env, _ns, node, policy, plugin, running) =
-        fleet_with_plugin("surface-ok", 2, vec![]).await;
+        fleet_with_plugin("surface-ok", 2, vec![], "").await;
     let before = plugin.publications();
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     // Never back in service before the restarted plugin republished.
@@ -146,12 +147,13 @@ async fn assert_surface_observed(
     );
 }
 
-/// Upgrades the node while the plugin will publish `then`; the node must
-/// fail `DevicesNotPublished`, still cordoned, its message containing
-/// `says`.
+/// Upgrades the node while the plugin will publish `then`, with
+/// `onValidationFailure: hold`; the node must fail `DevicesNotPublished`,
+/// still cordoned, its message containing `says`.
 async fn fails_short(name: &str, then: Publishes, says: &[&str]) {
     let args = vec!["--scheduling-surface-timeout-seconds=12".to_string()];
-    let (env, _ns, node, policy, plugin, _running) = fleet_with_plugin(name, 2, args).await;
+    let hold = "upgradePolicy: {onValidationFailure: hold}";
+    let (env, _ns, node, policy, plugin, _running) = fleet_with_plugin(name, 2, args, hold).await;
     plugin.set(then);
     patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
     let failed = wait_node(&env, &policy, &node, NodeState::Failed, T).await;
@@ -173,13 +175,71 @@ async fn fails_short(name: &str, then: Publishes, says: &[&str]) {
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
-async fn a_plugin_that_republishes_one_card_short_fails_the_node_cordoned() {
+async fn held_a_plugin_that_republishes_one_card_short_fails_the_node_cordoned() {
     fails_short(
         "surface-short",
         Publishes::Cards(1),
         &["list 1 device(s)", "counted 2 card(s)", "stays cordoned"],
     )
     .await;
+}
+
+/// With `onValidationFailure: rollback` (the default) a shortfall is a
+/// failed validation: the controller gives the agent its verdict, the agent
+/// loads the previous version again, and the node goes back into service on
+/// it, Failed (the rollout halts), the counts in its message.
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn a_plugin_that_republishes_one_card_short_fails_validation_and_rolls_back() {
+    let args = vec!["--scheduling-surface-timeout-seconds=12".to_string()];
+    let (env, _ns, node, policy, plugin, running) =
+        fleet_with_plugin("surface-rollback", 2, args, "").await;
+    plugin.set(Publishes::Cards(1));
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    // The verdict reaches the node while the cycle rolls back.
+    let verdict = wait_for("the controller's verdict on the node", T, || async {
+        let n = env.get_node(&node).await;
+        match ttdrv_core::node::annotation(&n, ttdrv_api::labels::ROLLBACK_VERDICT) {
+            Some(v) => Ok(v.to_string()),
+            None => Err(format!("{:?}", node_entry(&env, &policy, &node).await)),
+        }
+    })
+    .await;
+    let failed = wait_node(&env, &policy, &node, NodeState::Failed, T).await;
+    assert_eq!(
+        failed.reason.as_deref(),
+        Some("ValidationFailed"),
+        "{failed:?}"
+    );
+    let msg = failed.message.unwrap_or_default();
+    for s in [
+        "list 1 device(s)",
+        "counted 2 card(s)",
+        "the scheduler did not see every card",
+        &format!("cycle {verdict}"),
+        "back in service on tt-kmd 2.7.0",
+    ] {
+        assert!(msg.contains(s), "{s:?} in {msg}");
+    }
+    let n = env.get_node(&node).await;
+    assert!(
+        !unschedulable(&n),
+        "back in service on the previous version"
+    );
+    assert_eq!(
+        ttdrv_core::node::label(&n, ttdrv_api::labels::KMD_VERSION),
+        Some("2.7.0")
+    );
+    for k in [
+        ttdrv_api::labels::ROLLBACK_VERDICT,
+        ttdrv_api::labels::GO_AHEAD,
+    ] {
+        assert_eq!(ttdrv_core::node::annotation(&n, k), None, "{k} left");
+    }
+    let (_, _, body) = running.0.admin_get("/metrics").await.expect("metrics");
+    let line = format!("ttdriver_node_rollbacks_total{{cr=\"{policy}\"}} 1");
+    assert!(body.lines().any(|l| l == line), "missing `{line}`");
+    env.teardown().await;
 }
 
 #[tokio::test]
@@ -448,4 +508,127 @@ async fn after_a_flash_handed_to_a_swap_the_plugin_restarts_after_the_fabric_man
     );
     assert_done_uncordoned(&env, std::slice::from_ref(&node), "2.8.0").await;
     env.teardown().await;
+}
+
+/// A rollback on the stack: the gates opened for the surface check, so the
+/// fabric-manager agent is back on the node and holds the device; the
+/// verdict (and so the agent's unload) comes only once the gates are closed
+/// again and its pod has left. A finalizer keeps the leaving pod on the
+/// node for a while (kwok removes deleted pods at once).
+#[tokio::test]
+#[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
+async fn with_the_stack_a_rollback_waits_until_the_fabric_manager_has_left() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+    const FINALIZER: &str = "sim.ttdrv.io/slow-to-leave";
+    let (env, ns, nodes, _sim) = sim_fleet("surface-stack-rb", 1).await;
+    let node = nodes[0].clone();
+    env.annotate_node(&node, CARDS_ANNOTATION, Some("2")).await;
+    let _ctl = controller_with(
+        &env,
+        &ns,
+        ControllerOptions {
+            extra_args: vec!["--scheduling-surface-timeout-seconds=15".to_string()],
+            ..Default::default()
+        },
+    );
+    let policy = installed(&env, &nodes, "", T).await;
+    let (plugin, _late, fabric) = stack_with_plugin(&env, &ns, &node).await;
+    plugin.set(Publishes::Cards(1));
+    patch_policy(&env, &policy, serde_json::json!({ "version": "2.8.0" })).await;
+    // The check opened the gates and the agent came back on the cordoned
+    // node: it will be slow to leave.
+    let pods: kube::Api<Pod> = kube::Api::namespaced(env.client.clone(), &ns);
+    let agent_pod = wait_for(
+        "the fabric-manager agent back on the cordoned node",
+        T,
+        || async {
+            let n = env.get_node(&node).await;
+            let back = env.pods_on(&ns, &node).await.into_iter().find(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|m| m.starts_with(fabric.as_str()))
+            });
+            match back {
+                Some(p) if unschedulable(&n) && gate_labels(&n).is_empty() => {
+                    Ok(p.metadata.name.unwrap_or_default())
+                }
+                _ => Err(format!("{:?}", node_entry(&env, &policy, &node).await)),
+            }
+        },
+    )
+    .await;
+    let finalize = |list: serde_json::Value| {
+        let pods = pods.clone();
+        let name = agent_pod.clone();
+        async move {
+            pods.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "metadata": { "finalizers": list } })),
+            )
+            .await
+            .expect("finalizer patch");
+        }
+    };
+    finalize(serde_json::json!([FINALIZER])).await;
+    // Short: rolled back; the gates close, the agent's pod is leaving.
+    wait_for("the agent's pod leaving in a rollback", T, || async {
+        let leaving = pods
+            .get_opt(&agent_pod)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some());
+        match node_entry(&env, &policy, &node).await {
+            Some(s) if s.reason.as_deref() == Some("RollingBack") && leaving => Ok(()),
+            s => Err(format!("leaving: {leaving}; {s:?}")),
+        }
+    })
+    .await;
+    // While it is still there: no verdict, and the node says why.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let n = env.get_node(&node).await;
+    assert_eq!(
+        ttdrv_core::node::label(&n, ttdrv_api::labels::KMD_VERSION),
+        Some("2.8.0"),
+        "nothing unloaded while the fabric-manager agent holds the device"
+    );
+    assert_eq!(
+        ttdrv_core::node::annotation(&n, ttdrv_api::labels::ROLLBACK_VERDICT),
+        None,
+        "the verdict was given while the fabric-manager agent was on the node"
+    );
+    assert!(!gate_labels(&n).is_empty(), "the gates closed again");
+    let entry = node_entry(&env, &policy, &node).await;
+    assert!(
+        entry
+            .as_ref()
+            .and_then(|s| s.message.as_deref())
+            .is_some_and(|m| m.contains("to leave the node") && m.contains(fabric.as_str())),
+        "{entry:?}"
+    );
+    // Gone: the verdict, the rollback, back in service on 2.7.0.
+    finalize(serde_json::json!(null)).await;
+    let failed = wait_node(&env, &policy, &node, NodeState::Failed, T).await;
+    assert_eq!(
+        failed.reason.as_deref(),
+        Some("ValidationFailed"),
+        "{failed:?}"
+    );
+    assert_done_uncordoned_at(&env, &node, "2.7.0").await;
+    env.teardown().await;
+}
+
+/// Back in service, the gates open, on `version`.
+async fn assert_done_uncordoned_at(env: &TestEnv, node: &str, version: &str) {
+    let n = env.get_node(node).await;
+    assert!(!unschedulable(&n), "back in service");
+    assert!(gate_labels(&n).is_empty(), "{:?}", gate_labels(&n));
+    assert_eq!(
+        ttdrv_core::node::label(&n, ttdrv_api::labels::KMD_VERSION),
+        Some(version)
+    );
 }

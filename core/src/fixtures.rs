@@ -10,7 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::machine::{Desired, DrainProgress, InstallerPod, Observation};
 
 /// What the policy `fleet` asks: 2.8.0, drain on (600 s), upgrade timeout
-/// 900 s, not paused, refused, unmanaged or building ahead.
+/// 900 s, rollback on a failed validation (the default), not paused,
+/// refused, unmanaged or building ahead.
 pub fn desired() -> Desired {
     Desired {
         policy: "fleet".into(),
@@ -30,6 +31,7 @@ pub fn desired() -> Desired {
         validation_pod: None,
         validation_timeout_seconds: 60,
         surface_timeout_seconds: crate::machine::DEFAULT_SURFACE_TIMEOUT_SECONDS,
+        rollback: true,
     }
 }
 

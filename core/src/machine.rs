@@ -63,6 +63,9 @@ pub struct Desired {
     /// again ([`crate::surface`]; the controller's
     /// `--scheduling-surface-timeout-seconds`).
     pub surface_timeout_seconds: i64,
+    /// `upgradePolicy.onValidationFailure: rollback`: a swap the scheduler
+    /// does not see whole is rolled back ([`reason::ROLLING_BACK`]).
+    pub rollback: bool,
 }
 
 /// The default of [`Desired::surface_timeout_seconds`].
@@ -105,6 +108,8 @@ impl Desired {
             validation_pod: spec.upgrade_policy.validation.pod_template_name.clone(),
             validation_timeout_seconds: spec.upgrade_policy.validation.timeout_seconds,
             surface_timeout_seconds: DEFAULT_SURFACE_TIMEOUT_SECONDS,
+            rollback: spec.upgrade_policy.on_validation_failure
+                == ttdrv_api::OnValidationFailure::Rollback,
         }
     }
 
@@ -183,9 +188,11 @@ fn enter(
         r.redrained = None;
         r.stood_down.clear();
     }
-    // The surface check belongs to the swap it follows.
+    // The surface check, and a verdict on it, belong to the swap they
+    // follow.
     if state != NodeState::Upgrading {
         r.surface_since = None;
+        r.rollback_at = None;
     }
     r.state = state;
     r.reason = Some(reason.to_string());

@@ -207,6 +207,8 @@ pub fn observe<'p>(
         installer_problem: installer.and_then(installer::problem),
         inherited_cordon,
         handed_over_stood_down: handed_over_stood_down(node, policy_name),
+        rollback_verdict: node::annotation(node, labels::ROLLBACK_VERDICT)
+            .and_then(|v| v.parse().ok()),
         nothing_loaded: node::reported_nothing_loaded(node),
         rebooted_unreported: node::driver_labels_stale(node),
         installer_created,

@@ -92,6 +92,12 @@ pub const VALIDATING: &str = "Validating";
 /// the node waits until the scheduler sees every card again
 /// ([`crate::surface`]).
 pub const REFRESHING_DEVICES: &str = "RefreshingDevices";
+/// Upgrading: the scheduler did not see every card after the swap, a
+/// validation failure that `onValidationFailure: rollback` rolls back: the
+/// deploy gates close, the stack leaves the node, and the agent, restarted
+/// with the controller's verdict ([`ttdrv_api::labels::ROLLBACK_VERDICT`]),
+/// loads the previous version again.
+pub const ROLLING_BACK: &str = "RollingBack";
 /// Failed: after the swap the scheduler did not see every card the agent
 /// counted within `--scheduling-surface-timeout-seconds`; the node stays
 /// cordoned on the new version.
@@ -196,6 +202,7 @@ pub const ALL: &[&str] = &[
     LOAD_FAILED,
     VALIDATING,
     REFRESHING_DEVICES,
+    ROLLING_BACK,
     DEVICES_NOT_PUBLISHED,
     VALIDATION_FAILED,
     SOAK_FAILED,

@@ -60,6 +60,12 @@ pub struct NodeRecord {
     /// when this cycle closed the gates: the DRA plugin is restarted only
     /// once each has a Ready pod there again ([`crate::surface::check`]).
     pub stood_down: Vec<String>,
+    /// When the controller gave its verdict that this cycle's swap failed
+    /// after the agent validated it (Unix seconds; reason `RollingBack`):
+    /// while set in Upgrading, the node carries
+    /// [`ttdrv_api::labels::ROLLBACK_VERDICT`], and the agent pod from
+    /// before it is restarted to read it.
+    pub rollback_at: Option<i64>,
 }
 
 /// The record as stored on the Node: cordon ownership as the two flags older
@@ -101,6 +107,8 @@ mod wire {
         surface_since: Option<i64>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         stood_down: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rollback_at: Option<i64>,
     }
 
     impl From<Record> for NodeRecord {
@@ -128,6 +136,7 @@ mod wire {
                 redrained: w.redrained,
                 surface_since: w.surface_since,
                 stood_down: w.stood_down,
+                rollback_at: w.rollback_at,
             }
         }
     }
@@ -151,6 +160,7 @@ mod wire {
                 redrained: r.redrained,
                 surface_since: r.surface_since,
                 stood_down: r.stood_down,
+                rollback_at: r.rollback_at,
             }
         }
     }
@@ -174,6 +184,7 @@ impl NodeRecord {
             redrained: None,
             surface_since: None,
             stood_down: vec![],
+            rollback_at: None,
         }
     }
 

@@ -222,7 +222,12 @@ pub fn decide(
         if record.is_some() {
             a.remove_annotations.push(labels::UPGRADE_STATE.to_string());
         }
-        for k in [labels::GO_AHEAD, RETRY_ANNOTATION, labels::KMD_PARAMETERS] {
+        for k in [
+            labels::GO_AHEAD,
+            labels::ROLLBACK_VERDICT,
+            RETRY_ANNOTATION,
+            labels::KMD_PARAMETERS,
+        ] {
             if node::annotation(n, k).is_some() {
                 a.remove_annotations.push(k.to_string());
             }

@@ -33,6 +33,14 @@
 //!   (env `TT_KMD_ON_VALIDATION_FAILURE=hold`) it keeps the version loaded
 //!   and fails at every restart while the annotation stays.
 //!
+//! The controller's rollback verdict (`driver.tenstorrent.com/rollback`
+//! naming a cycle), as the real agent takes it: a swap's load records the
+//! previous version and the cycle on the node ([`SWAP_ANNOTATION`], where
+//! the real agent keeps its swap record on the host); an agent at the
+//! target that finds the verdict on that cycle labels the previous version
+//! again and gives up `ValidationFailed` (or, with `hold`, keeps the target
+//! and says so), and does not swap again under the same go-ahead.
+//!
 //! Build ahead (issue 22), as the real agent: a target that is not cached is
 //! built first ([`SimAgentConfig::build`]), before the go-ahead is asked for,
 //! and when a module is loaded the node is then labelled
@@ -85,6 +93,11 @@ pub const CACHED_ANNOTATION: &str = "sim.ttdrv.io/cached";
 pub const BUILD_FAIL_ANNOTATION: &str = "sim.ttdrv.io/build-fail";
 /// See the module doc.
 pub const VALIDATION_FAILS_ANNOTATION: &str = "sim.ttdrv.io/validation-fails";
+/// Node annotation the simulated agent writes with a swap's load: the
+/// previous version and the go-ahead's cycle (`<previous>@<cycle>`), as the
+/// real agent keeps its validated swap's record on the host, for the
+/// controller's rollback verdict ([`labels::ROLLBACK_VERDICT`]).
+pub const SWAP_ANNOTATION: &str = "sim.ttdrv.io/swapped";
 /// Node annotation: how many cards the simulated node has (default 1): the
 /// agent labels it `kmd-cards` with the version it loads, as the real one
 /// counts its device nodes.
@@ -346,6 +359,8 @@ struct Agent<'a> {
     rolled_back_in: Option<i64>,
     /// `onValidationFailure: hold`.
     hold: bool,
+    /// The swap this agent goes through: (previous version, cycle).
+    swapping_from: Option<(String, i64)>,
 }
 
 impl<'a> Agent<'a> {
@@ -369,6 +384,7 @@ impl<'a> Agent<'a> {
             waiting: None,
             node_changes: None,
             rolled_back_in: None,
+            swapping_from: None,
             hold: env_of(pod, labels::env::ON_VALIDATION_FAILURE).as_deref() == Some("hold"),
         }
     }
@@ -416,6 +432,19 @@ impl<'a> Agent<'a> {
         let fails_validation = ann.get(VALIDATION_FAILS_ANNOTATION) == Some(&target);
         if at_target && self.hold && fails_validation {
             self.fail_validation_held().await?;
+            return Ok(Flow::Again);
+        }
+        // The controller's verdict on the swap this node went through.
+        if at_target
+            && mode == labels::INSTALL_MODE_CONTAINER
+            && let Some((previous, cycle)) = verdict_on_swap(&ann)
+        {
+            let why = format!(
+                "the scheduler did not see every card of the node after the swap (the controller's verdict on cycle {cycle}, {})",
+                labels::ROLLBACK_VERDICT
+            );
+            self.fail_validation_after_load(Some(&previous), Some(cycle), &why)
+                .await?;
             return Ok(Flow::Again);
         }
         if swapping && self.prepare(&ann, &node_labels, loaded.is_some()).await? {
@@ -632,9 +661,11 @@ impl<'a> Agent<'a> {
             return Ok(true);
         }
         if fails_validation {
-            self.fail_validation_after_load(loaded, cycle).await?;
+            let why = "1 of 1 function(s) served before the swap are not served now: 0000:01:00.0 (simulated)";
+            self.fail_validation_after_load(loaded, cycle, why).await?;
             return Ok(true);
         }
+        self.swapping_from = loaded.cloned().zip(cycle);
         Ok(false)
     }
 
@@ -685,6 +716,7 @@ impl<'a> Agent<'a> {
         &mut self,
         loaded: Option<&String>,
         cycle: Option<i64>,
+        problem: &str,
     ) -> anyhow::Result<()> {
         let target = self.target.clone();
         if !self.config.load.is_zero() {
@@ -705,10 +737,14 @@ impl<'a> Agent<'a> {
                 ),
             )
         };
-        let patch = serde_json::json!({ "metadata": { "labels": {
-            labels::KMD_VERSION: now,
-            labels::KMD_PREPARED: null,
-        } } });
+        // The swap's record says it ended so.
+        let patch = serde_json::json!({ "metadata": {
+            "labels": {
+                labels::KMD_VERSION: now,
+                labels::KMD_PREPARED: null,
+            },
+            "annotations": { SWAP_ANNOTATION: null },
+        } });
         self.nodes
             .patch(
                 self.node_name,
@@ -719,9 +755,7 @@ impl<'a> Agent<'a> {
         self.restarts += 1;
         let msg = reason::termination_message(
             reason::VALIDATION_FAILED,
-            &format!(
-                "tenstorrent {target} loaded but failed validation: 1 of 1 function(s) served before the swap are not served now: 0000:01:00.0 (simulated); {what}"
-            ),
+            &format!("tenstorrent {target} loaded but failed validation: {problem}; {what}"),
         );
         set_terminated(&self.pods_ns, &self.name, self.pod, self.restarts, &msg).await?;
         tokio::time::sleep(crash_loop_backoff(self.restarts)).await;
@@ -771,6 +805,9 @@ impl<'a> Agent<'a> {
             // The module loaded now is the one the labels say.
             annotations.insert(LOADED_ANNOTATION.into(), serde_json::Value::Null);
         }
+        if swapping && let Some((previous, cycle)) = self.swapping_from.take() {
+            annotations.insert(SWAP_ANNOTATION.into(), format!("{previous}@{cycle}").into());
+        }
         if mode == labels::INSTALL_MODE_CONTAINER {
             // What the real agent reads back from sysfs after its load: the
             // defaults, with the pod's parameters in effect.
@@ -810,6 +847,15 @@ struct Load<'a> {
     /// A module was loaded unbeknownst to the labels ([`LOADED_ANNOTATION`]).
     hidden: bool,
     wanted: &'a module_params::Values,
+}
+
+/// The swap the node's [`SWAP_ANNOTATION`] records, (previous version,
+/// cycle), when the controller's verdict names its cycle.
+fn verdict_on_swap(ann: &std::collections::BTreeMap<String, String>) -> Option<(String, i64)> {
+    let (previous, cycle) = ann.get(SWAP_ANNOTATION)?.rsplit_once('@')?;
+    let cycle: i64 = cycle.parse().ok()?;
+    (ann.get(labels::ROLLBACK_VERDICT)?.parse::<i64>().ok()? == cycle)
+        .then(|| (previous.to_string(), cycle))
 }
 
 /// The target with its parameters is loaded; or (container installs) a

@@ -73,6 +73,9 @@ pub struct Observation {
     /// left with the flash, so the cycle that takes the cordon over must
     /// wait for them too before it restarts the DRA plugin.
     pub handed_over_stood_down: Vec<String>,
+    /// The cycle the node's [`ttdrv_api::labels::ROLLBACK_VERDICT`] names,
+    /// if it carries one (as the cache shows it).
+    pub rollback_verdict: Option<i64>,
     /// When the node's installer pod was created (Unix seconds).
     pub installer_created: Option<i64>,
     /// The agent reported no module loaded at this boot

@@ -661,6 +661,7 @@ fn safety_properties_over_the_cross_product() {
                                     installer_failure: None,
                                     inherited_cordon: false,
                                     handed_over_stood_down: vec![],
+                                    rollback_verdict: None,
                                     vacated: b(1) && b(3),
                                     nothing_loaded: loaded.is_none() && b(5),
                                     rebooted_unreported: loaded.is_none() && !b(5) && b(6),
@@ -2671,11 +2672,16 @@ fn the_gates_open_and_the_stack_is_back_before_the_dra_plugin_restarts() {
         "{:?}",
         restart.commands
     );
-    // Never back within the surface timeout: Failed, cordoned, named.
+    // Never back within the surface timeout: Failed, cordoned, named
+    // (held: `onValidationFailure: hold`).
+    let held = Desired {
+        rollback: false,
+        ..w.clone()
+    };
     let late = step(
         &open.record,
         &swapped(1001 + w.surface_timeout_seconds, false, vec![]),
-        &w,
+        &held,
     );
     assert_eq!(late.record.state, Failed);
     assert_eq!(
@@ -2792,12 +2798,27 @@ fn the_scheduler_sees_every_card_again_before_the_uncordon() {
     assert_eq!(ok.record.state, Uncordoning);
     assert_eq!(ok.record.surface_since, None);
     assert_eq!(ok.commands, vec![Command::Uncordon, Command::OpenGates]);
-    // Short past the deadline: Failed, kept cordoned, never uncordoned.
+    // Short past the deadline, with `onValidationFailure: rollback` (the
+    // default): a failed validation, rolled back; the gates close first.
     let late = 1000 + w.surface_timeout_seconds + 1;
-    let bad = step(
+    let rb = step(
         &short.record,
         &swapped(late, vec![plugin("dra-b", 1005, true, false)], Some(1)),
         &w,
+    );
+    assert_eq!(rb.record.state, Upgrading);
+    assert_eq!(rb.record.reason.as_deref(), Some(reason::ROLLING_BACK));
+    assert_eq!(rb.commands, vec![Command::CloseGates]);
+    assert_eq!(rb.record.cordon, Cordon::Ours);
+    // Held: Failed, kept cordoned, never uncordoned.
+    let held = Desired {
+        rollback: false,
+        ..w.clone()
+    };
+    let bad = step(
+        &short.record,
+        &swapped(late, vec![plugin("dra-b", 1005, true, false)], Some(1)),
+        &held,
     );
     assert_eq!(bad.record.state, Failed);
     assert_eq!(
@@ -2819,4 +2840,104 @@ fn the_scheduler_sees_every_card_again_before_the_uncordon() {
         &w,
     );
     assert_eq!(s.record.state, Done);
+}
+
+#[test]
+fn a_surface_short_of_cards_is_rolled_back_once_the_stack_has_left() {
+    use crate::surface::{StackPod, Surface};
+    let w = want();
+    let mut r = rec(Upgrading);
+    r.reason = Some(reason::ROLLING_BACK.into());
+    r.message = Some("short (300s after the swap was validated): rolled back".into());
+    let at_target = |now: i64, gates_closed: bool, stack: Vec<StackPod>| Observation {
+        now,
+        loaded: Some("2.8.0".into()),
+        installer: InstallerPod::Current { ready: true },
+        installer_created: Some(950),
+        unschedulable: true,
+        gates_present: true,
+        gates_closed,
+        surface: Surface {
+            stack,
+            ..Default::default()
+        },
+        ..obs()
+    };
+    let fm = StackPod {
+        daemon_set: "tt/fabric".into(),
+        ready: true,
+        deleting: true,
+    };
+    // The gates close first, the node still cordoned.
+    let s = step(&r, &at_target(1300, false, vec![]), &w);
+    assert_eq!(s.commands, vec![Command::CloseGates]);
+    assert_eq!(s.record.rollback_at, None);
+    // The stack's pods hold the device: no verdict until they are gone.
+    let s = step(&s.record, &at_target(1301, true, vec![fm]), &w);
+    assert!(s.commands.is_empty(), "{:?}", s.commands);
+    assert_eq!(s.record.rollback_at, None);
+    let msg = s.record.message.clone().unwrap_or_default();
+    assert!(
+        msg.starts_with("short (300s") && msg.contains("waiting for tt/fabric to leave"),
+        "{msg}"
+    );
+    // Gone: the record gives the verdict (its patch carries the annotation).
+    let s = step(&s.record, &at_target(1302, true, vec![]), &w);
+    assert_eq!(s.record.rollback_at, Some(1302));
+    assert!(s.commands.is_empty(), "{:?}", s.commands);
+    assert_eq!(s.record.reason.as_deref(), Some(reason::ROLLING_BACK));
+    // Not on the node yet as the cache shows it: the agent is not restarted.
+    let s = step(&s.record, &at_target(1303, true, vec![]), &w);
+    assert!(s.commands.is_empty(), "{:?}", s.commands);
+    // Shown: the agent from before it is restarted to read it, once.
+    let shown = |now: i64, created: i64| Observation {
+        rollback_verdict: Some(900),
+        installer_created: Some(created),
+        ..at_target(now, true, vec![])
+    };
+    let s = step(&s.record, &shown(1304, 950), &w);
+    assert_eq!(s.commands, vec![Command::DeleteInstallerPod]);
+    let again = step(&s.record, &shown(1306, 1305), &w);
+    assert!(again.commands.is_empty(), "{:?}", again.commands);
+    // The agent loaded 2.7.0 again and gave up ValidationFailed: back in
+    // service on it, then Failed (the rollout halts); the verdict goes.
+    let rolled_back = Observation {
+        loaded: Some("2.7.0".into()),
+        installer: InstallerPod::Current { ready: false },
+        installer_failure: Some(Failure {
+            reason: reason::VALIDATION_FAILED,
+            message:
+                "tenstorrent 2.8.0: the scheduler did not see every card; rolled back to 2.7.0"
+                    .into(),
+            pod_created: Some(1305),
+            terminated_at: Some(1310),
+        }),
+        ..shown(1311, 1305)
+    };
+    let back = step(&again.record, &rolled_back, &w);
+    let msg = back.record.message.clone().unwrap_or_default();
+    assert!(
+        msg.starts_with("short (300s") && msg.contains("back in service on tt-kmd 2.7.0"),
+        "{msg}"
+    );
+    assert_eq!(back.record.state, Uncordoning);
+    assert_eq!(
+        back.record.reason.as_deref(),
+        Some(reason::VALIDATION_FAILED)
+    );
+    assert_eq!(back.commands, vec![Command::Uncordon, Command::OpenGates]);
+    assert_eq!(back.record.rollback_at, None);
+    // An agent that never rolls back: Failed at the deadline, cordoned.
+    let late = step(
+        &again.record,
+        &shown(1302 + w.upgrade_timeout_seconds + 1, 1305),
+        &w,
+    );
+    assert_eq!(late.record.state, Failed);
+    assert_eq!(
+        late.record.reason.as_deref(),
+        Some(reason::DEVICES_NOT_PUBLISHED)
+    );
+    assert_eq!(late.record.cordon, Cordon::Ours);
+    assert_eq!(late.record.rollback_at, None);
 }

@@ -110,6 +110,9 @@ fn landed(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
     // The user's check, on the swapped node still cordoned (by
     // us, or by an admin in a drained cycle).
     let cordoned_cycle = cordoned_cycle(rec, want);
+    if rec.reason.as_deref() == Some(reason::ROLLING_BACK) {
+        return rolling_back(rec, obs, want);
+    }
     // The scheduler sees every card again before anything else runs on
     // the node (a validation pod may claim a card through DRA).
     if cordoned_cycle && let Some(step) = scheduling_surface(rec, obs, want) {
@@ -178,6 +181,21 @@ fn scheduling_surface(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Op
         Next::OpenGates(msg) => checking(msg, vec![Command::OpenGates]),
         Next::Restart(pods, msg) => checking(msg, vec![Command::RestartPublishers(pods)]),
         Next::Wait(msg) => checking(msg, vec![]),
+        // A validation failure: rolled back as the agent's own are.
+        Next::Fail(why) if want.rollback => Some(stay(
+            &enter(
+                rec,
+                NodeState::Upgrading,
+                reason::ROLLING_BACK,
+                Some(format!(
+                    "{why} ({}s after the swap was validated): a failed validation, rolled back \
+                     as upgradePolicy.onValidationFailure says{ROLLBACK_NOW}closing the deploy gates",
+                    want.surface_timeout_seconds,
+                )),
+                now,
+            ),
+            vec![Command::CloseGates],
+        )),
         Next::Fail(why) => Some(stay(
             &enter(
                 rec,
@@ -193,6 +211,77 @@ fn scheduling_surface(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Op
             vec![],
         )),
     }
+}
+
+/// A rollback's message: why, then this, then where the rollback is.
+const ROLLBACK_NOW: &str = "; rollback: ";
+
+/// Upgrading, the scheduler short of cards after a validated swap, rolled
+/// back ([`reason::ROLLING_BACK`]): with the node still cordoned, the gates
+/// close and the stack's pods leave (they hold the device); then the
+/// record gives the verdict (the node's [`ttdrv_api::labels::ROLLBACK_VERDICT`]
+/// travels with it) and, once the node shows it, the agent pod from before
+/// is restarted to read it. The agent loads the previous version again and
+/// fails `ValidationFailed`, which [`installer_failed`] takes from there.
+/// An agent that does not roll back within the upgrade timeout (nothing to
+/// go back to, a verdict it cannot read) fails the node, kept cordoned.
+fn rolling_back(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
+    let now = obs.now;
+    let base = rec.message.as_deref().unwrap_or_default();
+    let base = base.split(ROLLBACK_NOW).next().unwrap_or(base);
+    let waiting = |what: &str, commands: Vec<Command>| {
+        let mut r = rec.clone();
+        r.message = Some(format!("{base}{ROLLBACK_NOW}{what}"));
+        stay(&r, commands)
+    };
+    // From the verdict, or before it from the surface's deadline (a stack
+    // pod that never leaves).
+    let from = rec
+        .rollback_at
+        .or(rec.surface_since.map(|s| s + want.surface_timeout_seconds))
+        .unwrap_or(now);
+    if now - from > want.upgrade_timeout_seconds {
+        let msg = format!(
+            "{base}; not rolled back within {}s (the stack not gone, or the agent did not roll back: \
+             no previous version to go back to? its log says); the node stays cordoned on tt-kmd {}{}",
+            want.upgrade_timeout_seconds,
+            want.version,
+            retry_hint(&want.policy, &obs.node, rec.cordoned_by_us())
+        );
+        return stay(
+            &enter(rec, Failed, reason::DEVICES_NOT_PUBLISHED, Some(msg), now),
+            vec![],
+        );
+    }
+    if !obs.gates_closed {
+        return waiting("closing the deploy gates", vec![Command::CloseGates]);
+    }
+    let mut holders: Vec<&str> = obs
+        .surface
+        .stack
+        .iter()
+        .map(|p| p.daemon_set.as_str())
+        .collect();
+    holders.dedup();
+    if !holders.is_empty() {
+        let what = format!("waiting for {} to leave the node", holders.join(", "));
+        return waiting(&what, vec![]);
+    }
+    let Some(at) = rec.rollback_at else {
+        let mut r = rec.clone();
+        r.rollback_at = Some(now);
+        r.message = Some(format!("{base}{ROLLBACK_NOW}verdict given to the agent"));
+        return stay(&r, vec![]);
+    };
+    // The agent from before the verdict idles: restarted, it reads it.
+    let shown = obs.rollback_verdict.is_some() && obs.rollback_verdict == rec.started;
+    if shown && obs.installer_created.is_some_and(|c| c < at) {
+        return waiting(
+            "restarting the agent with the verdict",
+            vec![Command::DeleteInstallerPod],
+        );
+    }
+    waiting("waiting for the agent to roll back", vec![])
 }
 
 /// The new installer failed for good: fail now, with its cause; or drain
@@ -223,8 +312,15 @@ fn installer_failed(
             && !module_ok
             && let Some(back) = obs.loaded.as_deref()
         {
+            // A rollback the controller asked for says first why.
+            let why = (rec.reason.as_deref() == Some(reason::ROLLING_BACK))
+                .then_some(rec.message.as_deref())
+                .flatten()
+                .and_then(|m| m.split(ROLLBACK_NOW).next())
+                .map(|m| format!("{m}; "))
+                .unwrap_or_default();
             let msg = format!(
-                "{}; the node is back in service on tt-kmd {back}{}",
+                "{why}{}; the node is back in service on tt-kmd {back}{}",
                 f.message,
                 retry_hint(&want.policy, &obs.node, false)
             );
