@@ -364,6 +364,13 @@ fn transition(rec: &NodeRecord, obs: &Observation, want: &Desired) -> Step {
             let r = enter(&rec, Pending, reason::RETARGET, None, now);
             return again_without_slot(&r, obs, want);
         }
+        // A rollback under way is moot: the new target replaces the module,
+        // and a verdict left on the node would name the new swap's cycle.
+        if rec.reason.as_deref() == Some(reason::ROLLING_BACK) {
+            rec.rollback_at = None;
+            rec.reason = Some(reason::RETARGET.to_string());
+            rec.message = None;
+        }
     }
     match rec.state {
         Pending => pending::pending(rec, obs, want),

@@ -2940,4 +2940,15 @@ fn a_surface_short_of_cards_is_rolled_back_once_the_stack_has_left() {
     );
     assert_eq!(late.record.cordon, Cordon::Ours);
     assert_eq!(late.record.rollback_at, None);
+    // A new target meanwhile: the rollback is moot, the verdict goes, and
+    // the swap to the new target follows under the cycle's cordon.
+    let newer = Desired {
+        version: "2.9.0".into(),
+        ..w.clone()
+    };
+    let moot = step(&again.record, &shown(1307, 1305), &newer);
+    assert_eq!(moot.record.state, Upgrading);
+    assert_eq!(moot.record.rollback_at, None);
+    assert_ne!(moot.record.reason.as_deref(), Some(reason::ROLLING_BACK));
+    assert_eq!(moot.record.cordon, Cordon::Ours);
 }
