@@ -406,17 +406,7 @@ async fn with_the_stack_gated_the_plugin_restarts_after_the_fabric_manager_is_ba
 #[ignore = "needs the local cluster: run `make test` (or hack/run-cluster-tests.sh)"]
 async fn after_a_firmware_flash_the_plugin_restarts_before_the_uncordon() {
     use ttdrv_api::firmware::FirmwareNodeState;
-    let (env, ns, nodes, _sim) = sim_fleet_with(
-        "surface-fw",
-        &numbered_nodes(1),
-        &[],
-        ttdrv_testkit::SimAgentConfig {
-            flash: Some(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .await;
-    ttdrv_testkit::ensure_crd(&env.client).await;
+    let (env, ns, nodes, _sim) = flashing_fleet("surface-fw").await;
     let node = nodes[0].clone();
     env.annotate_node(&node, CARDS_ANNOTATION, Some("2")).await;
     let ctl = controller(&env, &ns);
@@ -447,17 +437,7 @@ async fn after_a_flash_handed_to_a_swap_the_plugin_restarts_after_the_fabric_man
     use ttdrv_api::firmware::FirmwareNodeState;
     use ttdrv_testkit::policy::{create_firmware_policy, firmware_status};
     use ttdrv_testkit::sim_flasher::HOLD_ANNOTATION;
-    let (env, ns, nodes, _sim) = sim_fleet_with(
-        "surface-handover",
-        &numbered_nodes(1),
-        &[],
-        ttdrv_testkit::SimAgentConfig {
-            flash: Some(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .await;
-    ttdrv_testkit::ensure_crd(&env.client).await;
+    let (env, ns, nodes, _sim) = flashing_fleet("surface-handover").await;
     let node = nodes[0].clone();
     env.annotate_node(&node, CARDS_ANNOTATION, Some("2")).await;
     let _ctl = controller(&env, &ns);

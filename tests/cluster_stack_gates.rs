@@ -336,17 +336,7 @@ async fn without_the_fabric_manager_gate_it_is_named_before_the_cordon_and_in_th
 async fn a_firmware_flash_stands_the_stack_down_before_its_job() {
     use k8s_openapi::api::batch::v1::Job;
     use ttdrv_api::firmware::{FirmwareNodeState, labels as fw};
-    let (env, ns, nodes, _agent) = sim_fleet_with(
-        "stack-fw",
-        &numbered_nodes(1),
-        &[],
-        ttdrv_testkit::SimAgentConfig {
-            flash: Some(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .await;
-    ttdrv_testkit::ensure_crd(&env.client).await;
+    let (env, ns, nodes, _agent) = flashing_fleet("stack-fw").await;
     let _ctl = controller_with(
         &env,
         &ns,

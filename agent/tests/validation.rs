@@ -35,6 +35,14 @@ fn outcome(h: &Host) -> Option<SwapOutcome> {
     validate::read_record(&h.hr()).map(|r| r.outcome)
 }
 
+/// A restart of the agent under the go-ahead of the cycle whose swap was
+/// rolled back to 2.7.0: it waits, saying so (the caller checks it loaded
+/// nothing).
+fn assert_waits_rolled_back(h: &Host, kernel: &FakeKernel, node: &FakeNode) {
+    let r = run_polls(&h.config("2.8.0"), kernel, &FakeBuilder::default(), node, 3);
+    assert_matches!(r.result, Ok(Outcome::Stopped { ref waiting }) if waiting.contains("rolled back to 2.7.0"));
+}
+
 fn kmd_label(node: &FakeNode) -> Option<String> {
     node.labels().get(labels::KMD_VERSION).cloned().flatten()
 }
@@ -113,14 +121,7 @@ fn a_rolled_back_swap_is_not_tried_again_under_the_same_go_ahead() {
         .expect_err("validation fails");
     // The container restarts while the go-ahead is still on the node.
     let again = FakeKernel::new(h.root()).probing_none("2.8.0");
-    let r = run_polls(
-        &h.config("2.8.0"),
-        &again,
-        &FakeBuilder::default(),
-        &node,
-        3,
-    );
-    assert_matches!(r.result, Ok(Outcome::Stopped { ref waiting }) if waiting.contains("rolled back to 2.7.0"));
+    assert_waits_rolled_back(&h, &again, &node);
     assert!(
         again.loads().is_empty(),
         "swapped again: {:?}",
@@ -427,14 +428,7 @@ fn the_controllers_verdict_rolls_a_validated_swap_back_once() {
     );
     // Restarted again under the same go-ahead: no second swap to 2.8.0.
     let again = FakeKernel::new(h.root());
-    let r = run_polls(
-        &h.config("2.8.0"),
-        &again,
-        &FakeBuilder::default(),
-        &node,
-        3,
-    );
-    assert_matches!(r.result, Ok(Outcome::Stopped { ref waiting }) if waiting.contains("rolled back to 2.7.0"));
+    assert_waits_rolled_back(&h, &again, &node);
     assert!(again.loads().is_empty(), "{:?}", again.loads());
     assert_eq!(h.loaded().as_deref(), Some("2.7.0"));
 }

@@ -469,6 +469,23 @@ pub fn assert_message(entry: &ttdrv_api::NodeStatus, part: &str) {
 /// names and the simulated agent working them (dropping it stops the agent).
 pub type SimFleet = (TestEnv, String, Vec<String>, ttdrv_testkit::SimAgent);
 
+/// One tt node whose simulated flashes take 2 s, with the firmware CRD
+/// installed: the fleet of the firmware kind's single-node tests.
+pub async fn flashing_fleet(name: &str) -> SimFleet {
+    let fleet = sim_fleet_with(
+        name,
+        &numbered_nodes(1),
+        &[],
+        ttdrv_testkit::SimAgentConfig {
+            flash: Some(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    )
+    .await;
+    ttdrv_testkit::ensure_crd(&fleet.0.client).await;
+    fleet
+}
+
 /// A test's environment and namespace, one tt node per suffix carrying `node_labels`,
 /// and a simulated agent over that namespace with `agent`'s timings (its namespace is
 /// set here).
