@@ -149,7 +149,13 @@ pub fn claim_patch(policy: &str) -> serde_json::Value {
 pub fn release_patch(node: &Node, policy: &str, gates: &[String]) -> serde_json::Value {
     let mut patch = serde_json::json!({ "metadata": {
         "labels": { labels::CLAIM: null },
-        "annotations": { labels::UPGRADE_STATE: null, labels::GO_AHEAD: null },
+        // The verdict goes with the cycle it names: left behind, it would
+        // roll back the next policy's swap on the same agent record.
+        "annotations": {
+            labels::UPGRADE_STATE: null,
+            labels::GO_AHEAD: null,
+            labels::ROLLBACK_VERDICT: null,
+        },
     } });
     if let Some(rv) = &node.metadata.resource_version {
         patch["metadata"]["resourceVersion"] = rv.as_str().into();
@@ -271,6 +277,14 @@ mod tests {
                     .is_some_and(|l| l.contains_key(GATE))
             );
         }
+        // A verdict on a rollback goes with the cycle it names.
+        let p = release_patch(&node_with(&r), "fleet", &gates);
+        let ann = &p["metadata"]["annotations"];
+        assert!(
+            ann.get(labels::ROLLBACK_VERDICT)
+                .is_some_and(serde_json::Value::is_null),
+            "{ann}"
+        );
         // Another policy's record: only our claim goes.
         r.cordon = Cordon::Ours;
         let p = release_patch(&node_with(&r), "other", &gates);
@@ -337,9 +351,13 @@ mod tests {
         let ann = p["metadata"]["annotations"]
             .as_object()
             .expect("annotations");
-        for k in [labels::UPGRADE_STATE, labels::GO_AHEAD]
-            .iter()
-            .chain(DRIVER_ANNOTATIONS.iter())
+        for k in [
+            labels::UPGRADE_STATE,
+            labels::GO_AHEAD,
+            labels::ROLLBACK_VERDICT,
+        ]
+        .iter()
+        .chain(DRIVER_ANNOTATIONS.iter())
         {
             assert!(ann.get(*k).is_some_and(serde_json::Value::is_null), "{k}");
         }
