@@ -87,12 +87,12 @@ kubectl rollout status deploy/llm-inference --timeout=60s
 kubectl get pods -l app=llm-inference -o wide
 
 say "Canary first: bump canary to 2.8.0 and watch it roll, one node at a time"
-echo "Each node: Pending (the agent builds 2.8.0 ahead, while the node still serves) → Cordoning →"
-echo "Draining (device users evicted) → Upgrading (module swap) → Uncordoning → Done."
+echo "Each node: Pending (the agent builds 2.8.0 ahead, while the node still serves) →"
+echo "Draining (cordoned; device users evicted) → Upgrading (module swap) → Done (uncordoned)."
 echo "The table is the policy's status; each state change is a line of its own (TRANSITIONS)."
 kubectl patch ttdp canary --type merge -p '{"spec":{"version":"2.8.0"}}'
-# Half-second polls of the table; Cordoning and Uncordoning last one controller
-# write, which the watch's transition lines show (it follows the Nodes' records).
+# Half-second polls of the table; the transition lines follow the Nodes' records,
+# so a state that lasts one write shows too.
 kubectl tt driver watch canary --timeout 300 --interval 0.5
 
 say "Canary healthy; what would prod's bump do? (dry run)"

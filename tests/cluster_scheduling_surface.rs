@@ -205,12 +205,27 @@ async fn a_plugin_that_republishes_one_card_short_fails_validation_and_rolls_bac
         }
     })
     .await;
+    // The plugin pods that published from 2.8.0; the previous module serves
+    // both cards again.
+    let short: Vec<String> = plugin.publications().into_iter().map(|p| p.1).collect();
+    plugin.set(Publishes::Cards(2));
     let failed = wait_node(&env, &policy, &node, NodeState::Failed, T).await;
     assert_eq!(
         failed.reason.as_deref(),
         Some("ValidationFailed"),
         "{failed:?}"
     );
+    // Back in service on 2.7.0, the plugin is restarted so that the
+    // scheduler sees that module's cards, not the slice from 2.8.0.
+    wait_for("the DRA plugin restarted after the rollback", T, || async {
+        let now = plugin.publications();
+        if now.iter().any(|p| !short.contains(&p.1)) {
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await;
     let msg = failed.message.unwrap_or_default();
     for s in [
         "list 1 device(s)",

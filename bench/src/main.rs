@@ -180,19 +180,69 @@ struct WatchState {
     synced: bool,
     events: Vec<Seen>,
     last: HashMap<String, NodeKey>,
+    /// Installer pods (uid) seen Ready.
+    ready_pods: std::collections::HashSet<String>,
 }
 
 /// Watches the nodes of one group and records every state change with the time
-/// it was seen.
+/// it was seen; and the installer pods of the operator namespace turning
+/// Ready ("Ready" on their node).
 struct NodeWatcher {
     state: Arc<Mutex<WatchState>>,
     task: tokio::task::JoinHandle<()>,
+    pods: tokio::task::JoinHandle<()>,
+}
+
+/// Records "Ready" on a node when a pod of `ns` on it turns Ready: the agent
+/// is done when its label and its pod's Ready are both in (the controller
+/// waits for both; the simulated agent, as the kubelet after a real one,
+/// writes the pod's status after the label).
+fn watch_pods_ready(
+    client: Client,
+    ns: &str,
+    st: Arc<Mutex<WatchState>>,
+) -> tokio::task::JoinHandle<()> {
+    let api: Api<Pod> = Api::namespaced(client, ns);
+    tokio::spawn(async move {
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = stream.next().await {
+            let at = Instant::now();
+            let (p, initial) = match ev {
+                Ok(watcher::Event::Apply(p)) => (p, false),
+                Ok(watcher::Event::InitApply(p)) => (p, true),
+                _ => continue,
+            };
+            let (Some(uid), Some(node)) = (
+                p.metadata.uid.clone(),
+                p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            ) else {
+                continue;
+            };
+            if !ttdrv_testkit::pod_ready(&p) {
+                continue;
+            }
+            let Ok(mut s) = st.lock() else { break };
+            if !s.ready_pods.insert(uid) || initial {
+                continue;
+            }
+            let Some(target) = s.last.get(&node).map(|k| k.1.clone()) else {
+                continue;
+            };
+            s.events.push(Seen {
+                at,
+                node,
+                what: "Ready".into(),
+                target,
+            });
+        }
+    })
 }
 
 impl NodeWatcher {
-    async fn start(client: Client, selector: &str) -> anyhow::Result<Self> {
-        let api: Api<Node> = Api::all(client);
+    async fn start(client: Client, selector: &str, ns: &str) -> anyhow::Result<Self> {
+        let api: Api<Node> = Api::all(client.clone());
         let state = Arc::new(Mutex::new(WatchState::default()));
+        let pods = watch_pods_ready(client, ns, state.clone());
         let st = state.clone();
         let cfg = watcher::Config::default().labels(selector);
         let task = tokio::spawn(async move {
@@ -242,7 +292,7 @@ impl NodeWatcher {
                 }
             }
         });
-        let w = Self { state, task };
+        let w = Self { state, task, pods };
         let t = Instant::now();
         while !w.state.lock().map(|s| s.synced).unwrap_or(false) {
             if t.elapsed() > Duration::from_secs(60) {
@@ -277,6 +327,7 @@ impl NodeWatcher {
 impl Drop for NodeWatcher {
     fn drop(&mut self) {
         self.task.abort();
+        self.pods.abort();
     }
 }
 
@@ -669,6 +720,9 @@ struct Result_ {
     /// scheduler, kwok and agent replacing the pod, ms.
     #[serde(default)]
     installer_replacement_ms: f64,
+    /// From the agent done (label and pod Ready) to the node's next record, ms.
+    #[serde(default)]
+    agent_done_to_next_ms: f64,
     /// controller-added minus the installer replacement (one node at a time
     /// only; NaN otherwise), ms.
     #[serde(default)]
@@ -816,7 +870,7 @@ async fn measure_rollout(
     // Let it take stock (every node already Done at the old version) and go idle.
     wait_policy_done(papi, policy, from_version, n, Duration::from_secs(120)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let watcher = NodeWatcher::start(env.client.clone(), &env.selector()).await?;
+    let watcher = NodeWatcher::start(env.client.clone(), &env.selector(), ns).await?;
     let before = proc_stats(ctl.proc.pid())?;
     let metrics_before = admin_get(ctl.port, "/metrics")
         .await
@@ -968,12 +1022,10 @@ fn analyse(
         .collect();
     let work_s = sc.work_ms as f64 / 1000.0;
     let added = (rollout_s - waves as f64 * work_s - eviction_wait_s) / waves as f64 * 1000.0;
-    // "Upgrading" runs from the controller's entering it (it deletes the
-    // installer pod right after) to the agent's label ("Loaded").
-    let installer_replacement_ms = phase_ms
-        .get("Upgrading")
-        .map(|u| u - sc.work_ms as f64)
-        .unwrap_or(f64::NAN);
+    // From the controller's entering Upgrading (it deletes the installer pod
+    // right after) to the agent done: its label and its pod Ready.
+    let (agent_ms, agent_done_to_next_ms) = agent_done_split(&run.events, version);
+    let installer_replacement_ms = agent_ms - sc.work_ms as f64;
     let controller_own_ms_per_node = if slots == 1 {
         added - installer_replacement_ms
     } else {
@@ -999,6 +1051,7 @@ fn analyse(
         rollout_s,
         controller_added_ms_per_node: added,
         installer_replacement_ms,
+        agent_done_to_next_ms,
         controller_own_ms_per_node,
         eviction_wait_s,
         pods_evicted: evicted,
@@ -1073,12 +1126,15 @@ fn rollout_audit(
 /// The waits between a slot freeing and the next node starting in it, ms,
 /// sorted: the k-th node to finish frees the slot the (k + slots)-th starts in.
 fn slot_gaps(events: &[Seen], version: &str, done_t: &[Instant], slots: usize) -> Vec<f64> {
-    let mut starts: Vec<Instant> = events
-        .iter()
-        .filter(|e| e.target == version)
-        .filter(|e| e.what == "Cordoning")
-        .map(|e| e.at)
-        .collect();
+    // A cycle starts with its cordon, written with the Cordoning record or,
+    // folded into one patch, with the Draining record: each node's first.
+    let mut first: HashMap<&str, Instant> = HashMap::new();
+    for e in events.iter().filter(|e| e.target == version) {
+        if e.what == "Cordoning" || e.what == "Draining" {
+            first.entry(e.node.as_str()).or_insert(e.at);
+        }
+    }
+    let mut starts: Vec<Instant> = first.into_values().collect();
     starts.sort();
     let mut gaps: Vec<f64> = done_t
         .iter()
@@ -1092,13 +1148,48 @@ fn slot_gaps(events: &[Seen], version: &str, done_t: &[Instant], slots: usize) -
     gaps
 }
 
+/// The agent's share and the controller's after it, mean ms per node: from
+/// Upgrading (the controller deletes the installer pod) to the agent done —
+/// its `kmd-version` label and its pod Ready, whichever comes last, as the
+/// controller waits for both — and from then to the node's next record.
+fn agent_done_split(events: &[Seen], version: &str) -> (f64, f64) {
+    let mut per_node: HashMap<&str, Vec<&Seen>> = HashMap::new();
+    for e in events.iter().filter(|e| e.target == version) {
+        per_node.entry(e.node.as_str()).or_default().push(e);
+    }
+    let (mut agent, mut after, mut count) = (0.0, 0.0, 0usize);
+    for seq in per_node.values() {
+        let Some(upg) = seq.iter().position(|e| e.what == "Upgrading") else {
+            continue;
+        };
+        let rest = &seq[upg + 1..];
+        let first = |w: &str| rest.iter().find(|e| e.what == w).map(|e| e.at);
+        let (Some(label), Some(ready)) = (first("Loaded"), first("Ready")) else {
+            continue;
+        };
+        let done = label.max(ready);
+        let record = |e: &&&Seen| !["Loaded", "Ready", "Cordon"].contains(&e.what.as_str());
+        let Some(next) = rest.iter().filter(record).find(|e| e.at >= done) else {
+            continue;
+        };
+        agent += done.duration_since(seq[upg].at).as_secs_f64() * 1000.0;
+        after += next.at.duration_since(done).as_secs_f64() * 1000.0;
+        count += 1;
+    }
+    let n = count.max(1) as f64;
+    if count == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    (agent / n, after / n)
+}
+
 /// Per state of a node's cycle (Pending aside): the total time nodes spent
 /// in it, ms, and how many stays that counts.
 fn phase_sums(events: &[Seen], version: &str) -> BTreeMap<String, (f64, usize)> {
     // Per node: time entering each state.
     let mut per_node: HashMap<&str, Vec<(&str, Instant)>> = HashMap::new();
     for e in events.iter().filter(|e| e.target == version) {
-        if e.what != "Cordon" {
+        if e.what != "Cordon" && e.what != "Ready" {
             per_node
                 .entry(e.node.as_str())
                 .or_default()
@@ -1373,7 +1464,7 @@ fn fmt_ms(v: f64) -> String {
 
 fn table(results: &[Result_]) -> String {
     let mut s = String::new();
-    s.push_str("| N | work/node | maxUnavailable | rollout | controller-added / node | of which installer pod replacement | controller's own / node | Done→next Cordoning p50 / p95 | patch→first cordon | peak RSS | CPU (rollout / process) | API requests / node | kubectl baseline | ours / baseline |\n");
+    s.push_str("| N | work/node | maxUnavailable | rollout | controller-added / node | of which installer pod replacement | controller's own / node | Done→next cordon p50 / p95 | patch→first cordon | peak RSS | CPU (rollout / process) | API requests / node | kubectl baseline | ours / baseline |\n");
     s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in results {
         let baseline = if r.baseline_nodes < r.nodes {
@@ -1440,7 +1531,7 @@ fn table(results: &[Result_]) -> String {
 
 fn breakdown(results: &[Result_]) -> String {
     let mut s = String::new();
-    s.push_str("| N | work | maxUnavailable | Cordoning | Draining | Upgrading (pod replaced + work) | agent done → Uncordoning | Uncordoning | Done→next gap max | reconciles (mean duration) | requests (watches) | requests by kind |\n");
+    s.push_str("| N | work | maxUnavailable | Cordoning | Draining | Upgrading (pod replaced + work) | agent done (label and pod Ready) → next record | Uncordoning | Done→next gap max | reconciles (mean duration) | requests (watches) | requests by kind |\n");
     s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for r in results {
         let ph = |k: &str| r.phase_ms.get(k).map(|v| fmt_ms(*v)).unwrap_or("-".into());
@@ -1457,7 +1548,7 @@ fn breakdown(results: &[Result_]) -> String {
             ph("Cordoning"),
             ph("Draining"),
             ph("Upgrading"),
-            ph("Loaded"),
+            fmt_ms(r.agent_done_to_next_ms),
             ph("Uncordoning"),
             fmt_ms(r.gap_max_ms),
             r.reconciles,

@@ -647,6 +647,7 @@ impl crate::slots::Cycle for DriverCycle {
 
 mod cordon;
 pub(crate) mod observation;
+pub mod own_write;
 mod pending;
 mod settle;
 mod upgrading;

@@ -92,10 +92,10 @@ pub enum Command {
     ///
     /// It also watches the policy's Nodes and prints each node state change as
     /// the controller writes it, with its time and reason
-    /// (`12:03:04 UTC  node-3  Cordoning → Draining  (Drain)`), Cordoning and
-    /// Uncordoning included, which last one write and which the table's polls
-    /// miss: off a terminal one line each, between the tables; on a terminal the
-    /// last 10 under the table. Not in `-o json|yaml` output.
+    /// (`12:03:04 UTC  node-3  Pending → Draining  (Drain)`), states that last
+    /// one write included, which the table's polls miss: off a terminal one
+    /// line each, between the tables; on a terminal the last 10 under the
+    /// table. Not in `-o json|yaml` output.
     Watch {
         /// Only this policy (default: all).
         policy: Option<String>,
@@ -282,7 +282,7 @@ mod tests {
         assert!(help.contains(&format!("{} when a node Failed", exit::FAILED_NODE)));
         assert!(help.contains(&format!("{} when --timeout runs out", exit::TIMEOUT)));
         assert!(
-            help.contains("Cordoning → Draining"),
+            help.contains("Pending → Draining"),
             "watch --help shows a transition line: {help}"
         );
     }

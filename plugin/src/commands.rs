@@ -468,7 +468,7 @@ async fn watch(ctx: &Ctx, name: Option<&str>, interval: f64, timeout: Option<f64
             .collect();
         let result = overall(&views);
         if result != Outcome::Running {
-            // The last writes (Uncordoning → Done) come before the status
+            // The last writes (Upgrading → Done) come before the status
             // that ends the rollout: print them before its last screen.
             let grace = tokio::time::Instant::now() + Duration::from_millis(500);
             while let Some(t) = feed.next_until(grace).await {

@@ -20,6 +20,7 @@ use actix::prelude::*;
 use k8s_openapi::api::core::v1::Node;
 use ttdrv_api::{NodeState, TenstorrentDriverPolicy};
 use ttdrv_core::drain::{DrainPass, PodRef};
+use ttdrv_core::machine::own_write::through_own_write;
 use ttdrv_core::machine::{Desired, DriverCycle, NodeRecord, Observation, Step, step};
 use ttdrv_core::slots::gate;
 
@@ -209,13 +210,25 @@ impl ObserveJob {
         let mut obs = self.msg.obs.clone();
         let first = prev.clone();
         let mut prev = prev;
-        let mut next = self.step_with_claim(&prev, &mut obs);
+        let (mut next, mut folded) = through_own_write(
+            self.step_with_claim(&prev, &mut obs),
+            &obs,
+            &self.msg.desired,
+        );
         let mut deleted = None;
         let mut hop = 0;
         loop {
             let writes = writes::decide(&next, &self.known(&prev, hop == 0));
             let written = self.carry_out(&writes, &next, &mut deleted).await?;
-            self.report().step(&prev, &next.record).await;
+            // A state folded into this write is reported as it was passed.
+            let report = self.report();
+            match folded.take() {
+                Some(mid) => {
+                    report.step(&prev, &mid).await;
+                    report.step(&mid, &next.record).await;
+                }
+                None => report.step(&prev, &next.record).await,
+            }
             // Cordoning and Uncordoning wait only for our own write to show.
             // The API server's reply to it is that write, fresher than the
             // cache: step on it now instead of a watch round trip later.
@@ -232,6 +245,8 @@ impl ObserveJob {
             if after.record == next.record && after.commands.is_empty() {
                 break;
             }
+            let (after, mid) = through_own_write(after, &obs, &self.msg.desired);
+            folded = mid;
             hop += 1;
             prev = std::mem::replace(&mut next, after).record;
         }

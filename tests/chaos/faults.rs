@@ -102,12 +102,14 @@ impl Schedule {
             unknown: (0..32).map(|_| rng.random_bool(0.5)).collect(),
             mid_cycle: rng.random_bool(0.7),
         };
+        // Cordoning and Uncordoning are written with the next state (one
+        // patch): their draws delete at Draining and at Done.
         let wants = [
             Some("Pending"),
-            Some("Cordoning"),
+            Some("Draining"),
             Some("Draining"),
             Some("Upgrading"),
-            Some("Uncordoning"),
+            Some("Done"),
             None,
         ];
         let mut deletions: Vec<Deletion> = (0..rng.random_range(3..=5))

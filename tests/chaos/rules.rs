@@ -205,8 +205,9 @@ impl RuleFaults {
             // takes a few seconds.
             at: rng.random_range(200..2_000),
             when: rng.random_bool(0.6).then(|| {
-                ["Cordoning", "Draining", "Upgrading", "Uncordoning", "Done"]
-                    [rng.random_range(0..5)]
+                // Cordoning and Uncordoning are written with the next
+                // state: their draws strike at that one.
+                ["Draining", "Draining", "Upgrading", "Done", "Done"][rng.random_range(0..5)]
             }),
             closed_extra: rng.random_range(2_000..5_000),
         }

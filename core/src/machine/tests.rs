@@ -877,6 +877,7 @@ fn safety_properties_over_the_cross_product() {
                                             "drain only a cordoned node: {ctx}"
                                         );
                                     }
+                                    folded_write_is_safe(&r, &o, &w, &s, &ctx);
                                     if paused && r.state.is_in_progress() {
                                         assert!(
                                             s.commands.is_empty() && s.record.state == r.state,
@@ -2951,4 +2952,112 @@ fn a_surface_short_of_cards_is_rolled_back_once_the_stack_has_left() {
     assert_eq!(moot.record.rollback_at, None);
     assert_ne!(moot.record.reason.as_deref(), Some(reason::ROLLING_BACK));
     assert_eq!(moot.record.cordon, Cordon::Ours);
+}
+
+/// The step as the NodeActor carries it out, with a Cordoning or Uncordoning
+/// state folded into its write ([`own_write::through_own_write`]), keeps the rules.
+fn folded_write_is_safe(r: &NodeRecord, o: &Observation, w: &Desired, s: &Step, ctx: &str) {
+    let (f, folded) = own_write::through_own_write(s.clone(), o, w);
+    let Some(mid) = folded else {
+        assert_eq!(&f, s, "nothing folded, nothing changed: {ctx}");
+        return;
+    };
+    let ctx = format!("{ctx}\nfolded -> {f:?}");
+    assert_eq!(mid, s.record, "the folded record is the step's: {ctx}");
+    let at = |c: Command| f.commands.iter().position(|x| *x == c);
+    match f.record.state {
+        Draining => {
+            assert!(
+                o.unschedulable || at(Command::Cordon).is_some(),
+                "drain only a node cordoned, or cordoned by this very patch: {ctx}"
+            );
+        }
+        Done | Failed => {
+            assert!(
+                !f.record.cordoned_by_us(),
+                "back in service with nothing of ours left: {ctx}"
+            );
+            if at(Command::Uncordon).is_some() {
+                assert_ne!(
+                    r.cordon,
+                    Cordon::Theirs,
+                    "never uncordon an admin's cordon: {ctx}"
+                );
+            }
+        }
+        other => panic!("folded into {other:?}: {ctx}"),
+    }
+    assert!(
+        !(w.paused && r.state.is_in_progress()),
+        "paused holds a node mid-cycle where it is: {ctx}"
+    );
+    assert!(!f.needs_slot, "{ctx}");
+}
+
+#[test]
+fn after_a_rollback_the_dra_plugin_restarted_on_the_new_module_is_restarted_again() {
+    use crate::surface::{PublisherPod, Surface};
+    let plugin = |name: &str, created: i64, deleting: bool| PublisherPod {
+        pod: PodRef {
+            namespace: "tt".into(),
+            name: name.into(),
+        },
+        created,
+        ready_since: Some(created + 1),
+        deleting,
+    };
+    let mut r = rec(Upgrading);
+    r.reason = Some(reason::ROLLING_BACK.into());
+    r.surface_since = Some(1000);
+    let rolled_back = Observation {
+        now: 1320,
+        loaded: Some("2.7.0".into()),
+        installer: InstallerPod::Current { ready: false },
+        installer_failure: Some(Failure {
+            reason: reason::VALIDATION_FAILED,
+            message: "tenstorrent 2.8.0: one card short; rolled back to 2.7.0".into(),
+            pod_created: Some(1300),
+            terminated_at: Some(1310),
+        }),
+        unschedulable: true,
+        gates_present: true,
+        surface: Surface {
+            plugin_pods: vec![
+                // Restarted by the check: it read 2.8.0.
+                plugin("dra-check", 1100, false),
+                // Already on its way out, and one started after the rollback.
+                plugin("dra-leaving", 1090, true),
+                plugin("dra-after", 1315, false),
+            ],
+            ..Default::default()
+        },
+        ..obs()
+    };
+    let s = step(&r, &rolled_back, &want());
+    assert_eq!(s.record.state, Uncordoning);
+    let restart = vec![PodRef {
+        namespace: "tt".into(),
+        name: "dra-check".into(),
+    }];
+    assert_eq!(
+        s.commands,
+        vec![
+            Command::Uncordon,
+            Command::OpenGates,
+            Command::RestartPublishers(restart.clone())
+        ]
+    );
+    // Carried out in one write with the Failed record, the restart after it.
+    let (f, folded) = own_write::through_own_write(s, &rolled_back, &want());
+    assert_eq!(f.record.state, Failed);
+    assert!(folded.is_some());
+    assert_eq!(
+        f.commands.last(),
+        Some(&Command::RestartPublishers(restart))
+    );
+    // A cycle whose check never restarted the plugin leaves it alone: it
+    // still publishes from the module that stays.
+    r.surface_since = None;
+    let s = step(&r, &rolled_back, &want());
+    assert_eq!(s.commands, vec![Command::Uncordon, Command::OpenGates]);
 }

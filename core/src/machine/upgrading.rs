@@ -10,6 +10,7 @@ use super::{
     drain_again, drained_again_for, enter, installer_summary, module_stays, retry_hint, stay,
     target_loaded,
 };
+use crate::drain::PodRef;
 use crate::reason;
 
 /// The step of an Upgrading node.
@@ -328,6 +329,10 @@ fn installer_failed(
             if rec.cordoned_by_us() {
                 cmds.insert(0, Command::Uncordon);
             }
+            let republish = republish_after_rollback(rec, obs, f.at().unwrap_or(now));
+            if !republish.is_empty() {
+                cmds.push(Command::RestartPublishers(republish));
+            }
             return Some(Step {
                 record: enter(rec, Uncordoning, f.reason, Some(msg), now),
                 commands: cmds,
@@ -417,4 +422,21 @@ fn user_validation(
             vec![],
         )),
     }
+}
+
+/// The node's DRA plugin pods to restart once a swap is rolled back: those
+/// restarted by this cycle's surface check read the new module, and until
+/// restarted again they publish its cards, not the previous version's.
+/// Plugin pods started after the rollback (`back`) read the module that
+/// stays. None when this cycle never restarted the plugin.
+fn republish_after_rollback(rec: &NodeRecord, obs: &Observation, back: i64) -> Vec<PodRef> {
+    if rec.surface_since.is_none() {
+        return vec![];
+    }
+    obs.surface
+        .plugin_pods
+        .iter()
+        .filter(|p| !p.deleting && p.created < back)
+        .map(|p| p.pod.clone())
+        .collect()
 }

@@ -264,7 +264,7 @@ async fn a_granted_slot_the_step_does_not_use_goes_back() {
 }
 
 #[actix::test]
-async fn granted_slot_cordons_then_drains_on_the_stored_node() {
+async fn granted_slot_cordons_and_drains_in_one_patch_then_evicts() {
     let (actor, log) = start(serde_json::json!({}));
     let mut o = obs("2.7.0");
     o.slot = true;
@@ -281,8 +281,8 @@ async fn granted_slot_cordons_then_drains_on_the_stored_node() {
     assert_eq!(rec.cordon, Cordon::Ours);
     assert_eq!(
         entries(&log),
-        ["patch Cordoning cordon", "patch Draining", "evict ml/w"],
-        "cordon with the record, drain only on the API server's reply"
+        ["patch Draining cordon", "evict ml/w"],
+        "the cordon and the Draining record in one patch, the evictions after it"
     );
 }
 
@@ -348,7 +348,8 @@ async fn done_gives_the_slot_back_after_uncordon() {
     actix::clock::sleep(std::time::Duration::from_millis(20)).await;
     assert_eq!(
         entries(&log),
-        ["patch Uncordoning uncordon", "patch Done", "release"]
+        ["patch Done uncordon", "release"],
+        "the uncordon and the Done record in one patch"
     );
 }
 

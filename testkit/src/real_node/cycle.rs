@@ -595,10 +595,6 @@ pub fn cycle_table(
             format!("Node label kmd-version={v}"),
         ),
         (
-            t(&|s| s.state == "Uncordoning"),
-            "record Uncordoning".into(),
-        ),
-        (
             t_cord.and_then(|c| tl_time(tl, c, |s| !s.cordoned)),
             "node uncordoned".into(),
         ),
@@ -657,7 +653,7 @@ mod tests {
 131.000 state=Draining reason=- cordoned=true go-ahead=no kmd-version=2.7.0 prepared=2.8.0 installer=inst-b workload=hold-1
 133.000 state=Draining reason=- cordoned=true go-ahead=no kmd-version=2.7.0 prepared=2.8.0 installer=inst-b workload=
 134.000 state=Upgrading reason=- cordoned=true go-ahead=yes kmd-version=2.7.0 prepared=2.8.0 installer=inst-b workload=
-140.000 state=Uncordoning reason=- cordoned=true go-ahead=no kmd-version=2.8.0 prepared=- installer=inst-b workload=
+140.000 state=Upgrading reason=- cordoned=true go-ahead=yes kmd-version=2.8.0 prepared=- installer=inst-b workload=
 141.000 state=Done reason=- cordoned=false go-ahead=no kmd-version=2.8.0 prepared=- installer=inst-b workload=hold-2
 ";
 
