@@ -3009,6 +3009,7 @@ fn after_a_rollback_the_dra_plugin_restarted_on_the_new_module_is_restarted_agai
     let mut r = rec(Upgrading);
     r.reason = Some(reason::ROLLING_BACK.into());
     r.surface_since = Some(1000);
+    r.rollback_at = Some(1290);
     let rolled_back = Observation {
         now: 1320,
         loaded: Some("2.7.0".into()),
@@ -3055,9 +3056,24 @@ fn after_a_rollback_the_dra_plugin_restarted_on_the_new_module_is_restarted_agai
         f.commands.last(),
         Some(&Command::RestartPublishers(restart))
     );
-    // A cycle whose check never restarted the plugin leaves it alone: it
-    // still publishes from the module that stays.
+    // The agent's report of 2.7.0 seen before its give-up: the check's start
+    // is forgotten meanwhile, the verdict is not, and the restart follows.
+    let early = Observation {
+        installer_failure: None,
+        ..rolled_back.clone()
+    };
+    let between = step(&r, &early, &want());
+    assert_eq!(between.record.surface_since, None);
+    let s = step(&between.record, &rolled_back, &want());
+    assert!(
+        matches!(s.commands.last(), Some(Command::RestartPublishers(p)) if p.len() == 1),
+        "{:?}",
+        s.commands
+    );
+    // A cycle that never restarted the plugin (no check, no verdict) leaves
+    // it alone: it still publishes from the module that stays.
     r.surface_since = None;
+    r.rollback_at = None;
     let s = step(&r, &rolled_back, &want());
     assert_eq!(s.commands, vec![Command::Uncordon, Command::OpenGates]);
 }

@@ -428,9 +428,12 @@ fn user_validation(
 /// restarted by this cycle's surface check read the new module, and until
 /// restarted again they publish its cards, not the previous version's.
 /// Plugin pods started after the rollback (`back`) read the module that
-/// stays. None when this cycle never restarted the plugin.
+/// stays. None when this cycle never restarted the plugin: no check began,
+/// and no verdict was given (a verdict follows a check; the check's start
+/// is forgotten when the agent reports the previous module before its
+/// give-up shows).
 fn republish_after_rollback(rec: &NodeRecord, obs: &Observation, back: i64) -> Vec<PodRef> {
-    if rec.surface_since.is_none() {
+    if rec.surface_since.is_none() && rec.rollback_at.is_none() {
         return vec![];
     }
     obs.surface
