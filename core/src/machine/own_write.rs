@@ -97,6 +97,11 @@ mod tests {
         r
     }
 
+    /// The step from `r` on `o`, as the NodeActor carries it out (folded).
+    fn stepped(r: &NodeRecord, o: &Observation) -> (Step, Option<NodeRecord>) {
+        through_own_write(step(r, o, &want()), o, &want())
+    }
+
     /// The agent has loaded the target; the node is still cordoned, gated.
     fn swapped() -> Observation {
         Observation {
@@ -111,7 +116,7 @@ mod tests {
     #[test]
     fn a_cycle_starts_with_the_cordon_and_the_draining_record_in_one_write() {
         let r = NodeRecord::new("fleet", "2.8.0", 900);
-        let (s, folded) = through_own_write(step(&r, &obs(), &want()), &obs(), &want());
+        let (s, folded) = stepped(&r, &obs());
         assert_eq!(s.record.state, Draining);
         assert_eq!(s.record.cordon, Cordon::Ours);
         assert_eq!(s.record.started, Some(1000), "the cycle's start is kept");
@@ -122,11 +127,7 @@ mod tests {
 
     #[test]
     fn a_swapped_node_goes_back_into_service_with_its_done_record_in_one_write() {
-        let (s, folded) = through_own_write(
-            step(&upgrading(Cordon::Ours), &swapped(), &want()),
-            &swapped(),
-            &want(),
-        );
+        let (s, folded) = stepped(&upgrading(Cordon::Ours), &swapped());
         assert_eq!(s.record.state, Done);
         assert_eq!(s.record.cordon, Cordon::None);
         assert_eq!(s.commands, vec![Uncordon, OpenGates]);
@@ -135,11 +136,7 @@ mod tests {
 
     #[test]
     fn an_admins_cordon_stays_when_the_uncordon_is_folded() {
-        let (s, folded) = through_own_write(
-            step(&upgrading(Cordon::Theirs), &swapped(), &want()),
-            &swapped(),
-            &want(),
-        );
+        let (s, folded) = stepped(&upgrading(Cordon::Theirs), &swapped());
         assert_eq!(s.record.state, Done);
         assert_eq!(s.commands, vec![OpenGates], "never their cordon");
         assert!(folded.is_some());
@@ -158,8 +155,7 @@ mod tests {
             }),
             ..swapped()
         };
-        let (s, folded) =
-            through_own_write(step(&upgrading(Cordon::Ours), &o, &want()), &o, &want());
+        let (s, folded) = stepped(&upgrading(Cordon::Ours), &o);
         assert_eq!(s.record.state, Failed);
         assert_eq!(
             s.record.reason.as_deref(),
