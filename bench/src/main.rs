@@ -449,7 +449,12 @@ fn start_controller(
     let out = std::fs::File::create(log)?;
     cmd.stdout(Stdio::null())
         .stderr(Stdio::from(out))
-        .env("RUST_LOG", "info,kube=warn");
+        // TTDRV_BENCH_RUST_LOG: a profiling run's filter (e.g. debug for the
+        // controller's passes and writes); the level changes what is measured.
+        .env(
+            "RUST_LOG",
+            std::env::var("TTDRV_BENCH_RUST_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+        );
     let child = cmd
         .spawn()
         .with_context(|| format!("starting {}", args.controller_bin.display()))?;
@@ -784,6 +789,7 @@ async fn run_scenario(
         n,
     };
     let run = measure_rollout(args, env, &papi, &target, sc, tag).await?;
+    save_profile(args, &run, tag)?;
     let mut result = analyse(args, &run, sc, version, n)?;
     let (baseline_nodes, baseline_sampled_s) =
         run_baseline(args, ns, baseline, sc, version, tag, n)?;
@@ -842,6 +848,21 @@ struct Rollout {
 }
 
 impl Rollout {
+    /// `i` as wall-clock time, as the audit log writes it (RFC 3339, UTC,
+    /// microseconds): string order is time order.
+    fn wall(&self, i: Instant) -> String {
+        let d = i.saturating_duration_since(self.t0);
+        let ts = self
+            .t0_wall
+            .checked_add(k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or_default())
+            .unwrap_or(self.t0_wall);
+        format!(
+            "{}.{:06}Z",
+            ts.strftime("%Y-%m-%dT%H:%M:%S"),
+            ts.subsec_microsecond()
+        )
+    }
+
     /// How much a controller counter grew over the rollout.
     fn metric_delta(&self, name: &str) -> f64 {
         metric_sum(&self.metrics_after, name) - metric_sum(&self.metrics_before, name)
@@ -1096,18 +1117,7 @@ fn rollout_audit(
     end: Instant,
     sampled: bool,
 ) -> anyhow::Result<(BTreeMap<String, u64>, u64, u64)> {
-    let (t0, t0_wall) = (run.t0, run.t0_wall);
-    let wall = |i: Instant| {
-        let d = i.saturating_duration_since(t0);
-        let ts = t0_wall
-            .checked_add(k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or_default())
-            .unwrap_or(t0_wall);
-        format!(
-            "{}.{:06}Z",
-            ts.strftime("%Y-%m-%dT%H:%M:%S"),
-            ts.subsec_microsecond()
-        )
-    };
+    let wall = |i: Instant| run.wall(i);
     let split = first_cordon.map(&wall).unwrap_or_default();
     let until = if sampled {
         wall(end)
@@ -1121,6 +1131,42 @@ fn rollout_audit(
         &split,
         &until,
     )
+}
+
+/// For `bench/profile.py`: what the node and pod watches saw
+/// (`timeline-<tag>.jsonl`) and the controller's requests as the API server
+/// recorded them, with the time each came in and was answered
+/// (`audit-<tag>.jsonl`), both in wall-clock time.
+fn save_profile(args: &Args, run: &Rollout, tag: &str) -> anyhow::Result<()> {
+    let mut timeline = String::new();
+    for e in &run.events {
+        let line = serde_json::json!({
+            "t": run.wall(e.at),
+            "node": e.node,
+            "what": e.what,
+            "target": e.target,
+        });
+        timeline.push_str(&line.to_string());
+        timeline.push('\n');
+    }
+    std::fs::write(args.out_dir.join(format!("timeline-{tag}.jsonl")), timeline)?;
+    let mut f = std::fs::File::open(&args.audit_log)?;
+    f.seek(std::io::SeekFrom::Start(run.audit_from))?;
+    let mut audit = String::new();
+    for line in std::io::BufReader::new(f).lines() {
+        let line = line?;
+        let Ok(ev) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if ev["user"]["username"].as_str() == Some(args.audit_user.as_str())
+            && ev["verb"].as_str() != Some("watch")
+        {
+            audit.push_str(&line);
+            audit.push('\n');
+        }
+    }
+    std::fs::write(args.out_dir.join(format!("audit-{tag}.jsonl")), audit)?;
+    Ok(())
 }
 
 /// The waits between a slot freeing and the next node starting in it, ms,
