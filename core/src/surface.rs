@@ -265,13 +265,23 @@ fn check_with(
             away.join(", ")
         ));
     }
+    // Creation times are whole seconds: a pod created in the check's first
+    // second may be from before the check (before the swap, even), so it
+    // is restarted too, once that second is over, when its replacement can
+    // no longer be mistaken for it.
     let stale: Vec<PodRef> = s
         .plugin_pods
         .iter()
-        .filter(|p| restarts && p.created < since && !p.deleting)
+        .filter(|p| restarts && p.created <= since && !p.deleting)
         .map(|p| p.pod.clone())
         .collect();
     if !stale.is_empty() {
+        if now <= since {
+            return Verdict::Short(format!(
+                "the DRA plugin ({}) is restarted once the second the check began in is over",
+                s.plugin_selector
+            ));
+        }
         return Verdict::Restart(stale);
     }
     if s.cards.is_none() && count_required {
@@ -285,7 +295,7 @@ fn check_with(
         let settled = s
             .plugin_pods
             .iter()
-            .filter(|p| p.created >= since && !p.deleting)
+            .filter(|p| p.created > since && !p.deleting)
             .find_map(|p| p.ready_since);
         match settled {
             None => short.push(format!(

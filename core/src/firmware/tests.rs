@@ -1382,6 +1382,15 @@ fn after_the_flash_the_scheduler_sees_every_card_before_the_uncordon() {
     };
     let s = step(&failed.record, &retried, &w);
     assert_eq!(s.record.state, Uncordoning, "{:?}", s.record);
+    assert_eq!(s.record.surface_since, Some(2030));
+    // The restart once the check's first second is over (creation times
+    // are whole seconds).
+    assert_eq!(s.commands, vec![]);
+    let later = Observation {
+        now: 2031,
+        ..retried
+    };
+    let s = step(&s.record, &later, &w);
     assert!(
         matches!(&s.commands[..], [Command::RestartPublishers(_)]),
         "{:?}",

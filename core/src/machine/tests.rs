@@ -2743,10 +2743,39 @@ fn the_scheduler_sees_every_card_again_before_the_uncordon() {
         ..obs()
     };
     let w = want();
-    // The plugin from before the swap: restarted, the check's start kept.
+    // The check begins; creation times are whole seconds, so the plugin is
+    // restarted only once the check's first second is over (a replacement
+    // made in it could not be told from a pod from before).
     let s = step(
         &rec(Upgrading),
         &swapped(1000, vec![plugin("dra-a", 500, true, false)], Some(2)),
+        &w,
+    );
+    assert_eq!((s.record.state, s.commands.clone()), (Upgrading, vec![]));
+    assert_eq!(s.record.surface_since, Some(1000));
+    // A pod created in that same second is from before the check as far
+    // as anyone can tell: restarted with the others.
+    let s = step(
+        &s.record,
+        &swapped(
+            1001,
+            vec![
+                plugin("dra-a", 500, true, false),
+                plugin("dra-c", 1000, true, false),
+            ],
+            Some(2),
+        ),
+        &w,
+    );
+    assert!(
+        matches!(&s.commands[..], [Command::RestartPublishers(p)] if p.len() == 2),
+        "{:?}",
+        s.commands
+    );
+    // The plugin from before the swap: restarted, the check's start kept.
+    let s = step(
+        &s.record,
+        &swapped(1001, vec![plugin("dra-a", 500, true, false)], Some(2)),
         &w,
     );
     assert_eq!(s.record.state, Upgrading);
