@@ -3085,14 +3085,30 @@ fn after_a_rollback_the_dra_plugin_restarted_on_the_new_module_is_restarted_agai
         f.commands.last(),
         Some(&Command::RestartPublishers(restart))
     );
-    // The agent's report of 2.7.0 seen before its give-up: the check's start
-    // is forgotten meanwhile, the verdict is not, and the restart follows.
+    // The agent's report of 2.7.0 seen before its give-up (the gates closed
+    // for the rollback): that is the rollback under way, not a swap still to
+    // come; the record and the gates stay as they are, and the restart
+    // follows the give-up.
     let early = Observation {
         installer_failure: None,
+        gates_closed: true,
         ..rolled_back.clone()
     };
     let between = step(&r, &early, &want());
-    assert_eq!(between.record.surface_since, None);
+    assert_eq!(between.record.surface_since, Some(1000));
+    assert_eq!(between.record.rollback_at, Some(1290));
+    assert_eq!(between.record.reason.as_deref(), Some(reason::ROLLING_BACK));
+    assert!(between.commands.is_empty(), "{:?}", between.commands);
+    // Even had a pass forgotten the check's start, the verdict says the
+    // check restarted the plugin.
+    let mut forgot = between.record.clone();
+    forgot.surface_since = None;
+    let s = step(&forgot, &rolled_back, &want());
+    assert!(
+        matches!(s.commands.last(), Some(Command::RestartPublishers(p)) if p.len() == 1),
+        "{:?}",
+        s.commands
+    );
     let s = step(&between.record, &rolled_back, &want());
     assert!(
         matches!(s.commands.last(), Some(Command::RestartPublishers(p)) if p.len() == 1),

@@ -27,6 +27,11 @@ pub(super) fn upgrading(rec: &NodeRecord, obs: &Observation, want: &Desired) -> 
     if let Some(s) = installer_failed(rec, obs, want, module_ok) {
         return s;
     }
+    // A rollback under way: the agent's report of the previous module is
+    // the rollback itself, not a swap still to come (its give-up follows).
+    if !module_ok && rec.reason.as_deref() == Some(reason::ROLLING_BACK) {
+        return rolling_back(rec, obs, want);
+    }
     // A swap still to come after the surface check opened the gates (the
     // target changed meanwhile): the stack stands down again first, and
     // the check starts anew after that swap.
