@@ -4,7 +4,11 @@ timeline (what its watches saw, timeline-<tag>.jsonl) against the controller's
 requests as the API server's audit log recorded them (audit-<tag>.jsonl, with
 the time each request came in and the time its response went out).
 
-    python3 bench/profile.py /tmp/ttdrv-bench/timeline-1000-0-1.jsonl /tmp/ttdrv-bench/audit-1000-0-1.jsonl
+    python3 bench/profile.py /tmp/ttdrv-bench/timeline-1000-0ms-1.jsonl /tmp/ttdrv-bench/audit-1000-0ms-1.jsonl [SPLIT]
+
+With SPLIT (seconds), the hand-offs before and after that time from the
+controller's first request are also shown apart (e.g. while build-ahead
+replaces the fleet's installer pods, and after).
 
 For each node B that took the slot node A freed, the chain the controller is
 on (all times as the API server or the benchmark's watch saw them):
@@ -73,16 +77,13 @@ def first(items, pred):
     return next((x for x in items if pred(x)), None)
 
 
-def main():
-    timeline, audit = load_timeline(sys.argv[1]), load_audit(sys.argv[2])
+def handoffs(timeline, audit):
+    """The target, and (time of A's Done, {step: seconds}) per hand-off."""
     target = max((t for _, _, _, t in timeline if t), default="")
     done = [(t, n) for t, n, w, tg in timeline if w == "Done" and tg == target]
     patches = [r for r in audit if r[2] == "patch" and r[3] == "nodes"]
-    deletes = [r for r in audit if r[2] in ("delete", "create") and r[3] == "pods"]
-    rows = {k: [] for k in [
-        "detect", "write 1 (A Done)", "hand-off", "write 2 (B Draining)",
-        "echo + pass", "write 3 (B Upgrading)", "installer pod delete",
-        "watch lag (B Draining)"]}
+    deletes = [r for r in audit if r[2] == "delete" and r[3] == "pods"]
+    out = []
     for (ta, a), (_, b) in zip(done, done[1:]):
         up_a = first(timeline, lambda e: e[1] == a and e[2] == "Upgrading" and e[3] == target)
         if not up_a:
@@ -102,31 +103,53 @@ def main():
         seen_dr = first(timeline, lambda e: e[1] == b and e[2] == "Draining" and e[0] >= w2[0])
         if not w3 or not seen_dr:
             continue
-        d = first(deletes, lambda r: r[0] >= w3[1])
-        rows["detect"].append(w1[0] - agent_done)
-        rows["write 1 (A Done)"].append(w1[1] - w1[0])
-        rows["hand-off"].append(w2[0] - w1[1])
-        rows["write 2 (B Draining)"].append(w2[1] - w2[0])
-        rows["echo + pass"].append(w3[0] - w2[1])
-        rows["write 3 (B Upgrading)"].append(w3[1] - w3[0])
-        rows["watch lag (B Draining)"].append(seen_dr[0] - w2[1])
+        row = {
+            "detect": w1[0] - agent_done,
+            "write 1 (A Done)": w1[1] - w1[0],
+            "hand-off": w2[0] - w1[1],
+            "write 2 (B Draining)": w2[1] - w2[0],
+            "echo + pass": w3[0] - w2[1],
+            "write 3 (B Upgrading)": w3[1] - w3[0],
+            "watch lag (B Draining)": seen_dr[0] - w2[1],
+        }
+        d = first(deletes, lambda r: w3[1] <= r[0] <= w3[1] + 1.0)
         if d:
-            rows["installer pod delete"].append(d[1] - d[0])
-    n = len(rows["detect"])
-    print(f"{n} node hand-offs to {target}")
+            row["installer pod delete"] = d[1] - d[0]
+        out.append((ta, row))
+    return target, out
+
+
+STEPS = ["detect", "write 1 (A Done)", "hand-off", "write 2 (B Draining)",
+         "echo + pass", "write 3 (B Upgrading)", "installer pod delete",
+         "watch lag (B Draining)"]
+
+
+def table(title, rows):
+    print(f"{title}: {len(rows)} node hand-offs")
     print("| step | mean | p50 | p95 |")
     print("|---|---:|---:|---:|")
-    total = 0.0
-    for k, v in rows.items():
+    total = writes = 0.0
+    for k in STEPS:
+        v = sorted(r[k] * 1000 for _, r in rows if k in r)
         if not v:
             continue
-        v = sorted(x * 1000 for x in v)
         mean = statistics.mean(v)
         if not k.startswith(("installer", "watch")):
             total += mean
+            writes += mean if k.startswith("write") else 0.0
         p95 = v[min(len(v) - 1, int(len(v) * 0.95))]
         print(f"| {k} | {mean:.1f} ms | {statistics.median(v):.1f} ms | {p95:.1f} ms |")
-    print(f"| agent done -> B's go-ahead answered | {total:.1f} ms | | |")
+    print(f"| agent done -> B's go-ahead answered | {total:.1f} ms (writes {writes:.1f} ms) | | |")
+
+
+def main():
+    timeline, audit = load_timeline(sys.argv[1]), load_audit(sys.argv[2])
+    target, rows = handoffs(timeline, audit)
+    table(f"to {target}", rows)
+    if len(sys.argv) > 3 and audit:
+        split = audit[0][0] + float(sys.argv[3])
+        table(f"first {sys.argv[3]} s", [r for r in rows if r[0] < split])
+        table(f"after {sys.argv[3]} s", [r for r in rows if r[0] >= split])
 
 
 if __name__ == "__main__":
