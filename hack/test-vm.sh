@@ -349,13 +349,26 @@ else
              -device intel-iommu,intremap=off -device pci-serial -device @TTCARD@)
     wrap=("$ttcard_bin" --cards wh --wh-bar0-mb 64 --log "$work/cards.log" --)
 fi
-timeout "$timeout_s" "${wrap[@]}" qemu-system-x86_64 \
-    -accel "$accel" -smp 1 "${machine[@]}" \
-    -kernel "$kernel_img" -initrd "$work/initramfs.gz" \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3 intel_iommu=on${cmdline_extra:-}" \
-    -nographic -no-reboot -monitor none -serial stdio -nodefaults \
-    </dev/null >"$log" 2>&1
+boot_vm() {
+    timeout "$timeout_s" "${wrap[@]}" qemu-system-x86_64 \
+        -accel "$accel" -smp 1 "${machine[@]}" \
+        -kernel "$kernel_img" -initrd "$work/initramfs.gz" \
+        -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3 intel_iommu=on${cmdline_extra:-}" \
+        -nographic -no-reboot -monitor none -serial stdio -nodefaults \
+        </dev/null >"$log" 2>&1
+}
+boot_vm
 qrc=$?
+# QEMU itself killed by a signal (its experimental x-pci-proxy-dev has
+# segfaulted during SeaBIOS's PCI scan) before the guest's init said
+# anything: that run tested nothing of ours. Shown, then booted once more.
+if [[ $qrc -gt 128 && $qrc -ne 137 ]] && ! grep -q 'VMTEST' "$log"; then
+    tr -d '\r' <"$log" | grep -v '^\s*$' | sed 's/^/vm (crashed)| /'
+    say "QEMU died of signal $((qrc - 128)) before the guest's init ran; booting once more"
+    rm -f "$work/cards.log"
+    boot_vm
+    qrc=$?
+fi
 set -e
 end=$(date +%s.%N)
 elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
