@@ -47,6 +47,34 @@ pub struct NodePorts {
     pub release: Recipient<ReleaseSlot>,
     pub run_validation: Recipient<RunValidationPod>,
     pub delete_validation: Recipient<DeleteValidationPod>,
+    /// Where the actor posts the record each step ends with.
+    pub board: RecordBoard,
+}
+
+/// The record each of a policy's NodeActors ended its last step with, until
+/// the policy takes it in. A pass waits only for the steps of nodes out of
+/// service; the others (build-ahead's pod replacements, nodes waiting) end
+/// after it, and their records reach the policy's memory through here, at
+/// the start or end of a later pass. Each actor posts in the order of its
+/// steps, so an entry is always its node's latest record, whatever order
+/// the replies come back in.
+#[derive(Clone, Debug, Default)]
+pub struct RecordBoard(Arc<std::sync::Mutex<std::collections::HashMap<String, NodeRecord>>>);
+
+impl RecordBoard {
+    fn post(&self, node: &str, record: &NodeRecord) {
+        if let Ok(mut b) = self.0.lock() {
+            b.insert(node.to_string(), record.clone());
+        }
+    }
+
+    /// Every record posted since the last take.
+    pub fn take(&self) -> std::collections::HashMap<String, NodeRecord> {
+        self.0
+            .lock()
+            .map(|mut b| std::mem::take(&mut *b))
+            .unwrap_or_default()
+    }
 }
 
 pub struct NodeActor {
@@ -177,7 +205,10 @@ impl NodeActor {
             record
         });
         match &res {
-            Ok(r) => self.record = Some(r.clone()),
+            Ok(r) => {
+                self.ports.board.post(&self.node, r);
+                self.record = Some(r.clone());
+            }
             // An error that retrying cannot fix: stop, so the Supervisor
             // restarts this actor and it reloads the record from the Node.
             Err(e) if !e.is_transient() => actx.stop(),

@@ -26,7 +26,7 @@ use ttdrv_core::selection::Assignment;
 use super::messages::{Reconcile, RefusalChanged};
 use super::node::NodeActor;
 use super::node::validation_pod::ValidationPods;
-use super::node::{NodePorts, StopNode};
+use super::node::{NodePorts, RecordBoard, StopNode};
 use super::rollout::RolloutActor;
 use crate::Result;
 use crate::policy_decisions::{Effect, Facts, Log, PolicyMemo, Refused, decide};
@@ -52,6 +52,10 @@ pub struct DriverKind {
     ports: SupervisorPorts,
     /// The last check of the validation PodTemplate, shared with the passes.
     template_check: Arc<std::sync::Mutex<Option<pass::CheckedTemplate>>>,
+    /// The records the NodeActors' steps ended with, those no pass waited
+    /// for included; kept here, not in the memory, because the NodeActors
+    /// outlive a restart of the memory.
+    board: RecordBoard,
 }
 
 /// What a driver policy's passes remember between them, besides what every
@@ -79,6 +83,9 @@ pub struct DriverMemory {
     /// nodes a pass stepped (every node on a full pass), so a targeted pass
     /// costs O(its nodes), not a walk over every owned Node.
     agent_labels: AgentLabels,
+    /// Nodes whose posted records were taken in since the metrics were last
+    /// exported: their series follow the record the memory now holds.
+    posted: HashSet<String>,
 }
 
 /// The agents' build-ahead labels of the owned nodes.
@@ -102,6 +109,7 @@ impl DriverKind {
             validation_pods,
             ports,
             template_check: Arc::default(),
+            board: RecordBoard::default(),
         }
     }
 }
@@ -240,6 +248,7 @@ impl DriverKind {
             },
             now_secs(),
         );
+        self.take_posted(memory);
         let full = msg.scope.full || !memory.kind.primed || gate != memory.kind.promotion;
         let assignment = msg.assignment;
         let conflicts = assignment.conflicts.get(name).cloned().unwrap_or_default();
@@ -331,14 +340,21 @@ impl DriverKind {
                 m.promotion = gate;
             }
             absorb(name, m, &out, full, &assignment);
-            self.read_agent_labels(m, &policy, &out.stepped, full);
+            // After the pass's own replies: an entry posted is never older.
+            self.take_posted(&mut memory);
+            let m = &mut memory.kind;
+            let mut stepped = out.stepped;
+            stepped.extend(m.posted.drain().filter(|n| m.records.contains_key(n)));
+            stepped.sort_unstable();
+            stepped.dedup();
+            self.read_agent_labels(m, &policy, &stepped, full);
             // Blocked only while it holds something back: a policy
             // with no node waiting does not page for its canary.
             self.ctx
                 .metrics
                 .set_policy_promotion_blocked(name, promotion_blocked(m));
             let plan = out.plan;
-            self.export_metrics(name, m, &out.stepped, full, &plan);
+            self.export_metrics(name, m, &stepped, full, &plan);
             self.policy_decisions(name, m, &policy, &plan, out.refused.as_ref());
             status = self.status_if_due(name, &memory, &policy, &conflicts, &plan);
             out.err
@@ -370,6 +386,35 @@ impl DriverKind {
             memory,
             status,
             result,
+        }
+    }
+}
+
+impl DriverKind {
+    /// Takes in the records the NodeActors posted since the last pass: the
+    /// steps that pass did not wait for, which may have ended since.
+    fn take_posted(&self, memory: &mut Memory) {
+        let posted = self.board.take();
+        let actors = &memory.nodes;
+        take_in_posted(&mut memory.kind, |n| actors.contains(n), posted);
+    }
+}
+
+/// The posted records of nodes the policy still has an actor for (a node
+/// that left it may post once more as its actor stops).
+fn take_in_posted(
+    m: &mut DriverMemory,
+    has_actor: impl Fn(&str) -> bool,
+    posted: HashMap<String, NodeRecord>,
+) {
+    if posted.is_empty() {
+        return;
+    }
+    let records = Arc::make_mut(&mut m.records);
+    for (n, r) in posted {
+        if has_actor(&n) {
+            records.insert(n.clone(), r);
+            m.posted.insert(n);
         }
     }
 }
@@ -424,6 +469,7 @@ impl DriverKind {
             release: self.rollout.clone().recipient(),
             run_validation: self.validation_pods.clone().recipient(),
             delete_validation: self.validation_pods.clone().recipient(),
+            board: self.board.clone(),
         };
         for n in owned {
             memory.nodes.get_or_start(n, || {

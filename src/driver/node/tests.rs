@@ -215,6 +215,7 @@ fn start_with(
         release: fake.clone().recipient(),
         run_validation: fake.clone().recipient(),
         delete_validation: fake.recipient(),
+        board: Default::default(),
     };
     let actor = NodeActor::new(context(), "n1".into(), "fleet".into(), ports).start();
     (actor, log)

@@ -71,6 +71,14 @@ pub(super) struct ReconcilePass {
     pub(super) prepare: Arc<std::sync::Mutex<PrepareBook>>,
 }
 
+/// A step sent to a node's actor, its reply to come.
+struct SentStep {
+    node: String,
+    /// The node as observed, for its slot facts after the step.
+    facts: NodeView,
+    reply: actix::dev::Request<NodeActor, Observe>,
+}
+
 /// Build-ahead's candidates ([`ttdrv_core::prepare::Candidate`]) of every
 /// owned node, kept between passes so that a targeted pass re-reads only
 /// the nodes in its scope instead of every owned node (at 1000 nodes that
@@ -572,11 +580,17 @@ impl ReconcilePass {
         )
     }
 
-    /// Steps the NodeActor of every node in view; their records feed the
-    /// next round's plan. Nodes out of service first (mid-cycle, or granted
-    /// a slot), all at once, and only then the others (build-ahead's turns,
-    /// nodes waiting): a node's next step never queues behind another's
-    /// build-ahead writes.
+    /// Steps the NodeActor of every node in view. Nodes out of service
+    /// (mid-cycle, or granted a slot) first, all at once, and their records
+    /// feed the next round's plan. Then the others (build-ahead's turns,
+    /// nodes waiting): a targeted pass does not wait for them, so neither
+    /// the next round nor the policy's next pass, which may carry a cycling
+    /// node's next step, queues behind their pod replacements and writes.
+    /// None of them can take a node out of service (no slot); their records
+    /// come back through the NodeActors' [`RecordBoard`]. A full pass waits
+    /// for every step, so its memory and status cover every node.
+    ///
+    /// [`RecordBoard`]: crate::driver::node::RecordBoard
     async fn step(
         &self,
         f: &RoundFacts<'_>,
@@ -591,47 +605,100 @@ impl ReconcilePass {
         let (first, later): (Vec<_>, Vec<_>) = std::mem::take(&mut st.views)
             .into_iter()
             .partition(|(n, _)| offered.contains(n.as_str()) || self.out_of_service(n, st));
-        for batch in [first, later] {
-            let mut calls = Vec::new();
-            for (n, v) in batch {
-                let Some(addr) = self.actors.get(&n) else {
-                    continue;
-                };
-                st.stepped.insert(n.clone());
-                st.device_users.push((n.clone(), v.has_device_pods));
-                let facts = v.clone();
-                // The plan reserved a slot for each node it granted: the node
-                // steps on it (and gives it back if the step does not use it).
-                let mut obs = v.obs;
-                obs.slot = offered.contains(n.as_str());
-                obs.template_pending = !f.template_observed;
-                let msg = Observe {
-                    policy: self.policy.clone(),
-                    obs,
-                    desired: desired.clone(),
-                    persisted: v.persisted,
-                    evictions: v.evictions,
-                    installer_pod: v.installer_pod,
-                    skipped: v.skipped,
-                    gates: f.input.policy.gates.to_vec(),
-                    budget: budget.clone(),
-                };
-                let addr = addr.clone();
-                calls.push(async move { (n, facts, addr.send(msg).await) });
-            }
-            for (n, facts, res) in futures::future::join_all(calls).await {
-                match res.map_err(Error::from).and_then(|r| r) {
-                    Ok(rec) => {
-                        st.candidates.push(facts.candidate(&n, Some(&rec)));
-                        st.updates.insert(n, rec);
-                    }
-                    Err(e) => {
-                        tracing::warn!(policy = self.name(), node = n, error = %e, "node step failed; will retry");
-                        st.first_err.get_or_insert(e);
-                    }
+        let sent = self.send_steps(f, st, first, offered, budget, &desired);
+        self.take_replies(st, sent).await;
+        let sent = self.send_steps(f, st, later, offered, budget, &desired);
+        if self.full {
+            self.take_replies(st, sent).await;
+        } else {
+            self.replies_in_background(sent);
+        }
+    }
+
+    /// Sends each node of `batch` its observation, at once: each NodeActor
+    /// steps in the order its observations were sent.
+    fn send_steps(
+        &self,
+        f: &RoundFacts<'_>,
+        st: &mut Rounds,
+        batch: Vec<(String, NodeView)>,
+        offered: &HashSet<&str>,
+        budget: &Arc<Budget>,
+        desired: &Desired,
+    ) -> Vec<SentStep> {
+        let mut sent = Vec::new();
+        for (n, v) in batch {
+            let Some(addr) = self.actors.get(&n) else {
+                continue;
+            };
+            st.stepped.insert(n.clone());
+            st.device_users.push((n.clone(), v.has_device_pods));
+            let facts = v.clone();
+            // The plan reserved a slot for each node it granted: the node
+            // steps on it (and gives it back if the step does not use it).
+            let mut obs = v.obs;
+            obs.slot = offered.contains(n.as_str());
+            obs.template_pending = !f.template_observed;
+            let msg = Observe {
+                policy: self.policy.clone(),
+                obs,
+                desired: desired.clone(),
+                persisted: v.persisted,
+                evictions: v.evictions,
+                installer_pod: v.installer_pod,
+                skipped: v.skipped,
+                gates: f.input.policy.gates.to_vec(),
+                budget: budget.clone(),
+            };
+            // Queued in the actor's mailbox now, not when first polled.
+            let reply = addr.send(msg);
+            sent.push(SentStep {
+                node: n,
+                facts,
+                reply,
+            });
+        }
+        sent
+    }
+
+    /// Waits for the steps sent; their records feed the next plan.
+    async fn take_replies(&self, st: &mut Rounds, sent: Vec<SentStep>) {
+        let replies = sent
+            .into_iter()
+            .map(|s| async move { (s.node, s.facts, s.reply.await) });
+        for (n, facts, res) in futures::future::join_all(replies).await {
+            match res.map_err(Error::from).and_then(|r| r) {
+                Ok(rec) => {
+                    st.candidates.push(facts.candidate(&n, Some(&rec)));
+                    st.updates.insert(n, rec);
+                }
+                Err(e) => {
+                    tracing::warn!(policy = self.name(), node = n, error = %e, "node step failed; will retry");
+                    st.first_err.get_or_insert(e);
                 }
             }
         }
+    }
+
+    /// The steps sent, ended after the pass: a failure is logged and
+    /// counted, and retried by the next pass that looks at the node, as a
+    /// failed step the pass waited for is.
+    fn replies_in_background(&self, sent: Vec<SentStep>) {
+        if sent.is_empty() {
+            return;
+        }
+        let (policy, metrics) = (self.name().to_string(), self.ctx.metrics.clone());
+        actix::spawn(async move {
+            let replies = sent
+                .into_iter()
+                .map(|s| async move { (s.node, s.reply.await) });
+            for (n, res) in futures::future::join_all(replies).await {
+                if let Err(e) = res.map_err(Error::from).and_then(|r| r) {
+                    metrics.inc_error(&policy, e.metric_label());
+                    tracing::warn!(policy, node = n, error = %e, "node step failed; will retry");
+                }
+            }
+        });
     }
 
     /// Node `n` is mid-cycle as this pass last knows it.

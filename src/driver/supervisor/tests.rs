@@ -24,6 +24,8 @@ struct Fake {
     log: Arc<Mutex<Vec<(String, String)>>>,
     /// The API server refuses the DaemonSet apply (422).
     refuse: bool,
+    /// Pod replacements wait for a permit of this, when set.
+    slow_replace: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Actor for Fake {
@@ -96,12 +98,18 @@ impl Handler<RefusalChanged> for Fake {
 }
 
 impl Handler<ReplaceInstallerPod> for Fake {
-    type Result = Result<()>;
-    fn handle(&mut self, msg: ReplaceInstallerPod, _: &mut Self::Context) -> Result<()> {
-        if let Ok(mut l) = self.log.lock() {
-            l.push((msg.name, "replace".into()));
-        }
-        Ok(())
+    type Result = ResponseFuture<Result<()>>;
+    fn handle(&mut self, msg: ReplaceInstallerPod, _: &mut Self::Context) -> Self::Result {
+        let (log, slow) = (self.log.clone(), self.slow_replace.clone());
+        Box::pin(async move {
+            if let Some(s) = slow {
+                let _permit = s.acquire().await;
+            }
+            if let Ok(mut l) = log.lock() {
+                l.push((msg.name, "replace".into()));
+            }
+            Ok(())
+        })
     }
 }
 
@@ -270,6 +278,14 @@ type WriteLog = Arc<Mutex<Vec<(String, String)>>>;
 /// A recording fake of the shared actors over the claimed NODES, and the
 /// ports a PolicySupervisor sends to.
 fn fake_ports() -> (WriteLog, SupervisorPorts) {
+    fake_ports_with(None)
+}
+
+/// [`fake_ports`] whose pod replacements each wait for a permit of
+/// `slow_replace`, when given.
+fn fake_ports_with(
+    slow_replace: Option<Arc<tokio::sync::Semaphore>>,
+) -> (WriteLog, SupervisorPorts) {
     let log: WriteLog = Arc::default();
     let fake = Fake {
         nodes: NODES
@@ -283,6 +299,7 @@ fn fake_ports() -> (WriteLog, SupervisorPorts) {
             .collect(),
         log: log.clone(),
         refuse: false,
+        slow_replace,
     }
     .start();
     let ports = SupervisorPorts {
@@ -383,6 +400,7 @@ async fn a_refused_apply_claims_and_starts_nothing_and_backs_off() {
             .collect(),
         log: log.clone(),
         refuse: true,
+        slow_replace: None,
     }
     .start();
     let ports = SupervisorPorts {
@@ -458,6 +476,7 @@ async fn a_refused_policy_still_enforces_deadlines() {
         nodes: [("n1".to_string(), serde_json::to_value(&n1).expect("json"))].into(),
         log: log.clone(),
         refuse: true,
+        slow_replace: None,
     }
     .start();
     let ports = SupervisorPorts {
@@ -546,7 +565,13 @@ async fn a_targeted_pass_examines_its_scope_not_every_node_building_ahead() {
 /// Policy `fleet` at 2.8.0 over NODES, of which only `prepared` have built
 /// 2.8.0 ahead.
 fn context_prepared_on(prepared: &[&str]) -> Arc<Context> {
-    let pods: Vec<Pod> = NODES.iter().map(|n| installer(n)).collect();
+    context_prepared(prepared, &NODES)
+}
+
+/// [`context_prepared_on`] with installer pods (of the old template) on
+/// `with_pods` only.
+fn context_prepared(prepared: &[&str], with_pods: &[&str]) -> Arc<Context> {
+    let pods: Vec<Pod> = with_pods.iter().map(|n| installer(n)).collect();
     let nodes = NODES
         .iter()
         .map(|n| {
@@ -594,4 +619,78 @@ async fn the_node_out_of_service_steps_before_build_ahead_replaces_other_pods() 
         last_n1 < first_replace,
         "n1's writes first, then build-ahead's: {log:?}"
     );
+}
+
+/// Issue 52, item 2: a targeted pass does not wait for build-ahead's pod
+/// replacements. It ends while they are under way, so the policy's next
+/// pass (which may carry a cycling node's next step) does not queue behind
+/// them; their records reach the policy's memory through the NodeActors'
+/// board once they end.
+#[actix::test]
+async fn a_targeted_pass_does_not_wait_for_build_ahead_to_replace_a_pod() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (log, ports) = fake_ports_with(Some(gate.clone()));
+    // n1 and n2 built ahead; n3's installer pod is not there yet.
+    let ctx = context_prepared(&["n1", "n2"], &["n1", "n2"]);
+    let sup = supervisor(ctx.clone(), "fleet".into(), ports).start();
+    run_pass(&sup, true, &[]).await;
+    let replaced = |log: &WriteLog| {
+        log.lock()
+            .map(|l| {
+                l.iter()
+                    .any(|(n, w)| n == "ttdrv-fleet-n3" && w == "replace")
+            })
+            .unwrap_or_default()
+    };
+    assert!(!replaced(&log), "no pod on n3 to replace yet");
+    // The DaemonSet controller creates n3's pod, of the old template: its
+    // turn to build ahead. The replacement hangs until the gate opens.
+    ctx.stores
+        .pods
+        .apply(watcher::Event::Apply(installer("n3")));
+    let pass = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        run_pass(&sup, false, &["n3"]),
+    );
+    assert!(
+        pass.await.is_ok(),
+        "the targeted pass ended without waiting for n3's pod replacement"
+    );
+    assert!(!replaced(&log), "the replacement is still held");
+    // n1, cordoned by the full pass, steps again meanwhile.
+    let again = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        run_pass(&sup, false, &["n1"]),
+    );
+    assert!(again.await.is_ok(), "the next pass did not queue behind it");
+    gate.add_permits(1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !replaced(&log) && std::time::Instant::now() < deadline {
+        actix::clock::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(
+        replaced(&log),
+        "n3's pod is replaced once the gate opens: {log:?}"
+    );
+}
+
+/// A record posted by a step no pass waited for replaces the memory's, so
+/// the next plan, status and metrics see the node as its actor left it;
+/// one from a node the policy no longer has an actor for is dropped.
+#[test]
+fn records_posted_after_a_pass_are_taken_in_for_nodes_the_policy_still_steps() {
+    let mut m = DriverMemory::default();
+    let pending = NodeRecord::new("fleet", "2.8.0", 10);
+    Arc::make_mut(&mut m.records).insert("n1".into(), pending.clone());
+    let mut failed = pending.clone();
+    failed.state = NodeState::Failed;
+    let posted = [
+        ("n1".to_string(), failed.clone()),
+        ("gone".to_string(), pending),
+    ]
+    .into();
+    take_in_posted(&mut m, |n| n != "gone", posted);
+    assert_eq!(m.records.get("n1"), Some(&failed));
+    assert!(!m.records.contains_key("gone"));
+    assert_eq!(m.posted, ["n1".to_string()].into());
 }
