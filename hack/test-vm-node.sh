@@ -27,7 +27,8 @@
 # VM_SMP (default 2), KEEP_VMNODE=1 (leave everything up; stop it with
 # hack/test-vm-node.sh down), VMNODE_STOP_AFTER=boot|ready|install|real (end early; real: after the real driver's phases),
 # VMNODE_COMPARE=0 (skip the prepare-off upgrade to 2.9.0), VMNODE_REBOOTS=0
-# (skip the guest reboots), VMNODE_FAULTS=0 (skip the faults),
+# (skip the guest reboots), VMNODE_FAULTS=0 (skip the faults), VMNODE_STACK=0
+# (skip the stack's privileged device holders),
 # VMNODE_BOOT_TIMEOUT (seconds a reboot may take, default 300: then the
 # guest is dumped and reset), VMNODE_REBOOT_SOAK=N (a boot made to hang, then
 # N reboots at rest), VMNODE_CARGO_DONE (a file written once this script

@@ -24,15 +24,20 @@
 //!      node validates ([`leader_fault`]); the guest rebooted while Draining,
 //!      after the go-ahead before the unload, at rest, between the unload and
 //!      the load, and right after the load ([`reboot_faults`])
-//!   6. (VMNODE_REBOOT_SOAK=N, none by default) a boot made to hang, which
+//!   6. (VMNODE_STACK=1, the default) the stack's privileged DaemonSets
+//!      holding the device (a telemetry collector's fd, a fabric-manager
+//!      agent's mapping): stood down by their deploy gates for a cycle; one
+//!      without a gate named before the cordon and in the real agent's
+//!      refusal, the node retried once it is removed ([`the_stack`])
+//!   7. (VMNODE_REBOOT_SOAK=N, none by default) a boot made to hang, which
 //!      the watchdog must dump and reset, then N power cuts at rest
 //!      ([`reboot_soak`])
-//!   7. the deliberate break: no controller, the installer edited by hand: no
+//!   8. the deliberate break: no controller, the installer edited by hand: no
 //!      go-ahead, the loaded module stays
 //!
 //! [`vm_node`] lists the steps in that order, one call each; their code is
 //! in the modules named for what they check (`boot`, `real_swaps`,
-//! `stub_cycles`, `the_break`), over the helpers here.
+//! `stub_cycles`, `the_stack`, `the_break`), over the helpers here.
 //!
 //! The API server cannot reach the guest's kubelet: the guest reports the
 //! module and the installer pods' log lines on its console (hack/vm-node/init).
@@ -61,6 +66,8 @@ mod real_swaps;
 mod stub_cycles;
 #[path = "vm_node/the_break.rs"]
 mod the_break;
+#[path = "vm_node/the_stack.rs"]
+mod the_stack;
 
 const POLICY: &str = "vmnode";
 const INSTALLER: &str = "app.kubernetes.io/name=tt-driver-installer";
@@ -863,6 +870,12 @@ async fn vm_node() {
     if std::env::var("VMNODE_FAULTS").as_deref().unwrap_or("1") == "1" {
         // ends with s_fault loaded, the version loaded before in the cache
         (cur, other) = stub_cycles::real_faults(&t, &mut ph, &watch, cur).await;
+    }
+
+    // --- the stack's privileged device holders, gated and not
+    // (VMNODE_STACK=0 skips them): ends with cur loaded, as it began
+    if std::env::var("VMNODE_STACK").as_deref().unwrap_or("1") == "1" {
+        the_stack::privileged_holders(&t, &mut ph, &watch, cur, other).await;
     }
 
     // --- many reboots at rest (VMNODE_REBOOT_SOAK=N; none by default):

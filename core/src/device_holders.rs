@@ -94,18 +94,26 @@ pub fn ungated_holders(
 
 fn holder(p: &PodFacts, daemon_sets: &DaemonSets, gates: &[String]) -> Option<UngatedHolder> {
     let ds = daemon_set_of(p, daemon_sets)?;
-    if !(ds.holds_device || p.device) || ds.gate_keys.iter().any(|k| gates.contains(k)) {
+    if !(ds.holds_device || p.device) {
         return None;
     }
     Some(UngatedHolder {
         daemon_set: p.daemon_set_ref()?,
         pod: p.pod.clone(),
-        lacks: if ds.gate_keys.is_empty() {
-            Lacks::NoGate
-        } else {
-            Lacks::Unconfigured(ds.gate_keys.to_vec())
-        },
+        lacks: lacks(ds, gates)?,
     })
+}
+
+/// What the DaemonSet lacks to be stood down by the configured `gates`
+/// (`None`: it follows one of them).
+fn lacks(ds: &crate::drain::DaemonSetFacts, gates: &[String]) -> Option<Lacks> {
+    if ds.gate_keys.iter().any(|k| gates.contains(k)) {
+        None
+    } else if ds.gate_keys.is_empty() {
+        Some(Lacks::NoGate)
+    } else {
+        Some(Lacks::Unconfigured(ds.gate_keys.to_vec()))
+    }
 }
 
 /// One line naming every ungated holder, for a node's status message.
@@ -131,7 +139,10 @@ pub fn summary(holders: &[UngatedHolder]) -> Option<String> {
 /// What a `DeviceBusy` refusal's holders (the agent's words: `in pod ns/name`
 /// or `in pod uid U`) are, when they are DaemonSet pods of the node: each
 /// DaemonSet, and the gate it lacks (or that it follows a gate and should
-/// have left). `None` when no holder is a known DaemonSet's pod.
+/// have left). `None` when no holder is a known DaemonSet's pod. The
+/// refusal is the proof that the pod holds the device: its DaemonSet is
+/// named whether or not its template looked like a holder's (a privileged
+/// DaemonSet that selects nodes by hostname only, say).
 pub fn explain_busy(
     message: &str,
     pods: &[&PodFacts],
@@ -147,8 +158,15 @@ pub fn explain_busy(
         let (Some(r), Some(ds)) = (p.daemon_set_ref(), daemon_set_of(p, daemon_sets)) else {
             continue;
         };
-        let note = match holder(p, daemon_sets, gates) {
-            Some(h) => format!("pod {} is of DaemonSet {r}: it {}", p.pod, h.remedy()),
+        let note = match lacks(ds, gates) {
+            Some(lacks) => {
+                let h = UngatedHolder {
+                    daemon_set: r.clone(),
+                    pod: p.pod.clone(),
+                    lacks,
+                };
+                format!("pod {} is of DaemonSet {r}: it {}", p.pod, h.remedy())
+            }
             None => format!(
                 "pod {} is of DaemonSet {r}, which follows the deploy gate {} (not yet gone from the node?)",
                 p.pod,
@@ -483,6 +501,34 @@ mod tests {
         let note = explain_busy(msg, &refs, &daemon_sets, &gates).expect("by uid");
         assert!(
             note.contains("DaemonSet tt/telemetry, which follows the deploy gate tenstorrent.com/deploy.tt-telemetry"),
+            "{note}"
+        );
+        // A privileged DaemonSet that selects its node by hostname only is
+        // not taken for a holder before the cordon, but the agent found its
+        // pod holding the device: it is named, with the gate it lacks
+        // (found by the VM node test: it was said to follow "the deploy
+        // gate " of none).
+        let mut by_host = ds(true, None, &[]);
+        if let Some(spec) = by_host.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+            spec.node_selector = Some([("kubernetes.io/hostname".into(), "n1".into())].into());
+        }
+        let legacy_ds = index(&[("tt", "fabric-legacy", by_host)]);
+        assert!(
+            !legacy_ds.values().any(|d| d.holds_device),
+            "not a holder by its template"
+        );
+        let legacy = pod("tt", "fabric-legacy-x", Some("fabric-legacy"), &[]);
+        let note = explain_busy(
+            "pid 4 (map-hold) in pod tt/fabric-legacy-x",
+            &[&legacy],
+            &legacy_ds,
+            &gates,
+        )
+        .expect("named by the refusal");
+        assert!(
+            note.starts_with(
+                "pod tt/fabric-legacy-x is of DaemonSet tt/fabric-legacy: it has no deploy gate"
+            ),
             "{note}"
         );
         // A bare pod: nothing to add.
