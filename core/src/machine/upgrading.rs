@@ -433,7 +433,9 @@ fn user_validation(
 /// restarted by this cycle's surface check read the new module, and until
 /// restarted again they publish its cards, not the previous version's.
 /// Plugin pods started after the rollback (`back`) read the module that
-/// stays. None when this cycle never restarted the plugin: no check began,
+/// stays; one started in its second may not have (creation times are whole
+/// seconds), so it is restarted too (once: this is the step into
+/// Uncordoning). None when this cycle never restarted the plugin: no check began,
 /// and no verdict was given (a verdict follows a check; the check's start
 /// is forgotten when the agent reports the previous module before its
 /// give-up shows).
@@ -444,7 +446,7 @@ fn republish_after_rollback(rec: &NodeRecord, obs: &Observation, back: i64) -> V
     obs.surface
         .plugin_pods
         .iter()
-        .filter(|p| !p.deleting && p.created < back)
+        .filter(|p| !p.deleting && p.created <= back)
         .map(|p| p.pod.clone())
         .collect()
 }
